@@ -1,0 +1,103 @@
+"""The Python API the CLI is built on: load, simulate, inspect, change, plot.
+
+    from sim import load_experiment, simulate
+    exp = load_experiment("workloads/examples/gpt-1.3b-pp4.yaml")
+    result = simulate(exp)
+    print(result.stats["step_time_s"])
+    faster = simulate(exp.with_changes({"schedule": "gpipe"}))
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.device import DeviceProfile, compute_time_s
+from sim.engine import simulate_program
+from sim.experiment import Experiment
+from sim.export import write_chrome_trace
+from sim.stats import RunFacts, compute_stats
+from sim.timeline import Timeline
+from workloads.lowering import lower
+from workloads.program import Compute, Program
+
+
+@dataclass(frozen=True, eq=False)
+class Result:
+    """One simulated step: the experiment, its lowered program, timeline and stats."""
+
+    experiment: Experiment
+    program: Program
+    timeline: Timeline
+    stats: dict[str, Any]
+
+    def stats_json(self) -> str:
+        """The stats as the exact JSON text ``sim run --json`` prints (deterministic)."""
+        return json.dumps(self.stats, indent=2) + "\n"
+
+    def write(self, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
+        """Write ``stats.json``, ``trace.json`` and (if ``plot``) ``timeline.png`` to ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"stats": out / "stats.json", "trace": out / "trace.json"}
+        paths["stats"].write_text(self.stats_json(), encoding="utf-8")
+        write_chrome_trace(self.timeline, paths["trace"], title=self.experiment.name)
+        if plot:
+            paths["timeline"] = out / "timeline.png"
+            self.plot(paths["timeline"])
+        return paths
+
+    def plot(self, path: str | Path) -> None:
+        """Save the Gantt chart of the timeline (PNG or SVG by suffix)."""
+        from plots.timeline import plot_timeline  # matplotlib only when plotting
+
+        exp = self.experiment
+        title = (f"{exp.name}: {exp.schedule.name}, step {self.stats['step_time_s'] * 1e3:.1f} ms, "
+                 f"bubble {self.stats['bubble_fraction']:.1%}")
+        plot_timeline(self.timeline, path, title=title)
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Load and validate an experiment YAML file (raises ConfigError on bad input)."""
+    return Experiment.from_yaml(path)
+
+
+def _facts(exp: Experiment) -> RunFacts:
+    pl = exp.placement
+    layout = {"tp": pl.degree("tp"), "pp": pl.degree("pp"), "dp": pl.degree("dp"),
+              "cp": pl.degree("cp"), "vpp": exp.schedule.chunks_per_rank}
+    extra = (
+        ("name", exp.name),
+        ("schedule", exp.schedule.name),
+        ("layout", layout),
+        ("num_microbatches", exp.num_microbatches),
+        ("global_batch_size", exp.global_batch_size),
+        ("model", exp.model.name if exp.model else "synthetic"),
+        ("cluster", exp.cluster.name),
+        ("gpu", exp.cluster.gpu.name),
+    )
+    return RunFacts(
+        pipeline_rank=tuple(pl.coords(g)["pp"] for g in range(pl.num_gpus)),
+        peak_flops=exp.cluster.gpu.peak_bf16_flops,
+        memory_capacity_bytes=exp.cluster.gpu.hbm_capacity_bytes,
+        tokens_per_step=exp.tokens_per_step,
+        model_flops_per_step=exp.model_flops_per_step,
+        extra=extra,
+    )
+
+
+def simulate(exp: Experiment, profile: DeviceProfile | None = None) -> Result:
+    """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats."""
+    profile = profile or DeviceProfile()
+    program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage)
+    gpu = exp.cluster.gpu
+
+    def timer(op: Compute) -> float:
+        if op.duration_s is not None:
+            return op.duration_s
+        return compute_time_s(op.flops, op.hbm_bytes, gpu, profile)
+
+    timeline = simulate_program(program, exp.cluster, timer)
+    return Result(exp, program, timeline, compute_stats(timeline, _facts(exp)))

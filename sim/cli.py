@@ -1,0 +1,96 @@
+"""Command line: ``sim run FILE.yaml [--out DIR] [--json]``.
+
+Invalid input of any kind exits with status 2 and one line on stderr starting
+with ``error:`` that names the offending key and value; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from sim.errors import SimError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one ``error:`` line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(2)
+
+
+def _fmt(value: float | None, spec: str, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{unit}"
+
+
+def summary_table(stats: dict) -> str:
+    """The human-readable summary ``sim run`` prints."""
+    lay = stats.get("layout", {})
+    rows = [
+        ("experiment", f"{stats.get('name')} ({stats.get('model')} on {stats['num_gpus']} x "
+                       f"{stats.get('gpu')}, {stats.get('cluster')})"),
+        ("layout", " ".join(f"{k}={v}" for k, v in lay.items()) +
+         f"  schedule={stats.get('schedule')}  micro-batches={stats.get('num_microbatches')}"),
+        ("step time", _fmt(stats["step_time_s"] * 1e3, ".3f", " ms")),
+        ("tokens/s", _fmt(stats["tokens_per_s"], ",.0f")),
+        ("TFLOP/s per GPU", _fmt(stats["tflops_per_gpu"], ".1f")),
+        ("MFU", _fmt(stats["mfu"] * 100 if stats["mfu"] is not None else None, ".1f", " %")),
+        ("bubble fraction", _fmt(stats["bubble_fraction"] * 100, ".2f", " %")),
+        ("peak memory", _fmt(stats["peak_memory_gib"], ".2f", " GiB") + " of " +
+         _fmt(stats["memory_capacity_gib"], ".1f", " GiB") + ("  OUT OF MEMORY" if stats["oom"]
+                                                               else "")),
+    ]
+    for r, gib in enumerate(stats.get("peak_memory_per_stage_gib", [])):
+        rows.append((f"  pipeline stage {r}", _fmt(gib, ".2f", " GiB")))
+    rows.append(("exposed comm", ""))
+    for kind, sec in stats["exposed_comm_s"].items():
+        rows.append((f"  {kind}", _fmt(sec * 1e3, ".3f", " ms")))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from sim.api import load_experiment, simulate
+
+    result = simulate(load_experiment(args.file))
+    if args.out:
+        paths = result.write(args.out, plot=not args.no_plot)
+    if args.json:
+        sys.stdout.write(result.stats_json())
+    else:
+        print(summary_table(result.stats))
+        if args.out:
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sim", description="Discrete-event simulator for distributed LLM "
+                     "training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="simulate one training step of an experiment file")
+    run.add_argument("file", help="experiment YAML file")
+    run.add_argument("--out", metavar="DIR", help="write stats.json, trace.json, timeline.png")
+    run.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    run.add_argument("--no-plot", action="store_true", help="with --out, skip timeline.png")
+    run.set_defaults(func=_cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SimError as exc:
+        message = str(exc).splitlines()
+        sys.stderr.write(f"error: {' | '.join(line.strip() for line in message if line.strip())}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The experiment file: schema, loading and validation (DESIGN.md "User-facing contract").
+
+Types and unknown keys are checked by pydantic (strict: ``"2"`` is not an
+integer, ``1`` is not a boolean); cross-field rules (``tp·pp·dp·cp`` equals the
+GPU count, the global batch divides evenly, ...) are checked when the
+experiment is built. Every failure is a :class:`~sim.errors.ConfigError` whose
+message names the key and the offending value.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sim.errors import ConfigError
+from topologies.placement import DEFAULT_ORDER
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SyntheticModel(_Strict):
+    """Per-stage, per-micro-batch costs for schedule studies."""
+
+    forward_ms: float = Field(ge=0)
+    backward_ms: float = Field(ge=0)
+    weight_grad_ms: float = Field(0.0, ge=0)
+    activation_MB: float = Field(0.0, ge=0)
+    p2p_MB: float = Field(0.0, ge=0)
+    """Bytes of each pipeline message (activation or gradient), MB = 1e6 B."""
+    grad_MB: float = Field(0.0, ge=0)
+    """Gradient bytes per stage reduced across DP replicas."""
+
+
+class ModelConfig(_Strict):
+    preset: str | None = None
+    synthetic: SyntheticModel | None = None
+    name: str | None = None
+    seq_length: int | None = Field(None, gt=0)
+    num_layers: int | None = Field(None, gt=0)
+    hidden_size: int | None = Field(None, gt=0)
+    num_attention_heads: int | None = Field(None, gt=0)
+    num_kv_heads: int | None = Field(None, gt=0)
+    ffn_hidden_size: int | None = Field(None, gt=0)
+    vocab_size: int | None = Field(None, gt=0)
+    ffn_type: Literal["gelu", "swiglu"] | None = None
+    norm: Literal["layernorm", "rmsnorm"] | None = None
+    tied_embeddings: bool | None = None
+    position_embedding: Literal["learned", "rope"] | None = None
+
+
+class ClusterConfig(_Strict):
+    num_gpus: int = Field(gt=0)
+    preset: str | None = None
+    topology: Literal["switch", "ring"] | None = None
+    gpu: str | None = None
+    link_bandwidth_GBps: float | None = Field(None, gt=0)
+    """Per direction, 1 GB = 1e9 B."""
+    link_latency_us: float | None = Field(None, ge=0)
+    """Per hop."""
+    collective_launch_us: float | None = Field(None, ge=0)
+
+
+class ParallelConfig(_Strict):
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int | None = Field(None, ge=1)
+    cp: int = Field(1, ge=1)
+    ep: int = Field(1, ge=1)
+    vpp: int = Field(1, ge=1)
+    sequence_parallel: bool = False
+    zero_stage: int = Field(1, ge=0, le=3)
+    placement: str = DEFAULT_ORDER
+
+
+class TrainingConfig(_Strict):
+    micro_batch_size: int = Field(1, ge=1)
+    global_batch_size: int | None = Field(None, ge=1)
+    num_microbatches: int | None = Field(None, ge=1)
+    """Alternative to global_batch_size: micro-batches per step per pipeline."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    attention: Literal["flash2", "flash1", "fused", "unfused"] = "flash2"
+    fused_norm: bool = True
+
+
+class ExperimentConfig(_Strict):
+    name: str = "experiment"
+    model: ModelConfig
+    cluster: ClusterConfig
+    parallel: ParallelConfig = ParallelConfig()
+    training: TrainingConfig = TrainingConfig()
+    schedule: str = "1f1b"
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type)]
+        sub = [a for a in candidates if issubclass(a, BaseModel)]
+        if not sub:
+            return []
+        model = sub[0]
+    return list(model.model_fields)
+
+
+def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+    key = ".".join(str(p) for p in loc) or "<top level>"
+    if err["type"] == "extra_forbidden":
+        known = _known_keys(root, loc)
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else (
+            f" (known keys: {', '.join(known)})" if known else "")
+        return f"unknown key {key!r}{hint}"
+    if err["type"] == "missing":
+        return f"{key}: required key is missing"
+    msg = err["msg"][0].lower() + err["msg"][1:]
+    return f"{key}: {msg}, got {err.get('input')!r}"
+
+
+def parse_config(data: Any) -> ExperimentConfig:
+    """Validate a parsed experiment mapping; raise ConfigError naming key and value."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"the experiment must be a mapping of keys, got {type(data).__name__}")
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, ExperimentConfig)) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file; ConfigError (not OSError or a YAML traceback) on any failure."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"file {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"file {str(p)!r} is a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read file {str(p)!r}: {exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid syntax"
+        raise ConfigError(f"file {str(p)!r} is not valid YAML{where}: {problem}") from None
+
+
+def set_dotted(data: dict, dotted: str, value: Any) -> dict:
+    """Return a copy of nested ``data`` with ``a.b.c`` set to ``value`` (None removes it)."""
+    out = dict(data)
+    head, _, rest = dotted.partition(".")
+    if rest:
+        child = out.get(head) or {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{head}: is not a mapping, cannot set {dotted!r}")
+        out[head] = set_dotted(child, rest, value)
+    elif value is None:
+        out.pop(head, None)
+    else:
+        out[head] = value
+    return out

@@ -1,0 +1,110 @@
+"""Run statistics from a timeline: the ``sim run --json`` object. Pure (no SimPy, no matplotlib)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline
+from topologies.hardware import GiB
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What stats need to know besides the timeline."""
+
+    pipeline_rank: tuple[int, ...]
+    """Pipeline rank of each GPU."""
+    peak_flops: float
+    """Dense BF16 peak of one GPU, FLOP/s."""
+    memory_capacity_bytes: float
+    tokens_per_step: float | None
+    model_flops_per_step: float | None
+    extra: tuple[tuple[str, object], ...] = ()
+    """Descriptive keys copied into the stats (layout, schedule, ...)."""
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _length(intervals: Sequence[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
+    """Length of union ``a`` not covered by union ``b`` (both sorted, disjoint)."""
+    covered, j = 0.0, 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            covered += min(end, b[k][1]) - max(start, b[k][0])
+            k += 1
+    return _length(a) - covered
+
+
+
+
+def compute_stats(timeline: Timeline, facts: RunFacts) -> dict:
+    """The stats object of DESIGN.md (keys in a fixed order; values plain JSON types).
+
+    - ``bubble_fraction``: Σ over pipeline ranks of compute-stream idle time ÷
+      (pp × step_time), averaged over DP/TP replicas = mean over GPUs of idle/step.
+    - ``bubble_ratio``: idle ÷ busy, the papers' (p − 1)/m form.
+    - ``exposed_comm_s[kind]``: per GPU, time when a ``kind`` transfer involving it
+      runs and its compute stream is idle; the mean over GPUs.
+    """
+    n = timeline.num_gpus
+    step = timeline.end_s
+    by_gpu: list[list[Span]] = [[] for _ in range(n)]
+    for span in timeline.spans:
+        by_gpu[span.gpu].append(span)
+    busy = [_union((s.start_s, s.end_s) for s in spans if s.stream == COMPUTE_STREAM)
+            for spans in by_gpu]
+    idle = [step - _length(b) for b in busy]
+    bubble = sum(idle) / (n * step) if step > 0 else 0.0
+    exposed = {}
+    for kind in COMM_KINDS:
+        total = 0.0
+        for g, spans in enumerate(by_gpu):
+            comm = _union((s.start_s, s.end_s) for s in spans if s.kind == kind)
+            total += _minus(comm, busy[g]) if comm else 0.0
+        exposed[kind] = total / n
+    peaks = [timeline.peak_memory_bytes(g) for g in range(n)]
+    pp = max(facts.pipeline_rank) + 1 if facts.pipeline_rank else 1
+    per_stage = [max(p for g, p in enumerate(peaks) if facts.pipeline_rank[g] == r) / GiB
+                 for r in range(pp)]
+    tokens_per_s = facts.tokens_per_step / step if facts.tokens_per_step and step > 0 else None
+    tflops = (facts.model_flops_per_step / step / n / 1e12
+              if facts.model_flops_per_step and step > 0 else None)
+    mfu = (tflops * 1e12 / facts.peak_flops
+           if tflops is not None and facts.peak_flops not in (0, float("inf")) else None)
+    peak = max(peaks) / GiB if peaks else 0.0
+    capacity = facts.memory_capacity_bytes / GiB
+    stats = {
+        "step_time_s": step,
+        "num_gpus": n,
+        "tokens_per_s": tokens_per_s,
+        "tflops_per_gpu": tflops,
+        "mfu": mfu,
+        "bubble_fraction": bubble,
+        "bubble_ratio": bubble / (1 - bubble) if bubble < 1 else None,
+        "peak_memory_gib": peak,
+        "memory_capacity_gib": capacity if capacity != float("inf") else None,
+        "oom": peak > capacity,
+        "exposed_comm_s": exposed,
+        "peak_memory_per_stage_gib": per_stage,
+        "compute_busy_s_mean": sum(_length(b) for b in busy) / n if n else 0.0,
+    }
+    stats.update(dict(facts.extra))
+    return stats

@@ -1,0 +1,85 @@
+"""The immutable record of one simulation: spans on streams, send->recv flows, memory.
+
+Produced by :mod:`sim.engine`, read by :mod:`sim.stats`, :mod:`sim.export` and
+:mod:`plots`. Times are seconds from the start of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COMPUTE_STREAM = "compute"
+"""Name of every GPU's compute stream."""
+
+COMPUTE_KINDS = ("F", "B", "W", "opt")
+"""Span kinds that run on the compute stream (forward, backward, weight-grad, optimizer)."""
+
+COMM_KINDS = ("tp", "pp", "dp", "cp", "ep")
+"""Span kinds of communication, as reported in ``exposed_comm_s``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One interval of work on one stream of one GPU."""
+
+    gpu: int
+    """Global GPU rank."""
+    stream: str
+    """Stream name: ``compute``, ``tp``, ``dp``, ``send>3`` (p2p to GPU 3), ``recv<2``."""
+    kind: str
+    """One of COMPUTE_KINDS or COMM_KINDS."""
+    name: str
+    """Display name; pipeline ops use the canonical text form, e.g. ``1F3``."""
+    start_s: float
+    end_s: float
+    stage: int = -1
+    """Pipeline stage (model chunk) or -1."""
+    mb: int = -1
+    """Micro-batch index or -1."""
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, slots=True)
+class FlowArrow:
+    """A point-to-point message: drawn as an arrow from the send span to the recv span."""
+
+    send: int
+    """Index of the send span in ``Timeline.spans``."""
+    recv: int
+    """Index of the matching receive span in ``Timeline.spans``."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """Allocated bytes on one GPU from ``time_s`` until the next sample of that GPU."""
+
+    gpu: int
+    time_s: float
+    bytes: float
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Everything that happened in one simulated step, in deterministic order."""
+
+    num_gpus: int
+    spans: tuple[Span, ...]
+    flows: tuple[FlowArrow, ...]
+    memory: tuple[MemorySample, ...]
+    """Per-GPU step function of allocated bytes, sorted by (gpu, time)."""
+    gpu_names: tuple[str, ...] = ()
+    """Optional label per GPU, e.g. ``node0/gpu3 pp1 dp0 tp1``."""
+
+    @property
+    def end_s(self) -> float:
+        """Makespan: end of the last span (0 when empty)."""
+        return max((s.end_s for s in self.spans), default=0.0)
+
+    def spans_of(self, gpu: int, stream: str | None = None) -> list[Span]:
+        return [s for s in self.spans if s.gpu == gpu and (stream is None or s.stream == stream)]
+
+    def peak_memory_bytes(self, gpu: int) -> float:
+        return max((m.bytes for m in self.memory if m.gpu == gpu), default=0.0)

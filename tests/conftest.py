@@ -1,0 +1,32 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "workloads" / "examples" / "gpt-1.3b-pp4.yaml"
+
+
+def synthetic_experiment(p: int, m: int, schedule: str = "1f1b", *, forward_ms: float = 1.0,
+                         backward_ms: float = 2.0, weight_grad_ms: float = 0.0,
+                         activation_MB: float = 0.0, vpp: int = 1, preset: str = "ideal") -> dict:
+    """An experiment mapping with the synthetic model on the ideal cluster (dp = 1)."""
+    return {
+        "name": f"synthetic-p{p}-m{m}",
+        "model": {"synthetic": {"forward_ms": forward_ms, "backward_ms": backward_ms,
+                                "weight_grad_ms": weight_grad_ms,
+                                "activation_MB": activation_MB}},
+        "cluster": {"preset": preset, "num_gpus": p},
+        "parallel": {"pp": p, "vpp": vpp},
+        "training": {"global_batch_size": m},
+        "schedule": schedule,
+    }
+
+
+@pytest.fixture
+def update_golden() -> bool:
+    return os.environ.get("UPDATE_GOLDEN") == "1"

@@ -1,0 +1,120 @@
+"""Model shapes, costs and lowering of transformer workloads."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from sim import simulate
+from sim.experiment import build_experiment
+from workloads.costs import split_layers
+from workloads.models import PRESETS
+from workloads.program import Collective, Compute, Send
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b", "gpt3-1.3b", "gpt3-6.7b"])
+def test_gpt_params_match_closed_form(name: str) -> None:
+    """N = 12lh²(1 + 13/(12h) + (V + s)/(12lh)) (REFERENCES.md) plus the final layernorm (2h)."""
+    m = PRESETS[name]
+    l, h, V, s = m.num_layers, m.hidden_size, m.vocab_size, m.seq_length
+    closed = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    assert m.num_params() == pytest.approx(closed + 2 * h, rel=1e-12)
+
+
+@pytest.mark.parametrize(("name", "billions"), [("gpt3-175b", 174.6), ("llama-13b", 13.0),
+                                                ("llama-65b", 65.3), ("llama2-70b", 69.0),
+                                                ("llama3-405b", 405.8), ("llama3-8b", 8.03)])
+def test_preset_sizes(name: str, billions: float) -> None:
+    assert PRESETS[name].num_params() / 1e9 == pytest.approx(billions, rel=5e-3)
+
+
+def test_split_layers_is_even_and_complete() -> None:
+    assert split_layers(24, 4) == (6, 6, 6, 6)
+    assert split_layers(10, 4) == (3, 3, 2, 2)
+    assert sum(split_layers(126, 16)) == 126
+
+
+def _exp(**parallel) -> dict:
+    par = {"tp": 2, "pp": 2, "dp": 2} | parallel
+    return {
+        "model": {"preset": "gpt3-1.3b", "num_layers": 4},
+        "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8},
+        "parallel": par,
+        "training": {"micro_batch_size": 1, "global_batch_size": 8},
+    }
+
+
+def test_lowering_inserts_megatron_tp_pp_and_dp_communication() -> None:
+    exp = build_experiment(_exp())
+    result = simulate(exp)
+    instrs = result.program.instructions
+    m, layers_per_stage, tp = 4, 2, 2
+    tp_ops = Counter(i.op for i in instrs if isinstance(i, Collective) and i.kind == "tp")
+    # 2 all-reduces forward + 2 backward per layer per micro-batch, on every GPU of the group
+    assert tp_ops["all_reduce"] == 4 * layers_per_stage * m * 8
+    sends = [i for i in instrs if isinstance(i, Send)]
+    # activations forward and gradients backward across one stage boundary, per TP rank, per DP
+    assert len(sends) == 2 * m * tp * 2
+    dp_ops = Counter(i.op for i in instrs if isinstance(i, Collective) and i.kind == "dp")
+    assert dp_ops == {"reduce_scatter": 8, "all_gather": 8}  # ZeRO-1: RS grads, AG params
+    assert sum(isinstance(i, Compute) and i.kind == "opt" for i in instrs) == 8
+
+
+def test_dp_gradient_reduction_waits_for_the_last_backward() -> None:
+    result = simulate(build_experiment(_exp(zero_stage=0)))
+    spans = result.timeline.spans
+    for gpu in range(8):
+        last_b = max(s.end_s for s in spans if s.gpu == gpu and s.kind == "B")
+        dp = [s for s in spans if s.gpu == gpu and s.kind == "dp"]
+        assert len(dp) == 1 and dp[0].name.endswith("all_reduce")
+        assert dp[0].start_s >= last_b - 1e-12
+        opt = [s for s in spans if s.gpu == gpu and s.kind == "opt"]
+        assert opt[0].start_s >= dp[0].end_s - 1e-12
+
+
+def test_single_gpu_has_no_bubble_and_no_communication() -> None:
+    data = _exp(tp=1, pp=1, dp=1) | {"cluster": {"preset": "dgx-a100-80g", "num_gpus": 1}}
+    stats = simulate(build_experiment(data)).stats
+    assert stats["bubble_fraction"] == pytest.approx(0.0, abs=1e-12)
+    assert all(v == 0 for v in stats["exposed_comm_s"].values())
+
+
+def test_memory_model_zero_stages_and_activations() -> None:
+    """Static bytes follow ZeRO's 16 / 4+12/d / 2+14/d bytes per parameter."""
+    exp0 = build_experiment(_exp(zero_stage=0))
+    exp1 = build_experiment(_exp(zero_stage=1))
+    exp2 = build_experiment(_exp(zero_stage=2))
+    n = exp0.costs.stage_params(0)
+    assert exp0.costs.static_bytes((0,)) == pytest.approx(16 * n)
+    assert exp1.costs.static_bytes((0,)) == pytest.approx((4 + 12 / 2) * n)
+    assert exp2.costs.static_bytes((0,)) == pytest.approx((2 + 14 / 2) * n)
+
+
+def test_activation_memory_korthikanti() -> None:
+    """GPT layer, TP t, no SP: sbh(10 + 24/t + 5as/(ht)) bytes (Korthikanti et al. 2022)."""
+    data = _exp() | {"training": {"micro_batch_size": 1, "global_batch_size": 8,
+                                  "attention": "unfused"}}
+    costs = build_experiment(data).costs
+    m = costs.model
+    s, h, a, t = m.seq_length, m.hidden_size, m.num_attention_heads, 2
+    expected = s * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert costs.layer_activation_bytes() == pytest.approx(expected)
+    sp = build_experiment(data | {"parallel": {"tp": 2, "pp": 2, "dp": 2,
+                                               "sequence_parallel": True}}).costs
+    assert sp.layer_activation_bytes() == pytest.approx(s * h * (34 + 5 * a * s / h) / t)
+    full = build_experiment(data | {"training": {"global_batch_size": 8,
+                                                 "recompute": "full"}}).costs
+    assert full.layer_activation_bytes() == pytest.approx(2 * s * h)
+
+
+def test_more_tensor_parallelism_is_not_free() -> None:
+    """TP across servers (tp=16 on 8-GPU nodes) is slower than TP inside a server."""
+    base = {"model": {"preset": "gpt3-1.3b"}, "training": {"global_batch_size": 8}}
+    inside = simulate(build_experiment(base | {"cluster": {"preset": "dgx-a100-80g",
+                                                           "num_gpus": 8},
+                                               "parallel": {"tp": 8}})).stats
+    across = simulate(build_experiment(base | {"cluster": {"preset": "dgx-a100-80g",
+                                                           "num_gpus": 16},
+                                               "parallel": {"tp": 16}})).stats
+    assert across["exposed_comm_s"]["tp"] > 2 * inside["exposed_comm_s"]["tp"]

@@ -1,0 +1,73 @@
+"""GPU specifications: peaks only. Efficiencies live in the device model, not here.
+
+All values are vendor datasheet numbers (dense BF16, no sparsity), collected in
+REFERENCES.md ("Hardware"). Bandwidths are bytes per second; NVLink figures are
+per direction (the datasheets quote both directions summed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+TB = 1e12
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """Peak capabilities of one GPU model."""
+
+    name: str
+    """Preset name, e.g. ``A100-80GB``."""
+    peak_bf16_flops: float
+    """Dense BF16 tensor-core peak, FLOP/s."""
+    hbm_capacity_bytes: float
+    """HBM capacity in bytes (marketing GB = 1e9 B, as the vendor states it)."""
+    hbm_bandwidth_Bps: float
+    """HBM bandwidth, bytes/s."""
+    nvlink_bandwidth_Bps: float
+    """Scale-up (NVLink / Infinity Fabric) bandwidth per direction, bytes/s."""
+    source: str
+    """Where the numbers come from."""
+
+    @property
+    def hbm_capacity_gib(self) -> float:
+        return self.hbm_capacity_bytes / GiB
+
+
+GPUS: dict[str, GPUSpec] = {
+    spec.name: spec
+    for spec in (
+        GPUSpec("A100-40GB", 312e12, 40 * GB, 1.555 * TB, 300 * GB,
+                "NVIDIA A100 datasheet (2021): 312 TFLOPS BF16, 40GB HBM2 1,555 GB/s, "
+                "NVLink3 600 GB/s total"),
+        GPUSpec("A100-80GB", 312e12, 80 * GB, 2.039 * TB, 300 * GB,
+                "NVIDIA A100 datasheet (2021): 312 TFLOPS BF16, 80GB HBM2e 2,039 GB/s, "
+                "NVLink3 600 GB/s total"),
+        GPUSpec("H100", 989e12, 80 * GB, 3.35 * TB, 450 * GB,
+                "NVIDIA H100 SXM datasheet (2023): 989 TFLOPS dense BF16, 80GB HBM3 "
+                "3.35 TB/s, NVLink4 900 GB/s total"),
+        GPUSpec("H200", 989e12, 141 * GB, 4.8 * TB, 450 * GB,
+                "NVIDIA H200 SXM datasheet (2024): 989 TFLOPS dense BF16, 141GB HBM3e "
+                "4.8 TB/s, NVLink4 900 GB/s total"),
+        GPUSpec("B200", 2250e12, 180 * GB, 8.0 * TB, 900 * GB,
+                "NVIDIA DGX B200 / HGX B200 spec (2024): 2.25 PFLOPS dense BF16, 180GB HBM3e "
+                "8 TB/s, NVLink5 1.8 TB/s total"),
+        GPUSpec("MI300X", 1307e12, 192 * GB, 5.3 * TB, 448 * GB,
+                "AMD Instinct MI300X datasheet (2023): 1,307 TFLOPS dense BF16, 192GB HBM3 "
+                "5.3 TB/s; Infinity Fabric 896 GB/s aggregate (unverified per-direction split)"),
+    )
+}
+"""GPU presets by name."""
+
+IDEAL_GPU = GPUSpec("ideal", float("inf"), float("inf"), float("inf"), float("inf"),
+                    "infinitely fast, for schedule studies with the synthetic model")
+
+
+def gpu_spec(name: str) -> GPUSpec:
+    """Look up a GPU preset by name (case-insensitive); KeyError lists the choices."""
+    for key, spec in GPUS.items():
+        if key.lower() == name.lower():
+            return spec
+    raise KeyError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)}")

@@ -1,0 +1,67 @@
+"""Rank placement: which GPU holds which (tp, cp, dp, pp) coordinate of a layout. Pure.
+
+The order string lists parallel dimensions from innermost (fastest varying,
+adjacent GPU indices, so inside one server) to outermost. The default
+``tp-cp-dp-pp`` keeps each TP group inside a server, as Megatron-LM does
+(Narayanan et al. 2021, sec. 3.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.errors import ConfigError
+
+DIMS = ("tp", "cp", "dp", "pp")
+DEFAULT_ORDER = "tp-cp-dp-pp"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Bijection between layout coordinates and GPU ranks."""
+
+    sizes: tuple[tuple[str, int], ...]
+    """(dimension, degree) from innermost to outermost."""
+
+    @classmethod
+    def from_order(cls, order: str, tp: int, cp: int, dp: int, pp: int) -> Placement:
+        dims = order.split("-")
+        if sorted(dims) != sorted(DIMS):
+            raise ConfigError(
+                f"parallel.placement={order!r} must order each of {', '.join(DIMS)} once, "
+                f"e.g. {DEFAULT_ORDER!r}"
+            )
+        degree = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        return cls(tuple((d, degree[d]) for d in dims))
+
+    @property
+    def num_gpus(self) -> int:
+        n = 1
+        for _, size in self.sizes:
+            n *= size
+        return n
+
+    def gpu(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+        """GPU rank of a coordinate."""
+        coord = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+        rank, stride = 0, 1
+        for dim, size in self.sizes:
+            rank += coord[dim] * stride
+            stride *= size
+        return rank
+
+    def coords(self, gpu: int) -> dict[str, int]:
+        """Coordinate of a GPU rank, inverse of :meth:`gpu`."""
+        out = {}
+        for dim, size in self.sizes:
+            out[dim] = gpu % size
+            gpu //= size
+        return out
+
+    def degree(self, dim: str) -> int:
+        return dict(self.sizes)[dim]
+
+    def group(self, dim: str, gpu: int) -> tuple[int, ...]:
+        """The GPUs that differ from ``gpu`` only along ``dim``, in ring order."""
+        base = self.coords(gpu)
+        return tuple(self.gpu(**{**base, dim: i}) for i in range(self.degree(dim)))

@@ -1,0 +1,142 @@
+"""Per-rank programs: the lowered form of a training step that the engine executes.
+
+An instruction runs on one stream of one GPU, in program order on that stream,
+once every instruction in its ``deps`` has completed. Ids are dense integers
+assigned in creation order, so programs are deterministic and cheap to index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workloads.schedules import Schedule
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """A kernel (or fused group of kernels) on the compute stream."""
+
+    id: int
+    gpu: int
+    kind: str
+    """``F``, ``B``, ``W`` or ``opt``."""
+    name: str
+    deps: tuple[int, ...]
+    flops: float = 0.0
+    """Floating-point operations the hardware executes."""
+    hbm_bytes: float = 0.0
+    """Bytes moved to and from HBM."""
+    duration_s: float | None = None
+    """Fixed duration overriding the device model (synthetic workloads)."""
+    alloc_bytes: float = 0.0
+    """Memory allocated when the op starts (e.g. stashed activations)."""
+    free_bytes: float = 0.0
+    """Memory released when the op ends."""
+    stage: int = -1
+    mb: int = -1
+
+    @property
+    def stream(self) -> str:
+        return "compute"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """A point-to-point message from ``gpu`` to ``dst`` on the sender's ``send>dst`` stream."""
+
+    id: int
+    gpu: int
+    dst: int
+    nbytes: float
+    kind: str
+    """Communication kind for statistics, e.g. ``pp``."""
+    name: str
+    deps: tuple[int, ...]
+    stage: int = -1
+    mb: int = -1
+
+    @property
+    def stream(self) -> str:
+        return f"send>{self.dst}"
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """This GPU's part in a collective; all members share ``key`` and start together."""
+
+    id: int
+    gpu: int
+    kind: str
+    """Communication kind: ``tp``, ``dp``, ``cp``, ``ep``."""
+    name: str
+    deps: tuple[int, ...]
+    op: str
+    """``all_reduce``, ``reduce_scatter`` or ``all_gather``."""
+    algo: str
+    group: tuple[int, ...]
+    """Member GPUs in ring order."""
+    nbytes: float
+    """Whole buffer size (nccl-tests convention)."""
+    key: int
+    """Identifies the collective instance across its members."""
+    stage: int = -1
+    mb: int = -1
+
+    @property
+    def stream(self) -> str:
+        return self.kind
+
+
+Instruction = Compute | Send | Collective
+
+
+@dataclass(frozen=True)
+class Program:
+    """Everything the engine needs to run one step on every GPU."""
+
+    num_gpus: int
+    instructions: tuple[Instruction, ...]
+    """All instructions; ``instructions[i].id == i``."""
+    static_bytes: tuple[float, ...]
+    """Per-GPU memory held for the whole step (weights, gradients, optimizer state, buffers)."""
+    schedule: Schedule
+    gpu_names: tuple[str, ...] = ()
+    meta: dict = field(default_factory=dict, compare=False)
+    """Free-form facts about the lowering (layers per stage, bytes per message...)."""
+
+
+class ProgramBuilder:
+    """Append-only helper that hands out dense ids."""
+
+    def __init__(self) -> None:
+        self._instrs: list[Instruction] = []
+        self._next_key = 0
+
+    @property
+    def next_id(self) -> int:
+        return len(self._instrs)
+
+    def compute(self, gpu: int, kind: str, name: str, deps: tuple[int, ...], **kw) -> int:
+        self._instrs.append(Compute(self.next_id, gpu, kind, name, deps, **kw))
+        return self._instrs[-1].id
+
+    def send(self, gpu: int, dst: int, nbytes: float, kind: str, name: str,
+             deps: tuple[int, ...], **kw) -> int:
+        self._instrs.append(Send(self.next_id, gpu, dst, nbytes, kind, name, deps, **kw))
+        return self._instrs[-1].id
+
+    def collective(self, group: tuple[int, ...], deps: dict[int, tuple[int, ...]], *, kind: str,
+                   name: str, op: str, nbytes: float, algo: str = "ring",
+                   **kw) -> dict[int, int]:
+        """Add one collective for all members of ``group``; returns {gpu: instruction id}."""
+        key = self._next_key
+        self._next_key += 1
+        ids = {}
+        for gpu in group:
+            ids[gpu] = self.next_id
+            self._instrs.append(Collective(self.next_id, gpu, kind, name, deps.get(gpu, ()), op,
+                                           algo, group, nbytes, key, **kw))
+        return ids
+
+    def build(self) -> tuple[Instruction, ...]:
+        return tuple(self._instrs)
