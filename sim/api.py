@@ -38,7 +38,7 @@ class Result:
         return json.dumps(self.stats, indent=2) + "\n"
 
     def write(self, out_dir: str | Path, plot: bool = True) -> dict[str, Path]:
-        """Write ``stats.json``, ``trace.json`` and (if ``plot``) ``timeline.png`` to ``out_dir``."""
+        """Write ``stats.json``, ``trace.json`` and (if ``plot``) ``timeline.png``."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = {"stats": out / "stats.json", "trace": out / "trace.json"}

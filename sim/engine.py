@@ -39,6 +39,7 @@ class _Run:
         self.flow_events: dict[int, simpy.Event] = {}
         self.next_flow = 0
         self.wake_version = 0
+        self.refresh_pending = False
         self.arrivals: dict[int, list[int]] = defaultdict(list)
         self.collective_done: dict[int, simpy.Event] = {}
         self.collective_start: dict[int, float] = {}
@@ -62,6 +63,12 @@ class _Run:
         wake = self.env.timeout(max(0.0, t_end - self.env.now))
         wake.callbacks.append(lambda _ev: self._on_wake(version))
 
+    def _refresh(self, _event: simpy.Event) -> None:
+        """Recompute rates once for all flows that started at this instant."""
+        self.refresh_pending = False
+        self.net.refresh(self.env.now)
+        self._reschedule()
+
     def _on_wake(self, version: int) -> None:
         if version != self.wake_version:
             return
@@ -80,7 +87,9 @@ class _Run:
             event = self.env.event()
             self.flow_events[fid] = event
             self.net.start(self.env.now, fid, route.links, nbytes)
-            self._reschedule()
+            if not self.refresh_pending:
+                self.refresh_pending = True
+                self.env.timeout(0).callbacks.append(self._refresh)
             yield event
 
     # ------------------------------------------------------------------ memory

@@ -17,11 +17,18 @@ from sim.errors import ConfigError, ScheduleError, TopologyError
 from topologies.cluster import Cluster
 from topologies.hardware import gpu_spec
 from topologies.placement import Placement
-from topologies.presets import PRESET_NAMES, SERVERS, explicit_cluster, ideal_cluster, server_cluster
+from topologies.presets import (
+    PRESET_NAMES,
+    SERVERS,
+    explicit_cluster,
+    ideal_cluster,
+    server_cluster,
+)
 from workloads import schedules
 from workloads.costs import SyntheticCosts, TransformerCosts, split_layers
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec
+from workloads.schedules_advanced import ADVANCED_BUILDERS
 
 MB = 1e6
 _MODEL_FIELDS = ("seq_length", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
@@ -33,10 +40,6 @@ def schedule_builders() -> dict[str, Any]:
     """Schedule builders by name, each ``builder(p, m, v) -> Schedule``."""
     out: dict[str, Any] = {name: (lambda b: lambda p, m, v: b(p, m))(fn)
                            for name, fn in schedules.BUILDERS.items()}
-    try:
-        from workloads.schedules_advanced import ADVANCED_BUILDERS
-    except ImportError:  # pragma: no cover - present once the schedules issue lands
-        return out
     out.update(ADVANCED_BUILDERS)
     return out
 

@@ -71,6 +71,7 @@ class FlowNetwork:
         self.capacity_Bps = tuple(capacity_Bps)
         self._flows: dict[int, _Flow] = {}
         self._now = 0.0
+        self._dirty = False
         self.bytes_on_link = [0.0] * len(self.capacity_Bps)
         """Bytes carried by each link so far (for link-utilisation statistics)."""
 
@@ -99,10 +100,23 @@ class FlowNetwork:
                 flow.end_s = self._now + flow.remaining_bytes / flow.rate_Bps
 
     def start(self, now: float, flow_id: int, links: tuple[int, ...], nbytes: float) -> None:
-        """A flow of ``nbytes`` over ``links`` begins transmitting at ``now``."""
+        """A flow of ``nbytes`` over ``links`` begins transmitting at ``now``.
+
+        Rates are not recomputed until :meth:`refresh`, so that many flows
+        starting at the same instant (one step of a collective) cost one
+        recomputation. Until then the new flow moves no bytes; as no simulated
+        time passes before the refresh, the result is exact.
+        """
         self._advance(now)
         self._flows[flow_id] = _Flow(links, float(nbytes))
-        self._rerate()
+        self._dirty = True
+
+    def refresh(self, now: float) -> None:
+        """Recompute max-min rates if flows started since the last recomputation."""
+        if self._dirty:
+            self._advance(now)
+            self._rerate()
+            self._dirty = False
 
     def next_end_s(self) -> float:
         """Time the earliest active flow ends at current rates (inf if none)."""
@@ -117,6 +131,7 @@ class FlowNetwork:
             flow = self._flows.pop(fid)
             for link in flow.links:
                 self.bytes_on_link[link] += flow.remaining_bytes
-        if done:
+        if done or self._dirty:
             self._rerate()
+            self._dirty = False
         return done

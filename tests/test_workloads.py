@@ -110,7 +110,7 @@ def test_activation_memory_korthikanti() -> None:
 
 def test_more_tensor_parallelism_is_not_free() -> None:
     """TP across servers (tp=16 on 8-GPU nodes) is slower than TP inside a server."""
-    base = {"model": {"preset": "gpt3-1.3b"}, "training": {"global_batch_size": 8}}
+    base = {"model": {"preset": "gpt3-1.3b", "num_layers": 2}, "training": {"global_batch_size": 2}}
     inside = simulate(build_experiment(base | {"cluster": {"preset": "dgx-a100-80g",
                                                            "num_gpus": 8},
                                                "parallel": {"tp": 8}})).stats

@@ -68,7 +68,9 @@ class Cluster:
             try:
                 path = nx.shortest_path(self.graph, gpu_node(src), gpu_node(dst))
             except (nx.NetworkXNoPath, nx.NodeNotFound) as exc:
-                raise TopologyError(f"cluster {self.name}: no path from GPU {src} to {dst}") from exc
+                raise TopologyError(
+                    f"cluster {self.name}: no path from GPU {src} to {dst}"
+                ) from exc
             idx = tuple(self._link_index[(u, v)] for u, v in zip(path, path[1:], strict=False))
             route = Route(idx, sum(self.link_latency_s[i] for i in idx))
         self._routes[key] = route

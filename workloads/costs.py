@@ -282,7 +282,7 @@ class TransformerCosts:
         return BF16 * self.stage_params(stage)
 
     def bytes_per_param(self) -> float:
-        """Model-state bytes per parameter for mixed-precision Adam under ZeRO (Rajbhandari 2020)."""
+        """Model-state bytes per parameter, mixed-precision Adam under ZeRO (Rajbhandari 2020)."""
         d = self.dp
         return {0: 16.0, 1: 4 + 12 / d, 2: 2 + 14 / d, 3: 16 / d}[self.zero_stage]
 

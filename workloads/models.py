@@ -1,4 +1,4 @@
-"""Dense transformer model specs (GPT and LLaMA styles), presets and parameter / FLOP counts. Pure."""
+"""Dense transformer model specs (GPT and LLaMA styles), presets, parameter and FLOP counts."""
 
 from __future__ import annotations
 

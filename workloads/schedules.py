@@ -90,7 +90,8 @@ class Schedule:
         )
 
     def __str__(self) -> str:
-        return f"Schedule {self.name} (p={self.num_ranks}, m={self.num_microbatches})\n{self.grid()}"
+        head = f"Schedule {self.name} (p={self.num_ranks}, m={self.num_microbatches})"
+        return f"{head}\n{self.grid()}"
 
 
 def op_deps(op: Op, num_stages: int, split_backward: bool) -> tuple[Op, ...]:
@@ -114,7 +115,9 @@ def op_deps(op: Op, num_stages: int, split_backward: bool) -> tuple[Op, ...]:
 
 def required_ops(num_stages: int, num_microbatches: int, split_backward: bool) -> list[Op]:
     kinds = KINDS if split_backward else (FORWARD, BACKWARD)
-    return [Op(s, k, mb) for s in range(num_stages) for mb in range(num_microbatches) for k in kinds]
+    return [
+        Op(s, k, mb) for s in range(num_stages) for mb in range(num_microbatches) for k in kinds
+    ]
 
 
 def validate(schedule: Schedule) -> None:
@@ -144,8 +147,9 @@ def validate(schedule: Schedule) -> None:
                 )
             seen[op] = r
     need = required_ops(schedule.num_stages, schedule.num_microbatches, schedule.split_backward)
+    need_set = set(need)
     missing = [op for op in need if op not in seen]
-    extra = [op for op in seen if op not in set(need)]
+    extra = [op for op in seen if op not in need_set]
     if missing or extra:
         parts = []
         if missing:
@@ -279,7 +283,8 @@ def from_text(
         for op in ops:
             if owner.setdefault(op.stage, r) != r:
                 raise ScheduleError(
-                    f"op {op} is on rank {r} but stage {op.stage} also has ops on rank {owner[op.stage]}"
+                    f"op {op} is on rank {r} but stage {op.stage} also has ops on rank "
+                    f"{owner[op.stage]}"
                 )
     num_stages = max(owner) + 1
     missing = [s for s in range(num_stages) if s not in owner]

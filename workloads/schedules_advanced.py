@@ -1,0 +1,453 @@
+"""Advanced pipeline schedules: interleaved 1F1B and the Zero Bubble family.
+
+Pure builders like those of :mod:`workloads.schedules`: each returns the order
+of ops on every pipeline rank and nothing else; bubbles emerge when the ops run
+with real durations (:func:`workloads.schedules.list_schedule` is the exact
+oracle without communication).
+
+Conventions (REFERENCES.md, "Pipeline schedules"): ``F`` and ``B`` are
+whole-rank costs of one micro-batch; with ``v`` chunks per rank each chunk
+costs ``F/v`` and ``B/v``. ``B`` is the whole backward; split-backward
+schedules run it as a ``B`` op (input gradient, ``B - W``) and a ``W`` op
+(weight gradient, ``W``).
+
+Sources: Narayanan et al. 2021 (SC'21, sec. 2.2, interleaved 1F1B); Megatron-LM
+``get_schedule_table`` / ``microbatch_group_size_per_vp_stage`` and Llama 3
+(Dubey et al. 2024, sec. 3.3.2) for micro-batch counts that are not a multiple
+of ``p``; Qi et al. 2024 (ICLR, "Zero Bubble Pipeline Parallelism", sec. 2 and
+6) for ZB-H1, ZB-H2 and ZB-V, ordered like the reference code
+(sail-sg/zero-bubble-pipeline-parallelism).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from fractions import Fraction
+
+from sim.errors import ScheduleError
+from workloads.schedules import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT_GRAD,
+    Op,
+    Schedule,
+    list_schedule,
+    one_f_one_b,
+)
+
+__all__ = [
+    "ADVANCED_BUILDERS",
+    "interleaved",
+    "makespan",
+    "microbatch_groups",
+    "peak_activation",
+    "repeat_steps",
+    "steady_state_period",
+    "uniform_duration",
+    "v_stage_rank",
+    "zb_h1",
+    "zb_h2",
+    "zb_v",
+]
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def _check_args(name: str, p: int, m: int, v: int = 1) -> None:
+    for key, value in (("p", p), ("m", m), ("v", v)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ScheduleError(f"schedule {name}: {key}={value!r} must be an integer")
+    if p < 1:
+        raise ScheduleError(f"schedule {name}: pipeline size p={p} must be >= 1")
+    if m < 1:
+        raise ScheduleError(f"schedule {name}: micro-batches m={m} must be >= 1")
+    if v < 1:
+        raise ScheduleError(f"schedule {name}: chunks per rank v={v} must be >= 1")
+
+
+def _check_v(name: str, v: int, allowed: int) -> None:
+    if v != allowed:
+        raise ScheduleError(
+            f"schedule {name}: chunks per rank v={v} is not supported; {name} uses v={allowed}"
+        )
+
+
+# ----------------------------------------------------------------------------- interleaved 1F1B
+
+
+def microbatch_groups(p: int, m: int) -> tuple[int, ...]:
+    """Sizes of the groups of consecutive micro-batches that interleaved 1F1B walks chunk by chunk.
+
+    Megatron-LM runs groups of ``microbatch_group_size_per_vp_stage`` (default
+    ``p``) micro-batches through chunk 0, then the same group through chunk 1,
+    and so on. When ``m`` is a multiple of ``p`` this returns ``m/p`` groups of
+    ``p`` (Megatron exactly). Otherwise, like Llama 3's flexible ``N``
+    (Dubey et al. 2024, sec. 3.3.2), it returns ``q = m // p`` groups whose
+    sizes differ by at most one, larger groups first, so every group holds at
+    least ``p`` micro-batches and none is larger than the first (the warm-up is
+    sized by the first). For ``m < p`` it is one group of ``m``.
+
+    Megatron's own choice for a remainder, a smaller last group, is refused by
+    Megatron when it is below ``p`` ("dependency bubbles"); in an exact
+    list-schedule run it also deadlocks for some (p, m, v), e.g. (4, 5, 3), and
+    a larger last group deadlocks for others, e.g. (2, 5, 2).
+    """
+    if m < p:
+        return (m,)
+    q = m // p
+    base, extra = divmod(m, q)
+    return (base + 1,) * extra + (base,) * (q - extra)
+
+
+def interleaved(p: int, m: int, v: int = 1) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al. 2021, SC'21, sec. 2.2; Megatron-LM's virtual pipeline).
+
+    Rank ``r`` holds the ``v`` chunks (stages) ``r, r + p, ..., r + (v-1)p``, so
+    ``stage_rank[s] = s % p``. Forwards walk the groups of
+    :func:`microbatch_groups`: group ``g`` through chunk 0, then chunk 1, ...,
+    chunk ``v-1``; backwards walk the same order with chunks reversed. Rank
+    ``r`` warms up with ``min(2(p - r - 1) + (v - 1)N, m v)`` chunk forwards
+    (``N`` = size of the first group, Megatron's rule), alternates one chunk
+    forward and one chunk backward, then drains the backwards.
+
+    Closed form (REFERENCES.md), uniform stages, ``F``, ``B`` whole-rank costs
+    and each chunk costing ``F/v``, ``B/v``::
+
+        step = m (F + B) + (p - 1)(F + B) / v
+
+    exact for every ``m >= p`` with the grouping above (Megatron and the
+    Narayanan paper state it for ``m`` a multiple of ``p``; the tests check the
+    other ``m`` too). Peak in-flight on rank 0: ``2(p - 1) + (v - 1)N + 1``
+    chunk activations of ``1/v`` rank each; for ``N = p`` that is
+    ``p (1 + (p - 1)/(p v))`` rank units, 1F1B's ``p`` times the factor of
+    Korthikanti et al. 2022. Pipeline messages: ``v`` times 1F1B's.
+
+    Arguments: ``p >= 1``, ``m >= 1``, ``v >= 1``. Megatron requires
+    ``p <= m`` (and ``m`` a multiple of ``p`` before its tunable group size);
+    here ``m < p`` is allowed and runs one group of ``m`` (each rank then does
+    all its forwards before its backwards, as GPipe; the closed form does not
+    hold). ``v = 1`` is plain 1F1B (Megatron's non-interleaved warm-up
+    ``p - r - 1``, not ``2(p - r - 1)``). ``p = 1`` with ``v > 1`` is allowed:
+    all chunks on one rank, no bubble.
+    """
+    _check_args("interleaved", p, m, v)
+    if v == 1:
+        return replace(one_f_one_b(p, m), name="interleaved", notes="v=1: plain 1F1B")
+    groups = microbatch_groups(p, m)
+    forward_order: list[tuple[int, int]] = []  # (micro-batch, chunk)
+    first = 0
+    for size in groups:
+        for chunk in range(v):
+            forward_order.extend((mb, chunk) for mb in range(first, first + size))
+        first += size
+    backward_order = [(mb, v - 1 - chunk) for mb, chunk in forward_order]
+    total = m * v
+    ranks = []
+    for r in range(p):
+        warmup = min(2 * (p - r - 1) + (v - 1) * groups[0], total)
+        fwd = [Op(chunk * p + r, FORWARD, mb) for mb, chunk in forward_order]
+        bwd = [Op(chunk * p + r, BACKWARD, mb) for mb, chunk in backward_order]
+        ops = fwd[:warmup]
+        for k in range(total - warmup):
+            ops.append(fwd[warmup + k])
+            ops.append(bwd[k])
+        ops.extend(bwd[total - warmup :])
+        ranks.append(tuple(ops))
+    return Schedule(
+        "interleaved",
+        m,
+        tuple(s % p for s in range(p * v)),
+        tuple(ranks),
+        notes=f"Narayanan et al. 2021; v={v}; micro-batch groups {list(groups)}",
+    )
+
+
+# ----------------------------------------------------------------------------- Zero Bubble
+
+
+def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H1, Zero Bubble's memory-efficient handcrafted schedule (Qi et al. 2024, ICLR, sec. 2.1).
+
+    The backward is split into ``B`` (input gradient) and ``W`` (weight
+    gradient). Rank ``r`` runs 1F1B's order (warm-up ``p - r - 1`` forwards,
+    then forward/backward pairs) but defers its first ``r`` ``W`` ops: the
+    first ``r`` pairs are ``F B``, the following ones ``F B W`` (``W`` of the
+    oldest micro-batch still owing one), the cool-down ``B W``, and the ``r``
+    deferred ``W`` fill the tail that 1F1B leaves idle. This is the order of
+    the reference code's ZB-H1 (sail-sg/zero-bubble-pipeline-parallelism, the
+    DeepSpeed port with exact semantics). Every rank holds at most ``p``
+    micro-batches between ``F`` and ``W``: 1F1B's peak.
+
+    Closed form, uniform stages, ``B`` the whole backward (the ``B`` op costs
+    ``B - W``, the ``W`` op ``W``)::
+
+        step = m (F + B) + (p - 1)(F + B - 2W)
+
+    i.e. a bubble of ``(p - 1)(F + B_input - W)``, one third of 1F1B's when
+    ``F = B_input = W``. Exact (list-schedule run) when ``W <= F`` and
+    ``W <= B_input``, and ``m >= p``; the tests check a grid of such values.
+
+    Arguments: ``p >= 1``, ``m >= 1`` (``m < p`` runs, but the closed form
+    does not hold), ``v = 1`` only.
+    """
+    _check_args("zb-h1", p, m, v)
+    _check_v("zb-h1", v, 1)
+    ranks = []
+    for r in range(p):
+        ops: list[Op] = []
+        f = b = w = 0
+        for _ in range(min(p - r - 1, m)):
+            ops.append(Op(r, FORWARD, f))
+            f += 1
+        for _ in range(r):
+            if f == m:
+                break
+            ops += [Op(r, FORWARD, f), Op(r, BACKWARD, b)]
+            f, b = f + 1, b + 1
+        while f < m:
+            ops += [Op(r, FORWARD, f), Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
+            f, b, w = f + 1, b + 1, w + 1
+        while b < m:
+            ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
+            b, w = b + 1, w + 1
+        ops += [Op(r, WEIGHT_GRAD, mb) for mb in range(w, m)]
+        ranks.append(tuple(ops))
+    return Schedule(
+        "zb-h1",
+        m,
+        tuple(range(p)),
+        tuple(ranks),
+        split_backward=True,
+        notes="Qi et al. 2024, ZB-H1",
+    )
+
+
+def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H2, Zero Bubble's zero-bubble handcrafted schedule (Qi et al. 2024, ICLR, sec. 2.2).
+
+    More warm-up forwards fill the bubble before the first ``B``, and deferred
+    ``W`` fill the tail, turning 1F1B's trapezoid into a parallelogram. Rank
+    ``r``: ``2(p - r) - 1`` warm-up forwards (as many as fit before its first
+    ``B`` can arrive when ``F = B_input = W``); then ``2r`` pairs ``B F``
+    (``W`` deferred); then ``B W F`` while forwards remain; then ``B W``; then
+    the ``2r`` deferred ``W``. Every rank holds at most ``2p - 1`` micro-batches
+    between ``F`` and ``W`` (1F1B: ``p``), the paper's ``(2p - 1) M_B``.
+
+    Closed form with ``F = B_input = W`` and ``m >= 2p - 1`` (checked exactly
+    by the tests): every rank ``r`` is busy without a gap from ``r F`` to
+    ``r F + m (F + B)``, so the bubble is 0 and back-to-back steps repeat with
+    period ``m (F + B)`` (:func:`steady_state_period`); that needs the paper's
+    optimizer post-validation instead of a step barrier. One isolated step
+    still lasts ``m (F + B) + (p - 1) F`` (the last rank cannot start earlier),
+    the same as ZB-H1 (REFERENCES.md). With other costs ZB-H2 is not bubble
+    free but its isolated step is never longer than ZB-H1's in the tests.
+
+    Arguments: ``p >= 1``, ``m >= 1`` (for ``m < 2p - 1`` the warm-up is
+    capped by ``m``; the order stays valid), ``v = 1`` only.
+    """
+    _check_args("zb-h2", p, m, v)
+    _check_v("zb-h2", v, 1)
+    ranks = []
+    for r in range(p):
+        ops: list[Op] = []
+        f = b = w = 0
+        for _ in range(min(2 * (p - r) - 1, m)):
+            ops.append(Op(r, FORWARD, f))
+            f += 1
+        for _ in range(2 * r):
+            if f == m:
+                break
+            ops += [Op(r, BACKWARD, b), Op(r, FORWARD, f)]
+            f, b = f + 1, b + 1
+        while f < m:
+            ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w), Op(r, FORWARD, f)]
+            f, b, w = f + 1, b + 1, w + 1
+        while b < m:
+            ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
+            b, w = b + 1, w + 1
+        ops += [Op(r, WEIGHT_GRAD, mb) for mb in range(w, m)]
+        ranks.append(tuple(ops))
+    return Schedule(
+        "zb-h2",
+        m,
+        tuple(range(p)),
+        tuple(ranks),
+        split_backward=True,
+        notes="Qi et al. 2024, ZB-H2",
+    )
+
+
+def v_stage_rank(p: int) -> tuple[int, ...]:
+    """V placement of ``2p`` stages: rank ``r`` holds stages ``r`` and ``2p - 1 - r``."""
+    return tuple(s if s < p else 2 * p - 1 - s for s in range(2 * p))
+
+
+def zb_v(p: int, m: int, v: int = 2) -> Schedule:
+    """ZB-V (Qi et al. 2024, ICLR, sec. 6; "ZBV" in the reference code): two chunks in a V.
+
+    Rank ``r`` holds chunk 0 = stage ``r`` and chunk 1 = stage ``2p - 1 - r``
+    (:func:`v_stage_rank`), so rank 0 runs both the first and the last stage
+    and a micro-batch's forward goes down the ranks and back up. Split
+    backward. The order is the reference code's handcrafted ZB-V
+    (``get_zb_v_schedule``), built for ``n = max(m, 2p - 1)`` micro-batches and
+    then stripped of the micro-batches ``>= m`` (dropping ops keeps the order
+    acyclic). Rank ``r``, with c0/c1 its chunks:
+
+    1. ``2(p - r) - 1`` forwards of c0;
+    2. ``r`` times: F c1, F c0;
+    3. ``p - r`` times: F c1, B c1, W c1;
+    4. while forwards remain: F c0 (if any left), B c0, W c0, F c1, B c1, W c1;
+    5. ``r`` times: B c0, B c1 (their W deferred); ``p - r`` times: B c0 and
+       the oldest deferred W c0; then the deferred W c1, then the W c0.
+
+    Closed form with ``F = B_input = W`` (whole-rank costs, each chunk half of
+    them) and ``m >= 2p - 1``, checked exactly by the tests: back-to-back steps
+    repeat with period ``m (F + B)`` (bubble 0) and one isolated step lasts
+    ``m (F + B) + (p - 1) F / 2``: chunks are half as long, so the start-up
+    halves. Peak in-flight activation is ``2p`` chunk activations of half a
+    rank each, ``p`` rank units: 1F1B's (:func:`peak_activation`). Pipeline
+    messages double (two chunk boundaries per rank).
+
+    Arguments: ``p >= 1``, ``m >= 1``, ``v = 2`` only (the experiment's
+    ``vpp`` must be 2; chunk costs are half the rank's).
+    """
+    _check_args("zb-v", p, m, v)
+    _check_v("zb-v", v, 2)
+    n = max(m, 2 * p - 1)
+    ranks = []
+    for r in range(p):
+        c0, c1 = r, 2 * p - 1 - r
+        ops: list[Op] = []
+        f0 = f1 = b0 = b1 = 0
+        for _ in range(2 * (p - r) - 1):
+            ops.append(Op(c0, FORWARD, f0))
+            f0 += 1
+        for _ in range(r):
+            ops += [Op(c1, FORWARD, f1), Op(c0, FORWARD, f0)]
+            f0, f1 = f0 + 1, f1 + 1
+        for _ in range(p - r):
+            ops += [Op(c1, FORWARD, f1), Op(c1, BACKWARD, b1), Op(c1, WEIGHT_GRAD, b1)]
+            f1, b1 = f1 + 1, b1 + 1
+        while f1 < f0 or f0 < n:
+            if f0 < n:
+                ops.append(Op(c0, FORWARD, f0))
+                f0 += 1
+            ops += [Op(c0, BACKWARD, b0), Op(c0, WEIGHT_GRAD, b0)]
+            ops += [Op(c1, FORWARD, f1), Op(c1, BACKWARD, b1), Op(c1, WEIGHT_GRAD, b1)]
+            f1, b0, b1 = f1 + 1, b0 + 1, b1 + 1
+        w0, w1 = b0, b1
+        for _ in range(r):
+            ops += [Op(c0, BACKWARD, b0), Op(c1, BACKWARD, b1)]
+            b0, b1 = b0 + 1, b1 + 1
+        for _ in range(p - r):
+            ops += [Op(c0, BACKWARD, b0), Op(c0, WEIGHT_GRAD, w0)]
+            b0, w0 = b0 + 1, w0 + 1
+        ops += [Op(c1, WEIGHT_GRAD, mb) for mb in range(w1, b1)]
+        ops += [Op(c0, WEIGHT_GRAD, mb) for mb in range(w0, b0)]
+        if not (f0 == f1 == b0 == b1 == n):  # pragma: no cover - structural invariant
+            raise ScheduleError(f"zb-v: internal count mismatch on rank {r} for p={p}, m={m}")
+        ranks.append(tuple(op for op in ops if op.mb < m))
+    return Schedule(
+        "zb-v", m, v_stage_rank(p), tuple(ranks), split_backward=True, notes="Qi et al. 2024, ZB-V"
+    )
+
+
+# ----------------------------------------------------------------------------- analysis helpers
+
+
+def uniform_duration(
+    schedule: Schedule, forward: float, backward: float, weight_grad: float = 0.0
+) -> Callable[[Op], float]:
+    """Op durations for uniform stages (REFERENCES.md convention).
+
+    ``forward`` and ``backward`` are whole-rank costs of one micro-batch
+    (``backward`` the whole backward); with ``v`` chunks per rank each chunk
+    costs ``1/v`` of them. If the schedule splits the backward, its ``B`` op
+    costs ``backward - weight_grad`` and its ``W`` op ``weight_grad``
+    (per rank, before the ``1/v``); otherwise ``weight_grad`` is ignored.
+    """
+    v = schedule.chunks_per_rank
+    if schedule.split_backward:
+        costs = {FORWARD: forward, BACKWARD: backward - weight_grad, WEIGHT_GRAD: weight_grad}
+    else:
+        costs = {FORWARD: forward, BACKWARD: backward}
+    per_chunk = {kind: cost / v for kind, cost in costs.items()}
+    return lambda op: per_chunk[op.kind]
+
+
+def makespan(schedule: Schedule, duration: Callable[[Op], float]) -> float:
+    """Length of one isolated step: the end of the last op in :func:`list_schedule`."""
+    return max(end for _, end in list_schedule(schedule, duration).values())
+
+
+def repeat_steps(schedule: Schedule, steps: int) -> Schedule:
+    """``steps`` back-to-back training steps as one schedule, with no barrier between them.
+
+    Each rank runs its program ``steps`` times; micro-batch ``mb`` of step
+    ``i`` becomes ``mb + i m``. This is what ZB-H2 and ZB-V need to show their
+    zero bubble: the Zero Bubble paper's optimizer post-validation removes the
+    step barrier, so consecutive steps overlap.
+    """
+    if steps < 1:
+        raise ScheduleError(f"repeat_steps: steps={steps} must be >= 1")
+    m = schedule.num_microbatches
+    ranks = tuple(
+        tuple(Op(op.stage, op.kind, op.mb + i * m) for i in range(steps) for op in ops)
+        for ops in schedule.rank_ops
+    )
+    return replace(schedule, num_microbatches=m * steps, rank_ops=ranks)
+
+
+def steady_state_period(
+    schedule: Schedule, duration: Callable[[Op], float], steps: int = 4
+) -> float:
+    """Period of back-to-back steps: makespan of ``steps`` steps minus that of ``steps - 1``.
+
+    Exact once the start-up transient is over; for the schedules here it is
+    over after one step. ``duration`` sees the renumbered micro-batches of
+    :func:`repeat_steps`.
+    """
+    if steps < 2:
+        raise ScheduleError(f"steady_state_period: steps={steps} must be >= 2")
+    return makespan(repeat_steps(schedule, steps), duration) - makespan(
+        repeat_steps(schedule, steps - 1), duration
+    )
+
+
+def peak_activation(schedule: Schedule) -> tuple[Fraction, ...]:
+    """Peak stashed activations per rank, in units of one rank's activations of one micro-batch.
+
+    Walks each rank's program order: a forward of a chunk adds ``1/v`` (the
+    chunk holds ``1/v`` of the rank's layers); it is freed by the chunk's
+    ``W`` if the schedule splits the backward (the weight gradient still needs
+    the stashed inputs), else by its ``B``. 1F1B's rank 0 peaks at ``p``.
+    """
+    v = schedule.chunks_per_rank
+    release = WEIGHT_GRAD if schedule.split_backward else BACKWARD
+    peaks = []
+    for ops in schedule.rank_ops:
+        live = peak = Fraction(0)
+        for op in ops:
+            if op.kind == FORWARD:
+                live += Fraction(1, v)
+                peak = max(peak, live)
+            elif op.kind == release:
+                live -= Fraction(1, v)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
+ADVANCED_BUILDERS: dict[str, Callable[..., Schedule]] = {
+    "interleaved": interleaved,
+    "zb-h1": zb_h1,
+    "zb-h2": zb_h2,
+    "zb-v": zb_v,
+}
+"""Builders by experiment-file name: ``builder(p, m, v) -> Schedule``.
+
+``v`` is the experiment's ``vpp``: any ``v >= 1`` for ``interleaved`` (default
+2), 1 for ``zb-h1`` and ``zb-h2``, 2 for ``zb-v`` (the defaults). Others raise
+:class:`ScheduleError`.
+"""
