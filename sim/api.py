@@ -49,14 +49,22 @@ class Result:
             self.plot(paths["timeline"])
         return paths
 
-    def plot(self, path: str | Path) -> None:
-        """Save the Gantt chart of the timeline (PNG or SVG by suffix)."""
+    def plot(self, path: str | Path, gpus: list[int] | None = None) -> None:
+        """Save the Gantt chart of the timeline (PNG or SVG by suffix).
+
+        By default it shows one pipeline: the GPU of TP rank 0, DP rank 0 of
+        every pipeline stage (the other replicas run the same program).
+        """
         from plots.timeline import plot_timeline  # matplotlib only when plotting
 
         exp = self.experiment
+        pl = exp.placement
+        if gpus is None:
+            gpus = [pl.gpu(pp=r) for r in range(pl.degree("pp"))]
+        replica = " (one pipeline: tp0 dp0)" if len(gpus) < pl.num_gpus else ""
         title = (f"{exp.name}: {exp.schedule.name}, step {self.stats['step_time_s'] * 1e3:.1f} ms, "
-                 f"bubble {self.stats['bubble_fraction']:.1%}")
-        plot_timeline(self.timeline, path, title=title)
+                 f"bubble {self.stats['bubble_fraction']:.1%}{replica}")
+        plot_timeline(self.timeline, path, title=title, gpus=gpus)
 
 
 def load_experiment(path: str | Path) -> Experiment:
