@@ -4,7 +4,16 @@ A schedule is order, not time. Bubbles are written nowhere: they emerge when
 the engine runs the ops with real durations and the dependencies of
 :func:`op_deps`. Every op has one text form, ``"<stage><kind><micro-batch>"``
 (``"1F3"`` = stage 1, forward, micro-batch 3), used in reprs, error messages,
-golden files and custom schedule files.
+golden files and custom schedule files. Two backward-compatible extensions:
+
+* a sequence chunk (Seq1F1B, Sun et al. 2024): ``"1F3.2"`` = stage 1, forward,
+  micro-batch 3, sequence chunk 2; ops without the suffix cover the whole
+  micro-batch;
+* fused groups (DualPipe's overlapped forward/backward pairs, DeepSeek-AI
+  2024, sec. 3.2.1): ops joined by ``&`` on a rank, e.g. ``"0F5&7B2&7W2"``,
+  start together once every member's inputs are ready, run back to back as one
+  compute op and release all their outputs at the group's end
+  (:func:`schedule_deps`, :func:`list_schedule`).
 
 Sources: GPipe (Huang et al. 2019); 1F1B / PipeDream-Flush (Narayanan et al.
 2021, SC'21, sec. 2.2); Zero Bubble's split backward B/W (Qi et al. 2024).
@@ -13,8 +22,9 @@ Sources: GPipe (Huang et al. 2019); 1F1B / PipeDream-Flush (Narayanan et al.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from sim.errors import ScheduleError
 
@@ -23,12 +33,16 @@ BACKWARD = "B"
 WEIGHT_GRAD = "W"
 KINDS = (FORWARD, BACKWARD, WEIGHT_GRAD)
 
-_OP_RE = re.compile(r"^(\d+)([FBW])(\d+)$")
+_OP_RE = re.compile(r"^(\d+)([FBW])(\d+)(?:\.(\d+))?$")
+FUSE = "&"
+"""Joins the ops of a fused group in the text form: ``0F5&7B2``."""
+WHOLE = -1
+"""``Op.seq`` of an op that covers its whole micro-batch (no sequence chunks)."""
 
 
 @dataclass(frozen=True, order=True, slots=True)
 class Op:
-    """One pipeline op: stage ``stage`` runs ``kind`` for micro-batch ``mb``."""
+    """A pipeline op: stage ``stage`` runs ``kind`` for micro-batch ``mb`` (or one chunk of it)."""
 
     stage: int
     """Model stage (chunk) index, 0 = first layers; with vpp > 1 there are pp * vpp stages."""
@@ -36,22 +50,31 @@ class Op:
     """``F`` forward, ``B`` backward (input-gradient only if the schedule splits it), ``W``."""
     mb: int
     """Micro-batch index within the step, from 0."""
+    seq: int = WHOLE
+    """Sequence chunk of the micro-batch, from 0 (Seq1F1B), or ``WHOLE`` (-1): all of it."""
 
     def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.mb}"
+        base = f"{self.stage}{self.kind}{self.mb}"
+        return base if self.seq == WHOLE else f"{base}.{self.seq}"
 
     def __repr__(self) -> str:
         return f"Op({self})"
 
     @classmethod
     def parse(cls, text: str) -> Op:
-        """Parse the canonical text form, e.g. ``Op.parse("1F3")``."""
+        """Parse the canonical text form, e.g. ``Op.parse("1F3")`` or ``Op.parse("1F3.2")``."""
         match = _OP_RE.match(text.strip())
         if not match:
             raise ScheduleError(
-                f"op {text!r} is not of the form <stage><F|B|W><micro-batch>, e.g. '1F3'"
+                f"op {text!r} is not of the form <stage><F|B|W><micro-batch>[.<sequence chunk>], "
+                "e.g. '1F3' or '1F3.2'"
             )
-        return cls(int(match[1]), match[2], int(match[3]))
+        seq = WHOLE if match[4] is None else int(match[4])
+        return cls(int(match[1]), match[2], int(match[3]), seq)
+
+    def renumbered(self, mb: int) -> Op:
+        """The same op for micro-batch ``mb``."""
+        return Op(self.stage, self.kind, mb, self.seq)
 
 
 @dataclass(frozen=True)
@@ -70,6 +93,12 @@ class Schedule:
     """True when B is only the input gradient and W ops carry the weight gradient."""
     notes: str = field(default="", compare=False)
     """Free text: source and assumptions of the builder."""
+    fused: frozenset[Op] = frozenset()
+    """Ops fused with the next op on their rank (text form ``a&b``): a fused group starts when
+    every member's inputs are ready, runs its members back to back as one compute op and
+    releases their outputs at its end (DualPipe's overlapped F&B; a full backward B&W)."""
+    seq_chunks: int = 1
+    """k, sequence chunks per micro-batch (Seq1F1B); 1 = ops cover whole micro-batches."""
 
     @property
     def num_ranks(self) -> int:
@@ -83,53 +112,121 @@ class Schedule:
     def chunks_per_rank(self) -> int:
         return self.num_stages // self.num_ranks
 
+    @cached_property
+    def groups(self) -> dict[Op, tuple[Op, ...]]:
+        """Each op's fused group, members in program order; ``(op,)`` for an op run alone."""
+        out: dict[Op, tuple[Op, ...]] = {}
+        for ops in self.rank_ops:
+            for group in _split_groups(ops, self.fused):
+                out.update(dict.fromkeys(group, group))
+        return out
+
     def grid(self) -> str:
-        """The op grid as text, one line per rank: readable in a diff."""
-        return "\n".join(
-            f"rank {r}: " + " ".join(str(op) for op in ops) for r, ops in enumerate(self.rank_ops)
-        )
+        """The op grid, one line per rank: readable in a diff; :func:`from_text` parses it."""
+        rows = []
+        for r, ops in enumerate(self.rank_ops):
+            tokens = (FUSE.join(map(str, g)) for g in _split_groups(ops, self.fused))
+            rows.append(f"rank {r}: " + " ".join(tokens))
+        return "\n".join(rows)
 
     def __str__(self) -> str:
         head = f"Schedule {self.name} (p={self.num_ranks}, m={self.num_microbatches})"
         return f"{head}\n{self.grid()}"
 
 
-def op_deps(op: Op, num_stages: int, split_backward: bool) -> tuple[Op, ...]:
+def _split_groups(ops: Sequence[Op], fused: frozenset[Op]) -> list[tuple[Op, ...]]:
+    """A rank's ops cut into fused groups (an op in ``fused`` joins the next op)."""
+    groups: list[tuple[Op, ...]] = []
+    current: list[Op] = []
+    for op in ops:
+        current.append(op)
+        if op not in fused:
+            groups.append(tuple(current))
+            current = []
+    if current:
+        groups.append(tuple(current))
+    return groups
+
+
+def op_deps(
+    op: Op, num_stages: int, split_backward: bool, seq_chunks: int = 1
+) -> tuple[Op, ...]:
     """The ops ``op`` must wait for besides program order on its rank (DESIGN.md rule).
 
     F(s, m) after F(s-1, m); B(s, m) after B(s+1, m) and after F(s, m) (its
-    stashed activations); W(s, m) after B(s, m).
+    stashed activations); W(s, m) after B(s, m). With ``seq_chunks = k > 1``
+    (Seq1F1B, Sun et al. 2024, sec. 3) ops carry a sequence chunk ``c`` and
+    causal attention adds: forward chunk c after forward chunk c-1 of the same
+    micro-batch on the same stage (it attends to their keys and values), and
+    backward chunks run in reverse, chunk c after chunk c+1 (the later chunks
+    produce gradients for chunk c's keys and values).
     """
-    s, m = op.stage, op.mb
+    s, m, c = op.stage, op.mb, op.seq
     if op.kind == FORWARD:
-        return (Op(s - 1, FORWARD, m),) if s > 0 else ()
+        deps = [Op(s - 1, FORWARD, m, c)] if s > 0 else []
+        if c > 0:
+            deps.append(Op(s, FORWARD, m, c - 1))
+        return tuple(deps)
     if op.kind == BACKWARD:
-        deps = [Op(s, FORWARD, m)]
+        deps = [Op(s, FORWARD, m, c)]
         if s < num_stages - 1:
-            deps.append(Op(s + 1, BACKWARD, m))
+            deps.append(Op(s + 1, BACKWARD, m, c))
+        if c != WHOLE and c < seq_chunks - 1:
+            deps.append(Op(s, BACKWARD, m, c + 1))
         return tuple(deps)
     if not split_backward:
         raise ScheduleError(f"op {op} is a W but the schedule does not split the backward")
-    return (Op(s, BACKWARD, m),)
+    return (Op(s, BACKWARD, m, c),)
 
 
-def required_ops(num_stages: int, num_microbatches: int, split_backward: bool) -> list[Op]:
+def schedule_deps(schedule: Schedule, op: Op) -> tuple[Op, ...]:
+    """All ops ``op`` waits for in ``schedule`` besides program order on its rank.
+
+    :func:`op_deps`, plus, for the first op of a fused group, the outside
+    dependencies of the other members: the group starts only when all its
+    inputs are there (DualPipe runs an overlapped F&B pair once both the
+    forward's activation and the backward's gradient have arrived).
+    """
+    own = op_deps(op, schedule.num_stages, schedule.split_backward, schedule.seq_chunks)
+    group = schedule.groups.get(op, (op,))
+    if len(group) == 1 or op != group[0]:
+        return own
+    out = dict.fromkeys(own)
+    for member in group[1:]:
+        deps = op_deps(member, schedule.num_stages, schedule.split_backward, schedule.seq_chunks)
+        out.update(dict.fromkeys(d for d in deps if d not in group))
+    return tuple(out)
+
+
+def required_ops(
+    num_stages: int, num_microbatches: int, split_backward: bool, seq_chunks: int = 1
+) -> list[Op]:
+    """Every op a valid schedule runs exactly once (with sequence chunks 0..k-1 if k > 1)."""
     kinds = KINDS if split_backward else (FORWARD, BACKWARD)
+    seqs = range(seq_chunks) if seq_chunks > 1 else (WHOLE,)
     return [
-        Op(s, k, mb) for s in range(num_stages) for mb in range(num_microbatches) for k in kinds
+        Op(s, k, mb, c)
+        for s in range(num_stages)
+        for mb in range(num_microbatches)
+        for c in seqs
+        for k in kinds
     ]
 
 
 def validate(schedule: Schedule) -> None:
     """Check a schedule before it runs; raise :class:`ScheduleError` with the op grid if bad.
 
-    Checks: each (stage, micro-batch) has exactly one F and one B (and one W if
-    split), every op sits on the rank that owns its stage, and a symbolic run
-    with unit durations completes (no deadlock).
+    Checks: each (stage, micro-batch[, sequence chunk]) has exactly one F and
+    one B (and one W if split), every op sits on the rank that owns its stage,
+    fused groups are well formed, and a symbolic run with unit durations
+    completes (no deadlock; the error prints the per-rank op grid and marks
+    the ops that wait forever).
     """
-    p = schedule.num_ranks
+    p, k = schedule.num_ranks, schedule.seq_chunks
     if p < 1 or schedule.num_microbatches < 1:
         raise ScheduleError(f"schedule {schedule.name}: needs p >= 1 and m >= 1")
+    if k < 1:
+        raise ScheduleError(f"schedule {schedule.name}: sequence chunks k={k} must be >= 1")
     for s, r in enumerate(schedule.stage_rank):
         if not 0 <= r < p:
             raise ScheduleError(f"stage {s} is owned by rank {r}, outside 0..{p - 1}")
@@ -146,7 +243,9 @@ def validate(schedule: Schedule) -> None:
                     f"{schedule.stage_rank[op.stage]}"
                 )
             seen[op] = r
-    need = required_ops(schedule.num_stages, schedule.num_microbatches, schedule.split_backward)
+    need = required_ops(
+        schedule.num_stages, schedule.num_microbatches, schedule.split_backward, k
+    )
     need_set = set(need)
     missing = [op for op in need if op not in seen]
     extra = [op for op in seen if op not in need_set]
@@ -157,7 +256,33 @@ def validate(schedule: Schedule) -> None:
         if extra:
             parts.append("unexpected " + " ".join(map(str, extra[:8])))
         raise ScheduleError(f"schedule {schedule.name}: " + "; ".join(parts))
+    _check_fused(schedule, seen)
     list_schedule(schedule, lambda op: 1.0)
+
+
+def _check_fused(schedule: Schedule, seen: dict[Op, int]) -> None:
+    for op in sorted(schedule.fused):
+        if op not in seen:
+            raise ScheduleError(f"schedule {schedule.name}: fused op {op} is not in the schedule")
+        if schedule.rank_ops[seen[op]][-1] == op:
+            raise ScheduleError(
+                f"schedule {schedule.name}: op {op} is fused ('&') with the next op but is the "
+                f"last op of rank {seen[op]}"
+            )
+    for group in set(schedule.groups.values()):
+        _internal_order(schedule, group)
+
+
+def _internal_order(schedule: Schedule, group: tuple[Op, ...]) -> None:
+    """Raise if a member of a fused group waits on a later member (it could never start)."""
+    for i, op in enumerate(group):
+        deps = op_deps(op, schedule.num_stages, schedule.split_backward, schedule.seq_chunks)
+        later = [d for d in deps if d in group[i + 1 :]]
+        if later:
+            raise ScheduleError(
+                f"schedule {schedule.name}: in fused group {FUSE.join(map(str, group))} op {op} "
+                f"waits on {later[0]}, which comes after it"
+            )
 
 
 def list_schedule(
@@ -166,48 +291,82 @@ def list_schedule(
     """Symbolic list-schedule run: each op starts when its rank is free and its producers are done.
 
     This is the exact oracle for pipeline timing without communication
-    (REFERENCES.md, "one slow stage in 1F1B"). Returns ``{op: (start, end)}``.
+    (REFERENCES.md, "one slow stage in 1F1B"). Returns ``{op: (start, end)}``,
+    the interval each op computes. A fused group starts when its rank is free
+    and every member's outside producers are done, runs its members back to
+    back, and its outputs count as done only at the group's end.
     Raises :class:`ScheduleError` naming the blocked ops if the schedule deadlocks.
     """
     done: dict[Op, tuple[float, float]] = {}
+    ready: dict[Op, float] = {}
     pos = [0] * schedule.num_ranks
     free_at = [0.0] * schedule.num_ranks
+    groups = schedule.groups
     remaining = sum(len(ops) for ops in schedule.rank_ops)
     while remaining:
         progressed = False
         for r, ops in enumerate(schedule.rank_ops):
             while pos[r] < len(ops):
-                op = ops[pos[r]]
-                deps = op_deps(op, schedule.num_stages, schedule.split_backward)
-                if any(d not in done for d in deps):
+                group = groups[ops[pos[r]]]
+                deps = [d for op in group for d in schedule_deps(schedule, op) if d not in group]
+                if any(d not in ready for d in deps):
                     break
-                start = max([free_at[r], *(done[d][1] for d in deps)])
-                end = start + duration(op)
-                done[op] = (start, end)
-                free_at[r] = end
-                pos[r] += 1
-                remaining -= 1
+                if len(group) > 1:
+                    _internal_order(schedule, group)
+                t = max([free_at[r], *(ready[d] for d in deps)])
+                for op in group:
+                    start, t = t, t + duration(op)
+                    done[op] = (start, t)
+                ready.update(dict.fromkeys(group, t))
+                free_at[r] = t
+                pos[r] += len(group)
+                remaining -= len(group)
                 progressed = True
         if not progressed:
-            raise ScheduleError(_deadlock_message(schedule, pos, done))
+            raise ScheduleError(_deadlock_message(schedule, pos, ready))
     return done
 
 
-def _deadlock_message(schedule: Schedule, pos: Sequence[int], done: dict) -> str:
+_GRID_CONTEXT = 6
+"""Ops shown on each side of a blocked op in a deadlock message (the rest are elided)."""
+
+
+def _deadlock_message(schedule: Schedule, pos: Sequence[int], done: Mapping[Op, float]) -> str:
+    """The per-rank op grid with each rank's blocked group marked ``*`` and what it waits on.
+
+    Every op from the marked one to the end of its rank waits forever; the
+    marked one names the producers (and their ranks) that can never finish.
+    Long rows are elided around the blocked op.
+    """
     lines = [f"schedule {schedule.name} deadlocks; ops marked * wait forever:"]
     for r, ops in enumerate(schedule.rank_ops):
-        cells = []
-        for i, op in enumerate(ops):
+        tokens = []
+        at = None
+        i = 0
+        for group in _split_groups(ops, schedule.fused):
+            text = FUSE.join(map(str, group))
             if i == pos[r]:
+                at = len(tokens)
                 waits = [
-                    str(d)
-                    for d in op_deps(op, schedule.num_stages, schedule.split_backward)
-                    if d not in done
+                    f"{d} later on rank {r}" if schedule.stage_rank[d.stage] == r
+                    else f"{d}@rank{schedule.stage_rank[d.stage]}"
+                    for op in group
+                    for d in schedule_deps(schedule, op)
+                    if d not in done and d not in group
                 ]
-                cells.append(f"*{op}(waits {','.join(waits)})")
-            else:
-                cells.append(str(op))
-        lines.append(f"  rank {r}: " + " ".join(cells))
+                text = f"*{text}(waits {','.join(dict.fromkeys(waits))})"
+            tokens.append(text)
+            i += len(group)
+        if at is None:
+            lines.append(f"  rank {r}: (all {len(ops)} ops done)")
+            continue
+        lo, hi = max(0, at - _GRID_CONTEXT), min(len(tokens), at + _GRID_CONTEXT + 1)
+        shown = tokens[lo:hi]
+        if lo:
+            shown.insert(0, f"...({lo} done)")
+        if hi < len(tokens):
+            shown.append(f"...(+{len(tokens) - hi} more)")
+        lines.append(f"  rank {r}: " + " ".join(shown))
     return "\n".join(lines)
 
 
@@ -266,16 +425,24 @@ def from_text(
 
     Blank lines and ``#`` comments are ignored; an optional ``rank N:`` prefix is
     allowed. Stage ownership is taken from where the ops sit; a schedule with W
-    ops splits the backward.
+    ops splits the backward; ops joined by ``&`` form a fused group; ops with a
+    sequence-chunk suffix (``1F3.2``) make a Seq1F1B-style schedule with
+    k = 1 + the largest chunk index.
     """
     rows: list[tuple[Op, ...]] = []
+    fused: set[Op] = set()
     for raw in text.splitlines():
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         if line.lower().startswith("rank") and ":" in line:
             line = line.split(":", 1)[1]
-        rows.append(tuple(Op.parse(tok) for tok in line.split()))
+        row: list[Op] = []
+        for token in line.split():
+            members = [Op.parse(part) for part in token.split(FUSE)]
+            fused.update(members[:-1])
+            row.extend(members)
+        rows.append(tuple(row))
     if not rows:
         raise ScheduleError("custom schedule has no ops")
     owner: dict[int, int] = {}
@@ -296,7 +463,9 @@ def from_text(
             f"custom schedule has {m} micro-batches but the experiment needs {num_microbatches}"
         )
     split = any(op.kind == WEIGHT_GRAD for ops in rows for op in ops)
-    sched = Schedule(name, m, tuple(owner[s] for s in range(num_stages)), tuple(rows), split)
+    k = max(op.seq for ops in rows for op in ops) + 1
+    sched = Schedule(name, m, tuple(owner[s] for s in range(num_stages)), tuple(rows), split,
+                     fused=frozenset(fused), seq_chunks=max(k, 1))
     validate(sched)
     return sched
 

@@ -1,4 +1,4 @@
-"""Advanced pipeline schedules: interleaved 1F1B and the Zero Bubble family.
+"""Advanced pipeline schedules: interleaved 1F1B, the Zero Bubble family, DualPipe-V, Seq1F1B.
 
 Pure builders like those of :mod:`workloads.schedules`: each returns the order
 of ops on every pipeline rank and nothing else; bubbles emerge when the ops run
@@ -16,11 +16,17 @@ Sources: Narayanan et al. 2021 (SC'21, sec. 2.2, interleaved 1F1B); Megatron-LM
 (Dubey et al. 2024, sec. 3.3.2) for micro-batch counts that are not a multiple
 of ``p``; Qi et al. 2024 (ICLR, "Zero Bubble Pipeline Parallelism", sec. 2 and
 6) for ZB-H1, ZB-H2 and ZB-V, ordered like the reference code
-(sail-sg/zero-bubble-pipeline-parallelism).
+(sail-sg/zero-bubble-pipeline-parallelism); DeepSeek-AI 2024 ("DeepSeek-V3
+Technical Report", sec. 3.2.1) and the DualPipeV ("cut-in-half") order of the
+reference code (deepseek-ai/DualPipe) for DualPipe-V; Sun et al. 2024
+("Seq1F1B: Efficient Sequence-Level Pipeline Parallelism for Large Language
+Model Training", sec. 3) and its reference code (thunlp/Seq1F1B)
+for Seq1F1B.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
@@ -38,11 +44,15 @@ from workloads.schedules import (
 
 __all__ = [
     "ADVANCED_BUILDERS",
+    "EXTRA_BUILDERS",
+    "OVERLAPPING_STEPS",
+    "dualpipe_v",
     "interleaved",
     "makespan",
     "microbatch_groups",
     "peak_activation",
     "repeat_steps",
+    "seq1f1b",
     "steady_state_period",
     "uniform_duration",
     "v_stage_rank",
@@ -354,6 +364,190 @@ def zb_v(p: int, m: int, v: int = 2) -> Schedule:
     )
 
 
+# ----------------------------------------------------------------------------- DualPipe-V
+
+
+def dualpipe_v(p: int, m: int, v: int = 2) -> Schedule:
+    """DualPipe-V: DeepSeek's DualPipe "cut in half" onto a V placement (DeepSeek-AI 2024).
+
+    DualPipe (DeepSeek-V3 Technical Report, sec. 3.2.1, fig. 4-5, table 2) overlaps the
+    forward of one micro-batch with the backward of another on each rank so
+    that the expert-parallel all-to-alls of one hide behind the compute of the
+    other. DualPipe-V (the reference code's ``DualPipeV``) keeps that order on
+    ``p`` ranks with the V placement of ZB-V (:func:`v_stage_rank`): rank ``r``
+    holds chunk 0 = stage ``r`` and chunk 1 = stage ``2p - 1 - r``. Rank ``r``,
+    with F0/F1, B0/B1 the forwards and backwards of its two chunks, micro-batches
+    taken in order per chunk:
+
+    1. ``2(p - r - 1)`` times F0;
+    2. ``r + 1`` times F0, F1;
+    3. ``p - r - 1`` times B1 (input gradient), W1 (its weight gradient), F1;
+    4. ``m - 2p + r + 1`` times the overlapped pairs F0&B1, F1&B0 (on the last
+       rank the first F0 and B1 run separately, as the reference does to shorten
+       the bubble);
+    5. ``p - r - 1`` times B1, F1&B0;
+    6. ``r + 1`` times B1, B0 -- from the middle iteration on their weight
+       gradients are deferred (zero-bubble style, the reference's
+       ``enable_zb``);
+    7. ``p - r - 1`` times the oldest deferred W, then B0 with W deferred;
+    8. ``r + 1`` times the oldest deferred W.
+
+    Representation: the schedule splits the backward (``B`` input gradient,
+    ``W`` weight gradient). A full backward that does not defer its weight
+    gradient is the fused group ``B&W``; an overlapped pair is the fused group
+    ``F&B&W`` (text form ``0F5&7B2&7W2``). A fused group starts when all its
+    members' inputs have arrived, runs as one compute op of the members' summed
+    cost and sends its outputs at its end, as the reference's
+    ``_forward_backward_chunk`` does (receive both, compute, send both). With
+    no expert-parallel communication the overlap saves nothing: an F&B pair
+    costs F + B of compute. The reference's extra synchronisation (it commits
+    pending receives before a W) is not modelled.
+
+    Closed form (the DualPipe README's table, ``PP = 2p`` stages, F, B, W per
+    chunk, F&B = F + B here): bubble ``(p - 1)(F&B + B - 3W)``, i.e. one step
+    lasts ``2m(F + B) + (p - 1)(F + 2B - 3W)`` per-chunk units. The list-schedule
+    run reproduces it exactly when ``F = B - W`` (forward = input gradient, the
+    paper's setting) and ``W <= F``, for ``m >= 2p`` (tests); with other costs
+    the step differs from the table in both directions.
+
+    Memory: the peak on rank 0 is ``2p + 1`` chunk activations (the README's
+    ``PP + 1``), ``p + 1/2`` rank units. Parameters: each rank holds two of the
+    ``2p`` stages, the same share of the model as 1F1B on ``p`` ranks -- the
+    README's "2x" is relative to a ``2p``-stage split. Only the bidirectional
+    DualPipe, not built here, keeps two copies of every stage's parameters.
+
+    Arguments: ``p >= 1``, ``m >= 1``, ``v = 2`` only. The reference requires
+    ``m >= 2p``; for smaller ``m`` the order is built for ``2p`` micro-batches
+    and the ops of the micro-batches ``>= m`` are dropped (as :func:`zb_v` does;
+    dropping ops keeps the order acyclic).
+    """
+    _check_args("dualpipe-v", p, m, v)
+    _check_v("dualpipe-v", v, 2)
+    n = max(m, 2 * p)
+    ranks: list[tuple[Op, ...]] = []
+    fused: set[Op] = set()
+    for r in range(p):
+        groups = _dualpipe_v_rank(p, r, n)
+        kept = [tuple(op for op in g if op.mb < m) for g in groups]
+        kept = [g for g in kept if g]
+        ranks.append(tuple(op for g in kept for op in g))
+        fused.update(op for g in kept for op in g[:-1])
+    return Schedule(
+        "dualpipe-v",
+        m,
+        v_stage_rank(p),
+        tuple(ranks),
+        split_backward=True,
+        notes="DeepSeek-AI 2024, DualPipeV (cut-in-half DualPipe)",
+        fused=frozenset(fused),
+    )
+
+
+def _dualpipe_v_rank(p: int, r: int, n: int) -> list[list[Op]]:
+    """Rank ``r``'s program for ``n >= 2p`` micro-batches as a list of fused groups."""
+    chunk = (r, 2 * p - 1 - r)
+    nf, nb = [0, 0], [0, 0]
+    deferred: deque[Op] = deque()
+    groups: list[list[Op]] = []
+
+    def fwd(phase: int) -> list[Op]:
+        nf[phase] += 1
+        return [Op(chunk[phase], FORWARD, nf[phase] - 1)]
+
+    def bwd(phase: int, defer_w: bool) -> list[Op]:
+        nb[phase] += 1
+        b = Op(chunk[phase], BACKWARD, nb[phase] - 1)
+        w = Op(chunk[phase], WEIGHT_GRAD, nb[phase] - 1)
+        if defer_w:
+            deferred.append(w)
+            return [b]
+        return [b, w]  # a full backward: input and weight gradient in one go
+
+    def w_oldest() -> list[Op]:
+        return [deferred.popleft()]
+
+    for _ in range(2 * (p - r - 1)):
+        groups.append(fwd(0))
+    for _ in range(r + 1):
+        groups += [fwd(0), fwd(1)]
+    for _ in range(p - r - 1):
+        groups += [bwd(1, True), w_oldest(), fwd(1)]
+    for i in range(n - 2 * p + r + 1):
+        if i == 0 and r == p - 1:
+            groups += [fwd(0), bwd(1, False)]
+        else:
+            groups.append(fwd(0) + bwd(1, False))
+        groups.append(fwd(1) + bwd(0, False))
+    for _ in range(p - r - 1):
+        groups += [bwd(1, False), fwd(1) + bwd(0, False)]
+    defer = False
+    for i in range(r + 1):
+        if i == (r + 1) // 2 and r % 2 == 1:
+            defer = True
+        groups.append(bwd(1, defer))
+        if i == (r + 1) // 2 and r % 2 == 0:
+            defer = True
+        groups.append(bwd(0, defer))
+    for _ in range(p - r - 1):
+        groups += [w_oldest(), bwd(0, True)]
+    for _ in range(r + 1):
+        groups.append(w_oldest())
+    if deferred or nf != [n, n] or nb != [n, n]:  # pragma: no cover - structural invariant
+        raise ScheduleError(f"dualpipe-v: internal count mismatch on rank {r} for p={p}, n={n}")
+    return groups
+
+
+# ----------------------------------------------------------------------------- Seq1F1B
+
+
+def seq1f1b(p: int, m: int, v: int = 1, k: int = 4) -> Schedule:
+    """Seq1F1B (Sun et al. 2024, sec. 3; reference code thunlp/Seq1F1B): 1F1B over sequence chunks.
+
+    Each micro-batch is split along the sequence into ``k`` chunks of equal
+    FLOPs (the cost model places the boundaries: later chunks are shorter since
+    causal attention covers a longer prefix). The units of 1F1B become
+    (micro-batch, chunk) pairs: forwards run chunk ``0, 1, ..., k-1`` of each
+    micro-batch, backwards chunk ``k-1, ..., 0`` (a chunk's keys and values get
+    gradients from every later chunk; :func:`~workloads.schedules.op_deps`).
+    Rank ``r`` warms up with ``min(p - r - 1 + k - 1, m k)`` chunk forwards
+    (the reference's ``p - r + k - 2``: the first backward, of the last chunk,
+    needs all ``k`` forwards of its micro-batch on the last stage), alternates
+    one chunk forward and one chunk backward, then drains the backwards.
+
+    With uniform stages and each chunk costing ``(F + B)/k``, one step lasts
+    about ``m (F + B) + (p - 1)(F + B)/k``: the start-up and drain shrink with
+    the chunks, so the bubble is about ``1/k`` of 1F1B's (the paper's
+    ``(p - 1)/(k m)`` of ideal, REFERENCES.md). Rank ``r`` holds at most
+    ``p - r + k - 1`` chunks of activations (1F1B: ``p - r`` whole
+    micro-batches), earlier chunks' keys and values included: they stay until
+    the chunk's own backward, which runs after every later chunk's.
+
+    Arguments: ``p >= 1``, ``m >= 1``, ``v = 1`` only, ``k >= 1`` (``k = 1``
+    is plain 1F1B).
+    """
+    _check_args("seq1f1b", p, m, v)
+    _check_v("seq1f1b", v, 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ScheduleError(f"schedule seq1f1b: sequence chunks k={k!r} must be an integer >= 1")
+    notes = f"Sun et al. 2024, Seq1F1B; k={k}"
+    if k == 1:
+        return replace(one_f_one_b(p, m), name="seq1f1b", notes=notes)
+    forward = [(mb, c) for mb in range(m) for c in range(k)]
+    backward = [(mb, k - 1 - c) for mb in range(m) for c in range(k)]
+    total = m * k
+    ranks = []
+    for r in range(p):
+        warmup = min(p - r - 1 + k - 1, total)
+        fwd = [Op(r, FORWARD, mb, c) for mb, c in forward]
+        bwd = [Op(r, BACKWARD, mb, c) for mb, c in backward]
+        ops = fwd[:warmup]
+        for i in range(total - warmup):
+            ops += [fwd[warmup + i], bwd[i]]
+        ops += bwd[total - warmup :]
+        ranks.append(tuple(ops))
+    return Schedule("seq1f1b", m, tuple(range(p)), tuple(ranks), notes=notes, seq_chunks=k)
+
+
 # ----------------------------------------------------------------------------- analysis helpers
 
 
@@ -364,16 +558,18 @@ def uniform_duration(
 
     ``forward`` and ``backward`` are whole-rank costs of one micro-batch
     (``backward`` the whole backward); with ``v`` chunks per rank each chunk
-    costs ``1/v`` of them. If the schedule splits the backward, its ``B`` op
-    costs ``backward - weight_grad`` and its ``W`` op ``weight_grad``
-    (per rank, before the ``1/v``); otherwise ``weight_grad`` is ignored.
+    costs ``1/v`` of them, and with ``k`` sequence chunks (Seq1F1B, equal
+    FLOPs by construction) each sequence chunk ``1/k`` of that. If the schedule
+    splits the backward, its ``B`` op costs ``backward - weight_grad`` and its
+    ``W`` op ``weight_grad`` (per rank, before the ``1/v``); otherwise
+    ``weight_grad`` is ignored.
     """
-    v = schedule.chunks_per_rank
+    share = schedule.chunks_per_rank * schedule.seq_chunks
     if schedule.split_backward:
         costs = {FORWARD: forward, BACKWARD: backward - weight_grad, WEIGHT_GRAD: weight_grad}
     else:
         costs = {FORWARD: forward, BACKWARD: backward}
-    per_chunk = {kind: cost / v for kind, cost in costs.items()}
+    per_chunk = {kind: cost / share for kind, cost in costs.items()}
     return lambda op: per_chunk[op.kind]
 
 
@@ -394,10 +590,11 @@ def repeat_steps(schedule: Schedule, steps: int) -> Schedule:
         raise ScheduleError(f"repeat_steps: steps={steps} must be >= 1")
     m = schedule.num_microbatches
     ranks = tuple(
-        tuple(Op(op.stage, op.kind, op.mb + i * m) for i in range(steps) for op in ops)
+        tuple(op.renumbered(op.mb + i * m) for i in range(steps) for op in ops)
         for ops in schedule.rank_ops
     )
-    return replace(schedule, num_microbatches=m * steps, rank_ops=ranks)
+    fused = frozenset(op.renumbered(op.mb + i * m) for i in range(steps) for op in schedule.fused)
+    return replace(schedule, num_microbatches=m * steps, rank_ops=ranks, fused=fused)
 
 
 def steady_state_period(
@@ -420,21 +617,24 @@ def peak_activation(schedule: Schedule) -> tuple[Fraction, ...]:
     """Peak stashed activations per rank, in units of one rank's activations of one micro-batch.
 
     Walks each rank's program order: a forward of a chunk adds ``1/v`` (the
-    chunk holds ``1/v`` of the rank's layers); it is freed by the chunk's
-    ``W`` if the schedule splits the backward (the weight gradient still needs
-    the stashed inputs), else by its ``B``. 1F1B's rank 0 peaks at ``p``.
+    chunk holds ``1/v`` of the rank's layers; a Seq1F1B sequence chunk
+    ``1/(v k)``, taking chunks as equal); it is freed by the chunk's ``W`` if
+    the schedule splits the backward (the weight gradient still needs the
+    stashed inputs), else by its ``B``. 1F1B's rank 0 peaks at ``p``. Ops of
+    a fused group count in program order (the group's forward allocates before
+    its backward frees, as in the engine).
     """
-    v = schedule.chunks_per_rank
+    unit = Fraction(1, schedule.chunks_per_rank * schedule.seq_chunks)
     release = WEIGHT_GRAD if schedule.split_backward else BACKWARD
     peaks = []
     for ops in schedule.rank_ops:
         live = peak = Fraction(0)
         for op in ops:
             if op.kind == FORWARD:
-                live += Fraction(1, v)
+                live += unit
                 peak = max(peak, live)
             elif op.kind == release:
-                live -= Fraction(1, v)
+                live -= unit
         peaks.append(peak)
     return tuple(peaks)
 
@@ -450,4 +650,25 @@ ADVANCED_BUILDERS: dict[str, Callable[..., Schedule]] = {
 ``v`` is the experiment's ``vpp``: any ``v >= 1`` for ``interleaved`` (default
 2), 1 for ``zb-h1`` and ``zb-h2``, 2 for ``zb-v`` (the defaults). Others raise
 :class:`ScheduleError`.
+"""
+
+EXTRA_BUILDERS: dict[str, Callable[..., Schedule]] = {
+    "dualpipe-v": dualpipe_v,
+    "seq1f1b": seq1f1b,
+}
+"""More builders by experiment-file name: ``builder(p, m, v) -> Schedule``.
+
+``dualpipe-v`` needs ``v = 2`` (its V placement); ``seq1f1b`` needs ``v = 1``
+and takes the sequence chunks ``k`` as a fourth argument (the experiment's
+``training.seq_chunks``). Kept apart from :data:`ADVANCED_BUILDERS` so that
+registry stays as its tests pin it; the experiment merges both.
+"""
+
+OVERLAPPING_STEPS: frozenset[str] = frozenset({"zb-h2", "zb-v"})
+"""Schedules whose consecutive steps overlap (DESIGN.md ``step_time_s``).
+
+The Zero Bubble paper's optimizer post-validation (Qi et al. 2024, sec. 4)
+drops the step barrier for ZB-H2 and ZB-V; their step time in steady state is
+the period of back-to-back steps (:func:`steady_state_period`). Every other
+schedule here keeps the barrier: its period is one isolated step.
 """

@@ -1,0 +1,276 @@
+"""``sim compare``: one experiment under several pipeline schedules, side by side.
+
+The logic behind the command, without printing or plotting: :func:`compare`
+runs the experiment once per schedule (:meth:`Experiment.with_changes`) and
+returns one :class:`CompareRow` per schedule; :func:`rows_table`,
+:func:`rows_csv` and :func:`rows_json` format them (deterministic text).
+
+Chunks per rank (``parallel.vpp``) follow the schedule, so that one experiment
+file serves every schedule (:func:`schedule_changes`):
+
+* ``interleaved`` needs ``vpp > 1``: the experiment's ``vpp`` if it is above 1,
+  else 2 (Narayanan et al. 2021);
+* the V schedules ``zb-v`` and ``dualpipe-v`` need exactly 2 chunks per rank
+  (Qi et al. 2024, sec. 6; DeepSeek-AI 2024);
+* every other built-in schedule has one chunk per rank (``vpp = 1``);
+* a custom schedule file keeps the experiment's ``vpp`` (its stages say it all).
+
+Steady state (DESIGN.md ``step_time_s``): ZB-H2 and ZB-V drop the step barrier
+(the Zero Bubble paper's optimizer post-validation), so their step time in
+steady state is the period of back-to-back steps. The engine simulates one
+isolated step; the ``steady_period_s`` column is the period computed by the
+pure list-schedule helpers (:func:`~workloads.schedules_advanced.repeat_steps`,
+:func:`~workloads.schedules_advanced.steady_state_period`) with the synthetic
+model's per-op durations: exact on the ideal cluster, communication ignored
+elsewhere, ``None`` for transformer models. Other schedules keep the barrier,
+so their period is the simulated step time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sim.errors import ConfigError
+from workloads.costs import SyntheticCosts
+from workloads.program import Send
+from workloads.schedules import Op
+from workloads.schedules_advanced import OVERLAPPING_STEPS, steady_state_period
+
+if TYPE_CHECKING:  # the engine (simpy) is only needed to run, not to format rows
+    from sim.api import Result
+    from sim.experiment import Experiment
+
+__all__ = [
+    "DEFAULT_SCHEDULES",
+    "CompareRow",
+    "compare",
+    "compare_row",
+    "parse_schedules",
+    "rows_csv",
+    "rows_json",
+    "rows_table",
+    "schedule_changes",
+]
+
+DEFAULT_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "seq1f1b")
+"""What ``sim compare`` runs without ``--schedules``."""
+
+V_SCHEDULES = frozenset({"zb-v", "dualpipe-v"})
+"""Schedules with two chunks per rank in a V placement."""
+
+ONE_CHUNK = frozenset({"gpipe", "1f1b", "zb-h1", "zb-h2", "seq1f1b"})
+"""Built-in schedules with one chunk per rank."""
+
+BUILT_IN = ONE_CHUNK | V_SCHEDULES | {"interleaved"}
+"""Schedule names that are builders, not files."""
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    """One schedule's results in a comparison."""
+
+    schedule: str
+    """Schedule name (or custom file path) as given."""
+    vpp: int
+    """Chunks per rank it ran with."""
+    step_time_s: float
+    """Simulated time of one isolated step (with the step barrier)."""
+    bubble_fraction: float
+    """Compute-stream idle time / (ranks x step time), from the simulation."""
+    steady_period_s: float | None
+    """Period of back-to-back steps: the pure list-schedule period for schedules that overlap
+    steps (ZB-H2, ZB-V), else the step time; None where it cannot be computed."""
+    peak_activation_gib: tuple[float, ...]
+    """Per pipeline rank: peak memory minus the memory held all step (weights, optimizer)."""
+    pp_bytes_sent: float
+    """Bytes of all pipeline (activation and gradient) messages of one step, all GPUs."""
+    relative_speed: float
+    """First schedule's step time / this schedule's step time (> 1 = faster)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready mapping, keys in a fixed order."""
+        return {
+            "schedule": self.schedule,
+            "vpp": self.vpp,
+            "step_time_s": self.step_time_s,
+            "bubble_fraction": self.bubble_fraction,
+            "steady_period_s": self.steady_period_s,
+            "peak_activation_gib": max(self.peak_activation_gib, default=0.0),
+            "peak_activation_gib_per_rank": list(self.peak_activation_gib),
+            "pp_bytes_sent": self.pp_bytes_sent,
+            "relative_speed": self.relative_speed,
+        }
+
+
+def parse_schedules(text: str) -> tuple[str, ...]:
+    """``"1f1b,zb-v"`` -> ``("1f1b", "zb-v")``; ConfigError naming ``--schedules`` if bad."""
+    names = tuple(part.strip() for part in text.split(","))
+    if not names or any(not n for n in names):
+        raise ConfigError(f"--schedules={text!r}: give a comma-separated list of schedule names, "
+                          "e.g. 1f1b,zb-h1,zb-v")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"--schedules={text!r}: {dupes[0]!r} is listed twice")
+    return names
+
+
+def schedule_changes(exp: Experiment, name: str) -> dict[str, Any]:
+    """The ``with_changes`` mapping that runs ``exp`` under schedule ``name`` (module doc rule)."""
+    vpp = exp.config.parallel.vpp
+    if name == "interleaved":
+        vpp = vpp if vpp > 1 else 2
+    elif name in V_SCHEDULES:
+        vpp = 2
+    elif name in ONE_CHUNK:
+        vpp = 1
+    return {"schedule": name, "parallel.vpp": vpp}
+
+
+def compare(
+    exp: Experiment,
+    schedules: Sequence[str] = DEFAULT_SCHEDULES,
+    simulate: Callable[[Experiment], Result] | None = None,
+    base_dir: str | Path | None = None,
+) -> tuple[list[CompareRow], list[Result]]:
+    """Run ``exp`` under each schedule; returns the rows and the simulation results, in order.
+
+    ``simulate`` defaults to :func:`sim.api.simulate`. A custom schedule file
+    given by a relative path is looked up in the working directory, then in
+    ``base_dir`` (the experiment file's folder, as ``sim run`` does). A
+    schedule that does not fit the experiment raises :class:`ConfigError`
+    naming it.
+    """
+    if not schedules:
+        raise ConfigError("--schedules: give at least one schedule")
+    if simulate is None:
+        from sim.api import simulate  # the engine, only when running
+    variants = []
+    for name in schedules:  # build every variant first: a bad name fails before any run
+        changes = schedule_changes(exp, name)
+        path = Path(name)
+        if (name not in BUILT_IN and base_dir is not None and not path.is_absolute()
+                and not path.exists() and (Path(base_dir) / path).is_file()):
+            changes["schedule"] = str(Path(base_dir) / path)
+        try:
+            variants.append(exp.with_changes(changes))
+        except ConfigError as exc:
+            raise ConfigError(f"--schedules: {name}: {exc}") from None
+    results = [simulate(variant) for variant in variants]
+    rows: list[CompareRow] = []
+    for name, result in zip(schedules, results, strict=True):
+        first = rows[0].step_time_s if rows else result.stats["step_time_s"]
+        rows.append(compare_row(name, result, first))
+    return rows, results
+
+
+def compare_row(name: str, result: Result, first_step_s: float) -> CompareRow:
+    """One row from a simulation result; ``first_step_s`` is the reference step time."""
+    exp = result.experiment
+    step = result.stats["step_time_s"]
+    return CompareRow(
+        schedule=name,
+        vpp=exp.schedule.chunks_per_rank,
+        step_time_s=step,
+        bubble_fraction=result.stats["bubble_fraction"],
+        steady_period_s=_steady_period_s(result),
+        peak_activation_gib=_peak_activation_gib(result),
+        pp_bytes_sent=_pp_bytes_sent(result),
+        relative_speed=first_step_s / step if step > 0 else float("inf"),
+    )
+
+
+def _steady_period_s(result: Result) -> float | None:
+    exp = result.experiment
+    if exp.schedule.name not in OVERLAPPING_STEPS:
+        return result.stats["step_time_s"]
+    costs = exp.costs
+    if not isinstance(costs, SyntheticCosts):
+        return None
+    split = exp.schedule.split_backward
+
+    def duration(op: Op) -> float:
+        return sum(seg.duration_s or 0.0 for seg in costs.op_segments(op, split))
+
+    return steady_state_period(exp.schedule, duration)
+
+
+def _simulated_gpus(result: Result) -> tuple[int, ...]:
+    timeline = result.timeline
+    gpus = getattr(timeline, "simulated_gpus", None)
+    return tuple(gpus) if gpus is not None else tuple(range(timeline.num_gpus))
+
+
+def _peak_activation_gib(result: Result) -> tuple[float, ...]:
+    placement = result.experiment.placement
+    static = result.program.static_bytes
+    peaks: dict[int, float] = {}
+    for g in _simulated_gpus(result):
+        rank = placement.coords(g)["pp"]
+        act = result.timeline.peak_memory_bytes(g) - static[g]
+        peaks[rank] = max(peaks.get(rank, 0.0), act)
+    return tuple(peaks.get(r, 0.0) / GiB for r in range(placement.degree("pp")))
+
+
+def _pp_bytes_sent(result: Result) -> float:
+    sent = sum(ins.nbytes for ins in result.program.instructions
+               if isinstance(ins, Send) and ins.kind == "pp")
+    simulated = len(_simulated_gpus(result))
+    return sent * result.timeline.num_gpus / simulated if simulated else 0.0
+
+
+# ----------------------------------------------------------------------------- formatting
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 1e3:.3f}"
+
+
+def rows_table(rows: Sequence[CompareRow]) -> str:
+    """The human-readable table ``sim compare`` prints (times in ms, memory in GiB)."""
+    head = ("schedule", "vpp", "step ms", "bubble", "steady ms", "peak act. GiB per rank",
+            "pp sent MB", "speed")
+    body = [
+        (r.schedule, str(r.vpp), _ms(r.step_time_s), f"{r.bubble_fraction:.2%}",
+         _ms(r.steady_period_s), " ".join(f"{g:.2f}" for g in r.peak_activation_gib),
+         f"{r.pp_bytes_sent / 1e6:.1f}", f"{r.relative_speed:.2f}x")
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+    lines = []
+    for line in (head, *body):
+        cells = [line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:],
+                                                                           strict=True)]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def rows_json(rows: Sequence[CompareRow], experiment: str = "") -> str:
+    """The JSON text of ``compare.json`` and ``sim compare --json`` (one object)."""
+    payload = {"experiment": experiment, "schedules": [r.as_dict() for r in rows]}
+    return json.dumps(payload, indent=2) + "\n"
+
+
+def rows_csv(rows: Sequence[CompareRow]) -> str:
+    """The CSV text of ``compare.csv``: one line per schedule, a column per pipeline rank."""
+    ranks = max((len(r.peak_activation_gib) for r in rows), default=0)
+    fields = ["schedule", "vpp", "step_time_s", "bubble_fraction", "steady_period_s",
+              "peak_activation_gib", *(f"peak_activation_gib_rank{i}" for i in range(ranks)),
+              "pp_bytes_sent", "relative_speed"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(fields)
+    for r in rows:
+        d = r.as_dict()
+        per_rank = d["peak_activation_gib_per_rank"] + [None] * (ranks - len(r.peak_activation_gib))
+        values = [d[f] for f in fields[:6]] + per_rank + [d[f] for f in fields[-2:]]
+        writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v
+                         for v in values])
+    return out.getvalue()
