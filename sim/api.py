@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s
 from sim.engine import simulate_program
+from sim.errors import ConfigError
 from sim.experiment import Experiment
 from sim.export import write_chrome_trace
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
-from workloads.lowering import lower
+from workloads.costs import ComputeSeg
+from workloads.lowering import Collapse, lower
 from workloads.program import Compute, Program
 
 
@@ -72,7 +75,7 @@ def load_experiment(path: str | Path) -> Experiment:
     return Experiment.from_yaml(path)
 
 
-def _facts(exp: Experiment) -> RunFacts:
+def _facts(exp: Experiment, fidelity: str) -> RunFacts:
     pl = exp.placement
     layout = {"tp": pl.degree("tp"), "pp": pl.degree("pp"), "dp": pl.degree("dp"),
               "cp": pl.degree("cp"), "vpp": exp.schedule.chunks_per_rank}
@@ -85,6 +88,7 @@ def _facts(exp: Experiment) -> RunFacts:
         ("model", exp.model.name if exp.model else "synthetic"),
         ("cluster", exp.cluster.name),
         ("gpu", exp.cluster.gpu.name),
+        ("fidelity", fidelity),
     )
     return RunFacts(
         pipeline_rank=tuple(pl.coords(g)["pp"] for g in range(pl.num_gpus)),
@@ -96,16 +100,38 @@ def _facts(exp: Experiment) -> RunFacts:
     )
 
 
-def simulate(exp: Experiment, profile: DeviceProfile | None = None) -> Result:
-    """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats."""
+FIDELITIES = ("auto", "full", "collapsed")
+AUTO_FULL_MAX_GPUS = 64
+"""``fidelity="auto"`` simulates every GPU up to this many GPUs, and collapses above."""
+
+
+def simulate(exp: Experiment, profile: DeviceProfile | None = None,
+             fidelity: str = "auto") -> Result:
+    """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats.
+
+    ``fidelity``: ``full`` simulates every GPU and every collective as flows;
+    ``collapsed`` simulates one GPU per pipeline rank with TP and DP collectives
+    timed on the real topology (:mod:`sim.commtime`); ``auto`` picks full up to
+    :data:`AUTO_FULL_MAX_GPUS` GPUs.
+    """
+    if fidelity not in FIDELITIES:
+        raise ConfigError(f"fidelity={fidelity!r}: choose one of {', '.join(FIDELITIES)}")
     profile = profile or DeviceProfile()
-    program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage)
     gpu = exp.cluster.gpu
+    kernel = exp.config.training.attention
 
-    def timer(op: Compute) -> float:
-        if op.duration_s is not None:
-            return op.duration_s
-        return compute_time_s(op.flops, op.hbm_bytes, gpu, profile)
+    def work_time(item: Compute | ComputeSeg) -> float:
+        if item.duration_s is not None:
+            return item.duration_s
+        return compute_time_s(gpu, profile, item.flops, item.hbm_bytes, item.attn_flops,
+                              item.elementwise_bytes, kernel)
 
-    timeline = simulate_program(program, exp.cluster, timer)
-    return Result(exp, program, timeline, compute_stats(timeline, _facts(exp)))
+    if fidelity == "auto":
+        fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS else "collapsed"
+    collapse = None
+    if fidelity == "collapsed":
+        collapse = Collapse(compute_s=work_time, collective_s=CollectiveTimer(exp.cluster))
+    program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
+                    collapse)
+    timeline = simulate_program(program, exp.cluster, work_time)
+    return Result(exp, program, timeline, compute_stats(timeline, _facts(exp, fidelity)))

@@ -10,6 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from sim.cli_collective import register as register_collective
+from sim.cli_compare import register as register_compare
 from sim.errors import SimError
 
 
@@ -76,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
     run.add_argument("--no-plot", action="store_true", help="with --out, skip timeline.png")
     run.set_defaults(func=_cmd_run)
+    register_compare(sub)
+    register_collective(sub)
     return parser
 
 

@@ -2,74 +2,661 @@
 
 A plan is a tuple of :class:`Transfer`; each transfer may start once the
 transfers it depends on have arrived. The engine runs each transfer as a flow
-on the real topology, so contention and placement matter.
+on the real topology (its route's latency, charged once per algorithm step the
+transfer stands for, then its bytes shared max-min fairly with every other
+flow), so contention and placement matter.
 
-Closed forms on a contention-free ring (α = per-hop latency, B = per-direction
-link bandwidth, S = buffer bytes), see REFERENCES.md "Collectives":
-ring all-reduce 2(n-1)α + 2(n-1)/n·S/B; ring reduce-scatter / all-gather
-(n-1)α + (n-1)/n·S/B (Patarasuk & Yuan 2009; Thakur et al. 2005).
+Operations (nccl-tests conventions: ``nbytes`` = S is the whole buffer: the
+all-reduce input, the reduce-scatter input, the all-gather output, each rank's
+all-to-all send buffer, the broadcast/reduce buffer, the message of a send):
+
+============== ==================================================================
+op             algorithms
+============== ==================================================================
+all_reduce     ring, tree, halving_doubling, hierarchical, nvls
+reduce_scatter ring, halving_doubling, hierarchical, nvls
+all_gather     ring, halving_doubling, hierarchical, nvls
+all_to_all     pairwise
+broadcast      ring (pipelined chain from ``ranks[0]``), nvls
+reduce         ring (pipelined chain to ``ranks[0]``), nvls
+send           p2p (``ranks = (src, dst)``)
+============== ==================================================================
+
+Closed forms on a contention-free topology (α = latency of one transfer's
+route, B = its bandwidth, S = buffer bytes; REFERENCES.md "Collectives";
+Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
+:func:`alpha_beta_time` and checked exactly against the flow-level engine:
+
+- ring all-reduce 2(n−1)α + 2(n−1)/n·S/B; reduce-scatter, all-gather (n−1)α + (n−1)/n·S/B;
+- halving-doubling all-reduce (n = 2^k) 2·log2(n)·α + 2(n−1)/n·S/B;
+- hierarchical (n1 per node at α1, B1; n2 nodes at α2, B2 per GPU) all-reduce
+  2(n1−1)α1 + 2(n2−1)α2 + 2(n1−1)/n1·S/B1 + 2(n2−1)/n2·S/(n1·B2);
+- pairwise all-to-all (n−1)α + (n−1)/n·S/B;
+- broadcast / reduce, pipelined chain (n−1)α + S/B; send α + S/B;
+- NVLS all-reduce 2α_h + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
+  step: REFERENCES' α + S/B);
+- double binary tree 2·H·α + L·(S/2)/B with H the trees' height and L the most
+  flows any GPU's port carries (exact when one of the two terms vanishes; the
+  two trees share links, so it is never contention-free).
+
+Pipelining. NCCL streams data through its rings and trees in small chunks, so
+each link is busy for the whole collective and latency is paid once per step.
+Plans model the limit of many chunks ("stream" granularity): a pipelined
+phase is one flow per link carrying all its bytes, delayed by the latency of
+the steps before its first byte can arrive (``Transfer.steps``). A ring
+reduce-scatter is then n flows of (n−1)/n·S bytes each paying (n−1)α; a tree
+is one flow per tree edge and direction, the reduction towards the root and
+the broadcast away from it running concurrently, an edge at depth d paying
+(H − height + 1)α going up and (H + d)α going down; NVLS is n flows up to the
+NVSwitch and n down from it. Under contention a streamed flow is shared
+max-min over its whole lifetime (NCCL's flow control would instead throttle a
+ring to its slowest link). ``granularity="step"`` instead expands ring phases
+into one transfer per step, each waiting for the previous step's chunk to
+arrive (a DAG of n·steps transfers): identical times where nothing contends,
+contention resolved step by step, and n·steps times more events.
+
+Algorithms outside their range: halving-doubling all-reduce on n ≠ 2^k folds
+the r = n − 2^⌊log2 n⌋ excess ranks first (rank 2i sends its buffer to 2i+1
+for i < r, which runs the 2^k algorithm and sends the result back: + 2(α +
+S/B); Thakur et al. 2005, sec. 4); halving-doubling reduce-scatter and
+all-gather need n = 2^k and raise ConfigError otherwise. Hierarchical needs
+the same number of ranks on every host. NVLS needs every rank on one
+NVSwitch that reduces in-network.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sim.errors import ConfigError
 
-OPS = ("all_reduce", "reduce_scatter", "all_gather")
-ALGORITHMS = ("ring",)
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
+ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {
+    "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical", "nvls"),
+    "reduce_scatter": ("ring", "halving_doubling", "hierarchical", "nvls"),
+    "all_gather": ("ring", "halving_doubling", "hierarchical", "nvls"),
+    "all_to_all": ("pairwise",),
+    "broadcast": ("ring", "nvls"),
+    "reduce": ("ring", "nvls"),
+    "send": ("p2p",),
+}
+"""Algorithms implemented per op; the first is the fallback of :func:`select_algorithm`."""
+ALGORITHMS = ("ring", "tree", "halving_doubling", "hierarchical", "pairwise", "nvls", "p2p")
+AUTO = "auto"
+GRANULARITIES = ("stream", "step")
 
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
 }
-"""nccl-tests bus-bandwidth factor: busbw = algbw × factor(n)."""
+"""nccl-tests bus-bandwidth factor: busbw = algbw × factor(n) (nccl-tests doc/PERFORMANCE.md)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
-    """One point-to-point message inside a collective."""
+    """One point-to-point message inside a collective.
 
-    src: int
-    """Sending GPU rank."""
-    dst: int
-    """Receiving GPU rank."""
+    An endpoint is a GPU rank (int) or, for in-network reduction (NVLS), the
+    name of the NVSwitch graph node (str) that reduces or multicasts.
+    """
+
+    src: int | str
+    """Sending GPU rank, or switch node name."""
+    dst: int | str
+    """Receiving GPU rank, or switch node name."""
     nbytes: float
     deps: tuple[int, ...]
     """Indices (in the plan) of transfers that must have arrived before this one starts."""
+    steps: int = 1
+    """Algorithm steps this transfer stands for: the engine charges the cluster's per-step
+    latency this many times, and its route latency this many times unless ``latency_s``."""
+    latency_s: float | None = None
+    """Latency before the first byte arrives, when the plan knew it: the sum of the route
+    latencies along the pipeline that feeds this transfer (``plan(latency=...)``)."""
 
 
-def _ring_steps(ranks: Sequence[int], chunk_bytes: float, steps: int) -> tuple[Transfer, ...]:
-    """``steps`` rounds in which every rank sends one chunk to its ring successor.
-
-    Round k's send from position i waits for round k-1's chunk arriving at
-    position i (from its predecessor), as in NCCL's ring pipeline.
-    """
-    n = len(ranks)
-    plan: list[Transfer] = []
-    for k in range(steps):
-        for i in range(n):
-            deps = () if k == 0 else ((k - 1) * n + (i - 1) % n,)
-            plan.append(Transfer(ranks[i], ranks[(i + 1) % n], chunk_bytes, deps))
-    return tuple(plan)
-
-
-def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float) -> tuple[Transfer, ...]:
-    """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
-
-    ``nbytes`` is the whole buffer: the all-reduce input, the reduce-scatter
-    input, the all-gather output (as in nccl-tests).
-    """
-    n = len(ranks)
+def check(op: str, algo: str) -> None:
+    """ConfigError unless ``algo`` implements ``op``."""
     if op not in OPS:
         raise ConfigError(f"collective op {op!r} is not one of {', '.join(OPS)}")
-    if algo not in ALGORITHMS:
-        raise ConfigError(f"collective algorithm {algo!r} is not one of {', '.join(ALGORITHMS)}")
+    if algo not in ALGORITHMS_BY_OP[op]:
+        raise ConfigError(f"collective algorithm {algo!r} does not implement {op}; choose one of "
+                          f"{', '.join(ALGORITHMS_BY_OP[op])} or {AUTO}")
+
+
+LatencyFn = Callable[[int | str, int | str], float]
+"""Route latency in seconds between two endpoints (e.g. ``lambda a, b: cluster.route(a, b)
+.latency_s``)."""
+
+
+class _Plan:
+    """Append-only transfer list, with the optional route-latency function."""
+
+    def __init__(self, latency: LatencyFn | None) -> None:
+        self.transfers: list[Transfer] = []
+        self.latency = latency
+
+    def add(self, src: int | str, dst: int | str, nbytes: float, deps: Sequence[int] = (),
+            steps: int = 1, latency_s: float | None = None) -> int:
+        self.transfers.append(Transfer(src, dst, nbytes, tuple(deps), steps, latency_s))
+        return len(self.transfers) - 1
+
+    def lat(self, src: int | str, dst: int | str) -> float:
+        return self.latency(src, dst) if self.latency else 0.0
+
+
+def _ring(p: _Plan, ranks: Sequence[int], chunk_bytes: float, steps: int, stream: bool,
+          start: Mapping[int, tuple[int, ...]] | None = None) -> dict[int, tuple[int, ...]]:
+    """``steps`` rounds in which every rank sends one chunk to its ring successor.
+
+    Step granularity: round k's send from position i waits for round k−1's
+    chunk arriving at position i, as in NCCL's ring pipeline. Stream
+    granularity: one transfer per ring edge of ``steps`` chunks. Round 0 from
+    position i waits for ``start[i]``. Returns, per rank, the transfers whose
+    arrival completes the phase there.
+    """
+    n = len(ranks)
+    start = start or {}
+    if n <= 1 or steps == 0:
+        return {r: start.get(r, ()) for r in ranks}
+    if stream:
+        lats = _ring_latencies(p, ranks, steps)
+        ids = [p.add(ranks[i], ranks[(i + 1) % n], chunk_bytes * steps, start.get(ranks[i], ()),
+                     steps, lats[i]) for i in range(n)]
+        return {ranks[(i + 1) % n]: (ids[i],) for i in range(n)}
+    prev: list[int] = []
+    for k in range(steps):
+        cur = []
+        for i in range(n):
+            deps = start.get(ranks[i], ()) if k == 0 else (prev[(i - 1) % n],)
+            cur.append(p.add(ranks[i], ranks[(i + 1) % n], chunk_bytes, deps))
+        prev = cur
+    return {ranks[(i + 1) % n]: (prev[i],) for i in range(n)}
+
+
+def _ring_latencies(p: _Plan, ranks: Sequence[int], steps: int) -> list[float | None]:
+    """Per ring edge i, the latency of the ``steps`` consecutive edges ending with it: the
+    chain a chunk crosses before the edge's last chunk leaves (None without a latency fn)."""
+    n = len(ranks)
+    if p.latency is None:
+        return [None] * n
+    edge = [p.lat(ranks[i], ranks[(i + 1) % n]) for i in range(n)]
+    full, rem = divmod(steps, n)
+    base = full * sum(edge)
+    prefix = [0.0]
+    for x in edge + edge:
+        prefix.append(prefix[-1] + x)
+    return [base + prefix[i + n + 1] - prefix[i + n + 1 - rem] for i in range(n)]
+
+
+def _halving_doubling(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
+    """Recursive halving (reduce-scatter) and/or doubling (all-gather), Rabenseifner's algorithm.
+
+    Step s of the halving exchanges S/2^(s+1) with the partner at distance
+    2^k/2^(s+1); the doubling retraces the distances in reverse.
+    """
+    n = len(ranks)
+    k = n.bit_length() - 1
+    pw = 1 << k
+    if pw != n and op != "all_reduce":
+        raise ConfigError(f"halving_doubling {op} needs a power-of-two group, got {n} ranks "
+                          f"{tuple(ranks)}; use ring")
+    excess = n - pw
+    arrived: dict[int, tuple[int, ...]] = {}
+    for i in range(excess):
+        arrived[ranks[2 * i + 1]] = (p.add(ranks[2 * i], ranks[2 * i + 1], nbytes),)
+    active = [ranks[2 * i + 1] for i in range(excess)] + list(ranks[2 * excess:])
+    dists = [pw >> (s + 1) for s in range(k)]
+    if op in ("all_reduce", "reduce_scatter"):
+        for s, dist in enumerate(dists):
+            arrived = _exchange(p, active, dist, nbytes / 2 ** (s + 1), arrived)
+    if op in ("all_reduce", "all_gather"):
+        for s, dist in reversed(list(enumerate(dists))):
+            arrived = _exchange(p, active, dist, nbytes / 2 ** (s + 1), arrived)
+    for i in range(excess):
+        p.add(ranks[2 * i + 1], ranks[2 * i], nbytes, arrived.get(ranks[2 * i + 1], ()))
+
+
+def _exchange(p: _Plan, active: Sequence[int], dist: int, nbytes: float,
+              arrived: Mapping[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """One exchange round: each active rank sends ``nbytes`` to its partner at ``dist``.
+
+    A send waits until both sides finished the previous round (MPI_Sendrecv's
+    rendezvous), so a folded rank's partner does not send into a busy link.
+    """
+    out = {}
+    for j, r in enumerate(active):
+        partner = active[j ^ dist]
+        deps = arrived.get(r, ()) + arrived.get(partner, ())
+        out[partner] = (p.add(r, partner, nbytes, deps),)
+    return out
+
+
+def _hosts(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> list[list[int]]:
+    """Group members by host, hosts in order of first appearance, members in group order."""
+    if host_of is None:
+        raise ConfigError("hierarchical collectives need to know each rank's host (host_of)")
+    groups: dict[int, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(host_of[r], []).append(r)
+    hosts = list(groups.values())
+    if len({len(h) for h in hosts}) > 1:
+        counts = {h: len(m) for h, m in groups.items()}
+        raise ConfigError(f"hierarchical collective needs the same number of ranks on every host; "
+                          f"group {tuple(ranks)} has ranks per host {counts}")
+    return hosts
+
+
+def _hierarchical(p: _Plan, op: str, ranks: Sequence[int], nbytes: float,
+                  host_of: Mapping[int, int] | None, stream: bool) -> None:
+    """Intra-node reduce-scatter, inter-node collective per local rank, intra-node all-gather."""
+    hosts = _hosts(ranks, host_of)
+    n1, n2 = len(hosts[0]), len(hosts)
+    intra_chunk, inter_chunk = nbytes / n1, nbytes / (n1 * n2)
+    done: dict[int, tuple[int, ...]] = {}
+    if op in ("all_reduce", "reduce_scatter"):
+        for members in hosts:
+            done.update(_ring(p, members, intra_chunk, n1 - 1, stream))
+    inter_steps = {"all_reduce": 2 * (n2 - 1)}.get(op, n2 - 1)
+    for j in range(n1):
+        done.update(_ring(p, [h[j] for h in hosts], inter_chunk, inter_steps, stream, done))
+    if op in ("all_reduce", "all_gather"):
+        for members in hosts:
+            done.update(_ring(p, members, intra_chunk, n1 - 1, stream, done))
+
+
+def _pairwise(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
+    """Step k = 1..n−1: rank i sends S/n to rank i+k once its previous send and receive are done."""
+    n = len(ranks)
+    sent: dict[int, int] = {}
+    recv: dict[int, int] = {}
+    for k in range(1, n):
+        new_sent, new_recv = {}, {}
+        for i in range(n):
+            src, dst = ranks[i], ranks[(i + k) % n]
+            deps = tuple(d for d in (sent.get(src), recv.get(src)) if d is not None)
+            new_sent[src] = new_recv[dst] = p.add(src, dst, nbytes / n, deps)
+        sent, recv = new_sent, new_recv
+
+
+def _chain(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
+    """Pipelined chain from (broadcast) or to (reduce) ``ranks[0]``, streamed: the hop i
+    flow starts when the first bytes have crossed the hops before it."""
+    n = len(ranks)
+    pairs = ([(ranks[i], ranks[i + 1]) for i in range(n - 1)] if op == "broadcast" else
+             [(ranks[i], ranks[i - 1]) for i in range(n - 1, 0, -1)])
+    total = 0.0
+    for k, (src, dst) in enumerate(pairs):
+        total += p.lat(src, dst)
+        p.add(src, dst, nbytes, (), steps=k + 1, latency_s=total if p.latency else None)
+
+
+def btree(n: int, rank: int) -> tuple[int, tuple[int, ...]]:
+    """(parent, children) of ``rank`` in NCCL's binary tree over 0..n−1 (parent −1 at the root).
+
+    NCCL ``ncclGetBtree`` (src/graph/trees.cc): the parent flips the lowest set
+    bit and sets the next one; the root 0 has the single child 2^⌈log2 n⌉/2.
+    """
+    bit = 1
+    while bit < n:
+        if bit & rank:
+            break
+        bit <<= 1
+    if rank == 0:
+        return -1, ((bit >> 1,) if n > 1 else ())
+    up = (rank ^ bit) | (bit << 1)
+    if up >= n:
+        up = rank ^ bit
+    low = bit >> 1
+    children = []
+    if low:
+        children.append(rank - low)
+        down1 = rank + low
+        while down1 >= n:
+            down1 = rank + low if low else -1
+            low >>= 1
+        if down1 >= 0:
+            children.append(down1)
+    return up, tuple(sorted(set(children)))
+
+
+def dtree(n: int) -> tuple[dict[int, tuple[int, tuple[int, ...]]], ...]:
+    """NCCL's double binary tree (``ncclGetDtree``): the btree and, for even n, the btree
+    shifted by one rank, for odd n its mirror image. Maps position -> (parent, children)."""
+    first = {r: btree(n, r) for r in range(n)}
+
+    def relabel(r: int) -> int:
+        return -1 if r < 0 else ((r + 1) % n if n % 2 == 0 else n - 1 - r)
+
+    second = {}
+    for r in range(n):
+        parent, children = first[r]
+        second[relabel(r)] = (relabel(parent), tuple(sorted(relabel(c) for c in children)))
+    return first, second
+
+
+def _heights(tree: Mapping[int, tuple[int, tuple[int, ...]]]) -> tuple[dict[int, int],
+                                                                       dict[int, int]]:
+    root = next(r for r, (parent, _) in tree.items() if parent < 0)
+    depth = {root: 0}
+    order = [root]
+    for r in order:
+        for c in tree[r][1]:
+            depth[c] = depth[r] + 1
+            order.append(c)
+    height = {}
+    for r in reversed(order):
+        height[r] = max((height[c] + 1 for c in tree[r][1]), default=0)
+    return depth, height
+
+
+def tree_shape(n: int) -> tuple[int, int]:
+    """(H, L) of the double binary tree on n ranks: the height of the taller tree and the
+    most flows (reduce to a parent + broadcast to children, over both trees) one rank sends."""
+    trees = dtree(n)
+    height = max(_heights(t)[1][next(r for r, (p, _) in t.items() if p < 0)] for t in trees)
+    load = [sum((t[r][0] >= 0) + len(t[r][1]) for t in trees) for r in range(n)]
+    return height, max(load)
+
+
+def _tree(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
+    """Streamed double binary tree all-reduce: each tree reduces and broadcasts S/2."""
+    n = len(ranks)
+    for tree in dtree(n):
+        depth, height = _heights(tree)
+        top = max(height.values())
+        up: dict[int, float] = {}  # first reduced byte of r's subtree reaches r's parent
+        down: dict[int, float] = {}  # first broadcast byte reaches r (the root: leaves it)
+        for r in sorted(tree, key=lambda r: height[r]):
+            parent, children = tree[r]
+            ready = max((up[c] for c in children), default=0.0)
+            if parent < 0:
+                down[r] = ready
+            else:
+                up[r] = ready + p.lat(ranks[r], ranks[parent])
+        for r in sorted(tree, key=lambda r: depth[r]):
+            parent = tree[r][0]
+            if parent >= 0:
+                down[r] = down[parent] + p.lat(ranks[parent], ranks[r])
+        for r, (parent, _children) in sorted(tree.items()):
+            if parent < 0:
+                continue
+            known = p.latency is not None
+            p.add(ranks[r], ranks[parent], nbytes / 2, (), steps=height[r] + 1,
+                  latency_s=up[r] if known else None)
+            p.add(ranks[parent], ranks[r], nbytes / 2, (), steps=top + depth[r],
+                  latency_s=down[r] if known else None)
+
+
+def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None) -> None:
+    """In-switch reduction (NVLink SHARP): members stream up to the NVSwitch, it streams back.
+
+    All-reduce: each GPU sends its whole buffer up and receives the whole
+    reduced buffer (the switch reduces and multicasts); reduce-scatter: S up,
+    S/n down; all-gather: S/n up, S down (multicast); broadcast: the root sends
+    S up, every other member receives S; reduce: every member sends S up, the
+    root receives S. Up flows pay one hop latency, down flows two.
+    """
+    if nvswitch is None:
+        raise ConfigError(f"nvls needs every rank of the group {tuple(ranks)} on one NVSwitch "
+                          "with in-network reduction (NVLink SHARP: DGX H100 and later)")
+    n = len(ranks)
+    root = ranks[0]
+    known = p.latency is not None
+    first = max(p.lat(r, nvswitch) for r in ranks)  # first reduced byte at the switch
+    for r in ranks:
+        up = {"all_reduce": nbytes, "reduce_scatter": nbytes, "all_gather": nbytes / n,
+              "broadcast": nbytes if r == root else 0.0, "reduce": nbytes}[op]
+        down = {"all_reduce": nbytes, "reduce_scatter": nbytes / n, "all_gather": nbytes,
+                "broadcast": 0.0 if r == root else nbytes,
+                "reduce": nbytes if r == root else 0.0}[op]
+        if up > 0:
+            p.add(r, nvswitch, up, (), 1, p.lat(r, nvswitch) if known else None)
+        if down > 0:
+            p.add(nvswitch, r, down, (), 2, first + p.lat(nvswitch, r) if known else None)
+
+
+def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
+         host_of: Mapping[int, int] | None = None, nvswitch: str | None = None,
+         granularity: str = "step", latency: LatencyFn | None = None) -> tuple[Transfer, ...]:
+    """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
+
+    ``host_of`` maps each rank to its server (hierarchical needs it);
+    ``nvswitch`` names the NVSwitch node all ranks share (NVLS needs it);
+    ``granularity`` is ``step`` (ring phases as one transfer per step, the
+    default here) or ``stream`` (one transfer per ring edge; module docstring);
+    ``latency`` gives route latencies, so that a streamed transfer waits for
+    the latencies of the actual hops in front of it (on a ring whose edges
+    differ, e.g. NVLink and network, the sum over the preceding edges rather
+    than ``steps`` times its own); without it the engine charges ``steps``
+    times the transfer's own route latency, which is the same on uniform rings.
+    """
+    n = len(ranks)
+    check(op, algo)
+    if granularity not in GRANULARITIES:
+        raise ConfigError(f"collective granularity {granularity!r} is not one of "
+                          f"{', '.join(GRANULARITIES)}")
     if len(set(ranks)) != n:
         raise ConfigError(f"collective group {tuple(ranks)} repeats a rank")
+    if op == "send" and n != 2:
+        raise ConfigError(f"send needs a group of exactly (src, dst), got {tuple(ranks)}")
     if n <= 1 or nbytes <= 0:
         return ()
-    steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-    return _ring_steps(ranks, nbytes / n, steps)
+    p = _Plan(latency)
+    stream = granularity == "stream"
+    if algo == "ring" and op in ("broadcast", "reduce"):
+        _chain(p, op, ranks, nbytes)
+    elif algo == "ring":
+        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+        _ring(p, ranks, nbytes / n, steps, stream)
+    elif algo == "halving_doubling":
+        _halving_doubling(p, op, ranks, nbytes)
+    elif algo == "hierarchical":
+        _hierarchical(p, op, ranks, nbytes, host_of, stream)
+    elif algo == "pairwise":
+        _pairwise(p, ranks, nbytes)
+    elif algo == "tree":
+        _tree(p, ranks, nbytes)
+    elif algo == "nvls":
+        _nvls(p, op, ranks, nbytes, nvswitch)
+    else:
+        p.add(ranks[0], ranks[1], nbytes)
+    return tuple(p.transfers)
+
+
+def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, bandwidth: float,
+                    *, gpus_per_node: int = 1, alpha_inter: float | None = None,
+                    bandwidth_inter: float | None = None) -> float:
+    """Time of a collective in the α-β model without contention (module docstring).
+
+    ``alpha`` is the latency of one transfer (GPU to GPU; for NVLS, GPU to
+    NVSwitch) and ``bandwidth`` its bytes/s. Hierarchical: ``alpha`` and
+    ``bandwidth`` are intra-node, ``alpha_inter`` and ``bandwidth_inter``
+    inter-node per GPU, ``gpus_per_node`` = n1. Launch latency is not included.
+    """
+    check(op, algo)
+    S, a, B = nbytes, alpha, bandwidth
+    if n <= 1 or S <= 0:
+        return 0.0
+    if algo == "ring" and op in ("broadcast", "reduce"):
+        return (n - 1) * a + S / B
+    if algo == "ring":
+        steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+        return steps * (a + S / (n * B))
+    if algo == "halving_doubling":
+        pw = 1 << (n.bit_length() - 1)
+        k = pw.bit_length() - 1
+        phases = 2 if op == "all_reduce" else 1
+        fold = 2 * (a + S / B) if pw != n else 0.0
+        if pw != n and op != "all_reduce":
+            raise ConfigError(f"halving_doubling {op} needs a power-of-two group, got {n}")
+        return phases * (k * a + (pw - 1) / pw * S / B) + fold
+    if algo == "hierarchical":
+        n1 = gpus_per_node
+        if n % n1:
+            raise ConfigError(f"hierarchical: gpus_per_node={n1} does not divide n={n}")
+        n2 = n // n1
+        a2 = a if alpha_inter is None else alpha_inter
+        B2 = B if bandwidth_inter is None else bandwidth_inter
+        intra = (n1 - 1) * a + (n1 - 1) / n1 * S / B
+        if op == "all_reduce":
+            return 2 * intra + 2 * (n2 - 1) * a2 + 2 * (n2 - 1) / n2 * S / (n1 * B2)
+        return intra + (n2 - 1) * a2 + (n2 - 1) / n2 * S / (n1 * B2)
+    if algo == "pairwise":
+        return (n - 1) * (a + S / (n * B))
+    if algo == "tree":
+        height, load = tree_shape(n)
+        return 2 * height * a + load * (S / 2) / B
+    if algo == "nvls":
+        up = {"all_gather": S / n}.get(op, S)
+        down = {"reduce_scatter": S / n}.get(op, S)
+        return max(a + up / B, 2 * a + down / B)
+    return a + S / B
+
+
+class _Topology(Protocol):
+    """What :func:`group_profile` needs from a cluster (a :class:`topologies.cluster.Cluster`)."""
+
+    def route(self, src: int | str, dst: int | str) -> object: ...
+    def host_of(self, rank: int) -> int: ...
+    def nvswitch_of(self, rank: int) -> str | None: ...
+    def nvls_capable(self, node: str) -> bool: ...
+    def bottleneck_Bps(self, route: object) -> float: ...
+
+
+@dataclass(frozen=True)
+class GroupProfile:
+    """What algorithm selection needs to know about a group on a topology."""
+
+    n: int
+    host_of: Mapping[int, int]
+    """Rank -> server index."""
+    per_host: int
+    """Ranks per host, or 0 if hosts hold different numbers of ranks."""
+    num_hosts: int
+    alpha_s: float
+    """Largest route latency between ring neighbours."""
+    bandwidth_Bps: float
+    """Smallest route bottleneck between ring neighbours."""
+    alpha_intra_s: float
+    bandwidth_intra_Bps: float
+    alpha_inter_s: float
+    bandwidth_inter_Bps: float
+    nvswitch: str | None
+    """The NVLS-capable NVSwitch every rank is attached to, if any."""
+    nvls_alpha_s: float = 0.0
+    """GPU-NVSwitch hop latency."""
+    nvls_bandwidth_Bps: float = math.inf
+
+
+def _worst(topo: _Topology, pairs: Sequence[tuple[int | str, int | str]]) -> tuple[float, float]:
+    alpha, bw = 0.0, math.inf
+    for a, b in pairs:
+        route = topo.route(a, b)
+        alpha = max(alpha, route.latency_s)  # type: ignore[attr-defined]
+        bw = min(bw, topo.bottleneck_Bps(route))
+    return alpha, bw
+
+
+def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
+    """Latencies and bandwidths of ``ranks`` on ``topo``, for :func:`select_algorithm`."""
+    n = len(ranks)
+    host_of = {r: topo.host_of(r) for r in ranks}
+    hosts: dict[int, list[int]] = {}
+    for r in ranks:
+        hosts.setdefault(host_of[r], []).append(r)
+    sizes = {len(m) for m in hosts.values()}
+    per_host = sizes.pop() if len(sizes) == 1 else 0
+    ring_pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)] if n > 1 else []
+    alpha, bw = _worst(topo, ring_pairs)
+    members = list(hosts.values())
+    intra = [(m[i], m[(i + 1) % len(m)]) for m in members if len(m) > 1 for i in range(len(m))]
+    inter = []
+    if per_host and len(members) > 1:
+        for j in range(per_host):
+            col = [m[j] for m in members]
+            inter += [(col[i], col[(i + 1) % len(col)]) for i in range(len(col))]
+    a1, b1 = _worst(topo, intra)
+    a2, b2 = _worst(topo, inter)
+    switches = {topo.nvswitch_of(r) for r in ranks}
+    sw = switches.pop() if len(switches) == 1 else None
+    if sw is not None and not topo.nvls_capable(sw):
+        sw = None
+    na, nb = _worst(topo, [(r, sw) for r in ranks]) if sw is not None else (0.0, math.inf)
+    return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb)
+
+
+AUTO_EXCLUDED = ("halving_doubling",)
+"""Never chosen by ``auto``: NCCL does not implement halving-doubling (MPI libraries do), and
+its long-distance exchanges contend on real fabrics in ways the α-β estimate cannot see."""
+
+
+def candidates(op: str, profile: GroupProfile) -> tuple[str, ...]:
+    """The algorithms for ``op`` that ``auto`` may choose for this group."""
+    out = []
+    for algo in ALGORITHMS_BY_OP[op]:
+        if algo in AUTO_EXCLUDED:
+            continue
+        if algo == "nvls" and profile.nvswitch is None:
+            continue
+        if algo == "hierarchical" and not (profile.num_hosts > 1 and profile.per_host > 1):
+            continue
+        out.append(algo)
+    return tuple(out)
+
+
+def estimate(op: str, algo: str, nbytes: float, profile: GroupProfile) -> float:
+    """α-β estimate of ``algo`` for this group (worst-case latency and bandwidth)."""
+    if algo == "nvls":
+        return alpha_beta_time(op, algo, profile.n, nbytes, profile.nvls_alpha_s,
+                               profile.nvls_bandwidth_Bps)
+    if algo == "hierarchical":
+        return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_intra_s,
+                               profile.bandwidth_intra_Bps, gpus_per_node=profile.per_host,
+                               alpha_inter=profile.alpha_inter_s,
+                               bandwidth_inter=profile.bandwidth_inter_Bps)
+    return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_s, profile.bandwidth_Bps)
+
+
+def select_algorithm(op: str, nbytes: float, profile: GroupProfile) -> str:
+    """NCCL-like default: the applicable algorithm with the smallest α-β estimate.
+
+    NCCL's tuner does the same (``ncclTopoTuneModel`` predicts latency + size /
+    bandwidth per algorithm and protocol and takes the fastest), which gives
+    tree for small multi-node all-reduces, ring (or here hierarchical) for
+    large ones, NVLS inside an NVLink-SHARP domain. Ties go to the earlier
+    algorithm of :data:`ALGORITHMS_BY_OP`, so an ideal (zero-cost) network gets ring.
+    """
+    if op not in OPS:
+        raise ConfigError(f"collective op {op!r} is not one of {', '.join(OPS)}")
+    options = candidates(op, profile)
+    if profile.n <= 2 or len(options) == 1:
+        return options[0]
+    times = [estimate(op, algo, nbytes, profile) for algo in options]
+    best = min(times)
+    return options[times.index(best)]
+
+
+def resolve_algorithm(op: str, algo: str, nbytes: float,
+                      profile: GroupProfile | None = None) -> str:
+    """``algo`` itself, validated, or for ``auto`` the :func:`select_algorithm` choice."""
+    if algo == AUTO:
+        if profile is None:
+            raise ConfigError("collective algorithm 'auto' needs a group profile")
+        return select_algorithm(op, nbytes, profile)
+    check(op, algo)
+    return algo
+
+
+def bus_bandwidth(op: str, n: int, nbytes: float, time_s: float) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s, nccl-tests style: algbw = S/t, busbw = algbw × factor(n)."""
+    algbw = nbytes / time_s if time_s > 0 else math.inf
+    return algbw, algbw * BUS_FACTOR[op](n)

@@ -54,16 +54,81 @@ class ModelConfig(_Strict):
     position_embedding: Literal["learned", "rope"] | None = None
 
 
+CollectiveAlgo = Literal["auto", "ring", "tree", "halving_doubling", "hierarchical", "pairwise",
+                         "nvls", "p2p"]
+
+
+class CollectivesConfig(_Strict):
+    """Per-op algorithm overrides (``auto`` = NCCL-like choice by size and group)."""
+
+    all_reduce: CollectiveAlgo | None = None
+    reduce_scatter: CollectiveAlgo | None = None
+    all_gather: CollectiveAlgo | None = None
+    all_to_all: CollectiveAlgo | None = None
+    broadcast: CollectiveAlgo | None = None
+    reduce: CollectiveAlgo | None = None
+    send: CollectiveAlgo | None = None
+
+
+class DragonflyConfig(_Strict):
+    """Dragonfly shape (Kim et al. 2008): a routers per group, p GPUs per router, h global links."""
+
+    routers_per_group: int = Field(gt=0)
+    gpus_per_router: int = Field(gt=0)
+    global_links_per_router: int = Field(gt=0)
+    global_bandwidth_GBps: float | None = Field(None, gt=0)
+    """Per direction; default: link_bandwidth_GBps (or the preset's NIC rate)."""
+    global_latency_us: float | None = Field(None, ge=0)
+
+
 class ClusterConfig(_Strict):
+    """The cluster: a server preset on a fabric, or an explicit topology (units in the key names).
+
+    With ``preset`` the servers (GPU, NVSwitch, NICs, latencies) come from the
+    preset and ``topology`` may choose the fabric between them (switch =
+    non-blocking crossbar, the default; fat-tree; rail-optimized; dragonfly).
+    Without a preset, ``topology`` builds uniform links of ``link_bandwidth_GBps``.
+    """
+
     num_gpus: int = Field(gt=0)
     preset: str | None = None
-    topology: Literal["switch", "ring"] | None = None
+    topology: Literal["switch", "ring", "full-mesh", "torus2d", "torus3d", "fat-tree",
+                      "rail-optimized", "dragonfly"] | None = None
     gpu: str | None = None
     link_bandwidth_GBps: float | None = Field(None, gt=0)
     """Per direction, 1 GB = 1e9 B."""
     link_latency_us: float | None = Field(None, ge=0)
     """Per hop."""
     collective_launch_us: float | None = Field(None, ge=0)
+    """Per collective; default: the preset's (NCCL's 8.4 µs), 0 for explicit topologies."""
+    collective_step_us: float | None = Field(None, ge=0)
+    """Extra software latency per collective step, on top of the route's hop latencies."""
+    collective_granularity: Literal["stream", "step"] | None = None
+    """``stream`` (default): one flow per ring edge; ``step``: one flow per ring step."""
+    collectives: CollectivesConfig | None = None
+    gpus_per_node: int | None = Field(None, gt=0)
+    """Explicit switched topologies: GPUs per NVSwitch server (default 1: no NVLink)."""
+    nvlink_bandwidth_GBps: float | None = Field(None, gt=0)
+    """Per direction; default: the GPU's."""
+    nvlink_latency_us: float | None = Field(None, ge=0)
+    nvls: bool | None = None
+    """Explicit servers: NVSwitch reduces in-network (NVLink SHARP)."""
+    dims: list[int] | None = None
+    """Torus sizes per axis; their product is num_gpus."""
+    oversubscription: float | None = Field(None, ge=1)
+    """Fat-tree / rail-optimized leaf down:up port ratio, e.g. 2.0 for 2:1."""
+    tiers: Literal[2, 3] | None = None
+    gpus_per_leaf: int | None = Field(None, gt=0)
+    """GPU (NIC) ports per leaf switch; rail-optimized: servers per scalable unit."""
+    leaves_per_pod: int | None = Field(None, gt=0)
+    dragonfly: DragonflyConfig | None = None
+    ecmp: Literal["dst-mod-k", "hash"] | None = None
+    """How flows spread over equal-cost paths (default dst-mod-k)."""
+    sites: int | None = Field(None, gt=0)
+    """Geo-distributed: this many identical sites of num_gpus/sites GPUs, joined by WAN links."""
+    wan_bandwidth_Mbps: float | None = Field(None, gt=0)
+    """Per WAN link and direction, 1 Mb = 1e6 bit."""
+    wan_latency_ms: float | None = Field(None, ge=0)
 
 
 class ParallelConfig(_Strict):
@@ -86,6 +151,9 @@ class TrainingConfig(_Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     attention: Literal["flash2", "flash1", "fused", "unfused"] = "flash2"
     fused_norm: bool = True
+    seq_chunks: int = Field(4, ge=1)
+    """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
+    ignore it."""
 
 
 class ExperimentConfig(_Strict):

@@ -1,7 +1,14 @@
-"""Roofline device model: how long a compute op takes on a GPU. Pure.
+"""Device model: how long a run of compute kernels takes on a GPU. Pure.
 
-time = max(FLOPs / (peak · flops_efficiency), bytes / (HBM bandwidth · hbm_efficiency))
-(Williams, Waterman & Patterson 2009, "Roofline", CACM 52(4)).
+Each class of kernel is timed against the roofline (Williams, Waterman &
+Patterson 2009, CACM 52(4)) with its own achievable fraction of peak:
+
+    t = max(GEMM FLOPs / (peak · η_gemm), GEMM bytes / (HBM · η_hbm))
+        + attention FLOPs / (peak · η_attention[kernel])
+        + memory-bound bytes / (HBM · η_elementwise)
+
+Peaks come from :mod:`topologies.hardware`; the efficiencies live in a
+:class:`DeviceProfile`, kept apart from the peaks on purpose.
 """
 
 from __future__ import annotations
@@ -13,22 +20,47 @@ from topologies.hardware import GPUSpec
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """Achievable fractions of a GPU's peaks. Kept apart from the peaks on purpose."""
+    """Achievable fractions of a GPU's peaks, by kernel class."""
 
-    flops_efficiency: float = 0.75
-    """Fraction of dense BF16 peak that large training GEMMs reach."""
+    gemm_efficiency: float = 0.80
+    """Fraction of dense BF16 peak that large training GEMMs reach (cuBLAS on A100/H100)."""
+    flash2_efficiency: float = 0.60
+    """FlashAttention-2, forward and backward averaged (Dao 2023 reports 50-73% on A100)."""
+    flash1_efficiency: float = 0.40
+    """FlashAttention-1 (Dao et al. 2022; about 25-40% of peak, Dao 2023 fig. 1)."""
+    bmm_attention_efficiency: float = 0.50
+    """Batched matmuls of non-flash (``fused``/``unfused``) attention."""
     hbm_efficiency: float = 0.85
-    """Fraction of HBM bandwidth that streaming kernels reach."""
-    source: str = (
-        "defaults: large BF16 GEMMs on A100/H100 reach roughly 70-80% of peak in cuBLAS "
-        "benchmarks; STREAM-like kernels reach ~85-90% of HBM bandwidth (uncalibrated)"
-    )
+    """Fraction of HBM bandwidth that streaming kernels reach (STREAM-like)."""
+    elementwise_efficiency: float = 0.70
+    """Fraction of HBM bandwidth that eager element-wise kernels reach."""
+    source: str = "uncalibrated defaults (see sim/calibration.py for fitted values)"
+
+    def attention_efficiency(self, kernel: str) -> float:
+        if kernel == "flash2":
+            return self.flash2_efficiency
+        if kernel == "flash1":
+            return self.flash1_efficiency
+        return self.bmm_attention_efficiency
 
 
 def compute_time_s(
-    flops: float, hbm_bytes: float, gpu: GPUSpec, profile: DeviceProfile
+    gpu: GPUSpec,
+    profile: DeviceProfile,
+    flops: float = 0.0,
+    hbm_bytes: float = 0.0,
+    attn_flops: float = 0.0,
+    elementwise_bytes: float = 0.0,
+    attention_kernel: str = "flash2",
 ) -> float:
-    """Roofline time of a kernel with ``flops`` and ``hbm_bytes`` on ``gpu``."""
-    t_math = flops / (gpu.peak_bf16_flops * profile.flops_efficiency) if flops else 0.0
-    t_mem = hbm_bytes / (gpu.hbm_bandwidth_Bps * profile.hbm_efficiency) if hbm_bytes else 0.0
-    return max(t_math, t_mem)
+    """Time of a run of kernels doing the given work on ``gpu``."""
+    peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bandwidth_Bps
+    t = 0.0
+    if flops or hbm_bytes:
+        t = max(flops / (peak * profile.gemm_efficiency),
+                hbm_bytes / (hbm * profile.hbm_efficiency))
+    if attn_flops:
+        t += attn_flops / (peak * profile.attention_efficiency(attention_kernel))
+    if elementwise_bytes:
+        t += elementwise_bytes / (hbm * profile.elementwise_efficiency)
+    return t

@@ -11,11 +11,12 @@ order and never computes statistics: it records a :class:`~sim.timeline.Timeline
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Generator
 
 import simpy
 
+from sim.collectives import AUTO, Transfer, group_profile, resolve_algorithm
 from sim.collectives import plan as plan_collective
 from sim.errors import DeadlockError
 from sim.network import FlowNetwork
@@ -46,7 +47,9 @@ class _Run:
         self.spans: list[Span] = []
         self.arrows: list[tuple[int, int]] = []
         self.mem_now = list(program.static_bytes)
-        self.memory = [MemorySample(g, 0.0, b) for g, b in enumerate(program.static_bytes)]
+        self.gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
+                     else program.simulated_gpus)
+        self.memory = [MemorySample(g, 0.0, program.static_bytes[g]) for g in self.gpus]
         self.position: dict[tuple[int, str], int] = {}
         self.streams: dict[tuple[int, str], list[Instruction]] = defaultdict(list)
         for ins in program.instructions:
@@ -105,11 +108,15 @@ class _Run:
         start = self.env.now
         self._mem(ins.gpu, ins.alloc_bytes)
         duration = self.timer(ins)
-        if duration > 0:
-            yield self.env.timeout(duration)
+        if duration + ins.blocking_comm_s > 0:
+            yield self.env.timeout(duration + ins.blocking_comm_s)
         self._mem(ins.gpu, -ins.free_bytes)
-        self.spans.append(Span(ins.gpu, "compute", ins.kind, ins.name, start, self.env.now,
+        self.spans.append(Span(ins.gpu, "compute", ins.kind, ins.name, start, start + duration,
                                ins.stage, ins.mb))
+        if ins.blocking_comm_s > 0:
+            self.spans.append(Span(ins.gpu, ins.blocking_comm_kind, ins.blocking_comm_kind,
+                                   f"{ins.name} {ins.blocking_comm_kind}", start + duration,
+                                   self.env.now, ins.stage, ins.mb))
 
     def _send(self, ins: Send) -> Generator:
         start = self.env.now
@@ -124,19 +131,92 @@ class _Run:
     def _run_collective(self, ins: Collective, finished: simpy.Event) -> Generator:
         if self.cluster.collective_launch_s > 0:
             yield self.env.timeout(self.cluster.collective_launch_s)
-        steps = plan_collective(ins.op, ins.algo, ins.group, ins.nbytes)
-        arrived = [self.env.event() for _ in steps]
-        for i, step in enumerate(steps):
-            self.env.process(self._run_step(step, [arrived[d] for d in step.deps], arrived[i]))
-        if arrived:
-            yield self.env.all_of(arrived)
+        steps = self._collective_plan(ins)
+        if steps:
+            done = self.env.event()
+            self._run_plan(steps, done)
+            yield done
         finished.succeed()
 
-    def _run_step(self, step, deps: list[simpy.Event], arrived: simpy.Event) -> Generator:
-        if deps:
-            yield self.env.all_of(deps)
-        yield from self.transfer(step.src, step.dst, step.nbytes)
-        arrived.succeed()
+    def _collective_plan(self, ins: Collective) -> tuple[Transfer, ...]:
+        """The plan of ``ins``: the cluster's per-op override, else the instruction's algorithm;
+        ``auto`` picks NCCL-like (:func:`sim.collectives.select_algorithm`). Cached per run."""
+        cache: dict = self.__dict__.setdefault("_plans", {})
+        key = (ins.op, ins.algo, ins.group, ins.nbytes)
+        steps = cache.get(key)
+        if steps is None:
+            c = self.cluster
+            algo = c.collective_algos.get(ins.op, ins.algo)
+            profile = group_profile(c, ins.group) if algo in (AUTO, "nvls") else None
+            algo = resolve_algorithm(ins.op, algo, ins.nbytes, profile)
+            host_of = {r: c.host_of(r) for r in ins.group} if algo == "hierarchical" else None
+            steps = plan_collective(ins.op, algo, ins.group, ins.nbytes, host_of=host_of,
+                                    nvswitch=profile.nvswitch if profile else None,
+                                    granularity=c.collective_granularity,
+                                    latency=lambda a, b: c.route(a, b).latency_s)
+            cache[key] = steps
+        return steps
+
+    def _run_plan(self, steps: tuple[Transfer, ...], done: simpy.Event) -> None:
+        """Run a plan's transfers as their dependencies arrive; succeed ``done`` after the last.
+
+        Driven by callbacks, not one SimPy process per transfer, and arrivals are
+        drained from a queue, so long zero-time chains do not recurse.
+        """
+        waiting = [len(s.deps) for s in steps]
+        dependents: list[list[int]] = [[] for _ in steps]
+        for i, s in enumerate(steps):
+            for d in s.deps:
+                dependents[d].append(i)
+        left = [len(steps)]
+        queue: deque[int] = deque()
+        draining = [False]
+
+        def arrive(i: int) -> None:
+            queue.append(i)
+            if draining[0]:
+                return
+            draining[0] = True
+            while queue:
+                j = queue.popleft()
+                left[0] -= 1
+                for k in dependents[j]:
+                    waiting[k] -= 1
+                    if waiting[k] == 0:
+                        self._run_step(steps[k], k, arrive)
+            draining[0] = False
+            if left[0] == 0:
+                done.succeed()
+
+        for i, s in enumerate(steps):
+            if not s.deps:
+                self._run_step(s, i, arrive)
+
+    def _run_step(self, step: Transfer, index: int, arrive: Callable[[int], None]) -> None:
+        """Start one transfer: its latency (the plan's, else ``steps`` x the route's) plus
+        ``steps`` x the cluster's per-step latency, then its flow."""
+        route = self.cluster.route(step.src, step.dst)
+        hops = step.steps * route.latency_s if step.latency_s is None else step.latency_s
+        latency = hops + step.steps * self.cluster.collective_step_s
+
+        def start(_event: simpy.Event | None = None) -> None:
+            if step.nbytes > 0 and route.links:
+                fid = self.next_flow
+                self.next_flow += 1
+                event = self.env.event()
+                event.callbacks.append(lambda _ev: arrive(index))
+                self.flow_events[fid] = event
+                self.net.start(self.env.now, fid, route.links, step.nbytes)
+                if not self.refresh_pending:
+                    self.refresh_pending = True
+                    self.env.timeout(0).callbacks.append(self._refresh)
+            else:
+                arrive(index)
+
+        if latency > 0:
+            self.env.timeout(latency).callbacks.append(start)
+        else:
+            start()
 
     def _collective(self, ins: Collective) -> Generator:
         members = self.arrivals[ins.key]
@@ -144,7 +224,11 @@ class _Run:
         finished = self.collective_done.setdefault(ins.key, self.env.event())
         if len(members) == len(ins.group):
             self.collective_start[ins.key] = self.env.now
-            self.env.process(self._run_collective(ins, finished))
+            if ins.duration_s is not None:  # precomputed (collapsed simulation)
+                self.env.timeout(ins.duration_s).callbacks.append(
+                    lambda _ev: finished.succeed())
+            else:
+                self.env.process(self._run_collective(ins, finished))
         yield finished
         self.spans.append(Span(ins.gpu, ins.stream, ins.kind, ins.name,
                                self.collective_start[ins.key], self.env.now, ins.stage, ins.mb))
@@ -201,7 +285,8 @@ class _Run:
         arrows = tuple(FlowArrow(s, r) for s, r in sorted(
             (new_index[s], new_index[r]) for s, r in self.arrows))
         memory = tuple(sorted(self.memory, key=lambda m: (m.gpu, m.time_s)))
-        return Timeline(self.program.num_gpus, spans, arrows, memory, self.program.gpu_names)
+        return Timeline(self.program.num_gpus, spans, arrows, memory, self.program.gpu_names,
+                        self.gpus)
 
 
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer) -> Timeline:

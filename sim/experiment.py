@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import networkx as nx
+
+from sim.collectives import check as check_collective
 from sim.config import (
+    ClusterConfig,
     ExperimentConfig,
     ModelConfig,
     parse_config,
@@ -15,20 +20,25 @@ from sim.config import (
 )
 from sim.errors import ConfigError, ScheduleError, TopologyError
 from topologies.cluster import Cluster
-from topologies.hardware import gpu_spec
+from topologies.graphs import Fabric, multi_site
+from topologies.hardware import GPUS, GPUSpec, gpu_spec
 from topologies.placement import Placement
 from topologies.presets import (
+    FABRIC_OF_TOPOLOGY,
     PRESET_NAMES,
     SERVERS,
-    explicit_cluster,
+    TOPOLOGIES,
+    CollectiveSettings,
+    explicit_graph,
     ideal_cluster,
-    server_cluster,
+    server_graph,
 )
 from workloads import schedules
-from workloads.costs import SyntheticCosts, TransformerCosts, split_layers
+from workloads.costs import SyntheticCosts, split_layers
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec
-from workloads.schedules_advanced import ADVANCED_BUILDERS
+from workloads.schedules_advanced import ADVANCED_BUILDERS, EXTRA_BUILDERS
+from workloads.transformer import TransformerCosts
 
 MB = 1e6
 _MODEL_FIELDS = ("seq_length", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
@@ -41,6 +51,7 @@ def schedule_builders() -> dict[str, Any]:
     out: dict[str, Any] = {name: (lambda b: lambda p, m, v: b(p, m))(fn)
                            for name, fn in schedules.BUILDERS.items()}
     out.update(ADVANCED_BUILDERS)
+    out.update(EXTRA_BUILDERS)
     return out
 
 
@@ -81,34 +92,165 @@ def build_model(cfg: ModelConfig) -> ModelSpec | None:
     return spec
 
 
-def build_cluster(cfg: ExperimentConfig) -> Cluster:
-    c = cfg.cluster
-    if (c.preset is None) == (c.topology is None):
-        raise ConfigError("cluster: give exactly one of 'preset' "
-                          f"({', '.join(PRESET_NAMES)}) or 'topology' (switch, ring)")
+_FABRIC_KEYS = {
+    "oversubscription": ("fat-tree", "rail-optimized"),
+    "gpus_per_leaf": ("fat-tree", "rail-optimized"),
+    "tiers": ("fat-tree",),
+    "leaves_per_pod": ("fat-tree",),
+    "dragonfly": ("dragonfly",),
+    "dims": ("torus2d", "torus3d"),
+}
+"""Shape keys and the topologies that use them."""
+
+
+def _collective_settings(c: ClusterConfig) -> CollectiveSettings:
+    algos = {}
+    for op, algo in (c.collectives.model_dump() if c.collectives else {}).items():
+        if algo is None:
+            continue
+        if algo != "auto":
+            try:
+                check_collective(op, algo)
+            except ConfigError as exc:
+                raise ConfigError(f"cluster.collectives.{op}={algo!r}: {exc}") from None
+        algos[op] = algo
+    return CollectiveSettings(
+        launch_s=None if c.collective_launch_us is None else c.collective_launch_us * 1e-6,
+        step_s=(c.collective_step_us or 0.0) * 1e-6, algos=algos,
+        granularity=c.collective_granularity or "stream", ecmp=c.ecmp or "dst-mod-k")
+
+
+def _fabric(c: ClusterConfig, kind: str) -> Fabric | None:
+    """The fabric shape from the config (bandwidth and latency filled in by the builder)."""
+    if kind not in ("fat-tree", "rail-optimized", "dragonfly"):
+        return None
+    df = c.dragonfly
+    if kind == "dragonfly" and df is None:
+        raise ConfigError("cluster.dragonfly: required with cluster.topology='dragonfly' "
+                          "(routers_per_group, gpus_per_router, global_links_per_router)")
+    base = Fabric()
+    return Fabric(
+        kind={"fat-tree": "fat-tree", "rail-optimized": "rail-optimized"}.get(kind, "dragonfly"),
+        tiers=c.tiers or 2, gpus_per_leaf=c.gpus_per_leaf or base.gpus_per_leaf,
+        oversubscription=c.oversubscription or 1.0, leaves_per_pod=c.leaves_per_pod,
+        routers_per_group=df.routers_per_group if df else base.routers_per_group,
+        gpus_per_router=df.gpus_per_router if df else base.gpus_per_router,
+        global_links_per_router=df.global_links_per_router if df
+        else base.global_links_per_router,
+        global_bandwidth_Bps=df.global_bandwidth_GBps * 1e9 if df and df.global_bandwidth_GBps
+        else None,
+        global_latency_s=df.global_latency_us * 1e-6 if df and df.global_latency_us is not None
+        else None)
+
+
+def _check_shape_keys(c: ClusterConfig) -> None:
+    for key, users in _FABRIC_KEYS.items():
+        if getattr(c, key) is not None and c.topology not in users:
+            raise ConfigError(f"cluster.{key}: only used with cluster.topology "
+                              f"{' or '.join(users)}, not with topology={c.topology!r}")
+    if c.sites is None or c.sites == 1:
+        extra = [k for k in ("wan_bandwidth_Mbps", "wan_latency_ms") if getattr(c, k) is not None]
+        if extra:
+            raise ConfigError(f"cluster.{extra[0]}: only used with cluster.sites > 1")
+
+
+def _preset_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
+    explicit = [k for k in ("gpu", "gpus_per_node", "nvlink_bandwidth_GBps",
+                            "nvlink_latency_us", "nvls") if getattr(c, k) is not None]
+    if c.topology is None:
+        explicit += [k for k in ("link_bandwidth_GBps", "link_latency_us")
+                     if getattr(c, k) is not None]
+    if explicit:
+        raise ConfigError(f"cluster.{explicit[0]}: only used with cluster.topology, "
+                          f"not with cluster.preset={c.preset!r}")
+    if c.preset not in SERVERS:
+        raise ConfigError(f"cluster.preset: unknown preset {c.preset!r}; choose one of "
+                          f"{', '.join(PRESET_NAMES)}")
+    if c.topology is not None and c.topology not in FABRIC_OF_TOPOLOGY:
+        raise ConfigError(f"cluster.topology={c.topology!r} cannot join servers of "
+                          f"cluster.preset={c.preset!r}; choose a fabric: "
+                          f"{', '.join(FABRIC_OF_TOPOLOGY)}")
+    fabric = _fabric(c, c.topology) if c.topology else None
+    if c.topology is not None:
+        fabric = replace(fabric or Fabric(), kind=FABRIC_OF_TOPOLOGY[c.topology],
+                         bandwidth_Bps=None if c.link_bandwidth_GBps is None
+                         else c.link_bandwidth_GBps * 1e9,
+                         latency_s=None if c.link_latency_us is None
+                         else c.link_latency_us * 1e-6)
+    graph = server_graph(c.preset, num_gpus, fabric)
+    return graph, min(SERVERS[c.preset].gpus_per_node, num_gpus)
+
+
+def _explicit_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
+    if c.link_bandwidth_GBps is None:
+        raise ConfigError(f"cluster.link_bandwidth_GBps: required with "
+                          f"cluster.topology={c.topology!r}")
+    per_node = c.gpus_per_node or 1
+    if per_node > 1 and c.topology not in FABRIC_OF_TOPOLOGY:
+        raise ConfigError(f"cluster.gpus_per_node={per_node}: NVSwitch servers need a switched "
+                          f"topology ({', '.join(FABRIC_OF_TOPOLOGY)}), not {c.topology!r}")
+    if c.topology in ("torus2d", "torus3d") and c.dims is None:
+        raise ConfigError(f"cluster.dims: required with cluster.topology={c.topology!r}, "
+                          f"e.g. dims: {[4, 4] if c.topology == 'torus2d' else [4, 4, 4]}")
+    if c.dims is not None:
+        want = 2 if c.topology == "torus2d" else 3
+        if len(c.dims) != want or any(k < 1 for k in c.dims):
+            raise ConfigError(f"cluster.dims={c.dims}: {c.topology} needs {want} positive sizes")
+        if math.prod(c.dims) != num_gpus:
+            raise ConfigError(f"cluster.dims={c.dims} hold {math.prod(c.dims)} GPUs, not "
+                              f"cluster.num_gpus/sites = {num_gpus}")
+    gpu = _gpu(c)
+    nvlink = (c.nvlink_bandwidth_GBps * 1e9 if c.nvlink_bandwidth_GBps
+              else gpu.nvlink_bandwidth_Bps)
+    graph = explicit_graph(
+        c.topology, num_gpus, c.link_bandwidth_GBps * 1e9, (c.link_latency_us or 0.0) * 1e-6,
+        gpus_per_node=per_node, nvlink_bandwidth_Bps=nvlink,
+        nvlink_latency_s=(1.7 if c.nvlink_latency_us is None else c.nvlink_latency_us) * 1e-6,
+        nvls=bool(c.nvls), dims=tuple(c.dims or ()), fabric=_fabric(c, c.topology))
+    return graph, min(per_node, num_gpus)
+
+
+def _gpu(c: ClusterConfig) -> GPUSpec:
     try:
-        if c.preset is not None:
-            explicit = [k for k in ("gpu", "link_bandwidth_GBps", "link_latency_us")
-                        if getattr(c, k) is not None]
-            if explicit:
-                raise ConfigError(f"cluster.{explicit[0]}: only used with cluster.topology, "
-                                  f"not with cluster.preset={c.preset!r}")
-            if c.preset == "ideal":
-                return ideal_cluster(c.num_gpus)
-            if c.preset not in SERVERS:
-                raise ConfigError(f"cluster.preset: unknown preset {c.preset!r}; choose one of "
-                                  f"{', '.join(PRESET_NAMES)}")
-            return server_cluster(c.preset, c.num_gpus)
-        if c.link_bandwidth_GBps is None:
-            raise ConfigError(f"cluster.link_bandwidth_GBps: required with "
-                              f"cluster.topology={c.topology!r}")
-        try:
-            gpu = gpu_spec(c.gpu or "A100-80GB")
-        except KeyError as exc:
-            raise ConfigError(f"cluster.gpu: {exc.args[0]}") from None
-        launch = (c.collective_launch_us or 0.0) * 1e-6
-        return explicit_cluster(c.topology, c.num_gpus, gpu, c.link_bandwidth_GBps * 1e9,
-                                (c.link_latency_us or 0.0) * 1e-6, launch)
+        return gpu_spec(c.gpu or "A100-80GB")
+    except KeyError as exc:
+        raise ConfigError(f"cluster.gpu: {exc.args[0]}") from None
+
+
+def build_cluster(cfg: ExperimentConfig) -> Cluster:
+    """The Cluster of the experiment's ``cluster:`` mapping (see :class:`ClusterConfig`)."""
+    c = cfg.cluster
+    if c.preset is None and c.topology is None:
+        raise ConfigError("cluster: give 'preset' "
+                          f"({', '.join(PRESET_NAMES)}) or 'topology' ({', '.join(TOPOLOGIES)})")
+    _check_shape_keys(c)
+    settings = _collective_settings(c)
+    sites = c.sites or 1
+    if c.num_gpus % sites:
+        raise ConfigError(f"cluster.sites={sites} does not divide cluster.num_gpus={c.num_gpus}")
+    try:
+        if c.preset == "ideal":
+            extra = [k for k in ClusterConfig.model_fields
+                     if k not in ("num_gpus", "preset") and getattr(c, k) is not None]
+            if extra:
+                raise ConfigError(f"cluster.{extra[0]}: not used with cluster.preset='ideal'")
+            return ideal_cluster(c.num_gpus)
+        build = _preset_graph if c.preset is not None else _explicit_graph
+        graph, per_node = build(c, c.num_gpus // sites)
+        name = c.preset or f"{c.topology}{c.num_gpus}"
+        if c.preset is not None and c.topology is not None:
+            name = f"{c.preset}/{c.topology}"
+        if sites > 1:
+            if c.wan_bandwidth_Mbps is None or c.wan_latency_ms is None:
+                key = "wan_bandwidth_Mbps" if c.wan_bandwidth_Mbps is None else "wan_latency_ms"
+                raise ConfigError(f"cluster.{key}: required with cluster.sites={sites}")
+            graph = multi_site([graph] + [build(c, c.num_gpus // sites)[0]
+                                          for _ in range(sites - 1)],
+                               c.wan_bandwidth_Mbps * 1e6 / 8, c.wan_latency_ms * 1e-3)
+            name = f"{name}x{sites}sites"
+        gpu = GPUS[SERVERS[c.preset].gpu] if c.preset is not None else _gpu(c)
+        default_launch = SERVERS[c.preset].collective_launch_s if c.preset is not None else 0.0
+        return Cluster(name, graph, gpu, per_node, **settings.cluster_kwargs(default_launch))
     except TopologyError as exc:
         raise ConfigError(f"cluster: {exc}") from None
 
@@ -206,7 +348,8 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
     builders = schedule_builders()
     try:
         if name in builders:
-            sched = builders[name](pp, m, v)
+            k = (cfg.training.seq_chunks,) if name == "seq1f1b" else ()
+            sched = builders[name](pp, m, v, *k)
             if v > 1 and sched.chunks_per_rank == 1:
                 raise ConfigError(f"parallel.vpp={v}: schedule {name!r} has one chunk per rank; "
                                   "use an interleaved or V schedule")
@@ -240,8 +383,6 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
                           "are not supported yet")
     if par.zero_stage == 3:
         raise ConfigError("parallel.zero_stage=3: ZeRO-3/FSDP is not supported yet; use 0, 1 or 2")
-    if par.sequence_parallel and tp == 1:
-        raise ConfigError("parallel.sequence_parallel=true needs parallel.tp > 1")
     m, gbs = _num_microbatches(cfg, dp)
     sched = _build_schedule(cfg, pp, m, base_dir)
     placement = Placement.from_order(par.placement, tp=tp, cp=cp, dp=dp, pp=pp)
@@ -253,8 +394,12 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
                               f"backward_ms={syn.backward_ms} (it is a part of the backward)")
         costs = SyntheticCosts(syn.forward_ms * 1e-3, syn.backward_ms * 1e-3,
                                syn.weight_grad_ms * 1e-3, syn.activation_MB * MB,
-                               syn.p2p_MB * MB, syn.grad_MB * MB, sched.chunks_per_rank)
+                               syn.p2p_MB * MB, syn.grad_MB * MB, sched.chunks_per_rank,
+                               seq_chunks=sched.seq_chunks)
     else:
+        if sched.seq_chunks > 1:
+            raise ConfigError(f"schedule={cfg.schedule!r}: seq1f1b is only supported with the "
+                              "synthetic model for now (sequence chunks need per-chunk costs)")
         if sched.num_stages > model.num_layers:
             raise ConfigError(f"parallel.pp*vpp = {pp}*{par.vpp} = {sched.num_stages} exceeds "
                               f"model.num_layers = {model.num_layers}")
@@ -267,5 +412,7 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
         t = cfg.training
         costs = TransformerCosts(model, t.micro_batch_size, tp, dp,
                                  split_layers(model.num_layers, sched.num_stages),
-                                 par.sequence_parallel, par.zero_stage, t.recompute, t.attention)
+                                 par.sequence_parallel and tp > 1,  # a no-op without TP
+                                 par.zero_stage, t.recompute, t.attention,
+                                 t.fused_norm)
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs)

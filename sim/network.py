@@ -135,3 +135,34 @@ class FlowNetwork:
             self._rerate()
             self._dirty = False
         return done
+
+
+def makespan_s(
+    flows: Sequence[tuple[float, tuple[int, ...], float]], capacity_Bps: Sequence[float]
+) -> float:
+    """When the last of ``flows`` ends if each ``(start_s, links, nbytes)`` starts at start_s.
+
+    A pure event loop over :class:`FlowNetwork` (no SimPy), for timing one
+    step of a collective in isolation.
+    """
+    net = FlowNetwork(capacity_Bps)
+    pending = sorted((start, i) for i, (start, _, _) in enumerate(flows))
+    now, k, end = 0.0, 0, 0.0
+    while k < len(pending) or net.active:
+        t_start = pending[k][0] if k < len(pending) else math.inf
+        t_end = net.next_end_s()
+        if t_start <= t_end:
+            now = t_start
+            while k < len(pending) and pending[k][0] <= now:
+                _, i = pending[k]
+                _, links, nbytes = flows[i]
+                if nbytes > 0 and links:
+                    net.start(now, i, links, nbytes)
+                end = max(end, now)
+                k += 1
+            net.refresh(now)
+        else:
+            now = t_end
+            if net.finish_due(now):
+                end = max(end, now)
+    return end

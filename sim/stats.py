@@ -65,31 +65,32 @@ def compute_stats(timeline: Timeline, facts: RunFacts) -> dict:
       runs and its compute stream is idle; the mean over GPUs.
     """
     n = timeline.num_gpus
+    gpus = timeline.simulated_gpus
     step = timeline.end_s
-    by_gpu: list[list[Span]] = [[] for _ in range(n)]
+    by_gpu: dict[int, list[Span]] = {g: [] for g in gpus}
     for span in timeline.spans:
         by_gpu[span.gpu].append(span)
-    busy = [_union((s.start_s, s.end_s) for s in spans if s.stream == COMPUTE_STREAM)
-            for spans in by_gpu]
-    idle = [step - _length(b) for b in busy]
-    bubble = sum(idle) / (n * step) if step > 0 else 0.0
+    busy = {g: _union((s.start_s, s.end_s) for s in spans if s.stream == COMPUTE_STREAM)
+            for g, spans in by_gpu.items()}
+    idle = [step - _length(b) for b in busy.values()]
+    bubble = sum(idle) / (len(gpus) * step) if step > 0 else 0.0
     exposed = {}
     for kind in COMM_KINDS:
         total = 0.0
-        for g, spans in enumerate(by_gpu):
+        for g, spans in by_gpu.items():
             comm = _union((s.start_s, s.end_s) for s in spans if s.kind == kind)
             total += _minus(comm, busy[g]) if comm else 0.0
-        exposed[kind] = total / n
-    peaks = [timeline.peak_memory_bytes(g) for g in range(n)]
+        exposed[kind] = total / len(gpus)
+    peaks = {g: timeline.peak_memory_bytes(g) for g in gpus}
     pp = max(facts.pipeline_rank) + 1 if facts.pipeline_rank else 1
-    per_stage = [max(p for g, p in enumerate(peaks) if facts.pipeline_rank[g] == r) / GiB
+    per_stage = [max(p for g, p in peaks.items() if facts.pipeline_rank[g] == r) / GiB
                  for r in range(pp)]
     tokens_per_s = facts.tokens_per_step / step if facts.tokens_per_step and step > 0 else None
     tflops = (facts.model_flops_per_step / step / n / 1e12
               if facts.model_flops_per_step and step > 0 else None)
     mfu = (tflops * 1e12 / facts.peak_flops
            if tflops is not None and facts.peak_flops not in (0, float("inf")) else None)
-    peak = max(peaks) / GiB if peaks else 0.0
+    peak = max(peaks.values()) / GiB if peaks else 0.0
     capacity = facts.memory_capacity_bytes / GiB
     stats = {
         "step_time_s": step,
@@ -104,7 +105,7 @@ def compute_stats(timeline: Timeline, facts: RunFacts) -> dict:
         "oom": peak > capacity,
         "exposed_comm_s": exposed,
         "peak_memory_per_stage_gib": per_stage,
-        "compute_busy_s_mean": sum(_length(b) for b in busy) / n if n else 0.0,
+        "compute_busy_s_mean": sum(_length(b) for b in busy.values()) / len(gpus),
     }
     stats.update(dict(facts.extra))
     return stats

@@ -72,6 +72,12 @@ class Timeline:
     """Per-GPU step function of allocated bytes, sorted by (gpu, time)."""
     gpu_names: tuple[str, ...] = ()
     """Optional label per GPU, e.g. ``node0/gpu3 pp1 dp0 tp1``."""
+    gpus: tuple[int, ...] | None = None
+    """GPUs that were simulated (None = all); a collapsed run simulates one per class."""
+
+    @property
+    def simulated_gpus(self) -> tuple[int, ...]:
+        return tuple(range(self.num_gpus)) if self.gpus is None else self.gpus
 
     @property
     def end_s(self) -> float:

@@ -106,9 +106,6 @@ BAD_INPUTS = {
     "zero stage range": (_with("parallel.zero_stage", 4), ["parallel.zero_stage", "4"]),
     "missing required": ({k: v for k, v in _example().items() if k != "cluster"}, ["cluster"]),
     "not a mapping": ([1, 2, 3], ["mapping"]),
-    "sp without tp": (_with("parallel.tp", 1) | {"parallel": {"tp": 1, "pp": 4,
-                                                              "sequence_parallel": True}},
-                      ["sequence_parallel"]),
 }
 
 

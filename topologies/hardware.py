@@ -54,6 +54,10 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec("B200", 2250e12, 180 * GB, 8.0 * TB, 900 * GB,
                 "NVIDIA DGX B200 / HGX B200 spec (2024): 2.25 PFLOPS dense BF16, 180GB HBM3e "
                 "8 TB/s, NVLink5 1.8 TB/s total"),
+        GPUSpec("GB200", 2500e12, 186 * GB, 8.0 * TB, 900 * GB,
+                "NVIDIA GB200 NVL72 (2024): Blackwell GPU at 1.2 kW, 2.5 PFLOPS dense BF16, "
+                "13.4 TB HBM3e per 72 GPUs (~186 GB each, unverified split), 8 TB/s, "
+                "NVLink5 1.8 TB/s total"),
         GPUSpec("MI300X", 1307e12, 192 * GB, 5.3 * TB, 448 * GB,
                 "AMD Instinct MI300X datasheet (2023): 1,307 TFLOPS dense BF16, 192GB HBM3 "
                 "5.3 TB/s; Infinity Fabric 896 GB/s aggregate (unverified per-direction split)"),

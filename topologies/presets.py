@@ -1,12 +1,29 @@
-"""Named cluster presets and the builder that turns a cluster description into a Cluster."""
+"""Named cluster presets and the builders that turn a cluster description into a Cluster.
+
+Three ways to get a :class:`~topologies.cluster.Cluster`:
+
+- :func:`server_cluster`: a server preset (DGX A100/H100/H200/B200, GB200 NVL72
+  rack) times a number of GPUs, on a scale-out fabric (default: non-blocking
+  crossbar; or a fat-tree, rail-optimized or dragonfly :class:`Fabric`);
+- :func:`explicit_cluster`: a named topology (``switch``, ``ring``, ``full-mesh``,
+  ``torus2d``, ``torus3d``, ``fat-tree``, ``rail-optimized``, ``dragonfly``)
+  with uniform links, optionally with NVSwitch servers of ``gpus_per_node``;
+- :func:`cluster_from_graph`: any graph the caller built (validated), e.g.
+  :func:`topologies.graphs.multi_site` of several sites.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
+import networkx as nx
+
+from sim.errors import TopologyError
 from topologies import graphs
 from topologies.cluster import Cluster
+from topologies.graphs import Fabric
 from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec
 
 US = 1e-6
@@ -14,7 +31,7 @@ US = 1e-6
 
 @dataclass(frozen=True)
 class ServerPreset:
-    """A DGX-style server type: GPUs on NVSwitch, one NIC per GPU, non-blocking fabric."""
+    """A DGX-style server type: GPUs on NVSwitch, one NIC per GPU."""
 
     gpu: str
     gpus_per_node: int
@@ -28,6 +45,8 @@ class ServerPreset:
     """NIC-switch hop; a 4-hop inter-node path totals 9.6 µs, NCCL's network ring step."""
     collective_launch_s: float = 8.4 * US
     """NCCL's base latency per collective (Simple protocol), REFERENCES.md."""
+    nvls: bool = False
+    """NVSwitch reduces in-network (NVLink SHARP: third-generation NVSwitch, Hopper and later)."""
     source: str = ""
 
 
@@ -36,32 +55,125 @@ SERVERS: dict[str, ServerPreset] = {
                                  source="DGX A100: 8x A100-80GB, NVSwitch, 8x 200 Gb/s HDR IB"),
     "dgx-a100-40g": ServerPreset("A100-40GB", 8, 200e9 / 8,
                                  source="DGX A100: 8x A100-40GB, NVSwitch, 8x 200 Gb/s HDR IB"),
-    "dgx-h100": ServerPreset("H100", 8, 400e9 / 8,
+    "dgx-h100": ServerPreset("H100", 8, 400e9 / 8, nvls=True,
                              source="DGX H100: 8x H100 SXM, NVSwitch, 8x 400 Gb/s NDR IB"),
-    "dgx-h200": ServerPreset("H200", 8, 400e9 / 8,
+    "dgx-h200": ServerPreset("H200", 8, 400e9 / 8, nvls=True,
                              source="DGX H200: 8x H200, NVSwitch, 8x 400 Gb/s NDR IB"),
-    "dgx-b200": ServerPreset("B200", 8, 400e9 / 8,
+    "dgx-b200": ServerPreset("B200", 8, 400e9 / 8, nvls=True,
                              source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB"),
+    "gb200-nvl72": ServerPreset("GB200", 72, 400e9 / 8, nvls=True,
+                                source="GB200 NVL72 rack: 72 Blackwell GPUs in one NVLink5 "
+                                       "domain (18 NVSwitch chips, one node here), one 400 Gb/s "
+                                       "ConnectX-7 per GPU (unverified)"),
 }
-"""Server-based cluster presets."""
+"""Server-based cluster presets (an NVL72 rack counts as one 72-GPU server)."""
 
 PRESET_NAMES = ("ideal", *SERVERS)
-TOPOLOGIES = ("switch", "ring")
+TOPOLOGIES = ("switch", "ring", "full-mesh", "torus2d", "torus3d", "fat-tree", "rail-optimized",
+              "dragonfly")
+"""Named explicit topologies."""
+FABRIC_OF_TOPOLOGY = {"switch": "crossbar", "fat-tree": "fat-tree",
+                      "rail-optimized": "rail-optimized", "dragonfly": "dragonfly"}
+"""Topologies that are scale-out fabrics, usable under a server preset."""
 
 
-def server_cluster(name: str, num_gpus: int) -> Cluster:
-    """A cluster of ``num_gpus`` GPUs built from the server preset ``name``."""
+@dataclass(frozen=True)
+class CollectiveSettings:
+    """How collectives run on a cluster (see :class:`~topologies.cluster.Cluster`)."""
+
+    launch_s: float | None = None
+    """Per-collective launch latency; None: the preset's (NCCL's 8.4 µs) or 0."""
+    step_s: float = 0.0
+    """Extra software latency per collective step."""
+    algos: Mapping[str, str] = field(default_factory=dict)
+    """Per-op algorithm overrides, e.g. ``{"all_reduce": "tree"}``."""
+    granularity: str = "stream"
+    ecmp: str = "dst-mod-k"
+
+    def cluster_kwargs(self, default_launch_s: float) -> dict:
+        return {"collective_launch_s": default_launch_s if self.launch_s is None
+                else self.launch_s,
+                "collective_step_s": self.step_s, "collective_algos": dict(self.algos),
+                "collective_granularity": self.granularity, "ecmp": self.ecmp}
+
+
+def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None) -> nx.DiGraph:
+    """The graph of ``num_gpus`` GPUs of server preset ``name`` on ``fabric``."""
     p = SERVERS[name]
     gpu = GPUS[p.gpu]
-    g = graphs.nvswitch_cluster(num_gpus, p.gpus_per_node, gpu.nvlink_bandwidth_Bps,
-                                p.nvlink_hop_latency_s, p.nic_Bps, p.nic_hop_latency_s,
-                                p.fabric_hop_latency_s)
-    return Cluster(name, g, gpu, min(p.gpus_per_node, num_gpus), p.collective_launch_s)
+    return graphs.nvswitch_cluster(num_gpus, p.gpus_per_node, gpu.nvlink_bandwidth_Bps,
+                                   p.nvlink_hop_latency_s, p.nic_Bps, p.nic_hop_latency_s,
+                                   p.fabric_hop_latency_s, nvls=p.nvls, fabric=fabric)
+
+
+def server_cluster(name: str, num_gpus: int, fabric: Fabric | None = None,
+                   collectives: CollectiveSettings | None = None) -> Cluster:
+    """A cluster of ``num_gpus`` GPUs built from the server preset ``name``.
+
+    ``fabric`` defaults to a non-blocking crossbar at the NIC rate; a fabric
+    given with infinite bandwidth takes the NIC rate.
+    """
+    p = SERVERS[name]
+    c = collectives or CollectiveSettings()
+    g = server_graph(name, num_gpus, fabric)
+    return Cluster(name, g, GPUS[p.gpu], min(p.gpus_per_node, num_gpus),
+                   **c.cluster_kwargs(p.collective_launch_s))
 
 
 def ideal_cluster(num_gpus: int) -> Cluster:
     """Infinitely fast GPUs and links, no latency: only the schedule shapes the timeline."""
     return Cluster("ideal", graphs.ideal(num_gpus), IDEAL_GPU, num_gpus)
+
+
+def explicit_graph(
+    topology: str,
+    num_gpus: int,
+    link_bandwidth_Bps: float,
+    link_latency_s: float,
+    *,
+    gpus_per_node: int = 1,
+    nvlink_bandwidth_Bps: float | None = None,
+    nvlink_latency_s: float = 1.7 * US,
+    nvls: bool = False,
+    dims: Sequence[int] = (),
+    fabric: Fabric | None = None,
+) -> nx.DiGraph:
+    """The graph of a named topology with uniform links of ``link_bandwidth_Bps``.
+
+    ``switch``, ``fat-tree``, ``rail-optimized`` and ``dragonfly`` are fabrics:
+    with ``gpus_per_node`` > 1 the GPUs sit in NVSwitch servers (NVLink at
+    ``nvlink_bandwidth_Bps``) with one NIC per GPU on the fabric, else each GPU
+    is its own fabric endpoint. ``fabric`` supplies the fabric's shape
+    parameters (its kind, bandwidth and latency are taken from here).
+    ``ring``, ``full-mesh`` and the tori link GPUs directly (``dims``: torus
+    sizes, whose product must be ``num_gpus``).
+    """
+    if topology not in TOPOLOGIES:
+        raise TopologyError(f"topology {topology!r} is not one of {', '.join(TOPOLOGIES)}")
+    if topology.startswith("torus"):
+        want = int(topology[-2])
+        if len(dims) != want:
+            raise TopologyError(f"{topology} needs dims of {want} sizes, got {list(dims)}")
+        if math.prod(dims) != num_gpus:
+            raise TopologyError(f"{topology} dims {list(dims)} hold {math.prod(dims)} GPUs, "
+                                f"not num_gpus={num_gpus}")
+        return graphs.torus(dims, link_bandwidth_Bps, link_latency_s)
+    if topology == "ring":
+        return graphs.ring(num_gpus, link_bandwidth_Bps, link_latency_s)
+    if topology == "full-mesh":
+        return graphs.full_mesh(num_gpus, link_bandwidth_Bps, link_latency_s)
+    base = fabric or Fabric()
+    f = replace(base, kind=FABRIC_OF_TOPOLOGY[topology], bandwidth_Bps=link_bandwidth_Bps,
+                latency_s=link_latency_s)
+    if gpus_per_node > 1:
+        if nvlink_bandwidth_Bps is None:
+            raise TopologyError("gpus_per_node > 1 needs an NVLink bandwidth")
+        return graphs.nvswitch_cluster(num_gpus, gpus_per_node, nvlink_bandwidth_Bps,
+                                       nvlink_latency_s, link_bandwidth_Bps, link_latency_s,
+                                       link_latency_s, nvls=nvls, fabric=f)
+    if topology == "switch":
+        return graphs.switch(num_gpus, link_bandwidth_Bps, link_latency_s)
+    return graphs.gpu_fabric(num_gpus, f)
 
 
 def explicit_cluster(
@@ -71,11 +183,39 @@ def explicit_cluster(
     link_bandwidth_Bps: float,
     link_latency_s: float,
     collective_launch_s: float = 0.0,
+    *,
+    collectives: CollectiveSettings | None = None,
+    **shape: object,
 ) -> Cluster:
-    """An explicit ``switch`` or ``ring`` topology with uniform links."""
-    build = {"switch": graphs.switch, "ring": graphs.ring}[topology]
-    g = build(num_gpus, link_bandwidth_Bps, link_latency_s)
-    return Cluster(f"{topology}{num_gpus}", g, gpu, 1, collective_launch_s)
+    """A named topology with uniform links (see :func:`explicit_graph` for ``shape``)."""
+    g = explicit_graph(topology, num_gpus, link_bandwidth_Bps, link_latency_s,
+                       **shape)  # type: ignore[arg-type]
+    per_node = int(shape.get("gpus_per_node", 1))  # type: ignore[call-overload]
+    c = collectives or CollectiveSettings()
+    return Cluster(f"{topology}{num_gpus}", g, gpu, min(per_node, num_gpus),
+                   **c.cluster_kwargs(collective_launch_s))
+
+
+def cluster_from_graph(name: str, graph: nx.DiGraph, gpu: GPUSpec, gpus_per_node: int = 1,
+                       collectives: CollectiveSettings | None = None) -> Cluster:
+    """A cluster on a caller-built graph, validated: GPU nodes with ranks 0..n-1 and hosts,
+    every link with a positive ``bandwidth_Bps`` and a non-negative ``latency_s``, and the
+    reverse of every link present."""
+    for v, d in graph.nodes(data=True):
+        if d.get("kind") not in ("gpu", "nvswitch", "nic", "switch"):
+            raise TopologyError(f"node {v!r}: kind {d.get('kind')!r} is not one of gpu, "
+                                "nvswitch, nic, switch")
+        if d["kind"] == "gpu" and ("rank" not in d or "host" not in d):
+            raise TopologyError(f"GPU node {v!r} needs 'rank' and 'host' attributes")
+    for u, v, d in graph.edges(data=True):
+        bw, lat = d.get("bandwidth_Bps"), d.get("latency_s")
+        if bw is None or not bw > 0 or lat is None or lat < 0:
+            raise TopologyError(f"link {u}-{v}: needs bandwidth_Bps > 0 and latency_s >= 0, "
+                                f"got {bw} and {lat}")
+        if not graph.has_edge(v, u):
+            raise TopologyError(f"link {u}-{v} has no reverse link {v}-{u}")
+    c = collectives or CollectiveSettings()
+    return Cluster(name, graph, gpu, gpus_per_node, **c.cluster_kwargs(0.0))
 
 
 def is_ideal(cluster: Cluster) -> bool:

@@ -14,9 +14,8 @@ al. 2020 (ZeRO), sec. 3.1 (16 bytes/param for mixed-precision Adam).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from workloads.models import ModelSpec
 from workloads.schedules import BACKWARD, FORWARD, Op
 
 BF16 = 2
@@ -25,12 +24,22 @@ BF16 = 2
 
 @dataclass(frozen=True, slots=True)
 class ComputeSeg:
-    """A compute kernel (or fused group) of one op on one GPU."""
+    """A run of compute kernels of one op on one GPU, described by the work they do.
+
+    The device model (:mod:`sim.device`) turns the work into time; a fixed
+    ``duration_s`` (synthetic workloads) overrides it.
+    """
 
     label: str
     flops: float = 0.0
+    """Dense matrix-multiply FLOPs (GEMMs)."""
     hbm_bytes: float = 0.0
+    """Bytes the GEMMs move to and from HBM (weights and activations)."""
     duration_s: float | None = None
+    attn_flops: float = 0.0
+    """Attention-core FLOPs (QK^T, softmax·V) the attention kernel executes."""
+    elementwise_bytes: float = 0.0
+    """HBM bytes of memory-bound kernels: norms, residual adds, activations, softmax, RoPE."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,19 @@ class SyntheticCosts:
 
     ``backward_s`` is the whole backward; ``weight_grad_s`` the part that
     zero-bubble schedules may defer. With v chunks per rank each chunk costs 1/v.
+
+    Sequence chunks (Seq1F1B, Sun et al. 2024, sec. 3): with ``seq_chunks =
+    k > 1`` every op is one of ``k`` chunks of its micro-batch cut along the
+    sequence so that each chunk has the same FLOPs; each costs ``1/k`` of the
+    micro-batch's time. The cut follows the FLOPs of a causal transformer: a
+    share ``attention_share`` of them is attention, whose cost for a token
+    grows with its prefix, the rest is per token, so later chunks are shorter
+    (:meth:`seq_bounds`). A chunk stashes activations in proportion to its
+    tokens (:meth:`seq_chunk_share`); its keys and values are part of them and
+    stay until its own backward, which runs after every later chunk's backward
+    (those chunks attended to them): this is the key/value memory the later
+    chunks keep. Pipeline messages are ``1/k`` of the micro-batch's each (the
+    total is exact; per chunk they would follow the token shares).
     """
 
     forward_s: float
@@ -69,9 +91,16 @@ class SyntheticCosts:
     chunks_per_rank: int = 1
     w_retained_fraction: float = 0.5
     """Share of a micro-batch's activations still held between its B and its W."""
+    seq_chunks: int = 1
+    """k, sequence chunks per micro-batch (Seq1F1B); 1 = whole micro-batches."""
+    attention_share: float = 0.25
+    """Share of a micro-batch's FLOPs spent in causal attention (QK^T and AV), used only to place
+    the sequence-chunk boundaries. 0.25 is s / (s + 12 h), the attention share of a GPT layer
+    (Narayanan et al. 2021, sec. 5.1: 24 s h^2 + 4 s^2 h, halved by causal masking), for a 7B
+    model (h = 4096) at s = 16k tokens, the long-sequence regime Seq1F1B targets."""
 
     def op_segments(self, op: Op, split_backward: bool) -> tuple[Segment, ...]:
-        v = self.chunks_per_rank
+        v = self.chunks_per_rank * (self.seq_chunks if op.seq >= 0 else 1)
         if op.kind == FORWARD:
             t = self.forward_s
         elif op.kind == BACKWARD:
@@ -83,8 +112,33 @@ class SyntheticCosts:
     def activation_bytes_per_mb(self, stage: int) -> float:
         return self.activation_bytes / self.chunks_per_rank
 
+    def seq_bounds(self) -> tuple[float, ...]:
+        """Sequence-chunk boundaries as fractions of the sequence: ``0 = x_0 < ... < x_k = 1``.
+
+        Token at position ``x`` (fraction of the sequence) costs ``(1 - a) + 2 a x``
+        (``a`` = :attr:`attention_share`; causal attention reads the ``x`` prefix),
+        so the FLOPs of ``[0, x)`` are ``G(x) = (1 - a) x + a x^2`` and chunk ``c``
+        ends where ``G(x) = (c + 1)/k`` (Sun et al. 2024, sec. 3, solved in closed
+        form instead of the reference code's symbolic solver).
+        """
+        k, a = self.seq_chunks, self.attention_share
+        bounds = [0.0]
+        for c in range(1, k):
+            y = c / k
+            # root of a x^2 + (1 - a) x - y = 0, written to stay exact at a = 0
+            bounds.append(2 * y / ((1 - a) + ((1 - a) ** 2 + 4 * a * y) ** 0.5))
+        bounds.append(1.0)
+        return tuple(bounds)
+
+    def seq_chunk_share(self, op: Op) -> float:
+        """Share of its micro-batch's tokens (and stashed activations) ``op``'s chunk holds."""
+        if op.seq < 0:
+            return 1.0
+        bounds = self.seq_bounds()
+        return bounds[op.seq + 1] - bounds[op.seq]
+
     def p2p_bytes(self) -> float:
-        return self.p2p_message_bytes
+        return self.p2p_message_bytes / self.seq_chunks
 
     def grad_bytes(self, stage: int) -> float:
         return self.grad_bytes_per_stage / self.chunks_per_rank
@@ -96,224 +150,23 @@ class SyntheticCosts:
         return None
 
 
-@dataclass(frozen=True)
-class TransformerCosts:
-    """Costs of a dense transformer split into pipeline stages and TP shards."""
+def fuse_compute(segs: list[Segment], op_name: str) -> list[Segment]:
+    """Merge adjacent compute segments into one (fewer events, same work).
 
-    model: ModelSpec
-    micro_batch_size: int
-    tp: int
-    dp: int
-    stage_layers: tuple[int, ...]
-    """Transformer blocks in each stage (model chunk)."""
-    sequence_parallel: bool = False
-    zero_stage: int = 1
-    recompute: str = "none"
-    """``none``, ``selective`` (attention core recomputed) or ``full`` (whole layer)."""
-    attention: str = "flash2"
-    w_retained_fraction: float = 0.5
-
-    # ------------------------------------------------------------- per layer
-    @property
-    def _bsh(self) -> float:
-        return self.micro_batch_size * self.model.seq_length * self.model.hidden_size
-
-    def _flash(self) -> bool:
-        return self.attention in ("flash1", "flash2")
-
-    def _gemm_flops(self) -> tuple[float, float]:
-        """Forward GEMM FLOPs of one layer on one TP rank: (attention projections, MLP)."""
-        m, t = self.model, self.tp
-        bs = self.micro_batch_size * m.seq_length
-        h = m.hidden_size
-        attn = 2 * bs * h * (2 * h + 2 * m.kv_dim) / t
-        mlp = 2 * bs * h * m.ffn_hidden_size * m.mlp_matrices / t
-        return attn, mlp
-
-    def _core_flops(self) -> float:
-        """Forward attention-core FLOPs (QK^T and AV) the hardware executes on one TP rank.
-
-        Model FLOPs count 4·b·s²·h; FlashAttention's causal kernels skip the
-        masked upper triangle, so they execute about half (Dao 2023, sec. 3.1).
-        """
-        m = self.model
-        full = 4 * self.micro_batch_size * m.seq_length**2 * m.hidden_size / self.tp
-        return full / 2 if self._flash() else full
-
-    def _layer_weight_bytes(self) -> float:
-        return BF16 * self.model.layer_params() / self.tp
-
-    def _scores_bytes(self) -> float:
-        """Attention score/softmax bytes materialised by non-flash kernels: 5·a·s²·b / t."""
-        m = self.model
-        if self._flash():
-            return 0.0
-        return 5 * m.num_attention_heads * m.seq_length**2 * self.micro_batch_size / self.tp
-
-    def layer_activation_bytes(self) -> float:
-        """Bytes one layer stashes per micro-batch (Korthikanti et al. 2022, eq. 1-4, generalised).
-
-        Replicated part: norm inputs (4), attention and MLP inputs (4), dropout
-        masks (2, GPT only): 10 sbh for GPT. TP-split part: Q, K, V and the
-        attention output (8 sbh) plus the MLP intermediates (2 bytes × width ×
-        matrices: 16 sbh for GPT's 4h GeLU MLP): 24 sbh/t. Scores 5as²b/t unless
-        flash or selective recompute. SP splits the replicated part too.
-        """
-        m, t = self.model, self.tp
-        bsh = self._bsh
-        if self.recompute == "full":
-            return BF16 * bsh / (t if self.sequence_parallel else 1)
-        dropout = 2 if m.norm == "layernorm" else 0
-        replicated = (8 + dropout) * bsh
-        mlp_width = m.ffn_hidden_size / m.hidden_size
-        split = (8 + BF16 * mlp_width * m.mlp_matrices) * bsh / t
-        if self.sequence_parallel:
-            replicated /= t
-        scores = 0.0 if self.recompute == "selective" else self._scores_bytes()
-        return replicated + split + scores
-
-    # ------------------------------------------------------------- segments
-    def _block(self, label: str, compute: ComputeSeg) -> list[Segment]:
-        """A TP-sharded block and its collectives (Megatron f/g operators).
-
-        Without SP: compute, then an all-reduce of the b·s·h output. With SP
-        (Korthikanti et al. 2022, sec. 4.2.2): all-gather the sequence-split
-        input, compute, reduce-scatter the output; same bytes on the wire.
-        """
-        if self.tp == 1:
-            return [compute]
-        nbytes = BF16 * self._bsh
-        if self.sequence_parallel:
-            return [CommSeg(f"{label} all-gather", "tp", "all_gather", nbytes), compute,
-                    CommSeg(f"{label} reduce-scatter", "tp", "reduce_scatter", nbytes)]
-        return [compute, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes)]
-
-    def _layer_forward(self, name: str, recompute: bool = False) -> list[Segment]:
-        attn_gemm, mlp_gemm = self._gemm_flops()
-        act = 0.0 if recompute else self.layer_activation_bytes()
-        weights = self._layer_weight_bytes()
-        share = attn_gemm / (attn_gemm + mlp_gemm)
-        tag = "recompute " if recompute else ""
-        attn = ComputeSeg(f"{tag}{name} attn", attn_gemm + self._core_flops(),
-                          weights * share + act / 2 + self._scores_bytes())
-        mlp = ComputeSeg(f"{tag}{name} mlp", mlp_gemm, weights * (1 - share) + act / 2)
-        return self._block(f"{name} attn", attn) + self._block(f"{name} mlp", mlp)
-
-    def _layer_backward(self, name: str, weight_grad_deferred: bool) -> list[Segment]:
-        """Backward of one layer: 2x forward GEMM FLOPs (input and weight gradients).
-
-        With a deferred weight gradient (zero-bubble B op) only the input
-        gradient runs here; the W op runs the rest.
-        """
-        attn_gemm, mlp_gemm = self._gemm_flops()
-        weights = self._layer_weight_bytes()
-        act = self.layer_activation_bytes()
-        share = attn_gemm / (attn_gemm + mlp_gemm)
-        wg = 0.0 if weight_grad_deferred else 1.0
-        segs: list[Segment] = []
-        if self.recompute == "full":
-            segs += self._layer_forward(name, recompute=True)
-        elif self.recompute == "selective":
-            segs.append(ComputeSeg(f"recompute {name} core", self._core_flops(), 0.0))
-        mlp = ComputeSeg(f"{name} mlp bwd", mlp_gemm * (1 + wg),
-                         weights * (1 - share) * 2 + act / 2)
-        attn = ComputeSeg(f"{name} attn bwd", attn_gemm * (1 + wg) + 2 * self._core_flops(),
-                          weights * share * 2 + act / 2 + 2 * self._scores_bytes())
-        return segs + self._block(f"{name} mlp bwd", mlp) + self._block(f"{name} attn bwd", attn)
-
-    def _head_flops(self) -> float:
-        m = self.model
-        return 2 * self.micro_batch_size * m.seq_length * m.hidden_size * m.vocab_size / self.tp
-
-    def op_segments(self, op: Op, split_backward: bool) -> tuple[Segment, ...]:
-        s = op.stage
-        last = s == len(self.stage_layers) - 1
-        layers = range(sum(self.stage_layers[:s]), sum(self.stage_layers[: s + 1]))
-        segs: list[Segment] = []
-        if op.kind == FORWARD:
-            for layer in layers:
-                segs += self._layer_forward(f"L{layer}")
-            if last:
-                segs.append(ComputeSeg("logits+loss", self._head_flops(),
-                                       BF16 * self.model.vocab_size * self.model.hidden_size
-                                       / self.tp))
-        elif op.kind == BACKWARD:
-            if last:
-                wg = 0.0 if split_backward else 1.0
-                segs.append(ComputeSeg("logits bwd", self._head_flops() * (1 + wg)))
-            for layer in reversed(layers):
-                segs += self._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
-        else:
-            attn_gemm, mlp_gemm = self._gemm_flops()
-            flops = len(layers) * (attn_gemm + mlp_gemm) + (self._head_flops() if last else 0.0)
-            segs.append(ComputeSeg("weight grads", flops,
-                                   len(layers) * 2 * self._layer_weight_bytes()))
-        return tuple(_fuse_compute(segs, str(op)))
-
-    # ------------------------------------------------------------- memory and messages
-    def activation_bytes_per_mb(self, stage: int) -> float:
-        m = self.model
-        total = self.stage_layers[stage] * self.layer_activation_bytes()
-        if stage == len(self.stage_layers) - 1:
-            total += 4 * self.micro_batch_size * m.seq_length * m.vocab_size / self.tp
-        return total
-
-    def p2p_bytes(self) -> float:
-        """Activation (or its gradient) between stages, per TP rank.
-
-        Megatron's scatter/gather optimisation sends 1/t of it (Narayanan et al.
-        2021, sec. 4.1); with SP it is already split.
-        """
-        return BF16 * self._bsh / self.tp
-
-    def stage_params(self, stage: int) -> float:
-        """Parameters of a stage held by one TP rank."""
-        m, t = self.model, self.tp
-        n = self.stage_layers[stage] * m.layer_params() / t
-        if stage == 0:
-            n += m.embedding_params() / t
-        if stage == len(self.stage_layers) - 1:
-            n += m.head_params() / t
-            if m.tied_embeddings and len(self.stage_layers) > 1:
-                n += m.vocab_size * m.hidden_size / t
-        return n
-
-    def grad_bytes(self, stage: int) -> float:
-        return BF16 * self.stage_params(stage)
-
-    def bytes_per_param(self) -> float:
-        """Model-state bytes per parameter, mixed-precision Adam under ZeRO (Rajbhandari 2020)."""
-        d = self.dp
-        return {0: 16.0, 1: 4 + 12 / d, 2: 2 + 14 / d, 3: 16 / d}[self.zero_stage]
-
-    def static_bytes(self, stages: tuple[int, ...]) -> float:
-        return self.bytes_per_param() * sum(self.stage_params(s) for s in stages)
-
-    def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
-        """AdamW update: memory-bound; reads grad, master, m, v and writes master, m, v, weight."""
-        n = sum(self.stage_params(s) for s in stages)
-        if self.zero_stage >= 1:
-            n /= self.dp
-        return ComputeSeg("optimizer", 10 * n, 28 * n)
-
-
-def _fuse_compute(segs: list[Segment], op_name: str) -> list[Segment]:
-    """Merge adjacent compute segments into one kernel group (fewer events).
-
-    Runs of compute segments with no communication between them are summed and
-    timed as one roofline (max of summed FLOP time and summed byte time), which
-    lets a memory-bound kernel overlap a compute-bound neighbour: slightly
-    optimistic, as fused or concurrent kernels are. The first segment carries
-    the op's name.
+    Runs of compute segments with no communication between them are summed;
+    the device model times the sum. The first segment carries the op's name.
     """
     out: list[Segment] = []
     for seg in segs:
-        if out and isinstance(seg, ComputeSeg) and isinstance(out[-1], ComputeSeg) \
-                and seg.duration_s is None and out[-1].duration_s is None:
-            prev = out[-1]
-            out[-1] = ComputeSeg(prev.label, prev.flops + seg.flops, prev.hbm_bytes + seg.hbm_bytes)
+        prev = out[-1] if out else None
+        if (isinstance(seg, ComputeSeg) and isinstance(prev, ComputeSeg)
+                and seg.duration_s is None and prev.duration_s is None):
+            out[-1] = ComputeSeg(prev.label, prev.flops + seg.flops,
+                                 prev.hbm_bytes + seg.hbm_bytes, None,
+                                 prev.attn_flops + seg.attn_flops,
+                                 prev.elementwise_bytes + seg.elementwise_bytes)
         else:
             out.append(seg)
     if out and isinstance(out[0], ComputeSeg):
-        out[0] = ComputeSeg(op_name, out[0].flops, out[0].hbm_bytes, out[0].duration_s)
+        out[0] = replace(out[0], label=op_name)
     return out

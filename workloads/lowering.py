@@ -15,13 +15,22 @@ its consumers):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, Segment
 from workloads.program import Program, ProgramBuilder
-from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, Schedule, list_schedule, op_deps
+from workloads.schedules import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT_GRAD,
+    Op,
+    Schedule,
+    list_schedule,
+    schedule_deps,
+)
 
 
 class CostModel(Protocol):
@@ -52,13 +61,43 @@ def _consumer_stage(op: Op, num_stages: int) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class Collapse:
+    """Timers for a collapsed lowering: one representative GPU per pipeline rank.
+
+    In a symmetric layout every TP and DP replica runs the same program, so only
+    the GPU of TP rank 0, DP rank 0 of each pipeline rank is simulated. Its TP
+    collectives are folded into its compute ops as blocking communication and
+    its DP collectives get precomputed durations; both are timed on the real
+    topology by ``collective_s`` together with the concurrent collectives of the
+    replicas they stand for (DESIGN.md, "Large clusters").
+    """
+
+    compute_s: Callable[[ComputeSeg], float]
+    """Duration of a compute segment on the representative GPU."""
+    collective_s: Callable[[str, tuple[tuple[int, ...], ...], float], float]
+    """``collective_s(op, groups, nbytes)``: time of ``op`` run at once on every group."""
+
+
 def lower(
-    schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int = 0
+    schedule: Schedule,
+    costs: CostModel,
+    placement: Placement,
+    zero_stage: int = 0,
+    collapse: Collapse | None = None,
 ) -> Program:
-    """Lower one training step to per-GPU instructions. Pure and deterministic."""
+    """Lower one training step to per-GPU instructions. Pure and deterministic.
+
+    With ``collapse``, only one representative GPU per pipeline rank gets a
+    program (see :class:`Collapse`).
+    """
     pp, tp, dp = placement.degree("pp"), placement.degree("tp"), placement.degree("dp")
     if schedule.num_ranks != pp:
         raise ValueError(f"schedule has {schedule.num_ranks} ranks but the layout has pp={pp}")
+    if collapse is not None:
+        tp_lanes, dp_lanes = 1, 1
+    else:
+        tp_lanes, dp_lanes = tp, dp
     b = ProgramBuilder()
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
@@ -72,12 +111,17 @@ def lower(
     order = topological_ops(schedule)
 
     def tp_gpus(r: int, d: int) -> list[int]:
-        return [placement.gpu(tp=t, dp=d, pp=r) for t in range(tp)]
+        return [placement.gpu(tp=t, dp=d, pp=r) for t in range(tp_lanes)]
 
+    seg_cache: dict[Op, tuple[Segment, ...]] = {}
+    fold_cache: dict[Op, tuple[float, float, float, float]] = {}
     for op in order:
         r = owner[op.stage]
-        segs = costs.op_segments(op, split)
-        act = costs.activation_bytes_per_mb(op.stage)
+        generic = replace(op, mb=0)  # an op's work does not depend on its micro-batch index
+        segs = seg_cache.get(generic)
+        if segs is None:
+            segs = seg_cache[generic] = costs.op_segments(generic, split)
+        act = _stash_bytes(costs, op)
         alloc = act if op.kind == FORWARD else 0.0
         if op.kind == BACKWARD:
             free = act * (1 - costs.w_retained_fraction) if split else act
@@ -86,16 +130,39 @@ def lower(
         else:
             free = 0.0
         n_compute = sum(isinstance(s, ComputeSeg) for s in segs)
-        for d in range(dp):
+        for d in range(dp_lanes):
             gpus = tp_gpus(r, d)
             prev: dict[int, tuple[int, ...]] = {}
             for g in gpus:
                 deps = []
-                for dep in op_deps(op, S, split):
+                for dep in schedule_deps(schedule, op):
                     deps.append(last[(dep, g)] if owner[dep.stage] == r else sent[(dep, g)])
                 prev[g] = tuple(deps)
+            if collapse is not None:
+                (g,) = gpus
+                groups = tuple(placement.group("tp", placement.gpu(pp=r, dp=e))
+                               for e in range(dp))
+                folded = fold_cache.get(generic)
+                if folded is None:
+                    groups = tuple(placement.group("tp", placement.gpu(pp=r, dp=e))
+                                   for e in range(dp))
+                    work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
+                    folded = fold_cache[generic] = (
+                        sum(collapse.compute_s(seg) for seg in work),
+                        sum(collapse.collective_s(seg.op, groups, seg.nbytes)
+                            for seg in segs if isinstance(seg, CommSeg)),
+                        sum(seg.flops for seg in work),
+                        sum(seg.attn_flops for seg in work))
+                compute_s, comm_s, flops, attn_flops = folded
+                last[(op, g)] = b.compute(
+                    g, op.kind, str(op), prev[g], stage=op.stage, mb=op.mb, duration_s=compute_s,
+                    flops=flops, attn_flops=attn_flops, blocking_comm_s=comm_s,
+                    alloc_bytes=alloc, free_bytes=free)
+                segs_for_lanes: tuple[Segment, ...] = ()
+            else:
+                segs_for_lanes = segs
             seen_compute = 0
-            for seg in segs:
+            for seg in segs_for_lanes:
                 if isinstance(seg, CommSeg):
                     ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=f"{op} {seg.label}",
                                        op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb)
@@ -105,30 +172,53 @@ def lower(
                         "alloc_bytes": alloc if seen_compute == 1 else 0.0,
                         "free_bytes": free if seen_compute == n_compute else 0.0,
                     }
-                    ids = {g: b.compute(g, op.kind, seg.label, prev[g], flops=seg.flops,
+                    label = str(op) if seen_compute == 1 else seg.label
+                    ids = {g: b.compute(g, op.kind, label, prev[g], flops=seg.flops,
                                         hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
+                                        attn_flops=seg.attn_flops,
+                                        elementwise_bytes=seg.elementwise_bytes,
                                         stage=op.stage, mb=op.mb, **extra) for g in gpus}
                 prev = {g: (ids[g],) for g in gpus}
-            for g in gpus:
-                last[(op, g)] = prev[g][0]
-            consumer = _consumer_stage(op, S)
-            if consumer is not None and owner[consumer] != r:
-                what = "act" if op.kind == FORWARD else "grad"
+            if segs_for_lanes:
+                for g in gpus:
+                    last[(op, g)] = prev[g][0]
+            group = schedule.groups[op]  # a fused group (DualPipe F&B) sends at its end
+            for member in group if op == group[-1] else ():
+                consumer = _consumer_stage(member, S)
+                if consumer is None or owner[consumer] == r:
+                    continue
+                what = "act" if member.kind == FORWARD else "grad"
                 for t, g in enumerate(gpus):
                     dst = placement.gpu(tp=t, dp=d, pp=owner[consumer])
-                    sent[(op, dst)] = b.send(g, dst, costs.p2p_bytes(), "pp", f"{op} {what}",
-                                             (last[(op, g)],), stage=op.stage, mb=op.mb)
+                    sent[(member, dst)] = b.send(g, dst, costs.p2p_bytes(), "pp",
+                                                 f"{member} {what}", (last[(op, g)],),
+                                                 stage=member.stage, mb=member.mb)
 
-    _lower_step_end(b, schedule, costs, placement, zero_stage, last, final_op, order)
+    _lower_step_end(b, schedule, costs, placement, zero_stage, last, final_op, order, collapse)
     gpu_names = tuple(
         "gpu{} pp{} dp{} tp{}".format(g, *(placement.coords(g)[k] for k in ("pp", "dp", "tp")))
         for g in range(placement.num_gpus)
     )
-    static = tuple(
-        costs.static_bytes(_stages_of(schedule, placement.coords(g)["pp"]))
-        for g in range(placement.num_gpus)
-    )
-    return Program(placement.num_gpus, b.build(), static, schedule, gpu_names)
+    static_of_rank = [costs.static_bytes(_stages_of(schedule, r)) for r in range(pp)]
+    static = tuple(static_of_rank[placement.coords(g)["pp"]] for g in range(placement.num_gpus))
+    simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
+    return Program(placement.num_gpus, b.build(), static, schedule, gpu_names, simulated)
+
+
+def _stash_bytes(costs: CostModel, op: Op) -> float:
+    """Activation bytes ``op``'s forward stashes and its backward (and W) frees.
+
+    A Seq1F1B sequence chunk (``op.seq >= 0``) stashes its share of the
+    micro-batch's activations, given by the cost model's ``seq_chunk_share``
+    (only the synthetic model has sequence chunks for now).
+    """
+    whole = costs.activation_bytes_per_mb(op.stage)
+    if op.seq < 0:
+        return whole
+    share = getattr(costs, "seq_chunk_share", None)
+    if share is None:
+        raise ValueError(f"op {op} is a sequence chunk but {type(costs).__name__} has none")
+    return whole * share(op)
 
 
 def _stages_of(schedule: Schedule, rank: int) -> tuple[int, ...]:
@@ -144,6 +234,7 @@ def _lower_step_end(
     last: Mapping[tuple[Op, int], int],
     final_op: Mapping[int, Op],
     order: list[Op],
+    collapse: Collapse | None,
 ) -> None:
     """DP gradient collectives per stage (in the order stages finish), optimizer, ZeRO gather."""
     pp, tp, dp = placement.degree("pp"), placement.degree("tp"), placement.degree("dp")
@@ -151,30 +242,49 @@ def _lower_step_end(
     stages = sorted(final_op, key=lambda s: position[final_op[s]])
     waits: dict[int, list[int]] = {g: [] for g in range(placement.num_gpus)}
     grad_op = "reduce_scatter" if zero_stage >= 1 else "all_reduce"
+    lanes = 1 if collapse is not None else tp
+
+    def dp_collective(r: int, t: int, deps: dict[int, tuple[int, ...]], name: str, op: str,
+                      nbytes: float, stage: int = -1) -> dict[int, int]:
+        group = tuple(placement.gpu(tp=t, dp=d, pp=r) for d in range(dp))
+        if collapse is None:
+            return b.collective(group, deps, kind="dp", name=name, op=op, nbytes=nbytes,
+                                stage=stage)
+        groups = tuple(tuple(placement.gpu(tp=u, dp=d, pp=r) for d in range(dp))
+                       for u in range(tp))
+        rep = group[0]
+        return b.collective((rep,), deps, kind="dp", name=name, op=op, nbytes=nbytes,
+                            stage=stage, duration_s=collapse.collective_s(op, groups, nbytes))
+
+    def lane_gpus(r: int, t: int) -> tuple[int, ...]:
+        if collapse is not None:
+            return (placement.gpu(pp=r),)
+        return tuple(placement.gpu(tp=t, dp=d, pp=r) for d in range(dp))
+
     for s in stages:
         r = schedule.stage_rank[s]
-        for t in range(tp):
-            group = tuple(placement.gpu(tp=t, dp=d, pp=r) for d in range(dp))
-            deps = {g: (last[(final_op[s], g)],) for g in group}
+        for t in range(lanes):
+            deps = {g: (last[(final_op[s], g)],) for g in lane_gpus(r, t)}
             nbytes = costs.grad_bytes(s)
             if dp > 1 and nbytes > 0:
-                ids = b.collective(group, deps, kind="dp", name=f"stage{s} grad {grad_op}",
-                                   op=grad_op, nbytes=nbytes, stage=s)
-                for g in group:
-                    waits[g].append(ids[g])
+                ids = dp_collective(r, t, deps, f"stage{s} grad {grad_op}", grad_op, nbytes, s)
+                for g, i in ids.items():
+                    waits[g].append(i)
             else:
-                for g in group:
-                    waits[g].extend(deps[g])
+                for g, d in deps.items():
+                    waits[g].extend(d)
     for r in range(pp):
         mine = _stages_of(schedule, r)
         seg = costs.optimizer_segment(mine)
         if seg is None:
             continue
-        for t in range(tp):
-            group = tuple(placement.gpu(tp=t, dp=d, pp=r) for d in range(dp))
+        for t in range(lanes):
+            fixed = None if collapse is None else collapse.compute_s(seg)
             opt = {g: b.compute(g, "opt", "optimizer", tuple(waits[g]), flops=seg.flops,
-                                hbm_bytes=seg.hbm_bytes) for g in group}
+                                hbm_bytes=seg.hbm_bytes, elementwise_bytes=seg.elementwise_bytes,
+                                duration_s=fixed)
+                   for g in lane_gpus(r, t)}
             if zero_stage >= 1 and dp > 1:
                 nbytes = sum(costs.grad_bytes(s) for s in mine)
-                b.collective(group, {g: (opt[g],) for g in group}, kind="dp",
-                             name="param all_gather", op="all_gather", nbytes=nbytes)
+                dp_collective(r, t, {g: (i,) for g, i in opt.items()}, "param all_gather",
+                              "all_gather", nbytes)

@@ -27,7 +27,14 @@ class Compute:
     hbm_bytes: float = 0.0
     """Bytes moved to and from HBM."""
     duration_s: float | None = None
-    """Fixed duration overriding the device model (synthetic workloads)."""
+    """Fixed duration overriding the device model (synthetic workloads, collapsed ops)."""
+    attn_flops: float = 0.0
+    """Attention-core FLOPs."""
+    elementwise_bytes: float = 0.0
+    """HBM bytes of memory-bound kernels."""
+    blocking_comm_s: float = 0.0
+    """Blocking communication folded into this op (collapsed simulation), run after the compute."""
+    blocking_comm_kind: str = "tp"
     alloc_bytes: float = 0.0
     """Memory allocated when the op starts (e.g. stashed activations)."""
     free_bytes: float = 0.0
@@ -81,6 +88,8 @@ class Collective:
     """Identifies the collective instance across its members."""
     stage: int = -1
     mb: int = -1
+    duration_s: float | None = None
+    """Precomputed time (collapsed simulation): no flows are simulated for it."""
 
     @property
     def stream(self) -> str:
@@ -101,6 +110,8 @@ class Program:
     """Per-GPU memory held for the whole step (weights, gradients, optimizer state, buffers)."""
     schedule: Schedule
     gpu_names: tuple[str, ...] = ()
+    simulated_gpus: tuple[int, ...] | None = None
+    """GPUs that have instructions; None = all (a collapsed program simulates a subset)."""
     meta: dict = field(default_factory=dict, compare=False)
     """Free-form facts about the lowering (layers per stage, bytes per message...)."""
 
