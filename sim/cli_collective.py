@@ -121,7 +121,8 @@ def _cluster_mapping(path: str, op: str, algos: list[str]) -> dict:
 def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
               gpus: int | None = None) -> list[dict]:
     """Simulate ``op`` for each algorithm and size; rows as ``--json`` prints them plus
-    ``series`` (the requested algorithm, e.g. ``auto``)."""
+    ``series`` (the requested algorithm, e.g. ``auto``) and ``link_GBps`` (the smallest
+    bottleneck bandwidth between ring neighbours of the group)."""
     from sim.collectives import group_profile, resolve_algorithm
     from sim.config import parse_config
     from sim.engine import simulate_program
@@ -138,6 +139,7 @@ def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
                           f"num_gpus={cluster.num_gpus}")
     group = (0, n - 1) if op == "send" else tuple(range(n))
     profile = group_profile(cluster, group)
+    link_GBps = profile.bandwidth_Bps / 1e9
     rows = []
     for series in algos:
         for size in sizes:
@@ -150,7 +152,7 @@ def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
             algbw, busbw = bus_bandwidth(op, n, size, t)
             rows.append({"op": op, "algo": algo, "num_gpus": n, "size_bytes": size,
                          "time_s": t, "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw / 1e9,
-                         "series": series})
+                         "series": series, "link_GBps": link_GBps})
     return rows
 
 
@@ -179,7 +181,8 @@ def _cmd_collective(args: argparse.Namespace) -> int:
     if args.plot:
         from plots.collectives import plot_busbw  # matplotlib only when plotting
 
-        plot_busbw(rows, args.plot, title=f"{args.op}, {n} GPUs, {name}")
+        plot_busbw(rows, args.plot, title=f"{args.op}, {n} GPUs, {name}",
+                   reference_GBps=rows[0]["link_GBps"], reference_label="slowest ring link")
     if args.json:
         keys = ("op", "algo", "num_gpus", "size_bytes", "time_s", "algbw_GBps", "busbw_GBps")
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1) + "\n")

@@ -43,17 +43,21 @@ Pipelining. NCCL streams data through its rings and trees in small chunks, so
 each link is busy for the whole collective and latency is paid once per step.
 Plans model the limit of many chunks ("stream" granularity): a pipelined
 phase is one flow per link carrying all its bytes, delayed by the latency of
-the steps before its first byte can arrive (``Transfer.steps``). A ring
-reduce-scatter is then n flows of (n−1)/n·S bytes each paying (n−1)α; a tree
-is one flow per tree edge and direction, the reduction towards the root and
-the broadcast away from it running concurrently, an edge at depth d paying
-(H − height + 1)α going up and (H + d)α going down; NVLS is n flows up to the
-NVSwitch and n down from it. Under contention a streamed flow is shared
-max-min over its whole lifetime (NCCL's flow control would instead throttle a
-ring to its slowest link). ``granularity="step"`` instead expands ring phases
-into one transfer per step, each waiting for the previous step's chunk to
-arrive (a DAG of n·steps transfers): identical times where nothing contends,
-contention resolved step by step, and n·steps times more events.
+the hops its data crosses before that link (``Transfer.latency_s``, summed
+from the actual routes when ``plan`` gets a latency function, as the engine
+passes; else ``steps`` times the transfer's own route latency). A ring
+reduce-scatter is then n flows of (n−1)/n·S bytes, each delayed by the
+latencies of the n−1 ring edges ending with it ((n−1)α on a uniform ring); a
+tree is one flow per tree edge and direction, the reduction towards the root
+and the broadcast away from it running concurrently, a rank of subtree height
+h paying (h + 1)α to its parent and a rank at depth d receiving after
+(H + d)α; NVLS is n flows up to the NVSwitch and n down from it (α_h, 2α_h).
+Under contention a streamed flow is shared max-min over its whole lifetime
+(NCCL's flow control would instead throttle a ring to its slowest link).
+``granularity="step"`` instead expands ring phases into one transfer per step,
+each waiting for the previous step's chunk to arrive (a DAG of n·steps
+transfers): identical times on uniform contention-free rings, contention
+resolved step by step, and n·steps times more events.
 
 Algorithms outside their range: halving-doubling all-reduce on n ≠ 2^k folds
 the r = n − 2^⌊log2 n⌋ excess ranks first (rank 2i sends its buffer to 2i+1

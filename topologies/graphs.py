@@ -12,29 +12,29 @@ switches of its highest tier. NVSwitch nodes carry ``nvls`` (True when the
 switch can reduce in the network, NVLink SHARP, Hopper and later).
 
 Generators and the counts they produce (E = GPUs or NICs attached to the
-fabric, undirected links; the counting tests check every formula):
+fabric; links are undirected; the counting tests check every formula):
 
-==================  =========================================================================
-``switch``          1 switch, E links; GPU-GPU 2 hops
-``ring``            E links (1 for E = 2); diameter floor(E/2)
-``full_mesh``       E(E-1)/2 links; diameter 1
-``torus``           prod(k) GPUs, degree sum_d (2 if k_d > 2, 1 if k_d = 2, 0 if k_d = 1),
-                    diameter sum_d floor(k_d / 2) (Dally & Towles, *Principles and Practices of
-                    Interconnection Networks*, 2004, ch. 5)
-``fat-tree`` 2-tier L = ceil(E/d) leaves with d endpoint ports and u = d/o uplinks
-                    (o = oversubscription), u spines, E + L·u links, GPU-GPU diameter 4
-``fat-tree`` 3-tier pods of P leaves; u aggregation switches per pod, every leaf linked to
-                    each; u·P core switches in u planes of P, aggregation switch j linked to
-                    every core of plane j; E + L·u + pods·u·P links, diameter 6. With d = P =
-                    k/2 and o = 1 this is Al-Fares et al.'s k-ary fat-tree (SIGCOMM 2008):
-                    k pods, (k/2)^2 cores, k^3/4 hosts
-``rail-optimized``  per scalable unit of h servers, rail r's leaf links NIC r of each server
-                    (NVIDIA DGX SuperPOD reference architecture); u = h/o spines linked to every
-                    leaf
-``dragonfly``       G groups of a routers with p endpoints each, all-to-all inside a group, one
-                    global link between every pair of groups, at most h per router (Kim et al.,
-                    ISCA 2008, "absolute" arrangement); needs G - 1 <= a·h; GPU-GPU diameter 5
-==================  =========================================================================
+- ``switch``: 1 switch, E links; GPU-GPU 2 hops.
+- ``ring``: E links (1 for E = 2); diameter floor(E/2).
+- ``full_mesh``: E(E−1)/2 links; diameter 1.
+- ``torus``: prod(k) GPUs of degree sum_d (2 if k_d > 2, 1 if k_d = 2, 0 if
+  k_d = 1), diameter sum_d floor(k_d/2) (Dally & Towles, *Principles and
+  Practices of Interconnection Networks*, 2004, ch. 5).
+- ``fat-tree``, 2 tiers: L = ceil(E/d) leaves with d endpoint ports and
+  u = d/o uplinks (o = oversubscription), u spines, E + L·u links, GPU-GPU
+  diameter 4.
+- ``fat-tree``, 3 tiers: pods of P leaves; u aggregation switches per pod,
+  every leaf linked to each; u·P cores in u planes of P, aggregation switch j
+  linked to every core of plane j; E + L·u + pods·u·P links, diameter 6. With
+  d = P = k/2 and o = 1 this is Al-Fares et al.'s k-ary fat-tree (SIGCOMM
+  2008): k pods, (k/2)^2 cores, k^3/4 hosts, every switch k ports.
+- ``rail-optimized``: per scalable unit of h servers, rail r's leaf links NIC
+  r of each server (NVIDIA DGX SuperPOD reference architecture); u = h/o
+  spines linked to every leaf; diameter 6.
+- ``dragonfly``: G groups of a routers with p endpoints each, all-to-all inside
+  a group, one global link between every pair of groups, at most h per router
+  (Kim, Dally, Scott & Abts, ISCA 2008, "absolute" arrangement); needs
+  G − 1 <= a·h; GPU-GPU diameter 5.
 """
 
 from __future__ import annotations

@@ -41,14 +41,17 @@ class Placement:
             n *= size
         return n
 
+    def __post_init__(self) -> None:
+        strides, stride = {}, 1
+        for dim, size in self.sizes:
+            strides[dim] = stride
+            stride *= size
+        object.__setattr__(self, "_strides", tuple(strides[d] for d in DIMS))
+
     def gpu(self, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
         """GPU rank of a coordinate."""
-        coord = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
-        rank, stride = 0, 1
-        for dim, size in self.sizes:
-            rank += coord[dim] * stride
-            stride *= size
-        return rank
+        s_tp, s_cp, s_dp, s_pp = self._strides
+        return tp * s_tp + cp * s_cp + dp * s_dp + pp * s_pp
 
     def coords(self, gpu: int) -> dict[str, int]:
         """Coordinate of a GPU rank, inverse of :meth:`gpu`."""

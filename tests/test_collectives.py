@@ -1,0 +1,414 @@
+"""Collective algorithms on the flow-level engine: closed forms, busbw, contention, selection."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.collectives import (
+    ALGORITHMS_BY_OP,
+    alpha_beta_time,
+    btree,
+    bus_bandwidth,
+    dtree,
+    group_profile,
+    plan,
+    select_algorithm,
+    tree_shape,
+)
+from sim.config import parse_config
+from sim.engine import simulate_program
+from sim.errors import ConfigError
+from sim.experiment import build_cluster
+from topologies.cluster import Cluster
+from topologies.hardware import GPUS
+from topologies.presets import CollectiveSettings, explicit_cluster, server_cluster
+from workloads.program import Program, ProgramBuilder
+from workloads.schedules import gpipe
+
+A100 = GPUS["A100-80GB"]
+REL = 1e-9
+GiB = 2**30
+
+SWITCH_CASES = [("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather", "ring"),
+                ("all_reduce", "halving_doubling"), ("all_to_all", "pairwise"),
+                ("broadcast", "ring"), ("reduce", "ring"), ("send", "p2p")]
+"""(op, algo) pairs that are contention-free on a single switch (one flow per port per step)."""
+
+
+def _cluster(topology: str, n: int, B: float, lat: float, granularity: str = "stream",
+             **shape: object) -> Cluster:
+    return explicit_cluster(topology, n, A100, B, lat,
+                            collectives=CollectiveSettings(granularity=granularity), **shape)
+
+
+def _ends(cluster: Cluster, collectives: list[tuple]) -> dict[str, float]:
+    """Run collectives ``(name, kind, op, algo, group, nbytes)`` at once; end time per name."""
+    b = ProgramBuilder()
+    for name, kind, op, algo, group, nbytes in collectives:
+        if op == "send_p2p":
+            b.send(group[0], group[1], nbytes, kind, name, ())
+        else:
+            b.collective(tuple(group), {}, kind=kind, name=name, op=op, nbytes=nbytes, algo=algo)
+    n = cluster.num_gpus
+    tl = simulate_program(Program(n, b.build(), (0.0,) * n, gpipe(1, 1)), cluster, lambda _: 0.0)
+    ends: dict[str, float] = {}
+    for span in tl.spans:
+        ends[span.name] = max(ends.get(span.name, 0.0), span.end_s)
+    return ends
+
+
+def _time(cluster: Cluster, op: str, algo: str, group, nbytes: float) -> float:
+    group = (group[0], group[-1]) if op == "send" else tuple(group)
+    return _ends(cluster, [("c", "dp", op, algo, group, nbytes)])["c"]
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+@pytest.mark.parametrize("granularity", ["stream", "step"])
+@pytest.mark.parametrize(("op", "algo"), SWITCH_CASES)
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 8, 16])
+def test_closed_forms_on_a_switch(granularity: str, op: str, algo: str, n: int) -> None:
+    """On one switch every GPU-GPU route is 2 hops: α = 2·hop latency, B = the link rate."""
+    if algo == "halving_doubling" and op != "all_reduce" and n & (n - 1):
+        pytest.skip("power-of-two only")
+    B, lat, S = 25e9, 1.5e-6, 3.3e8
+    cluster = _cluster("switch", n, B, lat, granularity)
+    t = _time(cluster, op, algo, range(n), S)
+    assert t == pytest.approx(alpha_beta_time(op, algo, n, S, 2 * lat, B), rel=REL)
+
+
+@pytest.mark.parametrize("op", ["reduce_scatter", "all_gather"])
+@pytest.mark.parametrize("n", [4, 8, 16])
+def test_halving_doubling_reduce_scatter_all_gather(op: str, n: int) -> None:
+    B, lat, S = 50e9, 2e-6, 1e9
+    t = _time(_cluster("switch", n, B, lat), op, "halving_doubling", range(n), S)
+    k = int(math.log2(n))
+    assert t == pytest.approx(k * 2 * lat + (n - 1) / n * S / B, rel=REL)
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 12])
+def test_halving_doubling_folds_non_powers_of_two(n: int) -> None:
+    """Fold the n − 2^k excess ranks in and out: + 2(α + S/B) (Thakur et al. 2005)."""
+    B, alpha, S = 25e9, 2e-6, 1e8
+    pw = 1 << (n.bit_length() - 1)
+    t = _time(_cluster("switch", n, B, alpha / 2), "all_reduce", "halving_doubling", range(n), S)
+    expected = (2 * math.log2(pw) * alpha + 2 * (pw - 1) / pw * S / B + 2 * (alpha + S / B))
+    assert t == pytest.approx(expected, rel=REL)
+
+
+@pytest.mark.parametrize("granularity", ["stream", "step"])
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize(("n1", "n2"), [(4, 2), (8, 4), (2, 3), (1, 4), (4, 1)])
+def test_hierarchical_matches_references_formula(granularity: str, op: str, n1: int,
+                                                 n2: int) -> None:
+    """REFERENCES.md: 2(n1−1)α1 + 2(n2−1)α2 + 2(n1−1)/n1·S/B1 + 2(n2−1)/n2·S/(n1·B2)."""
+    B1, B2, nv_lat, lat, S = 300e9, 25e9, 1.7e-6, 2.4e-6, 2e9
+    n = n1 * n2
+    shape = {"gpus_per_node": n1, "nvlink_bandwidth_Bps": B1, "nvlink_latency_s": nv_lat}
+    cluster = _cluster("switch", n, B2, lat, granularity, **shape)
+    t = _time(cluster, op, "hierarchical", range(n), S)
+    # intra: gpu-nvswitch-gpu; inter: gpu-nic-fabric-nic-gpu (gpu-switch-gpu without servers)
+    inter = 4 * lat if n1 > 1 else 2 * lat
+    expected = alpha_beta_time(op, "hierarchical", n, S, 2 * nv_lat, B1, gpus_per_node=n1,
+                               alpha_inter=inter, bandwidth_inter=B2)
+    assert t == pytest.approx(expected, rel=REL)
+    if op == "all_reduce":
+        refs = (2 * (n1 - 1) * 2 * nv_lat + 2 * (n2 - 1) * inter
+                + 2 * (n1 - 1) / n1 * S / B1 + 2 * (n2 - 1) / n2 * S / (n1 * B2))
+        assert t == pytest.approx(refs, rel=REL)
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                "reduce"])
+@pytest.mark.parametrize("n", [2, 4, 8, 72])
+def test_nvls_closed_form(op: str, n: int) -> None:
+    """Up to the NVSwitch and back: all-reduce 2α_h + S/B, where 2α_h is one GPU-GPU step."""
+    B, hop, S = 450e9, 1.7e-6, 1e9
+    cluster = _cluster("switch", n, 50e9, 1e-6, gpus_per_node=n, nvlink_bandwidth_Bps=B,
+                       nvlink_latency_s=hop, nvls=True)
+    t = _time(cluster, op, "nvls", range(n), S)
+    assert t == pytest.approx(alpha_beta_time(op, "nvls", n, S, hop, B), rel=REL)
+    if op == "all_reduce":
+        assert t == pytest.approx(2 * hop + S / B, rel=REL)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13, 16, 32])
+def test_double_binary_tree_closed_form_terms(n: int) -> None:
+    """2·H·α + L·(S/2)/B: exact with no latency (bandwidth term, single-port switch) and
+    with infinite bandwidth (latency term); in between it bounds the flow-level time."""
+    height, load = tree_shape(n)
+    B, lat, S = 25e9, 1e-6, 1e8
+    bw_only = _time(_cluster("switch", n, B, 0.0), "all_reduce", "tree", range(n), S)
+    assert bw_only == pytest.approx(load * (S / 2) / B, rel=REL)
+    lat_only = _time(_cluster("switch", n, math.inf, lat), "all_reduce", "tree", range(n), S)
+    assert lat_only == pytest.approx(2 * height * 2 * lat, rel=REL)
+    both = _time(_cluster("switch", n, B, lat), "all_reduce", "tree", range(n), S)
+    assert max(bw_only, lat_only) <= both * (1 + REL)
+    assert both <= alpha_beta_time("all_reduce", "tree", n, S, 2 * lat, B) * (1 + REL)
+
+
+def test_nccl_btree_and_dtree_shapes() -> None:
+    """NCCL's trees.cc illustration for 14 ranks: 0 - 8, 8 -> 4, 12; 12 -> 10, 13."""
+    assert btree(14, 0) == (-1, (8,))
+    assert btree(14, 8) == (0, (4, 12))
+    assert btree(14, 12) == (8, (10, 13))
+    assert btree(14, 13) == (12, ())
+    for n in range(1, 70):
+        for tree in dtree(n):
+            assert sum(parent < 0 for parent, _ in tree.values()) == 1
+            for r, (_, children) in tree.items():
+                assert all(tree[c][0] == r for c in children)
+        first, second = dtree(n)
+        if n > 2 and n % 2 == 0:  # each rank is an inner node of at most one tree
+            assert all(not (first[r][1] and second[r][1]) for r in range(n))
+    assert tree_shape(8) == (3, 4) and tree_shape(1024) == (10, 4)
+
+
+def test_step_latency_and_launch_latency() -> None:
+    n, B, lat, S, step, launch = 4, 10e9, 1e-6, 4e8, 3e-6, 8.4e-6
+    cluster = explicit_cluster("switch", n, A100, B, lat, launch,
+                               collectives=CollectiveSettings(step_s=step))
+    t = _time(cluster, "all_reduce", "ring", range(n), S)
+    assert t == pytest.approx(launch + 2 * (n - 1) * (2 * lat + step) + 2 * (n - 1) / n * S / B,
+                              rel=REL)
+
+
+# ---------------------------------------------------------------- differential (flow vs α-β)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(SWITCH_CASES), st.integers(2, 12), st.floats(1.0, 1e10),
+       st.floats(0.0, 1e-4), st.floats(1e8, 1e12), st.sampled_from(["stream", "step"]))
+def test_flow_level_agrees_with_alpha_beta_where_nothing_contends(
+        case: tuple[str, str], n: int, S: float, hop: float, B: float, gran: str) -> None:
+    op, algo = case
+    if algo == "halving_doubling" and op != "all_reduce" and n & (n - 1):
+        return
+    t = _time(_cluster("switch", n, B, hop, gran), op, algo, range(n), S)
+    assert t == pytest.approx(alpha_beta_time(op, algo, n, S, 2 * hop, B), rel=REL, abs=1e-15)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.floats(1e3, 1e10), st.floats(0.0, 1e-5),
+       st.floats(1e9, 1e11), st.sampled_from(["all_reduce", "reduce_scatter", "all_gather"]))
+def test_hierarchical_flow_vs_alpha_beta(n1: int, n2: int, S: float, lat: float, B2: float,
+                                         op: str) -> None:
+    n = n1 * n2
+    if n < 2:
+        return
+    shape = {"gpus_per_node": n1, "nvlink_bandwidth_Bps": 8 * B2, "nvlink_latency_s": lat / 2}
+    t = _time(_cluster("switch", n, B2, lat, **shape), op, "hierarchical", range(n), S)
+    expected = alpha_beta_time(op, "hierarchical", n, S, lat, 8 * B2, gpus_per_node=n1,
+                               alpha_inter=4 * lat if n1 > 1 else 2 * lat, bandwidth_inter=B2)
+    assert t == pytest.approx(expected, rel=REL, abs=1e-15)
+
+
+# ---------------------------------------------------------------- bus bandwidth
+
+
+def test_ring_busbw_tends_to_link_bandwidth() -> None:
+    B, n = 25e9, 8
+    cluster = _cluster("ring", n, B, 2e-6)
+    busbw = [bus_bandwidth("all_reduce", n, S, _time(cluster, "all_reduce", "ring", range(n),
+                                                     S))[1]
+             for S in (2.0**k for k in range(10, 33, 2))]
+    assert all(a < b < B for a, b in zip(busbw, busbw[1:], strict=False))
+    assert busbw[-1] > 0.999 * B
+
+
+def test_nvls_busbw_exceeds_link_bandwidth() -> None:
+    cluster = server_cluster("dgx-h100", 8)
+    link = GPUS["H100"].nvlink_bandwidth_Bps
+    t_nvls = _time(cluster, "all_reduce", "nvls", range(8), GiB)
+    t_ring = _time(cluster, "all_reduce", "ring", range(8), GiB)
+    nvls = bus_bandwidth("all_reduce", 8, GiB, t_nvls)[1]
+    ring = bus_bandwidth("all_reduce", 8, GiB, t_ring)[1]
+    assert ring < link < nvls
+    assert nvls > 1.7 * link  # → 2(n−1)/n · B = 1.75 B for large buffers
+
+
+# ---------------------------------------------------------------- contention
+
+
+@pytest.mark.parametrize("granularity", ["stream", "step"])
+def test_two_rings_on_the_same_links_halve_each_others_bandwidth(granularity: str) -> None:
+    n, B, lat, S = 4, 10e9, 1e-6, 1e8
+    cluster = _cluster("ring", n, B, lat, granularity)
+    ends = _ends(cluster, [("a", "dp", "all_reduce", "ring", range(n), S),
+                           ("b", "tp", "all_reduce", "ring", range(n), S)])
+    expected = 2 * (n - 1) * lat + 2 * (n - 1) / n * S / (B / 2)
+    assert ends["a"] == pytest.approx(expected, rel=REL)
+    assert ends["b"] == pytest.approx(expected, rel=REL)
+
+
+def test_ring_slowed_by_a_send_through_one_of_its_links() -> None:
+    """Ring 0-1-2-3 on a switch plus a send 4->1 of half a ring edge's bytes R: the switch->1
+    link is shared, both get B/2 until the send ends at R/B, then the ring edge has R/2 left at
+    B: the collective ends at 1.5 R/B, the send at R/B (max-min, Bertsekas & Gallager)."""
+    n, B, S = 4, 10e9, 4e8
+    R = 2 * (n - 1) / n * S
+    cluster = _cluster("switch", 5, B, 0.0)
+    ends = _ends(cluster, [("ring", "dp", "all_reduce", "ring", range(n), S),
+                           ("send", "pp", "send_p2p", "", (4, 1), R / 2)])
+    assert ends["send"] == pytest.approx(R / B, rel=REL)
+    assert ends["ring"] == pytest.approx(1.5 * R / B, rel=REL)
+
+
+def _cross_pod_ring(oversubscription: float, order: list[int], S: float = GiB,
+                    lat: float = 0.0) -> float:
+    cluster = _cluster("fat-tree", 8, 25e9, lat,
+                       fabric=_fabric(oversubscription))
+    t = _time(cluster, "all_reduce", "ring", order, S)
+    return bus_bandwidth("all_reduce", 8, S, t)[1]
+
+
+def _fabric(oversubscription: float):
+    from topologies.graphs import Fabric
+
+    return Fabric("fat-tree", gpus_per_leaf=4, oversubscription=oversubscription)
+
+
+def test_oversubscribed_fat_tree_halves_busbw_of_uplink_saturating_all_reduce() -> None:
+    """Every hop of the ring 0,4,1,5,2,6,3,7 crosses pods: 4 flows leave each leaf. At 1:1 they
+    spread over 4 spines (D-mod-k), at 2:1 two share each uplink: exactly half the busbw."""
+    crossing = [0, 4, 1, 5, 2, 6, 3, 7]
+    full, half = _cross_pod_ring(1.0, crossing), _cross_pod_ring(2.0, crossing)
+    assert half / full == pytest.approx(0.5, rel=REL)
+    with_latency = _cross_pod_ring(2.0, crossing, lat=1e-6) / _cross_pod_ring(1.0, crossing,
+                                                                                lat=1e-6)
+    assert with_latency == pytest.approx(0.5, rel=1e-3)
+
+
+def test_oversubscription_does_not_slow_a_ring_crossing_pods_once() -> None:
+    """REFERENCES.md's trap: a rank-order ring crosses pods through one uplink per leaf."""
+    order = list(range(8))
+    assert _cross_pod_ring(2.0, order) == pytest.approx(_cross_pod_ring(1.0, order), rel=REL)
+
+
+def test_oversubscribed_dgx_fabric_from_config() -> None:
+    """Two DGX H100 servers on a fat-tree with one server per leaf; a ring alternating between
+    the servers sends 8 flows through each leaf's uplinks: 2:1 halves the busbw."""
+    def busbw(ratio: float) -> float:
+        cluster = build_cluster(parse_config({
+            "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0}},
+            "cluster": {"preset": "dgx-h100", "num_gpus": 16, "topology": "fat-tree",
+                        "gpus_per_leaf": 8, "oversubscription": ratio}}))
+        order = [g for pair in zip(range(8), range(8, 16), strict=True) for g in pair]
+        return bus_bandwidth("all_reduce", 16, 4 * GiB,
+                             _time(cluster, "all_reduce", "ring", order, 4 * GiB))[1]
+    assert busbw(2.0) / busbw(1.0) == pytest.approx(0.5, rel=5e-3)
+
+
+def test_concurrent_rail_all_reduces_share_oversubscribed_uplinks() -> None:
+    """Four 2-GPU all-reduces across pods at once (one per rail): at 2:1 two flows share each
+    uplink, so each takes exactly twice as long as at 1:1."""
+    groups = [(i, i + 4) for i in range(4)]
+
+    def ends(ratio: float) -> list[float]:
+        cluster = _cluster("fat-tree", 8, 25e9, 0.0, fabric=_fabric(ratio))
+        out = _ends(cluster, [(f"g{i}", kind, "all_reduce", "ring", g, 1e9)
+                              for i, (g, kind) in enumerate(zip(groups, ("dp", "tp", "cp", "ep"),
+                                                                strict=True))])
+        return [out[f"g{i}"] for i in range(4)]
+    for slow, fast in zip(ends(2.0), ends(1.0), strict=True):
+        assert slow == pytest.approx(2 * fast, rel=REL)
+
+
+# ---------------------------------------------------------------- plans
+
+
+def test_plan_sizes_and_bytes() -> None:
+    n, S = 8, 8e6
+    ranks = tuple(range(n))
+    ring_step = plan("all_reduce", "ring", ranks, S)
+    ring_stream = plan("all_reduce", "ring", ranks, S, granularity="stream")
+    assert len(ring_step) == 2 * (n - 1) * n and len(ring_stream) == n
+    assert sum(t.nbytes for t in ring_step) == pytest.approx(sum(t.nbytes for t in ring_stream))
+    assert {t.steps for t in ring_stream} == {2 * (n - 1)}
+    assert len(plan("all_reduce", "halving_doubling", ranks, S)) == 2 * 3 * n
+    assert len(plan("all_to_all", "pairwise", ranks, S)) == n * (n - 1)
+    assert len(plan("all_reduce", "tree", ranks, S)) == 2 * 2 * (n - 1)
+    nvls = plan("all_reduce", "nvls", ranks, S, nvswitch="sw")
+    assert len(nvls) == 2 * n and sum(t.dst == "sw" for t in nvls) == n
+    assert plan("send", "p2p", (3, 5), S)[0] == plan("send", "p2p", (3, 5), S)[0]
+    assert plan("all_reduce", "ring", (5,), S) == ()
+    hier = plan("all_reduce", "hierarchical", ranks, S, host_of={r: r // 4 for r in ranks})
+    # 2 intra phases x 2 hosts x 4 ranks x 3 steps x S/4, 4 inter rings x 2 ranks x 2 steps x S/8
+    assert sum(t.nbytes for t in hier) == pytest.approx(2 * 2 * 4 * 3 * S / 4 + 4 * 2 * 2 * S / 8)
+
+
+def test_plan_latencies_follow_the_pipeline() -> None:
+    """With a latency function a streamed ring edge waits for the edges before it."""
+    lat = {(0, 1): 1.0, (1, 2): 2.0, (2, 0): 4.0}
+    ring = plan("reduce_scatter", "ring", (0, 1, 2), 3.0, granularity="stream",
+                latency=lambda a, b: lat[(a, b)])
+    assert [t.latency_s for t in ring] == [1.0 + 4.0, 2.0 + 1.0, 4.0 + 2.0]
+    chain = plan("broadcast", "ring", (0, 1, 2), 3.0, latency=lambda a, b: lat[(a, b)])
+    assert [t.latency_s for t in chain] == [1.0, 3.0]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "match"), [
+    (("all_reduce", "nvls", (0, 1, 2), 1.0), {}, "one NVSwitch"),
+    (("reduce_scatter", "halving_doubling", (0, 1, 2), 1.0), {}, "power-of-two"),
+    (("all_reduce", "hierarchical", (0, 1, 2), 1.0), {"host_of": {0: 0, 1: 0, 2: 1}},
+     "same number of ranks"),
+    (("all_reduce", "hierarchical", (0, 1), 1.0), {}, "host_of"),
+    (("all_to_all", "ring", (0, 1), 1.0), {}, "does not implement all_to_all"),
+    (("all_reduce", "fastest", (0, 1), 1.0), {}, "'fastest'"),
+    (("gather", "ring", (0, 1), 1.0), {}, "'gather'"),
+    (("send", "p2p", (0, 1, 2), 1.0), {}, "exactly"),
+    (("all_reduce", "ring", (0, 0), 1.0), {}, "repeats"),
+])
+def test_plan_errors(args: tuple, kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        plan(*args, **kwargs)
+
+
+# ---------------------------------------------------------------- selection and overrides
+
+
+def test_default_selection_is_nccl_like() -> None:
+    a100 = server_cluster("dgx-a100-80g", 64)
+    h100 = server_cluster("dgx-h100", 64)
+    node, pod = tuple(range(8)), tuple(range(64))
+    assert select_algorithm("all_reduce", 1e3, group_profile(a100, node)) == "tree"
+    assert select_algorithm("all_reduce", 1e9, group_profile(a100, node)) == "ring"
+    assert select_algorithm("all_reduce", 1e3, group_profile(a100, pod)) == "tree"
+    assert select_algorithm("all_reduce", 1e9, group_profile(a100, pod)) == "hierarchical"
+    assert select_algorithm("all_reduce", 1e6, group_profile(h100, node)) == "nvls"
+    assert select_algorithm("all_gather", 1e9, group_profile(a100, pod)) == "hierarchical"
+    assert select_algorithm("all_to_all", 1e9, group_profile(a100, pod)) == "pairwise"
+    ideal = explicit_cluster("switch", 8, A100, math.inf, 0.0)
+    assert select_algorithm("all_reduce", 1e9, group_profile(ideal, node)) == "ring"
+    for op, algos in ALGORITHMS_BY_OP.items():
+        assert select_algorithm(op, 1e6, group_profile(h100, (0, 9))) in algos
+
+
+def test_auto_and_cluster_overrides_pick_the_algorithm() -> None:
+    n, S = 8, 1e4
+    auto = _time(server_cluster("dgx-a100-80g", n), "all_reduce", "auto", range(n), S)
+    tree = _time(server_cluster("dgx-a100-80g", n), "all_reduce", "tree", range(n), S)
+    assert auto == pytest.approx(tree, rel=REL)
+    forced = server_cluster("dgx-a100-80g", n,
+                            collectives=CollectiveSettings(algos={"all_reduce": "ring"}))
+    ring = _time(server_cluster("dgx-a100-80g", n), "all_reduce", "ring", range(n), S)
+    assert _time(forced, "all_reduce", "tree", range(n), S) == pytest.approx(ring, rel=REL)
+    assert ring > tree
+
+
+def test_sim_run_uses_cluster_collective_overrides() -> None:
+    from sim.api import simulate
+    from sim.experiment import build_experiment
+
+    data = {"model": {"synthetic": {"forward_ms": 1.0, "backward_ms": 2.0, "grad_MB": 50.0}},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
+            "parallel": {"dp": 16, "zero_stage": 0}, "training": {"global_batch_size": 16}}
+    base = simulate(build_experiment(data)).stats["step_time_s"]
+    data["cluster"]["collectives"] = {"all_reduce": "hierarchical"}
+    fast = simulate(build_experiment(data)).stats["step_time_s"]
+    assert fast < base
