@@ -75,7 +75,7 @@ def load_experiment(path: str | Path) -> Experiment:
     return Experiment.from_yaml(path)
 
 
-def _facts(exp: Experiment, fidelity: str) -> RunFacts:
+def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
     pl = exp.placement
     layout = {"tp": pl.degree("tp"), "pp": pl.degree("pp"), "dp": pl.degree("dp"),
               "cp": pl.degree("cp"), "vpp": exp.schedule.chunks_per_rank}
@@ -96,6 +96,8 @@ def _facts(exp: Experiment, fidelity: str) -> RunFacts:
         memory_capacity_bytes=exp.cluster.gpu.hbm_capacity_bytes,
         tokens_per_step=exp.tokens_per_step,
         model_flops_per_step=exp.model_flops_per_step,
+        reserved_bytes=0.0 if exp.model is None else profile.reserved_bytes,
+        fragmentation=0.0 if exp.model is None else profile.fragmentation,
         extra=extra,
     )
 
@@ -124,7 +126,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         if item.duration_s is not None:
             return item.duration_s
         return compute_time_s(gpu, profile, item.flops, item.hbm_bytes, item.attn_flops,
-                              item.elementwise_bytes, kernel)
+                              item.elementwise_bytes, kernel, item.gemm_dims)
 
     if fidelity == "auto":
         fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS else "collapsed"
@@ -134,4 +136,4 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse)
     timeline = simulate_program(program, exp.cluster, work_time)
-    return Result(exp, program, timeline, compute_stats(timeline, _facts(exp, fidelity)))
+    return Result(exp, program, timeline, compute_stats(timeline, _facts(exp, fidelity, profile)))

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from sim.cli_collective import register as register_collective
 from sim.cli_compare import register as register_compare
+from sim.cli_validate import register as register_validate
 from sim.errors import SimError
 
 
@@ -56,7 +57,7 @@ def summary_table(stats: dict) -> str:
 def _cmd_run(args: argparse.Namespace) -> int:
     from sim.api import load_experiment, simulate
 
-    result = simulate(load_experiment(args.file))
+    result = simulate(load_experiment(args.file), fidelity=args.fidelity)
     if args.out:
         paths = result.write(args.out, plot=not args.no_plot)
     if args.json:
@@ -77,9 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", metavar="DIR", help="write stats.json, trace.json, timeline.png")
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
     run.add_argument("--no-plot", action="store_true", help="with --out, skip timeline.png")
+    run.add_argument("--fidelity", choices=("auto", "full", "collapsed"), default="auto",
+                     help="full: every GPU and flow; collapsed: one GPU per pipeline rank with "
+                     "collectives timed on the topology; auto: full up to 64 GPUs")
     run.set_defaults(func=_cmd_run)
     register_compare(sub)
     register_collective(sub)
+    register_validate(sub)
     return parser
 
 

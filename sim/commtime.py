@@ -34,6 +34,13 @@ class CollectiveTimer:
         cached = self._cache.get(key)
         if cached is not None:
             return cached
+        if op == "send":  # groups are (src, dst) pairs sending at once
+            flows = []
+            for src, dst in groups:
+                route = self.cluster.route(src, dst)
+                flows.append((route.latency_s, route.links, nbytes))
+            t = self._cache[key] = makespan_s(flows, self.cluster.link_bandwidth_Bps)
+            return t
         if self.algo == "ring" and op in RING_STEPS:
             t = self._ring_time(op, groups, nbytes)
             self._cache[key] = t

@@ -24,6 +24,10 @@ class DeviceProfile:
 
     gemm_efficiency: float = 0.80
     """Fraction of dense BF16 peak that large training GEMMs reach (cuBLAS on A100/H100)."""
+    gemm_half_dim: float = 0.0
+    """Smallest GEMM dimension at which a GEMM reaches half of ``gemm_efficiency``:
+    η(d) = gemm_efficiency · d / (d + gemm_half_dim). Thin TP shards and short
+    micro-batches fill fewer tiles and waves (0 = no shape dependence)."""
     flash2_efficiency: float = 0.60
     """FlashAttention-2, forward and backward averaged (Dao 2023 reports 50-73% on A100)."""
     flash1_efficiency: float = 0.40
@@ -34,7 +38,22 @@ class DeviceProfile:
     """Fraction of HBM bandwidth that streaming kernels reach (STREAM-like)."""
     elementwise_efficiency: float = 0.70
     """Fraction of HBM bandwidth that eager element-wise kernels reach."""
-    source: str = "uncalibrated defaults (see sim/calibration.py for fitted values)"
+    reserved_bytes: float = 2.0 * 2**30
+    """Memory the framework holds outside tensors: CUDA context, NCCL and cuBLAS
+    workspaces (about 0.5-1 GiB of context on A100/H100, plus buffers)."""
+    fragmentation: float = 0.05
+    """Allocator overhead as a fraction of tracked tensor memory (caching allocator slack)."""
+    source: str = "defaults from vendor and library documentation, not fitted"
+
+    def gemm_time_s(self, flops: float, dims: tuple[tuple[float, float], ...],
+                    peak_flops: float) -> float:
+        """Time of GEMMs doing ``flops`` in all, split by smallest dimension in ``dims``."""
+        shaped = sum(f for _, f in dims)
+        t = max(flops - shaped, 0.0) / (peak_flops * self.gemm_efficiency)
+        for dim, f in dims:
+            eff = self.gemm_efficiency * dim / (dim + self.gemm_half_dim)
+            t += f / (peak_flops * eff)
+        return t
 
     def attention_efficiency(self, kernel: str) -> float:
         if kernel == "flash2":
@@ -52,12 +71,13 @@ def compute_time_s(
     attn_flops: float = 0.0,
     elementwise_bytes: float = 0.0,
     attention_kernel: str = "flash2",
+    gemm_dims: tuple[tuple[float, float], ...] = (),
 ) -> float:
     """Time of a run of kernels doing the given work on ``gpu``."""
     peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bandwidth_Bps
     t = 0.0
     if flops or hbm_bytes:
-        t = max(flops / (peak * profile.gemm_efficiency),
+        t = max(profile.gemm_time_s(flops, gemm_dims, peak),
                 hbm_bytes / (hbm * profile.hbm_efficiency))
     if attn_flops:
         t += attn_flops / (peak * profile.attention_efficiency(attention_kernel))

@@ -120,7 +120,10 @@ class _Run:
 
     def _send(self, ins: Send) -> Generator:
         start = self.env.now
-        yield from self.transfer(ins.gpu, ins.dst, ins.nbytes)
+        if ins.duration_s is not None:  # precomputed (collapsed simulation)
+            yield self.env.timeout(ins.duration_s)
+        else:
+            yield from self.transfer(ins.gpu, ins.dst, ins.nbytes)
         end = self.env.now
         self.spans.append(Span(ins.gpu, ins.stream, ins.kind, ins.name, start, end, ins.stage,
                                ins.mb))

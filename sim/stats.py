@@ -20,6 +20,10 @@ class RunFacts:
     memory_capacity_bytes: float
     tokens_per_step: float | None
     model_flops_per_step: float | None
+    reserved_bytes: float = 0.0
+    """Per-GPU memory outside tracked tensors (CUDA context, workspaces)."""
+    fragmentation: float = 0.0
+    """Allocator overhead as a fraction of tracked memory."""
     extra: tuple[tuple[str, object], ...] = ()
     """Descriptive keys copied into the stats (layout, schedule, ...)."""
 
@@ -81,7 +85,8 @@ def compute_stats(timeline: Timeline, facts: RunFacts) -> dict:
             comm = _union((s.start_s, s.end_s) for s in spans if s.kind == kind)
             total += _minus(comm, busy[g]) if comm else 0.0
         exposed[kind] = total / len(gpus)
-    peaks = {g: timeline.peak_memory_bytes(g) for g in gpus}
+    peaks = {g: timeline.peak_memory_bytes(g) * (1 + facts.fragmentation) + facts.reserved_bytes
+             for g in gpus}
     pp = max(facts.pipeline_rank) + 1 if facts.pipeline_rank else 1
     per_stage = [max(p for g, p in peaks.items() if facts.pipeline_rank[g] == r) / GiB
                  for r in range(pp)]

@@ -40,6 +40,18 @@ class ComputeSeg:
     """Attention-core FLOPs (QK^T, softmax·V) the attention kernel executes."""
     elementwise_bytes: float = 0.0
     """HBM bytes of memory-bound kernels: norms, residual adds, activations, softmax, RoPE."""
+    gemm_dims: tuple[tuple[float, float], ...] = ()
+    """``(smallest GEMM dimension, FLOPs)`` pairs splitting ``flops`` by GEMM shape, so the
+    device model can apply shape-dependent efficiency (thin TP shards run below peak)."""
+
+
+def merge_dims(*parts: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+    """Sum FLOPs of equal GEMM dimensions; sorted by dimension (deterministic)."""
+    acc: dict[float, float] = {}
+    for part in parts:
+        for dim, flops in part:
+            acc[dim] = acc.get(dim, 0.0) + flops
+    return tuple(sorted(acc.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +176,8 @@ def fuse_compute(segs: list[Segment], op_name: str) -> list[Segment]:
             out[-1] = ComputeSeg(prev.label, prev.flops + seg.flops,
                                  prev.hbm_bytes + seg.hbm_bytes, None,
                                  prev.attn_flops + seg.attn_flops,
-                                 prev.elementwise_bytes + seg.elementwise_bytes)
+                                 prev.elementwise_bytes + seg.elementwise_bytes,
+                                 merge_dims(prev.gemm_dims, seg.gemm_dims))
         else:
             out.append(seg)
     if out and isinstance(out[0], ComputeSeg):

@@ -113,14 +113,16 @@ def lower(
     def tp_gpus(r: int, d: int) -> list[int]:
         return [placement.gpu(tp=t, dp=d, pp=r) for t in range(tp_lanes)]
 
-    seg_cache: dict[Op, tuple[Segment, ...]] = {}
+    seg_cache: dict[Op, tuple[tuple[Segment, ...], int]] = {}
     fold_cache: dict[Op, tuple[float, float, float, float]] = {}
+    send_cache: dict[tuple[int, int], float] = {}
     for op in order:
         r = owner[op.stage]
         generic = replace(op, mb=0)  # an op's work does not depend on its micro-batch index
-        segs = seg_cache.get(generic)
-        if segs is None:
-            segs = seg_cache[generic] = costs.op_segments(generic, split)
+        if generic not in seg_cache:
+            segs = costs.op_segments(generic, split)
+            seg_cache[generic] = (segs, sum(isinstance(s, ComputeSeg) for s in segs))
+        segs, n_compute = seg_cache[generic]
         act = _stash_bytes(costs, op)
         alloc = act if op.kind == FORWARD else 0.0
         if op.kind == BACKWARD:
@@ -129,7 +131,6 @@ def lower(
             free = act * costs.w_retained_fraction
         else:
             free = 0.0
-        n_compute = sum(isinstance(s, ComputeSeg) for s in segs)
         for d in range(dp_lanes):
             gpus = tp_gpus(r, d)
             prev: dict[int, tuple[int, ...]] = {}
@@ -175,7 +176,7 @@ def lower(
                     label = str(op) if seen_compute == 1 else seg.label
                     ids = {g: b.compute(g, op.kind, label, prev[g], flops=seg.flops,
                                         hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
-                                        attn_flops=seg.attn_flops,
+                                        attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
                                         elementwise_bytes=seg.elementwise_bytes,
                                         stage=op.stage, mb=op.mb, **extra) for g in gpus}
                 prev = {g: (ids[g],) for g in gpus}
@@ -188,11 +189,22 @@ def lower(
                 if consumer is None or owner[consumer] == r:
                     continue
                 what = "act" if member.kind == FORWARD else "grad"
+                fixed = None
+                if collapse is not None:  # every replica's message crosses at once
+                    link = (r, owner[consumer])
+                    if link not in send_cache:
+                        pairs = tuple((placement.gpu(tp=u, dp=e, pp=r),
+                                       placement.gpu(tp=u, dp=e, pp=owner[consumer]))
+                                      for e in range(dp) for u in range(tp))
+                        send_cache[link] = collapse.collective_s("send", pairs,
+                                                                 costs.p2p_bytes())
+                    fixed = send_cache[link]
                 for t, g in enumerate(gpus):
                     dst = placement.gpu(tp=t, dp=d, pp=owner[consumer])
                     sent[(member, dst)] = b.send(g, dst, costs.p2p_bytes(), "pp",
                                                  f"{member} {what}", (last[(op, g)],),
-                                                 stage=member.stage, mb=member.mb)
+                                                 stage=member.stage, mb=member.mb,
+                                                 duration_s=fixed)
 
     _lower_step_end(b, schedule, costs, placement, zero_stage, last, final_op, order, collapse)
     gpu_names = tuple(

@@ -30,6 +30,8 @@ class Compute:
     """Fixed duration overriding the device model (synthetic workloads, collapsed ops)."""
     attn_flops: float = 0.0
     """Attention-core FLOPs."""
+    gemm_dims: tuple[tuple[float, float], ...] = ()
+    """(smallest GEMM dimension, FLOPs) pairs, see :class:`workloads.costs.ComputeSeg`."""
     elementwise_bytes: float = 0.0
     """HBM bytes of memory-bound kernels."""
     blocking_comm_s: float = 0.0
@@ -61,6 +63,8 @@ class Send:
     deps: tuple[int, ...]
     stage: int = -1
     mb: int = -1
+    duration_s: float | None = None
+    """Precomputed time (collapsed simulation): no flow is simulated for it."""
 
     @property
     def stream(self) -> str:

@@ -20,7 +20,7 @@ Sources:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workloads.costs import BF16, CommSeg, ComputeSeg, Segment, fuse_compute
 from workloads.models import ModelSpec
@@ -100,8 +100,10 @@ class TransformerCosts:
         mlp_flops = 2 * n * h * f * m.mlp_matrices / t
         mid = f * (m.mlp_matrices - 1) / t
         mlp_bytes = BF16 * (h * f * m.mlp_matrices / t + n * (h + 2 * mid + 2 * f / t + h))
-        return (ComputeSeg("attn", attn_flops, attn_bytes),
-                ComputeSeg("mlp", mlp_flops, mlp_bytes))
+        # the TP-sharded dimension (h/t for attention, f/t for the MLP) or the token count
+        attn_dim, mlp_dim = min(n, h / t), min(n, f / t)
+        return (ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=((attn_dim, attn_flops),)),
+                ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=((mlp_dim, mlp_flops),)))
 
     def _core_forward_flops(self) -> float:
         """Attention-core FLOPs the kernel executes forward (causal flash: half of 4·b·s²·h/t)."""
@@ -143,9 +145,9 @@ class TransformerCosts:
     def _layer_forward(self, name: str) -> list[Segment]:
         attn, mlp = self._gemms()
         ew_attn, ew_mlp = self._elementwise_forward()
-        attn_seg = ComputeSeg(f"{name} attn", attn.flops, attn.hbm_bytes,
-                              attn_flops=self._core_forward_flops(), elementwise_bytes=ew_attn)
-        mlp_seg = ComputeSeg(f"{name} mlp", mlp.flops, mlp.hbm_bytes, elementwise_bytes=ew_mlp)
+        attn_seg = replace(attn, label=f"{name} attn", attn_flops=self._core_forward_flops(),
+                           elementwise_bytes=ew_attn)
+        mlp_seg = replace(mlp, label=f"{name} mlp", elementwise_bytes=ew_mlp)
         return self._block(f"{name} attn", attn_seg) + self._block(f"{name} mlp", mlp_seg)
 
     def _layer_backward(self, name: str, weight_grad_deferred: bool) -> list[Segment]:
@@ -162,11 +164,10 @@ class TransformerCosts:
                 SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
             segs.append(ComputeSeg(f"recompute {name} core", attn_flops=self._core_forward_flops(),
                                    elementwise_bytes=softmax))
-        mlp_seg = ComputeSeg(f"{name} mlp bwd", mlp.flops * (1 + wg), mlp.hbm_bytes * (1 + wg),
-                             elementwise_bytes=BACKWARD_ELEMENTWISE * ew_mlp)
-        attn_seg = ComputeSeg(f"{name} attn bwd", attn.flops * (1 + wg),
-                              attn.hbm_bytes * (1 + wg), attn_flops=core,
-                              elementwise_bytes=BACKWARD_ELEMENTWISE * ew_attn)
+        mlp_seg = _scaled(mlp, f"{name} mlp bwd", 1 + wg,
+                          elementwise_bytes=BACKWARD_ELEMENTWISE * ew_mlp)
+        attn_seg = _scaled(attn, f"{name} attn bwd", 1 + wg, attn_flops=core,
+                           elementwise_bytes=BACKWARD_ELEMENTWISE * ew_attn)
         return segs + self._block(f"{name} mlp bwd", mlp_seg) + self._block(f"{name} attn bwd",
                                                                            attn_seg)
 
@@ -176,11 +177,12 @@ class TransformerCosts:
         flops = 2 * n * m.hidden_size * m.vocab_size / t
         weights = BF16 * m.hidden_size * m.vocab_size / t
         ce = CROSS_ENTROPY_BYTES * n * m.vocab_size / t
+        fwd = ComputeSeg("logits+loss", flops, weights, elementwise_bytes=ce,
+                         gemm_dims=((min(n, m.hidden_size), flops),))
         if not backward:
-            return ComputeSeg("logits+loss", flops, weights, elementwise_bytes=ce)
+            return fwd
         wg = 0.0 if weight_grad_deferred else 1.0
-        return ComputeSeg("logits bwd", flops * (1 + wg), weights * (1 + wg),
-                          elementwise_bytes=BACKWARD_ELEMENTWISE * ce)
+        return _scaled(fwd, "logits bwd", 1 + wg, elementwise_bytes=BACKWARD_ELEMENTWISE * ce)
 
     def _stage_layers(self, stage: int) -> range:
         start = sum(self.stage_layers[:stage])
@@ -202,10 +204,11 @@ class TransformerCosts:
                 segs += self._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
         else:
             attn, mlp = self._gemms()
-            head = self._head(backward=False) if last else ComputeSeg("")
-            segs.append(ComputeSeg("weight grads",
-                                   len(layers) * (attn.flops + mlp.flops) + head.flops,
-                                   len(layers) * (attn.hbm_bytes + mlp.hbm_bytes) + head.hbm_bytes))
+            k = len(layers)
+            segs += [_scaled(attn, "weight grads", k), _scaled(mlp, "weight grads", k)]
+            if last:
+                segs.append(_scaled(self._head(backward=False), "weight grads", 1,
+                                    elementwise_bytes=0.0))
         return tuple(fuse_compute(segs, str(op)))
 
     # ------------------------------------------------------------- memory
@@ -290,3 +293,11 @@ class TransformerCosts:
         if self.zero_stage >= 1:
             n /= self.dp
         return ComputeSeg("optimizer", elementwise_bytes=28 * n)
+
+
+def _scaled(seg: ComputeSeg, label: str, factor: float, **fields: float) -> ComputeSeg:
+    """``seg``'s GEMM work times ``factor`` under a new label, other fields as given."""
+    return replace(seg, label=label, flops=seg.flops * factor, hbm_bytes=seg.hbm_bytes * factor,
+                   gemm_dims=tuple((d, f * factor) for d, f in seg.gemm_dims),
+                   attn_flops=fields.get("attn_flops", 0.0),
+                   elementwise_bytes=fields.get("elementwise_bytes", 0.0))

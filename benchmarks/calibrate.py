@@ -1,0 +1,128 @@
+"""Fit the few physical constants of the A100 device profile to Hagemann et al. 2023's sweep.
+
+    python benchmarks/calibrate.py [--data ../shared/data/hagemann2023_sweep.csv] [--workers 2]
+
+Method. Every compute op's duration is linear in the inverse efficiencies of
+the device model, x = (1/η_gemm, d½/η_gemm, 1/η_flash2, 1/η_flash1, 1/η_bmm,
+1/η_elementwise) (η(d) = η_gemm·d/(d + d½), so 1/η(d) = 1/η_gemm + (d½/η_gemm)/d),
+and a pipeline's makespan is linear in the op durations while its critical
+path does not change. So each run's step time is T(x) = T(x₀) + A·(x − x₀)
+near x₀; A is measured by finite differences (one simulation of the sweep per
+constant), and the constants minimising the squared relative error over the
+successful runs follow by least squares (a closed form), twice: on all runs
+and on the LLaMA-13B runs only (for cross-validation). The linearisation is
+then checked by simulating the fitted profiles. The two memory constants are
+fitted on the out-of-memory classification of all runs by a grid search.
+Nothing is fitted per row. Prints the profiles for sim/calibration.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sim.device import DeviceProfile  # noqa: E402
+from sim.validate import evaluate, load_rows, predict  # noqa: E402
+
+GiB = 2**30
+CAPACITY = 80e9
+NAMES = ("1/gemm", "d/gemm", "1/flash2", "1/flash1", "1/bmm", "1/elementwise")
+
+
+def to_x(p: DeviceProfile) -> np.ndarray:
+    return np.array([1 / p.gemm_efficiency, p.gemm_half_dim / p.gemm_efficiency,
+                     1 / p.flash2_efficiency, 1 / p.flash1_efficiency,
+                     1 / p.bmm_attention_efficiency, 1 / p.elementwise_efficiency])
+
+
+def from_x(x: np.ndarray, base: DeviceProfile, source: str) -> DeviceProfile:
+    return dataclasses.replace(
+        base, gemm_efficiency=1 / x[0], gemm_half_dim=x[1] / x[0], flash2_efficiency=1 / x[2],
+        flash1_efficiency=1 / x[3], bmm_attention_efficiency=1 / x[4],
+        elementwise_efficiency=1 / x[5], source=source)
+
+
+def step_times(rows, profile, workers) -> np.ndarray:
+    return np.array([p.step_time_s for p in predict(rows, profile, workers)])
+
+
+def fit(T0, A, x0, measured, mask) -> np.ndarray:
+    """Least squares on relative errors: min Σ ((T0 + A(x − x0)) / M − 1)² over ``mask``."""
+    M = measured[mask]
+    lhs = A[mask] / M[:, None]
+    rhs = 1 - T0[mask] / M + lhs @ x0
+    x, *_ = np.linalg.lstsq(lhs, rhs, rcond=None)
+    return x
+
+
+def fit_memory(preds, profile: DeviceProfile) -> tuple[float, float, float]:
+    """(accuracy, reserved bytes, fragmentation) maximising OOM accuracy on all runs."""
+    tracked = [((p.peak_memory_gib * GiB - profile.reserved_bytes) / (1 + profile.fragmentation),
+                p.row.status == "oom") for p in preds]
+    best = (-1.0, 0.0, 0.0)
+    for reserved_gib in [x / 4 for x in range(0, 25)]:
+        for frag in [x / 100 for x in range(0, 21)]:
+            acc = sum(((t * (1 + frag) + reserved_gib * GiB) > CAPACITY) == oom
+                      for t, oom in tracked) / len(tracked)
+            if acc > best[0] + 1e-12:
+                best = (acc, reserved_gib * GiB, frag)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", default=str(ROOT.parent / "shared/data/hagemann2023_sweep.csv"))
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    t_start = time.time()
+    rows = load_rows(args.data)
+    ok = [r for r in rows if r.status == "ok"]
+    measured = np.array([r.step_time_s for r in ok])
+    base = DeviceProfile(gemm_half_dim=128.0)
+    x0 = to_x(base)
+    T0 = step_times(ok, base, args.workers)
+    A = np.zeros((len(ok), len(x0)))
+    for i, name in enumerate(NAMES):
+        dx = 0.05 * x0[i] if x0[i] else 0.05 * x0[0] * 128
+        x1 = x0.copy()
+        x1[i] += dx
+        A[:, i] = (step_times(ok, from_x(x1, base, ""), args.workers) - T0) / dx
+        print(f"sensitivity {name}: {time.time() - t_start:.0f} s", flush=True)
+    results = {}
+    for label, mask in (("all", np.ones(len(ok), bool)),
+                        ("13b", np.array([r.model == "llama-13b" for r in ok]))):
+        x = fit(T0, A, x0, measured, mask)
+        lin = T0 + A @ (x - x0)
+        lin_mape = float(np.mean(np.abs(lin[mask] / measured[mask] - 1)))
+        results[label] = (x, lin_mape, int(mask.sum()))
+        print(label, dict(zip(NAMES, np.round(x, 4), strict=True)),
+              f"linearised MAPE on its rows {lin_mape:.4f}", flush=True)
+    x_all = results["all"][0]
+    profile = from_x(x_all, base, "")
+    preds = predict(rows, profile, args.workers)
+    acc, reserved, frag = fit_memory(preds, profile)
+    print(f"memory: oom accuracy {acc:.4f}, reserved {reserved / GiB:.2f} GiB, "
+          f"fragmentation {frag:.2f}")
+    date = time.strftime("%Y-%m-%d")
+    for label, (x, _, n) in results.items():
+        prof = from_x(x, dataclasses.replace(base, reserved_bytes=reserved, fragmentation=frag),
+                      f"benchmarks/calibrate.py ({date}): least squares on {n} successful runs "
+                      f"({'all models' if label == 'all' else 'llama-13b only'}); memory "
+                      f"constants on all {len(rows)} runs' OOM labels")
+        report = evaluate(predict(rows if label == "all" else
+                                  [r for r in rows if r.model != "llama-13b"], prof, args.workers))
+        print(label, "simulated:", {k: v for k, v in report.items() if k != "groups"})
+        print(repr(prof))
+    print(f"total {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""``sim validate``: predictions against Hagemann et al. 2023's measured sweep."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_DATA = "../shared/data/hagemann2023_sweep.csv"
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def report_table(report: dict) -> str:
+    lines = [f"{'group':<24} {'runs':>5} {'ok':>4} {'MAPE':>7} {'OOM acc':>8} {'Spearman':>9} "
+             f"{'best hit':>8}"]
+    for g in report["groups"]:
+        name = f"{g['model']} s{g['seq_length']} {g['num_gpus']}gpu"
+        lines.append(f"{name:<24} {g['runs']:>5} {g['ok_runs']:>4} "
+                     f"{_fmt(g['step_time_mape'] and g['step_time_mape'] * 100, '6.1f')}% "
+                     f"{g['oom_accuracy'] * 100:7.1f}% {_fmt(g['spearman'], '9.2f')} "
+                     f"{'yes' if g['best_layout_hit'] else 'no':>8}")
+    cv = report.get("cross_validation_mape")
+    lines += [
+        "",
+        f"step-time MAPE (all {report['ok_runs']} successful runs): "
+        f"{report['step_time_mape'] * 100:.1f}%",
+        f"out-of-memory accuracy ({report['runs_compared']} runs): "
+        f"{report['oom_accuracy'] * 100:.1f}%",
+        f"predicted best layout within 2% of measured best: "
+        f"{report['best_layout_hits']} of {report['num_groups']} groups",
+        "cross-validation MAPE (calibrated on 13B, predicting 30B and 65B): "
+        + ("n/a" if cv is None else f"{cv * 100:.1f}%"),
+        f"simulated in {report['elapsed_s']:.0f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from sim.calibration import A100_HAGEMANN, A100_HAGEMANN_13B
+    from sim.validate import evaluate, load_rows, predict, write_csv
+
+    start = time.perf_counter()
+    rows = load_rows(args.data)
+    if args.limit:
+        rows = rows[: args.limit]
+    preds = predict(rows, A100_HAGEMANN, args.workers)
+    report = evaluate(preds)
+    report["cross_validation_mape"] = None
+    if not args.no_cross_validation:
+        held_out = [r for r in rows if r.model != "llama-13b"]
+        cv = evaluate(predict(held_out, A100_HAGEMANN_13B, args.workers)) if held_out else None
+        report["cross_validation_mape"] = cv["step_time_mape"] if cv else None
+    report["elapsed_s"] = time.perf_counter() - start
+    report["profile"] = A100_HAGEMANN.source
+    report["cross_validation_profile"] = A100_HAGEMANN_13B.source
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(preds, out / "validation.csv")
+        (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+        from plots.validation import plot_validation
+
+        plot_validation(preds, out / "validation.png", report)
+    if args.json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    else:
+        print(report_table(report))
+        if args.out:
+            print(f"wrote {args.out}/validation.csv, validation.json, validation.png")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="compare predictions with Hagemann et al. 2023's sweep")
+    p.add_argument("--data", default=DEFAULT_DATA, help=f"sweep CSV (default {DEFAULT_DATA})")
+    p.add_argument("--out", metavar="DIR", help="write validation.csv, .json and .png")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--limit", type=int, default=0, help="only the first N rows (quick look)")
+    p.add_argument("--no-cross-validation", action="store_true",
+                   help="skip the 13B-calibrated prediction of 30B and 65B")
+    p.set_defaults(func=_cmd_validate)

@@ -1,0 +1,219 @@
+"""Validation against published measurements: Hagemann et al. 2023's layout sweep.
+
+Every row of ``hagemann2023_sweep.csv`` (REFERENCES.md) becomes an experiment:
+LLaMA 13B/30B/65B with the shapes of REFERENCES.md and a 128,000-token untied
+vocabulary (inferred: it reproduces the sheets' MFU to 0.01%), DGX A100-80GB
+nodes, ZeRO-1, 1F1B, global batch 4,194,304 tokens. The simulator predicts its
+step time and whether it runs out of memory; :func:`evaluate` compares with
+what was measured. Nothing here is fitted per row.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.device import DeviceProfile
+from sim.errors import ConfigError
+
+GLOBAL_BATCH_TOKENS = 4_194_304
+"""Tokens per optimizer step in the sweep (2048 sequences of 2k, 512 of 8k; unverified)."""
+VOCAB_SIZE = 128_000
+"""Vocabulary that reproduces the sheets' parameter counts (N = 14.0B / 33.8B / 66.9B)."""
+BEST_WITHIN = 0.02
+"""A predicted best layout counts as a hit if its measured step time is within 2% of the best."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured run of the sweep."""
+
+    index: int
+    model: str
+    seq_length: int
+    num_gpus: int
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    recompute: str
+    attention: str
+    fused_norm: bool
+    sequence_parallel: bool
+    status: str
+    """``ok``, ``oom``, ``kernel_unavailable`` or ``error``."""
+    step_time_s: float | None
+
+    @property
+    def group(self) -> tuple[str, int, int]:
+        """(model, sequence length, GPUs): the sweep's unit of comparison."""
+        return (self.model, self.seq_length, self.num_gpus)
+
+    def experiment(self) -> dict:
+        """The experiment mapping that describes this run."""
+        return {
+            "name": f"hagemann-row{self.index}",
+            "model": {"preset": self.model, "seq_length": self.seq_length,
+                      "vocab_size": VOCAB_SIZE},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": self.num_gpus},
+            "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": 1,
+                         "sequence_parallel": self.sequence_parallel},
+            "training": {"micro_batch_size": self.micro_batch_size,
+                         "global_batch_size": GLOBAL_BATCH_TOKENS // self.seq_length,
+                         "recompute": self.recompute, "attention": self.attention,
+                         "fused_norm": self.fused_norm},
+            "schedule": "1f1b",
+        }
+
+
+def load_rows(path: str | Path) -> list[Row]:
+    """Read the sweep CSV; ConfigError if it is missing or malformed."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--data: file {str(p)!r} does not exist")
+    rows = []
+    with p.open(newline="", encoding="utf-8") as fh:
+        for i, rec in enumerate(csv.DictReader(fh)):
+            try:
+                rows.append(Row(
+                    i, rec["model"], int(rec["seq_length"]), int(rec["num_gpus"]), int(rec["tp"]),
+                    int(rec["pp"]), int(rec["dp"]), int(rec["micro_batch_size"]),
+                    rec["recompute"], rec["attention"], rec["fused_norm"] == "true",
+                    rec["sequence_parallel"] == "true", rec["status"],
+                    float(rec["step_time_s"]) if rec["step_time_s"] else None))
+            except (KeyError, ValueError) as exc:
+                raise ConfigError(
+                    f"--data: row {i + 2} of {str(p)!r} is malformed: {exc}") from None
+    return rows
+
+
+@dataclass(frozen=True)
+class Prediction:
+    row: Row
+    step_time_s: float
+    peak_memory_gib: float
+    oom: bool
+
+
+def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
+    from sim.api import simulate
+    from sim.experiment import build_experiment
+
+    row, profile = args
+    stats = simulate(build_experiment(row.experiment()), profile, fidelity="collapsed").stats
+    return Prediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"])
+
+
+def predict(rows: Sequence[Row], profile: DeviceProfile, workers: int = 1,
+            progress: Callable[[int, int], None] | None = None) -> list[Prediction]:
+    """Simulate every row (collapsed fidelity); results in row order whatever ``workers``."""
+    todo = [(r, profile) for r in rows if r.status in ("ok", "oom")]
+    out: list[Prediction] = []
+    if workers <= 1:
+        results = map(_predict_one, todo)
+    else:
+        pool = ProcessPoolExecutor(max_workers=workers)
+        results = pool.map(_predict_one, todo, chunksize=4)
+    try:
+        for pred in results:
+            out.append(pred)
+            if progress:
+                progress(len(out), len(todo))
+    finally:
+        if workers > 1:
+            pool.shutdown(cancel_futures=True)
+    return out
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman rank correlation (average ranks for ties); None below 3 points."""
+    if len(a) < 3:
+        return None
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    va = math.sqrt(sum((x - ma) ** 2 for x in ra))
+    vb = math.sqrt(sum((y - mb) ** 2 for y in rb))
+    return cov / (va * vb) if va and vb else None
+
+
+def _mape(preds: Sequence[Prediction]) -> float | None:
+    ok = [p for p in preds if p.row.status == "ok"]
+    if not ok:
+        return None
+    return sum(abs(p.step_time_s / p.row.step_time_s - 1) for p in ok) / len(ok)
+
+
+def evaluate(preds: Sequence[Prediction]) -> dict:
+    """Accuracy figures of ``preds`` against the measurements (see ``sim validate``)."""
+    groups: dict[tuple, list[Prediction]] = {}
+    for p in preds:
+        groups.setdefault(p.row.group, []).append(p)
+    per_group = []
+    hits = 0
+    for key in sorted(groups):
+        gp = groups[key]
+        ok = [p for p in gp if p.row.status == "ok"]
+        best_measured = min(p.row.step_time_s for p in ok) if ok else None
+        feasible = [p for p in gp if not p.oom]
+        pick = min(feasible, key=lambda p: (p.step_time_s, p.row.index)) if feasible else None
+        hit = bool(pick and pick.row.status == "ok" and best_measured
+                   and pick.row.step_time_s <= best_measured * (1 + BEST_WITHIN))
+        hits += hit
+        rho = spearman([p.row.step_time_s for p in ok], [p.step_time_s for p in ok])
+        per_group.append({
+            "model": key[0], "seq_length": key[1], "num_gpus": key[2],
+            "runs": len(gp), "ok_runs": len(ok),
+            "step_time_mape": _mape(gp),
+            "oom_accuracy": sum(p.oom == (p.row.status == "oom") for p in gp) / len(gp),
+            "spearman": rho,
+            "best_measured_s": best_measured,
+            "predicted_best_row": pick.row.index if pick else None,
+            "predicted_best_measured_s": pick.row.step_time_s if pick else None,
+            "best_layout_hit": hit,
+        })
+    return {
+        "step_time_mape": _mape(preds),
+        "oom_accuracy": sum(p.oom == (p.row.status == "oom") for p in preds) / len(preds),
+        "runs_compared": len(preds),
+        "ok_runs": sum(p.row.status == "ok" for p in preds),
+        "best_layout_hits": hits,
+        "num_groups": len(per_group),
+        "groups": per_group,
+    }
+
+
+def write_csv(preds: Sequence[Prediction], path: Path) -> None:
+    """Predicted against measured, one line per compared run."""
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(["row", "model", "seq_length", "num_gpus", "tp", "pp", "dp",
+                    "micro_batch_size", "recompute", "attention", "fused_norm",
+                    "sequence_parallel", "status", "measured_step_time_s",
+                    "predicted_step_time_s", "predicted_peak_memory_gib", "predicted_oom"])
+        for p in preds:
+            r = p.row
+            w.writerow([r.index, r.model, r.seq_length, r.num_gpus, r.tp, r.pp, r.dp,
+                        r.micro_batch_size, r.recompute, r.attention, str(r.fused_norm).lower(),
+                        str(r.sequence_parallel).lower(), r.status,
+                        "" if r.step_time_s is None else f"{r.step_time_s:.4f}",
+                        f"{p.step_time_s:.4f}", f"{p.peak_memory_gib:.3f}",
+                        str(p.oom).lower()])

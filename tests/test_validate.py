@@ -1,0 +1,105 @@
+"""sim validate: the sweep loader, the metrics, and the command on a slice of the data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from sim.cli import main
+from sim.device import DeviceProfile
+from sim.validate import Prediction, Row, evaluate, load_rows, predict, spearman
+
+DATA = ROOT.parent / "shared" / "data" / "hagemann2023_sweep.csv"
+
+
+def test_loader_reads_every_row_with_its_label() -> None:
+    rows = load_rows(DATA)
+    assert len(rows) == 984
+    assert sum(r.status == "ok" for r in rows) == 401
+    assert sum(r.status == "oom" for r in rows) == 563
+    assert all(r.step_time_s for r in rows if r.status == "ok")
+    assert all(r.tp * r.pp * r.dp == r.num_gpus for r in rows)
+
+
+def test_row_experiment_reproduces_the_sheets_model_flops() -> None:
+    """The inferred 128k vocabulary gives the sheets' MFU from their step times.
+
+    On the 2k-token rows the median ratio is 1 to 0.1% and 95% of rows agree to 0.5%
+    (a few sheet rows disagree with their own step time). At 8k the sheets' MFU is
+    about 1.8% above 6N + 12·l·h·s with a 512-sequence batch, so their accounting or
+    batch differs there (noted in the README); step times, which are validated, are
+    unaffected.
+    """
+    import csv
+    import statistics
+
+    from sim.experiment import build_experiment
+
+    mfu_of = {i: float(rec["mfu"]) for i, rec in enumerate(csv.DictReader(DATA.open()))
+              if rec["mfu"]}
+    ratios = []
+    for row in load_rows(DATA):
+        if row.status != "ok" or row.seq_length != 2048:
+            continue
+        exp = build_experiment(row.experiment())
+        mfu = exp.model_flops_per_step / row.step_time_s / row.num_gpus / 312e12
+        ratios.append(mfu / mfu_of[row.index])
+    assert len(ratios) > 200
+    assert statistics.median(ratios) == pytest.approx(1.0, abs=1e-3)
+    assert sum(abs(r - 1) < 5e-3 for r in ratios) >= 0.95 * len(ratios)
+
+
+def test_spearman() -> None:
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2], [1, 2]) is None
+    assert spearman([1, 2, 2, 3], [1, 3, 3, 4]) == pytest.approx(1.0)
+
+
+def _row(i: int, status: str, t: float | None, gpus: int = 8) -> Row:
+    return Row(i, "llama-13b", 2048, gpus, 1, 1, gpus, 1, "none", "flash2", True, False,
+               status, t)
+
+
+def test_evaluate_metrics_on_hand_made_predictions() -> None:
+    preds = [
+        Prediction(_row(0, "ok", 10.0), 11.0, 50.0, False),   # 10% error
+        Prediction(_row(1, "ok", 20.0), 18.0, 50.0, False),   # 10% error
+        Prediction(_row(2, "ok", 10.1), 12.0, 90.0, True),    # predicted OOM, wrongly
+        Prediction(_row(3, "oom", None), 5.0, 90.0, True),    # OOM, rightly
+    ]
+    rep = evaluate(preds)
+    assert rep["step_time_mape"] == pytest.approx((0.1 + 0.1 + 1.9 / 10.1) / 3)
+    assert rep["oom_accuracy"] == pytest.approx(3 / 4)
+    # predicted best feasible is row 0 (11 s), measured 10.0 = the best: a hit
+    assert rep["best_layout_hits"] == 1 and rep["num_groups"] == 1
+    g = rep["groups"][0]
+    assert g["predicted_best_row"] == 0 and g["best_layout_hit"]
+
+
+def test_predict_is_the_same_with_workers() -> None:
+    rows = [r for r in load_rows(DATA) if r.num_gpus == 32][:6]
+    one = predict(rows, DeviceProfile(), workers=1)
+    two = predict(rows, DeviceProfile(), workers=2)
+    assert [p.step_time_s for p in one] == [p.step_time_s for p in two]
+
+
+def test_validate_command_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code = main(["validate", "--data", str(DATA), "--limit", "12", "--workers", "1",
+                 "--out", str(tmp_path), "--json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    for key in ("step_time_mape", "oom_accuracy", "groups", "best_layout_hits",
+                "cross_validation_mape"):
+        assert key in report
+    assert (tmp_path / "validation.csv").read_text().count("\n") == report["runs_compared"] + 1
+    assert (tmp_path / "validation.png").stat().st_size > 5000
+
+
+def test_validate_missing_data_is_a_clean_error(capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", "--data", "/nonexistent.csv"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --data") and err.count("\n") == 1
