@@ -39,6 +39,8 @@ class SyntheticModel(_Strict):
 
 class ModelConfig(_Strict):
     preset: str | None = None
+    hf_config: str | None = None
+    """Path of a Hugging Face config.json (relative to the experiment file)."""
     synthetic: SyntheticModel | None = None
     name: str | None = None
     seq_length: int | None = Field(None, gt=0)

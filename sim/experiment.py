@@ -35,6 +35,7 @@ from topologies.presets import (
 )
 from workloads import schedules
 from workloads.costs import SyntheticCosts, split_layers
+from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec
 from workloads.schedules_advanced import ADVANCED_BUILDERS, EXTRA_BUILDERS
@@ -55,18 +56,24 @@ def schedule_builders() -> dict[str, Any]:
     return out
 
 
-def build_model(cfg: ModelConfig) -> ModelSpec | None:
+def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | None:
     """The model spec of a transformer config, or None for a synthetic model."""
-    given = [k for k in ("preset", "synthetic") if getattr(cfg, k) is not None]
+    given = [k for k in ("preset", "hf_config", "synthetic") if getattr(cfg, k) is not None]
     if len(given) > 1:
-        raise ConfigError("model: give either 'preset' or 'synthetic', not both")
+        raise ConfigError(f"model: give one of 'preset', 'hf_config' or 'synthetic', not "
+                          f"{' and '.join(repr(k) for k in given)}")
     if cfg.synthetic is not None:
         extra = [f for f in _MODEL_FIELDS if getattr(cfg, f) is not None]
         if extra:
             raise ConfigError(f"model.{extra[0]}: not used with a synthetic model")
         return None
     overrides = {f: getattr(cfg, f) for f in _MODEL_FIELDS if getattr(cfg, f) is not None}
-    if cfg.preset is not None:
+    if cfg.hf_config is not None:
+        path = Path(cfg.hf_config)
+        if base_dir is not None and not path.is_absolute() and not path.exists():
+            path = base_dir / path
+        spec = load_hf_config(path).with_overrides(**overrides)
+    elif cfg.preset is not None:
         if cfg.preset not in PRESETS:
             raise ConfigError(f"model.preset: unknown preset {cfg.preset!r}; choose one of "
                               f"{', '.join(PRESETS)}")
@@ -373,7 +380,7 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
 def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     """Validate ``data`` (a parsed experiment file) and build everything derived from it."""
     cfg = parse_config(data)
-    model = build_model(cfg.model)
+    model = build_model(cfg.model, base_dir)
     cluster = build_cluster(cfg)
     tp, pp, dp, cp = _resolve_layout(cfg, cluster.num_gpus)
     par = cfg.parallel
