@@ -1,4 +1,4 @@
-"""Import a Hugging Face ``config.json`` as a :class:`~workloads.models.ModelSpec`. Pure, stdlib only.
+"""Import a Hugging Face ``config.json`` as a ModelSpec. Pure, standard library only.
 
 Reads the keys the ``transformers`` configuration classes define for the
 LLaMA family (``llama``, ``mistral``, ``qwen2``: SwiGLU, RMSNorm, RoPE, GQA) and
