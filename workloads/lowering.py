@@ -15,7 +15,7 @@ its consumers):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -114,7 +114,8 @@ def lower(
         return [placement.gpu(tp=t, dp=d, pp=r) for t in range(tp_lanes)]
 
     seg_cache: dict[Op, tuple[tuple[Segment, ...], int]] = {}
-    fold_cache: dict[Op, tuple[float, float, float, float]] = {}
+    fold_cache: dict[Op, _Folded] = {}
+    pending = [0.0] * pp  # per rank, see _emit_folded
     send_cache: dict[tuple[int, int], float] = {}
     for op in order:
         r = owner[op.stage]
@@ -131,6 +132,11 @@ def lower(
             free = act * costs.w_retained_fraction
         else:
             free = 0.0
+        # working memory held only while the op runs (recomputation, gradient buffers)
+        transient = getattr(costs, "transient_bytes", None)
+        if transient is not None:
+            extra = transient(op)
+            alloc, free = alloc + extra, free + extra
         for d in range(dp_lanes):
             gpus = tp_gpus(r, d)
             prev: dict[int, tuple[int, ...]] = {}
@@ -141,24 +147,19 @@ def lower(
                 prev[g] = tuple(deps)
             if collapse is not None:
                 (g,) = gpus
-                groups = tuple(placement.group("tp", placement.gpu(pp=r, dp=e))
-                               for e in range(dp))
                 folded = fold_cache.get(generic)
                 if folded is None:
                     groups = tuple(placement.group("tp", placement.gpu(pp=r, dp=e))
                                    for e in range(dp))
-                    work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
-                    folded = fold_cache[generic] = (
-                        sum(collapse.compute_s(seg) for seg in work),
-                        sum(collapse.collective_s(seg.op, groups, seg.nbytes)
-                            for seg in segs if isinstance(seg, CommSeg)),
-                        sum(seg.flops for seg in work),
-                        sum(seg.attn_flops for seg in work))
-                compute_s, comm_s, flops, attn_flops = folded
-                last[(op, g)] = b.compute(
-                    g, op.kind, str(op), prev[g], stage=op.stage, mb=op.mb, duration_s=compute_s,
-                    flops=flops, attn_flops=attn_flops, blocking_comm_s=comm_s,
-                    alloc_bytes=alloc, free_bytes=free)
+                    folded = fold_cache[generic] = _fold(segs, collapse, groups)
+                last[(op, g)] = _emit_folded(b, g, op, folded, prev[g], alloc, free,
+                                             pending[r])
+                if folded.trailing:
+                    pending[r] = folded.trailing_s
+                elif folded.has_comm:
+                    pending[r] = 0.0
+                else:  # pure compute: an earlier closing collective runs on meanwhile
+                    pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
                 segs_for_lanes: tuple[Segment, ...] = ()
             else:
                 segs_for_lanes = segs
@@ -215,6 +216,148 @@ def lower(
     static = tuple(static_of_rank[placement.coords(g)["pp"]] for g in range(placement.num_gpus))
     simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
     return Program(placement.num_gpus, b.build(), static, schedule, gpu_names, simulated)
+
+
+@dataclass(frozen=True)
+class _CommRun:
+    """Consecutive collectives of one kind, emitted as one instruction (collapsed lowering)."""
+
+    kind: str
+    op: str
+    label: str
+    nbytes: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Compute segments and the collectives between them, as one compute op."""
+
+    compute_s: float
+    comm_s: float
+    """Blocking communication: the collectives between the compute segments."""
+    comm_kind: str
+    flops: float
+    attn_flops: float
+
+
+@dataclass(frozen=True)
+class _Folded:
+    """An op's segments as a collapsed lowering emits them (see :func:`_fold`)."""
+
+    leading: tuple[_CommRun, ...]
+    """Collectives before the first compute segment."""
+    whole: _Block
+    """From the first compute segment to the last."""
+    head: _Block | None
+    """Split form of ``whole`` (None without collectives inside): the compute before the
+    first collective, ..."""
+    first_comm: tuple[_CommRun, ...]
+    """... that collective (with any directly following it), ..."""
+    rest: _Block | None
+    """... and the rest, from the next compute segment on."""
+    trailing: tuple[_CommRun, ...]
+    """Collectives after the last compute segment."""
+
+    @property
+    def trailing_s(self) -> float:
+        return sum(run.duration_s for run in self.trailing)
+
+    @property
+    def has_comm(self) -> bool:
+        return bool(self.leading or self.trailing or self.head is not None)
+
+
+def _comm_runs(segs: Sequence[Segment], collapse: Collapse,
+               groups: tuple[tuple[int, ...], ...]) -> tuple[_CommRun, ...]:
+    runs: list[_CommRun] = []
+    for seg in segs:
+        assert isinstance(seg, CommSeg)
+        t = collapse.collective_s(seg.op, groups, seg.nbytes)
+        if runs and runs[-1].kind == seg.kind:
+            prev = runs[-1]
+            runs[-1] = _CommRun(prev.kind, prev.op, f"{prev.label} + {seg.label}",
+                                prev.nbytes + seg.nbytes, prev.duration_s + t)
+        else:
+            runs.append(_CommRun(seg.kind, seg.op, seg.label, seg.nbytes, t))
+    return tuple(runs)
+
+
+def _block(segs: Sequence[Segment], collapse: Collapse,
+           groups: tuple[tuple[int, ...], ...]) -> _Block:
+    work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
+    comm = [seg for seg in segs if isinstance(seg, CommSeg)]
+    kinds = sorted({seg.kind for seg in comm})
+    return _Block(sum(collapse.compute_s(seg) for seg in work),
+                  sum(collapse.collective_s(seg.op, groups, seg.nbytes) for seg in comm),
+                  kinds[0] if len(kinds) == 1 else "tp",
+                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work))
+
+
+def _fold(segs: tuple[Segment, ...], collapse: Collapse,
+          groups: tuple[tuple[int, ...], ...]) -> _Folded:
+    """Fold an op's segments for the representative GPU of a collapsed lowering.
+
+    The compute segments, with the TP collectives between them, become one
+    compute op whose collectives are blocking communication: in the full
+    lowering each of those collectives waits for the compute before it and
+    the next compute waits for it. Collectives before the first compute
+    segment (sequence parallelism's all-gather) and after the last (the
+    closing all-reduce or reduce-scatter) stay separate instructions on their
+    stream, as in the full lowering, where the next op's compute does not wait
+    for this op's closing collective (only the op's consumers do). Every
+    collective is timed with all ``groups`` (the TP groups of every DP
+    replica of the pipeline rank) running it at once.
+    """
+    compute_at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
+    if not compute_at:  # no compute: one blocking fold
+        return _Folded((), _block(segs, collapse, groups), None, (), None, ())
+    first, end = compute_at[0], compute_at[-1] + 1
+    middle = segs[first:end]
+    comm_at = [i for i, seg in enumerate(middle) if isinstance(seg, CommSeg)]
+    head = first_comm = rest = None
+    if comm_at:
+        i = comm_at[0]
+        j = next(k for k in range(i, len(middle)) if isinstance(middle[k], ComputeSeg))
+        head = _block(middle[:i], collapse, groups)
+        first_comm = _comm_runs(middle[i:j], collapse, groups)
+        rest = _block(middle[j:], collapse, groups)
+    return _Folded(_comm_runs(segs[:first], collapse, groups), _block(middle, collapse, groups),
+                   head, first_comm or (), rest, _comm_runs(segs[end:], collapse, groups))
+
+
+def _emit_folded(b: ProgramBuilder, g: int, op: Op, folded: _Folded, deps: tuple[int, ...],
+                 alloc: float, free: float, pending_s: float) -> int:
+    """Emit a folded op on GPU ``g``; returns the id of its last instruction.
+
+    ``pending_s`` bounds how long after this op's compute starts an earlier
+    op's closing collective may still occupy the collective stream. In the
+    full lowering the op's first inner collective queues behind it on that
+    stream; when it may (``pending_s`` exceeds the compute before that
+    collective), the op is emitted split (compute, collective, rest) so the
+    collapsed program waits the same way. Otherwise one compute op suffices.
+    """
+    def run(runs: tuple[_CommRun, ...], deps: tuple[int, ...]) -> tuple[int, ...]:
+        for r in runs:
+            deps = (b.collective((g,), {g: deps}, kind=r.kind, name=f"{op} {r.label}", op=r.op,
+                                 nbytes=r.nbytes, stage=op.stage, mb=op.mb,
+                                 duration_s=r.duration_s)[g],)
+        return deps
+
+    def compute(block: _Block, deps: tuple[int, ...], alloc: float, free: float) -> int:
+        return b.compute(g, op.kind, str(op), deps, stage=op.stage, mb=op.mb,
+                         duration_s=block.compute_s, flops=block.flops,
+                         attn_flops=block.attn_flops, blocking_comm_s=block.comm_s,
+                         blocking_comm_kind=block.comm_kind, alloc_bytes=alloc, free_bytes=free)
+
+    deps = run(folded.leading, deps)
+    if (folded.head is not None and folded.rest is not None and not folded.leading
+            and pending_s > folded.head.compute_s):
+        deps = run(folded.first_comm, (compute(folded.head, deps, alloc, 0.0),))
+        last = compute(folded.rest, deps, 0.0, free)
+    else:
+        last = compute(folded.whole, deps, alloc, free)
+    return run(folded.trailing, (last,))[0]
 
 
 def _stash_bytes(costs: CostModel, op: Op) -> float:

@@ -238,6 +238,22 @@ class TransformerCosts:
             scores = 5 * m.num_attention_heads * m.seq_length / m.hidden_size / t
         return (replicated + split + scores) * self._bsh
 
+    def transient_bytes(self, op: Op) -> float:
+        """Working memory an op holds only while it runs, on one TP rank.
+
+        Backward: the gradients flowing through one layer, about one layer's
+        activations, plus with full recomputation the recomputed layer's
+        activations. Last stage, forward and backward: the fp32 softmax of the
+        vocabulary-parallel cross entropy and its gradient, 8·b·s·V/t bytes.
+        """
+        layer = replace(self, recompute="none").layer_activation_bytes()
+        total = 0.0
+        if op.kind == BACKWARD:
+            total += layer * (2 if self.recompute == "full" else 1)
+        if op.stage == len(self.stage_layers) - 1 and op.kind in (FORWARD, BACKWARD):
+            total += 2 * FP32 * self._tokens * self.model.vocab_size / self.tp
+        return total
+
     def activation_bytes_per_mb(self, stage: int) -> float:
         """Activations a stage keeps per in-flight micro-batch (last stage adds the logits).
 
