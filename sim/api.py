@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s
 from sim.engine import simulate_program
@@ -118,7 +119,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     """
     if fidelity not in FIDELITIES:
         raise ConfigError(f"fidelity={fidelity!r}: choose one of {', '.join(FIDELITIES)}")
-    profile = profile or DeviceProfile()
+    profile = profile or default_profile(exp.cluster.gpu.name)
     gpu = exp.cluster.gpu
     kernel = exp.config.training.attention
 
