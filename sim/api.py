@@ -90,6 +90,7 @@ def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
         ("cluster", exp.cluster.name),
         ("gpu", exp.cluster.gpu.name),
         ("fidelity", fidelity),
+        ("placement", _placement_report(exp)),
     )
     return RunFacts(
         pipeline_rank=tuple(pl.coords(g)["pp"] for g in range(pl.num_gpus)),
@@ -106,6 +107,19 @@ def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
 FIDELITIES = ("auto", "full", "collapsed")
 AUTO_FULL_MAX_GPUS = 64
 """``fidelity="auto"`` simulates every GPU up to this many GPUs, and collapses above."""
+
+
+def _placement_report(exp: Experiment) -> dict:
+    """Where the layout's groups landed: the order and, per dimension, GPU 0's group
+    and how many servers it spans."""
+    pl, cluster = exp.placement, exp.cluster
+    order = "-".join(dim for dim, _ in pl.sizes)
+    report: dict = {"order": order}
+    for dim in ("tp", "dp", "pp"):
+        group = pl.group(dim, 0)
+        report[f"{dim}_group_of_gpu0"] = list(group)
+        report[f"{dim}_servers"] = len({cluster.host_of(g) for g in group})
+    return report
 
 
 def simulate(exp: Experiment, profile: DeviceProfile | None = None,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from sim.cli_collective import register as register_collective
 from sim.cli_compare import register as register_compare
+from sim.cli_search import register as register_search
 from sim.cli_validate import register as register_validate
 from sim.errors import SimError
 
@@ -28,6 +29,14 @@ def _fmt(value: float | None, spec: str, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
+def _placement_line(placement: dict | None) -> str:
+    if not placement:
+        return "n/a"
+    spans = ", ".join(f"{dim.upper()} group spans {placement[f'{dim}_servers']} server(s)"
+                      for dim in ("tp", "dp", "pp"))
+    return f"{placement['order']} (innermost first): {spans}"
+
+
 def summary_table(stats: dict) -> str:
     """The human-readable summary ``sim run`` prints."""
     lay = stats.get("layout", {})
@@ -36,6 +45,7 @@ def summary_table(stats: dict) -> str:
                        f"{stats.get('gpu')}, {stats.get('cluster')})"),
         ("layout", " ".join(f"{k}={v}" for k, v in lay.items()) +
          f"  schedule={stats.get('schedule')}  micro-batches={stats.get('num_microbatches')}"),
+        ("placement", _placement_line(stats.get("placement"))),
         ("step time", _fmt(stats["step_time_s"] * 1e3, ".3f", " ms")),
         ("tokens/s", _fmt(stats["tokens_per_s"], ",.0f")),
         ("TFLOP/s per GPU", _fmt(stats["tflops_per_gpu"], ".1f")),
@@ -84,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
     register_compare(sub)
     register_collective(sub)
+    register_search(sub)
     register_validate(sub)
     return parser
 
@@ -99,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted\n")
         return 130
+    except BrokenPipeError:  # e.g. `sim run ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -118,3 +118,23 @@ def test_more_tensor_parallelism_is_not_free() -> None:
                                                            "num_gpus": 16},
                                                "parallel": {"tp": 16}})).stats
     assert across["exposed_comm_s"]["tp"] > 2 * inside["exposed_comm_s"]["tp"]
+
+
+def test_badly_placed_tp_group_is_slower_and_reported() -> None:
+    """TP spread across servers (placement dp-cp-tp-pp) is slower than TP inside one.
+
+    With 16 micro-batches per replica TP traffic dominates; with very few the
+    spread placement can win, because it keeps the DP group inside one server.
+    """
+    data = {"model": {"preset": "gpt3-1.3b", "num_layers": 4},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
+            "parallel": {"tp": 2, "dp": 8},
+            "training": {"global_batch_size": 128}}
+    good = simulate(build_experiment(data)).stats
+    bad_data = data | {"parallel": {"tp": 2, "dp": 8, "placement": "dp-cp-tp-pp"}}
+    bad = simulate(build_experiment(bad_data)).stats
+    assert good["placement"]["tp_servers"] == 1 and bad["placement"]["tp_servers"] == 2
+    assert good["placement"]["tp_group_of_gpu0"] == [0, 1]
+    assert bad["placement"]["tp_group_of_gpu0"] == [0, 8]
+    assert bad["step_time_s"] > 1.1 * good["step_time_s"]
+    assert bad["exposed_comm_s"]["tp"] > 3 * good["exposed_comm_s"]["tp"]
