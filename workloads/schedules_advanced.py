@@ -177,6 +177,39 @@ def interleaved(p: int, m: int, v: int = 1) -> Schedule:
 # ----------------------------------------------------------------------------- Zero Bubble
 
 
+def _deferred_w_rank(r: int, m: int, warmup: int, deferred: int,
+                     forward_first: bool) -> tuple[Op, ...]:
+    """One rank of a ZB-H1/ZB-H2-style schedule, with split backward.
+
+    ``warmup`` forwards; then ``deferred`` pairs of a forward and an input
+    backward whose W is held back (``F B`` if ``forward_first`` else ``B F``);
+    then ``F B W`` (or ``B W F``) triples while forwards remain; then ``B W``;
+    then the held-back W's.
+    """
+    ops: list[Op] = []
+    f = b = w = 0
+    for _ in range(min(warmup, m)):
+        ops.append(Op(r, FORWARD, f))
+        f += 1
+    for _ in range(deferred):
+        if f == m:
+            break
+        pair = [Op(r, FORWARD, f), Op(r, BACKWARD, b)]
+        ops += pair if forward_first else pair[::-1]
+        f, b = f + 1, b + 1
+    while f < m:
+        if forward_first:
+            ops += [Op(r, FORWARD, f), Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
+        else:
+            ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w), Op(r, FORWARD, f)]
+        f, b, w = f + 1, b + 1, w + 1
+    while b < m:
+        ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
+        b, w = b + 1, w + 1
+    ops += [Op(r, WEIGHT_GRAD, mb) for mb in range(w, m)]
+    return tuple(ops)
+
+
 def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
     """ZB-H1, Zero Bubble's memory-efficient handcrafted schedule (Qi et al. 2024, ICLR, sec. 2.1).
 
@@ -204,26 +237,8 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
     """
     _check_args("zb-h1", p, m, v)
     _check_v("zb-h1", v, 1)
-    ranks = []
-    for r in range(p):
-        ops: list[Op] = []
-        f = b = w = 0
-        for _ in range(min(p - r - 1, m)):
-            ops.append(Op(r, FORWARD, f))
-            f += 1
-        for _ in range(r):
-            if f == m:
-                break
-            ops += [Op(r, FORWARD, f), Op(r, BACKWARD, b)]
-            f, b = f + 1, b + 1
-        while f < m:
-            ops += [Op(r, FORWARD, f), Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
-            f, b, w = f + 1, b + 1, w + 1
-        while b < m:
-            ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
-            b, w = b + 1, w + 1
-        ops += [Op(r, WEIGHT_GRAD, mb) for mb in range(w, m)]
-        ranks.append(tuple(ops))
+    ranks = [_deferred_w_rank(r, m, warmup=p - r - 1, deferred=r, forward_first=True)
+             for r in range(p)]
     return Schedule(
         "zb-h1",
         m,
@@ -259,26 +274,8 @@ def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
     """
     _check_args("zb-h2", p, m, v)
     _check_v("zb-h2", v, 1)
-    ranks = []
-    for r in range(p):
-        ops: list[Op] = []
-        f = b = w = 0
-        for _ in range(min(2 * (p - r) - 1, m)):
-            ops.append(Op(r, FORWARD, f))
-            f += 1
-        for _ in range(2 * r):
-            if f == m:
-                break
-            ops += [Op(r, BACKWARD, b), Op(r, FORWARD, f)]
-            f, b = f + 1, b + 1
-        while f < m:
-            ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w), Op(r, FORWARD, f)]
-            f, b, w = f + 1, b + 1, w + 1
-        while b < m:
-            ops += [Op(r, BACKWARD, b), Op(r, WEIGHT_GRAD, w)]
-            b, w = b + 1, w + 1
-        ops += [Op(r, WEIGHT_GRAD, mb) for mb in range(w, m)]
-        ranks.append(tuple(ops))
+    ranks = [_deferred_w_rank(r, m, warmup=2 * (p - r) - 1, deferred=2 * r, forward_first=False)
+             for r in range(p)]
     return Schedule(
         "zb-h2",
         m,
