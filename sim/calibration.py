@@ -26,32 +26,29 @@ _TIME_FIT = (
 )
 _MEMORY_FIT = "reserved bytes and fragmentation: grid search on the OOM labels of all 964 runs"
 
-A100_HAGEMANN = DeviceProfile(
-    gemm_efficiency=1 / 1.2028,
-    gemm_half_dim=714.6956 / 1.2028,
-    flash2_efficiency=1 / 1.25,
-    flash1_efficiency=1 / 3.1509,
-    bmm_attention_efficiency=1 / 1.1765,
-    hbm_efficiency=0.85,
-    elementwise_efficiency=1 / 2.1087,
-    reserved_bytes=MEMORY_RESERVED_GIB * GiB,
-    fragmentation=MEMORY_FRAGMENTATION,
-    source=_TIME_FIT.format(rows="all 401 successful runs") + "; " + _MEMORY_FIT,
-)
+def _fitted(x: tuple[float, ...], rows: str) -> DeviceProfile:
+    """A profile from the fit's x = (1/η_gemm, d½/η_gemm, 1/η_flash2, 1/η_flash1, 1/η_bmm,
+    1/η_elementwise), as benchmarks/calibrate.py prints it."""
+    return DeviceProfile(
+        gemm_efficiency=1 / x[0],
+        gemm_half_dim=x[1] / x[0],
+        flash2_efficiency=1 / x[2],
+        flash1_efficiency=1 / x[3],
+        bmm_attention_efficiency=1 / x[4],
+        hbm_efficiency=0.85,
+        elementwise_efficiency=1 / x[5],
+        reserved_bytes=MEMORY_RESERVED_GIB * GiB,
+        fragmentation=MEMORY_FRAGMENTATION,
+        source=_TIME_FIT.format(rows=rows) + "; " + _MEMORY_FIT,
+    )
+
+
+A100_HAGEMANN = _fitted((1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087),
+                        "all 401 successful runs")
 """A100-80GB profile fitted on the whole sweep: the default for every GPU (see default_profile)."""
 
-A100_HAGEMANN_13B = DeviceProfile(
-    gemm_efficiency=1 / 1.2201,
-    gemm_half_dim=474.7497 / 1.2201,
-    flash2_efficiency=1 / 1.9652,
-    flash1_efficiency=1 / 3.6594,
-    bmm_attention_efficiency=1 / 1.4779,
-    hbm_efficiency=0.85,
-    elementwise_efficiency=1 / 1.9616,
-    reserved_bytes=MEMORY_RESERVED_GIB * GiB,
-    fragmentation=MEMORY_FRAGMENTATION,
-    source=_TIME_FIT.format(rows="the 165 successful LLaMA-13B runs only") + "; " + _MEMORY_FIT,
-)
+A100_HAGEMANN_13B = _fitted((1.2201, 474.7497, 1.9652, 3.6594, 1.4779, 1.9616),
+                            "the 165 successful LLaMA-13B runs only")
 """The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B."""
 
 
