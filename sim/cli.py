@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from sim.cli_collective import register as register_collective
 from sim.cli_compare import register as register_compare
+from sim.cli_search import register as register_search
 from sim.cli_validate import register as register_validate
 from sim.errors import SimError
 
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
     register_compare(sub)
     register_collective(sub)
+    register_search(sub)
     register_validate(sub)
     return parser
 

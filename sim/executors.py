@@ -1,0 +1,324 @@
+"""Executors: run one task on many items, in this process, in local worker processes or on Ray.
+
+A sweep (:mod:`sim.search`) hands an executor a :class:`Task` (a picklable
+factory that each worker calls once to build its evaluator: parsing the
+experiment and building the cluster graph happen once per worker, not once per
+item) and a batch of items; the executor yields ``(index, outcome)`` pairs as
+items finish, in completion order. The caller must not rely on that order:
+whatever runs the items, the outcome of an item is the same.
+
+Three implementations of the small :class:`Executor` interface:
+
+- :class:`InlineExecutor`: in the calling process, one item at a time (``--workers 1``;
+  tests, debugging, benchmarks of the single-process rate).
+- :class:`LocalExecutor`: worker processes of :class:`concurrent.futures.ProcessPoolExecutor`
+  (the default). Workers ignore SIGINT, so Ctrl-C interrupts the sweep (the caller)
+  without a traceback per worker. A worker that dies (killed, out of memory)
+  breaks the pool and fails every item in flight: the pool is rebuilt and
+  they are retried; an item in flight at ``max_breaks`` breaks is then run
+  alone, and reported as a :class:`WorkerFailure` only if it breaks the pool
+  on its own, so a crashing layout never takes innocent ones down with it.
+- :class:`RayExecutor`: Ray actors, one per worker, on a local Ray runtime or the
+  cluster at ``address`` (Moritz et al. 2018, OSDI). ``ray`` is imported only here
+  and only when this executor is created; without it a :class:`ConfigError` says
+  how to install it. Actors restart and retry their task once when their
+  process or node dies; a task that still fails is a :class:`WorkerFailure`.
+
+An item's own failures never reach the executor: the evaluator returns them as
+results. A :class:`WorkerFailure` means the worker itself was lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from sim.errors import ConfigError
+
+__all__ = ["EXECUTORS", "Executor", "InlineExecutor", "LocalExecutor", "RayExecutor", "Task",
+           "WorkerFailure", "make_executor"]
+
+EXECUTORS = ("local", "ray")
+"""Names accepted by :func:`make_executor` (and ``sim search --executor``)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """What every worker runs: ``factory(*args)`` once, then the result on each item.
+
+    ``factory`` must be importable by name (a module-level class or function) and
+    ``args`` picklable, so that worker processes and Ray actors can rebuild it.
+    """
+
+    factory: Callable[..., Callable[[Any], Any]]
+    args: tuple[Any, ...] = ()
+
+    def build(self) -> Callable[[Any], Any]:
+        return self.factory(*self.args)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """The outcome of an item whose worker was lost (process killed, node crashed)."""
+
+    message: str
+
+
+class Executor(ABC):
+    """Runs a :class:`Task` on items; ``with`` it (or call :meth:`close`) to release workers."""
+
+    name: str = "executor"
+    workers: int = 1
+
+    @abstractmethod
+    def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """Yield ``(index into items, outcome)`` for every item, in completion order."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release workers; idempotent."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class InlineExecutor(Executor):
+    """Runs items one after another in the calling process."""
+
+    name = "inline"
+
+    def __init__(self) -> None:
+        self.workers = 1
+        self._task: Task | None = None
+        self._fn: Callable[[Any], Any] | None = None
+
+    def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        if self._fn is None or task != self._task:
+            self._task, self._fn = task, task.build()
+        for i, item in enumerate(items):
+            yield i, self._fn(item)
+
+
+# ----------------------------------------------------------------------------- local processes
+
+_WORKER_FN: list[Callable[[Any], Any]] = []
+"""This worker process's evaluator (set once by the pool's initializer; empty in the parent)."""
+
+
+def _init_worker(task: Task) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _WORKER_FN[:] = [task.build()]
+
+
+def _run_in_worker(item: Any) -> Any:
+    return _WORKER_FN[0](item)
+
+
+def _mp_context() -> multiprocessing.context.BaseContext:
+    """``forkserver`` where available (workers fork from a clean, single-threaded server),
+    else ``spawn``: never ``fork`` from a parent that runs threads (the progress bar)."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+class LocalExecutor(Executor):
+    """Worker processes on this machine (``concurrent.futures.ProcessPoolExecutor``)."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, max_breaks: int = 2) -> None:
+        """``max_breaks``: pool breaks an item may be caught in before it is run alone (and
+        breaks it may cause alone before it is reported lost)."""
+        self.workers = workers or os.cpu_count() or 1
+        if self.workers < 1:
+            raise ConfigError(f"--workers={workers}: must be at least 1")
+        self.max_breaks = max_breaks
+        self._pool: ProcessPoolExecutor | None = None
+        self._task: Task | None = None
+
+    def _ensure_pool(self, task: Task) -> ProcessPoolExecutor:
+        if self._pool is None or task != self._task:
+            self._shutdown()
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=_mp_context(),
+                                             initializer=_init_worker, initargs=(task,))
+            self._task = task
+        return self._pool
+
+    def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        breaks = [0] * len(items)
+        todo = list(range(len(items)))
+        alone: list[int] = []
+        while todo or alone:
+            batch = todo if todo else [alone.pop(0)]
+            todo = []
+            for i, outcome in self._run_batch(task, items, batch):
+                if not isinstance(outcome, BrokenProcessPool):
+                    yield i, outcome
+                    continue
+                breaks[i] += 1
+                if len(batch) == 1 and breaks[i] >= self.max_breaks:
+                    # it broke the pool while running alone: it is the culprit
+                    yield i, WorkerFailure(f"worker process died ({outcome})")
+                elif breaks[i] >= self.max_breaks:
+                    alone.append(i)  # in flight at several breaks: find out alone
+                else:
+                    todo.append(i)
+            todo.sort()
+
+    def _run_batch(self, task: Task, items: Sequence[Any], batch: list[int]
+                   ) -> Iterator[tuple[int, Any]]:
+        """Run ``batch`` on the pool; outcome BrokenProcessPool for items lost with a worker
+        (the pool is then rebuilt on the next call)."""
+        pool = self._ensure_pool(task)
+        futures: dict[Future, int] = {pool.submit(_run_in_worker, items[i]): i for i in batch}
+        broken = False
+        while futures:
+            done, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: futures[f]):
+                i = futures.pop(fut)
+                try:
+                    yield i, fut.result()
+                except BrokenProcessPool as exc:
+                    broken = True
+                    yield i, exc
+        if broken:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # Kill workers still busy (Ctrl-C, or a broken pool): waiting for their items would
+        # only delay the exit; their results are not wanted.
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            if proc.is_alive():
+                proc.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        self._shutdown()
+
+
+# ----------------------------------------------------------------------------- Ray
+
+
+class _RayWorker:
+    """The body of a Ray actor: builds the task's evaluator once, then evaluates items."""
+
+    def __init__(self, task: Task) -> None:
+        self._fn = task.build()
+
+    def run(self, item: Any) -> Any:
+        return self._fn(item)
+
+
+class RayExecutor(Executor):
+    """Ray actors: ``workers`` of them, each with one CPU.
+
+    ``address``: an existing cluster (``ray://host:10001`` or ``auto``); ``None``
+    starts a local runtime with ``workers`` CPUs (``ray.init(num_cpus=...)``) unless
+    one is already running in this process. A runtime started here is shut down
+    by :meth:`close`. Workers must be able to import this package (install it on
+    every node of a remote cluster).
+    """
+
+    name = "ray"
+
+    def __init__(self, workers: int | None = None, address: str | None = None,
+                 max_retries: int = 1) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("--executor ray: the 'ray' package is not installed; install it "
+                              "with: pip install 'llm-cluster-sim[ray]' (or pip install ray)"
+                              ) from None
+        self._ray = ray
+        self.workers = workers or os.cpu_count() or 1
+        if self.workers < 1:
+            raise ConfigError(f"--workers={workers}: must be at least 1")
+        self.max_retries = max_retries
+        self._owns_runtime = False
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                      "logging_level": logging.WARNING}
+            if address is None:
+                kwargs["num_cpus"] = self.workers
+            try:
+                ray.init(address=address, **kwargs)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(f"--ray-address={address!r}: cannot connect to Ray: "
+                                  f"{exc}") from None
+            self._owns_runtime = True
+        self._actors: list[Any] = []
+        self._task: Task | None = None
+
+    def _ensure_actors(self, task: Task) -> list[Any]:
+        if not self._actors or task != self._task:
+            self._kill_actors()
+            actor = self._ray.remote(num_cpus=1, max_restarts=self.max_retries,
+                                     max_task_retries=self.max_retries)(_RayWorker)
+            self._actors = [actor.remote(task) for _ in range(self.workers)]
+            self._task = task
+        return self._actors
+
+    def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        ray = self._ray
+        actors = self._ensure_actors(task)
+        idle = list(range(len(actors)))
+        queue = list(range(len(items)))
+        queue.reverse()  # pop() from the end hands items out in index order
+        pending: dict[Any, tuple[int, int]] = {}
+        while queue or pending:
+            while queue and idle:
+                i, a = queue.pop(), idle.pop()
+                pending[actors[a].run.remote(items[i])] = (i, a)
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                i, a = pending.pop(ref)
+                idle.append(a)
+                try:
+                    outcome = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # actor or node lost beyond retries
+                    outcome = WorkerFailure(f"Ray worker lost ({type(exc).__name__}: "
+                                            f"{str(exc).splitlines()[0] if str(exc) else ''})")
+                yield i, outcome
+
+    def _kill_actors(self) -> None:
+        for actor in self._actors:
+            try:
+                self._ray.kill(actor)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._actors = []
+
+    def close(self) -> None:
+        self._kill_actors()
+        if self._owns_runtime and self._ray.is_initialized():
+            self._ray.shutdown()
+        self._owns_runtime = False
+
+
+def make_executor(name: str = "local", workers: int | None = None,
+                  ray_address: str | None = None) -> Executor:
+    """The executor ``name`` (``local`` or ``ray``); ``local`` with one worker runs inline."""
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers={workers}: must be at least 1")
+    if ray_address is not None and name != "ray":
+        raise ConfigError(f"--ray-address={ray_address!r}: only used with --executor ray")
+    if name == "local":
+        return InlineExecutor() if workers == 1 else LocalExecutor(workers)
+    if name == "ray":
+        return RayExecutor(workers, ray_address)
+    raise ConfigError(f"--executor={name!r}: choose one of {', '.join(EXECUTORS)}")

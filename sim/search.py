@@ -1,0 +1,1386 @@
+"""Layout search: enumerate an experiment's valid layouts, screen them, simulate, rank.
+
+``sim search`` answers "which layout should I run?" for an experiment's model,
+cluster and global batch (issue 6). Four steps:
+
+1. **Enumerate** (:func:`enumerate_layouts`): tp, pp, dp, cp, ep, vpp,
+   micro-batch size, sequence parallelism, ZeRO stage, recomputation and
+   schedule, keeping combinations that divide correctly: ``tp·pp·cp·dp`` =
+   GPUs, ``micro_batch_size·dp`` divides the global batch, tp divides the
+   attention heads (and, with sequence parallelism, the sequence), ``pp·vpp``
+   stages fit in the layers, and the schedule builder accepts ``(pp, m, vpp)``.
+   Values the simulator does not support yet (CP, EP, ZeRO-3, Seq1F1B on a
+   transformer) are found by probing a tiny experiment once
+   (:func:`probe_support`) and are left out, counted as ``unsupported``.
+   Exact duplicates are dropped unless pinned: sequence parallelism without
+   TP (a no-op), several ZeRO stages with ``dp = 1`` (identical), schedules
+   other than 1F1B with ``pp = 1`` (one rank: the same order of work, GPipe
+   only holding more), interleaving with ``vpp = 1`` (plain 1F1B).
+   ``vpp`` of the interleaved schedule ranges over ``v >= 2`` with
+   ``pp·v`` dividing the layers (Megatron-LM's rule); V schedules use 2.
+2. **Screen and judge** (:class:`Screener`) with bounds that need no simulation.
+   Screening is cheap and schedule-free: the average static state per rank
+   plus one micro-batch of activations must fit, and a loose step-time bound
+   (compute of the first and last pipeline rank, the forward chain before
+   them, their TP collectives, optimizer and ZeRO gather) orders the
+   layouts best first. When a layout's turn comes it is judged: its schedule
+   is built and walked in program order as the engine allocates memory (an
+   exact lower bound of the peak memory, :meth:`Screener.memory_bound_bytes`),
+   and with pruning a list schedule of its ops gives a tight lower bound of
+   the step time (:meth:`Screener.step_bound_s`); layouts that cannot fit, or
+   whose throughput bound is below the K-th best already simulated, are not
+   simulated. Property tests check every bound against the simulator.
+3. **Simulate** the rest (collapsed fidelity by default) on an executor of
+   :mod:`sim.executors`. Every result (or error) goes to a :class:`ResultStore`
+   (SQLite, one transaction per result) as it arrives; a restarted sweep with
+   the same store skips what is there.
+4. **Rank** feasible layouts by throughput (tokens/s; ties: less memory, then
+   the layout key).
+
+Pins (:func:`parse_pins`, :func:`pins_from_file`) restrict any dimension to
+given values. Pruning happens in rounds of ``round_size`` layouts, each round
+judged on the results of the rounds before it, so the set of simulated
+layouts (not only the top K) is the same whatever executor or number of
+workers runs the sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import sqlite3
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.api import AUTO_FULL_MAX_GPUS, FIDELITIES, simulate
+from sim.calibration import default_profile
+from sim.commtime import CollectiveTimer
+from sim.config import ExperimentConfig, parse_config, set_dotted
+from sim.device import DeviceProfile, compute_time_s
+from sim.errors import ConfigError, ScheduleError, SimError
+from sim.executors import Executor, InlineExecutor, Task, WorkerFailure
+from sim.experiment import build_cluster, build_experiment, schedule_builders
+from topologies.cluster import Cluster
+from topologies.hardware import GiB
+from topologies.placement import Placement
+from workloads.costs import ComputeSeg, split_layers
+from workloads.models import ModelSpec
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, schedule_deps
+from workloads.transformer import TransformerCosts
+
+__all__ = ["CSV_FIGURES", "DIMS", "Candidate", "Evaluation", "Evaluator", "Layout", "ResultStore",
+           "Row", "SearchContext", "SearchResult", "Screener", "enumerate_layouts",
+           "parse_pins", "pins_from_file", "probe_support", "rows_csv", "search"]
+
+# ----------------------------------------------------------------------------- layouts
+
+DIMS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel", "zero_stage",
+        "micro_batch_size", "recompute", "schedule")
+"""The searched dimensions, in the order of a layout key."""
+CONFIG_KEYS = {
+    "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "cp": "parallel.cp",
+    "ep": "parallel.ep", "vpp": "parallel.vpp",
+    "sequence_parallel": "parallel.sequence_parallel", "zero_stage": "parallel.zero_stage",
+    "micro_batch_size": "training.micro_batch_size", "recompute": "training.recompute",
+    "schedule": "schedule",
+}
+"""Experiment-file key of each dimension."""
+_SHORT = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs"}
+ALIASES = {**{d: d for d in DIMS}, **{v: k for k, v in CONFIG_KEYS.items()},
+           **{v: k for k, v in _SHORT.items()}}
+"""Names accepted by ``--fix``: the dimension, its file key, or the short name in layout keys."""
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+OOM_SLACK = 1e-9
+"""Relative slack of the memory pre-filter: a bound this close to the capacity is not rejected
+(the engine sums the same bytes in another order)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One point of the search space: how the step is split over the GPUs."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 1
+    micro_batch_size: int = 1
+    recompute: str = "none"
+    schedule: str = "1f1b"
+
+    @property
+    def key(self) -> str:
+        """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``."""
+        return " ".join(f"{_SHORT.get(d, d)}={_text(getattr(self, d))}" for d in DIMS)
+
+    @classmethod
+    def from_key(cls, key: str) -> Layout:
+        """Inverse of :attr:`key`."""
+        values = dict(part.split("=", 1) for part in key.split())
+        return cls(**{d: _parse_value(d, values[_SHORT.get(d, d)]) for d in DIMS})
+
+    def changes(self, global_batch_size: int) -> dict[str, Any]:
+        """Dotted experiment-file changes that select this layout (for ``with_changes``)."""
+        out: dict[str, Any] = {CONFIG_KEYS[d]: getattr(self, d) for d in DIMS}
+        out["training.global_batch_size"] = global_batch_size
+        out["training.num_microbatches"] = None
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        """``{"parallel": {...}, "training": {...}, "schedule": name}``, as in experiment files."""
+        out: dict[str, Any] = {"parallel": {}, "training": {}}
+        for d in DIMS:
+            section, _, name = CONFIG_KEYS[d].rpartition(".")
+            if section:
+                out[section][name] = getattr(self, d)
+            else:
+                out[name] = getattr(self, d)
+        return out
+
+    def label(self) -> str:
+        """Short human-readable form for tables: ``tp8 pp8 dp16 v1 mbs1 sp zero1 none 1f1b``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"v{self.vpp}", f"mbs{self.micro_batch_size}"]
+        parts += ["sp"] if self.sequence_parallel else []
+        parts += [f"z{self.zero_stage}", f"rc:{self.recompute}", self.schedule]
+        return " ".join(parts)
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
+          "on": True, "off": False}
+
+
+def _parse_value(dim: str, text: str) -> Any:
+    """Parse a ``--fix`` value of ``dim``; ConfigError naming the key and value."""
+    key = CONFIG_KEYS[dim]
+    text = text.strip()
+    if dim == "sequence_parallel":
+        if text.lower() not in _BOOLS:
+            raise ConfigError(f"--fix {key}={text!r}: expected true or false")
+        return _BOOLS[text.lower()]
+    if dim == "recompute":
+        if text not in RECOMPUTE:
+            raise ConfigError(f"--fix {key}={text!r}: choose one of {', '.join(RECOMPUTE)}")
+        return text
+    if dim == "schedule":
+        if not text:
+            raise ConfigError(f"--fix {key}: empty schedule name")
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"--fix {key}={text!r}: expected an integer") from None
+    low = 0 if dim == "zero_stage" else 1
+    if value < low or (dim == "zero_stage" and value > 3):
+        bounds = "0..3" if dim == "zero_stage" else ">= 1"
+        raise ConfigError(f"--fix {key}={value}: must be {bounds}")
+    return value
+
+
+Pins = Mapping[str, tuple[Any, ...]]
+"""Allowed values per pinned dimension."""
+
+
+def parse_pins(specs: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    """Parse ``--fix`` arguments: ``"parallel.tp=8,schedule=1f1b"``, ``"mbs=1|2"``.
+
+    Pins are separated by commas, alternatives by ``|``; names may be the
+    dimension (``micro_batch_size``), its file key (``training.micro_batch_size``)
+    or the short form of layout keys (``mbs``, ``sp``, ``zero``). A dimension pinned
+    again keeps the values both pins allow (``tp=1|2|4`` then ``tp=2|8`` is ``tp=2``).
+    """
+    pins: dict[str, tuple[Any, ...]] = {}
+    for spec in specs:
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            name, eq, values = part.partition("=")
+            dim = ALIASES.get(name.strip())
+            if not eq or dim is None:
+                raise ConfigError(f"--fix {part!r}: expected KEY=VALUE with KEY one of "
+                                  f"{', '.join(CONFIG_KEYS.values())}")
+            parsed = tuple(dict.fromkeys(_parse_value(dim, v) for v in values.split("|")))
+            if dim in pins:  # pinned again: keep the values both allow
+                both = tuple(v for v in pins[dim] if v in parsed)
+                if not both:
+                    raise ConfigError(f"--fix {CONFIG_KEYS[dim]}: pinned to "
+                                      f"{'|'.join(map(_text, pins[dim]))} and to "
+                                      f"{'|'.join(map(_text, parsed))}, which share no value")
+                parsed = both
+            pins[dim] = parsed
+    return pins
+
+
+def pins_from_file(data: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """Pins for every searched key the experiment file sets (``--pin-from-file``)."""
+    pins: dict[str, tuple[Any, ...]] = {}
+    for dim, key in CONFIG_KEYS.items():
+        node: Any = data
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is not None:
+            pins[dim] = (node,)
+    return pins
+
+
+# ----------------------------------------------------------------------------- context
+
+NEUTRAL_GPUS = 4
+
+
+def _neutral(data: Mapping[str, Any], gpus: int, gbs: int, **settings: Any) -> dict[str, Any]:
+    """The experiment on an ideal cluster of ``gpus`` with a small layout: cheap to build."""
+    out = {k: v for k, v in data.items() if k not in ("cluster", "parallel", "schedule")}
+    out["cluster"] = {"preset": "ideal", "num_gpus": gpus}
+    training = {k: v for k, v in (data.get("training") or {}).items()
+                if k not in ("micro_batch_size", "num_microbatches", "recompute")}
+    out["training"] = {**training, "micro_batch_size": 1, "global_batch_size": gbs}
+    parallel = {k: v for k, v in settings.items() if k != "schedule"}
+    out["parallel"] = {"tp": 1, "pp": 1, "dp": gpus, **parallel}
+    out["schedule"] = settings.get("schedule", "1f1b")
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class SearchContext:
+    """What a search of one experiment needs: its model, cluster, batch and support table."""
+
+    data: dict[str, Any]
+    """The experiment mapping (with ``--gpus`` applied); layouts are changes to it."""
+    base_dir: Path | None
+    config: ExperimentConfig
+    model: ModelSpec
+    cluster: Cluster
+    global_batch_size: int
+    costs: TransformerCosts
+    """The cost model as the experiment builds it, for one GPU; :meth:`costs_for` varies it."""
+    unsupported: dict[str, str]
+    """``"dim=value"`` -> why the simulator refuses it (e.g. ``"cp=2"``)."""
+    schedule_vpps: dict[str, tuple[int, ...]]
+    """Supported schedule -> the vpp values its builder takes (``()``: any v >= 2)."""
+
+    @classmethod
+    def build(cls, data: Mapping[str, Any], base_dir: str | Path | None = None,
+              gpus: int | None = None) -> SearchContext:
+        """Validate the experiment mapping and probe what the simulator supports."""
+        data = dict(data)
+        if gpus is not None:
+            if gpus < 1:
+                raise ConfigError(f"--gpus={gpus}: must be at least 1")
+            data = set_dotted(data, "cluster.num_gpus", gpus)
+            data = set_dotted(data, "parallel.dp", None)
+        if not isinstance(data.get("model"), Mapping) or "synthetic" in data["model"]:
+            raise ConfigError("model: sim search needs a transformer model (preset or explicit "
+                              "shape), not a synthetic one")
+        cfg = parse_config(data)
+        gbs = cfg.training.global_batch_size
+        if gbs is None:
+            try:
+                gbs = build_experiment(data, Path(base_dir) if base_dir else None
+                                       ).global_batch_size
+            except ConfigError as exc:
+                raise ConfigError(f"training.global_batch_size: sim search needs it (or a valid "
+                                  f"layout with training.num_microbatches): {exc}") from None
+        template = build_experiment(_neutral(data, 1, 1, dp=1))
+        if not isinstance(template.costs, TransformerCosts) or template.model is None:
+            raise ConfigError("model: sim search needs a transformer model")
+        cluster = build_cluster(cfg)
+        unsupported, vpps = probe_support(data, template.model.num_layers)
+        return cls(data, Path(base_dir) if base_dir else None, cfg, template.model, cluster,
+                   gbs, template.costs, unsupported, vpps)
+
+    def costs_for(self, layout: Layout, num_stages: int) -> TransformerCosts:
+        """The cost model of ``layout`` (as :func:`sim.experiment.build_experiment` makes it)."""
+        return replace(self.costs, micro_batch_size=layout.micro_batch_size, tp=layout.tp,
+                       dp=layout.dp, stage_layers=split_layers(self.model.num_layers, num_stages),
+                       sequence_parallel=layout.sequence_parallel and layout.tp > 1,
+                       zero_stage=layout.zero_stage, recompute=layout.recompute)
+
+    def fingerprint(self, fidelity: str, profile: DeviceProfile) -> str:
+        """Identifies results: the experiment minus the searched keys, fidelity and profile."""
+        data = self.data
+        for key in (*CONFIG_KEYS.values(), "training.num_microbatches", "name"):
+            data = set_dotted(data, key, None)
+        data = set_dotted(data, "training.global_batch_size", self.global_batch_size)
+        blob = json.dumps({"experiment": data, "fidelity": fidelity, "profile": asdict(profile)},
+                          sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def probe_support(data: Mapping[str, Any], num_layers: int
+                  ) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
+    """Which dimension values and schedules the simulator accepts for this model.
+
+    Each probe builds the experiment on a tiny ideal cluster with one value
+    changed; a :class:`ConfigError` marks the value unsupported (with its
+    message). Schedules: the vpp values their builder takes at ``p = 2`` (1, 2
+    or any), then one build with the first of them.
+    """
+    unsupported: dict[str, str] = {}
+    probes = {"cp=2": {"cp": 2, "dp": 1}, "ep=2": {"ep": 2},
+              "zero=3": {"zero_stage": 3}}
+    for name, settings in probes.items():
+        try:
+            build_experiment(_neutral(data, 2, 2, **{"dp": 2, **settings}))
+        except ConfigError as exc:
+            unsupported[name] = str(exc)
+    vpps: dict[str, tuple[int, ...]] = {}
+    seq_chunks = (data.get("training") or {}).get("seq_chunks", 4)
+    for name, builder in schedule_builders().items():
+        ok = []
+        for v in (1, 2, 3):
+            try:
+                extra = (seq_chunks,) if name == "seq1f1b" else ()
+                if builder(2, 4, v, *extra).chunks_per_rank == v:
+                    ok.append(v)
+            except (ScheduleError, ConfigError, ValueError, TypeError):
+                continue
+        if not ok:
+            unsupported[f"schedule={name}"] = "its builder accepts no vpp at pp=2"
+            continue
+        v0 = ok[0] if ok[0] > 1 or len(ok) == 1 else ok[1]
+        try:
+            if 2 * v0 > num_layers:
+                raise ConfigError(f"needs {2 * v0} stages, the model has {num_layers} layers")
+            build_experiment(_neutral(data, 2, 4, dp=1, pp=2, vpp=v0, schedule=name))
+        except ConfigError as exc:
+            unsupported[f"schedule={name}"] = str(exc)
+            continue
+        vpps[name] = () if len(ok) > 2 else tuple(ok)
+    return unsupported, vpps
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _allowed(pins: Pins, dim: str, values: Iterable[Any], dedupe: Sequence[Any] | None = None
+             ) -> list[Any]:
+    """``values`` restricted to the pins of ``dim``; unpinned, to ``dedupe`` if given."""
+    values = list(values)
+    if dim in pins:
+        return [v for v in values if v in pins[dim]]
+    if dedupe is not None:
+        return [v for v in values if v in dedupe]
+    return values
+
+
+def _schedule_variants(ctx: SearchContext, pins: Pins, pp: int) -> list[tuple[str, int]]:
+    """(schedule, vpp) pairs for ``pp`` pipeline ranks."""
+    layers = ctx.model.num_layers
+    names = [n for n in ctx.schedule_vpps if "schedule" not in pins or n in pins["schedule"]]
+    if pp == 1 and "schedule" not in pins:
+        names = [n for n in names if n == "1f1b"] or names[:1]
+    out = []
+    for name in names:
+        vpps: Sequence[int] = ctx.schedule_vpps[name]
+        if not vpps:  # any v: interleaving, v >= 2 with pp*v dividing the layers (Megatron)
+            vpps = [v for v in range(2, layers // pp + 1) if layers % (pp * v) == 0]
+            if "vpp" in pins:
+                vpps = [v for v in pins["vpp"] if pp * v <= layers]
+        out += [(name, v) for v in _allowed(pins, "vpp", vpps) if pp * v <= layers]
+    return out
+
+
+def enumerate_layouts(ctx: SearchContext, pins: Pins | None = None) -> Iterator[Layout]:
+    """Every layout of the search space that divides correctly, in a deterministic order.
+
+    Not checked here (the screener does): whether the schedule builder accepts
+    the number of micro-batches.
+    """
+    pins = pins or {}
+    unknown = [s for s in pins.get("schedule", ()) if s not in schedule_builders()]
+    if unknown:
+        raise ConfigError(f"--fix schedule={unknown[0]!r}: unknown schedule; choose from "
+                          f"{', '.join(schedule_builders())}")
+    n, model, gbs = ctx.cluster.num_gpus, ctx.model, ctx.global_batch_size
+    supported = {d: [v for v in values if f"{_SHORT.get(d, d)}={v}" not in ctx.unsupported]
+                 for d, values in (("cp", _divisors(n)), ("ep", _divisors(n)),
+                                   ("zero_stage", ZERO_STAGES))}
+    for tp in _allowed(pins, "tp", _divisors(n)):
+        if model.num_attention_heads % tp:
+            continue
+        for cp in _allowed(pins, "cp", [c for c in supported["cp"] if (n // tp) % c == 0],
+                           dedupe=[1] if "cp=2" in ctx.unsupported else None):
+            if cp > 1 and (n // tp) % cp:
+                continue
+            for pp in _allowed(pins, "pp", _divisors(n // (tp * cp))):
+                if pp > model.num_layers:
+                    continue
+                dp = n // (tp * cp * pp)
+                if dp not in pins.get("dp", (dp,)) or gbs % dp:
+                    continue
+                yield from _inner_layouts(ctx, pins, supported, tp, cp, pp, dp)
+
+
+def _inner_layouts(ctx: SearchContext, pins: Pins, supported: Mapping[str, list[int]],
+                   tp: int, cp: int, pp: int, dp: int) -> Iterator[Layout]:
+    seq, gbs = ctx.model.seq_length, ctx.global_batch_size
+    eps = _allowed(pins, "ep", [e for e in supported["ep"] if dp % e == 0],
+                   dedupe=[1] if "ep=2" in ctx.unsupported else None)
+    sps = _allowed(pins, "sequence_parallel", [False, True] if seq % tp == 0 else [False],
+                   dedupe=None if tp > 1 else [False])
+    zeros = _allowed(pins, "zero_stage", supported["zero_stage"])
+    if dp == 1 and "zero_stage" not in pins:
+        zeros = zeros[:1]
+    recomputes = _allowed(pins, "recompute", RECOMPUTE)
+    variants = _schedule_variants(ctx, pins, pp)
+    for ep in eps:
+        for mbs in _allowed(pins, "micro_batch_size", _divisors(gbs // dp)):
+            for schedule, vpp in variants:
+                for sp in sps:
+                    for zero in zeros:
+                        for rc in recomputes:
+                            yield Layout(tp, pp, dp, cp, ep, vpp, sp, zero, mbs, rc, schedule)
+
+
+# ----------------------------------------------------------------------------- screening
+
+_KINDS = (FORWARD, BACKWARD, WEIGHT_GRAD)
+_SLOT = {k: i for i, k in enumerate(_KINDS)}
+PLAN_CACHE_SIZE = 64
+"""Built schedules kept by a :class:`Screener` (least recently used are dropped)."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A built schedule in the form the bounds use: ops as indices, in dependency order."""
+
+    name: str
+    num_microbatches: int
+    stage_rank: tuple[int, ...]
+    split_backward: bool
+    exact: bool
+    """False with sequence chunks (activation shares per chunk are not modelled here)."""
+    rank_stages: tuple[tuple[int, ...], ...]
+    in_flight: tuple[np.ndarray, ...]
+    """Per rank: the distinct (in-flight counts per local stage, op slot) rows of
+    :func:`_in_flight`."""
+    order: tuple[int, ...]
+    """Op indices in an order where every op follows its producers and its rank predecessors."""
+    op_rank: tuple[int, ...]
+    op_slot: tuple[int, ...]
+    """``3·stage + kind`` (F, B, W): index of the op's duration in a table."""
+    op_deps: tuple[tuple[int, ...], ...]
+    last_op: tuple[int, ...]
+    """Per rank: its last op in program order."""
+    final_op: tuple[int, ...]
+    """Per rank: its last weight-gradient op (last backward without split), whose stage's
+    DP gradient collective ends the rank's step."""
+
+
+def _build_plan(name: str, p: int, m: int, v: int, w: float, seq_chunks: int) -> _Plan:
+    """Build the schedule and index it; ScheduleError if the builder refuses or it deadlocks."""
+    builder = schedule_builders()[name]
+    sched = builder(p, m, v, seq_chunks) if name == "seq1f1b" else builder(p, m, v)
+    if sched.chunks_per_rank != v:
+        raise ScheduleError(f"schedule {name!r} has {sched.chunks_per_rank} chunks per rank, "
+                            f"not vpp={v}")
+    index: dict[Op, int] = {}
+    flat: list[Op] = []
+    op_rank: list[int] = []
+    for r, ops in enumerate(sched.rank_ops):
+        for op in ops:
+            index[op] = len(flat)
+            flat.append(op)
+            op_rank.append(r)
+    deps = tuple(tuple(index[d] for d in schedule_deps(sched, op)) for op in flat)
+    rank_stages = tuple(tuple(s for s, owner in enumerate(sched.stage_rank) if owner == r)
+                        for r in range(sched.num_ranks))
+    final_kind = WEIGHT_GRAD if sched.split_backward else BACKWARD
+    last, final, in_flight = [], [], []
+    for r, ops in enumerate(sched.rank_ops):
+        last.append(index[ops[-1]] if ops else -1)
+        finals = [index[op] for op in ops if op.kind == final_kind]
+        final.append(finals[-1] if finals else -1)
+        in_flight.append(_in_flight(ops, rank_stages[r], sched.split_backward, w))
+    return _Plan(name, m, sched.stage_rank, sched.split_backward, sched.seq_chunks == 1,
+                 rank_stages, tuple(in_flight), _topological(sched.rank_ops, index, deps, name),
+                 tuple(op_rank), tuple(3 * op.stage + _SLOT[op.kind] for op in flat), deps,
+                 tuple(last), tuple(final))
+
+
+def _in_flight(ops: Sequence[Op], stages: tuple[int, ...], split: bool, w: float) -> np.ndarray:
+    """Walk a rank's program order as the engine allocates memory; one row per distinct
+    moment an op starts: the in-flight micro-batches of each local stage (columns follow
+    ``stages``) and, last column, the op's slot ``3·stage + kind`` (for the working memory
+    it holds while it runs).
+
+    A forward stashes one micro-batch of its stage when it starts; a backward frees it
+    when it ends (``1 - w`` of it when the weight gradient is split off; the W frees the
+    rest, ``w`` = :attr:`TransformerCosts.w_retained_fraction`). Ops on a rank run one at
+    a time, so memory peaks at some op's start.
+    """
+    local = {s: i for i, s in enumerate(stages)}
+    live = [0.0] * len(stages)
+    points = []
+    for op in ops:
+        j = local[op.stage]
+        if op.kind == FORWARD:
+            live[j] += 1.0
+        points.append((*live, 3.0 * op.stage + _SLOT[op.kind]))
+        if op.kind == BACKWARD:
+            live[j] -= (1.0 - w) if split else 1.0
+        elif op.kind == WEIGHT_GRAD:
+            live[j] -= w
+    if not points:
+        return np.zeros((1, len(stages) + 1))
+    return np.unique(np.array(points, dtype=float), axis=0)
+
+
+def _topological(rank_ops: Sequence[Sequence[Op]], index: Mapping[Op, int],
+                 deps: Sequence[tuple[int, ...]], name: str) -> tuple[int, ...]:
+    """Op indices in the order a run of the ranks' programs can complete them."""
+    n = len(index)
+    done = bytearray(n)
+    pos = [0] * len(rank_ops)
+    order: list[int] = []
+    while len(order) < n:
+        progressed = False
+        for r, ops in enumerate(rank_ops):
+            while pos[r] < len(ops):
+                i = index[ops[pos[r]]]
+                if not all(done[j] for j in deps[i]):
+                    break
+                done[i] = 1
+                order.append(i)
+                pos[r] += 1
+                progressed = True
+        if not progressed:
+            raise ScheduleError(f"schedule {name!r} deadlocks (ops wait on each other)")
+    return tuple(order)
+
+
+def _list_run(plan: _Plan, table: Sequence[float]) -> list[float]:
+    """End time of every op when each op starts as soon as its rank is free and its producers
+    are done, taking ``table[slot]`` seconds, and messages take no time (a list schedule)."""
+    end = [0.0] * len(plan.op_rank)
+    free = [0.0] * len(plan.rank_stages)
+    rank, slot, deps = plan.op_rank, plan.op_slot, plan.op_deps
+    for i in plan.order:
+        r = rank[i]
+        t = free[r]
+        for j in deps[i]:
+            if end[j] > t:
+                t = end[j]
+        t += table[slot[i]]
+        end[i] = free[r] = t
+    return end
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A layout and what screening (and later judging) found out about it."""
+
+    layout: Layout
+    status: str
+    """``ok`` (to simulate), ``memory`` (cannot fit), ``invalid`` (see ``reason``) or
+    ``pruned`` (cannot reach the top K)."""
+    reason: str = ""
+    memory_bound_gib: float | None = None
+    """Lower bound of the peak memory of the fullest GPU, GiB."""
+    tokens_bound: float | None = None
+    """Upper bound of the throughput, tokens/s."""
+
+
+class Screener:
+    """Bounds of a layout's peak memory and step time, without simulating it.
+
+    :meth:`screen` is cheap and needs no schedule: it rejects layouts whose
+    average static state already overflows the GPU and gives a loose
+    throughput bound that orders the search. :meth:`judge`, run when a layout's
+    turn comes, builds its schedule for the exact memory walk and a
+    list-schedule step bound. ``comm`` (valid for collapsed fidelity): time the
+    TP and DP collectives of the first and the last pipeline rank as a
+    collapsed simulation does (:class:`sim.commtime.CollectiveTimer`, all
+    replicas' groups at once) and add them to the step bounds; other ranks'
+    ops count their compute only, which keeps the bound a bound (a shorter op
+    never makes a list schedule longer) and the cost independent of ``pp``.
+    Caches live on the instance.
+    """
+
+    def __init__(self, ctx: SearchContext, profile: DeviceProfile | None = None,
+                 comm: bool = True) -> None:
+        self.ctx = ctx
+        self.profile = profile or default_profile(ctx.cluster.gpu.name)
+        self.comm = comm
+        self.timer = CollectiveTimer(ctx.cluster)
+        self._comm: dict[tuple, float] = {}
+        self._opt: dict[tuple, float] = {}
+        self._loose: dict[tuple, tuple[list[float], list[float]]] = {}
+        self._groups: dict[tuple[str, int, int, int, int], tuple[tuple[int, ...], ...]] = {}
+        self._plans: OrderedDict[tuple[str, int, int, int], _Plan | str] = OrderedDict()
+        self._stage_ranks: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
+        self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
+        self._static: dict[tuple, float] = {}
+        self._split: frozenset[str] | None = None
+        self._capacity_gib = ctx.cluster.gpu.hbm_capacity_bytes / GiB
+        self._tokens = ctx.global_batch_size * ctx.model.seq_length
+
+    def num_microbatches(self, layout: Layout) -> int:
+        return self.ctx.global_batch_size // (layout.micro_batch_size * layout.dp)
+
+    def _fits(self, gib: float) -> bool:
+        return gib <= self._capacity_gib * (1 + OOM_SLACK)
+
+    def _gib(self, tracked_bytes: float) -> float:
+        p = self.profile
+        return (tracked_bytes * (1 + p.fragmentation) + p.reserved_bytes) / GiB
+
+    # --------------------------------------------------------------- schedules
+    def plan(self, layout: Layout) -> _Plan | str:
+        """The built schedule of ``layout``, or why the builder refuses it (LRU-cached)."""
+        key = (layout.schedule, layout.pp, self.num_microbatches(layout), layout.vpp)
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                plan = _build_plan(*key, self.ctx.costs.w_retained_fraction,
+                                   self.ctx.config.training.seq_chunks)
+            except ScheduleError as exc:
+                plan = f"schedule={layout.schedule!r}: {exc}"
+            self._plans[key] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def _stage_rank(self, name: str, p: int, v: int) -> tuple[int, ...] | None:
+        """Which rank holds each stage (it does not depend on m): from a small build."""
+        key = (name, p, v)
+        if key not in self._stage_ranks:
+            found = None
+            builder = schedule_builders()[name]
+            for m in (2 * p, 4 * p):
+                try:
+                    extra = (self.ctx.config.training.seq_chunks,) if name == "seq1f1b" else ()
+                    found = builder(p, m, v, *extra).stage_rank
+                    break
+                except (ScheduleError, ValueError):
+                    continue
+            self._stage_ranks[key] = found
+        return self._stage_ranks[key]
+
+    # --------------------------------------------------------------- memory
+    def quick_memory_bound_gib(self, costs: TransformerCosts, pp: int) -> float:
+        """Schedule-free bound: the average static state per rank plus one micro-batch of the
+        lightest stage (some rank holds at least the average, every rank at least one)."""
+        stages = tuple(range(len(costs.stage_layers)))
+        key = ("static", costs.tp, costs.dp, costs.zero_stage, costs.stage_layers)
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = costs.static_bytes(stages)
+        key = ("act", costs.micro_batch_size, costs.tp, costs.sequence_parallel,
+               costs.recompute, costs.stage_layers)
+        act = self._static.get(key)
+        if act is None:
+            act = self._static[key] = min(costs.activation_bytes_per_mb(s) for s in stages)
+        return self._gib(static / pp + act)
+
+    def memory_bound_bytes(self, costs: TransformerCosts, plan: _Plan) -> list[float]:
+        """Lower bound of each pipeline rank's tracked peak memory, bytes (before the
+        allocator's fragmentation and reserved memory).
+
+        The static state of the rank's stages (:meth:`TransformerCosts.static_bytes`)
+        plus, at the start of each op in the rank's program order (:func:`_in_flight`),
+        the stashed activations (``activation_bytes_per_mb`` of each stage times its
+        in-flight count) and the op's working memory (``transient_bytes``, if the
+        cost model has it); the largest of these. The engine allocates exactly this
+        way (ops on a rank run one at a time in program order), so the bound is
+        tight for the current memory model and stays a bound if the engine tracks
+        more.
+        """
+        transient = getattr(costs, "transient_bytes", None)
+        out = []
+        for stages, rows in zip(plan.rank_stages, plan.in_flight, strict=True):
+            static = costs.static_bytes(stages)
+            if plan.exact:
+                act = np.array([costs.activation_bytes_per_mb(s) for s in stages])
+                slots = rows[:, -1].astype(int)
+                extra = np.zeros(len(rows))
+                if transient is not None:
+                    per_slot = {k: transient(Op(k // 3, _KINDS[k % 3], 0))
+                                for k in np.unique(slots).tolist()}
+                    extra = np.array([per_slot[k] for k in slots.tolist()])
+                static += float((rows[:, :-1] @ act + extra).max())
+            out.append(static)
+        return out
+
+    # --------------------------------------------------------------- time
+    def _op_time(self, costs: TransformerCosts, stage: int, kind: str, split: bool
+                 ) -> tuple[float, tuple[tuple[str, float], ...]]:
+        """(compute seconds, ((TP collective, bytes), ...)) of one op of ``stage``.
+
+        Compute is timed by the device model as ``simulate`` times it. The
+        collectives are those between the op's first and last compute segment:
+        a collapsed simulation folds them into the op as blocking communication
+        (:func:`workloads.lowering._fold`); the leading and trailing ones run on
+        their own stream and are left out (a bound may only leave work out).
+        """
+        last = stage == len(costs.stage_layers) - 1
+        key = (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
+               costs.stage_layers[stage], last, kind, split)
+        hit = self._op_cache.get(key)
+        if hit is not None:
+            return hit
+        gpu, kernel = self.ctx.cluster.gpu, costs.attention
+        segs = costs.op_segments(Op(stage, kind, 0), split)
+        at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
+        compute, comms = 0.0, []
+        for i, seg in enumerate(segs):
+            if isinstance(seg, ComputeSeg):
+                compute += (seg.duration_s if seg.duration_s is not None else compute_time_s(
+                    gpu, self.profile, seg.flops, seg.hbm_bytes, seg.attn_flops,
+                    seg.elementwise_bytes, kernel, seg.gemm_dims))
+            elif at and at[0] < i < at[-1]:
+                comms.append((seg.op, seg.nbytes))
+        out = self._op_cache[key] = (compute, tuple(comms))
+        return out
+
+    def _placement(self, layout: Layout) -> Placement:
+        return Placement.from_order(self.ctx.config.parallel.placement, tp=layout.tp,
+                                    cp=layout.cp, dp=layout.dp, pp=layout.pp)
+
+    def _comm_ranks(self, layout: Layout) -> frozenset[int]:
+        """Pipeline ranks whose collectives the bounds time (all others: compute only)."""
+        return frozenset({0, layout.pp - 1}) if self.comm else frozenset()
+
+    def _group_set(self, dim: str, layout: Layout, r: int) -> tuple[tuple[int, ...], ...]:
+        """Every replica's ``dim`` group of pipeline rank ``r``, as the collapsed lowering
+        passes them to the timer (TP: one group per DP replica; DP: one per TP lane)."""
+        key = (dim, layout.tp, layout.dp, layout.pp, r)
+        groups = self._groups.get(key)
+        if groups is None:
+            pl = self._placement(layout)
+            if dim == "tp":
+                groups = tuple(pl.group("tp", pl.gpu(pp=r, dp=e)) for e in range(layout.dp))
+            else:
+                groups = tuple(tuple(pl.gpu(tp=u, dp=e, pp=r) for e in range(layout.dp))
+                               for u in range(layout.tp))
+            self._groups[key] = groups
+        return groups
+
+    def _collective_s(self, dim: str, layout: Layout, r: int, op: str, nbytes: float) -> float:
+        """``op`` on every replica's ``dim`` group of pipeline rank ``r`` (the timer's time,
+        cached under a small key: the timer's own key holds every GPU of the groups)."""
+        key = (dim, layout.tp, layout.dp, layout.pp, r, op, nbytes)
+        t = self._comm.get(key)
+        if t is None:
+            t = self._comm[key] = self.timer(op, self._group_set(dim, layout, r), nbytes)
+        return t
+
+    def _tp_comm_s(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
+                   layout: Layout, r: int) -> float:
+        """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r."""
+        key = ("op", costs.micro_batch_size, costs.tp, costs.sequence_parallel,
+               costs.recompute, costs.stage_layers[stage], stage == len(costs.stage_layers) - 1,
+               kind, split, layout.dp, layout.pp, r)
+        t = self._comm.get(key)
+        if t is None:
+            comms = self._op_time(costs, stage, kind, split)[1]
+            t = self._comm[key] = sum(self._collective_s("tp", layout, r, op, nbytes)
+                                      for op, nbytes in comms)
+        return t
+
+    def _table(self, layout: Layout, costs: TransformerCosts, plan: _Plan) -> list[float]:
+        """Seconds of one op per ``3·stage + kind`` slot: compute, plus the TP collectives a
+        collapsed simulation folds into the op on the ranks of :meth:`_comm_ranks`."""
+        kinds = _KINDS if plan.split_backward else _KINDS[:2]
+        timed = self._comm_ranks(layout) if layout.tp > 1 else frozenset()
+        table = [0.0] * (3 * len(plan.stage_rank))
+        for s, r in enumerate(plan.stage_rank):
+            for kind in kinds:
+                compute = self._op_time(costs, s, kind, plan.split_backward)[0]
+                if r in timed:
+                    compute += self._tp_comm_s(costs, s, kind, plan.split_backward, layout, r)
+                table[3 * s + _SLOT[kind]] = compute
+        return table
+
+    def _optimizer_s(self, costs: TransformerCosts, stages: tuple[int, ...]) -> float:
+        key = (costs.tp, costs.dp, costs.zero_stage, costs.stage_layers, stages)
+        t = self._opt.get(key)
+        if t is None:
+            seg = costs.optimizer_segment(stages)
+            t = 0.0 if seg is None else compute_time_s(
+                self.ctx.cluster.gpu, self.profile, seg.flops, seg.hbm_bytes, seg.attn_flops,
+                seg.elementwise_bytes, costs.attention, seg.gemm_dims)
+            self._opt[key] = t
+        return t
+
+    def step_bound_s(self, layout: Layout, costs: TransformerCosts, plan: _Plan) -> float:
+        """Lower bound of the simulated step time of ``layout``, seconds.
+
+        A list schedule of the plan (:func:`_list_run`): every op takes its
+        compute time (plus, with ``comm``, its TP collectives), starts as soon
+        as its rank is free and its producers are done, and messages between
+        stages take no time. The engine runs the same ops in the same program
+        order under the same dependencies, with messages and contention that
+        only delay them, so each op ends no earlier there. Each rank then runs
+        its optimizer step; with ``comm`` and ``dp > 1`` the optimizer also
+        waits for the DP gradient collective of the rank's last stage, and
+        ZeRO's parameter all-gather follows it. The step is at least the
+        latest of these over ranks.
+        """
+        if not plan.exact:
+            return 0.0
+        end = _list_run(plan, self._table(layout, costs, plan))
+        timed = self._comm_ranks(layout) if layout.dp > 1 else frozenset()
+        bound = 0.0
+        for r, stages in enumerate(plan.rank_stages):
+            last = end[plan.last_op[r]] if plan.last_op[r] >= 0 else 0.0
+            opt = self._optimizer_s(costs, stages)
+            rank_end = last + opt
+            if r in timed and plan.final_op[r] >= 0:
+                rs, ag = self._dp_collectives_s(layout, costs, r, plan)
+                rank_end = max(last, end[plan.final_op[r]] + rs) + opt + ag
+            bound = max(bound, rank_end)
+        return bound
+
+    def _dp_collectives_s(self, layout: Layout, costs: TransformerCosts, r: int, plan: _Plan
+                          ) -> tuple[float, float]:
+        """(The gradient collective of rank r's last stage, ZeRO's parameter all-gather),
+        seconds, as the collapsed lowering times them."""
+        final_stage = plan.op_slot[plan.final_op[r]] // 3
+        nbytes = costs.grad_bytes(final_stage)
+        grad_op = "reduce_scatter" if layout.zero_stage >= 1 else "all_reduce"
+        rs = self._collective_s("dp", layout, r, grad_op, nbytes) if nbytes > 0 else 0.0
+        ag = 0.0
+        if layout.zero_stage >= 1:
+            ag = self._collective_s("dp", layout, r, "all_gather",
+                                    sum(costs.grad_bytes(s) for s in plan.rank_stages[r]))
+        return rs, ag
+
+    def loose_step_bound_s(self, layout: Layout, costs: TransformerCosts) -> float:
+        """Schedule-free lower bound of the step time, seconds.
+
+        On the first and the last pipeline rank (a bound on any rank bounds the
+        step): the forwards of the stages before the rank's first stage run
+        before it can start, then its ``m`` micro-batches of ops on its stages
+        (with ``comm``, plus their TP collectives), its optimizer step and, with
+        ``comm`` and ZeRO, its parameter all-gather.
+        """
+        m = self.num_microbatches(layout)
+        split = layout.schedule in self._split_schedules()
+        forward_chain, per_mb = self._stage_times(costs, split)
+        stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
+        if stage_rank is None:
+            return m * sum(per_mb) / layout.pp
+        timed = self._comm_ranks(layout)
+        bound = 0.0
+        for r in sorted({0, layout.pp - 1}):
+            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
+            busy = sum(per_mb[s] for s in mine)
+            if r in timed and layout.tp > 1:
+                kinds = _KINDS if split else _KINDS[:2]
+                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r)
+                            for s in mine for k in kinds)
+            end = forward_chain[mine[0]] + m * busy + self._optimizer_s(costs, mine)
+            if r in timed and layout.zero_stage >= 1 and layout.dp > 1:
+                end += self._collective_s("dp", layout, r, "all_gather",
+                                          sum(costs.grad_bytes(s) for s in mine))
+            bound = max(bound, end)
+        return bound
+
+    def _stage_times(self, costs: TransformerCosts, split: bool
+                     ) -> tuple[list[float], list[float]]:
+        """(compute of the forwards before each stage, compute of one micro-batch per stage)."""
+        key = (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
+               costs.stage_layers, split)
+        hit = self._loose.get(key)
+        if hit is None:
+            kinds = _KINDS if split else _KINDS[:2]
+            stages = range(len(costs.stage_layers))
+            per_mb = [sum(self._op_time(costs, s, k, split)[0] for k in kinds) for s in stages]
+            chain = [0.0]
+            for s in stages:
+                chain.append(chain[-1] + self._op_time(costs, s, FORWARD, split)[0])
+            hit = self._loose[key] = (chain, per_mb)
+        return hit
+
+    def _split_schedules(self) -> frozenset[str]:
+        """Schedules that split the backward into B and W (their W is timed apart)."""
+        if self._split is None:
+            split = set()
+            for name, vpps in self.ctx.schedule_vpps.items():
+                try:
+                    if _build_plan(name, 2, 4, (vpps or (2,))[0], 0.5, 1).split_backward:
+                        split.add(name)
+                except (ScheduleError, ValueError):
+                    continue
+            self._split = frozenset(split)
+        return self._split
+
+    # --------------------------------------------------------------- verdicts
+    def screen(self, layout: Layout) -> Candidate:
+        """Cheap check: the schedule-free memory bound and a loose throughput bound."""
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        quick = self.quick_memory_bound_gib(costs, layout.pp)
+        if not self._fits(quick):
+            return Candidate(layout, "memory", memory_bound_gib=quick)
+        step = self.loose_step_bound_s(layout, costs)
+        return Candidate(layout, "ok", memory_bound_gib=quick,
+                         tokens_bound=self._tokens / step if step > 0 else math.inf)
+
+    def judge(self, candidate: Candidate, threshold: float = 0.0) -> Candidate:
+        """Full check before simulating: the schedule is built and walked for the exact memory
+        bound and, if ``threshold`` (tokens/s) > 0, the list-schedule step bound; a layout
+        that cannot reach ``threshold`` comes back ``pruned``."""
+        layout = candidate.layout
+        plan = self.plan(layout)
+        if isinstance(plan, str):
+            return replace(candidate, status="invalid", reason=plan)
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        gib = self._gib(max(self.memory_bound_bytes(costs, plan)))
+        if not self._fits(gib):
+            return replace(candidate, status="memory", memory_bound_gib=gib)
+        candidate = replace(candidate, memory_bound_gib=gib)
+        if threshold > 0:
+            step = self.step_bound_s(layout, costs, plan)
+            tokens = self._tokens / step if step > 0 else math.inf
+            candidate = replace(candidate, tokens_bound=tokens)
+            if tokens < threshold:
+                return replace(candidate, status="pruned")
+        return candidate
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The outcome of simulating one layout (what workers return and the store keeps)."""
+
+    key: str
+    status: str
+    """``ok`` (fits), ``oom`` (simulated, does not fit), ``invalid`` (the experiment refused
+    the layout) or ``error`` (the simulation raised)."""
+    stats: dict[str, Any] | None = None
+    """The ``sim run --json`` object, for ``ok`` and ``oom``."""
+    error: str = ""
+    elapsed_s: float = 0.0
+    """Wall time of the evaluation (not part of the result's identity)."""
+
+    def same_result(self, other: Evaluation) -> bool:
+        return (self.key, self.status, self.stats, self.error) == (
+            other.key, other.status, other.stats, other.error)
+
+
+class Evaluator:
+    """Simulates layouts of one experiment: the callable a worker builds once.
+
+    Builds the cluster once and shares it between the layouts' experiments, so
+    its route cache is reused (it depends only on the cluster description).
+    """
+
+    def __init__(self, data: Mapping[str, Any], global_batch_size: int,
+                 fidelity: str = "collapsed", profile: DeviceProfile | None = None,
+                 base_dir: str | None = None) -> None:
+        """``profile``: the device profile (None: ``simulate``'s default for the GPU)."""
+        self.data = dict(data)
+        self.global_batch_size = global_batch_size
+        self.fidelity = fidelity
+        self.profile = profile
+        self.base_dir = Path(base_dir) if base_dir else None
+        self.cluster = build_cluster(parse_config(self.data))
+
+    def experiment(self, layout: Layout) -> Any:
+        data = self.data
+        for key, value in layout.changes(self.global_batch_size).items():
+            data = set_dotted(data, key, value)
+        exp = build_experiment(data, self.base_dir)
+        return replace(exp, cluster=self.cluster)
+
+    def __call__(self, layout: Layout) -> Evaluation:
+        """Simulate ``layout``; never raises: refusals and failures come back as results."""
+        start = time.perf_counter()
+        try:
+            stats = simulate(self.experiment(layout), self.profile, fidelity=self.fidelity).stats
+        except ConfigError as exc:
+            return Evaluation(layout.key, "invalid", error=str(exc),
+                              elapsed_s=time.perf_counter() - start)
+        except Exception as exc:  # noqa: BLE001 - a failing layout must not stop the sweep
+            kind = "" if isinstance(exc, SimError) else f"{type(exc).__name__}: "
+            return Evaluation(layout.key, "error", error=f"{kind}{exc}",
+                              elapsed_s=time.perf_counter() - start)
+        return Evaluation(layout.key, "oom" if stats["oom"] else "ok", stats,
+                          elapsed_s=time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- store
+
+
+class ResultStore:
+    """Simulation results in SQLite, keyed by (experiment fingerprint, layout key).
+
+    Every :meth:`put` is its own transaction, so a sweep killed at any moment
+    keeps every result it reported. ``path=None`` (or ``":memory:"``) keeps the
+    results in memory.
+    """
+
+    SCHEMA = """
+        CREATE TABLE IF NOT EXISTS results (
+            experiment TEXT NOT NULL,
+            layout TEXT NOT NULL,
+            status TEXT NOT NULL,
+            stats TEXT,
+            error TEXT NOT NULL DEFAULT '',
+            elapsed_s REAL NOT NULL DEFAULT 0,
+            PRIMARY KEY (experiment, layout)
+        )"""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = ":memory:" if path in (None, ":memory:") else str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._conn = sqlite3.connect(self.path, timeout=30.0)
+            if self.path != ":memory:":
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+            with self._conn:
+                self._conn.execute(self.SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"--db {self.path!r}: not a usable SQLite database: {exc}"
+                              ) from None
+
+    def load(self, experiment: str) -> dict[str, Evaluation]:
+        """Every stored result of ``experiment``, by layout key."""
+        rows = self._conn.execute(
+            "SELECT layout, status, stats, error, elapsed_s FROM results WHERE experiment = ?",
+            (experiment,))
+        return {key: Evaluation(key, status, json.loads(stats) if stats else None, error, elapsed)
+                for key, status, stats, error, elapsed in rows}
+
+    def put(self, experiment: str, ev: Evaluation) -> None:
+        """Store one result in its own transaction (replacing an older one)."""
+        with self._conn:
+            self._conn.execute(
+                "INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?)",
+                (experiment, ev.key, ev.status,
+                 None if ev.stats is None else json.dumps(ev.stats, sort_keys=True),
+                 ev.error, ev.elapsed_s))
+
+    def count(self, experiment: str | None = None) -> int:
+        if experiment is None:
+            return self._conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        return self._conn.execute("SELECT COUNT(*) FROM results WHERE experiment = ?",
+                                  (experiment,)).fetchone()[0]
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> ResultStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+@dataclass(frozen=True)
+class Row:
+    """One layout of a finished search: how it was judged and, if simulated, its figures."""
+
+    layout: Layout
+    status: str
+    """``ok``, ``oom``, ``error``, ``invalid`` (refused when built), ``memory`` (rejected by
+    the memory bound) or ``pruned`` (its throughput bound is below the K-th best)."""
+    stats: dict[str, Any] | None = None
+    error: str = ""
+    memory_bound_gib: float | None = None
+    tokens_bound: float | None = None
+    rank: int | None = None
+    """1 = best feasible layout; None for layouts that are not feasible."""
+    elapsed_s: float = 0.0
+    """Wall time of its simulation (0 if not simulated by this run or the stored one)."""
+
+    def figure(self, key: str) -> Any:
+        return None if self.stats is None else self.stats.get(key)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat mapping for the CSV and the plot."""
+        out: dict[str, Any] = {"rank": self.rank, "status": self.status, "key": self.layout.key}
+        out.update({d: getattr(self.layout, d) for d in DIMS})
+        for k in CSV_FIGURES:
+            out[k] = self.figure(k)
+        out["memory_bound_gib"] = self.memory_bound_gib
+        out["tokens_per_s_bound"] = self.tokens_bound
+        out["error"] = self.error
+        return out
+
+
+CSV_FIGURES = ("step_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "peak_memory_gib",
+               "memory_capacity_gib", "bubble_fraction", "num_microbatches")
+"""Figures of ``sim run --json`` copied into the CSV and the ``top`` list."""
+
+
+@dataclass
+class SearchResult:
+    """Everything a search found: rows (ranked feasible first) and counts."""
+
+    experiment: str
+    num_gpus: int
+    global_batch_size: int
+    rows: list[Row]
+    elapsed_s: float
+    enumerated: int
+    """Layouts that divide correctly (before screening)."""
+    unsupported: dict[str, str]
+    pins: dict[str, tuple[Any, ...]]
+    resumed: int = 0
+    """Results taken from the store instead of simulated."""
+    simulated: int = 0
+    """Layouts simulated by this run."""
+    counts: dict[str, int] = field(default_factory=dict)
+    """Rows per status."""
+    screen_s: float = 0.0
+    """Wall time of building the context, enumerating and screening (in this process)."""
+
+    @property
+    def feasible(self) -> list[Row]:
+        return [r for r in self.rows if r.rank is not None]
+
+    @property
+    def best(self) -> Row | None:
+        feasible = self.feasible
+        return feasible[0] if feasible else None
+
+    @property
+    def evaluated(self) -> int:
+        """Valid layouts judged: by the memory bound, the throughput bound or a simulation."""
+        return sum(n for s, n in self.counts.items() if s != "invalid")
+
+    def top(self, k: int) -> list[Row]:
+        return self.feasible[:k]
+
+    def summary(self, top: int = 10) -> dict[str, Any]:
+        """The ``sim search --json`` object."""
+        best = self.best
+        return {
+            "experiment": self.experiment,
+            "num_gpus": self.num_gpus,
+            "global_batch_size": self.global_batch_size,
+            "enumerated": self.enumerated,
+            "evaluated": self.evaluated,
+            "simulated": self.simulated,
+            "resumed": self.resumed,
+            "feasible": len(self.feasible),
+            "counts": dict(sorted(self.counts.items())),
+            "elapsed_s": self.elapsed_s,
+            "screen_s": self.screen_s,
+            "layouts_per_s": self.evaluated / self.elapsed_s if self.elapsed_s > 0 else None,
+            "pins": {CONFIG_KEYS[d]: list(v) for d, v in sorted(self.pins.items())},
+            "unsupported": dict(sorted(self.unsupported.items())),
+            "best": None if best is None else _best_json(best),
+            "top": [{"rank": r.rank, "key": r.layout.key, **{k: r.figure(k) for k in CSV_FIGURES}}
+                    for r in self.top(top)],
+        }
+
+
+def _best_json(row: Row) -> dict[str, Any]:
+    return {"key": row.layout.key, **row.layout.settings(), "stats": row.stats}
+
+
+def rows_csv(rows: Sequence[Row]) -> str:
+    """All rows as CSV text (header first; empty cells for missing figures)."""
+    buf = io.StringIO()
+    header = ["rank", "status", "key", *DIMS, *CSV_FIGURES, "memory_bound_gib",
+              "tokens_per_s_bound", "error"]
+    writer = csv.DictWriter(buf, header, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        d = row.as_dict()
+        writer.writerow({k: "" if d[k] is None else (_text(d[k]) if isinstance(d[k], bool)
+                                                      else d[k]) for k in header})
+    return buf.getvalue()
+
+
+def _rank_rows(rows: list[Row]) -> list[Row]:
+    """Feasible rows by throughput (then less memory, then key), numbered; the rest after."""
+    def throughput(r: Row) -> float:
+        return r.figure("tokens_per_s") or 0.0
+
+    feasible = sorted((r for r in rows if r.status == "ok"),
+                      key=lambda r: (-throughput(r), r.figure("peak_memory_gib"), r.layout.key))
+    order = {"oom": 0, "error": 1, "pruned": 2, "memory": 3, "invalid": 4}
+    rest = sorted((r for r in rows if r.status != "ok"),
+                  key=lambda r: (order.get(r.status, 9), r.layout.key))
+    return [replace(r, rank=i + 1) for i, r in enumerate(feasible)] + rest
+
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``: layouts judged so far out of those that passed screening."""
+
+
+def _kth_best(results: Iterable[Evaluation], k: int) -> float:
+    tokens = sorted((ev.stats["tokens_per_s"] or 0.0 for ev in results
+                     if ev.status == "ok" and ev.stats), reverse=True)
+    return tokens[k - 1] if len(tokens) >= k else 0.0
+
+
+def search(
+    data: Mapping[str, Any],
+    *,
+    base_dir: str | Path | None = None,
+    gpus: int | None = None,
+    pins: Pins | None = None,
+    top: int = 10,
+    fidelity: str = "collapsed",
+    profile: DeviceProfile | None = None,
+    executor: Executor | None = None,
+    store: ResultStore | None = None,
+    prune: bool = True,
+    round_size: int = 16,
+    progress: Progress | None = None,
+    evaluator: Callable[..., Callable[[Layout], Evaluation]] = Evaluator,
+) -> SearchResult:
+    """Search the layouts of the experiment mapping ``data`` (see the module docstring).
+
+    ``top``: K, the number of best layouts that pruning keeps exact (the
+    K best feasible layouts are always simulated). ``prune=False`` simulates
+    every layout that passes the memory bound. ``executor`` defaults to this
+    process; ``store`` to an in-memory database. ``evaluator`` is the worker
+    factory, called as ``evaluator(data, global_batch_size, fidelity, profile,
+    base_dir)`` (a hook for tests).
+    """
+    start = time.perf_counter()
+    if top < 1:
+        raise ConfigError(f"--top={top}: must be at least 1")
+    if fidelity not in FIDELITIES:
+        raise ConfigError(f"--fidelity={fidelity!r}: choose one of {', '.join(FIDELITIES)}")
+    if round_size < 1:
+        raise ConfigError(f"round_size={round_size}: must be at least 1")
+    pins = dict(pins or {})
+    ctx = SearchContext.build(data, base_dir, gpus)
+    profile = profile or default_profile(ctx.cluster.gpu.name)
+    collapsed = fidelity == "collapsed" or (
+        fidelity == "auto" and ctx.cluster.num_gpus > AUTO_FULL_MAX_GPUS)
+    screener = Screener(ctx, profile, comm=collapsed)
+    layouts = list(enumerate_layouts(ctx, pins))
+    if not layouts:
+        pinned = ", ".join(f"{CONFIG_KEYS[d]}={'|'.join(map(_text, v))}" for d, v in pins.items())
+        raise ConfigError(f"no layout of {ctx.cluster.num_gpus} GPUs divides correctly"
+                          + (f" with --fix {pinned}" if pinned else "")
+                          + f" (global batch {ctx.global_batch_size}, "
+                          f"{ctx.model.num_attention_heads} heads, {ctx.model.num_layers} layers)")
+    candidates = [screener.screen(layout) for layout in layouts]
+    todo = sorted((c for c in candidates if c.status == "ok"),
+                  key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
+    screen_s = time.perf_counter() - start
+    fingerprint = ctx.fingerprint(fidelity, profile)
+    own_store = store is None
+    store = store or ResultStore()
+    done = store.load(fingerprint)
+    resumed = sum(1 for c in todo if c.layout.key in done)
+    task = Task(evaluator, (ctx.data, ctx.global_batch_size, fidelity, profile,
+                            str(ctx.base_dir) if ctx.base_dir else None))
+    executor = executor or InlineExecutor()
+    results: dict[str, Evaluation] = {}
+    judged: dict[str, Candidate] = {}
+    try:
+        simulated = _run_rounds(todo, done, results, judged, screener, executor, task, store,
+                                fingerprint, top, prune, round_size, progress)
+    finally:
+        if own_store:
+            store.close()
+    rows = _collect_rows(candidates, results, judged)
+    counts = Counter(r.status for r in rows)
+    return SearchResult(ctx.config.name, ctx.cluster.num_gpus, ctx.global_batch_size, rows,
+                        time.perf_counter() - start, len(layouts), ctx.unsupported, pins,
+                        resumed, simulated, dict(counts), screen_s)
+
+
+def _run_rounds(todo: list[Candidate], done: Mapping[str, Evaluation],
+                results: dict[str, Evaluation], judged: dict[str, Candidate],
+                screener: Screener, executor: Executor, task: Task, store: ResultStore,
+                fingerprint: str, top: int, prune: bool, round_size: int,
+                progress: Progress | None) -> int:
+    """Judge ``todo`` (best bound first) round by round; returns how many were simulated.
+
+    The first round holds the K best bounds, the next ``round_size`` each. Each
+    round is judged against the K-th best throughput of the rounds before it:
+    stored results are reused, layouts that cannot fit or cannot reach it are
+    set aside (:meth:`Screener.judge`), the rest are simulated on ``executor``
+    and stored one by one as they finish.
+    """
+    report = progress or (lambda _done, _total: None)
+    total, finished, simulated = len(todo), 0, 0
+    report(0, total)
+    # the first round is the K best bounds: the threshold exists as soon as possible
+    bounds = [0, *range(min(top, total), total, round_size), total]
+    for first, end in zip(bounds, bounds[1:], strict=False):
+        threshold = _kth_best(results.values(), top) if prune else 0.0
+        run: list[Layout] = []
+        stop = None
+        for i in range(first, end):
+            c = todo[i]
+            key = c.layout.key
+            if key in done:
+                results[key] = done[key]
+            elif threshold > 0 and (c.tokens_bound or 0.0) < threshold:
+                stop = i  # ordered by this bound: no later layout can reach the threshold
+                break
+            else:
+                judged[key] = verdict = screener.judge(c, threshold)
+                if verdict.status == "ok":
+                    run.append(c.layout)
+                    continue
+            finished += 1
+        report(finished, total)
+        for index, outcome in executor.run(task, run) if run else ():
+            ev = _as_evaluation(outcome, run[index])
+            store.put(fingerprint, ev)
+            results[ev.key] = ev
+            simulated += 1
+            finished += 1
+            report(finished, total)
+        if stop is not None:
+            for c in todo[stop:]:
+                if c.layout.key in done:
+                    results[c.layout.key] = done[c.layout.key]
+                else:
+                    judged[c.layout.key] = replace(c, status="pruned")
+            report(total, total)
+            break
+    return simulated
+
+
+def _as_evaluation(outcome: Any, layout: Layout) -> Evaluation:
+    if isinstance(outcome, Evaluation):
+        return outcome
+    message = outcome.message if isinstance(outcome, WorkerFailure) else repr(outcome)
+    return Evaluation(layout.key, "error", error=message)
+
+
+def _collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluation],
+                  judged: Mapping[str, Candidate]) -> list[Row]:
+    rows = []
+    for c in candidates:
+        c = judged.get(c.layout.key, c)
+        ev = results.get(c.layout.key)
+        if ev is not None:
+            rows.append(Row(c.layout, ev.status, ev.stats, ev.error, c.memory_bound_gib,
+                            c.tokens_bound, elapsed_s=ev.elapsed_s))
+        else:
+            rows.append(Row(c.layout, c.status, error=c.reason,
+                            memory_bound_gib=c.memory_bound_gib, tokens_bound=c.tokens_bound))
+    return _rank_rows(rows)

@@ -1,0 +1,142 @@
+"""Executors: in-process, local worker processes and a real local Ray runtime.
+
+Whatever runs a sweep, its results are the same; a lost worker is retried and
+then reported; Ctrl-C stops a multi-process sweep cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_search import KILL_PINS, PINS_SMALL, SMALL, _db_keys, _interrupt, _small, _write
+
+from sim.errors import ConfigError
+from sim.executors import (
+    InlineExecutor,
+    LocalExecutor,
+    RayExecutor,
+    Task,
+    WorkerFailure,
+    make_executor,
+)
+from sim.search import SearchResult, search
+
+UPPER = Task(operator.methodcaller, ("upper",))
+"""A task every worker can rebuild: ``item.upper()``."""
+
+
+def _same_results(a: SearchResult, b: SearchResult) -> bool:
+    return [(r.layout, r.status, r.stats, r.error, r.rank) for r in a.rows] == [
+        (r.layout, r.status, r.stats, r.error, r.rank) for r in b.rows]
+
+
+def test_inline_and_local_run_every_item_once() -> None:
+    items = [f"item{i}" for i in range(12)]
+    for executor in (InlineExecutor(), LocalExecutor(2)):
+        with executor:
+            got = dict(executor.run(UPPER, items))
+            again = dict(executor.run(UPPER, items[:3]))  # the workers are reused
+        assert got == {i: s.upper() for i, s in enumerate(items)}
+        assert again == {0: "ITEM0", 1: "ITEM1", 2: "ITEM2"}
+
+
+def _die_on(marker: str) -> object:
+    """A worker function that kills its own process on ``"die"`` and, once, on ``"once"``
+    (the marker file records that it died already)."""
+
+    def fn(item: str) -> str:
+        if item == "die" or (item == "once" and not os.path.exists(marker)):
+            if item == "once":
+                Path(marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return item.upper()
+
+    return fn
+
+
+def test_a_lost_worker_is_retried_once_then_reported(tmp_path: Path) -> None:
+    task = Task(_die_on, (str(tmp_path / "died-once"),))
+    with LocalExecutor(2) as executor:
+        got = dict(executor.run(task, ["a", "once", "b", "die", "c"]))
+    assert got[0] == "A" and got[1] == "ONCE" and got[2] == "B" and got[4] == "C"
+    assert isinstance(got[3], WorkerFailure) and "died" in got[3].message
+
+
+def test_results_are_identical_in_process_and_in_local_workers() -> None:
+    with LocalExecutor(2) as executor:
+        local = search(SMALL, pins=PINS_SMALL, top=3, executor=executor)
+    assert local.simulated > 0
+    assert _same_results(local, _small(True))
+
+
+def test_ctrl_c_stops_local_workers_and_keeps_results(tmp_path: Path) -> None:
+    import subprocess
+
+    exp = _write(tmp_path, SMALL)
+    db = tmp_path / "r.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim", "search", str(exp), "--db", str(db), "--json",
+         "--workers", "2", "--exhaustive", "--fix", KILL_PINS],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = _interrupt(proc, db, 3, signal.SIGINT)
+    assert proc.returncode == 130 and err.strip() == "error: interrupted"
+    assert len(_db_keys(db)) >= 3
+
+
+def test_make_executor_choices_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(make_executor("local", 1), InlineExecutor)
+    assert isinstance(make_executor("local", 3), LocalExecutor)
+    for args, needle in ((("spark",), "--executor='spark'"), (("local", 0), "--workers=0"),
+                         (("local", 2, "auto"), "only used with --executor ray")):
+        with pytest.raises(ConfigError, match=needle):
+            make_executor(*args)
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ConfigError, match="pip install"):
+        make_executor("ray", 2)
+
+
+# ----------------------------------------------------------------------------- Ray
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():  # type: ignore[no-untyped-def]
+    """A real local Ray runtime with two CPUs (not a mock)."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install '.[ray]')")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_runs_tasks_on_actors(ray_runtime) -> None:  # type: ignore[no-untyped-def]
+    with RayExecutor(workers=2) as executor:
+        got = dict(executor.run(UPPER, ["a", "b", "c"]))
+    assert got == {0: "A", 1: "B", 2: "C"}
+    assert ray_runtime.is_initialized()  # a runtime it did not start is left running
+
+
+def test_results_are_identical_on_ray(ray_runtime) -> None:  # type: ignore[no-untyped-def]
+    with RayExecutor(workers=2) as executor:
+        on_ray = search(SMALL, pins=PINS_SMALL, top=3, executor=executor)
+    assert on_ray.simulated > 0
+    assert _same_results(on_ray, _small(True))
+
+
+def test_cli_search_on_ray(ray_runtime, tmp_path: Path,  # type: ignore[no-untyped-def]
+                           capsys: pytest.CaptureFixture) -> None:
+    from sim.cli import main
+
+    exp = _write(tmp_path, SMALL)
+    assert main(["search", str(exp), "--executor", "ray", "--workers", "2", "--json",
+                 "--top", "1", "--fix", "tp=1,pp=2,mbs=1,recompute=none,zero=1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["best"]["parallel"]["pp"] == 2 and summary["simulated"] >= 1
