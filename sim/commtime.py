@@ -1,82 +1,85 @@
 """Timing collectives in isolation on the real topology, for collapsed simulations.
 
 A collapsed simulation (DESIGN.md, "Large clusters") runs one representative
-GPU per pipeline rank. The collectives it takes part in are timed here: every
-group it stands for runs the collective at once on the flow-level network, so
-contention between the replicas' collectives on shared links (NICs, uplinks)
-is included. Results are cached per (op, groups, bytes) on the instance.
+GPU per pipeline rank. The collectives and pipeline sends it takes part in are
+timed here: every group it stands for runs the collective at once on the
+flow-level network, so contention between the replicas' collectives on shared
+links (NICs, uplinks) is included. The plan is the engine's own
+(:func:`sim.engine.collective_plan`: the cluster's per-op algorithm override or
+``auto`` choice, its granularity, the routes' latencies, the per-step software
+latency), so an isolated collective takes exactly as long here as in a full
+simulation. Results are cached per (op, groups, bytes) on the instance.
 """
 
 from __future__ import annotations
 
-from sim.engine import simulate_program
+from sim.engine import collective_plan, simulate_program, step_latency_s
 from sim.network import makespan_s
 from topologies.cluster import Cluster
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import gpipe
 
-RING_STEPS = {"all_reduce": lambda n: 2 * (n - 1), "reduce_scatter": lambda n: n - 1,
-              "all_gather": lambda n: n - 1}
+Flow = tuple[float, tuple[int, ...], float]
+"""``(start_s, links, nbytes)`` as :func:`sim.network.makespan_s` takes it."""
 
 
 class CollectiveTimer:
-    """``timer(op, groups, nbytes)`` -> seconds for ``op`` run concurrently on all ``groups``."""
+    """``timer(op, groups, nbytes)`` -> seconds for ``op`` run concurrently on all ``groups``.
+
+    ``op == "send"``: ``groups`` are ``(src, dst)`` pairs each sending ``nbytes`` at
+    once (the engine's point-to-point transfer: route latency, then a flow).
+    Otherwise each group of two or more GPUs runs collective ``op`` with
+    ``algo`` (unless the cluster overrides the algorithm for ``op``), and the
+    time is the collective launch latency plus the makespan of all their plans.
+    """
 
     def __init__(self, cluster: Cluster, algo: str = "ring") -> None:
         self.cluster = cluster
         self.algo = algo
         self._cache: dict[tuple, float] = {}
         self.simulations = 0
-        """How many distinct collective simulations ran (the rest were cache hits)."""
+        """How many collectives needed the event engine (plans with dependent transfers)."""
 
     def __call__(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         key = (op, groups, nbytes)
         cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        if op == "send":  # groups are (src, dst) pairs sending at once
-            flows = []
-            for src, dst in groups:
-                route = self.cluster.route(src, dst)
-                flows.append((route.latency_s, route.links, nbytes))
-            t = self._cache[key] = makespan_s(flows, self.cluster.link_bandwidth_Bps)
-            return t
-        if self.algo == "ring" and op in RING_STEPS:
-            t = self._ring_time(op, groups, nbytes)
-            self._cache[key] = t
-            return t
-        b = ProgramBuilder()
-        for group in groups:
-            if len(group) > 1:
-                b.collective(group, {}, kind="dp", name=op, op=op, nbytes=nbytes, algo=self.algo)
-        instructions = b.build()
-        n = self.cluster.num_gpus
-        if instructions:
-            program = Program(n, instructions, (0.0,) * n, gpipe(1, 1))
-            t = simulate_program(program, self.cluster, lambda _op: 0.0).end_s
-            self.simulations += 1
-        else:
-            t = 0.0
-        self._cache[key] = t
-        return t
+        if cached is None:
+            cached = self._cache[key] = (self._send_time(groups, nbytes) if op == "send"
+                                         else self._collective_time(op, groups, nbytes))
+        return cached
 
-    def _ring_time(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
-        """Ring collectives: every step moves one chunk along every ring edge of every group.
+    def _send_time(self, pairs: tuple[tuple[int, ...], ...], nbytes: float) -> float:
+        flows: list[Flow] = []
+        for src, dst in pairs:
+            route = self.cluster.route(src, dst)
+            flows.append((route.latency_s, route.links, nbytes))
+        return makespan_s(flows, self.cluster.link_bandwidth_Bps)
 
-        All steps have the same flows, so one step is timed on the flow
-        network (max-min sharing, per-hop latency) and multiplied by the number
-        of steps, plus the launch latency. Exact when the steps run in lockstep,
-        as they do when all ring edges of a group see the same bandwidth.
+    def _collective_time(self, op: str, groups: tuple[tuple[int, ...], ...],
+                         nbytes: float) -> float:
+        """Launch latency + makespan of every group's plan, started together.
+
+        Plans whose transfers do not depend on each other (streamed rings,
+        NVLS, ...) are timed by the pure flow loop; others (trees, step
+        granularity, hierarchical) by the event engine on a program holding
+        just these collectives.
         """
         live = [g for g in groups if len(g) > 1]
-        if not live or nbytes <= 0:
+        if not live:
             return 0.0
-        flows = []
+        c = self.cluster
+        plans = [collective_plan(c, op, self.algo, g, nbytes) for g in live]
+        if all(not step.deps for steps in plans for step in steps):
+            flows: list[Flow] = []
+            for steps in plans:
+                for step in steps:
+                    route = c.route(step.src, step.dst)
+                    flows.append((step_latency_s(c, step), route.links, step.nbytes))
+            return c.collective_launch_s + makespan_s(flows, c.link_bandwidth_Bps)
+        b = ProgramBuilder()
         for group in live:
-            n = len(group)
-            for i, src in enumerate(group):
-                route = self.cluster.route(src, group[(i + 1) % n])
-                flows.append((route.latency_s, route.links, nbytes / n))
-        step = makespan_s(flows, self.cluster.link_bandwidth_Bps)
-        steps = max(RING_STEPS[op](len(g)) for g in live)
-        return self.cluster.collective_launch_s + steps * step
+            b.collective(group, {}, kind="dp", name=op, op=op, nbytes=nbytes, algo=self.algo)
+        n = c.num_gpus
+        program = Program(n, b.build(), (0.0,) * n, gpipe(1, 1))
+        self.simulations += 1
+        return simulate_program(program, c, lambda _op: 0.0).end_s

@@ -1,18 +1,30 @@
 """The discrete-event engine: executes per-rank programs on a cluster. The only SimPy user.
 
-One SimPy process per (GPU, stream), like CUDA streams: each runs its
-instructions in program order, each instruction once its dependencies have
-completed. Compute takes its device-model time; sends and collectives become
-flows on the flow-level network (:mod:`sim.network`), which shares link
-bandwidth max-min fairly and adds each hop's latency. The engine never chooses
-order and never computes statistics: it records a :class:`~sim.timeline.Timeline`.
+Each (GPU, stream) runs its instructions in program order, like a CUDA
+stream, each instruction once its dependencies have completed. Compute takes
+its device-model time; sends and collectives become flows on the flow-level
+network (:mod:`sim.network`), which shares link bandwidth max-min fairly and
+adds each hop's latency. The engine never chooses order and never computes
+statistics: it records a :class:`~sim.timeline.Timeline`.
+
+How it runs (for speed; the semantics are those of one SimPy process per
+stream): the program is a DAG whose edges are the instructions' ``deps`` and
+stream order. Each instruction keeps a counter of unfinished predecessors;
+when an instruction completes, its successors' counters drop and those at
+zero start. Only things that take simulated time become SimPy events (a
+compute op's end, a latency, a precomputed transfer, the network's next flow
+end, one rate refresh per instant), so there is no process, no per-instruction
+completion event and no condition event. Spans and memory samples are kept as
+plain tuples and turned into timeline records once, in sorted order.
 """
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict, deque
-from collections.abc import Callable, Generator
+import gc
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import simpy
 
@@ -22,9 +34,143 @@ from sim.errors import DeadlockError
 from sim.network import FlowNetwork
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline
 from topologies.cluster import Cluster
-from workloads.program import Collective, Compute, Instruction, Program, Send
+from workloads.program import Collective, Compute, Program, Send
 
 ComputeTimer = Callable[[Compute], float]
+
+
+@dataclass
+class EngineCounters:
+    """What one run of the engine did; pass one to :func:`simulate_program` to fill it."""
+
+    events: int = 0
+    """SimPy events scheduled (and processed: a finished run leaves none pending); for a
+    program run without the queue (:meth:`_Run._run_fixed`), the events the queue would
+    have processed."""
+    instructions: int = 0
+    flows: int = 0
+    """Flows started on the network (sends and collective transfers)."""
+    rate_recomputations: int = 0
+    """Max-min recomputations (each over the component of flows a change touched)."""
+    rerated_flows: int = 0
+    """Flows re-rated, summed over recomputations."""
+
+def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
+                    nbytes: float) -> tuple[Transfer, ...]:
+    """The transfers of collective ``op`` over ``group`` as the engine runs them.
+
+    The cluster's per-op override wins over ``algo``; ``auto`` (and ``nvls``) pick
+    NCCL-like from the group's profile (:func:`sim.collectives.select_algorithm`);
+    transfers carry the actual route latencies (:func:`sim.collectives.plan`).
+    """
+    algo = cluster.collective_algos.get(op, algo)
+    profile = group_profile(cluster, group) if algo in (AUTO, "nvls") else None
+    algo = resolve_algorithm(op, algo, nbytes, profile)
+    host_of = {r: cluster.host_of(r) for r in group} if algo == "hierarchical" else None
+    return plan_collective(op, algo, group, nbytes, host_of=host_of,
+                           nvswitch=profile.nvswitch if profile else None,
+                           granularity=cluster.collective_granularity,
+                           latency=lambda a, b: cluster.route(a, b).latency_s)
+
+
+def step_latency_s(cluster: Cluster, step: Transfer) -> float:
+    """Delay before ``step``'s flow starts: the plan's latency (else ``steps`` x the route's)
+    plus ``steps`` x the cluster's per-step software latency."""
+    hops = (step.steps * cluster.route(step.src, step.dst).latency_s if step.latency_s is None
+            else step.latency_s)
+    return hops + step.steps * cluster.collective_step_s
+
+
+class _CompiledPlan:
+    """A plan's transfers resolved once per run: routes, start delays and dependency lists."""
+
+    __slots__ = ("deps", "dependents", "latency", "links", "nbytes", "roots")
+
+    def __init__(self, cluster: Cluster, steps: tuple[Transfer, ...]) -> None:
+        self.deps = [len(s.deps) for s in steps]
+        self.dependents: list[list[int]] = [[] for _ in steps]
+        for i, s in enumerate(steps):
+            for d in s.deps:
+                self.dependents[d].append(i)
+        self.latency = [step_latency_s(cluster, s) for s in steps]
+        self.links = [cluster.route(s.src, s.dst).links for s in steps]
+        self.nbytes = [s.nbytes for s in steps]
+        self.roots = [i for i, s in enumerate(steps) if not s.deps]
+
+
+class _PlanRun:
+    """One execution of a compiled plan: transfers start as their dependencies arrive.
+
+    A transfer waits its start delay (:func:`step_latency_s`), then moves its
+    bytes as a flow. Transfers that become ready together with the same delay
+    share one SimPy event (they would start at the same instant anyway).
+    Arrivals are drained from a queue, so long zero-time chains do not recurse.
+    """
+
+    __slots__ = ("draining", "done", "left", "plan", "queue", "run", "waiting")
+
+    def __init__(self, run: _Run, plan: _CompiledPlan, done: Callable[[], None]) -> None:
+        self.run = run
+        self.plan = plan
+        self.done = done
+        self.waiting = list(plan.deps)
+        self.left = len(plan.deps)
+        self.queue: deque[int] = deque()
+        self.draining = False
+
+    def begin(self) -> None:
+        self._start(self.plan.roots)
+
+    def _start(self, ready: list[int]) -> None:
+        """Start transfers that just became ready: now if without delay, else grouped by delay."""
+        latency = self.plan.latency
+        later: dict[float, list[int]] = {}
+        for k in ready:
+            lat = latency[k]
+            if lat > 0:
+                group = later.get(lat)
+                if group is None:
+                    later[lat] = [k]
+                else:
+                    group.append(k)
+            else:
+                self._flow(k)
+        for lat, group in later.items():
+            self.run._after(lat, self._delayed, group)
+
+    def _delayed(self, event: simpy.Event) -> None:
+        for k in event.value:
+            self._flow(k)
+
+    def _flow(self, k: int) -> None:
+        plan = self.plan
+        links, nbytes = plan.links[k], plan.nbytes[k]
+        if nbytes > 0 and links:
+            self.run._flow(links, nbytes, lambda: self.arrive(k))
+        else:
+            self.arrive(k)
+
+    def arrive(self, i: int) -> None:
+        """Transfer ``i`` has arrived: release its dependents; ``done()`` after the last."""
+        queue = self.queue
+        queue.append(i)
+        if self.draining:
+            return
+        self.draining = True
+        waiting, dependents = self.waiting, self.plan.dependents
+        while queue:
+            j = queue.popleft()
+            self.left -= 1
+            ready = []
+            for k in dependents[j]:
+                waiting[k] -= 1
+                if waiting[k] == 0:
+                    ready.append(k)
+            if ready:
+                self._start(ready)
+        self.draining = False
+        if self.left == 0:
+            self.done()
 
 
 class _Run:
@@ -36,35 +182,106 @@ class _Run:
         self.cluster = cluster
         self.timer = timer
         self.net = FlowNetwork(cluster.link_bandwidth_Bps)
-        self.done = [self.env.event() for _ in program.instructions]
-        self.flow_events: dict[int, simpy.Event] = {}
-        self.next_flow = 0
+        self.events = 0
+        self.flows = 0
+        self.flow_done: dict[int, Callable[[], None]] = {}
         self.wake_version = 0
+        self.wake_at = -1.0
         self.refresh_pending = False
-        self.arrivals: dict[int, list[int]] = defaultdict(list)
-        self.collective_done: dict[int, simpy.Event] = {}
+        self._plans: dict[tuple, tuple[Transfer, ...]] = {}
+        self._compiled: dict[int, _CompiledPlan] = {}
+        """Per plan (by identity; plans live in ``_plans``), what running it needs."""
+        # collectives in progress: key -> member instruction ids, start time
+        self.members: dict[int, list[int]] = {}
         self.collective_start: dict[int, float] = {}
-        self.spans: list[Span] = []
+        # records, turned into Spans / MemorySamples by _timeline
+        self.spans: list[tuple] = []
         self.arrows: list[tuple[int, int]] = []
         self.mem_now = list(program.static_bytes)
         self.gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
                      else program.simulated_gpus)
-        self.memory = [MemorySample(g, 0.0, program.static_bytes[g]) for g in self.gpus]
-        self.position: dict[tuple[int, str], int] = {}
-        self.streams: dict[tuple[int, str], list[Instruction]] = defaultdict(list)
-        for ins in program.instructions:
-            self.streams[(ins.gpu, ins.stream)].append(ins)
+        self.memory: list[tuple[int, float, int, float]] = [
+            (g, 0.0, k - len(self.gpus), program.static_bytes[g]) for k, g in enumerate(self.gpus)]
+        self._build_dag(program)
+        self.started = [0.0] * len(program.instructions)
+        self.ready: deque[int] = deque()
+        self.draining = False
+        self.clock = 0.0
+
+    def _build_dag(self, program: Program) -> None:
+        """Successor lists and unfinished-predecessor counters (deps + stream order)."""
+        instrs = program.instructions
+        n = len(instrs)
+        waiting = [0] * n
+        succ: list[list[int]] = [[] for _ in range(n)]
+        last_in: dict[tuple[int, str], int] = {}
+        for ins in instrs:
+            i, deps = ins.id, ins.deps
+            key = (ins.gpu, ins.stream)
+            before = last_in.get(key)
+            if before is None:
+                waiting[i] = len(deps)
+            else:
+                succ[before].append(i)
+                waiting[i] = len(deps) + 1
+            last_in[key] = i
+            for d in deps:
+                succ[d].append(i)
+        self.waiting = waiting
+        self.succ = succ
+        self.finished = bytearray(n)
+        self.completed = 0
+
+    # ------------------------------------------------------------------ scheduling
+
+    def _after(self, delay: float, callback: Callable[[simpy.Event], None],
+               value: object = None) -> None:
+        """Run ``callback(event)`` ``delay`` seconds from now (one SimPy event)."""
+        self.events += 1
+        self.env.timeout(delay, value).callbacks.append(callback)
+
+    def _complete(self, i: int) -> None:
+        """Instruction ``i`` is done: release its successors; start those now free."""
+        self.finished[i] = 1
+        self.completed += 1
+        waiting, ready = self.waiting, self.ready
+        for j in self.succ[i]:
+            left = waiting[j] - 1
+            waiting[j] = left
+            if not left:
+                ready.append(j)
+        if not self.draining:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Start ready instructions; a queue, so zero-time chains do not recurse."""
+        self.draining = True
+        ready, instrs = self.ready, self.program.instructions
+        while ready:
+            i = ready.popleft()
+            ins = instrs[i]
+            if isinstance(ins, Compute):
+                self._start_compute(i, ins)
+            elif isinstance(ins, Send):
+                self._start_send(i, ins)
+            else:
+                self._arrive(i, ins)
+        self.draining = False
 
     # ------------------------------------------------------------------ network
 
     def _reschedule(self) -> None:
         t_end = self.net.next_end_s()
-        if math.isinf(t_end):
+        if t_end == float("inf"):
+            return
+        now = self.env.now
+        delay = max(0.0, t_end - now)
+        at = now + delay
+        if at == self.wake_at:  # the pending wake-up already fires then
             return
         self.wake_version += 1
-        version = self.wake_version
-        wake = self.env.timeout(max(0.0, t_end - self.env.now))
-        wake.callbacks.append(lambda _ev: self._on_wake(version))
+        self.wake_at = at
+        self._after(delay, self._on_wake, self.wake_version)
 
     def _refresh(self, _event: simpy.Event) -> None:
         """Recompute rates once for all flows that started at this instant."""
@@ -72,232 +289,338 @@ class _Run:
         self.net.refresh(self.env.now)
         self._reschedule()
 
-    def _on_wake(self, version: int) -> None:
-        if version != self.wake_version:
+    def _on_wake(self, event: simpy.Event) -> None:
+        if event.value != self.wake_version:
             return
-        for fid in self.net.finish_due(self.env.now):
-            self.flow_events.pop(fid).succeed()
+        self.wake_at = -1.0
+        done = self.net.finish_due(self.env.now)
+        flow_done = self.flow_done
+        for fid in done:
+            flow_done.pop(fid)()
         self._reschedule()
 
-    def transfer(self, src: int, dst: int, nbytes: float) -> Generator:
-        """Move ``nbytes`` from GPU src to GPU dst: route latency, then a fair-shared flow."""
-        route = self.cluster.route(src, dst)
-        if route.latency_s > 0:
-            yield self.env.timeout(route.latency_s)
-        if nbytes > 0 and route.links:
-            fid = self.next_flow
-            self.next_flow += 1
-            event = self.env.event()
-            self.flow_events[fid] = event
-            self.net.start(self.env.now, fid, route.links, nbytes)
-            if not self.refresh_pending:
-                self.refresh_pending = True
-                self.env.timeout(0).callbacks.append(self._refresh)
-            yield event
+    def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[], None]) -> None:
+        """Start a fair-shared flow now; ``on_done()`` when its last byte arrives."""
+        fid = self.flows
+        self.flows += 1
+        self.flow_done[fid] = on_done
+        self.net.start(self.env.now, fid, links, nbytes)
+        if not self.refresh_pending:
+            self.refresh_pending = True
+            self._after(0, self._refresh)
 
     # ------------------------------------------------------------------ memory
 
     def _mem(self, gpu: int, delta: float) -> None:
         if delta:
             self.mem_now[gpu] += delta
-            self.memory.append(MemorySample(gpu, self.env.now, self.mem_now[gpu]))
+            self.memory.append((gpu, self.env.now, len(self.memory), self.mem_now[gpu]))
 
     # ------------------------------------------------------------------ instructions
 
-    def _compute(self, ins: Compute) -> Generator:
-        start = self.env.now
-        self._mem(ins.gpu, ins.alloc_bytes)
+    def _start_compute(self, i: int, ins: Compute) -> None:
+        self.started[i] = self.env.now
+        if ins.alloc_bytes:
+            self._mem(ins.gpu, ins.alloc_bytes)
         duration = self.timer(ins)
-        if duration + ins.blocking_comm_s > 0:
-            yield self.env.timeout(duration + ins.blocking_comm_s)
-        self._mem(ins.gpu, -ins.free_bytes)
-        self.spans.append(Span(ins.gpu, "compute", ins.kind, ins.name, start, start + duration,
-                               ins.stage, ins.mb))
-        if ins.blocking_comm_s > 0:
-            self.spans.append(Span(ins.gpu, ins.blocking_comm_kind, ins.blocking_comm_kind,
-                                   f"{ins.name} {ins.blocking_comm_kind}", start + duration,
-                                   self.env.now, ins.stage, ins.mb))
-
-    def _send(self, ins: Send) -> Generator:
-        start = self.env.now
-        if ins.duration_s is not None:  # precomputed (collapsed simulation)
-            yield self.env.timeout(ins.duration_s)
+        total = duration + ins.blocking_comm_s
+        if total > 0:
+            self._after(total, self._end_compute, (i, ins, duration))
         else:
-            yield from self.transfer(ins.gpu, ins.dst, ins.nbytes)
-        end = self.env.now
-        self.spans.append(Span(ins.gpu, ins.stream, ins.kind, ins.name, start, end, ins.stage,
-                               ins.mb))
-        self.spans.append(Span(ins.dst, f"recv<{ins.gpu}", ins.kind, ins.name, start, end,
-                               ins.stage, ins.mb))
-        self.arrows.append((len(self.spans) - 2, len(self.spans) - 1))
+            self._finish_compute(i, ins, duration)
 
-    def _run_collective(self, ins: Collective, finished: simpy.Event) -> Generator:
-        if self.cluster.collective_launch_s > 0:
-            yield self.env.timeout(self.cluster.collective_launch_s)
+    def _end_compute(self, event: simpy.Event) -> None:
+        self._finish_compute(*event.value)
+
+    def _finish_compute(self, i: int, ins: Compute, duration: float) -> None:
+        start, now = self.started[i], self.env.now
+        if ins.free_bytes:
+            self._mem(ins.gpu, -ins.free_bytes)
+        spans = self.spans
+        spans.append((ins.gpu, "compute", start, start + duration, len(spans), ins.kind, ins.name,
+                      ins.stage, ins.mb))
+        if ins.blocking_comm_s > 0:
+            kind = ins.blocking_comm_kind
+            spans.append((ins.gpu, kind, start + duration, now, len(spans), kind,
+                          f"{ins.name} {kind}", ins.stage, ins.mb))
+        self._complete(i)
+
+    def _start_send(self, i: int, ins: Send) -> None:
+        self.started[i] = self.env.now
+        if ins.duration_s is not None:  # precomputed (collapsed simulation)
+            self._after(ins.duration_s, self._end_send, (i, ins))
+            return
+        route = self.cluster.route(ins.gpu, ins.dst)
+        if route.latency_s > 0:
+            self._after(route.latency_s, self._send_flow, (i, ins, route.links))
+        else:
+            self._send_flow_now(i, ins, route.links)
+
+    def _send_flow(self, event: simpy.Event) -> None:
+        self._send_flow_now(*event.value)
+
+    def _send_flow_now(self, i: int, ins: Send, links: tuple[int, ...]) -> None:
+        """Route latency has passed: the message's bytes as one flow."""
+        if ins.nbytes > 0 and links:
+            self._flow(links, ins.nbytes, lambda: self._finish_send(i, ins))
+        else:
+            self._finish_send(i, ins)
+
+    def _end_send(self, event: simpy.Event) -> None:
+        self._finish_send(*event.value)
+
+    def _finish_send(self, i: int, ins: Send) -> None:
+        start, end = self.started[i], self.env.now
+        spans = self.spans
+        k = len(spans)
+        spans.append((ins.gpu, ins.stream, start, end, k, ins.kind, ins.name, ins.stage, ins.mb))
+        spans.append((ins.dst, f"recv<{ins.gpu}", start, end, k + 1, ins.kind, ins.name,
+                      ins.stage, ins.mb))
+        self.arrows.append((k, k + 1))
+        self._complete(i)
+
+    def _arrive(self, i: int, ins: Collective) -> None:
+        """A member reaches collective ``ins``; the last one to arrive starts it."""
+        members = self.members.setdefault(ins.key, [])
+        members.append(i)
+        if len(members) < len(ins.group):
+            return
+        key = ins.key
+        self.collective_start[key] = self.env.now
+        if ins.duration_s is not None:  # precomputed (collapsed simulation)
+            self._after(ins.duration_s, self._end_collective, key)
+        elif self.cluster.collective_launch_s > 0:
+            self._after(self.cluster.collective_launch_s, self._launched, ins)
+        else:
+            self._run_collective(ins)
+
+    def _launched(self, event: simpy.Event) -> None:
+        self._run_collective(event.value)
+
+    def _run_collective(self, ins: Collective) -> None:
         steps = self._collective_plan(ins)
+        key = ins.key
         if steps:
-            done = self.env.event()
-            self._run_plan(steps, done)
-            yield done
-        finished.succeed()
+            self._run_plan(steps, lambda: self._finish_collective(key))
+        else:
+            self._finish_collective(key)
+
+    def _end_collective(self, event: simpy.Event) -> None:
+        self._finish_collective(event.value)
+
+    def _finish_collective(self, key: int) -> None:
+        start, now = self.collective_start.pop(key), self.env.now
+        instrs, spans = self.program.instructions, self.spans
+        members = self.members.pop(key)
+        for i in members:
+            ins = instrs[i]
+            spans.append((ins.gpu, ins.stream, start, now, len(spans), ins.kind, ins.name,
+                          ins.stage, ins.mb))
+        for i in members:
+            self._complete(i)
 
     def _collective_plan(self, ins: Collective) -> tuple[Transfer, ...]:
-        """The plan of ``ins``: the cluster's per-op override, else the instruction's algorithm;
-        ``auto`` picks NCCL-like (:func:`sim.collectives.select_algorithm`). Cached per run."""
-        cache: dict = self.__dict__.setdefault("_plans", {})
+        """The plan of ``ins`` (:func:`collective_plan`), cached per run."""
         key = (ins.op, ins.algo, ins.group, ins.nbytes)
-        steps = cache.get(key)
+        steps = self._plans.get(key)
         if steps is None:
-            c = self.cluster
-            algo = c.collective_algos.get(ins.op, ins.algo)
-            profile = group_profile(c, ins.group) if algo in (AUTO, "nvls") else None
-            algo = resolve_algorithm(ins.op, algo, ins.nbytes, profile)
-            host_of = {r: c.host_of(r) for r in ins.group} if algo == "hierarchical" else None
-            steps = plan_collective(ins.op, algo, ins.group, ins.nbytes, host_of=host_of,
-                                    nvswitch=profile.nvswitch if profile else None,
-                                    granularity=c.collective_granularity,
-                                    latency=lambda a, b: c.route(a, b).latency_s)
-            cache[key] = steps
+            steps = self._plans[key] = collective_plan(self.cluster, ins.op, ins.algo, ins.group,
+                                                       ins.nbytes)
         return steps
 
-    def _run_plan(self, steps: tuple[Transfer, ...], done: simpy.Event) -> None:
-        """Run a plan's transfers as their dependencies arrive; succeed ``done`` after the last.
-
-        Driven by callbacks, not one SimPy process per transfer, and arrivals are
-        drained from a queue, so long zero-time chains do not recurse.
-        """
-        waiting = [len(s.deps) for s in steps]
-        dependents: list[list[int]] = [[] for _ in steps]
-        for i, s in enumerate(steps):
-            for d in s.deps:
-                dependents[d].append(i)
-        left = [len(steps)]
-        queue: deque[int] = deque()
-        draining = [False]
-
-        def arrive(i: int) -> None:
-            queue.append(i)
-            if draining[0]:
-                return
-            draining[0] = True
-            while queue:
-                j = queue.popleft()
-                left[0] -= 1
-                for k in dependents[j]:
-                    waiting[k] -= 1
-                    if waiting[k] == 0:
-                        self._run_step(steps[k], k, arrive)
-            draining[0] = False
-            if left[0] == 0:
-                done.succeed()
-
-        for i, s in enumerate(steps):
-            if not s.deps:
-                self._run_step(s, i, arrive)
-
-    def _run_step(self, step: Transfer, index: int, arrive: Callable[[int], None]) -> None:
-        """Start one transfer: its latency (the plan's, else ``steps`` x the route's) plus
-        ``steps`` x the cluster's per-step latency, then its flow."""
-        route = self.cluster.route(step.src, step.dst)
-        hops = step.steps * route.latency_s if step.latency_s is None else step.latency_s
-        latency = hops + step.steps * self.cluster.collective_step_s
-
-        def start(_event: simpy.Event | None = None) -> None:
-            if step.nbytes > 0 and route.links:
-                fid = self.next_flow
-                self.next_flow += 1
-                event = self.env.event()
-                event.callbacks.append(lambda _ev: arrive(index))
-                self.flow_events[fid] = event
-                self.net.start(self.env.now, fid, route.links, step.nbytes)
-                if not self.refresh_pending:
-                    self.refresh_pending = True
-                    self.env.timeout(0).callbacks.append(self._refresh)
-            else:
-                arrive(index)
-
-        if latency > 0:
-            self.env.timeout(latency).callbacks.append(start)
-        else:
-            start()
-
-    def _collective(self, ins: Collective) -> Generator:
-        members = self.arrivals[ins.key]
-        members.append(ins.gpu)
-        finished = self.collective_done.setdefault(ins.key, self.env.event())
-        if len(members) == len(ins.group):
-            self.collective_start[ins.key] = self.env.now
-            if ins.duration_s is not None:  # precomputed (collapsed simulation)
-                self.env.timeout(ins.duration_s).callbacks.append(
-                    lambda _ev: finished.succeed())
-            else:
-                self.env.process(self._run_collective(ins, finished))
-        yield finished
-        self.spans.append(Span(ins.gpu, ins.stream, ins.kind, ins.name,
-                               self.collective_start[ins.key], self.env.now, ins.stage, ins.mb))
-
-    def stream_process(self, key: tuple[int, str]) -> Generator:
-        for i, ins in enumerate(self.streams[key]):
-            self.position[key] = i
-            pending = [self.done[d] for d in ins.deps if not self.done[d].triggered]
-            if len(pending) == 1:
-                yield pending[0]
-            elif pending:
-                yield self.env.all_of(pending)
-            if isinstance(ins, Compute):
-                yield from self._compute(ins)
-            elif isinstance(ins, Send):
-                yield from self._send(ins)
-            else:
-                yield from self._collective(ins)
-            self.done[ins.id].succeed()
-        self.position[key] = len(self.streams[key])
+    def _run_plan(self, steps: tuple[Transfer, ...], done: Callable[[], None]) -> None:
+        """Run a plan's transfers as their dependencies arrive; call ``done()`` after the last."""
+        compiled = self._compiled.get(id(steps))
+        if compiled is None:
+            compiled = self._compiled[id(steps)] = _CompiledPlan(self.cluster, steps)
+        _PlanRun(self, compiled, done).begin()
 
     # ------------------------------------------------------------------ run
 
-    def run(self) -> Timeline:
-        for key in self.streams:
-            self.env.process(self.stream_process(key))
+    def run(self, queue: bool = False) -> Timeline:
+        """Execute the program. Without transfers on the network (every send and collective
+        has a precomputed duration, as in a collapsed program) and unless ``queue``, by the
+        exact queue-free pass :meth:`_run_fixed`; else on the SimPy event queue."""
+        instrs = self.program.instructions
+        if not queue and all(type(ins) is Compute or ins.duration_s is not None
+                             for ins in instrs):
+            self._run_fixed()
+            self._check_finished(self.clock)
+            return self._timeline()
+        self.ready.extend(i for i, w in enumerate(self.waiting) if not w)
+        self._drain()
         self.env.run()
-        self._check_finished()
+        self._check_finished(self.env.now)
         return self._timeline()
 
-    def _check_finished(self) -> None:
+    def _run_fixed(self) -> None:
+        """Execute a program whose every duration is known up front, without an event queue.
+
+        Nothing shares bandwidth, so an instruction starts exactly when its last
+        predecessor (dependency or stream predecessor) ends, a collective when
+        its last member arrives, and ends ``duration`` later: the longest-path
+        recurrence of the DAG, evaluated in topological order with the same
+        floating-point operations the event queue performs (``start + delay``).
+        Records get the event queue's order where it matters: memory samples of
+        a GPU in program order of its compute stream, span ties in instruction
+        order. ``events`` counts the SimPy events the queue would have processed.
+        """
+        instrs, succ, waiting = self.program.instructions, self.succ, self.waiting
+        finished, timer, spans, memory = self.finished, self.timer, self.spans, self.memory
+        mem_now, arrows = self.mem_now, self.arrows
+        ready_at = [0.0] * len(instrs)
+        queue = deque(i for i, w in enumerate(waiting) if not w)
+        arrived: dict[int, list[int]] = {}
+        events = completed = 0
+        clock = 0.0
+        while queue:
+            i = queue.popleft()
+            ins = instrs[i]
+            start = ready_at[i]
+            if isinstance(ins, Compute):
+                g = ins.gpu
+                if ins.alloc_bytes:
+                    mem_now[g] += ins.alloc_bytes
+                    memory.append((g, start, 2 * i, mem_now[g]))
+                duration = timer(ins)
+                total = duration + ins.blocking_comm_s
+                if total > 0:
+                    end = start + total
+                    events += 1
+                else:
+                    end = start
+                if ins.free_bytes:
+                    mem_now[g] -= ins.free_bytes
+                    memory.append((g, end, 2 * i + 1, mem_now[g]))
+                spans.append((g, "compute", start, start + duration, 4 * i, ins.kind, ins.name,
+                              ins.stage, ins.mb))
+                if ins.blocking_comm_s > 0:
+                    comm = ins.blocking_comm_kind
+                    spans.append((g, comm, start + duration, end, 4 * i + 1, comm,
+                                  f"{ins.name} {comm}", ins.stage, ins.mb))
+                done = (i,)
+            elif isinstance(ins, Send):
+                assert ins.duration_s is not None
+                end = start + ins.duration_s
+                events += 1
+                spans.append((ins.gpu, ins.stream, start, end, 4 * i, ins.kind, ins.name,
+                              ins.stage, ins.mb))
+                spans.append((ins.dst, f"recv<{ins.gpu}", start, end,
+                              4 * i + 1, ins.kind, ins.name, ins.stage, ins.mb))
+                arrows.append((4 * i, 4 * i + 1))
+                done = (i,)
+            else:
+                assert ins.duration_s is not None
+                members = arrived.setdefault(ins.key, [])
+                members.append(i)
+                if len(members) < len(ins.group):
+                    continue
+                del arrived[ins.key]
+                start = max(ready_at[j] for j in members)
+                end = start + ins.duration_s
+                events += 1
+                for j in members:
+                    m = instrs[j]
+                    spans.append((m.gpu, m.stream, start, end, 4 * j, m.kind, m.name, m.stage,
+                                  m.mb))
+                done = tuple(members)
+            if end > clock:
+                clock = end
+            for j in done:
+                finished[j] = 1
+                completed += 1
+                for k in succ[j]:
+                    if end > ready_at[k]:
+                        ready_at[k] = end
+                    left = waiting[k] - 1
+                    waiting[k] = left
+                    if not left:
+                        queue.append(k)
+        self.members = arrived
+        self.events = events
+        self.completed = completed
+        self.clock = clock
+
+    def _check_finished(self, now: float) -> None:
+        instrs = self.program.instructions
+        if self.completed == len(instrs):
+            return
+        streams: dict[tuple[int, str], list[int]] = {}
+        for ins in instrs:
+            streams.setdefault((ins.gpu, ins.stream), []).append(ins.id)
         stalled = []
-        for key, instrs in self.streams.items():
-            pos = self.position.get(key, 0)
-            if pos < len(instrs):
-                ins = instrs[pos]
-                instrs_all = self.program.instructions
-                waits = [f"{instrs_all[d].name}@gpu{instrs_all[d].gpu}"
-                         for d in ins.deps if not self.done[d].triggered]
-                if isinstance(ins, Collective) and not waits:
-                    missing = sorted(set(ins.group) - set(self.arrivals[ins.key]))
-                    waits = [f"collective members {missing}"]
-                stalled.append(f"gpu{key[0]}/{key[1]}: {ins.name} waits on {', '.join(waits)}")
-        if stalled:
-            shown = "; ".join(stalled[:12])
-            more = f" (+{len(stalled) - 12} more)" if len(stalled) > 12 else ""
-            raise DeadlockError(f"simulation stalled at t={self.env.now:.6g}s: {shown}{more}")
+        for (gpu, stream), order in streams.items():
+            pos = next((i for i in order if not self.finished[i]), None)
+            if pos is None:
+                continue
+            ins = instrs[pos]
+            waits = [f"{instrs[d].name}@gpu{instrs[d].gpu}"
+                     for d in ins.deps if not self.finished[d]]
+            if isinstance(ins, Collective) and not waits:
+                arrived = {instrs[i].gpu for i in self.members.get(ins.key, ())}
+                missing = sorted(set(ins.group) - arrived)
+                waits = [f"collective members {missing}"]
+            stalled.append(f"gpu{gpu}/{stream}: {ins.name} waits on {', '.join(waits)}")
+        shown = "; ".join(stalled[:12])
+        more = f" (+{len(stalled) - 12} more)" if len(stalled) > 12 else ""
+        raise DeadlockError(f"simulation stalled at t={now:.6g}s: {shown}{more}")
 
     def _timeline(self) -> Timeline:
-        order = sorted(range(len(self.spans)), key=lambda i: (
-            self.spans[i].gpu, self.spans[i].stream, self.spans[i].start_s, self.spans[i].end_s, i))
-        new_index = {old: new for new, old in enumerate(order)}
-        spans = tuple(self.spans[i] for i in order)
+        """Spans sorted by (gpu, stream, start, end, creation order); memory by (gpu, time)."""
+        records = sorted(self.spans)
+        new_index = [0] * (max((rec[4] for rec in records), default=-1) + 1)
+        for pos, rec in enumerate(records):
+            new_index[rec[4]] = pos
+        spans = tuple(Span(g, stream, kind, name, start, end, stage, mb)
+                      for g, stream, start, end, _, kind, name, stage, mb in records)
         arrows = tuple(FlowArrow(s, r) for s, r in sorted(
             (new_index[s], new_index[r]) for s, r in self.arrows))
-        memory = tuple(sorted(self.memory, key=lambda m: (m.gpu, m.time_s)))
+        memory = tuple(MemorySample(g, t, b) for g, t, _, b in sorted(self.memory))
         return Timeline(self.program.num_gpus, spans, arrows, memory, self.program.gpu_names,
                         self.gpus)
 
+    def counters(self, out: EngineCounters) -> None:
+        out.events = self.events
+        out.instructions = len(self.program.instructions)
+        out.flows = self.flows
+        out.rate_recomputations = self.net.recomputations
+        out.rerated_flows = self.net.rerated_flows
 
-def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer) -> Timeline:
+
+def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
+                     counters: EngineCounters | None = None, *,
+                     event_queue: bool = False) -> Timeline:
     """Run ``program`` on ``cluster``; ``timer`` gives each compute op's duration in seconds.
 
     Raises :class:`DeadlockError` naming the stalled streams if some instruction
-    can never run.
+    can never run. ``counters``, if given, is filled with what the run did.
+    A program without network transfers (all durations precomputed, as a
+    collapsed one) runs without the event queue unless ``event_queue`` (the
+    result is the same; the flag exists to check that).
     """
     if program.num_gpus > cluster.num_gpus:
         raise ValueError(f"program needs {program.num_gpus} GPUs, cluster has {cluster.num_gpus}")
-    return _Run(program, cluster, timer).run()
+    with gc_paused():
+        run = _Run(program, cluster, timer)
+        try:
+            return run.run(queue=event_queue)
+        finally:
+            if counters is not None:
+                run.counters(counters)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector (restored on exit, also on error).
+
+    A run allocates hundreds of thousands of long-lived objects (instructions,
+    events, span records) and few reference cycles; the collector's repeated
+    scans of them cost as much as the simulation itself.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

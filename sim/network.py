@@ -23,6 +23,10 @@ class _Flow:
     remaining_bytes: float
     rate_Bps: float = 0.0
     end_s: float = math.inf
+    nbytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.nbytes = self.remaining_bytes
 
 
 def max_min_rates(
@@ -65,15 +69,36 @@ def max_min_rates(
 
 
 class FlowNetwork:
-    """Active flows and their max-min fair rates over time."""
+    """Active flows and their max-min fair rates over time.
+
+    Max-min rates are separable: flows that share no link (directly or through
+    a chain of flows) do not affect each other's rates. A start or an end
+    therefore re-rates only the connected component of flows and links it
+    touches; every other flow keeps its rate. Bytes still move, and end times
+    are still recomputed, for every active flow at every event, in the same
+    arithmetic as a global recomputation, so the result is the global one
+    (bit for bit, unless two components' bottleneck shares lie within the
+    1e-12 tie tolerance of :func:`max_min_rates`, where the global loop would
+    freeze both at the smaller).
+    """
 
     def __init__(self, capacity_Bps: Sequence[float]) -> None:
         self.capacity_Bps = tuple(capacity_Bps)
         self._flows: dict[int, _Flow] = {}
+        self._on_link: dict[int, dict[int, None]] = {}
+        """Active flows crossing each finite-capacity link (insertion-ordered sets)."""
+        self._touched: list[int] = []
+        """Flows started, and finite links of flows ended, since the last re-rating."""
+        self._touched_links: list[int] = []
         self._now = 0.0
         self._dirty = False
-        self.bytes_on_link = [0.0] * len(self.capacity_Bps)
-        """Bytes carried by each link so far (for link-utilisation statistics)."""
+        self._next_end = math.inf
+        self.bytes_on_link: dict[int, float] = {}
+        """Bytes carried by each link (index) by the flows that have ended; absent: none."""
+        self.recomputations = 0
+        """How many times max-min rates were recomputed (for a component)."""
+        self.rerated_flows = 0
+        """Flows whose rate was recomputed, summed over recomputations."""
 
     @property
     def active(self) -> int:
@@ -83,21 +108,60 @@ class FlowNetwork:
         dt = now - self._now
         if dt > 0:
             for flow in self._flows.values():
-                if math.isfinite(flow.rate_Bps):
-                    moved = min(flow.remaining_bytes, flow.rate_Bps * dt)
-                    flow.remaining_bytes -= moved
-                    for link in flow.links:
-                        self.bytes_on_link[link] += moved
+                rate = flow.rate_Bps
+                if rate < math.inf:
+                    flow.remaining_bytes -= min(flow.remaining_bytes, rate * dt)
         self._now = now
 
-    def _rerate(self) -> None:
-        rates = max_min_rates({fid: f.links for fid, f in self._flows.items()}, self.capacity_Bps)
+    def _component(self) -> dict[int, tuple[int, ...]]:
+        """The flows whose max-min rates may have changed: every flow connected, through
+        shared finite links, to a flow started or ended since the last re-rating."""
+        flows, on_link, cap = self._flows, self._on_link, self.capacity_Bps
+        comp: dict[int, tuple[int, ...]] = {}
+        seen_links: set[int] = set()
+        stack = list(self._touched_links)
+        for fid in self._touched:
+            flow = flows.get(fid)
+            if flow is not None and fid not in comp:
+                comp[fid] = flow.links
+                stack.extend(link for link in flow.links if cap[link] < math.inf)
+        while stack:
+            link = stack.pop()
+            if link in seen_links:
+                continue
+            seen_links.add(link)
+            for fid in on_link.get(link, ()):
+                if fid not in comp:
+                    links = flows[fid].links
+                    comp[fid] = links
+                    stack.extend(x for x in links if cap[x] < math.inf and x not in seen_links)
+        self._touched.clear()
+        self._touched_links.clear()
+        return comp
+
+    def _rerate(self, now: float) -> None:
+        """Advance every flow to ``now`` at its old rate, re-rate the touched component, and
+        recompute every flow's end time (and the earliest)."""
+        comp = self._component()
+        rates = max_min_rates(comp, self.capacity_Bps) if comp else {}
+        self.recomputations += 1
+        self.rerated_flows += len(comp)
+        dt = now - self._now
+        advance = dt > 0
+        self._now = now
+        soonest = math.inf
         for fid, flow in self._flows.items():
-            flow.rate_Bps = rates[fid]
-            if flow.remaining_bytes <= 0 or math.isinf(flow.rate_Bps):
-                flow.end_s = self._now
+            rate = flow.rate_Bps
+            if advance and rate < math.inf:
+                flow.remaining_bytes -= min(flow.remaining_bytes, rate * dt)
+            rate = flow.rate_Bps = rates.get(fid, rate)
+            if flow.remaining_bytes <= 0 or rate == math.inf:
+                end = flow.end_s = now
             else:
-                flow.end_s = self._now + flow.remaining_bytes / flow.rate_Bps
+                end = flow.end_s = now + flow.remaining_bytes / rate
+            if end < soonest:
+                soonest = end
+        self._next_end = soonest
 
     def start(self, now: float, flow_id: int, links: tuple[int, ...], nbytes: float) -> None:
         """A flow of ``nbytes`` over ``links`` begins transmitting at ``now``.
@@ -109,31 +173,48 @@ class FlowNetwork:
         """
         self._advance(now)
         self._flows[flow_id] = _Flow(links, float(nbytes))
+        cap = self.capacity_Bps
+        for link in links:
+            if cap[link] < math.inf:
+                users = self._on_link.get(link)
+                if users is None:
+                    users = self._on_link[link] = {}
+                users[flow_id] = None
+        self._touched.append(flow_id)
         self._dirty = True
 
     def refresh(self, now: float) -> None:
         """Recompute max-min rates if flows started since the last recomputation."""
         if self._dirty:
-            self._advance(now)
-            self._rerate()
+            self._rerate(now)
             self._dirty = False
 
     def next_end_s(self) -> float:
         """Time the earliest active flow ends at current rates (inf if none)."""
-        return min((f.end_s for f in self._flows.values()), default=math.inf)
+        return self._next_end
 
     def finish_due(self, now: float) -> list[int]:
         """Remove and return (sorted) the flows that have ended by ``now``; re-rate the rest."""
-        self._advance(now)
         tol = abs(now) * _REL_EPS
-        done = sorted(fid for fid, f in self._flows.items() if f.end_s <= now + tol)
+        done = ([] if self._next_end > now + tol else
+                sorted(fid for fid, f in self._flows.items() if f.end_s <= now + tol))
+        cap, carried = self.capacity_Bps, self.bytes_on_link
         for fid in done:
             flow = self._flows.pop(fid)
+            nbytes = flow.nbytes
             for link in flow.links:
-                self.bytes_on_link[link] += flow.remaining_bytes
+                carried[link] = carried.get(link, 0.0) + nbytes
+                if cap[link] < math.inf:
+                    users = self._on_link[link]
+                    del users[fid]
+                    if not users:
+                        del self._on_link[link]
+                    self._touched_links.append(link)
         if done or self._dirty:
-            self._rerate()
+            self._rerate(now)
             self._dirty = False
+        else:
+            self._advance(now)
         return done
 
 

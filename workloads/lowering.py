@@ -15,8 +15,9 @@ its consumers):
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 from topologies.placement import Placement
@@ -28,8 +29,8 @@ from workloads.schedules import (
     WEIGHT_GRAD,
     Op,
     Schedule,
-    list_schedule,
     schedule_deps,
+    unit_times,
 )
 
 
@@ -48,7 +49,7 @@ class CostModel(Protocol):
 
 def topological_ops(schedule: Schedule) -> list[Op]:
     """All ops in an order where every op comes after its producers and its rank predecessors."""
-    times = list_schedule(schedule, lambda op: 1.0)
+    times = unit_times(schedule)
     rank_of = schedule.stage_rank
     return sorted(times, key=lambda op: (times[op][1], rank_of[op.stage], times[op][0]))
 
@@ -66,11 +67,15 @@ class Collapse:
     """Timers for a collapsed lowering: one representative GPU per pipeline rank.
 
     In a symmetric layout every TP and DP replica runs the same program, so only
-    the GPU of TP rank 0, DP rank 0 of each pipeline rank is simulated. Its TP
-    collectives are folded into its compute ops as blocking communication and
-    its DP collectives get precomputed durations; both are timed on the real
-    topology by ``collective_s`` together with the concurrent collectives of the
-    replicas they stand for (DESIGN.md, "Large clusters").
+    the GPU of TP rank 0, DP rank 0 of each pipeline rank is simulated. The TP
+    collectives between an op's compute segments are folded into one compute
+    op as blocking communication; its leading and closing collectives, its DP
+    collectives and its pipeline sends stay instructions with precomputed
+    durations (:func:`_fold`). All are timed on the real topology by
+    ``collective_s`` together with the concurrent copies of the replicas they
+    stand for (DESIGN.md, "Large clusters"), so where those copies are all the
+    traffic there is, the collapsed step equals the full one
+    (``tests/test_collapse.py``).
     """
 
     compute_s: Callable[[ComputeSeg], float]
@@ -91,6 +96,18 @@ def lower(
     With ``collapse``, only one representative GPU per pipeline rank gets a
     program (see :class:`Collapse`).
     """
+    enabled = gc.isenabled()
+    gc.disable()  # many long-lived objects, few cycles: the collector's scans would dominate
+    try:
+        return _lower(schedule, costs, placement, zero_stage, collapse)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int,
+           collapse: Collapse | None) -> Program:
+    """:func:`lower`, with the garbage collector paused by the caller."""
     pp, tp, dp = placement.degree("pp"), placement.degree("tp"), placement.degree("dp")
     if schedule.num_ranks != pp:
         raise ValueError(f"schedule has {schedule.num_ranks} ranks but the layout has pp={pp}")
@@ -101,119 +118,128 @@ def lower(
     b = ProgramBuilder()
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
-    last: dict[tuple[Op, int], int] = {}
-    sent: dict[tuple[Op, int], int] = {}
     final_op: dict[int, Op] = {}
     for ops in schedule.rank_ops:
         for op in ops:
             if op.kind == (WEIGHT_GRAD if split else BACKWARD):
                 final_op[op.stage] = op
     order = topological_ops(schedule)
-
-    def tp_gpus(r: int, d: int) -> list[int]:
-        return [placement.gpu(tp=t, dp=d, pp=r) for t in range(tp_lanes)]
-
-    seg_cache: dict[Op, tuple[tuple[Segment, ...], int]] = {}
+    index = {op: k for k, op in enumerate(order)}
+    # lanes[r][d]: the GPUs of TP lanes 0..tp_lanes-1 of pipeline rank r, DP lane d
+    lanes = [[[placement.gpu(tp=t, dp=d, pp=r) for t in range(tp_lanes)]
+              for d in range(dp_lanes)] for r in range(pp)]
+    # last[(k, g)] / sent[(k, g)]: the instruction on GPU g that completes op order[k] /
+    # delivers its output to g (keys are op positions in ``order``: cheap to hash)
+    last: dict[tuple[int, int], int] = {}
+    sent: dict[tuple[int, int], int] = {}
+    # an op's work and memory do not depend on its micro-batch index: cached per
+    # (stage, kind, sequence chunk)
+    op_cache: dict[Op, tuple[tuple[Segment, ...], int, float, float]] = {}
+    transient = getattr(costs, "transient_bytes", None)
     fold_cache: dict[Op, _Folded] = {}
     pending = [0.0] * pp  # per rank, see _emit_folded
     send_cache: dict[tuple[int, int], float] = {}
-    for op in order:
+    p2p = costs.p2p_bytes()
+    groups_of = schedule.groups
+    for k, op in enumerate(order):
         r = owner[op.stage]
-        generic = replace(op, mb=0)  # an op's work does not depend on its micro-batch index
-        if generic not in seg_cache:
+        generic = Op(op.stage, op.kind, 0, op.seq)
+        cached = op_cache.get(generic)
+        if cached is None:
             segs = costs.op_segments(generic, split)
-            seg_cache[generic] = (segs, sum(isinstance(s, ComputeSeg) for s in segs))
-        segs, n_compute = seg_cache[generic]
-        act = _stash_bytes(costs, op)
-        alloc = act if op.kind == FORWARD else 0.0
-        if op.kind == BACKWARD:
-            free = act * (1 - costs.w_retained_fraction) if split else act
-        elif op.kind == WEIGHT_GRAD:
-            free = act * costs.w_retained_fraction
-        else:
-            free = 0.0
-        # working memory held only while the op runs (recomputation, gradient buffers)
-        transient = getattr(costs, "transient_bytes", None)
-        if transient is not None:
-            extra = transient(op)
-            alloc, free = alloc + extra, free + extra
-        for d in range(dp_lanes):
-            gpus = tp_gpus(r, d)
-            prev: dict[int, tuple[int, ...]] = {}
-            for g in gpus:
-                deps = []
-                for dep in schedule_deps(schedule, op):
-                    deps.append(last[(dep, g)] if owner[dep.stage] == r else sent[(dep, g)])
-                prev[g] = tuple(deps)
-            if collapse is not None:
-                (g,) = gpus
-                folded = fold_cache.get(generic)
-                if folded is None:
-                    groups = tuple(placement.group("tp", placement.gpu(pp=r, dp=e))
-                                   for e in range(dp))
-                    folded = fold_cache[generic] = _fold(segs, collapse, groups)
-                last[(op, g)] = _emit_folded(b, g, op, folded, prev[g], alloc, free,
-                                             pending[r])
-                if folded.trailing:
-                    pending[r] = folded.trailing_s
-                elif folded.has_comm:
-                    pending[r] = 0.0
-                else:  # pure compute: an earlier closing collective runs on meanwhile
-                    pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
-                segs_for_lanes: tuple[Segment, ...] = ()
+            act = _stash_bytes(costs, generic)
+            alloc = act if op.kind == FORWARD else 0.0
+            if op.kind == BACKWARD:
+                free = act * (1 - costs.w_retained_fraction) if split else act
+            elif op.kind == WEIGHT_GRAD:
+                free = act * costs.w_retained_fraction
             else:
-                segs_for_lanes = segs
+                free = 0.0
+            # working memory held only while the op runs (recomputation, gradient buffers)
+            if transient is not None:
+                extra = transient(generic)
+                alloc, free = alloc + extra, free + extra
+            cached = op_cache[generic] = (segs, sum(isinstance(x, ComputeSeg) for x in segs),
+                                          alloc, free)
+        segs, n_compute, alloc, free = cached
+        local = [(index[dep], owner[dep.stage] == r) for dep in schedule_deps(schedule, op)]
+        op_name = str(op)
+        group = groups_of[op]  # a fused group (DualPipe F&B) sends at its end
+        sends = []
+        for member in group if op == group[-1] else ():
+            consumer = _consumer_stage(member, S)
+            if consumer is None or owner[consumer] == r:
+                continue
+            fixed = None
+            if collapse is not None:  # every replica's message crosses at once
+                link = (r, owner[consumer])
+                if link not in send_cache:
+                    pairs = tuple((placement.gpu(tp=u, dp=e, pp=r),
+                                   placement.gpu(tp=u, dp=e, pp=owner[consumer]))
+                                  for e in range(dp) for u in range(tp))
+                    send_cache[link] = collapse.collective_s("send", pairs, p2p)
+                fixed = send_cache[link]
+            what = "act" if member.kind == FORWARD else "grad"
+            sends.append((index[member], member, owner[consumer], f"{member} {what}", fixed))
+        if collapse is not None:
+            (g,) = lanes[r][0]
+            folded = fold_cache.get(generic)
+            if folded is None:
+                groups = tuple(placement.group("tp", placement.gpu(pp=r, dp=e))
+                               for e in range(dp))
+                folded = fold_cache[generic] = _fold(segs, collapse, groups)
+            deps = tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
+            last[(k, g)] = _emit_folded(b, g, op, op_name, folded, deps, alloc, free,
+                                        pending[r])
+            if folded.trailing:
+                pending[r] = folded.trailing_s
+            elif folded.has_comm:
+                pending[r] = 0.0
+            else:  # pure compute: an earlier closing collective runs on meanwhile
+                pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
+            for j, member, cr, name, fixed in sends:
+                dst = lanes[cr][0][0]
+                sent[(j, dst)] = b.send(g, dst, p2p, "pp", name, (last[(k, g)],),
+                                        stage=member.stage, mb=member.mb, duration_s=fixed)
+            continue
+        comm_names = {i: f"{op_name} {seg.label}" for i, seg in enumerate(segs)
+                      if isinstance(seg, CommSeg)}
+        for d in range(dp_lanes):
+            gpus = lanes[r][d]
+            prev = {g: tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
+                    for g in gpus}
             seen_compute = 0
-            for seg in segs_for_lanes:
+            for i, seg in enumerate(segs):
                 if isinstance(seg, CommSeg):
-                    ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=f"{op} {seg.label}",
+                    ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=comm_names[i],
                                        op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb)
                 else:
                     seen_compute += 1
-                    extra = {
-                        "alloc_bytes": alloc if seen_compute == 1 else 0.0,
-                        "free_bytes": free if seen_compute == n_compute else 0.0,
-                    }
-                    label = str(op) if seen_compute == 1 else seg.label
+                    a_bytes = alloc if seen_compute == 1 else 0.0
+                    f_bytes = free if seen_compute == n_compute else 0.0
+                    label = op_name if seen_compute == 1 else seg.label
                     ids = {g: b.compute(g, op.kind, label, prev[g], flops=seg.flops,
                                         hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
                                         attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
                                         elementwise_bytes=seg.elementwise_bytes,
-                                        stage=op.stage, mb=op.mb, **extra) for g in gpus}
+                                        stage=op.stage, mb=op.mb, alloc_bytes=a_bytes,
+                                        free_bytes=f_bytes) for g in gpus}
                 prev = {g: (ids[g],) for g in gpus}
-            if segs_for_lanes:
+            if segs:
                 for g in gpus:
-                    last[(op, g)] = prev[g][0]
-            group = schedule.groups[op]  # a fused group (DualPipe F&B) sends at its end
-            for member in group if op == group[-1] else ():
-                consumer = _consumer_stage(member, S)
-                if consumer is None or owner[consumer] == r:
-                    continue
-                what = "act" if member.kind == FORWARD else "grad"
-                fixed = None
-                if collapse is not None:  # every replica's message crosses at once
-                    link = (r, owner[consumer])
-                    if link not in send_cache:
-                        pairs = tuple((placement.gpu(tp=u, dp=e, pp=r),
-                                       placement.gpu(tp=u, dp=e, pp=owner[consumer]))
-                                      for e in range(dp) for u in range(tp))
-                        send_cache[link] = collapse.collective_s("send", pairs,
-                                                                 costs.p2p_bytes())
-                    fixed = send_cache[link]
+                    last[(k, g)] = prev[g][0]
+            for j, member, cr, name, fixed in sends:
+                dst_lane = lanes[cr][d]
                 for t, g in enumerate(gpus):
-                    dst = placement.gpu(tp=t, dp=d, pp=owner[consumer])
-                    sent[(member, dst)] = b.send(g, dst, costs.p2p_bytes(), "pp",
-                                                 f"{member} {what}", (last[(op, g)],),
-                                                 stage=member.stage, mb=member.mb,
-                                                 duration_s=fixed)
+                    dst = dst_lane[t]
+                    sent[(j, dst)] = b.send(g, dst, p2p, "pp", name, (last[(k, g)],),
+                                            stage=member.stage, mb=member.mb, duration_s=fixed)
 
-    _lower_step_end(b, schedule, costs, placement, zero_stage, last, final_op, order, collapse)
-    gpu_names = tuple(
-        "gpu{} pp{} dp{} tp{}".format(g, *(placement.coords(g)[k] for k in ("pp", "dp", "tp")))
-        for g in range(placement.num_gpus)
-    )
+    _lower_step_end(b, schedule, costs, placement, zero_stage, last, final_op, index, collapse)
+    coords = [placement.coords(g) for g in range(placement.num_gpus)]
+    gpu_names = tuple(f"gpu{g} pp{c['pp']} dp{c['dp']} tp{c['tp']}" for g, c in enumerate(coords))
     static_of_rank = [costs.static_bytes(_stages_of(schedule, r)) for r in range(pp)]
-    static = tuple(static_of_rank[placement.coords(g)["pp"]] for g in range(placement.num_gpus))
+    static = tuple(static_of_rank[c["pp"]] for c in coords)
     simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
     return Program(placement.num_gpus, b.build(), static, schedule, gpu_names, simulated)
 
@@ -258,14 +284,15 @@ class _Folded:
     """... and the rest, from the next compute segment on."""
     trailing: tuple[_CommRun, ...]
     """Collectives after the last compute segment."""
+    trailing_s: float = 0.0
+    """Their total time."""
+    has_comm: bool = False
+    """Whether the op has any collective."""
 
-    @property
-    def trailing_s(self) -> float:
-        return sum(run.duration_s for run in self.trailing)
-
-    @property
-    def has_comm(self) -> bool:
-        return bool(self.leading or self.trailing or self.head is not None)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "trailing_s", sum(run.duration_s for run in self.trailing))
+        object.__setattr__(self, "has_comm",
+                           bool(self.leading or self.trailing or self.head is not None))
 
 
 def _comm_runs(segs: Sequence[Segment], collapse: Collapse,
@@ -326,8 +353,26 @@ def _fold(segs: tuple[Segment, ...], collapse: Collapse,
                    head, first_comm or (), rest, _comm_runs(segs[end:], collapse, groups))
 
 
-def _emit_folded(b: ProgramBuilder, g: int, op: Op, folded: _Folded, deps: tuple[int, ...],
-                 alloc: float, free: float, pending_s: float) -> int:
+def _emit_runs(b: ProgramBuilder, g: int, op: Op, op_name: str, runs: tuple[_CommRun, ...],
+               deps: tuple[int, ...]) -> tuple[int, ...]:
+    """Emit collective runs one after the other on GPU ``g``; the last one's id (or ``deps``)."""
+    for run in runs:
+        deps = (b.collective((g,), {g: deps}, kind=run.kind, name=f"{op_name} {run.label}",
+                             op=run.op, nbytes=run.nbytes, stage=op.stage, mb=op.mb,
+                             duration_s=run.duration_s)[g],)
+    return deps
+
+
+def _emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: _Block,
+                deps: tuple[int, ...], alloc: float, free: float) -> int:
+    return b.compute(g, op.kind, op_name, deps, stage=op.stage, mb=op.mb,
+                     duration_s=block.compute_s, flops=block.flops, attn_flops=block.attn_flops,
+                     blocking_comm_s=block.comm_s, blocking_comm_kind=block.comm_kind,
+                     alloc_bytes=alloc, free_bytes=free)
+
+
+def _emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: _Folded,
+                 deps: tuple[int, ...], alloc: float, free: float, pending_s: float) -> int:
     """Emit a folded op on GPU ``g``; returns the id of its last instruction.
 
     ``pending_s`` bounds how long after this op's compute starts an earlier
@@ -337,27 +382,19 @@ def _emit_folded(b: ProgramBuilder, g: int, op: Op, folded: _Folded, deps: tuple
     collective), the op is emitted split (compute, collective, rest) so the
     collapsed program waits the same way. Otherwise one compute op suffices.
     """
-    def run(runs: tuple[_CommRun, ...], deps: tuple[int, ...]) -> tuple[int, ...]:
-        for r in runs:
-            deps = (b.collective((g,), {g: deps}, kind=r.kind, name=f"{op} {r.label}", op=r.op,
-                                 nbytes=r.nbytes, stage=op.stage, mb=op.mb,
-                                 duration_s=r.duration_s)[g],)
-        return deps
-
-    def compute(block: _Block, deps: tuple[int, ...], alloc: float, free: float) -> int:
-        return b.compute(g, op.kind, str(op), deps, stage=op.stage, mb=op.mb,
-                         duration_s=block.compute_s, flops=block.flops,
-                         attn_flops=block.attn_flops, blocking_comm_s=block.comm_s,
-                         blocking_comm_kind=block.comm_kind, alloc_bytes=alloc, free_bytes=free)
-
-    deps = run(folded.leading, deps)
-    if (folded.head is not None and folded.rest is not None and not folded.leading
-            and pending_s > folded.head.compute_s):
-        deps = run(folded.first_comm, (compute(folded.head, deps, alloc, 0.0),))
-        last = compute(folded.rest, deps, 0.0, free)
+    if folded.leading:
+        deps = _emit_runs(b, g, op, op_name, folded.leading, deps)
+    head, rest = folded.head, folded.rest
+    if (head is not None and rest is not None and not folded.leading
+            and pending_s > head.compute_s):
+        first = _emit_block(b, g, op, op_name, head, deps, alloc, 0.0)
+        deps = _emit_runs(b, g, op, op_name, folded.first_comm, (first,))
+        last = _emit_block(b, g, op, op_name, rest, deps, 0.0, free)
     else:
-        last = compute(folded.whole, deps, alloc, free)
-    return run(folded.trailing, (last,))[0]
+        last = _emit_block(b, g, op, op_name, folded.whole, deps, alloc, free)
+    if folded.trailing:
+        return _emit_runs(b, g, op, op_name, folded.trailing, (last,))[0]
+    return last
 
 
 def _stash_bytes(costs: CostModel, op: Op) -> float:
@@ -386,15 +423,17 @@ def _lower_step_end(
     costs: CostModel,
     placement: Placement,
     zero_stage: int,
-    last: Mapping[tuple[Op, int], int],
+    last: Mapping[tuple[int, int], int],
     final_op: Mapping[int, Op],
-    order: list[Op],
+    index: Mapping[Op, int],
     collapse: Collapse | None,
 ) -> None:
-    """DP gradient collectives per stage (in the order stages finish), optimizer, ZeRO gather."""
+    """DP gradient collectives per stage (in the order stages finish), optimizer, ZeRO gather.
+
+    ``last[(index[op], g)]`` is the instruction that completes ``op`` on GPU ``g``.
+    """
     pp, tp, dp = placement.degree("pp"), placement.degree("tp"), placement.degree("dp")
-    position = {op: i for i, op in enumerate(order)}
-    stages = sorted(final_op, key=lambda s: position[final_op[s]])
+    stages = sorted(final_op, key=lambda s: index[final_op[s]])
     waits: dict[int, list[int]] = {g: [] for g in range(placement.num_gpus)}
     grad_op = "reduce_scatter" if zero_stage >= 1 else "all_reduce"
     lanes = 1 if collapse is not None else tp
@@ -419,7 +458,7 @@ def _lower_step_end(
     for s in stages:
         r = schedule.stage_rank[s]
         for t in range(lanes):
-            deps = {g: (last[(final_op[s], g)],) for g in lane_gpus(r, t)}
+            deps = {g: (last[(index[final_op[s]], g)],) for g in lane_gpus(r, t)}
             nbytes = costs.grad_bytes(s)
             if dp > 1 and nbytes > 0:
                 ids = dp_collective(r, t, deps, f"stage{s} grad {grad_op}", grad_op, nbytes, s)

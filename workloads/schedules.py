@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 
 from sim.errors import ScheduleError
 
@@ -136,6 +137,8 @@ class Schedule:
 
 def _split_groups(ops: Sequence[Op], fused: frozenset[Op]) -> list[tuple[Op, ...]]:
     """A rank's ops cut into fused groups (an op in ``fused`` joins the next op)."""
+    if not fused:
+        return [(op,) for op in ops]
     groups: list[tuple[Op, ...]] = []
     current: list[Op] = []
     for op in ops:
@@ -257,7 +260,7 @@ def validate(schedule: Schedule) -> None:
             parts.append("unexpected " + " ".join(map(str, extra[:8])))
         raise ScheduleError(f"schedule {schedule.name}: " + "; ".join(parts))
     _check_fused(schedule, seen)
-    list_schedule(schedule, lambda op: 1.0)
+    unit_times(schedule)
 
 
 def _check_fused(schedule: Schedule, seen: dict[Op, int]) -> None:
@@ -269,8 +272,8 @@ def _check_fused(schedule: Schedule, seen: dict[Op, int]) -> None:
                 f"schedule {schedule.name}: op {op} is fused ('&') with the next op but is the "
                 f"last op of rank {seen[op]}"
             )
-    for group in set(schedule.groups.values()):
-        _internal_order(schedule, group)
+    for group in {g for g in schedule.groups.values() if len(g) > 1}:
+        _internal_order(schedule, group)  # a lone op cannot wait on a later member
 
 
 def _internal_order(schedule: Schedule, group: tuple[Op, ...]) -> None:
@@ -296,35 +299,82 @@ def list_schedule(
     and every member's outside producers are done, runs its members back to
     back, and its outputs count as done only at the group's end.
     Raises :class:`ScheduleError` naming the blocked ops if the schedule deadlocks.
+
+    Passes over the ranks in order, each rank running as far as its producers
+    allow, until no rank can move. A rank blocked on a producer is not
+    re-examined until that producer is done, and each group's producers are
+    listed once, so the cost is linear in the ops plus the passes.
     """
-    done: dict[Op, tuple[float, float]] = {}
-    ready: dict[Op, float] = {}
-    pos = [0] * schedule.num_ranks
-    free_at = [0.0] * schedule.num_ranks
-    groups = schedule.groups
-    remaining = sum(len(ops) for ops in schedule.rank_ops)
+    p = schedule.num_ranks
+    order = [op for ops in schedule.rank_ops for op in ops]
+    index = {op: k for k, op in enumerate(order)}
+    ready: list[float | None] = [None] * len(order)  # group end time of each done op
+    interval: list[tuple[float, float]] = [(0.0, 0.0)] * len(order)
+    pos = [0] * p
+    free_at = [0.0] * p
+    rank_groups = [_split_groups(ops, schedule.fused) for ops in schedule.rank_ops]
+    gpos = [0] * p
+    deps_of: list[dict[int, list[int]]] = [{} for _ in range(p)]
+    blocked = [-1] * p  # the producer a rank's next group waits for (-1: none)
+    scheduled: list[int] = []  # op indices in the order they are placed
+    remaining = len(order)
     while remaining:
         progressed = False
-        for r, ops in enumerate(schedule.rank_ops):
-            while pos[r] < len(ops):
-                group = groups[ops[pos[r]]]
-                deps = [d for op in group for d in schedule_deps(schedule, op) if d not in group]
-                if any(d not in ready for d in deps):
+        for r in range(p):
+            wait = blocked[r]
+            if wait >= 0 and ready[wait] is None:
+                continue
+            groups, mine = rank_groups[r], deps_of[r]
+            while gpos[r] < len(groups):
+                k = gpos[r]
+                group = groups[k]
+                deps = mine.get(k)
+                if deps is None:
+                    if len(group) == 1:  # an op never waits on itself
+                        found = schedule_deps(schedule, group[0])
+                    else:
+                        found = tuple(d for op in group for d in schedule_deps(schedule, op)
+                                      if d not in group)
+                    # a producer missing from the schedule is never done (len(order))
+                    deps = mine[k] = [index.get(d, len(order)) for d in found]
+                wait = next((d for d in deps if d == len(order) or ready[d] is None), -1)
+                if wait >= 0:
+                    blocked[r] = wait
                     break
+                blocked[r] = -1
+                del mine[k]
                 if len(group) > 1:
                     _internal_order(schedule, group)
-                t = max([free_at[r], *(ready[d] for d in deps)])
+                t = free_at[r]
+                for d in deps:
+                    end = ready[d]
+                    if end > t:  # type: ignore[operator]
+                        t = end  # type: ignore[assignment]
                 for op in group:
                     start, t = t, t + duration(op)
-                    done[op] = (start, t)
-                ready.update(dict.fromkeys(group, t))
+                    interval[index[op]] = (start, t)
+                for op in group:
+                    ready[index[op]] = t
+                    scheduled.append(index[op])
                 free_at[r] = t
                 pos[r] += len(group)
+                gpos[r] = k + 1
                 remaining -= len(group)
                 progressed = True
         if not progressed:
-            raise ScheduleError(_deadlock_message(schedule, pos, ready))
-    return done
+            done = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
+            raise ScheduleError(_deadlock_message(schedule, pos, done))  # type: ignore[arg-type]
+    return {order[k]: interval[k] for k in scheduled}
+
+
+def unit_times(schedule: Schedule) -> Mapping[Op, tuple[float, float]]:
+    """:func:`list_schedule` with unit durations (the symbolic run :func:`validate` checks and
+    lowering orders ops by), computed once per schedule and kept on it (read-only)."""
+    cached = schedule.__dict__.get("_unit_times")
+    if cached is None:
+        cached = list_schedule(schedule, lambda op: 1.0)
+        schedule.__dict__["_unit_times"] = cached  # a frozen instance's cache, as cached_property
+    return MappingProxyType(cached)
 
 
 _GRID_CONTEXT = 6
