@@ -7,6 +7,7 @@ Produced by :mod:`sim.engine`, read by :mod:`sim.stats`, :mod:`sim.export` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 COMPUTE_STREAM = "compute"
 """Name of every GPU's compute stream."""
@@ -87,5 +88,14 @@ class Timeline:
     def spans_of(self, gpu: int, stream: str | None = None) -> list[Span]:
         return [s for s in self.spans if s.gpu == gpu and (stream is None or s.stream == stream)]
 
+    @cached_property
+    def peak_memory_by_gpu(self) -> dict[int, float]:
+        """Largest allocated bytes of each GPU with memory samples, in one pass."""
+        peaks: dict[int, float] = {}
+        for m in self.memory:
+            if m.bytes > peaks.get(m.gpu, float("-inf")):
+                peaks[m.gpu] = m.bytes
+        return peaks
+
     def peak_memory_bytes(self, gpu: int) -> float:
-        return max((m.bytes for m in self.memory if m.gpu == gpu), default=0.0)
+        return self.peak_memory_by_gpu.get(gpu, 0.0)

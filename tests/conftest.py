@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "workloads" / "examples" / "gpt-1.3b-pp4.yaml"
 
@@ -27,6 +25,10 @@ def synthetic_experiment(p: int, m: int, schedule: str = "1f1b", *, forward_ms: 
     }
 
 
-@pytest.fixture
-def update_golden() -> bool:
-    return os.environ.get("UPDATE_GOLDEN") == "1"
+def assert_golden(path: Path, text: str) -> None:
+    """``text`` equals the golden file at ``path``; ``UPDATE_GOLDEN=1`` rewrites it first."""
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"missing {path}; run with UPDATE_GOLDEN=1 to create it"
+    assert path.read_text() == text

@@ -8,12 +8,11 @@ op grids (``UPDATE_GOLDEN=1 pytest ...`` rewrites them).
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import synthetic_experiment
+from conftest import assert_golden, synthetic_experiment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -546,11 +545,7 @@ def test_golden_grid(case: str) -> None:
     s = GOLDEN_CASES[case]()
     path = GOLDEN_DIR / f"{case}.txt"
     text = golden_text(s)
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"missing {path}; run with UPDATE_GOLDEN=1 to create it"
-    assert path.read_text() == text
+    assert_golden(path, text)
     parsed = from_text(path.read_text(), s.num_microbatches)
     assert parsed.rank_ops == s.rank_ops and parsed.stage_rank == s.stage_rank
     assert parsed.fused == s.fused and parsed.seq_chunks == s.seq_chunks
