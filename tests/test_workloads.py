@@ -138,3 +138,26 @@ def test_badly_placed_tp_group_is_slower_and_reported() -> None:
     assert bad["placement"]["tp_group_of_gpu0"] == [0, 8]
     assert bad["step_time_s"] > 1.1 * good["step_time_s"]
     assert bad["exposed_comm_s"]["tp"] > 3 * good["exposed_comm_s"]["tp"]
+
+
+def test_ops_hold_transient_working_memory_while_they_run() -> None:
+    """A backward holds one layer of activation gradients (two layers with full recomputation)
+    while it runs; the last stage also holds the fp32 softmax and its gradient; the peak sees it."""
+    from workloads.schedules import Op
+
+    exp = build_experiment(_exp())
+    costs = exp.costs
+    layer = costs.layer_activation_bytes()
+    assert costs.transient_bytes(Op(0, "F", 0)) == 0.0
+    assert costs.transient_bytes(Op(0, "B", 0)) == pytest.approx(layer)
+    m = costs.model
+    softmax = 8 * m.seq_length * m.vocab_size / 2  # b = 1, t = 2
+    assert costs.transient_bytes(Op(1, "F", 0)) == pytest.approx(softmax)
+    full = build_experiment(_exp() | {"training": {"global_batch_size": 8,
+                                                   "recompute": "full"}}).costs
+    assert full.transient_bytes(Op(0, "B", 0)) == pytest.approx(2 * layer)
+    # lowering allocates it at the op's start and frees it at its end
+    program = simulate(exp, fidelity="full").program
+    b_ops = [i for i in program.instructions if isinstance(i, Compute) and i.kind == "B"
+             and i.stage == 0 and i.alloc_bytes]
+    assert b_ops and all(i.alloc_bytes == pytest.approx(layer) for i in b_ops)
