@@ -144,3 +144,14 @@ def test_non_yaml_file(tmp_path: Path) -> None:
 def test_usage_error_is_one_line() -> None:
     _check_error(_run_cli(["run"]), ["file"])
     _check_error(_run_cli(["fly"]), ["fly"])
+
+
+def test_a_reader_that_leaves_early_is_not_an_error() -> None:
+    """`sim run ... --json | head -c0`: the pipe closes before the JSON is written."""
+    proc = subprocess.Popen([sys.executable, "-m", "sim", "run", str(EXAMPLE), "--json"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader leaves before the simulation ends
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0
+    assert err == b""
