@@ -201,6 +201,36 @@ def _ring_latencies(p: _Plan, ranks: Sequence[int], steps: int) -> list[float | 
     return [base + prefix[i + n + 1] - prefix[i + n + 1 - rem] for i in range(n)]
 
 
+def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> list[list[int]]:
+    """The rings a ring collective runs over ``ranks``, each carrying an equal share of the data.
+
+    NCCL runs several rings ("channels") at once and routes each through
+    different GPUs at the server boundaries, so that every NIC of a server
+    carries traffic (NCCL's ring graph search, ``src/graph/search.cc``; the
+    NCCL 2.x performance notes). When the group spans several hosts with the
+    same number k > 1 of members on each, and each host's members are
+    contiguous in ``ranks``, this returns k rings: ring c visits every host's
+    members rotated by c, so it leaves host h from member c − 1 and enters
+    host h + 1 at member c, and each member's NIC sends and receives for
+    exactly one ring. Otherwise (one host, one member per host, uneven or
+    interleaved groups, or no ``host_of``) it returns the single ring ``ranks``.
+    """
+    single = [list(ranks)]
+    if host_of is None:
+        return single
+    blocks: list[list[int]] = []
+    for r in ranks:
+        if blocks and host_of[r] == host_of[blocks[-1][0]]:
+            blocks[-1].append(r)
+        else:
+            blocks.append([r])
+    k = len(blocks[0])
+    hosts = {host_of[b[0]] for b in blocks}
+    if k == 1 or len(blocks) == 1 or len(hosts) != len(blocks) or any(len(b) != k for b in blocks):
+        return single
+    return [[r for b in blocks for r in b[c:] + b[:c]] for c in range(k)]
+
+
 def _halving_doubling(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
     """Recursive halving (reduce-scatter) and/or doubling (all-gather), Rabenseifner's algorithm.
 
@@ -433,7 +463,8 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          granularity: str = "step", latency: LatencyFn | None = None) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
-    ``host_of`` maps each rank to its server (hierarchical needs it);
+    ``host_of`` maps each rank to its server (hierarchical needs it; a ring
+    over several servers uses it to run NCCL-like channels, :func:`ring_channels`);
     ``nvswitch`` names the NVSwitch node all ranks share (NVLS needs it);
     ``granularity`` is ``step`` (ring phases as one transfer per step, the
     default here) or ``stream`` (one transfer per ring edge; module docstring);
@@ -460,7 +491,9 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
         _chain(p, op, ranks, nbytes)
     elif algo == "ring":
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        _ring(p, ranks, nbytes / n, steps, stream)
+        channels = ring_channels(ranks, host_of)
+        for order in channels:
+            _ring(p, order, nbytes / (n * len(channels)), steps, stream)
     elif algo == "halving_doubling":
         _halving_doubling(p, op, ranks, nbytes)
     elif algo == "hierarchical":
@@ -484,7 +517,10 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
     ``alpha`` is the latency of one transfer (GPU to GPU; for NVLS, GPU to
     NVSwitch) and ``bandwidth`` its bytes/s. Hierarchical: ``alpha`` and
     ``bandwidth`` are intra-node, ``alpha_inter`` and ``bandwidth_inter``
-    inter-node per GPU, ``gpus_per_node`` = n1. Launch latency is not included.
+    inter-node per GPU, ``gpus_per_node`` = n1. Ring with ``gpus_per_node`` =
+    k > 1 and ``bandwidth_inter``: the k channels of :func:`ring_channels`,
+    steps·α_max + steps/n·S·max((k−1)/(k·B1), 1/(k·B2)) (stream granularity,
+    exact without latency). Launch latency is not included.
     """
     check(op, algo)
     S, a, B = nbytes, alpha, bandwidth
@@ -494,6 +530,12 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
         return (n - 1) * a + S / B
     if algo == "ring":
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1
+        k = gpus_per_node
+        if k > 1 and bandwidth_inter is not None and n > k:
+            # k channels (ring_channels): per GPU, k - 1 rings leave over NVLink, one over the NIC
+            a2 = a if alpha_inter is None else alpha_inter
+            per_byte = max((k - 1) / (k * B), 1 / (k * bandwidth_inter))
+            return steps * max(a, a2) + steps / n * S * per_byte
         return steps * (a + S / (n * B))
     if algo == "halving_doubling":
         pw = 1 << (n.bit_length() - 1)
@@ -559,6 +601,8 @@ class GroupProfile:
     nvls_alpha_s: float = 0.0
     """GPU-NVSwitch hop latency."""
     nvls_bandwidth_Bps: float = math.inf
+    ring_channels: int = 1
+    """Rings a ring collective runs in parallel over this group (:func:`ring_channels`)."""
 
 
 def _worst(topo: _Topology, pairs: Sequence[tuple[int | str, int | str]]) -> tuple[float, float]:
@@ -595,7 +639,9 @@ def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
     if sw is not None and not topo.nvls_capable(sw):
         sw = None
     na, nb = _worst(topo, [(r, sw) for r in ranks]) if sw is not None else (0.0, math.inf)
-    return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb)
+    channels = len(ring_channels(ranks, host_of))
+    return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb,
+                        channels)
 
 
 AUTO_EXCLUDED = ("halving_doubling",)
@@ -625,6 +671,11 @@ def estimate(op: str, algo: str, nbytes: float, profile: GroupProfile) -> float:
     if algo == "hierarchical":
         return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_intra_s,
                                profile.bandwidth_intra_Bps, gpus_per_node=profile.per_host,
+                               alpha_inter=profile.alpha_inter_s,
+                               bandwidth_inter=profile.bandwidth_inter_Bps)
+    if algo == "ring" and profile.ring_channels > 1 and op not in ("broadcast", "reduce"):
+        return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_intra_s,
+                               profile.bandwidth_intra_Bps, gpus_per_node=profile.ring_channels,
                                alpha_inter=profile.alpha_inter_s,
                                bandwidth_inter=profile.bandwidth_inter_Bps)
     return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_s, profile.bandwidth_Bps)

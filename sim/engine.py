@@ -66,7 +66,7 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
     algo = cluster.collective_algos.get(op, algo)
     profile = group_profile(cluster, group) if algo in (AUTO, "nvls") else None
     algo = resolve_algorithm(op, algo, nbytes, profile)
-    host_of = {r: cluster.host_of(r) for r in group} if algo == "hierarchical" else None
+    host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
     return plan_collective(op, algo, group, nbytes, host_of=host_of,
                            nvswitch=profile.nvswitch if profile else None,
                            granularity=cluster.collective_granularity,

@@ -16,6 +16,7 @@ from sim.collectives import (
     dtree,
     group_profile,
     plan,
+    ring_channels,
     select_algorithm,
     tree_shape,
 )
@@ -379,9 +380,11 @@ def test_default_selection_is_nccl_like() -> None:
     assert select_algorithm("all_reduce", 1e3, group_profile(a100, node)) == "tree"
     assert select_algorithm("all_reduce", 1e9, group_profile(a100, node)) == "ring"
     assert select_algorithm("all_reduce", 1e3, group_profile(a100, pod)) == "tree"
-    assert select_algorithm("all_reduce", 1e9, group_profile(a100, pod)) == "hierarchical"
+    assert select_algorithm("all_reduce", 1e7, group_profile(a100, pod)) == "hierarchical"
+    assert select_algorithm("all_reduce", 1e9, group_profile(a100, pod)) == "ring"  # 8 channels
     assert select_algorithm("all_reduce", 1e6, group_profile(h100, node)) == "nvls"
-    assert select_algorithm("all_gather", 1e9, group_profile(a100, pod)) == "hierarchical"
+    assert select_algorithm("all_gather", 1e7, group_profile(a100, pod)) == "hierarchical"
+    assert select_algorithm("all_gather", 1e9, group_profile(a100, pod)) == "ring"
     assert select_algorithm("all_to_all", 1e9, group_profile(a100, pod)) == "pairwise"
     ideal = explicit_cluster("switch", 8, A100, math.inf, 0.0)
     assert select_algorithm("all_reduce", 1e9, group_profile(ideal, node)) == "ring"
@@ -408,7 +411,51 @@ def test_sim_run_uses_cluster_collective_overrides() -> None:
     data = {"model": {"synthetic": {"forward_ms": 1.0, "backward_ms": 2.0, "grad_MB": 50.0}},
             "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
             "parallel": {"dp": 16, "zero_stage": 0}, "training": {"global_batch_size": 16}}
-    base = simulate(build_experiment(data)).stats["step_time_s"]
-    data["cluster"]["collectives"] = {"all_reduce": "hierarchical"}
-    fast = simulate(build_experiment(data)).stats["step_time_s"]
-    assert fast < base
+    base = simulate(build_experiment(data)).stats["step_time_s"]  # ring, 8 channels
+    times = {}
+    for algo in ("hierarchical", "tree", "ring"):
+        data["cluster"]["collectives"] = {"all_reduce": algo}
+        times[algo] = simulate(build_experiment(data)).stats["step_time_s"]
+    assert times["ring"] == base
+    assert len(set(times.values())) == 3
+
+
+# ---------------------------------------------------------------- ring channels
+
+
+def test_ring_channels_rotate_each_servers_members() -> None:
+    host_of = {r: r // 4 for r in range(8)}
+    rings = ring_channels(range(8), host_of)
+    assert rings == [[0, 1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 0, 5, 6, 7, 4],
+                     [2, 3, 0, 1, 6, 7, 4, 5], [3, 0, 1, 2, 7, 4, 5, 6]]
+    # every member leaves its server for exactly one ring and enters it for exactly one
+    leaving = sorted(ring[(i) % 8] for ring in rings for i in range(8)
+                     if host_of[ring[i]] != host_of[ring[(i + 1) % 8]])
+    assert leaving == list(range(8))
+    assert ring_channels(range(8), None) == [list(range(8))]
+    assert ring_channels((0, 4, 1, 5), host_of) == [[0, 4, 1, 5]]  # interleaved: one ring
+    assert ring_channels((0, 1, 2, 4), host_of) == [[0, 1, 2, 4]]  # uneven: one ring
+    assert ring_channels((0, 1, 2, 3), host_of) == [[0, 1, 2, 3]]  # one server: one ring
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather"])
+@pytest.mark.parametrize(("servers", "per_server"), [(2, 8), (4, 8), (8, 4), (2, 2)])
+def test_multi_server_ring_uses_every_nic(op: str, servers: int, per_server: int) -> None:
+    """DGX-A100-like servers without latency: k = per-server channels, each GPU sends k − 1 rings
+    over NVLink and one over its NIC: t = steps/n·S·max((k−1)/(k·B_nvlink), 1/(k·B_nic))."""
+    cluster = build_cluster(parse_config({
+        "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0}},
+        "cluster": {"topology": "switch", "num_gpus": 8 * servers, "gpus_per_node": 8,
+                    "nvlink_bandwidth_GBps": 300.0, "link_bandwidth_GBps": 25.0,
+                    "link_latency_us": 0.0, "nvlink_latency_us": 0.0,
+                    "collective_launch_us": 0.0}}))
+    group = tuple(s * 8 + i for s in range(servers) for i in range(per_server))
+    n, S = len(group), GiB
+    profile = group_profile(cluster, group)
+    assert profile.ring_channels == per_server
+    expected = alpha_beta_time(op, "ring", n, S, 0.0, profile.bandwidth_intra_Bps,
+                               gpus_per_node=per_server,
+                               bandwidth_inter=profile.bandwidth_inter_Bps)
+    assert _time(cluster, op, "ring", group, S) == pytest.approx(expected, rel=REL)
+    single = alpha_beta_time(op, "ring", n, S, 0.0, profile.bandwidth_inter_Bps)
+    assert expected < single / min(per_server - 0.5, 4)
