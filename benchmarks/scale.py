@@ -1,8 +1,9 @@
 """Benchmark: one simulated training step from 16 to 16,384 GPUs, collapsed and full.
 
-Run ``python benchmarks/scale.py`` (every case; the 16,384-GPU one needs about
-20 GB of memory and several minutes, see the README) or limit it with
-``--max-gpus 4096`` / ``--only 1t,405b``. Each case runs in a fresh
+Run ``python benchmarks/scale.py`` (every case, a few minutes in all; the
+16,384-GPU one takes seconds and about 200 MiB since routing no longer runs a
+breadth-first search per destination, see :mod:`topologies.cluster`) or limit
+it with ``--max-gpus 4096`` / ``--only 1t,405b``. Each case runs in a fresh
 subprocess, so its peak RSS is its own; ``--repeat N`` runs each case N times
 and reports the median wall time. It prints one table row per case:
 

@@ -21,6 +21,8 @@ _REL_EPS = 1e-12
 class _Flow:
     links: tuple[int, ...]
     remaining_bytes: float
+    finite: tuple[int, ...] = ()
+    """The links of finite capacity (the only ones that constrain or couple flows)."""
     rate_Bps: float = 0.0
     end_s: float = math.inf
     nbytes: float = 0.0
@@ -44,14 +46,18 @@ def max_min_rates(
     for fid, links in flows.items():
         for link in links:
             if math.isfinite(capacity_Bps[link]):
-                users.setdefault(link, []).append(fid)
+                on = users.get(link)
+                if on is None:
+                    users[link] = [fid]
+                else:
+                    on.append(fid)
     remaining = {link: float(capacity_Bps[link]) for link in users}
     count = {link: len(fids) for link, fids in users.items()}
     while count:
-        share = min(remaining[link] / n for link, n in count.items())
-        bottlenecks = [
-            link for link, n in count.items() if remaining[link] / n <= share * (1 + _REL_EPS)
-        ]
+        ratio = {link: remaining[link] / n for link, n in count.items()}
+        share = min(ratio.values())
+        within = share * (1 + _REL_EPS)
+        bottlenecks = [link for link, r in ratio.items() if r <= within]
         for link in bottlenecks:
             for fid in users[link]:
                 if fid in rates:
@@ -116,7 +122,7 @@ class FlowNetwork:
     def _component(self) -> dict[int, tuple[int, ...]]:
         """The flows whose max-min rates may have changed: every flow connected, through
         shared finite links, to a flow started or ended since the last re-rating."""
-        flows, on_link, cap = self._flows, self._on_link, self.capacity_Bps
+        flows, on_link = self._flows, self._on_link
         comp: dict[int, tuple[int, ...]] = {}
         seen_links: set[int] = set()
         stack = list(self._touched_links)
@@ -124,7 +130,9 @@ class FlowNetwork:
             flow = flows.get(fid)
             if flow is not None and fid not in comp:
                 comp[fid] = flow.links
-                stack.extend(link for link in flow.links if cap[link] < math.inf)
+                stack.extend(flow.finite)
+        # links already seen when pushed are skipped when popped: the same visiting order
+        # as filtering them out at the push
         while stack:
             link = stack.pop()
             if link in seen_links:
@@ -132,9 +140,9 @@ class FlowNetwork:
             seen_links.add(link)
             for fid in on_link.get(link, ()):
                 if fid not in comp:
-                    links = flows[fid].links
-                    comp[fid] = links
-                    stack.extend(x for x in links if cap[x] < math.inf and x not in seen_links)
+                    flow = flows[fid]
+                    comp[fid] = flow.links
+                    stack.extend(flow.finite)
         self._touched.clear()
         self._touched_links.clear()
         return comp
@@ -172,13 +180,15 @@ class FlowNetwork:
         time passes before the refresh, the result is exact.
         """
         self._advance(now)
-        self._flows[flow_id] = _Flow(links, float(nbytes))
         cap = self.capacity_Bps
-        for link in links:
-            if cap[link] < math.inf:
-                users = self._on_link.get(link)
-                if users is None:
-                    users = self._on_link[link] = {}
+        finite = tuple([link for link in links if cap[link] < math.inf])
+        self._flows[flow_id] = _Flow(links, float(nbytes), finite)
+        on_link = self._on_link
+        for link in finite:
+            users = on_link.get(link)
+            if users is None:
+                on_link[link] = {flow_id: None}
+            else:
                 users[flow_id] = None
         self._touched.append(flow_id)
         self._dirty = True
@@ -198,18 +208,18 @@ class FlowNetwork:
         tol = abs(now) * _REL_EPS
         done = ([] if self._next_end > now + tol else
                 sorted(fid for fid, f in self._flows.items() if f.end_s <= now + tol))
-        cap, carried = self.capacity_Bps, self.bytes_on_link
+        carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
         for fid in done:
             flow = self._flows.pop(fid)
             nbytes = flow.nbytes
             for link in flow.links:
                 carried[link] = carried.get(link, 0.0) + nbytes
-                if cap[link] < math.inf:
-                    users = self._on_link[link]
-                    del users[fid]
-                    if not users:
-                        del self._on_link[link]
-                    self._touched_links.append(link)
+            for link in flow.finite:
+                users = on_link[link]
+                del users[fid]
+                if not users:
+                    del on_link[link]
+                touched.append(link)
         if done or self._dirty:
             self._rerate(now)
             self._dirty = False

@@ -18,13 +18,26 @@ one is picked by a key, consuming the key as mixed-radix digits hop by hop
 Either way the same (src, dst) always takes the same path, independent of
 Python's hash seed. A route may start or end at a non-GPU node (an NVSwitch
 doing in-network reduction) by naming the node instead of a rank.
+
+Distances come from :class:`_Router`: bidirectional breadth-first searches
+whose balls are cached per node and grown on the cheaper side, so a path
+through a switch with thousands of ports never enumerates those ports (a
+16,384-GPU crossbar routes in microseconds per pair; a BFS per destination
+would visit the whole cluster each time).
+
+Links are named by their two end nodes, as the generators of
+:mod:`topologies.graphs` name nodes (``gpu3``, ``host0/nic3``, ``leaf1``,
+``spine0``, ...): :meth:`Cluster.resolve_link` turns a user's ``[a, b]`` into
+a link, and :meth:`Cluster.with_link_changes` returns a cluster with links
+degraded or failed (routes then avoid the failed ones).
 """
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import networkx as nx
@@ -39,6 +52,9 @@ GRANULARITIES = ("stream", "step")
 Endpoint = int | str
 """A GPU rank, or the name of a graph node (e.g. ``host0/nvswitch``)."""
 
+Link = tuple[str, str]
+"""A directed link by its end nodes' names, ``(from, to)``."""
+
 
 @dataclass(frozen=True)
 class Route:
@@ -47,6 +63,189 @@ class Route:
     links: tuple[int, ...]
     latency_s: float
     """Sum of the hop latencies."""
+
+
+@dataclass(slots=True)
+class _Ball:
+    """Every node within ``radius`` hops of a root, with its exact hop distance.
+
+    Forward balls hold distances from the root, backward balls distances to it.
+    ``levels[i]`` lists the nodes exactly ``i`` hops away. ``cost`` is what
+    growing the ball by one level would scan (the degree sum of its outermost
+    level); an empty outermost level means the ball is complete.
+    """
+
+    dist: dict[str, int]
+    levels: list[list[str]]
+    cost: int
+    adjacency: Mapping[str, Sequence[str]] = field(repr=False)
+    radius: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return not self.levels[-1]
+
+    def grow(self) -> list[str]:
+        """Add the next level (every unseen neighbour of the outermost level); return it."""
+        dist, adj = self.dist, self.adjacency
+        r = self.radius = self.radius + 1
+        nxt: list[str] = []
+        for v in self.levels[-1]:
+            for u in adj[v]:
+                if u not in dist:
+                    dist[u] = r
+                    nxt.append(u)
+        self.levels.append(nxt)
+        self.cost = sum(map(len, map(adj.__getitem__, nxt)))
+        return nxt
+
+
+class _SortedNeighbours(dict[str, list[str]]):
+    """``neighbours[v]``: ``neighbours(v)`` (e.g. ``graph.successors``) sorted by name, computed
+    on first access (a 16,384-GPU cluster routes through a small part of its nodes)."""
+
+    def __init__(self, neighbours: Callable[[str], Iterable[str]]) -> None:
+        super().__init__()
+        self._neighbours = neighbours
+
+    def __missing__(self, v: str) -> list[str]:
+        out = self[v] = sorted(self._neighbours(v))
+        return out
+
+
+class _NeighbourSets(dict[str, frozenset[str]]):
+    """``sets[v]``: the neighbours of ``v`` as a frozenset, built on first access."""
+
+    def __init__(self, neighbours: Mapping[str, Sequence[str]]) -> None:
+        super().__init__()
+        self._neighbours = neighbours
+
+    def __missing__(self, v: str) -> frozenset[str]:
+        out = self[v] = frozenset(self._neighbours[v])
+        return out
+
+
+def _closest(candidates: Iterable[tuple[str, int]], other: Mapping[str, int]) -> float:
+    """Smallest ``d + other[x]`` over ``(x, d)`` with ``x`` in ``other`` (inf if none)."""
+    best = math.inf
+    for x, d in candidates:
+        e = other.get(x)
+        if e is not None and d + e < best:
+            best = d + e
+    return best
+
+
+class _Router:
+    """Exact hop distances and ECMP shortest paths on a directed graph, computed lazily.
+
+    ``distance(a, b)`` grows a forward ball around ``a`` and a backward ball
+    around ``b``, always the one that is cheaper to grow, until they meet: if
+    two balls of radii ``ra`` and ``rb`` intersect, the smallest ``da(x) +
+    db(x)`` over the intersection is the distance (a shortest path of length
+    at most ``ra + rb`` has a node in both), and if they do not, the distance
+    exceeds ``ra + rb``. Balls are cached per node, so the searches of later
+    queries start where earlier ones stopped.
+    """
+
+    def __init__(self, succ: Mapping[str, list[str]], pred: Mapping[str, list[str]]) -> None:
+        self.succ = succ
+        self.pred = pred
+        self._out = _NeighbourSets(succ)
+        self._fwd: dict[str, _Ball] = {}
+        self._bwd: dict[str, _Ball] = {}
+
+    def _ball(self, root: str, forward: bool) -> _Ball:
+        cache = self._fwd if forward else self._bwd
+        ball = cache.get(root)
+        if ball is None:
+            adj = self.succ if forward else self.pred
+            ball = cache[root] = _Ball({root: 0}, [[root]], len(adj[root]), adj)
+        return ball
+
+    def _meet(self, fa: _Ball, bb: _Ball, limit: float) -> float:
+        """Grow ``fa`` (forward from a) and ``bb`` (backward from b) until they meet; the
+        distance a -> b, or inf if there is none or it exceeds ``limit``.
+
+        The balls are checked against each other once in full, then only each
+        new level against the other ball (the intersection was empty before).
+        """
+        da, db = fa.dist, bb.dist
+        both = da.keys() & db.keys()
+        best = min([da[x] + db[x] for x in both]) if both else math.inf
+        while best == math.inf:
+            if fa.radius + bb.radius >= limit or fa.complete or bb.complete:
+                return math.inf
+            grown, other = (fa, bb) if fa.cost <= bb.cost else (bb, fa)
+            r = grown.radius + 1
+            best = _closest(((x, r) for x in grown.grow()), other.dist)
+        return best if best <= limit else math.inf
+
+    def distance(self, a: str, b: str, limit: float = math.inf) -> float:
+        """Hops of a shortest path from ``a`` to ``b``; inf if none, or if longer than
+        ``limit`` (then the search stops early)."""
+        if a == b:
+            return 0 if limit >= 0 else math.inf
+        return self._meet(self._ball(a, True), self._ball(b, False), limit)
+
+    def _meet_ways(self, fa: _Ball, bb: _Ball, hops: int) -> list[set[str]]:
+        """``ways[i]`` (for ``i <= k = hops - radius(bb)``): the nodes ``i`` hops from a on
+        a shortest a -> b path, found by sweeping the forward ball back from level k."""
+        k = hops - bb.radius
+        if k <= 0:
+            return []
+        fwd_k, bwd_r = fa.levels[k], bb.levels[bb.radius]
+        if len(fwd_k) <= len(bwd_r):
+            on = {x for x in fwd_k if bb.dist.get(x) == bb.radius}
+        else:
+            on = {x for x in bwd_r if fa.dist.get(x) == k}
+        ways = [on]
+        out = self._out
+        for level in reversed(fa.levels[:k]):
+            # set.isdisjoint(frozenset) scans the smaller of the two
+            on = {u for u in level if not on.isdisjoint(out[u])}
+            ways.append(on)
+        ways.reverse()
+        return ways
+
+    def path(self, a: str, b: str, key: int) -> list[str] | None:
+        """The ECMP shortest path from ``a`` to ``b`` (module docstring), None if none.
+
+        Next hops near ``a`` come from the forward sweep (:meth:`_meet_ways`), the
+        rest from ``b``'s backward ball: either way the exact set of successors
+        one hop closer to ``b``, sorted by name, without scanning a big switch's
+        ports when the other set is small.
+        """
+        fa = self._fwd.get(a) or self._ball(a, True)
+        bb = self._bwd.get(b) or self._ball(b, False)
+        hops = self._meet(fa, bb, math.inf)
+        if hops == math.inf:
+            return None
+        ways = self._meet_ways(fa, bb, hops)
+        succ, dist, levels = self.succ, bb.dist, bb.levels
+        path = [a]
+        v = a
+        fwd = len(ways)
+        for i in range(1, hops + 1):
+            # the candidates lie in ``on``; if it holds one node, that is the next hop
+            on = ways[i] if i < fwd else levels[hops - i]
+            if len(on) == 1:
+                (v,) = on
+            else:
+                out = succ[v]
+                if len(out) > len(on):
+                    nxt = sorted(self._out[v].intersection(on))
+                elif i < fwd:
+                    nxt = [w for w in out if w in on]
+                else:
+                    want = hops - i
+                    nxt = [w for w in out if dist.get(w) == want]
+                if len(nxt) > 1:
+                    key, j = divmod(key, len(nxt))
+                    v = nxt[j]
+                else:
+                    v = nxt[0]
+            path.append(v)
+        return path
 
 
 class Cluster:
@@ -70,6 +269,7 @@ class Cluster:
         collective_algos: Mapping[str, str] | None = None,
         collective_granularity: str = "stream",
         ecmp: str = "dst-mod-k",
+        failed_links: Iterable[Link] = (),
     ) -> None:
         self.name = name
         self.graph = graph
@@ -89,18 +289,29 @@ class Cluster:
         if ecmp not in ECMP_POLICIES:
             raise TopologyError(f"ecmp policy {ecmp!r} is not one of {', '.join(ECMP_POLICIES)}")
         self.ecmp = ecmp
+        self.failed_links: tuple[Link, ...] = tuple(sorted(set(failed_links)))
+        """Directed links removed from the graph by :meth:`with_link_changes` (for errors)."""
         ranks = sorted(d["rank"] for _, d in graph.nodes(data=True) if d.get("kind") == "gpu")
         if ranks != list(range(len(ranks))):
             raise TopologyError(f"cluster {name}: GPU ranks must be 0..n-1, got {ranks[:10]}")
         self.num_gpus = len(ranks)
-        self.links: tuple[tuple[str, str], ...] = tuple(sorted(graph.edges()))
+        attrs = {(u, v): d for u, v, d in graph.edges(data=True)}
+        self.links: tuple[Link, ...] = tuple(sorted(attrs))
         self._link_index = {edge: i for i, edge in enumerate(self.links)}
-        self.link_bandwidth_Bps = tuple(graph.edges[e]["bandwidth_Bps"] for e in self.links)
-        self.link_latency_s = tuple(graph.edges[e]["latency_s"] for e in self.links)
-        self._succ = {v: sorted(graph.successors(v)) for v in graph}
-        self._pred = {v: sorted(graph.predecessors(v)) for v in graph}
+        self._link_from: dict[str, dict[str, int]] = {}
+        """``_link_from[u][v]``: index of link u -> v (small dicts: faster than pairs)."""
+        for i, (u, v) in enumerate(self.links):
+            out = self._link_from.get(u)
+            if out is None:
+                self._link_from[u] = {v: i}
+            else:
+                out[v] = i
+        self.link_bandwidth_Bps = tuple(attrs[e]["bandwidth_Bps"] for e in self.links)
+        self.link_latency_s = tuple(attrs[e]["latency_s"] for e in self.links)
+        self._succ = _SortedNeighbours(graph.successors)
+        self._pred = _SortedNeighbours(graph.predecessors)
+        self._router = _Router(self._succ, self._pred)
         self._routes: dict[tuple[Endpoint, Endpoint], Route] = {}
-        self._bfs: dict[str, tuple[dict[str, int], list[str], int]] = {}
 
     def host_of(self, rank: int) -> int:
         """Server index of GPU ``rank``."""
@@ -132,20 +343,7 @@ class Cluster:
         """Smallest link bandwidth along ``route`` (inf for an empty route)."""
         return min((self.link_bandwidth_Bps[i] for i in route.links), default=float("inf"))
 
-    def _distances(self, dst: str, src: str) -> dict[str, int]:
-        """Hop distances to ``dst``, explored by BFS (backwards) at least as far as ``src``."""
-        dist, frontier, level = self._bfs.get(dst) or ({dst: 0}, [dst], 0)
-        while src not in dist and frontier:
-            level += 1
-            nxt = []
-            for v in frontier:
-                for u in self._pred[v]:
-                    if u not in dist:
-                        dist[u] = level
-                        nxt.append(u)
-            frontier = nxt
-        self._bfs[dst] = (dist, frontier, level)
-        return dist
+    # ------------------------------------------------------------------ routing
 
     def _ecmp_key(self, src: Endpoint, dst: Endpoint) -> int:
         if self.ecmp == "dst-mod-k" and isinstance(dst, int):
@@ -153,24 +351,23 @@ class Cluster:
         text = f"{dst}" if self.ecmp == "dst-mod-k" else f"{src}>{dst}"
         return zlib.crc32(text.encode())
 
+    def _unreachable(self, s: str, d: str) -> TopologyError:
+        if not self.failed_links:
+            return TopologyError(f"cluster {self.name}: no path from {s} to {d}")
+        shown = ", ".join(f"{u}->{v}" for u, v in self.failed_links[:12])
+        more = f" (+{len(self.failed_links) - 12} more)" if len(self.failed_links) > 12 else ""
+        return TopologyError(
+            f"cluster {self.name}: no path from {s} to {d}: the failed links partition the "
+            f"network (failed: {shown}{more})")
+
     def path(self, src: Endpoint, dst: Endpoint) -> list[str]:
         """The node sequence of the ECMP shortest path from ``src`` to ``dst``."""
         s, d = self.node(src), self.node(dst)
-        dist = self._distances(d, s)
-        if s not in dist:
-            raise TopologyError(f"cluster {self.name}: no path from {s} to {d}")
-        key = self._ecmp_key(src, dst)
-        path = [s]
-        v = s
-        while v != d:
-            want = dist[v] - 1
-            nxt = [w for w in self._succ[v] if dist.get(w) == want]
-            if len(nxt) > 1:
-                key, i = divmod(key, len(nxt))
-                v = nxt[i]
-            else:
-                v = nxt[0]
-            path.append(v)
+        if s == d:
+            return [s]
+        path = self._router.path(s, d, self._ecmp_key(src, dst))
+        if path is None:
+            raise self._unreachable(s, d)
         return path
 
     def route(self, src: Endpoint, dst: Endpoint) -> Route:
@@ -183,10 +380,92 @@ class Cluster:
             route = Route((), 0.0)
         else:
             nodes = self.path(src, dst)
-            idx = tuple(self._link_index[(u, v)] for u, v in zip(nodes, nodes[1:], strict=False))
-            route = Route(idx, sum(self.link_latency_s[i] for i in idx))
+            link_from, latency = self._link_from, self.link_latency_s
+            idx = tuple([link_from[u][v] for u, v in zip(nodes, nodes[1:], strict=False)])
+            route = Route(idx, sum([latency[i] for i in idx]))
         self._routes[key] = route
         return route
+
+    # ------------------------------------------------------------------ links by name
+
+    def link_index(self, link: Link) -> int:
+        """Index into ``links`` of the directed link ``(from, to)``; TopologyError if absent."""
+        index = self._link_index.get(link)
+        if index is None:
+            raise TopologyError(self._no_link_message(link))
+        return index
+
+    def link_name(self, index: int) -> str:
+        """``"from->to"`` of link ``index``, as errors and reports show links."""
+        u, v = self.links[index]
+        return f"{u}->{v}"
+
+    def _no_link_message(self, link: Link) -> str:
+        u, v = link
+        if (u, v) in self.failed_links:
+            return f"cluster {self.name}: link {u}->{v} has failed"
+        near = ", ".join(self._succ[u][:8]) + (" ..." if len(self._succ[u]) > 8 else "")
+        return (f"cluster {self.name}: no link [{u!r}, {v!r}]; {u} links to: {near or 'nothing'}")
+
+    def resolve_link(self, spec: Sequence[Endpoint]) -> Link:
+        """The link named by ``[a, b]`` (node names as in :mod:`topologies.graphs`, or GPU
+        ranks), directed from ``a`` to ``b``.
+
+        Raises TopologyError naming the value if ``spec`` is not two endpoints, an
+        endpoint is not a node, or the two nodes are not linked.
+        """
+        if isinstance(spec, str | bytes) or len(spec) != 2:
+            raise TopologyError(f"cluster {self.name}: link {spec!r} must be a pair of node "
+                                "names, e.g. ['host0/nic0', 'fabric']")
+        u, v = self.node(spec[0]), self.node(spec[1])
+        if (u, v) not in self._link_index:
+            raise TopologyError(self._no_link_message((u, v)))
+        return (u, v)
+
+    def with_link_changes(self, degraded: Mapping[tuple[Endpoint, Endpoint], float] | None = None,
+                          failed: Iterable[Sequence[Endpoint]] = (), *,
+                          both_directions: bool = True) -> Cluster:
+        """A new cluster with some links slower and some links gone; this one is unchanged.
+
+        ``degraded`` maps a link ``(a, b)`` to a factor in (0, 1] (or above 1 for a
+        faster link) that multiplies its bandwidth; factors given for the same
+        directed link multiply. ``failed`` lists links removed from the graph:
+        routes use the remaining shortest paths (ECMP over them, same rule), and
+        a route between endpoints that the failures disconnect raises
+        TopologyError naming both endpoints and the failed links. A link both
+        degraded and failed is failed. Links are ``[a, b]`` pairs of node names
+        or GPU ranks (:meth:`resolve_link`); with ``both_directions`` (the
+        default: a physical link or cable is both directions) a change applies to
+        ``a -> b`` and ``b -> a``, else only to ``a -> b``. Latencies are unchanged.
+        """
+        factors: dict[Link, float] = {}
+        for spec, factor in (degraded or {}).items():
+            if not (isinstance(factor, int | float) and 0 < factor < math.inf):
+                raise TopologyError(f"cluster {self.name}: link {list(spec)} degradation factor "
+                                    f"{factor!r} must be a number > 0")
+            for link in self._directions(spec, both_directions):
+                factors[link] = factors.get(link, 1.0) * factor
+        gone: set[Link] = set()
+        for spec in failed:
+            gone.update(self._directions(spec, both_directions))
+        graph = self.graph.copy()
+        for link, factor in factors.items():
+            if link not in gone:
+                graph.edges[link]["bandwidth_Bps"] *= factor
+        graph.remove_edges_from(gone)
+        return Cluster(self.name, graph, self.gpu, self.gpus_per_node, self.collective_launch_s,
+                       collective_step_s=self.collective_step_s,
+                       collective_algos=self.collective_algos,
+                       collective_granularity=self.collective_granularity, ecmp=self.ecmp,
+                       failed_links=(*self.failed_links, *gone))
+
+    def _directions(self, spec: Sequence[Endpoint], both: bool) -> list[Link]:
+        u, v = self.resolve_link(spec)
+        if not both:
+            return [(u, v)]
+        if (v, u) not in self._link_index:
+            raise TopologyError(self._no_link_message((v, u)))
+        return [(u, v), (v, u)]
 
     def __repr__(self) -> str:
         return (

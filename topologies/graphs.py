@@ -35,6 +35,20 @@ fabric; links are undirected; the counting tests check every formula):
   a group, one global link between every pair of groups, at most h per router
   (Kim, Dally, Scott & Abts, ISCA 2008, "absolute" arrangement); needs
   G − 1 <= a·h; GPU-GPU diameter 5.
+
+Node names (how users name links, e.g. ``["host0/nic3", "fabric"]`` in a
+``faults:`` section; :meth:`topologies.cluster.Cluster.resolve_link`):
+
+- GPUs ``gpu{rank}`` (:func:`gpu_node`); servers' NVSwitch ``host{h}/nvswitch``
+  (:func:`nvswitch_node`) and NICs ``host{h}/nic{i}`` (:func:`nic_node`);
+- the one switch of ``switch`` ``switch``; a crossbar fabric ``fabric``;
+- fat-trees ``leaf{i}``, ``spine{j}`` (2 tiers), ``pod{q}/agg{j}`` and
+  ``core{j}.{c}`` (3 tiers); rail-optimized ``su{s}/rail{r}`` and ``spine{j}``;
+  dragonfly ``group{q}/router{i}``;
+- :func:`multi_site` keeps ``gpu{rank}`` (renumbered) and prefixes every other
+  node with ``site{i}/``; its gateways are ``site{i}/gateway``.
+
+A link is named by its two end nodes, ``[from, to]``.
 """
 
 from __future__ import annotations
@@ -54,6 +68,16 @@ FABRICS = ("crossbar", "fat-tree", "rail-optimized", "dragonfly")
 def gpu_node(rank: int) -> str:
     """Graph node name of GPU ``rank``."""
     return f"gpu{rank}"
+
+
+def nvswitch_node(host: int) -> str:
+    """Graph node name of server ``host``'s NVSwitch."""
+    return f"host{host}/nvswitch"
+
+
+def nic_node(host: int, local: int) -> str:
+    """Graph node name of NIC ``local`` (the NIC of local GPU ``local``) of server ``host``."""
+    return f"host{host}/nic{local}"
 
 
 def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float) -> None:
@@ -372,14 +396,14 @@ def nvswitch_cluster(
     _add_gpus(g, num_gpus, per_node)
     nics: list[list[str]] = []
     for h in range(hosts):
-        sw = f"host{h}/nvswitch"
+        sw = nvswitch_node(h)
         g.add_node(sw, kind="nvswitch", host=h, nvls=nvls)
         nics.append([])
         for local in range(per_node):
             r = h * per_node + local
             _link(g, gpu_node(r), sw, nvlink_Bps, nvlink_latency_s)
             if hosts > 1:
-                nic = f"host{h}/nic{local}"
+                nic = nic_node(h, local)
                 g.add_node(nic, kind="nic", host=h)
                 _link(g, gpu_node(r), nic, nic_Bps, nic_latency_s)
                 nics[-1].append(nic)
