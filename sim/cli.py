@@ -46,7 +46,9 @@ def summary_table(stats: dict) -> str:
         ("layout", " ".join(f"{k}={v}" for k, v in lay.items()) +
          f"  schedule={stats.get('schedule')}  micro-batches={stats.get('num_microbatches')}"),
         ("placement", _placement_line(stats.get("placement"))),
-        ("step time", _fmt(stats["step_time_s"] * 1e3, ".3f", " ms")),
+        ("step time", _fmt(stats["step_time_s"] * 1e3, ".3f", " ms") + (
+            f"  (period of {stats['steps_simulated']} steps back to back; first step "
+            f"{stats['first_step_s'] * 1e3:.3f} ms)" if "first_step_s" in stats else "")),
         ("tokens/s", _fmt(stats["tokens_per_s"], ",.0f")),
         ("TFLOP/s per GPU", _fmt(stats["tflops_per_gpu"], ".1f")),
         ("MFU", _fmt(stats["mfu"] * 100 if stats["mfu"] is not None else None, ".1f", " %")),
@@ -60,14 +62,33 @@ def summary_table(stats: dict) -> str:
     rows.append(("exposed comm", ""))
     for kind, sec in stats["exposed_comm_s"].items():
         rows.append((f"  {kind}", _fmt(sec * 1e3, ".3f", " ms")))
+    idle = stats.get("idle_breakdown", {}).get("mean_s")
+    if idle:
+        rows.append(("idle per GPU (mean)", _fmt(idle["idle_s"] * 1e3, ".3f", " ms")))
+        rows += [(f"  {cause}", _fmt(sec * 1e3, ".3f", " ms")) for cause, sec in idle.items()
+                 if cause != "idle_s" and sec > 0]
+    if "time_to_train_s" in stats:
+        rows += [
+            ("steps", str(stats["steps"])),
+            ("time to train", _fmt(stats["time_to_train_s"], ",.3f", " s")),
+            ("goodput", _fmt(stats["goodput"] * 100, ".2f", " %")),
+            ("lost work", _fmt(stats["lost_work_s"], ",.3f", " s") +
+             f" ({stats['failures']} failures)"),
+        ]
+        if stats.get("preemption_stall_s"):
+            rows.append(("preemption stalls", _fmt(stats["preemption_stall_s"], ",.3f", " s")))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sim.api import load_experiment, simulate
+    from sim.api import load_experiment, simulate, simulate_run
 
-    result = simulate(load_experiment(args.file), fidelity=args.fidelity)
+    exp = load_experiment(args.file)
+    if args.steps is not None:
+        result = simulate_run(exp, args.steps, fidelity=args.fidelity)
+    else:
+        result = simulate(exp, fidelity=args.fidelity)
     if args.out:
         paths = result.write(args.out, plot=not args.no_plot)
     if args.json:
@@ -85,9 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="simulate one training step of an experiment file")
     run.add_argument("file", help="experiment YAML file")
-    run.add_argument("--out", metavar="DIR", help="write stats.json, trace.json, timeline.png")
+    run.add_argument("--out", metavar="DIR", help="write stats.json, trace.json, timeline.png, "
+                     "idle.png")
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
     run.add_argument("--no-plot", action="store_true", help="with --out, skip timeline.png")
+    run.add_argument("--steps", type=int, metavar="N",
+                     help="simulate N training steps: adds time_to_train_s, goodput and "
+                     "lost_work_s; the file's training.global_batch_schedule and faults "
+                     "(gpu_failures, link_faults, preemptions) apply only with --steps")
     run.add_argument("--fidelity", choices=("auto", "full", "collapsed"), default="auto",
                      help="full: every GPU and flow; collapsed: one GPU per pipeline rank with "
                      "collectives timed on the topology; auto: full up to 64 GPUs")

@@ -17,13 +17,14 @@ file serves every schedule (:func:`schedule_changes`):
 
 Steady state (DESIGN.md ``step_time_s``): ZB-H2 and ZB-V drop the step barrier
 (the Zero Bubble paper's optimizer post-validation), so their step time in
-steady state is the period of back-to-back steps. The engine simulates one
-isolated step; the ``steady_period_s`` column is the period computed by the
-pure list-schedule helpers (:func:`~workloads.schedules_advanced.repeat_steps`,
-:func:`~workloads.schedules_advanced.steady_state_period`) with the synthetic
-model's per-op durations: exact on the ideal cluster, communication ignored
-elsewhere, ``None`` for transformer models. Other schedules keep the barrier,
-so their period is the simulated step time.
+steady state is the period of back-to-back steps. The table's step time and
+bubble are those of one isolated step (``simulate(..., steps=1)``, the
+timelines drawn); the ``steady_period_s`` column is the engine's period of
+back-to-back steps (:func:`sim.api.simulate` runs several overlapping steps,
+with communication and any model; on the ideal cluster with the synthetic
+model it equals the pure list-schedule
+:func:`~workloads.schedules_advanced.steady_state_period`). Other schedules
+keep the barrier, so their period is the simulated step time.
 """
 
 from __future__ import annotations
@@ -33,14 +34,13 @@ import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.errors import ConfigError
-from workloads.costs import SyntheticCosts
 from workloads.program import Send
-from workloads.schedules import Op
-from workloads.schedules_advanced import OVERLAPPING_STEPS, steady_state_period
+from workloads.schedules_advanced import OVERLAPPING_STEPS
 
 if TYPE_CHECKING:  # the engine (simpy) is only needed to run, not to format rows
     from sim.api import Result
@@ -86,8 +86,8 @@ class CompareRow:
     bubble_fraction: float
     """Compute-stream idle time / (ranks x step time), from the simulation."""
     steady_period_s: float | None
-    """Period of back-to-back steps: the pure list-schedule period for schedules that overlap
-    steps (ZB-H2, ZB-V), else the step time; None where it cannot be computed."""
+    """Period of back-to-back steps: the engine's for schedules that overlap steps (ZB-H2,
+    ZB-V), else the step time; None where it was not computed."""
     peak_activation_gib: tuple[float, ...]
     """Per pipeline rank: peak memory minus the memory held all step (weights, optimizer)."""
     pp_bytes_sent: float
@@ -142,7 +142,10 @@ def compare(
 ) -> tuple[list[CompareRow], list[Result]]:
     """Run ``exp`` under each schedule; returns the rows and the simulation results, in order.
 
-    ``simulate`` defaults to :func:`sim.api.simulate`. A custom schedule file
+    ``simulate`` defaults to :func:`sim.api.simulate` of one isolated step; schedules
+    whose steps overlap also run with the default number of steps for their period
+    (with a custom ``simulate``, its own step time is taken as the period). A custom
+    schedule file
     given by a relative path is looked up in the working directory, then in
     ``base_dir`` (the experiment file's folder, as ``sim run`` does). A
     schedule that does not fit the experiment raises :class:`ConfigError`
@@ -150,8 +153,12 @@ def compare(
     """
     if not schedules:
         raise ConfigError("--schedules: give at least one schedule")
+    steady: Callable[[Experiment], Result]
     if simulate is None:
-        from sim.api import simulate  # the engine, only when running
+        from sim.api import simulate as steady  # the engine, only when running
+        simulate = partial(steady, steps=1)
+    else:
+        steady = simulate
     variants = []
     for name in schedules:  # build every variant first: a bad name fails before any run
         changes = schedule_changes(exp, name)
@@ -165,14 +172,19 @@ def compare(
             raise ConfigError(f"--schedules: {name}: {exc}") from None
     results = [simulate(variant) for variant in variants]
     rows: list[CompareRow] = []
-    for name, result in zip(schedules, results, strict=True):
+    for name, variant, result in zip(schedules, variants, results, strict=True):
         first = rows[0].step_time_s if rows else result.stats["step_time_s"]
-        rows.append(compare_row(name, result, first))
+        period = (steady(variant).stats["step_time_s"]
+                  if variant.schedule.name in OVERLAPPING_STEPS else None)
+        rows.append(compare_row(name, result, first, period))
     return rows, results
 
 
-def compare_row(name: str, result: Result, first_step_s: float) -> CompareRow:
-    """One row from a simulation result; ``first_step_s`` is the reference step time."""
+def compare_row(name: str, result: Result, first_step_s: float,
+                steady_period_s: float | None = None) -> CompareRow:
+    """One row from a simulation result; ``first_step_s`` is the reference step time;
+    ``steady_period_s`` the engine's period for schedules whose steps overlap (for the
+    others it is the step time)."""
     exp = result.experiment
     step = result.stats["step_time_s"]
     return CompareRow(
@@ -180,26 +192,12 @@ def compare_row(name: str, result: Result, first_step_s: float) -> CompareRow:
         vpp=exp.schedule.chunks_per_rank,
         step_time_s=step,
         bubble_fraction=result.stats["bubble_fraction"],
-        steady_period_s=_steady_period_s(result),
+        steady_period_s=(steady_period_s if exp.schedule.name in OVERLAPPING_STEPS
+                         else step),
         peak_activation_gib=_peak_activation_gib(result),
         pp_bytes_sent=_pp_bytes_sent(result),
         relative_speed=first_step_s / step if step > 0 else float("inf"),
     )
-
-
-def _steady_period_s(result: Result) -> float | None:
-    exp = result.experiment
-    if exp.schedule.name not in OVERLAPPING_STEPS:
-        return result.stats["step_time_s"]
-    costs = exp.costs
-    if not isinstance(costs, SyntheticCosts):
-        return None
-    split = exp.schedule.split_backward
-
-    def duration(op: Op) -> float:
-        return sum(seg.duration_s or 0.0 for seg in costs.op_segments(op, split))
-
-    return steady_state_period(exp.schedule, duration)
 
 
 def _simulated_gpus(result: Result) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sim.errors import ConfigError
+from sim.faults_config import FaultsConfig
 from topologies.placement import DEFAULT_ORDER
 
 
@@ -156,6 +157,9 @@ class TrainingConfig(_Strict):
     seq_chunks: int = Field(4, ge=1)
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
+    global_batch_schedule: list[list[int]] | None = None
+    """``[[step, global_batch_size], ...]`` for ``sim run --steps N``: from each step on, that
+    global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`."""
 
 
 class ExperimentConfig(_Strict):
@@ -165,6 +169,8 @@ class ExperimentConfig(_Strict):
     parallel: ParallelConfig = ParallelConfig()
     training: TrainingConfig = TrainingConfig()
     schedule: str = "1f1b"
+    faults: FaultsConfig | None = None
+    """Stragglers, failures, link faults (:mod:`sim.faults_config`)."""
 
 
 def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:

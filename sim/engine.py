@@ -24,7 +24,7 @@ import gc
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -54,6 +54,20 @@ class EngineCounters:
     """Max-min recomputations (each over the component of flows a change touched)."""
     rerated_flows: int = 0
     """Flows re-rated, summed over recomputations."""
+
+
+@dataclass
+class InstructionTimes:
+    """When each instruction ran, indexed by instruction id; pass one to
+    :func:`simulate_program` to fill it (read by :mod:`sim.idle`)."""
+
+    ready_s: list[float] = field(default_factory=list)
+    """When its last predecessor (dependency or stream predecessor) completed: a compute op or
+    send starts then; a collective member arrives then (the collective starts at the last
+    member's arrival, plus the launch latency)."""
+    end_s: list[float] = field(default_factory=list)
+    """When it completed."""
+
 
 def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
                     nbytes: float) -> tuple[Transfer, ...]:
@@ -204,6 +218,7 @@ class _Run:
             (g, 0.0, k - len(self.gpus), program.static_bytes[g]) for k, g in enumerate(self.gpus)]
         self._build_dag(program)
         self.started = [0.0] * len(program.instructions)
+        self.ended = [0.0] * len(program.instructions)
         self.ready: deque[int] = deque()
         self.draining = False
         self.clock = 0.0
@@ -244,6 +259,7 @@ class _Run:
         """Instruction ``i`` is done: release its successors; start those now free."""
         self.finished[i] = 1
         self.completed += 1
+        self.ended[i] = self.env.now
         waiting, ready = self.waiting, self.ready
         for j in self.succ[i]:
             left = waiting[j] - 1
@@ -381,6 +397,7 @@ class _Run:
 
     def _arrive(self, i: int, ins: Collective) -> None:
         """A member reaches collective ``ins``; the last one to arrive starts it."""
+        self.started[i] = self.env.now
         members = self.members.setdefault(ins.key, [])
         members.append(i)
         if len(members) < len(ins.group):
@@ -467,7 +484,7 @@ class _Run:
         """
         instrs, succ, waiting = self.program.instructions, self.succ, self.waiting
         finished, timer, spans, memory = self.finished, self.timer, self.spans, self.memory
-        mem_now, arrows = self.mem_now, self.arrows
+        mem_now, arrows, ended = self.mem_now, self.arrows, self.ended
         ready_at = [0.0] * len(instrs)
         queue = deque(i for i, w in enumerate(waiting) if not w)
         arrived: dict[int, list[int]] = {}
@@ -529,6 +546,7 @@ class _Run:
             for j in done:
                 finished[j] = 1
                 completed += 1
+                ended[j] = end
                 for k in succ[j]:
                     if end > ready_at[k]:
                         ready_at[k] = end
@@ -537,6 +555,7 @@ class _Run:
                     if not left:
                         queue.append(k)
         self.members = arrived
+        self.started = ready_at
         self.events = events
         self.completed = completed
         self.clock = clock
@@ -589,21 +608,26 @@ class _Run:
 
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
                      counters: EngineCounters | None = None, *,
-                     event_queue: bool = False) -> Timeline:
+                     event_queue: bool = False,
+                     times: InstructionTimes | None = None) -> Timeline:
     """Run ``program`` on ``cluster``; ``timer`` gives each compute op's duration in seconds.
 
     Raises :class:`DeadlockError` naming the stalled streams if some instruction
     can never run. ``counters``, if given, is filled with what the run did.
     A program without network transfers (all durations precomputed, as a
     collapsed one) runs without the event queue unless ``event_queue`` (the
-    result is the same; the flag exists to check that).
+    result is the same; the flag exists to check that). ``times``, if given, is filled
+    with each instruction's ready and end times.
     """
     if program.num_gpus > cluster.num_gpus:
         raise ValueError(f"program needs {program.num_gpus} GPUs, cluster has {cluster.num_gpus}")
     with gc_paused():
         run = _Run(program, cluster, timer)
         try:
-            return run.run(queue=event_queue)
+            timeline = run.run(queue=event_queue)
+            if times is not None:
+                times.ready_s, times.end_s = run.started, run.ended
+            return timeline
         finally:
             if counters is not None:
                 run.counters(counters)

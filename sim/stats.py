@@ -57,10 +57,23 @@ def _minus(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -
     return _length(a) - covered
 
 
+def _clipped(intervals: Iterable[tuple[float, float]], window: tuple[float, float] | None
+             ) -> Iterable[tuple[float, float]]:
+    """``intervals`` cut to ``window`` (unchanged without one)."""
+    if window is None:
+        return intervals
+    lo, hi = window
+    return ((max(a, lo), min(b, hi)) for a, b in intervals)
 
 
-def compute_stats(timeline: Timeline, facts: RunFacts) -> dict:
+def compute_stats(timeline: Timeline, facts: RunFacts,
+                  window: tuple[float, float] | None = None) -> dict:
     """The stats object of DESIGN.md (keys in a fixed order; values plain JSON types).
+
+    ``window``: for a multi-step run, the steady-state step ``(end of step k, end of
+    step k + 1)``: ``step_time_s`` is its length (the period of back-to-back steps)
+    and busy, idle and exposed communication are counted inside it; peak memory is
+    over the whole run. Without it, the whole timeline is one step.
 
     - ``bubble_fraction``: Σ over pipeline ranks of compute-stream idle time ÷
       (pp × step_time), averaged over DP/TP replicas = mean over GPUs of idle/step.
@@ -70,11 +83,12 @@ def compute_stats(timeline: Timeline, facts: RunFacts) -> dict:
     """
     n = timeline.num_gpus
     gpus = timeline.simulated_gpus
-    step = timeline.end_s
+    step = timeline.end_s if window is None else window[1] - window[0]
     by_gpu: dict[int, list[Span]] = {g: [] for g in gpus}
     for span in timeline.spans:
         by_gpu[span.gpu].append(span)
-    busy = {g: _union((s.start_s, s.end_s) for s in spans if s.stream == COMPUTE_STREAM)
+    busy = {g: _union(_clipped(((s.start_s, s.end_s) for s in spans
+                                if s.stream == COMPUTE_STREAM), window))
             for g, spans in by_gpu.items()}
     idle = [step - _length(b) for b in busy.values()]
     bubble = sum(idle) / (len(gpus) * step) if step > 0 else 0.0
@@ -82,7 +96,8 @@ def compute_stats(timeline: Timeline, facts: RunFacts) -> dict:
     for kind in COMM_KINDS:
         total = 0.0
         for g, spans in by_gpu.items():
-            comm = _union((s.start_s, s.end_s) for s in spans if s.kind == kind)
+            comm = _union(_clipped(((s.start_s, s.end_s) for s in spans if s.kind == kind),
+                                   window))
             total += _minus(comm, busy[g]) if comm else 0.0
         exposed[kind] = total / len(gpus)
     peaks = {g: timeline.peak_memory_bytes(g) * (1 + facts.fragmentation) + facts.reserved_bytes

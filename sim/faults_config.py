@@ -1,0 +1,108 @@
+"""The ``faults:`` section of an experiment file: schema only (validated by pydantic, strict).
+
+Imported by :mod:`sim.config`; what the faults do is in :mod:`sim.faults`.
+
+```yaml
+faults:
+  stragglers: [{gpu: 3, slowdown: 1.2}]       # GPU 3's compute takes 1.2x as long
+  random_stragglers: {count: 2, slowdown_range: [1.1, 1.5], seed: 7}
+  gpu_failures: {mtbf_hours: 24, checkpoint_interval_steps: 500, checkpoint_write_s: 30,
+                 restart_s: 600, seed: 1}
+  link_faults: [{link: [node0, leaf0], at_s: 10, bandwidth_factor: 0.5}]
+  preemptions: [{node: 1, at_s: 3600, policy: rebalance}]
+```
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class StragglerSpec(_Strict):
+    """One slow GPU."""
+
+    gpu: int = Field(ge=0)
+    """Global GPU rank."""
+    slowdown: float = Field(ge=1)
+    """Factor on every compute time of that GPU (1.2 = 20% slower)."""
+
+
+class LognormalSlowdown(_Strict):
+    """Slowdown ``max(1, median * exp(sigma * z))``, z standard normal."""
+
+    median: float = Field(ge=1)
+    sigma: float = Field(ge=0)
+
+
+class RandomStragglers(_Strict):
+    """Stragglers drawn from ``seed``: which GPUs (``fraction`` or ``count``) and how slow
+    (a fixed ``slowdown``, uniform in ``slowdown_range``, or ``slowdown_lognormal``)."""
+
+    fraction: float | None = Field(None, gt=0, le=1)
+    """Share of the GPUs that straggle (rounded to the nearest count, at least 1)."""
+    count: int | None = Field(None, ge=1)
+    slowdown: float | None = Field(None, ge=1)
+    slowdown_range: list[float] | None = None
+    """``[low, high]``, uniform, both >= 1."""
+    slowdown_lognormal: LognormalSlowdown | None = None
+    seed: int = 0
+
+
+class GpuFailures(_Strict):
+    """GPU failures over a multi-step run (``sim run --steps N``).
+
+    A failure loses the work since the last checkpoint and costs ``restart_s``
+    (Young 1974; Daly 2006). Give the failure process as ``mtbf_hours`` (of
+    the whole job), ``gpu_mtbf_hours`` (per GPU: the job's is this / GPUs) or
+    fixed wall-clock ``times_s``.
+    """
+
+    mtbf_hours: float | None = Field(None, gt=0)
+    gpu_mtbf_hours: float | None = Field(None, gt=0)
+    times_s: list[float] | None = None
+    checkpoint_interval_steps: int = Field(ge=1)
+    checkpoint_write_s: float = Field(0.0, ge=0)
+    restart_s: float = Field(0.0, ge=0)
+    seed: int = 0
+
+
+class LinkFault(_Strict):
+    """A link between two graph nodes degraded or failed from ``at_s`` on (applied at the
+    first step boundary at or after that time)."""
+
+    link: list[str | int]
+    """``[node_a, node_b]``: graph node names (a GPU by its rank)."""
+    at_s: float = Field(0.0, ge=0)
+    bandwidth_factor: float | None = Field(None, gt=0, le=1)
+    failed: bool = False
+
+
+class Preemption(_Strict):
+    """A server taken away at ``at_s`` (applied at the first step boundary at or after it),
+    as preemptible cloud capacity does (Ryabinin et al. 2023, SWARM)."""
+
+    node: int = Field(ge=0)
+    """Server index (GPUs ``node * gpus_per_node ...`` on the presets)."""
+    at_s: float = Field(0.0, ge=0)
+    policy: Literal["stall", "rebalance"]
+    """``stall``: wait ``replacement_s`` for a replacement server, then go on as before;
+    ``rebalance``: go on without the DP replicas that had GPUs on it, the global batch
+    spread over the remaining ones (more micro-batches each)."""
+    replacement_s: float = Field(0.0, ge=0)
+    """``stall`` only: time until the replacement server has joined."""
+
+
+class FaultsConfig(_Strict):
+    """Stragglers, random stragglers, GPU failures, link faults and preemptions."""
+
+    stragglers: list[StragglerSpec] = []
+    random_stragglers: RandomStragglers | None = None
+    gpu_failures: GpuFailures | None = None
+    link_faults: list[LinkFault] = []
+    preemptions: list[Preemption] = []

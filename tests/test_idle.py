@@ -1,0 +1,139 @@
+"""Idle-time breakdown: shares add up, a slow stage is blamed for exactly what it costs."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import EXAMPLE, synthetic_experiment
+
+from sim.api import load_experiment, simulate
+from sim.experiment import build_experiment
+from sim.idle import CAUSES
+from workloads.schedules import Op, list_schedule
+
+MS = 1e-3
+
+
+def _straggler(p: int, m: int, gpu: int | None, slowdown: float = 1.2,
+               schedule: str = "1f1b") -> dict:
+    data = synthetic_experiment(p, m, schedule, forward_ms=1.0, backward_ms=2.0)
+    if gpu is not None:
+        data["faults"] = {"stragglers": [{"gpu": gpu, "slowdown": slowdown}]}
+    return simulate(build_experiment(data)).stats
+
+
+def _assert_adds_up(stats: dict) -> None:
+    """Every GPU's shares sum to its idle time, which is step - compute busy time."""
+    per_gpu = stats["idle_breakdown"]["per_gpu_s"]
+    step = stats["step_time_s"]
+    for row in per_gpu.values():
+        assert set(row) == {*CAUSES, "idle_s"}
+        assert all(v >= 0 for v in row.values())
+        assert sum(row[c] for c in CAUSES) == pytest.approx(row["idle_s"], rel=1e-12, abs=1e-15)
+    mean_idle = sum(r["idle_s"] for r in per_gpu.values()) / len(per_gpu)
+    assert mean_idle == pytest.approx(stats["bubble_fraction"] * step, rel=1e-9, abs=1e-15)
+    assert stats["idle_breakdown"]["mean_s"]["idle_s"] == pytest.approx(mean_idle, rel=1e-12)
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (2, 5), (6, 12)])
+@pytest.mark.parametrize("slowdown", [1.2, 1.5])
+def test_slow_last_stage_of_1f1b(p: int, m: int, slowdown: float) -> None:
+    """One GPU 20% (50%) slower on the last stage of 1F1B becomes the bottleneck.
+
+    Closed form: stage i costs t_i = F_i + B_i per micro-batch; micro-batch 0 crosses
+    every stage (Σ t_i) and the slow stage then runs its other m - 1 micro-batches
+    back to back: step = Σ t_i + (m - 1) max t_i (REFERENCES.md: exact when the slow
+    stage is the last one). Every other GPU does the same work in a step longer by
+    m (s - 1) t, so it idles m (s - 1) t longer than without the straggler, and that
+    is exactly its ``straggler`` share; its ``bubble`` share stays the straggler-free
+    bubble (p - 1) t, and the slow GPU itself idles only that bubble.
+    """
+    t = 3 * MS
+    slow = slowdown * t
+    stats = _straggler(p, m, p - 1, slowdown)
+    assert stats["step_time_s"] == pytest.approx((p - 1) * t + slow + (m - 1) * slow, rel=1e-12)
+    base = _straggler(p, m, None)
+    _assert_adds_up(stats)
+    for g, row in stats["idle_breakdown"]["per_gpu_s"].items():
+        extra = row["idle_s"] - base["idle_breakdown"]["per_gpu_s"][g]["idle_s"]
+        assert row["bubble"] == pytest.approx((p - 1) * t, rel=1e-9)
+        assert row["straggler"] == pytest.approx(extra, rel=1e-9, abs=1e-15)
+        if int(g) != p - 1:
+            assert row["straggler"] == pytest.approx(m * (slow - t), rel=1e-9)
+        else:
+            assert row["straggler"] == pytest.approx(0.0, abs=1e-15)
+    assert stats["stragglers"] == {str(p - 1): slowdown}
+
+
+@pytest.mark.parametrize("gpu", [0, 1, 2])
+def test_slow_earlier_stage_matches_the_list_schedule_oracle(gpu: int) -> None:
+    """Earlier stages: 1F1B's order hides part of the slowdown; the symbolic list schedule
+    with the slow stage's op durations is the exact oracle (REFERENCES.md)."""
+    p, m = 4, 8
+    stats = _straggler(p, m, gpu)
+    exp = build_experiment(synthetic_experiment(p, m, forward_ms=1.0, backward_ms=2.0))
+
+    def duration(op: Op) -> float:
+        base = (1.0 if op.kind == "F" else 2.0) * MS
+        return base * (1.2 if op.stage == gpu else 1.0)
+
+    oracle = max(end for _, end in list_schedule(exp.schedule, duration).values())
+    assert stats["step_time_s"] == pytest.approx(oracle, rel=1e-12)
+    assert stats["step_time_s"] < (p - 1) * 3 * MS + m * 3.6 * MS  # part of it is hidden
+    _assert_adds_up(stats)
+    shares = stats["idle_breakdown"]["mean_s"]
+    assert shares["straggler"] > 0 and shares["pp"] == shares["dp"] == 0
+
+
+def test_communication_shares_and_collapsed_agree() -> None:
+    """A transformer with TP, PP and DP traffic: comm kinds get shares, and the collapsed
+    simulation's mean breakdown matches the full one's closely."""
+    exp = load_experiment(EXAMPLE)
+    full = simulate(exp, fidelity="full").stats
+    collapsed = simulate(exp, fidelity="collapsed").stats
+    for stats in (full, collapsed):
+        _assert_adds_up(stats)
+        mean = stats["idle_breakdown"]["mean_s"]
+        assert mean["bubble"] > 0 and mean["straggler"] == 0 and mean["failure"] == 0
+    for cause in ("bubble", "tp", "dp"):
+        assert collapsed["idle_breakdown"]["mean_s"][cause] == pytest.approx(
+            full["idle_breakdown"]["mean_s"][cause], rel=0.05, abs=1e-4)
+    assert full["idle_breakdown"]["mean_s"]["tp"] > 0
+
+
+def test_pipeline_messages_on_slow_links_show_as_pp() -> None:
+    data = synthetic_experiment(2, 4, forward_ms=1.0, backward_ms=2.0)
+    data["model"]["synthetic"]["p2p_MB"] = 10.0
+    data["cluster"] = {"topology": "ring", "num_gpus": 2, "link_bandwidth_GBps": 10.0}
+    stats = simulate(build_experiment(data)).stats
+    _assert_adds_up(stats)
+    # each message takes 1 ms; stage 1 waits for the first activation: 1 ms F + 1 ms send
+    row1 = stats["idle_breakdown"]["per_gpu_s"]["1"]
+    assert row1["pp"] >= 1 * MS and stats["idle_breakdown"]["mean_s"]["pp"] > 0
+
+
+def test_dp_straggler_makes_its_replica_wait() -> None:
+    """A slow GPU in one DP replica: the other replica's GPUs wait at the gradient
+    all-reduce, and that wait is blamed on the straggler and DP communication."""
+    data = synthetic_experiment(2, 4, forward_ms=1.0, backward_ms=2.0)
+    data["model"]["synthetic"]["grad_MB"] = 100.0
+    data["cluster"] = {"topology": "ring", "num_gpus": 4, "link_bandwidth_GBps": 10.0}
+    clean = simulate(build_experiment(data)).stats
+    data["faults"] = {"stragglers": [{"gpu": 1, "slowdown": 1.5}]}
+    slow = simulate(build_experiment(data)).stats
+    _assert_adds_up(slow)
+    assert slow["step_time_s"] > clean["step_time_s"]
+    assert clean["idle_breakdown"]["mean_s"]["straggler"] == 0
+    assert slow["idle_breakdown"]["per_gpu_s"]["0"]["straggler"] > 0  # GPU 0: other replica
+
+
+def test_idle_plot_is_written_and_deterministic(tmp_path) -> None:
+    data = synthetic_experiment(4, 8, forward_ms=1.0, backward_ms=2.0)
+    data["faults"] = {"stragglers": [{"gpu": 3, "slowdown": 1.2}]}
+    result = simulate(build_experiment(data))
+    paths = result.write(tmp_path / "a")
+    assert paths["idle"].name == "idle.png" and paths["idle"].stat().st_size > 0
+    result.write(tmp_path / "b")
+    assert (tmp_path / "a" / "idle.png").read_bytes() == (tmp_path / "b" / "idle.png").read_bytes()
+    no_idle = simulate(build_experiment(synthetic_experiment(1, 2)))
+    no_idle.plot_idle(tmp_path / "none.svg")  # nothing to stack: still a figure
+    assert (tmp_path / "none.svg").stat().st_size > 0

@@ -1,0 +1,126 @@
+"""Several training steps as one program: a lowered step repeated back to back. Pure.
+
+:func:`repeat_program` copies a one-step :class:`~workloads.program.Program`
+``steps`` times. Step ``k``'s instructions get ids offset by the start of the
+step and collective keys ``key + k K``; each keeps its
+stream, so program order on every (GPU, stream) runs step ``k`` before step
+``k + 1``. On top of that, the first instruction of every stream of a GPU in
+step ``k + 1`` waits for all of that GPU's step-``k`` instructions (the last
+one of each of its streams): a GPU starts a step once its own part of the
+previous one (optimizer, parameter all-gather, last messages) is done.
+
+Between steps, two regimes:
+
+* ``barrier=True`` (every schedule but ZB-H2 and ZB-V): a global barrier, a
+  zero-byte, zero-time all-reduce over every simulated GPU after each step,
+  standing for Megatron-LM's gradient-norm all-reduce over all ranks before
+  the optimizer (Shoeybi et al. 2019; Narayanan et al. 2021): no rank starts
+  step ``k + 1`` before every rank has finished step ``k``. Steps are then
+  identical, so ``N`` steps take exactly ``N`` times one.
+* ``barrier=False`` (:data:`~workloads.schedules_advanced.OVERLAPPING_STEPS`):
+  the Zero Bubble paper's optimizer post-validation (Qi et al. 2024, sec. 4)
+  replaces the synchronisation, so consecutive steps overlap across ranks;
+  the steady-state period is then shorter than one isolated step
+  (:func:`~workloads.schedules_advanced.steady_state_period` is the pure
+  list-schedule oracle of the same thing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from workloads.program import Collective, Instruction, Program
+
+BARRIER_NAME = "step barrier"
+"""Name of the barrier collective between steps."""
+
+
+def _stream_ends(instrs: Sequence[Instruction]) -> tuple[dict[int, list[int]], set[int]]:
+    """Per GPU, the last instruction of each of its streams; and the ids that start a stream."""
+    last: dict[tuple[int, str], int] = {}
+    first: set[int] = set()
+    for ins in instrs:
+        key = (ins.gpu, ins.stream)
+        if key not in last:
+            first.add(ins.id)
+        last[key] = ins.id
+    ends: dict[int, list[int]] = {}
+    for (gpu, _), i in sorted(last.items()):
+        ends.setdefault(gpu, []).append(i)
+    return ends, first
+
+
+def repeat_program(program: Program, steps: int, barrier: bool) -> Program:
+    """``steps`` copies of ``program`` run back to back (module docstring for the rules).
+
+    Ids stay dense: step ``k``'s copy of instruction ``i`` has id ``i + start_k``, the
+    barrier members of step ``k`` (if any) follow step ``k``'s copy, so the layout is
+    ``[step 0][barrier 0][step 1]...[step N-1]`` (no barrier after the last step).
+    ``meta`` gets ``steps``, ``step_starts`` (the first id of each step) and
+    ``step_instructions`` (instructions per step).
+    """
+    if steps < 1:
+        raise ValueError(f"repeat_program: steps={steps} must be >= 1")
+    base = program.instructions
+    n = len(base)
+    if steps == 1:
+        meta = dict(program.meta, steps=1, step_starts=(0,), step_instructions=n)
+        return replace(program, meta=meta)
+    keys = [ins.key for ins in base if isinstance(ins, Collective)]
+    key_span = max(keys, default=-1) + 2  # +1: room for the barrier's key
+    ends, first = _stream_ends(base)
+    gpus = sorted(ends)
+    out: list[Instruction] = []
+    starts: list[int] = []
+    entry: dict[int, tuple[int, ...]] = {}  # per GPU: what its next step's streams wait for
+    for k in range(steps):
+        offset = len(out)
+        starts.append(offset)
+        for ins in base:
+            deps = tuple(d + offset for d in ins.deps)
+            if ins.id in first and ins.gpu in entry:
+                deps = deps + entry[ins.gpu]
+            fields = {"id": ins.id + offset, "deps": deps}
+            if isinstance(ins, Collective):
+                fields["key"] = ins.key + k * key_span
+            out.append(replace(ins, **fields))
+        if k == steps - 1:
+            break
+        step_ends = {g: tuple(i + offset for i in ends[g]) for g in gpus}
+        if barrier:
+            key = (k + 1) * key_span - 1
+            group = tuple(gpus)
+            entry = {}
+            for g in gpus:
+                bid = len(out)
+                out.append(Collective(bid, g, "dp", BARRIER_NAME, step_ends[g], "all_reduce",
+                                      "ring", group, 0.0, key, duration_s=0.0))
+                entry[g] = (bid,)
+        else:
+            entry = step_ends
+    meta = dict(program.meta, steps=steps, step_starts=tuple(starts), step_instructions=n)
+    return replace(program, instructions=tuple(out), meta=meta)
+
+
+def step_of(program: Program) -> list[int]:
+    """The step index of every instruction of a :func:`repeat_program` program (barrier
+    members count in the step they close)."""
+    starts = program.meta.get("step_starts", (0,))
+    out = []
+    k = 0
+    for i in range(len(program.instructions)):
+        while k + 1 < len(starts) and i >= starts[k + 1]:
+            k += 1
+        out.append(k)
+    return out
+
+
+def step_end_times(program: Program, end_s: Sequence[float]) -> tuple[float, ...]:
+    """End of each step: the latest end of its own instructions (barriers excluded).
+
+    ``end_s`` is indexed by instruction id (:class:`sim.engine.InstructionTimes`).
+    """
+    starts = program.meta.get("step_starts", (0,))
+    n = program.meta.get("step_instructions", len(program.instructions))
+    return tuple(max(end_s[s:s + n], default=0.0) for s in starts)
