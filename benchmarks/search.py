@@ -1,6 +1,7 @@
 """Layouts evaluated per second by ``sim search``: GPT-3 175B on 1,024 A100-80GB.
 
     python benchmarks/search.py [--workers 1,2] [--repeat 3] [--top 10] [--exhaustive-sample 40]
+                                [--fix 'cp=1,zero=0|1|2']
     python benchmarks/search.py --hagemann [--data ../shared/data/hagemann2023_sweep.csv]
 
 Runs the whole search of ``workloads/examples/search-gpt3-175b-1024.yaml``
@@ -47,12 +48,14 @@ from sim.search import (  # noqa: E402
 EXAMPLE = ROOT / "workloads" / "examples" / "search-gpt3-175b-1024.yaml"
 
 
-def run_search(data: dict, workers: int, top: int) -> dict[str, float]:
+def run_search(data: dict, workers: int, top: int, fix: list[str] | None = None
+               ) -> dict[str, float]:
     with make_executor("local", workers) as executor:
-        result = search(data, top=top, executor=executor)
+        result = search(data, top=top, executor=executor, pins=parse_pins(fix or []))
     sims = [r.elapsed_s for r in result.rows if r.elapsed_s > 0]
     return {"enumerated": result.enumerated, "evaluated": result.evaluated,
             "simulated": result.simulated, "elapsed_s": result.elapsed_s,
+            "speculated": result.speculated, "discarded": result.discarded,
             "screen_s": result.screen_s, "rate": result.evaluated / result.elapsed_s,
             "sim_median_s": statistics.median(sims) if sims else float("nan"),
             "best": result.best.layout.label() if result.best else "none",
@@ -100,7 +103,7 @@ def hagemann(path: str, top: int = 20) -> int:
                                        ("mbs", {r.micro_batch_size for r in kernel}),
                                        ("recompute", {r.recompute for r in kernel}),
                                        ("sp", {r.sequence_parallel for r in kernel})))
-        result = search(best.experiment(), pins=parse_pins([fix + ",schedule=1f1b,zero=1"]),
+        result = search(best.experiment(), pins=parse_pins([fix + ",schedule=1f1b,zero=1,cp=1"]),
                         top=top)
         measured = {(r.tp, r.pp, r.micro_batch_size, r.recompute, r.sequence_parallel): r
                     for r in kernel}
@@ -150,6 +153,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--top", type=int, default=10)
     ap.add_argument("--exhaustive-sample", type=int, default=0, metavar="N")
+    ap.add_argument("--fix", action="append", default=[], metavar="KEY=V[|V...],...",
+                    help="pin dimensions as sim search --fix does (e.g. 'cp=1,zero=0|1|2')")
     ap.add_argument("--hagemann", action="store_true",
                     help="count the groups of Hagemann et al. 2023 where the pick is a hit")
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/hagemann2023_sweep.csv"))
@@ -158,23 +163,31 @@ def main() -> None:
         hagemann(args.data)
         return
     data = read_yaml(args.file)
-    head = ("workers", "enumerated", "evaluated", "simulated", "wall s", "screen s",
-            "layouts/s", "sim median s", "best layout", "MFU %")
+    head = ("workers", "enumerated", "evaluated", "simulated", "spec/wasted", "wall s",
+            "screen s", "layouts/s", "sim median s", "best layout", "MFU %")
     rows = []
+    rates: dict[int, float] = {}
     for workers in (int(w) for w in args.workers.split(",")):
-        runs = [run_search(data, workers, args.top) for _ in range(args.repeat)]
+        runs = [run_search(data, workers, args.top, args.fix) for _ in range(args.repeat)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]
                if isinstance(runs[0][k], int | float)}
+        rates[workers] = med["rate"]
         rows.append((str(workers), f"{med['enumerated']:,.0f}", f"{med['evaluated']:,.0f}",
-                     f"{med['simulated']:.0f}", f"{med['elapsed_s']:.1f}",
+                     f"{med['simulated']:.0f}",
+                     f"{med['speculated']:.0f}/{med['discarded']:.0f}", f"{med['elapsed_s']:.1f}",
                      f"{med['screen_s']:.1f}", f"{med['rate']:,.0f}",
                      f"{med['sim_median_s']:.2f}", runs[0]["best"],
                      f"{100 * med['mfu']:.1f}"))
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-    print(f"sim search {Path(args.file).name}: median of {args.repeat} run(s) per row")
+    pinned = f" --fix {','.join(args.fix)}" if args.fix else ""
+    print(f"sim search {Path(args.file).name}{pinned}: median of {args.repeat} run(s) per row")
     for r in (head, *rows):
-        print("  ".join(c.rjust(w) if i not in (8,) else c.ljust(w)
+        print("  ".join(c.rjust(w) if i != 9 else c.ljust(w)
                         for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip())
+    if len(rates) > 1:
+        first = next(iter(rates))
+        print("rate ratios: " + ", ".join(f"{w} workers / {first}: {r / rates[first]:.2f}"
+                                         for w, r in rates.items() if w != first))
     if args.exhaustive_sample:
         secs = time_simulations(data, args.exhaustive_sample)
         print(f"{len(secs)} collapsed simulations of random layouts alone: median "

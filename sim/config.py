@@ -38,6 +38,17 @@ class SyntheticModel(_Strict):
     """Gradient bytes per stage reduced across DP replicas."""
 
 
+class MoEConfig(_Strict):
+    """Mixture-of-experts MLPs (:class:`workloads.models.MoESpec`)."""
+
+    num_experts: int = Field(gt=0)
+    top_k: int = Field(gt=0)
+    expert_ffn_hidden_size: int | None = Field(None, gt=0)
+    """Default: the model's ffn_hidden_size."""
+    capacity_factor: float | None = Field(None, gt=0)
+    """None: dropless; c: expert buffers of c·tokens·k/E rows, computed padded."""
+
+
 class ModelConfig(_Strict):
     preset: str | None = None
     hf_config: str | None = None
@@ -55,6 +66,8 @@ class ModelConfig(_Strict):
     norm: Literal["layernorm", "rmsnorm"] | None = None
     tied_embeddings: bool | None = None
     position_embedding: Literal["learned", "rope"] | None = None
+    moe: MoEConfig | None = None
+    """Mixture of experts; overrides a preset's (a dense preset becomes MoE)."""
 
 
 CollectiveAlgo = Literal["auto", "ring", "tree", "halving_doubling", "hierarchical", "pairwise",
@@ -144,6 +157,16 @@ class ParallelConfig(_Strict):
     sequence_parallel: bool = False
     zero_stage: int = Field(1, ge=0, le=3)
     placement: str = DEFAULT_ORDER
+    overlap_grad_reduce: bool = False
+    """Reduce DP gradient buckets while the last backward runs (Megatron-LM
+    ``--overlap-grad-reduce``); False: one collective per stage after it."""
+    grad_bucket_MB: float = Field(25.0, gt=0)
+    """Bucket size with overlap_grad_reduce, MB of bf16 gradients (1 MB = 1e6 B). Default:
+    PyTorch DDP's ``bucket_cap_mb=25``; Megatron-core's is max(40M, 1M·dp) parameters
+    (``DistributedDataParallelConfig.bucket_size``), i.e. 80 MB up to dp = 40."""
+    layers_per_stage: list[int] | None = None
+    """Transformer layers of each pipeline stage (model chunk, pp·vpp of them, in stage
+    order), e.g. [15, 16, 16, 15]; default: as even as possible, earlier stages first."""
 
 
 class TrainingConfig(_Strict):

@@ -44,8 +44,8 @@ from typing import Any
 
 from sim.errors import ConfigError
 
-__all__ = ["EXECUTORS", "Executor", "InlineExecutor", "LocalExecutor", "RayExecutor", "Task",
-           "WorkerFailure", "make_executor"]
+__all__ = ["EXECUTORS", "Executor", "Feed", "InlineExecutor", "LocalExecutor", "RayExecutor",
+           "Task", "WorkerFailure", "make_executor"]
 
 EXECUTORS = ("local", "ray")
 """Names accepted by :func:`make_executor` (and ``sim search --executor``)."""
@@ -73,6 +73,11 @@ class WorkerFailure:
     message: str
 
 
+Feed = Callable[[], Any]
+"""``feed()``: the next item to run, or ``None`` when there is nothing to run until an
+outcome arrives (a stream ends when ``feed`` returns ``None`` and nothing is in flight)."""
+
+
 class Executor(ABC):
     """Runs a :class:`Task` on items; ``with`` it (or call :meth:`close`) to release workers."""
 
@@ -80,8 +85,21 @@ class Executor(ABC):
     workers: int = 1
 
     @abstractmethod
+    def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
+        """Yield ``(item, outcome)`` as items finish, asking ``feed`` for the next item
+        whenever a worker is free (at most :attr:`workers` items are in flight). Items
+        must not be ``None``. The caller handles each outcome before ``feed`` is asked
+        again, so ``feed`` may depend on every outcome yielded so far."""
+
     def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
         """Yield ``(index into items, outcome)`` for every item, in completion order."""
+        pending = iter(enumerate(items))
+
+        def feed() -> tuple[int, Any] | None:
+            return next(pending, None)
+
+        for (i, _), outcome in self.stream(_Indexed(task), feed):
+            yield i, outcome
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release workers; idempotent."""
@@ -94,6 +112,20 @@ class Executor(ABC):
         self.close()
 
 
+@dataclass(frozen=True)
+class _Indexed:
+    """``task`` with items that travel as ``(index, item)`` pairs (:meth:`Executor.run`):
+    workers apply ``task``'s evaluator to the item, so pools and actors built for
+    ``task`` are reused."""
+
+    task: Task
+
+
+def _unwrap(task: Task | _Indexed) -> tuple[Task, bool]:
+    """(The task the workers build, whether items are ``(index, item)`` pairs)."""
+    return (task.task, True) if isinstance(task, _Indexed) else (task, False)
+
+
 class InlineExecutor(Executor):
     """Runs items one after another in the calling process."""
 
@@ -104,11 +136,13 @@ class InlineExecutor(Executor):
         self._task: Task | None = None
         self._fn: Callable[[Any], Any] | None = None
 
-    def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
-        if self._fn is None or task != self._task:
-            self._task, self._fn = task, task.build()
-        for i, item in enumerate(items):
-            yield i, self._fn(item)
+    def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
+        base, indexed = _unwrap(task)
+        if self._fn is None or base != self._task:
+            self._task, self._fn = base, base.build()
+        fn = self._fn
+        while (item := feed()) is not None:
+            yield item, fn(item[1] if indexed else item)
 
 
 # ----------------------------------------------------------------------------- local processes
@@ -122,8 +156,8 @@ def _init_worker(task: Task) -> None:
     _WORKER_FN[:] = [task.build()]
 
 
-def _run_in_worker(item: Any) -> Any:
-    return _WORKER_FN[0](item)
+def _run_in_worker(item: Any, indexed: bool) -> Any:
+    return _WORKER_FN[0](item[1] if indexed else item)
 
 
 def _mp_context() -> multiprocessing.context.BaseContext:
@@ -156,45 +190,79 @@ class LocalExecutor(Executor):
             self._task = task
         return self._pool
 
-    def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
-        breaks = [0] * len(items)
-        todo = list(range(len(items)))
-        alone: list[int] = []
-        while todo or alone:
-            batch = todo if todo else [alone.pop(0)]
-            todo = []
-            for i, outcome in self._run_batch(task, items, batch):
-                if not isinstance(outcome, BrokenProcessPool):
-                    yield i, outcome
+    def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
+        """See :meth:`Executor.stream`. An item lost with a broken pool is retried (before
+        new items); one caught in ``max_breaks`` breaks is then run alone, and reported
+        as a :class:`WorkerFailure` if it breaks the pool alone."""
+        base, indexed = _unwrap(task)
+        retry: list[tuple[Any, int]] = []  # (item, breaks so far), oldest first
+        alone: list[tuple[Any, int]] = []
+        futures: dict[Future, tuple[int, Any, int]] = {}  # -> (sequence, item, breaks)
+        seq = 0
+        while True:
+            pool = self._ensure_pool(base)
+            if alone:  # drain, then run the suspect by itself
+                if not futures:
+                    item, n = alone.pop(0)
+                    if not self._submit(pool, futures, (seq, item, n), indexed):
+                        alone.insert(0, (item, n))
+                    seq += 1
+            else:
+                while len(futures) < self.workers:
+                    if retry:
+                        item, n = retry.pop(0)
+                    elif (item := feed()) is None:
+                        break
+                    else:
+                        n = 0
+                    seq += 1
+                    if not self._submit(pool, futures, (seq, item, n), indexed):
+                        retry.insert(0, (item, n))
+                        break
+            if not futures:
+                if retry or alone:
                     continue
-                breaks[i] += 1
-                if len(batch) == 1 and breaks[i] >= self.max_breaks:
-                    # it broke the pool while running alone: it is the culprit
-                    yield i, WorkerFailure(f"worker process died ({outcome})")
-                elif breaks[i] >= self.max_breaks:
-                    alone.append(i)  # in flight at several breaks: find out alone
-                else:
-                    todo.append(i)
-            todo.sort()
-
-    def _run_batch(self, task: Task, items: Sequence[Any], batch: list[int]
-                   ) -> Iterator[tuple[int, Any]]:
-        """Run ``batch`` on the pool; outcome BrokenProcessPool for items lost with a worker
-        (the pool is then rebuilt on the next call)."""
-        pool = self._ensure_pool(task)
-        futures: dict[Future, int] = {pool.submit(_run_in_worker, items[i]): i for i in batch}
-        broken = False
-        while futures:
+                return
             done, _ = wait(futures, return_when=FIRST_COMPLETED)
-            for fut in sorted(done, key=lambda f: futures[f]):
-                i = futures.pop(fut)
+            lone = len(futures) == 1
+            lost: list[tuple[Any, int]] = []
+            for fut in sorted(done, key=lambda f: futures[f][0]):
+                _, item, n = futures.pop(fut)
                 try:
-                    yield i, fut.result()
+                    outcome = fut.result()
                 except BrokenProcessPool as exc:
-                    broken = True
-                    yield i, exc
-        if broken:
-            self._shutdown()
+                    if lone and n + 1 >= self.max_breaks:
+                        # it broke the pool while running alone: it is the culprit
+                        yield item, WorkerFailure(f"worker process died ({exc})")
+                    else:
+                        lost.append((item, n + 1))
+                    continue
+                yield item, outcome
+            if lost:
+                # every item still in flight is lost with the pool: collect them too
+                for fut, (_, item, n) in sorted(futures.items(), key=lambda kv: kv[1][0]):
+                    try:
+                        outcome = fut.result()
+                    except BrokenProcessPool:
+                        lost.append((item, n + 1))
+                        continue
+                    yield item, outcome
+                futures.clear()
+                self._shutdown()
+                for item, n in lost:
+                    (alone if n >= self.max_breaks else retry).append((item, n))
+
+    def _submit(self, pool: ProcessPoolExecutor, futures: dict[Future, tuple[int, Any, int]],
+                entry: tuple[int, Any, int], indexed: bool) -> bool:
+        """Submit ``entry``'s item; False if the pool broke since the last result (then it
+        is rebuilt once nothing is in flight)."""
+        try:
+            futures[pool.submit(_run_in_worker, entry[1], indexed)] = entry
+        except BrokenProcessPool:
+            if not futures:
+                self._shutdown()
+            return False
+        return True
 
     def _shutdown(self) -> None:
         pool, self._pool = self._pool, None
@@ -273,27 +341,29 @@ class RayExecutor(Executor):
             self._task = task
         return self._actors
 
-    def run(self, task: Task, items: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+    def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
         ray = self._ray
-        actors = self._ensure_actors(task)
+        base, indexed = _unwrap(task)
+        actors = self._ensure_actors(base)
         idle = list(range(len(actors)))
-        queue = list(range(len(items)))
-        queue.reverse()  # pop() from the end hands items out in index order
-        pending: dict[Any, tuple[int, int]] = {}
-        while queue or pending:
-            while queue and idle:
-                i, a = queue.pop(), idle.pop()
-                pending[actors[a].run.remote(items[i])] = (i, a)
+        idle.reverse()  # pop() from the end hands items to actor 0 first
+        pending: dict[Any, tuple[Any, int]] = {}
+        while True:
+            while idle and (item := feed()) is not None:
+                a = idle.pop()
+                pending[actors[a].run.remote(item[1] if indexed else item)] = (item, a)
+            if not pending:
+                return
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
-                i, a = pending.pop(ref)
+                item, a = pending.pop(ref)
                 idle.append(a)
                 try:
                     outcome = ray.get(ref)
                 except ray.exceptions.RayError as exc:  # actor or node lost beyond retries
                     outcome = WorkerFailure(f"Ray worker lost ({type(exc).__name__}: "
                                             f"{str(exc).splitlines()[0] if str(exc) else ''})")
-                yield i, outcome
+                yield item, outcome
 
     def _kill_actors(self) -> None:
         for actor in self._actors:

@@ -14,6 +14,8 @@ from sim.config import (
     ClusterConfig,
     ExperimentConfig,
     ModelConfig,
+    MoEConfig,
+    ParallelConfig,
     parse_config,
     read_yaml,
     set_dotted,
@@ -37,7 +39,7 @@ from workloads import schedules
 from workloads.costs import SyntheticCosts, split_layers
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
-from workloads.models import PRESETS, ModelSpec
+from workloads.models import PRESETS, ModelSpec, MoESpec
 from workloads.schedules_advanced import ADVANCED_BUILDERS, EXTRA_BUILDERS
 from workloads.transformer import TransformerCosts
 
@@ -63,7 +65,7 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
         raise ConfigError(f"model: give one of 'preset', 'hf_config' or 'synthetic', not "
                           f"{' and '.join(repr(k) for k in given)}")
     if cfg.synthetic is not None:
-        extra = [f for f in _MODEL_FIELDS if getattr(cfg, f) is not None]
+        extra = [f for f in (*_MODEL_FIELDS, "moe") if getattr(cfg, f) is not None]
         if extra:
             raise ConfigError(f"model.{extra[0]}: not used with a synthetic model")
         return None
@@ -88,6 +90,8 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
                               f"model.preset or model.synthetic)")
         overrides.setdefault("num_kv_heads", overrides["num_attention_heads"])
         spec = ModelSpec(name=cfg.name or "custom", **overrides)
+    if cfg.moe is not None:
+        spec = spec.with_overrides(moe=_moe_spec(cfg.moe, spec))
     if cfg.name:
         spec = spec.with_overrides(name=cfg.name)
     if spec.hidden_size % spec.num_attention_heads:
@@ -97,6 +101,28 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
         raise ConfigError(f"model.num_kv_heads={spec.num_kv_heads} does not divide "
                           f"model.num_attention_heads={spec.num_attention_heads}")
     return spec
+
+
+def _moe_spec(cfg: MoEConfig, spec: ModelSpec) -> MoESpec:
+    if cfg.top_k > cfg.num_experts:
+        raise ConfigError(f"model.moe.top_k={cfg.top_k} exceeds model.moe.num_experts="
+                          f"{cfg.num_experts}")
+    return MoESpec(cfg.num_experts, cfg.top_k,
+                   cfg.expert_ffn_hidden_size or spec.ffn_hidden_size, cfg.capacity_factor)
+
+
+def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int) -> None:
+    """EP splits the experts over ep consecutive DP ranks (Megatron carves EP out of DP)."""
+    ep = par.ep
+    if model is None or model.moe is None:
+        raise ConfigError(f"parallel.ep={ep}: expert parallelism needs a mixture-of-experts "
+                          "model (model.moe)")
+    if dp % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide the data-parallel degree dp={dp} "
+                          "(EP groups are carved out of DP)")
+    if model.moe.num_experts % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide model.moe.num_experts="
+                          f"{model.moe.num_experts}")
 
 
 _FABRIC_KEYS = {
@@ -377,6 +403,43 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
         raise ConfigError(f"schedule={name!r}: {exc}") from None
 
 
+def _check_context_parallel(cfg: ExperimentConfig, model: ModelSpec | None, cp: int) -> None:
+    """CP needs a transformer, a flash attention kernel (ring attention runs inside it, as
+    in TransformerEngine) and 2·cp equal sequence chunks (Megatron's load-balanced split)."""
+    if model is None:
+        raise ConfigError(f"parallel.cp={cp}: context parallelism needs a transformer model "
+                          "(it splits sequences), not a synthetic one")
+    if cfg.training.attention not in ("flash2", "flash1"):
+        raise ConfigError(f"parallel.cp={cp}: context parallelism needs a flash attention "
+                          f"kernel (flash2 or flash1), not training.attention="
+                          f"{cfg.training.attention!r}")
+    if model.seq_length % (2 * cp):
+        raise ConfigError(f"parallel.cp={cp}: model.seq_length={model.seq_length} must divide "
+                          f"into 2*cp = {2 * cp} equal chunks (load-balanced causal split)")
+    if cfg.schedule == "seq1f1b":
+        raise ConfigError(f"parallel.cp={cp}: not supported with schedule 'seq1f1b'")
+
+
+def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int) -> tuple[int, ...]:
+    """``parallel.layers_per_stage`` checked against the stages and layers, or the even split.
+
+    Uneven splits as Llama 3 used them (first and last stages one layer fewer, for the
+    embedding and the output head; Meta 2024, sec. 3.3.2)."""
+    given = par.layers_per_stage
+    if given is None:
+        return split_layers(model.num_layers, num_stages)
+    if len(given) != num_stages:
+        raise ConfigError(f"parallel.layers_per_stage={given}: {len(given)} entries, but the "
+                          f"pipeline has pp*vpp = {num_stages} stages")
+    if any(n < 1 for n in given):
+        raise ConfigError(f"parallel.layers_per_stage={given}: every stage needs at least "
+                          "one layer")
+    if sum(given) != model.num_layers:
+        raise ConfigError(f"parallel.layers_per_stage={given} sums to {sum(given)}, not "
+                          f"model.num_layers = {model.num_layers}")
+    return tuple(given)
+
+
 def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     """Validate ``data`` (a parsed experiment file) and build everything derived from it."""
     cfg = parse_config(data)
@@ -384,12 +447,16 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     cluster = build_cluster(cfg)
     tp, pp, dp, cp = _resolve_layout(cfg, cluster.num_gpus)
     par = cfg.parallel
-    if cp > 1 or par.ep > 1:
-        key = "cp" if cp > 1 else "ep"
-        raise ConfigError(f"parallel.{key}={getattr(par, key)}: context and expert parallelism "
-                          "are not supported yet")
-    if par.zero_stage == 3:
-        raise ConfigError("parallel.zero_stage=3: ZeRO-3/FSDP is not supported yet; use 0, 1 or 2")
+    if par.ep > 1:
+        _check_expert_parallel(par, model, dp)
+    if cp > 1:
+        _check_context_parallel(cfg, model, cp)
+    if par.layers_per_stage is not None and model is None:
+        raise ConfigError("parallel.layers_per_stage: needs a transformer model (the synthetic "
+                          "model has no layers)")
+    if par.zero_stage == 3 and model is None:
+        raise ConfigError("parallel.zero_stage=3: ZeRO-3/FSDP needs a transformer model "
+                          "(it gathers parameters layer by layer); the synthetic model has none")
     m, gbs = _num_microbatches(cfg, dp)
     sched = _build_schedule(cfg, pp, m, base_dir)
     placement = Placement.from_order(par.placement, tp=tp, cp=cp, dp=dp, pp=pp)
@@ -418,8 +485,9 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
                               f"{model.seq_length} (needed by sequence_parallel)")
         t = cfg.training
         costs = TransformerCosts(model, t.micro_batch_size, tp, dp,
-                                 split_layers(model.num_layers, sched.num_stages),
+                                 _stage_layers(par, model, sched.num_stages),
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
                                  par.zero_stage, t.recompute, t.attention,
-                                 t.fused_norm)
+                                 t.fused_norm, overlap_grad_reduce=par.overlap_grad_reduce,
+                                 grad_bucket_bytes=par.grad_bucket_MB * MB, cp=cp, ep=par.ep)
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs)

@@ -9,8 +9,10 @@ cluster and global batch (issue 6). Four steps:
    GPUs, ``micro_batch_size·dp`` divides the global batch, tp divides the
    attention heads (and, with sequence parallelism, the sequence), ``pp·vpp``
    stages fit in the layers, and the schedule builder accepts ``(pp, m, vpp)``.
-   Values the simulator does not support yet (CP, EP, ZeRO-3, Seq1F1B on a
-   transformer) are found by probing a tiny experiment once
+   CP needs a flash kernel and ``2·cp`` equal sequence chunks; EP a
+   mixture-of-experts model whose experts it divides (not with ZeRO-3).
+   Values the simulator does not support (e.g. Seq1F1B on a transformer, EP
+   on a dense model) are found by probing a tiny experiment once
    (:func:`probe_support`) and are left out, counted as ``unsupported``.
    Exact duplicates are dropped unless pinned: sequence parallelism without
    TP (a no-op), several ZeRO stages with ``dp = 1`` (identical), schedules
@@ -18,7 +20,9 @@ cluster and global batch (issue 6). Four steps:
    only holding more), interleaving with ``vpp = 1`` (plain 1F1B).
    ``vpp`` of the interleaved schedule ranges over ``v >= 2`` with
    ``pp·v`` dividing the layers (Megatron-LM's rule); V schedules use 2.
-2. **Screen and judge** (:class:`Screener`) with bounds that need no simulation.
+2. **Screen and judge** (:class:`Screener`) with bounds that need no simulation,
+   on the executor's workers (:class:`SearchWorker`): screening in chunks of
+   layouts, judging in chunks ahead of the sweep's frontier.
    Screening is cheap and schedule-free: the average static state per rank
    plus one micro-batch of activations must fit, and a loose step-time bound
    (compute of the first and last pipeline rank, the forward chain before
@@ -31,17 +35,19 @@ cluster and global batch (issue 6). Four steps:
    whose throughput bound is below the K-th best already simulated, are not
    simulated. Property tests check every bound against the simulator.
 3. **Simulate** the rest (collapsed fidelity by default) on an executor of
-   :mod:`sim.executors`. Every result (or error) goes to a :class:`ResultStore`
-   (SQLite, one transaction per result) as it arrives; a restarted sweep with
-   the same store skips what is there.
+   :mod:`sim.executors`; idle workers simulate ahead, speculatively, what the
+   sweep will probably want (:class:`_Sweep`). Every wanted result (or error)
+   goes to a :class:`ResultStore` (SQLite, one transaction per result) as it
+   arrives; a restarted sweep with the same store skips what is there.
 4. **Rank** feasible layouts by throughput (tokens/s; ties: less memory, then
    the layout key).
 
 Pins (:func:`parse_pins`, :func:`pins_from_file`) restrict any dimension to
 given values. Pruning happens in rounds of ``round_size`` layouts, each round
 judged on the results of the rounds before it, so the set of simulated
-layouts (not only the top K) is the same whatever executor or number of
-workers runs the sweep.
+layouts (not only the top K), every bound and every figure are the same
+whatever executor or number of workers runs the sweep (work done ahead that
+the rounds do not want is discarded, never stored).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +79,16 @@ from sim.experiment import build_cluster, build_experiment, schedule_builders
 from topologies.cluster import Cluster
 from topologies.hardware import GiB
 from topologies.placement import Placement
-from workloads.costs import ComputeSeg, split_layers
+from workloads.costs import CommSeg, ComputeSeg, RingAttention, split_layers
 from workloads.models import ModelSpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, schedule_deps
+from workloads.schedules_advanced import OVERLAPPING_STEPS
 from workloads.transformer import TransformerCosts
 
-__all__ = ["CSV_FIGURES", "DIMS", "Candidate", "Evaluation", "Evaluator", "Layout", "ResultStore",
-           "Row", "SearchContext", "SearchResult", "Screener", "enumerate_layouts",
-           "parse_pins", "pins_from_file", "probe_support", "rows_csv", "search"]
+__all__ = ["CSV_FIGURES", "DIMS", "Candidate", "Evaluation", "Evaluator", "JudgeChunk", "Layout",
+           "ResultStore", "Row", "ScreenChunk", "SearchContext", "SearchResult", "SearchWorker",
+           "Screener", "SimulateOne", "WorkerSpec", "enumerate_layouts", "parse_pins",
+           "pins_from_file", "probe_support", "rows_csv", "search"]
 
 # ----------------------------------------------------------------------------- layouts
 
@@ -121,9 +130,10 @@ class Layout:
     recompute: str = "none"
     schedule: str = "1f1b"
 
-    @property
+    @cached_property
     def key(self) -> str:
-        """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``."""
+        """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``
+        (computed once per instance: the sweep's dictionaries are keyed by it)."""
         return " ".join(f"{_SHORT.get(d, d)}={_text(getattr(self, d))}" for d in DIMS)
 
     @classmethod
@@ -278,8 +288,11 @@ class SearchContext:
 
     @classmethod
     def build(cls, data: Mapping[str, Any], base_dir: str | Path | None = None,
-              gpus: int | None = None) -> SearchContext:
-        """Validate the experiment mapping and probe what the simulator supports."""
+              gpus: int | None = None,
+              probed: tuple[dict[str, str], dict[str, tuple[int, ...]]] | None = None
+              ) -> SearchContext:
+        """Validate the experiment mapping and probe what the simulator supports (unless
+        ``probed`` gives the result of :func:`probe_support`, as workers do)."""
         data = dict(data)
         if gpus is not None:
             if gpus < 1:
@@ -302,16 +315,20 @@ class SearchContext:
         if not isinstance(template.costs, TransformerCosts) or template.model is None:
             raise ConfigError("model: sim search needs a transformer model")
         cluster = build_cluster(cfg)
-        unsupported, vpps = probe_support(data, template.model.num_layers)
+        unsupported, vpps = probed or probe_support(data, template.model.num_layers)
         return cls(data, Path(base_dir) if base_dir else None, cfg, template.model, cluster,
                    gbs, template.costs, unsupported, vpps)
 
     def costs_for(self, layout: Layout, num_stages: int) -> TransformerCosts:
         """The cost model of ``layout`` (as :func:`sim.experiment.build_experiment` makes it)."""
+        given = self.config.parallel.layers_per_stage
+        stages = (tuple(given) if given is not None and len(given) == num_stages
+                  else split_layers(self.model.num_layers, num_stages))
+        extra = {k: getattr(layout, k) for k in ("cp", "ep") if hasattr(self.costs, k)}
         return replace(self.costs, micro_batch_size=layout.micro_batch_size, tp=layout.tp,
-                       dp=layout.dp, stage_layers=split_layers(self.model.num_layers, num_stages),
+                       dp=layout.dp, stage_layers=stages,
                        sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-                       zero_stage=layout.zero_stage, recompute=layout.recompute)
+                       zero_stage=layout.zero_stage, recompute=layout.recompute, **extra)
 
     def fingerprint(self, fidelity: str, profile: DeviceProfile) -> str:
         """Identifies results: the experiment minus the searched keys, fidelity and profile."""
@@ -414,10 +431,13 @@ def enumerate_layouts(ctx: SearchContext, pins: Pins | None = None) -> Iterator[
     supported = {d: [v for v in values if f"{_SHORT.get(d, d)}={v}" not in ctx.unsupported]
                  for d, values in (("cp", _divisors(n)), ("ep", _divisors(n)),
                                    ("zero_stage", ZERO_STAGES))}
+    ring = ctx.config.training.attention in ("flash2", "flash1")  # CP runs inside it
+    cps = [c for c in supported["cp"]
+           if c == 1 or (ring and model.seq_length % (2 * c) == 0)]  # 2·cp equal chunks
     for tp in _allowed(pins, "tp", _divisors(n)):
         if model.num_attention_heads % tp:
             continue
-        for cp in _allowed(pins, "cp", [c for c in supported["cp"] if (n // tp) % c == 0],
+        for cp in _allowed(pins, "cp", [c for c in cps if (n // tp) % c == 0],
                            dedupe=[1] if "cp=2" in ctx.unsupported else None):
             if cp > 1 and (n // tp) % cp:
                 continue
@@ -433,8 +453,10 @@ def enumerate_layouts(ctx: SearchContext, pins: Pins | None = None) -> Iterator[
 def _inner_layouts(ctx: SearchContext, pins: Pins, supported: Mapping[str, list[int]],
                    tp: int, cp: int, pp: int, dp: int) -> Iterator[Layout]:
     seq, gbs = ctx.model.seq_length, ctx.global_batch_size
-    eps = _allowed(pins, "ep", [e for e in supported["ep"] if dp % e == 0],
-                   dedupe=[1] if "ep=2" in ctx.unsupported else None)
+    moe = getattr(ctx.model, "moe", None)
+    eps = _allowed(pins, "ep", [e for e in supported["ep"] if dp % e == 0 and (
+        e == 1 or (moe is not None and moe.num_experts % e == 0))],
+        dedupe=[1] if "ep=2" in ctx.unsupported else None)
     sps = _allowed(pins, "sequence_parallel", [False, True] if seq % tp == 0 else [False],
                    dedupe=None if tp > 1 else [False])
     zeros = _allowed(pins, "zero_stage", supported["zero_stage"])
@@ -447,6 +469,8 @@ def _inner_layouts(ctx: SearchContext, pins: Pins, supported: Mapping[str, list[
             for schedule, vpp in variants:
                 for sp in sps:
                     for zero in zeros:
+                        if ep > 1 and zero == 3:  # expert gradients: not with ZeRO-3 yet
+                            continue
                         for rc in recomputes:
                             yield Layout(tp, pp, dp, cp, ep, vpp, sp, zero, mbs, rc, schedule)
 
@@ -600,6 +624,12 @@ class Candidate:
     """Upper bound of the throughput, tokens/s."""
 
 
+def _op_shape(costs: TransformerCosts) -> tuple[Any, ...]:
+    """The layout settings an op's segments depend on (cache keys; not dp, not stages)."""
+    return (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
+            costs.zero_stage, getattr(costs, "cp", 1), getattr(costs, "ep", 1))
+
+
 class Screener:
     """Bounds of a layout's peak memory and step time, without simulating it.
 
@@ -683,12 +713,11 @@ class Screener:
         """Schedule-free bound: the average static state per rank plus one micro-batch of the
         lightest stage (some rank holds at least the average, every rank at least one)."""
         stages = tuple(range(len(costs.stage_layers)))
-        key = ("static", costs.tp, costs.dp, costs.zero_stage, costs.stage_layers)
+        key = ("static", *_op_shape(costs), costs.dp, costs.stage_layers)
         static = self._static.get(key)
         if static is None:
             static = self._static[key] = costs.static_bytes(stages)
-        key = ("act", costs.micro_batch_size, costs.tp, costs.sequence_parallel,
-               costs.recompute, costs.stage_layers)
+        key = ("act", *_op_shape(costs), costs.stage_layers)
         act = self._static.get(key)
         if act is None:
             act = self._static[key] = min(costs.activation_bytes_per_mb(s) for s in stages)
@@ -735,8 +764,7 @@ class Screener:
         their own stream and are left out (a bound may only leave work out).
         """
         last = stage == len(costs.stage_layers) - 1
-        key = (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
-               costs.stage_layers[stage], last, kind, split)
+        key = (*_op_shape(costs), costs.stage_layers[stage], last, kind, split)
         hit = self._op_cache.get(key)
         if hit is not None:
             return hit
@@ -744,19 +772,33 @@ class Screener:
         segs = costs.op_segments(Op(stage, kind, 0), split)
         at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
         compute, comms = 0.0, []
+        def seconds(seg: ComputeSeg) -> float:
+            return seg.duration_s if seg.duration_s is not None else compute_time_s(
+                gpu, self.profile, seg.flops, seg.hbm_bytes, seg.attn_flops,
+                seg.elementwise_bytes, kernel, seg.gemm_dims)
+
         for i, seg in enumerate(segs):
             if isinstance(seg, ComputeSeg):
-                compute += (seg.duration_s if seg.duration_s is not None else compute_time_s(
-                    gpu, self.profile, seg.flops, seg.hbm_bytes, seg.attn_flops,
-                    seg.elementwise_bytes, kernel, seg.gemm_dims))
-            elif at and at[0] < i < at[-1]:
+                compute += seconds(seg)
+            elif isinstance(seg, RingAttention):  # its blocks' compute; the passes may hide
+                compute += seg.steps * seconds(seg.block)
+            elif isinstance(seg, CommSeg) and seg.group == "tp" and at and at[0] < i < at[-1]:
                 comms.append((seg.op, seg.nbytes))
+            # other collectives (EP all-to-all) and ZeRO-3 markers: left out
         out = self._op_cache[key] = (compute, tuple(comms))
         return out
 
     def _placement(self, layout: Layout) -> Placement:
         return Placement.from_order(self.ctx.config.parallel.placement, tp=layout.tp,
                                     cp=layout.cp, dp=layout.dp, pp=layout.pp)
+
+    def _dp_timed(self, layout: Layout) -> bool:
+        """Whether the bounds time the DP collectives: the plain end-of-step gradient
+        collective (and ZeRO-1/2's parameter all-gather) of the collapsed lowering. Not
+        with ZeRO-3, overlapped gradient buckets, CP or EP, whose gradient traffic is
+        split up or goes over other groups (left out: a bound may only leave work out)."""
+        return (layout.dp > 1 and layout.zero_stage < 3 and layout.cp == 1 and layout.ep == 1
+                and not self.ctx.config.parallel.overlap_grad_reduce)
 
     def _comm_ranks(self, layout: Layout) -> frozenset[int]:
         """Pipeline ranks whose collectives the bounds time (all others: compute only)."""
@@ -789,9 +831,8 @@ class Screener:
     def _tp_comm_s(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
                    layout: Layout, r: int) -> float:
         """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r."""
-        key = ("op", costs.micro_batch_size, costs.tp, costs.sequence_parallel,
-               costs.recompute, costs.stage_layers[stage], stage == len(costs.stage_layers) - 1,
-               kind, split, layout.dp, layout.pp, r)
+        key = ("op", *_op_shape(costs), costs.stage_layers[stage],
+               stage == len(costs.stage_layers) - 1, kind, split, layout.dp, layout.pp, r)
         t = self._comm.get(key)
         if t is None:
             comms = self._op_time(costs, stage, kind, split)[1]
@@ -814,7 +855,7 @@ class Screener:
         return table
 
     def _optimizer_s(self, costs: TransformerCosts, stages: tuple[int, ...]) -> float:
-        key = (costs.tp, costs.dp, costs.zero_stage, costs.stage_layers, stages)
+        key = (*_op_shape(costs), costs.dp, costs.stage_layers, stages)
         t = self._opt.get(key)
         if t is None:
             seg = costs.optimizer_segment(stages)
@@ -837,11 +878,22 @@ class Screener:
         waits for the DP gradient collective of the rank's last stage, and
         ZeRO's parameter all-gather follows it. The step is at least the
         latest of these over ranks.
+
+        Schedules whose consecutive steps overlap (:data:`OVERLAPPING_STEPS`: the step
+        time is the period of back-to-back steps): every rank still runs its whole
+        step's work once per period, so the bound is the busiest rank's ops
+        (as timed above) plus its optimizer step.
         """
         if not plan.exact:
             return 0.0
-        end = _list_run(plan, self._table(layout, costs, plan))
-        timed = self._comm_ranks(layout) if layout.dp > 1 else frozenset()
+        table = self._table(layout, costs, plan)
+        if layout.schedule in OVERLAPPING_STEPS:
+            busy = [self._optimizer_s(costs, stages) for stages in plan.rank_stages]
+            for i, r in enumerate(plan.op_rank):
+                busy[r] += table[plan.op_slot[i]]
+            return max(busy)
+        end = _list_run(plan, table)
+        timed = self._comm_ranks(layout) if self._dp_timed(layout) else frozenset()
         bound = 0.0
         for r, stages in enumerate(plan.rank_stages):
             last = end[plan.last_op[r]] if plan.last_op[r] >= 0 else 0.0
@@ -874,7 +926,8 @@ class Screener:
         step): the forwards of the stages before the rank's first stage run
         before it can start, then its ``m`` micro-batches of ops on its stages
         (with ``comm``, plus their TP collectives), its optimizer step and, with
-        ``comm`` and ZeRO, its parameter all-gather.
+        ``comm`` and ZeRO, its parameter all-gather. Schedules with overlapping steps:
+        the rank's work alone (a period has no fill, see :meth:`step_bound_s`).
         """
         m = self.num_microbatches(layout)
         split = layout.schedule in self._split_schedules()
@@ -891,8 +944,12 @@ class Screener:
                 kinds = _KINDS if split else _KINDS[:2]
                 busy += sum(self._tp_comm_s(costs, s, k, split, layout, r)
                             for s in mine for k in kinds)
-            end = forward_chain[mine[0]] + m * busy + self._optimizer_s(costs, mine)
-            if r in timed and layout.zero_stage >= 1 and layout.dp > 1:
+            end = m * busy + self._optimizer_s(costs, mine)
+            if layout.schedule in OVERLAPPING_STEPS:  # a period: no fill, see step_bound_s
+                bound = max(bound, end)
+                continue
+            end += forward_chain[mine[0]]
+            if r in timed and layout.zero_stage >= 1 and self._dp_timed(layout):
                 end += self._collective_s("dp", layout, r, "all_gather",
                                           sum(costs.grad_bytes(s) for s in mine))
             bound = max(bound, end)
@@ -901,8 +958,7 @@ class Screener:
     def _stage_times(self, costs: TransformerCosts, split: bool
                      ) -> tuple[list[float], list[float]]:
         """(compute of the forwards before each stage, compute of one micro-batch per stage)."""
-        key = (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
-               costs.stage_layers, split)
+        key = (*_op_shape(costs), costs.stage_layers, split)
         hit = self._loose.get(key)
         if hit is None:
             kinds = _KINDS if split else _KINDS[:2]
@@ -940,8 +996,10 @@ class Screener:
 
     def judge(self, candidate: Candidate, threshold: float = 0.0) -> Candidate:
         """Full check before simulating: the schedule is built and walked for the exact memory
-        bound and, if ``threshold`` (tokens/s) > 0, the list-schedule step bound; a layout
-        that cannot reach ``threshold`` comes back ``pruned``."""
+        bound, then the list-schedule step bound gives ``tokens_bound``; a layout that cannot
+        reach ``threshold`` (tokens/s, if > 0) comes back ``pruned``. Apart from that last
+        comparison the verdict does not depend on ``threshold``, so a sweep may judge
+        layouts before it knows their threshold."""
         layout = candidate.layout
         plan = self.plan(layout)
         if isinstance(plan, str):
@@ -950,13 +1008,13 @@ class Screener:
         gib = self._gib(max(self.memory_bound_bytes(costs, plan)))
         if not self._fits(gib):
             return replace(candidate, status="memory", memory_bound_gib=gib)
-        candidate = replace(candidate, memory_bound_gib=gib)
-        if threshold > 0:
-            step = self.step_bound_s(layout, costs, plan)
-            tokens = self._tokens / step if step > 0 else math.inf
-            candidate = replace(candidate, tokens_bound=tokens)
-            if tokens < threshold:
-                return replace(candidate, status="pruned")
+        step = self.step_bound_s(layout, costs, plan)
+        tokens = self._tokens / step if step > 0 else math.inf
+        # the list-schedule bound and the loose one bound the same step: keep the tighter
+        tokens = min(tokens, candidate.tokens_bound or math.inf)
+        candidate = replace(candidate, memory_bound_gib=gib, tokens_bound=tokens)
+        if threshold > 0 and tokens < threshold:
+            return replace(candidate, status="pruned")
         return candidate
 
 
@@ -999,13 +1057,22 @@ class Evaluator:
         self.profile = profile
         self.base_dir = Path(base_dir) if base_dir else None
         self.cluster = build_cluster(parse_config(self.data))
+        self._stand_in = {"preset": "ideal", "num_gpus": self.cluster.num_gpus}
 
     def experiment(self, layout: Layout) -> Any:
+        """The experiment of ``layout`` on the shared cluster.
+
+        :func:`sim.experiment.build_experiment` would build the cluster graph again
+        for every layout (0.07 s for 1,024 GPUs); what it derives from the cluster is
+        only its size, so the layout is built on an ideal stand-in of the same size
+        and the real cluster (built once, with its route cache) is put in its place,
+        with the real configuration.
+        """
         data = self.data
         for key, value in layout.changes(self.global_batch_size).items():
             data = set_dotted(data, key, value)
-        exp = build_experiment(data, self.base_dir)
-        return replace(exp, cluster=self.cluster)
+        exp = build_experiment({**data, "cluster": self._stand_in}, self.base_dir)
+        return replace(exp, config=parse_config(data), data=dict(data), cluster=self.cluster)
 
     def __call__(self, layout: Layout) -> Evaluation:
         """Simulate ``layout``; never raises: refusals and failures come back as results."""
@@ -1021,6 +1088,87 @@ class Evaluator:
                               elapsed_s=time.perf_counter() - start)
         return Evaluation(layout.key, "oom" if stats["oom"] else "ok", stats,
                           elapsed_s=time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- workers
+
+
+@dataclass(frozen=True)
+class ScreenChunk:
+    """Work item: screen these layouts (:meth:`Screener.screen`)."""
+
+    layouts: tuple[Layout, ...]
+
+
+@dataclass(frozen=True)
+class JudgeChunk:
+    """Work item: judge these candidates (:meth:`Screener.judge`, no threshold)."""
+
+    candidates: tuple[Candidate, ...]
+    indices: tuple[int, ...] = ()
+    """Where the candidates are in the sweep's order (for the sweep; workers ignore it)."""
+
+
+@dataclass(frozen=True)
+class SimulateOne:
+    """Work item: simulate this layout (the evaluator)."""
+
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a :class:`SearchWorker` needs to rebuild the sweep's context (picklable)."""
+
+    data: dict[str, Any]
+    base_dir: str | None
+    global_batch_size: int
+    fidelity: str
+    profile: DeviceProfile
+    comm: bool
+    """Time collectives in the step bounds (:class:`Screener`)."""
+    unsupported: tuple[tuple[str, str], ...]
+    schedule_vpps: tuple[tuple[str, tuple[int, ...]], ...]
+    evaluator: Callable[..., Callable[[Layout], Evaluation]] = Evaluator
+    """The simulation factory, called as ``evaluator(data, global_batch_size, fidelity,
+    profile, base_dir)``."""
+
+
+class SearchWorker:
+    """The callable every worker of a sweep builds once: it screens chunks of layouts, judges
+    chunks of candidates and simulates layouts, keeping the screener's caches (collective
+    times, op times, schedules) and the evaluator's cluster for the worker's lifetime.
+
+    Its context is rebuilt from the :class:`WorkerSpec` without probing the simulator
+    again (the probe results travel in the spec); the screener and the evaluator are
+    built on first use. Every answer is a pure function of the item, so it is the same
+    in whichever worker computes it.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self._screener: Screener | None = None
+        self._evaluate: Callable[[Layout], Evaluation] | None = None
+
+    @property
+    def screener(self) -> Screener:
+        if self._screener is None:
+            sp = self.spec
+            ctx = SearchContext.build(sp.data, sp.base_dir,
+                                      probed=(dict(sp.unsupported), dict(sp.schedule_vpps)))
+            self._screener = Screener(ctx, sp.profile, comm=sp.comm)
+        return self._screener
+
+    def __call__(self, item: ScreenChunk | JudgeChunk | SimulateOne) -> Any:
+        if isinstance(item, ScreenChunk):
+            return [self.screener.screen(layout) for layout in item.layouts]
+        if isinstance(item, JudgeChunk):
+            return [self.screener.judge(c) for c in item.candidates]
+        if self._evaluate is None:
+            sp = self.spec
+            self._evaluate = sp.evaluator(sp.data, sp.global_batch_size, sp.fidelity,
+                                          sp.profile, sp.base_dir)
+        return self._evaluate(item.layout)
 
 
 # ----------------------------------------------------------------------------- store
@@ -1153,7 +1301,13 @@ class SearchResult:
     counts: dict[str, int] = field(default_factory=dict)
     """Rows per status."""
     screen_s: float = 0.0
-    """Wall time of building the context, enumerating and screening (in this process)."""
+    """Wall time of building the context, enumerating and screening (on the executor)."""
+    speculated: int = 0
+    """Simulations started ahead of the serial order by an idle worker."""
+    discarded: int = 0
+    """Of those, results the serial order did not want (wasted work, never stored)."""
+    wasted_judged: int = 0
+    """Candidates judged ahead of the frontier past the point where the sweep stopped."""
 
     @property
     def feasible(self) -> list[Row]:
@@ -1187,6 +1341,8 @@ class SearchResult:
             "counts": dict(sorted(self.counts.items())),
             "elapsed_s": self.elapsed_s,
             "screen_s": self.screen_s,
+            "speculated": self.speculated,
+            "discarded": self.discarded,
             "layouts_per_s": self.evaluated / self.elapsed_s if self.elapsed_s > 0 else None,
             "pins": {CONFIG_KEYS[d]: list(v) for d, v in sorted(self.pins.items())},
             "unsupported": dict(sorted(self.unsupported.items())),
@@ -1274,7 +1430,6 @@ def search(
     profile = profile or default_profile(ctx.cluster.gpu.name)
     collapsed = fidelity == "collapsed" or (
         fidelity == "auto" and ctx.cluster.num_gpus > AUTO_FULL_MAX_GPUS)
-    screener = Screener(ctx, profile, comm=collapsed)
     layouts = list(enumerate_layouts(ctx, pins))
     if not layouts:
         pinned = ", ".join(f"{CONFIG_KEYS[d]}={'|'.join(map(_text, v))}" for d, v in pins.items())
@@ -1282,7 +1437,14 @@ def search(
                           + (f" with --fix {pinned}" if pinned else "")
                           + f" (global batch {ctx.global_batch_size}, "
                           f"{ctx.model.num_attention_heads} heads, {ctx.model.num_layers} layers)")
-    candidates = [screener.screen(layout) for layout in layouts]
+    spec = WorkerSpec(ctx.data, str(ctx.base_dir) if ctx.base_dir else None,
+                      ctx.global_batch_size, fidelity, profile, collapsed,
+                      tuple(sorted(ctx.unsupported.items())),
+                      tuple(sorted(ctx.schedule_vpps.items())), evaluator)
+    task = Task(SearchWorker, (spec,))
+    executor = executor or InlineExecutor()
+    local = _LocalFallback(spec)
+    candidates = _screen_all(layouts, executor, task, local)
     todo = sorted((c for c in candidates if c.status == "ok"),
                   key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
     screen_s = time.perf_counter() - start
@@ -1291,77 +1453,251 @@ def search(
     store = store or ResultStore()
     done = store.load(fingerprint)
     resumed = sum(1 for c in todo if c.layout.key in done)
-    task = Task(evaluator, (ctx.data, ctx.global_batch_size, fidelity, profile,
-                            str(ctx.base_dir) if ctx.base_dir else None))
-    executor = executor or InlineExecutor()
-    results: dict[str, Evaluation] = {}
-    judged: dict[str, Candidate] = {}
+    sweep = _Sweep(todo, done, store, fingerprint, top, prune, round_size,
+                   progress or (lambda _done, _total: None), local)
     try:
-        simulated = _run_rounds(todo, done, results, judged, screener, executor, task, store,
-                                fingerprint, top, prune, round_size, progress)
+        sweep.run(executor, task)
     finally:
         if own_store:
             store.close()
-    rows = _collect_rows(candidates, results, judged)
+    rows = _collect_rows(candidates, sweep.results, sweep.judged)
     counts = Counter(r.status for r in rows)
     return SearchResult(ctx.config.name, ctx.cluster.num_gpus, ctx.global_batch_size, rows,
                         time.perf_counter() - start, len(layouts), ctx.unsupported, pins,
-                        resumed, simulated, dict(counts), screen_s)
+                        resumed, sweep.simulated, dict(counts), screen_s,
+                        sweep.speculated, sweep.discarded, sweep.wasted_judged)
 
 
-def _run_rounds(todo: list[Candidate], done: Mapping[str, Evaluation],
-                results: dict[str, Evaluation], judged: dict[str, Candidate],
-                screener: Screener, executor: Executor, task: Task, store: ResultStore,
-                fingerprint: str, top: int, prune: bool, round_size: int,
-                progress: Progress | None) -> int:
-    """Judge ``todo`` (best bound first) round by round; returns how many were simulated.
+SCREEN_CHUNKS_PER_WORKER = 4
+"""Screening is split into this many chunks per worker (load balance against overhead)."""
+SCREEN_CHUNK_MIN = 256
+JUDGE_CHUNK = 8
+"""Candidates per judging work item."""
+LOOKAHEAD = 64
+"""How far past the sweep's frontier candidates are judged, and simulated speculatively."""
 
-    The first round holds the K best bounds, the next ``round_size`` each. Each
-    round is judged against the K-th best throughput of the rounds before it:
-    stored results are reused, layouts that cannot fit or cannot reach it are
-    set aside (:meth:`Screener.judge`), the rest are simulated on ``executor``
-    and stored one by one as they finish.
+
+class _LocalFallback:
+    """A :class:`SearchWorker` in this process, built only if a worker is lost mid-chunk."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self._worker: SearchWorker | None = None
+
+    def __call__(self, item: Any) -> Any:
+        if self._worker is None:
+            self._worker = SearchWorker(self.spec)
+        return self._worker(item)
+
+
+def _screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
+                local: Callable[[Any], Any]) -> list[Candidate]:
+    """Screen every layout, in chunks spread over the executor's workers; the candidates
+    come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
+    is screened here."""
+    n = len(layouts)
+    size = max(SCREEN_CHUNK_MIN, -(-n // (SCREEN_CHUNKS_PER_WORKER * max(1, executor.workers))))
+    if executor.workers <= 1:
+        size = n
+    chunks = [ScreenChunk(tuple(layouts[i:i + size])) for i in range(0, n, size)]
+    out: list[list[Candidate] | None] = [None] * len(chunks)
+    for i, outcome in executor.run(task, chunks):
+        out[i] = outcome if isinstance(outcome, list) else local(chunks[i])
+    return [c for chunk in out for c in chunk or ()]
+
+
+class _Sweep:
+    """Judges and simulates the screened candidates ``todo`` (best bound first) in rounds.
+
+    The semantics (what is simulated) are those of a serial sweep: the first round is
+    the K best bounds, the next ``round_size`` each; each round is judged against the
+    K-th best throughput of the rounds before it (:func:`_kth_best`); stored results are
+    reused; a layout that cannot fit or cannot reach the threshold is set aside, the
+    others are simulated and stored one by one as they finish; the sweep stops at the
+    first layout whose screening bound is below the threshold (the order is by that
+    bound). So the set of simulated layouts, not only the top K, is the same whatever
+    executor or number of workers runs it.
+
+    What workers do ahead of that serial order, to stay busy: judging (its verdict and
+    bound do not depend on the threshold, only the final comparison does) runs up to
+    :data:`LOOKAHEAD` candidates past the frontier, in chunks; and a free worker
+    simulates, speculatively, the next judged candidate that would be simulated under
+    the best threshold known so far (a lower bound of its round's threshold, which
+    only grows). A speculative result is kept only if the serial order reaches its
+    layout and simulates it; otherwise it is discarded, never stored. One process
+    (:class:`~sim.executors.InlineExecutor`) never speculates.
     """
-    report = progress or (lambda _done, _total: None)
-    total, finished, simulated = len(todo), 0, 0
-    report(0, total)
-    # the first round is the K best bounds: the threshold exists as soon as possible
-    bounds = [0, *range(min(top, total), total, round_size), total]
-    for first, end in zip(bounds, bounds[1:], strict=False):
-        threshold = _kth_best(results.values(), top) if prune else 0.0
-        run: list[Layout] = []
-        stop = None
-        for i in range(first, end):
+
+    def __init__(self, todo: list[Candidate], done: Mapping[str, Evaluation],
+                 store: ResultStore, fingerprint: str, top: int, prune: bool,
+                 round_size: int, report: Progress, local: Callable[[Any], Any]) -> None:
+        self.todo, self.done, self.store, self.fingerprint = todo, done, store, fingerprint
+        self.top, self.prune, self.report, self.local = top, prune, report, local
+        n = len(todo)
+        # round i covers todo[bounds[i]:bounds[i + 1]]; the first is the K best bounds
+        self.bounds = [0, *range(min(top, n), n, round_size), n]
+        self.results: dict[str, Evaluation] = {}
+        self.judged: dict[str, Candidate] = {}
+        self.verdicts: list[Candidate | None] = [None] * n
+        self.spec: dict[int, Evaluation] = {}
+        """Speculative results not (yet) wanted, by index into todo."""
+        self.sent: set[int] = set()
+        """Indices whose simulation was handed to a worker."""
+        self.need: list[int] = []
+        """Indices the serial order simulates, not yet handed out."""
+        self.waiting: set[int] = set()
+        """Indices the serial order simulates, result not in yet."""
+        self.judge_next = 0
+        self.pos = 0
+        """The frontier: every index before it is decided."""
+        self.round = 0
+        self.threshold = 0.0
+        self._known, self._known_at = 0.0, 0
+        """K-th best of all results so far (a lower bound of every later round's threshold),
+        and the number of results it was computed from."""
+        self._index = {c.layout.key: i for i, c in enumerate(todo)}
+        self.finished = 0
+        self.simulated = self.speculated = self.discarded = self.wasted_judged = 0
+
+    # ------------------------------------------------------------- serial order
+    def _round_of(self, i: int) -> int:
+        r = self.round
+        while self.bounds[r + 1] <= i:
+            r += 1
+        return r
+
+    def advance(self) -> None:
+        """Decide candidates in the serial order as far as the outcomes so far allow."""
+        self._advance()
+        self.report(self.finished, len(self.todo))
+
+    def _advance(self) -> None:
+        todo, n = self.todo, len(self.todo)
+        while self.pos < n:
+            i = self.pos
+            r = self._round_of(i)
+            if r != self.round:
+                if self.waiting:
+                    return  # the round's threshold needs the previous rounds' results
+                self.round = r
+                self.threshold = _kth_best(self.results.values(), self.top) if self.prune \
+                    else 0.0
             c = todo[i]
             key = c.layout.key
-            if key in done:
-                results[key] = done[key]
-            elif threshold > 0 and (c.tokens_bound or 0.0) < threshold:
-                stop = i  # ordered by this bound: no later layout can reach the threshold
-                break
-            else:
-                judged[key] = verdict = screener.judge(c, threshold)
-                if verdict.status == "ok":
-                    run.append(c.layout)
-                    continue
-            finished += 1
-        report(finished, total)
-        for index, outcome in executor.run(task, run) if run else ():
-            ev = _as_evaluation(outcome, run[index])
-            store.put(fingerprint, ev)
-            results[ev.key] = ev
-            simulated += 1
-            finished += 1
-            report(finished, total)
-        if stop is not None:
-            for c in todo[stop:]:
-                if c.layout.key in done:
-                    results[c.layout.key] = done[c.layout.key]
+            if key in self.done:
+                self.results[key] = self.done[key]
+            elif self.threshold > 0 and (c.tokens_bound or 0.0) < self.threshold:
+                self._stop(i)
+                return
+            elif (v := self.verdicts[i]) is None:
+                return
+            elif v.status == "ok" and self.threshold > 0 and (v.tokens_bound or 0.0) \
+                    < self.threshold:
+                self.judged[key] = replace(v, status="pruned")
+            elif v.status == "ok":
+                self.judged[key] = v
+                self.pos += 1
+                if i in self.spec:
+                    self._keep(i, self.spec.pop(i))
                 else:
-                    judged[c.layout.key] = replace(c, status="pruned")
-            report(total, total)
-            break
-    return simulated
+                    self.waiting.add(i)
+                    if i not in self.sent:
+                        self.need.append(i)
+                continue
+            else:
+                self.judged[key] = v
+            self.finished += 1
+            self.pos += 1
+
+    def _stop(self, first: int) -> None:
+        """Ordered by the screening bound: no layout from ``first`` on can reach the
+        threshold; stored results are still taken."""
+        for c in self.todo[first:]:
+            if c.layout.key in self.done:
+                self.results[c.layout.key] = self.done[c.layout.key]
+            else:
+                self.judged[c.layout.key] = replace(c, status="pruned")
+        self.wasted_judged = sum(1 for v in self.verdicts[first:] if v is not None)
+        self.pos = len(self.todo)
+        self.finished = len(self.todo)
+
+    def _keep(self, i: int, ev: Evaluation) -> None:
+        """A result the serial order wants: store it (its own transaction) and count it."""
+        self.store.put(self.fingerprint, ev)
+        self.results[ev.key] = ev
+        self.waiting.discard(i)
+        self.simulated += 1
+        self.finished += 1
+
+    # ------------------------------------------------------------- work for workers
+    def _floor(self, i: int) -> float:
+        """A lower bound of the threshold that ``todo[i]`` will be judged against: its
+        round's own if that round is being decided, else the K-th best result so far
+        (thresholds only grow as results come in)."""
+        if not self.prune:
+            return 0.0
+        if self.bounds[self.round] <= i < self.bounds[self.round + 1]:
+            return self.threshold
+        if self._known_at != len(self.results):
+            self._known_at = len(self.results)
+            self._known = _kth_best(self.results.values(), self.top)
+        return max(self.threshold, self._known)
+
+    def feed(self) -> JudgeChunk | SimulateOne | None:
+        """The most useful work for a free worker: a simulation the serial order waits
+        for, judging ahead of the frontier, a speculative simulation, or nothing."""
+        todo, n = self.todo, len(self.todo)
+        if self.need:
+            i = self.need.pop(0)
+            self.sent.add(i)
+            return SimulateOne(todo[i].layout)
+        end = min(n, self.pos + LOOKAHEAD)
+        self.judge_next = max(self.judge_next, self.pos)
+        chunk: list[int] = []
+        while self.judge_next < end and len(chunk) < JUDGE_CHUNK:
+            j = self.judge_next
+            if (todo[j].tokens_bound or 0.0) < self._floor(j):
+                break  # at or past the stop: never judged
+            if todo[j].layout.key not in self.done:
+                chunk.append(j)
+            self.judge_next += 1
+        if chunk:
+            return JudgeChunk(tuple(todo[j] for j in chunk), tuple(chunk))
+        for i in range(self.pos, end):
+            v, floor = self.verdicts[i], self._floor(i)
+            if v is None or (todo[i].tokens_bound or 0.0) < floor:
+                break
+            if (v.status == "ok" and (v.tokens_bound or 0.0) >= floor and i not in self.sent
+                    and todo[i].layout.key not in self.done):
+                self.sent.add(i)
+                self.speculated += 1
+                return SimulateOne(todo[i].layout)
+        return None
+
+    def on_outcome(self, item: JudgeChunk | SimulateOne, outcome: Any) -> None:
+        """Take a worker's answer (a lost worker's judging is redone here), then advance."""
+        if isinstance(item, JudgeChunk):
+            verdicts = outcome if isinstance(outcome, list) else self.local(item)
+            for i, v in zip(item.indices, verdicts, strict=True):
+                self.verdicts[i] = v
+        else:
+            i = self._index[item.layout.key]
+            ev = _as_evaluation(outcome, item.layout)
+            if i in self.waiting:
+                self._keep(i, ev)
+            else:
+                self.spec[i] = ev
+        self.advance()
+
+    def run(self, executor: Executor, task: Task) -> None:
+        """Run the sweep to its end on ``executor`` (``task`` builds a :class:`SearchWorker`)."""
+        self.report(0, len(self.todo))
+        self.advance()
+        for item, outcome in executor.stream(task, self.feed):
+            self.on_outcome(item, outcome)
+        if self.pos < len(self.todo) or self.waiting:
+            raise SimError(f"search stalled at layout {self.pos} of {len(self.todo)}")
+        self.discarded = len(self.spec)
 
 
 def _as_evaluation(outcome: Any, layout: Layout) -> Evaluation:

@@ -68,7 +68,7 @@ MESH = {"topology": "full-mesh", "link_bandwidth_GBps": 100.0, "link_latency_us"
 
 def experiment(tp: int, pp: int, dp: int, schedule: str = "1f1b", *, vpp: int = 1,
                layers: int = 8, cluster: dict | None = None, sp: bool = False,
-               zero: int = 1, m: int | None = None) -> Experiment:
+               zero: int = 1, m: int | None = None, **parallel: Any) -> Experiment:
     """GPT-3 1.3B shapes (fewer layers), sequence 1024, micro-batch 1, m = 2p by default."""
     c = {"preset": "dgx-a100-80g"} if cluster is None else dict(cluster)
     c["num_gpus"] = tp * pp * dp
@@ -77,7 +77,7 @@ def experiment(tp: int, pp: int, dp: int, schedule: str = "1f1b", *, vpp: int = 
         "model": {"preset": "gpt3-1.3b", "num_layers": layers, "seq_length": 1024},
         "cluster": c,
         "parallel": {"tp": tp, "pp": pp, "dp": dp, "vpp": vpp, "sequence_parallel": sp,
-                     "zero_stage": zero},
+                     "zero_stage": zero, **parallel},
         "training": {"micro_batch_size": 1, "global_batch_size": dp * (m or 2 * pp)},
         "schedule": schedule,
     })
@@ -166,6 +166,108 @@ def test_exact_zero_bubble_with_dp_on_dgx() -> None:
     """zb-h1 reduces a stage's gradients after its last W, when its sends are done: exact
     even with DP groups across servers (ZeRO-1 reduce-scatter, parameter all-gather)."""
     assert_agree(experiment(2, 4, 16, "zb-h1", layers=16), EXACT, skip=("exposed_pp",))
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+@pytest.mark.parametrize("tp,pp,dp,sp", [(1, 2, 2, False), (2, 2, 2, True), (2, 4, 2, False)])
+@pytest.mark.parametrize("dp_mode", [{"zero": 3}, {"zero": 0, "overlap_grad_reduce": True},
+                                     {"zero": 1, "overlap_grad_reduce": True,
+                                      "grad_bucket_MB": 40.0}])
+def test_exact_zero3_and_bucketed_reduction_on_a_full_mesh(
+        tp: int, pp: int, dp: int, sp: bool, schedule: str, vpp: int,
+        dp_mode: dict[str, Any]) -> None:
+    """ZeRO-3's per-layer gathers and reduce-scatters and overlapped gradient buckets are DP
+    collectives inside ops: the collapsed lowering cuts the op at them the way the full one
+    does, so on a full mesh everything agrees (DP exposure with tp = 1 only, as above)."""
+    skip = () if tp == 1 else ("exposed_pp", "exposed_dp")
+    exp = experiment(tp, pp, dp, schedule, vpp=vpp, cluster=MESH, sp=sp, **dp_mode)
+    assert_agree(exp, EXACT, skip=skip)
+
+
+def cp_experiment(tp: int, cp: int, pp: int, dp: int, schedule: str = "1f1b", vpp: int = 1,
+                  **parallel: Any) -> Experiment:
+    return Experiment.from_dict({
+        "name": f"tp{tp}-cp{cp}-pp{pp}-dp{dp}-{schedule}",
+        "model": {"preset": "gpt3-1.3b", "num_layers": 4, "seq_length": 4096},
+        "cluster": MESH | {"num_gpus": tp * cp * pp * dp},
+        "parallel": {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "vpp": vpp, **parallel},
+        "training": {"micro_batch_size": 1, "global_batch_size": dp * 2 * pp},
+        "schedule": schedule,
+    })
+
+
+@pytest.mark.parametrize("tp,cp,pp,dp,schedule,vpp,extra", [
+    (1, 2, 2, 1, "1f1b", 1, {}),
+    (1, 4, 1, 2, "1f1b", 1, {"zero_stage": 0}),
+    (2, 2, 2, 1, "zb-h1", 1, {"sequence_parallel": True}),
+    (1, 2, 2, 2, "interleaved", 2, {"overlap_grad_reduce": True}),
+])
+def test_exact_context_parallel_on_a_full_mesh(tp: int, cp: int, pp: int, dp: int,
+                                               schedule: str, vpp: int,
+                                               extra: dict[str, Any]) -> None:
+    """Ring attention's passes (point-to-point in the full program, one timed pass of the
+    representative GPU collapsed) agree exactly where nothing else shares their links."""
+    skip = () if tp == 1 else ("exposed_pp", "exposed_dp", "exposed_cp")
+    assert_agree(cp_experiment(tp, cp, pp, dp, schedule, vpp, **extra), EXACT, skip=skip)
+
+
+@pytest.mark.parametrize("tp,pp,dp,ep,schedule,vpp,overlap", [
+    (1, 2, 4, 2, "1f1b", 1, False), (1, 1, 4, 4, "1f1b", 1, False),
+    (1, 2, 2, 2, "interleaved", 2, False), (2, 2, 4, 2, "zb-h1", 1, False),
+    (2, 1, 4, 2, "zb-h1", 1, True),
+])
+def test_exact_expert_parallel_on_a_full_mesh(tp: int, pp: int, dp: int, ep: int,
+                                              schedule: str, vpp: int, overlap: bool) -> None:
+    """MoE all-to-alls over EP groups (timed with every EP group of the rank when
+    collapsed) and expert gradients over the expert-data-parallel groups. The all-to-alls
+    sit between an op's compute segments, so, as with TP, exposure is not compared (with
+    TP too, a folded op's blocking TP and EP communication is all reported as ``tp``)."""
+    exp = Experiment.from_dict({
+        "name": f"tp{tp}-pp{pp}-dp{dp}-ep{ep}-{schedule}",
+        "model": {"preset": "gpt3-1.3b", "num_layers": 4, "seq_length": 1024,
+                  "moe": {"num_experts": 4, "top_k": 2}},
+        "cluster": MESH | {"num_gpus": tp * pp * dp},
+        "parallel": {"tp": tp, "pp": pp, "dp": dp, "ep": ep, "vpp": vpp,
+                     "overlap_grad_reduce": overlap, "grad_bucket_MB": 40.0},
+        "training": {"micro_batch_size": 1, "global_batch_size": dp * 2 * pp},
+        "schedule": schedule,
+    })
+    assert_agree(exp, EXACT, skip=("exposed_pp", "exposed_dp", "exposed_ep", "exposed_tp"))
+
+
+@pytest.mark.parametrize("pp,parallel", [
+    (2, {"overlap_grad_reduce": True, "grad_bucket_MB": 40.0}),
+    (1, {"zero_stage": 3}),
+])
+def test_close_expert_parallel_with_dp_traffic_during_compute(pp: int,
+                                                              parallel: dict[str, Any]) -> None:
+    """DP collectives that run during the compute share pair links with the EP all-to-alls
+    (the DP ring 0-1-2-3 and the EP groups 0-1, 2-3), a contention between kinds the
+    collapsed run does not see: the last backward's buckets while the other stage still
+    runs all-to-alls (measured 0.05 % of the step), ZeRO-3's gathers and reduce-scatters
+    (1.0 %; the bubble ratio, idle / busy, is small here and compared as the bubble
+    fraction only)."""
+    exp = Experiment.from_dict({
+        "name": f"tp1-pp{pp}-dp4-ep2",
+        "model": {"preset": "gpt3-1.3b", "num_layers": 4, "seq_length": 1024,
+                  "moe": {"num_experts": 4, "top_k": 2}},
+        "cluster": MESH | {"num_gpus": 4 * pp},
+        "parallel": {"pp": pp, "dp": 4, "ep": 2, **parallel},
+        "training": {"micro_batch_size": 1, "global_batch_size": 4 * 2 * pp},
+    })
+    assert_agree(exp, CLOSE, exact_keys=("compute_busy_s_mean",),
+                 skip=("exposed_pp", "exposed_dp", "exposed_ep", "exposed_tp",
+                       "bubble_ratio"))
+
+
+def test_close_zero3_with_context_parallel() -> None:
+    """ZeRO-3 gathers over the DP x CP group share links with the CP ring passes, a
+    contention between kinds the collapsed run does not see (module docstring). Measured:
+    step 1.5 % apart; the bubble ratio (idle / busy, small here) is compared as the
+    bubble fraction only; exposure is compared with tp = 1 only (above)."""
+    assert_agree(cp_experiment(2, 2, 1, 2, zero_stage=3), CLOSE,
+                 exact_keys=("compute_busy_s_mean",),
+                 skip=("bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp"))
 
 
 # ----------------------------------------------------------------------------- close

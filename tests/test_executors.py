@@ -26,7 +26,7 @@ from sim.executors import (
     WorkerFailure,
     make_executor,
 )
-from sim.search import SearchResult, search
+from sim.search import ResultStore, SearchResult, search
 
 UPPER = Task(operator.methodcaller, ("upper",))
 """A task every worker can rebuild: ``item.upper()``."""
@@ -45,6 +45,67 @@ def test_inline_and_local_run_every_item_once() -> None:
             again = dict(executor.run(UPPER, items[:3]))  # the workers are reused
         assert got == {i: s.upper() for i, s in enumerate(items)}
         assert again == {0: "ITEM0", 1: "ITEM1", 2: "ITEM2"}
+
+
+def test_stream_feeds_items_from_the_outcomes_seen() -> None:
+    """``stream`` asks ``feed`` whenever a worker is free; the feed may wait (``None``) for
+    outcomes and derive new items from them: every item runs once, whatever runs it."""
+    for executor in (InlineExecutor(), LocalExecutor(2)):
+        seen: list[str] = []
+        queue = ["a", "b"]
+
+        def feed(queue: list[str] = queue) -> str | None:
+            return queue.pop(0) if queue else None
+
+        with executor:
+            for item, outcome in executor.stream(UPPER, feed):
+                seen.append(outcome)
+                if len(item) < 3:  # every outcome spawns two longer items
+                    queue += [item + "x", item + "y"]
+        assert sorted(seen) == sorted(s.upper() for s in
+                                      ("a", "b", "ax", "ay", "bx", "by", "axx", "axy", "ayx",
+                                       "ayy", "bxx", "bxy", "byx", "byy"))
+
+
+class _Recording(LocalExecutor):
+    """Local workers, recording the kind of every item handed out."""
+
+    def __init__(self, workers: int) -> None:
+        super().__init__(workers)
+        self.kinds: list[str] = []
+
+    def stream(self, task, feed):  # type: ignore[no-untyped-def]
+        def recorded():  # type: ignore[no-untyped-def]
+            item = feed()
+            if item is not None:
+                inner = item[1] if isinstance(item, tuple) else item
+                self.kinds.append(type(inner).__name__)
+            return item
+
+        return super().stream(task, recorded)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_screening_judging_and_speculation_on_workers_give_identical_results(
+        workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small chunks, so that screening, judging and speculative simulations all spread over
+    the workers: the rows (statuses, bounds, figures, ranks) are those of one process, and
+    only results the serial order wants are stored."""
+    import sim.search as search_module
+
+    monkeypatch.setattr(search_module, "SCREEN_CHUNK_MIN", 4)
+    monkeypatch.setattr(search_module, "JUDGE_CHUNK", 2)
+    inline = search(SMALL, pins=PINS_SMALL, top=3)
+    store = ResultStore()
+    with _Recording(workers) as executor:
+        spread = search(SMALL, pins=PINS_SMALL, top=3, executor=executor, store=store)
+    assert {"ScreenChunk", "JudgeChunk", "SimulateOne"} <= set(executor.kinds)
+    assert executor.kinds.count("ScreenChunk") >= 2 * workers
+    assert _same_results(spread, inline)
+    assert [(r.memory_bound_gib, r.tokens_bound) for r in spread.rows] == [
+        (r.memory_bound_gib, r.tokens_bound) for r in inline.rows]
+    assert spread.simulated == inline.simulated == store.count()
+    assert inline.speculated == inline.discarded == 0  # one process never speculates
 
 
 def _die_on(marker: str) -> object:

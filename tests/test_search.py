@@ -106,16 +106,19 @@ def test_enumeration_divides_correctly_without_duplicates() -> None:
         assert not lay.sequence_parallel or lay.tp > 1          # SP without TP: a no-op
         assert lay.pp > 1 or lay.schedule == "1f1b"             # one rank: one schedule
         assert lay.dp > 1 or lay.zero_stage == 0                # ZeRO needs replicas
-        assert (lay.cp, lay.ep) == (1, 1) and lay.zero_stage < 3  # not supported yet
+        assert lay.ep == 1                                      # a dense model
+        assert lay.cp == 1 or 2048 % (2 * lay.cp) == 0         # 2·cp equal sequence chunks
+        assert lay.zero_stage < 3 or "zero=3" not in ctx.unsupported  # as the probe finds
         assert lay.schedule != "seq1f1b"                        # synthetic models only
-    assert set(ctx.unsupported) >= {"cp=2", "ep=2", "zero=3", "schedule=seq1f1b"}
+    assert set(ctx.unsupported) >= {"ep=2", "schedule=seq1f1b"}
 
 
 def test_enumeration_is_complete_against_the_experiment_builder() -> None:
     """Every layout the experiment builder accepts (up to the documented duplicates) is
     enumerated, and every enumerated layout that screening keeps builds."""
     data = _data(cluster={"preset": "ideal", "num_gpus": 8}, training={"global_batch_size": 16})
-    pins = {"recompute": ("none",), "zero_stage": (1,), "sequence_parallel": (False,)}
+    pins = {"recompute": ("none",), "zero_stage": (1,), "sequence_parallel": (False,),
+            "cp": (1,)}
     ctx = SearchContext.build(data)
     found = set(enumerate_layouts(ctx, pins))
     base = build_experiment(_neutral_valid(data))
@@ -164,7 +167,7 @@ def test_enumeration_respects_pins() -> None:
         assert lay.schedule in ("interleaved", "zb-v") and lay.recompute == "none"
     assert {lay.vpp for lay in layouts if lay.schedule == "zb-v"} == {2}
     # a pin keeps values enumeration would drop as duplicates
-    one_rank = list(enumerate_layouts(ctx, parse_pins(["pp=1,schedule=gpipe,tp=1,zero=1"])))
+    one_rank = list(enumerate_layouts(ctx, parse_pins(["pp=1,schedule=gpipe,tp=1,zero=1,cp=1"])))
     assert one_rank and {(lay.schedule, lay.dp, lay.zero_stage) for lay in one_rank} == {
         ("gpipe", 16, 1)}
     with pytest.raises(ConfigError, match="unknown schedule"):
@@ -238,7 +241,7 @@ def test_memory_bound_is_the_simulated_peak_for_the_current_memory_model() -> No
 
 # ----------------------------------------------------------------------------- the sweep
 
-PINS_SMALL = parse_pins(["tp=1|2,pp=2|4,mbs=1|2,recompute=none,zero=1,sp=false"])
+PINS_SMALL = parse_pins(["tp=1|2,pp=2|4,mbs=1|2,recompute=none,zero=1,sp=false,cp=1|2"])
 
 
 @cache
@@ -292,7 +295,7 @@ class _FailingEvaluator(Evaluator):
 
     def experiment(self, layout: Layout):  # type: ignore[no-untyped-def]
         if layout.pp == 2 and layout.schedule == "zb-h1" and layout.micro_batch_size == 2 \
-                and layout.tp == 1:
+                and layout.tp == 1 and layout.cp == 1:
             raise RuntimeError("boom")
         return super().experiment(layout)
 
@@ -462,7 +465,8 @@ def test_a_killed_sweep_resumes_without_redoing_or_losing_work(tmp_path: Path) -
 
 # ----------------------------------------------------------------------------- Hagemann et al.
 
-HAGEMANN_SPACE = "tp=1|2|4|8,pp=1|2|4|8|16,mbs=1|2|4|8,recompute=none|full,schedule=1f1b,zero=1"
+HAGEMANN_SPACE = ("tp=1|2|4|8,pp=1|2|4|8|16,mbs=1|2|4|8,recompute=none|full,schedule=1f1b,zero=1,"
+                  "cp=1")
 """The measured layout space of Hagemann et al. 2023 (REFERENCES.md): 1F1B, ZeRO-1, TP up to
 8, PP up to 16, micro-batch up to 8, every-layer checkpointing or none, SP on or off."""
 

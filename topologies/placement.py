@@ -4,6 +4,10 @@ The order string lists parallel dimensions from innermost (fastest varying,
 adjacent GPU indices, so inside one server) to outermost. The default
 ``tp-cp-dp-pp`` keeps each TP group inside a server, as Megatron-LM does
 (Narayanan et al. 2021, sec. 3.3).
+
+Expert parallelism is carved out of DP (Megatron-LM): an EP group is ep
+consecutive DP ranks. The order may name it, ``tp-cp-ep-dp-pp``, only right
+inside ``dp`` (where it always is); it adds no dimension of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ class Placement:
     @classmethod
     def from_order(cls, order: str, tp: int, cp: int, dp: int, pp: int) -> Placement:
         dims = order.split("-")
+        if "ep" in dims:
+            at = dims.index("ep")
+            if at + 1 >= len(dims) or dims[at + 1] != "dp" or dims.count("ep") > 1:
+                raise ConfigError(f"parallel.placement={order!r}: 'ep' may only come right "
+                                  "before 'dp' (EP groups are consecutive DP ranks), e.g. "
+                                  "'tp-cp-ep-dp-pp'")
+            dims = dims[:at] + dims[at + 1:]
         if sorted(dims) != sorted(DIMS):
             raise ConfigError(
                 f"parallel.placement={order!r} must order each of {', '.join(DIMS)} once, "
@@ -63,6 +74,12 @@ class Placement:
 
     def degree(self, dim: str) -> int:
         return dict(self.sizes)[dim]
+
+    def ep_group(self, gpu: int, ep: int) -> tuple[int, ...]:
+        """The EP group of ``gpu``: the ep consecutive DP ranks around it, same tp, cp, pp."""
+        base = self.coords(gpu)
+        first = base["dp"] - base["dp"] % ep
+        return tuple(self.gpu(**{**base, "dp": first + i}) for i in range(ep))
 
     def group(self, dim: str, gpu: int) -> tuple[int, ...]:
         """The GPUs that differ from ``gpu`` only along ``dim``, in ring order."""

@@ -56,15 +56,73 @@ def merge_dims(*parts: tuple[tuple[float, float], ...]) -> tuple[tuple[float, fl
 
 @dataclass(frozen=True, slots=True)
 class CommSeg:
-    """A collective over the op's TP group."""
+    """A collective over the op's TP group (or, ``group="ep"``, its expert-parallel group)."""
 
     label: str
     kind: str
     op: str
     nbytes: float
+    group: str = "tp"
+    """``tp``: the op's TP group; ``ep``: the EP group of each GPU (MoE all-to-all)."""
 
 
-Segment = ComputeSeg | CommSeg
+@dataclass(frozen=True, slots=True)
+class ParamGather:
+    """Marker (ZeRO-3/FSDP): the compute after it needs ``nbytes`` of parameters (bf16, this
+    TP rank's shard of one layer) all-gathered over the DP group first.
+
+    The lowering issues the all-gather on the DP stream one layer ahead of use
+    (prefetch), so it overlaps the previous layer's compute (Rajbhandari et al.
+    2020, sec. 5.2 and 7.2; PyTorch FSDP's forward/backward prefetch).
+    """
+
+    label: str
+    nbytes: float
+    expert_nbytes: float = 0.0
+    """MoE with ep > 1: the layer's expert parameters on this GPU, gathered over the
+    replicas holding the same experts."""
+
+
+@dataclass(frozen=True, slots=True)
+class GradReady:
+    """Marker: the compute before it finished ``nbytes`` of weight gradients (bf16), one
+    layer's (or the head's or embedding's), ready to be reduced over the DP group.
+
+    Under ZeRO-3 the lowering reduce-scatters them at once (per layer); with
+    ``overlap_grad_reduce`` it packs them into buckets reduced while the final
+    backward runs (Megatron-LM ``--overlap-grad-reduce``; PyTorch DDP buckets,
+    Li et al. 2020, VLDB, sec. 3.2.3).
+    """
+
+    label: str
+    nbytes: float
+    expert_nbytes: float = 0.0
+    """MoE with ep > 1: expert gradient bytes, reduced over the replicas holding the same
+    experts instead of the whole DP group."""
+
+
+@dataclass(frozen=True, slots=True)
+class RingAttention:
+    """Context-parallel attention core (ring attention, Liu et al. 2023; Megatron-LM CP).
+
+    ``steps`` (= cp) blocks of ``block`` compute. Before block j >= 1, each GPU
+    of the CP ring receives from its predecessor the K/V block it holds
+    (``nbytes`` per pass; in backward also the accumulated dK/dV) and forwards
+    it to its successor after it arrived, so the pass of block j + 1 overlaps
+    the compute of block j (Megatron's all-gather/reduce-scatter of K/V "turned
+    into point-to-point communications in ring topology", docs
+    ``api-guide/context_parallel.rst``).
+    """
+
+    label: str
+    block: ComputeSeg
+    steps: int
+    nbytes: float
+    kind: str = "cp"
+
+
+Marker = ParamGather | GradReady
+Segment = ComputeSeg | CommSeg | ParamGather | GradReady | RingAttention
 
 
 def split_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
@@ -111,7 +169,10 @@ class SyntheticCosts:
     (Narayanan et al. 2021, sec. 5.1: 24 s h^2 + 4 s^2 h, halved by causal masking), for a 7B
     model (h = 4096) at s = 16k tokens, the long-sequence regime Seq1F1B targets."""
 
-    def op_segments(self, op: Op, split_backward: bool) -> tuple[Segment, ...]:
+    def op_segments(self, op: Op, split_backward: bool,
+                    markers: bool = False) -> tuple[Segment, ...]:
+        """The op's fixed-duration compute. ``markers`` is accepted for the cost-model
+        protocol; a synthetic op has no layers, so it marks nothing."""
         v = self.chunks_per_rank * (self.seq_chunks if op.seq >= 0 else 1)
         if op.kind == FORWARD:
             t = self.forward_s

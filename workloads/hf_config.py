@@ -1,7 +1,9 @@
 """Import a Hugging Face ``config.json`` as a ModelSpec. Pure, standard library only.
 
 Reads the keys the ``transformers`` configuration classes define for the
-LLaMA family (``llama``, ``mistral``, ``qwen2``: SwiGLU, RMSNorm, RoPE, GQA) and
+LLaMA family (``llama``, ``mistral``, ``qwen2``: SwiGLU, RMSNorm, RoPE, GQA;
+``mixtral``: its MLPs are ``num_local_experts`` experts of ``intermediate_size``,
+``num_experts_per_tok`` per token) and
 GPT-2 style models (``gpt2``, ``gpt_neox``, ``opt``-like: GeLU, LayerNorm).
 No network access and no ``transformers`` dependency.
 """
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import ConfigError
-from workloads.models import ModelSpec
+from workloads.models import ModelSpec, MoESpec
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "gemma", "mixtral")
 GPT_LIKE = ("gpt2", "gpt_neox", "gptj", "gpt_bigcode", "opt")
@@ -41,9 +43,10 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         raise ConfigError(f"model.hf_config: {str(p)!r} is not a JSON object")
     kind = str(cfg.get("model_type", "")).lower()
     where = str(p)
-    if cfg.get("num_local_experts") or cfg.get("num_experts"):
-        raise ConfigError(f"model.hf_config: {where!r} is a mixture-of-experts model "
-                          f"({kind}); MoE layers are not supported yet")
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts and kind not in LLAMA_LIKE:
+        raise ConfigError(f"model.hf_config: {where!r} is a mixture-of-experts model of "
+                          f"model_type {kind!r}; only LLaMA-like MoE configs (mixtral) are read")
     if kind in GPT_LIKE:
         h = _get(cfg, where, "n_embd", "hidden_size")
         return ModelSpec(
@@ -62,7 +65,14 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     if kind in LLAMA_LIKE or "intermediate_size" in cfg:
         heads = _get(cfg, where, "num_attention_heads")
         act = str(cfg.get("hidden_act", "silu")).lower()
+        moe = None
+        if experts:
+            moe = MoESpec(num_experts=int(experts),
+                          top_k=int(_get(cfg, where, "num_experts_per_tok",
+                                         "num_experts_per_token")),
+                          expert_ffn_hidden_size=_get(cfg, where, "intermediate_size"))
         return ModelSpec(
+            moe=moe,
             name=cfg.get("_name_or_path") or p.parent.name or kind or "hf-model",
             num_layers=_get(cfg, where, "num_hidden_layers"),
             hidden_size=_get(cfg, where, "hidden_size"),

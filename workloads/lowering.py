@@ -10,18 +10,26 @@ its consumers):
    (activations forward, gradients backward); the consumer depends on it;
 3. after the last backward of each stage, the DP gradient collective
    (all-reduce, or reduce-scatter under ZeRO >= 1);
-4. the optimizer step, then (ZeRO >= 1) the all-gather of updated parameters.
+4. the optimizer step, then (ZeRO 1/2) the all-gather of updated parameters.
+
+Ops that are more than a chain of compute and TP collectives go through
+:class:`_PieceLowering`, which cuts them at their markers: ZeRO-3's per-layer
+parameter gathers (prefetched one layer ahead) and gradient reduce-scatters,
+the gradient buckets of ``overlap_grad_reduce`` (then no step-end collective),
+context parallelism's ring attention and MoE all-to-alls over EP groups. The
+DP group is the DP x CP group; expert gradients are reduced over the replicas
+holding the same experts.
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from topologies.placement import Placement
-from workloads.costs import CommSeg, ComputeSeg, Segment
+from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import (
     BACKWARD,
@@ -39,7 +47,8 @@ class CostModel(Protocol):
 
     w_retained_fraction: float
 
-    def op_segments(self, op: Op, split_backward: bool) -> tuple[Segment, ...]: ...
+    def op_segments(self, op: Op, split_backward: bool,
+                    markers: bool = False) -> tuple[Segment, ...]: ...
     def activation_bytes_per_mb(self, stage: int) -> float: ...
     def p2p_bytes(self) -> float: ...
     def grad_bytes(self, stage: int) -> float: ...
@@ -108,13 +117,14 @@ def lower(
 def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int,
            collapse: Collapse | None) -> Program:
     """:func:`lower`, with the garbage collector paused by the caller."""
-    pp, tp, dp = placement.degree("pp"), placement.degree("tp"), placement.degree("dp")
+    pp, tp = placement.degree("pp"), placement.degree("tp")
     if schedule.num_ranks != pp:
         raise ValueError(f"schedule has {schedule.num_ranks} ranks but the layout has pp={pp}")
+    replicas = replica_coords(placement)
     if collapse is not None:
-        tp_lanes, dp_lanes = 1, 1
+        tp_lanes, lane_replicas = 1, replicas[:1]
     else:
-        tp_lanes, dp_lanes = tp, dp
+        tp_lanes, lane_replicas = tp, replicas
     b = ProgramBuilder()
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
@@ -125,9 +135,10 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
                 final_op[op.stage] = op
     order = topological_ops(schedule)
     index = {op: k for k, op in enumerate(order)}
-    # lanes[r][d]: the GPUs of TP lanes 0..tp_lanes-1 of pipeline rank r, DP lane d
-    lanes = [[[placement.gpu(tp=t, dp=d, pp=r) for t in range(tp_lanes)]
-              for d in range(dp_lanes)] for r in range(pp)]
+    # lanes[r][e]: the GPUs of TP lanes 0..tp_lanes-1 of pipeline rank r, replica e (a
+    # (cp, dp) coordinate)
+    lanes = [[[placement.gpu(tp=t, cp=c, dp=d, pp=r) for t in range(tp_lanes)]
+              for c, d in lane_replicas] for r in range(pp)]
     # last[(k, g)] / sent[(k, g)]: the instruction on GPU g that completes op order[k] /
     # delivers its output to g (keys are op positions in ``order``: cheap to hash)
     last: dict[tuple[int, int], int] = {}
@@ -141,6 +152,12 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     send_cache: dict[tuple[int, int], float] = {}
     p2p = costs.p2p_bytes()
     groups_of = schedule.groups
+    zero3 = zero_stage == 3 and len(replicas) > 1
+    overlap = bool(getattr(costs, "overlap_grad_reduce", False)) and len(replicas) > 1
+    cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
+    piecewise = (_PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
+                 if zero3 or overlap or cp_or_ep else None)
+    final_ops = set(final_op.values())
     for k, op in enumerate(order):
         r = owner[op.stage]
         generic = Op(op.stage, op.kind, 0, op.seq)
@@ -174,19 +191,26 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
             if collapse is not None:  # every replica's message crosses at once
                 link = (r, owner[consumer])
                 if link not in send_cache:
-                    pairs = tuple((placement.gpu(tp=u, dp=e, pp=r),
-                                   placement.gpu(tp=u, dp=e, pp=owner[consumer]))
-                                  for e in range(dp) for u in range(tp))
+                    pairs = tuple((placement.gpu(tp=u, cp=c, dp=e, pp=r),
+                                   placement.gpu(tp=u, cp=c, dp=e, pp=owner[consumer]))
+                                  for c, e in replicas for u in range(tp))
                     send_cache[link] = collapse.collective_s("send", pairs, p2p)
                 fixed = send_cache[link]
             what = "act" if member.kind == FORWARD else "grad"
             sends.append((index[member], member, owner[consumer], f"{member} {what}", fixed))
+        if piecewise is not None and (zero3 or cp_or_ep or op in final_ops):
+            gpus = [g for group in lanes[r] for g in group]
+            prev = {g: tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
+                    for g in gpus}
+            piecewise.emit(k, op, r, prev, alloc, free, last, pending,
+                     marked=zero3 or (overlap and op in final_ops))
+            _emit_sends(b, sends, lanes, r, k, last, sent, p2p)
+            continue
         if collapse is not None:
             (g,) = lanes[r][0]
             folded = fold_cache.get(generic)
             if folded is None:
-                groups = tuple(placement.group("tp", placement.gpu(pp=r, dp=e))
-                               for e in range(dp))
+                groups = tp_groups(placement, r)
                 folded = fold_cache[generic] = _fold(segs, collapse, groups)
             deps = tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
             last[(k, g)] = _emit_folded(b, g, op, op_name, folded, deps, alloc, free,
@@ -204,7 +228,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
             continue
         comm_names = {i: f"{op_name} {seg.label}" for i, seg in enumerate(segs)
                       if isinstance(seg, CommSeg)}
-        for d in range(dp_lanes):
+        for d in range(len(lanes[r])):
             gpus = lanes[r][d]
             prev = {g: tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
                     for g in gpus}
@@ -235,7 +259,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
                     sent[(j, dst)] = b.send(g, dst, p2p, "pp", name, (last[(k, g)],),
                                             stage=member.stage, mb=member.mb, duration_s=fixed)
 
-    _lower_step_end(b, schedule, costs, placement, zero_stage, last, final_op, index, collapse)
+    _lower_step_end(b, schedule, costs, placement, zero_stage, last, final_op, index, collapse,
+                    piecewise)
     coords = [placement.coords(g) for g in range(placement.num_gpus)]
     gpu_names = tuple(f"gpu{g} pp{c['pp']} dp{c['dp']} tp{c['tp']}" for g, c in enumerate(coords))
     static_of_rank = [costs.static_bytes(_stages_of(schedule, r)) for r in range(pp)]
@@ -295,12 +320,16 @@ class _Folded:
                            bool(self.leading or self.trailing or self.head is not None))
 
 
-def _comm_runs(segs: Sequence[Segment], collapse: Collapse,
-               groups: tuple[tuple[int, ...], ...]) -> tuple[_CommRun, ...]:
+Groups = tuple[tuple[int, ...], ...]
+
+
+def _comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
+               ep_groups: Groups = ()) -> tuple[_CommRun, ...]:
     runs: list[_CommRun] = []
     for seg in segs:
         assert isinstance(seg, CommSeg)
-        t = collapse.collective_s(seg.op, groups, seg.nbytes)
+        t = collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
+                                  seg.nbytes)
         if runs and runs[-1].kind == seg.kind:
             prev = runs[-1]
             runs[-1] = _CommRun(prev.kind, prev.op, f"{prev.label} + {seg.label}",
@@ -310,19 +339,20 @@ def _comm_runs(segs: Sequence[Segment], collapse: Collapse,
     return tuple(runs)
 
 
-def _block(segs: Sequence[Segment], collapse: Collapse,
-           groups: tuple[tuple[int, ...], ...]) -> _Block:
+def _block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
+           ep_groups: Groups = ()) -> _Block:
     work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
     comm = [seg for seg in segs if isinstance(seg, CommSeg)]
     kinds = sorted({seg.kind for seg in comm})
     return _Block(sum(collapse.compute_s(seg) for seg in work),
-                  sum(collapse.collective_s(seg.op, groups, seg.nbytes) for seg in comm),
+                  sum(collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
+                                            seg.nbytes) for seg in comm),
                   kinds[0] if len(kinds) == 1 else "tp",
                   sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work))
 
 
-def _fold(segs: tuple[Segment, ...], collapse: Collapse,
-          groups: tuple[tuple[int, ...], ...]) -> _Folded:
+def _fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
+          ep_groups: Groups = ()) -> _Folded:
     """Fold an op's segments for the representative GPU of a collapsed lowering.
 
     The compute segments, with the TP collectives between them, become one
@@ -334,11 +364,13 @@ def _fold(segs: tuple[Segment, ...], collapse: Collapse,
     stream, as in the full lowering, where the next op's compute does not wait
     for this op's closing collective (only the op's consumers do). Every
     collective is timed with all ``groups`` (the TP groups of every DP
-    replica of the pipeline rank) running it at once.
+    replica of the pipeline rank) running it at once; MoE all-to-alls with all
+    ``ep_groups`` (the rank's EP groups).
     """
+    eg = ep_groups
     compute_at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
     if not compute_at:  # no compute: one blocking fold
-        return _Folded((), _block(segs, collapse, groups), None, (), None, ())
+        return _Folded((), _block(segs, collapse, groups, eg), None, (), None, ())
     first, end = compute_at[0], compute_at[-1] + 1
     middle = segs[first:end]
     comm_at = [i for i, seg in enumerate(middle) if isinstance(seg, CommSeg)]
@@ -346,11 +378,12 @@ def _fold(segs: tuple[Segment, ...], collapse: Collapse,
     if comm_at:
         i = comm_at[0]
         j = next(k for k in range(i, len(middle)) if isinstance(middle[k], ComputeSeg))
-        head = _block(middle[:i], collapse, groups)
-        first_comm = _comm_runs(middle[i:j], collapse, groups)
-        rest = _block(middle[j:], collapse, groups)
-    return _Folded(_comm_runs(segs[:first], collapse, groups), _block(middle, collapse, groups),
-                   head, first_comm or (), rest, _comm_runs(segs[end:], collapse, groups))
+        head = _block(middle[:i], collapse, groups, eg)
+        first_comm = _comm_runs(middle[i:j], collapse, groups, eg)
+        rest = _block(middle[j:], collapse, groups, eg)
+    return _Folded(_comm_runs(segs[:first], collapse, groups, eg),
+                   _block(middle, collapse, groups, eg), head, first_comm or (), rest,
+                   _comm_runs(segs[end:], collapse, groups, eg))
 
 
 def _emit_runs(b: ProgramBuilder, g: int, op: Op, op_name: str, runs: tuple[_CommRun, ...],
@@ -397,6 +430,74 @@ def _emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: _Folde
     return last
 
 
+def replica_coords(placement: Placement) -> list[tuple[int, int]]:
+    """The (cp, dp) coordinates of the replicas of a pipeline rank's TP group."""
+    return [(c, d) for c in range(placement.degree("cp")) for d in range(placement.degree("dp"))]
+
+
+def grad_group(placement: Placement, t: int, r: int) -> tuple[int, ...]:
+    """The GPUs that reduce gradients together with TP lane ``t`` of pipeline rank ``r``:
+    the DP group times the CP group (Megatron's data-parallel-with-CP group), by GPU id."""
+    return tuple(sorted(placement.gpu(tp=t, cp=c, dp=d, pp=r)
+                        for c, d in replica_coords(placement)))
+
+
+def ep_groups(placement: Placement, r: int, ep: int) -> Groups:
+    """Every EP group of pipeline rank ``r``: ep consecutive DP ranks, same tp and cp."""
+    return tuple(placement.ep_group(placement.gpu(tp=t, cp=c, dp=d, pp=r), ep)
+                 for t in range(placement.degree("tp")) for c, d in replica_coords(placement)
+                 if d % ep == 0)
+
+
+def expert_groups(placement: Placement, t: int, r: int, ep: int) -> Groups:
+    """The groups that reduce expert gradients for TP lane ``t`` of rank ``r``: the DP x CP
+    replicas with the same EP rank (they hold the same experts), by GPU id."""
+    return tuple(tuple(sorted(placement.gpu(tp=t, cp=c, dp=d, pp=r)
+                              for c, d in replica_coords(placement) if d % ep == i))
+                 for i in range(ep))
+
+
+def tp_groups(placement: Placement, r: int) -> tuple[tuple[int, ...], ...]:
+    """Every TP group of pipeline rank ``r`` (one per (cp, dp) replica)."""
+    return tuple(placement.group("tp", placement.gpu(pp=r, cp=c, dp=d))
+                 for c, d in replica_coords(placement))
+
+
+ALL_TO_ALL_ALGO = "pairwise"
+"""MoE all-to-alls: the one all-to-all algorithm (NCCL's pairwise exchange)."""
+
+
+def _with_all_to_all(collapse: Collapse) -> Collapse:
+    """``collapse`` timing all-to-alls with :data:`ALL_TO_ALL_ALGO`.
+
+    The timer of :mod:`sim.commtime` is built for one algorithm (ring); a second
+    instance of the same class on the same cluster times the all-to-alls. Timers
+    of another shape are used as they are.
+    """
+    timer = collapse.collective_s
+    cluster = getattr(timer, "cluster", None)
+    if cluster is None:
+        return collapse
+    pairwise = type(timer)(cluster, algo=ALL_TO_ALL_ALGO)
+
+    def timed(op: str, groups: Groups, nbytes: float) -> float:
+        return (pairwise if op == "all_to_all" else timer)(op, groups, nbytes)
+
+    return replace(collapse, collective_s=timed)
+
+
+def _emit_sends(b: ProgramBuilder, sends: list, lanes: list[list[list[int]]], r: int, k: int,
+                last: Mapping[tuple[int, int], int], sent: dict[tuple[int, int], int],
+                p2p: float) -> None:
+    """Each pipeline send of op ``order[k]``, from every simulated lane of rank ``r``."""
+    for j, member, cr, name, fixed in sends:
+        for d, gpus in enumerate(lanes[r]):
+            for t, g in enumerate(gpus):
+                dst = lanes[cr][d][t]
+                sent[(j, dst)] = b.send(g, dst, p2p, "pp", name, (last[(k, g)],),
+                                        stage=member.stage, mb=member.mb, duration_s=fixed)
+
+
 def _stash_bytes(costs: CostModel, op: Op) -> float:
     """Activation bytes ``op``'s forward stashes and its backward (and W) frees.
 
@@ -427,12 +528,19 @@ def _lower_step_end(
     final_op: Mapping[int, Op],
     index: Mapping[Op, int],
     collapse: Collapse | None,
+    piecewise: _PieceLowering | None = None,
 ) -> None:
     """DP gradient collectives per stage (in the order stages finish), optimizer, ZeRO gather.
 
     ``last[(index[op], g)]`` is the instruction that completes ``op`` on GPU ``g``.
+    Stages whose gradients ``piecewise`` already reduced during their backward (buckets,
+    ZeRO-3) get no collective here; the optimizer waits for the GPU's last DP
+    collective instead. ZeRO-3 gathers no parameters after the optimizer (the
+    next step's forward gathers them layer by layer).
     """
-    pp, tp, dp = placement.degree("pp"), placement.degree("tp"), placement.degree("dp")
+    reduced = piecewise.reduced if piecewise is not None else set()
+    pp, tp = placement.degree("pp"), placement.degree("tp")
+    dp = len(replica_coords(placement))  # gradients are reduced over the DP x CP group
     stages = sorted(final_op, key=lambda s: index[final_op[s]])
     waits: dict[int, list[int]] = {g: [] for g in range(placement.num_gpus)}
     grad_op = "reduce_scatter" if zero_stage >= 1 else "all_reduce"
@@ -440,12 +548,11 @@ def _lower_step_end(
 
     def dp_collective(r: int, t: int, deps: dict[int, tuple[int, ...]], name: str, op: str,
                       nbytes: float, stage: int = -1) -> dict[int, int]:
-        group = tuple(placement.gpu(tp=t, dp=d, pp=r) for d in range(dp))
+        group = grad_group(placement, t, r)
         if collapse is None:
             return b.collective(group, deps, kind="dp", name=name, op=op, nbytes=nbytes,
                                 stage=stage)
-        groups = tuple(tuple(placement.gpu(tp=u, dp=d, pp=r) for d in range(dp))
-                       for u in range(tp))
+        groups = tuple(grad_group(placement, u, r) for u in range(tp))
         rep = group[0]
         return b.collective((rep,), deps, kind="dp", name=name, op=op, nbytes=nbytes,
                             stage=stage, duration_s=collapse.collective_s(op, groups, nbytes))
@@ -453,20 +560,47 @@ def _lower_step_end(
     def lane_gpus(r: int, t: int) -> tuple[int, ...]:
         if collapse is not None:
             return (placement.gpu(pp=r),)
-        return tuple(placement.gpu(tp=t, dp=d, pp=r) for d in range(dp))
+        return grad_group(placement, t, r)
+
+    ep = int(getattr(costs, "ep", 1))
+    expert_bytes = getattr(costs, "expert_grad_bytes", None)
+
+    def expert_collective(r: int, t: int, deps: Mapping[int, tuple[int, ...]], name: str,
+                          op: str, nbytes: float, stage: int = -1) -> dict[int, int]:
+        """MoE with ep > 1: the experts' collective over each expert-data-parallel group."""
+        if collapse is not None:
+            rep = placement.gpu(pp=r)
+            groups = tuple(grp for u in range(tp) for grp in expert_groups(placement, u, r, ep))
+            return b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
+                                nbytes=nbytes, stage=stage,
+                                duration_s=collapse.collective_s(op, groups, nbytes))
+        ids: dict[int, int] = {}
+        for group in expert_groups(placement, t, r, ep):
+            ids.update(b.collective(group, {g: deps[g] for g in group}, kind="dp", name=name,
+                                    op=op, nbytes=nbytes, stage=stage))
+        return ids
 
     for s in stages:
         r = schedule.stage_rank[s]
         for t in range(lanes):
             deps = {g: (last[(index[final_op[s]], g)],) for g in lane_gpus(r, t)}
             nbytes = costs.grad_bytes(s)
-            if dp > 1 and nbytes > 0:
+            if dp > 1 and nbytes > 0 and s not in reduced:
                 ids = dp_collective(r, t, deps, f"stage{s} grad {grad_op}", grad_op, nbytes, s)
                 for g, i in ids.items():
                     waits[g].append(i)
             else:
                 for g, d in deps.items():
                     waits[g].extend(d)
+            nbytes = expert_bytes(s) if expert_bytes is not None else 0.0
+            if nbytes > 0 and dp // ep > 1 and s not in reduced:
+                ids = expert_collective(r, t, deps, f"stage{s} expert grad {grad_op}", grad_op,
+                                        nbytes, s)
+                for g, i in ids.items():
+                    waits[g].append(i)
+    if piecewise is not None:
+        for g, i in piecewise.dp_last.items():
+            waits[g].append(i)
     for r in range(pp):
         mine = _stages_of(schedule, r)
         seg = costs.optimizer_segment(mine)
@@ -478,7 +612,408 @@ def _lower_step_end(
                                 hbm_bytes=seg.hbm_bytes, elementwise_bytes=seg.elementwise_bytes,
                                 duration_s=fixed)
                    for g in lane_gpus(r, t)}
-            if zero_stage >= 1 and dp > 1:
+            if zero_stage in (1, 2) and dp > 1:
                 nbytes = sum(costs.grad_bytes(s) for s in mine)
                 dp_collective(r, t, {g: (i,) for g, i in opt.items()}, "param all_gather",
                               "all_gather", nbytes)
+                nbytes = sum(expert_bytes(s) for s in mine) if expert_bytes is not None else 0.0
+                if nbytes > 0 and dp // ep > 1:
+                    expert_collective(r, t, {g: (i,) for g, i in opt.items()},
+                                      "expert param all_gather", "all_gather", nbytes)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A run of an op's segments between DP markers: the parameters it needs gathered
+    first (ZeRO-3), its compute and TP collectives, the gradients it finishes."""
+
+    gather: ParamGather | None
+    segs: tuple[Segment, ...]
+    ready: tuple[GradReady, ...]
+    compute_before: int
+    """Compute segments of the op before this piece (for where memory is allocated/freed)."""
+
+    @property
+    def num_compute(self) -> int:
+        return sum(isinstance(seg, ComputeSeg) for seg in self.segs)
+
+
+def split_pieces(segs: Sequence[Segment]) -> tuple[_Piece, ...]:
+    """Cut an op's marked segments into pieces: a :class:`ParamGather` opens a piece, a
+    :class:`GradReady` closes one (the segments after it start the next)."""
+    pieces: list[_Piece] = []
+    gather: ParamGather | None = None
+    body: list[Segment] = []
+    ready: list[GradReady] = []
+    before = 0
+
+    def close() -> None:
+        nonlocal gather, body, ready, before
+        if gather is not None or body or ready:
+            piece = _Piece(gather, tuple(body), tuple(ready), before)
+            pieces.append(piece)
+            before += piece.num_compute
+        gather, body, ready = None, [], []
+
+    for seg in segs:
+        if isinstance(seg, ParamGather):
+            close()
+            gather = seg
+        elif isinstance(seg, GradReady):
+            ready.append(seg)
+        else:
+            if ready:
+                close()
+            body.append(seg)
+    close()
+    return tuple(pieces)
+
+
+class _PieceLowering:
+    """Lowers ops that are more than a chain of compute and TP collectives (mutable state
+    of one lowering pass): DP collectives inside ops and context-parallel ring attention.
+
+    ZeRO-3 (Rajbhandari et al. 2020, sec. 5.3 and 7.2; PyTorch FSDP): before
+    each piece (a layer, the head) its parameters are all-gathered over the DP
+    group on the ``dp`` stream, issued one piece ahead (the gather for piece
+    n+1 waits only for piece n-1 to end, so it overlaps piece n; the first
+    piece of the rank's next op is prefetched during the last piece of this
+    one); after each piece's backward its gradients are reduce-scattered.
+    Every micro-batch gathers again and reduce-scatters its own gradients.
+
+    ``overlap_grad_reduce`` (Megatron-LM's ``--overlap-grad-reduce``, PyTorch
+    DDP buckets, Li et al. 2020): in the last backward (or W) of each stage,
+    gradients fill buckets of ``grad_bucket_bytes`` in backward order; a full
+    bucket is reduced (all-reduce, or reduce-scatter under ZeRO-1/2) as soon as
+    the piece that completes it ends; the remainder goes when the op ends.
+
+    All DP collectives of a GPU share its ``dp`` stream, in issue order (one stream per
+    communication kind): a gather queues behind reduce-scatters issued before it, e.g. the
+    first layers' gathers of a forward behind the previous backward's last reduce-scatter.
+    The gathered working set is memory of the ops (``transient_bytes``), not of these
+    instructions. The DP group is the DP x CP group (:func:`grad_group`).
+
+    Ring attention (:class:`~workloads.costs.RingAttention`): block j >= 1 of the
+    attention core waits for the K/V block sent to this GPU by its CP ring
+    predecessor; each GPU forwards a block once it has arrived. In the full
+    lowering these are point-to-point sends of kind ``cp``; collapsed, the
+    representative GPU's own send stands for its receive (every ring member
+    sends at once), timed with all ring pairs of the pipeline rank.
+
+    MoE (ep > 1): the all-to-alls (``CommSeg(group="ep")``) run over each EP
+    group of ep consecutive DP ranks; with ``overlap_grad_reduce`` the expert
+    gradients fill their own buckets, reduced over the replicas holding the
+    same experts (:func:`expert_groups`).
+    """
+
+    def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
+                 placement: Placement, zero_stage: int, collapse: Collapse | None,
+                 lanes: list[list[list[int]]]) -> None:
+        self.b, self.costs, self.placement = b, costs, placement
+        self.collapse = None if collapse is None else _with_all_to_all(collapse)
+        self.schedule, self.lanes = schedule, lanes
+        self.zero3 = zero_stage == 3
+        self.grad_op = "reduce_scatter" if zero_stage >= 1 else "all_reduce"
+        self.bucket_bytes = float(getattr(costs, "grad_bucket_bytes", 25e6))
+        self.tp = placement.degree("tp")
+        self.ep = int(getattr(costs, "ep", 1))
+        self.expert_replicas = len(replica_coords(placement)) // self.ep
+        """GPUs holding the same experts (the expert-data-parallel group size)."""
+        self.next_op = {op: ops[i + 1] for ops in schedule.rank_ops
+                        for i, op in enumerate(ops[:-1])}
+        self.cache: dict[tuple[Op, bool], tuple[_Piece, ...]] = {}
+        self.fold_cache: dict[tuple, _Folded] = {}
+        self.prefetched: dict[Op, dict[int, tuple[int, ...]]] = {}
+        """Gathers issued ahead for the first piece of an op, by GPU."""
+        self.ends: dict[int, list[int]] = {}
+        """Per GPU, the ends of its last two pieces."""
+        self.dp_last: dict[int, int] = {}
+        """Per GPU, its last DP collective issued during the ops."""
+        self.reduced: set[int] = set()
+        """Stages whose gradients were reduced during their ops (none left for the step end)."""
+        cp = placement.degree("cp")
+        self.ring_next = {g: placement.gpu(**{**placement.coords(g),
+                                              "cp": (placement.coords(g)["cp"] + 1) % cp})
+                          for g in range(placement.num_gpus)} if cp > 1 else {}
+
+    def pieces(self, op: Op, marked: bool) -> tuple[_Piece, ...]:
+        generic = Op(op.stage, op.kind, 0, op.seq)
+        hit = self.cache.get((generic, marked))
+        if hit is None:
+            split = self.schedule.split_backward
+            segs = self.costs.op_segments(generic, split, markers=True) if marked else \
+                self.costs.op_segments(generic, split)
+            hit = self.cache[(generic, marked)] = split_pieces(segs)
+        return hit
+
+    # ---------------------------------------------------------------- DP collectives
+    def _dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
+            nbytes: float, stage: int, mb: int) -> dict[int, int]:
+        """One DP collective per TP lane of pipeline rank ``r`` (one timed instruction on the
+        representative GPU when collapsed)."""
+        p, b = self.placement, self.b
+        if self.collapse is not None:
+            rep = p.gpu(pp=r)
+            groups = tuple(grad_group(p, u, r) for u in range(self.tp))
+            ids = b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
+                               nbytes=nbytes, stage=stage, mb=mb,
+                               duration_s=self.collapse.collective_s(op, groups, nbytes))
+        else:
+            ids = {}
+            for t in range(self.tp):
+                group = grad_group(p, t, r)
+                ids.update(b.collective(group, {g: deps[g] for g in group}, kind="dp",
+                                        name=name, op=op, nbytes=nbytes, stage=stage, mb=mb))
+        self.dp_last.update(ids)
+        return ids
+
+    def _gather(self, r: int, op: Op, gather: ParamGather, gpus: Sequence[int],
+                back: int) -> dict[int, tuple[int, ...]]:
+        """All-gather ``gather`` once the piece ``back`` pieces ago on each GPU has ended
+        (its experts' part over the replicas holding them); the ids by GPU."""
+        deps = {}
+        for g in gpus:
+            ends = self.ends.get(g, [])
+            deps[g] = (ends[-back],) if len(ends) >= back else ()
+        ids = self._dp(r, deps, f"{op} {gather.label} all_gather", "all_gather",
+                       gather.nbytes, op.stage, op.mb)
+        out = {g: (i,) for g, i in ids.items()}
+        if gather.expert_nbytes > 0 and self.expert_replicas > 1:
+            more = self._expert_dp(r, deps, f"{op} {gather.label} experts all_gather",
+                                   "all_gather", gather.expert_nbytes, op.stage, op.mb)
+            out = {g: out[g] + (more[g],) for g in out}
+        return out
+
+    def _end_piece(self, g: int, end: int) -> None:
+        ends = self.ends.setdefault(g, [])
+        ends.append(end)
+        del ends[:-2]
+
+    # ---------------------------------------------------------------- one op
+    def emit(self, k: int, op: Op, r: int, prev: dict[int, tuple[int, ...]], alloc: float,
+             free: float, last: dict[tuple[int, int], int], pending: list[float],
+             marked: bool) -> None:
+        """Emit ``op`` (position ``k`` of the lowering order) on every simulated GPU of
+        rank ``r``, starting after ``prev[g]``; its last instruction goes to ``last``.
+        ``marked``: with its DP markers (ZeRO-3, or the bucketed final backward)."""
+        pieces = self.pieces(op, marked)
+        total = sum(piece.num_compute for piece in pieces)
+        gpus = list(prev)
+        ahead = self.prefetched.pop(op, None)
+        bucket, n_buckets = 0.0, 0
+        expert_bucket, n_expert = 0.0, 0
+        for n, piece in enumerate(pieces):
+            if piece.gather is not None and ahead is None:
+                ahead = self._gather(r, op, piece.gather, gpus, 2)
+            gathered, ahead = ahead, None
+            follow = pieces[n + 1].gather if n + 1 < len(pieces) else None
+            if follow is not None:
+                ahead = self._gather(r, op, follow, gpus, 1)
+            elif n + 1 == len(pieces) and self.zero3 and op in self.next_op:
+                nxt = self.next_op[op]
+                first = self.pieces(nxt, True)[0].gather if self.pieces(nxt, True) else None
+                if first is not None:
+                    self.prefetched[nxt] = self._gather(r, nxt, first, gpus, 1)
+            if gathered is not None:
+                prev = {g: prev[g] + gathered[g] for g in gpus}
+            if piece.segs:
+                prev = self._emit_body(op, (n, marked), piece, r, prev, alloc, free, total,
+                                       pending, n + 1 == len(pieces))
+                for g in gpus:
+                    self._end_piece(g, prev[g][0])
+            for ready in piece.ready:
+                if self.zero3:
+                    self._dp(r, prev, f"{op} {ready.label} reduce_scatter", "reduce_scatter",
+                             ready.nbytes, op.stage, op.mb)
+                    if ready.expert_nbytes > 0 and self.expert_replicas > 1:
+                        self._expert_dp(r, prev, f"{op} {ready.label} experts reduce_scatter",
+                                        "reduce_scatter", ready.expert_nbytes, op.stage, op.mb)
+                    continue
+                bucket += ready.nbytes
+                while bucket >= self.bucket_bytes:
+                    self._bucket(r, op, prev, self.bucket_bytes, n_buckets)
+                    bucket -= self.bucket_bytes
+                    n_buckets += 1
+                expert_bucket += ready.expert_nbytes if self.expert_replicas > 1 else 0.0
+                while expert_bucket >= self.bucket_bytes:
+                    self._bucket(r, op, prev, self.bucket_bytes, n_expert, expert=True)
+                    expert_bucket -= self.bucket_bytes
+                    n_expert += 1
+        if not self.zero3 and any(piece.ready for piece in pieces):
+            if bucket > 0.5:  # bytes: what float sums leave over is not a bucket
+                self._bucket(r, op, prev, bucket, n_buckets)
+            if expert_bucket > 0.5:
+                self._bucket(r, op, prev, expert_bucket, n_expert, expert=True)
+            self.reduced.add(op.stage)
+        if self.zero3 and marked:
+            self.reduced.add(op.stage)
+        for g in gpus:
+            last[(k, g)] = prev[g][0]
+
+    def _bucket(self, r: int, op: Op, prev: Mapping[int, tuple[int, ...]], nbytes: float,
+                i: int, expert: bool = False) -> None:
+        """A gradient bucket's collective; ``expert``: over the expert-data-parallel groups."""
+        if not expert:
+            self._dp(r, prev, f"stage{op.stage} grad bucket{i} {self.grad_op}", self.grad_op,
+                     nbytes, op.stage, -1)
+            return
+        self._expert_dp(r, prev, f"stage{op.stage} expert grad bucket{i} {self.grad_op}",
+                        self.grad_op, nbytes, op.stage, -1)
+
+    def _expert_dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
+                   nbytes: float, stage: int, mb: int) -> dict[int, int]:
+        """A collective over each expert-data-parallel group of rank ``r`` (MoE, ep > 1)."""
+        p, b = self.placement, self.b
+        if self.collapse is not None:
+            rep = p.gpu(pp=r)
+            groups = tuple(grp for u in range(self.tp)
+                           for grp in expert_groups(p, u, r, self.ep))
+            ids = b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
+                               nbytes=nbytes, stage=stage, mb=mb,
+                               duration_s=self.collapse.collective_s(op, groups, nbytes))
+        else:
+            ids = {}
+            for t in range(self.tp):
+                for group in expert_groups(p, t, r, self.ep):
+                    ids.update(b.collective(group, {g: deps[g] for g in group}, kind="dp",
+                                            name=name, op=op, nbytes=nbytes, stage=stage,
+                                            mb=mb))
+        self.dp_last.update(ids)
+        return ids
+
+    def _emit_body(self, op: Op, key: tuple, piece: _Piece, r: int,
+                   prev: dict[int, tuple[int, ...]], alloc: float, free: float, total: int,
+                   pending: list[float], is_last: bool) -> dict[int, tuple[int, ...]]:
+        """A piece's compute, TP collectives and ring attention; each GPU's last instruction.
+
+        Memory: ``alloc`` goes with the op's first compute segment, ``free`` with its
+        last (of ``total``)."""
+        if self.collapse is not None:
+            return self._emit_collapsed(op, key, piece, r, prev, alloc, free, total, pending,
+                                        is_last)
+        b, op_name = self.b, str(op)
+        cur = dict(prev)
+        seen = piece.compute_before
+        for seg in piece.segs:
+            if isinstance(seg, RingAttention):
+                cur = self._ring_full(op, seg, cur)
+                continue
+            if isinstance(seg, ComputeSeg):
+                seen += 1
+            if isinstance(seg, CommSeg) and seg.group == "ep":
+                for group in ep_groups(self.placement, r, self.ep):
+                    ids = b.collective(group, {g: cur[g] for g in group}, kind=seg.kind,
+                                       name=f"{op_name} {seg.label}", op=seg.op,
+                                       nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
+                                       algo=ALL_TO_ALL_ALGO)
+                    for g in group:
+                        cur[g] = (ids[g],)
+                continue
+            for tp_group in self.lanes[r]:
+                if isinstance(seg, CommSeg):
+                    ids = b.collective(tuple(tp_group), {g: cur[g] for g in tp_group},
+                                       kind=seg.kind, name=f"{op_name} {seg.label}",
+                                       op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb)
+                else:
+                    label = op_name if seen == 1 else seg.label
+                    ids = {g: b.compute(g, op.kind, label, cur[g], flops=seg.flops,
+                                        hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
+                                        attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
+                                        elementwise_bytes=seg.elementwise_bytes,
+                                        stage=op.stage, mb=op.mb,
+                                        alloc_bytes=alloc if seen == 1 else 0.0,
+                                        free_bytes=free if seen == total else 0.0)
+                           for g in tp_group}
+                for g in tp_group:
+                    cur[g] = (ids[g],)
+        return cur
+
+    def _ring_full(self, op: Op, ring: RingAttention, cur: dict[int, tuple[int, ...]]
+                   ) -> dict[int, tuple[int, ...]]:
+        """Ring attention on every GPU of the rank: block j waits for the pass that brought
+        its K/V; the pass of block j + 1 leaves once block j's K/V arrived."""
+        b, blk = self.b, ring.block
+        start = dict(cur)
+        recv: dict[int, int] = {}
+        for j in range(ring.steps):
+            if j >= 1:
+                arrived = {}
+                for g in cur:
+                    dst = self.ring_next[g]
+                    arrived[dst] = b.send(g, dst, ring.nbytes, ring.kind,
+                                          f"{op} {ring.label} pass{j}",
+                                          start[g] if j == 1 else (recv[g],),
+                                          stage=op.stage, mb=op.mb)
+                recv = arrived
+            for g in cur:
+                deps = cur[g] + ((recv[g],) if j >= 1 else ())
+                cur[g] = (b.compute(g, op.kind, blk.label, deps, flops=blk.flops,
+                                    hbm_bytes=blk.hbm_bytes, attn_flops=blk.attn_flops,
+                                    elementwise_bytes=blk.elementwise_bytes,
+                                    gemm_dims=blk.gemm_dims, stage=op.stage, mb=op.mb),)
+        return cur
+
+    def _emit_collapsed(self, op: Op, key: tuple, piece: _Piece, r: int,
+                        prev: dict[int, tuple[int, ...]], alloc: float, free: float,
+                        total: int, pending: list[float], is_last: bool
+                        ) -> dict[int, tuple[int, ...]]:
+        """Collapsed: the piece's runs between ring attentions are folded like whole ops
+        (:func:`_fold`, with the same bookkeeping of the TP stream's closing collective);
+        each ring step is a timed pass and a compute block."""
+        b, op_name = self.b, str(op)
+        assert self.collapse is not None
+        (g,) = prev
+        deps = prev[g]
+        runs: list[list[Segment]] = [[]]
+        for seg in piece.segs:
+            if isinstance(seg, RingAttention):
+                runs += [[seg], []]
+            else:
+                runs[-1].append(seg)
+        runs = [run for run in runs if run]
+        seen = piece.compute_before
+        for i, run in enumerate(runs):
+            if isinstance(run[0], RingAttention):
+                deps = self._ring_collapsed(op, run[0], g, r, deps)
+                pending[r] = max(0.0, pending[r] - run[0].steps * self.collapse.compute_s(
+                    run[0].block))
+                continue
+            folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
+            if folded is None:
+                folded = _fold(tuple(run), self.collapse, tp_groups(self.placement, r),
+                               ep_groups(self.placement, r, self.ep))
+                self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
+            n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
+            a = alloc if seen == 0 and n_compute else 0.0
+            f = free if n_compute and seen + n_compute == total else 0.0
+            seen += n_compute
+            end = _emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r])
+            deps = (end,)
+            final = is_last and i + 1 == len(runs)
+            if folded.trailing:
+                pending[r] = folded.trailing_s if final else 0.0
+            elif folded.has_comm:
+                pending[r] = 0.0
+            else:
+                pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
+        return {g: deps}
+
+    def _ring_collapsed(self, op: Op, ring: RingAttention, g: int, r: int,
+                        deps: tuple[int, ...]) -> tuple[int, ...]:
+        assert self.collapse is not None
+        p = self.placement
+        pairs = tuple((x, self.ring_next[x]) for group in tp_groups(p, r) for x in group)
+        pass_s = self.collapse.collective_s("send", pairs, ring.nbytes)
+        block_s = self.collapse.compute_s(ring.block)
+        blk = ring.block
+        start, sent = deps, None
+        for j in range(ring.steps):
+            if j >= 1:
+                sent = self.b.collective((g,), {g: start if j == 1 else (sent,)}, kind=ring.kind,
+                                         name=f"{op} {ring.label} pass{j}", op="send",
+                                         nbytes=ring.nbytes, stage=op.stage, mb=op.mb,
+                                         duration_s=pass_s)[g]
+            deps = (self.b.compute(g, op.kind, blk.label, deps + ((sent,) if j >= 1 else ()),
+                                   duration_s=block_s, flops=blk.flops,
+                                   attn_flops=blk.attn_flops, stage=op.stage, mb=op.mb),)
+        return deps

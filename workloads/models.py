@@ -1,8 +1,33 @@
-"""Dense transformer model specs (GPT and LLaMA styles), presets, parameter and FLOP counts."""
+"""Transformer model specs (GPT and LLaMA styles, dense or mixture-of-experts), presets,
+parameter and FLOP counts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-experts MLP: every layer's MLP is ``num_experts`` experts and a router
+    sending each token to ``top_k`` of them (Shazeer et al. 2017; Mixtral, Jiang et al.
+    2024)."""
+
+    num_experts: int
+    """E, experts per layer."""
+    top_k: int
+    """k, experts each token is routed to."""
+    expert_ffn_hidden_size: int
+    """Inner size of one expert's MLP (same activation as the dense MLP)."""
+    capacity_factor: float | None = None
+    """None: dropless (Megatron's default; under balanced routing each expert computes
+    tokens·k/E rows). c: every expert's buffer holds c·tokens·k/E rows and is computed
+    whole, padded (GShard/Switch, Fedus et al. 2021, sec. 2.2): expert work and the
+    all-to-all bytes scale by max(c, 1)."""
+
+    @property
+    def load_factor(self) -> float:
+        """Expert rows computed (and dispatched) per routed token copy: max(c, 1)."""
+        return 1.0 if self.capacity_factor is None else max(self.capacity_factor, 1.0)
 
 
 @dataclass(frozen=True)
@@ -32,6 +57,8 @@ class ModelSpec:
     """Output projection shares the input embedding matrix."""
     position_embedding: str = "rope"
     """``learned`` (s·h parameters) or ``rope`` (none)."""
+    moe: MoESpec | None = None
+    """Mixture-of-experts MLPs in every layer; None = dense."""
 
     @property
     def head_dim(self) -> int:
@@ -57,14 +84,32 @@ class ModelSpec:
         biases = (2 * h + 2 * self.kv_dim) if self.norm == "layernorm" else 0
         return weights + biases
 
-    def mlp_params(self) -> int:
-        h, f = self.hidden_size, self.ffn_hidden_size
+    def _ffn_params(self, f: int) -> int:
+        h = self.hidden_size
         biases = (f * (self.mlp_matrices - 1) + h) if self.norm == "layernorm" else 0
         return self.mlp_matrices * h * f + biases
+
+    def expert_params(self) -> int:
+        """One expert's MLP (0 for a dense model)."""
+        return 0 if self.moe is None else self._ffn_params(self.moe.expert_ffn_hidden_size)
+
+    def router_params(self) -> int:
+        """The router's h x E gate (0 for a dense model)."""
+        return 0 if self.moe is None else self.hidden_size * self.moe.num_experts
+
+    def mlp_params(self) -> int:
+        """The MLP: dense, or all experts and the router."""
+        if self.moe is not None:
+            return self.moe.num_experts * self.expert_params() + self.router_params()
+        return self._ffn_params(self.ffn_hidden_size)
 
     def layer_params(self) -> int:
         """Parameters of one transformer block, two norms included."""
         return self.attention_params() + self.mlp_params() + 2 * self.norm_params
+
+    def layer_expert_params(self) -> int:
+        """The experts' share of :meth:`layer_params` (sharded by expert parallelism)."""
+        return 0 if self.moe is None else self.moe.num_experts * self.expert_params()
 
     def embedding_params(self) -> int:
         """Input embedding (and learned positions)."""
@@ -80,9 +125,22 @@ class ModelSpec:
         """N, all parameters."""
         return self.num_layers * self.layer_params() + self.embedding_params() + self.head_params()
 
+    def active_params(self) -> int:
+        """Parameters a token passes through: N less the experts it is not routed to,
+        N − l·(E − k)·expert_params (= N for a dense model)."""
+        if self.moe is None:
+            return self.num_params()
+        idle = self.moe.num_experts - self.moe.top_k
+        return self.num_params() - self.num_layers * idle * self.expert_params()
+
     def model_flops_per_token(self) -> float:
-        """6N + 12·l·h·s: PaLM's model FLOPs per token (Chowdhery et al. 2022, app. B)."""
-        return 6 * self.num_params() + 12 * self.num_layers * self.hidden_size * self.seq_length
+        """6·N + 12·l·h·s: PaLM's model FLOPs per token (Chowdhery et al. 2022, app. B).
+
+        For a mixture of experts N is the active parameter count (:meth:`active_params`):
+        only the top-k experts' weights touch a token, so 6·N_active + 12·l·h·s (capacity
+        padding is hardware work, not model FLOPs)."""
+        return (6 * self.active_params()
+                + 12 * self.num_layers * self.hidden_size * self.seq_length)
 
     def with_overrides(self, **fields) -> ModelSpec:
         return replace(self, **fields)
@@ -119,6 +177,10 @@ PRESETS: dict[str, ModelSpec] = {
         _gpt("gpt3-2.7b", 32, 2560, 32),
         _gpt("gpt3-6.7b", 32, 4096, 32),
         _gpt("gpt3-175b", 96, 12288, 96),
+        # Mixtral 8x7B (Jiang et al. 2024, table 1): 8 experts, top-2, 32k context,
+        # 46.7B parameters, 12.9B active.
+        replace(_llama("mixtral-8x7b", 32, 4096, 32, 14336, s=32768, kv=8),
+                moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=14336)),
     )
 }
 """Model presets by name."""

@@ -1,4 +1,4 @@
-"""Costs of a dense transformer split into pipeline stages and TP shards. Pure.
+"""Costs of a transformer split into pipeline stages, TP shards and CP/EP groups. Pure.
 
 Turns one pipeline op into the work its GPUs do, layer by layer, as
 :class:`~workloads.costs.ComputeSeg` (GEMM FLOPs and bytes, attention-core
@@ -15,16 +15,32 @@ Sources:
   rederived tensor by tensor so that GQA and SwiGLU MLPs are counted (the
   derivation reproduces their 34·sbh + 5·a·s²·b for GPT exactly).
 - Model states: mixed-precision Adam, 16 bytes per parameter, ZeRO-1/2/3
-  sharding, Rajbhandari et al. 2020 sec. 3.1.
+  sharding, Rajbhandari et al. 2020 sec. 3.1; ZeRO-3's gathered working set,
+  sec. 5.3.
+- Context parallelism: ring attention (Liu et al. 2023) as Megatron-LM runs it:
+  sequences split into 2·cp chunks (rank i: chunks i and 2cp − 1 − i) so each
+  CP rank has 1/cp of the tokens and of the causal attention work; K/V passed
+  around the CP ring, dK/dV too in backward (Megatron docs, context_parallel).
+- Mixture of experts: router + top-k experts per token, all-to-all dispatch and
+  combine over the EP group (Fedus et al. 2021; Megatron-LM MoE).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from workloads.costs import BF16, CommSeg, ComputeSeg, Segment, fuse_compute
+from workloads.costs import (
+    BF16,
+    CommSeg,
+    ComputeSeg,
+    GradReady,
+    ParamGather,
+    RingAttention,
+    Segment,
+    fuse_compute,
+)
 from workloads.models import ModelSpec
-from workloads.schedules import BACKWARD, FORWARD, Op
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 
 FP32 = 4
 
@@ -53,7 +69,7 @@ FLASH_BACKWARD_FACTOR = 2.5
 
 @dataclass(frozen=True)
 class TransformerCosts:
-    """Costs of a dense transformer split into pipeline stages and TP shards."""
+    """Costs of a transformer (dense or MoE) split into pipeline stages, TP shards, CP and EP."""
 
     model: ModelSpec
     micro_batch_size: int
@@ -70,11 +86,31 @@ class TransformerCosts:
     fused_norm: bool = True
     w_retained_fraction: float = 0.5
     """Share of a micro-batch's activations held from its B until its W (zero-bubble)."""
+    overlap_grad_reduce: bool = False
+    """Reduce DP gradient buckets while the final backward runs (Megatron-LM
+    ``--overlap-grad-reduce``); False: one collective per stage after it."""
+    grad_bucket_bytes: float = 25e6
+    """Gradient bytes per bucket with ``overlap_grad_reduce`` (PyTorch DDP's
+    ``bucket_cap_mb=25`` default)."""
+    cp: int = 1
+    """Context parallelism: each GPU holds s/cp tokens of every sequence (Megatron's
+    load-balanced split into 2·cp chunks, rank i holding chunks i and 2cp − 1 − i, so
+    causal attention work is even) and runs ring attention over the CP group."""
+    ep: int = 1
+    """Expert parallelism (MoE): the experts are split over EP groups of ep consecutive DP
+    ranks (Megatron carves EP out of DP); tokens travel by all-to-all to their experts."""
 
     # ------------------------------------------------------------- shapes
     @property
     def _tokens(self) -> float:
-        return self.micro_batch_size * self.model.seq_length
+        """Tokens of a micro-batch on one GPU: b·s/cp."""
+        return self.micro_batch_size * self.model.seq_length / self.cp
+
+    @property
+    def _shards(self) -> int:
+        """GPUs over which ZeRO shards model state: the DP group times the CP group
+        (Megatron reduces gradients and shards the distributed optimizer over dp·cp)."""
+        return self.dp * self.cp
 
     @property
     def _bsh(self) -> float:
@@ -97,22 +133,88 @@ class TransformerCosts:
         qkv_out = h + 2 * kv
         attn_flops = 2 * n * h * (qkv_out + h) / t
         attn_bytes = BF16 * (h * (qkv_out + h) / t + n * (h + 2 * qkv_out / t + h / t + h))
+        attn_dim = min(n, h / t)  # the TP-sharded dimension (h/t) or the token count
+        attn = ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=((attn_dim, attn_flops),))
+        if m.moe is not None:
+            return attn, self._expert_gemms()
         mlp_flops = 2 * n * h * f * m.mlp_matrices / t
         mid = f * (m.mlp_matrices - 1) / t
         mlp_bytes = BF16 * (h * f * m.mlp_matrices / t + n * (h + 2 * mid + 2 * f / t + h))
-        # the TP-sharded dimension (h/t for attention, f/t for the MLP) or the token count
-        attn_dim, mlp_dim = min(n, h / t), min(n, f / t)
-        return (ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=((attn_dim, attn_flops),)),
-                ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=((mlp_dim, mlp_flops),)))
+        mlp_dim = min(n, f / t)
+        return attn, ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=((mlp_dim, mlp_flops),))
+
+    @property
+    def _expert_rows(self) -> float:
+        """Token copies this GPU's experts compute per micro-batch: b·s/cp·k·max(c, 1) (the
+        same as the copies it dispatches, under balanced routing)."""
+        moe = self.model.moe
+        assert moe is not None
+        return self._tokens * moe.top_k * moe.load_factor
+
+    def _expert_gemms(self) -> ComputeSeg:
+        """Router and expert GEMMs of one MoE layer on one GPU (Fedus et al. 2021, sec. 2).
+
+        Router: 2·n·h·E FLOPs on the GPU's n tokens. Experts: each of the n·k·max(c, 1)
+        routed rows passes one expert MLP, 2·rows·h·f_e·(2 or 3 matrices)/t FLOPs (expert
+        TP = t); the E/ep local experts' weights are read once. Shape: rows per local
+        expert, n·k·max(c, 1)·ep/E, against f_e/t.
+        """
+        m, t, n = self.model, self.tp, self._tokens
+        moe = m.moe
+        assert moe is not None
+        h, f, mm = m.hidden_size, moe.expert_ffn_hidden_size, m.mlp_matrices
+        rows = self._expert_rows
+        router = 2 * n * h * moe.num_experts
+        experts = 2 * rows * h * f * mm / t
+        local = moe.num_experts / self.ep
+        mid = f * (mm - 1) / t
+        nbytes = BF16 * (local * h * f * mm / t + h * moe.num_experts
+                         + rows * (h + 2 * mid + 2 * f / t + h))
+        dim = min(rows * self.ep / moe.num_experts, f / t)
+        return ComputeSeg("mlp", router + experts, nbytes,
+                          gemm_dims=((min(n, moe.num_experts), router), (dim, experts)))
+
+    def _moe_body(self, seg: ComputeSeg, name: str, backward: bool) -> list[Segment]:
+        """The MLP of a MoE layer: with ep > 1, all-to-all dispatch of the routed token
+        copies to their experts' GPUs and all-to-all combine back (backward: the same two
+        in reverse), b·s/cp·k·max(c, 1)·h bf16 per GPU each (REFERENCES.md)."""
+        if self.ep == 1:
+            return [seg]
+        nbytes = BF16 * self._expert_rows * self.model.hidden_size
+        first, second = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
+        return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep"), seg,
+                CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep")]
 
     def _core_forward_flops(self) -> float:
-        """Attention-core FLOPs the kernel executes forward (causal flash: half of 4·b·s²·h/t)."""
+        """Attention-core FLOPs the kernel executes forward (causal flash: half of 4·b·s²·h/t),
+        divided by cp: the load-balanced split gives every CP rank the same causal share."""
         full = 4 * self.micro_batch_size * self.model.seq_length ** 2 * self.model.hidden_size
-        return full / self.tp / (2 if self._flash else 1)
+        return full / self.tp / (2 if self._flash else 1) / self.cp
 
     def _scores_elements(self) -> float:
         m = self.model
-        return self.micro_batch_size * m.num_attention_heads * m.seq_length ** 2 / self.tp
+        return (self.micro_batch_size * m.num_attention_heads * m.seq_length ** 2 / self.tp
+                / self.cp)
+
+    def _kv_pass_bytes(self) -> float:
+        """K and V of one CP chunk on one TP rank, bf16: 2·2·(b·s/cp)·kv_dim/t bytes."""
+        return 2 * BF16 * self._tokens * self.model.kv_dim / self.tp
+
+    def _attention_parts(self, seg: ComputeSeg, core_flops: float, name: str,
+                         backward: bool) -> list[Segment]:
+        """The attention block with CP: QKV GEMMs, ring attention core, output projection
+        (reversed in backward, where dK/dV travel with K/V: twice the bytes per pass).
+
+        The block's GEMM work is split by FLOPs, (h + 2·kv)/(2h + 2·kv) to the QKV
+        projection; its memory-bound kernels go with the QKV part (norm, RoPE)."""
+        m = self.model
+        qkv_share = (m.hidden_size + 2 * m.kv_dim) / (2 * m.hidden_size + 2 * m.kv_dim)
+        qkv = _scaled(seg, f"{name} qkv", qkv_share, elementwise_bytes=seg.elementwise_bytes)
+        proj = _scaled(seg, f"{name} proj", 1 - qkv_share)
+        block = ComputeSeg(f"{name} core", attn_flops=core_flops / self.cp)
+        ring = RingAttention(f"{name} ring", block, self.cp,
+                             self._kv_pass_bytes() * (2 if backward else 1))
+        return [proj, ring, qkv] if backward else [qkv, ring, proj]
 
     def _elementwise_forward(self) -> tuple[float, float]:
         """Bytes of memory-bound kernels of one layer forward: (attention block, MLP block)."""
@@ -123,31 +225,45 @@ class TransformerCosts:
         rope = ROPE_BYTES * n * (h + m.kv_dim) / t if m.position_embedding == "rope" else 0.0
         softmax = 0.0 if self._flash else (
             SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
-        act = (SWIGLU_BYTES if m.ffn_type == "swiglu" else GELU_BYTES) * n * m.ffn_hidden_size / t
+        act_bytes = SWIGLU_BYTES if m.ffn_type == "swiglu" else GELU_BYTES
+        if m.moe is not None:  # activation on the routed rows, plus permute and unpermute
+            rows = self._expert_rows
+            act = (act_bytes * rows * m.moe.expert_ffn_hidden_size / t
+                   + 2 * 2 * BF16 * rows * m.hidden_size)
+        else:
+            act = act_bytes * n * m.ffn_hidden_size / t
         return norm + residual + rope + softmax, norm + residual + act
 
     # ------------------------------------------------------------- segments
-    def _block(self, label: str, compute: ComputeSeg) -> list[Segment]:
+    def _block(self, label: str, compute: ComputeSeg | list[Segment]) -> list[Segment]:
         """A TP-sharded block and its collectives (Megatron's f and g operators).
 
         Without SP: compute, then an all-reduce of the b·s·h output. With SP
         (Korthikanti et al. 2022, sec. 4.2.2): all-gather the sequence-split
         input, compute, reduce-scatter the output; the same bytes on the wire.
         """
+        body = compute if isinstance(compute, list) else [compute]
         if self.tp == 1:
-            return [compute]
+            return body
         nbytes = BF16 * self._bsh
         if self.sequence_parallel:
-            return [CommSeg(f"{label} all-gather", "tp", "all_gather", nbytes), compute,
+            return [CommSeg(f"{label} all-gather", "tp", "all_gather", nbytes), *body,
                     CommSeg(f"{label} reduce-scatter", "tp", "reduce_scatter", nbytes)]
-        return [compute, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes)]
+        return [*body, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes)]
 
     def _layer_forward(self, name: str) -> list[Segment]:
         attn, mlp = self._gemms()
         ew_attn, ew_mlp = self._elementwise_forward()
+        mlp_seg: ComputeSeg | list[Segment] = replace(mlp, label=f"{name} mlp",
+                                                      elementwise_bytes=ew_mlp)
+        if self.model.moe is not None:
+            mlp_seg = self._moe_body(mlp_seg, f"{name} mlp", backward=False)
+        if self.cp > 1:
+            attn_parts = self._attention_parts(replace(attn, elementwise_bytes=ew_attn),
+                                               self._core_forward_flops(), name, backward=False)
+            return self._block(f"{name} attn", attn_parts) + self._block(f"{name} mlp", mlp_seg)
         attn_seg = replace(attn, label=f"{name} attn", attn_flops=self._core_forward_flops(),
                            elementwise_bytes=ew_attn)
-        mlp_seg = replace(mlp, label=f"{name} mlp", elementwise_bytes=ew_mlp)
         return self._block(f"{name} attn", attn_seg) + self._block(f"{name} mlp", mlp_seg)
 
     def _layer_backward(self, name: str, weight_grad_deferred: bool) -> list[Segment]:
@@ -164,10 +280,17 @@ class TransformerCosts:
                 SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
             segs.append(ComputeSeg(f"recompute {name} core", attn_flops=self._core_forward_flops(),
                                    elementwise_bytes=softmax))
-        mlp_seg = _scaled(mlp, f"{name} mlp bwd", 1 + wg,
-                          elementwise_bytes=BACKWARD_ELEMENTWISE * ew_mlp)
+        mlp_seg: ComputeSeg | list[Segment] = _scaled(
+            mlp, f"{name} mlp bwd", 1 + wg, elementwise_bytes=BACKWARD_ELEMENTWISE * ew_mlp)
+        if self.model.moe is not None:
+            mlp_seg = self._moe_body(mlp_seg, f"{name} mlp bwd", backward=True)
         attn_seg = _scaled(attn, f"{name} attn bwd", 1 + wg, attn_flops=core,
                            elementwise_bytes=BACKWARD_ELEMENTWISE * ew_attn)
+        if self.cp > 1:
+            attn_parts = self._attention_parts(replace(attn_seg, attn_flops=0.0), core,
+                                               f"{name} bwd", backward=True)
+            return segs + self._block(f"{name} mlp bwd", mlp_seg) + self._block(
+                f"{name} attn bwd", attn_parts)
         return segs + self._block(f"{name} mlp bwd", mlp_seg) + self._block(f"{name} attn bwd",
                                                                            attn_seg)
 
@@ -188,20 +311,51 @@ class TransformerCosts:
         start = sum(self.stage_layers[:stage])
         return range(start, start + self.stage_layers[stage])
 
-    def op_segments(self, op: Op, split_backward: bool) -> tuple[Segment, ...]:
+    def op_segments(self, op: Op, split_backward: bool,
+                    markers: bool = False) -> tuple[Segment, ...]:
+        """The op's compute and TP collectives, in execution order, on one TP rank.
+
+        With ``markers`` the list also holds :class:`~workloads.costs.GradReady`
+        after each layer's weight gradients (and the head's, and the
+        embedding's at the end of stage 0's backward) and, under ZeRO-3,
+        :class:`~workloads.costs.ParamGather` before each layer's forward and
+        input-gradient compute. The lowering turns them into DP collectives;
+        without markers (the default) the list is the same work, fused.
+        """
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
+        gather = markers and self.zero_stage == 3
         segs: list[Segment] = []
         if op.kind == FORWARD:
             for layer in layers:
+                if gather:
+                    segs.append(ParamGather(f"L{layer} params",
+                                            self._gather_bytes(op.stage, layer),
+                                            self._layer_expert_grad_bytes()))
                 segs += self._layer_forward(f"L{layer}")
             if last:
+                if gather:
+                    segs.append(ParamGather("head params", self._head_gather_bytes()))
                 segs.append(self._head(backward=False))
         elif op.kind == BACKWARD:
+            ready = markers and not split_backward
             if last:
+                if gather:
+                    segs.append(ParamGather("head params", self._head_gather_bytes()))
                 segs.append(self._head(backward=True, weight_grad_deferred=split_backward))
+                if ready:
+                    segs.append(GradReady("head grads", self._head_grad_bytes(op.stage)))
             for layer in reversed(layers):
+                if gather:
+                    segs.append(ParamGather(f"L{layer} params", BF16 * self._layer_params_tp,
+                                            self._layer_expert_grad_bytes()))
                 segs += self._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
+                if ready:
+                    segs.append(GradReady(f"L{layer} grads",
+                                          self._layer_grad_bytes(op.stage, layer),
+                                          self._layer_expert_grad_bytes()))
+        elif markers:
+            segs += self._weight_grads_marked(op.stage, layers, last)
         else:
             attn, mlp = self._gemms()
             k = len(layers)
@@ -210,6 +364,93 @@ class TransformerCosts:
                 segs.append(_scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
         return tuple(fuse_compute(segs, str(op)))
+
+    def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
+        """A zero-bubble W op layer by layer (head first, then the layers in backward order),
+        each followed by its :class:`~workloads.costs.GradReady`."""
+        attn, mlp = self._gemms()
+        segs: list[Segment] = []
+        if last:
+            segs += [_scaled(self._head(backward=False), "weight grads", 1,
+                             elementwise_bytes=0.0),
+                     GradReady("head grads", self._head_grad_bytes(stage))]
+        for layer in reversed(layers):
+            segs += [_scaled(attn, "weight grads", 1), _scaled(mlp, "weight grads", 1),
+                     GradReady(f"L{layer} grads", self._layer_grad_bytes(stage, layer),
+                               self._layer_expert_grad_bytes())]
+        return segs
+
+    # ------------------------------------------------------------- DP units (buckets, ZeRO-3)
+    @property
+    def _layer_params_tp(self) -> float:
+        """Parameters of one transformer block on one TP rank (with ep > 1: without the
+        experts, which are reduced apart)."""
+        m = self.model
+        experts = m.layer_expert_params() if self.ep > 1 else 0
+        return (m.layer_params() - experts) / self.tp
+
+    def _layer_expert_grad_bytes(self) -> float:
+        """One layer's expert gradient bytes on one GPU when ep > 1 (E/ep experts), else 0."""
+        if self.ep == 1:
+            return 0.0
+        return BF16 * self.model.layer_expert_params() / self.tp / self.ep
+
+    def _head_gather_bytes(self) -> float:
+        """bf16 bytes the head needs gathered: final norm and the h x V output projection
+        (the embedding matrix itself when tied), on one TP rank."""
+        m = self.model
+        return BF16 * (m.norm_params + m.vocab_size * m.hidden_size) / self.tp
+
+    def _gather_bytes(self, stage: int, layer: int) -> float:
+        """Forward gather before ``layer``: its parameters, with the input embedding (and
+        learned positions) before the first layer of stage 0."""
+        extra = self.model.embedding_params() / self.tp if layer == 0 and stage == 0 else 0.0
+        return BF16 * (self._layer_params_tp + extra)
+
+    def _head_grad_bytes(self, stage: int) -> float:
+        """Gradient bytes of the last stage beyond its layers and embedding: final norm,
+        output projection, and the tied embedding copy a pipelined last stage keeps."""
+        m, t = self.model, self.tp
+        n = m.head_params() / t
+        if m.tied_embeddings and len(self.stage_layers) > 1:
+            n += m.vocab_size * m.hidden_size / t
+        return BF16 * n
+
+    def _layer_grad_bytes(self, stage: int, layer: int) -> float:
+        """Gradient bytes ready after ``layer``'s backward; the first layer of stage 0 also
+        carries the embedding's (its backward is a scatter-add, not timed)."""
+        extra = self.model.embedding_params() / self.tp if layer == 0 and stage == 0 else 0.0
+        return BF16 * (self._layer_params_tp + extra)
+
+    def zero3_working_bytes(self, op: Op) -> float:
+        """Gathered ZeRO-3 state an op holds while it runs, on one TP rank (bf16).
+
+        Parameters are gathered one unit (layer, embedding, head) ahead of use
+        and freed after it (Rajbhandari et al. 2020, sec. 5.3), so at most two
+        consecutive units are whole at once: F and B hold the largest sum of two
+        consecutive gather units; B and W also hold one unit's whole gradient
+        until its reduce-scatter (the largest). Uniform layers, no embedding or
+        head on the stage: F = 2·P, B = 3·P, W = P with P = 2·layer_params/t.
+        The backward gathers no embedding (its gradient is a scatter-add). None
+        without DP (nothing is sharded).
+        """
+        if self.zero_stage != 3 or self._shards == 1 or op.kind not in (FORWARD, BACKWARD,
+                                                                    WEIGHT_GRAD):
+            return 0.0
+        last = op.stage == len(self.stage_layers) - 1
+        layers = self._stage_layers(op.stage)
+        experts = self._layer_expert_grad_bytes()  # ep > 1: this GPU's experts, gathered apart
+        grads = [self._layer_grad_bytes(op.stage, i) + experts for i in layers]
+        if last:
+            grads.append(self._head_grad_bytes(op.stage))
+        if op.kind == WEIGHT_GRAD:
+            return max(grads)
+        units = [(self._gather_bytes(op.stage, i) if op.kind == FORWARD
+                  else BF16 * self._layer_params_tp) + experts for i in layers]
+        if last:
+            units.append(self._head_gather_bytes())
+        pairs = max((a + b for a, b in zip(units, units[1:], strict=False)), default=units[0])
+        return pairs + (max(grads) if op.kind == BACKWARD else 0.0)
 
     # ------------------------------------------------------------- memory
     def layer_activation_bytes(self) -> float:
@@ -223,7 +464,10 @@ class TransformerCosts:
         matrix 5·a·s/h (Korthikanti's softmax, dropout mask and output) unless
         the attention kernel is flash or attention is recomputed. Full
         recomputation keeps only the layer input (2). For GPT (kv = h, f = 4h)
-        this is exactly Korthikanti's s·b·h·(10 + 24/t + 5·a·s/(h·t)).
+        this is exactly Korthikanti's s·b·h·(10 + 24/t + 5·a·s/(h·t)). MoE: the MLP
+        intermediates are per routed row (k·max(c, 1) rows a token, expert inner size),
+        plus the dispatched copies of the MLP input (2·k·max(c, 1)). With CP, s·b·h is
+        the GPU's s/cp tokens.
         """
         m, t = self.model, self.tp
         if self.recompute == "full":
@@ -231,6 +475,10 @@ class TransformerCosts:
         dropout = 2 if m.norm == "layernorm" else 0
         replicated = (8 + dropout) / self._sp_div
         ratio = m.ffn_hidden_size / m.hidden_size
+        if m.moe is not None:  # per routed row, and the dispatched copies themselves
+            rows = m.moe.top_k * m.moe.load_factor
+            ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * rows
+            replicated += 2 * rows / self._sp_div
         mlp = (8 if m.ffn_type == "swiglu" else 4) * ratio
         split = (2 * (m.hidden_size + 2 * m.kv_dim) / m.hidden_size + 2 + mlp) / t
         scores = 0.0
@@ -245,9 +493,11 @@ class TransformerCosts:
         activations, plus with full recomputation the recomputed layer's
         activations. Last stage, forward and backward: the fp32 softmax of the
         vocabulary-parallel cross entropy and its gradient, 8·b·s·V/t bytes.
+        ZeRO-3: the gathered parameters and unreduced gradients
+        (:meth:`zero3_working_bytes`).
         """
         layer = replace(self, recompute="none").layer_activation_bytes()
-        total = 0.0
+        total = self.zero3_working_bytes(op)
         if op.kind == BACKWARD:
             total += layer * (2 if self.recompute == "full" else 1)
         if op.stage == len(self.stage_layers) - 1 and op.kind in (FORWARD, BACKWARD):
@@ -273,10 +523,15 @@ class TransformerCosts:
         """
         return BF16 * self._bsh / self.tp
 
+    def stage_expert_params(self, stage: int) -> float:
+        """Expert parameters of a stage on one GPU: its E/ep experts of each layer, TP-split."""
+        return self.stage_layers[stage] * self.model.layer_expert_params() / self.tp / self.ep
+
     def stage_params(self, stage: int) -> float:
-        """Parameters of a stage held by one TP rank."""
+        """Parameters of a stage held by one GPU (a TP rank; its own experts)."""
         m, t = self.model, self.tp
-        n = self.stage_layers[stage] * m.layer_params() / t
+        dense = m.layer_params() - m.layer_expert_params()
+        n = self.stage_layers[stage] * dense / t + self.stage_expert_params(stage)
         if stage == 0:
             n += m.embedding_params() / t
         if stage == len(self.stage_layers) - 1:
@@ -286,28 +541,43 @@ class TransformerCosts:
         return n
 
     def grad_bytes(self, stage: int) -> float:
-        """Gradient bytes of a stage reduced across DP (bf16)."""
-        return BF16 * self.stage_params(stage)
+        """Gradient bytes of a stage reduced across DP (bf16); with ep > 1 the experts'
+        are reduced apart (:meth:`expert_grad_bytes`)."""
+        experts = self.stage_expert_params(stage) if self.ep > 1 else 0.0
+        return BF16 * (self.stage_params(stage) - experts)
 
-    def bytes_per_param(self) -> float:
+    def expert_grad_bytes(self, stage: int) -> float:
+        """Expert gradient bytes of a stage, reduced over the expert-data-parallel group
+        (the DP x CP replicas holding the same experts: dp·cp/ep GPUs); 0 unless ep > 1."""
+        return BF16 * self.stage_expert_params(stage) if self.ep > 1 else 0.0
+
+    def bytes_per_param(self, shards: int | None = None) -> float:
         """Model-state bytes per parameter, mixed-precision Adam under ZeRO (Rajbhandari 2020).
 
-        16 (ZeRO-0), 4 + 12/d (ZeRO-1), 2 + 14/d (ZeRO-2), 16/d (ZeRO-3).
+        16 (ZeRO-0), 4 + 12/d (ZeRO-1), 2 + 14/d (ZeRO-2), 16/d (ZeRO-3), with d = dp·cp.
         """
-        d = self.dp
+        d = self._shards if shards is None else shards
         return {0: 16.0, 1: 4 + 12 / d, 2: 2 + 14 / d, 3: 16 / d}[self.zero_stage]
 
     def static_bytes(self, stages: tuple[int, ...]) -> float:
-        return self.bytes_per_param() * sum(self.stage_params(s) for s in stages)
+        """Model state: ZeRO shards dense state over dp·cp and, with ep > 1, expert state
+        over the dp·cp/ep replicas that hold the same experts."""
+        expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
+        dense = sum(self.stage_params(s) for s in stages) - expert
+        return (self.bytes_per_param() * dense
+                + self.bytes_per_param(self._shards // self.ep) * expert)
 
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
         """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
         fp32 master weight, m and v (12 B), and writes master, m, v and the bf16 weight
         (14 B): 28 bytes.
         """
-        n = sum(self.stage_params(s) for s in stages)
+        expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
+        n = sum(self.stage_params(s) for s in stages) - expert
         if self.zero_stage >= 1:
-            n /= self.dp
+            n = n / self._shards + expert / (self._shards // self.ep)
+        else:
+            n += expert
         return ComputeSeg("optimizer", elementwise_bytes=28 * n)
 
 
