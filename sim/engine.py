@@ -16,15 +16,21 @@ compute op's end, a latency, a precomputed transfer, the network's next flow
 end, one rate refresh per instant), so there is no process, no per-instruction
 completion event and no condition event. Spans and memory samples are kept as
 plain tuples and turned into timeline records once, in sorted order.
+
+A program whose every duration is known up front (a collapsed one) runs without
+the event queue: in one pass over the instructions in id order when that order
+is topological (lowered programs), else by a pass in topological order; its
+records go straight into per-stream lanes, each of which comes nearly sorted.
 """
 
 from __future__ import annotations
 
-import gc
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import repeat
+from operator import itemgetter
 
 import simpy
 
@@ -32,7 +38,7 @@ from sim.collectives import AUTO, Transfer, group_profile, resolve_algorithm
 from sim.collectives import plan as plan_collective
 from sim.errors import DeadlockError
 from sim.network import FlowNetwork
-from sim.timeline import FlowArrow, MemorySample, Span, Timeline
+from sim.timeline import FlowArrow, MemorySample, Span, Timeline, gc_paused
 from topologies.cluster import Cluster
 from workloads.program import Collective, Compute, Program, Send
 
@@ -210,15 +216,18 @@ class _Run:
         self.collective_start: dict[int, float] = {}
         # records, turned into Spans / MemorySamples by _timeline
         self.spans: list[tuple] = []
+        self.lanes: dict[tuple[int, str], list[tuple]] | None = None
+        """Span records already per stream (:meth:`_run_in_order`), else None."""
+        self.memory_lanes: dict[int, list[tuple[float, int, float]]] = {}
         self.arrows: list[tuple[int, int]] = []
         self.mem_now = list(program.static_bytes)
         self.gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
                      else program.simulated_gpus)
         self.memory: list[tuple[int, float, int, float]] = [
             (g, 0.0, k - len(self.gpus), program.static_bytes[g]) for k, g in enumerate(self.gpus)]
-        self._build_dag(program)
         self.started = [0.0] * len(program.instructions)
         self.ended = [0.0] * len(program.instructions)
+        self.completed = 0
         self.ready: deque[int] = deque()
         self.draining = False
         self.clock = 0.0
@@ -229,10 +238,12 @@ class _Run:
         n = len(instrs)
         waiting = [0] * n
         succ: list[list[int]] = [[] for _ in range(n)]
-        last_in: dict[tuple[int, str], int] = {}
+        last_in: dict[object, int] = {}  # per stream (keys as in _run_in_order)
         for ins in instrs:
             i, deps = ins.id, ins.deps
-            key = (ins.gpu, ins.stream)
+            cls = type(ins)
+            key = (ins.gpu if cls is Compute else
+                   (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind))
             before = last_in.get(key)
             if before is None:
                 waiting[i] = len(deps)
@@ -461,14 +472,151 @@ class _Run:
         instrs = self.program.instructions
         if not queue and all(type(ins) is Compute or ins.duration_s is not None
                              for ins in instrs):
-            self._run_fixed()
+            if not self._run_in_order():
+                self._build_dag(self.program)
+                self._run_fixed()
             self._check_finished(self.clock)
             return self._timeline()
+        self._build_dag(self.program)
         self.ready.extend(i for i, w in enumerate(self.waiting) if not w)
         self._drain()
         self.env.run()
         self._check_finished(self.env.now)
         return self._timeline()
+
+    def _run_in_order(self) -> bool:
+        """:meth:`_run_fixed` in one pass over the instructions in id order, if that order runs.
+
+        In a lowered program every instruction comes after its dependencies and
+        its stream predecessor, and a collective's members come before anything
+        that waits on them. Then each instruction's ready time is known when the
+        pass reaches it, and the pass computes, with the same floating-point
+        operations, exactly what :meth:`_run_fixed` computes in its topological
+        order, without successor lists, counters or queue (a GPU's memory changes
+        in program order of its compute stream either way). Records go straight
+        into per-stream lanes (:meth:`_assemble`). Returns False, having recorded
+        nothing, as soon as an instruction waits on one not yet finished (the
+        caller then runs :meth:`_run_fixed`, which also reports deadlocks).
+        """
+        instrs, timer = self.program.instructions, self.timer
+        n = len(instrs)
+        end: list[float | None] = [None] * n
+        ready = [0.0] * n
+        mem_now = list(self.mem_now)
+        lanes: dict[tuple[int, str], list[tuple]] = {}
+        """(GPU, stream) -> (start, end, creation order, Span) records"""
+        compute_lane: list[list[tuple] | None] = [None] * len(mem_now)
+        last_compute = [-1] * len(mem_now)  # per GPU, its compute stream's latest instruction
+        streams: dict[tuple[int, object], list] = {}
+        """(GPU, dst) of a send stream or (GPU, kind) of a collective one -> [latest id, lane,
+        stream name]"""
+        recv_lane: dict[tuple[int, int], list] = {}  # (GPU, dst) -> [lane, name] at dst
+        memory: dict[int, list[tuple[float, int, float]]] = {}
+        arrows: list[tuple[int, int]] = []
+        arrived: dict[int, list[tuple[int, list]]] = {}
+        new = tuple.__new__  # a record's Span, built without Python-level __new__
+        events = 0
+        clock = 0.0
+        for ins in instrs:
+            i = ins.id
+            g = ins.gpu
+            cls = type(ins)
+            if cls is Compute:
+                prev = last_compute[g]
+                last_compute[g] = i
+            else:
+                key = (g, ins.dst) if cls is Send else (g, ins.kind)
+                stream = streams.get(key)
+                if stream is None:
+                    name = f"send>{ins.dst}" if cls is Send else ins.kind
+                    stream = streams[key] = [-1, lanes.setdefault((g, name), []), name]
+                prev = stream[0]
+                stream[0] = i
+            t = 0.0
+            if prev >= 0:
+                e = end[prev]
+                if e is None:
+                    return False
+                if e > t:
+                    t = e
+            for d in ins.deps:
+                e = end[d] if d < i else None
+                if e is None:
+                    return False
+                if e > t:
+                    t = e
+            ready[i] = t
+            if cls is Compute:
+                duration = timer(ins)
+                total = duration + ins.blocking_comm_s
+                if total > 0:
+                    stop = t + total
+                    events += 1
+                else:
+                    stop = t
+                if ins.alloc_bytes or ins.free_bytes:
+                    samples = memory.setdefault(g, [])
+                    if ins.alloc_bytes:
+                        mem_now[g] += ins.alloc_bytes
+                        samples.append((t, 2 * i, mem_now[g]))
+                    if ins.free_bytes:
+                        mem_now[g] -= ins.free_bytes
+                        samples.append((stop, 2 * i + 1, mem_now[g]))
+                own = compute_lane[g]
+                if own is None:
+                    own = compute_lane[g] = lanes.setdefault((g, "compute"), [])
+                own.append((t, t + duration, 4 * i, new(Span, (
+                    g, "compute", ins.kind, ins.name, t, t + duration, ins.stage, ins.mb))))
+                if ins.blocking_comm_s > 0:
+                    comm = ins.blocking_comm_kind
+                    lanes.setdefault((g, comm), []).append((t + duration, stop, 4 * i + 1, new(
+                        Span, (g, comm, comm, f"{ins.name} {comm}", t + duration, stop,
+                               ins.stage, ins.mb))))
+                end[i] = stop
+            elif cls is Send:
+                stop = t + ins.duration_s
+                events += 1
+                stream[1].append((t, stop, 4 * i, new(Span, (
+                    g, stream[2], ins.kind, ins.name, t, stop, ins.stage, ins.mb))))
+                dst = ins.dst
+                other = recv_lane.get((g, dst))
+                if other is None:
+                    other = recv_lane[(g, dst)] = [lanes.setdefault((dst, f"recv<{g}"), []),
+                                                   f"recv<{g}"]
+                other[0].append((t, stop, 4 * i + 1, new(Span, (
+                    dst, other[1], ins.kind, ins.name, t, stop, ins.stage, ins.mb))))
+                arrows.append((4 * i, 4 * i + 1))
+                end[i] = stop
+            else:
+                members = arrived.get(ins.key)
+                if members is None:
+                    members = arrived[ins.key] = []
+                members.append((i, stream))
+                if len(members) < len(ins.group):
+                    continue
+                del arrived[ins.key]
+                start = max(ready[j] for j, _ in members)
+                stop = start + ins.duration_s
+                events += 1
+                for j, lane in members:
+                    m = instrs[j]
+                    lane[1].append((start, stop, 4 * j, new(Span, (
+                        m.gpu, lane[2], m.kind, m.name, start, stop, m.stage, m.mb))))
+                    end[j] = stop
+            if stop > clock:
+                clock = stop
+        if arrived:  # a collective some member never reached: let _run_fixed report it
+            return False
+        for g, t, k, b in self.memory:  # the static samples at time 0
+            memory.setdefault(g, []).insert(0, (t, k, b))
+        self.lanes, self.memory_lanes, self.arrows = lanes, memory, arrows
+        self.mem_now = mem_now
+        self.finished = bytearray(b"\x01") * n
+        self.completed = n
+        self.started, self.ended = ready, end  # type: ignore[assignment]
+        self.events = events
+        self.clock = clock
+        return True
 
     def _run_fixed(self) -> None:
         """Execute a program whose every duration is known up front, without an event queue.
@@ -586,17 +734,54 @@ class _Run:
 
     def _timeline(self) -> Timeline:
         """Spans sorted by (gpu, stream, start, end, creation order); memory by (gpu, time)."""
-        records = sorted(self.spans)
-        new_index = [0] * (max((rec[4] for rec in records), default=-1) + 1)
-        for pos, rec in enumerate(records):
-            new_index[rec[4]] = pos
-        spans = tuple(Span(g, stream, kind, name, start, end, stage, mb)
-                      for g, stream, start, end, _, kind, name, stage, mb in records)
-        arrows = tuple(FlowArrow(s, r) for s, r in sorted(
-            (new_index[s], new_index[r]) for s, r in self.arrows))
-        memory = tuple(MemorySample(g, t, b) for g, t, _, b in sorted(self.memory))
-        return Timeline(self.program.num_gpus, spans, arrows, memory, self.program.gpu_names,
-                        self.gpus)
+        lanes = self.lanes
+        if lanes is None:  # flat records (event queue, _run_fixed): into lanes
+            lanes = {}
+            new = tuple.__new__
+            for g, stream, start, end, k, kind, name, stage, mb in self.spans:
+                rec = (start, end, k, new(Span, (g, stream, kind, name, start, end, stage, mb)))
+                lane = lanes.get((g, stream))
+                if lane is None:
+                    lanes[(g, stream)] = [rec]
+                else:
+                    lane.append(rec)
+            memory: dict[int, list[tuple[float, int, float]]] = {}
+            for g, t, k, b in self.memory:
+                memory.setdefault(g, []).append((t, k, b))
+        else:
+            memory = self.memory_lanes
+        return self._assemble(lanes, memory)
+
+    def _assemble(self, lanes: dict[tuple[int, str], list[tuple]],
+                  memory: dict[int, list[tuple[float, int, float]]]) -> Timeline:
+        """The timeline from per-stream records ``(start, end, creation order, span)`` and
+        per-GPU memory samples ``(time, creation order, bytes)``.
+
+        Records of one stream mostly come in start order already (program order),
+        so sorting each stream's list costs about one comparison per record, where
+        sorting them all together would cost a logarithm more; the result is the
+        same total order (gpu, stream, start, end, creation order).
+        """
+        spans: list[Span] = []
+        position: dict[int, int] = {}  # creation order -> index, for records with arrows
+        order_of, span_of = itemgetter(2), itemgetter(3)
+        for (_, stream), recs in sorted(lanes.items()):
+            recs.sort()
+            if self.arrows and stream[:5] in ("send>", "recv<"):
+                position.update(zip(map(order_of, recs), range(len(spans), len(spans) + len(recs)),
+                                    strict=True))
+            spans.extend(map(span_of, recs))
+        lanes.clear()  # the records die here, before the collector is back (simulate_program)
+        arrows = tuple(map(partial(tuple.__new__, FlowArrow), sorted(
+            (position[s], position[r]) for s, r in self.arrows)))
+        samples: list[MemorySample] = []
+        make_sample = partial(tuple.__new__, MemorySample)
+        for g, recs in sorted(memory.items()):
+            recs.sort()
+            times, _, sizes = zip(*recs, strict=True)
+            samples.extend(map(make_sample, zip(repeat(g, len(recs)), times, sizes, strict=True)))
+        return Timeline(self.program.num_gpus, tuple(spans), arrows, tuple(samples),
+                        self.program.gpu_names, self.gpus)
 
     def counters(self, out: EngineCounters) -> None:
         out.events = self.events
@@ -631,20 +816,3 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
         finally:
             if counters is not None:
                 run.counters(counters)
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector (restored on exit, also on error).
-
-    A run allocates hundreds of thousands of long-lived objects (instructions,
-    events, span records) and few reference cycles; the collector's repeated
-    scans of them cost as much as the simulation itself.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

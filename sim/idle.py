@@ -46,8 +46,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from operator import sub
 
-from sim.timeline import COMM_KINDS
-from workloads.program import Collective, Compute, Program
+from sim.timeline import COMM_KINDS, gc_paused
+from workloads.program import Collective, Compute, Program, Send
 
 _COMM = ("tp", "cp", "ep", "pp", "dp")
 _COMM = _COMM + tuple(k for k in COMM_KINDS if k not in _COMM)
@@ -61,31 +61,40 @@ _BUBBLE, _STRAGGLER = _INDEX["bubble"], _INDEX["straggler"]
 
 
 def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
-            ) -> tuple[list[float], list[int]]:
-    """Per instruction: start of its span and its latest-finishing predecessor (-1: none)."""
+            ) -> tuple[list[float], list[int], dict[int, list[int]]]:
+    """Per instruction: start of its span and its latest-finishing predecessor (-1: none);
+    and per GPU, its compute ops in program order."""
     instrs = program.instructions
     start = list(ready_s[:len(instrs)])
     cause = [-1] * len(instrs)
-    last_in: dict[tuple[int, str], int] = {}
-    members: dict[int, list[int]] = {}
+    last_compute: dict[int, int] = {}  # per GPU, the latest instruction of its compute stream
+    last_other: dict[tuple[int, object], int] = {}  # per (GPU, dst) or (GPU, kind): sends,
+    members: dict[int, list[int]] = {}  # collectives (keys as the engine's streams)
+    compute: dict[int, list[int]] = {}
     for ins in instrs:
         i = ins.id
-        key = (ins.gpu, ins.stream)
-        best = last_in.get(key, -1)
+        cls = type(ins)
+        if cls is Compute:
+            best = last_compute.get(ins.gpu, -1)
+            last_compute[ins.gpu] = i
+            compute.setdefault(ins.gpu, []).append(i)
+        else:
+            key = (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.stream)
+            best = last_other.get(key, -1)
+            last_other[key] = i
+            if cls is Collective and len(ins.group) > 1:
+                members.setdefault(ins.key, []).append(i)
         best_end = end_s[best] if best >= 0 else -1.0
         for d in ins.deps:
             if end_s[d] > best_end:
                 best, best_end = d, end_s[d]
         cause[i] = best
-        last_in[key] = i
-        if isinstance(ins, Collective):
-            members.setdefault(ins.key, []).append(i)
-    for group in members.values():
+    for group in members.values():  # a collective of one is its only member's
         latest = max(group, key=lambda j: (ready_s[j], -j))
         for j in group:
             start[j] = ready_s[latest]
             cause[j] = cause[latest]
-    return start, cause
+    return start, cause, compute
 
 
 def _add_own(row: list[float], ins: object, span: float, slowdown: Mapping[int, float]) -> None:
@@ -109,20 +118,49 @@ def _cumulative(program: Program, start: Sequence[float], cause: Sequence[int],
     instrs = program.instructions
     zero = [0.0] * len(_PARTS)
     cum: list[list[float] | None] = [None] * len(instrs)
+    index = _INDEX.get
     for i in range(len(instrs)):
-        stack = [i]
-        while stack:  # chains point to earlier ids in lowered programs: usually one pass
-            j = stack[-1]
-            c = cause[j]
-            if c >= 0 and cum[c] is None:
-                stack.append(c)
-                continue
-            stack.pop()
-            if cum[j] is None:
-                row = (zero if c < 0 else cum[c])[:]
-                _add_own(row, instrs[j], end_s[j] - start[j], slowdown)
-                cum[j] = row
+        if cum[i] is not None:
+            continue
+        c = cause[i]
+        if c >= 0 and cum[c] is None:  # a chain to a later id: sum it from its known end
+            _fill_chain(i, instrs, start, cause, end_s, slowdown, cum)
+            continue
+        row = (zero if c < 0 else cum[c])[:]  # type: ignore[index]
+        ins = instrs[i]
+        if slowdown or type(ins) is not Compute:
+            _add_own(row, ins, end_s[i] - start[i], slowdown)
+        else:  # _add_own without stragglers: the blocking part, the rest is nominal
+            span = end_s[i] - start[i]
+            blocking = ins.blocking_comm_s
+            if blocking > 0:
+                if blocking > span:
+                    blocking = span
+                if blocking:
+                    row[index(ins.blocking_comm_kind, _BUBBLE)] += blocking
+                span -= blocking
+            row[_BUBBLE] += span
+        cum[i] = row
     return cum  # type: ignore[return-value]
+
+
+def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
+                cause: Sequence[int], end_s: Sequence[float], slowdown: Mapping[int, float],
+                cum: list[list[float] | None]) -> None:
+    """``cum`` of ``i`` and of the instructions on its chain that lack it, from the root."""
+    zero = [0.0] * len(_PARTS)
+    stack = [i]
+    while stack:
+        j = stack[-1]
+        c = cause[j]
+        if c >= 0 and cum[c] is None:
+            stack.append(c)
+            continue
+        stack.pop()
+        if cum[j] is None:
+            row = (zero if c < 0 else cum[c])[:]  # type: ignore[index]
+            _add_own(row, instrs[j], end_s[j] - start[j], slowdown)
+            cum[j] = row
 
 
 def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
@@ -135,20 +173,24 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
     their compute slowdown factor; ``window`` (default: the whole run, from 0
     to the last end) limits the accounting to a time interval.
     """
-    slowdown = slowdown or {}
+    with gc_paused():  # many small lists, no cycles
+        return _breakdown(program, ready_s, end_s, gpus, slowdown or {}, window)
+
+
+def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
+               gpus: Sequence[int], slowdown: Mapping[int, float],
+               window: tuple[float, float] | None) -> dict[int, dict[str, float]]:
+    """:func:`idle_breakdown`, with the garbage collector paused by the caller."""
     instrs = program.instructions
     if not instrs:
         return {g: dict.fromkeys(CAUSES, 0.0) for g in gpus}
-    start, cause = _chains(program, ready_s, end_s)
+    start, cause, compute_of = _chains(program, ready_s, end_s)
     cum = _cumulative(program, start, cause, end_s, slowdown)
     run_end = max(end_s)
     last = list(end_s).index(run_end)  # the first instruction to end the run
     lo, hi = window if window is not None else (0.0, run_end)
     zero = [0.0] * len(_PARTS)
-    compute: dict[int, list[int]] = {g: [] for g in gpus}
-    for ins in instrs:
-        if isinstance(ins, Compute) and ins.gpu in compute:
-            compute[ins.gpu].append(ins.id)
+    compute = {g: compute_of.get(g, []) for g in gpus}
     out: dict[int, dict[str, float]] = {}
     for g in gpus:
         shares = [0.0] * len(_PARTS)
@@ -170,7 +212,8 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
                 if total > 0:
                     scale = inside / total
                     for c, d in enumerate(positive):
-                        shares[c] += d * scale
+                        if d:  # a zero part adds exactly nothing
+                            shares[c] += d * scale
                 else:
                     shares[_BUBBLE] += inside
             if k < len(ops):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline
+from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline, gc_paused
 from topologies.hardware import GiB
 
 
@@ -29,15 +29,22 @@ class RunFacts:
 
 
 def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
+    """The union of ``intervals`` as sorted, disjoint intervals (empty ones dropped)."""
+    merged: list[tuple[float, float]] = []
+    lo = hi = None
     for start, end in sorted(intervals):
         if end <= start:
             continue
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
+        if hi is not None and start <= hi:
+            if end > hi:
+                hi = end
         else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
+            if hi is not None:
+                merged.append((lo, hi))
+            lo, hi = start, end
+    if hi is not None:
+        merged.append((lo, hi))
+    return merged  # type: ignore[return-value]
 
 
 def _length(intervals: Sequence[tuple[float, float]]) -> float:
@@ -46,13 +53,17 @@ def _length(intervals: Sequence[tuple[float, float]]) -> float:
 
 def _minus(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
     """Length of union ``a`` not covered by union ``b`` (both sorted, disjoint)."""
-    covered, j = 0.0, 0
+    covered, j, nb = 0.0, 0, len(b)
     for start, end in a:
-        while j < len(b) and b[j][1] <= start:
+        while j < nb and b[j][1] <= start:
             j += 1
         k = j
-        while k < len(b) and b[k][0] < end:
-            covered += min(end, b[k][1]) - max(start, b[k][0])
+        while k < nb:
+            lo, hi = b[k]
+            if not lo < end:
+                break
+            # min(end, hi) - max(start, lo), without the calls
+            covered += (hi if hi < end else end) - (lo if lo > start else start)
             k += 1
     return _length(a) - covered
 
@@ -64,6 +75,22 @@ def _clipped(intervals: Iterable[tuple[float, float]], window: tuple[float, floa
         return intervals
     lo, hi = window
     return ((max(a, lo), min(b, hi)) for a, b in intervals)
+
+
+def _intervals(spans: Iterable[Span], gpus: Sequence[int]
+               ) -> tuple[dict[int, list[tuple[float, float]]],
+                          dict[int, dict[str, list[tuple[float, float]]]]]:
+    """Per GPU, the intervals of its compute-stream spans and, per communication kind, those
+    of its spans of that kind, in one pass over the spans."""
+    on_compute: dict[int, list[tuple[float, float]]] = {g: [] for g in gpus}
+    of_kind = {g: {kind: [] for kind in COMM_KINDS} for g in gpus}
+    for g, stream, kind, _, start, end, _, _ in spans:
+        if stream == COMPUTE_STREAM:
+            on_compute[g].append((start, end))
+        same = of_kind[g].get(kind)
+        if same is not None:
+            same.append((start, end))
+    return on_compute, of_kind
 
 
 def compute_stats(timeline: Timeline, facts: RunFacts,
@@ -81,23 +108,25 @@ def compute_stats(timeline: Timeline, facts: RunFacts,
     - ``exposed_comm_s[kind]``: per GPU, time when a ``kind`` transfer involving it
       runs and its compute stream is idle; the mean over GPUs.
     """
+    with gc_paused():  # a large timeline: many intervals, no cycles
+        return _compute_stats(timeline, facts, window)
+
+
+def _compute_stats(timeline: Timeline, facts: RunFacts,
+                   window: tuple[float, float] | None) -> dict:
+    """:func:`compute_stats`, with the garbage collector paused by the caller."""
     n = timeline.num_gpus
     gpus = timeline.simulated_gpus
     step = timeline.end_s if window is None else window[1] - window[0]
-    by_gpu: dict[int, list[Span]] = {g: [] for g in gpus}
-    for span in timeline.spans:
-        by_gpu[span.gpu].append(span)
-    busy = {g: _union(_clipped(((s.start_s, s.end_s) for s in spans
-                                if s.stream == COMPUTE_STREAM), window))
-            for g, spans in by_gpu.items()}
+    on_compute, of_kind = _intervals(timeline.spans, gpus)
+    busy = {g: _union(_clipped(on_compute[g], window)) for g in gpus}
     idle = [step - _length(b) for b in busy.values()]
     bubble = sum(idle) / (len(gpus) * step) if step > 0 else 0.0
     exposed = {}
     for kind in COMM_KINDS:
         total = 0.0
-        for g, spans in by_gpu.items():
-            comm = _union(_clipped(((s.start_s, s.end_s) for s in spans if s.kind == kind),
-                                   window))
+        for g in gpus:
+            comm = _union(_clipped(of_kind[g][kind], window))
             total += _minus(comm, busy[g]) if comm else 0.0
         exposed[kind] = total / len(gpus)
     peaks = {g: timeline.peak_memory_bytes(g) * (1 + facts.fragmentation) + facts.reserved_bytes

@@ -24,8 +24,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from types import MappingProxyType
+from typing import NamedTuple
 
 from sim.errors import ScheduleError
 
@@ -41,9 +42,14 @@ WHOLE = -1
 """``Op.seq`` of an op that covers its whole micro-batch (no sequence chunks)."""
 
 
-@dataclass(frozen=True, order=True, slots=True)
-class Op:
-    """A pipeline op: stage ``stage`` runs ``kind`` for micro-batch ``mb`` (or one chunk of it)."""
+class Op(NamedTuple):
+    """A pipeline op: stage ``stage`` runs ``kind`` for micro-batch ``mb`` (or one chunk of it).
+
+    A typed named tuple rather than a frozen dataclass: schedules of large
+    pipelines hold hundreds of thousands of ops, hashed and compared in dicts
+    and sets by validation, the symbolic run and lowering; a tuple's hash and
+    equality run in C (same values, same order: field by field).
+    """
 
     stage: int
     """Model stage (chunk) index, 0 = first layers; with vpp > 1 there are pp * vpp stages."""
@@ -51,7 +57,7 @@ class Op:
     """``F`` forward, ``B`` backward (input-gradient only if the schedule splits it), ``W``."""
     mb: int
     """Micro-batch index within the step, from 0."""
-    seq: int = WHOLE
+    seq: int = -1
     """Sequence chunk of the micro-batch, from 0 (Seq1F1B), or ``WHOLE`` (-1): all of it."""
 
     def __str__(self) -> str:
@@ -76,6 +82,11 @@ class Op:
     def renumbered(self, mb: int) -> Op:
         """The same op for micro-batch ``mb``."""
         return Op(self.stage, self.kind, mb, self.seq)
+
+
+_op = partial(tuple.__new__, Op)
+"""``_op((stage, kind, mb, seq))``: an :class:`Op` from its four fields, without the named
+tuple's Python-level ``__new__`` (op_deps builds hundreds of thousands)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,8 @@ class Schedule:
     @cached_property
     def groups(self) -> dict[Op, tuple[Op, ...]]:
         """Each op's fused group, members in program order; ``(op,)`` for an op run alone."""
+        if not self.fused:
+            return {op: (op,) for ops in self.rank_ops for op in ops}
         out: dict[Op, tuple[Op, ...]] = {}
         for ops in self.rank_ops:
             for group in _split_groups(ops, self.fused):
@@ -164,22 +177,22 @@ def op_deps(
     backward chunks run in reverse, chunk c after chunk c+1 (the later chunks
     produce gradients for chunk c's keys and values).
     """
-    s, m, c = op.stage, op.mb, op.seq
-    if op.kind == FORWARD:
-        deps = [Op(s - 1, FORWARD, m, c)] if s > 0 else []
+    s, kind, m, c = op
+    if kind == FORWARD:
+        deps = [_op((s - 1, FORWARD, m, c))] if s > 0 else []
         if c > 0:
-            deps.append(Op(s, FORWARD, m, c - 1))
+            deps.append(_op((s, FORWARD, m, c - 1)))
         return tuple(deps)
-    if op.kind == BACKWARD:
-        deps = [Op(s, FORWARD, m, c)]
+    if kind == BACKWARD:
+        deps = [_op((s, FORWARD, m, c))]
         if s < num_stages - 1:
-            deps.append(Op(s + 1, BACKWARD, m, c))
+            deps.append(_op((s + 1, BACKWARD, m, c)))
         if c != WHOLE and c < seq_chunks - 1:
-            deps.append(Op(s, BACKWARD, m, c + 1))
+            deps.append(_op((s, BACKWARD, m, c + 1)))
         return tuple(deps)
     if not split_backward:
         raise ScheduleError(f"op {op} is a W but the schedule does not split the backward")
-    return (Op(s, BACKWARD, m, c),)
+    return (_op((s, BACKWARD, m, c)),)
 
 
 def schedule_deps(schedule: Schedule, op: Op) -> tuple[Op, ...]:
@@ -191,6 +204,8 @@ def schedule_deps(schedule: Schedule, op: Op) -> tuple[Op, ...]:
     forward's activation and the backward's gradient have arrived).
     """
     own = op_deps(op, schedule.num_stages, schedule.split_backward, schedule.seq_chunks)
+    if not schedule.fused:
+        return own
     group = schedule.groups.get(op, (op,))
     if len(group) == 1 or op != group[0]:
         return own
@@ -234,18 +249,43 @@ def validate(schedule: Schedule) -> None:
         if not 0 <= r < p:
             raise ScheduleError(f"stage {s} is owned by rank {r}, outside 0..{p - 1}")
     seen: dict[Op, int] = {}
+    stage_rank, num_stages = schedule.stage_rank, schedule.num_stages
     for r, ops in enumerate(schedule.rank_ops):
         for op in ops:
-            if op.kind not in KINDS or not 0 <= op.stage < schedule.num_stages:
+            if op.kind not in KINDS or not 0 <= op.stage < num_stages:
                 raise ScheduleError(f"rank {r}: op {op} has no such stage or kind")
             if op in seen:
                 raise ScheduleError(f"op {op} appears twice (ranks {seen[op]} and {r})")
-            if schedule.stage_rank[op.stage] != r:
+            if stage_rank[op.stage] != r:
                 raise ScheduleError(
                     f"op {op} is on rank {r} but stage {op.stage} lives on rank "
-                    f"{schedule.stage_rank[op.stage]}"
+                    f"{stage_rank[op.stage]}"
                 )
             seen[op] = r
+    _check_complete(schedule, seen)
+    _check_fused(schedule, seen)
+    unit_times(schedule)
+
+
+def _required(schedule: Schedule, op: Op) -> bool:
+    """Whether ``op`` (of a known stage and kind) is one :func:`required_ops` lists."""
+    k = schedule.seq_chunks
+    return (0 <= op.mb < schedule.num_microbatches
+            and (0 <= op.seq < k if k > 1 else op.seq == WHOLE)
+            and (op.kind != WEIGHT_GRAD or schedule.split_backward))
+
+
+def _check_complete(schedule: Schedule, seen: dict[Op, int]) -> None:
+    """Raise unless the (distinct) ops ``seen`` are exactly :func:`required_ops`.
+
+    Distinct ops that are all required are all of them iff there are as many; the
+    list of required ops is built only to name what is missing.
+    """
+    k = schedule.seq_chunks
+    kinds = len(KINDS) if schedule.split_backward else 2
+    count = schedule.num_stages * schedule.num_microbatches * k * kinds
+    if len(seen) == count and all(_required(schedule, op) for op in seen):
+        return
     need = required_ops(
         schedule.num_stages, schedule.num_microbatches, schedule.split_backward, k
     )
@@ -259,11 +299,11 @@ def validate(schedule: Schedule) -> None:
         if extra:
             parts.append("unexpected " + " ".join(map(str, extra[:8])))
         raise ScheduleError(f"schedule {schedule.name}: " + "; ".join(parts))
-    _check_fused(schedule, seen)
-    unit_times(schedule)
 
 
 def _check_fused(schedule: Schedule, seen: dict[Op, int]) -> None:
+    if not schedule.fused:
+        return
     for op in sorted(schedule.fused):
         if op not in seen:
             raise ScheduleError(f"schedule {schedule.name}: fused op {op} is not in the schedule")
@@ -303,68 +343,96 @@ def list_schedule(
     Passes over the ranks in order, each rank running as far as its producers
     allow, until no rank can move. A rank blocked on a producer is not
     re-examined until that producer is done, and each group's producers are
-    listed once, so the cost is linear in the ops plus the passes.
+    listed once, as op positions, so the cost is linear in the ops plus the passes.
     """
     p = schedule.num_ranks
     order = [op for ops in schedule.rank_ops for op in ops]
+    n = len(order)
     index = {op: k for k, op in enumerate(order)}
-    ready: list[float | None] = [None] * len(order)  # group end time of each done op
-    interval: list[tuple[float, float]] = [(0.0, 0.0)] * len(order)
+    # group end time of each done op; the extra last slot stands for a producer missing
+    # from the schedule, which is never done
+    ready: list[float | None] = [None] * (n + 1)
+    interval: list[tuple[float, float]] = [(0.0, 0.0)] * n
     pos = [0] * p
     free_at = [0.0] * p
-    rank_groups = [_split_groups(ops, schedule.fused) for ops in schedule.rank_ops]
+    rank_groups, group_deps = _groups_and_deps(schedule, order, index)
     gpos = [0] * p
-    deps_of: list[dict[int, list[int]]] = [{} for _ in range(p)]
     blocked = [-1] * p  # the producer a rank's next group waits for (-1: none)
     scheduled: list[int] = []  # op indices in the order they are placed
-    remaining = len(order)
+    remaining = n
     while remaining:
         progressed = False
         for r in range(p):
             wait = blocked[r]
             if wait >= 0 and ready[wait] is None:
                 continue
-            groups, mine = rank_groups[r], deps_of[r]
-            while gpos[r] < len(groups):
-                k = gpos[r]
-                group = groups[k]
-                deps = mine.get(k)
-                if deps is None:
-                    if len(group) == 1:  # an op never waits on itself
-                        found = schedule_deps(schedule, group[0])
-                    else:
-                        found = tuple(d for op in group for d in schedule_deps(schedule, op)
-                                      if d not in group)
-                    # a producer missing from the schedule is never done (len(order))
-                    deps = mine[k] = [index.get(d, len(order)) for d in found]
-                wait = next((d for d in deps if d == len(order) or ready[d] is None), -1)
-                if wait >= 0:
-                    blocked[r] = wait
-                    break
-                blocked[r] = -1
-                del mine[k]
-                if len(group) > 1:
-                    _internal_order(schedule, group)
+            groups, deps_of = rank_groups[r], group_deps[r]
+            k = gpos[r]
+            while k < len(groups):
                 t = free_at[r]
-                for d in deps:
+                wait = -1
+                for d in deps_of[k]:
                     end = ready[d]
-                    if end > t:  # type: ignore[operator]
-                        t = end  # type: ignore[assignment]
-                for op in group:
-                    start, t = t, t + duration(op)
-                    interval[index[op]] = (start, t)
-                for op in group:
-                    ready[index[op]] = t
-                    scheduled.append(index[op])
+                    if end is None:
+                        wait = d
+                        break
+                    if end > t:
+                        t = end
+                blocked[r] = wait
+                if wait >= 0:
+                    break
+                group = groups[k]
+                if len(group) > 1:
+                    _internal_order(schedule, [order[j] for j in group])
+                for j in group:
+                    start, t = t, t + duration(order[j])
+                    interval[j] = (start, t)
+                for j in group:
+                    ready[j] = t
+                scheduled.extend(group)
                 free_at[r] = t
                 pos[r] += len(group)
-                gpos[r] = k + 1
+                k += 1
                 remaining -= len(group)
                 progressed = True
+            gpos[r] = k
         if not progressed:
             done = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
             raise ScheduleError(_deadlock_message(schedule, pos, done))  # type: ignore[arg-type]
     return {order[k]: interval[k] for k in scheduled}
+
+
+def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
+                     ) -> tuple[list[list[list[int]]], list[list[list[int]]]]:
+    """Per rank, its groups as op positions in ``order`` (program order), and each group's
+    producers (:func:`schedule_deps` of its members outside the group) as positions; a
+    producer missing from the schedule is ``len(order)``."""
+    n = len(order)
+    get = index.get
+    rank_groups: list[list[list[int]]] = []
+    group_deps: list[list[list[int]]] = []
+    base = 0
+    if not schedule.fused:  # every op a group of its own: its producers are its op_deps
+        S, split, k = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
+        for ops in schedule.rank_ops:
+            rank_groups.append([[base + i] for i in range(len(ops))])
+            group_deps.append([[get(d, n) for d in op_deps(op, S, split, k)] for op in ops])
+            base += len(ops)
+        return rank_groups, group_deps
+    for ops in schedule.rank_ops:
+        groups = _split_groups(ops, schedule.fused)
+        positions, producers = [], []
+        for group in groups:
+            positions.append([index[op] for op in group])
+            if len(group) == 1:  # an op never waits on itself
+                found = schedule_deps(schedule, group[0])
+            else:
+                found = tuple(d for op in group for d in schedule_deps(schedule, op)
+                              if d not in group)
+            producers.append([get(d, n) for d in found])
+        rank_groups.append(positions)
+        group_deps.append(producers)
+    return rank_groups, group_deps
 
 
 def unit_times(schedule: Schedule) -> Mapping[Op, tuple[float, float]]:
