@@ -182,7 +182,7 @@ def _cmd_collective(args: argparse.Namespace) -> int:
         from plots.collectives import plot_busbw  # matplotlib only when plotting
 
         plot_busbw(rows, args.plot, title=f"{args.op}, {n} GPUs, {name}",
-                   reference_GBps=rows[0]["link_GBps"], reference_label="slowest ring link")
+                   reference_GBps=rows[0]["link_GBps"], reference_label="slowest link of one ring")
     if args.json:
         keys = ("op", "algo", "num_gpus", "size_bytes", "time_s", "algbw_GBps", "busbw_GBps")
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1) + "\n")
