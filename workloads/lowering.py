@@ -749,19 +749,24 @@ class _PieceLowering:
     # ---------------------------------------------------------------- DP collectives
     def _dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
             nbytes: float, stage: int, mb: int) -> dict[int, int]:
-        """One DP collective per TP lane of pipeline rank ``r`` (one timed instruction on the
-        representative GPU when collapsed)."""
-        p, b = self.placement, self.b
+        """One DP collective per TP lane of pipeline rank ``r``."""
+        groups = tuple(grad_group(self.placement, t, r) for t in range(self.tp))
+        return self._dp_groups(r, groups, deps, name, op, nbytes, stage, mb)
+
+    def _dp_groups(self, r: int, groups: tuple[tuple[int, ...], ...],
+                   deps: Mapping[int, tuple[int, ...]], name: str, op: str, nbytes: float,
+                   stage: int, mb: int) -> dict[int, int]:
+        """A DP-stream collective over each of ``groups`` (GPUs of pipeline rank ``r``); when
+        collapsed, one instruction on the representative GPU timed for all groups at once."""
+        b = self.b
         if self.collapse is not None:
-            rep = p.gpu(pp=r)
-            groups = tuple(grad_group(p, u, r) for u in range(self.tp))
+            rep = self.placement.gpu(pp=r)
             ids = b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
                                nbytes=nbytes, stage=stage, mb=mb,
                                duration_s=self.collapse.collective_s(op, groups, nbytes))
         else:
             ids = {}
-            for t in range(self.tp):
-                group = grad_group(p, t, r)
+            for group in groups:
                 ids.update(b.collective(group, {g: deps[g] for g in group}, kind="dp",
                                         name=name, op=op, nbytes=nbytes, stage=stage, mb=mb))
         self.dp_last.update(ids)
@@ -863,23 +868,9 @@ class _PieceLowering:
     def _expert_dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
                    nbytes: float, stage: int, mb: int) -> dict[int, int]:
         """A collective over each expert-data-parallel group of rank ``r`` (MoE, ep > 1)."""
-        p, b = self.placement, self.b
-        if self.collapse is not None:
-            rep = p.gpu(pp=r)
-            groups = tuple(grp for u in range(self.tp)
-                           for grp in expert_groups(p, u, r, self.ep))
-            ids = b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
-                               nbytes=nbytes, stage=stage, mb=mb,
-                               duration_s=self.collapse.collective_s(op, groups, nbytes))
-        else:
-            ids = {}
-            for t in range(self.tp):
-                for group in expert_groups(p, t, r, self.ep):
-                    ids.update(b.collective(group, {g: deps[g] for g in group}, kind="dp",
-                                            name=name, op=op, nbytes=nbytes, stage=stage,
-                                            mb=mb))
-        self.dp_last.update(ids)
-        return ids
+        groups = tuple(grp for t in range(self.tp)
+                       for grp in expert_groups(self.placement, t, r, self.ep))
+        return self._dp_groups(r, groups, deps, name, op, nbytes, stage, mb)
 
     def _emit_body(self, op: Op, key: tuple, piece: _Piece, r: int,
                    prev: dict[int, tuple[int, ...]], alloc: float, free: float, total: int,
