@@ -175,18 +175,3 @@ def test_compare_uses_the_engine_period() -> None:
         assert row.steady_period_s == pytest.approx(24 * MS, rel=1e-12)
     assert rows[1].step_time_s == pytest.approx(27 * MS)  # the isolated step, as drawn
     assert all(r.steps == 1 for r in results)
-
-
-@pytest.mark.parametrize("module", ["workloads.multistep", "sim.idle", "sim.faults",
-                                    "sim.faults_config"])
-def test_new_modules_are_pure(module: str) -> None:
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    code = (f"import sys, {module}; bad = [m for m in ('simpy', 'matplotlib') if m in sys.modules];"
-            " print(','.join(bad))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         check=True).stdout.strip()
-    assert out == "", f"{module} pulls in {out}"
