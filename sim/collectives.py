@@ -644,9 +644,12 @@ def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
                         channels)
 
 
-AUTO_EXCLUDED = ("halving_doubling",)
-"""Never chosen by ``auto``: NCCL does not implement halving-doubling (MPI libraries do), and
-its long-distance exchanges contend on real fabrics in ways the α-β estimate cannot see."""
+AUTO_EXCLUDED = ("halving_doubling", "hierarchical")
+"""Never chosen by ``auto``, which picks among what NCCL runs (ring, tree, NVLS, pairwise):
+NCCL implements neither recursive halving-doubling (MPI libraries do; its long-distance
+exchanges contend on real fabrics in ways the α-β estimate cannot see) nor the three-phase
+hierarchical all-reduce (Horovod's; NCCL crosses servers with one ring channel per NIC
+instead, :func:`ring_channels`). Both stay available as explicit choices."""
 
 
 def candidates(op: str, profile: GroupProfile) -> tuple[str, ...]:

@@ -85,7 +85,7 @@ class CollectiveTimer:
     time is the collective launch latency plus the makespan of all their plans.
     """
 
-    def __init__(self, cluster: Cluster, algo: str = "ring") -> None:
+    def __init__(self, cluster: Cluster, algo: str = "auto") -> None:
         self.cluster = cluster
         self.algo = algo
         self._cache: dict[tuple, float] = {}

@@ -34,7 +34,8 @@ def test_ring_collective_matches_alpha_beta(op: str, n: int, S: float, B: float,
                                             alpha: float) -> None:
     cluster = explicit_cluster("ring", n, A100, B, alpha)
     group = tuple(range(n))
-    t = _run(cluster, lambda b: b.collective(group, {}, kind="dp", name="c", op=op, nbytes=S))
+    t = _run(cluster, lambda b: b.collective(group, {}, kind="dp", name="c", op=op, nbytes=S,
+                                              algo="ring"))
     steps = 2 * (n - 1) if op == "all_reduce" else n - 1
     expected = steps * alpha + steps / n * S / B
     assert t == pytest.approx(expected, rel=1e-9)

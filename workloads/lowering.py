@@ -470,7 +470,7 @@ ALL_TO_ALL_ALGO = "pairwise"
 def _with_all_to_all(collapse: Collapse) -> Collapse:
     """``collapse`` timing all-to-alls with :data:`ALL_TO_ALL_ALGO`.
 
-    The timer of :mod:`sim.commtime` is built for one algorithm (ring); a second
+    The timer of :mod:`sim.commtime` is built for one algorithm (the default, ``auto``); a second
     instance of the same class on the same cluster times the all-to-alls. Timers
     of another shape are used as they are.
     """

@@ -141,7 +141,7 @@ class ProgramBuilder:
         return self._instrs[-1].id
 
     def collective(self, group: tuple[int, ...], deps: dict[int, tuple[int, ...]], *, kind: str,
-                   name: str, op: str, nbytes: float, algo: str = "ring",
+                   name: str, op: str, nbytes: float, algo: str = "auto",
                    **kw) -> dict[int, int]:
         """Add one collective for all members of ``group``; returns {gpu: instruction id}."""
         key = self._next_key
