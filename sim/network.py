@@ -4,14 +4,16 @@ The engine owns time; it tells this object when flows start and asks when the
 next one ends. Each flow crosses a set of links; concurrent flows share each
 link's bandwidth max-min fairly (progressive filling, Bertsekas & Gallager,
 *Data Networks*, 2nd ed., sec. 6.5.2), and rates are recomputed whenever a flow
-starts or ends. Latency is not modelled here: the engine delays a flow's start
-by its route latency.
+starts or ends, or a link's bandwidth changes (:meth:`FlowNetwork.set_capacity`).
+Latency is not modelled here: the engine delays a flow's start by its route
+latency.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 _REL_EPS = 1e-12
@@ -21,11 +23,14 @@ _REL_EPS = 1e-12
 class _Flow:
     links: tuple[int, ...]
     remaining_bytes: float
+    """Bytes left at :attr:`since_s` (the flow moves at :attr:`rate_Bps` from then on)."""
     finite: tuple[int, ...] = ()
     """The links of finite capacity (the only ones that constrain or couple flows)."""
     rate_Bps: float = 0.0
     end_s: float = math.inf
     nbytes: float = 0.0
+    since_s: float = 0.0
+    """When the flow last changed rate (or started)."""
 
     def __post_init__(self) -> None:
         self.nbytes = self.remaining_bytes
@@ -80,12 +85,15 @@ class FlowNetwork:
     Max-min rates are separable: flows that share no link (directly or through
     a chain of flows) do not affect each other's rates. A start or an end
     therefore re-rates only the connected component of flows and links it
-    touches; every other flow keeps its rate. Bytes still move, and end times
-    are still recomputed, for every active flow at every event, in the same
-    arithmetic as a global recomputation, so the result is the global one
-    (bit for bit, unless two components' bottleneck shares lie within the
-    1e-12 tie tolerance of :func:`max_min_rates`, where the global loop would
-    freeze both at the smaller).
+    touches; every other flow keeps its rate, and with it its end time. A
+    flow's bytes are therefore settled only when its rate changes (bytes left
+    at the change, then a constant rate), and end times wait in a heap, so an
+    event costs the size of the component it touches, not the number of
+    active flows. The result equals a global recomputation at every event up
+    to rounding (one multiply-subtract per rate change instead of one per
+    event), unless two components' bottleneck shares lie within the 1e-12 tie
+    tolerance of :func:`max_min_rates`, where the global loop would freeze
+    both at the smaller.
     """
 
     def __init__(self, capacity_Bps: Sequence[float]) -> None:
@@ -98,7 +106,9 @@ class FlowNetwork:
         self._touched_links: list[int] = []
         self._now = 0.0
         self._dirty = False
-        self._next_end = math.inf
+        self._ends: list[tuple[float, int]] = []
+        """(end time, flow id) of every active flow; entries whose flow ended or changed
+        rate since are stale and skipped (lazy deletion)."""
         self.bytes_on_link: dict[int, float] = {}
         """Bytes carried by each link (index) by the flows that have ended; absent: none."""
         self.recomputations = 0
@@ -111,12 +121,6 @@ class FlowNetwork:
         return len(self._flows)
 
     def _advance(self, now: float) -> None:
-        dt = now - self._now
-        if dt > 0:
-            for flow in self._flows.values():
-                rate = flow.rate_Bps
-                if rate < math.inf:
-                    flow.remaining_bytes -= min(flow.remaining_bytes, rate * dt)
         self._now = now
 
     def _component(self) -> dict[int, tuple[int, ...]]:
@@ -148,28 +152,31 @@ class FlowNetwork:
         return comp
 
     def _rerate(self, now: float) -> None:
-        """Advance every flow to ``now`` at its old rate, re-rate the touched component, and
-        recompute every flow's end time (and the earliest)."""
+        """Re-rate the touched component; a flow whose rate changes settles the bytes it
+        moved at its old rate up to ``now`` and gets a new end time."""
         comp = self._component()
         rates = max_min_rates(comp, self.capacity_Bps) if comp else {}
         self.recomputations += 1
         self.rerated_flows += len(comp)
-        dt = now - self._now
-        advance = dt > 0
         self._now = now
-        soonest = math.inf
-        for fid, flow in self._flows.items():
-            rate = flow.rate_Bps
-            if advance and rate < math.inf:
-                flow.remaining_bytes -= min(flow.remaining_bytes, rate * dt)
-            rate = flow.rate_Bps = rates.get(fid, rate)
+        flows, ends = self._flows, self._ends
+        for fid, rate in rates.items():
+            flow = flows[fid]
+            old = flow.rate_Bps
+            if rate == old:
+                continue  # same rate from the same bytes: the same end time
+            if old == math.inf:
+                flow.remaining_bytes = 0.0
+            elif old > 0:
+                flow.remaining_bytes -= min(flow.remaining_bytes,
+                                            old * (now - flow.since_s))
+            flow.since_s = now
+            flow.rate_Bps = rate
             if flow.remaining_bytes <= 0 or rate == math.inf:
                 end = flow.end_s = now
             else:
                 end = flow.end_s = now + flow.remaining_bytes / rate
-            if end < soonest:
-                soonest = end
-        self._next_end = soonest
+            heapq.heappush(ends, (end, fid))
 
     def start(self, now: float, flow_id: int, links: tuple[int, ...], nbytes: float) -> None:
         """A flow of ``nbytes`` over ``links`` begins transmitting at ``now``.
@@ -182,7 +189,7 @@ class FlowNetwork:
         self._advance(now)
         cap = self.capacity_Bps
         finite = tuple([link for link in links if cap[link] < math.inf])
-        self._flows[flow_id] = _Flow(links, float(nbytes), finite)
+        self._flows[flow_id] = _Flow(links, float(nbytes), finite, since_s=now)
         on_link = self._on_link
         for link in finite:
             users = on_link.get(link)
@@ -201,13 +208,47 @@ class FlowNetwork:
 
     def next_end_s(self) -> float:
         """Time the earliest active flow ends at current rates (inf if none)."""
-        return self._next_end
+        ends, flows = self._ends, self._flows
+        while ends:
+            end, fid = ends[0]
+            flow = flows.get(fid)
+            if flow is not None and flow.end_s == end:
+                return end
+            heapq.heappop(ends)  # stale: the flow ended or changed rate
+        return math.inf
+
+    def set_capacity(self, now: float, capacity_Bps: Mapping[int, float]) -> None:
+        """From ``now`` on, links (by index) carry the given bandwidths: a link degraded (or
+        restored) in the middle of transfers.
+
+        Every flow moves its bytes at its old rate up to ``now``; then the flows crossing
+        a changed link, and every flow sharing links with them, are re-rated, exactly as
+        if they had all started at ``now`` with the bytes they have left. A failed link
+        (bandwidth 0) is not a capacity: its flows must be rerouted, so it is refused, as
+        is a change to or from an infinite (unconstrained) link.
+        """
+        cap = list(self.capacity_Bps)
+        for link, bps in capacity_Bps.items():
+            if not (0 < bps < math.inf and math.isfinite(cap[link])):
+                raise ValueError(f"link {link}: bandwidth {cap[link]} -> {bps} B/s; only a "
+                                 "finite, positive bandwidth can change to another")
+            cap[link] = float(bps)
+            self._touched_links.append(link)
+        self.capacity_Bps = tuple(cap)
+        self._dirty = True
+        self.refresh(now)
 
     def finish_due(self, now: float) -> list[int]:
         """Remove and return (sorted) the flows that have ended by ``now``; re-rate the rest."""
-        tol = abs(now) * _REL_EPS
-        done = ([] if self._next_end > now + tol else
-                sorted(fid for fid, f in self._flows.items() if f.end_s <= now + tol))
+        limit = now + abs(now) * _REL_EPS
+        ends, flows = self._ends, self._flows
+        due: set[int] = set()
+        while ends and ends[0][0] <= limit:
+            end, fid = heapq.heappop(ends)
+            flow = flows.get(fid)
+            if flow is not None and flow.end_s == end:
+                due.add(fid)
+        done = sorted(due)
         carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
         for fid in done:
             flow = self._flows.pop(fid)
