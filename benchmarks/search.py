@@ -5,12 +5,17 @@
     python benchmarks/search.py --hagemann [--data ../shared/data/hagemann2023_sweep.csv]
 
 Runs the whole search of ``workloads/examples/search-gpt3-175b-1024.yaml``
-(every layout of tp, pp, dp, vpp, micro-batch size, SP, ZeRO 0-2,
-recomputation and seven schedules; global batch 1,536) from scratch (an
-in-memory results database) once per repeat and worker count, and prints one
-table: layouts enumerated and evaluated (judged by the memory bound, the
-throughput bound or a simulation), how many were simulated, wall time and its
-screening part, the rate, and the median time of one collapsed simulation.
+(every layout of tp, pp, dp, cp, vpp, micro-batch size, SP, ZeRO 0-3,
+recomputation and the schedules; global batch 1,536; ``--fix`` narrows it)
+from scratch (an in-memory results database) once per repeat and worker count,
+and prints one table: layouts enumerated and evaluated (judged by the memory
+bound, the throughput bound or a simulation), how many were simulated, wall
+time and its screening part, the rate, the CPU seconds of this process and
+of the worker processes (from ``/proc``; less noisy than wall time on a
+shared machine) and per layout, and the median time of one collapsed
+simulation. ``spec/wasted/judged``: simulations started ahead of the serial
+order by idle workers, those discarded, and candidates judged past the point
+where the sweep stopped.
 ``--exhaustive-sample N`` also times N simulations alone (no bounds), the
 rate a search without pruning would have. Numbers are medians over repeats;
 on a shared machine they are noisy. Not a timed test.
@@ -50,12 +55,18 @@ EXAMPLE = ROOT / "workloads" / "examples" / "search-gpt3-175b-1024.yaml"
 
 def run_search(data: dict, workers: int, top: int, fix: list[str] | None = None
                ) -> dict[str, float]:
+    cpu = time.process_time()
     with make_executor("local", workers) as executor:
         result = search(data, top=top, executor=executor, pins=parse_pins(fix or []))
+        worker_cpu = executor.worker_cpu_s() or 0.0
+    parent_cpu = time.process_time() - cpu
     sims = [r.elapsed_s for r in result.rows if r.elapsed_s > 0]
-    return {"enumerated": result.enumerated, "evaluated": result.evaluated,
+    return {"parent_cpu_s": parent_cpu, "worker_cpu_s": worker_cpu,
+            "cpu_s": parent_cpu + worker_cpu,
+            "enumerated": result.enumerated, "evaluated": result.evaluated,
             "simulated": result.simulated, "elapsed_s": result.elapsed_s,
             "speculated": result.speculated, "discarded": result.discarded,
+            "wasted_judged": result.wasted_judged,
             "screen_s": result.screen_s, "rate": result.evaluated / result.elapsed_s,
             "sim_median_s": statistics.median(sims) if sims else float("nan"),
             "best": result.best.layout.label() if result.best else "none",
@@ -163,31 +174,39 @@ def main() -> None:
         hagemann(args.data)
         return
     data = read_yaml(args.file)
-    head = ("workers", "enumerated", "evaluated", "simulated", "spec/wasted", "wall s",
-            "screen s", "layouts/s", "sim median s", "best layout", "MFU %")
+    head = ("workers", "enumerated", "evaluated", "simulated", "spec/wasted/judged", "wall s",
+            "screen s", "layouts/s", "CPU s (parent+workers)", "CPU ms/layout",
+            "sim median s", "best layout", "MFU %")
     rows = []
     rates: dict[int, float] = {}
+    cpus: dict[int, float] = {}
     for workers in (int(w) for w in args.workers.split(",")):
         runs = [run_search(data, workers, args.top, args.fix) for _ in range(args.repeat)]
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]
                if isinstance(runs[0][k], int | float)}
         rates[workers] = med["rate"]
+        cpus[workers] = med["cpu_s"]
         rows.append((str(workers), f"{med['enumerated']:,.0f}", f"{med['evaluated']:,.0f}",
                      f"{med['simulated']:.0f}",
-                     f"{med['speculated']:.0f}/{med['discarded']:.0f}", f"{med['elapsed_s']:.1f}",
+                     f"{med['speculated']:.0f}/{med['discarded']:.0f}/"
+                     f"{med['wasted_judged']:.0f}", f"{med['elapsed_s']:.1f}",
                      f"{med['screen_s']:.1f}", f"{med['rate']:,.0f}",
+                     f"{med['cpu_s']:.1f} ({med['parent_cpu_s']:.1f}+{med['worker_cpu_s']:.1f})",
+                     f"{1e3 * med['cpu_s'] / med['evaluated']:.2f}",
                      f"{med['sim_median_s']:.2f}", runs[0]["best"],
                      f"{100 * med['mfu']:.1f}"))
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
     pinned = f" --fix {','.join(args.fix)}" if args.fix else ""
     print(f"sim search {Path(args.file).name}{pinned}: median of {args.repeat} run(s) per row")
     for r in (head, *rows):
-        print("  ".join(c.rjust(w) if i != 9 else c.ljust(w)
+        print("  ".join(c.rjust(w) if i != 11 else c.ljust(w)
                         for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip())
     if len(rates) > 1:
         first = next(iter(rates))
         print("rate ratios: " + ", ".join(f"{w} workers / {first}: {r / rates[first]:.2f}"
                                          for w, r in rates.items() if w != first))
+        print("CPU ratios: " + ", ".join(f"{w} workers / {first}: {c / cpus[first]:.2f}"
+                                        for w, c in cpus.items() if w != first))
     if args.exhaustive_sample:
         secs = time_simulations(data, args.exhaustive_sample)
         print(f"{len(secs)} collapsed simulations of random layouts alone: median "

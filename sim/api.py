@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
-from sim.device import DeviceProfile, compute_time_s
+from sim.device import DeviceProfile, compute_time_s, rank_timers
 from sim.engine import InstructionTimes, simulate_program
 from sim.errors import ConfigError, TopologyError
 from sim.experiment import Experiment
@@ -25,7 +26,9 @@ from sim.export import write_chrome_trace
 from sim.faults import (
     FailureRun,
     batch_segments,
+    is_degradation,
     job_mtbf_s,
+    mid_step_link_changes,
     simulate_failures,
     straggler_slowdowns,
     young_daly_interval_s,
@@ -34,6 +37,7 @@ from sim.faults_config import LinkFault, Preemption
 from sim.idle import CAUSES, idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
+from topologies.placement import mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
 from workloads.lowering import Collapse, lower
 from workloads.multistep import repeat_program, step_end_times
@@ -125,14 +129,17 @@ def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
         ("global_batch_size", exp.global_batch_size),
         ("model", exp.model.name if exp.model else "synthetic"),
         ("cluster", exp.cluster.name),
-        ("gpu", exp.cluster.gpu.name),
+        ("gpu", exp.cluster.gpu_summary()),
         ("fidelity", fidelity),
         ("placement", _placement_report(exp)),
     )
     return RunFacts(
         pipeline_rank=tuple(pl.coords(g)["pp"] for g in range(pl.num_gpus)),
-        peak_flops=exp.cluster.gpu.peak_bf16_flops,
+        peak_flops=sum(g.peak_bf16_flops for g in exp.cluster.gpus) / exp.cluster.num_gpus
+        if exp.cluster.heterogeneous else exp.cluster.gpu.peak_bf16_flops,
         memory_capacity_bytes=exp.cluster.gpu.hbm_capacity_bytes,
+        memory_capacity_per_gpu=tuple(g.hbm_capacity_bytes for g in exp.cluster.gpus)
+        if exp.cluster.heterogeneous else (),
         tokens_per_step=exp.tokens_per_step,
         model_flops_per_step=exp.model_flops_per_step,
         reserved_bytes=0.0 if exp.model is None else profile.reserved_bytes,
@@ -165,7 +172,8 @@ STEADY_STEPS = 3
 
 
 def simulate(exp: Experiment, profile: DeviceProfile | None = None,
-             fidelity: str = "auto", steps: int | None = None) -> Result:
+             fidelity: str = "auto", steps: int | None = None,
+             link_changes: Sequence[tuple[float, Mapping[int, float]]] = ()) -> Result:
     """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats.
 
     ``fidelity``: ``full`` simulates every GPU and every collective as flows;
@@ -184,11 +192,23 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     other per-step stats are counted in that window (DESIGN.md
     ``step_time_s``); schedules with the step barrier give the same numbers as
     one step.
+
+    ``link_changes``: ``(at_s, {link index: bandwidth_Bps})``, links degraded in the
+    middle of the run (:func:`sim.engine.simulate_program`); they need every transfer
+    simulated as flows, so ``auto`` runs full fidelity and ``collapsed`` is a ConfigError.
     """
     if fidelity not in FIDELITIES:
         raise ConfigError(f"fidelity={fidelity!r}: choose one of {', '.join(FIDELITIES)}")
     if steps is not None and steps < 1:
         raise ConfigError(f"steps={steps}: must be at least 1")
+    # a mixed cluster times each rank on its own GPU, with its type's profile
+    timers = rank_timers(exp.cluster.gpus, lambda spec: profile or default_profile(spec.name),
+                         exp.config.training.attention) if exp.cluster.heterogeneous else None
+    mixed = mixed_pipeline_ranks(exp.placement, exp.cluster.gpu_of) if timers else ()
+    if mixed and fidelity == "collapsed":
+        raise ConfigError(f"fidelity='collapsed': pipeline ranks {list(mixed)} mix GPU types, so "
+                          "one GPU per pipeline rank cannot stand for all; use fidelity full "
+                          "(or auto)")
     profile = profile or default_profile(exp.cluster.gpu.name)
     gpu = exp.cluster.gpu
     kernel = exp.config.training.attention
@@ -204,16 +224,26 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         return compute_time_s(gpu, profile, item.flops, item.hbm_bytes, item.attn_flops,
                               item.elementwise_bytes, kernel, item.gemm_dims)
 
-    def slowed_time(item: Compute) -> float:
-        return base_time(item) * slowdown.get(item.gpu, 1.0)
+    def rank_time(item: Compute) -> float:
+        return timers[item.gpu](item)  # type: ignore[index]
 
-    work_time = slowed_time if slowdown else base_time
+    own_time = base_time if timers is None else rank_time
+
+    def slowed_time(item: Compute) -> float:
+        return own_time(item) * slowdown.get(item.gpu, 1.0)
+
+    work_time = slowed_time if slowdown else own_time
+    if link_changes and fidelity == "collapsed":
+        raise ConfigError("fidelity='collapsed': links that change in the middle of a step "
+                          "need every transfer simulated; use fidelity full (or auto)")
     if fidelity == "auto":
-        fidelity = ("full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or slowdown
-                    else "collapsed")
+        fidelity = ("full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or slowdown or mixed
+                    or link_changes else "collapsed")
     collapse = None
     if fidelity == "collapsed":
-        collapse = Collapse(compute_s=base_time, collective_s=CollectiveTimer(exp.cluster))
+        collapse = Collapse(compute_s=base_time if timers is None else timers[0],
+                            collective_s=CollectiveTimer(exp.cluster),
+                            compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse)
     overlapping = exp.schedule.name in OVERLAPPING_STEPS
@@ -221,7 +251,8 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     if n > 1:
         program = repeat_program(program, n, barrier=not overlapping)
     times = InstructionTimes()
-    timeline = simulate_program(program, exp.cluster, work_time, times=times)
+    timeline = simulate_program(program, exp.cluster, work_time, times=times,
+                                link_changes=link_changes)
     ends = step_end_times(program, times.end_s) if n > 1 else (timeline.end_s,)
     # the steady step: a middle one, with a step before it (fill) and after it (drain)
     window = (ends[n // 2 - 1], ends[n // 2]) if n > 1 else None
@@ -333,12 +364,18 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     once (:func:`simulate`: one step, or the steady period of overlapping
     schedules); a run of ``k`` steps of it takes ``first_step_s + (k - 1)
     step_time_s``, where the first step of a run starts from an idle pipeline
-    (equal to the step time under the step barrier). A link fault or a
-    preemption takes effect at the first step boundary at or after its ``at_s``
-    (counted in failure-free time): an approximation that keeps every step one
-    simulation. A preemption with policy ``stall`` pauses the run for
-    ``replacement_s`` (SWARM-style: the pipeline waits for a replacement peer and
-    loses no work, Ryabinin et al. 2023); with ``rebalance`` the run goes on
+    (equal to the step time under the step barrier). A link degradation takes
+    effect at its ``at_s`` (counted in failure-free time) in the middle of the step
+    it strikes in: that step is simulated with the link's bandwidth changing then,
+    the transfers in flight re-rated (:func:`sim.faults.mid_step_link_changes`),
+    where steps are simulated in full (fidelity ``full``, or ``auto`` up to
+    :data:`AUTO_FULL_MAX_GPUS` GPUs) and do not overlap. Link failures,
+    preemptions and other degradations take effect at the first step boundary at
+    or after their ``at_s``: a failure reroutes transfers in flight, which the
+    flow network cannot do mid-flow. A preemption with policy
+    ``stall`` pauses the run for ``replacement_s`` (SWARM-style: the pipeline
+    waits for a replacement peer and loses no work, Ryabinin et al. 2023); with
+    ``rebalance`` the run goes on
     with the DP replicas that kept all their servers. GPU failures then play
     against the step times (:func:`sim.faults.simulate_failures`). Adds
     ``time_to_train_s``, ``goodput`` (useful work / elapsed), ``lost_work_s``
@@ -372,6 +409,11 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
 
     step_s: list[float] = []
     rows = []
+    transitions: dict[int, Result] = {}
+    """Simulations of steps in which links degraded, by row."""
+    # mid-step degradations where steps are simulated in full (flows can be re-rated)
+    mid_step = exp.schedule.name not in OVERLAPPING_STEPS and (
+        fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
     t, applied, stall = 0.0, 0, 0.0
     for first, count, batch in segments:
         left, fresh = count, True
@@ -385,6 +427,26 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
             res = run_of(batch, applied)
             period = res.stats["step_time_s"]
             n0 = len(step_s)
+            step = res.first_step_s if fresh else period
+            changes, n_mid = mid_step_link_changes(res.experiment.cluster, events, applied, t,
+                                                   t + step) if mid_step else ([], 0)
+            if changes:  # degradations strike during this step: it runs with them
+                try:
+                    mid = simulate(res.experiment, profile, fidelity, link_changes=changes)
+                except TopologyError as exc:
+                    raise ConfigError(f"faults.link_faults: {exc}") from None
+                transitions[len(rows)] = mid
+                rows.append({"first_step": first + count - left, "steps": 1,
+                             "global_batch_size": batch, "faults_applied": applied + n_mid,
+                             "mid_step_faults": n_mid,
+                             "dp": res.experiment.placement.degree("dp"),
+                             "first_step_s": mid.first_step_s, "step_time_s": mid.first_step_s})
+                step_s.append(mid.first_step_s)
+                t += mid.first_step_s
+                left -= 1
+                applied += n_mid
+                fresh = True
+                continue
             if fresh:
                 step_s.append(res.first_step_s)
                 t += res.first_step_s
@@ -392,8 +454,11 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                 fresh = False
             next_at = events[applied][1].at_s if applied < len(events) else math.inf
             if left > 0 and t < next_at:
+                # a mid-step degradation stops the run before the step it strikes in
+                to_event = (math.floor if mid_step and applied < len(events)
+                            and is_degradation(events[applied][1]) else math.ceil)
                 n = left if next_at == math.inf or period <= 0 else min(
-                    left, math.ceil((next_at - t) / period))
+                    left, to_event((next_at - t) / period))
                 step_s.extend([period] * n)
                 t += n * period
                 left -= n
@@ -423,7 +488,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
         "preemption_stall_s": stall,
         "train_tokens_per_s": tokens / elapsed if tokens and elapsed else None,
         "run_segments": rows,
-        "idle_breakdown_run_s": _run_idle(rows, cache, run, stall),
+        "idle_breakdown_run_s": _run_idle(rows, cache, run, stall, transitions),
     })
     if spec is not None:
         mtbf = job_mtbf_s(spec, num_gpus)
@@ -434,7 +499,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
 
 
 def _run_idle(rows: list[dict], cache: dict[tuple[int, int], Result], run: FailureRun,
-              stall_s: float) -> dict[str, float]:
+              stall_s: float, transitions: Mapping[int, Result]) -> dict[str, float]:
     """Mean idle seconds per GPU over the whole run, by cause.
 
     Each run of steps counts its simulated step's breakdown per step, plus the
@@ -444,8 +509,8 @@ def _run_idle(rows: list[dict], cache: dict[tuple[int, int], Result], run: Failu
     is per GPU of each simulated step.)
     """
     total = dict.fromkeys(CAUSES, 0.0)
-    for row in rows:
-        res = cache[(row["global_batch_size"], row["faults_applied"])]
+    for j, row in enumerate(rows):
+        res = transitions.get(j) or cache[(row["global_batch_size"], row["faults_applied"])]
         mean = res.stats["idle_breakdown"]["mean_s"]
         for cause in CAUSES:
             total[cause] += mean[cause] * row["steps"]

@@ -40,9 +40,11 @@ def _placement_line(placement: dict | None) -> str:
 def summary_table(stats: dict) -> str:
     """The human-readable summary ``sim run`` prints."""
     lay = stats.get("layout", {})
+    gpu = str(stats.get("gpu"))
+    gpus = gpu if "x " in gpu else f"{stats['num_gpus']} x {gpu}"  # mixed: "16x A + 16x B"
     rows = [
-        ("experiment", f"{stats.get('name')} ({stats.get('model')} on {stats['num_gpus']} x "
-                       f"{stats.get('gpu')}, {stats.get('cluster')})"),
+        ("experiment", f"{stats.get('name')} ({stats.get('model')} on {gpus}, "
+                       f"{stats.get('cluster')})"),
         ("layout", " ".join(f"{k}={v}" for k, v in lay.items()) +
          f"  schedule={stats.get('schedule')}  micro-batches={stats.get('num_microbatches')}"),
         ("placement", _placement_line(stats.get("placement"))),

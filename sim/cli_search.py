@@ -13,10 +13,13 @@ top, and ``--exhaustive`` simulates every layout that fits, for the whole front.
 Pinning: ``--fix parallel.tp=8,schedule=1f1b`` (alternatives with ``|``:
 ``--fix "mbs=1|2"``) restricts dimensions; ``--pin-from-file`` pins every
 searched key the file sets. Without pins every dimension is searched and the
-file's own layout is ignored. A progress bar on stderr shows layouts done,
-rate and time left; it is off with ``--json``, ``--no-progress`` or when
-stderr is not a terminal. Errors follow ``sim run``: exit status 2 and one
-``error:`` line.
+file's own layout is ignored, except that CP degrees whose ring attention
+cannot hide its K/V passes (fewer than ``(kv/h)·F/B`` tokens per rank, see
+``sim.search.cp_min_tokens``) are left out unless ``--fix cp=...`` names them,
+and a ``parallel.layers_per_stage`` in the file fixes the stage count. A
+progress bar on stderr shows layouts done, rate and time left; it is off with
+``--json``, ``--no-progress`` or when stderr is not a terminal. Errors follow
+``sim run``: exit status 2 and one ``error:`` line.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ __all__ = ["register", "top_table"]
 def register(subparsers: Any) -> None:
     """Add the ``search`` command to ``sim``'s sub-command parsers."""
     cmd = subparsers.add_parser(
-        "search", help="find the fastest layouts (TP, PP, DP, vpp, micro-batch, SP, ZeRO, "
-                       "recompute, schedule) that fit in memory")
+        "search", help="find the fastest layouts (TP, PP, DP, CP, EP, vpp, micro-batch, SP, "
+                       "ZeRO, recompute, schedule) that fit in memory")
     cmd.add_argument("file", help="experiment YAML file (model, cluster, global batch)")
     cmd.add_argument("--gpus", type=int, metavar="N", help="search for N GPUs instead of "
                      "cluster.num_gpus")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from sim.collectives import GroupProfile
 from sim.engine import collective_plan, gc_paused, simulate_program, step_latency_s
 from sim.network import makespan_s
 from topologies.cluster import Cluster
@@ -89,6 +90,8 @@ class CollectiveTimer:
         self.cluster = cluster
         self.algo = algo
         self._cache: dict[tuple, float] = {}
+        self._profiles: dict[tuple[int, ...], GroupProfile] = {}
+        """Group profiles of ``auto`` selection, by group (:func:`sim.engine.collective_plan`)."""
         self.simulations = 0
         """How many collectives needed the event engine (plans with dependent transfers)."""
 
@@ -123,7 +126,7 @@ class CollectiveTimer:
         if not live:
             return 0.0
         c = self.cluster
-        plans = [collective_plan(c, op, self.algo, g, nbytes) for g in live]
+        plans = [collective_plan(c, op, self.algo, g, nbytes, self._profiles) for g in live]
         if all(not step.deps for steps in plans for step in steps):
             flows = [[(step_latency_s(c, step), c.route(step.src, step.dst).links, step.nbytes)
                       for step in steps] for steps in plans]

@@ -97,6 +97,19 @@ class DragonflyConfig(_Strict):
     global_latency_us: float | None = Field(None, ge=0)
 
 
+class NodeGroupConfig(_Strict):
+    """Servers of one type in a mixed cluster (``cluster.nodes``), listed in rank order."""
+
+    count: int = Field(gt=0)
+    """Servers (nodes) of this type."""
+    preset: str | None = None
+    """A server preset (``dgx-a100-80g``, ``dgx-h100``, ...): its GPU, GPUs per server,
+    NVLink, NICs and NVLS."""
+    gpu: str | None = None
+    """A GPU type (``A100-80GB``, ``H100``, ...) for servers of an explicit topology
+    (``cluster.gpus_per_node`` GPUs each, default 1)."""
+
+
 class ClusterConfig(_Strict):
     """The cluster: a server preset on a fabric, or an explicit topology (units in the key names).
 
@@ -104,6 +117,8 @@ class ClusterConfig(_Strict):
     preset and ``topology`` may choose the fabric between them (switch =
     non-blocking crossbar, the default; fat-tree; rail-optimized; dragonfly).
     Without a preset, ``topology`` builds uniform links of ``link_bandwidth_GBps``.
+    ``nodes`` replaces ``preset`` (or ``gpu``) for a heterogeneous cluster: groups of
+    servers of different presets (or GPU types on ``topology``), in rank order.
     """
 
     num_gpus: int = Field(gt=0)
@@ -111,6 +126,10 @@ class ClusterConfig(_Strict):
     topology: Literal["switch", "ring", "full-mesh", "torus2d", "torus3d", "fat-tree",
                       "rail-optimized", "dragonfly"] | None = None
     gpu: str | None = None
+    nodes: list[NodeGroupConfig] | None = None
+    """A heterogeneous cluster instead of ``preset``/``gpu``: groups of servers, each a
+    ``preset`` or a ``gpu`` type and a ``count`` of servers, ranks numbered group after
+    group, e.g. ``[{preset: dgx-a100-80g, count: 2}, {preset: dgx-h100, count: 2}]``."""
     link_bandwidth_GBps: float | None = Field(None, gt=0)
     """Per direction, 1 GB = 1e9 B."""
     link_latency_us: float | None = Field(None, ge=0)
@@ -164,9 +183,12 @@ class ParallelConfig(_Strict):
     """Bucket size with overlap_grad_reduce, MB of bf16 gradients (1 MB = 1e6 B). Default:
     PyTorch DDP's ``bucket_cap_mb=25``; Megatron-core's is max(40M, 1M·dp) parameters
     (``DistributedDataParallelConfig.bucket_size``), i.e. 80 MB up to dp = 40."""
-    layers_per_stage: list[int] | None = None
+    layers_per_stage: list[int] | str | None = None
     """Transformer layers of each pipeline stage (model chunk, pp·vpp of them, in stage
-    order), e.g. [15, 16, 16, 15]; default: as even as possible, earlier stages first."""
+    order), e.g. [15, 16, 16, 15]; default: as even as possible, earlier stages first.
+    ``balanced``: the integer split that minimises the slowest pipeline rank's compute
+    time per micro-batch on its own GPUs (faster GPUs get more layers; the stage with
+    the output head fewer), from the cost and device models."""
 
 
 class TrainingConfig(_Strict):
@@ -177,6 +199,10 @@ class TrainingConfig(_Strict):
     recompute: Literal["none", "selective", "full"] = "none"
     attention: Literal["flash2", "flash1", "fused", "unfused"] = "flash2"
     fused_norm: bool = True
+    vocab_parallel_loss: bool = True
+    """Megatron-LM's vocabulary-parallel cross entropy (each TP rank keeps V/t logits);
+    false: the output head gathers all V logits on every TP rank and the loss runs
+    unsplit there (t times the loss's memory and memory-bound work)."""
     seq_chunks: int = Field(4, ge=1)
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""

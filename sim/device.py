@@ -13,7 +13,9 @@ Peaks come from :mod:`topologies.hardware`; the efficiencies live in a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from topologies.hardware import GPUSpec
 
@@ -84,3 +86,36 @@ def compute_time_s(
     if elementwise_bytes:
         t += elementwise_bytes / (hbm * profile.elementwise_efficiency)
     return t
+
+
+class Work(Protocol):
+    """A compute op or segment: fixed ``duration_s`` or the work of :func:`compute_time_s`."""
+
+    duration_s: float | None
+    flops: float
+    hbm_bytes: float
+    attn_flops: float
+    elementwise_bytes: float
+    gemm_dims: tuple[tuple[float, float], ...]
+
+
+def work_timer(gpu: GPUSpec, profile: DeviceProfile, attention_kernel: str = "flash2"
+               ) -> Callable[[Work], float]:
+    """``timer(item)``: the item's fixed duration, or its work timed on ``gpu``."""
+
+    def timer(item: Work) -> float:
+        if item.duration_s is not None:
+            return item.duration_s
+        return compute_time_s(gpu, profile, item.flops, item.hbm_bytes, item.attn_flops,
+                              item.elementwise_bytes, attention_kernel, item.gemm_dims)
+
+    return timer
+
+
+def rank_timers(gpus: Sequence[GPUSpec], profile_of: Callable[[GPUSpec], DeviceProfile],
+                attention_kernel: str = "flash2") -> tuple[Callable[[Work], float], ...]:
+    """One :func:`work_timer` per rank of a (possibly mixed) cluster, each on that rank's own
+    GPU with ``profile_of(its GPU)``; ranks of one GPU type share a timer."""
+    by_type = {spec: work_timer(spec, profile_of(spec), attention_kernel)
+               for spec in dict.fromkeys(gpus)}
+    return tuple(by_type[spec] for spec in gpus)

@@ -26,7 +26,7 @@ records go straight into per-stream lanes, each of which comes nearly sorted.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import repeat
@@ -34,7 +34,7 @@ from operator import itemgetter
 
 import simpy
 
-from sim.collectives import AUTO, Transfer, group_profile, resolve_algorithm
+from sim.collectives import AUTO, GroupProfile, Transfer, group_profile, resolve_algorithm
 from sim.collectives import plan as plan_collective
 from sim.errors import DeadlockError
 from sim.network import FlowNetwork
@@ -76,15 +76,23 @@ class InstructionTimes:
 
 
 def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
-                    nbytes: float) -> tuple[Transfer, ...]:
+                    nbytes: float, profiles: dict[tuple[int, ...], GroupProfile] | None = None
+                    ) -> tuple[Transfer, ...]:
     """The transfers of collective ``op`` over ``group`` as the engine runs them.
 
     The cluster's per-op override wins over ``algo``; ``auto`` (and ``nvls``) pick
     NCCL-like from the group's profile (:func:`sim.collectives.select_algorithm`);
     transfers carry the actual route latencies (:func:`sim.collectives.plan`).
+    ``profiles``: a cache of group profiles on ``cluster``, by group (filled here).
     """
     algo = cluster.collective_algos.get(op, algo)
-    profile = group_profile(cluster, group) if algo in (AUTO, "nvls") else None
+    profile = None
+    if algo in (AUTO, "nvls"):
+        profile = profiles.get(group) if profiles is not None else None
+        if profile is None:
+            profile = group_profile(cluster, group)
+            if profiles is not None:
+                profiles[group] = profile
     algo = resolve_algorithm(op, algo, nbytes, profile)
     host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
     return plan_collective(op, algo, group, nbytes, host_of=host_of,
@@ -209,6 +217,7 @@ class _Run:
         self.wake_at = -1.0
         self.refresh_pending = False
         self._plans: dict[tuple, tuple[Transfer, ...]] = {}
+        self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
         self._compiled: dict[int, _CompiledPlan] = {}
         """Per plan (by identity; plans live in ``_plans``), what running it needs."""
         # collectives in progress: key -> member instruction ids, start time
@@ -219,7 +228,11 @@ class _Run:
         self.lanes: dict[tuple[int, str], list[tuple]] | None = None
         """Span records already per stream (:meth:`_run_in_order`), else None."""
         self.memory_lanes: dict[int, list[tuple[float, int, float]]] = {}
+        self.plain_lanes: dict[tuple[int, str], list[Span]] = {}
+        """Spans of the streams whose spans came in order (:meth:`_run_in_order`)."""
         self.arrows: list[tuple[int, int]] = []
+        self.lane_arrows: list[tuple[tuple[int, str], tuple[int, str]]] = []
+        """(send lane, receive lane) of :attr:`plain_lanes` whose spans pair up in order."""
         self.mem_now = list(program.static_bytes)
         self.gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
                      else program.simulated_gpus)
@@ -324,6 +337,15 @@ class _Run:
         flow_done = self.flow_done
         for fid in done:
             flow_done.pop(fid)()
+        self._reschedule()
+
+    def change_links_at(self, at_s: float, capacity_Bps: Mapping[int, float]) -> None:
+        """From ``at_s`` on, links (by index) carry new bandwidths, flows in flight re-rated
+        (:meth:`sim.network.FlowNetwork.set_capacity`)."""
+        self._after(at_s, self._change_links, capacity_Bps)
+
+    def _change_links(self, event: simpy.Event) -> None:
+        self.net.set_capacity(self.env.now, event.value)
         self._reschedule()
 
     def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[], None]) -> None:
@@ -453,7 +475,7 @@ class _Run:
         steps = self._plans.get(key)
         if steps is None:
             steps = self._plans[key] = collective_plan(self.cluster, ins.op, ins.algo, ins.group,
-                                                       ins.nbytes)
+                                                       ins.nbytes, self._profiles)
         return steps
 
     def _run_plan(self, steps: tuple[Transfer, ...], done: Callable[[], None]) -> None:
@@ -504,32 +526,47 @@ class _Run:
         ready = [0.0] * n
         mem_now = list(self.mem_now)
         lanes: dict[tuple[int, str], list[tuple]] = {}
-        """(GPU, stream) -> (start, end, creation order, Span) records"""
-        compute_lane: list[list[tuple] | None] = [None] * len(mem_now)
+        """(GPU, stream) -> (start, end, creation order, Span) records: the collective streams,
+        which the blocking communication of compute ops joins out of order"""
+        plain: dict[tuple[int, str], list[Span]] = {}
+        """(GPU, stream) -> spans, of the streams whose spans come in order (compute, send,
+        receive: one stream's instructions in program order, each starting after the
+        previous ended; a negative duration, which would break that, declines the pass)"""
+        compute_lane: list[list[Span] | None] = [None] * len(mem_now)
         last_compute = [-1] * len(mem_now)  # per GPU, its compute stream's latest instruction
         streams: dict[tuple[int, object], list] = {}
         """(GPU, dst) of a send stream or (GPU, kind) of a collective one -> [latest id, lane,
         stream name]"""
         recv_lane: dict[tuple[int, int], list] = {}  # (GPU, dst) -> [lane, name] at dst
         memory: dict[int, list[tuple[float, int, float]]] = {}
-        arrows: list[tuple[int, int]] = []
+        arrows: list[tuple[tuple[int, str], tuple[int, str]]] = []
+        """(send lane, receive lane) pairs: their spans pair up in order"""
         arrived: dict[int, list[tuple[int, list]]] = {}
         new = tuple.__new__  # a record's Span, built without Python-level __new__
         events = 0
         clock = 0.0
         for ins in instrs:
-            i = ins.id
-            g = ins.gpu
+            # each kind's fields unpacked at once (instructions are named tuples)
             cls = type(ins)
             if cls is Compute:
+                (i, g, kind, name, deps, _, _, _, _, _, _, blocking, comm, alloc, free, stage,
+                 mb) = ins
                 prev = last_compute[g]
                 last_compute[g] = i
-            else:
-                key = (g, ins.dst) if cls is Send else (g, ins.kind)
-                stream = streams.get(key)
+            elif cls is Send:
+                i, g, dst, _, kind, name, deps, stage, mb, fixed = ins
+                stream = streams.get((g, dst))
                 if stream is None:
-                    name = f"send>{ins.dst}" if cls is Send else ins.kind
-                    stream = streams[key] = [-1, lanes.setdefault((g, name), []), name]
+                    lane_name = f"send>{dst}"
+                    stream = streams[(g, dst)] = [-1, plain.setdefault((g, lane_name), []),
+                                                  lane_name]
+                prev = stream[0]
+                stream[0] = i
+            else:
+                i, g, kind, name, deps, _, _, group, _, key, stage, mb, fixed = ins
+                stream = streams.get((g, kind))
+                if stream is None:
+                    stream = streams[(g, kind)] = [-1, lanes.setdefault((g, kind), []), kind]
                 prev = stream[0]
                 stream[0] = i
             t = 0.0
@@ -539,7 +576,7 @@ class _Run:
                     return False
                 if e > t:
                     t = e
-            for d in ins.deps:
+            for d in deps:
                 e = end[d] if d < i else None
                 if e is None:
                     return False
@@ -548,55 +585,62 @@ class _Run:
             ready[i] = t
             if cls is Compute:
                 duration = timer(ins)
-                total = duration + ins.blocking_comm_s
+                if duration < 0 or blocking < 0:
+                    return False
+                total = duration + blocking
                 if total > 0:
                     stop = t + total
                     events += 1
                 else:
                     stop = t
-                if ins.alloc_bytes or ins.free_bytes:
-                    samples = memory.setdefault(g, [])
-                    if ins.alloc_bytes:
-                        mem_now[g] += ins.alloc_bytes
+                if alloc or free:
+                    samples = memory.get(g)
+                    if samples is None:
+                        samples = memory[g] = []
+                    if alloc:
+                        mem_now[g] += alloc
                         samples.append((t, 2 * i, mem_now[g]))
-                    if ins.free_bytes:
-                        mem_now[g] -= ins.free_bytes
+                    if free:
+                        mem_now[g] -= free
                         samples.append((stop, 2 * i + 1, mem_now[g]))
                 own = compute_lane[g]
                 if own is None:
-                    own = compute_lane[g] = lanes.setdefault((g, "compute"), [])
-                own.append((t, t + duration, 4 * i, new(Span, (
-                    g, "compute", ins.kind, ins.name, t, t + duration, ins.stage, ins.mb))))
-                if ins.blocking_comm_s > 0:
-                    comm = ins.blocking_comm_kind
-                    lanes.setdefault((g, comm), []).append((t + duration, stop, 4 * i + 1, new(
-                        Span, (g, comm, comm, f"{ins.name} {comm}", t + duration, stop,
-                               ins.stage, ins.mb))))
+                    own = compute_lane[g] = plain.setdefault((g, "compute"), [])
+                mid = t + duration
+                own.append(new(Span, (g, "compute", kind, name, t, mid, stage, mb)))
+                if blocking > 0:
+                    lanes.setdefault((g, comm), []).append((mid, stop, 4 * i + 1, new(
+                        Span, (g, comm, comm, f"{name} {comm}", mid, stop, stage, mb))))
                 end[i] = stop
             elif cls is Send:
-                stop = t + ins.duration_s
+                if fixed < 0:
+                    return False
+                stop = t + fixed
                 events += 1
-                stream[1].append((t, stop, 4 * i, new(Span, (
-                    g, stream[2], ins.kind, ins.name, t, stop, ins.stage, ins.mb))))
-                dst = ins.dst
+                stream[1].append(new(Span, (g, stream[2], kind, name, t, stop, stage, mb)))
                 other = recv_lane.get((g, dst))
                 if other is None:
-                    other = recv_lane[(g, dst)] = [lanes.setdefault((dst, f"recv<{g}"), []),
-                                                   f"recv<{g}"]
-                other[0].append((t, stop, 4 * i + 1, new(Span, (
-                    dst, other[1], ins.kind, ins.name, t, stop, ins.stage, ins.mb))))
-                arrows.append((4 * i, 4 * i + 1))
+                    recv = f"recv<{g}"
+                    other = recv_lane[(g, dst)] = [plain.setdefault((dst, recv), []), recv]
+                    arrows.append(((g, stream[2]), (dst, recv)))  # k-th send -> k-th receive
+                other[0].append(new(Span, (dst, other[1], kind, name, t, stop, stage, mb)))
+                end[i] = stop
+            elif len(group) == 1:  # a collective of one starts when its member arrives
+                stop = t + fixed
+                events += 1
+                stream[1].append((t, stop, 4 * i, new(Span, (
+                    g, kind, kind, name, t, stop, stage, mb))))
                 end[i] = stop
             else:
-                members = arrived.get(ins.key)
+                members = arrived.get(key)
                 if members is None:
-                    members = arrived[ins.key] = []
+                    members = arrived[key] = []
                 members.append((i, stream))
-                if len(members) < len(ins.group):
+                if len(members) < len(group):
                     continue
-                del arrived[ins.key]
+                del arrived[key]
                 start = max(ready[j] for j, _ in members)
-                stop = start + ins.duration_s
+                stop = start + fixed
                 events += 1
                 for j, lane in members:
                     m = instrs[j]
@@ -609,7 +653,8 @@ class _Run:
             return False
         for g, t, k, b in self.memory:  # the static samples at time 0
             memory.setdefault(g, []).insert(0, (t, k, b))
-        self.lanes, self.memory_lanes, self.arrows = lanes, memory, arrows
+        self.lanes, self.memory_lanes = lanes, memory
+        self.plain_lanes, self.lane_arrows = plain, arrows
         self.mem_now = mem_now
         self.finished = bytearray(b"\x01") * n
         self.completed = n
@@ -755,7 +800,8 @@ class _Run:
     def _assemble(self, lanes: dict[tuple[int, str], list[tuple]],
                   memory: dict[int, list[tuple[float, int, float]]]) -> Timeline:
         """The timeline from per-stream records ``(start, end, creation order, span)`` and
-        per-GPU memory samples ``(time, creation order, bytes)``.
+        per-GPU memory samples ``(time, creation order, bytes)``; with the in-order pass,
+        also the streams whose spans came in order (:attr:`plain_lanes`).
 
         Records of one stream mostly come in start order already (program order),
         so sorting each stream's list costs about one comparison per record, where
@@ -764,16 +810,28 @@ class _Run:
         """
         spans: list[Span] = []
         position: dict[int, int] = {}  # creation order -> index, for records with arrows
+        base: dict[tuple[int, str], int] = {}  # a plain lane's first index
+        plain = self.plain_lanes
         order_of, span_of = itemgetter(2), itemgetter(3)
-        for (_, stream), recs in sorted(lanes.items()):
+        for key in sorted(lanes.keys() | plain.keys()) if plain else sorted(lanes):
+            own = plain.get(key)
+            if own is not None:
+                base[key] = len(spans)
+                spans.extend(own)
+                continue
+            recs = lanes[key]
             recs.sort()
-            if self.arrows and stream[:5] in ("send>", "recv<"):
+            if self.arrows and key[1][:5] in ("send>", "recv<"):
                 position.update(zip(map(order_of, recs), range(len(spans), len(spans) + len(recs)),
                                     strict=True))
             spans.extend(map(span_of, recs))
+        pairs = [(position[s], position[r]) for s, r in self.arrows]
+        for send, recv in self.lane_arrows:
+            first, n = base[recv], len(plain[send])
+            pairs.extend(zip(range(base[send], base[send] + n), range(first, first + n),
+                             strict=True))
         lanes.clear()  # the records die here, before the collector is back (simulate_program)
-        arrows = tuple(map(partial(tuple.__new__, FlowArrow), sorted(
-            (position[s], position[r]) for s, r in self.arrows)))
+        arrows = tuple(map(partial(tuple.__new__, FlowArrow), sorted(pairs)))
         samples: list[MemorySample] = []
         make_sample = partial(tuple.__new__, MemorySample)
         for g, recs in sorted(memory.items()):
@@ -794,7 +852,9 @@ class _Run:
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
                      counters: EngineCounters | None = None, *,
                      event_queue: bool = False,
-                     times: InstructionTimes | None = None) -> Timeline:
+                     times: InstructionTimes | None = None,
+                     link_changes: Sequence[tuple[float, Mapping[int, float]]] = ()
+                     ) -> Timeline:
     """Run ``program`` on ``cluster``; ``timer`` gives each compute op's duration in seconds.
 
     Raises :class:`DeadlockError` naming the stalled streams if some instruction
@@ -802,14 +862,18 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
     A program without network transfers (all durations precomputed, as a
     collapsed one) runs without the event queue unless ``event_queue`` (the
     result is the same; the flag exists to check that). ``times``, if given, is filled
-    with each instruction's ready and end times.
+    with each instruction's ready and end times. ``link_changes``: ``(at_s, {link index:
+    bandwidth_Bps})`` pairs, links degraded (or restored) in the middle of the run; the
+    flows then in flight are re-rated (precomputed durations are not affected).
     """
     if program.num_gpus > cluster.num_gpus:
         raise ValueError(f"program needs {program.num_gpus} GPUs, cluster has {cluster.num_gpus}")
     with gc_paused():
         run = _Run(program, cluster, timer)
+        for at_s, capacity in link_changes:
+            run.change_links_at(at_s, capacity)
         try:
-            timeline = run.run(queue=event_queue)
+            timeline = run.run(queue=event_queue or bool(link_changes))
             if times is not None:
                 times.ready_s, times.end_s = run.started, run.ended
             return timeline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -9,7 +10,9 @@ from typing import Any
 
 import networkx as nx
 
+from sim.calibration import default_profile
 from sim.collectives import check as check_collective
+from sim.collectives import estimate, group_profile, resolve_algorithm
 from sim.config import (
     ClusterConfig,
     ExperimentConfig,
@@ -20,6 +23,7 @@ from sim.config import (
     read_yaml,
     set_dotted,
 )
+from sim.device import work_timer
 from sim.errors import ConfigError, ScheduleError, TopologyError
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric, multi_site
@@ -31,12 +35,15 @@ from topologies.presets import (
     SERVERS,
     TOPOLOGIES,
     CollectiveSettings,
+    ServerLinks,
     explicit_graph,
     ideal_cluster,
+    mixed_server_graph,
     server_graph,
+    set_server_links,
 )
 from workloads import schedules
-from workloads.costs import SyntheticCosts, split_layers
+from workloads.costs import CommSeg, ComputeSeg, RingAttention, SyntheticCosts, split_layers
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
@@ -187,7 +194,8 @@ def _check_shape_keys(c: ClusterConfig) -> None:
             raise ConfigError(f"cluster.{extra[0]}: only used with cluster.sites > 1")
 
 
-def _preset_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
+def _server_fabric(c: ClusterConfig, what: str) -> Fabric | None:
+    """The fabric joining preset servers (``what`` names them in errors), keys checked."""
     explicit = [k for k in ("gpu", "gpus_per_node", "nvlink_bandwidth_GBps",
                             "nvlink_latency_us", "nvls") if getattr(c, k) is not None]
     if c.topology is None:
@@ -195,14 +203,10 @@ def _preset_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
                      if getattr(c, k) is not None]
     if explicit:
         raise ConfigError(f"cluster.{explicit[0]}: only used with cluster.topology, "
-                          f"not with cluster.preset={c.preset!r}")
-    if c.preset not in SERVERS:
-        raise ConfigError(f"cluster.preset: unknown preset {c.preset!r}; choose one of "
-                          f"{', '.join(PRESET_NAMES)}")
+                          f"not with {what}")
     if c.topology is not None and c.topology not in FABRIC_OF_TOPOLOGY:
         raise ConfigError(f"cluster.topology={c.topology!r} cannot join servers of "
-                          f"cluster.preset={c.preset!r}; choose a fabric: "
-                          f"{', '.join(FABRIC_OF_TOPOLOGY)}")
+                          f"{what}; choose a fabric: {', '.join(FABRIC_OF_TOPOLOGY)}")
     fabric = _fabric(c, c.topology) if c.topology else None
     if c.topology is not None:
         fabric = replace(fabric or Fabric(), kind=FABRIC_OF_TOPOLOGY[c.topology],
@@ -210,6 +214,14 @@ def _preset_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
                          else c.link_bandwidth_GBps * 1e9,
                          latency_s=None if c.link_latency_us is None
                          else c.link_latency_us * 1e-6)
+    return fabric
+
+
+def _preset_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
+    fabric = _server_fabric(c, f"cluster.preset={c.preset!r}")
+    if c.preset not in SERVERS:
+        raise ConfigError(f"cluster.preset: unknown preset {c.preset!r}; choose one of "
+                          f"{', '.join(PRESET_NAMES)}")
     graph = server_graph(c.preset, num_gpus, fabric)
     return graph, min(SERVERS[c.preset].gpus_per_node, num_gpus)
 
@@ -250,9 +262,106 @@ def _gpu(c: ClusterConfig) -> GPUSpec:
         raise ConfigError(f"cluster.gpu: {exc.args[0]}") from None
 
 
+@dataclass(frozen=True)
+class _Hosts:
+    """The servers of a mixed cluster (``cluster.nodes``), one entry per server."""
+
+    types: tuple[str, ...]
+    """Server preset (preset groups) or GPU name (GPU groups) of each server."""
+    gpus: tuple[GPUSpec, ...]
+    """GPU spec of each rank."""
+    per_node: int
+    presets: bool
+    """Whether the groups are server presets (else GPU types on cluster.topology)."""
+
+
+def _node_hosts(c: ClusterConfig) -> _Hosts:
+    """``cluster.nodes`` checked: one kind of group, known types, counts that add up."""
+    assert c.nodes is not None
+    both = [k for k in ("preset", "gpu") if getattr(c, k) is not None]
+    if both:
+        raise ConfigError(f"cluster.{both[0]}: give the GPU types in cluster.nodes, not also "
+                          f"cluster.{both[0]}={getattr(c, both[0])!r}")
+    if not c.nodes:
+        raise ConfigError("cluster.nodes: empty; list groups such as "
+                          "[{preset: dgx-a100-80g, count: 2}, {preset: dgx-h100, count: 2}]")
+    presets = c.nodes[0].preset is not None
+    specs: list[tuple[str, GPUSpec, int]] = []
+    for k, group in enumerate(c.nodes):
+        kinds = [key for key in ("preset", "gpu") if getattr(group, key) is not None]
+        if len(kinds) != 1:
+            raise ConfigError(f"cluster.nodes[{k}]: give one of 'preset' (a server preset) or "
+                              f"'gpu' (a GPU type), got {' and '.join(kinds) or 'neither'}")
+        if (kinds[0] == "preset") != presets:
+            raise ConfigError(f"cluster.nodes[{k}].{kinds[0]}: groups mix 'preset' and 'gpu'; "
+                              "give every group a server preset, or every group a GPU type "
+                              "(with cluster.topology)")
+        if presets:
+            if group.preset not in SERVERS:
+                raise ConfigError(f"cluster.nodes[{k}].preset: unknown server preset "
+                                  f"{group.preset!r}; choose one of {', '.join(SERVERS)}")
+            specs.append((group.preset, GPUS[SERVERS[group.preset].gpu], group.count))
+        else:
+            try:
+                spec = gpu_spec(group.gpu)
+            except KeyError as exc:
+                raise ConfigError(f"cluster.nodes[{k}].gpu: {exc.args[0]}") from None
+            specs.append((spec.name, spec, group.count))
+    if presets:
+        sizes = {SERVERS[name].gpus_per_node for name, _, _ in specs}
+        if len(sizes) > 1:
+            shown = ", ".join(f"{name}: {SERVERS[name].gpus_per_node}" for name, _, _ in specs)
+            raise ConfigError(f"cluster.nodes: server presets of one cluster need the same "
+                              f"GPUs per server, got {shown}")
+        per_node = sizes.pop()
+    else:
+        if c.topology is None:
+            raise ConfigError(f"cluster.nodes[0].gpu={c.nodes[0].gpu!r}: GPU groups need "
+                              "cluster.topology (servers of cluster.gpus_per_node GPUs on it); "
+                              "or give each group a server preset")
+        per_node = c.gpus_per_node or 1
+    total = per_node * sum(n for _, _, n in specs)
+    if total != c.num_gpus:
+        terms = " + ".join(f"{n}x {name}" for name, _, n in specs)
+        raise ConfigError(f"cluster.nodes: {terms} servers of {per_node} GPUs = {total} GPUs "
+                          f"!= cluster.num_gpus = {c.num_gpus}")
+    types = tuple(name for name, _, n in specs for _ in range(n))
+    gpus = tuple(spec for _, spec, n in specs for _ in range(n * per_node))
+    return _Hosts(types, gpus, per_node, presets)
+
+
+def _runs(types: tuple[str, ...]) -> list[tuple[str, int]]:
+    """``types`` as (type, consecutive count) runs."""
+    out: list[tuple[str, int]] = []
+    for t in types:
+        if out and out[-1][0] == t:
+            out[-1] = (t, out[-1][1] + 1)
+        else:
+            out.append((t, 1))
+    return out
+
+
+def _mixed_graph(c: ClusterConfig, hosts: _Hosts, site: int, sites: int
+                 ) -> tuple[nx.DiGraph, int]:
+    """The graph of site ``site`` (of ``sites``) of a mixed cluster."""
+    per_site = len(hosts.types) // sites
+    types = hosts.types[site * per_site:(site + 1) * per_site]
+    n = per_site * hosts.per_node
+    if hosts.presets:
+        fabric = _server_fabric(c, "cluster.nodes")
+        return mixed_server_graph(_runs(types), fabric), min(hosts.per_node, n)
+    graph, per_node = _explicit_graph(c, n)
+    if per_node > 1 and c.nvlink_bandwidth_GBps is None:  # each server's NVLink is its GPU's
+        set_server_links(graph, [ServerLinks(nvlink_Bps=gpu_spec(t).nvlink_bandwidth_Bps)
+                                 for t in types], nic_fabric_links=False)
+    return graph, per_node
+
+
 def build_cluster(cfg: ExperimentConfig) -> Cluster:
     """The Cluster of the experiment's ``cluster:`` mapping (see :class:`ClusterConfig`)."""
     c = cfg.cluster
+    if c.nodes is not None:
+        return _build_mixed_cluster(c)
     if c.preset is None and c.topology is None:
         raise ConfigError("cluster: give 'preset' "
                           f"({', '.join(PRESET_NAMES)}) or 'topology' ({', '.join(TOPOLOGIES)})")
@@ -284,6 +393,38 @@ def build_cluster(cfg: ExperimentConfig) -> Cluster:
         gpu = GPUS[SERVERS[c.preset].gpu] if c.preset is not None else _gpu(c)
         default_launch = SERVERS[c.preset].collective_launch_s if c.preset is not None else 0.0
         return Cluster(name, graph, gpu, per_node, **settings.cluster_kwargs(default_launch))
+    except TopologyError as exc:
+        raise ConfigError(f"cluster: {exc}") from None
+
+
+def _build_mixed_cluster(c: ClusterConfig) -> Cluster:
+    """A heterogeneous cluster from ``cluster.nodes`` (servers of several types)."""
+    _check_shape_keys(c)
+    settings = _collective_settings(c)
+    hosts = _node_hosts(c)
+    sites = c.sites or 1
+    if len(hosts.types) % sites:
+        raise ConfigError(f"cluster.sites={sites} does not divide the {len(hosts.types)} "
+                          "servers of cluster.nodes")
+    try:
+        graphs = [_mixed_graph(c, hosts, i, sites) for i in range(sites)]
+        graph, per_node = graphs[0]
+        if hosts.presets:
+            name = "+".join(f"{n}x{t}" for t, n in _runs(hosts.types))
+            if c.topology is not None:
+                name = f"{name}/{c.topology}"
+            launch = SERVERS[hosts.types[0]].collective_launch_s
+        else:
+            name, launch = f"{c.topology}{c.num_gpus}", 0.0
+        if sites > 1:
+            if c.wan_bandwidth_Mbps is None or c.wan_latency_ms is None:
+                key = "wan_bandwidth_Mbps" if c.wan_bandwidth_Mbps is None else "wan_latency_ms"
+                raise ConfigError(f"cluster.{key}: required with cluster.sites={sites}")
+            graph = multi_site([g for g, _ in graphs], c.wan_bandwidth_Mbps * 1e6 / 8,
+                               c.wan_latency_ms * 1e-3)
+            name = f"{name}x{sites}sites"
+        return Cluster(name, graph, hosts.gpus[0], per_node, **settings.cluster_kwargs(launch),
+                       gpus=hosts.gpus)
     except TopologyError as exc:
         raise ConfigError(f"cluster: {exc}") from None
 
@@ -417,7 +558,9 @@ def _check_context_parallel(cfg: ExperimentConfig, model: ModelSpec | None, cp: 
         raise ConfigError(f"parallel.cp={cp}: model.seq_length={model.seq_length} must divide "
                           f"into 2*cp = {2 * cp} equal chunks (load-balanced causal split)")
     if cfg.schedule == "seq1f1b":
-        raise ConfigError(f"parallel.cp={cp}: not supported with schedule 'seq1f1b'")
+        raise ConfigError(f"parallel.cp={cp}: not supported with schedule 'seq1f1b' (context "
+                          "parallelism's causal split and Seq1F1B's sequence chunks do not "
+                          "compose); use cp: 1 or another schedule")
 
 
 def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int) -> tuple[int, ...]:
@@ -426,8 +569,11 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int) -> tup
     Uneven splits as Llama 3 used them (first and last stages one layer fewer, for the
     embedding and the output head; Meta 2024, sec. 3.3.2)."""
     given = par.layers_per_stage
-    if given is None:
+    if given is None or given == "balanced":  # balanced: see balanced_layers
         return split_layers(model.num_layers, num_stages)
+    if isinstance(given, str):
+        raise ConfigError(f"parallel.layers_per_stage={given!r}: give a list of layers per "
+                          "stage, e.g. [15, 16, 16, 15], or 'balanced'")
     if len(given) != num_stages:
         raise ConfigError(f"parallel.layers_per_stage={given}: {len(given)} entries, but the "
                           f"pipeline has pp*vpp = {num_stages} stages")
@@ -438,6 +584,76 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int) -> tup
         raise ConfigError(f"parallel.layers_per_stage={given} sums to {sum(given)}, not "
                           f"model.num_layers = {model.num_layers}")
     return tuple(given)
+
+
+def balanced_layers(costs: TransformerCosts, schedule: schedules.Schedule,
+                    placement: Placement, cluster: Cluster) -> tuple[int, ...]:
+    """Layers per stage that minimise the slowest pipeline rank's time per micro-batch
+    (``parallel.layers_per_stage: balanced``).
+
+    A rank's cost is the time of one micro-batch's F, B (and W) of all its stages: their
+    compute on the rank's GPUs by the device model, with each GPU type's calibrated
+    profile (the slowest type where a rank mixes them; ring attention's blocks counted,
+    its passes not), plus their TP collectives by the α-β estimate of
+    :mod:`sim.collectives` on the rank's TP group (uncontended, NCCL-like algorithm
+    choice). A rank's layers are split as evenly as possible over its stages, earlier
+    ones first. Pipeline, DP and EP traffic, memory and the optimizer step are not
+    counted. The integer split is exact: layers are handed out one at a time, each to
+    the rank whose cost then grows least; costs only grow with layers, so the
+    handed-out costs are the smallest ones possible, and the largest of them (the
+    slowest rank) is the least any split can reach.
+    """
+    S, L = schedule.num_stages, costs.model.num_layers
+    pp = placement.degree("pp")
+    split = schedule.split_backward
+    kinds = (schedules.FORWARD, schedules.BACKWARD) + ((schedules.WEIGHT_GRAD,) if split else ())
+    stages_of = [[s for s in range(S) if schedule.stage_rank[s] == r] for r in range(pp)]
+    types = [dict.fromkeys(cluster.gpu_of(g) for g in range(placement.num_gpus)
+                           if placement.coords(g)["pp"] == r) for r in range(pp)]
+    timers = {spec: work_timer(spec, default_profile(spec.name), costs.attention)
+              for spec in dict.fromkeys(cluster.gpus)}
+    groups = [group_profile(cluster, placement.group("tp", placement.gpu(pp=r)))
+              for r in range(pp)]
+    comm_cache: dict[tuple[int, str, float], float] = {}
+
+    def comm_s(r: int, seg: CommSeg) -> float:
+        key = (r, seg.op, seg.nbytes)
+        if key not in comm_cache:
+            prof = groups[r]
+            algo = resolve_algorithm(seg.op, cluster.collective_algos.get(seg.op, "auto"),
+                                     seg.nbytes, prof)
+            comm_cache[key] = (0.0 if prof.n <= 1 or seg.group != "tp" else
+                               cluster.collective_launch_s + estimate(seg.op, algo, seg.nbytes,
+                                                                      prof))
+        return comm_cache[key]
+
+    def stage_layers(r: int, n: int) -> dict[int, int]:
+        return dict(zip(stages_of[r], split_layers(n, len(stages_of[r])), strict=True))
+
+    def cost(r: int, n: int) -> float:
+        probe = [1] * S
+        for s, k in stage_layers(r, n).items():
+            probe[s] = k
+        c = replace(costs, stage_layers=tuple(probe))
+        segs = [seg for s in stages_of[r] for kind in kinds
+                for seg in c.op_segments(schedules.Op(s, kind, 0), split)]
+        work = [(seg, 1) for seg in segs if isinstance(seg, ComputeSeg)]
+        work += [(seg.block, seg.steps) for seg in segs if isinstance(seg, RingAttention)]
+        comm = sum(comm_s(r, seg) for seg in segs if isinstance(seg, CommSeg))
+        return max(sum(k * timers[spec](seg) for seg, k in work) for spec in types[r]) + comm
+
+    count = [len(stages_of[r]) for r in range(pp)]
+    heap = [(cost(r, count[r] + 1), r) for r in range(pp)]
+    heapq.heapify(heap)
+    for _ in range(L - sum(count)):
+        _, r = heapq.heappop(heap)
+        count[r] += 1
+        heapq.heappush(heap, (cost(r, count[r] + 1), r))
+    out = [0] * S
+    for r in range(pp):
+        for s, k in stage_layers(r, count[r]).items():
+            out[s] = k
+    return tuple(out)
 
 
 def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
@@ -471,9 +687,12 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
                                syn.p2p_MB * MB, syn.grad_MB * MB, sched.chunks_per_rank,
                                seq_chunks=sched.seq_chunks)
     else:
-        if sched.seq_chunks > 1:
-            raise ConfigError(f"schedule={cfg.schedule!r}: seq1f1b is only supported with the "
-                              "synthetic model for now (sequence chunks need per-chunk costs)")
+        if sched.seq_chunks > 1 and cp > 1:
+            raise ConfigError(f"parallel.cp={cp}: not supported with sequence chunks "
+                              f"(schedule={cfg.schedule!r} has k={sched.seq_chunks})")
+        if sched.seq_chunks > model.seq_length:
+            raise ConfigError(f"training.seq_chunks={sched.seq_chunks} exceeds "
+                              f"model.seq_length={model.seq_length} (a chunk needs a token)")
         if sched.num_stages > model.num_layers:
             raise ConfigError(f"parallel.pp*vpp = {pp}*{par.vpp} = {sched.num_stages} exceeds "
                               f"model.num_layers = {model.num_layers}")
@@ -489,5 +708,10 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
                                  par.zero_stage, t.recompute, t.attention,
                                  t.fused_norm, overlap_grad_reduce=par.overlap_grad_reduce,
-                                 grad_bucket_bytes=par.grad_bucket_MB * MB, cp=cp, ep=par.ep)
+                                 grad_bucket_bytes=par.grad_bucket_MB * MB, cp=cp, ep=par.ep,
+                                 seq_chunks=sched.seq_chunks,
+                                 vocab_parallel_loss=t.vocab_parallel_loss)
+        if par.layers_per_stage == "balanced":
+            costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
+                                                                cluster))
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs)

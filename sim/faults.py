@@ -21,16 +21,21 @@ seeds in the experiment file (:class:`random.Random`, never the global one).
   their schedule depends on the training dynamics, so the simulator takes the
   realized schedule as input. A larger batch means more micro-batches per
   pipeline (same micro-batch size and layout).
+* :func:`mid_step_link_changes` turns link degradations that strike in the middle
+  of a step into bandwidth changes at their offsets in that step, which the flow
+  network applies to the transfers in flight (:meth:`sim.network.FlowNetwork.set_capacity`).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.errors import ConfigError
-from sim.faults_config import FaultsConfig, GpuFailures, RandomStragglers
+from sim.errors import ConfigError, TopologyError
+from sim.faults_config import FaultsConfig, GpuFailures, LinkFault, Preemption, RandomStragglers
+from topologies.cluster import Cluster
 
 HOUR_S = 3600.0
 
@@ -263,3 +268,45 @@ def young_daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
         return m
     x = delta / (2.0 * m)
     return math.sqrt(2.0 * delta * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
+
+
+def is_degradation(event: LinkFault | Preemption) -> bool:
+    """Whether ``event`` is a link degradation (which can strike mid-step), not a failure."""
+    return (isinstance(event, LinkFault) and not event.failed
+            and event.bandwidth_factor is not None)
+
+
+def mid_step_link_changes(cluster: Cluster, events: Sequence[tuple[int, LinkFault | Preemption]],
+                          start: int, t0_s: float, t1_s: float
+                          ) -> tuple[list[tuple[float, dict[int, float]]], int]:
+    """The degradations among ``events[start:]`` (``(index in faults.link_faults, event)``,
+    sorted by time) that strike inside a step running from ``t0_s`` to ``t1_s``.
+
+    Returns them as ``link_changes`` for :func:`sim.engine.simulate_program`: ``(offset
+    from t0_s, {link index: bandwidth_Bps})``, bandwidths on ``cluster`` (the state
+    before them) with repeated degradations of one link multiplied, and how many events
+    they are. It stops at the first event that is not a degradation: a link failure
+    reroutes traffic and a preemption changes the layout, so those wait for the step
+    boundary.
+    """
+    changes: list[tuple[float, dict[int, float]]] = []
+    now: dict[int, float] = {}
+    k = start
+    while k < len(events):
+        index, event = events[k]
+        if not is_degradation(event) or not t0_s < event.at_s < t1_s:
+            break
+        assert isinstance(event, LinkFault) and event.bandwidth_factor is not None
+        if len(event.link) != 2:
+            raise ConfigError(f"faults.link_faults[{index}].link={event.link}: give "
+                              "[node_a, node_b]")
+        try:
+            base = cluster.degraded_bandwidths({tuple(event.link): event.bandwidth_factor})
+        except TopologyError as exc:
+            raise ConfigError(f"faults.link_faults[{index}]: {exc}") from None
+        step = {i: now.get(i, cluster.link_bandwidth_Bps[i]) * event.bandwidth_factor
+                for i in base}
+        now.update(step)
+        changes.append((event.at_s - t0_s, step))
+        k += 1
+    return changes, k - start

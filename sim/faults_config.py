@@ -73,8 +73,9 @@ class GpuFailures(_Strict):
 
 
 class LinkFault(_Strict):
-    """A link between two graph nodes degraded or failed from ``at_s`` on (applied at the
-    first step boundary at or after that time)."""
+    """A link between two graph nodes degraded or failed from ``at_s`` on: a degradation
+    mid-step, at that time (transfers in flight slow down); a failure at the first step
+    boundary at or after it (see :func:`sim.api.simulate_run`)."""
 
     link: list[str | int]
     """``[node_a, node_b]``: graph node names (a GPU by its rank)."""

@@ -10,9 +10,9 @@ cluster and global batch (issue 6). Four steps:
    attention heads (and, with sequence parallelism, the sequence), ``pp·vpp``
    stages fit in the layers, and the schedule builder accepts ``(pp, m, vpp)``.
    CP needs a flash kernel and ``2·cp`` equal sequence chunks; EP a
-   mixture-of-experts model whose experts it divides (not with ZeRO-3).
-   Values the simulator does not support (e.g. Seq1F1B on a transformer, EP
-   on a dense model) are found by probing a tiny experiment once
+   mixture-of-experts model whose experts it divides (with any ZeRO stage).
+   Values the simulator does not support (e.g. EP on a dense model, ZeRO-3
+   on a synthetic one) are found by probing a tiny experiment once
    (:func:`probe_support`) and are left out, counted as ``unsupported``.
    Exact duplicates are dropped unless pinned: sequence parallelism without
    TP (a no-op), several ZeRO stages with ``dp = 1`` (identical), schedules
@@ -20,9 +20,16 @@ cluster and global batch (issue 6). Four steps:
    only holding more), interleaving with ``vpp = 1`` (plain 1F1B).
    ``vpp`` of the interleaved schedule ranges over ``v >= 2`` with
    ``pp·v`` dividing the layers (Megatron-LM's rule); V schedules use 2.
+   Unless pinned, CP degrees whose ring attention cannot hide its K/V
+   passes on the fastest link are left out (fewer than ``(kv/h)·F/B``
+   tokens per rank, :func:`cp_min_tokens`: ``cp = 1`` only for GPT-3's
+   2,048 tokens on A100, 522,456 layouts down to 90,360). A
+   ``parallel.layers_per_stage`` in the file fixes the stage count ``pp·vpp``.
 2. **Screen and judge** (:class:`Screener`) with bounds that need no simulation,
-   on the executor's workers (:class:`SearchWorker`): screening in chunks of
-   layouts, judging in chunks ahead of the sweep's frontier.
+   on the executor's workers (:class:`SearchWorker`): screening in compact
+   chunks cut at ``(tp, cp, pp)`` changes (:func:`_screen_spans`: a group's
+   collectives are timed by one worker), judging in chunks ahead of the
+   sweep's frontier.
    Screening is cheap and schedule-free: the average static state per rank
    plus one micro-batch of activations must fit, and a loose step-time bound
    (compute of the first and last pipeline rank, the forward chain before
@@ -87,8 +94,8 @@ from workloads.transformer import TransformerCosts
 
 __all__ = ["CSV_FIGURES", "DIMS", "Candidate", "Evaluation", "Evaluator", "JudgeChunk", "Layout",
            "ResultStore", "Row", "ScreenChunk", "SearchContext", "SearchResult", "SearchWorker",
-           "Screener", "SimulateOne", "WorkerSpec", "enumerate_layouts", "parse_pins",
-           "pins_from_file", "probe_support", "rows_csv", "search"]
+           "Screener", "SimulateOne", "WorkerSpec", "cp_min_tokens", "enumerate_layouts",
+           "parse_pins", "pins_from_file", "probe_support", "rows_csv", "search"]
 
 # ----------------------------------------------------------------------------- layouts
 
@@ -253,6 +260,8 @@ def pins_from_file(data: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
 # ----------------------------------------------------------------------------- context
 
 NEUTRAL_GPUS = 4
+_LAYOUT_PARALLEL_KEYS = frozenset({*(k.rpartition(".")[2] for k in CONFIG_KEYS.values()),
+                                   "layers_per_stage"})
 
 
 def _neutral(data: Mapping[str, Any], gpus: int, gbs: int, **settings: Any) -> dict[str, Any]:
@@ -263,7 +272,11 @@ def _neutral(data: Mapping[str, Any], gpus: int, gbs: int, **settings: Any) -> d
                 if k not in ("micro_batch_size", "num_microbatches", "recompute")}
     out["training"] = {**training, "micro_batch_size": 1, "global_batch_size": gbs}
     parallel = {k: v for k, v in settings.items() if k != "schedule"}
-    out["parallel"] = {"tp": 1, "pp": 1, "dp": gpus, **parallel}
+    # the file's other parallel settings (gradient buckets, placement) shape the cost model
+    # too; the searched keys and the per-stage layer split (stage count) are the layout's
+    kept = {k: v for k, v in (data.get("parallel") or {}).items()
+            if k not in _LAYOUT_PARALLEL_KEYS}
+    out["parallel"] = {**kept, "tp": 1, "pp": 1, "dp": gpus, **parallel}
     out["schedule"] = settings.get("schedule", "1f1b")
     return out
 
@@ -303,6 +316,10 @@ class SearchContext:
             raise ConfigError("model: sim search needs a transformer model (preset or explicit "
                               "shape), not a synthetic one")
         cfg = parse_config(data)
+        if cfg.parallel.layers_per_stage == "balanced":
+            raise ConfigError("parallel.layers_per_stage='balanced': not supported by sim search "
+                              "(its bounds assume the even split or a fixed list); search "
+                              "without it, then sim run the chosen layout with it")
         gbs = cfg.training.global_batch_size
         if gbs is None:
             try:
@@ -315,6 +332,10 @@ class SearchContext:
         if not isinstance(template.costs, TransformerCosts) or template.model is None:
             raise ConfigError("model: sim search needs a transformer model")
         cluster = build_cluster(cfg)
+        if cluster.heterogeneous:
+            raise ConfigError(f"cluster.nodes: sim search needs one GPU type (its memory and "
+                              f"time bounds assume it), not {cluster.gpu_summary()}; sim run "
+                              "simulates mixed clusters")
         unsupported, vpps = probed or probe_support(data, template.model.num_layers)
         return cls(data, Path(base_dir) if base_dir else None, cfg, template.model, cluster,
                    gbs, template.costs, unsupported, vpps)
@@ -399,6 +420,25 @@ def _allowed(pins: Pins, dim: str, values: Iterable[Any], dedupe: Sequence[Any] 
     return values
 
 
+def cp_min_tokens(ctx: SearchContext) -> float:
+    """Fewest sequence tokens per CP rank (``seq_length / cp``) at which ring attention can
+    hide its K/V passes behind its blocks, on the fastest link a ring can use.
+
+    Each of the ``cp - 1`` passes of a rank's ring (:class:`workloads.costs.RingAttention`)
+    brings the K and V of ``t = s/cp`` tokens, ``4·b·t·kv/tp`` bytes (bf16), while the
+    rank computes one block, at most ``4·b·t²·h/tp`` FLOPs (QKᵀ and PV of a full block;
+    causal, load-balanced blocks do less). At the GPU's dense BF16 peak ``F`` and its NVLink
+    bandwidth per direction ``B`` the pass hides only if ``t ≥ (kv/h)·F/B``: 1,040 tokens
+    for multi-head attention on A100 (312 TFLOP/s, 300 GB/s), 1/8 of that with 8-fold GQA.
+    Below it every pass is exposed, on any placement: enumeration drops such CP degrees
+    unless ``cp`` is pinned (:func:`enumerate_layouts`).
+    """
+    gpu, model = ctx.cluster.gpu, ctx.model
+    if not gpu.nvlink_bandwidth_Bps or not math.isfinite(gpu.nvlink_bandwidth_Bps):
+        return 0.0
+    return model.kv_dim / model.hidden_size * gpu.peak_bf16_flops / gpu.nvlink_bandwidth_Bps
+
+
 def _schedule_variants(ctx: SearchContext, pins: Pins, pp: int) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs for ``pp`` pipeline ranks."""
     layers = ctx.model.num_layers
@@ -413,6 +453,9 @@ def _schedule_variants(ctx: SearchContext, pins: Pins, pp: int) -> list[tuple[st
             if "vpp" in pins:
                 vpps = [v for v in pins["vpp"] if pp * v <= layers]
         out += [(name, v) for v in _allowed(pins, "vpp", vpps) if pp * v <= layers]
+    given = ctx.config.parallel.layers_per_stage
+    if given is not None:  # the file's per-stage layer split fixes the stage count pp·vpp
+        out = [(name, v) for name, v in out if pp * v == len(given)]
     return out
 
 
@@ -434,11 +477,13 @@ def enumerate_layouts(ctx: SearchContext, pins: Pins | None = None) -> Iterator[
     ring = ctx.config.training.attention in ("flash2", "flash1")  # CP runs inside it
     cps = [c for c in supported["cp"]
            if c == 1 or (ring and model.seq_length % (2 * c) == 0)]  # 2·cp equal chunks
+    min_tokens = cp_min_tokens(ctx)  # unpinned: CP degrees whose ring can hide its passes
+    useful_cps = [c for c in cps if c == 1 or model.seq_length / c >= min_tokens]
     for tp in _allowed(pins, "tp", _divisors(n)):
         if model.num_attention_heads % tp:
             continue
         for cp in _allowed(pins, "cp", [c for c in cps if (n // tp) % c == 0],
-                           dedupe=[1] if "cp=2" in ctx.unsupported else None):
+                           dedupe=[1] if "cp=2" in ctx.unsupported else useful_cps):
             if cp > 1 and (n // tp) % cp:
                 continue
             for pp in _allowed(pins, "pp", _divisors(n // (tp * cp))):
@@ -467,10 +512,10 @@ def _inner_layouts(ctx: SearchContext, pins: Pins, supported: Mapping[str, list[
     for ep in eps:
         for mbs in _allowed(pins, "micro_batch_size", _divisors(gbs // dp)):
             for schedule, vpp in variants:
+                if cp > 1 and schedule == "seq1f1b":  # CP and sequence chunks do not compose
+                    continue
                 for sp in sps:
                     for zero in zeros:
-                        if ep > 1 and zero == 3:  # expert gradients: not with ZeRO-3 yet
-                            continue
                         for rc in recomputes:
                             yield Layout(tp, pp, dp, cp, ep, vpp, sp, zero, mbs, rc, schedule)
 
@@ -670,9 +715,16 @@ class Screener:
     def _fits(self, gib: float) -> bool:
         return gib <= self._capacity_gib * (1 + OOM_SLACK)
 
-    def _gib(self, tracked_bytes: float) -> float:
-        p = self.profile
-        return (tracked_bytes * (1 + p.fragmentation) + p.reserved_bytes) / GiB
+    def _gib(self, allocated_bytes: float) -> float:
+        """GiB of an estimate from :meth:`memory_bound_bytes` or the quick bound: the
+        allocator's bytes (fragmentation already on the dynamic part) plus reserved."""
+        return (allocated_bytes + self.profile.reserved_bytes) / GiB
+
+    def _allocated(self, static_bytes: float, dynamic_bytes: float) -> float:
+        """Bytes the caching allocator holds: the static state as is, the dynamic memory
+        (activations, working buffers) with the fragmentation overhead (as
+        :func:`sim.stats.compute_stats` counts it)."""
+        return static_bytes + dynamic_bytes * (1 + self.profile.fragmentation)
 
     # --------------------------------------------------------------- schedules
     def plan(self, layout: Layout) -> _Plan | str:
@@ -721,11 +773,11 @@ class Screener:
         act = self._static.get(key)
         if act is None:
             act = self._static[key] = min(costs.activation_bytes_per_mb(s) for s in stages)
-        return self._gib(static / pp + act)
+        return self._gib(self._allocated(static / pp, act))
 
     def memory_bound_bytes(self, costs: TransformerCosts, plan: _Plan) -> list[float]:
-        """Lower bound of each pipeline rank's tracked peak memory, bytes (before the
-        allocator's fragmentation and reserved memory).
+        """Lower bound of each pipeline rank's peak memory, bytes, with the allocator's
+        fragmentation on the dynamic part (:meth:`_allocated`), before reserved memory.
 
         The static state of the rank's stages (:meth:`TransformerCosts.static_bytes`)
         plus, at the start of each op in the rank's program order (:func:`_in_flight`),
@@ -748,8 +800,10 @@ class Screener:
                     per_slot = {k: transient(Op(k // 3, _KINDS[k % 3], 0))
                                 for k in np.unique(slots).tolist()}
                     extra = np.array([per_slot[k] for k in slots.tolist()])
-                static += float((rows[:, :-1] @ act + extra).max())
-            out.append(static)
+                dynamic = float((rows[:, :-1] @ act + extra).max())
+                out.append(self._allocated(static, dynamic))
+            else:
+                out.append(static)
         return out
 
     # --------------------------------------------------------------- time
@@ -819,24 +873,32 @@ class Screener:
             self._groups[key] = groups
         return groups
 
-    def _collective_s(self, dim: str, layout: Layout, r: int, op: str, nbytes: float) -> float:
+    def _collective_s(self, dim: str, layout: Layout, r: int, op: str, nbytes: float,
+                      one: bool = False) -> float:
         """``op`` on every replica's ``dim`` group of pipeline rank ``r`` (the timer's time,
-        cached under a small key: the timer's own key holds every GPU of the groups)."""
-        key = (dim, layout.tp, layout.dp, layout.pp, r, op, nbytes)
+        cached under a small key: the timer's own key holds every GPU of the groups).
+
+        ``one``: on the first replica's group alone, a lower bound of that (the other
+        replicas' flows can only compete with its flows) and 30-300 times cheaper to time
+        for 1,024 GPUs; equal to it when the groups share no link (e.g. TP inside servers).
+        """
+        key = (dim, layout.tp, layout.dp, layout.pp, r, op, nbytes, one)
         t = self._comm.get(key)
         if t is None:
-            t = self._comm[key] = self.timer(op, self._group_set(dim, layout, r), nbytes)
+            groups = self._group_set(dim, layout, r)
+            t = self._comm[key] = self.timer(op, groups[:1] if one else groups, nbytes)
         return t
 
     def _tp_comm_s(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
-                   layout: Layout, r: int) -> float:
-        """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r."""
+                   layout: Layout, r: int, one: bool = False) -> float:
+        """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r
+        (``one``: see :meth:`_collective_s`)."""
         key = ("op", *_op_shape(costs), costs.stage_layers[stage],
-               stage == len(costs.stage_layers) - 1, kind, split, layout.dp, layout.pp, r)
+               stage == len(costs.stage_layers) - 1, kind, split, layout.dp, layout.pp, r, one)
         t = self._comm.get(key)
         if t is None:
             comms = self._op_time(costs, stage, kind, split)[1]
-            t = self._comm[key] = sum(self._collective_s("tp", layout, r, op, nbytes)
+            t = self._comm[key] = sum(self._collective_s("tp", layout, r, op, nbytes, one)
                                       for op, nbytes in comms)
         return t
 
@@ -925,7 +987,8 @@ class Screener:
         On the first and the last pipeline rank (a bound on any rank bounds the
         step): the forwards of the stages before the rank's first stage run
         before it can start, then its ``m`` micro-batches of ops on its stages
-        (with ``comm``, plus their TP collectives), its optimizer step and, with
+        (with ``comm``, plus their TP collectives, timed on one replica's group:
+        :meth:`_collective_s` with ``one``), its optimizer step and, with
         ``comm`` and ZeRO, its parameter all-gather. Schedules with overlapping steps:
         the rank's work alone (a period has no fill, see :meth:`step_bound_s`).
         """
@@ -942,7 +1005,7 @@ class Screener:
             busy = sum(per_mb[s] for s in mine)
             if r in timed and layout.tp > 1:
                 kinds = _KINDS if split else _KINDS[:2]
-                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r)
+                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
                             for s in mine for k in kinds)
             end = m * busy + self._optimizer_s(costs, mine)
             if layout.schedule in OVERLAPPING_STEPS:  # a period: no fill, see step_bound_s
@@ -1095,9 +1158,14 @@ class Evaluator:
 
 @dataclass(frozen=True)
 class ScreenChunk:
-    """Work item: screen these layouts (:meth:`Screener.screen`)."""
+    """Work item: screen these layouts (:meth:`Screener.screen`).
 
-    layouts: tuple[Layout, ...]
+    Layouts travel as tuples of their :data:`DIMS` values (a pickled :class:`Layout`
+    is six times larger), and the verdicts come back as ``(status, reason,
+    memory_bound_gib, tokens_bound)`` tuples (:func:`_compact`): the caller has the
+    layouts already."""
+
+    layouts: tuple[tuple[Any, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -1161,7 +1229,8 @@ class SearchWorker:
 
     def __call__(self, item: ScreenChunk | JudgeChunk | SimulateOne) -> Any:
         if isinstance(item, ScreenChunk):
-            return [self.screener.screen(layout) for layout in item.layouts]
+            screen = self.screener.screen
+            return [_compact(screen(Layout(*values))) for values in item.layouts]
         if isinstance(item, JudgeChunk):
             return [self.screener.judge(c) for c in item.candidates]
         if self._evaluate is None:
@@ -1468,13 +1537,16 @@ def search(
                         sweep.speculated, sweep.discarded, sweep.wasted_judged)
 
 
-SCREEN_CHUNKS_PER_WORKER = 4
-"""Screening is split into this many chunks per worker (load balance against overhead)."""
+SCREEN_CHUNKS_PER_WORKER = 8
+"""Screening is split into about this many chunks per worker (load balance against cache
+reuse: see :func:`_screen_spans`)."""
 SCREEN_CHUNK_MIN = 256
 JUDGE_CHUNK = 8
 """Candidates per judging work item."""
 LOOKAHEAD = 64
-"""How far past the sweep's frontier candidates are judged, and simulated speculatively."""
+"""How far past the sweep's frontier candidates are judged before any speculation."""
+FAR_LOOKAHEAD = 512
+"""How far past the frontier idle workers judge, and simulate speculatively."""
 
 
 class _LocalFallback:
@@ -1495,15 +1567,62 @@ def _screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     """Screen every layout, in chunks spread over the executor's workers; the candidates
     come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
     is screened here."""
+    spans = _screen_spans(layouts, executor.workers)
+    chunks = [ScreenChunk(tuple(tuple(getattr(lay, d) for d in DIMS) for lay in layouts[a:b]))
+              for a, b in spans]
+    out: list[list[tuple[Any, ...]] | None] = [None] * len(chunks)
+    # handed out last chunk first: enumeration ends with the widest TP groups, whose
+    # collectives make them the costliest, and a costly chunk should not come last
+    last = len(chunks) - 1
+    for i, outcome in executor.run(task, chunks[::-1]):
+        out[last - i] = outcome if isinstance(outcome, list) else local(chunks[last - i])
+    return [Candidate(lay, *verdict) for (a, b), verdicts in zip(spans, out, strict=True)
+            for lay, verdict in zip(layouts[a:b], verdicts or (), strict=True)]
+
+
+def _compact(c: Candidate) -> tuple[Any, ...]:
+    """A screening verdict without its layout (what travels back from a worker)."""
+    return (c.status, c.reason, c.memory_bound_gib, c.tokens_bound)
+
+
+def _screen_spans(layouts: Sequence[Layout], workers: int) -> list[tuple[int, int]]:
+    """``[start, end)`` index ranges of the screening chunks.
+
+    About :data:`SCREEN_CHUNKS_PER_WORKER` chunks per worker (one for one worker), cut
+    where ``(tp, cp, pp)`` changes (enumeration order keeps such a group together): the
+    screener's caches (collective times, op times, static memory) are keyed by the group's
+    degrees, so a group screened by one worker times its collectives once. A group larger
+    than a chunk is split into even pieces.
+    """
     n = len(layouts)
-    size = max(SCREEN_CHUNK_MIN, -(-n // (SCREEN_CHUNKS_PER_WORKER * max(1, executor.workers))))
-    if executor.workers <= 1:
-        size = n
-    chunks = [ScreenChunk(tuple(layouts[i:i + size])) for i in range(0, n, size)]
-    out: list[list[Candidate] | None] = [None] * len(chunks)
-    for i, outcome in executor.run(task, chunks):
-        out[i] = outcome if isinstance(outcome, list) else local(chunks[i])
-    return [c for chunk in out for c in chunk or ()]
+    if workers <= 1 or n == 0:
+        return [(0, n)] if n else []
+    size = max(SCREEN_CHUNK_MIN, -(-n // (SCREEN_CHUNKS_PER_WORKER * workers)))
+    groups: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or (layouts[i].tp, layouts[i].cp, layouts[i].pp) != (
+                layouts[start].tp, layouts[start].cp, layouts[start].pp):
+            groups.append((start, i))
+            start = i
+    spans: list[tuple[int, int]] = []
+    a = b = 0  # the chunk being filled: [a, b)
+    for gs, ge in groups:
+        if ge - gs > size:  # a big group: its own even pieces
+            if b > a:
+                spans.append((a, b))
+            pieces = -(-(ge - gs) // size)
+            cuts = [gs + (ge - gs) * k // pieces for k in range(pieces + 1)]
+            spans += list(zip(cuts, cuts[1:], strict=False))
+            a = b = ge
+        elif b - a + ge - gs > size:
+            spans.append((a, b))
+            a, b = gs, ge
+        else:
+            b = ge
+    if b > a:
+        spans.append((a, b))
+    return spans
 
 
 class _Sweep:
@@ -1645,13 +1764,37 @@ class _Sweep:
 
     def feed(self) -> JudgeChunk | SimulateOne | None:
         """The most useful work for a free worker: a simulation the serial order waits
-        for, judging ahead of the frontier, a speculative simulation, or nothing."""
+        for, judging up to :data:`LOOKAHEAD` past the frontier, a speculative simulation,
+        judging further ahead (up to :data:`FAR_LOOKAHEAD`, so that the judged candidates
+        that speculation picks from do not run out while the serial order waits), or
+        nothing."""
         todo, n = self.todo, len(self.todo)
         if self.need:
             i = self.need.pop(0)
             self.sent.add(i)
             return SimulateOne(todo[i].layout)
-        end = min(n, self.pos + LOOKAHEAD)
+        near = self._judge_chunk(min(n, self.pos + LOOKAHEAD))
+        if near is not None:
+            return near
+        far = min(n, self.pos + FAR_LOOKAHEAD)
+        for i in range(self.pos, far):
+            v, floor = self.verdicts[i], self._floor(i)
+            if (todo[i].tokens_bound or 0.0) < floor:
+                break
+            if v is None:
+                if todo[i].layout.key in self.done:
+                    continue  # never judged: its stored result is taken
+                break
+            if (v.status == "ok" and (v.tokens_bound or 0.0) >= floor and i not in self.sent
+                    and todo[i].layout.key not in self.done):
+                self.sent.add(i)
+                self.speculated += 1
+                return SimulateOne(todo[i].layout)
+        return self._judge_chunk(far)
+
+    def _judge_chunk(self, end: int) -> JudgeChunk | None:
+        """The next up to :data:`JUDGE_CHUNK` candidates not judged yet, before ``end``."""
+        todo = self.todo
         self.judge_next = max(self.judge_next, self.pos)
         chunk: list[int] = []
         while self.judge_next < end and len(chunk) < JUDGE_CHUNK:
@@ -1661,18 +1804,7 @@ class _Sweep:
             if todo[j].layout.key not in self.done:
                 chunk.append(j)
             self.judge_next += 1
-        if chunk:
-            return JudgeChunk(tuple(todo[j] for j in chunk), tuple(chunk))
-        for i in range(self.pos, end):
-            v, floor = self.verdicts[i], self._floor(i)
-            if v is None or (todo[i].tokens_bound or 0.0) < floor:
-                break
-            if (v.status == "ok" and (v.tokens_bound or 0.0) >= floor and i not in self.sent
-                    and todo[i].layout.key not in self.done):
-                self.sent.add(i)
-                self.speculated += 1
-                return SimulateOne(todo[i].layout)
-        return None
+        return JudgeChunk(tuple(todo[j] for j in chunk), tuple(chunk)) if chunk else None
 
     def on_outcome(self, item: JudgeChunk | SimulateOne, outcome: Any) -> None:
         """Take a worker's answer (a lost worker's judging is redone here), then advance."""

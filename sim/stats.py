@@ -23,9 +23,15 @@ class RunFacts:
     reserved_bytes: float = 0.0
     """Per-GPU memory outside tracked tensors (CUDA context, workspaces)."""
     fragmentation: float = 0.0
-    """Allocator overhead as a fraction of tracked memory."""
+    """Allocator overhead as a fraction of the dynamic memory above the static state
+    (activations, working buffers: what the caching allocator carves and frees each
+    step); the static state (weights, gradients, optimizer), allocated once in a few
+    large blocks, has none."""
     extra: tuple[tuple[str, object], ...] = ()
     """Descriptive keys copied into the stats (layout, schedule, ...)."""
+    memory_capacity_per_gpu: tuple[float, ...] = ()
+    """A mixed cluster's capacity of each GPU, bytes: each GPU's peak is checked against
+    its own (``oom_gpus``); empty: ``memory_capacity_bytes`` for all."""
 
 
 def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -93,6 +99,24 @@ def _intervals(spans: Iterable[Span], gpus: Sequence[int]
     return on_compute, of_kind
 
 
+def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> dict[int, float]:
+    """Per GPU: static state + (peak − static) x (1 + fragmentation) + reserved bytes.
+
+    The static state is the GPU's lowest allocated bytes (its sample at time 0,
+    before any op allocates); fragmentation applies to the dynamic part only."""
+    floor: dict[int, float] = {}
+    if facts.fragmentation:
+        for m in timeline.memory:
+            if m.bytes < floor.get(m.gpu, float("inf")):
+                floor[m.gpu] = m.bytes
+    out = {}
+    for g in gpus:
+        peak = timeline.peak_memory_bytes(g)
+        static = floor.get(g, 0.0)
+        out[g] = static + (peak - static) * (1 + facts.fragmentation) + facts.reserved_bytes
+    return out
+
+
 def compute_stats(timeline: Timeline, facts: RunFacts,
                   window: tuple[float, float] | None = None) -> dict:
     """The stats object of DESIGN.md (keys in a fixed order; values plain JSON types).
@@ -129,8 +153,7 @@ def _compute_stats(timeline: Timeline, facts: RunFacts,
             comm = _union(_clipped(of_kind[g][kind], window))
             total += _minus(comm, busy[g]) if comm else 0.0
         exposed[kind] = total / len(gpus)
-    peaks = {g: timeline.peak_memory_bytes(g) * (1 + facts.fragmentation) + facts.reserved_bytes
-             for g in gpus}
+    peaks = _peak_memory(timeline, gpus, facts)
     pp = max(facts.pipeline_rank) + 1 if facts.pipeline_rank else 1
     per_stage = [max(p for g, p in peaks.items() if facts.pipeline_rank[g] == r) / GiB
                  for r in range(pp)]
@@ -141,6 +164,10 @@ def _compute_stats(timeline: Timeline, facts: RunFacts,
            if tflops is not None and facts.peak_flops not in (0, float("inf")) else None)
     peak = max(peaks.values()) / GiB if peaks else 0.0
     capacity = facts.memory_capacity_bytes / GiB
+    per_gpu = facts.memory_capacity_per_gpu
+    over = [g for g in gpus if peaks[g] > per_gpu[g]] if per_gpu else []
+    if per_gpu and peaks:  # the capacity of the GPU with the largest peak
+        capacity = per_gpu[max(peaks, key=peaks.__getitem__)] / GiB
     stats = {
         "step_time_s": step,
         "num_gpus": n,
@@ -151,10 +178,12 @@ def _compute_stats(timeline: Timeline, facts: RunFacts,
         "bubble_ratio": bubble / (1 - bubble) if bubble < 1 else None,
         "peak_memory_gib": peak,
         "memory_capacity_gib": capacity if capacity != float("inf") else None,
-        "oom": peak > capacity,
+        "oom": bool(over) if per_gpu else peak > capacity,
         "exposed_comm_s": exposed,
         "peak_memory_per_stage_gib": per_stage,
         "compute_busy_s_mean": sum(_length(b) for b in busy.values()) / len(gpus),
     }
+    if per_gpu:
+        stats["oom_gpus"] = over
     stats.update(dict(facts.extra))
     return stats

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import groupby
+from operator import itemgetter
 from typing import NamedTuple
 
 COMPUTE_STREAM = "compute"
@@ -68,6 +70,10 @@ class MemorySample(NamedTuple):
     bytes: float
 
 
+# Span.end_s; MemorySample.gpu and .bytes (fields by position: C-speed getters)
+_END_S, _GPU, _BYTES = itemgetter(5), itemgetter(0), itemgetter(2)
+
+
 @dataclass(frozen=True)
 class Timeline:
     """Everything that happened in one simulated step, in deterministic order."""
@@ -89,7 +95,7 @@ class Timeline:
     @cached_property
     def end_s(self) -> float:
         """Makespan: end of the last span (0 when empty)."""
-        return max((s.end_s for s in self.spans), default=0.0)
+        return max(map(_END_S, self.spans), default=0.0)
 
     def spans_of(self, gpu: int, stream: str | None = None) -> list[Span]:
         return [s for s in self.spans if s.gpu == gpu and (stream is None or s.stream == stream)]
@@ -98,9 +104,10 @@ class Timeline:
     def peak_memory_by_gpu(self) -> dict[int, float]:
         """Largest allocated bytes of each GPU with memory samples, in one pass."""
         peaks: dict[int, float] = {}
-        for m in self.memory:
-            if m.bytes > peaks.get(m.gpu, float("-inf")):
-                peaks[m.gpu] = m.bytes
+        for g, samples in groupby(self.memory, _GPU):  # one run per GPU when sorted
+            top = max(map(_BYTES, samples))
+            if top > peaks.get(g, float("-inf")):
+                peaks[g] = top
         return peaks
 
     def peak_memory_bytes(self, gpu: int) -> float:

@@ -63,21 +63,21 @@ def test_rows_closed_forms(compared: tuple[list, list]) -> None:
     rows = {r.schedule: r for r in compared[0]}
     assert [r.schedule for r in compared[0]] == ALL.split(",")
     one = rows["1f1b"]
-    assert one.step_time_s == pytest.approx(11 * 3 * MS)
+    assert one.step_time_s == pytest.approx(11 * 3 * MS, rel=1e-9)
     assert one.bubble_fraction == pytest.approx(3 / 11)
     assert one.peak_activation_gib == pytest.approx((4.0, 3.0, 2.0, 1.0))
     assert one.pp_bytes_sent == pytest.approx(3 * 8 * 2 * 16e6)  # 3 boundaries, 8 mb, F and B
     assert one.relative_speed == 1.0 and one.vpp == 1
-    assert rows["interleaved"].step_time_s == pytest.approx((24 + 3 * 3 / 2) * MS)
+    assert rows["interleaved"].step_time_s == pytest.approx((24 + 3 * 3 / 2) * MS, rel=1e-9)
     assert rows["interleaved"].vpp == 2 and rows["zb-v"].vpp == 2
     assert rows["interleaved"].pp_bytes_sent == pytest.approx(7 * 8 * 2 * 16e6)
     assert rows["zb-v"].pp_bytes_sent == pytest.approx(6 * 8 * 2 * 16e6)  # stages 3|4 share
-    assert rows["zb-h1"].step_time_s == pytest.approx((24 + 3) * MS)
+    assert rows["zb-h1"].step_time_s == pytest.approx((24 + 3) * MS, rel=1e-9)
     assert rows["zb-h1"].relative_speed == pytest.approx(33 / 27)
     assert rows["zb-h2"].peak_activation_gib[0] == pytest.approx(7.0)
     assert rows["zb-v"].peak_activation_gib == pytest.approx((4.0,) * 4)
     assert rows["dualpipe-v"].peak_activation_gib == pytest.approx((4.5,) * 4)
-    assert rows["seq1f1b"].step_time_s == pytest.approx((24 + 3 * 3 / 4) * MS)
+    assert rows["seq1f1b"].step_time_s == pytest.approx((24 + 3 * 3 / 4) * MS, rel=1e-9)
     assert max(rows["seq1f1b"].peak_activation_gib) < 2.0
 
 
@@ -166,12 +166,25 @@ def test_cli_errors_are_one_line(args: list[str], message: str,
     assert captured.err.startswith(message)
 
 
-def test_cli_seq1f1b_on_a_transformer_model(capsys: pytest.CaptureFixture) -> None:
-    assert main(["compare", str(EXAMPLE), "--schedules", "1f1b,seq1f1b"]) == 2
+def test_cli_seq1f1b_on_a_transformer_model(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    """Seq1F1B runs on a transformer (tests/test_seq1f1b_transformer.py); with context
+    parallelism it is refused in one line before anything runs."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["training"]["global_batch_size"] = 8
+    data["training"]["seq_chunks"] = 2
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(data))
+    assert main(["compare", str(tmp_path / "exp.yaml"), "--schedules", "1f1b,seq1f1b",
+                 "--no-plot", "--out", str(tmp_path / "out")]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[2].startswith("1f1b") and table[3].startswith("seq1f1b")
+    data["parallel"].update(cp=2, dp=1)
+    (tmp_path / "cp.yaml").write_text(yaml.safe_dump(data))
+    assert main(["compare", str(tmp_path / "cp.yaml"), "--schedules", "1f1b,seq1f1b"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("error: --schedules: seq1f1b: ")
-    assert "seq1f1b is only supported with the synthetic model for now" in err
+    assert err.startswith("error: --schedules: seq1f1b: parallel.cp=2: not supported with "
+                          "schedule 'seq1f1b'")
 
 
 def test_cli_custom_schedule_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -1,4 +1,5 @@
-"""Link degradation and failure (:meth:`Cluster.with_link_changes`): reroutes, partitions, names.
+"""Link degradation and failure (:meth:`Cluster.with_link_changes`): reroutes, partitions, names;
+links degraded in the middle of a step (:meth:`FlowNetwork.set_capacity`).
 
 Closed forms: with zero latency, S bytes over a path whose slowest link runs at
 B take S / B; k flows forced onto one link of bandwidth B take k S / B
@@ -7,11 +8,16 @@ B take S / B; k flows forced onto one link of bandwidth B take k S / B
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from sim.api import simulate_run
 from sim.commtime import CollectiveTimer
 from sim.engine import simulate_program
-from sim.errors import SimError, TopologyError
+from sim.errors import ConfigError, SimError, TopologyError
+from sim.experiment import build_experiment
+from sim.network import FlowNetwork
 from topologies import graphs
 from topologies.cluster import Cluster
 from topologies.hardware import GPUS
@@ -172,3 +178,101 @@ def test_documented_node_names_name_links(graph, link: tuple[str, str]) -> None:
     c = Cluster("c", graph(), H100, 1)
     assert c.resolve_link(list(link)) == link
     assert c.link_name(c.link_index(link)) == f"{link[0]}->{link[1]}"
+
+
+# ------------------------------------------------------------------ mid-step degradation
+# Closed forms: a flow of S bytes alone on a link of B, degraded to f·B at t < S / B, has
+# moved B·t bytes and ends at t + (S - B·t) / (f·B).
+
+
+def test_network_re_rates_a_flow_in_flight() -> None:
+    net = FlowNetwork([10.0, 10.0, 10.0])
+    net.start(0.0, 1, (0, 1), 100.0)  # shares link 1 with flow 2
+    net.start(0.0, 2, (1,), 100.0)
+    net.start(0.0, 3, (2,), 100.0)  # alone on link 2
+    net.refresh(0.0)
+    assert net.next_end_s() == pytest.approx(10.0)  # flow 3; flows 1, 2 at 5 B/s
+    before = net.recomputations
+    net.set_capacity(4.0, {1: 4.0})  # flows 1, 2: 80 B left each, now 2 B/s
+    assert net.recomputations == before + 1
+    assert net.finish_due(10.0) == [3]
+    assert net.next_end_s() == pytest.approx(4.0 + 80.0 / 2.0)
+    assert net.finish_due(44.0) == [1, 2]
+    with pytest.raises(ValueError, match="finite, positive bandwidth"):
+        net.set_capacity(50.0, {0: 0.0})
+
+
+def test_network_refuses_to_change_an_unconstrained_link() -> None:
+    net = FlowNetwork([math.inf])
+    with pytest.raises(ValueError, match="link 0: bandwidth inf"):
+        net.set_capacity(0.0, {0: 5.0})
+
+
+def test_engine_slows_a_send_in_flight() -> None:
+    """One send over gpu0 -> switch -> gpu1 (zero latency); the first link halves at t."""
+    cluster = Cluster("sw", graphs.switch(2, B, 0.0), H100, 1)
+    b = ProgramBuilder()
+    b.send(0, 1, S, "pp", "m", ())
+    prog = Program(2, b.build(), (0.0, 0.0), gpipe(1, 1))
+    t = 0.1
+    change = cluster.degraded_bandwidths({("gpu0", "switch"): 0.5})
+    assert change == {cluster.link_index(("gpu0", "switch")): B / 2,
+                      cluster.link_index(("switch", "gpu0")): B / 2}
+    end = simulate_program(prog, cluster, lambda _op: 0.0, link_changes=[(t, change)]).end_s
+    assert end == pytest.approx(t + (S - B * t) / (B / 2), rel=1e-12)
+    # a change after the send has ended changes nothing
+    late = simulate_program(prog, cluster, lambda _op: 0.0, link_changes=[(1.0, change)]).end_s
+    assert late == pytest.approx(S / B, rel=1e-12)
+
+
+def _two_stage_sends(at_s: float | None, steps: int, fidelity: str = "auto",
+                     **faults: object) -> dict:
+    """pp = 2 with zero-time compute: a step is the activation send and the gradient send,
+    S bytes each over gpu0 -> switch -> gpu1 at B: 2 S / B."""
+    data = {
+        "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0, "p2p_MB": S / 1e6}},
+        "cluster": {"num_gpus": 2, "topology": "switch", "link_bandwidth_GBps": B / 1e9,
+                    "link_latency_us": 0.0},
+        "parallel": {"pp": 2}, "training": {"global_batch_size": 1},
+    }
+    if at_s is not None:
+        data["faults"] = {"link_faults": [{"link": ["gpu0", "switch"], "at_s": at_s,
+                                           **faults}]}
+    return simulate_run(build_experiment(data), steps, fidelity=fidelity).stats
+
+
+def test_a_degradation_mid_step_slows_that_step_from_then_on() -> None:
+    """Halved x into the second step (x < S / B, during its activation send): that step
+    takes x + 2 (S/B - x) for the rest of the send at half speed, then 2 S/B for the
+    gradient send, 4 S/B - x in all; the steps before take 2 S/B, those after 4 S/B."""
+    one = S / B
+    x = 0.1 * one
+    stats = _two_stage_sends(2 * one + x, 5, bandwidth_factor=0.5)
+    segs = stats["run_segments"]
+    assert [r["steps"] for r in segs] == [1, 1, 3]
+    assert segs[1]["mid_step_faults"] == 1 and segs[1]["faults_applied"] == 1
+    assert segs[0]["step_time_s"] == pytest.approx(2 * one, rel=1e-12)
+    assert segs[1]["step_time_s"] == pytest.approx(4 * one - x, rel=1e-12)
+    assert segs[2]["step_time_s"] == pytest.approx(4 * one, rel=1e-12)
+    assert stats["time_to_train_s"] == pytest.approx(2 * one + (4 * one - x) + 3 * 4 * one,
+                                                     rel=1e-12)
+    # the run's idle breakdown counts the mid-step simulation for its step
+    assert stats["idle_breakdown_run_s"]["idle_s"] == pytest.approx(
+        (2 * one) + (4 * one - x) + 3 * 4 * one, rel=1e-9)  # compute takes no time
+    # on a step boundary it is not a mid-step change: 2 fast steps, 2 slow ones
+    edge = _two_stage_sends(4 * one, 4, bandwidth_factor=0.5)
+    assert edge["time_to_train_s"] == pytest.approx(2 * 2 * one + 2 * 4 * one, rel=1e-12)
+    assert all("mid_step_faults" not in r for r in edge["run_segments"])
+    # collapsed steps have their transfer times fixed in advance: at the next boundary
+    collapsed = _two_stage_sends(2 * one + x, 5, "collapsed", bandwidth_factor=0.5)
+    assert collapsed["time_to_train_s"] == pytest.approx(2 * 2 * one + 3 * 4 * one, rel=1e-12)
+
+
+def test_a_link_failure_still_waits_for_the_step_boundary() -> None:
+    """A failure reroutes transfers, which the flow network cannot do mid-flow; on a
+    one-switch topology it partitions the GPUs, reported when it is applied."""
+    one = S / B
+    with pytest.raises(ConfigError, match="partition"):
+        _two_stage_sends(2 * one + 0.1 * one, 4, failed=True)
+    stats = _two_stage_sends(7 * one, 3, failed=True)  # after the run's last step
+    assert stats["time_to_train_s"] == pytest.approx(3 * 2 * one, rel=1e-12)

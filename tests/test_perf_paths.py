@@ -157,3 +157,39 @@ def test_op_is_a_named_tuple_with_the_old_behaviour() -> None:
     for ops in sched.rank_ops:
         for o in ops:
             assert schedule_deps(sched, o) == op_deps(o, sched.num_stages, False)
+
+
+@pytest.mark.parametrize("parallel,schedule,seq", [
+    ({"tp": 4, "pp": 4, "dp": 2, "vpp": 2}, "interleaved", 1024),
+    ({"tp": 4, "pp": 2, "dp": 2, "sequence_parallel": True}, "1f1b", 1024),
+    ({"tp": 2, "pp": 4, "dp": 2}, "zb-h1", 1024),
+    ({"tp": 2, "pp": 2, "dp": 2}, "seq1f1b", 2048),
+])
+def test_collapsed_fast_lowering_equals_the_general_loop(parallel: dict, schedule: str,
+                                                         seq: int, monkeypatch) -> None:
+    """:func:`workloads.lowering._lower_collapsed` builds the program of the general loop,
+    instruction for instruction (names, ids, dependencies, keys, durations)."""
+    from sim.commtime import CollectiveTimer
+    from sim.experiment import Experiment
+    from workloads import lowering
+    from workloads.lowering import Collapse, _lower
+
+    gpus = parallel["tp"] * parallel["pp"] * parallel["dp"]
+    data = {"name": "fast", "model": {"preset": "llama-7b", "num_layers": 8, "seq_length": seq},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": gpus},
+            "parallel": parallel, "schedule": schedule,
+            "training": {"micro_batch_size": 1, "global_batch_size": 16}}
+    if schedule == "seq1f1b":
+        data["training"]["seq_chunks"] = 2
+    exp = Experiment.from_dict(data)
+    collapse = Collapse(compute_s=lambda seg: seg.flops * 1e-15 + seg.hbm_bytes * 1e-12,
+                        collective_s=CollectiveTimer(exp.cluster))
+    args = (exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage, collapse)
+    calls = []
+    real = lowering._lower_collapsed
+    monkeypatch.setattr(lowering, "_lower_collapsed", lambda *a: calls.append(1) or real(*a))
+    fast, general = _lower(*args, fast=True), _lower(*args, fast=False)
+    assert calls == [1]  # the fast path ran (once: not for the general loop)
+    assert [type(i) for i in fast.instructions] == [type(i) for i in general.instructions]
+    assert fast == general
+    assert repr(fast.instructions) == repr(general.instructions)

@@ -11,11 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import assert_golden
+from conftest import assert_golden, synthetic_experiment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim import simulate
 from sim.errors import ScheduleError
+from sim.experiment import build_experiment
 from workloads.schedules import (
     Schedule,
     from_text,
@@ -264,6 +266,29 @@ def test_zb_h2_is_a_gapless_parallelogram() -> None:
         assert spans[0][0] == pytest.approx(r)
         assert spans[-1][1] == pytest.approx(r + 3 * m)
         assert all(a[1] == pytest.approx(b[0]) for a, b in zip(spans, spans[1:], strict=False))
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 10, 2), (3, 6, 3), (4, 6, 4)])
+def test_interleaved_closed_form_through_the_engine(p: int, m: int, v: int) -> None:
+    """The engine on the ideal cluster with the synthetic model, to 1e-9: m(F + B) +
+    (p - 1)(F + B)/v (F, B whole-rank costs; each of the v chunks costs 1/v)."""
+    fwd, bwd = 1.25, 2.5  # ms
+    exp = build_experiment(synthetic_experiment(p, m, "interleaved", forward_ms=fwd,
+                                                backward_ms=bwd, vpp=v))
+    want = (m * (fwd + bwd) + (p - 1) * (fwd + bwd) / v) * 1e-3
+    assert simulate(exp).stats["step_time_s"] == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("fwd,b_input,w", [(1.0, 1.0, 1.0), (1.0, 1.5, 0.5), (2.0, 1.0, 1.0)])
+@pytest.mark.parametrize("p,m", [(2, 2), (4, 8), (4, 9), (3, 7)])
+def test_zb_h1_closed_form_through_the_engine(fwd: float, b_input: float, w: float, p: int,
+                                              m: int) -> None:
+    """The engine on the ideal cluster with the synthetic model, to 1e-9:
+    m(F + B) + (p - 1)(F + B - 2W), B the whole backward (Qi et al. 2024)."""
+    exp = build_experiment(synthetic_experiment(p, m, "zb-h1", forward_ms=fwd,
+                                                backward_ms=b_input + w, weight_grad_ms=w))
+    want = zb_h1_formula(p, m, fwd, b_input, w) * 1e-3
+    assert simulate(exp).stats["step_time_s"] == pytest.approx(want, rel=1e-9, abs=1e-15)
 
 
 # ----------------------------------------------------------------------------- orderings

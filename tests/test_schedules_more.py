@@ -356,16 +356,6 @@ def test_synthetic_chunk_costs() -> None:
     assert plain.op_segments(Op(0, "F", 0), False)[0].duration_s == pytest.approx(4e-3)
 
 
-def test_seq1f1b_needs_the_synthetic_model() -> None:
-    from conftest import EXAMPLE
-
-    from sim import load_experiment
-
-    exp = load_experiment(EXAMPLE)
-    with pytest.raises(ConfigError, match="seq1f1b is only supported with the synthetic model"):
-        exp.with_changes({"schedule": "seq1f1b"})
-
-
 def test_seq_chunks_config_key() -> None:
     exp = build_experiment({**synthetic_experiment(2, 4, "seq1f1b"),
                             "training": {"global_batch_size": 4, "seq_chunks": 3}})

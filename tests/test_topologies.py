@@ -353,3 +353,18 @@ def test_config_errors_name_key_and_value(keys: dict, needles: list[str]) -> Non
         _cluster(**keys)
     for needle in needles:
         assert needle in str(err.value), (needle, str(err.value))
+
+
+def test_per_rank_gpu_specs_are_checked_and_uniform_ones_collapse() -> None:
+    g = graphs.switch(4, 1e9, 0.0)
+    a100, h100 = GPUS["A100-80GB"], GPUS["H100"]
+    with pytest.raises(TopologyError, match="3 GPU specs for 4 GPUs"):
+        Cluster("c", g, a100, 1, gpus=(a100, a100, h100))
+    with pytest.raises(TopologyError, match="rank 0 is a H100, but the cluster's gpu is A100"):
+        Cluster("c", g, a100, 1, gpus=(h100, a100, a100, a100))
+    same = Cluster("c", g, a100, 1, gpus=(a100,) * 4)
+    assert not same.heterogeneous and same.gpu_summary() == "A100-80GB"
+    mixed = Cluster("c", g, a100, 1, gpus=(a100, h100, a100, h100))
+    assert mixed.heterogeneous and mixed.gpu_of(1) is h100 and mixed.gpu_of(2) is a100
+    assert mixed.gpu_summary() == "2x A100-80GB + 2x H100"
+    assert mixed.with_link_changes(failed=[("gpu0", "switch")]).gpus == mixed.gpus

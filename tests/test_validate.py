@@ -87,6 +87,25 @@ def test_predict_is_the_same_with_workers() -> None:
     assert [p.step_time_s for p in one] == [p.step_time_s for p in two]
 
 
+def test_sweep_rows_gather_the_logits_and_parts_give_the_peak(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's framework keeps all V logits on every TP rank: a TP4 row's peak is higher
+    than with Megatron's vocabulary-parallel loss, by the last stage's loss memory; the
+    memory parts reproduce the reported peak (static + (1 + fragmentation) x dynamic +
+    reserved on the worst GPU)."""
+    import sim.validate as validate
+
+    row = next(r for r in load_rows(DATA) if r.tp == 4 and r.pp == 1 and r.seq_length == 8192)
+    profile = DeviceProfile(fragmentation=0.1, reserved_bytes=2**30)
+    gathered = predict([row], profile)[0]
+    monkeypatch.setattr(validate, "VOCAB_PARALLEL_LOSS", True)
+    split = predict([row], profile)[0]
+    assert gathered.peak_memory_gib > split.peak_memory_gib + 1.0
+    for p in (gathered, split):
+        peak = max(s + d * 1.1 for s, d in p.memory_parts) + 2**30
+        assert p.peak_memory_gib * 2**30 == pytest.approx(peak, rel=1e-9)
+
+
 def test_validate_command_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     code = main(["validate", "--data", str(DATA), "--limit", "12", "--workers", "1",
                  "--out", str(tmp_path), "--json"])

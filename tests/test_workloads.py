@@ -146,7 +146,8 @@ def test_badly_placed_tp_group_is_slower_and_reported() -> None:
 
 def test_ops_hold_transient_working_memory_while_they_run() -> None:
     """A backward holds one layer of activation gradients (two layers with full recomputation)
-    while it runs; the last stage also holds the fp32 softmax and its gradient; the peak sees it."""
+    while it runs; the last stage also holds one fp32 buffer of the loss (its fp32 logits are
+    stashed activations, not counted twice); the peak sees it."""
     from workloads.schedules import Op
 
     exp = build_experiment(_exp())
@@ -155,8 +156,11 @@ def test_ops_hold_transient_working_memory_while_they_run() -> None:
     assert costs.transient_bytes(Op(0, "F", 0)) == 0.0
     assert costs.transient_bytes(Op(0, "B", 0)) == pytest.approx(layer)
     m = costs.model
-    softmax = 8 * m.seq_length * m.vocab_size / 2  # b = 1, t = 2
+    softmax = 4 * m.seq_length * m.vocab_size / 2  # fp32, b = 1, t = 2
     assert costs.transient_bytes(Op(1, "F", 0)) == pytest.approx(softmax)
+    logits = 6 * m.seq_length * m.vocab_size / 2  # bf16 logits and their fp32 copy
+    assert costs.activation_bytes_per_mb(1) == pytest.approx(
+        costs.activation_bytes_per_mb(0) + logits)
     full = build_experiment(_exp() | {"training": {"global_batch_size": 8,
                                                    "recompute": "full"}}).costs
     assert full.transient_bytes(Op(0, "B", 0)) == pytest.approx(2 * layer)
@@ -165,3 +169,103 @@ def test_ops_hold_transient_working_memory_while_they_run() -> None:
     b_ops = [i for i in program.instructions if isinstance(i, Compute) and i.kind == "B"
              and i.stage == 0 and i.alloc_bytes]
     assert b_ops and all(i.alloc_bytes == pytest.approx(layer) for i in b_ops)
+
+
+def _llama(tp: int = 1, mbs: int = 1, **extra) -> dict:
+    return {"model": {"preset": "llama-13b", "num_layers": 2, "vocab_size": 128_000},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8},
+            "parallel": {"tp": tp, "pp": 1, "dp": 8 // tp},
+            "training": {"micro_batch_size": mbs, "global_batch_size": 8 * mbs} | extra}
+
+
+def test_swiglu_activations_are_gate_up_and_product() -> None:
+    """A LLaMA layer (fused RMSNorm, SwiGLU, flash attention, TP t, no SP) keeps, in s·b·h bytes:
+    norm and GEMM inputs 8, Q, K, V 6/t, attention output 2/t, and of the MLP the gate and
+    up projections' outputs and their product, 6·f/(h·t) (not silu(gate): the fused
+    kernel recomputes it from the gate)."""
+    for t in (1, 2):
+        costs = build_experiment(_llama(tp=t)).costs
+        m = costs.model
+        s, h, f = m.seq_length, m.hidden_size, m.ffn_hidden_size
+        expected = s * h * (8 + (6 + 2 + 6 * f / h) / t)
+        assert costs.layer_activation_bytes() == pytest.approx(expected, rel=1e-12)
+        # an eager RMSNorm keeps its input in fp32 (4) and its normalised output (2)
+        # instead of its bf16 input (2): 4 more per norm, replicated across TP
+        eager = build_experiment(_llama(tp=t, fused_norm=False)).costs
+        assert eager.layer_activation_bytes() == pytest.approx(expected + 8 * s * h, rel=1e-12)
+
+
+def test_gemm_shapes_are_the_real_matrix_shapes() -> None:
+    """Each GEMM is timed at its own M x K x N: QKV n x h -> 3h/t, projection n x h/t -> h,
+    gate/up n x h -> 2f/t, down n x f/t -> h, head n x h -> V/t; the efficiency curve
+    sees the cube side (M·K·N)^(1/3)."""
+    costs = build_experiment(_llama(tp=2)).costs
+    m = costs.model
+    n, h, f, V, t = m.seq_length, m.hidden_size, m.ffn_hidden_size, m.vocab_size, 2
+    attn, mlp = costs._gemms()
+    shapes = {"attn": [(n, h, 3 * h / t), (n, h / t, h)],
+              "mlp": [(n, h, 2 * f / t), (n, f / t, h)]}
+    for seg, name in ((attn, "attn"), (mlp, "mlp")):
+        want = [((a * b * c) ** (1 / 3), 2 * a * b * c) for a, b, c in shapes[name]]
+        assert [d for d, _ in seg.gemm_dims] == pytest.approx([d for d, _ in want])
+        assert [x for _, x in seg.gemm_dims] == pytest.approx([x for _, x in want])
+        assert seg.flops == pytest.approx(sum(x for _, x in want))
+    head = costs._head(backward=False)
+    assert len(head.gemm_dims) == 1
+    assert head.gemm_dims[0] == pytest.approx(((n * h * V / t) ** (1 / 3), 2 * n * h * V / t))
+
+
+def test_micro_batch_size_matters_more_for_thin_tp_shards() -> None:
+    """With a shape-dependent GEMM efficiency, doubling the micro-batch shortens the GEMM
+    time per token a little when the weights are whole and more when TP thins them
+    (Hagemann et al.'s sweep: mbs 2 is no faster at TP1, 5-15% faster at TP8)."""
+    from sim.device import DeviceProfile, compute_time_s
+    from topologies.hardware import gpu_spec
+
+    gpu = gpu_spec("A100-80GB")
+    profile = DeviceProfile(gemm_half_dim=600.0)
+
+    def per_token(tp: int, mbs: int) -> float:
+        costs = build_experiment(_llama(tp=tp, mbs=mbs)).costs
+        segs = costs._gemms()
+        return sum(compute_time_s(gpu, profile, seg.flops, 0.0, gemm_dims=seg.gemm_dims)
+                   for seg in segs) * tp / mbs
+
+    gain_tp1 = per_token(1, 1) / per_token(1, 2) - 1
+    gain_tp8 = per_token(8, 1) / per_token(8, 2) - 1
+    assert 0 < gain_tp1 < 0.05
+    assert gain_tp8 > 1.3 * gain_tp1
+
+
+def test_gathered_logits_multiply_the_loss_memory_by_tp() -> None:
+    """Without the vocabulary-parallel loss every TP rank holds all V logits: the last
+    stage's stashed logits and the loss's working buffer grow t-fold, the layers do not."""
+    from dataclasses import replace
+
+    from workloads.schedules import Op
+
+    costs = build_experiment(_llama(tp=4)).costs
+    gathered = replace(costs, vocab_parallel_loss=False)
+    m = costs.model
+    n, V = m.seq_length, m.vocab_size
+    layers = costs.stage_layers[0] * costs.layer_activation_bytes()
+    assert costs.activation_bytes_per_mb(0) == pytest.approx(layers + 6 * n * V / 4)
+    assert gathered.activation_bytes_per_mb(0) == pytest.approx(layers + 6 * n * V)
+    assert gathered.transient_bytes(Op(0, "F", 0)) == pytest.approx(
+        4 * costs.transient_bytes(Op(0, "F", 0)))
+    assert gathered._head(False).elementwise_bytes == pytest.approx(
+        4 * costs._head(False).elementwise_bytes)
+
+
+def test_fragmentation_applies_to_dynamic_memory_only() -> None:
+    """Peak = static state + (1 + fragmentation) x dynamic peak + reserved, per GPU."""
+    from sim.device import DeviceProfile
+
+    exp = build_experiment(_exp(pp=1, dp=4))  # one stage: every GPU holds the same state
+    bare = simulate(exp, DeviceProfile(fragmentation=0.0, reserved_bytes=0.0))
+    frag = simulate(exp, DeviceProfile(fragmentation=0.5, reserved_bytes=2**30)).stats
+    static = max(bare.program.static_bytes)
+    peak = bare.stats["peak_memory_gib"] * 2**30
+    assert static > 0 and peak > static
+    assert frag["peak_memory_gib"] * 2**30 == pytest.approx(
+        static + 1.5 * (peak - static) + 2**30, rel=1e-9)

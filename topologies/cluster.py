@@ -30,6 +30,10 @@ Links are named by their two end nodes, as the generators of
 ``spine0``, ...): :meth:`Cluster.resolve_link` turns a user's ``[a, b]`` into
 a link, and :meth:`Cluster.with_link_changes` returns a cluster with links
 degraded or failed (routes then avoid the failed ones).
+
+A cluster may mix GPU types (a heterogeneous cluster): ``gpus`` gives each
+rank's :class:`~topologies.hardware.GPUSpec` and :meth:`Cluster.gpu_of` looks
+one up; a uniform cluster stores none and answers ``gpu`` for every rank.
 """
 
 from __future__ import annotations
@@ -270,10 +274,13 @@ class Cluster:
         collective_granularity: str = "stream",
         ecmp: str = "dst-mod-k",
         failed_links: Iterable[Link] = (),
+        gpus: Sequence[GPUSpec] | None = None,
     ) -> None:
         self.name = name
         self.graph = graph
         self.gpu = gpu
+        """The GPU of every rank of a uniform cluster; of rank 0 in a mixed one (use
+        :meth:`gpu_of`)."""
         self.gpus_per_node = gpus_per_node
         self.collective_launch_s = collective_launch_s
         """Fixed software cost of starting one collective (NCCL kernel launch + setup)."""
@@ -295,6 +302,17 @@ class Cluster:
         if ranks != list(range(len(ranks))):
             raise TopologyError(f"cluster {name}: GPU ranks must be 0..n-1, got {ranks[:10]}")
         self.num_gpus = len(ranks)
+        self._gpus: tuple[GPUSpec, ...] | None = None
+        if gpus is not None:
+            specs = tuple(gpus)
+            if len(specs) != self.num_gpus:
+                raise TopologyError(f"cluster {name}: {len(specs)} GPU specs for "
+                                    f"{self.num_gpus} GPUs")
+            if specs and specs[0] != gpu:
+                raise TopologyError(f"cluster {name}: rank 0 is a {specs[0].name}, but the "
+                                    f"cluster's gpu is {gpu.name}")
+            if any(spec != gpu for spec in specs):
+                self._gpus = specs
         attrs = {(u, v): d for u, v, d in graph.edges(data=True)}
         self.links: tuple[Link, ...] = tuple(sorted(attrs))
         self._link_index = {edge: i for i, edge in enumerate(self.links)}
@@ -312,6 +330,38 @@ class Cluster:
         self._pred = _SortedNeighbours(graph.predecessors)
         self._router = _Router(self._succ, self._pred)
         self._routes: dict[tuple[Endpoint, Endpoint], Route] = {}
+
+    # ------------------------------------------------------------------ GPU types
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Whether the cluster mixes GPU types."""
+        return self._gpus is not None
+
+    @property
+    def gpus(self) -> tuple[GPUSpec, ...]:
+        """The GPU spec of every rank, in rank order."""
+        return self._gpus if self._gpus is not None else (self.gpu,) * self.num_gpus
+
+    def gpu_of(self, rank: int) -> GPUSpec:
+        """The GPU spec of ``rank``."""
+        return self.gpu if self._gpus is None else self._gpus[rank]
+
+    @property
+    def gpu_types(self) -> tuple[GPUSpec, ...]:
+        """The distinct GPU specs, in order of first rank."""
+        return tuple(dict.fromkeys(self.gpus)) if self._gpus is not None else (self.gpu,)
+
+    def gpu_summary(self) -> str:
+        """``"A100-80GB"``, or ``"16x A100-80GB + 16x H100"`` for a mixed cluster."""
+        if self._gpus is None:
+            return self.gpu.name
+        counts: dict[str, int] = {}
+        for spec in self._gpus:
+            counts[spec.name] = counts.get(spec.name, 0) + 1
+        return " + ".join(f"{n}x {name}" for name, n in counts.items())
+
+    # ------------------------------------------------------------------ hosts
 
     def host_of(self, rank: int) -> int:
         """Server index of GPU ``rank``."""
@@ -438,13 +488,7 @@ class Cluster:
         default: a physical link or cable is both directions) a change applies to
         ``a -> b`` and ``b -> a``, else only to ``a -> b``. Latencies are unchanged.
         """
-        factors: dict[Link, float] = {}
-        for spec, factor in (degraded or {}).items():
-            if not (isinstance(factor, int | float) and 0 < factor < math.inf):
-                raise TopologyError(f"cluster {self.name}: link {list(spec)} degradation factor "
-                                    f"{factor!r} must be a number > 0")
-            for link in self._directions(spec, both_directions):
-                factors[link] = factors.get(link, 1.0) * factor
+        factors = self._factors(degraded or {}, both_directions)
         gone: set[Link] = set()
         for spec in failed:
             gone.update(self._directions(spec, both_directions))
@@ -457,7 +501,29 @@ class Cluster:
                        collective_step_s=self.collective_step_s,
                        collective_algos=self.collective_algos,
                        collective_granularity=self.collective_granularity, ecmp=self.ecmp,
-                       failed_links=(*self.failed_links, *gone))
+                       failed_links=(*self.failed_links, *gone), gpus=self._gpus)
+
+    def degraded_bandwidths(self, degraded: Mapping[tuple[Endpoint, Endpoint], float], *,
+                            both_directions: bool = True) -> dict[int, float]:
+        """``{link index: new bandwidth_Bps}`` of the links ``degraded`` by factors, as
+        :meth:`with_link_changes` would set them, for a change in the middle of a run
+        (``link_changes`` of :func:`sim.engine.simulate_program`)."""
+        out = {}
+        for link, factor in self._factors(degraded, both_directions).items():
+            i = self._link_index[link]
+            out[i] = self.link_bandwidth_Bps[i] * factor
+        return out
+
+    def _factors(self, degraded: Mapping[tuple[Endpoint, Endpoint], float],
+                 both_directions: bool) -> dict[Link, float]:
+        factors: dict[Link, float] = {}
+        for spec, factor in degraded.items():
+            if not (isinstance(factor, int | float) and 0 < factor < math.inf):
+                raise TopologyError(f"cluster {self.name}: link {list(spec)} degradation factor "
+                                    f"{factor!r} must be a number > 0")
+            for link in self._directions(spec, both_directions):
+                factors[link] = factors.get(link, 1.0) * factor
+        return factors
 
     def _directions(self, spec: Sequence[Endpoint], both: bool) -> list[Link]:
         u, v = self.resolve_link(spec)
@@ -467,8 +533,13 @@ class Cluster:
             raise TopologyError(self._no_link_message((v, u)))
         return [(u, v), (v, u)]
 
+    def _gpu_count(self) -> str:
+        if self._gpus is None:
+            return f"{self.num_gpus} x {self.gpu.name}"
+        return f"{self.num_gpus} GPUs ({self.gpu_summary()})"
+
     def __repr__(self) -> str:
         return (
-            f"Cluster({self.name!r}, {self.num_gpus} x {self.gpu.name}, "
+            f"Cluster({self.name!r}, {self._gpu_count()}, "
             f"{self.graph.number_of_nodes()} nodes, {len(self.links)} links)"
         )

@@ -12,6 +12,7 @@ inside ``dp`` (where it always is); it adds no dimension of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from sim.errors import ConfigError
@@ -85,3 +86,16 @@ class Placement:
         """The GPUs that differ from ``gpu`` only along ``dim``, in ring order."""
         base = self.coords(gpu)
         return tuple(self.gpu(**{**base, dim: i}) for i in range(self.degree(dim)))
+
+
+def mixed_pipeline_ranks(placement: Placement, type_of: Callable[[int], Hashable]
+                         ) -> tuple[int, ...]:
+    """Pipeline ranks whose GPUs are not all of one type (``type_of(gpu)``, e.g. a
+    heterogeneous cluster's :meth:`~topologies.cluster.Cluster.gpu_of`): a collapsed
+    simulation, one GPU standing for its pipeline rank, is exact only without them."""
+    mixed = set()
+    for g in range(placement.num_gpus):
+        r = placement.coords(g)["pp"]
+        if r not in mixed and type_of(g) != type_of(placement.gpu(pp=r)):
+            mixed.add(r)
+    return tuple(sorted(mixed))

@@ -10,6 +10,10 @@ Three ways to get a :class:`~topologies.cluster.Cluster`:
   with uniform links, optionally with NVSwitch servers of ``gpus_per_node``;
 - :func:`cluster_from_graph`: any graph the caller built (validated), e.g.
   :func:`topologies.graphs.multi_site` of several sites.
+
+A heterogeneous cluster mixes server types (:func:`mixed_server_cluster`): it is
+built as one preset's servers, then every server's own links are set from its
+preset (:func:`set_server_links`), and the cluster holds each rank's GPU spec.
 """
 
 from __future__ import annotations
@@ -231,3 +235,107 @@ def cluster_from_graph(name: str, graph: nx.DiGraph, gpu: GPUSpec, gpus_per_node
 
 def is_ideal(cluster: Cluster) -> bool:
     return math.isinf(cluster.gpu.peak_bf16_flops)
+
+
+# ---------------------------------------------------------------------- mixed clusters
+
+
+@dataclass(frozen=True)
+class ServerLinks:
+    """One server's own link rates in a mixed cluster; None leaves the graph's value."""
+
+    nvlink_Bps: float | None = None
+    """GPU-NVSwitch links, per direction."""
+    nvlink_latency_s: float | None = None
+    nic_Bps: float | None = None
+    """GPU-NIC links (and, where the fabric's rate is not given, NIC-fabric links)."""
+    nic_latency_s: float | None = None
+    nvls: bool | None = None
+    """Whether the server's NVSwitch reduces in-network."""
+
+    @classmethod
+    def of_preset(cls, name: str) -> ServerLinks:
+        """The links of server preset ``name``, as :func:`server_graph` builds them."""
+        p = SERVERS[name]
+        return cls(GPUS[p.gpu].nvlink_bandwidth_Bps * p.nvlink_efficiency,
+                   p.nvlink_hop_latency_s, p.nic_Bps * p.nic_efficiency, p.nic_hop_latency_s,
+                   p.nvls)
+
+
+def set_server_links(graph: nx.DiGraph, per_host: Sequence[ServerLinks], *,
+                     nic_fabric_links: bool = True) -> None:
+    """Set each server's links in place from ``per_host[host]`` (hosts as the ``host``
+    attribute of :mod:`topologies.graphs` numbers them, so a multi-site graph works too).
+
+    Links are told apart by their end nodes' kinds: GPU-NVSwitch (NVLink), GPU-NIC, and
+    NIC-switch (the server's port on the fabric; changed only with ``nic_fabric_links``,
+    when the fabric runs at the NICs' own rates).
+    """
+    nodes = graph.nodes
+    if len({d["host"] for _, d in nodes(data=True) if d.get("kind") == "gpu"}) != len(per_host):
+        raise TopologyError(f"{len(per_host)} server types for a graph of a different number "
+                            "of servers")
+    for _, d in nodes(data=True):
+        if d.get("kind") == "nvswitch" and per_host[d["host"]].nvls is not None:
+            d["nvls"] = per_host[d["host"]].nvls
+    for u, v, d in graph.edges(data=True):
+        ku, kv = nodes[u].get("kind"), nodes[v].get("kind")
+        kinds = {ku, kv}
+        if kinds == {"gpu", "nvswitch"}:
+            links = per_host[nodes[u]["host"]]
+            bw, lat = links.nvlink_Bps, links.nvlink_latency_s
+        elif kinds == {"gpu", "nic"}:
+            links = per_host[nodes[u]["host"]]
+            bw, lat = links.nic_Bps, links.nic_latency_s
+        elif nic_fabric_links and "nic" in kinds and "gpu" not in kinds:
+            links = per_host[nodes[u if ku == "nic" else v]["host"]]
+            bw, lat = links.nic_Bps, None
+        else:
+            continue
+        if bw is not None:
+            d["bandwidth_Bps"] = bw
+        if lat is not None:
+            d["latency_s"] = lat
+
+
+def expand_groups(groups: Sequence[tuple[GPUSpec, int]], gpus_per_node: int
+                  ) -> tuple[GPUSpec, ...]:
+    """Each rank's GPU spec for ``(gpu, servers)`` groups of ``gpus_per_node`` GPUs, in
+    order."""
+    return tuple(spec for spec, servers in groups for _ in range(servers * gpus_per_node))
+
+
+def mixed_server_graph(groups: Sequence[tuple[str, int]], fabric: Fabric | None = None
+                       ) -> nx.DiGraph:
+    """Servers of several presets on one fabric: ``groups`` lists ``(preset, servers)`` in
+    rank order. The presets must have the same GPUs per server. The fabric runs at the
+    fastest preset's NIC rate (or ``fabric``'s bandwidth); each server's NVLink, NICs,
+    NIC port on the fabric (unless ``fabric`` sets the bandwidth) and NVLS are its own."""
+    if not groups:
+        raise TopologyError("a mixed cluster needs at least one group of servers")
+    per_node = {name: SERVERS[name].gpus_per_node for name, _ in groups}
+    if len(set(per_node.values())) > 1:
+        shown = ", ".join(f"{name}: {n}" for name, n in per_node.items())
+        raise TopologyError(f"server presets of one cluster need the same GPUs per server, "
+                            f"got {shown}")
+    n = next(iter(per_node.values()))
+    base = max((name for name, _ in groups), key=lambda name: SERVERS[name].nic_Bps
+               * SERVERS[name].nic_efficiency)
+    graph = server_graph(base, n * sum(count for _, count in groups), fabric)
+    hosts = [ServerLinks.of_preset(name) for name, count in groups for _ in range(count)]
+    set_server_links(graph, hosts,
+                     nic_fabric_links=fabric is None or fabric.bandwidth_Bps is None)
+    return graph
+
+
+def mixed_server_cluster(groups: Sequence[tuple[str, int]], fabric: Fabric | None = None,
+                         collectives: CollectiveSettings | None = None) -> Cluster:
+    """A heterogeneous cluster of server presets (:func:`mixed_server_graph`), e.g.
+    ``[("dgx-a100-80g", 2), ("dgx-h100", 2)]``: ranks 0-15 on A100s, 16-31 on H100s."""
+    graph = mixed_server_graph(groups, fabric)
+    n = SERVERS[groups[0][0]].gpus_per_node
+    gpus = expand_groups([(GPUS[SERVERS[name].gpu], count) for name, count in groups], n)
+    c = collectives or CollectiveSettings()
+    name = "+".join(f"{count}x{preset}" for preset, count in groups)
+    return Cluster(name, graph, gpus[0], n,
+                   **c.cluster_kwargs(SERVERS[groups[0][0]].collective_launch_s), gpus=gpus)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from workloads.schedules import BACKWARD, FORWARD, Op
+from workloads.seqchunks import equal_cost_bounds
 
 BF16 = 2
 """Bytes per bf16 element."""
@@ -192,16 +193,10 @@ class SyntheticCosts:
         (``a`` = :attr:`attention_share`; causal attention reads the ``x`` prefix),
         so the FLOPs of ``[0, x)`` are ``G(x) = (1 - a) x + a x^2`` and chunk ``c``
         ends where ``G(x) = (c + 1)/k`` (Sun et al. 2024, sec. 3, solved in closed
-        form instead of the reference code's symbolic solver).
+        form instead of the reference code's symbolic solver;
+        :func:`workloads.seqchunks.equal_cost_bounds`).
         """
-        k, a = self.seq_chunks, self.attention_share
-        bounds = [0.0]
-        for c in range(1, k):
-            y = c / k
-            # root of a x^2 + (1 - a) x - y = 0, written to stay exact at a = 0
-            bounds.append(2 * y / ((1 - a) + ((1 - a) ** 2 + 4 * a * y) ** 0.5))
-        bounds.append(1.0)
-        return tuple(bounds)
+        return equal_cost_bounds(self.seq_chunks, self.attention_share)
 
     def seq_chunk_share(self, op: Op) -> float:
         """Share of its micro-batch's tokens (and stashed activations) ``op``'s chunk holds."""

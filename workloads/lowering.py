@@ -30,13 +30,14 @@ from typing import Protocol
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
-from workloads.program import Program, ProgramBuilder
+from workloads.program import Collective, Compute, Program, ProgramBuilder, Send
 from workloads.schedules import (
     BACKWARD,
     FORWARD,
     WEIGHT_GRAD,
     Op,
     Schedule,
+    op_deps,
     schedule_deps,
     unit_times,
 )
@@ -91,6 +92,15 @@ class Collapse:
     """Duration of a compute segment on the representative GPU."""
     collective_s: Callable[[str, tuple[tuple[int, ...], ...], float], float]
     """``collective_s(op, groups, nbytes)``: time of ``op`` run at once on every group."""
+    compute_s_of: Callable[[int], Callable[[ComputeSeg], float]] | None = None
+    """Mixed GPU types: ``compute_s_of(gpu)`` times segments on that GPU (every GPU of a
+    pipeline rank is of one type); None: ``compute_s`` holds for every GPU."""
+
+    def on(self, gpu: int) -> Collapse:
+        """This collapse with compute timed on representative ``gpu``'s own GPU type."""
+        if self.compute_s_of is None:
+            return self
+        return replace(self, compute_s=self.compute_s_of(gpu), compute_s_of=None)
 
 
 def lower(
@@ -111,12 +121,23 @@ def lower(
         return _lower(schedule, costs, placement, zero_stage, collapse)
     finally:
         if enabled:
+            # the program's objects, all in the youngest generation now, move to the
+            # oldest at once (as sim.timeline.gc_paused does): else the first young
+            # collection after this scans every one of them (a quarter second at 400k)
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
 def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int,
-           collapse: Collapse | None) -> Program:
-    """:func:`lower`, with the garbage collector paused by the caller."""
+           collapse: Collapse | None, fast: bool = True) -> Program:
+    """:func:`lower`, with the garbage collector paused by the caller.
+
+    ``fast``: a collapsed lowering without piecewise ops or fused groups takes
+    :func:`_lower_collapsed` (the same program, built faster); False forces the
+    general loop (``tests/test_perf_paths.py`` compares the two).
+    """
     pp, tp = placement.degree("pp"), placement.degree("tp")
     if schedule.num_ranks != pp:
         raise ValueError(f"schedule has {schedule.num_ranks} ranks but the layout has pp={pp}")
@@ -149,35 +170,27 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     transient = getattr(costs, "transient_bytes", None)
     fold_cache: dict[Op, _Folded] = {}
     pending = [0.0] * pp  # per rank, see _emit_folded
-    send_cache: dict[tuple[int, int], float] = {}
-    p2p = costs.p2p_bytes()
-    groups_of = schedule.groups
+    send_cache: dict[tuple[int, int, float], float] = {}
+    whole_p2p = p2p = costs.p2p_bytes()
     zero3 = zero_stage == 3 and len(replicas) > 1
     overlap = bool(getattr(costs, "overlap_grad_reduce", False)) and len(replicas) > 1
     cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
     piecewise = (_PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
                  if zero3 or overlap or cp_or_ep else None)
+    if fast and collapse is not None and piecewise is None and not schedule.fused:
+        last = _lower_collapsed(b, schedule, costs, collapse, placement, order, index,
+                                [lane[0][0] for lane in lanes], set(final_op.values()))
+        order = []  # lowered: the general loop below has nothing left to do
+    groups_of = schedule.groups if order else {}
     final_ops = set(final_op.values())
     for k, op in enumerate(order):
         r = owner[op.stage]
         generic = Op(op.stage, op.kind, 0, op.seq)
+        if op.seq >= 0:  # a Seq1F1B chunk's message (its group is itself)
+            p2p = _chunk_p2p_bytes(costs, generic, whole_p2p)
         cached = op_cache.get(generic)
         if cached is None:
-            segs = costs.op_segments(generic, split)
-            act = _stash_bytes(costs, generic)
-            alloc = act if op.kind == FORWARD else 0.0
-            if op.kind == BACKWARD:
-                free = act * (1 - costs.w_retained_fraction) if split else act
-            elif op.kind == WEIGHT_GRAD:
-                free = act * costs.w_retained_fraction
-            else:
-                free = 0.0
-            # working memory held only while the op runs (recomputation, gradient buffers)
-            if transient is not None:
-                extra = transient(generic)
-                alloc, free = alloc + extra, free + extra
-            cached = op_cache[generic] = (segs, sum(isinstance(x, ComputeSeg) for x in segs),
-                                          alloc, free)
+            cached = op_cache[generic] = _op_facts(costs, generic, split, transient)
         segs, n_compute, alloc, free = cached
         local = [(index[dep], owner[dep.stage] == r) for dep in schedule_deps(schedule, op)]
         op_name = str(op)
@@ -189,7 +202,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
                 continue
             fixed = None
             if collapse is not None:  # every replica's message crosses at once
-                link = (r, owner[consumer])
+                link = (r, owner[consumer], p2p)
                 if link not in send_cache:
                     pairs = tuple((placement.gpu(tp=u, cp=c, dp=e, pp=r),
                                    placement.gpu(tp=u, cp=c, dp=e, pp=owner[consumer]))
@@ -211,7 +224,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
             folded = fold_cache.get(generic)
             if folded is None:
                 groups = tp_groups(placement, r)
-                folded = fold_cache[generic] = _fold(segs, collapse, groups)
+                folded = fold_cache[generic] = _fold(segs, collapse.on(g), groups)
             deps = tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
             last[(k, g)] = _emit_folded(b, g, op, op_name, folded, deps, alloc, free,
                                         pending[r])
@@ -267,6 +280,129 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     static = tuple(static_of_rank[c["pp"]] for c in coords)
     simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
     return Program(placement.num_gpus, b.build(), static, schedule, gpu_names, simulated)
+
+
+def _op_facts(costs: CostModel, generic: Op, split: bool, transient: Callable | None
+              ) -> tuple[tuple[Segment, ...], int, float, float]:
+    """An op's segments, how many of them compute, and the bytes it allocates at its start
+    and frees at its end; the same for every micro-batch (``generic`` has ``mb`` 0)."""
+    segs = costs.op_segments(generic, split)
+    act = _stash_bytes(costs, generic)
+    alloc = act if generic.kind == FORWARD else 0.0
+    if generic.kind == BACKWARD:
+        free = act * (1 - costs.w_retained_fraction) if split else act
+    elif generic.kind == WEIGHT_GRAD:
+        free = act * costs.w_retained_fraction
+    else:
+        free = 0.0
+    # working memory held only while the op runs (recomputation, gradient buffers)
+    if transient is not None:
+        extra = transient(generic)
+        alloc, free = alloc + extra, free + extra
+    return segs, sum(isinstance(x, ComputeSeg) for x in segs), alloc, free
+
+
+def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
+                     collapse: Collapse, placement: Placement, order: Sequence[Op],
+                     index: Mapping[Op, int], reps: Sequence[int], final_ops: set[Op]
+                     ) -> dict[tuple[int, int], int]:
+    """The op loop of a collapsed lowering whose ops are each a chain of compute and TP
+    collectives, unfused (no piecewise op, no fused group): the program of the general
+    loop of :func:`_lower`, instruction for instruction, built faster.
+
+    Everything but names, ids and dependencies is the same for every micro-batch of a
+    (stage, kind, sequence chunk), so it is worked out once per such triple
+    (:func:`_op_facts`, :func:`_fold`, the pipeline send's time); each op then appends
+    its instructions as tuples built in place (:meth:`_emit_folded` without keyword
+    arguments). With one simulated GPU per pipeline rank, what completes an op and what
+    delivers its output are indexed by the op's position in ``order`` alone.
+    Returns ``last[(position, gpu)]`` of the final ops (:func:`_lower_step_end`).
+    """
+    S, split, chunks = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
+    owner = schedule.stage_rank
+    transient = getattr(costs, "transient_bytes", None)
+    whole_p2p = costs.p2p_bytes()
+    instrs, new = b.instructions, tuple.__new__
+    algo = b.default_algo
+    n = len(order)
+    done = [0] * n  # the instruction that completes op order[k] on its rank's GPU
+    arrived = [0] * n  # the send that delivers its output to its consumer's GPU
+    pending = [0.0] * len(reps)  # per rank, see _emit_folded
+    plans: dict[tuple[int, str, int], tuple] = {}
+    send_cache: dict[tuple[int, int, float], float] = {}
+    solo: dict[int, tuple[int]] = {g: (g,) for g in reps}
+
+    def runs(g: int, st: int, mb: int, name: str, todo: tuple[_CommRun, ...],
+             deps: tuple[int, ...]) -> tuple[int, ...]:
+        for run in todo:  # _emit_runs: one-member collectives in a row
+            i = len(instrs)
+            instrs.append(new(Collective, (i, g, run.kind, f"{name} {run.label}", deps, run.op,
+                                           algo, solo[g], run.nbytes, b.new_key(), st, mb,
+                                           run.duration_s)))
+            deps = (i,)
+        return deps
+
+    def block(g: int, kind: str, st: int, mb: int, name: str, blk: _Block,
+              deps: tuple[int, ...], alloc: float, free: float) -> int:
+        i = len(instrs)  # _emit_block: Compute's fields in order
+        instrs.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
+                                    blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind, alloc,
+                                    free, st, mb)))
+        return i
+
+    for k, op in enumerate(order):
+        st, kind, mb, seq = op
+        plan = plans.get((st, kind, seq))
+        if plan is None:
+            r = owner[st]
+            g = reps[r]
+            generic = Op(st, kind, 0, seq)
+            segs, _, alloc, free = _op_facts(costs, generic, split, transient)
+            folded = _fold(segs, collapse.on(g), tp_groups(placement, r))
+            consumer = _consumer_stage(generic, S)
+            # a Seq1F1B chunk's message: its own bytes
+            p2p = whole_p2p if seq < 0 else _chunk_p2p_bytes(costs, generic, whole_p2p)
+            send = None
+            if consumer is not None and owner[consumer] != r:
+                link = (r, owner[consumer], p2p)
+                if link not in send_cache:
+                    pairs = tuple((placement.gpu(tp=u, cp=c, dp=e, pp=r),
+                                   placement.gpu(tp=u, cp=c, dp=e, pp=owner[consumer]))
+                                  for c, e in replica_coords(placement)
+                                  for u in range(placement.degree("tp")))
+                    send_cache[link] = collapse.collective_s("send", pairs, p2p)
+                send = (reps[owner[consumer]], " act" if kind == FORWARD else " grad",
+                        send_cache[link], p2p)
+            head, rest = folded.head, folded.rest
+            split_at = (head.compute_s if head is not None and rest is not None
+                        and not folded.leading else None)
+            plan = plans[(st, kind, seq)] = (r, g, folded, alloc, free, send, split_at)
+        r, g, folded, alloc, free, send, split_at = plan
+        deps = tuple([done[x] if owner[d[0]] == r else arrived[x]
+                      for d in op_deps(op, S, split, chunks) for x in (index[d],)])
+        name = str(op)
+        if folded.leading:
+            deps = runs(g, st, mb, name, folded.leading, deps)
+        if split_at is not None and pending[r] > split_at:
+            first = block(g, kind, st, mb, name, folded.head, deps, alloc, 0.0)
+            deps = runs(g, st, mb, name, folded.first_comm, (first,))
+            last = block(g, kind, st, mb, name, folded.rest, deps, 0.0, free)
+        else:
+            last = block(g, kind, st, mb, name, folded.whole, deps, alloc, free)
+        if folded.trailing:
+            last = runs(g, st, mb, name, folded.trailing, (last,))[0]
+            pending[r] = folded.trailing_s
+        elif folded.has_comm:
+            pending[r] = 0.0
+        else:  # pure compute: an earlier closing collective runs on meanwhile
+            pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
+        done[k] = last
+        if send is not None:
+            i = arrived[k] = len(instrs)
+            dst, what, fixed, nbytes = send
+            instrs.append(new(Send, (i, g, dst, nbytes, "pp", name + what, (last,), st, mb,
+                                     fixed)))
+    return {(index[op], reps[owner[op.stage]]): done[index[op]] for op in final_ops}
 
 
 @dataclass(frozen=True)
@@ -498,12 +634,18 @@ def _emit_sends(b: ProgramBuilder, sends: list, lanes: list[list[list[int]]], r:
                                         stage=member.stage, mb=member.mb, duration_s=fixed)
 
 
+def _chunk_p2p_bytes(costs: CostModel, op: Op, whole: float) -> float:
+    """Pipeline message of a Seq1F1B sequence chunk: the cost model's ``seq_p2p_bytes``
+    (the chunk's tokens) where it has one, else ``whole`` (its ``p2p_bytes``)."""
+    per_chunk = getattr(costs, "seq_p2p_bytes", None)
+    return whole if per_chunk is None else float(per_chunk(op))
+
+
 def _stash_bytes(costs: CostModel, op: Op) -> float:
     """Activation bytes ``op``'s forward stashes and its backward (and W) frees.
 
     A Seq1F1B sequence chunk (``op.seq >= 0``) stashes its share of the
-    micro-batch's activations, given by the cost model's ``seq_chunk_share``
-    (only the synthetic model has sequence chunks for now).
+    micro-batch's activations, given by the cost model's ``seq_chunk_share``.
     """
     whole = costs.activation_bytes_per_mb(op.stage)
     if op.seq < 0:
@@ -607,7 +749,7 @@ def _lower_step_end(
         if seg is None:
             continue
         for t in range(lanes):
-            fixed = None if collapse is None else collapse.compute_s(seg)
+            fixed = None if collapse is None else collapse.on(placement.gpu(pp=r)).compute_s(seg)
             opt = {g: b.compute(g, "opt", "optimizer", tuple(waits[g]), flops=seg.flops,
                                 hbm_bytes=seg.hbm_bytes, elementwise_bytes=seg.elementwise_bytes,
                                 duration_s=fixed)
@@ -966,12 +1108,12 @@ class _PieceLowering:
         for i, run in enumerate(runs):
             if isinstance(run[0], RingAttention):
                 deps = self._ring_collapsed(op, run[0], g, r, deps)
-                pending[r] = max(0.0, pending[r] - run[0].steps * self.collapse.compute_s(
+                pending[r] = max(0.0, pending[r] - run[0].steps * self.collapse.on(g).compute_s(
                     run[0].block))
                 continue
             folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
             if folded is None:
-                folded = _fold(tuple(run), self.collapse, tp_groups(self.placement, r),
+                folded = _fold(tuple(run), self.collapse.on(g), tp_groups(self.placement, r),
                                ep_groups(self.placement, r, self.ep))
                 self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
             n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
@@ -995,7 +1137,7 @@ class _PieceLowering:
         p = self.placement
         pairs = tuple((x, self.ring_next[x]) for group in tp_groups(p, r) for x in group)
         pass_s = self.collapse.collective_s("send", pairs, ring.nbytes)
-        block_s = self.collapse.compute_s(ring.block)
+        block_s = self.collapse.on(g).compute_s(ring.block)
         blk = ring.block
         start, sent = deps, None
         for j in range(ring.steps):

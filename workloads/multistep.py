@@ -84,7 +84,7 @@ def repeat_program(program: Program, steps: int, barrier: bool) -> Program:
             fields = {"id": ins.id + offset, "deps": deps}
             if isinstance(ins, Collective):
                 fields["key"] = ins.key + k * key_span
-            out.append(replace(ins, **fields))
+            out.append(ins._replace(**fields))
         if k == steps - 1:
             break
         step_ends = {g: tuple(i + offset for i in ends[g]) for g in gpus}

@@ -8,13 +8,19 @@ assigned in creation order, so programs are deterministic and cheap to index.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from workloads.schedules import Schedule
 
 
-@dataclass(frozen=True, slots=True)
-class Compute:
-    """A kernel (or fused group of kernels) on the compute stream."""
+class Compute(NamedTuple):
+    """A kernel (or fused group of kernels) on the compute stream.
+
+    Instructions are typed named tuples rather than frozen dataclasses: a large
+    collapsed program holds hundreds of thousands of them, and a tuple is built
+    several times faster (immutable and compared by value either way; change
+    one with ``_replace``).
+    """
 
     id: int
     gpu: int
@@ -49,8 +55,7 @@ class Compute:
         return "compute"
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
+class Send(NamedTuple):
     """A point-to-point message from ``gpu`` to ``dst`` on the sender's ``send>dst`` stream."""
 
     id: int
@@ -71,8 +76,7 @@ class Send:
         return f"send>{self.dst}"
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(NamedTuple):
     """This GPU's part in a collective; all members share ``key`` and start together."""
 
     id: int
@@ -121,37 +125,54 @@ class Program:
 
 
 class ProgramBuilder:
-    """Append-only helper that hands out dense ids."""
+    """Append-only helper that hands out dense ids.
+
+    ``instructions`` is the list built so far; a hot loop may append instructions it
+    builds itself, each with ``id`` its position and collective keys from :meth:`new_key`
+    (see ``workloads.lowering._lower_collapsed``).
+    """
+
+    default_algo = "auto"
+    """Collective algorithm of :meth:`collective` unless given."""
 
     def __init__(self) -> None:
-        self._instrs: list[Instruction] = []
+        self.instructions: list[Instruction] = []
         self._next_key = 0
 
     @property
     def next_id(self) -> int:
-        return len(self._instrs)
+        return len(self.instructions)
+
+    def new_key(self) -> int:
+        """A fresh collective key."""
+        key = self._next_key
+        self._next_key += 1
+        return key
 
     def compute(self, gpu: int, kind: str, name: str, deps: tuple[int, ...], **kw) -> int:
-        self._instrs.append(Compute(self.next_id, gpu, kind, name, deps, **kw))
-        return self._instrs[-1].id
+        i = len(self.instructions)
+        self.instructions.append(Compute(i, gpu, kind, name, deps, **kw))
+        return i
 
     def send(self, gpu: int, dst: int, nbytes: float, kind: str, name: str,
              deps: tuple[int, ...], **kw) -> int:
-        self._instrs.append(Send(self.next_id, gpu, dst, nbytes, kind, name, deps, **kw))
-        return self._instrs[-1].id
+        i = len(self.instructions)
+        self.instructions.append(Send(i, gpu, dst, nbytes, kind, name, deps, **kw))
+        return i
 
     def collective(self, group: tuple[int, ...], deps: dict[int, tuple[int, ...]], *, kind: str,
-                   name: str, op: str, nbytes: float, algo: str = "auto",
+                   name: str, op: str, nbytes: float, algo: str | None = None,
                    **kw) -> dict[int, int]:
         """Add one collective for all members of ``group``; returns {gpu: instruction id}."""
-        key = self._next_key
-        self._next_key += 1
+        key = self.new_key()
+        algo = self.default_algo if algo is None else algo
+        instrs = self.instructions
         ids = {}
         for gpu in group:
-            ids[gpu] = self.next_id
-            self._instrs.append(Collective(self.next_id, gpu, kind, name, deps.get(gpu, ()), op,
-                                           algo, group, nbytes, key, **kw))
+            ids[gpu] = i = len(instrs)
+            instrs.append(Collective(i, gpu, kind, name, deps.get(gpu, ()), op, algo, group,
+                                     nbytes, key, **kw))
         return ids
 
     def build(self) -> tuple[Instruction, ...]:
-        return tuple(self._instrs)
+        return tuple(self.instructions)

@@ -41,6 +41,12 @@ from workloads.costs import (
 )
 from workloads.models import ModelSpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
+from workloads.seqchunks import (
+    WHOLE_WINDOW,
+    bounds_of,
+    window_attention_share,
+    window_tokens_share,
+)
 
 FP32 = 4
 
@@ -99,12 +105,27 @@ class TransformerCosts:
     ep: int = 1
     """Expert parallelism (MoE): the experts are split over EP groups of ep consecutive DP
     ranks (Megatron carves EP out of DP); tokens travel by all-to-all to their experts."""
+    vocab_parallel_loss: bool = True
+    """Megatron-LM's vocabulary-parallel cross entropy: each TP rank keeps its V/t logits.
+    False: the LM head all-gathers the logits and every TP rank runs an unsplit
+    cross entropy over all V of them (a column-parallel head with gathered output,
+    as in Aleph Alpha's ``scaling`` library, whose ``ColumnParallelLinear`` gathers
+    by default and whose loss is ``torch.nn.functional.cross_entropy`` on the fp32
+    logits): the loss's memory and memory-bound work are t times larger (the logits'
+    all-gather itself is not timed)."""
+    seq_chunks: int = 1
+    """k, sequence chunks per micro-batch (Seq1F1B); ops with ``op.seq >= 0`` cost one chunk
+    (:meth:`seq_chunk`, boundaries from :mod:`workloads.seqchunks`)."""
+    seq_window: tuple[float, float] = WHOLE_WINDOW
+    """Tokens ``[lo, hi)`` of each sequence (fractions) these costs cover, their queries
+    attending to keys ``[0, hi)``: one Seq1F1B chunk; ``(0, 1)``: whole sequences."""
 
     # ------------------------------------------------------------- shapes
     @property
     def _tokens(self) -> float:
         """Tokens of a micro-batch on one GPU: b·s/cp."""
-        return self.micro_batch_size * self.model.seq_length / self.cp
+        return (self.micro_batch_size * self.model.seq_length / self.cp
+                * window_tokens_share(self.seq_window))
 
     @property
     def _shards(self) -> int:
@@ -121,6 +142,11 @@ class TransformerCosts:
         return self.attention in ("flash1", "flash2")
 
     @property
+    def _vocab_div(self) -> int:
+        """TP ranks the loss's vocabulary-sized tensors are split over."""
+        return self.tp if self.vocab_parallel_loss else 1
+
+    @property
     def _sp_div(self) -> int:
         """Replicated activations are split by t under sequence parallelism."""
         return self.tp if self.sequence_parallel else 1
@@ -131,17 +157,17 @@ class TransformerCosts:
         m, t, n = self.model, self.tp, self._tokens
         h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size
         qkv_out = h + 2 * kv
-        attn_flops = 2 * n * h * (qkv_out + h) / t
+        qkv, proj = _gemm(n, h, qkv_out / t), _gemm(n, h / t, h)  # column-, then row-parallel
+        attn_flops = qkv[1] + proj[1]  # 2·n·h·(h + 2·kv + h)/t
         attn_bytes = BF16 * (h * (qkv_out + h) / t + n * (h + 2 * qkv_out / t + h / t + h))
-        attn_dim = min(n, h / t)  # the TP-sharded dimension (h/t) or the token count
-        attn = ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=((attn_dim, attn_flops),))
+        attn = ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=(qkv, proj))
         if m.moe is not None:
             return attn, self._expert_gemms()
-        mlp_flops = 2 * n * h * f * m.mlp_matrices / t
-        mid = f * (m.mlp_matrices - 1) / t
+        mid = f * (m.mlp_matrices - 1) / t  # fc1 outputs: f/t (GeLU), gate and up 2·f/t
+        fc1, fc2 = _gemm(n, h, mid), _gemm(n, f / t, h)
+        mlp_flops = fc1[1] + fc2[1]  # 2·n·h·f·(2 or 3)/t
         mlp_bytes = BF16 * (h * f * m.mlp_matrices / t + n * (h + 2 * mid + 2 * f / t + h))
-        mlp_dim = min(n, f / t)
-        return attn, ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=((mlp_dim, mlp_flops),))
+        return attn, ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=(fc1, fc2))
 
     @property
     def _expert_rows(self) -> float:
@@ -164,15 +190,16 @@ class TransformerCosts:
         assert moe is not None
         h, f, mm = m.hidden_size, moe.expert_ffn_hidden_size, m.mlp_matrices
         rows = self._expert_rows
-        router = 2 * n * h * moe.num_experts
-        experts = 2 * rows * h * f * mm / t
+        router = _gemm(n, h, moe.num_experts)
         local = moe.num_experts / self.ep
         mid = f * (mm - 1) / t
+        per_expert = rows / local  # rows each local expert computes: n·k·max(c, 1)·ep/E
+        fc1 = _gemm(per_expert, h, mid, count=local)
+        fc2 = _gemm(per_expert, f / t, h, count=local)
         nbytes = BF16 * (local * h * f * mm / t + h * moe.num_experts
                          + rows * (h + 2 * mid + 2 * f / t + h))
-        dim = min(rows * self.ep / moe.num_experts, f / t)
-        return ComputeSeg("mlp", router + experts, nbytes,
-                          gemm_dims=((min(n, moe.num_experts), router), (dim, experts)))
+        return ComputeSeg("mlp", router[1] + fc1[1] + fc2[1], nbytes,
+                          gemm_dims=(router, fc1, fc2))
 
     def _moe_body(self, seg: ComputeSeg, name: str, backward: bool) -> list[Segment]:
         """The MLP of a MoE layer: with ep > 1, all-to-all dispatch of the routed token
@@ -187,14 +214,16 @@ class TransformerCosts:
 
     def _core_forward_flops(self) -> float:
         """Attention-core FLOPs the kernel executes forward (causal flash: half of 4·b·s²·h/t),
-        divided by cp: the load-balanced split gives every CP rank the same causal share."""
+        divided by cp: the load-balanced split gives every CP rank the same causal share. A
+        sequence chunk does its queries' share against their prefix (:mod:`workloads.seqchunks`)."""
         full = 4 * self.micro_batch_size * self.model.seq_length ** 2 * self.model.hidden_size
-        return full / self.tp / (2 if self._flash else 1) / self.cp
+        return (full / self.tp / (2 if self._flash else 1) / self.cp
+                * window_attention_share(self.seq_window, self._flash))
 
     def _scores_elements(self) -> float:
         m = self.model
         return (self.micro_batch_size * m.num_attention_heads * m.seq_length ** 2 / self.tp
-                / self.cp)
+                / self.cp * window_attention_share(self.seq_window, False))
 
     def _kv_pass_bytes(self) -> float:
         """K and V of one CP chunk on one TP rank, bf16: 2·2·(b·s/cp)·kv_dim/t bytes."""
@@ -297,11 +326,11 @@ class TransformerCosts:
     def _head(self, backward: bool, weight_grad_deferred: bool = False) -> ComputeSeg:
         """Final norm, output projection (vocabulary-parallel) and cross entropy."""
         m, t, n = self.model, self.tp, self._tokens
-        flops = 2 * n * m.hidden_size * m.vocab_size / t
+        logits = _gemm(n, m.hidden_size, m.vocab_size / t)  # vocabulary-parallel
         weights = BF16 * m.hidden_size * m.vocab_size / t
-        ce = CROSS_ENTROPY_BYTES * n * m.vocab_size / t
-        fwd = ComputeSeg("logits+loss", flops, weights, elementwise_bytes=ce,
-                         gemm_dims=((min(n, m.hidden_size), flops),))
+        ce = CROSS_ENTROPY_BYTES * n * m.vocab_size / self._vocab_div
+        fwd = ComputeSeg("logits+loss", logits[1], weights, elementwise_bytes=ce,
+                         gemm_dims=(logits,))
         if not backward:
             return fwd
         wg = 0.0 if weight_grad_deferred else 1.0
@@ -321,7 +350,10 @@ class TransformerCosts:
         :class:`~workloads.costs.ParamGather` before each layer's forward and
         input-gradient compute. The lowering turns them into DP collectives;
         without markers (the default) the list is the same work, fused.
+        A Seq1F1B sequence chunk (``op.seq >= 0``) costs its chunk's work (:meth:`seq_chunk`).
         """
+        if op.seq >= 0 and self.seq_chunks > 1:
+            return self.seq_chunk(op.seq).op_segments(op, split_backward, markers)
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
         gather = markers and self.zero_stage == 3
@@ -458,9 +490,18 @@ class TransformerCosts:
 
         In units of s·b·h bytes (bf16): replicated across TP (split by t under
         SP): the two norm inputs (4), the QKV and MLP GEMM inputs (4), dropout
-        masks (2, GPT style only). Split by t: Q, K, V (2·(h + 2·kv)/h), the
+        masks (2, GPT style only); an eager (unfused) RMSNorm keeps, instead of
+        its bf16 input, the fp32 copy of it that ``pow`` and the multiply save
+        (4) and the normalised bf16 tensor that the weight multiply saves (2),
+        8 more for the two norms (PyTorch autograd's saved tensors of the LLaMA
+        reference RMSNorm, ``x.float()``, ``x.pow(2).mean()``, ``x * rsqrt``,
+        ``weight * y.to(bf16)``; a fused kernel saves its input and the per-token
+        rstd only). Split by t: Q, K, V (2·(h + 2·kv)/h), the
         attention output (2), the MLP intermediates (GeLU: fc1 output and GeLU
-        output, 4·f/h; SwiGLU: gate, silu(gate), up and product, 8·f/h). Score
+        output, 4·f/h; SwiGLU: the gate and up projections' outputs and their
+        product silu(gate)·up, the input of the down projection, 6·f/h: the
+        backward of silu(g)·u needs g and u only, silu(g) is recomputed from g
+        inside the fused kernel, as Megatron-LM's swiglu saves just its input). Score
         matrix 5·a·s/h (Korthikanti's softmax, dropout mask and output) unless
         the attention kernel is flash or attention is recomputed. Full
         recomputation keeps only the layer input (2). For GPT (kv = h, f = 4h)
@@ -473,17 +514,19 @@ class TransformerCosts:
         if self.recompute == "full":
             return BF16 * self._bsh / self._sp_div
         dropout = 2 if m.norm == "layernorm" else 0
-        replicated = (8 + dropout) / self._sp_div
+        eager_norm = 8 if m.norm == "rmsnorm" and not self.fused_norm else 0
+        replicated = (8 + dropout + eager_norm) / self._sp_div
         ratio = m.ffn_hidden_size / m.hidden_size
         if m.moe is not None:  # per routed row, and the dispatched copies themselves
             rows = m.moe.top_k * m.moe.load_factor
             ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * rows
             replicated += 2 * rows / self._sp_div
-        mlp = (8 if m.ffn_type == "swiglu" else 4) * ratio
+        mlp = (6 if m.ffn_type == "swiglu" else 4) * ratio
         split = (2 * (m.hidden_size + 2 * m.kv_dim) / m.hidden_size + 2 + mlp) / t
         scores = 0.0
         if not self._flash and self.recompute != "selective":
-            scores = 5 * m.num_attention_heads * m.seq_length / m.hidden_size / t
+            keys = m.seq_length * self.seq_window[1]  # a sequence chunk's prefix
+            scores = 5 * m.num_attention_heads * keys / m.hidden_size / t
         return (replicated + split + scores) * self._bsh
 
     def transient_bytes(self, op: Op) -> float:
@@ -491,28 +534,34 @@ class TransformerCosts:
 
         Backward: the gradients flowing through one layer, about one layer's
         activations, plus with full recomputation the recomputed layer's
-        activations. Last stage, forward and backward: the fp32 softmax of the
-        vocabulary-parallel cross entropy and its gradient, 8·b·s·V/t bytes.
+        activations. Last stage, forward and backward: one fp32 b·s·V/t buffer of
+        the vocabulary-parallel cross entropy (forward: its exponentials;
+        backward: the logits' gradient), 4·b·s·V/t bytes; the fp32 logits
+        themselves are stashed activations (:meth:`activation_bytes_per_mb`) and
+        are not counted again here.
         ZeRO-3: the gathered parameters and unreduced gradients
-        (:meth:`zero3_working_bytes`).
+        (:meth:`zero3_working_bytes`). A sequence chunk's are its chunk's (:meth:`seq_chunk`).
         """
+        if op.seq >= 0 and self.seq_chunks > 1:
+            return self.seq_chunk(op.seq).transient_bytes(op)
         layer = replace(self, recompute="none").layer_activation_bytes()
         total = self.zero3_working_bytes(op)
         if op.kind == BACKWARD:
             total += layer * (2 if self.recompute == "full" else 1)
         if op.stage == len(self.stage_layers) - 1 and op.kind in (FORWARD, BACKWARD):
-            total += 2 * FP32 * self._tokens * self.model.vocab_size / self.tp
+            total += FP32 * self._tokens * self.model.vocab_size / self._vocab_div
         return total
 
     def activation_bytes_per_mb(self, stage: int) -> float:
         """Activations a stage keeps per in-flight micro-batch (last stage adds the logits).
 
         The last stage holds bf16 logits and their fp32 copy for the loss,
-        6·b·s·V/t bytes, until its backward.
+        6·b·s·V/t bytes, until its backward (6·b·s·V without the vocabulary-parallel
+        loss: the gathered logits).
         """
         total = self.stage_layers[stage] * self.layer_activation_bytes()
         if stage == len(self.stage_layers) - 1:
-            total += (BF16 + FP32) * self._tokens * self.model.vocab_size / self.tp
+            total += (BF16 + FP32) * self._tokens * self.model.vocab_size / self._vocab_div
         return total
 
     def p2p_bytes(self) -> float:
@@ -522,6 +571,38 @@ class TransformerCosts:
         2021, sec. 4.1); with SP it is already split.
         """
         return BF16 * self._bsh / self.tp
+
+    # ------------------------------------------------------------- Seq1F1B sequence chunks
+    def seq_bounds(self) -> tuple[float, ...]:
+        """Boundaries ``0 = x_0 < ... < x_k = 1`` of the ``k`` sequence chunks, fractions of the
+        sequence, placed for equal FLOPs (:func:`workloads.seqchunks.bounds_of`)."""
+        return bounds_of(replace(self, seq_chunks=1, seq_window=WHOLE_WINDOW), self.seq_chunks)
+
+    def seq_chunk(self, c: int) -> TransformerCosts:
+        """The costs of sequence chunk ``c`` of every micro-batch (Sun et al. 2024, sec. 3).
+
+        Its tokens ``[x_c, x_{c+1})`` size the GEMMs (and the shapes the device model
+        sees), memory-bound kernels, TP/SP collectives, pipeline messages, stashed
+        activations (its keys and values among them) and working memory; its queries
+        attend to keys ``[0, x_{c+1})`` (:func:`workloads.seqchunks.window_attention_share`).
+        """
+        x = self.seq_bounds()
+        return replace(self, seq_chunks=1, seq_window=(x[c], x[c + 1]))
+
+    def seq_chunk_share(self, op: Op) -> float:
+        """Share of its stage's stashed activations per micro-batch that ``op``'s sequence
+        chunk stashes (the lowering allocates it at the chunk's forward and frees it at its
+        backward, which runs after every later chunk's: the key/value memory they keep)."""
+        if op.seq < 0 or self.seq_chunks == 1:
+            return 1.0
+        return (self.seq_chunk(op.seq).activation_bytes_per_mb(op.stage)
+                / self.activation_bytes_per_mb(op.stage))
+
+    def seq_p2p_bytes(self, op: Op) -> float:
+        """Pipeline message of ``op``'s sequence chunk (activation or gradient), per TP rank."""
+        if op.seq < 0 or self.seq_chunks == 1:
+            return self.p2p_bytes()
+        return self.seq_chunk(op.seq).p2p_bytes()
 
     def stage_expert_params(self, stage: int) -> float:
         """Expert parameters of a stage on one GPU: its E/ep experts of each layer, TP-split."""
@@ -579,6 +660,23 @@ class TransformerCosts:
         else:
             n += expert
         return ComputeSeg("optimizer", elementwise_bytes=28 * n)
+
+
+def _gemm(m: float, k: float, n: float, count: float = 1.0) -> tuple[float, float]:
+    """``(shape dimension, FLOPs)`` of ``count`` GEMMs of an M x K input by a K x N weight.
+
+    FLOPs 2·M·K·N each. The dimension the device model's efficiency curve
+    η(d) = η·d/(d + d½) sees is the side of the cube of equal work, (M·K·N)^(1/3):
+    a GEMM runs below peak when it is small overall (few output tiles for the
+    SMs, a short main loop over K), not because one of its sides is shorter than
+    the others (a 2048 x 5120 x 5120 GEMM fills an A100's 108 SMs several times
+    over). The cube side is symmetric in M, K and N, so a layer's two backward
+    GEMMs (input gradient N x K, weight gradient K x M against M x N) see the
+    forward's dimension, and the token count M (micro-batch x sequence) enters
+    only as one factor of three: a thin TP shard (K or N = h/t) with few tokens
+    is slow, many tokens against a whole weight matrix are not.
+    """
+    return (m * k * n) ** (1 / 3), 2.0 * m * k * n * count
 
 
 def _scaled(seg: ComputeSeg, label: str, factor: float, **fields: float) -> ComputeSeg:

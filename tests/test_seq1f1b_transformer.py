@@ -1,0 +1,341 @@
+"""Seq1F1B on transformer models: equal-FLOPs sequence chunks from the real model, exact
+totals over the chunks, per-chunk memory and messages, bubble and memory against 1F1B."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import EXAMPLE
+
+from sim.cli import main
+from sim.compare import compare
+from sim.errors import ConfigError
+from sim.experiment import build_experiment
+from workloads.costs import CommSeg, ComputeSeg, Segment
+from workloads.lowering import _stash_bytes
+from workloads.models import PRESETS
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, list_schedule
+from workloads.seqchunks import equal_cost_bounds, layer_work_shares
+from workloads.transformer import TransformerCosts
+
+REL = 1e-9
+
+
+def costs_of(preset: str, seq: int, k: int, **fields: object) -> TransformerCosts:
+    model = replace(PRESETS[preset], seq_length=seq)
+    base = {"micro_batch_size": 1, "tp": 1, "dp": 1, "stage_layers": (2, 2)}
+    return TransformerCosts(model, **{**base, **fields}, seq_chunks=k)  # type: ignore[arg-type]
+
+
+def totals(segs: tuple[Segment, ...]) -> dict[str, float]:
+    out = {"flops": 0.0, "attn_flops": 0.0, "hbm_bytes": 0.0, "elementwise_bytes": 0.0,
+           "comm_bytes": 0.0}
+    for seg in segs:
+        if isinstance(seg, ComputeSeg):
+            for key in ("flops", "attn_flops", "hbm_bytes", "elementwise_bytes"):
+                out[key] += getattr(seg, key)
+        elif isinstance(seg, CommSeg):
+            out["comm_bytes"] += seg.nbytes
+    return out
+
+
+CASES = [  # (preset, seq, k, fields): dense GPT, GQA + SwiGLU + RoPE, TP + SP, MoE with EP,
+    # recomputation, ZeRO-3 markers, the zero-bubble split of the backward
+    ("gpt3-1.3b", 4096, 4, {}),
+    ("llama3-8b", 8192, 3, {"tp": 2, "sequence_parallel": True}),
+    ("llama2-70b", 4096, 5, {"tp": 4, "recompute": "selective"}),
+    ("mixtral-8x7b", 4096, 4, {"tp": 2, "dp": 4, "ep": 2, "sequence_parallel": True}),
+    ("gpt3-2.7b", 2048, 2, {"tp": 2, "recompute": "full", "attention": "flash1"}),
+    ("llama2-7b", 4096, 4, {"dp": 2, "zero_stage": 3}),
+]
+
+
+@pytest.mark.parametrize("preset,seq,k,fields", CASES)
+def test_chunk_totals_equal_the_whole_micro_batch(preset: str, seq: int, k: int,
+                                                  fields: dict) -> None:
+    """FLOPs, attention FLOPs, memory-bound bytes, TP/EP collective bytes, pipeline
+    messages, stashed activations and working memory of the k chunks add up to the whole
+    micro-batch's, on every stage (the last holds the head) and for every kind of op."""
+    costs = costs_of(preset, seq, k, **fields)
+    empty = replace(costs, seq_chunks=1, seq_window=(0.5, 0.5))  # no tokens: weights only
+    for stage in (0, 1):
+        for kind, split in ((FORWARD, False), (BACKWARD, False), (BACKWARD, True),
+                            (WEIGHT_GRAD, True)):
+            whole = totals(costs.op_segments(Op(stage, kind, 0), split))
+            parts = [totals(costs.op_segments(Op(stage, kind, 0, c), split)) for c in range(k)]
+            for key in ("flops", "attn_flops", "elementwise_bytes", "comm_bytes"):
+                got = sum(p[key] for p in parts)
+                assert got == pytest.approx(whole[key], rel=REL, abs=1e-6), (stage, kind, key)
+            # every chunk's GEMMs re-read the weights: all else adds up exactly
+            weights = totals(empty.op_segments(Op(stage, kind, 0), split))["hbm_bytes"]
+            assert weights > 0
+            assert sum(p["hbm_bytes"] for p in parts) == pytest.approx(
+                whole["hbm_bytes"] + (k - 1) * weights, rel=REL)
+            if kind != WEIGHT_GRAD:
+                marked = [totals(costs.op_segments(Op(stage, kind, 0, c), split, markers=True))
+                          for c in range(k)]
+                assert sum(p["flops"] for p in marked) == pytest.approx(whole["flops"], rel=REL)
+        stash = [_stash_bytes(costs, Op(stage, FORWARD, 0, c)) for c in range(k)]
+        assert sum(stash) == pytest.approx(costs.activation_bytes_per_mb(stage), rel=REL)
+        assert all(a > b for a, b in zip(stash, stash[1:], strict=False))  # shorter chunks
+        if costs.zero_stage < 3:  # ZeRO-3's gathered parameters are per op, not per token
+            for kind in (FORWARD, BACKWARD):
+                parts_t = sum(costs.transient_bytes(Op(stage, kind, 0, c)) for c in range(k))
+                assert parts_t == pytest.approx(costs.transient_bytes(Op(stage, kind, 0)),
+                                                rel=REL)
+    messages = sum(costs.seq_p2p_bytes(Op(0, FORWARD, 0, c)) for c in range(k))
+    assert messages == pytest.approx(costs.p2p_bytes(), rel=REL)
+
+
+@pytest.mark.parametrize("preset,seq,k,fields", CASES)
+def test_chunks_have_equal_flops(preset: str, seq: int, k: int, fields: dict) -> None:
+    """Each chunk of a layer does the same FLOPs forward plus backward; later chunks are
+    shorter (their queries attend to a longer prefix)."""
+    costs = costs_of(preset, seq, k, **fields)
+    x = costs.seq_bounds()
+    assert len(x) == k + 1 and x[0] == 0.0 and x[-1] == 1.0
+    assert all(b - a > c - b for a, b, c in zip(x, x[1:], x[2:], strict=False))
+    work = []
+    for c in range(k):
+        segs = (costs.op_segments(Op(0, FORWARD, 0, c), False)
+                + costs.op_segments(Op(0, BACKWARD, 0, c), False))
+        t = totals(segs)
+        work.append(t["flops"] + t["attn_flops"])
+    assert work == pytest.approx([work[0]] * k, rel=REL)
+    whole = totals(costs.op_segments(Op(0, FORWARD, 0), False)
+                   + costs.op_segments(Op(0, BACKWARD, 0), False))
+    assert work[0] == pytest.approx((whole["flops"] + whole["attn_flops"]) / k, rel=REL)
+
+
+def test_attention_share_of_a_gpt_layer() -> None:
+    """GPT layer, flash2: GEMMs 3 x 24 s h^2 forward + backward, causal attention
+    2 s^2 h forward and 2.5 x that backward (Narayanan et al. 2021; Dao 2023): the share of
+    attention is 7 s / (72 h + 7 s), growing with s."""
+    for seq in (2048, 8192, 32768):
+        costs = costs_of("gpt3-1.3b", seq, 4)
+        h = costs.model.hidden_size
+        assert layer_work_shares(costs) == pytest.approx((7 * seq / (72 * h + 7 * seq), 0.0),
+                                                         rel=REL)
+    gqa = costs_of("llama3-8b", 8192, 4)  # narrower K/V GEMMs: a larger attention share
+    dense_kv = replace(gqa, model=replace(gqa.model, num_kv_heads=gqa.model.num_attention_heads))
+    assert layer_work_shares(gqa)[0] > layer_work_shares(dense_kv)[0]
+    sel = replace(gqa, recompute="selective")  # the recomputed core adds attention work
+    assert layer_work_shares(sel)[0] > layer_work_shares(gqa)[0]
+
+
+def test_non_flash_kernels_compute_each_chunks_score_block() -> None:
+    """Without flash, a chunk computes its queries against its whole prefix: the blocks right
+    of each chunk's end are skipped, so the chunks do less attention work than the whole
+    s x s matrix; the boundaries still equalise each chunk's FLOPs."""
+    k = 4
+    costs = costs_of("gpt3-1.3b", 4096, k, attention="unfused")
+    causal, rect = layer_work_shares(costs)
+    assert causal == 0.0 and 0 < rect < 1
+    x = costs.seq_bounds()
+    assert x == equal_cost_bounds(k, 0.0, rect)
+    whole = totals(costs.op_segments(Op(0, FORWARD, 0), False))
+    parts = [totals(costs.op_segments(Op(0, FORWARD, 0, c), False)) for c in range(k)]
+    blocks = sum((x[c + 1] - x[c]) * x[c + 1] for c in range(k))
+    assert 0.5 < blocks < 1
+    assert sum(p["attn_flops"] for p in parts) == pytest.approx(whole["attn_flops"] * blocks,
+                                                                rel=REL)
+    assert sum(p["flops"] for p in parts) == pytest.approx(whole["flops"], rel=REL)
+    # its stashed score matrix is its own block too
+    assert sum(_stash_bytes(costs, Op(0, FORWARD, 0, c)) for c in range(k)) < (
+        costs.activation_bytes_per_mb(0))
+
+
+def test_equal_cost_bounds() -> None:
+    assert equal_cost_bounds(1, 0.3) == (0.0, 1.0)
+    assert equal_cost_bounds(1, 0.0, 0.3) == (0.0, 1.0)
+    assert equal_cost_bounds(4, 0.0) == (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert equal_cost_bounds(4, 0.0, 0.0) == equal_cost_bounds(4, 0.0)
+    for a, r, k in ((0.0, 0.4, 3), (0.2, 0.3, 5), (0.0, 1.0, 4), (0.5, 0.0, 6)):
+        x = equal_cost_bounds(k, a, r)
+        cost = [(1 - a - r) * (x[c + 1] - x[c]) + a * (x[c + 1] ** 2 - x[c] ** 2)
+                + r * (x[c + 1] - x[c]) * x[c + 1] for c in range(k)]
+        assert cost == pytest.approx([cost[0]] * k, rel=1e-12)
+        assert all(u > v for u, v in zip(x[1:], x, strict=False))
+    with pytest.raises(ValueError, match="k=0"):
+        equal_cost_bounds(0, 0.2)
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        equal_cost_bounds(2, 0.7, 0.6)
+
+
+def test_chunk_ops_keep_their_names() -> None:
+    costs = costs_of("gpt3-1.3b", 4096, 4, tp=2)
+    segs = costs.op_segments(Op(1, BACKWARD, 3, 2), False)
+    assert segs[0].label == "1B3.2"
+    one = costs_of("gpt3-1.3b", 4096, 1, tp=2)  # k = 1: a chunk suffix is the whole
+    for kind in (FORWARD, BACKWARD):
+        chunk = one.op_segments(Op(0, kind, 0, 0), False)
+        assert chunk[0].label == f"0{kind}0.0"
+        assert chunk[1:] == one.op_segments(Op(0, kind, 0), False)[1:] and len(chunk) > 1
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def experiment(schedule: str, k: int = 4, seq: int = 4096, m: int = 8, **training: object
+               ) -> dict:
+    """GPT-3 1.3B (a 512-token vocabulary, so the last stage's head does not unbalance the
+    stages) on 4 H100 over an ideal network: 1e9 GB/s, latency-free links, one GPU per
+    node. Compute takes real time; the ``ideal`` preset's infinitely fast GPUs would not."""
+    return {
+        "name": f"seq-{schedule}",
+        "model": {"preset": "gpt3-1.3b", "seq_length": seq, "vocab_size": 512},
+        "cluster": {"topology": "switch", "gpu": "H100", "num_gpus": 4, "gpus_per_node": 1,
+                    "link_bandwidth_GBps": 1e9, "link_latency_us": 0.0},
+        "parallel": {"pp": 4, "zero_stage": 0},
+        "training": {"micro_batch_size": 1, "global_batch_size": m, "seq_chunks": k,
+                     **training},
+        "schedule": schedule,
+    }
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    out = {}
+    for name, k in (("1f1b", 4), ("seq1f1b", 2), ("seq1f1b", 4)):
+        exp = build_experiment(experiment(name, k))
+        rows, results = compare(exp, (name,))
+        out[(name, k)] = (rows[0], results[0])
+    return out
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_bubble_is_about_one_kth_of_1f1b(runs: dict, k: int) -> None:
+    """Sun et al. 2024: Seq1F1B's bubble is (p - 1)/(k m) of ideal, 1/k of 1F1B's. With real
+    chunks the equal-FLOPs cut leaves chunk times a few per cent apart (memory-bound
+    kernels go with the tokens, GEMM efficiency with the chunk's shape), which costs a
+    little bubble in the steady state: about 1/k, a bit above it."""
+    base = runs[("1f1b", 4)][1].stats["bubble_ratio"]
+    seq = runs[("seq1f1b", k)][1].stats["bubble_ratio"]
+    assert base == pytest.approx(3 / 8, rel=0.05)  # (p - 1)/m
+    assert 1.0 / k <= seq / base <= 1.35 / k
+    assert runs[("seq1f1b", k)][1].stats["step_time_s"] < runs[("1f1b", 4)][1].stats[
+        "step_time_s"]
+
+
+def test_peak_activation_memory_is_lower_than_1f1bs(runs: dict) -> None:
+    """Rank r holds p - r + k - 1 chunks instead of p - r micro-batches (Sun et al. 2024):
+    the peak (rank 0's) drops with k. The last rank may hold about as much as under 1F1B:
+    in its steady state it keeps the first, longest, chunks of two micro-batches."""
+    base = runs[("1f1b", 4)][0]
+    for k in (2, 4):
+        row = runs[("seq1f1b", k)][0]
+        assert max(row.peak_activation_gib) < 0.7 * max(base.peak_activation_gib)
+        assert all(s < b for s, b in zip(row.peak_activation_gib[:-1],
+                                         base.peak_activation_gib[:-1], strict=True))
+    assert max(runs[("seq1f1b", 4)][0].peak_activation_gib) < max(
+        runs[("seq1f1b", 2)][0].peak_activation_gib)
+    # the same pipeline bytes in all: each chunk's messages carry its own tokens
+    assert runs[("seq1f1b", 4)][0].pp_bytes_sent == pytest.approx(base.pp_bytes_sent, rel=REL)
+
+
+def test_engine_runs_the_chunks_as_the_list_schedule_oracle(runs: dict) -> None:
+    """Each chunk op lasts its own chunk's time and runs where the list schedule puts it
+    (the messages over the ideal network take a few nanoseconds)."""
+    result = runs[("seq1f1b", 4)][1]
+    spans = {s.name: s for s in result.timeline.spans if s.stream == "compute"}
+    durations = {op: spans[str(op)].end_s - spans[str(op)].start_s
+                 for ops in result.experiment.schedule.rank_ops for op in ops}
+    lengths = [durations[Op(0, FORWARD, 0, c)] for c in range(4)]
+    assert len(set(lengths)) == 4 and max(lengths) / min(lengths) < 1.15
+    oracle = list_schedule(result.experiment.schedule, durations.__getitem__)
+    for op, (_, end) in oracle.items():
+        assert spans[str(op)].end_s == pytest.approx(end, abs=1e-6), op
+
+
+def test_peak_memory_follows_the_chunks_kv_kept_until_their_backward(runs: dict) -> None:
+    """Walk each rank's program as the allocator does: a chunk's activations (its keys and
+    values among them) from its forward until its own backward, which runs after every
+    later chunk's; working memory while an op runs. The engine's peak per rank matches."""
+    row, result = runs[("seq1f1b", 4)]
+    exp = result.experiment
+    costs = exp.costs
+    for r, ops in enumerate(exp.schedule.rank_ops):
+        held = peak = 0.0
+        for op in ops:
+            generic = Op(op.stage, op.kind, 0, op.seq)
+            extra = costs.transient_bytes(generic)
+            if op.kind == FORWARD:
+                held += _stash_bytes(costs, generic)
+            peak = max(peak, held + extra)
+            if op.kind == BACKWARD:
+                held -= _stash_bytes(costs, generic)
+        assert held == pytest.approx(0.0, abs=1.0)
+        assert row.peak_activation_gib[r] * 2**30 == pytest.approx(peak, rel=1e-6), r
+
+
+def test_run_and_compare_on_a_transformer_example(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["training"]["global_batch_size"] = 16
+    data["training"]["seq_chunks"] = 2
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["compare", str(path), "--schedules", "1f1b,seq1f1b", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["schedules"]
+    assert [r["schedule"] for r in rows] == ["1f1b", "seq1f1b"]
+    assert rows[1]["peak_activation_gib"] < rows[0]["peak_activation_gib"]
+    data["schedule"] = "seq1f1b"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["schedule"] == "seq1f1b" and stats["step_time_s"] > 0
+
+
+def test_context_parallel_and_too_many_chunks_are_config_errors(tmp_path: Path) -> None:
+    data = experiment("seq1f1b")
+    data["cluster"]["num_gpus"] = 8
+    data["parallel"]["cp"] = 2
+    with pytest.raises(ConfigError, match="parallel.cp=2: not supported with schedule "
+                                          "'seq1f1b'"):
+        build_experiment(data)
+    # a custom schedule file with sequence chunks, too
+    (tmp_path / "chunks.txt").write_text("\n".join(
+        f"{r}F0.0 {r}F0.1 {r}B0.1 {r}B0.0" for r in range(4)))
+    data["schedule"] = str(tmp_path / "chunks.txt")
+    data["training"]["global_batch_size"] = 1
+    with pytest.raises(ConfigError, match=r"parallel.cp=2: not supported with sequence "
+                                          r"chunks \(schedule=.* has k=2\)"):
+        build_experiment(data)
+    data["parallel"]["cp"] = 1
+    data["cluster"]["num_gpus"] = 4
+    assert build_experiment(data).costs.seq_chunks == 2  # without CP the file runs
+    with pytest.raises(ConfigError, match=r"training.seq_chunks=64 exceeds "
+                                          r"model.seq_length=32"):
+        build_experiment(experiment("seq1f1b", k=64, seq=32))
+
+
+def test_seqchunks_is_pure() -> None:
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys, workloads.seqchunks; print(','.join(m for m in ('simpy', 'matplotlib', "
+            "'sim.engine') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.strip()
+    assert out == ""
+
+
+@pytest.mark.parametrize("tp,pp,dp,extra", [
+    (2, 4, 2, {"sp": True}),                      # TP/SP collectives per chunk
+    (1, 4, 2, {"zero": 3}),                       # per-chunk parameter gathers (pieces)
+    (1, 2, 4, {"overlap_grad_reduce": True}),     # buckets in the last chunk's backward
+])
+def test_collapsed_and_full_agree(tp: int, pp: int, dp: int, extra: dict) -> None:
+    """Chunk ops through the collapsed lowering (folded TP collectives, per-chunk message
+    sizes in the send cache) match the full simulation on a full mesh."""
+    from test_collapse import EXACT, MESH, assert_agree
+    from test_collapse import experiment as mesh_experiment
+
+    assert_agree(mesh_experiment(tp, pp, dp, "seq1f1b", cluster=MESH, **extra), EXACT,
+                 skip=("exposed_pp", "exposed_dp"))
