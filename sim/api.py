@@ -26,11 +26,11 @@ from sim.export import write_chrome_trace
 from sim.faults import (
     FailureRun,
     batch_segments,
-    is_degradation,
     job_mtbf_s,
     mid_step_link_changes,
     simulate_failures,
     straggler_slowdowns,
+    strikes_mid_step,
     young_daly_interval_s,
 )
 from sim.faults_config import LinkFault, Preemption
@@ -193,8 +193,9 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     ``step_time_s``); schedules with the step barrier give the same numbers as
     one step.
 
-    ``link_changes``: ``(at_s, {link index: bandwidth_Bps})``, links degraded in the
-    middle of the run (:func:`sim.engine.simulate_program`); they need every transfer
+    ``link_changes``: ``(at_s, {link index: bandwidth_Bps})``, links degraded (or, at
+    bandwidth 0, failed) in the middle of the run (:func:`sim.engine.simulate_program`);
+    they need every transfer
     simulated as flows, so ``auto`` runs full fidelity and ``collapsed`` is a ConfigError.
     """
     if fidelity not in FIDELITIES:
@@ -364,15 +365,19 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     once (:func:`simulate`: one step, or the steady period of overlapping
     schedules); a run of ``k`` steps of it takes ``first_step_s + (k - 1)
     step_time_s``, where the first step of a run starts from an idle pipeline
-    (equal to the step time under the step barrier). A link degradation takes
-    effect at its ``at_s`` (counted in failure-free time) in the middle of the step
-    it strikes in: that step is simulated with the link's bandwidth changing then,
-    the transfers in flight re-rated (:func:`sim.faults.mid_step_link_changes`),
-    where steps are simulated in full (fidelity ``full``, or ``auto`` up to
-    :data:`AUTO_FULL_MAX_GPUS` GPUs) and do not overlap. Link failures,
-    preemptions and other degradations take effect at the first step boundary at
-    or after their ``at_s``: a failure reroutes transfers in flight, which the
-    flow network cannot do mid-flow. A preemption with policy
+    (equal to the step time under the step barrier). A link degradation or failure
+    takes effect at its ``at_s`` (counted in failure-free time) in the middle of the
+    step it strikes in, where steps are simulated in full (fidelity ``full``, or
+    ``auto`` up to :data:`AUTO_FULL_MAX_GPUS` GPUs) and do not overlap: that step is
+    simulated with the link's bandwidth changing then, the transfers in flight
+    re-rated, or with the link failing then, the transfers in flight across it moved
+    with the bytes they have left onto the routes of the cluster without it (no
+    extra latency) and later transfers taking those routes
+    (:func:`sim.faults.mid_step_link_changes`); the steps after it run on the
+    changed cluster. A failure that partitions the network is a ConfigError naming
+    the pair. Preemptions, and link faults where steps are collapsed or overlap,
+    take effect at the first step boundary at or after their ``at_s``. A
+    preemption with policy
     ``stall`` pauses the run for ``replacement_s`` (SWARM-style: the pipeline
     waits for a replacement peer and loses no work, Ryabinin et al. 2023); with
     ``rebalance`` the run goes on
@@ -410,8 +415,8 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     step_s: list[float] = []
     rows = []
     transitions: dict[int, Result] = {}
-    """Simulations of steps in which links degraded, by row."""
-    # mid-step degradations where steps are simulated in full (flows can be re-rated)
+    """Simulations of steps in which links degraded or failed, by row."""
+    # mid-step link faults where steps are simulated in full (flows can be re-rated/rerouted)
     mid_step = exp.schedule.name not in OVERLAPPING_STEPS and (
         fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
     t, applied, stall = 0.0, 0, 0.0
@@ -430,7 +435,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
             step = res.first_step_s if fresh else period
             changes, n_mid = mid_step_link_changes(res.experiment.cluster, events, applied, t,
                                                    t + step) if mid_step else ([], 0)
-            if changes:  # degradations strike during this step: it runs with them
+            if changes:  # link faults strike during this step: it runs with them
                 try:
                     mid = simulate(res.experiment, profile, fidelity, link_changes=changes)
                 except TopologyError as exc:
@@ -454,9 +459,9 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                 fresh = False
             next_at = events[applied][1].at_s if applied < len(events) else math.inf
             if left > 0 and t < next_at:
-                # a mid-step degradation stops the run before the step it strikes in
+                # a mid-step link fault stops the run before the step it strikes in
                 to_event = (math.floor if mid_step and applied < len(events)
-                            and is_degradation(events[applied][1]) else math.ceil)
+                            and strikes_mid_step(events[applied][1]) else math.ceil)
                 n = left if next_at == math.inf or period <= 0 else min(
                     left, to_event((next_at - t) / period))
                 step_s.extend([period] * n)

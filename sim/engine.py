@@ -39,7 +39,7 @@ from sim.collectives import plan as plan_collective
 from sim.errors import DeadlockError
 from sim.network import FlowNetwork
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, gc_paused
-from topologies.cluster import Cluster
+from topologies.cluster import Cluster, Endpoint, Route
 from workloads.program import Collective, Compute, Program, Send
 
 ComputeTimer = Callable[[Compute], float]
@@ -110,20 +110,37 @@ def step_latency_s(cluster: Cluster, step: Transfer) -> float:
 
 
 class _CompiledPlan:
-    """A plan's transfers resolved once per run: routes, start delays and dependency lists."""
+    """A plan's transfers resolved once per run: routes, start delays and dependency lists.
 
-    __slots__ = ("deps", "dependents", "latency", "links", "nbytes", "roots")
+    ``route``: the run's routes (link indices into the run's cluster); ``epoch``: the
+    run's routing epoch they were taken in. A link failure in the middle of the run starts
+    a new epoch, and a transfer started after it takes its route again (:meth:`links_of`;
+    its start delay, the plan's latency, is kept)."""
 
-    def __init__(self, cluster: Cluster, steps: tuple[Transfer, ...]) -> None:
+    __slots__ = ("deps", "dependents", "ends", "epochs", "latency", "links", "nbytes", "roots")
+
+    def __init__(self, cluster: Cluster, steps: tuple[Transfer, ...],
+                 route: Callable[[Endpoint, Endpoint], Route] | None = None,
+                 epoch: int = 0) -> None:
+        route = route or cluster.route
+        self.ends = [(s.src, s.dst) for s in steps]
+        self.epochs = [epoch] * len(steps)
         self.deps = [len(s.deps) for s in steps]
         self.dependents: list[list[int]] = [[] for _ in steps]
         for i, s in enumerate(steps):
             for d in s.deps:
                 self.dependents[d].append(i)
         self.latency = [step_latency_s(cluster, s) for s in steps]
-        self.links = [cluster.route(s.src, s.dst).links for s in steps]
+        self.links = [route(s.src, s.dst).links for s in steps]
         self.nbytes = [s.nbytes for s in steps]
         self.roots = [i for i, s in enumerate(steps) if not s.deps]
+
+    def links_of(self, k: int, run: _Run) -> tuple[int, ...]:
+        """Transfer ``k``'s links, taken again if links failed since they were taken."""
+        if self.epochs[k] != run.epoch:
+            self.links[k] = run.route(*self.ends[k]).links
+            self.epochs[k] = run.epoch
+        return self.links[k]
 
 
 class _PlanRun:
@@ -171,10 +188,11 @@ class _PlanRun:
             self._flow(k)
 
     def _flow(self, k: int) -> None:
-        plan = self.plan
-        links, nbytes = plan.links[k], plan.nbytes[k]
+        plan, run = self.plan, self.run
+        links = plan.links[k] if plan.epochs[k] == run.epoch else plan.links_of(k, run)
+        nbytes = plan.nbytes[k]
         if nbytes > 0 and links:
-            self.run._flow(links, nbytes, lambda: self.arrive(k))
+            run._flow(links, nbytes, lambda: self.arrive(k), plan.ends[k])
         else:
             self.arrive(k)
 
@@ -210,6 +228,17 @@ class _Run:
         self.cluster = cluster
         self.timer = timer
         self.net = FlowNetwork(cluster.link_bandwidth_Bps)
+        self.route: Callable[[Endpoint, Endpoint], Route] = cluster.route
+        """Routes as link indices into ``cluster.links`` (those of
+        :class:`~topologies.cluster.Rerouted` after a link failure)."""
+        self.topology = cluster
+        """The cluster collectives are planned on (``cluster`` without its failed links
+        after a failure)."""
+        self.epoch = 0
+        """Routing epoch: how many times links failed in the middle of the run."""
+        self.failed: set[int] = set()
+        self.flow_ends: dict[int, tuple[Endpoint, Endpoint]] | None = None
+        """Each active flow's (src, dst), kept only when links fail during the run."""
         self.events = 0
         self.flows = 0
         self.flow_done: dict[int, Callable[[], None]] = {}
@@ -341,18 +370,66 @@ class _Run:
 
     def change_links_at(self, at_s: float, capacity_Bps: Mapping[int, float]) -> None:
         """From ``at_s`` on, links (by index) carry new bandwidths, flows in flight re-rated
-        (:meth:`sim.network.FlowNetwork.set_capacity`)."""
+        (:meth:`sim.network.FlowNetwork.set_capacity`); a bandwidth of 0 is a failure
+        (:meth:`_fail_links`)."""
+        if any(bps == 0 for bps in capacity_Bps.values()) and self.flow_ends is None:
+            self.flow_ends = {}
         self._after(at_s, self._change_links, capacity_Bps)
 
     def _change_links(self, event: simpy.Event) -> None:
-        self.net.set_capacity(self.env.now, event.value)
+        changes: Mapping[int, float] = event.value
+        failed = [link for link, bps in changes.items() if bps == 0]
+        degraded = {link: bps for link, bps in changes.items()
+                    if bps != 0 and link not in self.failed}
+        if degraded:
+            self.net.set_capacity(self.env.now, degraded)
+        if failed:
+            self._fail_links(failed)
         self._reschedule()
 
-    def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[], None]) -> None:
-        """Start a fair-shared flow now; ``on_done()`` when its last byte arrives."""
+    def _fail_links(self, failed: list[int]) -> None:
+        """Links (by index) fail now: routes avoid them from now on.
+
+        Every flow in flight across a failed link moves, with the bytes it has left, to
+        the route of ``cluster`` without the failed links
+        (:meth:`~topologies.cluster.Cluster.rerouted`: same shortest-path / ECMP rule,
+        in this cluster's link indices) without a new latency (its bytes are already
+        streaming); flows not crossing them keep their routes. Transfers started later take
+        the new routes: sends, and the transfers of collective plans, including plans in
+        progress (which keep their algorithm and latencies); collectives started later are
+        planned on the cluster without the failed links. A failed link keeps its
+        bandwidth but no flow crosses it again. A pair the failures disconnect raises
+        TopologyError naming it when a flow in flight or a later transfer needs it.
+        """
+        self.failed.update(failed)
+        rerouted = self.cluster.rerouted(self.failed)
+        self.route, self.topology = rerouted.route, rerouted.cluster
+        self.epoch += 1
+        self._plans.clear()
+        self._profiles.clear()
+        self._compiled.clear()
+        ends = self.flow_ends
+        assert ends is not None
+        moves = {fid: rerouted.route(*ends[fid]).links for fid in self.net.crossing(failed)}
+        if moves:
+            self.net.reroute(self.env.now, moves)
+
+    def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[], None],
+              ends: tuple[Endpoint, Endpoint]) -> None:
+        """Start a fair-shared flow from ``ends[0]`` to ``ends[1]`` over ``links`` now;
+        ``on_done()`` when its last byte arrives."""
         fid = self.flows
         self.flows += 1
-        self.flow_done[fid] = on_done
+        if self.flow_ends is None:
+            self.flow_done[fid] = on_done
+        else:
+            self.flow_ends[fid] = ends
+
+            def done() -> None:
+                del self.flow_ends[fid]  # type: ignore[union-attr]
+                on_done()
+
+            self.flow_done[fid] = done
         self.net.start(self.env.now, fid, links, nbytes)
         if not self.refresh_pending:
             self.refresh_pending = True
@@ -399,19 +476,22 @@ class _Run:
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_send, (i, ins))
             return
-        route = self.cluster.route(ins.gpu, ins.dst)
+        route = self.route(ins.gpu, ins.dst)
         if route.latency_s > 0:
-            self._after(route.latency_s, self._send_flow, (i, ins, route.links))
+            self._after(route.latency_s, self._send_flow, (i, ins, route.links, self.epoch))
         else:
             self._send_flow_now(i, ins, route.links)
 
     def _send_flow(self, event: simpy.Event) -> None:
-        self._send_flow_now(*event.value)
+        i, ins, links, epoch = event.value
+        if epoch != self.epoch:  # links failed during the latency: the new route
+            links = self.route(ins.gpu, ins.dst).links
+        self._send_flow_now(i, ins, links)
 
     def _send_flow_now(self, i: int, ins: Send, links: tuple[int, ...]) -> None:
         """Route latency has passed: the message's bytes as one flow."""
         if ins.nbytes > 0 and links:
-            self._flow(links, ins.nbytes, lambda: self._finish_send(i, ins))
+            self._flow(links, ins.nbytes, lambda: self._finish_send(i, ins), (ins.gpu, ins.dst))
         else:
             self._finish_send(i, ins)
 
@@ -474,15 +554,16 @@ class _Run:
         key = (ins.op, ins.algo, ins.group, ins.nbytes)
         steps = self._plans.get(key)
         if steps is None:
-            steps = self._plans[key] = collective_plan(self.cluster, ins.op, ins.algo, ins.group,
-                                                       ins.nbytes, self._profiles)
+            steps = self._plans[key] = collective_plan(self.topology, ins.op, ins.algo,
+                                                       ins.group, ins.nbytes, self._profiles)
         return steps
 
     def _run_plan(self, steps: tuple[Transfer, ...], done: Callable[[], None]) -> None:
         """Run a plan's transfers as their dependencies arrive; call ``done()`` after the last."""
         compiled = self._compiled.get(id(steps))
         if compiled is None:
-            compiled = self._compiled[id(steps)] = _CompiledPlan(self.cluster, steps)
+            compiled = self._compiled[id(steps)] = _CompiledPlan(self.topology, steps,
+                                                                 self.route, self.epoch)
         _PlanRun(self, compiled, done).begin()
 
     # ------------------------------------------------------------------ run
@@ -864,7 +945,9 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
     result is the same; the flag exists to check that). ``times``, if given, is filled
     with each instruction's ready and end times. ``link_changes``: ``(at_s, {link index:
     bandwidth_Bps})`` pairs, links degraded (or restored) in the middle of the run; the
-    flows then in flight are re-rated (precomputed durations are not affected).
+    flows then in flight are re-rated (precomputed durations are not affected). A
+    bandwidth of 0 fails the link: flows in flight across it continue on the route of the
+    cluster without it, and later transfers take such routes (:meth:`_Run._fail_links`).
     """
     if program.num_gpus > cluster.num_gpus:
         raise ValueError(f"program needs {program.num_gpus} GPUs, cluster has {cluster.num_gpus}")

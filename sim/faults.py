@@ -21,9 +21,11 @@ seeds in the experiment file (:class:`random.Random`, never the global one).
   their schedule depends on the training dynamics, so the simulator takes the
   realized schedule as input. A larger batch means more micro-batches per
   pipeline (same micro-batch size and layout).
-* :func:`mid_step_link_changes` turns link degradations that strike in the middle
-  of a step into bandwidth changes at their offsets in that step, which the flow
-  network applies to the transfers in flight (:meth:`sim.network.FlowNetwork.set_capacity`).
+* :func:`mid_step_link_changes` turns link degradations and failures that strike in
+  the middle of a step into bandwidth changes at their offsets in that step, which the
+  flow network applies to the transfers in flight (:meth:`sim.network.FlowNetwork.set_capacity`);
+  a failure (bandwidth 0) moves the transfers in flight across the link onto routes
+  around it (:meth:`sim.network.FlowNetwork.reroute`).
 """
 
 from __future__ import annotations
@@ -270,23 +272,25 @@ def young_daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * delta * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
 
 
-def is_degradation(event: LinkFault | Preemption) -> bool:
-    """Whether ``event`` is a link degradation (which can strike mid-step), not a failure."""
-    return (isinstance(event, LinkFault) and not event.failed
-            and event.bandwidth_factor is not None)
+def strikes_mid_step(event: LinkFault | Preemption) -> bool:
+    """Whether ``event`` can strike in the middle of a step: a link degradation or
+    failure (a preemption changes the layout: it waits for the step boundary)."""
+    return isinstance(event, LinkFault) and (event.failed or event.bandwidth_factor is not None)
 
 
 def mid_step_link_changes(cluster: Cluster, events: Sequence[tuple[int, LinkFault | Preemption]],
                           start: int, t0_s: float, t1_s: float
                           ) -> tuple[list[tuple[float, dict[int, float]]], int]:
-    """The degradations among ``events[start:]`` (``(index in faults.link_faults, event)``,
-    sorted by time) that strike inside a step running from ``t0_s`` to ``t1_s``.
+    """The link degradations and failures among ``events[start:]`` (``(index in
+    faults.link_faults, event)``, sorted by time) that strike inside a step running from
+    ``t0_s`` to ``t1_s``.
 
     Returns them as ``link_changes`` for :func:`sim.engine.simulate_program`: ``(offset
     from t0_s, {link index: bandwidth_Bps})``, bandwidths on ``cluster`` (the state
-    before them) with repeated degradations of one link multiplied, and how many events
-    they are. It stops at the first event that is not a degradation: a link failure
-    reroutes traffic and a preemption changes the layout, so those wait for the step
+    before them) with repeated degradations of one link multiplied, a failed link (both
+    directions, as :meth:`~topologies.cluster.Cluster.with_link_changes` fails it) at
+    bandwidth 0, which the engine reroutes around; and how many events they are. It
+    stops at the first preemption: that changes the layout, so it waits for the step
     boundary.
     """
     changes: list[tuple[float, dict[int, float]]] = []
@@ -294,18 +298,22 @@ def mid_step_link_changes(cluster: Cluster, events: Sequence[tuple[int, LinkFaul
     k = start
     while k < len(events):
         index, event = events[k]
-        if not is_degradation(event) or not t0_s < event.at_s < t1_s:
+        if not strikes_mid_step(event) or not t0_s < event.at_s < t1_s:
             break
-        assert isinstance(event, LinkFault) and event.bandwidth_factor is not None
+        assert isinstance(event, LinkFault)
         if len(event.link) != 2:
             raise ConfigError(f"faults.link_faults[{index}].link={event.link}: give "
                               "[node_a, node_b]")
         try:
-            base = cluster.degraded_bandwidths({tuple(event.link): event.bandwidth_factor})
+            if event.failed:
+                step = dict.fromkeys(cluster.link_indices(event.link), 0.0)
+            else:
+                assert event.bandwidth_factor is not None
+                base = cluster.degraded_bandwidths({tuple(event.link): event.bandwidth_factor})
+                step = {i: now.get(i, cluster.link_bandwidth_Bps[i]) * event.bandwidth_factor
+                        for i in base}
         except TopologyError as exc:
             raise ConfigError(f"faults.link_faults[{index}]: {exc}") from None
-        step = {i: now.get(i, cluster.link_bandwidth_Bps[i]) * event.bandwidth_factor
-                for i in base}
         now.update(step)
         changes.append((event.at_s - t0_s, step))
         k += 1

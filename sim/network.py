@@ -4,7 +4,8 @@ The engine owns time; it tells this object when flows start and asks when the
 next one ends. Each flow crosses a set of links; concurrent flows share each
 link's bandwidth max-min fairly (progressive filling, Bertsekas & Gallager,
 *Data Networks*, 2nd ed., sec. 6.5.2), and rates are recomputed whenever a flow
-starts or ends, or a link's bandwidth changes (:meth:`FlowNetwork.set_capacity`).
+starts or ends, a link's bandwidth changes (:meth:`FlowNetwork.set_capacity`), or
+flows move to other links (:meth:`FlowNetwork.reroute`, around a failed link).
 Latency is not modelled here: the engine delays a flow's start by its route
 latency.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 _REL_EPS = 1e-12
@@ -29,6 +30,8 @@ class _Flow:
     rate_Bps: float = 0.0
     end_s: float = math.inf
     nbytes: float = 0.0
+    """Bytes its links are credited with when it ends (all of them, or, after a
+    :meth:`FlowNetwork.reroute`, those left then)."""
     since_s: float = 0.0
     """When the flow last changed rate (or started)."""
 
@@ -235,6 +238,51 @@ class FlowNetwork:
             cap[link] = float(bps)
             self._touched_links.append(link)
         self.capacity_Bps = tuple(cap)
+        self._dirty = True
+        self.refresh(now)
+
+    def crossing(self, links: Iterable[int]) -> list[int]:
+        """The active flows (ids, sorted) that cross any of ``links`` (finite or not)."""
+        wanted = set(links)
+        return sorted([fid for fid, flow in self._flows.items()
+                       if not wanted.isdisjoint(flow.links)])
+
+    def reroute(self, now: float, new_links: Mapping[int, tuple[int, ...]]) -> None:
+        """From ``now`` on, flows (by id) cross new links: moved off a failed link in the
+        middle of their transfer.
+
+        Each flow keeps the bytes it has left at ``now`` (moved at its old rate until
+        then); the links it leaves and the links it joins are re-rated with every flow
+        sharing them, exactly as if the moved flows had started at ``now`` on their new
+        links with the bytes they have left. The bytes already moved count as carried by
+        the old links (:attr:`bytes_on_link`), the rest by the new ones.
+        """
+        cap, flows = self.capacity_Bps, self._flows
+        on_link, touched_links, carried = self._on_link, self._touched_links, self.bytes_on_link
+        for fid, links in new_links.items():
+            flow = flows[fid]
+            rate = flow.rate_Bps
+            left = (0.0 if rate == math.inf else
+                    max(0.0, flow.remaining_bytes - rate * (now - flow.since_s)))
+            moved = flow.nbytes - left
+            for link in flow.links:
+                carried[link] = carried.get(link, 0.0) + moved
+            flow.nbytes = left
+            for link in flow.finite:
+                users = on_link[link]
+                del users[fid]
+                if not users:
+                    del on_link[link]
+                touched_links.append(link)
+            finite = tuple([link for link in links if cap[link] < math.inf])
+            flow.links, flow.finite = links, finite
+            for link in finite:
+                users = on_link.get(link)
+                if users is None:
+                    on_link[link] = {fid: None}
+                else:
+                    users[fid] = None
+            self._touched.append(fid)
         self._dirty = True
         self.refresh(now)
 

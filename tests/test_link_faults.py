@@ -1,5 +1,6 @@
 """Link degradation and failure (:meth:`Cluster.with_link_changes`): reroutes, partitions, names;
-links degraded in the middle of a step (:meth:`FlowNetwork.set_capacity`).
+links degraded in the middle of a step (:meth:`FlowNetwork.set_capacity`) or failing
+there (:meth:`FlowNetwork.reroute` onto the routes of :meth:`Cluster.rerouted`).
 
 Closed forms: with zero latency, S bytes over a path whose slowest link runs at
 B take S / B; k flows forced onto one link of bandwidth B take k S / B
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import math
 
+import networkx as nx
 import pytest
 
 from sim.api import simulate_run
 from sim.commtime import CollectiveTimer
-from sim.engine import simulate_program
+from sim.engine import EngineCounters, simulate_program
 from sim.errors import ConfigError, SimError, TopologyError
 from sim.experiment import build_experiment
 from sim.network import FlowNetwork
@@ -268,11 +270,168 @@ def test_a_degradation_mid_step_slows_that_step_from_then_on() -> None:
     assert collapsed["time_to_train_s"] == pytest.approx(2 * 2 * one + 3 * 4 * one, rel=1e-12)
 
 
-def test_a_link_failure_still_waits_for_the_step_boundary() -> None:
-    """A failure reroutes transfers, which the flow network cannot do mid-flow; on a
-    one-switch topology it partitions the GPUs, reported when it is applied."""
+# ------------------------------------------------------------------ mid-step failure
+# Closed forms: a flow of S bytes at B whose link fails at x (after its start at t0) has
+# moved B·(x - t0) bytes; rerouted alone onto a path of bottleneck B' it ends at
+# x + (S - B·(x - t0)) / B' (no extra latency for bytes already streaming); sharing a link
+# of B with one other flow, max-min gives each B / 2.
+
+
+def test_network_moves_a_flow_in_flight_to_other_links() -> None:
+    net = FlowNetwork([10.0, 10.0, 10.0])
+    net.start(0.0, 1, (0,), 100.0)
+    net.start(0.0, 2, (1, 2), 100.0)
+    net.refresh(0.0)
+    assert net.next_end_s() == pytest.approx(10.0)
+    assert net.crossing([0]) == [1] and net.crossing([2, 0]) == [1, 2]
+    net.reroute(4.0, {1: (1,)})  # 60 B left each, now sharing link 1 at 5 B/s
+    assert net.crossing([0]) == []
+    assert net.next_end_s() == pytest.approx(4.0 + 60.0 / 5.0)
+    assert net.finish_due(16.0) == [1, 2]
+    # link 0 carried flow 1's first 40 B, link 1 its last 60 B and all of flow 2's
+    assert net.bytes_on_link == pytest.approx({0: 40.0, 1: 160.0, 2: 100.0})
+
+
+def _two_paths(latency_s: float = 0.0, granularity: str = "stream") -> Cluster:
+    """gpu0 -> a -> gpu1 at B (2 hops, the shortest) and gpu0 -> b -> c -> gpu1 at B / 4."""
+    g = nx.DiGraph(name="two-paths")
+    for r in range(2):
+        g.add_node(f"gpu{r}", kind="gpu", rank=r, host=r)
+    for node in "abc":
+        g.add_node(node, kind="switch")
+    for u, v, bw in [("gpu0", "a", B), ("a", "gpu1", B), ("gpu0", "b", B / 4),
+                     ("b", "c", B / 4), ("c", "gpu1", B / 4)]:
+        g.add_edge(u, v, bandwidth_Bps=bw, latency_s=latency_s)
+        g.add_edge(v, u, bandwidth_Bps=bw, latency_s=latency_s)
+    return Cluster("two-paths", g, H100, 1, collective_granularity=granularity)
+
+
+def _fail(cluster: Cluster, *links: tuple[str, str]) -> dict[int, float]:
+    return {i: 0.0 for link in links for i in cluster.link_indices(link)}
+
+
+def _run(cluster: Cluster, prog: Program, changes: list) -> float:
+    return simulate_program(prog, cluster, lambda _op: 0.0, link_changes=changes).end_s
+
+
+def test_a_send_in_flight_moves_to_the_other_path_when_its_link_fails() -> None:
+    lat = 1e-3
+    c = _two_paths(lat)
+    assert _names(c, 0, 1) == {("gpu0", "a"), ("a", "gpu1")}
+    b = ProgramBuilder()
+    first = b.send(0, 1, S, "pp", "there", ())
+    b.send(1, 0, S, "pp", "back", (first,))
+    prog = Program(2, b.build(), (0.0, 0.0), gpipe(1, 1))
+    assert _run(c, prog, []) == pytest.approx(2 * (2 * lat + S / B), rel=1e-12)
+    x = 0.1
+    fail = _fail(c, ("gpu0", "a"))
+    t_there = x + (S - B * (x - 2 * lat)) / (B / 4)  # 0.1 + 3.02e9 / 2.5e9 = 1.308 s
+    t_back = 3 * lat + S / (B / 4)  # the later send takes the slow path: 3 hops, 1.603 s
+    assert t_there + t_back == pytest.approx(2.911, rel=1e-12)
+    assert _run(c, prog, [(x, fail)]) == pytest.approx(t_there + t_back, rel=1e-12)
+    # failing the other path changes nothing; deterministic
+    assert _run(c, prog, [(x, _fail(c, ("b", "c")))]) == pytest.approx(
+        2 * (2 * lat + S / B), rel=1e-12)
+    assert _run(c, prog, [(x, fail)]) == _run(c, prog, [(x, fail)])
+    # during the second send's latency: it starts on the new route (one more hop of latency
+    # was not waited for: the delay was set when the send started)
+    y = S / B + 2 * lat + 0.5 * lat
+    assert _run(c, prog, [(y, fail)]) == pytest.approx(
+        S / B + 2 * lat + 2 * lat + S / (B / 4), rel=1e-12)
+
+
+@pytest.mark.parametrize("granularity", ["stream", "step"])
+def test_a_collective_in_progress_takes_the_new_routes_for_its_later_transfers(
+        granularity: str) -> None:
+    """A 2-GPU ring all-reduce of S: one flow of S each way (granularity ``stream``), or a
+    reduce-scatter step (S/2 each way) then an all-gather step (S/2 each way, planned before
+    the failure, started after it). The a-path fails x into it: the flows in flight finish on
+    the slow path (different directions: B/4 each), and so do the all-gather's: x + (S - B x)
+    / (B/4) either way; on the old route the all-gather would take (S/2) / B."""
+    c = _two_paths(granularity=granularity)
+    b = ProgramBuilder()
+    b.collective((0, 1), {}, kind="dp", name="ar", op="all_reduce", nbytes=S, algo="ring")
+    prog = Program(2, b.build(), (0.0, 0.0), gpipe(1, 1))
+    counters = EngineCounters()
+    simulate_program(prog, c, lambda _op: 0.0, counters=counters)
+    assert counters.flows == (2 if granularity == "stream" else 4)
+    assert _run(c, prog, []) == pytest.approx(S / B, rel=1e-12)
+    x = 0.05
+    expect = x + (S - B * x) / (B / 4)  # 0.05 + 3.5e9 / 2.5e9 = 1.45 s
+    assert expect == pytest.approx(1.45, rel=1e-12)
+    assert _run(c, prog, [(x, _fail(c, ("gpu0", "a")))]) == pytest.approx(expect, rel=1e-12)
+
+
+def test_two_flows_share_the_surviving_spine_by_max_min() -> None:
+    """Fat-tree, sends 0 -> 2 (over spine0) and 1 -> 3 (over spine1), S each at B. leaf0 -
+    spine0 fails at x: 0 -> 2 joins 1 -> 3 on leaf0 -> spine1, B/2 each: both end at
+    x + 2 (S - B x) / B."""
+    c = _fat_tree()
+    b = ProgramBuilder()
+    b.send(0, 2, S, "pp", "a", ())
+    b.send(1, 3, S, "pp", "b", ())
+    prog = Program(4, b.build(), (0.0,) * 4, gpipe(1, 1))
+    x = 0.1
+    end = _run(c, prog, [(x, _fail(c, ("leaf0", "spine0")))])
+    assert end == pytest.approx(x + 2 * (S - B * x) / B, rel=1e-12)  # 0.7 s, not 0.4
+    assert end == pytest.approx(0.7, rel=1e-12)
+
+
+def test_a_partition_mid_flight_names_the_pair() -> None:
+    c = Cluster("sw", graphs.switch(2, B, 0.0), H100, 1)
+    b = ProgramBuilder()
+    b.send(0, 1, S, "pp", "m", ())
+    prog = Program(2, b.build(), (0.0, 0.0), gpipe(1, 1))
+    with pytest.raises(TopologyError, match="no path from gpu0 to gpu1.*partition") as err:
+        _run(c, prog, [(0.1, _fail(c, ("gpu0", "switch")))])
+    assert "gpu0->switch" in str(err.value)
+
+
+def _fat_tree_pipeline(steps: int, **fault: object) -> dict:
+    """pp = 2 x dp = 2 on the 4-GPU fat-tree, zero-time compute: a step is the activation
+    sends 0 -> 2, 1 -> 3, then the gradient sends 2 -> 0, 3 -> 1, S each, disjoint spines:
+    2 S / B."""
+    data: dict = {
+        "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0, "p2p_MB": S / 1e6}},
+        "cluster": {"num_gpus": 4, "topology": "fat-tree", "gpus_per_leaf": 2,
+                    "link_bandwidth_GBps": B / 1e9, "link_latency_us": 0.0},
+        "parallel": {"pp": 2, "dp": 2}, "training": {"global_batch_size": 2},
+    }
+    if fault:
+        data["faults"] = {"link_faults": [{"link": ["leaf0", "spine0"], "failed": True,
+                                           **fault}]}
+    return simulate_run(build_experiment(data), steps, fidelity="full").stats
+
+
+@pytest.mark.parametrize("frac", [0.25, 1.5])
+def test_a_failure_mid_step_in_a_run_reroutes_that_step(frac: float) -> None:
+    """leaf0 - spine0 fails x into the second step. During the activation sends (x < S/B) the
+    0 -> 2 send shares leaf0 -> spine1 with 1 -> 3 for its rest (B/2 each), ending at
+    2 S/B - x, then the gradient sends share spine1 -> leaf0: 2 S/B more; during the
+    gradient sends (S/B < x < 2 S/B) both end at x + 2 (S - B (x - S/B)) / B. Either way
+    4 S/B - x; after it every step shares the spine: 4 S/B, as on the failed cluster."""
     one = S / B
-    with pytest.raises(ConfigError, match="partition"):
+    x = frac * one
+    healthy = _fat_tree_pipeline(1)
+    assert healthy["step_time_s"] == pytest.approx(2 * one, rel=1e-12)
+    stats = _fat_tree_pipeline(5, at_s=2 * one + x)
+    segs = stats["run_segments"]
+    assert [r["steps"] for r in segs] == [1, 1, 3]
+    assert segs[1]["mid_step_faults"] == 1 and segs[1]["faults_applied"] == 1
+    assert segs[1]["step_time_s"] == pytest.approx(4 * one - x, rel=1e-12)
+    failed = _fat_tree_pipeline(1, at_s=0.0)  # failed from the start
+    assert failed["step_time_s"] == pytest.approx(4 * one, rel=1e-12)
+    assert segs[2]["step_time_s"] == failed["step_time_s"]
+    assert stats["time_to_train_s"] == pytest.approx(2 * one + (4 * one - x) + 3 * 4 * one,
+                                                     rel=1e-12)
+    assert _fat_tree_pipeline(5, at_s=2 * one + x) == stats  # deterministic
+
+
+def test_a_failure_that_partitions_mid_step_is_a_config_error() -> None:
+    """On a one-switch topology a failed GPU link partitions the GPUs: reported when it
+    strikes, mid-step, naming the pair."""
+    one = S / B
+    with pytest.raises(ConfigError, match="faults.link_faults: .*no path from gpu.*partition"):
         _two_stage_sends(2 * one + 0.1 * one, 4, failed=True)
     stats = _two_stage_sends(7 * one, 3, failed=True)  # after the run's last step
     assert stats["time_to_train_s"] == pytest.approx(3 * 2 * one, rel=1e-12)

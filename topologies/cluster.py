@@ -503,6 +503,25 @@ class Cluster:
                        collective_granularity=self.collective_granularity, ecmp=self.ecmp,
                        failed_links=(*self.failed_links, *gone), gpus=self._gpus)
 
+    def without_links(self, failed: Iterable[int]) -> Cluster:
+        """A new cluster with the directed links ``failed`` (indices into :attr:`links`)
+        removed from the graph, as :meth:`with_link_changes` removes failed links (its
+        routes avoid them; its links are renumbered). This one is unchanged."""
+        gone = {self.links[i] for i in failed}
+        graph = self.graph.copy()
+        graph.remove_edges_from(gone)
+        return Cluster(self.name, graph, self.gpu, self.gpus_per_node, self.collective_launch_s,
+                       collective_step_s=self.collective_step_s,
+                       collective_algos=self.collective_algos,
+                       collective_granularity=self.collective_granularity, ecmp=self.ecmp,
+                       failed_links=(*self.failed_links, *gone), gpus=self._gpus)
+
+    def rerouted(self, failed: Iterable[int]) -> Rerouted:
+        """Routes of this cluster with the directed links ``failed`` (indices) gone, as
+        link indices into this cluster's :attr:`links` (:class:`Rerouted`), for a link
+        that fails in the middle of a run."""
+        return Rerouted(self, failed)
+
     def degraded_bandwidths(self, degraded: Mapping[tuple[Endpoint, Endpoint], float], *,
                             both_directions: bool = True) -> dict[int, float]:
         """``{link index: new bandwidth_Bps}`` of the links ``degraded`` by factors, as
@@ -513,6 +532,13 @@ class Cluster:
             i = self._link_index[link]
             out[i] = self.link_bandwidth_Bps[i] * factor
         return out
+
+    def link_indices(self, spec: Sequence[Endpoint], *, both_directions: bool = True
+                     ) -> list[int]:
+        """Indices of the directed links named by ``[a, b]`` (:meth:`resolve_link`): ``a ->
+        b``, and ``b -> a`` with ``both_directions``, as :meth:`with_link_changes` changes
+        them."""
+        return [self._link_index[link] for link in self._directions(spec, both_directions)]
 
     def _factors(self, degraded: Mapping[tuple[Endpoint, Endpoint], float],
                  both_directions: bool) -> dict[Link, float]:
@@ -543,3 +569,34 @@ class Cluster:
             f"Cluster({self.name!r}, {self._gpu_count()}, "
             f"{self.graph.number_of_nodes()} nodes, {len(self.links)} links)"
         )
+
+
+class Rerouted:
+    """Routes of ``base`` without some of its links, expressed in ``base``'s link indices.
+
+    :attr:`cluster` is ``base.without_links(failed)`` (its own, renumbered links);
+    :meth:`route` is that cluster's route (same shortest-path / ECMP rule as
+    :meth:`Cluster.route`, TopologyError naming the pair and the failed links where
+    they partition the network), each link mapped back to its index in ``base`` by
+    its end nodes. A flow network indexed by ``base``'s links can thus move flows
+    onto the new routes; the failed links are simply never used again.
+    """
+
+    def __init__(self, base: Cluster, failed: Iterable[int]) -> None:
+        self.failed: frozenset[int] = frozenset(failed)
+        self.cluster = base.without_links(self.failed)
+        index = base._link_index
+        self._to_base = tuple([index[link] for link in self.cluster.links])
+        self._routes: dict[tuple[Endpoint, Endpoint], Route] = {}
+
+    def route(self, src: Endpoint, dst: Endpoint) -> Route:
+        """The route from ``src`` to ``dst`` avoiding the failed links, in ``base``'s
+        link indices (same latency: latencies are per link)."""
+        key = (src, dst)
+        cached = self._routes.get(key)
+        if cached is None:
+            route = self.cluster.route(src, dst)
+            to_base = self._to_base
+            cached = self._routes[key] = Route(tuple([to_base[i] for i in route.links]),
+                                               route.latency_s)
+        return cached
