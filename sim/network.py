@@ -39,6 +39,16 @@ class _Flow:
         self.nbytes = self.remaining_bytes
 
 
+def _bytes_left(flow: _Flow, now: float) -> float:
+    """Bytes ``flow`` has left at ``now``, moving at its rate since it last changed."""
+    rate = flow.rate_Bps
+    if rate == math.inf:
+        return 0.0
+    if rate > 0:
+        return flow.remaining_bytes - min(flow.remaining_bytes, rate * (now - flow.since_s))
+    return flow.remaining_bytes
+
+
 def max_min_rates(
     flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
 ) -> dict[int, float]:
@@ -168,11 +178,7 @@ class FlowNetwork:
             old = flow.rate_Bps
             if rate == old:
                 continue  # same rate from the same bytes: the same end time
-            if old == math.inf:
-                flow.remaining_bytes = 0.0
-            elif old > 0:
-                flow.remaining_bytes -= min(flow.remaining_bytes,
-                                            old * (now - flow.since_s))
+            flow.remaining_bytes = _bytes_left(flow, now)
             flow.since_s = now
             flow.rate_Bps = rate
             if flow.remaining_bytes <= 0 or rate == math.inf:
@@ -193,15 +199,29 @@ class FlowNetwork:
         cap = self.capacity_Bps
         finite = tuple([link for link in links if cap[link] < math.inf])
         self._flows[flow_id] = _Flow(links, float(nbytes), finite, since_s=now)
+        self._attach(flow_id, finite)
+        self._dirty = True
+
+    def _attach(self, fid: int, finite: tuple[int, ...]) -> None:
+        """Flow ``fid`` now crosses the finite links ``finite``; re-rate it."""
         on_link = self._on_link
         for link in finite:
             users = on_link.get(link)
             if users is None:
-                on_link[link] = {flow_id: None}
+                on_link[link] = {fid: None}
             else:
-                users[flow_id] = None
-        self._touched.append(flow_id)
-        self._dirty = True
+                users[fid] = None
+        self._touched.append(fid)
+
+    def _detach(self, fid: int, finite: tuple[int, ...]) -> None:
+        """Flow ``fid`` no longer crosses ``finite``; re-rate the flows left on them."""
+        on_link, touched = self._on_link, self._touched_links
+        for link in finite:
+            users = on_link[link]
+            del users[fid]
+            if not users:
+                del on_link[link]
+            touched.append(link)
 
     def refresh(self, now: float) -> None:
         """Recompute max-min rates if flows started since the last recomputation."""
@@ -258,31 +278,18 @@ class FlowNetwork:
         the old links (:attr:`bytes_on_link`), the rest by the new ones.
         """
         cap, flows = self.capacity_Bps, self._flows
-        on_link, touched_links, carried = self._on_link, self._touched_links, self.bytes_on_link
+        carried = self.bytes_on_link
         for fid, links in new_links.items():
             flow = flows[fid]
-            rate = flow.rate_Bps
-            left = (0.0 if rate == math.inf else
-                    max(0.0, flow.remaining_bytes - rate * (now - flow.since_s)))
+            left = _bytes_left(flow, now)
             moved = flow.nbytes - left
             for link in flow.links:
                 carried[link] = carried.get(link, 0.0) + moved
             flow.nbytes = left
-            for link in flow.finite:
-                users = on_link[link]
-                del users[fid]
-                if not users:
-                    del on_link[link]
-                touched_links.append(link)
+            self._detach(fid, flow.finite)
             finite = tuple([link for link in links if cap[link] < math.inf])
             flow.links, flow.finite = links, finite
-            for link in finite:
-                users = on_link.get(link)
-                if users is None:
-                    on_link[link] = {fid: None}
-                else:
-                    users[fid] = None
-            self._touched.append(fid)
+            self._attach(fid, finite)
         self._dirty = True
         self.refresh(now)
 
@@ -297,18 +304,13 @@ class FlowNetwork:
             if flow is not None and flow.end_s == end:
                 due.add(fid)
         done = sorted(due)
-        carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
+        carried = self.bytes_on_link
         for fid in done:
             flow = self._flows.pop(fid)
             nbytes = flow.nbytes
             for link in flow.links:
                 carried[link] = carried.get(link, 0.0) + nbytes
-            for link in flow.finite:
-                users = on_link[link]
-                del users[fid]
-                if not users:
-                    del on_link[link]
-                touched.append(link)
+            self._detach(fid, flow.finite)
         if done or self._dirty:
             self._rerate(now)
             self._dirty = False

@@ -13,7 +13,7 @@ PURE = [
     "workloads.program", "topologies.graphs", "topologies.cluster", "topologies.presets",
     "topologies.placement", "topologies.hardware", "sim.collectives", "sim.network",
     "sim.stats", "sim.export", "sim.device", "sim.config", "sim.experiment", "sim.timeline",
-    "workloads.multistep", "sim.idle", "sim.faults", "sim.faults_config",
+    "workloads.multistep", "sim.idle", "sim.faults", "sim.faults_config", "workloads.seqchunks",
 ]
 
 

@@ -313,19 +313,6 @@ def test_context_parallel_and_too_many_chunks_are_config_errors(tmp_path: Path) 
         build_experiment(experiment("seq1f1b", k=64, seq=32))
 
 
-def test_seqchunks_is_pure() -> None:
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    code = ("import sys, workloads.seqchunks; print(','.join(m for m in ('simpy', 'matplotlib', "
-            "'sim.engine') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         check=True).stdout.strip()
-    assert out == ""
-
-
 @pytest.mark.parametrize("tp,pp,dp,extra", [
     (2, 4, 2, {"sp": True}),                      # TP/SP collectives per chunk
     (1, 4, 2, {"zero": 3}),                       # per-chunk parameter gathers (pieces)

@@ -496,6 +496,11 @@ class Cluster:
         for link, factor in factors.items():
             if link not in gone:
                 graph.edges[link]["bandwidth_Bps"] *= factor
+        return self._with_graph(graph, gone)
+
+    def _with_graph(self, graph: nx.DiGraph, gone: set[Link]) -> Cluster:
+        """A cluster like this one on ``graph`` (a changed copy of this one's) with the links
+        ``gone`` removed from it and added to :attr:`failed_links`."""
         graph.remove_edges_from(gone)
         return Cluster(self.name, graph, self.gpu, self.gpus_per_node, self.collective_launch_s,
                        collective_step_s=self.collective_step_s,
@@ -507,14 +512,7 @@ class Cluster:
         """A new cluster with the directed links ``failed`` (indices into :attr:`links`)
         removed from the graph, as :meth:`with_link_changes` removes failed links (its
         routes avoid them; its links are renumbered). This one is unchanged."""
-        gone = {self.links[i] for i in failed}
-        graph = self.graph.copy()
-        graph.remove_edges_from(gone)
-        return Cluster(self.name, graph, self.gpu, self.gpus_per_node, self.collective_launch_s,
-                       collective_step_s=self.collective_step_s,
-                       collective_algos=self.collective_algos,
-                       collective_granularity=self.collective_granularity, ecmp=self.ecmp,
-                       failed_links=(*self.failed_links, *gone), gpus=self._gpus)
+        return self._with_graph(self.graph.copy(), {self.links[i] for i in failed})
 
     def rerouted(self, failed: Iterable[int]) -> Rerouted:
         """Routes of this cluster with the directed links ``failed`` (indices) gone, as

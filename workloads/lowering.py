@@ -171,7 +171,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     fold_cache: dict[Op, _Folded] = {}
     pending = [0.0] * pp  # per rank, see _emit_folded
     send_cache: dict[tuple[int, int, float], float] = {}
-    whole_p2p = p2p = costs.p2p_bytes()
+    whole_p2p = costs.p2p_bytes()
     zero3 = zero_stage == 3 and len(replicas) > 1
     overlap = bool(getattr(costs, "overlap_grad_reduce", False)) and len(replicas) > 1
     cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
@@ -186,8 +186,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     for k, op in enumerate(order):
         r = owner[op.stage]
         generic = Op(op.stage, op.kind, 0, op.seq)
-        if op.seq >= 0:  # a Seq1F1B chunk's message (its group is itself)
-            p2p = _chunk_p2p_bytes(costs, generic, whole_p2p)
+        p2p = _op_p2p_bytes(costs, generic, whole_p2p)
         cached = op_cache.get(generic)
         if cached is None:
             cached = op_cache[generic] = _op_facts(costs, generic, split, transient)
@@ -200,15 +199,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
             consumer = _consumer_stage(member, S)
             if consumer is None or owner[consumer] == r:
                 continue
-            fixed = None
-            if collapse is not None:  # every replica's message crosses at once
-                link = (r, owner[consumer], p2p)
-                if link not in send_cache:
-                    pairs = tuple((placement.gpu(tp=u, cp=c, dp=e, pp=r),
-                                   placement.gpu(tp=u, cp=c, dp=e, pp=owner[consumer]))
-                                  for c, e in replicas for u in range(tp))
-                    send_cache[link] = collapse.collective_s("send", pairs, p2p)
-                fixed = send_cache[link]
+            fixed = None if collapse is None else _replica_send_s(
+                collapse, placement, send_cache, r, owner[consumer], p2p)
             what = "act" if member.kind == FORWARD else "grad"
             sends.append((index[member], member, owner[consumer], f"{member} {what}", fixed))
         if piecewise is not None and (zero3 or cp_or_ep or op in final_ops):
@@ -360,19 +352,12 @@ def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
             segs, _, alloc, free = _op_facts(costs, generic, split, transient)
             folded = _fold(segs, collapse.on(g), tp_groups(placement, r))
             consumer = _consumer_stage(generic, S)
-            # a Seq1F1B chunk's message: its own bytes
-            p2p = whole_p2p if seq < 0 else _chunk_p2p_bytes(costs, generic, whole_p2p)
+            p2p = _op_p2p_bytes(costs, generic, whole_p2p)
             send = None
             if consumer is not None and owner[consumer] != r:
-                link = (r, owner[consumer], p2p)
-                if link not in send_cache:
-                    pairs = tuple((placement.gpu(tp=u, cp=c, dp=e, pp=r),
-                                   placement.gpu(tp=u, cp=c, dp=e, pp=owner[consumer]))
-                                  for c, e in replica_coords(placement)
-                                  for u in range(placement.degree("tp")))
-                    send_cache[link] = collapse.collective_s("send", pairs, p2p)
                 send = (reps[owner[consumer]], " act" if kind == FORWARD else " grad",
-                        send_cache[link], p2p)
+                        _replica_send_s(collapse, placement, send_cache, r, owner[consumer],
+                                        p2p), p2p)
             head, rest = folded.head, folded.rest
             split_at = (head.compute_s if head is not None and rest is not None
                         and not folded.leading else None)
@@ -634,11 +619,28 @@ def _emit_sends(b: ProgramBuilder, sends: list, lanes: list[list[list[int]]], r:
                                         stage=member.stage, mb=member.mb, duration_s=fixed)
 
 
-def _chunk_p2p_bytes(costs: CostModel, op: Op, whole: float) -> float:
-    """Pipeline message of a Seq1F1B sequence chunk: the cost model's ``seq_p2p_bytes``
-    (the chunk's tokens) where it has one, else ``whole`` (its ``p2p_bytes``)."""
-    per_chunk = getattr(costs, "seq_p2p_bytes", None)
+def _op_p2p_bytes(costs: CostModel, op: Op, whole: float) -> float:
+    """Pipeline message of ``op``: ``whole`` (the cost model's ``p2p_bytes``), or for a
+    Seq1F1B sequence chunk (``op.seq >= 0``) the cost model's ``seq_p2p_bytes`` (the
+    chunk's tokens) where it has one."""
+    per_chunk = getattr(costs, "seq_p2p_bytes", None) if op.seq >= 0 else None
     return whole if per_chunk is None else float(per_chunk(op))
+
+
+def _replica_send_s(collapse: Collapse, placement: Placement,
+                    cache: dict[tuple[int, int, float], float], src: int, dst: int,
+                    nbytes: float) -> float:
+    """Time of a pipeline message from rank ``src`` to rank ``dst`` (collapsed lowering):
+    every (tp, cp, dp) replica's copy crosses at once, timed together on the topology;
+    cached by ``(src, dst, nbytes)``."""
+    key = (src, dst, nbytes)
+    if key not in cache:
+        pairs = tuple((placement.gpu(tp=u, cp=c, dp=e, pp=src),
+                       placement.gpu(tp=u, cp=c, dp=e, pp=dst))
+                      for c, e in replica_coords(placement)
+                      for u in range(placement.degree("tp")))
+        cache[key] = collapse.collective_s("send", pairs, nbytes)
+    return cache[key]
 
 
 def _stash_bytes(costs: CostModel, op: Op) -> float:
