@@ -74,9 +74,15 @@ with A100_HAGEMANN on 2026-12-03."""
 
 
 def default_profile(gpu_name: str) -> DeviceProfile:
-    """The profile ``sim run`` uses: the A100 fit, for every GPU.
+    """The profile ``sim run`` uses for ``gpu_name``: the A100 fit on A100s; on H100, H200,
+    B200, GB200 and MI300X the A100 fit carried over by published kernel benchmarks.
 
-    Only A100 measurements were available to fit; for other GPUs the same
-    fractions of their own peaks are assumed (unverified).
+    Each compute efficiency of :data:`A100_HAGEMANN` is multiplied by the ratio of the two
+    GPUs' measured fractions of peak for that kernel class (matmul, FlashAttention), from one
+    source per class; classes without a public benchmark follow one conservative rule. The
+    numbers, sources and which classes are measured or inferred per GPU are in
+    :mod:`sim.gpu_profiles`.
     """
-    return A100_HAGEMANN
+    from sim.gpu_profiles import profile_for
+
+    return profile_for(gpu_name, A100_HAGEMANN)
