@@ -19,7 +19,7 @@ from workloads.costs import CommSeg, ComputeSeg, Segment
 from workloads.lowering import _stash_bytes
 from workloads.models import PRESETS
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, list_schedule
-from workloads.seqchunks import equal_cost_bounds, layer_work_shares
+from workloads.seqchunks import chunk_cost, equal_cost_bounds, layer_work_shares, rounded_bounds
 from workloads.transformer import TransformerCosts
 
 REL = 1e-9
@@ -91,24 +91,96 @@ def test_chunk_totals_equal_the_whole_micro_batch(preset: str, seq: int, k: int,
     assert messages == pytest.approx(costs.p2p_bytes(), rel=REL)
 
 
+def layer_work(costs: TransformerCosts, c: int | None = None) -> float:
+    """FLOPs (GEMM and attention) of one stage-0 layer, forward plus backward, of sequence
+    chunk ``c`` (None: the whole micro-batch, or the cost model's own window)."""
+    segs = (costs.op_segments(Op(0, FORWARD, 0, -1 if c is None else c), False)
+            + costs.op_segments(Op(0, BACKWARD, 0, -1 if c is None else c), False))
+    t = totals(segs)
+    return t["flops"] + t["attn_flops"]
+
+
+def window_work(costs: TransformerCosts, lo: float, hi: float) -> float:
+    return layer_work(replace(costs, seq_chunks=1, seq_window=(lo, hi)))
+
+
 @pytest.mark.parametrize("preset,seq,k,fields", CASES)
-def test_chunks_have_equal_flops(preset: str, seq: int, k: int, fields: dict) -> None:
-    """Each chunk of a layer does the same FLOPs forward plus backward; later chunks are
-    shorter (their queries attend to a longer prefix)."""
+def test_chunks_have_equal_flops_up_to_whole_tokens(preset: str, seq: int, k: int,
+                                                    fields: dict) -> None:
+    """Each chunk of a layer does the same FLOPs forward plus backward, as far as whole tokens
+    (multiples of t with sequence parallelism) allow: as in the reference code, every chunk
+    but the first is the longest multiple of ``mod`` tokens that does not exceed the
+    per-chunk share, and the first holds the rest; later chunks are shorter (their queries
+    attend to a longer prefix)."""
     costs = costs_of(preset, seq, k, **fields)
+    mod = costs.tp if costs.sequence_parallel else 1
     x = costs.seq_bounds()
     assert len(x) == k + 1 and x[0] == 0.0 and x[-1] == 1.0
+    tokens = [round(v * seq) for v in x]
+    assert [t / seq for t in tokens] == list(x)  # whole tokens
+    assert all((b - a) % mod == 0 for a, b in zip(tokens[1:], tokens[2:], strict=False))
     assert all(b - a > c - b for a, b, c in zip(x, x[1:], x[2:], strict=False))
-    work = []
-    for c in range(k):
-        segs = (costs.op_segments(Op(0, FORWARD, 0, c), False)
-                + costs.op_segments(Op(0, BACKWARD, 0, c), False))
-        t = totals(segs)
-        work.append(t["flops"] + t["attn_flops"])
-    assert work == pytest.approx([work[0]] * k, rel=REL)
-    whole = totals(costs.op_segments(Op(0, FORWARD, 0), False)
-                   + costs.op_segments(Op(0, BACKWARD, 0), False))
-    assert work[0] == pytest.approx((whole["flops"] + whole["attn_flops"]) / k, rel=REL)
+    work = [layer_work(costs, c) for c in range(k)]
+    share = layer_work(costs) / k
+    assert sum(work) == pytest.approx(k * share, rel=REL)
+    for c in range(1, k):
+        assert work[c] <= share * (1 + REL)
+        longer = window_work(costs, x[c] - mod / seq, x[c + 1])  # mod more tokens overshoot
+        assert longer > share
+    assert work[0] >= share * (1 - REL)
+    # the first chunk holds fewer than (k - 1) * mod extra tokens, each costing about k/s
+    # of a chunk's share
+    assert work == pytest.approx([share] * k, rel=k * k * mod / seq)
+
+
+def test_sequence_parallel_rounds_chunks_to_multiples_of_tp() -> None:
+    """With sequence parallelism every chunk's tokens are sharded over the t TP ranks, so the
+    reference code (thunlp/Seq1F1B, solve_partition with mod = t) rounds each chunk but the
+    first down to a multiple of t; without SP, to whole tokens."""
+    for tp in (2, 4, 8):
+        sp = costs_of("llama3-8b", 8192, 4, tp=tp, sequence_parallel=True)
+        plain = replace(sp, sequence_parallel=False)
+        xs, xp = sp.seq_bounds(), plain.seq_bounds()
+        lengths = [round((b - a) * 8192) for a, b in zip(xs, xs[1:], strict=False)]
+        assert sum(lengths) == 8192 and all(n % tp == 0 for n in lengths)
+        plain_lengths = [round((b - a) * 8192) for a, b in zip(xp, xp[1:], strict=False)]
+        assert lengths != plain_lengths
+        # rounding the later chunks down moves every cut towards the end, by less than
+        # (k - 1) t tokens: the first chunk grows, the last shrinks
+        assert all(0 <= (q - p) * 8192 < 3 * tp for p, q in zip(xp, xs, strict=False))
+        assert lengths[0] > plain_lengths[0] and lengths[-1] < plain_lengths[-1]
+
+
+def test_rounded_bounds_closed_forms() -> None:
+    """Per-token work only: equal chunks of s/k tokens, rounded down to multiples of mod from
+    the last chunk back, the first chunk taking the rest."""
+    assert rounded_bounds(equal_cost_bounds(3, 0.0), 100, 8, 0.0) == (0.0, 0.36, 0.68, 1.0)
+    assert rounded_bounds(equal_cost_bounds(4, 0.0), 64, 8, 0.0) == (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert rounded_bounds(equal_cost_bounds(1, 0.4), 64, 8, 0.4) == (0.0, 1.0)
+    # causal work: each chunk is the longest multiple of mod whose cost stays within 1/k,
+    # found here by scanning lengths (independent of chunk_start's quadratic)
+    for a, r, s, k, mod in ((0.3, 0.0, 4096, 4, 8), (0.6, 0.0, 2048, 5, 4),
+                            (0.0, 0.3, 4096, 3, 2)):
+        ideal = equal_cost_bounds(k, a, r)
+        target = chunk_cost(ideal[0], ideal[1], a, r)
+        expect = [s]
+        for _ in range(k - 1):
+            end = expect[0]
+            n = 0
+            while chunk_cost((end - n - mod) / s, end / s, a, r) <= target * (1 + 1e-12):
+                n += mod
+            expect.insert(0, end - n)
+        assert rounded_bounds(ideal, s, mod, a, r) == pytest.approx(
+            [0.0] + [e / s for e in expect], abs=1e-15)
+
+
+def test_chunks_too_short_for_tp_are_a_config_error() -> None:
+    """Eight chunks of a 64-token sequence with TP 8 and SP: the last chunks hold fewer than
+    eight tokens, which rounding would leave empty."""
+    costs = costs_of("gpt3-1.3b", 64, 8, tp=8, sequence_parallel=True)
+    with pytest.raises(ConfigError, match="training.seq_chunks=8.*multiples of parallel.tp"):
+        costs.seq_bounds()
+    assert len(replace(costs, sequence_parallel=False).seq_bounds()) == 9
 
 
 def test_attention_share_of_a_gpt_layer() -> None:
@@ -136,7 +208,8 @@ def test_non_flash_kernels_compute_each_chunks_score_block() -> None:
     causal, rect = layer_work_shares(costs)
     assert causal == 0.0 and 0 < rect < 1
     x = costs.seq_bounds()
-    assert x == equal_cost_bounds(k, 0.0, rect)
+    assert x == rounded_bounds(equal_cost_bounds(k, 0.0, rect), 4096, 1, 0.0, rect)
+    assert x == pytest.approx(equal_cost_bounds(k, 0.0, rect), abs=(k - 1) / 4096)
     whole = totals(costs.op_segments(Op(0, FORWARD, 0), False))
     parts = [totals(costs.op_segments(Op(0, FORWARD, 0, c), False)) for c in range(k)]
     blocks = sum((x[c + 1] - x[c]) * x[c + 1] for c in range(k))

@@ -33,8 +33,16 @@ collectives, pipeline messages, stashed activations and working memory, so the
 k chunks add up to the whole micro-batch exactly, except that every chunk's
 GEMMs read the weights again. A chunk's stash holds its keys and values; it is
 freed at the chunk's own backward, which runs after every later chunk's (they
-attended to them). Not modelled: the reference code rounds chunk lengths to
-multiples of the TP degree; here boundaries are real fractions.
+attended to them).
+
+Whole tokens (:func:`rounded_bounds`), as the reference code places them
+(``megatron/core/pipeline_parallel/sequence_split.py``, ``solve_partition``): it
+solves the chunks from the last one back, each for the per-chunk target given
+where the next one starts, rounds each length down to a multiple of ``mod`` (the
+TP degree with sequence parallelism, which shards every chunk's tokens over the
+``t`` ranks, else 1) and gives the first chunk the rest of the sequence. Chunks
+are then as close to equal FLOPs as the rounding allows, the first one up to
+``(k - 1)·mod`` tokens longer.
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
+from sim.errors import ConfigError
 from workloads.schedules import BACKWARD, FORWARD, Op
 
 if TYPE_CHECKING:
@@ -54,10 +63,19 @@ _BISECTIONS = 200
 """Halvings of the per-chunk target (far more than float precision needs; it stops early)."""
 
 
+class _SequenceModel(Protocol):
+    seq_length: int
+
+
 class ChunkedCosts(Protocol):
     """What :func:`layer_work_shares` reads from a cost model."""
 
     attention: str
+    tp: int
+    sequence_parallel: bool
+
+    @property
+    def model(self) -> _SequenceModel: ...
 
     def op_segments(self, op: Op, split_backward: bool,
                     markers: bool = False) -> tuple[Segment, ...]: ...
@@ -161,7 +179,70 @@ def equal_cost_bounds(k: int, causal: float, rectangle: float = 0.0) -> tuple[fl
     return (*xs, 1.0)
 
 
+def chunk_cost(lo: float, hi: float, causal: float, rectangle: float = 0.0) -> float:
+    """Cost of chunk ``[lo, hi)`` as a share of the whole micro-batch (the cost model of
+    :func:`equal_cost_bounds`)."""
+    per_token = 1 - causal - rectangle
+    return (per_token * (hi - lo) + causal * (hi * hi - lo * lo)
+            + rectangle * (hi - lo) * hi)
+
+
+def chunk_start(hi: float, target: float, causal: float, rectangle: float = 0.0) -> float:
+    """Where a chunk ending at ``hi`` must start to cost ``target`` (0 if even ``[0, hi)``
+    costs less): the root in ``lo`` of ``chunk_cost(lo, hi) = target``, a quadratic
+    ``causal lo^2 + B lo - C = 0`` with ``B = 1 - causal - rectangle + rectangle hi`` and
+    ``C = B hi + causal hi^2 - target``, in its cancellation-free form."""
+    b = 1 - causal - rectangle + rectangle * hi
+    c0 = b * hi + causal * hi * hi - target
+    if c0 <= 0.0:
+        return 0.0
+    return 2 * c0 / (b + (b * b + 4 * causal * c0) ** 0.5)
+
+
+def rounded_bounds(bounds: tuple[float, ...], seq_length: int, mod: int, causal: float,
+                   rectangle: float = 0.0) -> tuple[float, ...]:
+    """``bounds`` (equal-cost fractions) moved to whole multiples of ``mod`` tokens, as the
+    reference code's ``solve_partition`` does (module docstring).
+
+    From the last chunk back: chunk ``c`` ends where chunk ``c + 1`` starts, its ideal
+    start costs it the common per-chunk target (:func:`chunk_start`), and its length
+    ``floor(ideal / mod)·mod`` tokens; the first chunk holds the remaining tokens. A
+    :class:`~sim.errors.ConfigError` if a chunk would be left without tokens.
+    """
+    k = len(bounds) - 1
+    if k == 1:
+        return bounds
+    target = chunk_cost(bounds[0], bounds[1], causal, rectangle)
+    end = seq_length
+    lengths: list[int] = []
+    for c in range(k - 1, 0, -1):
+        ideal = (end / seq_length - chunk_start(end / seq_length, target, causal, rectangle)
+                 ) * seq_length
+        # a hair of slack so a length that is a multiple of mod up to float error stays one
+        length = int((ideal + 1e-9 * seq_length) // mod) * mod
+        if length <= 0:
+            raise ConfigError(
+                f"training.seq_chunks={k}: sequence chunk {c} would hold {ideal:.1f} tokens, "
+                f"fewer than one multiple of {mod} (chunk lengths are rounded down to "
+                f"multiples of parallel.tp with sequence_parallel); use fewer chunks")
+        lengths.insert(0, length)
+        end -= length
+    if end <= 0:
+        raise ConfigError(f"training.seq_chunks={k}: the first sequence chunk would hold "
+                          f"{end} tokens of model.seq_length={seq_length}; use fewer chunks")
+    xs = [0.0]
+    pos = end
+    for length in lengths:
+        xs.append(pos / seq_length)
+        pos += length
+    return (*xs, 1.0)
+
+
 @lru_cache(maxsize=256)
 def bounds_of(costs: ChunkedCosts, k: int) -> tuple[float, ...]:
-    """The equal-FLOPs boundaries of ``k`` sequence chunks for a (hashable) cost model."""
-    return equal_cost_bounds(k, *layer_work_shares(costs))
+    """The boundaries of ``k`` sequence chunks for a (hashable) cost model: equal FLOPs
+    (:func:`equal_cost_bounds`) moved to whole tokens, multiples of the TP degree with
+    sequence parallelism (:func:`rounded_bounds`)."""
+    shares = layer_work_shares(costs)
+    mod = costs.tp if costs.sequence_parallel and costs.tp > 1 else 1
+    return rounded_bounds(equal_cost_bounds(k, *shares), costs.model.seq_length, mod, *shares)
