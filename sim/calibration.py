@@ -6,7 +6,7 @@ They were fitted by ``benchmarks/calibrate.py`` against Hagemann et al. 2023's
 measured sweep (``../shared/data/hagemann2023_sweep.csv``, A100-80GB, NCCL's
 link efficiencies fixed from nccl-tests reports in ``topologies/presets.py``);
 no per-row factor exists anywhere. Efficiencies are bounded to physical ranges
-in the fit; FlashAttention-2 (0.80) sits at its upper bound in both fits.
+in the fit; the batched-matmul attention (0.85) sits at its upper bound in both fits.
 
 Refitted on 2026-12-03 after four model corrections (issue 5): GEMMs timed at their
 real M x K x N shapes (the efficiency curve sees the cube side (M·K·N)^(1/3),
@@ -15,6 +15,16 @@ real M x K x N shapes (the efficiency curve sees the cube side (M·K·N)^(1/3),
 the sweep's loss over gathered logits and eager RMSNorm's fp32 saved input
 (:data:`sim.validate.VOCAB_PARALLEL_LOSS`, :meth:`TransformerCosts.layer_activation_bytes`).
 Collectives: the lowering's NCCL-like ``auto`` algorithm choice.
+
+Refitted again on 2026-12-03 after three corrections that model the sweep's framework
+(Aleph Alpha's ``scaling``, read from its source; :mod:`sim.validate`): its pipeline
+split (:func:`sim.validate.framework_stage_layers`: the embedding, final norm and head
+take layer slots, so first and last stages run fewer layers), its sequence parallelism
+saving the all-gathered GEMM inputs (``sp_saves_gathered_input``), the two fp32
+logit-sized buffers of PyTorch's cross-entropy backward
+(:meth:`workloads.transformer.TransformerCosts.transient_bytes`) and its fp32 gradient
+all-reduce with a bf16 parameter all-gather after the step (``dp_wire_bytes`` = 5).
+Command: ``python benchmarks/calibrate.py --cache sens.npz`` (12 min on 2 shared cores).
 """
 
 from __future__ import annotations
@@ -28,10 +38,11 @@ MEMORY_RESERVED_GIB = 1.0
 (NCCL_BUFFSIZE 4 MiB per channel and peer, for the TP, DP and PP communicators: a few
 hundred MiB) and cuBLAS workspaces (PyTorch's default 8 x 4 MiB). An estimate: the OOM
 labels barely constrain it (the best accuracy varies by 0.3 points from 0 to 2.5 GiB)."""
-MEMORY_FRAGMENTATION = 0.32
+MEMORY_FRAGMENTATION = 0.35
 """Fitted: the caching allocator's overhead, and the working buffers of ops the memory
 model does not list, as a fraction of the dynamic memory (activations and working
-buffers above the static model state), on the OOM labels of all 964 runs (96.3%)."""
+buffers above the static model state), on the OOM labels of all 964 runs (97.1%; it was
+0.32 and 96.3% before the framework corrections of 2026-12-03)."""
 
 _TIME_FIT = (
     "benchmarks/calibrate.py --cache ({date}): bounded least squares on the relative "
@@ -57,20 +68,22 @@ def _fitted(x: tuple[float, ...], rows: str, date: str = "2026-12-02") -> Device
     )
 
 
-A100_HAGEMANN = _fitted((1.0762, 2458.9793, 1.25, 3.5831, 1.4524, 1.9541),
+A100_HAGEMANN = _fitted((1.1091, 2524.885, 1.4734, 3.3459, 1.1765, 1.9653),
                         "all 401 successful runs", "2026-12-03")
-"""A100-80GB profile fitted on the whole sweep: the default for every GPU (see default_profile)."""
+"""A100-80GB profile fitted on the whole sweep: the default on A100s; other GPUs carry it over
+by published kernel ratios (:mod:`sim.gpu_profiles`, :func:`default_profile`)."""
 
-"""η_gemm 0.929, d½ 2285 (cube side), η_flash2 0.80, η_flash1 0.279, η_bmm 0.689,
-η_elementwise 0.512. Linearised MAPE 5.74% on its rows. The previous all-runs profile
-(fitted 2026-12-02 on the min(tokens, h/t) GEMM shape: 1.2028, 714.6956, 1.25, 3.1509,
-1.1765, 2.1087) gave 5.94% before these model corrections."""
+"""η_gemm 0.902, d½ 2277 (cube side), η_flash2 0.679, η_flash1 0.299, η_bmm 0.85 (at its
+bound), η_elementwise 0.509. Linearised MAPE 5.25% on its rows (simulated: 5.25%). Before
+the framework corrections the same fit gave (1.0762, 2458.9793, 1.25, 3.5831, 1.4524,
+1.9541), 5.74%, with FlashAttention-2 at its 0.80 bound; the fit of 2026-12-02 on the
+min(tokens, h/t) GEMM shape (1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087) gave 5.94%."""
 
-A100_HAGEMANN_13B = _fitted((1.2793, 1078.7026, 1.25, 3.3456, 1.8876, 1.8199),
+A100_HAGEMANN_13B = _fitted((1.2691, 1097.6884, 1.9267, 3.5192, 1.1765, 1.9293),
                             "the 165 successful LLaMA-13B runs only", "2026-12-03")
 """The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B
-(linearised MAPE 4.55% on its rows, 7.51% on the held-out 30B and 65B runs); refitted
-with A100_HAGEMANN on 2026-12-03."""
+(linearised MAPE 4.83% on its rows, 7.07% simulated on the held-out 30B and 65B runs;
+7.51% before the framework corrections)."""
 
 
 def default_profile(gpu_name: str) -> DeviceProfile:

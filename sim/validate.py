@@ -4,7 +4,10 @@ Every row of ``hagemann2023_sweep.csv`` (REFERENCES.md) becomes an experiment:
 LLaMA 13B/30B/65B with the shapes of REFERENCES.md and a 128,000-token untied
 vocabulary (inferred: it reproduces the sheets' MFU to 0.01%), DGX A100-80GB
 nodes, ZeRO-1, 1F1B, global batch 4,194,304 tokens, the loss over gathered logits
-(:data:`VOCAB_PARALLEL_LOSS`). The simulator predicts its
+(:data:`VOCAB_PARALLEL_LOSS`), and what the sweep's framework (Aleph Alpha's
+``scaling``, read from its source) does differently from Megatron-LM: its pipeline
+split (:func:`framework_stage_layers`), its sequence parallelism and its fp32 gradient
+all-reduce (:data:`FRAMEWORK`). The simulator predicts its
 step time and whether it runs out of memory; :func:`evaluate` compares with
 what was measured. Nothing here is fitted per row.
 """
@@ -12,6 +15,7 @@ what was measured. Nothing here is fitted per row.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from sim.device import DeviceProfile
 from sim.errors import ConfigError
+from workloads.models import PRESETS
 
 GLOBAL_BATCH_TOKENS = 4_194_304
 """Tokens per optimizer step in the sweep (2048 sequences of 2k, 512 of 8k; unverified)."""
@@ -33,6 +38,38 @@ is a ``ColumnParallelLinear`` that all-gathers its output by default, and its lo
 the exact version used. With the vocabulary-parallel loss, 80 of the 109 runs the
 simulator misclassified were TP >= 2 runs predicted to fit, some at 30-50 GB (8k tokens
 or micro-batches of 2-4, whose full-vocabulary logits take several GB on each TP rank)."""
+FRAMEWORK = {"sp_saves_gathered_input": True, "dp_wire_bytes": 5.0}
+"""How the sweep's framework (Aleph Alpha's ``scaling``, see :data:`VOCAB_PARALLEL_LOSS`)
+differs from the Megatron-LM defaults of :class:`workloads.transformer.TransformerCosts`,
+applied to every row's cost model: under sequence parallelism its column-parallel GEMMs
+save their all-gathered input (``sp_saves_gathered_input``); it all-reduces the gradients
+in fp32 and then all-gathers the bf16 parameters, 5 bytes a parameter in each of the
+step-end collectives (``dp_wire_bytes``)."""
+
+
+def framework_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Transformer layers per pipeline stage as the sweep's framework splits the model.
+
+    Aleph Alpha's ``scaling`` partitions its list of layer specs, the input embedding,
+    the ``num_layers`` transformer layers, the final norm and the LM head (``num_layers +
+    3`` items), uniformly over the ``pp`` stages, the first ``(num_layers + 3) mod pp``
+    stages taking one item more (``pipe_partition_uniform``, its default
+    ``pipe_partition_method``). So the first stage holds one transformer layer fewer
+    than its share (the embedding) and the last two fewer (norm and head): e.g. LLaMA-30B
+    (60 layers) on 4 stages runs 15, 16, 16, 13 layers. ConfigError if a stage would
+    hold no transformer layer.
+    """
+    if pp == 1:
+        return (num_layers,)
+    base, extra = divmod(num_layers + 3, pp)
+    items = [base + (1 if s < extra else 0) for s in range(pp)]
+    layers = [n - (1 if s == 0 else 0) - (2 if s == pp - 1 else 0) for s, n in enumerate(items)]
+    if min(layers) < 1:
+        raise ConfigError(f"{num_layers} layers on {pp} pipeline stages: the framework's "
+                          f"uniform split {items} leaves a stage without a transformer layer")
+    return tuple(layers)
+
+
 BEST_WITHIN = 0.02
 """A predicted best layout counts as a hit if its measured step time is within 2% of the best."""
 
@@ -62,6 +99,14 @@ class Row:
         """(model, sequence length, GPUs): the sweep's unit of comparison."""
         return (self.model, self.seq_length, self.num_gpus)
 
+    def _stage_split(self) -> dict:
+        """``layers_per_stage`` as the sweep's framework splits the model (nothing for an
+        unknown model: building the experiment reports it)."""
+        spec = PRESETS.get(self.model)
+        if spec is None or self.pp < 1:
+            return {}
+        return {"layers_per_stage": list(framework_stage_layers(spec.num_layers, self.pp))}
+
     def experiment(self) -> dict:
         """The experiment mapping that describes this run."""
         return {
@@ -70,7 +115,8 @@ class Row:
                       "vocab_size": VOCAB_SIZE},
             "cluster": {"preset": "dgx-a100-80g", "num_gpus": self.num_gpus},
             "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": 1,
-                         "sequence_parallel": self.sequence_parallel},
+                         "sequence_parallel": self.sequence_parallel,
+                         **self._stage_split()},
             "training": {"micro_batch_size": self.micro_batch_size,
                          "global_batch_size": GLOBAL_BATCH_TOKENS // self.seq_length,
                          "recompute": self.recompute, "attention": self.attention,
@@ -118,6 +164,7 @@ def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
 
     row, profile = args
     exp = build_experiment(row.experiment())
+    exp = dataclasses.replace(exp, costs=dataclasses.replace(exp.costs, **FRAMEWORK))
     result = simulate(exp, profile, fidelity="collapsed")
     stats, timeline = result.stats, result.timeline
     floor: dict[int, float] = {}

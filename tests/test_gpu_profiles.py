@@ -52,7 +52,8 @@ def test_h100_flash_attention_is_measured_fa2_ratio() -> None:
     ratio = FA2_H100 / FA2_A100
     assert p.flash2_efficiency == pytest.approx(A100_HAGEMANN.flash2_efficiency * ratio)
     assert p.flash1_efficiency == pytest.approx(A100_HAGEMANN.flash1_efficiency * ratio)
-    assert 0.33 < p.flash2_efficiency < 0.40  # FA3 paper: FA2 at about 35% of H100's peak
+    # FA2 reaches under half the fraction of peak on H100 it reaches on A100 (35% vs 73%)
+    assert p.flash2_efficiency < 0.5 * A100_HAGEMANN.flash2_efficiency
     assert "flash2" in RATIOS["H100"].measured and "flash1" in RATIOS["H100"].inferred
 
 

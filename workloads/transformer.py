@@ -113,6 +113,22 @@ class TransformerCosts:
     by default and whose loss is ``torch.nn.functional.cross_entropy`` on the fp32
     logits): the loss's memory and memory-bound work are t times larger (the logits'
     all-gather itself is not timed)."""
+    dp_wire_bytes: float = BF16
+    """Bytes per parameter each of the step-end DP collectives moves (the gradients'
+    reduce-scatter before the optimizer, the parameters' all-gather after it, ZeRO 1/2;
+    :meth:`grad_bytes`): 2, bf16 gradients and parameters (Megatron's distributed
+    optimizer). The sweep's framework casts the bf16 gradients to fp32 and all-reduces
+    them (Aleph Alpha's ``scaling``, ``allreduce_tensor_in_float32``; a ring all-reduce
+    is a reduce-scatter and an all-gather, 4 + 4 bytes), then all-gathers the updated
+    bf16 parameters (2): 10 bytes over the step, so 5 in each of the two collectives
+    (the same time on rings, whose reduce-scatter and all-gather cost alike)."""
+    sp_saves_gathered_input: bool = False
+    """Sequence parallelism as a plain ``F.linear`` on the all-gathered input: the QKV and
+    first MLP GEMMs save the whole gathered b·s·h input for their weight gradient (Aleph
+    Alpha's ``scaling`` library: its ``ColumnParallelLinear`` calls
+    ``torch.nn.functional.linear`` on the gathered tensor), 4·s·b·h bytes a layer that are
+    not split by t. False: Megatron-LM's SP (Korthikanti et al. 2022, sec. 4.2.2) saves
+    the local s/t shard and all-gathers it again in the backward."""
     seq_chunks: int = 1
     """k, sequence chunks per micro-batch (Seq1F1B); ops with ``op.seq >= 0`` cost one chunk
     (:meth:`seq_chunk`, boundaries from :mod:`workloads.seqchunks`)."""
@@ -508,7 +524,8 @@ class TransformerCosts:
         this is exactly Korthikanti's s·b·h·(10 + 24/t + 5·a·s/(h·t)). MoE: the MLP
         intermediates are per routed row (k·max(c, 1) rows a token, expert inner size),
         plus the dispatched copies of the MLP input (2·k·max(c, 1)). With CP, s·b·h is
-        the GPU's s/cp tokens.
+        the GPU's s/cp tokens. With :attr:`sp_saves_gathered_input`, SP splits only the
+        norm inputs (4, and the eager norm's 8): the two GEMM inputs (4) stay whole.
         """
         m, t = self.model, self.tp
         if self.recompute == "full":
@@ -516,6 +533,9 @@ class TransformerCosts:
         dropout = 2 if m.norm == "layernorm" else 0
         eager_norm = 8 if m.norm == "rmsnorm" and not self.fused_norm else 0
         replicated = (8 + dropout + eager_norm) / self._sp_div
+        if self.sequence_parallel and self.sp_saves_gathered_input:
+            # the two GEMM inputs (4 of the 8) are kept gathered, not as s/t shards
+            replicated += 4 * (1 - 1 / self._sp_div)
         ratio = m.ffn_hidden_size / m.hidden_size
         if m.moe is not None:  # per routed row, and the dispatched copies themselves
             rows = m.moe.top_k * m.moe.load_factor
@@ -538,7 +558,12 @@ class TransformerCosts:
         the vocabulary-parallel cross entropy (forward: its exponentials;
         backward: the logits' gradient), 4·b·s·V/t bytes; the fp32 logits
         themselves are stashed activations (:meth:`activation_bytes_per_mb`) and
-        are not counted again here.
+        are not counted again here. Without the vocabulary-parallel loss the
+        backward holds two such fp32 buffers over the gathered logits, 8·b·s·V
+        bytes: PyTorch's ``cross_entropy`` backward materialises the dense
+        gradient of its ``nll_loss`` and then writes the ``log_softmax`` gradient
+        beside it (Megatron's fused vocabulary-parallel loss computes the gradient
+        in place of its saved softmax).
         ZeRO-3: the gathered parameters and unreduced gradients
         (:meth:`zero3_working_bytes`). A sequence chunk's are its chunk's (:meth:`seq_chunk`).
         """
@@ -549,7 +574,8 @@ class TransformerCosts:
         if op.kind == BACKWARD:
             total += layer * (2 if self.recompute == "full" else 1)
         if op.stage == len(self.stage_layers) - 1 and op.kind in (FORWARD, BACKWARD):
-            total += FP32 * self._tokens * self.model.vocab_size / self._vocab_div
+            buffers = 2 if op.kind == BACKWARD and not self.vocab_parallel_loss else 1
+            total += buffers * FP32 * self._tokens * self.model.vocab_size / self._vocab_div
         return total
 
     def activation_bytes_per_mb(self, stage: int) -> float:
@@ -622,10 +648,11 @@ class TransformerCosts:
         return n
 
     def grad_bytes(self, stage: int) -> float:
-        """Gradient bytes of a stage reduced across DP (bf16); with ep > 1 the experts'
-        are reduced apart (:meth:`expert_grad_bytes`)."""
+        """Gradient bytes of a stage reduced across DP, :attr:`dp_wire_bytes` per element
+        (bf16 by default); with ep > 1 the experts' are reduced apart
+        (:meth:`expert_grad_bytes`)."""
         experts = self.stage_expert_params(stage) if self.ep > 1 else 0.0
-        return BF16 * (self.stage_params(stage) - experts)
+        return self.dp_wire_bytes * (self.stage_params(stage) - experts)
 
     def expert_grad_bytes(self, stage: int) -> float:
         """Expert gradient bytes of a stage, reduced over the expert-data-parallel group
