@@ -257,14 +257,14 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     ends = step_end_times(program, times.end_s) if n > 1 else (timeline.end_s,)
     # the steady step: a middle one, with a step before it (fill) and after it (drain)
     window = (ends[n // 2 - 1], ends[n // 2]) if n > 1 else None
-    stats = compute_stats(timeline, _facts(exp, fidelity, profile), window)
+    stats = compute_stats(timeline, _facts(exp, fidelity, profile), window, times.intervals)
     if n > 1:
         stats["steps_simulated"] = n
         stats["first_step_s"] = ends[0]
     if slowdown:
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
     idle = idle_breakdown(program, times.ready_s, times.end_s, timeline.simulated_gpus,
-                          slowdown, window)
+                          slowdown, window, times.cause)
     stats["idle_breakdown"] = summarize(idle)
     return Result(exp, program, timeline, stats, n, tuple(ends))
 

@@ -25,6 +25,7 @@ records go straight into per-stream lanes, each of which comes nearly sorted.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,11 +39,13 @@ from sim.collectives import AUTO, GroupProfile, Transfer, group_profile, resolve
 from sim.collectives import plan as plan_collective
 from sim.errors import DeadlockError
 from sim.network import FlowNetwork
-from sim.timeline import FlowArrow, MemorySample, Span, Timeline, gc_paused
+from sim.timeline import COMM_KINDS, FlowArrow, MemorySample, Span, Timeline, gc_paused
 from topologies.cluster import Cluster, Endpoint, Route
 from workloads.program import Collective, Compute, Program, Send
 
 ComputeTimer = Callable[[Compute], float]
+_COMM_KINDS = frozenset(COMM_KINDS)
+_BYTES = itemgetter(2)  # MemorySample.bytes
 
 
 @dataclass
@@ -73,6 +76,16 @@ class InstructionTimes:
     member's arrival, plus the launch latency)."""
     end_s: list[float] = field(default_factory=list)
     """When it completed."""
+    intervals: dict[tuple[int, str], array[float]] = field(default_factory=dict)
+    """The spans' intervals as :mod:`sim.stats` reads them (:data:`sim.stats.Intervals`): per
+    ``(GPU, "compute")`` its compute stream's, per ``(GPU, kind)`` those of each
+    communication kind, as flat ``[start, end, ...]`` lists, recorded as the spans are."""
+    cause: list[int] = field(default_factory=list)
+    """Its latest-finishing predecessor (-1: none), as :mod:`sim.idle` follows chains: the
+    stream predecessor, unless a dependency ended strictly later (the first such of the
+    latest); every member of a collective takes that of the member that arrived last (the
+    lowest id among equals). Recorded by the queue-free pass over a program in id order
+    (a collapsed one); empty otherwise."""
 
 
 def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
@@ -241,6 +254,10 @@ class _Run:
         """Each active flow's (src, dst), kept only when links fail during the run."""
         self.events = 0
         self.flows = 0
+        self.intervals: dict[tuple[int, str], array[float]] = {}
+        """See :attr:`InstructionTimes.intervals` (filled as the timeline is assembled)."""
+        self.cause: list[int] = []
+        """See :attr:`InstructionTimes.cause` (filled by :meth:`_run_in_order` only)."""
         self.flow_done: dict[int, Callable[[], None]] = {}
         self.wake_version = 0
         self.wake_at = -1.0
@@ -256,7 +273,10 @@ class _Run:
         self.spans: list[tuple] = []
         self.lanes: dict[tuple[int, str], list[tuple]] | None = None
         """Span records already per stream (:meth:`_run_in_order`), else None."""
-        self.memory_lanes: dict[int, list[tuple[float, int, float]]] = {}
+        self.memory_lanes: dict[int, list] = {}
+        """Per GPU, its memory records ``(time, creation order, bytes)``, or (when
+        :attr:`memory_in_order`) its samples, already in order (:meth:`_run_in_order`)."""
+        self.memory_in_order = False
         self.plain_lanes: dict[tuple[int, str], list[Span]] = {}
         """Spans of the streams whose spans came in order (:meth:`_run_in_order`)."""
         self.arrows: list[tuple[int, int]] = []
@@ -605,6 +625,7 @@ class _Run:
         n = len(instrs)
         end: list[float | None] = [None] * n
         ready = [0.0] * n
+        cause = [-1] * n
         mem_now = list(self.mem_now)
         lanes: dict[tuple[int, str], list[tuple]] = {}
         """(GPU, stream) -> (start, end, creation order, Span) records: the collective streams,
@@ -614,10 +635,17 @@ class _Run:
         receive: one stream's instructions in program order, each starting after the
         previous ended; a negative duration, which would break that, declines the pass)"""
         compute_lane: list[list[Span] | None] = [None] * len(mem_now)
+        ivals: dict[tuple[int, str], array[float]] = {}  # see InstructionTimes.intervals
+        busy: list[array[float]] = [array("d") for _ in mem_now]  # per GPU, compute intervals
+        folds: list[tuple | None] = [None] * len(mem_now)
+        """per GPU, (kind, lane, intervals) of its latest blocking communication"""
+        comm_kinds = _COMM_KINDS
         last_compute = [-1] * len(mem_now)  # per GPU, its compute stream's latest instruction
         streams: dict[tuple[int, object], list] = {}
         """(GPU, dst) of a send stream or (GPU, kind) of a collective one -> [latest id, lane,
-        stream name]"""
+        stream name, intervals]: a collective stream's interval array (None for a kind outside
+        COMM_KINDS), a send stream's (sender's array, receiver's array, kind) of its last
+        message's kind (None before its first message of a communication kind)"""
         recv_lane: dict[tuple[int, int], list] = {}  # (GPU, dst) -> [lane, name] at dst
         memory: dict[int, list[tuple[float, int, float]]] = {}
         arrows: list[tuple[tuple[int, str], tuple[int, str]]] = []
@@ -640,30 +668,39 @@ class _Run:
                 if stream is None:
                     lane_name = f"send>{dst}"
                     stream = streams[(g, dst)] = [-1, plain.setdefault((g, lane_name), []),
-                                                  lane_name]
+                                                  lane_name, None]
                 prev = stream[0]
                 stream[0] = i
             else:
                 i, g, kind, name, deps, _, _, group, _, key, stage, mb, fixed = ins
                 stream = streams.get((g, kind))
                 if stream is None:
-                    stream = streams[(g, kind)] = [-1, lanes.setdefault((g, kind), []), kind]
+                    stream = streams[(g, kind)] = [-1, lanes.setdefault((g, kind), []), kind,
+                                                   ivals.setdefault((g, kind), array("d"))
+                                                   if kind in comm_kinds else None]
                 prev = stream[0]
                 stream[0] = i
             t = 0.0
+            # the latest-finishing predecessor, the stream predecessor first among equals
+            # (InstructionTimes.cause)
+            latest, latest_end = prev, -1.0
             if prev >= 0:
                 e = end[prev]
                 if e is None:
                     return False
+                latest_end = e
                 if e > t:
                     t = e
             for d in deps:
                 e = end[d] if d < i else None
                 if e is None:
                     return False
+                if e > latest_end:
+                    latest, latest_end = d, e
                 if e > t:
                     t = e
             ready[i] = t
+            cause[i] = latest
             if cls is Compute:
                 duration = timer(ins)
                 if duration < 0 or blocking < 0:
@@ -674,24 +711,42 @@ class _Run:
                     events += 1
                 else:
                     stop = t
-                if alloc or free:
+                if alloc or free:  # samples already in (time, creation) order: see below
                     samples = memory.get(g)
                     if samples is None:
                         samples = memory[g] = []
                     if alloc:
                         mem_now[g] += alloc
-                        samples.append((t, 2 * i, mem_now[g]))
+                        samples.append(new(MemorySample, (g, t, mem_now[g])))
                     if free:
                         mem_now[g] -= free
-                        samples.append((stop, 2 * i + 1, mem_now[g]))
+                        samples.append(new(MemorySample, (g, stop, mem_now[g])))
                 own = compute_lane[g]
                 if own is None:
                     own = compute_lane[g] = plain.setdefault((g, "compute"), [])
+                    ivals[(g, "compute")] = busy[g]
                 mid = t + duration
                 own.append(new(Span, (g, "compute", kind, name, t, mid, stage, mb)))
+                on = busy[g]
+                on.append(t)
+                on.append(mid)
+                if kind in comm_kinds:
+                    ivals.setdefault((g, kind), array("d")).extend((t, mid))
                 if blocking > 0:
-                    lanes.setdefault((g, comm), []).append((mid, stop, 4 * i + 1, new(
+                    fold = folds[g]
+                    if fold is None or fold[0] != comm:  # the lane of (g, comm) and its intervals
+                        lane = lanes.get((g, comm))
+                        if lane is None:
+                            lane = lanes[(g, comm)] = []
+                        iv = ivals.get((g, comm))
+                        if iv is None and comm in comm_kinds:
+                            iv = ivals[(g, comm)] = array("d")
+                        fold = folds[g] = (comm, lane, iv)
+                    fold[1].append((mid, stop, 4 * i + 1, new(
                         Span, (g, comm, comm, f"{name} {comm}", mid, stop, stage, mb))))
+                    if fold[2] is not None:
+                        fold[2].append(mid)
+                        fold[2].append(stop)
                 end[i] = stop
             elif cls is Send:
                 if fixed < 0:
@@ -705,12 +760,27 @@ class _Run:
                     other = recv_lane[(g, dst)] = [plain.setdefault((dst, recv), []), recv]
                     arrows.append(((g, stream[2]), (dst, recv)))  # k-th send -> k-th receive
                 other[0].append(new(Span, (dst, other[1], kind, name, t, stop, stage, mb)))
+                if kind in comm_kinds:
+                    if stream[3] is None:
+                        stream[3] = (ivals.setdefault((g, kind), array("d")),
+                                     ivals.setdefault((dst, kind), array("d")), kind)
+                    elif stream[3][2] != kind:  # a stream whose messages change kind
+                        stream[3] = (ivals.setdefault((g, kind), array("d")),
+                                     ivals.setdefault((dst, kind), array("d")), kind)
+                    mine, theirs, _ = stream[3]
+                    mine.append(t)
+                    mine.append(stop)
+                    theirs.append(t)
+                    theirs.append(stop)
                 end[i] = stop
             elif len(group) == 1:  # a collective of one starts when its member arrives
                 stop = t + fixed
                 events += 1
                 stream[1].append((t, stop, 4 * i, new(Span, (
                     g, kind, kind, name, t, stop, stage, mb))))
+                if stream[3] is not None:
+                    stream[3].append(t)
+                    stream[3].append(stop)
                 end[i] = stop
             else:
                 members = arrived.get(key)
@@ -721,25 +791,40 @@ class _Run:
                     continue
                 del arrived[key]
                 start = max(ready[j] for j, _ in members)
+                # every member waits for the member that arrived last (the first among equals)
+                first = cause[max(members, key=lambda x: (ready[x[0]], -x[0]))[0]]
+                for j, _ in members:
+                    cause[j] = first
                 stop = start + fixed
                 events += 1
                 for j, lane in members:
                     m = instrs[j]
                     lane[1].append((start, stop, 4 * j, new(Span, (
                         m.gpu, lane[2], m.kind, m.name, start, stop, m.stage, m.mb))))
+                    if lane[3] is not None:
+                        lane[3].append(start)
+                        lane[3].append(stop)
                     end[j] = stop
             if stop > clock:
                 clock = stop
         if arrived:  # a collective some member never reached: let _run_fixed report it
             return False
-        for g, t, k, b in self.memory:  # the static samples at time 0
-            memory.setdefault(g, []).insert(0, (t, k, b))
+        # A GPU's samples come from its compute stream in program order, each op starting
+        # after the previous one ended and freeing at or after it allocated (durations are
+        # not negative here): their times never decrease, so the (time, creation order) in
+        # which the timeline keeps them is the order they came in. The static sample at
+        # time 0, created first, goes first.
+        for g, t, _, b in self.memory:
+            memory.setdefault(g, []).insert(0, new(MemorySample, (g, t, b)))
         self.lanes, self.memory_lanes = lanes, memory
+        self.memory_in_order = True
         self.plain_lanes, self.lane_arrows = plain, arrows
+        self.intervals = ivals
         self.mem_now = mem_now
         self.finished = bytearray(b"\x01") * n
         self.completed = n
         self.started, self.ended = ready, end  # type: ignore[assignment]
+        self.cause = cause
         self.events = events
         self.clock = clock
         return True
@@ -864,6 +949,8 @@ class _Run:
         if lanes is None:  # flat records (event queue, _run_fixed): into lanes
             lanes = {}
             new = tuple.__new__
+            ivals: dict[tuple[int, str], array[float]] = {}  # see InstructionTimes.intervals
+            comm_kinds = _COMM_KINDS
             for g, stream, start, end, k, kind, name, stage, mb in self.spans:
                 rec = (start, end, k, new(Span, (g, stream, kind, name, start, end, stage, mb)))
                 lane = lanes.get((g, stream))
@@ -871,6 +958,20 @@ class _Run:
                     lanes[(g, stream)] = [rec]
                 else:
                     lane.append(rec)
+                if stream == "compute" or kind in comm_kinds:
+                    if stream == "compute":
+                        on = ivals.get((g, stream))
+                        if on is None:
+                            on = ivals[(g, stream)] = array("d")
+                        on.append(start)
+                        on.append(end)
+                    if kind in comm_kinds:
+                        on = ivals.get((g, kind))
+                        if on is None:
+                            on = ivals[(g, kind)] = array("d")
+                        on.append(start)
+                        on.append(end)
+            self.intervals = ivals
             memory: dict[int, list[tuple[float, int, float]]] = {}
             for g, t, k, b in self.memory:
                 memory.setdefault(g, []).append((t, k, b))
@@ -915,12 +1016,26 @@ class _Run:
         arrows = tuple(map(partial(tuple.__new__, FlowArrow), sorted(pairs)))
         samples: list[MemorySample] = []
         make_sample = partial(tuple.__new__, MemorySample)
+        peaks: dict[int, float] = {}
         for g, recs in sorted(memory.items()):
+            if self.memory_in_order:
+                samples.extend(recs)
+                peaks[g] = max(map(_BYTES, recs))
+                continue
             recs.sort()
             times, _, sizes = zip(*recs, strict=True)
             samples.extend(map(make_sample, zip(repeat(g, len(recs)), times, sizes, strict=True)))
-        return Timeline(self.program.num_gpus, tuple(spans), arrows, tuple(samples),
-                        self.program.gpu_names, self.gpus)
+            peaks[g] = max(sizes)
+        timeline = Timeline(self.program.num_gpus, tuple(spans), arrows, tuple(samples),
+                            self.program.gpu_names, self.gpus)
+        # what the timeline's cached properties would work out in a pass over its records,
+        # known here: the peak of each GPU's samples and, after the queue-free pass, the
+        # makespan (every span ends by its instruction's end, the latest of which is the
+        # clock, and that instruction's last span ends then)
+        timeline.__dict__["peak_memory_by_gpu"] = peaks
+        if self.lanes is not None and self.clock > 0:
+            timeline.__dict__["end_s"] = self.clock
+        return timeline
 
     def counters(self, out: EngineCounters) -> None:
         out.events = self.events
@@ -959,6 +1074,7 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
             timeline = run.run(queue=event_queue or bool(link_changes))
             if times is not None:
                 times.ready_s, times.end_s = run.started, run.ended
+                times.intervals, times.cause = run.intervals, run.cause
             return timeline
         finally:
             if counters is not None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
+
+import numpy as np
 
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline, gc_paused
 from topologies.hardware import GiB
@@ -83,20 +87,119 @@ def _clipped(intervals: Iterable[tuple[float, float]], window: tuple[float, floa
     return ((max(a, lo), min(b, hi)) for a, b in intervals)
 
 
-def _intervals(spans: Iterable[Span], gpus: Sequence[int]
-               ) -> tuple[dict[int, list[tuple[float, float]]],
-                          dict[int, dict[str, list[tuple[float, float]]]]]:
-    """Per GPU, the intervals of its compute-stream spans and, per communication kind, those
-    of its spans of that kind, in one pass over the spans."""
-    on_compute: dict[int, list[tuple[float, float]]] = {g: [] for g in gpus}
-    of_kind = {g: {kind: [] for kind in COMM_KINDS} for g in gpus}
+SMALL = 64
+"""Interval lists up to this long are merged by the plain loops (:func:`_union`,
+:func:`_minus`); longer ones by the array forms (:class:`_Merged`), whose fixed cost
+per call is that of a few dozen loop iterations. Both give the same floats."""
+
+_GPU, _BYTES = itemgetter(0), itemgetter(2)  # MemorySample.gpu, .bytes
+
+
+class _Merged:
+    """A union of intervals (sorted, disjoint) as start and end arrays, with its length.
+
+    The same floats as :func:`_union` and :func:`_length` of the same intervals:
+    empty intervals dropped, the rest sorted by start and merged where one starts
+    at or before the running end (the running maximum of ends, exact), the
+    length summed in order by Python's ``sum`` of the differences.
+    """
+
+    __slots__ = ("hi", "length", "lo", "pairs")
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.pairs: list[tuple[float, float]] | None = None
+        if not len(starts):
+            self.lo = self.hi = starts
+            self.length = 0  # as _length of no intervals
+            return
+        keep = ends > starts
+        if not keep.all():
+            starts, ends = starts[keep], ends[keep]
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        reach = np.maximum.accumulate(ends) if len(ends) else ends
+        # a merged interval begins where a start lies beyond every earlier end (the running
+        # maximum: the end of the merged interval so far)
+        first = np.flatnonzero(np.concatenate(([True], starts[1:] > reach[:-1]))
+                               ) if len(starts) else np.zeros(0, dtype=np.intp)
+        last = np.append(first[1:] - 1, len(starts) - 1) if len(first) else first
+        self.lo, self.hi = starts[first], reach[last]
+        self.length = sum((self.hi - self.lo).tolist())
+
+    def __bool__(self) -> bool:
+        return bool(len(self.lo))
+
+    def as_pairs(self) -> list[tuple[float, float]]:
+        """The intervals as ``(start, end)`` tuples (for :func:`_minus`)."""
+        if self.pairs is None:
+            self.pairs = list(zip(self.lo.tolist(), self.hi.tolist(), strict=True))
+        return self.pairs
+
+    def uncovered(self, busy: _Merged) -> float:
+        """:func:`_minus` of this union and ``busy``: the same overlaps, summed in its order."""
+        alo, ahi, blo, bhi = self.lo, self.hi, busy.lo, busy.hi
+        # per interval of ours: the first busy interval ending after its start, and the first
+        # one from there starting at or after its end (busy is sorted and disjoint)
+        j = np.searchsorted(bhi, alo, side="right")
+        k = np.maximum(np.searchsorted(blo, ahi, side="left"), j)
+        count = k - j
+        total = int(count.sum())
+        if not total:
+            return self.length - 0.0
+        a = np.repeat(np.arange(len(alo)), count)
+        offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+        b = np.repeat(j, count) + offsets
+        overlap = np.minimum(ahi[a], bhi[b]) - np.maximum(alo[a], blo[b])
+        # _minus adds them one by one from 0.0: a cumulative sum, not a (pairwise) np.sum
+        return self.length - float(np.cumsum(overlap)[-1])
+
+
+Intervals = Mapping[tuple[int, str], Sequence[float]]
+"""Per ``(GPU, "compute")`` the intervals of the GPU's compute-stream spans, and per ``(GPU,
+kind)`` for each kind of :data:`~sim.timeline.COMM_KINDS` those of its spans of that kind
+(on any stream), each as a flat ``[start, end, start, end, ...]`` list in any order."""
+
+
+def span_intervals(spans: Iterable[Span]) -> dict[tuple[int, str], list[float]]:
+    """The :data:`Intervals` of ``spans``, in one pass (the engine records them as it runs,
+    :class:`sim.engine.InstructionTimes`)."""
+    out: dict[tuple[int, str], list[float]] = {}
+    comm_kinds = frozenset(COMM_KINDS)
     for g, stream, kind, _, start, end, _, _ in spans:
         if stream == COMPUTE_STREAM:
-            on_compute[g].append((start, end))
-        same = of_kind[g].get(kind)
-        if same is not None:
-            same.append((start, end))
-    return on_compute, of_kind
+            out.setdefault((g, COMPUTE_STREAM), []).extend((start, end))
+        if kind in comm_kinds:
+            out.setdefault((g, kind), []).extend((start, end))
+    return out
+
+
+def _union_flat(flat: Sequence[float], window: tuple[float, float] | None
+                ) -> _Merged | list[tuple[float, float]]:
+    """The union of flat ``[start, end, ...]`` intervals cut to ``window``: by :func:`_union`
+    for a few, else as :class:`_Merged` (the same floats)."""
+    if len(flat) <= 2 * SMALL:
+        return _union(_clipped(zip(flat[0::2], flat[1::2], strict=True), window))
+    both = np.asarray(flat, dtype=float)  # an array("d") without a copy
+    starts, ends = both[0::2], both[1::2]
+    if window is not None:
+        starts, ends = np.maximum(starts, window[0]), np.minimum(ends, window[1])
+    return _Merged(starts, ends)
+
+
+def _union_length(u: _Merged | list[tuple[float, float]]) -> float:
+    return u.length if isinstance(u, _Merged) else _length(u)
+
+
+def _exposed(comm: _Merged | list[tuple[float, float]],
+             busy: _Merged | list[tuple[float, float]]) -> float:
+    """:func:`_minus` of two unions in either form."""
+    if isinstance(comm, _Merged):
+        if isinstance(busy, _Merged):
+            return comm.uncovered(busy)
+        comm = comm.as_pairs()
+    if isinstance(busy, _Merged):
+        busy = busy.as_pairs()
+    return _minus(comm, busy)
 
 
 def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> dict[int, float]:
@@ -106,9 +209,10 @@ def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> di
     before any op allocates); fragmentation applies to the dynamic part only."""
     floor: dict[int, float] = {}
     if facts.fragmentation:
-        for m in timeline.memory:
-            if m.bytes < floor.get(m.gpu, float("inf")):
-                floor[m.gpu] = m.bytes
+        for g, samples in groupby(timeline.memory, _GPU):  # one run per GPU when sorted
+            low = min(map(_BYTES, samples))
+            if low < floor.get(g, float("inf")):
+                floor[g] = low
     out = {}
     for g in gpus:
         peak = timeline.peak_memory_bytes(g)
@@ -118,13 +222,19 @@ def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> di
 
 
 def compute_stats(timeline: Timeline, facts: RunFacts,
-                  window: tuple[float, float] | None = None) -> dict:
+                  window: tuple[float, float] | None = None,
+                  intervals: Intervals | None = None) -> dict:
     """The stats object of DESIGN.md (keys in a fixed order; values plain JSON types).
 
     ``window``: for a multi-step run, the steady-state step ``(end of step k, end of
     step k + 1)``: ``step_time_s`` is its length (the period of back-to-back steps)
     and busy, idle and exposed communication are counted inside it; peak memory is
     over the whole run. Without it, the whole timeline is one step.
+
+    ``intervals``: the spans' intervals as the engine recorded them
+    (:attr:`sim.engine.InstructionTimes.intervals`); without them, read from the
+    timeline's spans (:func:`span_intervals`). Unions of many intervals are merged on
+    arrays (:class:`_Merged`), with the same floats as the loops.
 
     - ``bubble_fraction``: Σ over pipeline ranks of compute-stream idle time ÷
       (pp × step_time), averaged over DP/TP replicas = mean over GPUs of idle/step.
@@ -133,25 +243,27 @@ def compute_stats(timeline: Timeline, facts: RunFacts,
       runs and its compute stream is idle; the mean over GPUs.
     """
     with gc_paused():  # a large timeline: many intervals, no cycles
-        return _compute_stats(timeline, facts, window)
+        return _compute_stats(timeline, facts, window, intervals)
 
 
 def _compute_stats(timeline: Timeline, facts: RunFacts,
-                   window: tuple[float, float] | None) -> dict:
+                   window: tuple[float, float] | None, intervals: Intervals | None) -> dict:
     """:func:`compute_stats`, with the garbage collector paused by the caller."""
     n = timeline.num_gpus
     gpus = timeline.simulated_gpus
     step = timeline.end_s if window is None else window[1] - window[0]
-    on_compute, of_kind = _intervals(timeline.spans, gpus)
-    busy = {g: _union(_clipped(on_compute[g], window)) for g in gpus}
-    idle = [step - _length(b) for b in busy.values()]
+    if intervals is None:
+        intervals = span_intervals(timeline.spans)
+    none: tuple[float, ...] = ()
+    busy = {g: _union_flat(intervals.get((g, COMPUTE_STREAM), none), window) for g in gpus}
+    idle = [step - _union_length(b) for b in busy.values()]
     bubble = sum(idle) / (len(gpus) * step) if step > 0 else 0.0
     exposed = {}
     for kind in COMM_KINDS:
         total = 0.0
         for g in gpus:
-            comm = _union(_clipped(of_kind[g][kind], window))
-            total += _minus(comm, busy[g]) if comm else 0.0
+            comm = _union_flat(intervals.get((g, kind), none), window)
+            total += _exposed(comm, busy[g]) if comm else 0.0
         exposed[kind] = total / len(gpus)
     peaks = _peak_memory(timeline, gpus, facts)
     pp = max(facts.pipeline_rank) + 1 if facts.pipeline_rank else 1
@@ -181,7 +293,7 @@ def _compute_stats(timeline: Timeline, facts: RunFacts,
         "oom": bool(over) if per_gpu else peak > capacity,
         "exposed_comm_s": exposed,
         "peak_memory_per_stage_gib": per_stage,
-        "compute_busy_s_mean": sum(_length(b) for b in busy.values()) / len(gpus),
+        "compute_busy_s_mean": sum(_union_length(b) for b in busy.values()) / len(gpus),
     }
     if per_gpu:
         stats["oom_gpus"] = over

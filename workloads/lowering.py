@@ -26,7 +26,11 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import itemgetter
 from typing import Protocol
+
+import numpy as np
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
@@ -35,9 +39,11 @@ from workloads.schedules import (
     BACKWARD,
     FORWARD,
     WEIGHT_GRAD,
+    WHOLE,
     Op,
     Schedule,
     op_deps,
+    producer_positions,
     schedule_deps,
     unit_times,
 )
@@ -60,8 +66,16 @@ class CostModel(Protocol):
 def topological_ops(schedule: Schedule) -> list[Op]:
     """All ops in an order where every op comes after its producers and its rank predecessors."""
     times = unit_times(schedule)
-    rank_of = schedule.stage_rank
-    return sorted(times, key=lambda op: (times[op][1], rank_of[op.stage], times[op][0]))
+    ops = list(times)
+    n = len(ops)
+    if not n:
+        return ops
+    # sorted by (end, rank, start), ties in the symbolic run's order: a stable sort on keys
+    # read into arrays (the ranks through the stages) instead of a key tuple per op
+    spans = np.fromiter(chain.from_iterable(times.values()), float, 2 * n)
+    ranks = np.asarray(schedule.stage_rank, dtype=np.int64)[
+        np.fromiter(map(itemgetter(0), ops), np.int64, n)]
+    return list(map(ops.__getitem__, np.lexsort((spans[0::2], ranks, spans[1::2])).tolist()))
 
 
 def _consumer_stage(op: Op, num_stages: int) -> int | None:
@@ -155,7 +169,6 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
             if op.kind == (WEIGHT_GRAD if split else BACKWARD):
                 final_op[op.stage] = op
     order = topological_ops(schedule)
-    index = {op: k for k, op in enumerate(order)}
     # lanes[r][e]: the GPUs of TP lanes 0..tp_lanes-1 of pipeline rank r, replica e (a
     # (cp, dp) coordinate)
     lanes = [[[placement.gpu(tp=t, cp=c, dp=d, pp=r) for t in range(tp_lanes)]
@@ -177,12 +190,16 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
     piecewise = (_PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
                  if zero3 or overlap or cp_or_ep else None)
-    if fast and collapse is not None and piecewise is None and not schedule.fused:
-        last = _lower_collapsed(b, schedule, costs, collapse, placement, order, index,
-                                [lane[0][0] for lane in lanes], set(final_op.values()))
-        order = []  # lowered: the general loop below has nothing left to do
-    groups_of = schedule.groups if order else {}
     final_ops = set(final_op.values())
+    if fast and collapse is not None and piecewise is None and not schedule.fused:
+        # positions of the final ops only (the step end's); the op loop has its own
+        index = {op: k for k, op in enumerate(order) if op in final_ops}
+        last = _lower_collapsed(b, schedule, costs, collapse, placement, order, index,
+                                [lane[0][0] for lane in lanes], final_ops)
+        order = []  # lowered: the general loop below has nothing left to do
+    else:
+        index = {op: k for k, op in enumerate(order)}
+    groups_of = schedule.groups if order else {}
     for k, op in enumerate(order):
         r = owner[op.stage]
         generic = Op(op.stage, op.kind, 0, op.seq)
@@ -310,7 +327,7 @@ def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
     delivers its output are indexed by the op's position in ``order`` alone.
     Returns ``last[(position, gpu)]`` of the final ops (:func:`_lower_step_end`).
     """
-    S, split, chunks = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
+    S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
     transient = getattr(costs, "transient_bytes", None)
     whole_p2p = costs.p2p_bytes()
@@ -342,6 +359,13 @@ def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                                     free, st, mb)))
         return i
 
+    cols = producer_positions(schedule, order)
+    if cols is None or any(max(col, default=-1) >= n for col in cols):
+        # not a schedule's ops, or producers missing (lowering takes validated ones)
+        cols = _producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})
+    first, second, third = cols
+    rank_at = np.asarray(owner, dtype=np.int64)[
+        np.fromiter(map(itemgetter(0), order), np.int64, n)].tolist()
     for k, op in enumerate(order):
         st, kind, mb, seq = op
         plan = plans.get((st, kind, seq))
@@ -363,9 +387,21 @@ def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                         and not folded.leading else None)
             plan = plans[(st, kind, seq)] = (r, g, folded, alloc, free, send, split_at)
         r, g, folded, alloc, free, send, split_at = plan
-        deps = tuple([done[x] if owner[d[0]] == r else arrived[x]
-                      for d in op_deps(op, S, split, chunks) for x in (index[d],)])
-        name = str(op)
+        # what completes each producer (on this GPU) or delivers its output (from another)
+        x = first[k]
+        if x < 0:
+            deps = ()
+        else:
+            one = done[x] if rank_at[x] == r else arrived[x]
+            x = second[k]
+            if x < 0:
+                deps = (one,)
+            else:
+                two = done[x] if rank_at[x] == r else arrived[x]
+                x = third[k]
+                deps = ((one, two) if x < 0 else
+                        (one, two, done[x] if rank_at[x] == r else arrived[x]))
+        name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
         if folded.leading:
             deps = runs(g, st, mb, name, folded.leading, deps)
         if split_at is not None and pending[r] > split_at:
@@ -388,6 +424,20 @@ def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
             instrs.append(new(Send, (i, g, dst, nbytes, "pp", name + what, (last,), st, mb,
                                      fixed)))
     return {(index[op], reps[owner[op.stage]]): done[index[op]] for op in final_ops}
+
+
+def _producers_by_op(schedule: Schedule, order: Sequence[Op], index: Mapping[Op, int]
+                     ) -> tuple[list[int], list[int], list[int]]:
+    """:func:`~workloads.schedules.producer_positions` op by op (:func:`op_deps`), for ops
+    it declines; a producer missing from ``order`` raises KeyError, as lowering did."""
+    cols: tuple[list[int], list[int], list[int]] = ([], [], [])
+    S, split, chunks = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
+    for op in order:
+        found = [index[d] for d in op_deps(op, S, split, chunks)]
+        found += [-1] * (3 - len(found))
+        for col, x in zip(cols, found, strict=True):
+            col.append(x)
+    return cols
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from itertools import repeat
+from operator import itemgetter
 from types import MappingProxyType
 from typing import NamedTuple
+
+import numpy as np
 
 from sim.errors import ScheduleError
 
@@ -248,6 +252,9 @@ def validate(schedule: Schedule) -> None:
     for s, r in enumerate(schedule.stage_rank):
         if not 0 <= r < p:
             raise ScheduleError(f"stage {s} is owned by rank {r}, outside 0..{p - 1}")
+    if not schedule.fused and _well_formed(schedule):
+        unit_times(schedule)
+        return
     seen: dict[Op, int] = {}
     stage_rank, num_stages = schedule.stage_rank, schedule.num_stages
     for r, ops in enumerate(schedule.rank_ops):
@@ -265,6 +272,33 @@ def validate(schedule: Schedule) -> None:
     _check_complete(schedule, seen)
     _check_fused(schedule, seen)
     unit_times(schedule)
+
+
+def _well_formed(schedule: Schedule) -> bool:
+    """Whether the checks of :func:`validate` before the symbolic run all pass, worked out on
+    arrays: every op of a known stage and kind, on the rank owning its stage, within the
+    micro-batches and sequence chunks, W only if the backward is split, none twice, and
+    as many as :func:`required_ops` (so all of them). False: some check fails (the op by
+    op checks then name it)."""
+    order = [op for ops in schedule.rank_ops for op in ops]
+    n = len(order)
+    S, M, k = schedule.num_stages, schedule.num_microbatches, schedule.seq_chunks
+    K = k if k > 1 else 1
+    kinds = 3 if schedule.split_backward else 2
+    if not n or n != S * M * K * kinds:
+        return False
+    stage = np.fromiter(map(itemgetter(0), order), np.int64, n)
+    kind = np.fromiter(map(_KIND_CODE.get, map(itemgetter(1), order), repeat(-1)), np.int64, n)
+    mb = np.fromiter(map(itemgetter(2), order), np.int64, n)
+    chunk = np.fromiter(map(itemgetter(3), order), np.int64, n) - (0 if k > 1 else WHOLE)
+    rank = np.repeat(np.arange(schedule.num_ranks), [len(ops) for ops in schedule.rank_ops])
+    if (stage.min() < 0 or stage.max() >= S or kind.min() < 0 or kind.max() >= kinds
+            or mb.min() < 0 or mb.max() >= M or chunk.min() < 0 or chunk.max() >= K):
+        return False
+    if not np.array_equal(np.asarray(schedule.stage_rank, dtype=np.int64)[stage], rank):
+        return False
+    keys = ((stage * kinds + kind) * M + mb) * K + chunk  # distinct: n keys in range(n)
+    return bool(np.bincount(keys, minlength=n).max() == 1)
 
 
 def _required(schedule: Schedule, op: Op) -> bool:
@@ -348,6 +382,9 @@ def list_schedule(
     p = schedule.num_ranks
     order = [op for ops in schedule.rank_ops for op in ops]
     n = len(order)
+    found = None if schedule.fused else producer_positions(schedule, order)
+    if found is not None:
+        return _list_unfused(schedule, duration, order, found)
     index = {op: k for k, op in enumerate(order)}
     # group end time of each done op; the extra last slot stands for a producer missing
     # from the schedule, which is never done
@@ -402,6 +439,75 @@ def list_schedule(
     return {order[k]: interval[k] for k in scheduled}
 
 
+def _list_unfused(schedule: Schedule, duration: Callable[[Op], float], order: list[Op],
+                  producers: tuple[list[int], list[int], list[int]]
+                  ) -> dict[Op, tuple[float, float]]:
+    """:func:`list_schedule` of a schedule without fused groups, its ops' producers given as
+    the columns of :func:`producer_positions`: the same passes, op by op."""
+    p, n = schedule.num_ranks, len(order)
+    first, second, third = producers
+    ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
+    interval: list[tuple[float, float]] = [(0.0, 0.0)] * n
+    bounds = [0]
+    for ops in schedule.rank_ops:
+        bounds.append(bounds[-1] + len(ops))
+    pos = [0] * p
+    free_at = [0.0] * p
+    blocked = [-1] * p  # the producer a rank's next op waits for (-1: none)
+    scheduled: list[int] = []  # op indices in the order they are placed
+    remaining = n
+    while remaining:
+        progressed = False
+        for r in range(p):
+            wait = blocked[r]
+            if wait >= 0 and ready[wait] is None:
+                continue
+            j, stop, done = bounds[r] + pos[r], bounds[r + 1], free_at[r]
+            wait = -1
+            while j < stop:
+                t = done
+                d = first[j]
+                if d >= 0:  # the producers, present ones first
+                    end = ready[d]
+                    if end is None:
+                        wait = d
+                        break
+                    if end > t:
+                        t = end
+                    d = second[j]
+                    if d >= 0:
+                        end = ready[d]
+                        if end is None:
+                            wait = d
+                            break
+                        if end > t:
+                            t = end
+                        d = third[j]
+                        if d >= 0:
+                            end = ready[d]
+                            if end is None:
+                                wait = d
+                                break
+                            if end > t:
+                                t = end
+                start, done = t, t + duration(order[j])
+                interval[j] = (start, done)
+                ready[j] = done
+                scheduled.append(j)
+                j += 1
+            blocked[r] = wait
+            moved = j - bounds[r] - pos[r]
+            if moved:
+                free_at[r] = done
+                pos[r] += moved
+                remaining -= moved
+                progressed = True
+        if not progressed:
+            done_at = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
+            raise ScheduleError(_deadlock_message(schedule, pos, done_at))  # type: ignore[arg-type]
+    return {order[k]: interval[k] for k in scheduled}
+
+
 def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
                      ) -> tuple[list[list[list[int]]], list[list[list[int]]]]:
     """Per rank, its groups as op positions in ``order`` (program order), and each group's
@@ -433,6 +539,65 @@ def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
         rank_groups.append(positions)
         group_deps.append(producers)
     return rank_groups, group_deps
+
+
+_KIND_CODE = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
+
+
+def producer_positions(schedule: Schedule, order: Sequence[Op]
+                       ) -> tuple[list[int], list[int], list[int]] | None:
+    """For each op of ``order``, the positions in ``order`` of its :func:`op_deps`, in that
+    order (``len(order)`` for a producer missing from it), worked out on arrays: three
+    columns, the first, second and third producer of each op, -1 past its last one.
+
+    None when an op lies outside the schedule's stages, kinds, micro-batches and
+    sequence chunks, or repeats, or is a W of a schedule that does not split the
+    backward: the caller then takes :func:`op_deps` op by op (which names the problem).
+    """
+    n = len(order)
+    S, M = schedule.num_stages, schedule.num_microbatches
+    k = schedule.seq_chunks
+    K = k if k > 1 else 1
+    if not n:
+        return [], [], []
+    stage = np.fromiter(map(itemgetter(0), order), np.int64, n)
+    kind = np.fromiter(map(_KIND_CODE.get, map(itemgetter(1), order), repeat(-1)), np.int64, n)
+    mb = np.fromiter(map(itemgetter(2), order), np.int64, n)
+    seq = np.fromiter(map(itemgetter(3), order), np.int64, n)
+    chunk = seq if k > 1 else seq - WHOLE  # the sequence chunk's index: 0 for whole ops
+    if (stage.min() < 0 or stage.max() >= S or kind.min() < 0
+            or (not schedule.split_backward and kind.max() > 1) or mb.min() < 0
+            or mb.max() >= M or chunk.min() < 0 or chunk.max() >= K):
+        return None
+
+    def key(st: np.ndarray, kd: int | np.ndarray, c: np.ndarray) -> np.ndarray:
+        return ((st * 3 + kd) * M + mb) * K + c
+
+    at = np.full(S * 3 * M * K, n, dtype=np.int64)
+    positions = np.arange(n, dtype=np.int64)
+    own = key(stage, kind, chunk)
+    at[own] = positions
+    if not np.array_equal(at[own], positions):  # an op twice
+        return None
+    none = np.full(n, -1, dtype=np.int64)
+    fwd, bwd, wgt = kind == 0, kind == 1, kind == 2
+    # F(s, m, c) after F(s-1, m, c) and F(s, m, c-1); B(s, m, c) after F(s, m, c),
+    # B(s+1, m, c) and B(s, m, c+1); W(s, m, c) after B(s, m, c) (op_deps, in its order)
+    first = np.where(fwd & (stage > 0), at[key(np.maximum(stage - 1, 0), 0, chunk)], none)
+    first = np.where(bwd, at[key(stage, 0, chunk)], first)
+    first = np.where(wgt, at[key(stage, 1, chunk)], first)
+    second = np.where(fwd & (seq > 0), at[key(stage, 0, np.maximum(chunk - 1, 0))], none)
+    second = np.where(bwd & (stage < S - 1), at[key(np.minimum(stage + 1, S - 1), 1, chunk)],
+                      second)
+    third = np.where(bwd & (seq != WHOLE) & (seq < k - 1),
+                     at[key(stage, 1, np.minimum(chunk + 1, K - 1))], none)
+    # present producers first, in order
+    gap = first < 0
+    first, second, third = (np.where(gap, second, first), np.where(gap, third, second),
+                            np.where(gap, none, third))
+    gap = second < 0
+    second, third = np.where(gap, third, second), np.where(gap, none, third)
+    return first.tolist(), second.tolist(), third.tolist()
 
 
 def unit_times(schedule: Schedule) -> Mapping[Op, tuple[float, float]]:
@@ -525,13 +690,13 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     """
     _check_pm("1f1b", p, m)
     ranks = []
-    for r in range(p):
+    for r in range(p):  # ops built by _op: without the named tuple's Python-level __new__
         warmup = min(p - r - 1, m)
-        ops: list[Op] = [Op(r, FORWARD, i) for i in range(warmup)]
+        ops: list[Op] = [_op((r, FORWARD, i, WHOLE)) for i in range(warmup)]
         for i in range(m - warmup):
-            ops.append(Op(r, FORWARD, warmup + i))
-            ops.append(Op(r, BACKWARD, i))
-        ops.extend(Op(r, BACKWARD, i) for i in range(m - warmup, m))
+            ops.append(_op((r, FORWARD, warmup + i, WHOLE)))
+            ops.append(_op((r, BACKWARD, i, WHOLE)))
+        ops.extend(_op((r, BACKWARD, i, WHOLE)) for i in range(m - warmup, m))
         ranks.append(tuple(ops))
     return Schedule("1f1b", m, _plain_stage_rank(p), tuple(ranks), notes="Narayanan et al. 2021")
 

@@ -36,8 +36,10 @@ from workloads.schedules import (
     BACKWARD,
     FORWARD,
     WEIGHT_GRAD,
+    WHOLE,
     Op,
     Schedule,
+    _op,
     list_schedule,
     one_f_one_b,
 )
@@ -157,8 +159,9 @@ def interleaved(p: int, m: int, v: int = 1) -> Schedule:
     ranks = []
     for r in range(p):
         warmup = min(2 * (p - r - 1) + (v - 1) * groups[0], total)
-        fwd = [Op(chunk * p + r, FORWARD, mb) for mb, chunk in forward_order]
-        bwd = [Op(chunk * p + r, BACKWARD, mb) for mb, chunk in backward_order]
+        # Op(stage, kind, mb) built without the named tuple's Python-level __new__
+        fwd = [_op((chunk * p + r, FORWARD, mb, WHOLE)) for mb, chunk in forward_order]
+        bwd = [_op((chunk * p + r, BACKWARD, mb, WHOLE)) for mb, chunk in backward_order]
         ops = fwd[:warmup]
         for k in range(total - warmup):
             ops.append(fwd[warmup + k])

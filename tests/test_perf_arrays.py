@@ -1,0 +1,286 @@
+"""The array forms of the second profiling pass of issue 7 give exactly the floats (and
+errors) of the plain loops they stand in for.
+
+- statistics: :class:`sim.stats._Merged` against :func:`~sim.stats._union`,
+  :func:`~sim.stats._length` and :func:`~sim.stats._minus`; the intervals the engine
+  records (:attr:`sim.engine.InstructionTimes.intervals`) against those read back from
+  the timeline; every list by the array form against every list by the loops;
+- the engine's recorded latest predecessors (:attr:`~sim.engine.InstructionTimes.cause`)
+  and its precomputed makespan and memory peaks against the plain computations;
+- the idle breakdown's one-pass chains and array gaps against the plain loops;
+- schedules: :func:`~workloads.schedules.producer_positions` against :func:`op_deps`,
+  the unfused list schedule and the array validity check against the general ones;
+  lowering's topological order against its sort-key definition.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import idle as idle_mod
+from sim import stats as stats_mod
+from sim.api import simulate
+from sim.engine import InstructionTimes, simulate_program
+from sim.experiment import Experiment, schedule_builders
+from sim.idle import idle_breakdown
+from sim.stats import _length, _Merged, _minus, _union, compute_stats, span_intervals
+from sim.timeline import Timeline
+from workloads import schedules as sched_mod
+from workloads.lowering import topological_ops
+from workloads.schedules import Op, Schedule, list_schedule, op_deps, unit_times, validate
+
+# ----------------------------------------------------------------------------- stats
+
+pairs = st.lists(st.tuples(st.integers(0, 60), st.integers(0, 60)).map(
+    lambda t: (t[0] / 8, t[1] / 8 + t[0] / 3)), max_size=200)
+
+
+def _arrays(ivs: list[tuple[float, float]]) -> _Merged:
+    import numpy as np
+
+    return _Merged(np.array([a for a, _ in ivs], dtype=float),
+                   np.array([b for _, b in ivs], dtype=float))
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs, pairs)
+def test_merged_arrays_equal_the_loops(a: list, b: list) -> None:
+    """Union, length and uncovered length: the same floats as the plain loops (thirds and
+    eighths: sums that round), empty and touching intervals included."""
+    ua, ub = _union(a), _union(b)
+    ma, mb = _arrays(a), _arrays(b)
+    assert list(zip(ma.lo.tolist(), ma.hi.tolist(), strict=True)) == ua
+    assert repr(ma.length) == repr(_length(ua))
+    if ua:
+        assert repr(ma.uncovered(mb)) == repr(_minus(ua, ub))
+        assert repr(ma.uncovered(mb)) == repr(_minus(ma.as_pairs(), mb.as_pairs()))
+    assert bool(ma) == bool(ua)
+
+
+def _experiment(**changes: object) -> Experiment:
+    data = {"name": "arrays", "model": {"preset": "llama-7b", "num_layers": 8,
+                                        "seq_length": 1024},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
+            "parallel": {"tp": 2, "pp": 4, "dp": 2, "vpp": 2}, "schedule": "interleaved",
+            "training": {"micro_batch_size": 1, "global_batch_size": 32}}
+    for key, value in changes.items():
+        data[key] = value
+    return Experiment.from_dict(data)
+
+
+@pytest.mark.parametrize("fidelity", ["collapsed", "full"])
+def test_recorded_intervals_give_the_stats_of_the_timeline(fidelity: str, monkeypatch) -> None:
+    """The stats from the engine's intervals equal those read back from the spans, with every
+    list merged by the loops (SMALL huge) or by the arrays (SMALL 0)."""
+    result = simulate(_experiment(), fidelity=fidelity)
+    times = InstructionTimes()
+    exp = result.experiment
+    timeline = simulate_program(result.program, exp.cluster, _timer(exp), times=times)
+    assert timeline == result.timeline
+    recorded = {k: list(v) for k, v in times.intervals.items() if len(v)}
+    read = span_intervals(timeline.spans)
+    assert {k: sorted(zip(v[0::2], v[1::2], strict=True)) for k, v in recorded.items()} == {
+        k: sorted(zip(v[0::2], v[1::2], strict=True)) for k, v in read.items()}
+    facts = _facts(result)
+    outs = []
+    for small in (10**9, 0):
+        monkeypatch.setattr(stats_mod, "SMALL", small)
+        outs.append(repr(compute_stats(timeline, facts, None, times.intervals)))
+        outs.append(repr(compute_stats(timeline, facts)))
+        outs.append(repr(compute_stats(timeline, facts, (timeline.end_s / 3,
+                                                         timeline.end_s / 2))))
+    assert outs[0] == outs[1] == outs[3] == outs[4]
+    assert outs[2] == outs[5]
+    assert repr(result.stats["bubble_fraction"]) in outs[0]
+
+
+def _timer(exp: Experiment):  # the api's compute timer of a homogeneous cluster
+    from sim.calibration import default_profile
+    from sim.device import compute_time_s
+
+    gpu, profile = exp.cluster.gpu, default_profile(exp.cluster.gpu.name)
+
+    def timer(item):
+        if item.duration_s is not None:
+            return item.duration_s
+        return compute_time_s(gpu, profile, item.flops, item.hbm_bytes, item.attn_flops,
+                              item.elementwise_bytes, exp.config.training.attention,
+                              item.gemm_dims)
+    return timer
+
+
+def _facts(result):
+    from sim.api import _facts
+    from sim.calibration import default_profile
+
+    exp = result.experiment
+    return _facts(exp, result.stats["fidelity"], default_profile(exp.cluster.gpu.name))
+
+
+def test_precomputed_makespan_and_peaks_equal_the_records() -> None:
+    """The engine's makespan and memory peaks, set on the timeline it returns, are what the
+    timeline works out from its records."""
+    timeline = simulate(_experiment(), fidelity="collapsed").timeline
+    assert "end_s" in timeline.__dict__ and "peak_memory_by_gpu" in timeline.__dict__
+    fresh = Timeline(timeline.num_gpus, timeline.spans, timeline.flows, timeline.memory,
+                     timeline.gpu_names, timeline.gpus)
+    assert repr(timeline.end_s) == repr(fresh.end_s)
+    assert list(timeline.peak_memory_by_gpu.items()) == list(fresh.peak_memory_by_gpu.items())
+
+
+# ----------------------------------------------------------------------------- idle
+
+@pytest.mark.parametrize("fidelity,faults", [
+    ("collapsed", None),
+    ("full", None),
+    ("full", {"stragglers": [{"gpu": 3, "slowdown": 1.5}]}),
+])
+def test_idle_fast_paths_equal_the_plain_loops(fidelity: str, faults: dict | None,
+                                               monkeypatch) -> None:
+    """Chains from the engine's causes in one pass and gaps on arrays give the floats of
+    :func:`sim.idle._chains`, :func:`sim.idle._cumulative` and the gap loop; with a window
+    too."""
+    exp = _experiment(**({"faults": faults} if faults else {}))
+    result = simulate(exp, fidelity=fidelity)
+    slowdown = {3: 1.5} if faults else None
+    times = InstructionTimes()
+    simulate_program(result.program, exp.cluster,
+                     _slowed(_timer(exp), slowdown or {}), times=times)
+    assert (len(times.cause) == len(result.program.instructions)) == (fidelity == "collapsed")
+    gpus = result.timeline.simulated_gpus
+    window = (result.timeline.end_s / 4, result.timeline.end_s / 2)
+    outs = []
+    for small in (10**9, 0):
+        monkeypatch.setattr(idle_mod, "SMALL", small)
+        for cause in (times.cause or None, None):
+            for win in (None, window):
+                outs.append(repr(idle_breakdown(result.program, times.ready_s, times.end_s,
+                                                gpus, slowdown, win, cause)))
+    assert len(set(outs[0::2])) == 1 and len(set(outs[1::2])) == 1
+    assert repr(result.stats["idle_breakdown"]["per_gpu_s"][str(gpus[-1])]["bubble"]) in repr(
+        result.stats) and outs[0] != outs[1]
+
+
+def _slowed(timer, slowdown: dict):
+    return lambda item: timer(item) * slowdown.get(item.gpu, 1.0) if slowdown else timer(item)
+
+
+def test_engine_cause_is_the_latest_predecessor() -> None:
+    """The recorded cause of each instruction of a collapsed program is the predecessor
+    (stream predecessor first among equals) that ended last, as :mod:`sim.idle` reads it."""
+    result = simulate(_experiment(), fidelity="collapsed")
+    times = InstructionTimes()
+    exp = result.experiment
+    simulate_program(result.program, exp.cluster, _timer(exp), times=times)
+    _, cause, _ = idle_mod._chains(result.program, times.ready_s, times.end_s)
+    assert times.cause == cause
+    assert sum(c >= 0 for c in cause) > len(cause) // 2
+
+
+# ----------------------------------------------------------------------------- schedules
+
+def _schedules() -> list[Schedule]:
+    out = []
+    for builder in schedule_builders().values():
+        for args in ((4, 8, 1), (4, 8, 2), (4, 8, 1, 4), (2, 6, 2, 2), (3, 7, 1), (5, 3, 2),
+                     (1, 4, 1), (4, 13, 3)):
+            try:
+                out.append(builder(*args))
+            except Exception:  # noqa: BLE001 (arguments a builder does not take)
+                continue
+    return out
+
+
+SCHEDULES = _schedules()
+
+
+def test_builders_cover_fused_and_chunked_schedules() -> None:
+    assert any(s.fused for s in SCHEDULES) and any(s.seq_chunks > 1 for s in SCHEDULES)
+    assert any(s.split_backward for s in SCHEDULES) and len(SCHEDULES) > 20
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.name}-{len(s.rank_ops)}")
+def test_producer_positions_equal_op_deps(schedule: Schedule) -> None:
+    order = [op for ops in schedule.rank_ops for op in ops]
+    rnd = random.Random(7)
+    shuffled = order[:]
+    rnd.shuffle(shuffled)
+    for ops in (order, shuffled, order[: len(order) // 2]):  # some producers missing
+        index = {op: k for k, op in enumerate(ops)}
+        want = [[index.get(d, len(ops)) for d in op_deps(op, schedule.num_stages,
+                                                         schedule.split_backward,
+                                                         schedule.seq_chunks)]
+                for op in ops]
+        cols = sched_mod.producer_positions(schedule, ops)
+        assert cols is not None
+        got = [[x for x in row if x >= 0] for row in zip(*cols, strict=True)]
+        assert got == want
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.name}-{len(s.rank_ops)}")
+def test_unfused_list_schedule_and_validity_equal_the_general_ones(schedule: Schedule,
+                                                                   monkeypatch) -> None:
+    rnd = random.Random(3)
+    durations = {op: rnd.choice([0.5, 1.0, 1 / 3, 2.25])
+                 for ops in schedule.rank_ops for op in ops}
+    fast = list_schedule(schedule, durations.__getitem__)
+    assert sched_mod._well_formed(schedule)  # the builders' schedules are all well formed
+    monkeypatch.setattr(sched_mod, "producer_positions", lambda *a: None)
+    monkeypatch.setattr(sched_mod, "_well_formed", lambda s: False)
+    general = list_schedule(schedule, durations.__getitem__)
+    assert list(fast.items()) == list(general.items())
+    validate(schedule)
+
+
+def _times_key_order(schedule: Schedule) -> list[Op]:
+    times = unit_times(schedule)
+    rank = schedule.stage_rank
+    return sorted(times, key=lambda op: (times[op][1], rank[op.stage], times[op][0]))
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.name}-{len(s.rank_ops)}")
+def test_topological_order_is_the_sort_key_order(schedule: Schedule) -> None:
+    assert topological_ops(schedule) == _times_key_order(schedule)
+
+
+BAD = [
+    ("0F0 0F0 0B0 0B1\n1F0 1B0 1F1 1B1", "appears twice"),
+    ("1F0 1B0 1F1 1B1\n0F0 0B0 0F1 0B1", "lives on rank"),
+    ("0F0 0B0 0F1\n1F0 1B0 1F1 1B1", "missing 0B1"),
+    ("0F0 0B0 0F1 0B5\n1F0 1B0 1F1 1B1", "unexpected 0B5"),
+    ("0F0 0B0 0F1 0W1\n1F0 1B0 1F1 1B1", "W but the schedule does not split|unexpected 0W1"),
+    ("0F0 0B0 0B1 0F1\n1F0 1B0 1F1 1B1", "deadlocks"),
+]
+
+
+@pytest.mark.parametrize("text,error", BAD)
+def test_malformed_schedules_still_fail_with_their_message(text: str, error: str) -> None:
+    rows = tuple(tuple(Op.parse(t) for t in line.split()) for line in text.splitlines())
+    split = any(op.kind == "W" for row in rows for op in row)
+    schedule = Schedule("bad", 2, (0, 1), rows, split_backward=False and split)
+    assert not sched_mod._well_formed(schedule) or error == "deadlocks"
+    with pytest.raises(sched_mod.ScheduleError, match=error):
+        validate(schedule)
+
+
+def test_collective_members_share_the_cause_of_the_last_arrival() -> None:
+    """A two-member collective in a fixed program: the engine's causes (every member takes
+    that of the member that arrived last) and the one-pass chains equal the plain ones."""
+    from sim.engine import _Run  # noqa: PLC0415
+    from tests.test_perf_paths import _cluster, _fixed_program
+
+    program = _fixed_program()
+    run = _Run(program, _cluster(2), lambda i: i.duration_s)
+    assert run._run_in_order()
+    _, cause, _ = idle_mod._chains(program, run.started, run.ended)
+    assert run.cause == cause
+    members = [i.id for i in program.instructions if len(getattr(i, "group", ())) > 1]
+    assert len(members) == 2 and len({run.cause[j] for j in members}) == 1
+    for window in (None, (0.5, 2.5)):
+        fast = idle_breakdown(program, run.started, run.ended, (0, 1), None, window, run.cause)
+        plain = idle_breakdown(program, run.started, run.ended, (0, 1), None, window)
+        assert repr(fast) == repr(plain)
