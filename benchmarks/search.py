@@ -58,10 +58,13 @@ def run_search(data: dict, workers: int, top: int, fix: list[str] | None = None
     cpu = time.process_time()
     with make_executor("local", workers) as executor:
         result = search(data, top=top, executor=executor, pins=parse_pins(fix or []))
-        worker_cpu = executor.worker_cpu_s() or 0.0
+        each = executor.worker_cpu_each() or []
+        worker_cpu = sum(each)
     parent_cpu = time.process_time() - cpu
     sims = [r.elapsed_s for r in result.rows if r.elapsed_s > 0]
     return {"parent_cpu_s": parent_cpu, "worker_cpu_s": worker_cpu,
+            "busiest_worker_cpu_s": max(each, default=0.0),
+            "idlest_worker_cpu_s": min(each, default=0.0),
             "cpu_s": parent_cpu + worker_cpu,
             "enumerated": result.enumerated, "evaluated": result.evaluated,
             "simulated": result.simulated, "elapsed_s": result.elapsed_s,
@@ -175,7 +178,8 @@ def main() -> None:
         return
     data = read_yaml(args.file)
     head = ("workers", "enumerated", "evaluated", "simulated", "spec/wasted/judged", "wall s",
-            "screen s", "layouts/s", "CPU s (parent+workers)", "CPU ms/layout",
+            "screen s", "layouts/s", "CPU s (parent+workers)", "per worker",
+            "CPU ms/layout",
             "sim median s", "best layout", "MFU %")
     rows = []
     rates: dict[int, float] = {}
@@ -192,6 +196,8 @@ def main() -> None:
                      f"{med['wasted_judged']:.0f}", f"{med['elapsed_s']:.1f}",
                      f"{med['screen_s']:.1f}", f"{med['rate']:,.0f}",
                      f"{med['cpu_s']:.1f} ({med['parent_cpu_s']:.1f}+{med['worker_cpu_s']:.1f})",
+                     f"{med['idlest_worker_cpu_s']:.1f}-{med['busiest_worker_cpu_s']:.1f}"
+                     if workers > 1 else "-",
                      f"{1e3 * med['cpu_s'] / med['evaluated']:.2f}",
                      f"{med['sim_median_s']:.2f}", runs[0]["best"],
                      f"{100 * med['mfu']:.1f}"))
@@ -199,7 +205,7 @@ def main() -> None:
     pinned = f" --fix {','.join(args.fix)}" if args.fix else ""
     print(f"sim search {Path(args.file).name}{pinned}: median of {args.repeat} run(s) per row")
     for r in (head, *rows):
-        print("  ".join(c.rjust(w) if i != 11 else c.ljust(w)
+        print("  ".join(c.rjust(w) if i != 12 else c.ljust(w)
                         for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip())
     if len(rates) > 1:
         first = next(iter(rates))

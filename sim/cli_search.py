@@ -16,7 +16,11 @@ searched key the file sets. Without pins every dimension is searched and the
 file's own layout is ignored, except that CP degrees whose ring attention
 cannot hide its K/V passes (fewer than ``(kv/h)·F/B`` tokens per rank, see
 ``sim.search.cp_min_tokens``) are left out unless ``--fix cp=...`` names them,
-and a ``parallel.layers_per_stage`` in the file fixes the stage count. A
+and a ``parallel.layers_per_stage`` list in the file fixes the stage count
+(``balanced`` splits every layout's layers as ``sim run`` does). Mixed-GPU
+clusters are searched too: with the default ``--fidelity collapsed`` layouts whose
+pipeline ranks mix GPU types are reported invalid (``--fidelity auto`` simulates
+them in full). A
 progress bar on stderr shows layouts done, rate and time left; it is off with
 ``--json``, ``--no-progress`` or when stderr is not a terminal. Errors follow
 ``sim run``: exit status 2 and one ``error:`` line.

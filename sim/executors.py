@@ -107,6 +107,12 @@ class Executor(ABC):
     def worker_cpu_s(self) -> float | None:
         """CPU seconds (user + system) the live worker processes have used so far; 0 when
         items run in the calling process, None where not known (benchmarks)."""
+        each = self.worker_cpu_each()
+        return None if each is None else sum(each)
+
+    def worker_cpu_each(self) -> list[float] | None:
+        """:meth:`worker_cpu_s` per live worker process (ordered by process id); empty when
+        items run in the calling process, None where not known."""
         return None
 
     def __enter__(self) -> Executor:
@@ -141,8 +147,8 @@ class InlineExecutor(Executor):
         self._task: Task | None = None
         self._fn: Callable[[Any], Any] | None = None
 
-    def worker_cpu_s(self) -> float:
-        return 0.0
+    def worker_cpu_each(self) -> list[float]:
+        return []
 
     def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
         base, indexed = _unwrap(task)
@@ -293,19 +299,19 @@ class LocalExecutor(Executor):
                 proc.terminate()
         pool.shutdown(wait=True, cancel_futures=True)
 
-    def worker_cpu_s(self) -> float | None:
-        """See :meth:`Executor.worker_cpu_s` (from ``/proc``; None where it is missing)."""
-        pids = list(getattr(self._pool, "_processes", None) or {})
-        total = 0.0
+    def worker_cpu_each(self) -> list[float] | None:
+        """See :meth:`Executor.worker_cpu_each` (from ``/proc``; None where it is missing)."""
+        pids = sorted(getattr(self._pool, "_processes", None) or {})
+        out = []
         try:
             tick = os.sysconf("SC_CLK_TCK")
             for pid in pids:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+                out.append((int(fields[11]) + int(fields[12])) / tick)  # utime, stime
         except (OSError, ValueError, IndexError):
             return None
-        return total
+        return out
 
     def close(self) -> None:
         self._shutdown()

@@ -24,12 +24,14 @@ cluster and global batch (issue 6). Four steps:
    passes on the fastest link are left out (fewer than ``(kv/h)·F/B``
    tokens per rank, :func:`cp_min_tokens`: ``cp = 1`` only for GPT-3's
    2,048 tokens on A100, 522,456 layouts down to 90,360). A
-   ``parallel.layers_per_stage`` in the file fixes the stage count ``pp·vpp``.
+   ``parallel.layers_per_stage`` list in the file fixes the stage count ``pp·vpp``;
+   ``balanced`` splits each layout's layers as ``sim run`` does
+   (:func:`sim.experiment.balanced_layers`, on the real cluster).
 2. **Screen and judge** (:class:`Screener`) with bounds that need no simulation,
    on the executor's workers (:class:`SearchWorker`): screening in compact
-   chunks cut at ``(tp, cp, pp)`` changes (:func:`_screen_spans`: a group's
-   collectives are timed by one worker), judging in chunks ahead of the
-   sweep's frontier.
+   chunks of whole ``(tp, cp, micro-batch)`` groups (:func:`_screen_chunks`: a
+   group's op times and TP collectives are computed by one worker), judging in
+   chunks ahead of the sweep's frontier.
    Screening is cheap and schedule-free: the average static state per rank
    plus one micro-batch of activations must fit, and a loose step-time bound
    (compute of the first and last pipeline rank, the forward chain before
@@ -48,6 +50,15 @@ cluster and global batch (issue 6). Four steps:
    arrives; a restarted sweep with the same store skips what is there.
 4. **Rank** feasible layouts by throughput (tokens/s; ties: less memory, then
    the layout key).
+
+Mixed-GPU clusters (``cluster.nodes``): each pipeline rank's ops are timed in the
+bounds on the fastest GPU type among its GPUs (every GPU of the rank takes at
+least that long, so the bounds stay bounds), and the memory walk checks each
+rank against the smallest memory among its GPUs (a layout fits only if every
+GPU fits). A layout whose pipeline ranks mix GPU types cannot be collapsed
+(:func:`sim.api.simulate`): with fidelity ``collapsed`` it is ``invalid``
+without simulation; ``auto`` simulates it in full. Without a given device
+profile every GPU type is timed with its own, as ``sim run`` does.
 
 Pins (:func:`parse_pins`, :func:`pins_from_file`) restrict any dimension to
 given values. Pruning happens in rounds of ``round_size`` layouts, each round
@@ -82,13 +93,13 @@ from sim.config import ExperimentConfig, parse_config, set_dotted
 from sim.device import DeviceProfile, compute_time_s
 from sim.errors import ConfigError, ScheduleError, SimError
 from sim.executors import Executor, InlineExecutor, Task, WorkerFailure
-from sim.experiment import build_cluster, build_experiment, schedule_builders
+from sim.experiment import balanced_layers, build_cluster, build_experiment, schedule_builders
 from topologies.cluster import Cluster
 from topologies.hardware import GiB
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, RingAttention, split_layers
 from workloads.models import ModelSpec
-from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, schedule_deps
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, Schedule, schedule_deps
 from workloads.schedules_advanced import OVERLAPPING_STEPS
 from workloads.transformer import TransformerCosts
 
@@ -316,10 +327,6 @@ class SearchContext:
             raise ConfigError("model: sim search needs a transformer model (preset or explicit "
                               "shape), not a synthetic one")
         cfg = parse_config(data)
-        if cfg.parallel.layers_per_stage == "balanced":
-            raise ConfigError("parallel.layers_per_stage='balanced': not supported by sim search "
-                              "(its bounds assume the even split or a fixed list); search "
-                              "without it, then sim run the chosen layout with it")
         gbs = cfg.training.global_batch_size
         if gbs is None:
             try:
@@ -332,24 +339,94 @@ class SearchContext:
         if not isinstance(template.costs, TransformerCosts) or template.model is None:
             raise ConfigError("model: sim search needs a transformer model")
         cluster = build_cluster(cfg)
-        if cluster.heterogeneous:
-            raise ConfigError(f"cluster.nodes: sim search needs one GPU type (its memory and "
-                              f"time bounds assume it), not {cluster.gpu_summary()}; sim run "
-                              "simulates mixed clusters")
         unsupported, vpps = probed or probe_support(data, template.model.num_layers)
         return cls(data, Path(base_dir) if base_dir else None, cfg, template.model, cluster,
                    gbs, template.costs, unsupported, vpps)
 
+    _memo: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False)
+    """Caches of :meth:`rank_types`, :meth:`stage_schedule` and balanced splits (each a pure
+    function of its key; per instance, so per worker)."""
+
     def costs_for(self, layout: Layout, num_stages: int) -> TransformerCosts:
-        """The cost model of ``layout`` (as :func:`sim.experiment.build_experiment` makes it)."""
+        """The cost model of ``layout`` (as :func:`sim.experiment.build_experiment` makes it:
+        the file's ``layers_per_stage`` list, its ``balanced`` split, or the even split)."""
         given = self.config.parallel.layers_per_stage
-        stages = (tuple(given) if given is not None and len(given) == num_stages
+        stages = (tuple(given) if isinstance(given, list | tuple) and len(given) == num_stages
                   else split_layers(self.model.num_layers, num_stages))
         extra = {k: getattr(layout, k) for k in ("cp", "ep") if hasattr(self.costs, k)}
-        return replace(self.costs, micro_batch_size=layout.micro_batch_size, tp=layout.tp,
-                       dp=layout.dp, stage_layers=stages,
-                       sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-                       zero_stage=layout.zero_stage, recompute=layout.recompute, **extra)
+        costs = replace(self.costs, micro_batch_size=layout.micro_batch_size, tp=layout.tp,
+                        dp=layout.dp, stage_layers=stages,
+                        sequence_parallel=layout.sequence_parallel and layout.tp > 1,
+                        zero_stage=layout.zero_stage, recompute=layout.recompute, **extra)
+        if given == "balanced":
+            costs = replace(costs, stage_layers=self._balanced(layout, costs))
+        return costs
+
+    def _balanced(self, layout: Layout, costs: TransformerCosts) -> tuple[int, ...]:
+        """``parallel.layers_per_stage: balanced``: the split :func:`sim.experiment.
+        balanced_layers` gives ``layout`` (it depends on the cost model, which rank holds
+        each stage, the placement and the GPUs, not on the number of micro-batches, so it
+        is computed on a small build of the schedule and cached)."""
+        key = ("balanced", costs, layout.schedule, layout.pp, layout.vpp)
+        hit = self._memo.get(key)
+        if hit is None:
+            sched = self.stage_schedule(layout.schedule, layout.pp, layout.vpp,
+                                        self.global_batch_size
+                                        // (layout.micro_batch_size * layout.dp))
+            hit = costs.stage_layers if sched is None else balanced_layers(
+                costs, sched, self.placement(layout.tp, layout.cp, layout.dp, layout.pp),
+                self.cluster)
+            self._memo[key] = hit
+        return hit
+
+    def placement(self, tp: int, cp: int, dp: int, pp: int) -> Placement:
+        """Where the layout's ranks go (the file's ``parallel.placement`` order)."""
+        return Placement.from_order(self.config.parallel.placement, tp=tp, cp=cp, dp=dp, pp=pp)
+
+    def stage_schedule(self, name: str, p: int, v: int, m: int | None = None
+                       ) -> Schedule | None:
+        """A small build of schedule ``name`` for ``p`` ranks and ``v`` chunks (``2p`` or ``4p``
+        micro-batches, else ``m``), for what does not depend on the number of micro-batches:
+        which rank holds each stage and whether the backward is split; None if the builder
+        refuses all of them."""
+        builder = schedule_builders()[name]
+        extra = (self.config.training.seq_chunks,) if name == "seq1f1b" else ()
+
+        def build(counts: tuple[int, ...]) -> Schedule | None:
+            for count in counts:
+                try:
+                    return builder(p, count, v, *extra)
+                except (ScheduleError, ValueError):
+                    continue
+            return None
+
+        key = ("schedule", name, p, v)
+        if key not in self._memo:
+            self._memo[key] = build((2 * p, 4 * p))
+        if self._memo[key] is not None or m is None:
+            return self._memo[key]
+        if (key, m) not in self._memo:
+            self._memo[key, m] = build((m,))
+        return self._memo[key, m]
+
+    def rank_types(self, tp: int, cp: int, dp: int, pp: int) -> tuple[tuple[int, ...], ...]:
+        """Per pipeline rank: the GPU types its GPUs have, as indices into
+        ``cluster.gpu_types`` (``((0,),) * pp`` on a uniform cluster). A rank with more
+        than one type mixes GPU types (:func:`topologies.placement.mixed_pipeline_ranks`)."""
+        key = ("types", tp, cp, dp, pp)
+        hit = self._memo.get(key)
+        if hit is None:
+            if not self.cluster.heterogeneous:
+                hit = ((0,),) * pp
+            else:
+                index = {spec: i for i, spec in enumerate(self.cluster.gpu_types)}
+                pl = self.placement(tp, cp, dp, pp)
+                seen: list[dict[int, None]] = [{} for _ in range(pp)]
+                for g in range(pl.num_gpus):
+                    seen[pl.coords(g)["pp"]][index[self.cluster.gpu_of(g)]] = None
+                hit = tuple(tuple(sorted(t)) for t in seen)
+            self._memo[key] = hit
+        return hit
 
     def fingerprint(self, fidelity: str, profile: DeviceProfile) -> str:
         """Identifies results: the experiment minus the searched keys, fidelity and profile."""
@@ -433,10 +510,13 @@ def cp_min_tokens(ctx: SearchContext) -> float:
     Below it every pass is exposed, on any placement: enumeration drops such CP degrees
     unless ``cp`` is pinned (:func:`enumerate_layouts`).
     """
-    gpu, model = ctx.cluster.gpu, ctx.model
-    if not gpu.nvlink_bandwidth_Bps or not math.isfinite(gpu.nvlink_bandwidth_Bps):
-        return 0.0
-    return model.kv_dim / model.hidden_size * gpu.peak_bf16_flops / gpu.nvlink_bandwidth_Bps
+    model = ctx.model
+    ratios = []
+    for gpu in ctx.cluster.gpu_types:  # a mixed cluster: the GPU type that hides most
+        if not gpu.nvlink_bandwidth_Bps or not math.isfinite(gpu.nvlink_bandwidth_Bps):
+            return 0.0
+        ratios.append(gpu.peak_bf16_flops / gpu.nvlink_bandwidth_Bps)
+    return model.kv_dim / model.hidden_size * min(ratios)
 
 
 def _schedule_variants(ctx: SearchContext, pins: Pins, pp: int) -> list[tuple[str, int]]:
@@ -454,7 +534,7 @@ def _schedule_variants(ctx: SearchContext, pins: Pins, pp: int) -> list[tuple[st
                 vpps = [v for v in pins["vpp"] if pp * v <= layers]
         out += [(name, v) for v in _allowed(pins, "vpp", vpps) if pp * v <= layers]
     given = ctx.config.parallel.layers_per_stage
-    if given is not None:  # the file's per-stage layer split fixes the stage count pp·vpp
+    if isinstance(given, list | tuple):  # the file's per-stage split fixes the count pp·vpp
         out = [(name, v) for name, v in out if pp * v == len(given)]
     return out
 
@@ -524,8 +604,11 @@ def _inner_layouts(ctx: SearchContext, pins: Pins, supported: Mapping[str, list[
 
 _KINDS = (FORWARD, BACKWARD, WEIGHT_GRAD)
 _SLOT = {k: i for i, k in enumerate(_KINDS)}
-PLAN_CACHE_SIZE = 64
-"""Built schedules kept by a :class:`Screener` (least recently used are dropped)."""
+PLAN_CACHE_OPS = 1_000_000
+"""Ops of the built schedules a :class:`Screener` keeps (about 120-250 bytes each; least
+recently used are dropped beyond it). GPT-3 175B on 1,024 GPUs judges 251 distinct
+schedules of 320,000 ops in all: kept whole, none is built twice (a cap of 64 schedules
+built 787)."""
 
 
 @dataclass(frozen=True)
@@ -553,6 +636,11 @@ class _Plan:
     final_op: tuple[int, ...]
     """Per rank: its last weight-gradient op (last backward without split), whose stage's
     DP gradient collective ends the rank's step."""
+
+
+def _plan_size(plan: _Plan | str) -> int:
+    """Ops of a plan (1 for a refusal): what the plan cache counts."""
+    return 1 if isinstance(plan, str) else max(1, len(plan.op_rank))
 
 
 def _build_plan(name: str, p: int, m: int, v: int, w: float, seq_chunks: int) -> _Plan:
@@ -675,6 +763,23 @@ def _op_shape(costs: TransformerCosts) -> tuple[Any, ...]:
             costs.zero_stage, getattr(costs, "cp", 1), getattr(costs, "ep", 1))
 
 
+def _work_shape(costs: TransformerCosts) -> tuple[Any, ...]:
+    """What an op's compute and TP collectives depend on besides its stage's layer count:
+    :meth:`TransformerCosts.op_segments` without markers does not read the ZeRO stage or
+    dp (ZeRO-3's gathers are markers), so layouts that differ only there share cache
+    entries (a test checks the independence)."""
+    return (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
+            getattr(costs, "cp", 1), getattr(costs, "ep", 1))
+
+
+def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
+    """What the model state (:meth:`TransformerCosts.static_bytes`) and the optimizer step
+    depend on: parameters per GPU and how ZeRO shards them, not the micro-batch, SP or
+    recomputation (a test checks the independence)."""
+    return (costs.tp, getattr(costs, "cp", 1), getattr(costs, "ep", 1), costs.dp,
+            costs.zero_stage, costs.stage_layers)
+
+
 class Screener:
     """Bounds of a layout's peak memory and step time, without simulating it.
 
@@ -692,28 +797,55 @@ class Screener:
     """
 
     def __init__(self, ctx: SearchContext, profile: DeviceProfile | None = None,
-                 comm: bool = True) -> None:
+                 comm: bool = True, collapsed_only: bool = False) -> None:
+        """``profile``: the device profile of every GPU type (None: each type's default, as
+        ``simulate`` times a mixed cluster; reserved memory and fragmentation come from
+        rank 0's, as in its stats). ``collapsed_only``: every simulation is collapsed
+        (fidelity ``collapsed``), so a layout whose pipeline ranks mix GPU types, which
+        ``simulate`` refuses to collapse, is screened out as ``invalid``."""
         self.ctx = ctx
         self.profile = profile or default_profile(ctx.cluster.gpu.name)
         self.comm = comm
+        self.collapsed_only = collapsed_only
+        types = ctx.cluster.gpu_types
+        self._types = types
+        """The cluster's GPU types; ranks' types are indices into it (ctx.rank_types)."""
+        self._profiles = tuple(profile or default_profile(t.name) for t in types)
+        self._type_capacity_gib = tuple(t.hbm_capacity_bytes / GiB for t in types)
+        self._uniform = not ctx.cluster.heterogeneous
         self.timer = CollectiveTimer(ctx.cluster)
         self._comm: dict[tuple, float] = {}
         self._opt: dict[tuple, float] = {}
         self._loose: dict[tuple, tuple[list[float], list[float]]] = {}
         self._groups: dict[tuple[str, int, int, int, int], tuple[tuple[int, ...], ...]] = {}
         self._plans: OrderedDict[tuple[str, int, int, int], _Plan | str] = OrderedDict()
+        self._plan_ops = 0
+        """Ops of the plans kept (:data:`PLAN_CACHE_OPS`)."""
         self._stage_ranks: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
         self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
         self._static: dict[tuple, float] = {}
         self._split: frozenset[str] | None = None
-        self._capacity_gib = ctx.cluster.gpu.hbm_capacity_bytes / GiB
+        self._capacity_gib = max(self._type_capacity_gib)
+        """The largest GPU memory of the cluster (all of them on a uniform cluster)."""
         self._tokens = ctx.global_batch_size * ctx.model.seq_length
 
     def num_microbatches(self, layout: Layout) -> int:
         return self.ctx.global_batch_size // (layout.micro_batch_size * layout.dp)
 
-    def _fits(self, gib: float) -> bool:
-        return gib <= self._capacity_gib * (1 + OOM_SLACK)
+    def _fits(self, gib: float, capacity_gib: float | None = None) -> bool:
+        """Whether ``gib`` fits ``capacity_gib`` (default: the largest GPU's memory)."""
+        cap = self._capacity_gib if capacity_gib is None else capacity_gib
+        return gib <= cap * (1 + OOM_SLACK)
+
+    def rank_types(self, layout: Layout) -> tuple[tuple[int, ...], ...]:
+        """Per pipeline rank, the GPU types of its GPUs (indices into the cluster's types)."""
+        if self._uniform:
+            return ((0,),) * layout.pp
+        return self.ctx.rank_types(layout.tp, layout.cp, layout.dp, layout.pp)
+
+    def mixed(self, layout: Layout) -> bool:
+        """Whether some pipeline rank of ``layout`` mixes GPU types."""
+        return not self._uniform and any(len(t) > 1 for t in self.rank_types(layout))
 
     def _gib(self, allocated_bytes: float) -> float:
         """GiB of an estimate from :meth:`memory_bound_bytes` or the quick bound: the
@@ -738,8 +870,9 @@ class Screener:
             except ScheduleError as exc:
                 plan = f"schedule={layout.schedule!r}: {exc}"
             self._plans[key] = plan
-            if len(self._plans) > PLAN_CACHE_SIZE:
-                self._plans.popitem(last=False)
+            self._plan_ops += _plan_size(plan)
+            while self._plan_ops > PLAN_CACHE_OPS and len(self._plans) > 1:
+                self._plan_ops -= _plan_size(self._plans.popitem(last=False)[1])
         else:
             self._plans.move_to_end(key)
         return plan
@@ -748,24 +881,19 @@ class Screener:
         """Which rank holds each stage (it does not depend on m): from a small build."""
         key = (name, p, v)
         if key not in self._stage_ranks:
-            found = None
-            builder = schedule_builders()[name]
-            for m in (2 * p, 4 * p):
-                try:
-                    extra = (self.ctx.config.training.seq_chunks,) if name == "seq1f1b" else ()
-                    found = builder(p, m, v, *extra).stage_rank
-                    break
-                except (ScheduleError, ValueError):
-                    continue
-            self._stage_ranks[key] = found
+            sched = self.ctx.stage_schedule(name, p, v)
+            self._stage_ranks[key] = None if sched is None else sched.stage_rank
         return self._stage_ranks[key]
 
     # --------------------------------------------------------------- memory
     def quick_memory_bound_gib(self, costs: TransformerCosts, pp: int) -> float:
         """Schedule-free bound: the average static state per rank plus one micro-batch of the
-        lightest stage (some rank holds at least the average, every rank at least one)."""
+        lightest stage (some rank holds at least the average, every rank at least one).
+        :meth:`screen` holds it against the largest GPU memory of the cluster (on a mixed
+        cluster the fullest rank may sit on its biggest GPUs); :meth:`judge` checks every
+        rank against its own GPUs."""
         stages = tuple(range(len(costs.stage_layers)))
-        key = ("static", *_op_shape(costs), costs.dp, costs.stage_layers)
+        key = ("static", *_state_shape(costs))
         static = self._static.get(key)
         if static is None:
             static = self._static[key] = costs.static_bytes(stages)
@@ -791,7 +919,10 @@ class Screener:
         transient = getattr(costs, "transient_bytes", None)
         out = []
         for stages, rows in zip(plan.rank_stages, plan.in_flight, strict=True):
-            static = costs.static_bytes(stages)
+            key = ("rank static", *_state_shape(costs), stages)
+            static = self._static.get(key)
+            if static is None:
+                static = self._static[key] = costs.static_bytes(stages)
             if plan.exact:
                 act = np.array([costs.activation_bytes_per_mb(s) for s in stages])
                 slots = rows[:, -1].astype(int)
@@ -807,38 +938,43 @@ class Screener:
         return out
 
     # --------------------------------------------------------------- time
-    def _op_time(self, costs: TransformerCosts, stage: int, kind: str, split: bool
-                 ) -> tuple[float, tuple[tuple[str, float], ...]]:
+    def _op_time(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
+                 types: tuple[int, ...] = (0,)) -> tuple[float, tuple[tuple[str, float], ...]]:
         """(compute seconds, ((TP collective, bytes), ...)) of one op of ``stage``.
 
-        Compute is timed by the device model as ``simulate`` times it. The
+        Compute is timed by the device model as ``simulate`` times it, on the fastest of
+        the GPU types ``types`` (those of the rank that runs the op: each of its GPUs
+        takes at least that long). The
         collectives are those between the op's first and last compute segment:
         a collapsed simulation folds them into the op as blocking communication
         (:func:`workloads.lowering._fold`); the leading and trailing ones run on
         their own stream and are left out (a bound may only leave work out).
         """
         last = stage == len(costs.stage_layers) - 1
-        key = (*_op_shape(costs), costs.stage_layers[stage], last, kind, split)
+        key = (*_work_shape(costs), costs.stage_layers[stage], last, kind, split, types)
         hit = self._op_cache.get(key)
         if hit is not None:
             return hit
-        gpu, kernel = self.ctx.cluster.gpu, costs.attention
+        kernel = costs.attention
         segs = costs.op_segments(Op(stage, kind, 0), split)
         at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
-        compute, comms = 0.0, []
-        def seconds(seg: ComputeSeg) -> float:
-            return seg.duration_s if seg.duration_s is not None else compute_time_s(
-                gpu, self.profile, seg.flops, seg.hbm_bytes, seg.attn_flops,
-                seg.elementwise_bytes, kernel, seg.gemm_dims)
-
+        work: list[tuple[ComputeSeg, int]] = []
+        comms = []
         for i, seg in enumerate(segs):
             if isinstance(seg, ComputeSeg):
-                compute += seconds(seg)
+                work.append((seg, 1))
             elif isinstance(seg, RingAttention):  # its blocks' compute; the passes may hide
-                compute += seg.steps * seconds(seg.block)
+                work.append((seg.block, seg.steps))
             elif isinstance(seg, CommSeg) and seg.group == "tp" and at and at[0] < i < at[-1]:
                 comms.append((seg.op, seg.nbytes))
             # other collectives (EP all-to-all) and ZeRO-3 markers: left out
+
+        def seconds(seg: ComputeSeg, t: int) -> float:
+            return seg.duration_s if seg.duration_s is not None else compute_time_s(
+                self._types[t], self._profiles[t], seg.flops, seg.hbm_bytes, seg.attn_flops,
+                seg.elementwise_bytes, kernel, seg.gemm_dims)
+
+        compute = min(sum(k * seconds(seg, t) for seg, k in work) for t in types)
         out = self._op_cache[key] = (compute, tuple(comms))
         return out
 
@@ -855,8 +991,11 @@ class Screener:
                 and not self.ctx.config.parallel.overlap_grad_reduce)
 
     def _comm_ranks(self, layout: Layout) -> frozenset[int]:
-        """Pipeline ranks whose collectives the bounds time (all others: compute only)."""
-        return frozenset({0, layout.pp - 1}) if self.comm else frozenset()
+        """Pipeline ranks whose collectives the bounds time (all others: compute only). None
+        where a pipeline rank mixes GPU types: ``simulate`` runs such a layout in full
+        fidelity, which the collapsed collective times do not bound."""
+        return frozenset({0, layout.pp - 1}) if self.comm and not self.mixed(layout) \
+            else frozenset()
 
     def _group_set(self, dim: str, layout: Layout, r: int) -> tuple[tuple[int, ...], ...]:
         """Every replica's ``dim`` group of pipeline rank ``r``, as the collapsed lowering
@@ -893,7 +1032,7 @@ class Screener:
                    layout: Layout, r: int, one: bool = False) -> float:
         """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r
         (``one``: see :meth:`_collective_s`)."""
-        key = ("op", *_op_shape(costs), costs.stage_layers[stage],
+        key = ("op", *_work_shape(costs), costs.stage_layers[stage],
                stage == len(costs.stage_layers) - 1, kind, split, layout.dp, layout.pp, r, one)
         t = self._comm.get(key)
         if t is None:
@@ -907,23 +1046,26 @@ class Screener:
         collapsed simulation folds into the op on the ranks of :meth:`_comm_ranks`."""
         kinds = _KINDS if plan.split_backward else _KINDS[:2]
         timed = self._comm_ranks(layout) if layout.tp > 1 else frozenset()
+        types = self.rank_types(layout)
         table = [0.0] * (3 * len(plan.stage_rank))
         for s, r in enumerate(plan.stage_rank):
             for kind in kinds:
-                compute = self._op_time(costs, s, kind, plan.split_backward)[0]
+                compute = self._op_time(costs, s, kind, plan.split_backward, types[r])[0]
                 if r in timed:
                     compute += self._tp_comm_s(costs, s, kind, plan.split_backward, layout, r)
                 table[3 * s + _SLOT[kind]] = compute
         return table
 
-    def _optimizer_s(self, costs: TransformerCosts, stages: tuple[int, ...]) -> float:
-        key = (*_op_shape(costs), costs.dp, costs.stage_layers, stages)
+    def _optimizer_s(self, costs: TransformerCosts, stages: tuple[int, ...],
+                     types: tuple[int, ...] = (0,)) -> float:
+        """The optimizer step of a rank holding ``stages``, on the fastest of its ``types``."""
+        key = (*_state_shape(costs), stages, types)
         t = self._opt.get(key)
         if t is None:
             seg = costs.optimizer_segment(stages)
-            t = 0.0 if seg is None else compute_time_s(
-                self.ctx.cluster.gpu, self.profile, seg.flops, seg.hbm_bytes, seg.attn_flops,
-                seg.elementwise_bytes, costs.attention, seg.gemm_dims)
+            t = 0.0 if seg is None else min(compute_time_s(
+                self._types[i], self._profiles[i], seg.flops, seg.hbm_bytes, seg.attn_flops,
+                seg.elementwise_bytes, costs.attention, seg.gemm_dims) for i in types)
             self._opt[key] = t
         return t
 
@@ -949,8 +1091,10 @@ class Screener:
         if not plan.exact:
             return 0.0
         table = self._table(layout, costs, plan)
+        types = self.rank_types(layout)
         if layout.schedule in OVERLAPPING_STEPS:
-            busy = [self._optimizer_s(costs, stages) for stages in plan.rank_stages]
+            busy = [self._optimizer_s(costs, stages, types[r])
+                    for r, stages in enumerate(plan.rank_stages)]
             for i, r in enumerate(plan.op_rank):
                 busy[r] += table[plan.op_slot[i]]
             return max(busy)
@@ -959,7 +1103,7 @@ class Screener:
         bound = 0.0
         for r, stages in enumerate(plan.rank_stages):
             last = end[plan.last_op[r]] if plan.last_op[r] >= 0 else 0.0
-            opt = self._optimizer_s(costs, stages)
+            opt = self._optimizer_s(costs, stages, types[r])
             rank_end = last + opt
             if r in timed and plan.final_op[r] >= 0:
                 rs, ag = self._dp_collectives_s(layout, costs, r, plan)
@@ -994,8 +1138,14 @@ class Screener:
         """
         m = self.num_microbatches(layout)
         split = layout.schedule in self._split_schedules()
-        forward_chain, per_mb = self._stage_times(costs, split)
         stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
+        types = self.rank_types(layout)
+        stage_types = None
+        if not self._uniform:  # each stage on its rank's GPUs (unknown rank: any type)
+            every = tuple(range(len(self._types)))
+            stage_types = (tuple(types[r] for r in stage_rank) if stage_rank is not None
+                           else (every,) * len(costs.stage_layers))
+        forward_chain, per_mb = self._stage_times(costs, split, stage_types)
         if stage_rank is None:
             return m * sum(per_mb) / layout.pp
         timed = self._comm_ranks(layout)
@@ -1007,7 +1157,7 @@ class Screener:
                 kinds = _KINDS if split else _KINDS[:2]
                 busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
                             for s in mine for k in kinds)
-            end = m * busy + self._optimizer_s(costs, mine)
+            end = m * busy + self._optimizer_s(costs, mine, types[r])
             if layout.schedule in OVERLAPPING_STEPS:  # a period: no fill, see step_bound_s
                 bound = max(bound, end)
                 continue
@@ -1018,18 +1168,22 @@ class Screener:
             bound = max(bound, end)
         return bound
 
-    def _stage_times(self, costs: TransformerCosts, split: bool
+    def _stage_times(self, costs: TransformerCosts, split: bool,
+                     stage_types: tuple[tuple[int, ...], ...] | None = None
                      ) -> tuple[list[float], list[float]]:
-        """(compute of the forwards before each stage, compute of one micro-batch per stage)."""
-        key = (*_op_shape(costs), costs.stage_layers, split)
+        """(compute of the forwards before each stage, compute of one micro-batch per stage),
+        each stage on the fastest of its ``stage_types`` (None: the uniform cluster's GPU)."""
+        key = (*_work_shape(costs), costs.stage_layers, split, stage_types)
         hit = self._loose.get(key)
         if hit is None:
             kinds = _KINDS if split else _KINDS[:2]
             stages = range(len(costs.stage_layers))
-            per_mb = [sum(self._op_time(costs, s, k, split)[0] for k in kinds) for s in stages]
+            of = stage_types or ((0,),) * len(costs.stage_layers)
+            per_mb = [sum(self._op_time(costs, s, k, split, of[s])[0] for k in kinds)
+                      for s in stages]
             chain = [0.0]
             for s in stages:
-                chain.append(chain[-1] + self._op_time(costs, s, FORWARD, split)[0])
+                chain.append(chain[-1] + self._op_time(costs, s, FORWARD, split, of[s])[0])
             hit = self._loose[key] = (chain, per_mb)
         return hit
 
@@ -1049,6 +1203,11 @@ class Screener:
     # --------------------------------------------------------------- verdicts
     def screen(self, layout: Layout) -> Candidate:
         """Cheap check: the schedule-free memory bound and a loose throughput bound."""
+        if self.collapsed_only and self.mixed(layout):
+            mixed = [r for r, t in enumerate(self.rank_types(layout)) if len(t) > 1]
+            return Candidate(layout, "invalid", reason=(
+                f"fidelity 'collapsed': pipeline ranks {mixed} mix GPU types (one GPU "
+                "cannot stand for its rank); search with --fidelity auto or full"))
         costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
         quick = self.quick_memory_bound_gib(costs, layout.pp)
         if not self._fits(quick):
@@ -1068,8 +1227,14 @@ class Screener:
         if isinstance(plan, str):
             return replace(candidate, status="invalid", reason=plan)
         costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
-        gib = self._gib(max(self.memory_bound_bytes(costs, plan)))
-        if not self._fits(gib):
+        per_rank = [self._gib(b) for b in self.memory_bound_bytes(costs, plan)]
+        gib = max(per_rank)
+        if self._uniform:
+            fits = self._fits(gib)
+        else:  # every GPU within its own memory: each rank's smallest
+            fits = all(self._fits(g, min(self._type_capacity_gib[t] for t in types))
+                       for g, types in zip(per_rank, self.rank_types(layout), strict=True))
+        if not fits:
             return replace(candidate, status="memory", memory_bound_gib=gib)
         step = self.step_bound_s(layout, costs, plan)
         tokens = self._tokens / step if step > 0 else math.inf
@@ -1129,13 +1294,24 @@ class Evaluator:
         for every layout (0.07 s for 1,024 GPUs); what it derives from the cluster is
         only its size, so the layout is built on an ideal stand-in of the same size
         and the real cluster (built once, with its route cache) is put in its place,
-        with the real configuration.
+        with the real configuration. A ``balanced`` layer split depends on the cluster's
+        GPUs and links: it is computed on the real cluster
+        (:func:`sim.experiment.balanced_layers`).
         """
         data = self.data
         for key, value in layout.changes(self.global_batch_size).items():
             data = set_dotted(data, key, value)
-        exp = build_experiment({**data, "cluster": self._stand_in}, self.base_dir)
-        return replace(exp, config=parse_config(data), data=dict(data), cluster=self.cluster)
+        config = parse_config(data)
+        balanced = config.parallel.layers_per_stage == "balanced"
+        stand_in = {**data, "cluster": self._stand_in}
+        if balanced:  # the split is the real cluster's (its GPU types and TP links)
+            stand_in = set_dotted(stand_in, "parallel.layers_per_stage", None)
+        exp = build_experiment(stand_in, self.base_dir)
+        exp = replace(exp, config=config, data=dict(data), cluster=self.cluster)
+        if balanced and isinstance(exp.costs, TransformerCosts):
+            exp = replace(exp, costs=replace(exp.costs, stage_layers=balanced_layers(
+                exp.costs, exp.schedule, exp.placement, self.cluster)))
+        return exp
 
     def __call__(self, layout: Layout) -> Evaluation:
         """Simulate ``layout``; never raises: refusals and failures come back as results."""
@@ -1192,7 +1368,8 @@ class WorkerSpec:
     base_dir: str | None
     global_batch_size: int
     fidelity: str
-    profile: DeviceProfile
+    profile: DeviceProfile | None
+    """The device profile (None: each GPU type's default, on a mixed cluster)."""
     comm: bool
     """Time collectives in the step bounds (:class:`Screener`)."""
     unsupported: tuple[tuple[str, str], ...]
@@ -1224,7 +1401,8 @@ class SearchWorker:
             sp = self.spec
             ctx = SearchContext.build(sp.data, sp.base_dir,
                                       probed=(dict(sp.unsupported), dict(sp.schedule_vpps)))
-            self._screener = Screener(ctx, sp.profile, comm=sp.comm)
+            self._screener = Screener(ctx, sp.profile, comm=sp.comm,
+                                      collapsed_only=sp.fidelity == "collapsed")
         return self._screener
 
     def __call__(self, item: ScreenChunk | JudgeChunk | SimulateOne) -> Any:
@@ -1496,7 +1674,11 @@ def search(
         raise ConfigError(f"round_size={round_size}: must be at least 1")
     pins = dict(pins or {})
     ctx = SearchContext.build(data, base_dir, gpus)
+    # a mixed cluster without a given profile: every GPU type with its own, as sim run
+    workers_profile = profile if ctx.cluster.heterogeneous else None
     profile = profile or default_profile(ctx.cluster.gpu.name)
+    if not ctx.cluster.heterogeneous:
+        workers_profile = profile
     collapsed = fidelity == "collapsed" or (
         fidelity == "auto" and ctx.cluster.num_gpus > AUTO_FULL_MAX_GPUS)
     layouts = list(enumerate_layouts(ctx, pins))
@@ -1507,7 +1689,7 @@ def search(
                           + f" (global batch {ctx.global_batch_size}, "
                           f"{ctx.model.num_attention_heads} heads, {ctx.model.num_layers} layers)")
     spec = WorkerSpec(ctx.data, str(ctx.base_dir) if ctx.base_dir else None,
-                      ctx.global_batch_size, fidelity, profile, collapsed,
+                      ctx.global_batch_size, fidelity, workers_profile, collapsed,
                       tuple(sorted(ctx.unsupported.items())),
                       tuple(sorted(ctx.schedule_vpps.items())), evaluator)
     task = Task(SearchWorker, (spec,))
@@ -1539,7 +1721,7 @@ def search(
 
 SCREEN_CHUNKS_PER_WORKER = 8
 """Screening is split into about this many chunks per worker (load balance against cache
-reuse: see :func:`_screen_spans`)."""
+reuse: see :func:`_screen_chunks`)."""
 SCREEN_CHUNK_MIN = 256
 JUDGE_CHUNK = 8
 """Candidates per judging work item."""
@@ -1567,17 +1749,23 @@ def _screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     """Screen every layout, in chunks spread over the executor's workers; the candidates
     come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
     is screened here."""
-    spans = _screen_spans(layouts, executor.workers)
-    chunks = [ScreenChunk(tuple(tuple(getattr(lay, d) for d in DIMS) for lay in layouts[a:b]))
-              for a, b in spans]
-    out: list[list[tuple[Any, ...]] | None] = [None] * len(chunks)
-    # handed out last chunk first: enumeration ends with the widest TP groups, whose
-    # collectives make them the costliest, and a costly chunk should not come last
+    parts = _screen_chunks(layouts, executor.workers)
+    chunks = [ScreenChunk(tuple(tuple(getattr(layouts[i], d) for d in DIMS) for i in part))
+              for part in parts]
+    verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
+    # handed out last chunk first: the widest TP groups come last, whose collectives make
+    # them the costliest, and a costly chunk should not come last
     last = len(chunks) - 1
     for i, outcome in executor.run(task, chunks[::-1]):
-        out[last - i] = outcome if isinstance(outcome, list) else local(chunks[last - i])
-    return [Candidate(lay, *verdict) for (a, b), verdicts in zip(spans, out, strict=True)
-            for lay, verdict in zip(layouts[a:b], verdicts or (), strict=True)]
+        part = parts[last - i]
+        got = outcome if isinstance(outcome, list) else local(chunks[last - i])
+        for j, verdict in zip(part, got, strict=True):
+            verdicts[j] = verdict
+    missing = sum(1 for v in verdicts if v is None)
+    if missing:  # the chunks cover every layout: this is a bug, not a user error
+        raise SimError(f"screening lost {missing} of {len(layouts)} layouts")
+    return [Candidate(lay, *verdict) for lay, verdict in zip(layouts, verdicts, strict=True)
+            if verdict is not None]
 
 
 def _compact(c: Candidate) -> tuple[Any, ...]:
@@ -1585,26 +1773,33 @@ def _compact(c: Candidate) -> tuple[Any, ...]:
     return (c.status, c.reason, c.memory_bound_gib, c.tokens_bound)
 
 
-def _screen_spans(layouts: Sequence[Layout], workers: int) -> list[tuple[int, int]]:
-    """``[start, end)`` index ranges of the screening chunks.
+def _screen_group(lay: Layout) -> tuple[int, int, int]:
+    """Layouts that share most of the screener's cached work: the op times and their TP
+    collectives depend on tp, cp and the micro-batch size (and the stage's layer count,
+    which many pp·vpp share), not on pp, ZeRO or the schedule."""
+    return (lay.tp, lay.cp, lay.micro_batch_size)
 
-    About :data:`SCREEN_CHUNKS_PER_WORKER` chunks per worker (one for one worker), cut
-    where ``(tp, cp, pp)`` changes (enumeration order keeps such a group together): the
-    screener's caches (collective times, op times, static memory) are keyed by the group's
-    degrees, so a group screened by one worker times its collectives once. A group larger
-    than a chunk is split into even pieces.
+
+def _screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
+    """Indices into ``layouts`` of the screening chunks (every index in one chunk).
+
+    About :data:`SCREEN_CHUNKS_PER_WORKER` chunks per worker (one for one worker), made of
+    whole groups of :func:`_screen_group` (layouts ordered by group, then index): the
+    screener's caches are per worker, so a group screened by one worker computes its op
+    times and times its collectives once. A group larger than a chunk is split into even
+    pieces.
     """
     n = len(layouts)
     if workers <= 1 or n == 0:
-        return [(0, n)] if n else []
+        return [list(range(n))] if n else []
     size = max(SCREEN_CHUNK_MIN, -(-n // (SCREEN_CHUNKS_PER_WORKER * workers)))
-    groups: list[tuple[int, int]] = []
+    order = sorted(range(n), key=lambda i: (_screen_group(layouts[i]), i))
+    groups: list[tuple[int, int]] = []  # [start, end) positions in order
     start = 0
-    for i in range(1, n + 1):
-        if i == n or (layouts[i].tp, layouts[i].cp, layouts[i].pp) != (
-                layouts[start].tp, layouts[start].cp, layouts[start].pp):
-            groups.append((start, i))
-            start = i
+    for k in range(1, n + 1):
+        if k == n or _screen_group(layouts[order[k]]) != _screen_group(layouts[order[start]]):
+            groups.append((start, k))
+            start = k
     spans: list[tuple[int, int]] = []
     a = b = 0  # the chunk being filled: [a, b)
     for gs, ge in groups:
@@ -1622,7 +1817,7 @@ def _screen_spans(layouts: Sequence[Layout], workers: int) -> list[tuple[int, in
             b = ge
     if b > a:
         spans.append((a, b))
-    return spans
+    return [order[a:b] for a, b in spans]
 
 
 class _Sweep:

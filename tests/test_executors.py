@@ -47,6 +47,21 @@ def test_inline_and_local_run_every_item_once() -> None:
         assert again == {0: "ITEM0", 1: "ITEM1", 2: "ITEM2"}
 
 
+def test_worker_cpu_is_reported_per_process() -> None:
+    """The benchmark's CPU seconds: none for items run in the calling process, one figure
+    per live worker process for local workers, summing to the total."""
+    with InlineExecutor() as inline:
+        dict(inline.run(UPPER, ["a"]))
+        assert inline.worker_cpu_each() == [] and inline.worker_cpu_s() == 0
+    with LocalExecutor(2) as local:
+        dict(local.run(UPPER, [f"item{i}" for i in range(8)]))
+        each = local.worker_cpu_each()
+        if each is None:  # no /proc here
+            pytest.skip("no /proc to read CPU times from")
+        assert len(each) == 2 and all(t >= 0 for t in each)
+        assert local.worker_cpu_s() == pytest.approx(sum(each), abs=0.1)  # idle workers
+
+
 def test_stream_feeds_items_from_the_outcomes_seen() -> None:
     """``stream`` asks ``feed`` whenever a worker is free; the feed may wait (``None``) for
     outcomes and derive new items from them: every item runs once, whatever runs it."""
