@@ -173,7 +173,8 @@ STEADY_STEPS = 3
 
 def simulate(exp: Experiment, profile: DeviceProfile | None = None,
              fidelity: str = "auto", steps: int | None = None,
-             link_changes: Sequence[tuple[float, Mapping[int, float]]] = ()) -> Result:
+             link_changes: Sequence[tuple[float, Mapping[int, float]]] = (),
+             collective_timer: CollectiveTimer | None = None) -> Result:
     """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats.
 
     ``fidelity``: ``full`` simulates every GPU and every collective as flows;
@@ -197,7 +198,14 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     bandwidth 0, failed) in the middle of the run (:func:`sim.engine.simulate_program`);
     they need every transfer
     simulated as flows, so ``auto`` runs full fidelity and ``collapsed`` is a ConfigError.
+
+    ``collective_timer``: the collapsed fidelity's timings of collectives on the real
+    topology, to share between calls on the same cluster (``sim search`` simulates many
+    layouts on one): its timings depend on the cluster alone, so a shared one gives the
+    same floats as a fresh one. A timer of another cluster is a ValueError.
     """
+    if collective_timer is not None and collective_timer.cluster is not exp.cluster:
+        raise ValueError("collective_timer: it times another cluster than the experiment's")
     if fidelity not in FIDELITIES:
         raise ConfigError(f"fidelity={fidelity!r}: choose one of {', '.join(FIDELITIES)}")
     if steps is not None and steps < 1:
@@ -243,7 +251,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     collapse = None
     if fidelity == "collapsed":
         collapse = Collapse(compute_s=base_time if timers is None else timers[0],
-                            collective_s=CollectiveTimer(exp.cluster),
+                            collective_s=collective_timer or CollectiveTimer(exp.cluster),
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse)

@@ -1286,6 +1286,8 @@ class Evaluator:
         self.base_dir = Path(base_dir) if base_dir else None
         self.cluster = build_cluster(parse_config(self.data))
         self._stand_in = {"preset": "ideal", "num_gpus": self.cluster.num_gpus}
+        self._timer = CollectiveTimer(self.cluster)
+        """Collective timings on the shared cluster, reused by every layout's simulation."""
 
     def experiment(self, layout: Layout) -> Any:
         """The experiment of ``layout`` on the shared cluster.
@@ -1317,7 +1319,8 @@ class Evaluator:
         """Simulate ``layout``; never raises: refusals and failures come back as results."""
         start = time.perf_counter()
         try:
-            stats = simulate(self.experiment(layout), self.profile, fidelity=self.fidelity).stats
+            stats = simulate(self.experiment(layout), self.profile, fidelity=self.fidelity,
+                             collective_timer=self._timer).stats
         except ConfigError as exc:
             return Evaluation(layout.key, "invalid", error=str(exc),
                               elapsed_s=time.perf_counter() - start)

@@ -38,6 +38,7 @@ is attributed to compute-idle time differently (the totals are equal).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -295,6 +296,26 @@ def test_collapse_simulates_one_gpu_per_pipeline_rank() -> None:
     collapsed = simulate(exp, fidelity="collapsed")
     assert collapsed.timeline.simulated_gpus == tuple(exp.placement.gpu(pp=r) for r in range(4))
     assert len(collapsed.program.instructions) * 4 < len(full.program.instructions)
+
+
+def test_a_shared_collective_timer_gives_the_fresh_timers_stats() -> None:
+    """sim search shares one timer across layouts on its cluster: same floats, fewer timings."""
+    import json
+
+    first = experiment(2, 4, 4, zero=1)
+    timer = CollectiveTimer(first.cluster)
+    for exp in (first, first.with_changes({"parallel.zero_stage": 2}),
+                first.with_changes({"parallel.tp": 4, "parallel.dp": 2})):
+        exp = dataclasses.replace(exp, cluster=first.cluster)
+        fresh = simulate(exp, fidelity="collapsed").stats
+        shared = simulate(exp, fidelity="collapsed", collective_timer=timer).stats
+        assert json.dumps(shared, sort_keys=True) == json.dumps(fresh, sort_keys=True)
+    reused = len(timer._cache)
+    simulate(first, fidelity="collapsed", collective_timer=timer)
+    assert len(timer._cache) == reused > 0  # the repeat layout timed nothing new
+    other = experiment(2, 4, 4)  # an equal cluster, but another object
+    with pytest.raises(ValueError, match="another cluster"):
+        simulate(other, fidelity="collapsed", collective_timer=timer)
 
 
 @pytest.mark.parametrize("schedule,vpp,sp", [("1f1b", 1, False), ("interleaved", 2, True),
