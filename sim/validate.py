@@ -38,13 +38,24 @@ is a ``ColumnParallelLinear`` that all-gathers its output by default, and its lo
 the exact version used. With the vocabulary-parallel loss, 80 of the 109 runs the
 simulator misclassified were TP >= 2 runs predicted to fit, some at 30-50 GB (8k tokens
 or micro-batches of 2-4, whose full-vocabulary logits take several GB on each TP rank)."""
-FRAMEWORK = {"sp_saves_gathered_input": True, "dp_wire_bytes": 5.0}
+FRAMEWORK = {"sp_saves_gathered_input": True, "dp_wire_bytes": 5.0, "kept_stage_outputs": 1}
 """How the sweep's framework (Aleph Alpha's ``scaling``, see :data:`VOCAB_PARALLEL_LOSS`)
 differs from the Megatron-LM defaults of :class:`workloads.transformer.TransformerCosts`,
 applied to every row's cost model: under sequence parallelism its column-parallel GEMMs
 save their all-gathered input (``sp_saves_gathered_input``); it all-reduces the gradients
 in fp32 and then all-gathers the bf16 parameters, 5 bytes a parameter in each of the
-step-end collectives (``dp_wire_bytes``)."""
+step-end collectives (``dp_wire_bytes``); its pipeline buffers keep the last stage's
+output, the bf16 logits, of the previous micro-batch while the next one runs
+(``kept_stage_outputs``; none in a step of one micro-batch, :func:`framework_costs`)."""
+
+
+def framework_costs(costs, micro_batches: int):
+    """``costs`` (a :class:`workloads.transformer.TransformerCosts`) with :data:`FRAMEWORK`
+    applied, for a step of ``micro_batches`` micro-batches per pipeline."""
+    changes = dict(FRAMEWORK)
+    if micro_batches < 2:
+        changes["kept_stage_outputs"] = 0
+    return dataclasses.replace(costs, **changes)
 
 
 def framework_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -164,7 +175,7 @@ def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
 
     row, profile = args
     exp = build_experiment(row.experiment())
-    exp = dataclasses.replace(exp, costs=dataclasses.replace(exp.costs, **FRAMEWORK))
+    exp = dataclasses.replace(exp, costs=framework_costs(exp.costs, exp.num_microbatches))
     result = simulate(exp, profile, fidelity="collapsed")
     stats, timeline = result.stats, result.timeline
     floor: dict[int, float] = {}

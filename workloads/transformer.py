@@ -129,6 +129,15 @@ class TransformerCosts:
     ``torch.nn.functional.linear`` on the gathered tensor), 4·s·b·h bytes a layer that are
     not split by t. False: Megatron-LM's SP (Korthikanti et al. 2022, sec. 4.2.2) saves
     the local s/t shard and all-gathers it again in the backward."""
+    kept_stage_outputs: int = 0
+    """Earlier micro-batches' bf16 logits the framework still holds on the last stage
+    (:meth:`transient_bytes`). 0: Megatron-LM frees a stage's output once its backward has
+    run. Aleph Alpha's ``scaling`` writes each forward's output into one of
+    ``required_buffer_count`` = max(2, ...) pipeline buffers, cycled by micro-batch, and
+    on the last stage nothing takes it out of the buffer (only receiving the next stage's
+    gradient does, and the last stage receives none): the logits of micro-batch k stay
+    until micro-batch k + 2's forward overwrites them, so while micro-batch k runs, k - 1's
+    are held too (1; 0 if the step has a single micro-batch)."""
     seq_chunks: int = 1
     """k, sequence chunks per micro-batch (Seq1F1B); ops with ``op.seq >= 0`` cost one chunk
     (:meth:`seq_chunk`, boundaries from :mod:`workloads.seqchunks`)."""
@@ -566,17 +575,29 @@ class TransformerCosts:
         in place of its saved softmax).
         ZeRO-3: the gathered parameters and unreduced gradients
         (:meth:`zero3_working_bytes`). A sequence chunk's are its chunk's (:meth:`seq_chunk`).
+
+        The last stage's backward runs in two phases: the loss's backward (its buffers
+        above, beside the stashed logits) and then the layers' (their working memory,
+        once the loss's backward has freed the logits); its transient memory is the
+        larger of the two, not their sum. With :attr:`kept_stage_outputs` the last stage
+        also holds that many earlier micro-batches' bf16 logits (2·b·s·V/t bytes each)
+        in both its forward and backward.
         """
         if op.seq >= 0 and self.seq_chunks > 1:
             return self.seq_chunk(op.seq).transient_bytes(op)
         layer = replace(self, recompute="none").layer_activation_bytes()
         total = self.zero3_working_bytes(op)
-        if op.kind == BACKWARD:
-            total += layer * (2 if self.recompute == "full" else 1)
-        if op.stage == len(self.stage_layers) - 1 and op.kind in (FORWARD, BACKWARD):
-            buffers = 2 if op.kind == BACKWARD and not self.vocab_parallel_loss else 1
-            total += buffers * FP32 * self._tokens * self.model.vocab_size / self._vocab_div
-        return total
+        layers = layer * (2 if self.recompute == "full" else 1) if op.kind == BACKWARD else 0.0
+        if op.stage != len(self.stage_layers) - 1 or op.kind not in (FORWARD, BACKWARD):
+            return total + layers
+        logits = self._tokens * self.model.vocab_size / self._vocab_div
+        total += self.kept_stage_outputs * BF16 * logits
+        if op.kind == FORWARD:
+            return total + FP32 * logits
+        loss = (1 if self.vocab_parallel_loss else 2) * FP32 * logits
+        # the loss's backward runs first and frees the stashed logits (bf16 and fp32,
+        # :meth:`activation_bytes_per_mb`) before the layers' backward needs its memory
+        return total + max(loss, layers - (BF16 + FP32) * logits)
 
     def activation_bytes_per_mb(self, stage: int) -> float:
         """Activations a stage keeps per in-flight micro-batch (last stage adds the logits).
