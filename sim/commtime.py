@@ -8,7 +8,10 @@ links (NICs, uplinks) is included. The plan is the engine's own
 (:func:`sim.engine.collective_plan`: the cluster's per-op algorithm override or
 ``auto`` choice, its granularity, the routes' latencies, the per-step software
 latency), so an isolated collective takes exactly as long here as in a full
-simulation. Results are cached per (op, groups, bytes) on the instance.
+simulation. Results are cached per (op, groups, bytes) on the instance, and
+reused, bit-identically, for the same groups shifted by whole servers (another
+pipeline rank's) where the servers are interchangeable and every route is the
+only shortest path (:meth:`CollectiveTimer._translate` proves the condition).
 Groups that are exact replicas on disjoint links are timed by simulating one
 of them (:func:`replicas_makespan_s`, bit-identical to simulating all).
 """
@@ -94,17 +97,126 @@ class CollectiveTimer:
         """Group profiles of ``auto`` selection, by group (:func:`sim.engine.collective_plan`)."""
         self.simulations = 0
         """How many collectives needed the event engine (plans with dependent transfers)."""
+        self.reused = 0
+        """How many timings were those of groups shifted by whole servers (:meth:`_translate`)."""
+        self._unique_profiles: dict[tuple[int, ...], bool] = {}
+        """Whether every route a cached group profile consulted is a unique shortest path."""
+        self._shapes: dict[tuple[str, float], dict[tuple, tuple[int, float]]] = {}
+        """Reusable timings: ``(op, nbytes) -> {groups shifted to server 0: (first server,
+        seconds)}``."""
 
     def __call__(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         key = (op, groups, nbytes)
         cached = self._cache.get(key)
         if cached is None:
-            # routes, plans and flows are many small long-lived objects: the cyclic
-            # collector's scans of them would cost a fifth of the time (as in the engine)
+            # routes, plans, flows (and the servers' signatures) are many small long-lived
+            # objects: the cyclic collector's scans of them would cost a fifth of the time
             with gc_paused():
-                cached = self._cache[key] = (self._send_time(groups, nbytes) if op == "send"
-                                             else self._collective_time(op, groups, nbytes))
+                cached = self._translate(op, groups, nbytes)
+                if cached is not None:
+                    self.reused += 1
+                else:
+                    cached = self._timed(op, groups, nbytes)
+            self._cache[key] = cached
         return cached
+
+    def _timed(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
+        """Time ``op`` on ``groups``; remember it for translated copies where that is sound
+        (:meth:`_translate`)."""
+        c = self.cluster
+        shape = self._shape_of(groups)
+        if shape is None:
+            return self._time(op, groups, nbytes)
+        log: list[tuple[int | str, int | str]] = []
+        outer, c.route_log = c.route_log, log
+        runs, known = self.simulations, len(self._profiles)
+        try:
+            t = self._time(op, groups, nbytes)
+        finally:
+            c.route_log = outer
+        if outer is not None:
+            outer.extend(log)
+        unique = all(map(c.route_is_unique, *zip(*log, strict=True)) if log else ())
+        # group profiles computed here consulted only logged routes; those cached before
+        # were computed by an earlier call, whose routes were checked then
+        for group in list(self._profiles)[known:]:
+            self._unique_profiles[group] = unique
+        by_shape = self._shapes.setdefault((op, nbytes), {})
+        if (self.simulations == runs and unique and shape[0] not in by_shape
+                and all(self._unique_profiles.get(g, True) for g in groups)):
+            by_shape[shape[0]] = (shape[1], t)
+        return t
+
+    def _time(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
+        return (self._send_time(groups, nbytes) if op == "send"
+                else self._collective_time(op, groups, nbytes))
+
+    def _shape_of(self, groups: tuple[tuple[int, ...], ...]
+                  ) -> tuple[tuple[tuple[int, ...], ...], int] | None:
+        """``(groups shifted down to start at server 0, first server)``, or None where the
+        cluster's servers cannot be swapped (:meth:`topologies.cluster.Cluster.host_classes`)."""
+        c = self.cluster
+        if c.host_classes() is None:
+            return None
+        gpn = c.gpus_per_node
+        low = min([min(g) for g in groups if g], default=None)
+        if low is None:
+            return None
+        first = low // gpn
+        delta = first * gpn
+        return tuple([tuple([r - delta for r in g]) for g in groups]), first
+
+    def _translate(self, op: str, groups: tuple[tuple[int, ...], ...],
+                   nbytes: float) -> float | None:
+        """The time of an earlier timing of ``op`` on ``groups`` shifted by whole servers,
+        where that is provably the same float; None otherwise (time it).
+
+        Let ``groups = G + d * gpus_per_node`` rank by rank, ``G`` timed before,
+        and let every server ``h`` of ``G`` be a twin of ``h + d``
+        (:meth:`topologies.cluster.Cluster.host_classes`). Then some automorphism
+        ``phi`` of the cluster graph (a permutation of servers within twin classes,
+        fabric fixed) maps every rank ``r`` of ``G`` to ``r + d * gpus_per_node``,
+        every server's nodes (NICs, NVSwitch) to its image's, and preserves every
+        link's bandwidth and latency. Each route the timing of ``G`` consulted was
+        the only shortest path between its ends (checked then, and for the group
+        profiles it took from the cache when they were computed; else ``G`` is not
+        reused); an automorphism maps a unique shortest path onto the unique
+        shortest path between the images, so each route of the shifted timing is
+        ``phi`` of the original, link by link, with the same latencies summed in
+        the same order (whatever the ECMP key, which only breaks ties). So the
+        group profiles (route latencies and bottlenecks, servers per group, NVLS
+        capability) are equal, the algorithm choice is the same, and the plans are
+        the same with ranks shifted (the shift keeps the order of ranks and of
+        servers, all a plan compares). The flows are then those of ``G`` with
+        links renamed by ``phi``, in the same order, with the same starts, bytes
+        and capacities; :func:`sim.network.makespan_s` (and
+        :func:`replicas_makespan_s`'s disjointness test) depends on links only
+        through equality and capacities, never their indices' order, so the
+        makespan is the same float. Timings that ran the event engine (plans with
+        dependent transfers) are not reused. Contention between the groups, and
+        with links the groups share (an oversubscribed fabric), is carried over
+        because ``phi`` maps all the groups at once.
+        """
+        by_shape = self._shapes.get((op, nbytes))
+        if not by_shape:
+            return None
+        shape = self._shape_of(groups)
+        if shape is None:
+            return None
+        hit = by_shape.get(shape[0])
+        if hit is None:
+            return None
+        first, t = hit
+        d = shape[1] - first
+        if d == 0:
+            return None
+        classes = self.cluster.host_classes()
+        assert classes is not None
+        gpn = self.cluster.gpus_per_node
+        for h in {r // gpn for g in shape[0] for r in g}:
+            if classes[h + first] != classes[h + first + d]:
+                return None
+        return t
 
     def _send_time(self, pairs: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         flows: list[list[Flow]] = []

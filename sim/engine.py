@@ -1026,16 +1026,15 @@ class _Run:
             times, _, sizes = zip(*recs, strict=True)
             samples.extend(map(make_sample, zip(repeat(g, len(recs)), times, sizes, strict=True)))
             peaks[g] = max(sizes)
-        timeline = Timeline(self.program.num_gpus, tuple(spans), arrows, tuple(samples),
-                            self.program.gpu_names, self.gpus)
         # what the timeline's cached properties would work out in a pass over its records,
         # known here: the peak of each GPU's samples and, after the queue-free pass, the
         # makespan (every span ends by its instruction's end, the latest of which is the
         # clock, and that instruction's last span ends then)
-        timeline.__dict__["peak_memory_by_gpu"] = peaks
-        if self.lanes is not None and self.clock > 0:
-            timeline.__dict__["end_s"] = self.clock
-        return timeline
+        return Timeline.known(self.program.num_gpus, tuple(spans), arrows, tuple(samples),
+                              self.program.gpu_names, self.gpus,
+                              end_s=self.clock if self.lanes is not None and self.clock > 0
+                              else None,
+                              peak_memory_by_gpu=peaks)
 
     def counters(self, out: EngineCounters) -> None:
         out.events = self.events

@@ -88,6 +88,28 @@ class Timeline:
     gpus: tuple[int, ...] | None = None
     """GPUs that were simulated (None = all); a collapsed run simulates one per class."""
 
+    @classmethod
+    def known(cls, num_gpus: int, spans: tuple[Span, ...], flows: tuple[FlowArrow, ...],
+              memory: tuple[MemorySample, ...], gpu_names: tuple[str, ...] = (),
+              gpus: tuple[int, ...] | None = None, *, end_s: float | None = None,
+              peak_memory_by_gpu: dict[int, float] | None = None) -> Timeline:
+        """A timeline whose producer already knows some of its summaries.
+
+        ``end_s`` and ``peak_memory_by_gpu``, where given, are what the properties of
+        the same names would work out in a pass over the records (the engine knows
+        them as it assembles the records); they are stored as those properties' cached
+        values, so reading them costs nothing. None: computed on first use, as for a
+        timeline built directly. The caller vouches that they are equal (the engine's
+        tests compare them).
+        """
+        timeline = cls(num_gpus, spans, flows, memory, gpu_names, gpus)
+        # cached_property keeps its value in the instance dict, under its own name
+        if end_s is not None:
+            timeline.__dict__["end_s"] = end_s
+        if peak_memory_by_gpu is not None:
+            timeline.__dict__["peak_memory_by_gpu"] = peak_memory_by_gpu
+        return timeline
+
     @property
     def simulated_gpus(self) -> tuple[int, ...]:
         return tuple(range(self.num_gpus)) if self.gpus is None else self.gpus

@@ -157,6 +157,9 @@ class _Router:
         self._out = _NeighbourSets(succ)
         self._fwd: dict[str, _Ball] = {}
         self._bwd: dict[str, _Ball] = {}
+        self.chose = False
+        """Whether the last :meth:`path` chose among several next hops (False: the
+        shortest path it returned is the only one)."""
 
     def _ball(self, root: str, forward: bool) -> _Ball:
         cache = self._fwd if forward else self._bwd
@@ -219,6 +222,7 @@ class _Router:
         one hop closer to ``b``, sorted by name, without scanning a big switch's
         ports when the other set is small.
         """
+        self.chose = False
         fa = self._fwd.get(a) or self._ball(a, True)
         bb = self._bwd.get(b) or self._ball(b, False)
         hops = self._meet(fa, bb, math.inf)
@@ -244,6 +248,7 @@ class _Router:
                     want = hops - i
                     nxt = [w for w in out if dist.get(w) == want]
                 if len(nxt) > 1:
+                    self.chose = True
                     key, j = divmod(key, len(nxt))
                     v = nxt[j]
                 else:
@@ -330,6 +335,12 @@ class Cluster:
         self._pred = _SortedNeighbours(graph.predecessors)
         self._router = _Router(self._succ, self._pred)
         self._routes: dict[tuple[Endpoint, Endpoint], Route] = {}
+        self._ambiguous: set[tuple[Endpoint, Endpoint]] = set()
+        """Pairs whose route was one of several shortest paths (an ECMP choice)."""
+        self.route_log: list[tuple[Endpoint, Endpoint]] | None = None
+        """When a list, every :meth:`route` call appends its ``(src, dst)`` (cached or not):
+        :mod:`sim.commtime` uses it to learn which routes a timing consulted."""
+        self._host_classes: tuple[int, ...] | None | bool = False
 
     # ------------------------------------------------------------------ GPU types
 
@@ -423,6 +434,8 @@ class Cluster:
     def route(self, src: Endpoint, dst: Endpoint) -> Route:
         """ECMP shortest path from ``src`` to ``dst`` (GPU ranks or node names)."""
         key = (src, dst)
+        if self.route_log is not None:
+            self.route_log.append(key)
         cached = self._routes.get(key)
         if cached is not None:
             return cached
@@ -430,11 +443,106 @@ class Cluster:
             route = Route((), 0.0)
         else:
             nodes = self.path(src, dst)
+            if self._router.chose:
+                self._ambiguous.add(key)
             link_from, latency = self._link_from, self.link_latency_s
             idx = tuple([link_from[u][v] for u, v in zip(nodes, nodes[1:], strict=False)])
             route = Route(idx, sum([latency[i] for i in idx]))
         self._routes[key] = route
         return route
+
+    def route_is_unique(self, src: Endpoint, dst: Endpoint) -> bool:
+        """Whether :meth:`route` from ``src`` to ``dst`` (computed first if need be) is the
+        only shortest path: no ECMP choice was made along it. Any automorphism of the
+        graph then maps it onto the route between the images, whatever the ECMP key."""
+        self.route(src, dst)
+        return (src, dst) not in self._ambiguous
+
+    def host_classes(self) -> tuple[int, ...] | None:
+        """Twin classes of the servers: ``classes[h] == classes[k]`` when swapping servers
+        ``h`` and ``k`` is an automorphism of the graph; None when servers cannot be swapped
+        this way (a mixed-GPU cluster, GPU ranks not ``host * gpus_per_node + local``,
+        servers of different sizes). Computed once.
+
+        Server ``h``'s nodes are those with ``host == h``; they pair with server
+        ``k``'s in order (GPUs by rank, the others by name). The swap maps each node
+        to its pair and fixes every node of no server (the fabric). It is an
+        automorphism preserving all the simulation reads of the graph (each link's
+        bandwidth and latency, :attr:`link_bandwidth_Bps` and
+        :attr:`link_latency_s`; node attributes: kind, NVLS) when the two servers
+        have the same signature: their nodes' attributes but rank and host (items
+        in insertion order: equal dicts built in another order only make fewer
+        twins) in pair order, and their links, each by direction, the position of
+        its server end, the other end (a position in the server, or a fabric
+        node's name), bandwidth and latency. A server linked directly to another
+        server's nodes is a twin of none. Twins form equivalence classes (the swap
+        of ``h, m`` is the composition of those of ``h, k``, ``k, m`` and ``h, k``),
+        and any permutation of servers within classes is an automorphism too.
+        """
+        if self._host_classes is False:
+            self._host_classes = self._compute_host_classes()
+        return self._host_classes  # type: ignore[return-value]
+
+    def _compute_host_classes(self) -> tuple[int, ...] | None:
+        if self._gpus is not None or self.num_gpus % max(self.gpus_per_node, 1):
+            return None
+        gpn = self.gpus_per_node
+        hosts = self.num_gpus // gpn
+        members: list[tuple[list[tuple[int, str, tuple]], list[tuple[str, tuple]]]] = [
+            ([], []) for _ in range(hosts)]
+        host_of: dict[str, int] = {}
+        for v, data in self.graph.nodes(data=True):
+            host = data.get("host")
+            if host is None:
+                if data.get("kind") == "gpu":
+                    return None
+                continue
+            if not (isinstance(host, int) and 0 <= host < hosts):
+                return None
+            host_of[v] = host
+            attrs = tuple([(k, x) for k, x in data.items() if k != "rank" and k != "host"])
+            if data.get("kind") == "gpu":
+                members[host][0].append((data["rank"], v, attrs))
+            else:
+                members[host][1].append((v, attrs))
+        pos: dict[str, int] = {}
+        nodes: list[tuple[tuple, ...]] = []
+        for h, (gpus, others) in enumerate(members):
+            gpus.sort()
+            others.sort()
+            if [g[0] for g in gpus] != list(range(h * gpn, (h + 1) * gpn)):
+                return None
+            order = [(v, attrs) for _, v, attrs in gpus] + others
+            pos.update((v, i) for i, (v, _) in enumerate(order))
+            nodes.append(tuple([attrs for _, attrs in order]))
+        links: list[list[tuple]] = [[] for _ in range(hosts)]
+        linked = [False] * hosts
+        """Servers with a link to another server's node: twins of none."""
+        get = host_of.get
+        for (u, v), bw, lat in zip(self.links, self.link_bandwidth_Bps, self.link_latency_s,
+                                   strict=True):
+            hu, hv = get(u), get(v)
+            if hu is None:
+                if hv is not None:
+                    links[hv].append((1, pos[v], 1, u, bw, lat))
+            elif hv is None:
+                # out of a server to the fabric (by name) ...
+                links[hu].append((0, pos[u], 1, v, bw, lat))
+            elif hv == hu:
+                # ... or to its own node (by position)
+                links[hu].append((0, pos[u], 0, pos[v], bw, lat))
+            else:
+                linked[hu] = linked[hv] = True
+        signatures: dict[tuple, int] = {}
+        classes = []
+        for h in range(hosts):
+            if linked[h]:
+                classes.append(len(signatures) + hosts + h)  # a class of its own
+                continue
+            links[h].sort()  # equal (direction, position, kind): same type of end
+            sig = (nodes[h], tuple(links[h]))
+            classes.append(signatures.setdefault(sig, len(signatures)))
+        return tuple(classes)
 
     # ------------------------------------------------------------------ links by name
 
