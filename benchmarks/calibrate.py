@@ -33,9 +33,11 @@ sys.path.insert(0, str(ROOT))
 from sim.calibration import MEMORY_RESERVED_GIB  # noqa: E402
 from sim.device import DeviceProfile  # noqa: E402
 from sim.validate import Prediction, evaluate, load_rows, predict  # noqa: E402
+from topologies.hardware import GPUS  # noqa: E402
 
 GiB = 2**30
-CAPACITY = 80e9
+CAPACITY = GPUS["A100-80GB"].hbm_capacity_bytes
+"""What CUDA gives the framework on the sweep's A100-80GB (topologies.hardware)."""
 NAMES = ("1/gemm", "d/gemm", "1/flash2", "1/flash1", "1/bmm", "1/elementwise")
 
 

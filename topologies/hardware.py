@@ -14,6 +14,21 @@ TB = 1e12
 GiB = 2**30
 
 
+CUDA_VISIBLE_FRACTION = 79.3 / 80
+"""Of a GPU's HBM, what CUDA reports as total memory. HBM stacks are binary-sized: the
+vendors' "80GB" A100 is 80 GiB of HBM2e, and PyTorch reports 79.25-79.35 GiB total on it
+(out-of-memory messages in public issues: levihsu/OOTDiffusion#235 79.25 GiB,
+OSU-NLP-Group/TableLlama#10 79.35 GiB, hahnyuan/PB-LLM#3 79.33 GiB on the A800-80GB); the
+rest is the driver's. Measured on the A100-80GB only; the same fraction is assumed on the
+other GPUs (unverified)."""
+
+
+def cuda_visible(vendor_gb: float) -> float:
+    """Bytes CUDA exposes on a GPU sold as ``vendor_gb`` "GB" of HBM: that many GiB (HBM
+    stacks come in binary sizes) times :data:`CUDA_VISIBLE_FRACTION`."""
+    return vendor_gb * GiB * CUDA_VISIBLE_FRACTION
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     """Peak capabilities of one GPU model."""
@@ -23,7 +38,8 @@ class GPUSpec:
     peak_bf16_flops: float
     """Dense BF16 tensor-core peak, FLOP/s."""
     hbm_capacity_bytes: float
-    """HBM capacity in bytes (marketing GB = 1e9 B, as the vendor states it)."""
+    """Bytes of device memory CUDA gives the framework (``cudaDeviceProp.totalGlobalMem``,
+    what PyTorch's out-of-memory message calls "total capacity"): :func:`cuda_visible`."""
     hbm_bandwidth_Bps: float
     """HBM bandwidth, bytes/s."""
     nvlink_bandwidth_Bps: float
@@ -39,26 +55,26 @@ class GPUSpec:
 GPUS: dict[str, GPUSpec] = {
     spec.name: spec
     for spec in (
-        GPUSpec("A100-40GB", 312e12, 40 * GB, 1.555 * TB, 300 * GB,
+        GPUSpec("A100-40GB", 312e12, cuda_visible(40), 1.555 * TB, 300 * GB,
                 "NVIDIA A100 datasheet (2021): 312 TFLOPS BF16, 40GB HBM2 1,555 GB/s, "
                 "NVLink3 600 GB/s total"),
-        GPUSpec("A100-80GB", 312e12, 80 * GB, 2.039 * TB, 300 * GB,
+        GPUSpec("A100-80GB", 312e12, cuda_visible(80), 2.039 * TB, 300 * GB,
                 "NVIDIA A100 datasheet (2021): 312 TFLOPS BF16, 80GB HBM2e 2,039 GB/s, "
                 "NVLink3 600 GB/s total"),
-        GPUSpec("H100", 989e12, 80 * GB, 3.35 * TB, 450 * GB,
+        GPUSpec("H100", 989e12, cuda_visible(80), 3.35 * TB, 450 * GB,
                 "NVIDIA H100 SXM datasheet (2023): 989 TFLOPS dense BF16, 80GB HBM3 "
                 "3.35 TB/s, NVLink4 900 GB/s total"),
-        GPUSpec("H200", 989e12, 141 * GB, 4.8 * TB, 450 * GB,
+        GPUSpec("H200", 989e12, cuda_visible(141), 4.8 * TB, 450 * GB,
                 "NVIDIA H200 SXM datasheet (2024): 989 TFLOPS dense BF16, 141GB HBM3e "
                 "4.8 TB/s, NVLink4 900 GB/s total"),
-        GPUSpec("B200", 2250e12, 180 * GB, 8.0 * TB, 900 * GB,
+        GPUSpec("B200", 2250e12, cuda_visible(180), 8.0 * TB, 900 * GB,
                 "NVIDIA DGX B200 / HGX B200 spec (2024): 2.25 PFLOPS dense BF16, 180GB HBM3e "
                 "8 TB/s, NVLink5 1.8 TB/s total"),
-        GPUSpec("GB200", 2500e12, 186 * GB, 8.0 * TB, 900 * GB,
+        GPUSpec("GB200", 2500e12, cuda_visible(186), 8.0 * TB, 900 * GB,
                 "NVIDIA GB200 NVL72 (2024): Blackwell GPU at 1.2 kW, 2.5 PFLOPS dense BF16, "
                 "13.4 TB HBM3e per 72 GPUs (~186 GB each, unverified split), 8 TB/s, "
                 "NVLink5 1.8 TB/s total"),
-        GPUSpec("MI300X", 1307e12, 192 * GB, 5.3 * TB, 448 * GB,
+        GPUSpec("MI300X", 1307e12, cuda_visible(192), 5.3 * TB, 448 * GB,
                 "AMD Instinct MI300X datasheet (2023): 1,307 TFLOPS dense BF16, 192GB HBM3 "
                 "5.3 TB/s; Infinity Fabric 896 GB/s aggregate (unverified per-direction split)"),
     )
