@@ -445,7 +445,6 @@ def _list_unfused(schedule: Schedule, duration: Callable[[Op], float], order: li
     """:func:`list_schedule` of a schedule without fused groups, its ops' producers given as
     the columns of :func:`producer_positions`: the same passes, op by op."""
     p, n = schedule.num_ranks, len(order)
-    first, second, third = producers
     ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
     interval: list[tuple[float, float]] = [(0.0, 0.0)] * n
     bounds = [0]
@@ -466,30 +465,18 @@ def _list_unfused(schedule: Schedule, duration: Callable[[Op], float], order: li
             wait = -1
             while j < stop:
                 t = done
-                d = first[j]
-                if d >= 0:  # the producers, present ones first
+                for column in producers:  # the producers, present ones first
+                    d = column[j]
+                    if d < 0:
+                        break
                     end = ready[d]
                     if end is None:
                         wait = d
                         break
                     if end > t:
                         t = end
-                    d = second[j]
-                    if d >= 0:
-                        end = ready[d]
-                        if end is None:
-                            wait = d
-                            break
-                        if end > t:
-                            t = end
-                        d = third[j]
-                        if d >= 0:
-                            end = ready[d]
-                            if end is None:
-                                wait = d
-                                break
-                            if end > t:
-                                t = end
+                if wait >= 0:
+                    break
                 start, done = t, t + duration(order[j])
                 interval[j] = (start, done)
                 ready[j] = done
