@@ -761,10 +761,7 @@ class _Run:
                     arrows.append(((g, stream[2]), (dst, recv)))  # k-th send -> k-th receive
                 other[0].append(new(Span, (dst, other[1], kind, name, t, stop, stage, mb)))
                 if kind in comm_kinds:
-                    if stream[3] is None:
-                        stream[3] = (ivals.setdefault((g, kind), array("d")),
-                                     ivals.setdefault((dst, kind), array("d")), kind)
-                    elif stream[3][2] != kind:  # a stream whose messages change kind
+                    if stream[3] is None or stream[3][2] != kind:  # first, or a new kind
                         stream[3] = (ivals.setdefault((g, kind), array("d")),
                                      ivals.setdefault((dst, kind), array("d")), kind)
                     mine, theirs, _ = stream[3]
@@ -958,19 +955,18 @@ class _Run:
                     lanes[(g, stream)] = [rec]
                 else:
                     lane.append(rec)
-                if stream == "compute" or kind in comm_kinds:
-                    if stream == "compute":
-                        on = ivals.get((g, stream))
-                        if on is None:
-                            on = ivals[(g, stream)] = array("d")
-                        on.append(start)
-                        on.append(end)
-                    if kind in comm_kinds:
-                        on = ivals.get((g, kind))
-                        if on is None:
-                            on = ivals[(g, kind)] = array("d")
-                        on.append(start)
-                        on.append(end)
+                if stream == "compute":
+                    on = ivals.get((g, stream))
+                    if on is None:
+                        on = ivals[(g, stream)] = array("d")
+                    on.append(start)
+                    on.append(end)
+                if kind in comm_kinds:
+                    on = ivals.get((g, kind))
+                    if on is None:
+                        on = ivals[(g, kind)] = array("d")
+                    on.append(start)
+                    on.append(end)
             self.intervals = ivals
             memory: dict[int, list[tuple[float, int, float]]] = {}
             for g, t, k, b in self.memory:

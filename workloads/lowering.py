@@ -387,20 +387,10 @@ def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                         and not folded.leading else None)
             plan = plans[(st, kind, seq)] = (r, g, folded, alloc, free, send, split_at)
         r, g, folded, alloc, free, send, split_at = plan
-        # what completes each producer (on this GPU) or delivers its output (from another)
-        x = first[k]
-        if x < 0:
-            deps = ()
-        else:
-            one = done[x] if rank_at[x] == r else arrived[x]
-            x = second[k]
-            if x < 0:
-                deps = (one,)
-            else:
-                two = done[x] if rank_at[x] == r else arrived[x]
-                x = third[k]
-                deps = ((one, two) if x < 0 else
-                        (one, two, done[x] if rank_at[x] == r else arrived[x]))
+        # what completes each producer (on this GPU) or delivers its output (from another);
+        # the columns list present producers first, -1 after them
+        deps = tuple([done[x] if rank_at[x] == r else arrived[x]
+                      for x in (first[k], second[k], third[k]) if x >= 0])
         name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
         if folded.leading:
             deps = runs(g, st, mb, name, folded.leading, deps)

@@ -282,23 +282,17 @@ def _well_formed(schedule: Schedule) -> bool:
     op checks then name it)."""
     order = [op for ops in schedule.rank_ops for op in ops]
     n = len(order)
-    S, M, k = schedule.num_stages, schedule.num_microbatches, schedule.seq_chunks
-    K = k if k > 1 else 1
-    kinds = 3 if schedule.split_backward else 2
-    if not n or n != S * M * K * kinds:
+    S, M, K = schedule.num_stages, schedule.num_microbatches, max(schedule.seq_chunks, 1)
+    if not n or n != S * M * K * (3 if schedule.split_backward else 2):
         return False
-    stage = np.fromiter(map(itemgetter(0), order), np.int64, n)
-    kind = np.fromiter(map(_KIND_CODE.get, map(itemgetter(1), order), repeat(-1)), np.int64, n)
-    mb = np.fromiter(map(itemgetter(2), order), np.int64, n)
-    chunk = np.fromiter(map(itemgetter(3), order), np.int64, n) - (0 if k > 1 else WHOLE)
+    coded = _coded(schedule, order)
+    if coded is None:
+        return False
+    stage, *_, own = coded
     rank = np.repeat(np.arange(schedule.num_ranks), [len(ops) for ops in schedule.rank_ops])
-    if (stage.min() < 0 or stage.max() >= S or kind.min() < 0 or kind.max() >= kinds
-            or mb.min() < 0 or mb.max() >= M or chunk.min() < 0 or chunk.max() >= K):
-        return False
     if not np.array_equal(np.asarray(schedule.stage_rank, dtype=np.int64)[stage], rank):
         return False
-    keys = ((stage * kinds + kind) * M + mb) * K + chunk  # distinct: n keys in range(n)
-    return bool(np.bincount(keys, minlength=n).max() == 1)
+    return bool(np.bincount(own).max() == 1)  # n ops, none twice
 
 
 def _required(schedule: Schedule, op: Op) -> bool:
@@ -531,6 +525,36 @@ def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
 _KIND_CODE = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
 
 
+def _coded(schedule: Schedule, order: Sequence[Op]
+           ) -> tuple[np.ndarray, ...] | None:
+    """``order``'s ops as arrays: stage, kind code (:data:`_KIND_CODE`), micro-batch,
+    sequence field, sequence chunk index (0 for whole ops) and each op's key
+    (:func:`_op_key`); None when
+    an op lies outside the schedule's stages, kinds, micro-batches and sequence chunks,
+    or is a W of a schedule that does not split the backward."""
+    n = len(order)
+    S, M = schedule.num_stages, schedule.num_microbatches
+    k = schedule.seq_chunks
+    K = k if k > 1 else 1
+    stage = np.fromiter(map(itemgetter(0), order), np.int64, n)
+    kind = np.fromiter(map(_KIND_CODE.get, map(itemgetter(1), order), repeat(-1)), np.int64, n)
+    mb = np.fromiter(map(itemgetter(2), order), np.int64, n)
+    seq = np.fromiter(map(itemgetter(3), order), np.int64, n)
+    chunk = seq if k > 1 else seq - WHOLE
+    if (stage.min() < 0 or stage.max() >= S or kind.min() < 0
+            or kind.max() >= (3 if schedule.split_backward else 2) or mb.min() < 0
+            or mb.max() >= M or chunk.min() < 0 or chunk.max() >= K):
+        return None
+    return stage, kind, mb, seq, chunk, _op_key(schedule, stage, kind, mb, chunk)
+
+
+def _op_key(schedule: Schedule, stage: np.ndarray, kind: int | np.ndarray, mb: np.ndarray,
+            chunk: np.ndarray) -> np.ndarray:
+    """A distinct integer per (stage, kind, micro-batch, chunk), below S·3·M·K."""
+    M, K = schedule.num_microbatches, max(schedule.seq_chunks, 1)
+    return ((stage * 3 + kind) * M + mb) * K + chunk
+
+
 def producer_positions(schedule: Schedule, order: Sequence[Op]
                        ) -> tuple[list[int], list[int], list[int]] | None:
     """For each op of ``order``, the positions in ``order`` of its :func:`op_deps`, in that
@@ -542,27 +566,20 @@ def producer_positions(schedule: Schedule, order: Sequence[Op]
     backward: the caller then takes :func:`op_deps` op by op (which names the problem).
     """
     n = len(order)
-    S, M = schedule.num_stages, schedule.num_microbatches
-    k = schedule.seq_chunks
-    K = k if k > 1 else 1
     if not n:
         return [], [], []
-    stage = np.fromiter(map(itemgetter(0), order), np.int64, n)
-    kind = np.fromiter(map(_KIND_CODE.get, map(itemgetter(1), order), repeat(-1)), np.int64, n)
-    mb = np.fromiter(map(itemgetter(2), order), np.int64, n)
-    seq = np.fromiter(map(itemgetter(3), order), np.int64, n)
-    chunk = seq if k > 1 else seq - WHOLE  # the sequence chunk's index: 0 for whole ops
-    if (stage.min() < 0 or stage.max() >= S or kind.min() < 0
-            or (not schedule.split_backward and kind.max() > 1) or mb.min() < 0
-            or mb.max() >= M or chunk.min() < 0 or chunk.max() >= K):
+    coded = _coded(schedule, order)
+    if coded is None:
         return None
+    stage, kind, mb, seq, chunk, own = coded
+    S, k = schedule.num_stages, schedule.seq_chunks
+    K = k if k > 1 else 1
 
     def key(st: np.ndarray, kd: int | np.ndarray, c: np.ndarray) -> np.ndarray:
-        return ((st * 3 + kd) * M + mb) * K + c
+        return _op_key(schedule, st, kd, mb, c)
 
-    at = np.full(S * 3 * M * K, n, dtype=np.int64)
+    at = np.full(S * 3 * schedule.num_microbatches * K, n, dtype=np.int64)
     positions = np.arange(n, dtype=np.int64)
-    own = key(stage, kind, chunk)
     at[own] = positions
     if not np.array_equal(at[own], positions):  # an op twice
         return None
