@@ -821,7 +821,6 @@ class Screener:
         self._plans: OrderedDict[tuple[str, int, int, int], _Plan | str] = OrderedDict()
         self._plan_ops = 0
         """Ops of the plans kept (:data:`PLAN_CACHE_OPS`)."""
-        self._stage_ranks: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
         self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
         self._static: dict[tuple, float] = {}
         self._split: frozenset[str] | None = None
@@ -839,8 +838,6 @@ class Screener:
 
     def rank_types(self, layout: Layout) -> tuple[tuple[int, ...], ...]:
         """Per pipeline rank, the GPU types of its GPUs (indices into the cluster's types)."""
-        if self._uniform:
-            return ((0,),) * layout.pp
         return self.ctx.rank_types(layout.tp, layout.cp, layout.dp, layout.pp)
 
     def mixed(self, layout: Layout) -> bool:
@@ -879,11 +876,8 @@ class Screener:
 
     def _stage_rank(self, name: str, p: int, v: int) -> tuple[int, ...] | None:
         """Which rank holds each stage (it does not depend on m): from a small build."""
-        key = (name, p, v)
-        if key not in self._stage_ranks:
-            sched = self.ctx.stage_schedule(name, p, v)
-            self._stage_ranks[key] = None if sched is None else sched.stage_rank
-        return self._stage_ranks[key]
+        sched = self.ctx.stage_schedule(name, p, v)  # cached there
+        return None if sched is None else sched.stage_rank
 
     # --------------------------------------------------------------- memory
     def quick_memory_bound_gib(self, costs: TransformerCosts, pp: int) -> float:
@@ -992,8 +986,8 @@ class Screener:
 
     def _comm_ranks(self, layout: Layout) -> frozenset[int]:
         """Pipeline ranks whose collectives the bounds time (all others: compute only). None
-        where a pipeline rank mixes GPU types: ``simulate`` runs such a layout in full
-        fidelity, which the collapsed collective times do not bound."""
+        (an empty set) where a pipeline rank mixes GPU types: ``simulate`` runs such a
+        layout in full fidelity, which the collapsed collective times do not bound."""
         return frozenset({0, layout.pp - 1}) if self.comm and not self.mixed(layout) \
             else frozenset()
 
@@ -1677,11 +1671,10 @@ def search(
         raise ConfigError(f"round_size={round_size}: must be at least 1")
     pins = dict(pins or {})
     ctx = SearchContext.build(data, base_dir, gpus)
-    # a mixed cluster without a given profile: every GPU type with its own, as sim run
-    workers_profile = profile if ctx.cluster.heterogeneous else None
+    given = profile
     profile = profile or default_profile(ctx.cluster.gpu.name)
-    if not ctx.cluster.heterogeneous:
-        workers_profile = profile
+    # a mixed cluster without a given profile: every GPU type with its own, as sim run
+    workers_profile = given if ctx.cluster.heterogeneous else profile
     collapsed = fidelity == "collapsed" or (
         fidelity == "auto" and ctx.cluster.num_gpus > AUTO_FULL_MAX_GPUS)
     layouts = list(enumerate_layouts(ctx, pins))
@@ -1767,8 +1760,8 @@ def _screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     missing = sum(1 for v in verdicts if v is None)
     if missing:  # the chunks cover every layout: this is a bug, not a user error
         raise SimError(f"screening lost {missing} of {len(layouts)} layouts")
-    return [Candidate(lay, *verdict) for lay, verdict in zip(layouts, verdicts, strict=True)
-            if verdict is not None]
+    return [Candidate(lay, *verdict)  # type: ignore[misc]  # none is None: checked above
+            for lay, verdict in zip(layouts, verdicts, strict=True)]
 
 
 def _compact(c: Candidate) -> tuple[Any, ...]:
