@@ -368,3 +368,12 @@ def test_per_rank_gpu_specs_are_checked_and_uniform_ones_collapse() -> None:
     assert mixed.heterogeneous and mixed.gpu_of(1) is h100 and mixed.gpu_of(2) is a100
     assert mixed.gpu_summary() == "2x A100-80GB + 2x H100"
     assert mixed.with_link_changes(failed=[("gpu0", "switch")]).gpus == mixed.gpus
+
+
+def test_gpu_memory_is_what_cuda_reports_binary_hbm_less_the_drivers_share() -> None:
+    """PyTorch reports 79.25-79.35 GiB total on an A100-80GB (hardware.CUDA_VISIBLE_FRACTION),
+    not the 74.5 GiB of 80e9 bytes; other GPUs take their vendor figure in GiB, same share."""
+    assert GPUS["A100-80GB"].hbm_capacity_gib == pytest.approx(79.3, abs=1e-9)
+    assert 79.25 <= GPUS["A100-80GB"].hbm_capacity_gib <= 79.35
+    for name, vendor_gb in (("A100-40GB", 40), ("H100", 80), ("H200", 141), ("B200", 180)):
+        assert GPUS[name].hbm_capacity_gib == pytest.approx(vendor_gb * 79.3 / 80, rel=1e-12)
