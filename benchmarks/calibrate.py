@@ -1,17 +1,19 @@
 """Fit the few physical constants of the A100 device profile to Hagemann et al. 2023's sweep.
 
     python benchmarks/calibrate.py [--data ../shared/data/hagemann2023_sweep.csv] [--workers 2]
+        [--power P] [--cache sens.npz] [--fit-only]
 
 Method. Every compute op's duration is linear in the inverse efficiencies of
-the device model, x = (1/η_gemm, d½/η_gemm, 1/η_flash2, 1/η_flash1, 1/η_bmm,
-1/η_elementwise) (η(d) = η_gemm·d/(d + d½), so 1/η(d) = 1/η_gemm + (d½/η_gemm)/d),
-and a pipeline's makespan is linear in the op durations while its critical
-path does not change. So each run's step time is T(x) = T(x₀) + A·(x − x₀)
-near x₀; A is measured by finite differences (one simulation of the sweep per
-constant), and the constants minimising the squared relative error over the
-successful runs follow by least squares (a closed form), twice: on all runs
-and on the LLaMA-13B runs only (for cross-validation). The linearisation is
-then checked by simulating the fitted profiles. The allocator's fragmentation is
+the device model, x = (1/η_gemm, d½/η_gemm, d₂^p/η_gemm, 1/η_flash2, 1/η_flash1,
+1/η_bmm, 1/η_elementwise) (the GEMM shape curve 1/η(d) = (1 + d½/d + (d₂/d)^p)/η_gemm
+of sim.device, at a fixed power p, ``--power``), and a pipeline's makespan is
+linear in the op durations while its critical path does not change. So each
+run's step time is T(x) = T(x₀) + A·(x − x₀) near x₀; A is measured by finite
+differences (one simulation of the sweep per constant), and the constants
+minimising the squared relative error over the successful runs follow by
+bounded least squares (solved exactly, :func:`fit`), twice: on all runs and on
+the LLaMA-13B runs only (for cross-validation). The linearisation is then
+checked by simulating the fitted profiles. The allocator's fragmentation is
 fitted on the out-of-memory classification of all runs by a grid search (the
 reserved bytes are fixed from documented sizes, sim/calibration.py).
 Nothing is fitted per row. Prints the profiles for sim/calibration.py.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -38,20 +41,27 @@ from topologies.hardware import GPUS  # noqa: E402
 GiB = 2**30
 CAPACITY = GPUS["A100-80GB"].hbm_capacity_bytes
 """What CUDA gives the framework on the sweep's A100-80GB (topologies.hardware)."""
-NAMES = ("1/gemm", "d/gemm", "1/flash2", "1/flash1", "1/bmm", "1/elementwise")
+NAMES = ("1/gemm", "d/gemm", "d2^p/gemm", "1/flash2", "1/flash1", "1/bmm", "1/elementwise")
+POWER = 0.0
+"""p of the shape curve's steep term; 0: no steep term (its constant held at 0, no simulation
+for its column), the curve sim/calibration.py keeps. sim/calibration.py has the table of the
+powers tried (1.5 to 4) and why none was kept."""
 
 
 def to_x(p: DeviceProfile) -> np.ndarray:
     return np.array([1 / p.gemm_efficiency, p.gemm_half_dim / p.gemm_efficiency,
+                     p.gemm_half_dim2 ** p.gemm_shape_power / p.gemm_efficiency,
                      1 / p.flash2_efficiency, 1 / p.flash1_efficiency,
                      1 / p.bmm_attention_efficiency, 1 / p.elementwise_efficiency])
 
 
 def from_x(x: np.ndarray, base: DeviceProfile, source: str) -> DeviceProfile:
+    """The profile of ``x`` at ``base``'s shape power."""
     return dataclasses.replace(
-        base, gemm_efficiency=1 / x[0], gemm_half_dim=x[1] / x[0], flash2_efficiency=1 / x[2],
-        flash1_efficiency=1 / x[3], bmm_attention_efficiency=1 / x[4],
-        elementwise_efficiency=1 / x[5], source=source)
+        base, gemm_efficiency=1 / x[0], gemm_half_dim=x[1] / x[0],
+        gemm_half_dim2=(x[2] / x[0]) ** (1 / base.gemm_shape_power),
+        flash2_efficiency=1 / x[3], flash1_efficiency=1 / x[4],
+        bmm_attention_efficiency=1 / x[5], elementwise_efficiency=1 / x[6], source=source)
 
 
 ATTENTION_COLUMNS = {"1/flash2": ("flash2",), "1/flash1": ("flash1",),
@@ -63,31 +73,50 @@ def step_times(rows, profile, workers) -> np.ndarray:
     return np.array([p.step_time_s for p in predict(rows, profile, workers)])
 
 
-# Physical bounds on x (see NAMES): efficiencies between a floor and what the kernels reach.
-BOUNDS = (
-    (1 / 0.95, 1 / 0.5),    # GEMM: at most 95% of peak
-    (0.0, 4000.0),          # d½/η: no shape penalty .. a half point at a cube side of 4000
-    (1 / 0.80, 1 / 0.2),    # FlashAttention-2: at most 80% (Dao 2023 reports up to 73%)
-    (1 / 0.70, 1 / 0.1),    # FlashAttention-1
-    (1 / 0.85, 1 / 0.1),    # batched-matmul attention
-    (1 / 1.0, 1 / 0.05),    # element-wise kernels: at most the HBM bandwidth
-)
+def bounds(power: float) -> tuple[tuple[float, float], ...]:
+    """Physical bounds on x (see NAMES): efficiencies between a floor and what the kernels
+    reach; the shape terms between none and a half point at a cube side of 4000 (the steep
+    term held at 0 when ``power`` is 0)."""
+    return (
+        (1 / 0.95, 1 / 0.5),    # GEMM: at most 95% of peak
+        (0.0, 4000.0),          # d½/η: no shape penalty .. a half point at a cube side of 4000
+        (0.0, 2 * 4000.0 ** power if power else 0.0),  # d₂^p/η: likewise (η_gemm >= 0.5)
+        (1 / 0.80, 1 / 0.2),    # FlashAttention-2: at most 80% (Dao 2023 reports up to 73%)
+        (1 / 0.70, 1 / 0.1),    # FlashAttention-1
+        (1 / 0.85, 1 / 0.1),    # batched-matmul attention
+        (1 / 1.0, 1 / 0.05),    # element-wise kernels: at most the HBM bandwidth
+    )
 
 
-def fit(T0, A, x0, measured, mask) -> np.ndarray:
+def fit(T0, A, x0, measured, mask, bnds) -> np.ndarray:
     """Least squares on relative errors, min Σ ((T0 + A(x − x0)) / M − 1)² over ``mask``,
-    within :data:`BOUNDS` (cyclic coordinate descent on the convex quadratic, exact)."""
+    within the bounds ``bnds`` (:func:`bounds`), solved exactly: the minimum of a convex
+    quadratic on a box has each constant free or at one of its bounds, so every such
+    choice is solved (unconstrained least squares on the free constants) and the best
+    one inside the box is kept (3^7 = 2187 small solves; coordinate descent crawls along
+    the nearly collinear shape columns)."""
     M = measured[mask]
     lhs = A[mask] / M[:, None]
     rhs = 1 - T0[mask] / M + lhs @ x0
-    Q, c = lhs.T @ lhs, lhs.T @ rhs
-    x = np.clip(x0.copy(), [b[0] for b in BOUNDS], [b[1] for b in BOUNDS])
-    for _ in range(5000):
-        for i in range(len(x)):
-            if Q[i, i] > 0:
-                xi = (c[i] - Q[i] @ x + Q[i, i] * x[i]) / Q[i, i]
-                x[i] = min(BOUNDS[i][1], max(BOUNDS[i][0], xi))
-    return x
+    scale = np.linalg.norm(lhs, axis=0)
+    scale[scale == 0] = 1.0
+    lhs = lhs / scale  # columns of unit norm: y = x * scale
+    lo, hi = np.array([b[0] for b in bnds]) * scale, np.array([b[1] for b in bnds]) * scale
+    best, best_obj = np.clip(x0 * scale, lo, hi), np.inf
+    for states in itertools.product((0, 1, 2), repeat=len(x0)):  # free, at lower, at upper
+        y = np.where(np.array(states) == 1, lo, hi)
+        free = [i for i, st in enumerate(states) if st == 0]
+        if free:
+            fixed = [i for i, st in enumerate(states) if st != 0]
+            y[free] = np.linalg.lstsq(lhs[:, free], rhs - lhs[:, fixed] @ y[fixed],
+                                      rcond=None)[0]
+            tol = 1e-9 * np.maximum(1.0, np.abs(y[free]))
+            if np.any(y[free] < lo[free] - tol) or np.any(y[free] > hi[free] + tol):
+                continue
+        obj = float(np.sum((lhs @ y - rhs) ** 2))
+        if obj < best_obj - 1e-15:
+            best, best_obj = np.clip(y, lo, hi), obj
+    return best / scale
 
 
 def fit_memory(preds, reserved_gib: float = MEMORY_RESERVED_GIB) -> tuple[float, float, float]:
@@ -124,22 +153,32 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cache", default="", help="npz file to keep/reuse the sensitivities")
     ap.add_argument("--fit-only", action="store_true", help="stop after the linearised fit")
+    ap.add_argument("--power", type=float, default=POWER,
+                    help=f"p of the shape curve's steep term (default {POWER:g}: none)")
     args = ap.parse_args()
     t_start = time.time()
     rows = load_rows(args.data)
     ok = [r for r in rows if r.status == "ok"]
     measured = np.array([r.step_time_s for r in ok])
-    base = DeviceProfile(gemm_half_dim=128.0)
+    base = DeviceProfile(gemm_half_dim=128.0, gemm_shape_power=args.power or 2.0)
     x0 = to_x(base)
     cache = Path(args.cache) if args.cache else None
     if cache and cache.exists():
         saved = np.load(cache)
+        power = float(saved["power"]) if "power" in saved else None
+        if power != args.power or saved["A"].shape != (len(ok), len(NAMES)):
+            sys.exit(f"{cache} holds sensitivities of another shape curve (power {power}, "
+                     f"{saved['A'].shape[1]} columns, {saved['A'].shape[0]} runs): remove it "
+                     "or pass its --power")
         T0, A = saved["T0"], saved["A"]
     else:
         T0 = step_times(ok, base, args.workers)
         A = np.zeros((len(ok), len(x0)))
         for i, name in enumerate(NAMES):
-            dx = 0.05 * x0[i] if x0[i] else 0.05 * x0[0] * 128
+            if name == "d2^p/gemm" and not args.power:
+                continue  # no steep term: its column stays 0 and its constant at 0
+            # x0 of d2^p/gemm is 0: step to (d₂/3000)^p = 0.05
+            dx = 0.05 * x0[i] if x0[i] else 0.05 * x0[0] * 3000.0 ** args.power
             x1 = x0.copy()
             x1[i] += dx
             # an attention efficiency moves only the runs with that kernel (exactly 0 elsewhere)
@@ -149,11 +188,11 @@ def main() -> None:
                          - T0[idx]) / dx
             print(f"sensitivity {name}: {time.time() - t_start:.0f} s", flush=True)
         if cache:
-            np.savez(cache, T0=T0, A=A)
+            np.savez(cache, T0=T0, A=A, power=args.power)
     results = {}
     for label, mask in (("all", np.ones(len(ok), bool)),
                         ("13b", np.array([r.model == "llama-13b" for r in ok]))):
-        x = fit(T0, A, x0, measured, mask)
+        x = fit(T0, A, x0, measured, mask, bounds(args.power))
         lin = T0 + A @ (x - x0)
         lin_mape = float(np.mean(np.abs(lin[mask] / measured[mask] - 1)))
         results[label] = (x, lin_mape, int(mask.sum()))

@@ -26,6 +26,46 @@ logit-sized buffers of PyTorch's cross-entropy backward
 all-reduce with a bf16 parameter all-gather after the step (``dp_wire_bytes`` = 5).
 Command: ``python benchmarks/calibrate.py --cache sens.npz`` (12 min on 2 shared cores).
 
+GEMM shape curve re-examined on 2026-12-03 (issue 5) and kept. The device model now takes a
+steeper term, 1/η(d) = (1 + d½/d + (d₂/d)^p)/η_gemm
+(:meth:`sim.device.DeviceProfile.gemm_efficiency_at`; d₂ = 0 is the curve above), and
+``benchmarks/calibrate.py --power p`` fits it with the same method and rows (x gains the
+column d₂^p/η_gemm; the bounded least squares is now solved exactly, and reproduces the
+constants below to the printed digits). Physically, with d the cube side (M·K·N)^(1/3): a
+cost per GEMM that grows with its area, d², gives p = 1 (the d½ term); a partial last wave
+of output tiles (wave quantization, NVIDIA's *Matrix Multiplication Background* guide,
+sec. 3.2: a GEMM runs ⌈tiles/SMs⌉ waves, 108 SMs on A100) costs about one wave's main loop,
+which grows with K, so p = 2; a fixed time per GEMM (launch, fill and drain) gives p = 3. A
+per-GEMM HBM roofline cannot bind here: the sweep's GEMMs have d from 2580 (65B, TP8, 2k
+tokens) to 13,237, about d/3 FLOP per byte against A100's ridge near 200 (binding only
+below d ≈ 600). On all 401 successful runs, linearised (MAPE / RMS relative error / the
+13B-only fit's MAPE on 30B and 65B; best-layout hits 7 of 10 for every shape):
+
+=========================  ======  ======  ======  ========================================
+shape of 1/η(d)            MAPE    RMS     CV      fitted on all runs (η at d = 1000, 5400)
+=========================  ======  ======  ======  ========================================
+a + b/d (kept)             5.25%   7.87%   7.07%   η 0.902, d½ 2277 (0.28, 0.63)
+a + b/d + c/d^1.5          5.21%   7.83%   6.99%   b = 0: η 0.806, d₂ 2223
+a + b/d + c/d^2            5.18%   7.80%   6.92%   b = 0: η 0.764, d₂ 2362 (0.12, 0.64)
+a + b/d + c/d^2.5          5.18%   7.78%   6.86%   b = 0: η 0.740, d₂ 2504
+a + b/d + c/d^3            5.18%   7.77%   6.80%   b = 0: η 0.724, d₂ 2623 (0.04, 0.65)
+a + b/d + c/d^4            5.18%   7.76%   6.69%   η 0.746, d½ 470, d₂ 2659
+=========================  ======  ======  ======  ========================================
+
+p = 3, simulated: MAPE 5.18%, cross-validation 6.80%, hits 7, per group (13B 2k 32/64 GPUs,
+13B 8k 64/128, 30B 2k 64/256, 30B 8k 64/128, 65B 2k 64/128) 7.1/6.9/3.6/3.1/3.2/8.9/2.6/2.9/
+3.8/3.3% against 7.5/7.0/3.7/3.1/3.1/8.9/2.7/2.4/4.0/3.6% now. Not kept: a gain of 0.07 points
+for a curve that the sweep cannot pin below its smallest GEMM (every fit puts b at 0, so the
+steep term alone sets η under d ≈ 2600) and that there falls to a few per cent of peak, far
+below what cuBLAS reaches on a 1024³ GEMM; it makes Seq1F1B's 1024-token chunks of GPT-3
+1.3B slower than whole micro-batches (tests/test_seq1f1b_transformer.py), and would do the
+same to small models and MoE experts with few rows. Nor can any GEMM curve fix the two 13B
+2k-token groups the best-layout count misses: there the measured TP1 PP1 runs are 9% (32
+GPUs) and 17% (64 GPUs) faster than the TP1 PP2 runs with the same GEMMs (same t and
+micro-batch), while the simulated compute of the two differs by under 1%.
+Command: ``python benchmarks/calibrate.py --cache sens.npz [--power p]`` (one simulation of
+the 401 runs per sensitivity column, 30-60 s each on 2 cores; the fit itself under a second).
+
 Memory refitted (fragmentation only; the step-time constants are unchanged, as memory does
 not change step times) after two memory corrections: the last stage's backward holds the
 larger of its loss phase and its layers' phase, not their sum (the loss's backward frees
@@ -66,35 +106,39 @@ _TIME_FIT = (
 _MEMORY_FIT = ("fragmentation of dynamic memory: grid search on the OOM labels of all 964 runs; "
                "reserved bytes from documented sizes")
 
-def _fitted(x: tuple[float, ...], rows: str, date: str = "2026-12-02") -> DeviceProfile:
-    """A profile from the fit's x = (1/η_gemm, d½/η_gemm, 1/η_flash2, 1/η_flash1, 1/η_bmm,
-    1/η_elementwise), as benchmarks/calibrate.py prints it."""
+def _fitted(x: tuple[float, ...], rows: str, date: str = "2026-12-02",
+            power: float = 2.0) -> DeviceProfile:
+    """A profile from the fit's x = (1/η_gemm, d½/η_gemm, d₂^p/η_gemm, 1/η_flash2, 1/η_flash1,
+    1/η_bmm, 1/η_elementwise) at shape power p, as benchmarks/calibrate.py prints it."""
     return DeviceProfile(
         gemm_efficiency=1 / x[0],
         gemm_half_dim=x[1] / x[0],
-        flash2_efficiency=1 / x[2],
-        flash1_efficiency=1 / x[3],
-        bmm_attention_efficiency=1 / x[4],
+        gemm_half_dim2=(x[2] / x[0]) ** (1 / power),
+        gemm_shape_power=power,
+        flash2_efficiency=1 / x[3],
+        flash1_efficiency=1 / x[4],
+        bmm_attention_efficiency=1 / x[5],
         hbm_efficiency=0.85,
-        elementwise_efficiency=1 / x[5],
+        elementwise_efficiency=1 / x[6],
         reserved_bytes=MEMORY_RESERVED_GIB * GiB,
         fragmentation=MEMORY_FRAGMENTATION,
         source=_TIME_FIT.format(rows=rows, date=date) + "; " + _MEMORY_FIT,
     )
 
 
-A100_HAGEMANN = _fitted((1.1091, 2524.885, 1.4734, 3.3459, 1.1765, 1.9653),
+A100_HAGEMANN = _fitted((1.1091, 2524.885, 0.0, 1.4734, 3.3459, 1.1765, 1.9653),
                         "all 401 successful runs", "2026-12-03")
 """A100-80GB profile fitted on the whole sweep: the default on A100s; other GPUs carry it over
 by published kernel ratios (:mod:`sim.gpu_profiles`, :func:`default_profile`)."""
 
-"""η_gemm 0.902, d½ 2277 (cube side), η_flash2 0.679, η_flash1 0.299, η_bmm 0.85 (at its
-bound), η_elementwise 0.509. Linearised MAPE 5.25% on its rows (simulated: 5.25%). Before
-the framework corrections the same fit gave (1.0762, 2458.9793, 1.25, 3.5831, 1.4524,
-1.9541), 5.74%, with FlashAttention-2 at its 0.80 bound; the fit of 2026-12-02 on the
-min(tokens, h/t) GEMM shape (1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087) gave 5.94%."""
+"""η_gemm 0.902, d½ 2277 (cube side), no steep term (d₂ = 0, see the module docstring),
+η_flash2 0.679, η_flash1 0.299, η_bmm 0.85 (at its bound), η_elementwise 0.509. Linearised
+MAPE 5.25% on its rows (simulated: 5.25%). Before the framework corrections the same fit gave
+(1.0762, 2458.9793, 1.25, 3.5831, 1.4524, 1.9541) without the d₂ column, 5.74%, with
+FlashAttention-2 at its 0.80 bound; the fit of 2026-12-02 on the min(tokens, h/t) GEMM shape
+(1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087) gave 5.94%."""
 
-A100_HAGEMANN_13B = _fitted((1.2691, 1097.6884, 1.9267, 3.5192, 1.1765, 1.9293),
+A100_HAGEMANN_13B = _fitted((1.2691, 1097.6884, 0.0, 1.9267, 3.5192, 1.1765, 1.9293),
                             "the 165 successful LLaMA-13B runs only", "2026-12-03")
 """The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B
 (linearised MAPE 4.83% on its rows, 7.07% simulated on the held-out 30B and 65B runs;

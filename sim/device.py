@@ -7,6 +7,16 @@ Patterson 2009, CACM 52(4)) with its own achievable fraction of peak:
         + attention FLOPs / (peak · η_attention[kernel])
         + memory-bound bytes / (HBM · η_elementwise)
 
+η_gemm depends on each GEMM's size (:meth:`DeviceProfile.gemm_efficiency_at`): with d the
+side of the cube of equal work, (M·K·N)^(1/3),
+
+    1/η(d) = (1 + d½/d + (d₂/d)^p) / η_gemm,
+
+a GEMM's time is its work at η_gemm plus shape costs: one that grows with its area (p = 1
+term), and a steeper one, p = 2 for a partial last wave of output tiles (wave
+quantization, NVIDIA's *Matrix Multiplication Background* guide, sec. 3.2), p = 3 for a
+fixed time per GEMM (launch, main-loop fill and drain, the tail).
+
 Peaks come from :mod:`topologies.hardware`; the efficiencies live in a
 :class:`DeviceProfile`, kept apart from the peaks on purpose.
 """
@@ -27,9 +37,16 @@ class DeviceProfile:
     gemm_efficiency: float = 0.80
     """Fraction of dense BF16 peak that large training GEMMs reach (cuBLAS on A100/H100)."""
     gemm_half_dim: float = 0.0
-    """Smallest GEMM dimension at which a GEMM reaches half of ``gemm_efficiency``:
-    η(d) = gemm_efficiency · d / (d + gemm_half_dim). Thin TP shards and short
-    micro-batches fill fewer tiles and waves (0 = no shape dependence)."""
+    """d½ of the GEMM shape curve: with ``gemm_half_dim2`` = 0, the GEMM dimension d at which
+    a GEMM reaches half of ``gemm_efficiency``, η(d) = gemm_efficiency · d / (d + d½).
+    Thin TP shards and short micro-batches fill fewer tiles and waves (0 = no such term)."""
+    gemm_half_dim2: float = 0.0
+    """d₂ of the curve's steeper term (:meth:`gemm_efficiency_at`):
+    1/η(d) = (1 + d½/d + (d₂/d)^p) / gemm_efficiency, p = ``gemm_shape_power``. 0 (the
+    default): the one-term curve above."""
+    gemm_shape_power: float = 2.0
+    """p of the steeper term: 2, a partial last wave of tiles per GEMM (its time grows with
+    K, so with d); 3, a fixed time per GEMM (module docstring)."""
     flash2_efficiency: float = 0.60
     """FlashAttention-2, forward and backward averaged (Dao 2023 reports 50-73% on A100)."""
     flash1_efficiency: float = 0.40
@@ -47,14 +64,21 @@ class DeviceProfile:
     """Allocator overhead as a fraction of tracked tensor memory (caching allocator slack)."""
     source: str = "defaults from vendor and library documentation, not fitted"
 
+    def gemm_efficiency_at(self, dim: float) -> float:
+        """η(d) = gemm_efficiency · d / (d + d½ + d · (d₂/d)^p), i.e. 1/η(d) =
+        (1 + d½/d + (d₂/d)^p) / gemm_efficiency, for a GEMM of dimension d (the cube side
+        (M·K·N)^(1/3), :func:`workloads.transformer._gemm`)."""
+        steep = dim * (self.gemm_half_dim2 / dim) ** self.gemm_shape_power \
+            if self.gemm_half_dim2 else 0.0
+        return self.gemm_efficiency * dim / (dim + self.gemm_half_dim + steep)
+
     def gemm_time_s(self, flops: float, dims: tuple[tuple[float, float], ...],
                     peak_flops: float) -> float:
-        """Time of GEMMs doing ``flops`` in all, split by smallest dimension in ``dims``."""
+        """Time of GEMMs doing ``flops`` in all, split by dimension in ``dims``."""
         shaped = sum(f for _, f in dims)
         t = max(flops - shaped, 0.0) / (peak_flops * self.gemm_efficiency)
         for dim, f in dims:
-            eff = self.gemm_efficiency * dim / (dim + self.gemm_half_dim)
-            t += f / (peak_flops * eff)
+            t += f / (peak_flops * self.gemm_efficiency_at(dim))
         return t
 
     def attention_efficiency(self, kernel: str) -> float:

@@ -3,8 +3,8 @@
 The only end-to-end fit the project has is on A100-80GB (:data:`sim.calibration.A100_HAGEMANN`,
 Hagemann et al. 2023's sweep). Its efficiencies are *effective* fractions of the roofline
 (they absorb the framework's launch gaps, the eager kernels' overheads and the fit's shape
-curve), not raw kernel benchmarks: as fitted on 2026-12-03, η_gemm = 0.93 with d½ ≈ 2300
-gives 0.72 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
+curve), not raw kernel benchmarks: as fitted on 2026-12-03, η_gemm = 0.90 with d½ ≈ 2300
+gives 0.71 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
 A100 number by an absolute H100 kernel benchmark would mix the two kinds, so each other GPU's
 profile is the A100 fit with each kernel class's fraction multiplied by a *ratio*:
 
@@ -34,10 +34,13 @@ Sources (fractions of the dense BF16 peak of :mod:`topologies.hardware`):
 
 Checked against published whole runs on H100 (BF16 MFU, ``tests/test_gpu_profiles.py``):
 Llama 3 405B (Dubey et al. 2024, table 4; TP8 PP16, sequence 8192, interleaved with two
-stages per rank) 46% predicted vs 43% on 8,192 GPUs, 39% vs 41% on 16,384, 42% vs 38% with
-CP16 at sequence 131,072; llm-foundry's MPT 1B-70B FSDP rows 42-52% vs 38-46% (0-18% high).
-Kept from the A100 fit and not measured on other GPUs: the GEMM shape curve's half-dimension
-(doubling it would fit llm-foundry's H100 rows but put Llama 3 at 34% and 41%).
+stages per rank) 44.6% predicted vs 43% on 8,192 GPUs, 37.5% vs 41% on 16,384, 42% vs 38%
+with CP16 at sequence 131,072; llm-foundry's MPT 1B-70B FSDP rows 40-50% vs 38-46% (3% low
+to 14% high). With the steeper A100 shape curve tried on 2026-12-03 (1/η = (1 + (d₂/d)³)/η,
+sim.calibration) Llama 3 would be 43.5% and 36.6%, MPT 3% low to 11% high.
+Kept from the A100 fit and not measured on other GPUs: the GEMM shape curve (d½, d₂, p),
+no public H100 matmul-versus-size table giving it (doubling d½ would fit llm-foundry's H100
+rows but put Llama 3 at 34% and 41%).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ INFERRED_RULE = (
     "parts): measured fractions of peak fall with each generation (A100 86.9%, H100 80.3%, "
     "B200 77.6%, GB200 72.9% for BF16 matmul), so the earlier generation's ratio is an upper "
     "bound; memory-bound classes (HBM streaming, eager element-wise kernels), the GEMM shape "
-    "curve's half-dimension and the framework's memory overheads keep the A100 fit's values"
+    "curve's dimensions and power and the framework's memory overheads keep the A100 fit's values"
 )
 """The one rule for a kernel class without a public benchmark on a GPU."""
 
@@ -165,7 +168,7 @@ def ratios_for(gpu_name: str) -> KernelRatios | None:
 def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> DeviceProfile:
     """``base`` (the A100 fit) with its compute efficiencies multiplied by ``ratios``.
 
-    The shape curve's half-dimension, the memory-bound efficiencies and the memory overheads
+    The shape curve (d½, d₂, p), the memory-bound efficiencies and the memory overheads
     are kept (:data:`INFERRED_RULE`); ``source`` records the derivation.
     """
     return replace(

@@ -39,8 +39,8 @@ def test_gemm_follows_the_measured_matmul_ratio(gpu: str, matmul: str) -> None:
     assert p.gemm_efficiency == pytest.approx(A100_HAGEMANN.gemm_efficiency * ratio, rel=1e-12)
     assert p.bmm_attention_efficiency == pytest.approx(
         A100_HAGEMANN.bmm_attention_efficiency * ratio, rel=1e-12)
-    for same in ("gemm_half_dim", "hbm_efficiency", "elementwise_efficiency",
-                 "reserved_bytes", "fragmentation"):
+    for same in ("gemm_half_dim", "gemm_half_dim2", "gemm_shape_power", "hbm_efficiency",
+                 "elementwise_efficiency", "reserved_bytes", "fragmentation"):
         assert getattr(p, same) == getattr(A100_HAGEMANN, same), same
     assert default_profile(gpu.lower()) == p
 

@@ -714,7 +714,8 @@ def _gemm(m: float, k: float, n: float, count: float = 1.0) -> tuple[float, floa
     """``(shape dimension, FLOPs)`` of ``count`` GEMMs of an M x K input by a K x N weight.
 
     FLOPs 2·M·K·N each. The dimension the device model's efficiency curve
-    η(d) = η·d/(d + d½) sees is the side of the cube of equal work, (M·K·N)^(1/3):
+    (:meth:`sim.device.DeviceProfile.gemm_efficiency_at`, 1/η(d) = (1 + d½/d + (d₂/d)^p)/η)
+    sees is the side of the cube of equal work, (M·K·N)^(1/3):
     a GEMM runs below peak when it is small overall (few output tiles for the
     SMs, a short main loop over K), not because one of its sides is shorter than
     the others (a 2048 x 5120 x 5120 GEMM fills an A100's 108 SMs several times

@@ -1,0 +1,131 @@
+"""The GEMM shape curve of sim.device, 1/η(d) = (1 + d½/d + (d₂/d)^p)/η_gemm, and the exact
+bounded least squares that fits it (benchmarks/calibrate.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.calibration import A100_HAGEMANN
+from sim.device import DeviceProfile, compute_time_s
+from topologies.hardware import GPUS
+from workloads.transformer import _gemm
+
+PEAK = 312e12
+DIMS = (100.0, 700.0, 2048.0, 5441.0, 13237.0)
+
+
+def _calibrate():
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate.py"
+    spec = importlib.util.spec_from_file_location("calibrate_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_without_the_steep_term_the_one_term_curve_is_kept_bit_for_bit() -> None:
+    for eta, half in itertools.product((0.6, 0.902), (0.0, 128.0, 2277.0)):
+        p = DeviceProfile(gemm_efficiency=eta, gemm_half_dim=half)
+        for d in DIMS:
+            assert p.gemm_efficiency_at(d) == eta * d / (d + half)
+
+
+@pytest.mark.parametrize("power", [1.5, 2.0, 3.0])
+def test_inverse_efficiency_is_the_three_term_sum(power: float) -> None:
+    p = DeviceProfile(gemm_efficiency=0.75, gemm_half_dim=300.0, gemm_half_dim2=2500.0,
+                      gemm_shape_power=power)
+    for d in DIMS:
+        expected = (1 + 300.0 / d + (2500.0 / d) ** power) / 0.75
+        assert 1 / p.gemm_efficiency_at(d) == pytest.approx(expected, rel=1e-12)
+
+
+def test_power_3_costs_a_fixed_time_per_gemm() -> None:
+    """p = 3: a cube GEMM of side d takes 2d³/(peak·η) plus 2·d₂³/(peak·η) whatever d."""
+    p = DeviceProfile(gemm_efficiency=0.72, gemm_half_dim2=2600.0, gemm_shape_power=3.0)
+    fixed = 2 * 2600.0 ** 3 / (PEAK * 0.72)
+    for d in DIMS:
+        dim, flops = _gemm(d, d, d)
+        extra = p.gemm_time_s(flops, ((dim, flops),), PEAK) - flops / (PEAK * 0.72)
+        assert extra == pytest.approx(fixed, rel=1e-9)
+    # count GEMMs of one shape: the fixed cost is paid by each
+    dim, flops = _gemm(3000.0, 3000.0, 3000.0, count=4)
+    extra = p.gemm_time_s(flops, ((dim, flops),), PEAK) - flops / (PEAK * 0.72)
+    assert extra == pytest.approx(4 * fixed, rel=1e-9)
+
+
+def test_power_2_costs_grow_with_the_gemm_side() -> None:
+    """p = 2: the cost of a partial last wave grows with the main loop, so with d."""
+    p = DeviceProfile(gemm_efficiency=0.8, gemm_half_dim2=2000.0, gemm_shape_power=2.0)
+
+    def extra(d: float) -> float:
+        dim, flops = _gemm(d, d, d)
+        return p.gemm_time_s(flops, ((dim, flops),), PEAK) - flops / (PEAK * 0.8)
+
+    assert extra(6000.0) / extra(3000.0) == pytest.approx(2.0, rel=1e-9)
+
+
+def test_fitted_a100_curve_rises_saturates_and_keeps_thin_shards_slow() -> None:
+    p = A100_HAGEMANN
+    etas = [p.gemm_efficiency_at(d) for d in (1000.0, 3000.0, 5400.0, 10000.0, 1e9)]
+    assert etas == sorted(etas) and etas[-1] < p.gemm_efficiency
+    assert etas[-1] == pytest.approx(p.gemm_efficiency, rel=1e-5)
+    # LLaMA-13B's QKV GEMM at 2048 tokens: a TP8 shard runs well below the TP1 GEMM
+    tp1, _ = _gemm(2048, 5120, 3 * 5120)
+    tp8, _ = _gemm(2048, 5120, 3 * 5120 / 8)
+    assert p.gemm_efficiency_at(tp8) < 0.8 * p.gemm_efficiency_at(tp1)
+    # the curve reaches compute_time_s: one GEMM alone, no bytes
+    gpu = GPUS["A100-80GB"]
+    dim, flops = tp1, 2.0 * 2048 * 5120 * 3 * 5120
+    assert compute_time_s(gpu, p, flops, gemm_dims=((dim, flops),)) == pytest.approx(
+        flops / (gpu.peak_bf16_flops * p.gemm_efficiency_at(dim)), rel=1e-12)
+
+
+def test_profile_round_trips_through_the_fit_vector() -> None:
+    cal = _calibrate()
+    base = DeviceProfile(gemm_half_dim=128.0, gemm_shape_power=3.0)
+    x = cal.to_x(A100_HAGEMANN)
+    back = cal.from_x(x, base, "")
+    for field in ("gemm_efficiency", "gemm_half_dim", "gemm_half_dim2", "flash2_efficiency",
+                  "flash1_efficiency", "bmm_attention_efficiency", "elementwise_efficiency"):
+        assert getattr(back, field) == pytest.approx(getattr(A100_HAGEMANN, field), rel=1e-12,
+                                                     abs=1e-9), field
+    assert len(x) == len(cal.NAMES) == len(cal.bounds(3.0))
+
+
+def test_bounded_fit_is_the_exact_minimum() -> None:
+    """The fit meets the KKT conditions of the box-constrained least squares: zero gradient
+    on free constants, pointing out of the box on constants at a bound; unconstrained, it
+    recovers an exact linear model."""
+    cal = _calibrate()
+    rng = np.random.default_rng(7)
+    n, k = 60, 7
+    bnds = cal.bounds(3.0)
+    lo, hi = np.array([b[0] for b in bnds]), np.array([b[1] for b in bnds])
+    x0 = (lo + np.minimum(hi, lo + 1.0)) / 2
+    A = rng.uniform(0.5, 2.0, (n, k)) / np.maximum(np.abs(x0), 1.0)
+    measured = rng.uniform(5.0, 10.0, n)
+    mask = np.ones(n, bool)
+    # an exact model inside the box is recovered
+    x_true = x0 + 0.1 * (np.minimum(hi, lo + 1.0) - lo)
+    T0 = measured - A @ (x_true - x0)
+    assert cal.fit(T0, A, x0, measured, mask, bnds) == pytest.approx(x_true, rel=1e-6)
+    # a model outside the box: KKT conditions at the returned point
+    T0 = measured * rng.uniform(0.7, 1.3, n)
+    x = cal.fit(T0, A, x0, measured, mask, bnds)
+    assert np.all(x >= lo) and np.all(x <= hi)
+    lhs = A / measured[:, None]
+    resid = (T0 + A @ (x - x0)) / measured - 1
+    grad = lhs.T @ resid / np.linalg.norm(lhs, axis=0)
+    scale = np.abs(lhs.T @ np.abs(resid)).max()
+    for i in range(k):
+        if lo[i] < x[i] < hi[i]:
+            assert abs(grad[i]) <= 1e-8 * scale, i
+        elif x[i] == lo[i]:
+            assert grad[i] >= -1e-8 * scale, i
+        else:
+            assert grad[i] <= 1e-8 * scale, i
+    assert any(x[i] in (lo[i], hi[i]) for i in range(k))
