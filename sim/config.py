@@ -47,6 +47,8 @@ class MoEConfig(_Strict):
     """Default: the model's ffn_hidden_size."""
     capacity_factor: float | None = Field(None, gt=0)
     """None: dropless; c: expert buffers of c·tokens·k/E rows, computed padded."""
+    routing_imbalance: float = Field(1.0, ge=1.0)
+    """Copies routed to the busiest EP rank over the mean (1: balanced); dropless, ep > 1."""
 
 
 class ModelConfig(_Strict):

@@ -115,7 +115,8 @@ def _moe_spec(cfg: MoEConfig, spec: ModelSpec) -> MoESpec:
         raise ConfigError(f"model.moe.top_k={cfg.top_k} exceeds model.moe.num_experts="
                           f"{cfg.num_experts}")
     return MoESpec(cfg.num_experts, cfg.top_k,
-                   cfg.expert_ffn_hidden_size or spec.ffn_hidden_size, cfg.capacity_factor)
+                   cfg.expert_ffn_hidden_size or spec.ffn_hidden_size, cfg.capacity_factor,
+                   cfg.routing_imbalance)
 
 
 def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int) -> None:

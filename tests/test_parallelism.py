@@ -511,3 +511,40 @@ def test_layer_split_with_interleaving_counts_chunks() -> None:
     d["schedule"] = "interleaved"
     assert build_experiment(d).costs.stage_layers == (1, 3, 3, 1)
     assert run(d).stats["step_time_s"] > 0
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_routing_imbalance_loads_the_busiest_ep_rank(ep: int) -> None:
+    """Dropless with ep > 1, the busiest EP rank computes and receives ι times the balanced
+    rows (expert GEMMs, all-to-all bytes, routed activations); with ep = 1 every expert is
+    local and the imbalance changes nothing; a capacity factor pads every buffer to c."""
+    def costs(**moe: Any):
+        d = moe_data(ep)
+        d["model"]["moe"].update(moe)
+        return build_experiment(d).costs
+
+    n, h, f, k, E, iota = 1024, 4096, 4096, 2, 8, 1.3
+    base, skew = costs(), costs(routing_imbalance=iota)
+    rows = iota if ep > 1 else 1.0
+    _, experts = skew._gemms()
+    assert experts.flops == pytest.approx(2 * n * h * E + 2 * n * k * rows * h * f * 3,
+                                          rel=1e-12)
+    assert skew._expert_rows == pytest.approx(n * k * rows, rel=1e-12)
+    grow = skew.layer_activation_bytes() - base.layer_activation_bytes()
+    assert (grow > 0) == (ep > 1)
+    padded = costs(capacity_factor=1.5, routing_imbalance=iota)
+    assert padded._gemms()[1].flops == costs(capacity_factor=1.5)._gemms()[1].flops
+    if ep > 1:
+        r = run(moe_data(ep) | {"model": moe_data(ep)["model"] | {
+            "moe": {"num_experts": 8, "top_k": 2, "routing_imbalance": iota}}})
+        a2a = [i for i in r.program.instructions if isinstance(i, Collective)
+               and i.kind == "ep" and i.gpu == 0]
+        assert a2a and all(i.nbytes == pytest.approx(2 * n * k * iota * h, rel=1e-12)
+                           for i in a2a)
+
+
+def test_routing_imbalance_below_one_is_rejected() -> None:
+    d = moe_data(2)
+    d["model"]["moe"]["routing_imbalance"] = 0.9
+    with pytest.raises(ConfigError, match="routing_imbalance"):
+        build_experiment(d)

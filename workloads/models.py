@@ -19,16 +19,28 @@ class MoESpec:
     expert_ffn_hidden_size: int
     """Inner size of one expert's MLP (same activation as the dense MLP)."""
     capacity_factor: float | None = None
-    """None: dropless (Megatron's default; under balanced routing each expert computes
-    tokens·k/E rows). c: every expert's buffer holds c·tokens·k/E rows and is computed
-    whole, padded (GShard/Switch, Fedus et al. 2021, sec. 2.2): expert work and the
-    all-to-all bytes scale by max(c, 1)."""
+    """None: dropless (Megatron's default; each expert computes the rows routed to it).
+    c: every expert's buffer holds c·tokens·k/E rows and is computed whole, padded
+    (GShard/Switch, Fedus et al. 2021, sec. 2.2): expert work and the all-to-all bytes
+    scale by max(c, 1), and copies beyond a full buffer are dropped."""
+    routing_imbalance: float = 1.0
+    """Token copies routed to the busiest EP rank over the mean, >= 1 (1: balanced routing).
+    Dropless with ep > 1, that rank computes and receives this many times the mean rows,
+    and every rank waits for it at the combine all-to-all, so the step is timed (and
+    memory sized) on the busiest rank. It changes nothing with ep = 1 (every expert is
+    local: a GPU computes all its own copies however they split) or with a capacity
+    factor (buffers are padded to c whatever the routing; the overflow is dropped).
+    Take it from the router's load statistics; for reference, uniform random routing of
+    N copies per GPU gives about 1 + sqrt(2·ln(ep)·(1 - 1/ep)/N) (the largest of ep
+    near-Gaussian loads), a lower bound for real routers."""
 
-    @property
-    def load_factor(self) -> float:
-        """Expert rows computed (and dispatched) per routed token copy: max(c, 1)."""
-        return 1.0 if self.capacity_factor is None else max(self.capacity_factor, 1.0)
-
+    def load_factor(self, ep: int) -> float:
+        """Expert rows a GPU computes (and receives) per token copy it routes, on EP groups
+        of ``ep`` GPUs: max(c, 1) with a capacity factor, else the routing imbalance when
+        the experts are spread (ep > 1), else 1."""
+        if self.capacity_factor is not None:
+            return max(self.capacity_factor, 1.0)
+        return self.routing_imbalance if ep > 1 else 1.0
 
 @dataclass(frozen=True)
 class ModelSpec:

@@ -196,11 +196,12 @@ class TransformerCosts:
 
     @property
     def _expert_rows(self) -> float:
-        """Token copies this GPU's experts compute per micro-batch: b·s/cp·k·max(c, 1) (the
-        same as the copies it dispatches, under balanced routing)."""
+        """Token copies this GPU's experts compute (and receive) per micro-batch:
+        b·s/cp·k·max(c, 1) with a capacity factor; dropless, b·s/cp·k times the routing
+        imbalance on the busiest EP rank (:meth:`workloads.models.MoESpec.load_factor`)."""
         moe = self.model.moe
         assert moe is not None
-        return self._tokens * moe.top_k * moe.load_factor
+        return self._tokens * moe.top_k * moe.load_factor(self.ep)
 
     def _expert_gemms(self) -> ComputeSeg:
         """Router and expert GEMMs of one MoE layer on one GPU (Fedus et al. 2021, sec. 2).
@@ -547,7 +548,7 @@ class TransformerCosts:
             replicated += 4 * (1 - 1 / self._sp_div)
         ratio = m.ffn_hidden_size / m.hidden_size
         if m.moe is not None:  # per routed row, and the dispatched copies themselves
-            rows = m.moe.top_k * m.moe.load_factor
+            rows = m.moe.top_k * m.moe.load_factor(self.ep)
             ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * rows
             replicated += 2 * rows / self._sp_div
         mlp = (6 if m.ffn_type == "swiglu" else 4) * ratio
