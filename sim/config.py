@@ -199,7 +199,7 @@ class TrainingConfig(_Strict):
     num_microbatches: int | None = Field(None, ge=1)
     """Alternative to global_batch_size: micro-batches per step per pipeline."""
     recompute: Literal["none", "selective", "full"] = "none"
-    attention: Literal["flash2", "flash1", "fused", "unfused"] = "flash2"
+    attention: Literal["flash2", "flash1", "flash3", "fused", "unfused"] = "flash2"
     fused_norm: bool = True
     vocab_parallel_loss: bool = True
     """Megatron-LM's vocabulary-parallel cross entropy (each TP rank keeps V/t logits);

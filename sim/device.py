@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from sim.errors import ConfigError
 from topologies.hardware import GPUSpec
 
 
@@ -51,6 +52,9 @@ class DeviceProfile:
     """FlashAttention-2, forward and backward averaged (Dao 2023 reports 50-73% on A100)."""
     flash1_efficiency: float = 0.40
     """FlashAttention-1 (Dao et al. 2022; about 25-40% of peak, Dao 2023 fig. 1)."""
+    flash3_efficiency: float | None = None
+    """FlashAttention-3 (Shah et al. 2024), which needs Hopper's asynchronous tensor cores
+    and TMA: None on every GPU it does not run on (:mod:`sim.gpu_profiles`)."""
     bmm_attention_efficiency: float = 0.50
     """Batched matmuls of non-flash (``fused``/``unfused``) attention."""
     hbm_efficiency: float = 0.85
@@ -86,6 +90,12 @@ class DeviceProfile:
             return self.flash2_efficiency
         if kernel == "flash1":
             return self.flash1_efficiency
+        if kernel == "flash3":
+            if self.flash3_efficiency is None:
+                raise ConfigError("training.attention='flash3': FlashAttention-3 runs on Hopper "
+                                  "GPUs (H100, H200) only; this GPU's profile has no FA3 "
+                                  "efficiency")
+            return self.flash3_efficiency
         return self.bmm_attention_efficiency
 
 
@@ -105,7 +115,7 @@ def compute_time_s(
     if flops or hbm_bytes:
         t = max(profile.gemm_time_s(flops, gemm_dims, peak),
                 hbm_bytes / (hbm * profile.hbm_efficiency))
-    if attn_flops:
+    if attn_flops and peak < float("inf"):  # the ideal GPU runs any kernel in no time
         t += attn_flops / (peak * profile.attention_efficiency(attention_kernel))
     if elementwise_bytes:
         t += elementwise_bytes / (hbm * profile.elementwise_efficiency)

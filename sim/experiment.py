@@ -27,7 +27,7 @@ from sim.device import work_timer
 from sim.errors import ConfigError, ScheduleError, TopologyError
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric, multi_site
-from topologies.hardware import GPUS, GPUSpec, gpu_spec
+from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec, gpu_spec
 from topologies.placement import Placement
 from topologies.presets import (
     FABRIC_OF_TOPOLOGY,
@@ -48,6 +48,7 @@ from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
 from workloads.schedules_advanced import ADVANCED_BUILDERS, EXTRA_BUILDERS
+from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
 
 MB = 1e6
@@ -545,15 +546,28 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
         raise ConfigError(f"schedule={name!r}: {exc}") from None
 
 
+def check_attention_kernel(attention: str, cluster: Cluster) -> None:
+    """ConfigError unless every GPU of ``cluster`` runs the ``attention`` kernel:
+    FlashAttention-3 runs on Hopper GPUs only (wgmma and TMA, Shah et al. 2024); the ideal
+    GPU (infinitely fast, and the search's stand-in cluster) runs any kernel."""
+    if attention != "flash3":
+        return
+    others = [g.name for g in cluster.gpu_types
+              if g.name != IDEAL_GPU.name and default_profile(g.name).flash3_efficiency is None]
+    if others:
+        raise ConfigError(f"training.attention='flash3': FlashAttention-3 runs on Hopper GPUs "
+                          f"(H100, H200) only, not on {', '.join(others)}; use flash2")
+
+
 def _check_context_parallel(cfg: ExperimentConfig, model: ModelSpec | None, cp: int) -> None:
     """CP needs a transformer, a flash attention kernel (ring attention runs inside it, as
     in TransformerEngine) and 2·cp equal sequence chunks (Megatron's load-balanced split)."""
     if model is None:
         raise ConfigError(f"parallel.cp={cp}: context parallelism needs a transformer model "
                           "(it splits sequences), not a synthetic one")
-    if cfg.training.attention not in ("flash2", "flash1"):
+    if cfg.training.attention not in FLASH_KERNELS:
         raise ConfigError(f"parallel.cp={cp}: context parallelism needs a flash attention "
-                          f"kernel (flash2 or flash1), not training.attention="
+                          f"kernel ({', '.join(FLASH_KERNELS)}), not training.attention="
                           f"{cfg.training.attention!r}")
     if model.seq_length % (2 * cp):
         raise ConfigError(f"parallel.cp={cp}: model.seq_length={model.seq_length} must divide "
@@ -668,6 +682,7 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
         _check_expert_parallel(par, model, dp)
     if cp > 1:
         _check_context_parallel(cfg, model, cp)
+    check_attention_kernel(cfg.training.attention, cluster)
     if par.layers_per_stage is not None and model is None:
         raise ConfigError("parallel.layers_per_stage: needs a transformer model (the synthetic "
                           "model has no layers)")

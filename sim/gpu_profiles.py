@@ -56,6 +56,10 @@ A100_FLASH2_FRACTION = 0.73
 H100_FLASH2_FRACTION = 0.35
 """Shah et al. 2024 (FlashAttention-3), abstract: FA2 reaches only 35% utilisation on H100
 (Dao 2023, sec. 4.1: up to 335 of 989 TFLOP/s, 34%)."""
+FLASH3_OVER_FLASH2_H100 = 1.5
+"""Shah et al. 2024 (FlashAttention-3), abstract: FA3 is 1.5-2.0x faster than FA2 on H100 in
+BF16 (up to 740 TFLOP/s, 75% of peak, forward). The low end is taken: the backward pass
+gains less than the forward, and the rule for unmeasured classes is the conservative one."""
 
 INFERRED_RULE = (
     "no GPU is assumed to reach a higher fraction of its own peak in a kernel class than the "
@@ -86,6 +90,9 @@ class KernelRatios:
     """The kernel classes whose ratio follows :data:`INFERRED_RULE`."""
     source: str
     """What was measured, by whom."""
+    flash3: float | None = None
+    """η_flash3(X) / η_flash2(A100) (there is no FA3 on A100, so it is scaled from the A100
+    fit's FA2); None where FlashAttention-3 does not run (it needs Hopper: H100, H200)."""
 
 
 _H100_GEMM = (794.5 / 989) / A100_MATMUL_FRACTION
@@ -105,18 +112,21 @@ def _later_generation(matmul_fraction: float, source: str) -> KernelRatios:
 
 H100_RATIOS = KernelRatios(
     gemm=_H100_GEMM, flash2=_H100_FLASH2, flash1=_H100_FLASH2, bmm_attention=_H100_GEMM,
-    measured=("gemm", "flash2", "bmm_attention"),
+    flash3=_H100_FLASH2 * FLASH3_OVER_FLASH2_H100,
+    measured=("gemm", "flash2", "flash3", "bmm_attention"),
     inferred=("flash1", *_MEMORY_BOUND),
     source=("BF16 matmul 80.3% of peak vs A100's 86.9% (Bekman MAMF table); FlashAttention-2 "
             "35% of peak on H100 (Shah et al. 2024) vs up to 73% on A100 (Dao 2023). FA1 "
-            "inferred: same ratio as FA2 (both use Ampere mma.sync, no wgmma/TMA)."),
+            "inferred: same ratio as FA2 (both use Ampere mma.sync, no wgmma/TMA). "
+            "FlashAttention-3 1.5-2.0x FA2 on H100 (Shah et al. 2024), the low end taken."),
 )
-"""H100 SXM: matmul and FlashAttention-2 measured on H100; FA1 takes FA2's ratio (inferred)."""
+"""H100 SXM: matmul, FlashAttention-2 and -3 measured on H100; FA1 takes FA2's ratio
+(inferred)."""
 
 H200_RATIOS = replace(
     H100_RATIOS,
     measured=("gemm", "bmm_attention"),
-    inferred=("flash2", "flash1", *_MEMORY_BOUND),
+    inferred=("flash2", "flash1", "flash3", *_MEMORY_BOUND),
     source=("the H100's ratios: same GH100 die, SMs and clocks; Bekman's MAMF table notes "
             "\"H200 is the same\" as H100 SXM for BF16 matmul. Attention kernels inferred "
             "(compute-bound, so the larger HBM does not change their fraction of peak)."),
@@ -177,6 +187,8 @@ def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> 
         flash2_efficiency=base.flash2_efficiency * ratios.flash2,
         flash1_efficiency=base.flash1_efficiency * ratios.flash1,
         bmm_attention_efficiency=base.bmm_attention_efficiency * ratios.bmm_attention,
+        flash3_efficiency=(None if ratios.flash3 is None
+                           else base.flash2_efficiency * ratios.flash3),
         source=(f"{gpu_name}: A100 fit x published ratios (sim.gpu_profiles); measured on "
                 f"{gpu_name}: {', '.join(ratios.measured)}; inferred: "
                 f"{', '.join(ratios.inferred)}. {ratios.source}. A100 fit: {base.source}"),

@@ -93,7 +93,13 @@ from sim.config import ExperimentConfig, parse_config, set_dotted
 from sim.device import DeviceProfile, compute_time_s
 from sim.errors import ConfigError, ScheduleError, SimError
 from sim.executors import Executor, InlineExecutor, Task, WorkerFailure
-from sim.experiment import balanced_layers, build_cluster, build_experiment, schedule_builders
+from sim.experiment import (
+    balanced_layers,
+    build_cluster,
+    build_experiment,
+    check_attention_kernel,
+    schedule_builders,
+)
 from topologies.cluster import Cluster
 from topologies.hardware import GiB
 from topologies.placement import Placement
@@ -101,6 +107,7 @@ from workloads.costs import CommSeg, ComputeSeg, RingAttention, split_layers
 from workloads.models import ModelSpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, Schedule, schedule_deps
 from workloads.schedules_advanced import OVERLAPPING_STEPS
+from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
 
 __all__ = ["CSV_FIGURES", "DIMS", "Candidate", "Evaluation", "Evaluator", "JudgeChunk", "Layout",
@@ -339,6 +346,7 @@ class SearchContext:
         if not isinstance(template.costs, TransformerCosts) or template.model is None:
             raise ConfigError("model: sim search needs a transformer model")
         cluster = build_cluster(cfg)
+        check_attention_kernel(cfg.training.attention, cluster)
         unsupported, vpps = probed or probe_support(data, template.model.num_layers)
         return cls(data, Path(base_dir) if base_dir else None, cfg, template.model, cluster,
                    gbs, template.costs, unsupported, vpps)
@@ -554,7 +562,7 @@ def enumerate_layouts(ctx: SearchContext, pins: Pins | None = None) -> Iterator[
     supported = {d: [v for v in values if f"{_SHORT.get(d, d)}={v}" not in ctx.unsupported]
                  for d, values in (("cp", _divisors(n)), ("ep", _divisors(n)),
                                    ("zero_stage", ZERO_STAGES))}
-    ring = ctx.config.training.attention in ("flash2", "flash1")  # CP runs inside it
+    ring = ctx.config.training.attention in FLASH_KERNELS  # CP runs inside it
     cps = [c for c in supported["cp"]
            if c == 1 or (ring and model.seq_length % (2 * c) == 0)]  # 2·cp equal chunks
     min_tokens = cp_min_tokens(ctx)  # unpinned: CP degrees whose ring can hide its passes

@@ -7,6 +7,7 @@ import pytest
 
 from sim import api
 from sim.calibration import A100_HAGEMANN, default_profile
+from sim.errors import ConfigError
 from sim.experiment import Experiment
 from sim.gpu_profiles import INFERRED_RULE, RATIOS, ratios_for
 from topologies.hardware import GPUS
@@ -82,6 +83,61 @@ def test_every_gpu_states_what_is_measured() -> None:
         assert "gemm" in r.measured
         src = default_profile(name).source
         assert src.startswith(f"{name}: A100 fit") and "measured on" in src and "inferred" in src
+
+
+FA3_OVER_FA2_H100 = 1.5
+"""FlashAttention-3 is 1.5-2.0x faster than FA2 on H100 in BF16 (Shah et al. 2024); the low end."""
+
+
+def test_flash3_is_hopper_only_and_the_papers_low_speedup_over_fa2() -> None:
+    for gpu in ("H100", "H200"):
+        p = default_profile(gpu)
+        assert p.flash3_efficiency == pytest.approx(
+            A100_HAGEMANN.flash2_efficiency * FA2_H100 / FA2_A100 * FA3_OVER_FA2_H100, rel=1e-12)
+        assert p.flash3_efficiency == pytest.approx(p.flash2_efficiency * FA3_OVER_FA2_H100)
+        assert ("flash3" in ratios_for(gpu).measured) == (gpu == "H100")
+    for gpu in ("A100-80GB", "B200", "GB200", "MI300X"):
+        assert default_profile(gpu).flash3_efficiency is None
+        with pytest.raises(ConfigError, match="Hopper"):
+            default_profile(gpu).attention_efficiency("flash3")
+
+
+def _flash_run(attention: str, preset: str = "dgx-h100", cp: int = 1) -> dict:
+    return {"name": "fa3", "model": {"preset": "llama3-8b", "seq_length": 8192, "num_layers": 4},
+            "cluster": {"preset": preset, "num_gpus": 8},
+            "parallel": {"tp": 2, "pp": 1, "cp": cp},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8, "attention": attention}}
+
+
+def test_flash3_changes_only_the_attention_cores_time() -> None:
+    """Same FLOPs and memory as FA2 (both tile, skip the causal half, keep no score matrix);
+    each attention core's time is its FLOPs at the FA3 fraction of the H100's peak."""
+    from workloads.program import Compute
+
+    runs = {k: api.simulate(Experiment.from_dict(_flash_run(k))) for k in ("flash2", "flash3")}
+    assert (runs["flash3"].stats["peak_memory_gib"]
+            == pytest.approx(runs["flash2"].stats["peak_memory_gib"], rel=1e-12))
+    assert runs["flash3"].stats["step_time_s"] < runs["flash2"].stats["step_time_s"]
+    peak, prof = GPUS["H100"].peak_bf16_flops, default_profile("H100")
+    # the lowered ops carry the same work; only the time of their attention FLOPs moves
+    deltas = []
+    for i2, i3 in zip(runs["flash2"].program.instructions, runs["flash3"].program.instructions,
+                      strict=True):
+        if isinstance(i2, Compute) and i2.gpu == 0 and i2.attn_flops:
+            assert (i3.attn_flops, i3.flops) == (i2.attn_flops, i2.flops)
+            deltas.append(i2.attn_flops / peak * (1 / prof.flash2_efficiency
+                                                  - 1 / prof.flash3_efficiency))
+    assert deltas
+    busy = {k: sum(s.end_s - s.start_s for s in r.timeline.spans
+                   if s.gpu == 0 and s.stream == "compute") for k, r in runs.items()}
+    assert busy["flash2"] - busy["flash3"] == pytest.approx(sum(deltas), rel=1e-9)
+
+
+def test_flash3_outside_hopper_is_a_config_error_and_cp_accepts_it() -> None:
+    with pytest.raises(ConfigError, match="Hopper GPUs .* not on A100-80GB"):
+        Experiment.from_dict(_flash_run("flash3", "dgx-a100-80g"))
+    exp = Experiment.from_dict(_flash_run("flash3", cp=2))
+    assert api.simulate(exp).stats["step_time_s"] > 0
 
 
 # ---------------------------------------------------------------- whole runs on H100, BF16

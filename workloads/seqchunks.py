@@ -81,10 +81,15 @@ class ChunkedCosts(Protocol):
                     markers: bool = False) -> tuple[Segment, ...]: ...
 
 
+FLASH_KERNELS = ("flash1", "flash2", "flash3")
+"""The FlashAttention kernels (Dao et al. 2022; Dao 2023; Shah et al. 2024): tiled, no score
+matrix in memory, masked blocks skipped under a causal mask."""
+
+
 def causal_kernel(attention: str) -> bool:
     """True if the attention kernel skips the masked half (flash), so its work per query
     follows the query's prefix; False if it computes the full score matrix."""
-    return attention in ("flash1", "flash2")
+    return attention in FLASH_KERNELS
 
 
 def window_tokens_share(window: tuple[float, float]) -> float:

@@ -42,6 +42,7 @@ from workloads.costs import (
 from workloads.models import ModelSpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 from workloads.seqchunks import (
+    FLASH_KERNELS,
     WHOLE_WINDOW,
     bounds_of,
     window_attention_share,
@@ -88,7 +89,8 @@ class TransformerCosts:
     recompute: str = "none"
     """``none``, ``selective`` (attention core recomputed) or ``full`` (whole layer)."""
     attention: str = "flash2"
-    """``flash2``, ``flash1`` (causal, half the score matrix), ``fused`` or ``unfused``."""
+    """``flash2``, ``flash1``, ``flash3`` (Hopper only; the flash kernels skip the causal
+    mask's half of the score matrix and never store it), ``fused`` or ``unfused``."""
     fused_norm: bool = True
     w_retained_fraction: float = 0.5
     """Share of a micro-batch's activations held from its B until its W (zero-bubble)."""
@@ -164,7 +166,7 @@ class TransformerCosts:
 
     @property
     def _flash(self) -> bool:
-        return self.attention in ("flash1", "flash2")
+        return self.attention in FLASH_KERNELS
 
     @property
     def _vocab_div(self) -> int:
