@@ -102,7 +102,6 @@ def a100_fit_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     margin) does not move with the per-GPU profiles of sim.gpu_profiles."""
     import sim.api
     import sim.experiment
-
     from sim.calibration import A100_HAGEMANN
 
     for module in (sim.api, sim.experiment, sys.modules[__name__]):
