@@ -271,8 +271,9 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         stats["first_step_s"] = ends[0]
     if slowdown:
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
-    idle = idle_breakdown(program, times.ready_s, times.end_s, timeline.simulated_gpus,
-                          slowdown, window, times.cause)
+    ready_s, end_s = times.arrays or (times.ready_s, times.end_s)
+    idle = idle_breakdown(program, ready_s, end_s, timeline.simulated_gpus, slowdown, window,
+                          times.cause)
     stats["idle_breakdown"] = summarize(idle)
     return Result(exp, program, timeline, stats, n, tuple(ends))
 

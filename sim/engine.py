@@ -21,6 +21,11 @@ A program whose every duration is known up front (a collapsed one) runs without
 the event queue: in one pass over the instructions in id order when that order
 is topological (lowered programs), else by a pass in topological order; its
 records go straight into per-stream lanes, each of which comes nearly sorted.
+A program held as columns (a collapsed lowering's,
+:class:`~workloads.program.ColumnarInstructions`) takes that pass on arrays
+(:mod:`sim.columnar`: the same times, causes, intervals and memory peaks) and
+returns a timeline whose span records the in-order pass makes when first read
+(:meth:`Timeline.deferred`): a ``--json`` run never builds them.
 """
 
 from __future__ import annotations
@@ -37,11 +42,12 @@ import simpy
 
 from sim.collectives import AUTO, GroupProfile, Transfer, group_profile, resolve_algorithm
 from sim.collectives import plan as plan_collective
+from sim.columnar import ColumnarPass, run_columns
 from sim.errors import DeadlockError
 from sim.network import FlowNetwork
 from sim.timeline import COMM_KINDS, FlowArrow, MemorySample, Span, Timeline, gc_paused
 from topologies.cluster import Cluster, Endpoint, Route
-from workloads.program import Collective, Compute, Program, Send
+from workloads.program import Collective, ColumnarInstructions, Compute, Program, Send
 
 ComputeTimer = Callable[[Compute], float]
 _COMM_KINDS = frozenset(COMM_KINDS)
@@ -79,13 +85,18 @@ class InstructionTimes:
     intervals: dict[tuple[int, str], array[float]] = field(default_factory=dict)
     """The spans' intervals as :mod:`sim.stats` reads them (:data:`sim.stats.Intervals`): per
     ``(GPU, "compute")`` its compute stream's, per ``(GPU, kind)`` those of each
-    communication kind, as flat ``[start, end, ...]`` lists, recorded as the spans are."""
+    communication kind, as flat ``[start, end, ...]`` lists, recorded as the spans are
+    (the columnar pass groups them otherwise: their order is not part of the contract)."""
     cause: list[int] = field(default_factory=list)
     """Its latest-finishing predecessor (-1: none), as :mod:`sim.idle` follows chains: the
     stream predecessor, unless a dependency ended strictly later (the first such of the
     latest); every member of a collective takes that of the member that arrived last (the
     lowest id among equals). Recorded by the queue-free pass over a program in id order
     (a collapsed one); empty otherwise."""
+    arrays: tuple | None = None
+    """``(ready_s, end_s)`` as float arrays, where the engine worked them out on arrays (the
+    columnar pass, :mod:`sim.columnar`): what :func:`sim.idle.idle_breakdown` reads
+    without converting the lists; None otherwise."""
 
 
 def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
@@ -258,6 +269,8 @@ class _Run:
         """See :attr:`InstructionTimes.intervals` (filled as the timeline is assembled)."""
         self.cause: list[int] = []
         """See :attr:`InstructionTimes.cause` (filled by :meth:`_run_in_order` only)."""
+        self.arrays: tuple | None = None
+        """See :attr:`InstructionTimes.arrays` (filled by :meth:`_deferred` only)."""
         self.flow_done: dict[int, Callable[[], None]] = {}
         self.wake_version = 0
         self.wake_at = -1.0
@@ -593,6 +606,10 @@ class _Run:
         has a precomputed duration, as in a collapsed program) and unless ``queue``, by the
         exact queue-free pass :meth:`_run_fixed`; else on the SimPy event queue."""
         instrs = self.program.instructions
+        if not queue and isinstance(instrs, ColumnarInstructions):
+            fast = run_columns(instrs.columns, self.timer, self.program.static_bytes, self.gpus)
+            if fast is not None:
+                return self._deferred(fast)
         if not queue and all(type(ins) is Compute or ins.duration_s is not None
                              for ins in instrs):
             if not self._run_in_order():
@@ -606,6 +623,31 @@ class _Run:
         self.env.run()
         self._check_finished(self.env.now)
         return self._timeline()
+
+    def _deferred(self, fast: ColumnarPass) -> Timeline:
+        """The outcome of the in-order pass as :func:`sim.columnar.run_columns` worked it out
+        on a columnar program; the timeline's records are left to that pass, run on the
+        instruction objects when they are first read (:meth:`Timeline.deferred`)."""
+        self.started, self.ended = fast.ready_s, fast.end_s  # type: ignore[assignment]
+        self.cause, self.intervals = fast.cause, fast.intervals
+        self.events, self.clock = fast.events, fast.clock
+        self.arrays = (fast.ready_a, fast.end_a)
+        self.completed = len(fast.end_s)
+        program, cluster, timer, ends = self.program, self.cluster, self.timer, fast.end_s
+
+        def records() -> tuple[tuple[Span, ...], tuple[FlowArrow, ...],
+                               tuple[MemorySample, ...]]:
+            with gc_paused():
+                run = _Run(program, cluster, timer)
+                if not run._run_in_order() or run.ended != ends:
+                    raise AssertionError("the columnar pass and the in-order pass differ")
+                timeline = run._timeline()
+                return timeline.spans, timeline.flows, timeline.memory
+
+        return Timeline.deferred(program.num_gpus, records, program.gpu_names, self.gpus,
+                                 end_s=fast.clock if fast.clock > 0 else None,
+                                 peak_memory_by_gpu=fast.peak_bytes,
+                                 memory_floor_by_gpu=fast.floor_bytes)
 
     def _run_in_order(self) -> bool:
         """:meth:`_run_fixed` in one pass over the instructions in id order, if that order runs.
@@ -1046,7 +1088,9 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
                      times: InstructionTimes | None = None,
                      link_changes: Sequence[tuple[float, Mapping[int, float]]] = ()
                      ) -> Timeline:
-    """Run ``program`` on ``cluster``; ``timer`` gives each compute op's duration in seconds.
+    """Run ``program`` on ``cluster``; ``timer`` gives each compute op's duration in seconds
+    (from the op's work: a program held as columns has it called once per compute signature,
+    ops equal but in id, name, dependencies and micro-batch, :mod:`sim.columnar`).
 
     Raises :class:`DeadlockError` naming the stalled streams if some instruction
     can never run. ``counters``, if given, is filled with what the run did.
@@ -1070,6 +1114,7 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
             if times is not None:
                 times.ready_s, times.end_s = run.started, run.ended
                 times.intervals, times.cause = run.intervals, run.cause
+                times.arrays = run.arrays
             return timeline
         finally:
             if counters is not None:

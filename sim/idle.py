@@ -43,14 +43,23 @@ pipeline stalls (Feng et al. 2024, Optimus: DP, PP and TP waiting time).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain, repeat
 from operator import sub
 
 import numpy as np
 
 from sim.timeline import COMM_KINDS, gc_paused
-from workloads.program import Collective, Compute, Program, Send
+from workloads.program import (
+    COMPUTE,
+    Collective,
+    ColumnarInstructions,
+    Columns,
+    Compute,
+    Program,
+    Send,
+)
 
 _COMM = ("tp", "cp", "ep", "pp", "dp")
 _COMM = _COMM + tuple(k for k in COMM_KINDS if k not in _COMM)
@@ -265,7 +274,8 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
     """Per GPU in ``gpus``, its compute-stream idle seconds by cause (:data:`CAUSES`).
 
     ``ready_s`` and ``end_s`` are the engine's per-instruction times
-    (:class:`sim.engine.InstructionTimes`); ``slowdown`` maps straggler GPUs to
+    (:class:`sim.engine.InstructionTimes`; lists, or float arrays as its
+    ``arrays``); ``slowdown`` maps straggler GPUs to
     their compute slowdown factor; ``window`` (default: the whole run, from 0
     to the last end) limits the accounting to a time interval. ``cause``: each
     instruction's latest predecessor where the engine recorded it
@@ -281,8 +291,15 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
                ) -> dict[int, dict[str, float]]:
     """:func:`idle_breakdown`, with the garbage collector paused by the caller."""
     instrs = program.instructions
-    if not instrs:
+    if not len(instrs):
         return {g: dict.fromkeys(CAUSES, 0.0) for g in gpus}
+    if (known is not None and len(known) == len(instrs) and not slowdown
+            and isinstance(instrs, ColumnarInstructions)):
+        out = _columnar(instrs.columns, ready_s, end_s, known, gpus, window)
+        if out is not None:
+            return out
+    if isinstance(ready_s, np.ndarray) or isinstance(end_s, np.ndarray):  # floats, not scalars
+        ready_s, end_s = np.asarray(ready_s).tolist(), np.asarray(end_s).tolist()
     fast = None
     if known is not None and len(known) == len(instrs):
         cause = list(known)
@@ -294,86 +311,106 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     else:
         start, cause, compute_of = _chains(program, ready_s, end_s)
         cum = _cumulative(program, start, cause, end_s, slowdown)
+    if folded is None:
+        folded = _folded(instrs)
     run_end = max(end_s)
     last = list(end_s).index(run_end)  # the first instruction to end the run
-    lo, hi = window if window is not None else (0.0, run_end)
+    window = window if window is not None else (0.0, run_end)
     zero = [0.0] * len(_PARTS)
-    compute = {g: compute_of.get(g, []) for g in gpus}
-    out: dict[int, dict[str, float]] = {}
+
+    def row(i: int) -> list[float]:
+        return cum[i] if i >= 0 else zero
+
     arrays: _Arrays | None = None  # for GPUs with many compute ops
+    out: dict[int, dict[str, float]] = {}
     for g in gpus:
-        ops = compute[g]
+        ops = compute_of.get(g, [])
         if len(ops) > SMALL:
             if arrays is None:
-                arrays = _Arrays(folded or _folded(instrs), start, cause, end_s, cum)
-            shares = arrays.gap_shares(ops, run_end, last, lo, hi)
-            row = dict.fromkeys(CAUSES, 0.0)
-            row.update(zip(_PARTS, shares, strict=True))
-            out[g] = row
-            continue
-        shares = [0.0] * len(_PARTS)
-        a, before = 0.0, zero  # end of the previous compute span, and its chain sum
-        for k in range(len(ops) + 1):
-            if k < len(ops):
-                x = ops[k]
-                b = start[x]
-                after = cum[cause[x]] if cause[x] >= 0 else zero
-            else:
-                b, after = run_end, cum[last]
-            inside = (b if b < hi else hi) - (a if a > lo else lo)
-            if b > a and inside > 0:
-                # the gap's shares are the chain sums' differences, made non-negative and
-                # scaled to sum to the gap; here directly to its part inside the window
-                positive = [d if d > 0 else 0.0 for d in map(sub, after, before)]
-                total = sum(positive)
-                if total > 0:
-                    scale = inside / total
-                    for c, d in enumerate(positive):
-                        if d:  # a zero part adds exactly nothing
-                            shares[c] += d * scale
-                else:
-                    shares[_BUBBLE] += inside
-            if k < len(ops):
-                ins = instrs[ops[k]]
-                a = end_s[ops[k]]
-                before = cum[ops[k]]
-                if ins.blocking_comm_s > 0:  # the gap starts where its compute ends
-                    blocking = min(ins.blocking_comm_s, end_s[ops[k]] - start[ops[k]])
-                    a -= blocking
-                    before = list(before)
-                    before[_INDEX.get(ins.blocking_comm_kind, _BUBBLE)] -= blocking
-        row = dict.fromkeys(CAUSES, 0.0)
-        for c, name in enumerate(_PARTS):
-            row[name] = shares[c]
-        out[g] = row
+                arrays = _Arrays(folded, start, cause, end_s, cum)
+            shares = arrays.gap_shares(ops, run_end, last, *window)
+        else:
+            shares = _gap_loop(ops, start, cause, end_s, row, folded, run_end, last, window)
+        out[g] = _row(shares)
     return out
 
 
+def _row(shares: Sequence[float]) -> dict[str, float]:
+    row = dict.fromkeys(CAUSES, 0.0)
+    row.update(zip(_PARTS, shares, strict=True))
+    return row
+
+
+def _gap_loop(ops: Sequence[int], start: Sequence[float], cause: Sequence[int],
+              end_s: Sequence[float], row: Callable[[int], Sequence[float]],
+              folded: tuple[Sequence[float], Sequence[int]], run_end: float, last: int,
+              window: tuple[float, float]) -> list[float]:
+    """One GPU's idle shares by part (:data:`_PARTS`), gap by gap: the gaps between its
+    compute ops ``ops`` (in program order) and after the last one, each split by the
+    difference of the chain sums (``row(i)``: instruction ``i``'s, zero for -1) at its two
+    ends (module docstring), in the part of it inside ``window``."""
+    lo, hi = window
+    zero = [0.0] * len(_PARTS)
+    shares = [0.0] * len(_PARTS)
+    blocking_of, part_of = folded
+    a, before = 0.0, zero  # end of the previous compute span, and its chain sum
+    for k in range(len(ops) + 1):
+        if k < len(ops):
+            x = ops[k]
+            b = start[x]
+            after = row(cause[x])
+        else:
+            b, after = run_end, row(last)
+        inside = (b if b < hi else hi) - (a if a > lo else lo)
+        if b > a and inside > 0:
+            # the gap's shares are the chain sums' differences, made non-negative and
+            # scaled to sum to the gap; here directly to its part inside the window
+            positive = [d if d > 0 else 0.0 for d in map(sub, after, before)]
+            total = sum(positive)
+            if total > 0:
+                scale = inside / total
+                for c, d in enumerate(positive):
+                    if d:  # a zero part adds exactly nothing
+                        shares[c] += d * scale
+            else:
+                shares[_BUBBLE] += inside
+        if k < len(ops):
+            x = ops[k]
+            a = end_s[x]
+            before = row(x)
+            if blocking_of[x] > 0:  # the gap starts where its compute ends
+                blocking = min(blocking_of[x], end_s[x] - start[x])
+                a -= blocking
+                before = list(before)
+                before[part_of[x]] -= blocking
+    return shares
+
+
 SMALL = 64
-"""GPUs with up to this many compute ops have their gaps split by the plain loop of
-:func:`_breakdown`; more, by :func:`_gap_shares` on arrays (the same floats)."""
+"""GPUs with up to this many compute ops have their gaps split by the plain loop
+(:func:`_gap_loop`); more, by :meth:`_Arrays.gap_shares` on arrays (the same floats)."""
 
 
 class _Arrays:
     """The per-instruction facts the gaps of :func:`_breakdown` read, as arrays: for GPUs
     with many compute ops, :meth:`gap_shares` splits all their gaps at once."""
 
-    def __init__(self, folded: tuple[list[float], list[int]], start: Sequence[float],
+    def __init__(self, folded: tuple[Sequence[float], Sequence[int]], start: Sequence[float],
                  cause: Sequence[int], end_s: Sequence[float], cum: Sequence[list[float]]
                  ) -> None:
-        n, parts = len(cum), len(_PARTS)
+        n = len(cum)
         self.folded = np.array(folded[0], dtype=float)
         self.part = np.array(folded[1], dtype=np.intp)
         self.start = np.array(start[:n], dtype=float)
         self.end = np.array(end_s[:n], dtype=float)
         causes = np.array(cause[:n], dtype=np.intp)
         self.cause = np.where(causes < 0, n, causes)  # row n: zero (no predecessor)
-        self.rows = [*cum, [0.0] * parts]
+        self.rows = [*cum, [0.0] * len(_PARTS)]
 
     def gap_shares(self, ops: list[int], run_end: float, last: int, lo: float, hi: float
                    ) -> list[float]:
-        """One GPU's idle shares by part (:data:`_PARTS`): the loop of :func:`_breakdown` over
-        its compute ops ``ops``, gap by gap, with the same floating-point operations.
+        """One GPU's idle shares by part (:data:`_PARTS`): :func:`_gap_loop` over its compute
+        ops ``ops``, gap by gap, with the same floating-point operations.
 
         Gap ``k`` runs from ``a`` (the end of op ``k - 1``'s compute, 0 for the first)
         to ``b`` (op ``k``'s start, the run's end for the last), with chain sums
@@ -398,18 +435,194 @@ class _Arrays:
         if len(rows):
             before[rows + 1, self.part[at[rows]]] -= blocking[rows]
         b = np.append(begin, run_end)
-        inside = np.minimum(b, hi) - np.maximum(a, lo)
-        taken = (b > a) & (inside > 0)
-        diff = after - before
-        positive = np.where(diff > 0, diff, 0.0)
-        total = positive[:, 0].copy()
-        for c in range(1, parts):  # sum(positive), in order
-            total = total + positive[:, c]
-        spread = taken & (total > 0)
-        scale = np.divide(inside, total, out=np.zeros(len(b)), where=spread)
-        contrib = np.where(spread[:, None] & (positive != 0), positive * scale[:, None], 0.0)
-        contrib[:, _BUBBLE] = np.where(taken & ~spread, inside, contrib[:, _BUBBLE])
-        return np.cumsum(contrib, axis=0)[-1].tolist()
+        return _split_gaps(a, b, after, before, lo, hi).tolist()
+
+
+def _split_gaps(a: np.ndarray, b: np.ndarray, after: np.ndarray, before: np.ndarray,
+                lo: float, hi: float, bubble: int = _BUBBLE) -> np.ndarray:
+    """The idle shares by part of gaps ``[a, b)`` cut to ``[lo, hi]``, along the last axis of
+    ``a`` and ``b`` (the gaps of a GPU in order; a gap with ``b <= a`` adds nothing), with
+    chain sums ``after`` and ``before`` at their ends (a last axis more, by part; ``bubble``
+    the index of that part): the floating-point operations of :func:`_gap_loop`, each
+    part summed over the gaps in order (a cumulative sum: no reassociation). ``after``
+    and ``before`` are overwritten."""
+    parts = after.shape[-1]
+    inside = np.minimum(b, hi) - np.maximum(a, lo)
+    taken = (b > a) & (inside > 0)
+    positive = np.subtract(after, before, out=after)
+    np.copyto(positive, 0.0, where=~(positive > 0))  # d if d > 0 else 0.0
+    total = positive[..., 0].copy()
+    for c in range(1, parts):  # sum(positive), in order
+        total += positive[..., c]
+    spread = taken & (total > 0)
+    scale = np.divide(inside, total, out=np.zeros(b.shape), where=spread)
+    contrib = np.multiply(positive, scale[..., None], out=before)  # zero where not spread
+    contrib[..., bubble] = np.where(taken & ~spread, inside, contrib[..., bubble])
+    return np.cumsum(contrib, axis=-2)[..., -1, :]
+
+
+def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float],
+              cause: Sequence[int], gpus: Sequence[int], window: tuple[float, float] | None
+              ) -> dict[int, dict[str, float]] | None:
+    """:func:`_breakdown` of a columnar program without stragglers (a collapsed one, run by
+    :mod:`sim.columnar`), on arrays: the same floats.
+
+    Its collectives have one member each, so every instruction's span starts at its ready
+    time and every chain runs to earlier ids. An instruction adds its span to one part
+    (a send or collective to its kind's, a compute op to ``bubble``, less its blocking
+    communication, which goes to that kind's): the chain sums of a part are a running
+    sum along the chains (:func:`_chain_sums`). The gaps of all GPUs are split at once
+    (:func:`_split_gaps`, one row of gaps per GPU). None (the caller takes the general
+    path) where a compute op's blocking communication is of a kind outside
+    :data:`_PARTS`: it then adds to ``bubble`` twice.
+    """
+    n = len(columns)
+    index = np.array([_INDEX.get(name, _BUBBLE) for name in columns.names] + [_BUBBLE],
+                     dtype=np.intp)
+    compute = columns.cls == COMPUTE
+    blocked = compute & (columns.blocking_s > 0)
+    comm_part = index[columns.comm]
+    if (comm_part[blocked] == _BUBBLE).any():
+        return None
+    start = np.asarray(ready_s, dtype=float)
+    end = np.asarray(end_s, dtype=float)
+    causes = np.asarray(cause, dtype=np.intp)
+    span = end - start
+    blocking = np.minimum(columns.blocking_s, span)
+    # each instruction's part (a compute op's nominal part is bubble) and what it adds there;
+    # a blocked compute op adds its blocking communication to that kind's part too
+    part = np.where(compute, _BUBBLE, index[columns.kind])
+    amount = np.where(blocked, span - blocking, span)
+    # the parts any instruction adds to (bubble always): the others' chain sums are zero,
+    # and a zero part changes no gap's split (+0.0 in each sum), so they are left out
+    present = np.zeros(len(_PARTS), dtype=bool)
+    present[[_BUBBLE, *np.flatnonzero(np.bincount(part, minlength=len(_PARTS))).tolist(),
+             *np.flatnonzero(np.bincount(comm_part[blocked], minlength=len(_PARTS))).tolist()]
+            ] = True
+    used = np.flatnonzero(present).tolist()
+    owns = []
+    for p in used:
+        own = np.where(part == p, amount, 0.0)
+        mine = blocked & (comm_part == p)
+        own[mine] = blocking[mine]
+        owns.append(own)
+    matrix = _chain_sums(cause, owns)  # by part; column n: zero, the sum before a root
+    del owns
+    column = np.full(len(_PARTS), -1, dtype=np.intp)
+    column[used] = np.arange(len(used))
+    run_end = float(end.max())
+    last = int(np.argmax(end == run_end))  # the first instruction to end the run
+    lo, hi = window if window is not None else (0.0, run_end)
+    # per GPU a row of its compute ops in program order, padded with n (no op)
+    ids = np.flatnonzero(compute)
+    gpu = columns.gpu[ids]
+    by_gpu = np.argsort(gpu, kind="stable")
+    ids, gpu = ids[by_gpu], gpu[by_gpu]
+    cuts = np.flatnonzero(gpu[1:] != gpu[:-1]) + 1
+    compute_of = {int(gpu[a]): ids[a:b]
+                  for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(ids)], strict=True)}
+    count = [len(compute_of.get(g, ())) for g in gpus]
+    ops = np.full((len(gpus), max(count, default=0)), n, dtype=np.intp)
+    for row, g in enumerate(gpus):
+        ops[row, :count[row]] = compute_of.get(g, ())
+    rows = np.arange(len(gpus))
+    count_a = np.array(count, dtype=np.intp)
+
+    def padded(values: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        return np.append(values, fill)[ops]
+
+    begin, finish = padded(start), padded(end)
+    folded = padded(np.where(blocked, columns.blocking_s, 0.0))
+    has = folded > 0
+    cut = np.minimum(folded, finish - begin)  # blocking communication at a compute op's end
+    zero = np.zeros((len(gpus), 1))
+    a = np.hstack((zero, np.where(has, finish - np.where(has, cut, 0.0), finish)))
+    b = np.hstack((begin, zero))
+    b[rows, count_a] = run_end
+    after_at = np.hstack((np.append(np.where(causes < 0, n, causes), n)[ops],
+                          np.full((len(gpus), 1), n)))
+    after_at[rows, count_a] = last
+    after = np.moveaxis(matrix[:, after_at], 0, -1).copy()  # (GPU, gap, part)
+    before = np.moveaxis(matrix[:, np.hstack((np.full((len(gpus), 1), n), ops))], 0, -1).copy()
+    g_at, k_at = np.nonzero(has)
+    if len(g_at):
+        at_part = column[np.append(comm_part, _BUBBLE)[ops[g_at, k_at]]]
+        before[g_at, k_at + 1, at_part] -= cut[g_at, k_at]
+    found = _split_gaps(a, b, after, before, lo, hi, int(column[_BUBBLE]))
+    shares = np.zeros((len(gpus), len(_PARTS)))
+    shares[:, used] = found
+    return {g: _row(row) for g, row in zip(gpus, shares.tolist(), strict=True)}
+
+
+def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:
+    """Per array of ``owns`` and instruction, the sum of that array along the instruction's
+    chain, added one by one from the root (``cause[i] < i``; -1 for a root): an array of
+    shape ``(len(owns), n + 1)`` whose last column is zero (the sum before a root).
+
+    A sum stays zero up to the first instruction whose own value is not (a chain runs to
+    earlier ids): each array is summed from there on. Arrays that start in the first
+    half go four at a time through one loop over the instructions, the others alone; on
+    arrays of doubles (:class:`array.array`: this loop reads and writes them faster than
+    lists)."""
+    n = len(cause)
+    out = np.zeros((len(owns), n + 1))
+    starts = [int(np.argmax(own != 0)) if own.any() else n for own in owns]
+    early = [k for k in range(len(owns)) if starts[k] < n // 2]
+    groups = [early[i:i + 4] for i in range(0, len(early), 4)]
+    groups += [[k] for k in range(len(owns)) if k not in early and starts[k] < n]
+    for group in groups:
+        lo = min(starts[k] for k in group)
+        values = [_doubles(owns[k][lo:]) for k in group]
+        sums = [_doubles(np.zeros(n + 1)) for _ in group]  # [-1]: the zero before a root
+        _SUMS[len(group) - 1](range(lo, n), cause[lo:] if lo else cause, values, sums)
+        for k, total in zip(group, sums, strict=True):
+            out[k] = np.frombuffer(total, dtype=float)
+    return out
+
+
+def _sums1(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
+    """:func:`_chain_sums` of one array over ``ids``."""
+    (s0,) = sums
+    for i, c, x0 in zip(ids, cause, *values, strict=True):
+        s0[i] = s0[c] + x0
+
+
+def _sums2(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
+    """:func:`_chain_sums` of two arrays over ``ids``."""
+    s0, s1 = sums
+    for i, c, x0, x1 in zip(ids, cause, *values, strict=True):
+        s0[i] = s0[c] + x0
+        s1[i] = s1[c] + x1
+
+
+def _sums3(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
+    """:func:`_chain_sums` of three arrays over ``ids``."""
+    s0, s1, s2 = sums
+    for i, c, x0, x1, x2 in zip(ids, cause, *values, strict=True):
+        s0[i] = s0[c] + x0
+        s1[i] = s1[c] + x1
+        s2[i] = s2[c] + x2
+
+
+def _sums4(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
+    """:func:`_chain_sums` of four arrays over ``ids``."""
+    s0, s1, s2, s3 = sums
+    for i, c, x0, x1, x2, x3 in zip(ids, cause, *values, strict=True):
+        s0[i] = s0[c] + x0
+        s1[i] = s1[c] + x1
+        s2[i] = s2[c] + x2
+        s3[i] = s3[c] + x3
+
+
+_SUMS = (_sums1, _sums2, _sums3, _sums4)
+"""The loop of :func:`_chain_sums` by the number of arrays summed together."""
+
+
+def _doubles(values: np.ndarray) -> array:
+    """``values`` (floats) as an :class:`array.array` of doubles (one copy of the bytes)."""
+    out = array("d")
+    out.frombytes(np.ascontiguousarray(values, dtype=float).tobytes())
+    return out
 
 
 def summarize(per_gpu: Mapping[int, Mapping[str, float]]) -> dict:

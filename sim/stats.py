@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import groupby
-from operator import itemgetter
 
 import numpy as np
 
@@ -91,8 +89,6 @@ SMALL = 64
 """Interval lists up to this long are merged by the plain loops (:func:`_union`,
 :func:`_minus`); longer ones by the array forms (:class:`_Merged`), whose fixed cost
 per call is that of a few dozen loop iterations. Both give the same floats."""
-
-_GPU, _BYTES = itemgetter(0), itemgetter(2)  # MemorySample.gpu, .bytes
 
 
 class _Merged:
@@ -193,12 +189,15 @@ def _union_length(u: _Merged | list[tuple[float, float]]) -> float:
 def _exposed(comm: _Merged | list[tuple[float, float]],
              busy: _Merged | list[tuple[float, float]]) -> float:
     """:func:`_minus` of two unions in either form."""
+    if isinstance(busy, _Merged) and not isinstance(comm, _Merged):
+        # a short union against a long one: on arrays too (the same floats, and no pairs
+        # made of the long one)
+        comm = _Merged(np.array([a for a, _ in comm], dtype=float),
+                       np.array([b for _, b in comm], dtype=float))
     if isinstance(comm, _Merged):
         if isinstance(busy, _Merged):
             return comm.uncovered(busy)
         comm = comm.as_pairs()
-    if isinstance(busy, _Merged):
-        busy = busy.as_pairs()
     return _minus(comm, busy)
 
 
@@ -207,12 +206,7 @@ def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> di
 
     The static state is the GPU's lowest allocated bytes (its sample at time 0,
     before any op allocates); fragmentation applies to the dynamic part only."""
-    floor: dict[int, float] = {}
-    if facts.fragmentation:
-        for g, samples in groupby(timeline.memory, _GPU):  # one run per GPU when sorted
-            low = min(map(_BYTES, samples))
-            if low < floor.get(g, float("inf")):
-                floor[g] = low
+    floor = timeline.memory_floor_by_gpu if facts.fragmentation else {}
     out = {}
     for g in gpus:
         peak = timeline.peak_memory_bytes(g)

@@ -7,7 +7,7 @@ Produced by :mod:`sim.engine`, read by :mod:`sim.stats`, :mod:`sim.export` and
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -110,6 +110,54 @@ class Timeline:
             timeline.__dict__["peak_memory_by_gpu"] = peak_memory_by_gpu
         return timeline
 
+    @classmethod
+    def deferred(cls, num_gpus: int,
+                 records: Callable[[], tuple[tuple[Span, ...], tuple[FlowArrow, ...],
+                                             tuple[MemorySample, ...]]],
+                 gpu_names: tuple[str, ...] = (), gpus: tuple[int, ...] | None = None, *,
+                 end_s: float | None = None,
+                 peak_memory_by_gpu: dict[int, float] | None = None,
+                 memory_floor_by_gpu: dict[int, float] | None = None) -> Timeline:
+        """A timeline whose records (``spans``, ``flows``, ``memory``) are made by
+        ``records()`` when first read, as :meth:`known` otherwise.
+
+        A large collapsed run's statistics need only the summaries its producer knows
+        (the engine's queue-free pass on columns, :mod:`sim.columnar`), while building
+        a million span records takes seconds: they are built only if something reads
+        them (a trace, a plot, a comparison). The timeline is the same either way:
+        it compares, prints and pickles with its records.
+        """
+        timeline = cls.__new__(cls)
+        for name, value in (("num_gpus", num_gpus), ("gpu_names", gpu_names), ("gpus", gpus)):
+            object.__setattr__(timeline, name, value)
+        timeline.__dict__["_records"] = records
+        for name, value in (("end_s", end_s), ("peak_memory_by_gpu", peak_memory_by_gpu),
+                            ("memory_floor_by_gpu", memory_floor_by_gpu)):
+            if value is not None:
+                timeline.__dict__[name] = value
+        return timeline
+
+    def __getattr__(self, name: str) -> object:
+        """The records of a :meth:`deferred` timeline, made on first read."""
+        records = self.__dict__.get("_records") if name in _RECORDS else None
+        if records is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        for field_name, value in zip(_RECORDS, records(), strict=True):
+            self.__dict__[field_name] = value
+        del self.__dict__["_records"]
+        return self.__dict__[name]
+
+    def __getstate__(self) -> dict:
+        if "_records" in self.__dict__:
+            getattr(self, "spans")  # noqa: B009 (makes the records)
+        return self.__dict__
+
+    @property
+    def records_made(self) -> bool:
+        """Whether the records exist (always, but for a :meth:`deferred` timeline not yet
+        read)."""
+        return "_records" not in self.__dict__
+
     @property
     def simulated_gpus(self) -> tuple[int, ...]:
         return tuple(range(self.num_gpus)) if self.gpus is None else self.gpus
@@ -134,6 +182,21 @@ class Timeline:
 
     def peak_memory_bytes(self, gpu: int) -> float:
         return self.peak_memory_by_gpu.get(gpu, 0.0)
+
+    @cached_property
+    def memory_floor_by_gpu(self) -> dict[int, float]:
+        """Smallest allocated bytes of each GPU with memory samples, in one pass (its static
+        state, the sample at time 0, before any op allocates)."""
+        floors: dict[int, float] = {}
+        for g, samples in groupby(self.memory, _GPU):  # one run per GPU when sorted
+            low = min(map(_BYTES, samples))
+            if low < floors.get(g, float("inf")):
+                floors[g] = low
+        return floors
+
+
+_RECORDS = ("spans", "flows", "memory")
+"""A :meth:`Timeline.deferred` timeline's records, in the order its maker returns them."""
 
 
 @contextmanager

@@ -34,7 +34,20 @@ import numpy as np
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
-from workloads.program import Collective, Compute, Program, ProgramBuilder, Send
+from workloads.program import (
+    COLLECTIVE,
+    COMPUTE,
+    SEND,
+    Collective,
+    ColumnarInstructions,
+    Columns,
+    Compute,
+    Instruction,
+    Program,
+    ProgramBuilder,
+    Send,
+    columns_of,
+)
 from workloads.schedules import (
     BACKWARD,
     FORWARD,
@@ -65,17 +78,66 @@ class CostModel(Protocol):
 
 def topological_ops(schedule: Schedule) -> list[Op]:
     """All ops in an order where every op comes after its producers and its rank predecessors."""
+    return _topological(schedule)[0]
+
+
+_KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
+"""Op kinds as :func:`_topological` codes them."""
+
+
+def _topological(schedule: Schedule, fields: bool = False
+                 ) -> tuple[list[Op], tuple[np.ndarray, ...] | None]:
+    """:func:`topological_ops`; with ``fields``, also the ops' stages, kind codes
+    (:data:`_KINDS`) and sequence fields in that order, as arrays."""
     times = unit_times(schedule)
     ops = list(times)
     n = len(ops)
     if not n:
-        return ops
+        return ops, (np.zeros(0, np.int64),) * 3 if fields else None
     # sorted by (end, rank, start), ties in the symbolic run's order: a stable sort on keys
     # read into arrays (the ranks through the stages) instead of a key tuple per op
     spans = np.fromiter(chain.from_iterable(times.values()), float, 2 * n)
-    ranks = np.asarray(schedule.stage_rank, dtype=np.int64)[
-        np.fromiter(map(itemgetter(0), ops), np.int64, n)]
-    return list(map(ops.__getitem__, np.lexsort((spans[0::2], ranks, spans[1::2])).tolist()))
+    if fields:
+        ints = np.fromiter(chain.from_iterable(map(itemgetter(0, 3), ops)), np.int64, 2 * n)
+        stage, seq = ints[0::2], ints[1::2]
+    else:
+        stage = np.fromiter(map(itemgetter(0), ops), np.int64, n)
+    ranks = np.asarray(schedule.stage_rank, dtype=np.int64)[stage]
+    perm = np.lexsort((spans[0::2], ranks, spans[1::2]))
+    order = list(map(ops.__getitem__, perm.tolist()))
+    if not fields:
+        return order, None
+    return order, (stage[perm], _kind_codes(ops)[perm], seq[perm])
+
+
+def _kind_codes(ops: Sequence[Op]) -> np.ndarray:
+    """The ops' kinds as :data:`_KINDS` codes (-1 for another kind)."""
+    letters = "".join(map(itemgetter(1), ops))
+    if len(letters) == len(ops) and letters.isascii():  # one character each: as bytes
+        table = np.full(256, -1, dtype=np.int64)
+        for name, code in _KINDS.items():
+            table[ord(name)] = code
+        return table[np.frombuffer(letters.encode(), dtype=np.uint8)]
+    return np.fromiter((_KINDS.get(op.kind, -1) for op in ops), np.int64, len(ops))
+
+
+def _positions(order: Sequence[Op], stage: np.ndarray, kind: np.ndarray,
+               ops: Sequence[Op]) -> dict[Op, int]:
+    """The position in ``order`` of each of ``ops``, the last op of its stage and kind in
+    ``order`` (a final op: the last backward or W of its stage in its rank's order, which
+    ``order`` keeps); looked up op by op where one is not."""
+    key = stage * 3 + kind
+    last = np.full(int(key.max(initial=0)) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, key, np.arange(len(order)))
+    out = {}
+    for op in ops:
+        code = op.stage * 3 + _KINDS.get(op.kind, -1)
+        k = int(last[code]) if 0 <= code < len(last) else -1
+        if k < 0 or order[k] != op:
+            wanted = set(ops)
+            return {op: k for k, op in enumerate(order) if op in wanted}
+        out[op] = k
+    return out
 
 
 def _consumer_stage(op: Op, num_stages: int) -> int | None:
@@ -168,7 +230,6 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         for op in ops:
             if op.kind == (WEIGHT_GRAD if split else BACKWARD):
                 final_op[op.stage] = op
-    order = topological_ops(schedule)
     # lanes[r][e]: the GPUs of TP lanes 0..tp_lanes-1 of pipeline rank r, replica e (a
     # (cp, dp) coordinate)
     lanes = [[[placement.gpu(tp=t, cp=c, dp=d, pp=r) for t in range(tp_lanes)]
@@ -191,11 +252,18 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     piecewise = (_PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
                  if zero3 or overlap or cp_or_ep else None)
     final_ops = set(final_op.values())
-    if fast and collapse is not None and piecewise is None and not schedule.fused:
+    head: _Collapsed | None = None
+    arrays = fast and collapse is not None and piecewise is None and not schedule.fused
+    order, fields = _topological(schedule, fields=arrays)
+    if arrays and order and fields is not None and fields[1].min() >= 0:  # F, B, W only
         # positions of the final ops only (the step end's); the op loop has its own
-        index = {op: k for k, op in enumerate(order) if op in final_ops}
-        last = _lower_collapsed(b, schedule, costs, collapse, placement, order, index,
-                                [lane[0][0] for lane in lanes], final_ops)
+        index = _positions(order, fields[0], fields[1], list(final_ops))
+        reps = [lane[0][0] for lane in lanes]
+        head = _lower_collapsed(schedule, costs, collapse, placement, order, fields, reps,
+                                b.default_algo)
+        last = {(index[op], reps[owner[op.stage]]): int(head.done[index[op]])
+                for op in final_ops}
+        b = ProgramBuilder(head.size, head.keys)  # the step end follows the op loop's part
         order = []  # lowered: the general loop below has nothing left to do
     else:
         index = {op: k for k, op in enumerate(order)}
@@ -288,7 +356,18 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     static_of_rank = [costs.static_bytes(_stages_of(schedule, r)) for r in range(pp)]
     static = tuple(static_of_rank[c["pp"]] for c in coords)
     simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
-    return Program(placement.num_gpus, b.build(), static, schedule, gpu_names, simulated)
+    instructions = b.build() if head is None else _joined(head, b.build())
+    return Program(placement.num_gpus, instructions, static, schedule, gpu_names, simulated)
+
+
+def _joined(head: _Collapsed, tail: tuple[Instruction, ...]
+            ) -> ColumnarInstructions | tuple[Instruction, ...]:
+    """A collapsed program's instructions: ``head``'s (the op loop's, on arrays) and
+    ``tail`` (the step end's), held as columns while nothing asks for the objects."""
+    rest = columns_of(tail)
+    if rest is None:  # not a collapsed step end (no such lowering): the objects now
+        return head.build() + tail
+    return ColumnarInstructions(head.columns_with(rest), lambda: head.build() + tail)
 
 
 def _op_facts(costs: CostModel, generic: Op, split: bool, transient: Callable | None
@@ -311,109 +390,340 @@ def _op_facts(costs: CostModel, generic: Op, split: bool, transient: Callable | 
     return segs, sum(isinstance(x, ComputeSeg) for x in segs), alloc, free
 
 
-def _lower_collapsed(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
-                     collapse: Collapse, placement: Placement, order: Sequence[Op],
-                     index: Mapping[Op, int], reps: Sequence[int], final_ops: set[Op]
-                     ) -> dict[tuple[int, int], int]:
+def _lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
+                     placement: Placement, order: Sequence[Op],
+                     fields: tuple[np.ndarray, ...], reps: Sequence[int], algo: str
+                     ) -> _Collapsed:
     """The op loop of a collapsed lowering whose ops are each a chain of compute and TP
     collectives, unfused (no piecewise op, no fused group): the program of the general
-    loop of :func:`_lower`, instruction for instruction, built faster.
+    loop of :func:`_lower`, instruction for instruction, laid out on arrays.
 
     Everything but names, ids and dependencies is the same for every micro-batch of a
-    (stage, kind, sequence chunk), so it is worked out once per such triple
-    (:func:`_op_facts`, :func:`_fold`, the pipeline send's time); each op then appends
-    its instructions as tuples built in place (:meth:`_emit_folded` without keyword
-    arguments). With one simulated GPU per pipeline rank, what completes an op and what
-    delivers its output are indexed by the op's position in ``order`` alone.
-    Returns ``last[(position, gpu)]`` of the final ops (:func:`_lower_step_end`).
+    (stage, kind, sequence chunk): worked out once per such triple (:class:`_Plan`:
+    :func:`_op_facts`, :func:`_fold`, the pipeline send's time), it makes an op's
+    instructions a template (:func:`_slots`: leading collectives, the folded compute,
+    split or not as :func:`_emit_folded` decides, trailing collectives, the send), each
+    instruction after an op's first depending on the one before it. Ids, the first
+    instruction's dependencies (what completes or delivers each producer) and every
+    field the engine reads then come out of array operations over all ops at once
+    (:class:`_Collapsed`); the instruction objects are built only if asked for.
     """
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
     transient = getattr(costs, "transient_bytes", None)
     whole_p2p = costs.p2p_bytes()
-    instrs, new = b.instructions, tuple.__new__
-    algo = b.default_algo
     n = len(order)
-    done = [0] * n  # the instruction that completes op order[k] on its rank's GPU
-    arrived = [0] * n  # the send that delivers its output to its consumer's GPU
-    pending = [0.0] * len(reps)  # per rank, see _emit_folded
-    plans: dict[tuple[int, str, int], tuple] = {}
     send_cache: dict[tuple[int, int, float], float] = {}
-    solo: dict[int, tuple[int]] = {g: (g,) for g in reps}
-
-    def runs(g: int, st: int, mb: int, name: str, todo: tuple[_CommRun, ...],
-             deps: tuple[int, ...]) -> tuple[int, ...]:
-        for run in todo:  # _emit_runs: one-member collectives in a row
-            i = len(instrs)
-            instrs.append(new(Collective, (i, g, run.kind, f"{name} {run.label}", deps, run.op,
-                                           algo, solo[g], run.nbytes, b.new_key(), st, mb,
-                                           run.duration_s)))
-            deps = (i,)
-        return deps
-
-    def block(g: int, kind: str, st: int, mb: int, name: str, blk: _Block,
-              deps: tuple[int, ...], alloc: float, free: float) -> int:
-        i = len(instrs)  # _emit_block: Compute's fields in order
-        instrs.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
-                                    blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind, alloc,
-                                    free, st, mb)))
-        return i
-
-    cols = producer_positions(schedule, order)
-    if cols is None or any(max(col, default=-1) >= n for col in cols):
+    stage, kind, seq = fields  # of the ops in order (_topological)
+    # one plan per (stage, kind, sequence chunk), numbered by first use
+    triple = (stage * 3 + kind) * (int(seq.max(initial=0)) + 2) + (seq + 1)
+    first = np.full(int(triple.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, triple, np.arange(n))
+    used_at = np.sort(first[first < n])
+    number = np.zeros(len(first), dtype=np.int64)
+    number[triple[used_at]] = np.arange(len(used_at))
+    plan_of = number[triple]
+    plans: list[_Plan] = []
+    groups: dict[int, Groups] = {}  # per rank, its TP groups
+    for k in used_at.tolist():
+        st, kd, _, sq = order[k]
+        r, g = owner[st], reps[owner[st]]
+        generic = Op(st, kd, 0, sq)
+        segs, _, alloc, free = _op_facts(costs, generic, split, transient)
+        if r not in groups:
+            groups[r] = tp_groups(placement, r)
+        folded = _fold(segs, collapse.on(g), groups[r])
+        consumer = _consumer_stage(generic, S)
+        p2p = _op_p2p_bytes(costs, generic, whole_p2p)
+        send = None
+        if consumer is not None and owner[consumer] != r:
+            send = (reps[owner[consumer]], " act" if kd == FORWARD else " grad",
+                    _replica_send_s(collapse, placement, send_cache, r, owner[consumer], p2p),
+                    p2p)
+        head, rest = folded.head, folded.rest
+        split_at = (head.compute_s if head is not None and rest is not None
+                    and not folded.leading else None)
+        plans.append(_Plan(r, g, folded, alloc, free, send, split_at))
+    rank_at = np.asarray(owner, dtype=np.int64)[stage]
+    split_op = _split_ops(plans, plan_of, rank_at, len(reps))
+    variant = plan_of * 2 + split_op
+    used = np.flatnonzero(np.bincount(variant, minlength=2 * len(plans))).tolist()
+    templates = {v: _slots(plans[v // 2], bool(v % 2)) for v in used}
+    sizes = np.zeros(2 * len(plans), dtype=np.int64)
+    starts = np.zeros(2 * len(plans), dtype=np.int64)  # each template's first slot row
+    rows: list[tuple[_Plan, tuple]] = []
+    for v in used:
+        sizes[v], starts[v] = len(templates[v]), len(rows)
+        rows.extend((plans[v // 2], slot) for slot in templates[v])
+    count = sizes[variant]
+    offset = np.cumsum(count) - count  # each op's first id
+    total = int(count.sum())
+    has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
+    done = offset + count - 1 - has_send  # the instruction completing each op
+    arrived = np.where(has_send, offset + count - 1, 0)  # the send delivering its output
+    found = producer_positions(schedule, order)
+    cols = [np.asarray(col, dtype=np.int64) for col in found] if found is not None else []
+    if found is None or any(col.max(initial=-1) >= n for col in cols):
         # not a schedule's ops, or producers missing (lowering takes validated ones)
-        cols = _producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})
-    first, second, third = cols
-    rank_at = np.asarray(owner, dtype=np.int64)[
-        np.fromiter(map(itemgetter(0), order), np.int64, n)].tolist()
-    for k, op in enumerate(order):
-        st, kind, mb, seq = op
-        plan = plans.get((st, kind, seq))
-        if plan is None:
-            r = owner[st]
-            g = reps[r]
-            generic = Op(st, kind, 0, seq)
-            segs, _, alloc, free = _op_facts(costs, generic, split, transient)
-            folded = _fold(segs, collapse.on(g), tp_groups(placement, r))
-            consumer = _consumer_stage(generic, S)
-            p2p = _op_p2p_bytes(costs, generic, whole_p2p)
-            send = None
-            if consumer is not None and owner[consumer] != r:
-                send = (reps[owner[consumer]], " act" if kind == FORWARD else " grad",
-                        _replica_send_s(collapse, placement, send_cache, r, owner[consumer],
-                                        p2p), p2p)
-            head, rest = folded.head, folded.rest
-            split_at = (head.compute_s if head is not None and rest is not None
-                        and not folded.leading else None)
-            plan = plans[(st, kind, seq)] = (r, g, folded, alloc, free, send, split_at)
-        r, g, folded, alloc, free, send, split_at = plan
-        # what completes each producer (on this GPU) or delivers its output (from another);
-        # the columns list present producers first, -1 after them
-        deps = tuple([done[x] if rank_at[x] == r else arrived[x]
-                      for x in (first[k], second[k], third[k]) if x >= 0])
-        name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
-        if folded.leading:
-            deps = runs(g, st, mb, name, folded.leading, deps)
-        if split_at is not None and pending[r] > split_at:
-            first = block(g, kind, st, mb, name, folded.head, deps, alloc, 0.0)
-            deps = runs(g, st, mb, name, folded.first_comm, (first,))
-            last = block(g, kind, st, mb, name, folded.rest, deps, 0.0, free)
-        else:
-            last = block(g, kind, st, mb, name, folded.whole, deps, alloc, free)
-        if folded.trailing:
-            last = runs(g, st, mb, name, folded.trailing, (last,))[0]
-            pending[r] = folded.trailing_s
-        elif folded.has_comm:
+        cols = [np.asarray(col, dtype=np.int64) for col in
+                _producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})]
+    ext = np.full((n, 3), -1, dtype=np.int64)  # what completes or delivers each producer
+    for c, x in enumerate(cols):
+        there = x >= 0
+        safe = np.where(there, x, 0)
+        ext[:, c] = np.where(there, np.where(rank_at[safe] == rank_at, done[safe],
+                                             arrived[safe]), -1)
+    op_of = np.repeat(np.arange(n), count)
+    ids = np.arange(total, dtype=np.int64)
+    row = starts[variant[op_of]] + (ids - offset[op_of])
+    table = _slot_table(rows)
+    # compute timers read no id, name, dependency or micro-batch: one signature per slot row,
+    # its representative the slot's first instance
+    first_id = np.full(len(rows), total, dtype=np.int64)
+    np.minimum.at(first_id, row, ids)
+    sig_rows = [j for j in range(len(rows)) if table.cls[j] == COMPUTE and first_id[j] < total]
+    sig_of_row = np.full(len(rows), -1, dtype=np.int64)
+    sig_of_row[sig_rows] = np.arange(len(sig_rows))
+    layout = _Collapsed(order, plans, templates, variant, offset, ext, algo, done,
+                        int(np.count_nonzero(table.cls[row] == COLLECTIVE)))
+    layout.parts = (table, row, kind[op_of], sig_of_row,
+                    tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
+    return layout
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every micro-batch of one (stage, kind, sequence chunk) emits (collapsed)."""
+
+    rank: int
+    gpu: int
+    folded: _Folded
+    alloc: float
+    free: float
+    send: tuple[int, str, float, float] | None
+    """(destination GPU, name suffix, duration, bytes) of its pipeline send, if any."""
+    split_at: float | None
+    """Where its compute may be split (:func:`_emit_folded`): the head's compute time."""
+
+
+def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
+               ranks: int) -> np.ndarray:
+    """Per op (in lowering order), whether it is emitted split (:func:`_emit_folded`): its
+    head's compute is shorter than what the rank's earlier closing collective may still
+    take (``pending``, as the general loop keeps it per rank)."""
+    n = len(plan_of)
+    split_at = np.array([np.nan if p.split_at is None else p.split_at for p in plans])
+    if not n or np.isnan(split_at).all():
+        return np.zeros(n, dtype=np.int64)
+    if all(p.folded.trailing or p.folded.has_comm for p in plans):
+        # after each op, pending is its closing collectives' time (or 0): before an op,
+        # that of the rank's previous op
+        after = np.array([p.folded.trailing_s if p.folded.trailing else 0.0 for p in plans])
+        by_rank = np.argsort(rank_at, kind="stable")
+        before = np.zeros(n)
+        same = rank_at[by_rank[1:]] == rank_at[by_rank[:-1]]
+        before[by_rank[1:][same]] = after[plan_of[by_rank[:-1][same]]]
+        at = split_at[plan_of]
+        return np.where(np.isnan(at), False, before > np.nan_to_num(at)).astype(np.int64)
+    pending = [0.0] * ranks
+    out = np.zeros(n, dtype=np.int64)
+    for k, p in enumerate(plan_of.tolist()):
+        plan = plans[p]
+        f, r = plan.folded, plan.rank
+        if plan.split_at is not None and pending[r] > plan.split_at:
+            out[k] = 1
+        if f.trailing:
+            pending[r] = f.trailing_s
+        elif f.has_comm:
             pending[r] = 0.0
-        else:  # pure compute: an earlier closing collective runs on meanwhile
-            pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
-        done[k] = last
-        if send is not None:
-            i = arrived[k] = len(instrs)
-            dst, what, fixed, nbytes = send
-            instrs.append(new(Send, (i, g, dst, nbytes, "pp", name + what, (last,), st, mb,
-                                     fixed)))
-    return {(index[op], reps[owner[op.stage]]): done[index[op]] for op in final_ops}
+        else:
+            pending[r] = max(0.0, pending[r] - f.whole.compute_s)
+    return out
+
+
+def _slots(plan: _Plan, split: bool) -> tuple[tuple, ...]:
+    """An op's instructions in order (:func:`_emit_folded`, then its send): ``("run",
+    _CommRun)``, ``("block", _Block, alloc, free)`` and ``("send",)``."""
+    f = plan.folded
+    out: list[tuple] = [("run", run) for run in f.leading]
+    if split:
+        out.append(("block", f.head, plan.alloc, 0.0))
+        out += [("run", run) for run in f.first_comm]
+        out.append(("block", f.rest, 0.0, plan.free))
+    else:
+        out.append(("block", f.whole, plan.alloc, plan.free))
+    out += [("run", run) for run in f.trailing]
+    if plan.send is not None:
+        out.append(("send",))
+    return tuple(out)
+
+
+@dataclass
+class _SlotTable:
+    """Per template slot row, the fields the engine reads (``kind`` of a compute op is its
+    op's: see :meth:`kind_of`)."""
+
+    names: tuple[str, ...]
+    cls: np.ndarray
+    gpu: np.ndarray
+    kind: np.ndarray
+    """Code of a run's or send's kind; -1 for compute (the op's kind: the first three names
+    are F, B and W, coded as :data:`_KINDS`)."""
+    dst: np.ndarray
+    fixed_s: np.ndarray
+    blocking_s: np.ndarray
+    comm: np.ndarray
+    alloc: np.ndarray
+    free: np.ndarray
+
+
+
+def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
+    """The fields of every slot row (:class:`_SlotTable`)."""
+    names = {k: i for i, k in enumerate((*_KINDS, "pp"))}  # op kinds first, as _KINDS
+    cls, gpu, kind, dst, fixed, blocking, comm, alloc, free = ([] for _ in range(9))
+    for plan, slot in rows:
+        gpu.append(plan.gpu)
+        what = slot[0]
+        if what == "run":
+            run = slot[1]
+            cls.append(COLLECTIVE)
+            kind.append(names.setdefault(run.kind, len(names)))
+            dst.append(-1)
+            fixed.append(run.duration_s)
+            blocking.append(0.0)
+            comm.append(-1)
+            alloc.append(0.0)
+            free.append(0.0)
+        elif what == "block":
+            blk = slot[1]
+            cls.append(COMPUTE)
+            kind.append(-1)
+            dst.append(-1)
+            fixed.append(np.nan)
+            blocking.append(blk.comm_s)
+            comm.append(names.setdefault(blk.comm_kind, len(names)))
+            alloc.append(slot[2])
+            free.append(slot[3])
+        else:
+            assert plan.send is not None
+            cls.append(SEND)
+            kind.append(names["pp"])
+            dst.append(plan.send[0])
+            fixed.append(plan.send[2])
+            blocking.append(0.0)
+            comm.append(-1)
+            alloc.append(0.0)
+            free.append(0.0)
+    return _SlotTable(tuple(names), np.array(cls, dtype=np.int8), np.array(gpu, dtype=np.int64),
+                      np.array(kind, dtype=np.int64), np.array(dst, dtype=np.int64),
+                      np.array(fixed, dtype=float), np.array(blocking, dtype=float),
+                      np.array(comm, dtype=np.int64), np.array(alloc, dtype=float),
+                      np.array(free, dtype=float))
+
+
+class _Collapsed:
+    """The op loop of a collapsed lowering on arrays (:func:`_lower_collapsed`): its
+    :class:`Columns`, and its instructions as objects on demand (:meth:`build`)."""
+
+    def __init__(self, order: Sequence[Op], plans: Sequence[_Plan],
+                 templates: Mapping[int, tuple[tuple, ...]], variant: np.ndarray,
+                 offset: np.ndarray, ext: np.ndarray, algo: str, done: np.ndarray,
+                 keys: int) -> None:
+        self.order, self.plans, self.templates = order, plans, templates
+        self.variant, self.offset, self.ext = variant, offset, ext
+        """Per op: its template, its first id, what its first instruction waits for."""
+        self.algo = algo
+        self.done = done
+        """Per op, the instruction that completes it."""
+        self.size = int(offset[-1] + len(templates[int(variant[-1])])) if len(offset) else 0
+        """Instructions."""
+        self.keys = keys
+        """Collective keys used (0 .. keys - 1, in id order)."""
+        self.parts: tuple
+        """What :meth:`columns_with` lays out: the slot table, each instruction's slot row
+        and op kind code, each slot row's signature and the signatures' representatives."""
+
+    def columns_with(self, tail: Columns) -> Columns:
+        """The columns of this part's instructions followed by ``tail``'s (the step end,
+        whose ids follow): laid out at their final size at once."""
+        table, row, op_kind, sig_of_row, signatures = self.parts
+        n, m = len(row), len(tail)
+        names = (*table.names, *(x for x in tail.names if x not in table.names))
+        code = {x: k for k, x in enumerate(names)}
+        remap = np.array([code[x] for x in tail.names] + [-1], dtype=np.int64)
+
+        def laid(values: np.ndarray, rest: np.ndarray) -> np.ndarray:
+            out = np.empty(n + m, dtype=values.dtype)
+            np.take(values, row, out=out[:n])
+            out[n:] = rest
+            return out
+
+        kind = laid(table.kind, remap[tail.kind])
+        compute = kind[:n] < 0
+        kind[:n][compute] = op_kind[compute]
+        width = max(3, tail.deps.shape[1])
+        deps = np.full((n + m, width), -1, dtype=np.int64)
+        deps[self.offset, :3] = self.ext  # an op's first instruction: its producers
+        later = np.ones(n, dtype=bool)
+        later[self.offset] = False
+        deps[:n, 0][later] = np.flatnonzero(later) - 1  # the others: the one before
+        deps[n:, :tail.deps.shape[1]] = tail.deps
+        return Columns(names, laid(table.cls, tail.cls), laid(table.gpu, tail.gpu), kind,
+                       laid(table.dst, tail.dst), deps, laid(table.fixed_s, tail.fixed_s),
+                       laid(table.blocking_s, tail.blocking_s),
+                       laid(table.comm, remap[tail.comm]),
+                       laid(table.alloc, tail.alloc_bytes), laid(table.free, tail.free_bytes),
+                       laid(sig_of_row, np.where(tail.signature >= 0,
+                                                 tail.signature + len(signatures), -1)),
+                       (*signatures, *tail.signatures))
+
+    def instruction(self, i: int) -> Instruction:
+        """Instruction ``i`` as :meth:`build` builds it (but a collective's key: 0)."""
+        k = int(np.searchsorted(self.offset, i, side="right")) - 1
+        ops, _ = self._op(k, int(self.offset[k]), 0)
+        return ops[i - int(self.offset[k])]
+
+    def _op(self, k: int, i: int, key: int) -> tuple[list[Instruction], int]:
+        """Op ``order[k]``'s instructions, the first with id ``i``, collective keys from
+        ``key``; and the next key."""
+        new = tuple.__new__
+        st, kind, mb, seq = self.order[k]
+        v = int(self.variant[k])
+        plan = self.plans[v // 2]
+        g = plan.gpu
+        name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
+        deps = tuple([d for d in self.ext[k].tolist() if d >= 0])
+        out: list[Instruction] = []
+        for slot in self.templates[v]:
+            what = slot[0]
+            if what == "run":
+                run = slot[1]
+                out.append(new(Collective, (i, g, run.kind, f"{name} {run.label}", deps, run.op,
+                                            self.algo, (g,), run.nbytes, key, st, mb,
+                                            run.duration_s)))
+                key += 1
+            elif what == "block":
+                blk, alloc, free = slot[1], slot[2], slot[3]
+                out.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
+                                         blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind,
+                                         alloc, free, st, mb)))
+            else:
+                dst, suffix, fixed, nbytes = plan.send  # type: ignore[misc]
+                out.append(new(Send, (i, g, dst, nbytes, "pp", name + suffix, deps, st, mb,
+                                      fixed)))
+            deps = (i,)
+            i += 1
+        return out, key
+
+    def build(self) -> tuple[Instruction, ...]:
+        """Every instruction as an object, in id order: those of the general loop."""
+        out: list[Instruction] = []
+        key = 0
+        for k, i in enumerate(self.offset.tolist()):
+            ops, key = self._op(k, i, key)
+            out.extend(ops)
+        return tuple(out)
 
 
 def _producers_by_op(schedule: Schedule, order: Sequence[Op], index: Mapping[Op, int]

@@ -7,8 +7,11 @@ assigned in creation order, so programs are deterministic and cheap to index.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
+
+import numpy as np
 
 from workloads.schedules import Schedule
 
@@ -113,7 +116,9 @@ class Program:
 
     num_gpus: int
     instructions: tuple[Instruction, ...]
-    """All instructions; ``instructions[i].id == i``."""
+    """All instructions; ``instructions[i].id == i``. A collapsed lowering gives a
+    :class:`ColumnarInstructions`, which reads and compares as that tuple and builds the
+    objects on first use."""
     static_bytes: tuple[float, ...]
     """Per-GPU memory held for the whole step (weights, gradients, optimizer state, buffers)."""
     schedule: Schedule
@@ -127,21 +132,22 @@ class Program:
 class ProgramBuilder:
     """Append-only helper that hands out dense ids.
 
-    ``instructions`` is the list built so far; a hot loop may append instructions it
-    builds itself, each with ``id`` its position and collective keys from :meth:`new_key`
-    (see ``workloads.lowering._lower_collapsed``).
+    ``instructions`` is the list built so far, ids from ``first_id`` on (a builder that
+    continues a program whose first ``first_id`` instructions, with collective keys below
+    ``first_key``, are held elsewhere: a collapsed lowering's :class:`Columns`).
     """
 
     default_algo = "auto"
     """Collective algorithm of :meth:`collective` unless given."""
 
-    def __init__(self) -> None:
+    def __init__(self, first_id: int = 0, first_key: int = 0) -> None:
         self.instructions: list[Instruction] = []
-        self._next_key = 0
+        self.first_id = first_id
+        self._next_key = first_key
 
     @property
     def next_id(self) -> int:
-        return len(self.instructions)
+        return self.first_id + len(self.instructions)
 
     def new_key(self) -> int:
         """A fresh collective key."""
@@ -150,13 +156,13 @@ class ProgramBuilder:
         return key
 
     def compute(self, gpu: int, kind: str, name: str, deps: tuple[int, ...], **kw) -> int:
-        i = len(self.instructions)
+        i = self.next_id
         self.instructions.append(Compute(i, gpu, kind, name, deps, **kw))
         return i
 
     def send(self, gpu: int, dst: int, nbytes: float, kind: str, name: str,
              deps: tuple[int, ...], **kw) -> int:
-        i = len(self.instructions)
+        i = self.next_id
         self.instructions.append(Send(i, gpu, dst, nbytes, kind, name, deps, **kw))
         return i
 
@@ -169,10 +175,193 @@ class ProgramBuilder:
         instrs = self.instructions
         ids = {}
         for gpu in group:
-            ids[gpu] = i = len(instrs)
+            ids[gpu] = i = self.first_id + len(instrs)
             instrs.append(Collective(i, gpu, kind, name, deps.get(gpu, ()), op, algo, group,
                                      nbytes, key, **kw))
         return ids
 
     def build(self) -> tuple[Instruction, ...]:
         return tuple(self.instructions)
+
+
+COMPUTE, SEND, COLLECTIVE = 0, 1, 2
+"""Instruction classes, as :attr:`Columns.cls` codes them."""
+
+
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """A program's instructions as arrays indexed by id: what the queue-free engine pass
+    (:mod:`sim.columnar`) and the idle breakdown (:mod:`sim.idle`) read, without the
+    instruction objects.
+
+    Only for programs whose every send and collective has a fixed ``duration_s`` and
+    every collective one member (collapsed lowerings, :func:`columns_of`).
+    """
+
+    names: tuple[str, ...]
+    """The strings that :attr:`kind` and :attr:`comm` code (their indices)."""
+    cls: np.ndarray
+    """:data:`COMPUTE`, :data:`SEND` or :data:`COLLECTIVE` (int8)."""
+    gpu: np.ndarray
+    kind: np.ndarray
+    """Code of the instruction's ``kind``."""
+    dst: np.ndarray
+    """A send's destination GPU; -1 for others."""
+    deps: np.ndarray
+    """Shape ``(n, width)``: each instruction's ``deps`` in order, padded with -1."""
+    fixed_s: np.ndarray
+    """A send's or collective's ``duration_s``; NaN for compute ops (timed by the engine)."""
+    blocking_s: np.ndarray
+    """A compute op's ``blocking_comm_s``; 0 for others."""
+    comm: np.ndarray
+    """Code of a compute op's ``blocking_comm_kind``; -1 for others."""
+    alloc_bytes: np.ndarray
+    free_bytes: np.ndarray
+    signature: np.ndarray
+    """A compute op's index into :attr:`signatures`; -1 for others."""
+    signatures: tuple[Compute, ...]
+    """One compute op per signature: the compute ops of a signature equal it in every field
+    but ``id``, ``name``, ``deps`` and ``mb`` (what a compute timer reads is the same)."""
+
+    def __len__(self) -> int:
+        return len(self.cls)
+
+
+def columns_of(instructions: Sequence[Instruction]) -> Columns | None:
+    """The :class:`Columns` of ``instructions`` (ids their positions, or consecutive from the
+    first one's), each compute op its own signature; None where a send or collective has
+    no fixed duration or a collective more than one member."""
+    names: dict[str, int] = {}
+    cls, gpu, kind, dst, fixed, blocking, comm, alloc, free, signature = ([] for _ in range(10))
+    deps: list[tuple[int, ...]] = []
+    signatures: list[Compute] = []
+    for ins in instructions:
+        t = type(ins)
+        gpu.append(ins.gpu)
+        kind.append(names.setdefault(ins.kind, len(names)))
+        deps.append(ins.deps)
+        if t is Compute:
+            cls.append(COMPUTE)
+            dst.append(-1)
+            fixed.append(np.nan)
+            blocking.append(ins.blocking_comm_s)
+            comm.append(names.setdefault(ins.blocking_comm_kind, len(names)))
+            alloc.append(ins.alloc_bytes)
+            free.append(ins.free_bytes)
+            signature.append(len(signatures))
+            signatures.append(ins)
+            continue
+        if ins.duration_s is None or (t is Collective and len(ins.group) != 1):
+            return None
+        cls.append(SEND if t is Send else COLLECTIVE)
+        dst.append(ins.dst if t is Send else -1)
+        fixed.append(ins.duration_s)
+        blocking.append(0.0)
+        comm.append(-1)
+        alloc.append(0.0)
+        free.append(0.0)
+        signature.append(-1)
+    width = max(map(len, deps), default=0)
+    table = np.full((len(deps), width), -1, dtype=np.int64)
+    for k, d in enumerate(deps):
+        table[k, :len(d)] = d
+    return Columns(tuple(names), np.array(cls, dtype=np.int8), np.array(gpu, dtype=np.int64),
+                   np.array(kind, dtype=np.int64), np.array(dst, dtype=np.int64), table,
+                   np.array(fixed, dtype=float), np.array(blocking, dtype=float),
+                   np.array(comm, dtype=np.int64), np.array(alloc, dtype=float),
+                   np.array(free, dtype=float), np.array(signature, dtype=np.int64),
+                   tuple(signatures))
+
+
+class ColumnarInstructions(Sequence):
+    """A program's instructions held as :class:`Columns`, built as objects on first use.
+
+    A collapsed lowering produces hundreds of thousands of instructions that the engine's
+    queue-free pass and the statistics read as arrays; the instruction objects (names,
+    dependency tuples, ...) are built only when something reads them (a trace, a
+    comparison, a multi-step program), by ``build``, and are then exactly the tuple the
+    general lowering builds (``tests/test_perf_columns.py``). It compares, hashes and
+    prints as that tuple.
+    """
+
+    __slots__ = ("_build", "_items", "columns")
+
+    def __init__(self, columns: Columns, build: Callable[[], tuple[Instruction, ...]]) -> None:
+        self.columns = columns
+        self._build: Callable[[], tuple[Instruction, ...]] | None = build
+        self._items: tuple[Instruction, ...] | None = None
+
+    def materialize(self) -> tuple[Instruction, ...]:
+        """The instructions as objects (built once)."""
+        if self._items is None:
+            assert self._build is not None
+            import gc  # noqa: PLC0415
+
+            enabled = gc.isenabled()
+            gc.disable()  # many long-lived tuples, no cycles (see lowering.lower)
+            try:
+                items = self._build()
+            finally:
+                if enabled:
+                    if not gc.get_freeze_count():
+                        gc.freeze()
+                        gc.unfreeze()
+                    gc.enable()
+            if len(items) != len(self.columns):
+                raise AssertionError(f"built {len(items)} instructions for "
+                                     f"{len(self.columns)} columns")
+            self._items, self._build = items, None
+        return self._items
+
+    @property
+    def built(self) -> bool:
+        """Whether the instruction objects exist yet."""
+        return self._items is not None
+
+    def __len__(self) -> int:
+        return len(self.columns)
+
+    @overload
+    def __getitem__(self, i: int) -> Instruction: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Instruction, ...]: ...
+
+    def __getitem__(self, i: int | slice) -> Instruction | tuple[Instruction, ...]:
+        return self.materialize()[i]
+
+    def __iter__(self) -> Iterator[Instruction]:
+        return iter(self.materialize())
+
+    def __reversed__(self) -> Iterator[Instruction]:
+        return reversed(self.materialize())
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.materialize()
+
+    def index(self, value: object, start: int = 0, stop: int | None = None) -> int:
+        return self.materialize().index(value, start, len(self) if stop is None else stop)
+
+    def count(self, value: object) -> int:
+        return self.materialize().count(value)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ColumnarInstructions):
+            other = other.materialize()
+        if isinstance(other, tuple):
+            return self.materialize() == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.materialize())
+
+    def __add__(self, other: tuple) -> tuple:
+        return self.materialize() + tuple(other)
+
+    def __radd__(self, other: tuple) -> tuple:
+        return tuple(other) + self.materialize()
+
+    def __repr__(self) -> str:
+        return repr(self.materialize())
+
+    def __reduce__(self) -> tuple:
+        return (tuple, (self.materialize(),))  # pickles as the plain tuple

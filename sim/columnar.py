@@ -1,0 +1,341 @@
+"""The engine's queue-free pass over a program held as columns (a collapsed lowering's).
+
+A collapsed program has every duration known up front, so the engine runs it
+without the event queue: each instruction starts when its latest predecessor
+(dependency or stream predecessor) ends, in one pass over the ids
+(:meth:`sim.engine._Run._run_in_order`). When the program comes as
+:class:`~workloads.program.Columns` (:class:`~workloads.program.ColumnarInstructions`),
+this module does the same pass on arrays: the only per-instruction Python work
+left is the recurrence itself (a loop over plain lists, :func:`_recurrence`);
+durations are timed once per compute signature, stream predecessors, the
+intervals the statistics read, memory peaks and event counts come out of array
+operations. It computes exactly (the same floating-point operations on the
+same values) the ready and end times, latest predecessors, intervals, makespan,
+memory peaks and event count of the in-order pass; the spans themselves are
+left to that pass, run when a timeline's records are first read
+(:meth:`sim.timeline.Timeline.deferred`). ``tests/test_perf_columns.py``
+compares the two. Pure: no SimPy.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.timeline import COMM_KINDS, COMPUTE_STREAM
+from workloads.program import COLLECTIVE, COMPUTE, SEND, Columns, Compute
+
+WIDE = 3
+"""Dependencies per instruction that :func:`_recurrence` reads unrolled; instructions with
+more (rare: an optimizer step waiting on many gradient collectives) take a general loop."""
+
+
+@dataclass
+class ColumnarPass:
+    """What the in-order pass records, worked out on arrays (:func:`run_columns`)."""
+
+    ready_s: list[float]
+    """Per instruction, when its last predecessor completed (when it starts)."""
+    end_s: list[float]
+    cause: list[int]
+    """Per instruction, its latest-finishing predecessor (-1: none), stream predecessor
+    first among equals, then the first dependency that ended strictly later."""
+    intervals: dict[tuple[int, str], array]
+    """As :attr:`sim.engine.InstructionTimes.intervals`, each in the in-order pass's order."""
+    peak_bytes: dict[int, float]
+    """Per GPU with memory samples, its largest allocated bytes."""
+    floor_bytes: dict[int, float]
+    """Per GPU with memory samples, its smallest allocated bytes."""
+    events: int
+    """Events the queue would have processed (:class:`sim.engine.EngineCounters`)."""
+    clock: float
+    """The makespan: the latest end (0 for none)."""
+    ready_a: np.ndarray
+    """:attr:`ready_s` as an array."""
+    end_a: np.ndarray
+    """:attr:`end_s` as an array."""
+
+
+def run_columns(columns: Columns, timer: Callable[[Compute], float],
+                static_bytes: Sequence[float], gpus: Sequence[int]) -> ColumnarPass | None:
+    """The in-order pass over ``columns`` (``gpus``: those with a static memory sample).
+
+    ``timer`` times one compute op of each signature (:attr:`Columns.signatures`): a
+    compute timer reads an op's work, never its id, name, dependencies or micro-batch.
+    None, having done nothing the caller sees, where the in-order pass would decline (a
+    negative compute or send duration, a dependency on a later id): the caller then runs
+    the general passes on the instruction objects.
+    """
+    n = len(columns)
+    cls = columns.cls
+    compute = cls == COMPUTE
+    durations = np.array([timer(op) for op in columns.signatures] + [0.0], dtype=float)
+    duration = np.where(compute, durations[columns.signature], 0.0)  # signature -1: the 0.0
+    blocking = columns.blocking_s
+    if (duration < 0).any() or (blocking < 0).any() or (columns.fixed_s[cls == SEND] < 0).any():
+        return None
+    ids = np.arange(n, dtype=np.int64)
+    deps = columns.deps
+    if deps.size and not (deps < ids[:, None]).all():
+        return None
+    total = np.where(compute, duration + blocking, columns.fixed_s)
+    gpus_of, gpu, dst = _dense_gpus(columns)
+    ready, end, cause = _recurrence(_stream_predecessors(columns, gpu, dst), deps, total)
+    ready_a = np.array(ready, dtype=float)
+    end_a = np.array(end, dtype=float)
+    mid = ready_a + duration  # a compute op's compute span ends here, its blocking part after
+    events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
+    clock = float(end_a.max()) if n else 0.0
+    peaks, floors = _memory(columns, static_bytes, gpus)
+    return ColumnarPass(ready, end, cause,
+                        _intervals(columns, (gpus_of, gpu, dst), ready_a, mid, end_a),
+                        peaks, floors, events, clock if clock > 0 else 0.0, ready_a, end_a)
+
+
+def _dense_gpus(columns: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The GPUs the instructions involve (sorted), and each instruction's GPU and (sends)
+    destination as an index into them (-1: no destination)."""
+    sends = columns.cls == SEND
+    seen = np.zeros(int(max(columns.gpu.max(initial=0), columns.dst.max(initial=0))) + 1,
+                    dtype=bool)
+    seen[columns.gpu] = True
+    seen[columns.dst[sends]] = True
+    dense = np.cumsum(seen) - 1
+    return (np.flatnonzero(seen), dense[columns.gpu],
+            np.where(sends, dense[np.where(sends, columns.dst, 0)], -1))
+
+
+def _grouped(key: np.ndarray, bound: int) -> np.ndarray:
+    """The stable sort of integer keys ``0 <= key < bound`` (a radix sort on small keys)."""
+    small = bound <= np.iinfo(np.uint16).max + 1
+    return np.argsort(key.astype(np.uint16) if small else key, kind="stable")
+
+
+def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Per instruction, the previous instruction of its stream (-1: none): a GPU's compute
+    stream, its send stream to each destination, its collective stream of each kind
+    (``gpu``, ``dst``: dense indices, :func:`_dense_gpus`)."""
+    n = len(columns)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    cls = columns.cls.astype(np.int64)
+    sub = np.where(cls == SEND, dst, np.where(cls == COLLECTIVE, columns.kind, 0))
+    width = int(max(sub.max(), 0)) + 1
+    key = (gpu * 3 + cls) * width + sub
+    order = _grouped(key, (int(gpu.max()) + 1) * 3 * width)
+    prev = np.full(n, -1, dtype=np.int64)
+    same = key[order[1:]] == key[order[:-1]]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
+
+
+def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray
+                ) -> tuple[list[float], list[float], list[int]]:
+    """Ready and end times and latest predecessors, instruction by instruction in id order.
+
+    ``ready = max(0, end of each predecessor)``, ``end = ready + total``; the cause is the
+    stream predecessor, unless a dependency ended strictly later (the first such of the
+    latest). An absent predecessor (-1) reads ``end[-1]``, a sentinel of -1.0 that never
+    wins. These are :meth:`sim.engine._Run._run_in_order`'s operations on these values.
+    """
+    n = len(prev)
+    end = [0.0] * n + [-1.0]
+    ready = [0.0] * n
+    cause = [-1] * n
+    if not n:
+        return ready, end[:n], cause
+    width = deps.shape[1]
+    wide = (np.flatnonzero((deps[:, WIDE:] >= 0).any(axis=1)).tolist()
+            if width > WIDE else [])
+    # the dependency columns in use, of the first WIDE (each instruction's come first)
+    k = max((c + 1 for c in range(min(width, WIDE)) if (deps[:, c] >= 0).any()), default=0)
+    used = [deps[:, c] for c in range(k)]
+    columns = [prev.tolist(), *(col.tolist() for col in used)]
+    durations = total.tolist()
+    step = _STEPS[len(used)]
+    lo = 0
+    for stop in [*wide, n]:
+        if stop > lo:
+            whole = lo == 0 and stop == n  # (no copies of the lists)
+            step(range(lo, stop), columns if whole else [col[lo:stop] for col in columns],
+                 durations if whole else durations[lo:stop], end, ready, cause)
+        if stop < n:  # an instruction with many dependencies
+            p = columns[0][stop]
+            t, best = end[p], p
+            for d in deps[stop].tolist():
+                e = end[d]
+                if e > t:
+                    t, best = e, d
+            if t < 0.0:
+                t = 0.0
+            ready[stop], cause[stop], end[stop] = t, best, t + durations[stop]
+        lo = stop + 1
+    del end[n]
+    return ready, end, cause
+
+
+def _step0(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
+           ready: list[float], cause: list[int]) -> None:
+    """:func:`_recurrence` over ``ids``, instructions without dependencies."""
+    for i, p, du in zip(ids, cols[0], durations, strict=True):
+        t = end[p]
+        if t < 0.0:  # no predecessor: the sentinel
+            t = 0.0
+        ready[i] = t
+        cause[i] = p
+        end[i] = t + du
+
+
+def _step1(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
+           ready: list[float], cause: list[int]) -> None:
+    """:func:`_recurrence` over ``ids``, up to one dependency each."""
+    for i, p, a, du in zip(ids, cols[0], cols[1], durations, strict=True):
+        t = end[p]
+        best = p
+        e = end[a]
+        if e > t:
+            t, best = e, a
+        if t < 0.0:
+            t = 0.0
+        ready[i] = t
+        cause[i] = best
+        end[i] = t + du
+
+
+def _step2(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
+           ready: list[float], cause: list[int]) -> None:
+    """:func:`_recurrence` over ``ids``, up to two dependencies each."""
+    for i, p, a, b, du in zip(ids, cols[0], cols[1], cols[2], durations, strict=True):
+        t = end[p]
+        best = p
+        e = end[a]
+        if e > t:
+            t, best = e, a
+        e = end[b]
+        if e > t:
+            t, best = e, b
+        if t < 0.0:
+            t = 0.0
+        ready[i] = t
+        cause[i] = best
+        end[i] = t + du
+
+
+def _step3(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
+           ready: list[float], cause: list[int]) -> None:
+    """:func:`_recurrence` over ``ids``, up to three dependencies each."""
+    for i, p, a, b, c, du in zip(ids, cols[0], cols[1], cols[2], cols[3], durations,
+                                 strict=True):
+        t = end[p]
+        best = p
+        e = end[a]
+        if e > t:
+            t, best = e, a
+        e = end[b]
+        if e > t:
+            t, best = e, b
+        e = end[c]
+        if e > t:
+            t, best = e, c
+        if t < 0.0:
+            t = 0.0
+        ready[i] = t
+        cause[i] = best
+        end[i] = t + du
+
+
+_STEPS = (_step0, _step1, _step2, _step3)
+"""The loop of :func:`_recurrence` by the number of dependency columns in use."""
+
+
+def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray],
+               start: np.ndarray, mid: np.ndarray, end: np.ndarray
+               ) -> dict[tuple[int, str], array]:
+    """The intervals the in-order pass records, per (GPU, stream or kind).
+
+    Compute ops give ``[start, mid]`` on ``(GPU, "compute")`` (and on their kind, were it a
+    communication kind), their blocking communication ``[mid, end]`` on its kind; sends
+    ``[start, end]`` on their kind at both ends; collectives on theirs. The same intervals
+    per key as the in-order pass records, in another (deterministic) order: what reads
+    them takes their union (:data:`sim.stats.Intervals`).
+    """
+    names = columns.names
+    comm = np.array([name in COMM_KINDS for name in names] + [False], dtype=bool)
+    kind_names = (*names, COMPUTE_STREAM)
+    codes = len(kind_names)
+    cls, kind = columns.cls, columns.kind
+    is_compute = cls == COMPUTE
+    sends = cls == SEND
+    gpus, gpu, dst = dense  # (_dense_gpus)
+    parts = []  # (key, start, end) per group of intervals; key: dense GPU x name code
+
+    def add(mask: np.ndarray, g: np.ndarray, code: np.ndarray | int, a: np.ndarray,
+            b: np.ndarray) -> None:
+        at = np.flatnonzero(mask)
+        if len(at):
+            parts.append((g[at] * codes + (code if isinstance(code, int) else code[at]),
+                          a[at], b[at]))
+
+    add(is_compute, gpu, codes - 1, start, mid)
+    add(is_compute & comm[kind], gpu, kind, start, mid)
+    add(is_compute & (columns.blocking_s > 0) & comm[columns.comm], gpu, columns.comm, mid,
+        end)
+    other = ~is_compute & comm[kind]
+    add(other, gpu, kind, start, end)
+    add(other & sends, dst, kind, start, end)
+    if not parts:
+        return {}
+    key, a, b = (np.concatenate(x) for x in zip(*parts, strict=True))
+    # grouped by key, each group in the order above (a stable sort: radix on small keys)
+    sort = _grouped(key, len(gpus) * codes)
+    key = key[sort]
+    flat = np.empty(2 * len(a))
+    flat[0::2], flat[1::2] = a[sort], b[sort]
+    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
+    out: dict[tuple[int, str], array] = {}
+    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(key)], strict=True):
+        k = int(key[lo])
+        values = array("d")
+        values.frombytes(flat[2 * lo:2 * hi].tobytes())
+        out[(int(gpus[k // codes]), kind_names[k % codes])] = values
+    return out
+
+
+def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
+            ) -> tuple[dict[int, float], dict[int, float]]:
+    """Per GPU, the largest and smallest of its memory samples: the static one at time 0
+    (GPUs in ``gpus``), then, in id order of its compute ops, the bytes after each
+    allocation (at the op's start) and after each free (at its end); the bytes as the
+    in-order pass sums them, one change after the other."""
+    alloc, free = columns.alloc_bytes, columns.free_bytes
+    is_compute = columns.cls == COMPUTE
+    a_at = np.flatnonzero(is_compute & (alloc != 0))
+    f_at = np.flatnonzero(is_compute & (free != 0))
+    g = np.concatenate((columns.gpu[a_at], columns.gpu[f_at]))
+    order = np.concatenate((2 * a_at, 2 * f_at + 1))
+    delta = np.concatenate((alloc[a_at], -free[f_at]))  # x - f is x + (-f), exactly
+    sort = np.lexsort((order, g))
+    g, delta = g[sort], delta[sort]
+    cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
+    runs = {int(g[lo]): delta[lo:hi] for lo, hi in zip([0, *cuts.tolist()],
+                                                      [*cuts.tolist(), len(g)], strict=True)
+            if hi > lo}
+    peaks: dict[int, float] = {}
+    floors: dict[int, float] = {}
+    shown = set(gpus)
+    for gpu in sorted(shown | runs.keys()):
+        changes = runs.get(gpu)
+        static = float(static_bytes[gpu])
+        samples = (np.add.accumulate(np.concatenate(([static], changes)))[1:]
+                   if changes is not None else np.zeros(0))
+        peaks[gpu] = float(samples.max()) if len(samples) else static
+        floors[gpu] = float(samples.min()) if len(samples) else static
+        if gpu in shown:  # its static sample comes first: it wins ties (max and min do)
+            if not len(samples) or static >= peaks[gpu]:
+                peaks[gpu] = static_bytes[gpu]
+            if not len(samples) or static <= floors[gpu]:
+                floors[gpu] = static_bytes[gpu]
+    return peaks, floors
