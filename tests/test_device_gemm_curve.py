@@ -129,3 +129,28 @@ def test_bounded_fit_is_the_exact_minimum() -> None:
         else:
             assert grad[i] <= 1e-8 * scale, i
     assert any(x[i] in (lo[i], hi[i]) for i in range(k))
+
+
+def test_l1_fit_is_the_weighted_median_in_one_dimension() -> None:
+    """Σ |c_i·x − d_i| is least at the median of d_i/c_i weighted by |c_i|: the fit of the
+    MAPE (``--loss l1``) finds it, while least squares gives the weighted mean."""
+    cal = _calibrate()
+    rng = np.random.default_rng(11)
+    n = 41
+    measured = rng.uniform(5.0, 10.0, n)
+    A = rng.uniform(0.5, 3.0, (n, 1))
+    T0 = measured * rng.uniform(0.6, 1.6, n)  # r_i = (T0 + A(x − x0))/M − 1 at x0 = 0
+    x0 = np.zeros(1)
+    c, d = A[:, 0] / measured, 1 - T0 / measured
+    ratio, weight = d / c, np.abs(c)
+    order = np.argsort(ratio)
+    cum = np.cumsum(weight[order])
+    median = ratio[order][np.searchsorted(cum, cum[-1] / 2)]
+    bnds = ((-100.0, 100.0),)
+    mask = np.ones(n, bool)
+    assert cal.fit_l1(T0, A, x0, measured, mask, bnds)[0] == pytest.approx(median, abs=1e-3)
+    mean = np.sum(c * d) / np.sum(c * c)
+    assert cal.fit(T0, A, x0, measured, mask, bnds)[0] == pytest.approx(mean, rel=1e-9)
+    # a bound that binds holds
+    assert cal.fit_l1(T0, A, x0, measured, mask, ((-100.0, median - 0.5),))[0] == pytest.approx(
+        median - 0.5)
