@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -171,6 +171,16 @@ STEADY_STEPS = 3
 (the start-up transient of the schedules here lasts one step)."""
 
 
+def _fastest_type_time(timers: Sequence[Callable[[Compute], float]] | None
+                       ) -> Callable[[Compute], float] | None:
+    """On a cluster mixing GPU types (a timer per rank, shared by the ranks of a type), a
+    compute op's time on the type that runs it fastest; None on a uniform cluster."""
+    if timers is None:
+        return None
+    types = tuple(dict.fromkeys(timers))
+    return lambda op: min(timer(op) for timer in types)
+
+
 def simulate(exp: Experiment, profile: DeviceProfile | None = None,
              fidelity: str = "auto", steps: int | None = None,
              link_changes: Sequence[tuple[float, Mapping[int, float]]] = (),
@@ -273,7 +283,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
     ready_s, end_s = times.arrays or (times.ready_s, times.end_s)
     idle = idle_breakdown(program, ready_s, end_s, timeline.simulated_gpus, slowdown, window,
-                          times.cause)
+                          times.cause, _fastest_type_time(timers))
     stats["idle_breakdown"] = summarize(idle)
     return Result(exp, program, timeline, stats, n, tuple(ends))
 

@@ -6,7 +6,8 @@ arrived last) completes, so the chain of latest predecessors from any
 instruction back to the start of the run is contiguous in time: its end time
 is the sum of the spans along that chain. Each span splits by cause: nominal
 compute, the excess of compute on a straggler (``(1 - 1/s)`` of its duration
-at slowdown ``s``), and communication of each kind (sends, collectives, the
+at slowdown ``s``; on a cluster mixing GPU types, all of an op's time beyond its
+time on the fastest type), and communication of each kind (sends, collectives, the
 blocking communication folded into a collapsed compute op). Summing along the
 chain gives, for every instruction, its end time by cause.
 
@@ -21,7 +22,8 @@ sums (the common prefix of the chains cancels):
   the round trip of a micro-batch through later stages, unequal stages);
 * straggler excess -> ``straggler``: what the gap would shrink by if every
   straggler ran at nominal speed (so one slow stage in 1F1B puts exactly the
-  extra idle time it causes on ``straggler``);
+  extra idle time it causes on ``straggler``), or, mixing GPU types, if every
+  op ran as fast as on the fastest type;
 * communication -> its kind (``tp``, ``cp``, ``ep``, ``pp``, ``dp``),
   including waiting for another replica's communication.
 
@@ -109,15 +111,38 @@ def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
     return start, cause, compute
 
 
-def _add_own(row: list[float], ins: object, span: float, slowdown: Mapping[int, float]) -> None:
+class _Excess:
+    """What of a compute op's time counts as ``straggler``: ``(1 - 1/s)`` of it on a straggler
+    of slowdown ``s`` (``slowdown``, per GPU); on a cluster mixing GPU types (``nominal``
+    given: an op's time on the fastest type), all it takes beyond that time, which
+    includes any straggler's slowdown. False (no excess anywhere) when neither is given."""
+
+    __slots__ = ("slowdown", "nominal")
+
+    def __init__(self, slowdown: Mapping[int, float],
+                 nominal: Callable[[Compute], float] | None = None) -> None:
+        self.slowdown, self.nominal = slowdown, nominal
+
+    def __bool__(self) -> bool:
+        return bool(self.slowdown) or self.nominal is not None
+
+    def of(self, ins: Compute, work: float) -> float:
+        """The excess of ``ins``, a compute op that ran ``work`` seconds."""
+        if self.nominal is not None:
+            excess = work - self.nominal(ins)
+            return excess if excess > 0.0 else 0.0
+        s = self.slowdown.get(ins.gpu, 1.0)
+        return work * (1.0 - 1.0 / s) if s != 1.0 else 0.0
+
+
+def _add_own(row: list[float], ins: object, span: float, slowdown: _Excess) -> None:
     """Add an instruction's span, split by cause (:data:`_PARTS`), to ``row`` in place."""
     if type(ins) is Compute:
         blocking = min(ins.blocking_comm_s, span) if ins.blocking_comm_s > 0 else 0.0
         if blocking:
             row[_INDEX.get(ins.blocking_comm_kind, _BUBBLE)] += blocking
         work = span - blocking
-        s = slowdown.get(ins.gpu, 1.0) if slowdown else 1.0
-        excess = work * (1.0 - 1.0 / s) if s != 1.0 else 0.0
+        excess = slowdown.of(ins, work) if slowdown else 0.0
         row[_STRAGGLER] += excess
         row[_BUBBLE] += work - excess
     else:  # a kind outside COMM_KINDS would be a lowering bug: counted as bubble, not lost
@@ -125,7 +150,7 @@ def _add_own(row: list[float], ins: object, span: float, slowdown: Mapping[int, 
 
 
 def _cumulative(program: Program, start: Sequence[float], cause: Sequence[int],
-                end_s: Sequence[float], slowdown: Mapping[int, float]) -> list[list[float]]:
+                end_s: Sequence[float], slowdown: _Excess) -> list[list[float]]:
     """Per instruction, its end time by cause: the sum of its spans' parts along its chain."""
     instrs = program.instructions
     zero = [0.0] * len(_PARTS)
@@ -157,7 +182,7 @@ def _cumulative(program: Program, start: Sequence[float], cause: Sequence[int],
 
 
 def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
-                cause: Sequence[int], end_s: Sequence[float], slowdown: Mapping[int, float],
+                cause: Sequence[int], end_s: Sequence[float], slowdown: _Excess,
                 cum: list[list[float] | None]) -> None:
     """``cum`` of ``i`` and of the instructions on its chain that lack it, from the root."""
     zero = [0.0] * len(_PARTS)
@@ -176,7 +201,7 @@ def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
 
 
 def _in_order(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
-              cause: list[int], slowdown: Mapping[int, float]
+              cause: list[int], slowdown: _Excess
               ) -> tuple[list[float], list[list[float]], dict[int, list[int]], list[float],
                          list[int]] | None:
     """:func:`_chains` and :func:`_cumulative` in one pass over the instructions in id order,
@@ -270,7 +295,9 @@ def _folded(instrs: Sequence) -> tuple[list[float], list[int]]:
 def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
                    gpus: Sequence[int], slowdown: Mapping[int, float] | None = None,
                    window: tuple[float, float] | None = None,
-                   cause: Sequence[int] | None = None) -> dict[int, dict[str, float]]:
+                   cause: Sequence[int] | None = None,
+                   nominal: Callable[[Compute], float] | None = None
+                   ) -> dict[int, dict[str, float]]:
     """Per GPU in ``gpus``, its compute-stream idle seconds by cause (:data:`CAUSES`).
 
     ``ready_s`` and ``end_s`` are the engine's per-instruction times
@@ -280,13 +307,17 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
     to the last end) limits the accounting to a time interval. ``cause``: each
     instruction's latest predecessor where the engine recorded it
     (:attr:`sim.engine.InstructionTimes.cause`), else worked out here.
+    ``nominal``, on a cluster mixing GPU types: a compute op's time on the fastest type,
+    so that waiting on a slower type counts as ``straggler`` (with the excess of any
+    straggler), not as ``bubble``.
     """
     with gc_paused():  # many small lists, no cycles
-        return _breakdown(program, ready_s, end_s, gpus, slowdown or {}, window, cause)
+        return _breakdown(program, ready_s, end_s, gpus, _Excess(slowdown or {}, nominal),
+                          window, cause)
 
 
 def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
-               gpus: Sequence[int], slowdown: Mapping[int, float],
+               gpus: Sequence[int], slowdown: _Excess,
                window: tuple[float, float] | None, known: Sequence[int] | None = None
                ) -> dict[int, dict[str, float]]:
     """:func:`idle_breakdown`, with the garbage collector paused by the caller."""

@@ -381,3 +381,26 @@ def test_example_runs_from_the_cli(capsys: pytest.CaptureFixture) -> None:
     assert min(h100) > max(a100)
     even = simulate(exp.with_changes({"parallel.layers_per_stage": None})).stats
     assert stats["step_time_s"] < even["step_time_s"]
+
+
+def test_waiting_on_a_slower_gpu_type_is_straggler_time() -> None:
+    """A slow last stage of another GPU type makes the others wait exactly as a straggler
+    does (tests/test_idle.py): each faster stage keeps the bubble of the all-H100 pipeline,
+    and what it idles beyond that, m times the slow stage's excess per micro-batch over the
+    fastest type, is ``straggler``; the slow stage itself waits on nobody slower."""
+    mixed_exp = build_experiment(pipeline(H3_A1))
+    mixed = simulate(mixed_exp).stats["idle_breakdown"]["per_gpu_s"]
+    uniform = simulate(build_experiment(pipeline(("H100",) * 4))).stats
+    uniform = uniform["idle_breakdown"]["per_gpu_s"]
+    slow = stage_costs(mixed_exp)[3]
+    h100 = work_timer(GPUS["H100"], default_profile("H100"), "flash2")
+    fast = [sum(h100(seg) for seg in mixed_exp.costs.op_segments(Op(3, kind, 0), False)
+                if isinstance(seg, ComputeSeg)) for kind in ("F", "B")]
+    excess = (slow[0] + slow[1]) - sum(fast)
+    m = 8
+    for g in ("0", "1", "2"):
+        assert mixed[g]["bubble"] == pytest.approx(uniform[g]["bubble"], rel=1e-9)
+        assert mixed[g]["straggler"] == pytest.approx(
+            mixed[g]["idle_s"] - uniform[g]["idle_s"], rel=1e-9)
+        assert mixed[g]["straggler"] == pytest.approx(m * excess, rel=1e-9)
+    assert mixed["3"]["straggler"] == pytest.approx(0.0, abs=1e-15)
