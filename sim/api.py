@@ -28,6 +28,7 @@ from sim.faults import (
     batch_segments,
     job_mtbf_s,
     mid_step_link_changes,
+    preempted_step_lost_s,
     simulate_failures,
     straggler_slowdowns,
     strikes_mid_step,
@@ -394,13 +395,14 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     extra latency) and later transfers taking those routes
     (:func:`sim.faults.mid_step_link_changes`); the steps after it run on the
     changed cluster. A failure that partitions the network is a ConfigError naming
-    the pair. Preemptions, and link faults where steps are collapsed or overlap,
-    take effect at the first step boundary at or after their ``at_s``. A
-    preemption with policy
+    the pair. Link faults where steps are collapsed or overlap take effect at the
+    first step boundary at or after their ``at_s``. A preemption with policy
     ``stall`` pauses the run for ``replacement_s`` (SWARM-style: the pipeline
     waits for a replacement peer and loses no work, Ryabinin et al. 2023); with
-    ``rebalance`` the run goes on
-    with the DP replicas that kept all their servers. GPU failures then play
+    ``rebalance`` the run goes on with the DP replicas that kept all their servers,
+    and the step in flight at ``at_s`` is lost (``preemption_lost_s``, counted from
+    its start) and rerun on them, unless it ends within the preemption's
+    ``notice_s`` (then, as at a step boundary, nothing is lost). GPU failures then play
     against the step times (:func:`sim.faults.simulate_failures`). Adds
     ``time_to_train_s``, ``goodput`` (useful work / elapsed), ``lost_work_s``
     and the other run keys to the stats.
@@ -438,7 +440,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     # mid-step link faults where steps are simulated in full (flows can be re-rated/rerouted)
     mid_step = exp.schedule.name not in OVERLAPPING_STEPS and (
         fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
-    t, applied, stall = 0.0, 0, 0.0
+    t, applied, stall, preempted = 0.0, 0, 0.0, 0.0
     for first, count, batch in segments:
         left, fresh = count, True
         while left > 0:
@@ -452,6 +454,13 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
             period = res.stats["step_time_s"]
             n0 = len(step_s)
             step = res.first_step_s if fresh else period
+            lost = (preempted_step_lost_s(events[applied][1], t, t + step)
+                    if applied < len(events) else 0.0)
+            if lost:  # a server goes mid-step: the step is lost and rerun without it
+                preempted += lost
+                applied += 1
+                fresh = True
+                continue
             changes, n_mid = mid_step_link_changes(res.experiment.cluster, events, applied, t,
                                                    t + step) if mid_step else ([], 0)
             if changes:  # link faults strike during this step: it runs with them
@@ -478,11 +487,16 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                 fresh = False
             next_at = events[applied][1].at_s if applied < len(events) else math.inf
             if left > 0 and t < next_at:
-                # a mid-step link fault stops the run before the step it strikes in
+                # a mid-step link fault, or a preemption that loses the step it strikes
+                # in, stops the run before that step
                 to_event = (math.floor if mid_step and applied < len(events)
                             and strikes_mid_step(events[applied][1]) else math.ceil)
                 n = left if next_at == math.inf or period <= 0 else min(
                     left, to_event((next_at - t) / period))
+                if n and applied < len(events):
+                    t0 = t + (n - 1) * period  # the last of the n steps
+                    if preempted_step_lost_s(events[applied][1], t0, t0 + period):
+                        n -= 1
                 step_s.extend([period] * n)
                 t += n * period
                 left -= n
@@ -499,7 +513,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     tokens = None
     if exp.model is not None:
         tokens = sum(r["steps"] * r["global_batch_size"] for r in rows) * exp.model.seq_length
-    elapsed = run.time_to_train_s + stall
+    elapsed = run.time_to_train_s + stall + preempted
     stats.update({
         "steps": steps,
         "time_to_train_s": elapsed,
@@ -510,9 +524,10 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
         "restart_s": run.restart_s,
         "failures": run.failures,
         "preemption_stall_s": stall,
+        "preemption_lost_s": preempted,
         "train_tokens_per_s": tokens / elapsed if tokens and elapsed else None,
         "run_segments": rows,
-        "idle_breakdown_run_s": _run_idle(rows, cache, run, stall, transitions),
+        "idle_breakdown_run_s": _run_idle(rows, cache, run, stall + preempted, transitions),
     })
     if spec is not None:
         mtbf = job_mtbf_s(spec, num_gpus)

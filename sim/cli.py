@@ -79,6 +79,8 @@ def summary_table(stats: dict) -> str:
         ]
         if stats.get("preemption_stall_s"):
             rows.append(("preemption stalls", _fmt(stats["preemption_stall_s"], ",.3f", " s")))
+        if stats.get("preemption_lost_s"):
+            rows.append(("preempted steps", _fmt(stats["preemption_lost_s"], ",.3f", " s")))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
 

@@ -272,6 +272,19 @@ def young_daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * delta * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - delta
 
 
+def preempted_step_lost_s(event: LinkFault | Preemption, t0_s: float, t1_s: float) -> float:
+    """Seconds of a step running from ``t0_s`` to ``t1_s`` lost to ``event``: a ``rebalance``
+    preemption striking inside it (``t0_s < at_s < t1_s``) with a notice that ends before
+    the step does loses the step up to ``at_s`` (the DP replicas on the lost server never
+    deliver their gradients, so it is rerun on the replicas left); 0 otherwise (a ``stall``
+    pauses the pipeline and loses nothing, SWARM-style)."""
+    if not isinstance(event, Preemption) or event.policy != "rebalance":
+        return 0.0
+    if t0_s < event.at_s < t1_s and event.at_s + event.notice_s < t1_s:
+        return event.at_s - t0_s
+    return 0.0
+
+
 def strikes_mid_step(event: LinkFault | Preemption) -> bool:
     """Whether ``event`` can strike in the middle of a step: a link degradation or
     failure (a preemption changes the layout: it waits for the step boundary)."""

@@ -85,8 +85,10 @@ class LinkFault(_Strict):
 
 
 class Preemption(_Strict):
-    """A server taken away at ``at_s`` (applied at the first step boundary at or after it),
-    as preemptible cloud capacity does (Ryabinin et al. 2023, SWARM)."""
+    """A server taken away at ``at_s``, as preemptible cloud capacity does (Ryabinin et al.
+    2023, SWARM). With ``rebalance``, a step in flight then that would not end within
+    ``notice_s`` is lost (its DP collectives can no longer complete) and rerun on the
+    replicas left; otherwise the change applies at the step boundary."""
 
     node: int = Field(ge=0)
     """Server index (GPUs ``node * gpus_per_node ...`` on the presets)."""
@@ -97,6 +99,9 @@ class Preemption(_Strict):
     spread over the remaining ones (more micro-batches each)."""
     replacement_s: float = Field(0.0, ge=0)
     """``stall`` only: time until the replacement server has joined."""
+    notice_s: float = Field(0.0, ge=0)
+    """Warning given before the server goes (cloud preemption notices: AWS spot 120 s, GCP
+    spot 30 s): a step that ends within it completes; 0, none."""
 
 
 class FaultsConfig(_Strict):

@@ -241,9 +241,27 @@ def _preempted(preemptions: list, placement: str = "tp-cp-pp-dp") -> dict:
             "training": {"global_batch_size": 32}, "faults": {"preemptions": preemptions}}
 
 
+def test_preemption_notice_and_step_boundaries() -> None:
+    """A notice that outlasts the step in flight lets it finish (the change applies at the
+    boundary, nothing lost); a preemption at a step boundary loses nothing either."""
+    step = simulate_run(build_experiment(_preempted([])), 10).stats["step_time_s"]
+    k = math.floor(0.5 / step)
+    rest = (k + 1) * step - 0.5  # what the step in flight at 0.5 s has left
+    for notice, steps_before, lost in ((rest * 1.01, k + 1, 0.0), (rest * 0.99, k, 0.5 - k * step)):
+        stats = simulate_run(build_experiment(_preempted(
+            [{"node": 1, "at_s": 0.5, "policy": "rebalance", "notice_s": notice}])), 100).stats
+        assert stats["run_segments"][0]["steps"] == steps_before
+        assert stats["preemption_lost_s"] == pytest.approx(lost, abs=1e-12)
+    at_boundary = simulate_run(build_experiment(_preempted(
+        [{"node": 1, "at_s": 0.0, "policy": "rebalance"}])), 10).stats
+    assert at_boundary["preemption_lost_s"] == 0.0
+    assert [r["dp"] for r in at_boundary["run_segments"]] == [4]
+
+
 def test_preemption_rebalance_and_stall() -> None:
     """SWARM-style preemption (Ryabinin et al. 2023): ``rebalance`` goes on with the DP
-    replicas left (same global batch, twice the micro-batches each); ``stall`` waits."""
+    replicas left (same global batch, twice the micro-batches each), the step in flight
+    at ``at_s`` lost and rerun; ``stall`` waits."""
     clean = simulate_run(build_experiment(_preempted([])), 100).stats
     step = clean["step_time_s"]
     assert step == pytest.approx((4 + 1) * 3 * MS, rel=0.01)  # m = 32 / 8 = 4 per pipeline
@@ -251,10 +269,13 @@ def test_preemption_rebalance_and_stall() -> None:
         [{"node": 1, "at_s": 0.5, "policy": "rebalance"}])), 100).stats
     before, after = rebalanced["run_segments"]
     assert (before["dp"], after["dp"]) == (8, 4)
-    assert before["steps"] == math.ceil(0.5 / step) and before["steps"] + after["steps"] == 100
+    assert before["steps"] == math.floor(0.5 / step) and before["steps"] + after["steps"] == 100
     assert after["step_time_s"] == pytest.approx((8 + 1) * 3 * MS, rel=0.01)  # m = 8
+    lost = 0.5 - before["steps"] * step  # the step in flight at 0.5 s, from its start
+    assert rebalanced["preemption_lost_s"] == pytest.approx(lost, rel=1e-9) and lost > 0
     assert rebalanced["time_to_train_s"] == pytest.approx(
-        before["steps"] * before["step_time_s"] + after["steps"] * after["step_time_s"])
+        before["steps"] * before["step_time_s"] + after["steps"] * after["step_time_s"] + lost)
+    assert rebalanced["idle_breakdown_run_s"]["failure"] == pytest.approx(lost)
     stalled = simulate_run(build_experiment(_preempted(
         [{"node": 1, "at_s": 0.5, "policy": "stall", "replacement_s": 30.0}])), 100).stats
     assert stalled["time_to_train_s"] == pytest.approx(clean["time_to_train_s"] + 30.0)
