@@ -15,8 +15,10 @@ errors) of the plain loops they stand in for.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -245,6 +247,30 @@ def _times_key_order(schedule: Schedule) -> list[Op]:
 @pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.name}-{len(s.rank_ops)}")
 def test_topological_order_is_the_sort_key_order(schedule: Schedule) -> None:
     assert topological_ops(schedule) == _times_key_order(schedule)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: f"{s.name}-{len(s.rank_ops)}")
+def test_what_the_symbolic_run_keeps_equals_working_it_out_again(schedule: Schedule) -> None:
+    """unit_order and producers_at (the symbolic run's rank-order codes and producers,
+    renumbered) give what _coded and producer_positions give on the lowering's order."""
+    schedule = dataclasses.replace(schedule)  # a fresh instance: what other tests kept is not
+    kept = sched_mod.unit_order(schedule)
+    if schedule.fused:
+        assert kept is None and sched_mod.producers_at(schedule, None) is None
+        return
+    at, stage, kind, seq = kept
+    rank_order = [op for ops in schedule.rank_ops for op in ops]
+    ops = list(unit_times(schedule))
+    assert [rank_order[k] for k in at.tolist()] == ops
+    coded = sched_mod._coded(schedule, ops)
+    assert all((a == b).all() for a, b in zip((stage, kind, seq), (coded[0], coded[1], coded[3]),
+                                              strict=True))
+    order = topological_ops(schedule)
+    position = {op: k for k, op in enumerate(rank_order)}
+    perm = [position[op] for op in order]
+    kept_cols = sched_mod.producers_at(schedule, np.array(perm, dtype=np.int64))
+    fresh = sched_mod.producer_positions(schedule, order)
+    assert [col.tolist() for col in kept_cols] == [list(col) for col in fresh]
 
 
 BAD = [

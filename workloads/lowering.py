@@ -57,7 +57,9 @@ from workloads.schedules import (
     Schedule,
     op_deps,
     producer_positions,
+    producers_at,
     schedule_deps,
+    unit_order,
     unit_times,
 )
 
@@ -86,18 +88,23 @@ _KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
 
 
 def _topological(schedule: Schedule, fields: bool = False
-                 ) -> tuple[list[Op], tuple[np.ndarray, ...] | None]:
+                 ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
     """:func:`topological_ops`; with ``fields``, also the ops' stages, kind codes
-    (:data:`_KINDS`) and sequence fields in that order, as arrays."""
+    (:data:`_KINDS`), sequence fields and rank-order positions (:func:`unit_order`; None
+    where it has none) in that order, as arrays."""
     times = unit_times(schedule)
     ops = list(times)
     n = len(ops)
     if not n:
-        return ops, (np.zeros(0, np.int64),) * 3 if fields else None
+        return ops, (*(np.zeros(0, np.int64),) * 3, None) if fields else None
     # sorted by (end, rank, start), ties in the symbolic run's order: a stable sort on keys
     # read into arrays (the ranks through the stages) instead of a key tuple per op
     spans = np.fromiter(chain.from_iterable(times.values()), float, 2 * n)
-    if fields:
+    coded = unit_order(schedule) if fields else None
+    at = kinds = None
+    if coded is not None:  # worked out by the symbolic run (the same codes as _kind_codes)
+        at, stage, kinds, seq = coded
+    elif fields:
         ints = np.fromiter(chain.from_iterable(map(itemgetter(0, 3), ops)), np.int64, 2 * n)
         stage, seq = ints[0::2], ints[1::2]
     else:
@@ -107,7 +114,9 @@ def _topological(schedule: Schedule, fields: bool = False
     order = list(map(ops.__getitem__, perm.tolist()))
     if not fields:
         return order, None
-    return order, (stage[perm], _kind_codes(ops)[perm], seq[perm])
+    if kinds is None:
+        kinds = _kind_codes(ops)
+    return order, (stage[perm], kinds[perm], seq[perm], None if at is None else at[perm])
 
 
 def _kind_codes(ops: Sequence[Op]) -> np.ndarray:
@@ -414,7 +423,7 @@ def _lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     whole_p2p = costs.p2p_bytes()
     n = len(order)
     send_cache: dict[tuple[int, int, float], float] = {}
-    stage, kind, seq = fields  # of the ops in order (_topological)
+    stage, kind, seq, at = fields  # of the ops in order (_topological)
     # one plan per (stage, kind, sequence chunk), numbered by first use
     triple = (stage * 3 + kind) * (int(seq.max(initial=0)) + 2) + (seq + 1)
     first = np.full(int(triple.max()) + 1, n, dtype=np.int64)
@@ -461,7 +470,8 @@ def _lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
     done = offset + count - 1 - has_send  # the instruction completing each op
     arrived = np.where(has_send, offset + count - 1, 0)  # the send delivering its output
-    found = producer_positions(schedule, order)
+    # the producer columns the symbolic run worked out, renumbered for this order
+    found = producer_positions(schedule, order) if at is None else producers_at(schedule, at)
     cols = [np.asarray(col, dtype=np.int64) for col in found] if found is not None else []
     if found is None or any(col.max(initial=-1) >= n for col in cols):
         # not a schedule's ops, or producers missing (lowering takes validated ones)

@@ -378,7 +378,7 @@ def list_schedule(
     n = len(order)
     found = None if schedule.fused else producer_positions(schedule, order)
     if found is not None:
-        return _list_unfused(schedule, duration, order, found)
+        return _list_unfused(schedule, duration, order, found)[0]
     index = {op: k for k, op in enumerate(order)}
     # group end time of each done op; the extra last slot stands for a producer missing
     # from the schedule, which is never done
@@ -435,9 +435,10 @@ def list_schedule(
 
 def _list_unfused(schedule: Schedule, duration: Callable[[Op], float], order: list[Op],
                   producers: tuple[list[int], list[int], list[int]]
-                  ) -> dict[Op, tuple[float, float]]:
+                  ) -> tuple[dict[Op, tuple[float, float]], list[int]]:
     """:func:`list_schedule` of a schedule without fused groups, its ops' producers given as
-    the columns of :func:`producer_positions`: the same passes, op by op."""
+    the columns of :func:`producer_positions`: the same passes, op by op. Also the positions
+    in ``order`` of the result's ops, in its order."""
     p, n = schedule.num_ranks, len(order)
     ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
     interval: list[tuple[float, float]] = [(0.0, 0.0)] * n
@@ -486,7 +487,7 @@ def _list_unfused(schedule: Schedule, duration: Callable[[Op], float], order: li
         if not progressed:
             done_at = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
             raise ScheduleError(_deadlock_message(schedule, pos, done_at))  # type: ignore[arg-type]
-    return {order[k]: interval[k] for k in scheduled}
+    return {order[k]: interval[k] for k in scheduled}, scheduled
 
 
 def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
@@ -555,7 +556,8 @@ def _op_key(schedule: Schedule, stage: np.ndarray, kind: int | np.ndarray, mb: n
     return ((stage * 3 + kind) * M + mb) * K + chunk
 
 
-def producer_positions(schedule: Schedule, order: Sequence[Op]
+def producer_positions(schedule: Schedule, order: Sequence[Op],
+                       coded: tuple[np.ndarray, ...] | None = None
                        ) -> tuple[list[int], list[int], list[int]] | None:
     """For each op of ``order``, the positions in ``order`` of its :func:`op_deps`, in that
     order (``len(order)`` for a producer missing from it), worked out on arrays: three
@@ -564,11 +566,13 @@ def producer_positions(schedule: Schedule, order: Sequence[Op]
     None when an op lies outside the schedule's stages, kinds, micro-batches and
     sequence chunks, or repeats, or is a W of a schedule that does not split the
     backward: the caller then takes :func:`op_deps` op by op (which names the problem).
+    ``coded``: :func:`_coded` of ``order``, where the caller has it.
     """
     n = len(order)
     if not n:
         return [], [], []
-    coded = _coded(schedule, order)
+    if coded is None:
+        coded = _coded(schedule, order)
     if coded is None:
         return None
     stage, kind, mb, seq, chunk, own = coded
@@ -609,9 +613,54 @@ def unit_times(schedule: Schedule) -> Mapping[Op, tuple[float, float]]:
     lowering orders ops by), computed once per schedule and kept on it (read-only)."""
     cached = schedule.__dict__.get("_unit_times")
     if cached is None:
-        cached = list_schedule(schedule, lambda op: 1.0)
+        cached, run = _unit_run(schedule)
         schedule.__dict__["_unit_times"] = cached  # a frozen instance's cache, as cached_property
+        schedule.__dict__["_unit_rank_run"] = run
     return MappingProxyType(cached)
+
+
+def _unit_run(schedule: Schedule) -> tuple[dict[Op, tuple[float, float]],
+                                           tuple[np.ndarray, ...] | None]:
+    """:func:`list_schedule` with unit durations and, for a schedule without fused groups
+    whose ops code (:func:`_coded`), what it worked out on the way in rank order (the
+    ops of all ranks, each rank's in program order): the rank-order position of each op
+    of the result in its order, the :func:`_coded` arrays and the producer columns of
+    :func:`producer_positions` (:func:`unit_order`, :func:`producers_at`)."""
+    order = [op for ops in schedule.rank_ops for op in ops]
+    coded = None if schedule.fused or not order else _coded(schedule, order)
+    found = None if coded is None else producer_positions(schedule, order, coded)
+    if found is None:
+        return list_schedule(schedule, lambda op: 1.0), None
+    times, scheduled = _list_unfused(schedule, lambda op: 1.0, order, found)
+    return times, (np.array(scheduled, dtype=np.int64), *coded[:4],
+                   *(np.array(col, dtype=np.int64) for col in found))
+
+
+def unit_order(schedule: Schedule) -> tuple[np.ndarray, ...] | None:
+    """For the ops of :func:`unit_times` in its order: their positions in rank order, and
+    their stages, kind codes (:data:`_KIND_CODE`) and sequence fields, as arrays; None
+    where :func:`unit_times` did not work them out (fused groups, ops that do not code)."""
+    unit_times(schedule)
+    run = schedule.__dict__["_unit_rank_run"]
+    if run is None:
+        return None
+    at = run[0]
+    return at, run[1][at], run[2][at], run[4][at]
+
+
+def producers_at(schedule: Schedule, positions: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """:func:`producer_positions` of the ops at rank-order ``positions`` (a permutation of
+    them, :func:`unit_order`), as positions in that order: the rank order's columns,
+    kept by :func:`unit_times`, renumbered. None where it kept none."""
+    unit_times(schedule)
+    run = schedule.__dict__["_unit_rank_run"]
+    if run is None:
+        return None
+    n = len(positions)
+    new = np.empty(n + 1, dtype=np.int64)
+    new[positions] = np.arange(n, dtype=np.int64)
+    new[n] = n  # a producer missing from the schedule stays missing
+    return tuple(np.where(col >= 0, new[col], -1) for col in (c[positions] for c in run[5:]))
 
 
 _GRID_CONTEXT = 6
