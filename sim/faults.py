@@ -286,8 +286,9 @@ def preempted_step_lost_s(event: LinkFault | Preemption, t0_s: float, t1_s: floa
 
 
 def strikes_mid_step(event: LinkFault | Preemption) -> bool:
-    """Whether ``event`` can strike in the middle of a step: a link degradation or
-    failure (a preemption changes the layout: it waits for the step boundary)."""
+    """Whether ``event`` changes links in the middle of a step: a link degradation or
+    failure (a preemption changes the layout instead: it loses the step in flight or waits
+    for the step boundary, :func:`preempted_step_lost_s`)."""
     return isinstance(event, LinkFault) and (event.failed or event.bandwidth_factor is not None)
 
 

@@ -42,6 +42,7 @@ class MoESpec:
             return max(self.capacity_factor, 1.0)
         return self.routing_imbalance if ep > 1 else 1.0
 
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape of a decoder-only transformer."""
