@@ -23,7 +23,6 @@ holding the same experts.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -32,6 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
+from sim.timeline import gc_paused
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
 from workloads.program import (
@@ -200,19 +200,11 @@ def lower(
     With ``collapse``, only one representative GPU per pipeline rank gets a
     program (see :class:`Collapse`).
     """
-    enabled = gc.isenabled()
-    gc.disable()  # many long-lived objects, few cycles: the collector's scans would dominate
-    try:
+    # many long-lived objects, few cycles: the collector's scans would dominate; after, the
+    # program's objects move to the oldest generation at once, else the first young
+    # collection scans every one of them (a quarter second at 400k)
+    with gc_paused():
         return _lower(schedule, costs, placement, zero_stage, collapse)
-    finally:
-        if enabled:
-            # the program's objects, all in the youngest generation now, move to the
-            # oldest at once (as sim.timeline.gc_paused does): else the first young
-            # collection after this scans every one of them (a quarter second at 400k)
-            if not gc.get_freeze_count():
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
 
 
 def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int,

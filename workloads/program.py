@@ -13,6 +13,7 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
+from sim.timeline import gc_paused
 from workloads.schedules import Schedule
 
 
@@ -295,18 +296,8 @@ class ColumnarInstructions(Sequence):
         """The instructions as objects (built once)."""
         if self._items is None:
             assert self._build is not None
-            import gc  # noqa: PLC0415
-
-            enabled = gc.isenabled()
-            gc.disable()  # many long-lived tuples, no cycles (see lowering.lower)
-            try:
+            with gc_paused():  # many long-lived tuples, no cycles (see lowering.lower)
                 items = self._build()
-            finally:
-                if enabled:
-                    if not gc.get_freeze_count():
-                        gc.freeze()
-                        gc.unfreeze()
-                    gc.enable()
             if len(items) != len(self.columns):
                 raise AssertionError(f"built {len(items)} instructions for "
                                      f"{len(self.columns)} columns")
