@@ -132,6 +132,10 @@ class ClusterConfig(_Strict):
     """A heterogeneous cluster instead of ``preset``/``gpu``: groups of servers, each a
     ``preset`` or a ``gpu`` type and a ``count`` of servers, ranks numbered group after
     group, e.g. ``[{preset: dgx-a100-80g, count: 2}, {preset: dgx-h100, count: 2}]``."""
+    nics_per_node: int | None = Field(None, gt=0)
+    """With ``preset``: the servers' scale-out NICs (default: the preset's, one per GPU),
+    each shared by gpus_per_node / nics_per_node GPUs, e.g. 2 for servers with two
+    HDR ports instead of a DGX's eight; it must divide the GPUs per server."""
     link_bandwidth_GBps: float | None = Field(None, gt=0)
     """Per direction, 1 GB = 1e9 B."""
     link_latency_us: float | None = Field(None, ge=0)

@@ -224,7 +224,7 @@ def _preset_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
     if c.preset not in SERVERS:
         raise ConfigError(f"cluster.preset: unknown preset {c.preset!r}; choose one of "
                           f"{', '.join(PRESET_NAMES)}")
-    graph = server_graph(c.preset, num_gpus, fabric)
+    graph = server_graph(c.preset, num_gpus, fabric, c.nics_per_node)
     return graph, min(SERVERS[c.preset].gpus_per_node, num_gpus)
 
 
@@ -362,6 +362,9 @@ def _mixed_graph(c: ClusterConfig, hosts: _Hosts, site: int, sites: int
 def build_cluster(cfg: ExperimentConfig) -> Cluster:
     """The Cluster of the experiment's ``cluster:`` mapping (see :class:`ClusterConfig`)."""
     c = cfg.cluster
+    if c.nics_per_node is not None and (c.preset is None or c.nodes is not None):
+        raise ConfigError(f"cluster.nics_per_node={c.nics_per_node}: only used with a server "
+                          "cluster.preset, not with cluster.topology or cluster.nodes")
     if c.nodes is not None:
         return _build_mixed_cluster(c)
     if c.preset is None and c.topology is None:

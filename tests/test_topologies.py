@@ -14,6 +14,7 @@ from conftest import ROOT
 from sim.config import parse_config
 from sim.errors import ConfigError, TopologyError
 from sim.experiment import build_cluster
+from sim.network import makespan_s
 from topologies import graphs
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric, gpu_node
@@ -213,6 +214,41 @@ def test_server_presets(preset: str, n: int) -> None:
         assert c.route(0, per).latency_s == pytest.approx(9.6e-6)
 
 
+@pytest.mark.parametrize("nics", [1, 2, 4])
+def test_servers_with_fewer_nics_share_them(nics: int) -> None:
+    """nics_per_node K: GPUs i*k .. i*k+k-1 (k = 8/K) reach NIC i through their own PCIe
+    port; NVLink stays the only intra-server path, inter-server latency is unchanged, and
+    the GPUs behind one NIC split its line rate while GPUs behind different NICs do not."""
+    g = server_graph("dgx-a100-80g", 16, nics_per_node=nics)
+    assert kinds(g) == {"gpu": 16, "nvswitch": 2, "nic": 2 * nics, "pcie": 16, "switch": 1}
+    c = server_cluster("dgx-a100-80g", 16, nics_per_node=nics)
+    for src, dst in ((0, 7), (3, 4)):
+        assert [c.link_name(i) for i in c.route(src, dst).links] == [
+            f"gpu{src}->host0/nvswitch", f"host0/nvswitch->gpu{dst}"]
+    assert c.route(0, 8).latency_s == pytest.approx(9.6e-6)  # as with one NIC per GPU
+    k = 8 // nics
+    assert f"host0/nic{5 // k}->fabric" in [c.link_name(i) for i in c.route(5, 13).links]
+    nic_Bps = SERVERS["dgx-a100-80g"].nic_Bps * SERVERS["dgx-a100-80g"].nic_efficiency
+    nbytes = 1e9
+
+    def together(pairs: list[tuple[int, int]]) -> float:
+        return makespan_s([(0.0, c.route(a, b).links, nbytes) for a, b in pairs],
+                          c.link_bandwidth_Bps)
+
+    assert together([(0, 8)]) == pytest.approx(nbytes / nic_Bps)
+    # every GPU of server 0 sends to its peer in server 1: K NICs carry 8 flows
+    assert together([(r, r + 8) for r in range(8)]) == pytest.approx(k * nbytes / nic_Bps)
+    if nics > 1:  # GPUs behind different NICs: no contention
+        assert together([(0, 8), (k, 8 + k)]) == pytest.approx(nbytes / nic_Bps)
+
+
+def test_nics_per_node_must_divide_the_servers_gpus() -> None:
+    with pytest.raises(TopologyError, match="nics_per_node=3 must divide the 8 GPUs"):
+        server_graph("dgx-a100-80g", 16, nics_per_node=3)
+    assert server_graph("dgx-a100-80g", 16, nics_per_node=8).edges == server_graph(
+        "dgx-a100-80g", 16).edges
+
+
 def test_nvl72_rack_is_one_nvlink_domain() -> None:
     c = server_cluster("gb200-nvl72", 72)
     assert c.gpus_per_node == 72 and c.gpu.name == "GB200"
@@ -347,6 +383,12 @@ def test_config_builds_every_topology() -> None:
      ["cluster.gpus_per_node=4", "ring"]),
     ({"preset": "ideal", "num_gpus": 8, "ecmp": "hash"}, ["cluster.ecmp", "ideal"]),
     ({"num_gpus": 8}, ["cluster", "preset", "topology"]),
+    ({"preset": "dgx-a100-80g", "num_gpus": 16, "nics_per_node": 3},
+     ["nics_per_node=3", "8 GPUs"]),
+    ({"topology": "fat-tree", "num_gpus": 16, "link_bandwidth_GBps": 1, "nics_per_node": 2},
+     ["cluster.nics_per_node=2", "cluster.preset"]),
+    ({"nodes": [{"preset": "dgx-a100-80g", "count": 2}], "num_gpus": 16, "nics_per_node": 2},
+     ["cluster.nics_per_node=2", "cluster.nodes"]),
 ])
 def test_config_errors_name_key_and_value(keys: dict, needles: list[str]) -> None:
     with pytest.raises(ConfigError) as err:

@@ -40,7 +40,8 @@ Node names (how users name links, e.g. ``["host0/nic3", "fabric"]`` in a
 ``faults:`` section; :meth:`topologies.cluster.Cluster.resolve_link`):
 
 - GPUs ``gpu{rank}`` (:func:`gpu_node`); servers' NVSwitch ``host{h}/nvswitch``
-  (:func:`nvswitch_node`) and NICs ``host{h}/nic{i}`` (:func:`nic_node`);
+  (:func:`nvswitch_node`) and NICs ``host{h}/nic{i}`` (:func:`nic_node`), with their
+  PCIe ports ``host{h}/pcie{i}`` where GPUs share NICs (:func:`pcie_node`);
 - the one switch of ``switch`` ``switch``; a crossbar fabric ``fabric``;
 - fat-trees ``leaf{i}``, ``spine{j}`` (2 tiers), ``pod{q}/agg{j}`` and
   ``core{j}.{c}`` (3 tiers); rail-optimized ``su{s}/rail{r}`` and ``spine{j}``;
@@ -76,8 +77,15 @@ def nvswitch_node(host: int) -> str:
 
 
 def nic_node(host: int, local: int) -> str:
-    """Graph node name of NIC ``local`` (the NIC of local GPU ``local``) of server ``host``."""
+    """Graph node name of NIC ``local`` of server ``host`` (with one NIC per GPU, the NIC of
+    local GPU ``local``)."""
     return f"host{host}/nic{local}"
+
+
+def pcie_node(host: int, local: int) -> str:
+    """Graph node name of local GPU ``local``'s PCIe port to its NIC, on servers whose GPUs
+    share NICs (``nics_per_node`` of :func:`nvswitch_cluster`)."""
+    return f"host{host}/pcie{local}"
 
 
 def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float) -> None:
@@ -371,8 +379,9 @@ def nvswitch_cluster(
     *,
     nvls: bool = False,
     fabric: Fabric | None = None,
+    nics_per_node: int | None = None,
 ) -> nx.DiGraph:
-    """DGX-style servers: GPUs on one NVSwitch per server, one NIC per GPU, a scale-out fabric.
+    """DGX-style servers: GPUs on one NVSwitch per server, NICs, a scale-out fabric.
 
     Intra-server path: gpu -> nvswitch -> gpu (2 NVLink hops). Inter-server path:
     gpu -> nic -> fabric ... -> nic -> gpu (GPU-NIC hops are PCIe, modelled at the
@@ -391,25 +400,36 @@ def nvswitch_cluster(
         raise TopologyError(
             f"num_gpus={num_gpus} is not a multiple of gpus_per_node={gpus_per_node}"
         )
+    nics = per_node if nics_per_node is None else nics_per_node
+    if not 1 <= nics <= per_node or per_node % nics:
+        raise TopologyError(f"nics_per_node={nics} must divide the {per_node} GPUs per node")
+    share = per_node // nics
     hosts = num_gpus // per_node
     g = nx.DiGraph(name=f"nvswitch{hosts}x{per_node}")
     _add_gpus(g, num_gpus, per_node)
-    nics: list[list[str]] = []
+    endpoints: list[list[str]] = []
     for h in range(hosts):
         sw = nvswitch_node(h)
         g.add_node(sw, kind="nvswitch", host=h, nvls=nvls)
-        nics.append([])
+        endpoints.append([])
         for local in range(per_node):
             r = h * per_node + local
             _link(g, gpu_node(r), sw, nvlink_Bps, nvlink_latency_s)
             if hosts > 1:
-                nic = nic_node(h, local)
-                g.add_node(nic, kind="nic", host=h)
-                _link(g, gpu_node(r), nic, nic_Bps, nic_latency_s)
-                nics[-1].append(nic)
+                nic = nic_node(h, local // share)
+                if local % share == 0:
+                    g.add_node(nic, kind="nic", host=h)
+                    endpoints[-1].append(nic)
+                if share == 1:
+                    _link(g, gpu_node(r), nic, nic_Bps, nic_latency_s)
+                else:  # via the GPU's PCIe port, so no GPU-NIC-GPU path rivals NVLink
+                    port = pcie_node(h, local)
+                    g.add_node(port, kind="pcie", host=h)
+                    _link(g, gpu_node(r), port, nic_Bps, nic_latency_s)
+                    _link(g, port, nic, nic_Bps, 0.0)
     if hosts > 1:
         f = fabric or Fabric()
-        attach_fabric(g, nics, replace(
+        attach_fabric(g, endpoints, replace(
             f, bandwidth_Bps=nic_Bps if f.bandwidth_Bps is None else f.bandwidth_Bps,
             latency_s=fabric_latency_s if f.latency_s is None else f.latency_s))
     return g

@@ -110,19 +110,22 @@ class CollectiveSettings:
                 "collective_granularity": self.granularity, "ecmp": self.ecmp}
 
 
-def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None) -> nx.DiGraph:
-    """The graph of ``num_gpus`` GPUs of server preset ``name`` on ``fabric``."""
+def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
+                 nics_per_node: int | None = None) -> nx.DiGraph:
+    """The graph of ``num_gpus`` GPUs of server preset ``name`` on ``fabric``, with
+    ``nics_per_node`` of the preset's NICs per server (default: one per GPU)."""
     p = SERVERS[name]
     gpu = GPUS[p.gpu]
     return graphs.nvswitch_cluster(num_gpus, p.gpus_per_node,
                                    gpu.nvlink_bandwidth_Bps * p.nvlink_efficiency,
                                    p.nvlink_hop_latency_s, p.nic_Bps * p.nic_efficiency,
                                    p.nic_hop_latency_s, p.fabric_hop_latency_s, nvls=p.nvls,
-                                   fabric=fabric)
+                                   fabric=fabric, nics_per_node=nics_per_node)
 
 
 def server_cluster(name: str, num_gpus: int, fabric: Fabric | None = None,
-                   collectives: CollectiveSettings | None = None) -> Cluster:
+                   collectives: CollectiveSettings | None = None,
+                   nics_per_node: int | None = None) -> Cluster:
     """A cluster of ``num_gpus`` GPUs built from the server preset ``name``.
 
     ``fabric`` defaults to a non-blocking crossbar at the NIC rate; a fabric
@@ -130,7 +133,7 @@ def server_cluster(name: str, num_gpus: int, fabric: Fabric | None = None,
     """
     p = SERVERS[name]
     c = collectives or CollectiveSettings()
-    g = server_graph(name, num_gpus, fabric)
+    g = server_graph(name, num_gpus, fabric, nics_per_node)
     return Cluster(name, g, GPUS[p.gpu], min(p.gpus_per_node, num_gpus),
                    **c.cluster_kwargs(p.collective_launch_s))
 
@@ -217,9 +220,9 @@ def cluster_from_graph(name: str, graph: nx.DiGraph, gpu: GPUSpec, gpus_per_node
     every link with a positive ``bandwidth_Bps`` and a non-negative ``latency_s``, and the
     reverse of every link present."""
     for v, d in graph.nodes(data=True):
-        if d.get("kind") not in ("gpu", "nvswitch", "nic", "switch"):
+        if d.get("kind") not in ("gpu", "nvswitch", "nic", "pcie", "switch"):
             raise TopologyError(f"node {v!r}: kind {d.get('kind')!r} is not one of gpu, "
-                                "nvswitch, nic, switch")
+                                "nvswitch, nic, pcie, switch")
         if d["kind"] == "gpu" and ("rank" not in d or "host" not in d):
             raise TopologyError(f"GPU node {v!r} needs 'rank' and 'host' attributes")
     for u, v, d in graph.edges(data=True):
