@@ -1,7 +1,7 @@
 """Fit the few physical constants of the A100 device profile to Hagemann et al. 2023's sweep.
 
     python benchmarks/calibrate.py [--data ../shared/data/hagemann2023_sweep.csv] [--workers 2]
-        [--power P] [--cache sens.npz] [--fit-only]
+        [--power P] [--nics K] [--cache sens.npz] [--fit-only]
 
 Method. Every compute op's duration is linear in the inverse efficiencies of
 the device model, x = (1/η_gemm, d½/η_gemm, d₂^p/η_gemm, 1/η_flash2, 1/η_flash1,
@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from sim import validate  # noqa: E402
 from sim.calibration import MEMORY_RESERVED_GIB  # noqa: E402
 from sim.device import DeviceProfile  # noqa: E402
 from sim.validate import Prediction, evaluate, load_rows, predict  # noqa: E402
@@ -172,9 +173,13 @@ def main() -> None:
     ap.add_argument("--fit-only", action="store_true", help="stop after the linearised fit")
     ap.add_argument("--loss", choices=("l2", "l1"), default="l2",
                     help="least squares (default) or least absolute relative error (the MAPE)")
+    ap.add_argument("--nics", type=int, default=validate.NICS_PER_NODE,
+                    help="NICs per server of the sweep's cluster (default "
+                         f"{validate.NICS_PER_NODE}, sim.validate.NICS_PER_NODE)")
     ap.add_argument("--power", type=float, default=POWER,
                     help=f"p of the shape curve's steep term (default {POWER:g}: none)")
     args = ap.parse_args()
+    validate.NICS_PER_NODE = args.nics  # the workers fork after this: they see it too
     t_start = time.time()
     rows = load_rows(args.data)
     ok = [r for r in rows if r.status == "ok"]
@@ -185,10 +190,12 @@ def main() -> None:
     if cache and cache.exists():
         saved = np.load(cache)
         power = float(saved["power"]) if "power" in saved else None
-        if power != args.power or saved["A"].shape != (len(ok), len(NAMES)):
-            sys.exit(f"{cache} holds sensitivities of another shape curve (power {power}, "
-                     f"{saved['A'].shape[1]} columns, {saved['A'].shape[0]} runs): remove it "
-                     "or pass its --power")
+        nics = int(saved["nics"]) if "nics" in saved else None
+        if (power != args.power or nics != args.nics
+                or saved["A"].shape != (len(ok), len(NAMES))):
+            sys.exit(f"{cache} holds sensitivities of another model (power {power}, nics "
+                     f"{nics}, {saved['A'].shape[1]} columns, {saved['A'].shape[0]} runs): "
+                     "remove it or pass its --power and --nics")
         T0, A = saved["T0"], saved["A"]
     else:
         T0 = step_times(ok, base, args.workers)
@@ -207,7 +214,7 @@ def main() -> None:
                          - T0[idx]) / dx
             print(f"sensitivity {name}: {time.time() - t_start:.0f} s", flush=True)
         if cache:
-            np.savez(cache, T0=T0, A=A, power=args.power)
+            np.savez(cache, T0=T0, A=A, power=args.power, nics=args.nics)
     results = {}
     for label, mask in (("all", np.ones(len(ok), bool)),
                         ("13b", np.array([r.model == "llama-13b" for r in ok]))):

@@ -24,7 +24,32 @@ saving the all-gathered GEMM inputs (``sp_saves_gathered_input``), the two fp32
 logit-sized buffers of PyTorch's cross-entropy backward
 (:meth:`workloads.transformer.TransformerCosts.transient_bytes`) and its fp32 gradient
 all-reduce with a bf16 parameter all-gather after the step (``dp_wire_bytes`` = 5).
-Command: ``python benchmarks/calibrate.py --cache sens.npz`` (12 min on 2 shared cores).
+Command: ``python benchmarks/calibrate.py --cache sens.npz`` (3-12 min on 2 shared cores).
+
+Refitted on 2026-12-03 (issue 5) on the sweep's cluster with two NICs per server instead of a
+DGX's eight (:data:`sim.validate.NICS_PER_NODE`; servers whose GPUs share NICs:
+``cluster.nics_per_node``, :func:`topologies.graphs.nvswitch_cluster`). With eight, the
+largest misses were the runs whose gradient all-reduce crosses the most servers, and they grew
+with the bytes each GPU reduces: LLaMA-30B on 256 GPUs at TP x PP <= 4, predicted 10-30% too
+fast, about 0.5 s per billion parameters per GPU, a cost no compute constant can carry. The
+sweep's report names the link (200 Gb/s HDR InfiniBand), not how many ports a server has, so
+the count is chosen among the four that divide eight GPUs, each with the compute constants
+refitted (``benchmarks/calibrate.py --nics K``; linearised on the sensitivities at eight NICs,
+the fit of two NICs then simulated):
+
+====  =========  ==========  ======================================================
+NICs  MAPE       CV (13B)    fitted on all runs
+====  =========  ==========  ======================================================
+8     5.25%      7.07%       η_gemm 0.902, d½ 2277 (the previous profile)
+4     4.92%      6.64%       η_gemm 0.913, d½ 2258
+2     **4.49%**  **5.95%**   η_gemm 0.938, d½ 2222; simulated 4.49%, CV 5.92%
+1     4.94%      5.84%       η_gemm 0.950 (at its bound), d½ 1852
+====  =========  ==========  ======================================================
+
+Two ports also gives the most best-layout hits (7; one port 5, on the runs that succeeded).
+The residual on 30B/256 GPUs fell from 8.9% to 5.5%; what remains there is on the runs near
+the memory limit without recomputation (10-20% slow), which the other nine groups do not show.
+The tables below were measured with eight NICs per server, before this refit.
 
 GEMM shape curve re-examined on 2026-12-03 (issue 5) and kept. The device model now takes a
 steeper term, 1/η(d) = (1 + d½/d + (d₂/d)^p)/η_gemm
@@ -135,23 +160,27 @@ def _fitted(x: tuple[float, ...], rows: str, date: str = "2026-12-02",
     )
 
 
-A100_HAGEMANN = _fitted((1.1091, 2524.885, 0.0, 1.4734, 3.3459, 1.1765, 1.9653),
+A100_HAGEMANN = _fitted((1.0679, 2358.7761, 0.0, 1.4833, 3.2439, 1.1765, 1.9031),
                         "all 401 successful runs", "2026-12-03")
 """A100-80GB profile fitted on the whole sweep: the default on A100s; other GPUs carry it over
 by published kernel ratios (:mod:`sim.gpu_profiles`, :func:`default_profile`)."""
 
-"""η_gemm 0.902, d½ 2277 (cube side), no steep term (d₂ = 0, see the module docstring),
-η_flash2 0.679, η_flash1 0.299, η_bmm 0.85 (at its bound), η_elementwise 0.509. Linearised
-MAPE 5.25% on its rows (simulated: 5.25%). Before the framework corrections the same fit gave
+"""η_gemm 0.936, d½ 2209 (cube side), no steep term (d₂ = 0, see the module docstring),
+η_flash2 0.674, η_flash1 0.308, η_bmm 0.85 (at its bound), η_elementwise 0.525, on servers
+with two NICs (:data:`sim.validate.NICS_PER_NODE`). Linearised MAPE 4.49% on its rows
+(simulated: 4.49%). With eight NICs per server it was (1.1091, 2524.885, 0.0, 1.4734,
+3.3459, 1.1765, 1.9653): η_gemm 0.902, d½ 2277, 5.25%. Before the framework corrections the
+same fit gave
 (1.0762, 2458.9793, 1.25, 3.5831, 1.4524, 1.9541) without the d₂ column, 5.74%, with
 FlashAttention-2 at its 0.80 bound; the fit of 2026-12-02 on the min(tokens, h/t) GEMM shape
 (1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087) gave 5.94%."""
 
-A100_HAGEMANN_13B = _fitted((1.2691, 1097.6884, 0.0, 1.9267, 3.5192, 1.1765, 1.9293),
+A100_HAGEMANN_13B = _fitted((1.228, 966.7928, 0.0, 1.7719, 3.3121, 1.1765, 1.8977),
                             "the 165 successful LLaMA-13B runs only", "2026-12-03")
-"""The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B
-(linearised MAPE 4.83% on its rows, 7.07% simulated on the held-out 30B and 65B runs;
-7.51% before the framework corrections)."""
+"""The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B:
+η_gemm 0.814, d½ 787, η_flash2 0.564, η_flash1 0.302 (linearised MAPE 5.09% on its rows,
+5.92% simulated on the held-out 30B and 65B runs; with eight NICs per server 4.83% and
+7.07%, and 7.51% before the framework corrections)."""
 
 
 def default_profile(gpu_name: str) -> DeviceProfile:

@@ -34,10 +34,12 @@ Sources (fractions of the dense BF16 peak of :mod:`topologies.hardware`):
 
 Checked against published whole runs on H100 (BF16 MFU, ``tests/test_gpu_profiles.py``):
 Llama 3 405B (Dubey et al. 2024, table 4; TP8 PP16, sequence 8192, interleaved with two
-stages per rank) 44.6% predicted vs 43% on 8,192 GPUs, 37.5% vs 41% on 16,384, 42% vs 38%
-with CP16 at sequence 131,072; llm-foundry's MPT 1B-70B FSDP rows 40-50% vs 38-46% (3% low
-to 14% high). With the steeper A100 shape curve tried on 2026-12-03 (1/η = (1 + (d₂/d)³)/η,
-sim.calibration) Llama 3 would be 43.5% and 36.6%, MPT 3% low to 11% high.
+stages per rank) 46.1% predicted vs 43% on 8,192 GPUs, 38.8% vs 41% on 16,384, 38.6% vs 38%
+with CP16 at sequence 131,072 (128 sequences); llm-foundry's MPT 1B-70B FSDP rows 42-52% vs
+38-46% (0% to 19% high). These are with the A100 fit on two-NIC servers (sim.calibration);
+the fit on eight-NIC servers, 3.5% slower GEMMs, gave 44.6%, 37.5% and 38.1%, MPT 3% low to
+14% high. With the steeper A100 shape curve tried on 2026-12-03 (1/η = (1 + (d₂/d)³)/η,
+sim.calibration) and that fit, Llama 3 would be 43.5% and 36.6%, MPT 3% low to 11% high.
 Kept from the A100 fit and not measured on other GPUs: the GEMM shape curve (d½, d₂, p),
 no public H100 matmul-versus-size table giving it (doubling d½ would fit llm-foundry's H100
 rows but put Llama 3 at 34% and 41%).

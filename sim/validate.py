@@ -3,7 +3,8 @@
 Every row of ``hagemann2023_sweep.csv`` (REFERENCES.md) becomes an experiment:
 LLaMA 13B/30B/65B with the shapes of REFERENCES.md and a 128,000-token untied
 vocabulary (inferred: it reproduces the sheets' MFU to 0.01%), DGX A100-80GB
-nodes, ZeRO-1, 1F1B, global batch 4,194,304 tokens, the loss over gathered logits
+nodes with two HDR ports each (:data:`NICS_PER_NODE`), ZeRO-1, 1F1B, global batch 4,194,304
+tokens, the loss over gathered logits
 (:data:`VOCAB_PARALLEL_LOSS`), and what the sweep's framework (Aleph Alpha's
 ``scaling``, read from its source) does differently from Megatron-LM: its pipeline
 split (:func:`framework_stage_layers`), its sequence parallelism and its fp32 gradient
@@ -38,6 +39,16 @@ is a ``ColumnParallelLinear`` that all-gathers its output by default, and its lo
 the exact version used. With the vocabulary-parallel loss, 80 of the 109 runs the
 simulator misclassified were TP >= 2 runs predicted to fit, some at 30-50 GB (8k tokens
 or micro-batches of 2-4, whose full-vocabulary logits take several GB on each TP rank)."""
+NICS_PER_NODE = 2
+"""Scale-out NICs per server of the sweep's cluster, each a 200 Gb/s HDR InfiniBand port
+shared by four GPUs (:func:`topologies.graphs.nvswitch_cluster`), 50 GB/s per node where a
+DGX A100 has eight ports, 200 GB/s. The sweep's report gives "200 Gb/s HDR InfiniBand
+between nodes" and not the port count, so it is chosen from the four counts that divide
+eight GPUs by the step-time fit (``benchmarks/calibrate.py --nics K``, the compute
+efficiencies refitted for each, :mod:`sim.calibration` has the table): with eight ports the
+fit misses by the most exactly where the gradient all-reduce crosses the most servers
+(LLaMA-30B on 32 servers, TP x PP <= 4: 10-30% slow), and no compute constant can absorb
+a cost that grows with the bytes each GPU reduces."""
 FRAMEWORK = {"sp_saves_gathered_input": True, "dp_wire_bytes": 5.0, "kept_stage_outputs": 1}
 """How the sweep's framework (Aleph Alpha's ``scaling``, see :data:`VOCAB_PARALLEL_LOSS`)
 differs from the Megatron-LM defaults of :class:`workloads.transformer.TransformerCosts`,
@@ -124,7 +135,8 @@ class Row:
             "name": f"hagemann-row{self.index}",
             "model": {"preset": self.model, "seq_length": self.seq_length,
                       "vocab_size": VOCAB_SIZE},
-            "cluster": {"preset": "dgx-a100-80g", "num_gpus": self.num_gpus},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": self.num_gpus,
+                        "nics_per_node": NICS_PER_NODE},
             "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": 1,
                          "sequence_parallel": self.sequence_parallel,
                          **self._stage_split()},

@@ -188,10 +188,10 @@ PUBLISHED = [
 ]
 """Published BF16 MFU on H100 (PaLM's definition, as the simulator's). Bands: 15% of the value
 for Llama 3 (its pipeline schedule is a modified interleaved 1F1B whose virtual-stage count the
-paper does not state); 20% for llm-foundry (2023 software: the simulator predicts four A100 rows of
-the same table within 8% but its H100 rows 0-18% high). Not here because it takes 15-20 s:
-Llama 3's 16,384-GPU TP8 CP16 PP16 row at sequence 131,072 (380 TFLOP/s, 38%), predicted at
-42% (61% with the A100 fit on H100)."""
+paper does not state); 20% for llm-foundry (2023 software; its H100 rows are predicted 0-19%
+high, and four A100 rows of the same table were within 8% with the fit on eight-NIC servers).
+Not here because it takes 10-20 s: Llama 3's 16,384-GPU TP8 CP16 PP16 row at sequence 131,072
+(380 TFLOP/s, 38%), predicted at 38.6% with 128 sequences per batch."""
 
 
 @pytest.mark.parametrize("data,mfu,band,source", PUBLISHED,

@@ -106,6 +106,27 @@ def test_sweep_rows_gather_the_logits_and_parts_give_the_peak(
         assert p.peak_memory_gib * 2**30 == pytest.approx(peak, rel=1e-9)
 
 
+def test_sweep_servers_share_two_nics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep's servers have NICS_PER_NODE HDR ports: the gradient all-reduce of a 30B
+    TP2 PP1 DP128 row (32 servers, bandwidth-bound) is exposed 8/K times as long as on
+    DGX servers with one port per GPU."""
+    import sim.validate as validate
+    from sim.api import simulate
+    from sim.experiment import build_experiment
+
+    row = next(r for r in load_rows(DATA) if r.model == "llama-30b" and r.num_gpus == 256
+               and (r.tp, r.pp) == (2, 1))
+    assert row.experiment()["cluster"]["nics_per_node"] == validate.NICS_PER_NODE == 2
+
+    def exposed_dp() -> float:
+        exp = build_experiment(row.experiment())
+        return simulate(exp, DeviceProfile(), fidelity="collapsed").stats["exposed_comm_s"]["dp"]
+
+    shared = exposed_dp()
+    monkeypatch.setattr(validate, "NICS_PER_NODE", 8)
+    assert shared == pytest.approx(4 * exposed_dp(), rel=0.01)
+
+
 def test_validate_command_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     code = main(["validate", "--data", str(DATA), "--limit", "12", "--workers", "1",
                  "--out", str(tmp_path), "--json"])
