@@ -290,6 +290,15 @@ def test_close_on_dgx_a100(tp: int, pp: int, dp: int, schedule: str, vpp: int,
     assert_agree(exp, CLOSE, exact_keys=("compute_busy_s_mean",))
 
 
+@pytest.mark.parametrize("tp,pp,dp", [(2, 2, 8), (1, 4, 8)])
+def test_close_on_servers_sharing_nics(tp: int, pp: int, dp: int) -> None:
+    """Two NICs per server (cluster.nics_per_node), each shared by four GPUs' DP rings and
+    pipeline sends: within 2 % of the step, as on DGX servers."""
+    exp = experiment(tp, pp, dp, layers=16, cluster={"preset": "dgx-a100-80g",
+                                                     "nics_per_node": 2})
+    assert_agree(exp, CLOSE, exact_keys=("compute_busy_s_mean",))
+
+
 def test_collapse_simulates_one_gpu_per_pipeline_rank() -> None:
     exp = experiment(2, 4, 4)
     full = simulate(exp, fidelity="full")
@@ -362,6 +371,7 @@ CLUSTERS = {
                       "oversubscription": 2.0},
     "step-granularity": {"preset": "dgx-a100-80g", "collective_granularity": "step",
                          "collective_step_us": 2.0},
+    "shared-nics": {"preset": "dgx-a100-80g", "nics_per_node": 2},
 }
 
 
