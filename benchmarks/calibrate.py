@@ -179,9 +179,8 @@ def main() -> None:
     ap.add_argument("--power", type=float, default=POWER,
                     help=f"p of the shape curve's steep term (default {POWER:g}: none)")
     args = ap.parse_args()
-    validate.NICS_PER_NODE = args.nics  # the workers fork after this: they see it too
     t_start = time.time()
-    rows = load_rows(args.data)
+    rows = [dataclasses.replace(r, nics_per_node=args.nics) for r in load_rows(args.data)]
     ok = [r for r in rows if r.status == "ok"]
     measured = np.array([r.step_time_s for r in ok])
     base = DeviceProfile(gemm_half_dim=128.0, gemm_shape_power=args.power or 2.0)

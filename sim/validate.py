@@ -3,14 +3,13 @@
 Every row of ``hagemann2023_sweep.csv`` (REFERENCES.md) becomes an experiment:
 LLaMA 13B/30B/65B with the shapes of REFERENCES.md and a 128,000-token untied
 vocabulary (inferred: it reproduces the sheets' MFU to 0.01%), DGX A100-80GB
-nodes with two HDR ports each (:data:`NICS_PER_NODE`), ZeRO-1, 1F1B, global batch 4,194,304
-tokens, the loss over gathered logits
-(:data:`VOCAB_PARALLEL_LOSS`), and what the sweep's framework (Aleph Alpha's
-``scaling``, read from its source) does differently from Megatron-LM: its pipeline
-split (:func:`framework_stage_layers`), its sequence parallelism and its fp32 gradient
-all-reduce (:data:`FRAMEWORK`). The simulator predicts its
-step time and whether it runs out of memory; :func:`evaluate` compares with
-what was measured. Nothing here is fitted per row.
+nodes with two HDR ports each (:data:`NICS_PER_NODE`), ZeRO-1, 1F1B, global batch
+4,194,304 tokens, the loss over gathered logits (:data:`VOCAB_PARALLEL_LOSS`), and
+what the sweep's framework (Aleph Alpha's ``scaling``, read from its source) does
+differently from Megatron-LM: its pipeline split (:func:`framework_stage_layers`), its
+sequence parallelism and its fp32 gradient all-reduce (:data:`FRAMEWORK`). The
+simulator predicts its step time and whether it runs out of memory; :func:`evaluate`
+compares with what was measured. Nothing here is fitted per row.
 """
 
 from __future__ import annotations
@@ -47,7 +46,8 @@ between nodes" and not the port count, so it is chosen from the four counts that
 eight GPUs by the step-time fit (``benchmarks/calibrate.py --nics K``, the compute
 efficiencies refitted for each, :mod:`sim.calibration` has the table): with eight ports the
 fit misses by the most exactly where the gradient all-reduce crosses the most servers
-(LLaMA-30B on 32 servers, TP x PP <= 4: 10-30% slow), and no compute constant can absorb
+(LLaMA-30B on 32 servers, TP x PP <= 4: 10-30% slower than predicted), and no compute
+constant can absorb
 a cost that grows with the bytes each GPU reduces."""
 FRAMEWORK = {"sp_saves_gathered_input": True, "dp_wire_bytes": 5.0, "kept_stage_outputs": 1}
 """How the sweep's framework (Aleph Alpha's ``scaling``, see :data:`VOCAB_PARALLEL_LOSS`)
@@ -115,6 +115,9 @@ class Row:
     status: str
     """``ok``, ``oom``, ``kernel_unavailable`` or ``error``."""
     step_time_s: float | None
+    nics_per_node: int | None = None
+    """NICs per server of the run's cluster; None: :data:`NICS_PER_NODE` (a field, so that
+    ``benchmarks/calibrate.py --nics`` reaches worker processes whatever their start method)."""
 
     @property
     def group(self) -> tuple[str, int, int]:
@@ -136,7 +139,7 @@ class Row:
             "model": {"preset": self.model, "seq_length": self.seq_length,
                       "vocab_size": VOCAB_SIZE},
             "cluster": {"preset": "dgx-a100-80g", "num_gpus": self.num_gpus,
-                        "nics_per_node": NICS_PER_NODE},
+                        "nics_per_node": self.nics_per_node or NICS_PER_NODE},
             "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": 1,
                          "sequence_parallel": self.sequence_parallel,
                          **self._stage_split()},

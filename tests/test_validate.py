@@ -106,10 +106,13 @@ def test_sweep_rows_gather_the_logits_and_parts_give_the_peak(
         assert p.peak_memory_gib * 2**30 == pytest.approx(peak, rel=1e-9)
 
 
-def test_sweep_servers_share_two_nics(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sweep_servers_share_two_nics() -> None:
     """The sweep's servers have NICS_PER_NODE HDR ports: the gradient all-reduce of a 30B
     TP2 PP1 DP128 row (32 servers, bandwidth-bound) is exposed 8/K times as long as on
-    DGX servers with one port per GPU."""
+    DGX servers with one port per GPU (a row's own nics_per_node, as calibrate --nics
+    sets it)."""
+    import dataclasses
+
     import sim.validate as validate
     from sim.api import simulate
     from sim.experiment import build_experiment
@@ -118,13 +121,13 @@ def test_sweep_servers_share_two_nics(monkeypatch: pytest.MonkeyPatch) -> None:
                and (r.tp, r.pp) == (2, 1))
     assert row.experiment()["cluster"]["nics_per_node"] == validate.NICS_PER_NODE == 2
 
-    def exposed_dp() -> float:
-        exp = build_experiment(row.experiment())
+    def exposed_dp(r: Row) -> float:
+        exp = build_experiment(r.experiment())
         return simulate(exp, DeviceProfile(), fidelity="collapsed").stats["exposed_comm_s"]["dp"]
 
-    shared = exposed_dp()
-    monkeypatch.setattr(validate, "NICS_PER_NODE", 8)
-    assert shared == pytest.approx(4 * exposed_dp(), rel=0.01)
+    dgx = dataclasses.replace(row, nics_per_node=8)
+    assert dgx.experiment()["cluster"]["nics_per_node"] == 8
+    assert exposed_dp(row) == pytest.approx(4 * exposed_dp(dgx), rel=0.01)
 
 
 def test_validate_command_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
