@@ -50,7 +50,8 @@ Two ports also gives the most best-layout hits (7; one port 5, on the runs that 
 Least absolute error with two ports (``--loss l1``) simulates 4.41% and 4.71% cross-validated,
 7 hits, but again with η_gemm at its 0.95 bound; not kept, as below.
 The residual on 30B/256 GPUs fell from 8.9% to 5.5%; what remains there is on the runs near
-the memory limit without recomputation (10-20% slow), which the other nine groups do not show.
+the memory limit without recomputation (predicted 10-20% too fast), which the other nine
+groups do not show.
 The tables below were measured with eight NICs per server, before this refit.
 
 GEMM shape curve re-examined on 2026-12-03 (issue 5) and kept. The device model now takes a
