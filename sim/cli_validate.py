@@ -42,7 +42,7 @@ def report_table(report: dict) -> str:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from sim.calibration import A100_HAGEMANN, A100_HAGEMANN_13B
-    from sim.validate import evaluate, load_rows, predict, write_csv
+    from sim.validate import CLUSTER_PRESET, NICS_PER_NODE, evaluate, load_rows, predict, write_csv
 
     start = time.perf_counter()
     rows = load_rows(args.data)
@@ -58,6 +58,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     report["elapsed_s"] = time.perf_counter() - start
     report["profile"] = A100_HAGEMANN.source
     report["cross_validation_profile"] = A100_HAGEMANN_13B.source
+    report["cluster"] = {"preset": CLUSTER_PRESET, "nics_per_node": NICS_PER_NODE}
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,8 @@ is a ``ColumnParallelLinear`` that all-gathers its output by default, and its lo
 the exact version used. With the vocabulary-parallel loss, 80 of the 109 runs the
 simulator misclassified were TP >= 2 runs predicted to fit, some at 30-50 GB (8k tokens
 or micro-batches of 2-4, whose full-vocabulary logits take several GB on each TP rank)."""
+CLUSTER_PRESET = "dgx-a100-80g"
+"""The sweep's servers: eight A100-80GB on NVSwitch (REFERENCES.md), with :data:`NICS_PER_NODE`."""
 NICS_PER_NODE = 2
 """Scale-out NICs per server of the sweep's cluster, each a 200 Gb/s HDR InfiniBand port
 shared by four GPUs (:func:`topologies.graphs.nvswitch_cluster`), 50 GB/s per node where a
@@ -138,7 +140,7 @@ class Row:
             "name": f"hagemann-row{self.index}",
             "model": {"preset": self.model, "seq_length": self.seq_length,
                       "vocab_size": VOCAB_SIZE},
-            "cluster": {"preset": "dgx-a100-80g", "num_gpus": self.num_gpus,
+            "cluster": {"preset": CLUSTER_PRESET, "num_gpus": self.num_gpus,
                         "nics_per_node": self.nics_per_node or NICS_PER_NODE},
             "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": 1,
                          "sequence_parallel": self.sequence_parallel,

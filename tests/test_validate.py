@@ -138,6 +138,7 @@ def test_validate_command_json(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     for key in ("step_time_mape", "oom_accuracy", "groups", "best_layout_hits",
                 "cross_validation_mape"):
         assert key in report
+    assert report["cluster"] == {"preset": "dgx-a100-80g", "nics_per_node": 2}
     assert (tmp_path / "validation.csv").read_text().count("\n") == report["runs_compared"] + 1
     assert (tmp_path / "validation.png").stat().st_size > 5000
 
