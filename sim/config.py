@@ -160,7 +160,8 @@ class ClusterConfig(_Strict):
     """Fat-tree / rail-optimized leaf down:up port ratio, e.g. 2.0 for 2:1."""
     tiers: Literal[2, 3] | None = None
     gpus_per_leaf: int | None = Field(None, gt=0)
-    """GPU (NIC) ports per leaf switch; rail-optimized: servers per scalable unit."""
+    """NIC ports per leaf switch (one per GPU on DGX servers; with ``nics_per_node``,
+    that many per server); rail-optimized: servers per scalable unit."""
     leaves_per_pod: int | None = Field(None, gt=0)
     dragonfly: DragonflyConfig | None = None
     ecmp: Literal["dst-mod-k", "hash"] | None = None
