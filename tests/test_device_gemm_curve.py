@@ -154,3 +154,25 @@ def test_l1_fit_is_the_weighted_median_in_one_dimension() -> None:
     # a bound that binds holds
     assert cal.fit_l1(T0, A, x0, measured, mask, ((-100.0, median - 0.5),))[0] == pytest.approx(
         median - 0.5)
+
+
+def test_calibrate_refuses_sensitivities_of_another_nic_count(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The sensitivities depend on the sweep's network (``--nics``): a cache measured with
+    another NIC count is refused, not silently reused; with the matching one it fits."""
+    import sys
+
+    cal = _calibrate()
+    cache = tmp_path / "sens.npz"
+    ok = 401  # the sweep's successful runs
+    rng = np.random.default_rng(3)
+    np.savez(cache, T0=rng.uniform(20.0, 80.0, ok), A=rng.uniform(0.0, 20.0, (ok, 7)),
+             power=0.0, nics=8)
+    monkeypatch.setattr(sys, "argv", ["calibrate.py", "--cache", str(cache), "--fit-only"])
+    with pytest.raises(SystemExit) as err:
+        cal.main()
+    assert "nics 8" in str(err.value) and "--nics" in str(err.value)
+    monkeypatch.setattr(sys, "argv", ["calibrate.py", "--cache", str(cache), "--fit-only",
+                                      "--nics", "8"])
+    cal.main()
+    assert "linearised MAPE" in capsys.readouterr().out
