@@ -18,12 +18,21 @@ def _fmt(x: float | None, spec: str) -> str:
 def report_table(report: dict) -> str:
     lines = [f"{'group':<24} {'runs':>5} {'ok':>4} {'MAPE':>7} {'OOM acc':>8} {'Spearman':>9} "
              f"{'best hit':>8}"]
+    misses = []
     for g in report["groups"]:
         name = f"{g['model']} s{g['seq_length']} {g['num_gpus']}gpu"
         lines.append(f"{name:<24} {g['runs']:>5} {g['ok_runs']:>4} "
                      f"{_fmt(g['step_time_mape'] and g['step_time_mape'] * 100, '6.1f')}% "
                      f"{g['oom_accuracy'] * 100:7.1f}% {_fmt(g['spearman'], '9.2f')} "
                      f"{'yes' if g['best_layout_hit'] else 'no':>8}")
+        if not g["best_layout_hit"] and g["predicted_best_layout"] and g["measured_best_layout"]:
+            ran = (f"{g['predicted_best_measured_s']:.1f} s ({g['predicted_best_gap'] * 100:+.1f}%)"
+                   if g["predicted_best_gap"] is not None else g["predicted_best_status"])
+            misses += [f"{name:<24} picked {g['predicted_best_layout']}: {ran}",
+                       f"{'':<24} best   {g['measured_best_layout']}: "
+                       f"{g['best_measured_s']:.1f} s"]
+    if misses:
+        lines += ["", "best-layout misses (measured step times):", *misses]
     cv = report.get("cross_validation_mape")
     lines += [
         "",

@@ -122,6 +122,14 @@ class Row:
     ``benchmarks/calibrate.py --nics`` reaches worker processes whatever their start method)."""
 
     @property
+    def layout(self) -> str:
+        """The run's layout in a few words, e.g. ``tp2 pp4 dp32 mbs1 none flash2 fused-norm``."""
+        return " ".join([f"tp{self.tp} pp{self.pp} dp{self.dp} mbs{self.micro_batch_size}",
+                         self.recompute, self.attention,
+                         *(["fused-norm"] if self.fused_norm else []),
+                         *(["sp"] if self.sequence_parallel else [])])
+
+    @property
     def group(self) -> tuple[str, int, int]:
         """(model, sequence length, GPUs): the sweep's unit of comparison."""
         return (self.model, self.seq_length, self.num_gpus)
@@ -266,11 +274,14 @@ def evaluate(preds: Sequence[Prediction]) -> dict:
     for key in sorted(groups):
         gp = groups[key]
         ok = [p for p in gp if p.row.status == "ok"]
-        best_measured = min(p.row.step_time_s for p in ok) if ok else None
+        best = min(ok, key=lambda p: (p.row.step_time_s, p.row.index)) if ok else None
+        best_measured = best.row.step_time_s if best else None
         feasible = [p for p in gp if not p.oom]
         pick = min(feasible, key=lambda p: (p.step_time_s, p.row.index)) if feasible else None
-        hit = bool(pick and pick.row.status == "ok" and best_measured
-                   and pick.row.step_time_s <= best_measured * (1 + BEST_WITHIN))
+        # how much slower the pick ran than the best (None: it did not run, or nothing did)
+        gap = (pick.row.step_time_s / best_measured - 1
+               if pick and pick.row.status == "ok" and best_measured else None)
+        hit = gap is not None and pick.row.step_time_s <= best_measured * (1 + BEST_WITHIN)
         hits += hit
         rho = spearman([p.row.step_time_s for p in ok], [p.step_time_s for p in ok])
         per_group.append({
@@ -283,6 +294,11 @@ def evaluate(preds: Sequence[Prediction]) -> dict:
             "predicted_best_row": pick.row.index if pick else None,
             "predicted_best_measured_s": pick.row.step_time_s if pick else None,
             "best_layout_hit": hit,
+            "measured_best_row": best.row.index if best else None,
+            "measured_best_layout": best.row.layout if best else None,
+            "predicted_best_layout": pick.row.layout if pick else None,
+            "predicted_best_status": pick.row.status if pick else None,
+            "predicted_best_gap": gap,
         })
     return {
         "step_time_mape": _mape(preds),

@@ -78,6 +78,40 @@ def test_evaluate_metrics_on_hand_made_predictions() -> None:
     assert rep["best_layout_hits"] == 1 and rep["num_groups"] == 1
     g = rep["groups"][0]
     assert g["predicted_best_row"] == 0 and g["best_layout_hit"]
+    assert g["measured_best_row"] == 0 and g["predicted_best_gap"] == 0.0
+
+
+def _layout_row(i: int, tp: int, status: str, t: float | None) -> Row:
+    return Row(i, "llama-30b", 2048, 256, tp, 4, 64 // tp, 1, "none", "flash2", True, tp > 1,
+               status, t)
+
+
+def test_evaluate_names_the_layouts_of_a_miss() -> None:
+    """A group whose pick ran 5.9% slower than its best: a miss, with both layouts and the
+    gap in the report and the table; a pick that ran out of memory has no gap."""
+    from sim.cli_validate import report_table
+
+    preds = [Prediction(_layout_row(0, 1, "ok", 24.0), 21.0, 70.0, False),
+             Prediction(_layout_row(1, 2, "ok", 22.66), 22.0, 40.0, False),
+             Prediction(_layout_row(2, 4, "oom", None), 30.0, 90.0, True)]
+    g = evaluate(preds)["groups"][0]
+    assert not g["best_layout_hit"]
+    assert (g["predicted_best_row"], g["measured_best_row"]) == (0, 1)
+    assert g["predicted_best_layout"] == "tp1 pp4 dp64 mbs1 none flash2 fused-norm"
+    assert g["measured_best_layout"] == "tp2 pp4 dp32 mbs1 none flash2 fused-norm sp"
+    assert g["predicted_best_status"] == "ok"
+    assert g["predicted_best_gap"] == pytest.approx(24.0 / 22.66 - 1)
+    report = {**evaluate(preds), "cross_validation_mape": None, "elapsed_s": 1.0}
+    table = report_table(report)
+    assert "picked tp1 pp4 dp64 mbs1 none flash2 fused-norm: 24.0 s (+5.9%)" in table
+    assert "best   tp2 pp4 dp32 mbs1 none flash2 fused-norm sp: 22.7 s" in table
+    # the pick ran out of memory in the sweep: a miss without a gap
+    oom_pick = [Prediction(_layout_row(2, 4, "oom", None), 19.0, 70.0, False), *preds[:2]]
+    g = evaluate(oom_pick)["groups"][0]
+    assert not g["best_layout_hit"] and g["predicted_best_gap"] is None
+    assert g["predicted_best_status"] == "oom"
+    assert "picked tp4 pp4 dp16 mbs1 none flash2 fused-norm sp: oom" in report_table(
+        {**evaluate(oom_pick), "cross_validation_mape": None, "elapsed_s": 1.0})
 
 
 def test_predict_is_the_same_with_workers() -> None:
