@@ -25,6 +25,7 @@ from sim.config import (
 )
 from sim.device import work_timer
 from sim.errors import ConfigError, ScheduleError, TopologyError
+from sim.faults import check_fault_targets
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric, multi_site
 from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec, gpu_spec
@@ -686,6 +687,7 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     if cp > 1:
         _check_context_parallel(cfg, model, cp)
     check_attention_kernel(cfg.training.attention, cluster)
+    check_fault_targets(cfg.faults, cluster)
     if par.layers_per_stage is not None and model is None:
         raise ConfigError("parallel.layers_per_stage: needs a transformer model (the synthetic "
                           "model has no layers)")

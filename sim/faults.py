@@ -3,6 +3,8 @@
 Pure (no SimPy, no matplotlib) and deterministic: randomness only from the
 seeds in the experiment file (:class:`random.Random`, never the global one).
 
+* :func:`check_fault_targets` checks, when the experiment is built, that the links and
+  servers the faults name exist.
 * :func:`straggler_slowdowns` resolves ``faults.stragglers`` and
   ``faults.random_stragglers`` to a slowdown factor per GPU; the engine
   multiplies that GPU's compute times by it (:func:`sim.api.simulate`).
@@ -74,6 +76,34 @@ def _check_random(spec: RandomStragglers) -> None:
     if r is not None and (len(r) != 2 or r[0] < 1 or r[1] < r[0]):
         raise ConfigError(f"faults.random_stragglers.slowdown_range={r}: give [low, high] with "
                           "1 <= low <= high")
+
+
+def check_fault_targets(faults: FaultsConfig | None, cluster: Cluster) -> None:
+    """ConfigError unless every link fault names a link of ``cluster`` (both directions, as
+    it changes both) and says what happens to it, and every preemption names one of its
+    servers and a policy its options fit. Checked when the experiment is built, so a
+    mistake is reported whether or not the run plays the faults (``sim run --steps``) and
+    whenever they strike."""
+    if faults is None:
+        return
+    for k, fault in enumerate(faults.link_faults):
+        if len(fault.link) != 2:
+            raise ConfigError(f"faults.link_faults[{k}].link={fault.link}: give [node_a, node_b]")
+        if not fault.failed and fault.bandwidth_factor is None:
+            raise ConfigError(f"faults.link_faults[{k}]: give bandwidth_factor or failed: true")
+        try:
+            cluster.resolve_link(fault.link)
+            cluster.resolve_link(fault.link[::-1])
+        except TopologyError as exc:
+            raise ConfigError(f"faults.link_faults[{k}]: {exc}") from None
+    hosts = len({cluster.host_of(g) for g in range(cluster.num_gpus)})
+    for k, event in enumerate(faults.preemptions):
+        if event.node >= hosts:
+            raise ConfigError(f"faults.preemptions[{k}].node={event.node}: the cluster has "
+                              f"{hosts} servers (0..{hosts - 1})")
+        if event.policy == "rebalance" and event.replacement_s:
+            raise ConfigError(f"faults.preemptions[{k}].replacement_s={event.replacement_s}: "
+                              "only used with policy 'stall'")
 
 
 def straggler_slowdowns(faults: FaultsConfig | None, num_gpus: int) -> dict[int, float]:

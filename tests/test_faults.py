@@ -81,6 +81,30 @@ def test_cli_reports_bad_faults_in_one_line(tmp_path, capsys: pytest.CaptureFixt
     assert capsys.readouterr().err.startswith("error: faults.link_faults[0].link=['gpu0']")
 
 
+@pytest.mark.parametrize(("faults", "message"), [
+    ({"link_faults": [{"link": ["gpu0", "nowhere"], "failed": True}]},
+     "error: faults.link_faults[0]: cluster ideal: no node 'nowhere'"),
+    ({"link_faults": [{"link": ["gpu0", "gpu1"], "at_s": 1e9, "failed": True}]},
+     "error: faults.link_faults[0]: cluster ideal: no link ['gpu0', 'gpu1']"),
+    ({"link_faults": [{"link": ["gpu0", "switch"], "at_s": 1.0}]},
+     "error: faults.link_faults[0]: give bandwidth_factor or failed: true"),
+    ({"preemptions": [{"node": 4, "at_s": 1e9, "policy": "stall"}]},
+     "error: faults.preemptions[0].node=4: the cluster has 4 servers (0..3)"),
+    ({"preemptions": [{"node": 0, "policy": "rebalance", "replacement_s": 5.0}]},
+     "error: faults.preemptions[0].replacement_s=5.0: only used with policy 'stall'"),
+])
+def test_faults_naming_what_the_cluster_lacks_are_errors_with_or_without_steps(
+        tmp_path, capsys: pytest.CaptureFixture, faults: dict, message: str) -> None:
+    """A fault on a link or server the cluster does not have is a mistake in the file whether
+    or not the run plays the faults (``--steps``) and however late it would strike."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(_with_faults(faults)))
+    for extra in ([], ["--steps", "3"]):
+        assert main(["run", str(path), "--json", *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(message) and err.count("\n") == 1
+
+
 def test_stragglers_force_full_fidelity() -> None:
     data = _with_faults({"stragglers": [{"gpu": 5, "slowdown": 1.3}]}, p=4, m=4)
     data["cluster"]["num_gpus"] = 128  # dp = 32: auto would collapse without the straggler
