@@ -52,6 +52,13 @@ Least absolute error with two ports (``--loss l1``) simulates 4.41% and 4.71% cr
 The residual on 30B/256 GPUs fell from 8.9% to 5.5%; what remains there is on the runs near
 the memory limit without recomputation (predicted 10-20% too fast), which the other nine
 groups do not show.
+A fabric with collisions was tried on 2026-12-04 and not kept: the servers in rail-optimized
+scalable units of 20 (a DGX SuperPOD's), the units joined by spines reached over hashed ECMP
+paths, so that 30B on 32 servers crosses two units and its flows collide (``cluster.topology:
+rail-optimized``, ``gpus_per_leaf: 20``, ``ecmp: hash``), refitted with 2, 4 and 8 ports: MAPE
+4.64/4.53/4.50%, cross-validation 5.52/5.85/6.03%, 7 hits each. The 30B/256 pick (TP1 PP4 DP64
+without recomputation) stays 11-13% too fast in every fabric while the same layout with full
+recomputation, which moves the same gradients, is within 1%: what slows it is not DP traffic.
 The tables below were measured with eight NICs per server, before this refit.
 
 GEMM shape curve re-examined on 2026-12-03 (issue 5) and kept. The device model now takes a
