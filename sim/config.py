@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sim.errors import ConfigError
 from sim.faults_config import FaultsConfig
@@ -173,6 +173,10 @@ class ClusterConfig(_Strict):
     wan_latency_ms: float | None = Field(None, ge=0)
 
 
+MULTI_CHUNK_SCHEDULES = frozenset({"interleaved", "zb-v", "dualpipe-v"})
+"""Built-in schedules that place several model chunks on each pipeline rank."""
+
+
 class ParallelConfig(_Strict):
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
@@ -180,6 +184,8 @@ class ParallelConfig(_Strict):
     cp: int = Field(1, ge=1)
     ep: int = Field(1, ge=1)
     vpp: int = Field(1, ge=1)
+    """Model chunks per pipeline rank. Left out: 2 under the multi-chunk schedules
+    (:data:`MULTI_CHUNK_SCHEDULES`), 1 otherwise (:meth:`ExperimentConfig._default_vpp`)."""
     sequence_parallel: bool = False
     zero_stage: int = Field(1, ge=0, le=3)
     placement: str = DEFAULT_ORDER
@@ -227,6 +233,15 @@ class ExperimentConfig(_Strict):
     schedule: str = "1f1b"
     faults: FaultsConfig | None = None
     """Stragglers, failures, link faults (:mod:`sim.faults_config`)."""
+
+    @model_validator(mode="after")
+    def _default_vpp(self) -> ExperimentConfig:
+        """A multi-chunk schedule without ``parallel.vpp`` gets two chunks per rank: the V
+        schedules run exactly two, and one chunk would make ``interleaved`` plain 1F1B
+        without a word. A ``vpp`` the file gives is kept (and checked by the schedule)."""
+        if self.schedule in MULTI_CHUNK_SCHEDULES and "vpp" not in self.parallel.model_fields_set:
+            return self.model_copy(update={"parallel": self.parallel.model_copy(update={"vpp": 2})})
+        return self
 
 
 def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import simulate
-from sim.errors import ScheduleError
-from sim.experiment import build_experiment
+from sim.errors import ConfigError, ScheduleError
+from sim.experiment import build_experiment, schedule_builders
 from workloads.schedules import (
     Schedule,
     from_text,
@@ -169,6 +169,28 @@ def test_interleaved_v1_is_1f1b_and_p1_has_no_bubble() -> None:
     for v in (2, 3, 4):
         s = interleaved(1, 5, v)
         assert makespan(s, uniform_duration(s, 1.0, 2.0)) == pytest.approx(5 * 3.0, abs=TOL)
+
+
+@pytest.mark.parametrize("name", ["interleaved", "zb-v", "dualpipe-v"])
+def test_multi_chunk_schedule_without_vpp_gets_two_chunks_per_rank(name: str) -> None:
+    cfg = synthetic_experiment(4, 8, name)
+    del cfg["parallel"]["vpp"]
+    exp = build_experiment(cfg)
+    assert exp.config.parallel.vpp == 2
+    assert exp.schedule.chunks_per_rank == 2
+    assert exp.schedule == schedule_builders()[name](4, 8, 2)
+
+
+def test_a_vpp_the_file_gives_is_kept() -> None:
+    exp = build_experiment(synthetic_experiment(4, 8, "interleaved", vpp=1))
+    assert exp.schedule.rank_ops == one_f_one_b(4, 8).rank_ops  # asked for: v = 1 is 1F1B
+    assert build_experiment(synthetic_experiment(4, 8, "interleaved", vpp=3)).schedule \
+        .chunks_per_rank == 3
+    cfg = synthetic_experiment(4, 8, "1f1b")
+    del cfg["parallel"]["vpp"]
+    assert build_experiment(cfg).config.parallel.vpp == 1
+    with pytest.raises(ConfigError, match=r"zb-v: chunks per rank v=3 .* uses v=2"):
+        build_experiment(synthetic_experiment(4, 8, "zb-v", vpp=3))
 
 
 # ----------------------------------------------------------------------------- closed forms
