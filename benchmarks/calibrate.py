@@ -165,6 +165,44 @@ def with_memory(preds, reserved: float, frag: float) -> list[Prediction]:
     return out
 
 
+def sensitivities(ok, base: DeviceProfile, power: float, nics: int, workers: int,
+                  cache: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(T0, A): the step times of the successful runs ``ok`` at ``base`` and their finite-
+    difference sensitivities to each constant of :data:`NAMES` (one simulation of the sweep
+    per column), kept in and reused from ``cache`` (an npz file) if given; exits if the cache
+    holds another model's (``power``, ``nics`` or shape differ)."""
+    x0 = to_x(base)
+    if cache and cache.exists():
+        saved = np.load(cache)
+        cached_power = float(saved["power"]) if "power" in saved else None
+        cached_nics = int(saved["nics"]) if "nics" in saved else None
+        if (cached_power != power or cached_nics != nics
+                or saved["A"].shape != (len(ok), len(NAMES))):
+            sys.exit(f"{cache} holds sensitivities of another model (power {cached_power}, "
+                     f"nics {cached_nics}, {saved['A'].shape[1]} columns, "
+                     f"{saved['A'].shape[0]} runs): remove it or pass its --power and --nics")
+        return saved["T0"], saved["A"]
+    t_start = time.time()
+    T0 = step_times(ok, base, workers)
+    A = np.zeros((len(ok), len(x0)))
+    for i, name in enumerate(NAMES):
+        if name == "d2^p/gemm" and not power:
+            continue  # no steep term: its column stays 0 and its constant at 0
+        # x0 of d2^p/gemm is 0: step to (d₂/3000)^p = 0.05
+        dx = 0.05 * x0[i] if x0[i] else 0.05 * x0[0] * 3000.0 ** power
+        x1 = x0.copy()
+        x1[i] += dx
+        # an attention efficiency moves only the runs with that kernel (exactly 0 elsewhere)
+        kernels = ATTENTION_COLUMNS.get(name)
+        idx = [j for j, r in enumerate(ok) if kernels is None or r.attention in kernels]
+        A[idx, i] = (step_times([ok[j] for j in idx], from_x(x1, base, ""), workers)
+                     - T0[idx]) / dx
+        print(f"sensitivity {name}: {time.time() - t_start:.0f} s", flush=True)
+    if cache:
+        np.savez(cache, T0=T0, A=A, power=power, nics=nics)
+    return T0, A
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/hagemann2023_sweep.csv"))
@@ -185,35 +223,8 @@ def main() -> None:
     measured = np.array([r.step_time_s for r in ok])
     base = DeviceProfile(gemm_half_dim=128.0, gemm_shape_power=args.power or 2.0)
     x0 = to_x(base)
-    cache = Path(args.cache) if args.cache else None
-    if cache and cache.exists():
-        saved = np.load(cache)
-        power = float(saved["power"]) if "power" in saved else None
-        nics = int(saved["nics"]) if "nics" in saved else None
-        if (power != args.power or nics != args.nics
-                or saved["A"].shape != (len(ok), len(NAMES))):
-            sys.exit(f"{cache} holds sensitivities of another model (power {power}, nics "
-                     f"{nics}, {saved['A'].shape[1]} columns, {saved['A'].shape[0]} runs): "
-                     "remove it or pass its --power and --nics")
-        T0, A = saved["T0"], saved["A"]
-    else:
-        T0 = step_times(ok, base, args.workers)
-        A = np.zeros((len(ok), len(x0)))
-        for i, name in enumerate(NAMES):
-            if name == "d2^p/gemm" and not args.power:
-                continue  # no steep term: its column stays 0 and its constant at 0
-            # x0 of d2^p/gemm is 0: step to (d₂/3000)^p = 0.05
-            dx = 0.05 * x0[i] if x0[i] else 0.05 * x0[0] * 3000.0 ** args.power
-            x1 = x0.copy()
-            x1[i] += dx
-            # an attention efficiency moves only the runs with that kernel (exactly 0 elsewhere)
-            kernels = ATTENTION_COLUMNS.get(name)
-            idx = [j for j, r in enumerate(ok) if kernels is None or r.attention in kernels]
-            A[idx, i] = (step_times([ok[j] for j in idx], from_x(x1, base, ""), args.workers)
-                         - T0[idx]) / dx
-            print(f"sensitivity {name}: {time.time() - t_start:.0f} s", flush=True)
-        if cache:
-            np.savez(cache, T0=T0, A=A, power=args.power, nics=args.nics)
+    T0, A = sensitivities(ok, base, args.power, args.nics, args.workers,
+                          Path(args.cache) if args.cache else None)
     results = {}
     for label, mask in (("all", np.ones(len(ok), bool)),
                         ("13b", np.array([r.model == "llama-13b" for r in ok]))):

@@ -59,13 +59,15 @@ rail-optimized``, ``gpus_per_leaf: 20``, ``ecmp: hash``), refitted with 2, 4 and
 4.64/4.53/4.50%, cross-validation 5.52/5.85/6.03%, 7 hits each. The 30B/256 pick (TP1 PP4 DP64
 without recomputation) stays 11-13% too fast in every fabric while the same layout with full
 recomputation, which moves the same gradients, is within 1%: what slows it is not DP traffic.
-A cost on pipelined runs only was screened the same day (linearised on the two-port
-sensitivities, one more column, each as a fitted constant >= 0): it is the one kind of term
-that wins the 13B 2k-token 64-GPU group, and so reaches 8 hits. A compute slowdown on PP > 1
-runs (6.3%, η_gemm at its 0.95 bound): MAPE 4.49%, cross-validation 5.00%; a cost per layer and
-micro-batch slot, (m + p - 1) x layers of the largest stage x 1.4 ms, with the GEMM half point
-held at d½ <= 800/η_gemm (cuBLAS runs GEMMs of cube side 2000 near its peak): 4.40%, 4.44%. Not
-kept: nothing in the framework's source makes pipelined compute slower (its sends are
+Every other global term was screened the same day, one more column in the linearised fit at
+a time (``benchmarks/screen_terms.py [--max-shape-term 800]`` prints the table: multipliers of
+exposed DP, TP and PP communication, costs per micro-batch slot, memory pressure, a slowdown
+without recomputation). MAPE moves by at most 0.16 points (slots), the cross-validation
+by up to 1.5 (layer-slots: 4.44%); only a cost on pipelined runs wins the 13B 2k-token 64-GPU
+group and so reaches 8 hits. A compute slowdown on PP > 1 runs (6.3%, η_gemm at its 0.95
+bound): MAPE 4.49%, cross-validation 5.00%; a cost per layer and micro-batch slot, (m + p - 1)
+x layers of the largest stage x 1.4 ms, with the GEMM half point held at d½ <= 800/η_gemm
+(cuBLAS runs GEMMs of cube side 2000 near its peak): 4.40%, 4.44%. Neither kept: nothing in the framework's source makes pipelined compute slower (its sends are
 blocking, but a blocked host only delays a stage's first kernel), and on the 13B 64-GPU sheet
 it is the FlashAttention-2 runs alone that ran faster without pipelining (PP1/PP2 median 0.85,
 simulated 1.01); the 21 other kernel pairs measured 1.01 and are simulated at 1.00, which both
