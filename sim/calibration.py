@@ -67,12 +67,13 @@ by up to 1.5 (layer-slots: 4.44%); only a cost on pipelined runs wins the 13B 2k
 group and so reaches 8 hits. A compute slowdown on PP > 1 runs (6.3%, η_gemm at its 0.95
 bound): MAPE 4.49%, cross-validation 5.00%; a cost per layer and micro-batch slot, (m + p - 1)
 x layers of the largest stage x 1.4 ms, with the GEMM half point held at d½ <= 800/η_gemm
-(cuBLAS runs GEMMs of cube side 2000 near its peak): 4.40%, 4.44%. Neither kept: nothing in the framework's source makes pipelined compute slower (its sends are
-blocking, but a blocked host only delays a stage's first kernel), and on the 13B 64-GPU sheet
-it is the FlashAttention-2 runs alone that ran faster without pipelining (PP1/PP2 median 0.85,
-simulated 1.01); the 21 other kernel pairs measured 1.01 and are simulated at 1.00, which both
-terms break (0.94-0.96, their mean error 4.4% -> 5.5-6.4%). A term that wins a group by
-misstating the runs that contradict it is a fudge factor, not physics.
+(a prior that GEMMs of cube side 2000 run near cuBLAS's peak, not checked here): 4.40%,
+4.44%. Neither kept: nothing in the framework's source makes pipelined compute slower (its
+sends are blocking, but a blocked host only delays a stage's first kernel), and on the 13B
+64-GPU sheet it is the FlashAttention-2 runs alone that ran faster without pipelining (PP1/PP2
+median 0.85, simulated 1.01); the 21 other kernel pairs measured 1.01 and are simulated at
+1.00, which both terms break (0.94-0.96, their mean error 4.4% -> 5.5-6.4%). A term that wins
+a group by misstating the runs that contradict it is a fudge factor, not physics.
 The tables below were measured with eight NICs per server, before this refit.
 
 GEMM shape curve re-examined on 2026-12-03 (issue 5) and kept. The device model now takes a
