@@ -59,15 +59,9 @@ class Facts:
 
 
 def facts(row: Row) -> Facts:
-    from sim.api import simulate
-    from sim.experiment import build_experiment
-
-    exp = build_experiment(row.experiment())
-    exp = dataclasses.replace(exp, costs=validate.framework_costs(exp.costs,
-                                                                  exp.num_microbatches))
-    s = simulate(exp, A100_HAGEMANN, fidelity="collapsed").stats
+    s = validate.simulate_row(row, A100_HAGEMANN).stats
     return Facts(s["step_time_s"], s["compute_busy_s_mean"], dict(s["exposed_comm_s"]),
-                 exp.num_microbatches, s["peak_memory_gib"], s["oom"])
+                 s["num_microbatches"], s["peak_memory_gib"], s["oom"])
 
 
 def _slots(r: Row, f: Facts) -> int:

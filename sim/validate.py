@@ -194,14 +194,20 @@ class Prediction:
     fragmentation and reserved memory: what benchmarks/calibrate.py fits those two on."""
 
 
-def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
+def simulate_row(row: Row, profile: DeviceProfile):
+    """The run ``row`` simulated with ``profile`` as the sweep's framework runs it
+    (:func:`framework_costs`), collapsed fidelity: a :class:`sim.api.Result`."""
     from sim.api import simulate
     from sim.experiment import build_experiment
 
-    row, profile = args
     exp = build_experiment(row.experiment())
     exp = dataclasses.replace(exp, costs=framework_costs(exp.costs, exp.num_microbatches))
-    result = simulate(exp, profile, fidelity="collapsed")
+    return simulate(exp, profile, fidelity="collapsed")
+
+
+def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
+    row, profile = args
+    result = simulate_row(row, profile)
     stats, timeline = result.stats, result.timeline
     floor: dict[int, float] = {}
     for m in timeline.memory:
