@@ -4,8 +4,7 @@ Public API::
 
     from sim import load_experiment, simulate
 
-Names are imported lazily so that ``workloads`` and ``topologies`` can import
-``sim.errors`` without pulling in the engine.
+Names are imported lazily, so that importing ``sim`` does not pull in the engine.
 """
 
 from __future__ import annotations
@@ -18,11 +17,11 @@ _EXPORTS = {
     "simulate": "sim.api",
     "Result": "sim.api",
     "Experiment": "sim.experiment",
-    "SimError": "sim.errors",
-    "ConfigError": "sim.errors",
-    "ScheduleError": "sim.errors",
-    "TopologyError": "sim.errors",
-    "DeadlockError": "sim.errors",
+    "SimError": "base.errors",
+    "ConfigError": "base.errors",
+    "ScheduleError": "base.errors",
+    "TopologyError": "base.errors",
+    "DeadlockError": "base.errors",
 }
 
 __all__ = sorted(_EXPORTS)

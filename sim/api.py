@@ -16,11 +16,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from base.errors import ConfigError, TopologyError
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s, rank_timers
 from sim.engine import InstructionTimes, simulate_program
-from sim.errors import ConfigError, TopologyError
 from sim.experiment import Experiment
 from sim.export import write_chrome_trace
 from sim.faults import (

@@ -10,11 +10,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from base.errors import SimError
 from sim.cli_collective import register as register_collective
 from sim.cli_compare import register as register_compare
 from sim.cli_search import register as register_search
 from sim.cli_validate import register as register_validate
-from sim.errors import SimError
 
 
 class _Parser(argparse.ArgumentParser):

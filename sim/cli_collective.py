@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from base.errors import ConfigError
 from sim.collectives import ALGORITHMS_BY_OP, AUTO, OPS, bus_bandwidth, check
-from sim.errors import ConfigError
 
 __all__ = ["parse_size", "parse_sizes", "register", "run_sweep"]
 

@@ -92,8 +92,8 @@ def _progress_bar(enabled: bool) -> tuple[Any, Any]:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
+    from base.errors import ConfigError
     from sim.config import read_yaml
-    from sim.errors import ConfigError
     from sim.executors import make_executor
     from sim.search import ResultStore, parse_pins, pins_from_file, rows_csv, search
 

@@ -75,7 +75,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
 ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from base.collector import gc_paused
 from sim.collectives import GroupProfile
-from sim.engine import collective_plan, gc_paused, simulate_program, step_latency_s
+from sim.engine import collective_plan, simulate_program, step_latency_s
 from sim.network import makespan_s
 from topologies.cluster import Cluster
 from workloads.program import Program, ProgramBuilder

@@ -38,7 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from workloads.program import Send
 from workloads.schedules_advanced import OVERLAPPING_STEPS
 

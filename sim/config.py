@@ -3,7 +3,7 @@
 Types and unknown keys are checked by pydantic (strict: ``"2"`` is not an
 integer, ``1`` is not a boolean); cross-field rules (``tp·pp·dp·cp`` equals the
 GPU count, the global batch divides evenly, ...) are checked when the
-experiment is built. Every failure is a :class:`~sim.errors.ConfigError` whose
+experiment is built. Every failure is a :class:`~base.errors.ConfigError` whose
 message names the key and the offending value.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from sim.faults_config import FaultsConfig
 from topologies.placement import DEFAULT_ORDER
 

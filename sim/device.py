@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from topologies.hardware import GPUSpec
 
 

@@ -40,12 +40,13 @@ from operator import itemgetter
 
 import simpy
 
+from base.collector import gc_paused
+from base.errors import DeadlockError
 from sim.collectives import AUTO, GroupProfile, Transfer, group_profile, resolve_algorithm
 from sim.collectives import plan as plan_collective
 from sim.columnar import ColumnarPass, run_columns
-from sim.errors import DeadlockError
 from sim.network import FlowNetwork
-from sim.timeline import COMM_KINDS, FlowArrow, MemorySample, Span, Timeline, gc_paused
+from sim.timeline import COMM_KINDS, FlowArrow, MemorySample, Span, Timeline
 from topologies.cluster import Cluster, Endpoint, Route
 from workloads.program import Collective, ColumnarInstructions, Compute, Program, Send
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 
 __all__ = ["EXECUTORS", "Executor", "Feed", "InlineExecutor", "LocalExecutor", "RayExecutor",
            "Task", "WorkerFailure", "make_executor"]

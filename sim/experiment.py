@@ -10,6 +10,7 @@ from typing import Any
 
 import networkx as nx
 
+from base.errors import ConfigError, ScheduleError, TopologyError
 from sim.calibration import default_profile
 from sim.collectives import check as check_collective
 from sim.collectives import estimate, group_profile, resolve_algorithm
@@ -24,7 +25,6 @@ from sim.config import (
     set_dotted,
 )
 from sim.device import work_timer
-from sim.errors import ConfigError, ScheduleError, TopologyError
 from sim.faults import check_fault_targets
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric, multi_site

@@ -37,7 +37,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sim.errors import ConfigError, TopologyError
+from base.errors import ConfigError, TopologyError
 from sim.faults_config import FaultsConfig, GpuFailures, LinkFault, Preemption, RandomStragglers
 from topologies.cluster import Cluster
 

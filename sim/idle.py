@@ -52,7 +52,8 @@ from operator import sub
 
 import numpy as np
 
-from sim.timeline import COMM_KINDS, gc_paused
+from base.collector import gc_paused
+from sim.timeline import COMM_KINDS
 from workloads.program import (
     COMPUTE,
     Collective,

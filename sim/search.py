@@ -86,12 +86,12 @@ from typing import Any
 
 import numpy as np
 
+from base.errors import ConfigError, ScheduleError, SimError
 from sim.api import AUTO_FULL_MAX_GPUS, FIDELITIES, simulate
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.config import ExperimentConfig, parse_config, set_dotted
 from sim.device import DeviceProfile, compute_time_s
-from sim.errors import ConfigError, ScheduleError, SimError
 from sim.executors import Executor, InlineExecutor, Task, WorkerFailure
 from sim.experiment import (
     balanced_layers,

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline, gc_paused
+from base.collector import gc_paused
+from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline
 from topologies.hardware import GiB
 
 

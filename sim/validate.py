@@ -22,8 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from base.errors import ConfigError
 from sim.device import DeviceProfile
-from sim.errors import ConfigError
 from workloads.models import PRESETS
 
 GLOBAL_BATCH_TOKENS = 4_194_304

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from conftest import ROOT
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from sim.validate import FRAMEWORK, Row, framework_stage_layers, load_rows
 from workloads.costs import split_layers
 from workloads.models import PRESETS

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.collectives import (
     ALGORITHMS_BY_OP,
     AUTO_EXCLUDED,
@@ -23,7 +24,6 @@ from sim.collectives import (
 )
 from sim.config import parse_config
 from sim.engine import simulate_program
-from sim.errors import ConfigError
 from sim.experiment import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import GPUS

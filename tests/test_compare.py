@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import EXAMPLE, ROOT
 
+from base.errors import ConfigError
 from sim import load_experiment
 from sim.cli import main
 from sim.compare import (
@@ -24,7 +25,6 @@ from sim.compare import (
     rows_table,
     schedule_changes,
 )
-from sim.errors import ConfigError
 
 SYNTHETIC = ROOT / "workloads" / "examples" / "synthetic-pp4.yaml"
 ALL = "1f1b,interleaved,zb-h1,zb-h2,zb-v,dualpipe-v,seq1f1b"

@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 from test_search import KILL_PINS, PINS_SMALL, SMALL, _db_keys, _interrupt, _small, _write
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from sim.executors import (
     InlineExecutor,
     LocalExecutor,

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from conftest import synthetic_experiment
 
+from base.errors import ConfigError
 from sim.api import simulate, simulate_run
 from sim.cli import main
-from sim.errors import ConfigError
 from sim.experiment import build_experiment
 from sim.faults import (
     batch_segments,

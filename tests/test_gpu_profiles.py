@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from base.errors import ConfigError
 from sim import api
 from sim.calibration import A100_HAGEMANN, default_profile
-from sim.errors import ConfigError
 from sim.experiment import Experiment
 from sim.gpu_profiles import INFERRED_RULE, RATIOS, ratios_for
 from topologies.hardware import GPUS

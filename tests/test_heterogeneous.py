@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from test_collapse import EXACT, MESH, assert_agree
 
+from base.errors import ConfigError
 from sim.api import load_experiment, simulate
 from sim.calibration import default_profile
 from sim.cli import main
 from sim.device import work_timer
-from sim.errors import ConfigError
 from sim.experiment import Experiment, build_experiment
 from topologies.hardware import GPUS
 from topologies.placement import Placement, mixed_pipeline_ranks

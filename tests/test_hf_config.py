@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from sim.experiment import build_experiment
 from workloads.hf_config import load_hf_config
 from workloads.models import PRESETS

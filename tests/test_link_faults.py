@@ -14,10 +14,10 @@ import math
 import networkx as nx
 import pytest
 
+from base.errors import ConfigError, SimError, TopologyError
 from sim.api import simulate_run
 from sim.commtime import CollectiveTimer
 from sim.engine import EngineCounters, simulate_program
-from sim.errors import ConfigError, SimError, TopologyError
 from sim.experiment import build_experiment
 from sim.network import FlowNetwork
 from topologies import graphs

@@ -7,11 +7,11 @@ import json
 import pytest
 from conftest import synthetic_experiment
 
+from base.errors import ConfigError
 from sim.api import simulate, simulate_run
 from sim.cli import main
 from sim.compare import compare
 from sim.engine import simulate_program
-from sim.errors import ConfigError
 from sim.experiment import build_experiment
 from sim.stats import compute_stats
 from workloads.lowering import lower

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from base.errors import ConfigError
 from sim.api import Result, simulate
-from sim.errors import ConfigError
 from sim.experiment import Experiment, build_experiment
 from workloads.costs import BF16, GradReady, ParamGather
 from workloads.program import Collective, Compute

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import DeadlockError
 from sim.engine import EngineCounters, InstructionTimes, _Run, simulate_program
-from sim.errors import DeadlockError
 from sim.idle import idle_breakdown
 from sim.stats import _length, _minus, _union
 from topologies.cluster import Cluster

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import TopologyError
 from sim.commtime import _are_disjoint_replicas, replicas_makespan_s
-from sim.errors import TopologyError
 from sim.network import makespan_s
 from topologies import graphs
 from topologies.cluster import Cluster, _Router

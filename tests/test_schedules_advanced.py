@@ -15,8 +15,8 @@ from conftest import assert_golden, synthetic_experiment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError, ScheduleError
 from sim import simulate
-from sim.errors import ConfigError, ScheduleError
 from sim.experiment import build_experiment, schedule_builders
 from workloads.schedules import (
     Schedule,

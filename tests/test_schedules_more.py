@@ -16,9 +16,9 @@ from conftest import assert_golden, synthetic_experiment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError, ScheduleError
 from sim import simulate
 from sim.cli import main
-from sim.errors import ConfigError, ScheduleError
 from sim.experiment import build_experiment
 from workloads.costs import SyntheticCosts
 from workloads.schedules import (

@@ -19,8 +19,8 @@ from conftest import ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import ConfigError
 from sim.cli import main
-from sim.errors import ConfigError
 from sim.experiment import build_experiment
 from sim.search import (
     DIMS,

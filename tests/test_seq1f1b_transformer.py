@@ -11,9 +11,9 @@ import pytest
 import yaml
 from conftest import EXAMPLE
 
+from base.errors import ConfigError
 from sim.cli import main
 from sim.compare import compare
-from sim.errors import ConfigError
 from sim.experiment import build_experiment
 from workloads.costs import CommSeg, ComputeSeg, Segment
 from workloads.lowering import _stash_bytes

@@ -11,8 +11,8 @@ import networkx as nx
 import pytest
 from conftest import ROOT
 
+from base.errors import ConfigError, TopologyError
 from sim.config import parse_config
-from sim.errors import ConfigError, TopologyError
 from sim.experiment import build_cluster
 from sim.network import makespan_s
 from topologies import graphs

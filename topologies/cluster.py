@@ -46,7 +46,7 @@ from types import MappingProxyType
 
 import networkx as nx
 
-from sim.errors import TopologyError
+from base.errors import TopologyError
 from topologies.graphs import gpu_node
 from topologies.hardware import GPUSpec
 

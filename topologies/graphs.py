@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
-from sim.errors import TopologyError
+from base.errors import TopologyError
 
 FABRICS = ("crossbar", "fat-tree", "rail-optimized", "dragonfly")
 """Scale-out fabrics that :func:`attach_fabric` can build."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import networkx as nx
 
-from sim.errors import TopologyError
+from base.errors import TopologyError
 from topologies import graphs
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from workloads.models import ModelSpec, MoESpec
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "gemma", "mixtral")

@@ -31,7 +31,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.timeline import gc_paused
+from base.collector import gc_paused
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
 from workloads.program import (

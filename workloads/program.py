@@ -13,7 +13,7 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
-from sim.timeline import gc_paused
+from base.collector import gc_paused
 from workloads.schedules import Schedule
 
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sim.errors import ScheduleError
+from base.errors import ScheduleError
 
 FORWARD = "F"
 BACKWARD = "B"

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 
-from sim.errors import ScheduleError
+from base.errors import ScheduleError
 from workloads.schedules import (
     BACKWARD,
     FORWARD,

@@ -50,7 +50,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
-from sim.errors import ConfigError
+from base.errors import ConfigError
 from workloads.schedules import BACKWARD, FORWARD, Op
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ def rounded_bounds(bounds: tuple[float, ...], seq_length: int, mod: int, causal:
     From the last chunk back: chunk ``c`` ends where chunk ``c + 1`` starts, its ideal
     start costs it the common per-chunk target (:func:`chunk_start`), and its length
     ``floor(ideal / mod)·mod`` tokens; the first chunk holds the remaining tokens. A
-    :class:`~sim.errors.ConfigError` if a chunk would be left without tokens.
+    :class:`~base.errors.ConfigError` if a chunk would be left without tokens.
     """
     k = len(bounds) - 1
     if k == 1:
