@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from plots.memory import RC_PARAMS, SAVE_OPTIONS, image_format
-from sim.idle import CAUSES
+from sim.timeline import IDLE_CAUSES
 
 __all__ = ["plot_idle"]
 
@@ -42,7 +42,7 @@ def plot_idle(breakdown: Mapping, path: str | Path, title: str = "") -> None:
         ax = fig.add_axes((0.1, 0.18, 0.68, 0.7))
         x = list(range(len(rows)))
         bottom = [0.0] * len(rows)
-        for cause in CAUSES:
+        for cause in IDLE_CAUSES:
             ms = [row.get(cause, 0.0) * 1e3 for _, row in rows]
             if not any(ms):
                 continue

@@ -1,7 +1,7 @@
 """Gantt chart of a :class:`~sim.timeline.Timeline`: one row per (GPU, stream).
 
 Rows come GPU by GPU, each GPU's streams in the trace order of
-:func:`sim.export.stream_sort_key` (compute first). Bars are coloured by span
+:func:`sim.timeline.stream_sort_key` (compute first). Bars are coloured by span
 kind (forward, backward, weight-grad, optimizer, each communication kind), idle
 time is the empty background, and pipeline ops (``F``/``B``/``W``) carry their
 canonical name (``1F3``) when the bar is wide enough for it. Time is in ms.
@@ -25,8 +25,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from sim.export import stream_sort_key
-from sim.timeline import COMM_KINDS, COMPUTE_KINDS, COMPUTE_STREAM, Span, Timeline
+from sim.timeline import COMM_KINDS, COMPUTE_KINDS, COMPUTE_STREAM, Span, Timeline, stream_sort_key
 
 __all__ = ["KIND_COLORS", "KIND_LABELS", "plot_timeline"]
 

@@ -5,7 +5,7 @@ The output opens in https://ui.perfetto.dev (and legacy ``chrome://tracing``):
 * one *process* per GPU that has spans or memory samples (``pid = gpu + 1``:
   Perfetto treats pid 0 as the Linux swapper, google/perfetto#394), named from
   ``Timeline.gpu_names`` when given, else ``GPU <rank>``;
-* one *thread* per stream, in the order of :func:`stream_sort_key` (compute, tp,
+* one *thread* per stream, in the order of :func:`sim.timeline.stream_sort_key` (compute, tp,
   cp, ep, dp, other streams by name, then ``recv<j``/``send>j`` by peer). Thread
   ids are unique in the whole trace and never equal a pid. Should spans of one
   stream overlap without nesting, the stream is split over extra lanes
@@ -37,13 +37,12 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.timeline import COMPUTE_STREAM, Span, Timeline
+from sim.timeline import Span, Timeline, stream_sort_key
 
 __all__ = [
     "TOLERANCE_US",
@@ -51,7 +50,6 @@ __all__ = [
     "chrome_trace",
     "dumps_trace",
     "flow_bindings",
-    "stream_sort_key",
     "write_chrome_trace",
 ]
 
@@ -61,8 +59,6 @@ TOLERANCE_US = 1e-6
 _GIB = float(2**30)
 _NS_PER_S = 1e9
 _FLOW_CATEGORY = "p2p"
-_COLLECTIVE_ORDER = ("tp", "cp", "ep", "dp")
-_P2P_RE = re.compile(r"^(recv<|send>)(\d+)$")
 _METADATA_ARG = {
     "process_name": "name",
     "process_labels": "labels",
@@ -71,22 +67,6 @@ _METADATA_ARG = {
     "thread_sort_index": "sort_index",
 }
 _KNOWN_PHASES = frozenset("BEXIiCbensftMPONDR")
-
-
-def stream_sort_key(stream: str) -> tuple[int, int, str]:
-    """Display order of a GPU's streams: compute, tp, cp, ep, dp, others by name, then p2p.
-
-    Point-to-point streams sort by peer GPU and then receive before send, so a
-    middle pipeline stage shows ``recv<0``, ``send>0``, ``recv<2``, ``send>2``.
-    """
-    if stream == COMPUTE_STREAM:
-        return (0, 0, "")
-    if stream in _COLLECTIVE_ORDER:
-        return (1, _COLLECTIVE_ORDER.index(stream), "")
-    match = _P2P_RE.match(stream)
-    if match is not None:
-        return (3, int(match.group(2)), match.group(1))
-    return (2, 0, stream)
 
 
 # ---------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from operator import sub
 import numpy as np
 
 from base.collector import gc_paused
-from sim.timeline import COMM_KINDS
+from sim.timeline import COMM_KINDS, IDLE_CAUSES
 from workloads.program import (
     COMPUTE,
     Collective,
@@ -64,10 +64,7 @@ from workloads.program import (
     Send,
 )
 
-_COMM = ("tp", "cp", "ep", "pp", "dp")
-_COMM = _COMM + tuple(k for k in COMM_KINDS if k not in _COMM)
-CAUSES = ("bubble", *_COMM, "straggler", "failure")
-"""Idle causes, in the order reported (communication kinds as in ``exposed_comm_s``)."""
+_COMM = tuple(c for c in IDLE_CAUSES if c in COMM_KINDS)
 
 _PARTS = ("bubble", *_COMM, "straggler")
 """Causes a span can hold (nominal compute is counted as ``bubble``)."""
@@ -299,7 +296,8 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
                    cause: Sequence[int] | None = None,
                    nominal: Callable[[Compute], float] | None = None
                    ) -> dict[int, dict[str, float]]:
-    """Per GPU in ``gpus``, its compute-stream idle seconds by cause (:data:`CAUSES`).
+    """Per GPU in ``gpus``, its compute-stream idle seconds by cause
+    (:data:`sim.timeline.IDLE_CAUSES`).
 
     ``ready_s`` and ``end_s`` are the engine's per-instruction times
     (:class:`sim.engine.InstructionTimes`; lists, or float arrays as its
@@ -324,7 +322,7 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     """:func:`idle_breakdown`, with the garbage collector paused by the caller."""
     instrs = program.instructions
     if not len(instrs):
-        return {g: dict.fromkeys(CAUSES, 0.0) for g in gpus}
+        return {g: dict.fromkeys(IDLE_CAUSES, 0.0) for g in gpus}
     if (known is not None and len(known) == len(instrs) and not slowdown
             and isinstance(instrs, ColumnarInstructions)):
         out = _columnar(instrs.columns, ready_s, end_s, known, gpus, window)
@@ -368,7 +366,7 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
 
 
 def _row(shares: Sequence[float]) -> dict[str, float]:
-    row = dict.fromkeys(CAUSES, 0.0)
+    row = dict.fromkeys(IDLE_CAUSES, 0.0)
     row.update(zip(_PARTS, shares, strict=True))
     return row
 
@@ -661,11 +659,11 @@ def summarize(per_gpu: Mapping[int, Mapping[str, float]]) -> dict:
     """The ``idle_breakdown`` stats entry: ``mean_s`` over GPUs and ``per_gpu_s`` (JSON keys
     are GPU ranks as strings), each a mapping cause -> seconds plus ``idle_s``, their sum."""
     def with_total(shares: Mapping[str, float]) -> dict[str, float]:
-        row = {cause: shares.get(cause, 0.0) for cause in CAUSES}
+        row = {cause: shares.get(cause, 0.0) for cause in IDLE_CAUSES}
         row["idle_s"] = sum(row.values())
         return row
 
     rows = {str(g): with_total(s) for g, s in sorted(per_gpu.items())}
     n = len(rows) or 1
-    mean = {cause: sum(r[cause] for r in rows.values()) / n for cause in CAUSES}
+    mean = {cause: sum(r[cause] for r in rows.values()) / n for cause in IDLE_CAUSES}
     return {"mean_s": with_total(mean), "per_gpu_s": rows}

@@ -6,6 +6,7 @@ Produced by :mod:`sim.engine`, read by :mod:`sim.stats`, :mod:`sim.export` and
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,6 +22,31 @@ COMPUTE_KINDS = ("F", "B", "W", "opt")
 
 COMM_KINDS = ("tp", "pp", "dp", "cp", "ep")
 """Span kinds of communication, as reported in ``exposed_comm_s``."""
+
+IDLE_CAUSES = ("bubble", "tp", "cp", "ep", "pp", "dp", "straggler", "failure")
+"""Causes of a GPU's compute-stream idle time, in the order ``idle_breakdown`` reports them:
+the pipeline bubble, waiting on each kind of communication (:data:`COMM_KINDS`), on a
+slower GPU, on a failure (:mod:`sim.idle`)."""
+assert set(IDLE_CAUSES) >= set(COMM_KINDS)
+
+_COLLECTIVE_ORDER = ("tp", "cp", "ep", "dp")
+_P2P_STREAM = re.compile(r"^(recv<|send>)(\d+)$")
+
+
+def stream_sort_key(stream: str) -> tuple[int, int, str]:
+    """Display order of a GPU's streams: compute, tp, cp, ep, dp, others by name, then p2p.
+
+    Point-to-point streams sort by peer GPU and then receive before send, so a
+    middle pipeline stage shows ``recv<0``, ``send>0``, ``recv<2``, ``send>2``.
+    """
+    if stream == COMPUTE_STREAM:
+        return (0, 0, "")
+    if stream in _COLLECTIVE_ORDER:
+        return (1, _COLLECTIVE_ORDER.index(stream), "")
+    match = _P2P_STREAM.match(stream)
+    if match is not None:
+        return (3, int(match.group(2)), match.group(1))
+    return (2, 0, stream)
 
 
 class Span(NamedTuple):

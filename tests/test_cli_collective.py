@@ -12,7 +12,7 @@ import yaml
 from conftest import ROOT
 
 from sim.cli import main
-from sim.cli_collective import parse_size, parse_sizes
+from sim.cli.collective import parse_size, parse_sizes
 from sim.collectives import alpha_beta_time
 
 EXAMPLE_A100 = ROOT / "workloads" / "examples" / "cluster-dgx-a100-64.yaml"

@@ -18,10 +18,9 @@ from sim.export import (
     chrome_trace,
     dumps_trace,
     flow_bindings,
-    stream_sort_key,
     write_chrome_trace,
 )
-from sim.timeline import FlowArrow, MemorySample, Span, Timeline
+from sim.timeline import FlowArrow, MemorySample, Span, Timeline, stream_sort_key
 
 MS = 1e-3
 

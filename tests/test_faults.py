@@ -11,7 +11,7 @@ import yaml
 from conftest import synthetic_experiment
 
 from base.errors import ConfigError
-from sim.api import simulate, simulate_run
+from sim.api import simulate
 from sim.cli import main
 from sim.experiment import build_experiment
 from sim.faults import (
@@ -22,6 +22,7 @@ from sim.faults import (
     young_daly_interval_s,
 )
 from sim.faults_config import FaultsConfig, GpuFailures
+from sim.faults_run import simulate_run
 
 MS = 1e-3
 

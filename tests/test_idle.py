@@ -6,8 +6,9 @@ import pytest
 from conftest import EXAMPLE, synthetic_experiment
 
 from sim.api import load_experiment, simulate
+from sim.cli.figures import idle_figure, write_figures
 from sim.experiment import build_experiment
-from sim.idle import CAUSES
+from sim.timeline import IDLE_CAUSES
 from workloads.schedules import Op, list_schedule
 
 MS = 1e-3
@@ -26,9 +27,10 @@ def _assert_adds_up(stats: dict) -> None:
     per_gpu = stats["idle_breakdown"]["per_gpu_s"]
     step = stats["step_time_s"]
     for row in per_gpu.values():
-        assert set(row) == {*CAUSES, "idle_s"}
+        assert set(row) == {*IDLE_CAUSES, "idle_s"}
         assert all(v >= 0 for v in row.values())
-        assert sum(row[c] for c in CAUSES) == pytest.approx(row["idle_s"], rel=1e-12, abs=1e-15)
+        assert sum(row[c] for c in IDLE_CAUSES) == pytest.approx(row["idle_s"], rel=1e-12,
+                                                                 abs=1e-15)
     mean_idle = sum(r["idle_s"] for r in per_gpu.values()) / len(per_gpu)
     assert mean_idle == pytest.approx(stats["bubble_fraction"] * step, rel=1e-9, abs=1e-15)
     assert stats["idle_breakdown"]["mean_s"]["idle_s"] == pytest.approx(mean_idle, rel=1e-12)
@@ -130,10 +132,10 @@ def test_idle_plot_is_written_and_deterministic(tmp_path) -> None:
     data = synthetic_experiment(4, 8, forward_ms=1.0, backward_ms=2.0)
     data["faults"] = {"stragglers": [{"gpu": 3, "slowdown": 1.2}]}
     result = simulate(build_experiment(data))
-    paths = result.write(tmp_path / "a")
+    paths = write_figures(result, tmp_path / "a")
     assert paths["idle"].name == "idle.png" and paths["idle"].stat().st_size > 0
-    result.write(tmp_path / "b")
+    write_figures(result, tmp_path / "b")
     assert (tmp_path / "a" / "idle.png").read_bytes() == (tmp_path / "b" / "idle.png").read_bytes()
     no_idle = simulate(build_experiment(synthetic_experiment(1, 2)))
-    no_idle.plot_idle(tmp_path / "none.svg")  # nothing to stack: still a figure
+    idle_figure(no_idle, tmp_path / "none.svg")  # nothing to stack: still a figure
     assert (tmp_path / "none.svg").stat().st_size > 0

@@ -15,10 +15,10 @@ import networkx as nx
 import pytest
 
 from base.errors import ConfigError, SimError, TopologyError
-from sim.api import simulate_run
 from sim.commtime import CollectiveTimer
 from sim.engine import EngineCounters, simulate_program
 from sim.experiment import build_experiment
+from sim.faults_run import simulate_run
 from sim.network import FlowNetwork
 from topologies import graphs
 from topologies.cluster import Cluster

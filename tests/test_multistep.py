@@ -8,11 +8,12 @@ import pytest
 from conftest import synthetic_experiment
 
 from base.errors import ConfigError
-from sim.api import simulate, simulate_run
+from sim.api import simulate
 from sim.cli import main
 from sim.compare import compare
 from sim.engine import simulate_program
 from sim.experiment import build_experiment
+from sim.faults_run import simulate_run
 from sim.stats import compute_stats
 from workloads.lowering import lower
 from workloads.multistep import BARRIER_NAME, repeat_program, step_of

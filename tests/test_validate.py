@@ -89,7 +89,7 @@ def _layout_row(i: int, tp: int, status: str, t: float | None) -> Row:
 def test_evaluate_names_the_layouts_of_a_miss() -> None:
     """A group whose pick ran 5.9% slower than its best: a miss, with both layouts and the
     gap in the report and the table; a pick that ran out of memory has no gap."""
-    from sim.cli_validate import report_table
+    from sim.cli.validate import report_table
 
     preds = [Prediction(_layout_row(0, 1, "ok", 24.0), 21.0, 70.0, False),
              Prediction(_layout_row(1, 2, "ok", 22.66), 22.0, 40.0, False),

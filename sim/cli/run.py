@@ -1,28 +1,17 @@
-"""Command line: ``sim run FILE.yaml [--out DIR] [--json]``.
+"""``sim run FILE.yaml [--out DIR] [--json] [--fidelity F] [--steps N]``: one experiment.
 
-Invalid input of any kind exits with status 2 and one line on stderr starting
-with ``error:`` that names the offending key and value; never a traceback.
+Prints the summary table (or, with ``--json``, exactly the stats JSON object) and
+with ``--out DIR`` writes ``stats.json``, ``trace.json``, ``timeline.png`` and
+``idle.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from typing import Any
 
-from base.errors import SimError
-from sim.cli_collective import register as register_collective
-from sim.cli_compare import register as register_compare
-from sim.cli_search import register as register_search
-from sim.cli_validate import register as register_validate
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one ``error:`` line and exit status 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
-        raise SystemExit(2)
+__all__ = ["register", "summary_table"]
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -86,7 +75,9 @@ def summary_table(stats: dict) -> str:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sim.api import load_experiment, simulate, simulate_run
+    from sim.api import load_experiment, simulate
+    from sim.cli.figures import write_figures
+    from sim.faults_run import RunResult, simulate_run
 
     exp = load_experiment(args.file)
     if args.steps is not None:
@@ -94,7 +85,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         result = simulate(exp, fidelity=args.fidelity)
     if args.out:
-        paths = result.write(args.out, plot=not args.no_plot)
+        paths = result.write(args.out)
+        if not args.no_plot:
+            step = result.results[0] if isinstance(result, RunResult) else result
+            paths.update(write_figures(step, args.out))
     if args.json:
         sys.stdout.write(result.stats_json())
     else:
@@ -104,11 +98,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sim", description="Discrete-event simulator for distributed LLM "
-                     "training.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    run = sub.add_parser("run", help="simulate one training step of an experiment file")
+def register(subparsers: Any) -> None:
+    """Add the ``run`` command to ``sim``'s sub-command parsers."""
+    run = subparsers.add_parser("run", help="simulate one training step of an experiment file")
     run.add_argument("file", help="experiment YAML file")
     run.add_argument("--out", metavar="DIR", help="write stats.json, trace.json, timeline.png, "
                      "idle.png")
@@ -122,28 +114,3 @@ def build_parser() -> argparse.ArgumentParser:
                      help="full: every GPU and flow; collapsed: one GPU per pipeline rank with "
                      "collectives timed on the topology; auto: full up to 64 GPUs")
     run.set_defaults(func=_cmd_run)
-    register_compare(sub)
-    register_collective(sub)
-    register_search(sub)
-    register_validate(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except SimError as exc:
-        message = str(exc).splitlines()
-        sys.stderr.write(f"error: {' | '.join(line.strip() for line in message if line.strip())}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("error: interrupted\n")
-        return 130
-    except BrokenPipeError:  # e.g. `sim run ... | head`: the reader left, nothing to report
-        sys.stderr.close()
-        return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The ``sim`` command: one module per sub-command, this one parses and dispatches.
+
+The command line is the top layer (base <- topologies <- workloads <- sim <- plots
+<- sim.cli): it composes simulation (:mod:`sim.api`) and figures (:mod:`plots`,
+through :mod:`sim.cli.figures`). Invalid input of any kind exits with status 2 and
+one line on stderr starting with ``error:`` that names the offending key and
+value; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from base.errors import SimError
+from sim.cli import collective, compare, run, search, validate
+
+COMMANDS = (run, compare, collective, search, validate)
+"""The sub-command modules, in ``sim --help`` order; each has ``register(subparsers)``."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one ``error:`` line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``sim`` parser with every sub-command registered."""
+    parser = Parser(prog="sim", description="Discrete-event simulator for distributed LLM "
+                    "training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``sim`` with ``argv``; returns the exit status (2 for any invalid input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SimError as exc:
+        message = str(exc).splitlines()
+        sys.stderr.write(f"error: {' | '.join(line.strip() for line in message if line.strip())}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        return 130
+    except BrokenPipeError:  # e.g. `sim run ... | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

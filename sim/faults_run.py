@@ -1,0 +1,295 @@
+"""Runs of many steps (``sim run --steps N``): failures, checkpoints, link faults,
+preemptions and a changing global batch, over steps simulated by :func:`sim.api.simulate`.
+
+The fault models (when failures strike, what a step loses, Young/Daly) are in
+:mod:`sim.faults`; this module plays them out over a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from base.errors import ConfigError, TopologyError
+from sim.api import AUTO_FULL_MAX_GPUS, Result, simulate
+from sim.device import DeviceProfile
+from sim.experiment import Experiment
+from sim.export import write_chrome_trace
+from sim.faults import (
+    FailureRun,
+    batch_segments,
+    job_mtbf_s,
+    mid_step_link_changes,
+    preempted_step_lost_s,
+    simulate_failures,
+    strikes_mid_step,
+    young_daly_interval_s,
+)
+from sim.faults_config import LinkFault, Preemption
+from sim.timeline import IDLE_CAUSES
+from workloads.schedules_advanced import OVERLAPPING_STEPS
+
+
+@dataclass(frozen=True, eq=False)
+class RunResult:
+    """A multi-step run (``sim run --steps N``): the simulated steps and the run's stats."""
+
+    results: tuple[Result, ...]
+    """One simulation per distinct (global batch size, link state), in order of first use."""
+    stats: dict[str, Any]
+    """The first simulation's step stats plus the run keys (:func:`simulate_run`)."""
+
+    def stats_json(self) -> str:
+        return json.dumps(self.stats, indent=2) + "\n"
+
+    def write(self, out_dir: str | Path) -> dict[str, Path]:
+        """As :meth:`Result.write` for the first simulated step, with the run's stats."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        first = self.results[0]
+        paths = {"stats": out / "stats.json", "trace": out / "trace.json"}
+        write_chrome_trace(first.timeline, paths["trace"], title=first.experiment.name)
+        paths["stats"].write_text(self.stats_json(), encoding="utf-8")
+        return paths
+
+
+def _with_cluster(exp: Experiment, changes: list, upto: int) -> Experiment:
+    """``exp`` with the link faults among the first ``upto`` events applied to its cluster."""
+    degraded: dict[tuple, float] = {}
+    failed = []
+    for _, change in changes[:upto]:
+        if not isinstance(change, LinkFault):
+            continue
+        link = tuple(change.link)  # a pair, with what happens to it: check_fault_targets
+        if change.failed:
+            failed.append(link)
+        else:
+            assert change.bandwidth_factor is not None
+            degraded[link] = degraded.get(link, 1.0) * change.bandwidth_factor
+    if not degraded and not failed:
+        return exp
+    try:
+        cluster = exp.cluster.with_link_changes(degraded=degraded, failed=failed)
+    except TopologyError as exc:
+        raise ConfigError(f"faults.link_faults: {exc}") from None
+    return replace(exp, cluster=cluster)
+
+
+def _rebalanced(exp: Experiment, events: list, upto: int) -> Experiment:
+    """``exp`` without the DP replicas that lost a server to a ``rebalance`` preemption among
+    the first ``upto`` events; the same global batch over the remaining replicas."""
+    cluster, pl = exp.cluster, exp.placement
+    hosts = {cluster.host_of(g) for g in range(cluster.num_gpus)}
+    lost: set[int] = set()
+    last = -1
+    for k, event in events[:upto]:
+        if isinstance(event, Preemption) and event.policy == "rebalance":
+            lost.add(event.node)
+            last = k
+    if not lost:
+        return exp
+    dp = pl.degree("dp")
+    gone = {pl.coords(g)["dp"] for g in range(cluster.num_gpus) if cluster.host_of(g) in lost}
+    left = dp - len(gone)
+    if left < 1:
+        raise ConfigError(f"faults.preemptions[{last}]: policy 'rebalance' needs a DP replica "
+                          f"left, but servers {sorted(lost)} hold GPUs of all {dp}; use "
+                          "policy 'stall'")
+    assert lost <= hosts
+    # the run plays the file's link faults and preemptions from its own list of events
+    # (simulate_run); the smaller cluster need not have the servers they name
+    changes = {"cluster.num_gpus": cluster.num_gpus // dp * left, "parallel.dp": left,
+               "training.global_batch_size": exp.global_batch_size,
+               "training.num_microbatches": None,
+               "faults.link_faults": None, "faults.preemptions": None}
+    try:
+        return exp.with_changes(changes)
+    except ConfigError as exc:
+        raise ConfigError(f"faults.preemptions[{last}]: rebalancing to dp={left}: {exc}") from None
+
+
+def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = None,
+                 fidelity: str = "auto") -> RunResult:
+    """``steps`` training steps with the experiment's batch schedule and faults.
+
+    Each distinct global batch size (``training.global_batch_schedule``) and
+    fault state (``faults.link_faults``, ``faults.preemptions``) is simulated
+    once (:func:`simulate`: one step, or the steady period of overlapping
+    schedules); a run of ``k`` steps of it takes ``first_step_s + (k - 1)
+    step_time_s``, where the first step of a run starts from an idle pipeline
+    (equal to the step time under the step barrier). A link degradation or failure
+    takes effect at its ``at_s`` (counted in failure-free time) in the middle of the
+    step it strikes in, where steps are simulated in full (fidelity ``full``, or
+    ``auto`` up to :data:`AUTO_FULL_MAX_GPUS` GPUs) and do not overlap: that step is
+    simulated with the link's bandwidth changing then, the transfers in flight
+    re-rated, or with the link failing then, the transfers in flight across it moved
+    with the bytes they have left onto the routes of the cluster without it (no
+    extra latency) and later transfers taking those routes
+    (:func:`sim.faults.mid_step_link_changes`); the steps after it run on the
+    changed cluster. A failure that partitions the network is a ConfigError naming
+    the pair. Link faults where steps are collapsed or overlap take effect at the
+    first step boundary at or after their ``at_s``. A preemption with policy
+    ``stall`` pauses the run for ``replacement_s`` (SWARM-style: the pipeline
+    waits for a replacement peer and loses no work, Ryabinin et al. 2023); with
+    ``rebalance`` the run goes on with the DP replicas that kept all their servers,
+    and the step in flight at ``at_s`` is lost (``preemption_lost_s``, counted from
+    its start) and rerun on them, unless it ends within the preemption's
+    ``notice_s`` (then, as at a step boundary, nothing is lost). GPU failures then play
+    against the step times (:func:`sim.faults.simulate_failures`). Adds
+    ``time_to_train_s``, ``goodput`` (useful work / elapsed), ``lost_work_s``
+    and the other run keys to the stats.
+    """
+    faults = exp.config.faults
+    segments = batch_segments(exp.config.training.global_batch_schedule, exp.global_batch_size,
+                              steps)
+    events: list = sorted([*enumerate(faults.link_faults if faults else ()),
+                           *enumerate(faults.preemptions if faults else ())],
+                          key=lambda e: (e[1].at_s, isinstance(e[1], Preemption), e[0]))
+    cache: dict[tuple[int, int], Result] = {}
+
+    def run_of(batch: int, upto: int) -> Result:
+        if (batch, upto) not in cache:
+            variant = exp
+            if batch != exp.global_batch_size:
+                try:
+                    variant = exp.with_changes({"training.global_batch_size": batch,
+                                                "training.num_microbatches": None})
+                except ConfigError as exc:
+                    raise ConfigError(f"training.global_batch_schedule: batch {batch}: {exc}"
+                                      ) from None
+            variant = _with_cluster(_rebalanced(variant, events, upto), events, upto)
+            try:
+                cache[(batch, upto)] = simulate(variant, profile, fidelity)
+            except TopologyError as exc:
+                raise ConfigError(f"faults.link_faults: {exc}") from None
+        return cache[(batch, upto)]
+
+    step_s: list[float] = []
+    rows = []
+    transitions: dict[int, Result] = {}
+    """Simulations of steps in which links degraded or failed, by row."""
+    # mid-step link faults where steps are simulated in full (flows can be re-rated/rerouted)
+    mid_step = exp.schedule.name not in OVERLAPPING_STEPS and (
+        fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
+    t, applied, stall, preempted = 0.0, 0, 0.0, 0.0
+    for first, count, batch in segments:
+        left, fresh = count, True
+        while left > 0:
+            while applied < len(events) and events[applied][1].at_s <= t:
+                event = events[applied][1]
+                if isinstance(event, Preemption) and event.policy == "stall":
+                    stall += event.replacement_s
+                applied += 1
+                fresh = True
+            res = run_of(batch, applied)
+            period = res.stats["step_time_s"]
+            n0 = len(step_s)
+            step = res.first_step_s if fresh else period
+            lost = (preempted_step_lost_s(events[applied][1], t, t + step)
+                    if applied < len(events) else 0.0)
+            if lost:  # a server goes mid-step: the step is lost and rerun without it
+                preempted += lost
+                applied += 1
+                fresh = True
+                continue
+            changes, n_mid = mid_step_link_changes(res.experiment.cluster, events, applied, t,
+                                                   t + step) if mid_step else ([], 0)
+            if changes:  # link faults strike during this step: it runs with them
+                try:
+                    mid = simulate(res.experiment, profile, fidelity, link_changes=changes)
+                except TopologyError as exc:
+                    raise ConfigError(f"faults.link_faults: {exc}") from None
+                transitions[len(rows)] = mid
+                rows.append({"first_step": first + count - left, "steps": 1,
+                             "global_batch_size": batch, "faults_applied": applied + n_mid,
+                             "mid_step_faults": n_mid,
+                             "dp": res.experiment.placement.degree("dp"),
+                             "first_step_s": mid.first_step_s, "step_time_s": mid.first_step_s})
+                step_s.append(mid.first_step_s)
+                t += mid.first_step_s
+                left -= 1
+                applied += n_mid
+                fresh = True
+                continue
+            if fresh:
+                step_s.append(res.first_step_s)
+                t += res.first_step_s
+                left -= 1
+                fresh = False
+            next_at = events[applied][1].at_s if applied < len(events) else math.inf
+            if left > 0 and t < next_at:
+                # a mid-step link fault, or a preemption that loses the step it strikes
+                # in, stops the run before that step
+                to_event = (math.floor if mid_step and applied < len(events)
+                            and strikes_mid_step(events[applied][1]) else math.ceil)
+                n = left if next_at == math.inf or period <= 0 else min(
+                    left, to_event((next_at - t) / period))
+                if n and applied < len(events):
+                    t0 = t + (n - 1) * period  # the last of the n steps
+                    if preempted_step_lost_s(events[applied][1], t0, t0 + period):
+                        n -= 1
+                step_s.extend([period] * n)
+                t += n * period
+                left -= n
+            rows.append({"first_step": first + count - left - (len(step_s) - n0),
+                         "steps": len(step_s) - n0, "global_batch_size": batch,
+                         "faults_applied": applied,
+                         "dp": res.experiment.placement.degree("dp"),
+                         "first_step_s": res.first_step_s, "step_time_s": period})
+    spec = faults.gpu_failures if faults else None
+    num_gpus = exp.cluster.num_gpus
+    run = simulate_failures(step_s, spec, num_gpus)
+    base = next(iter(cache.values()))
+    stats = dict(base.stats)
+    tokens = None
+    if exp.model is not None:
+        tokens = sum(r["steps"] * r["global_batch_size"] for r in rows) * exp.model.seq_length
+    elapsed = run.time_to_train_s + stall + preempted
+    stats.update({
+        "steps": steps,
+        "time_to_train_s": elapsed,
+        "goodput": run.useful_s / elapsed if elapsed > 0 else 1.0,
+        "lost_work_s": run.lost_work_s,
+        "useful_work_s": run.useful_s,
+        "checkpoint_s": run.checkpoint_s,
+        "restart_s": run.restart_s,
+        "failures": run.failures,
+        "preemption_stall_s": stall,
+        "preemption_lost_s": preempted,
+        "train_tokens_per_s": tokens / elapsed if tokens and elapsed else None,
+        "run_segments": rows,
+        "idle_breakdown_run_s": _run_idle(rows, cache, run, stall + preempted, transitions),
+    })
+    if spec is not None:
+        mtbf = job_mtbf_s(spec, num_gpus)
+        if mtbf is not None and spec.checkpoint_write_s > 0:
+            stats["checkpoint_interval_opt_s"] = young_daly_interval_s(spec.checkpoint_write_s,
+                                                                       mtbf)
+    return RunResult(tuple(cache.values()), stats)
+
+
+def _run_idle(rows: list[dict], cache: dict[tuple[int, int], Result], run: FailureRun,
+              stall_s: float, transitions: Mapping[int, Result]) -> dict[str, float]:
+    """Mean idle seconds per GPU over the whole run, by cause.
+
+    Each run of steps counts its simulated step's breakdown per step, plus the
+    first step's excess over the period as ``bubble`` (pipeline fill);
+    ``failure`` is the time lost to failures, restarts, checkpoint writes and
+    preemption stalls. (After a rebalance, fewer GPUs share the steps; the mean
+    is per GPU of each simulated step.)
+    """
+    total = dict.fromkeys(IDLE_CAUSES, 0.0)
+    for j, row in enumerate(rows):
+        res = transitions.get(j) or cache[(row["global_batch_size"], row["faults_applied"])]
+        mean = res.stats["idle_breakdown"]["mean_s"]
+        for cause in IDLE_CAUSES:
+            total[cause] += mean[cause] * row["steps"]
+        if row["steps"]:
+            total["bubble"] += row["first_step_s"] - row["step_time_s"]
+    total["failure"] += run.lost_work_s + run.restart_s + run.checkpoint_s + stall_s
+    total["idle_s"] = sum(total[c] for c in IDLE_CAUSES)
+    return total
