@@ -1,6 +1,6 @@
 """Fit the few physical constants of the A100 device profile to Hagemann et al. 2023's sweep.
 
-    python benchmarks/calibrate.py [--data ../shared/data/hagemann2023_sweep.csv] [--workers 2]
+    python benchmarks/calibrate.py [--data sim/data/validation/hagemann2023_sweep.csv] [--workers 2]
         [--power P] [--nics K] [--cache sens.npz] [--fit-only]
 
 Method. Every compute op's duration is linear in the inverse efficiencies of
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from sim import validate  # noqa: E402
 from sim.calibration import MEMORY_RESERVED_GIB  # noqa: E402
 from sim.device import DeviceProfile  # noqa: E402
-from sim.validate import Prediction, evaluate, load_rows, predict  # noqa: E402
+from sim.validate import HAGEMANN_SWEEP, Prediction, evaluate, load_rows, predict  # noqa: E402
 from topologies.hardware import GPUS  # noqa: E402
 
 GiB = 2**30
@@ -205,7 +205,7 @@ def sensitivities(ok, base: DeviceProfile, power: float, nics: int, workers: int
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=str(ROOT.parent / "shared/data/hagemann2023_sweep.csv"))
+    ap.add_argument("--data", default=str(HAGEMANN_SWEEP))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cache", default="", help="npz file to keep/reuse the sensitivities")
     ap.add_argument("--fit-only", action="store_true", help="stop after the linearised fit")

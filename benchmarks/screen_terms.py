@@ -40,7 +40,14 @@ import calibrate  # noqa: E402
 from sim import validate  # noqa: E402
 from sim.calibration import A100_HAGEMANN  # noqa: E402
 from sim.device import DeviceProfile  # noqa: E402
-from sim.validate import Prediction, Row, evaluate, framework_stage_layers, load_rows  # noqa: E402
+from sim.validate import (  # noqa: E402
+    HAGEMANN_SWEEP,
+    Prediction,
+    Row,
+    evaluate,
+    framework_stage_layers,
+    load_rows,
+)
 from workloads.models import PRESETS  # noqa: E402
 
 CAPACITY_GIB = calibrate.CAPACITY / calibrate.GiB
@@ -137,7 +144,7 @@ def pp_ratios(rows: list[Row], predicted: dict[int, float]) -> dict[str, tuple]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(ROOT.parent / "shared/data/hagemann2023_sweep.csv"))
+    ap.add_argument("--data", default=str(HAGEMANN_SWEEP))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--cache", default="", help="npz file of calibrate.py's sensitivities")
     ap.add_argument("--max-shape-term", type=float, default=None,

@@ -2,7 +2,7 @@
 
     python benchmarks/search.py [--workers 1,2] [--repeat 3] [--top 10] [--exhaustive-sample 40]
                                 [--fix 'cp=1,zero=0|1|2']
-    python benchmarks/search.py --hagemann [--data ../shared/data/hagemann2023_sweep.csv]
+    python benchmarks/search.py --hagemann [--data sim/data/validation/hagemann2023_sweep.csv]
 
 Runs the whole search of ``workloads/examples/search-gpt3-175b-1024.yaml``
 (every layout of tp, pp, dp, cp, vpp, micro-batch size, SP, ZeRO 0-3,
@@ -49,6 +49,7 @@ from sim.search import (  # noqa: E402
     parse_pins,
     search,
 )
+from sim.validate import HAGEMANN_SWEEP  # noqa: E402
 
 EXAMPLE = ROOT / "workloads" / "examples" / "search-gpt3-175b-1024.yaml"
 
@@ -171,7 +172,7 @@ def main() -> None:
                     help="pin dimensions as sim search --fix does (e.g. 'cp=1,zero=0|1|2')")
     ap.add_argument("--hagemann", action="store_true",
                     help="count the groups of Hagemann et al. 2023 where the pick is a hit")
-    ap.add_argument("--data", default=str(ROOT.parent / "shared/data/hagemann2023_sweep.csv"))
+    ap.add_argument("--data", default=str(HAGEMANN_SWEEP))
     args = ap.parse_args()
     if args.hagemann:
         hagemann(args.data)

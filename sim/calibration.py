@@ -3,7 +3,7 @@
 The constants are few and physical (achievable fractions of peak per kernel
 class; memory the framework holds outside tensors) and shared by every row.
 They were fitted by ``benchmarks/calibrate.py`` against Hagemann et al. 2023's
-measured sweep (``../shared/data/hagemann2023_sweep.csv``, A100-80GB, NCCL's
+measured sweep (``sim/data/validation/hagemann2023_sweep.csv``, A100-80GB, NCCL's
 link efficiencies fixed from nccl-tests reports in ``topologies/presets.py``);
 no per-row factor exists anywhere. Efficiencies are bounded to physical ranges
 in the fit; the batched-matmul attention (0.85) sits at its upper bound in both fits.

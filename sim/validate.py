@@ -26,6 +26,10 @@ from base.errors import ConfigError
 from sim.device import DeviceProfile
 from workloads.models import PRESETS
 
+HAGEMANN_SWEEP = Path(__file__).parent / "data" / "validation" / "hagemann2023_sweep.csv"
+"""The 984 measured runs of Hagemann et al. 2023, shipped with the package (source:
+docs/REFERENCES.md, "The validation data"; sim/data/validation/README.md)."""
+
 GLOBAL_BATCH_TOKENS = 4_194_304
 """Tokens per optimizer step in the sweep (2048 sequences of 2k, 512 of 8k; unverified)."""
 VOCAB_SIZE = 128_000

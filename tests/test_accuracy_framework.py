@@ -6,16 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from conftest import ROOT
 
 from base.errors import ConfigError
-from sim.validate import FRAMEWORK, Row, framework_stage_layers, load_rows
+from sim.validate import FRAMEWORK, HAGEMANN_SWEEP, Row, framework_stage_layers, load_rows
 from workloads.costs import split_layers
 from workloads.models import PRESETS
 from workloads.schedules import BACKWARD, FORWARD, Op
 from workloads.transformer import TransformerCosts
 
-DATA = ROOT.parent / "shared" / "data" / "hagemann2023_sweep.csv"
+DATA = HAGEMANN_SWEEP
 
 
 @pytest.mark.parametrize(("layers", "pp", "split"), [

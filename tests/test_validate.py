@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
 
 from sim.cli import main
 from sim.device import DeviceProfile
-from sim.validate import Prediction, Row, evaluate, load_rows, predict, spearman
+from sim.validate import HAGEMANN_SWEEP, Prediction, Row, evaluate, load_rows, predict, spearman
 
-DATA = ROOT.parent / "shared" / "data" / "hagemann2023_sweep.csv"
+DATA = HAGEMANN_SWEEP
 
 
 def test_loader_reads_every_row_with_its_label() -> None:

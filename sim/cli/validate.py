@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_DATA = "../shared/data/hagemann2023_sweep.csv"
-
 
 def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
@@ -51,10 +49,18 @@ def report_table(report: dict) -> str:
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from sim.calibration import A100_HAGEMANN, A100_HAGEMANN_13B
-    from sim.validate import CLUSTER_PRESET, NICS_PER_NODE, evaluate, load_rows, predict, write_csv
+    from sim.validate import (
+        CLUSTER_PRESET,
+        HAGEMANN_SWEEP,
+        NICS_PER_NODE,
+        evaluate,
+        load_rows,
+        predict,
+        write_csv,
+    )
 
     start = time.perf_counter()
-    rows = load_rows(args.data)
+    rows = load_rows(args.data or HAGEMANN_SWEEP)
     if args.limit:
         rows = rows[: args.limit]
     preds = predict(rows, A100_HAGEMANN, args.workers)
@@ -87,7 +93,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="compare predictions with Hagemann et al. 2023's sweep")
-    p.add_argument("--data", default=DEFAULT_DATA, help=f"sweep CSV (default {DEFAULT_DATA})")
+    p.add_argument("--data", default=None, help="sweep CSV (default: the bundled "
+                   "Hagemann et al. 2023 sweep, sim/data/validation/hagemann2023_sweep.csv)")
     p.add_argument("--out", metavar="DIR", help="write validation.csv, .json and .png")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
