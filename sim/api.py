@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError
+from base.outputs import Outputs, output_dir, outputs
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s, rank_timers
@@ -63,15 +64,25 @@ class Result:
         """The stats as the exact JSON text ``sim run --json`` prints (deterministic)."""
         return json.dumps(self.stats, indent=2) + "\n"
 
-    def write(self, out_dir: str | Path) -> dict[str, Path]:
-        """Write ``trace.json`` and then ``stats.json`` into ``out_dir`` (figures:
-        :func:`sim.cli.figures.write_figures`)."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = {"stats": out / "stats.json", "trace": out / "trace.json"}
-        write_chrome_trace(self.timeline, paths["trace"], title=self.experiment.name)
-        paths["stats"].write_text(self.stats_json(), encoding="utf-8")
-        return paths
+    def write(self, out_dir: str | Path, files: Outputs | None = None) -> dict[str, Path]:
+        """Write ``trace.json`` and ``stats.json`` into ``out_dir`` under temporary names
+        and rename them into place, stats last (``files``: add them to a caller's set of
+        outputs, which the caller commits). Figures: :func:`sim.cli.figures.write_figures`."""
+        return write_step(out_dir, self.experiment.name, self.timeline, self.stats_json(), files)
+
+
+def write_step(out_dir: str | Path, name: str, timeline: Timeline, stats_json: str,
+               files: Outputs | None = None) -> dict[str, Path]:
+    """Write a step's ``trace.json`` and ``stats.json`` (see :meth:`Result.write`)."""
+    out = output_dir(out_dir)
+    paths = {"stats": out / "stats.json", "trace": out / "trace.json"}
+    with outputs() as own:
+        mine = files or own
+        write_chrome_trace(timeline, mine.temp(paths["trace"]), title=name)
+        mine.temp(paths["stats"]).write_text(stats_json, encoding="utf-8")
+        if files is None:
+            own.commit()
+    return paths
 
 
 def load_experiment(path: str | Path) -> Experiment:

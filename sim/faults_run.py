@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError, TopologyError
-from sim.api import AUTO_FULL_MAX_GPUS, Result, simulate
+from base.outputs import Outputs
+from sim.api import AUTO_FULL_MAX_GPUS, Result, simulate, write_step
 from sim.device import DeviceProfile
 from sim.experiment import Experiment
-from sim.export import write_chrome_trace
 from sim.faults import (
     FailureRun,
     batch_segments,
@@ -46,15 +46,11 @@ class RunResult:
     def stats_json(self) -> str:
         return json.dumps(self.stats, indent=2) + "\n"
 
-    def write(self, out_dir: str | Path) -> dict[str, Path]:
+    def write(self, out_dir: str | Path, files: Outputs | None = None) -> dict[str, Path]:
         """As :meth:`Result.write` for the first simulated step, with the run's stats."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         first = self.results[0]
-        paths = {"stats": out / "stats.json", "trace": out / "trace.json"}
-        write_chrome_trace(first.timeline, paths["trace"], title=first.experiment.name)
-        paths["stats"].write_text(self.stats_json(), encoding="utf-8")
-        return paths
+        return write_step(out_dir, first.experiment.name, first.timeline, self.stats_json(),
+                          files)
 
 
 def _with_cluster(exp: Experiment, changes: list, upto: int) -> Experiment:

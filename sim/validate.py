@@ -166,25 +166,62 @@ class Row:
         }
 
 
+STATUSES = ("ok", "oom", "kernel_unavailable", "error")
+"""A sweep run's outcome as the CSV's ``status`` column gives it."""
+
+
 def load_rows(path: str | Path) -> list[Row]:
-    """Read the sweep CSV; ConfigError if it is missing or malformed."""
+    """Read the sweep CSV; ConfigError naming the row and column if it is missing, empty,
+    not UTF-8 text, or has a malformed row (a missing field, an unknown model or status, a
+    non-positive degree, or a successful run whose step time is not a positive number)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--data: file {str(p)!r} does not exist")
     rows = []
-    with p.open(newline="", encoding="utf-8") as fh:
-        for i, rec in enumerate(csv.DictReader(fh)):
-            try:
-                rows.append(Row(
-                    i, rec["model"], int(rec["seq_length"]), int(rec["num_gpus"]), int(rec["tp"]),
-                    int(rec["pp"]), int(rec["dp"]), int(rec["micro_batch_size"]),
-                    rec["recompute"], rec["attention"], rec["fused_norm"] == "true",
-                    rec["sequence_parallel"] == "true", rec["status"],
-                    float(rec["step_time_s"]) if rec["step_time_s"] else None))
-            except (KeyError, ValueError) as exc:
-                raise ConfigError(
-                    f"--data: row {i + 2} of {str(p)!r} is malformed: {exc}") from None
+    try:
+        with p.open(newline="", encoding="utf-8") as fh:
+            rows = [_row(i, rec, p) for i, rec in enumerate(csv.DictReader(fh))]
+    except UnicodeDecodeError:
+        raise ConfigError(f"--data: file {str(p)!r} is not UTF-8 text (a CSV file is)") from None
+    except csv.Error as exc:
+        raise ConfigError(f"--data: file {str(p)!r} is not a valid CSV file: {exc}") from None
+    if not rows:
+        raise ConfigError(f"--data: file {str(p)!r} has no runs (an empty file, or a header "
+                          "without rows)")
     return rows
+
+
+def _row(i: int, rec: dict, path: Path) -> Row:
+    """Row ``i`` of the CSV (line ``i + 2``), checked."""
+    where = f"--data: row {i + 2} of {str(path)!r}"
+    missing = [k for k in _COLUMNS if rec.get(k) is None]
+    if missing:
+        raise ConfigError(f"{where} is malformed: no value for {', '.join(missing)}")
+    try:
+        ints = {k: int(rec[k]) for k in ("seq_length", "num_gpus", "tp", "pp", "dp",
+                                         "micro_batch_size")}
+        step = float(rec["step_time_s"]) if rec["step_time_s"] else None
+    except ValueError as exc:
+        raise ConfigError(f"{where} is malformed: {exc}") from None
+    bad = [f"{k}={v}" for k, v in ints.items() if v < 1]
+    if bad:
+        raise ConfigError(f"{where} is malformed: {', '.join(bad)} (must be >= 1)")
+    if rec["model"] not in PRESETS:
+        raise ConfigError(f"{where}: model={rec['model']!r} is not a known preset")
+    if rec["status"] not in STATUSES:
+        raise ConfigError(f"{where}: status={rec['status']!r}: expected one of "
+                          f"{', '.join(STATUSES)}")
+    if rec["status"] == "ok" and (step is None or not math.isfinite(step) or step <= 0):
+        raise ConfigError(f"{where}: step_time_s={rec['step_time_s']!r}: a run that ran needs a "
+                          "positive, finite step time")
+    return Row(i, rec["model"], ints["seq_length"], ints["num_gpus"], ints["tp"], ints["pp"],
+               ints["dp"], ints["micro_batch_size"], rec["recompute"], rec["attention"],
+               rec["fused_norm"] == "true", rec["sequence_parallel"] == "true", rec["status"],
+               step)
+
+
+_COLUMNS = ("model", "seq_length", "num_gpus", "tp", "pp", "dp", "micro_batch_size",
+            "recompute", "attention", "fused_norm", "sequence_parallel", "status", "step_time_s")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 
 from base.errors import SimError
 from sim.cli import collective, compare, run, search, validate
@@ -28,10 +29,18 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _version() -> str:
+    try:
+        return metadata.version("llm-cluster-sim")
+    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``sim`` parser with every sub-command registered."""
     parser = Parser(prog="sim", description="Discrete-event simulator for distributed LLM "
                     "training.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.register(sub)

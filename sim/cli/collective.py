@@ -23,10 +23,10 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError
+from base.outputs import output_file, outputs
 from sim.collectives import ALGORITHMS_BY_OP, AUTO, OPS, bus_bandwidth, check
 
 __all__ = ["parse_size", "parse_sizes", "register", "run_sweep"]
@@ -171,18 +171,20 @@ def table(rows: list[dict], title: str) -> str:
 def _cmd_collective(args: argparse.Namespace) -> int:
     algos = _algorithms(args.op, args.algo)
     sizes = parse_sizes(args.sizes)
-    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg"):
-        raise ConfigError(f"--plot={args.plot!r}: the file name must end in .png or .svg")
+    plot = output_file(args.plot, "--plot", (".png", ".svg")) if args.plot else None
     data = _cluster_mapping(args.file, args.op, algos)
     rows = run_sweep(data, args.op, algos, sizes, args.gpus)
     n = rows[0]["num_gpus"]
     name = data.get("preset") or data.get("topology")
     title = f"{args.op} over {n} GPUs of {name} ({data.get('num_gpus')} GPUs in the cluster)"
-    if args.plot:
+    if plot is not None:
         from plots.collectives import plot_busbw  # matplotlib only when plotting
 
-        plot_busbw(rows, args.plot, title=f"{args.op}, {n} GPUs, {name}",
-                   reference_GBps=rows[0]["link_GBps"], reference_label="slowest link of one ring")
+        with outputs() as files:
+            plot_busbw(rows, files.temp(plot), title=f"{args.op}, {n} GPUs, {name}",
+                       reference_GBps=rows[0]["link_GBps"],
+                       reference_label="slowest link of one ring")
+            files.commit()
     if args.json:
         keys = ("op", "algo", "num_gpus", "size_bytes", "time_s", "algbw_GBps", "busbw_GBps")
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1) + "\n")

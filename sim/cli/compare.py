@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from base.outputs import Outputs, output_dir, outputs
 from sim.compare import DEFAULT_SCHEDULES
 
 __all__ = ["register"]
@@ -39,19 +40,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from sim.api import load_experiment
     from sim.compare import compare, parse_schedules, rows_csv, rows_json, rows_table
 
+    out = output_dir(args.out) if args.out else None  # a bad --out fails before simulating
     names = parse_schedules(args.schedules)
     exp = load_experiment(args.file)
     rows, results = compare(exp, names, base_dir=Path(args.file).parent)
     text = rows_json(rows, exp.name)
     written: list[Path] = []
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "compare.csv").write_text(rows_csv(rows), encoding="utf-8")
-        (out / "compare.json").write_text(text, encoding="utf-8")
-        written += [out / "compare.csv", out / "compare.json"]
-        if not args.no_plot:
-            written += _plot(out, exp.name, rows, results)
+    if out is not None:
+        with outputs() as files:
+            files.temp(out / "compare.csv").write_text(rows_csv(rows), encoding="utf-8")
+            files.temp(out / "compare.json").write_text(text, encoding="utf-8")
+            if not args.no_plot:
+                _plot(out, files, exp.name, rows, results)
+            written = files.commit(last=("compare.json",))
     if args.json:
         sys.stdout.write(text)
     else:
@@ -63,16 +64,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot(out: Path, name: str, rows: list, results: list) -> list[Path]:
+def _plot(out: Path, files: Outputs, name: str, rows: list, results: list) -> None:
     from plots.compare import plot_compare  # matplotlib only when plotting
     from plots.memory import plot_memory
 
     gpus = [[r.experiment.placement.gpu(pp=k) for k in range(r.experiment.placement.degree("pp"))]
             for r in results]
     timelines = [r.timeline for r in results]
-    paths = [out / "compare.png", out / "memory.png"]
-    plot_compare([row.as_dict() for row in rows], timelines, paths[0], gpus,
+    plot_compare([row.as_dict() for row in rows], timelines, files.temp(out / "compare.png"), gpus,
                  title=f"{name}: pipeline schedules compared")
-    plot_memory([(row.schedule, t) for row, t in zip(rows, timelines, strict=True)], paths[1],
-                gpus, title=f"{name}: memory per pipeline rank")
-    return paths
+    plot_memory([(row.schedule, t) for row, t in zip(rows, timelines, strict=True)],
+                files.temp(out / "memory.png"), gpus, title=f"{name}: memory per pipeline rank")

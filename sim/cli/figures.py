@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from base.outputs import Outputs, output_dir, outputs
+
 if TYPE_CHECKING:
     from sim.api import Result
 
@@ -40,11 +42,16 @@ def idle_figure(result: Result, path: str | Path) -> None:
               title=f"{result.experiment.name}: idle time by cause per GPU")
 
 
-def write_figures(result: Result, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``timeline.png`` and ``idle.png`` of ``result`` into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def write_figures(result: Result, out_dir: str | Path, files: Outputs | None = None
+                  ) -> dict[str, Path]:
+    """Write ``timeline.png`` and ``idle.png`` of ``result`` into ``out_dir`` (under
+    temporary names added to ``files``, which the caller commits, if given)."""
+    out = output_dir(out_dir)
     paths = {"timeline": out / "timeline.png", "idle": out / "idle.png"}
-    timeline_figure(result, paths["timeline"])
-    idle_figure(result, paths["idle"])
+    with outputs() as own:
+        mine = files or own
+        timeline_figure(result, mine.temp(paths["timeline"]))
+        idle_figure(result, mine.temp(paths["idle"]))
+        if files is None:
+            own.commit()
     return paths

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from base.outputs import output_dir, outputs
+
 __all__ = ["register", "summary_table"]
 
 
@@ -79,21 +81,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from sim.cli.figures import write_figures
     from sim.faults_run import RunResult, simulate_run
 
+    out = output_dir(args.out) if args.out else None  # a bad --out fails before simulating
     exp = load_experiment(args.file)
     if args.steps is not None:
         result = simulate_run(exp, args.steps, fidelity=args.fidelity)
     else:
         result = simulate(exp, fidelity=args.fidelity)
-    if args.out:
-        paths = result.write(args.out)
-        if not args.no_plot:
-            step = result.results[0] if isinstance(result, RunResult) else result
-            paths.update(write_figures(step, args.out))
+    if out is not None:
+        with outputs() as files:  # stats.json renamed into place last
+            paths = result.write(out, files)
+            if not args.no_plot:
+                step = result.results[0] if isinstance(result, RunResult) else result
+                paths.update(write_figures(step, out, files))
+            files.commit()
     if args.json:
         sys.stdout.write(result.stats_json())
     else:
         print(summary_table(result.stats))
-        if args.out:
+        if out is not None:
             print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
 

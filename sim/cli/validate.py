@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
+
+from base.outputs import output_dir, outputs
+from sim.cli.args import int_at_least, worker_count
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -59,6 +61,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         write_csv,
     )
 
+    out = output_dir(args.out) if args.out else None  # a bad --out fails before simulating
     start = time.perf_counter()
     rows = load_rows(args.data or HAGEMANN_SWEEP)
     if args.limit:
@@ -74,19 +77,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     report["profile"] = A100_HAGEMANN.source
     report["cross_validation_profile"] = A100_HAGEMANN_13B.source
     report["cluster"] = {"preset": CLUSTER_PRESET, "nics_per_node": NICS_PER_NODE}
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        write_csv(preds, out / "validation.csv")
-        (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    if out is not None:
         from plots.validation import plot_validation
 
-        plot_validation(preds, out / "validation.png", report)
+        with outputs() as files:
+            write_csv(preds, files.temp(out / "validation.csv"))
+            plot_validation(preds, files.temp(out / "validation.png"), report)
+            files.temp(out / "validation.json").write_text(json.dumps(report, indent=2) + "\n",
+                                                         encoding="utf-8")
+            files.commit(last=("validation.json",))
     if args.json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
         print(report_table(report))
-        if args.out:
+        if out is not None:
             print(f"wrote {args.out}/validation.csv, validation.json, validation.png")
     return 0
 
@@ -97,8 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "Hagemann et al. 2023 sweep, sim/data/validation/hagemann2023_sweep.csv)")
     p.add_argument("--out", metavar="DIR", help="write validation.csv, .json and .png")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--limit", type=int, default=0, help="only the first N rows (quick look)")
+    p.add_argument("--workers", type=worker_count, default=2,
+                   help="worker processes (default 2)")
+    p.add_argument("--limit", type=int_at_least(0), default=0,
+                   help="only the first N rows (quick look; 0: all)")
     p.add_argument("--no-cross-validation", action="store_true",
                    help="skip the 13B-calibrated prediction of 30B and 65B")
     p.set_defaults(func=_cmd_validate)
