@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from base.schema import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class StragglerSpec(_Strict):
+class StragglerSpec(Strict):
     """One slow GPU."""
 
     gpu: int = Field(ge=0)
@@ -33,14 +31,14 @@ class StragglerSpec(_Strict):
     """Factor on every compute time of that GPU (1.2 = 20% slower)."""
 
 
-class LognormalSlowdown(_Strict):
+class LognormalSlowdown(Strict):
     """Slowdown ``max(1, median * exp(sigma * z))``, z standard normal."""
 
     median: float = Field(ge=1)
     sigma: float = Field(ge=0)
 
 
-class RandomStragglers(_Strict):
+class RandomStragglers(Strict):
     """Stragglers drawn from ``seed``: which GPUs (``fraction`` or ``count``) and how slow
     (a fixed ``slowdown``, uniform in ``slowdown_range``, or ``slowdown_lognormal``)."""
 
@@ -54,7 +52,7 @@ class RandomStragglers(_Strict):
     seed: int = 0
 
 
-class GpuFailures(_Strict):
+class GpuFailures(Strict):
     """GPU failures over a multi-step run (``sim run --steps N``).
 
     A failure loses the work since the last checkpoint and costs ``restart_s``
@@ -72,7 +70,7 @@ class GpuFailures(_Strict):
     seed: int = 0
 
 
-class LinkFault(_Strict):
+class LinkFault(Strict):
     """A link between two graph nodes degraded or failed from ``at_s`` on: a degradation
     mid-step, at that time (transfers in flight slow down); a failure at the first step
     boundary at or after it (see :func:`sim.api.simulate_run`)."""
@@ -84,7 +82,7 @@ class LinkFault(_Strict):
     failed: bool = False
 
 
-class Preemption(_Strict):
+class Preemption(Strict):
     """A server taken away at ``at_s``, as preemptible cloud capacity does (Ryabinin et al.
     2023, SWARM). With ``rebalance``, a step in flight then that would not end within
     ``notice_s`` is lost (its DP collectives can no longer complete) and rerun on the
@@ -104,7 +102,7 @@ class Preemption(_Strict):
     spot 30 s): a step that ends within it completes; 0, none."""
 
 
-class FaultsConfig(_Strict):
+class FaultsConfig(Strict):
     """Stragglers, random stragglers, GPU failures, link faults and preemptions."""
 
     stragglers: list[StragglerSpec] = []
