@@ -3,16 +3,12 @@
 A cluster is one of five kinds, told apart by the keys the file gives (there is no
 ``kind:`` key; :func:`cluster_kind` reads it off):
 
-========================  ============================  ==================================
-kind                      keys that select it           what it is
-========================  ============================  ==================================
-:class:`IdealCluster`     ``preset: ideal``             infinitely fast GPUs and links
-:class:`PresetCluster`    ``preset`` (a server)         DGX-style servers on a fabric
-:class:`TopologyCluster`  ``topology``, no preset       a named topology of uniform links
-:class:`PresetNodesCluster`  ``nodes`` of ``preset``    servers of several presets
-:class:`GpuNodesCluster`  ``nodes`` of ``gpu``          servers of several GPU types on a
-                                                        named topology
-========================  ============================  ==================================
+- :class:`IdealCluster` (``preset: ideal``): infinitely fast GPUs and links;
+- :class:`PresetCluster` (a server ``preset``): DGX-style servers on a scale-out fabric;
+- :class:`TopologyCluster` (``topology``, no preset): a named topology of uniform links;
+- :class:`PresetNodesCluster` (``nodes`` of ``preset`` groups): servers of several presets;
+- :class:`GpuNodesCluster` (``nodes`` of ``gpu`` groups): servers of several GPU types on a
+  named topology.
 
 Every rule that involves the keys alone (a key of another kind, a shape key of another
 topology, a missing ``dims``, sites that do not divide the GPUs, ...) is checked when
