@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import get_args
 
 import pytest
 import yaml
@@ -85,3 +86,14 @@ def test_cluster_keys_are_checked_when_the_file_is_parsed(cluster: dict, message
     with pytest.raises(ConfigError) as info:
         parse_config({"model": SYNTHETIC, "cluster": cluster})
     assert str(info.value) == message
+
+
+def test_the_schemas_names_are_the_builders() -> None:
+    """The schema spells topologies, ops and algorithms as the code that runs them does."""
+    from sim.collectives import ALGORITHMS, ALGORITHMS_BY_OP, AUTO
+    from topologies.config import CollectiveAlgo, CollectivesConfig, Topology
+    from topologies.presets import TOPOLOGIES
+
+    assert get_args(Topology) == TOPOLOGIES
+    assert set(get_args(CollectiveAlgo)) == {AUTO, *ALGORITHMS}
+    assert set(CollectivesConfig.model_fields) == set(ALGORITHMS_BY_OP)

@@ -77,7 +77,7 @@ class DragonflyConfig(Strict):
     global_bandwidth_GBps: float | None = Field(None, gt=0)
     """Per direction; default: link_bandwidth_GBps (or the preset's NIC rate)."""
     global_latency_us: float | None = Field(None, ge=0)
-    """Per global hop; default: the fabric's hop latency."""
+    """Per global link; default: the fabric's hop latency."""
 
 
 class NodeGroupConfig(Strict):
@@ -148,12 +148,13 @@ class Networked(_Kind):
     oversubscription: float | None = Field(None, ge=1)
     """Fat-tree / rail-optimized leaf down:up port ratio, e.g. 2.0 for 2:1."""
     tiers: Literal[2, 3] | None = None
-    """Fat-tree switch tiers (default 2: leaves and spines; 3 adds a core above pods)."""
+    """Fat-tree switch tiers: 2 (leaf-spine, the default) or 3 (leaf-aggregation-core)."""
     gpus_per_leaf: int | None = Field(None, gt=0)
-    """NIC ports per leaf switch (one per GPU on DGX servers; with ``nics_per_node``,
-    that many per server); rail-optimized: servers per scalable unit."""
+    """NIC ports per leaf switch, default 32 (one per GPU on DGX servers; with
+    ``nics_per_node``, that many per server); rail-optimized: servers per scalable unit."""
     leaves_per_pod: int | None = Field(None, gt=0)
-    """Three-tier fat-tree: leaf switches per pod (default: as many as the spines' ports)."""
+    """Three-tier fat-tree: leaf switches per pod (default: gpus_per_leaf, as in a k-ary
+    fat-tree)."""
     dragonfly: DragonflyConfig | None = None
     """Dragonfly shape; required with ``topology: dragonfly``."""
     ecmp: Literal["dst-mod-k", "hash"] | None = None
@@ -207,7 +208,7 @@ class ServerFabric(Networked):
     """With ``topology``: the fabric's link rate per direction, 1 GB = 1e9 B (default: the
     servers' NIC rate)."""
     link_latency_us: float | None = Field(None, ge=0)
-    """With ``topology``: the fabric's latency per hop (default: the preset's)."""
+    """With ``topology``: the fabric's latency per hop (default: the preset's fabric hop)."""
 
     @model_validator(mode="after")
     def _fabric_keys(self) -> ServerFabric:
