@@ -426,7 +426,8 @@ class GpuNodesCluster(_Nodes, ExplicitLinks):
     def check_keys(cls, data: dict) -> None:
         super().check_keys(data)
         if data.get("topology") is None:
-            first = data["nodes"][0].get("gpu")  # cluster_kind chose this kind by it
+            group = data["nodes"][0]  # cluster_kind chose this kind by its gpu
+            first = group.get("gpu") if isinstance(group, dict) else group.gpu
             raise invalid(f"cluster.nodes[0].gpu={first!r}: GPU groups need cluster.topology "
                           "(servers of cluster.gpus_per_node GPUs on it); or give each group a "
                           "server preset")
