@@ -15,8 +15,8 @@ bounded least squares (solved exactly, :func:`fit`), twice: on all runs and on
 the LLaMA-13B runs only (for cross-validation). The linearisation is then
 checked by simulating the fitted profiles. The allocator's fragmentation is
 fitted on the out-of-memory classification of all runs by a grid search (the
-reserved bytes are fixed from documented sizes, sim/calibration.py).
-Nothing is fitted per row. Prints the profiles for sim/calibration.py.
+reserved bytes are fixed from documented sizes, sim/profiles/ampere.toml).
+Nothing is fitted per row. Prints the x vectors for sim/profiles/ampere.toml.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import simpy  # noqa: E402
 from sim.collectives import bus_bandwidth  # noqa: E402
 from sim.config import parse_config  # noqa: E402
 from sim.engine import simulate_program  # noqa: E402
-from sim.experiment import build_cluster  # noqa: E402
+from topologies.build import build_cluster  # noqa: E402
 from topologies.cluster import Cluster  # noqa: E402
 from workloads.program import Program, ProgramBuilder  # noqa: E402
 from workloads.schedules import gpipe  # noqa: E402
@@ -41,7 +41,7 @@ def fat_tree_cluster(num_gpus: int, granularity: str) -> Cluster:
         "cluster": {"preset": "dgx-h100", "num_gpus": num_gpus, "topology": "fat-tree",
                     "gpus_per_leaf": 32, "oversubscription": 1.0,
                     "collective_granularity": granularity}})
-    return build_cluster(cfg)
+    return build_cluster(cfg.cluster)
 
 
 def ring_all_reduce(cluster: Cluster, nbytes: float) -> float:

@@ -35,14 +35,15 @@ fast, about 0.5 s per billion parameters per GPU, a cost no compute constant can
 sweep's report names the link (200 Gb/s HDR InfiniBand), not how many ports a server has, so
 the count is chosen among the four that divide eight GPUs, each with the compute constants
 refitted (``benchmarks/calibrate.py --nics K``; linearised on the sensitivities at eight NICs,
-the fit of two NICs then simulated):
+the fit of two NICs then refitted at two NICs and simulated: MAPE 4.49%, cross-validation
+5.92%; that refit is the profile, ``ampere.toml``):
 
 ====  =========  ==========  ======================================================
 NICs  MAPE       CV (13B)    fitted on all runs
 ====  =========  ==========  ======================================================
 8     5.25%      7.07%       η_gemm 0.902, d½ 2277 (the previous profile)
 4     4.92%      6.64%       η_gemm 0.913, d½ 2258
-2     **4.49%**  **5.95%**   η_gemm 0.938, d½ 2222; simulated 4.49%, CV 5.92%
+2     **4.49%**  **5.95%**   η_gemm 0.938, d½ 2222 linearised; refitted 0.936, 2209 (kept)
 1     4.94%      5.84%       η_gemm 0.950 (at its bound), d½ 1852
 ====  =========  ==========  ======================================================
 
@@ -136,27 +137,23 @@ buffer; :data:`sim.validate.FRAMEWORK`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.device import DeviceProfile
+from sim.profiles import load
 
 GiB = 2**30
-MEMORY_RESERVED_GIB = 1.0
-"""Not fitted: memory outside tensors, from documented sizes: the CUDA context (about
-0.3-1 GiB on A100 depending on CUDA version and lazy module loading), NCCL's buffers
-(NCCL_BUFFSIZE 4 MiB per channel and peer, for the TP, DP and PP communicators: a few
-hundred MiB) and cuBLAS workspaces (PyTorch's default 8 x 4 MiB). An estimate: the OOM
-labels barely constrain it (the best accuracy varies by 0.3 points from 0 to 2.5 GiB)."""
-MEMORY_FRAGMENTATION = 0.42
-"""Fitted: the caching allocator's overhead, and the working buffers of ops the memory
-model does not list, as a fraction of the dynamic memory (activations and working
-buffers above the static model state), on the OOM labels of all 964 runs: 97.8%, the
-best accuracy, reached from 0.42 to 0.43 (``fit_memory`` takes the smallest; 0.40-0.48 all
-give 97.5-97.8% and 7 best-layout hits). Fitted against what CUDA gives the framework on
-an A100-80GB, 79.3 GiB (:data:`topologies.hardware.CUDA_VISIBLE_FRACTION`); it was 0.31
+_A100 = load("ampere")["A100"]
+MEMORY_RESERVED_GIB = _A100["memory"]["reserved_gib"]
+"""Not fitted: memory outside tensors, from documented sizes (``ampere.toml``, its source)."""
+MEMORY_FRAGMENTATION = _A100["memory"]["fragmentation"]
+"""Fitted: the caching allocator's overhead and unlisted working buffers, as a fraction of the
+dynamic memory, on the OOM labels of all 964 runs (``ampere.toml``, its source). It was 0.31
 (97.3%) against 80e9 bytes (74.5 GiB), which undercounted the binary-sized HBM, before that
 0.35 (97.1%) before the last stage's backward counted the larger of its loss and layer
 phases and the framework's kept logits
 (:meth:`workloads.transformer.TransformerCosts.transient_bytes`), and 0.32 (96.3%)
-before the framework corrections of 2026-12-03. Step times do not depend on it."""
+before the framework corrections of 2026-12-03."""
 
 _TIME_FIT = (
     "benchmarks/calibrate.py --cache ({date}): bounded least squares on the relative "
@@ -165,10 +162,12 @@ _TIME_FIT = (
 _MEMORY_FIT = ("fragmentation of dynamic memory: grid search on the OOM labels of all 964 runs; "
                "reserved bytes from documented sizes")
 
-def _fitted(x: tuple[float, ...], rows: str, date: str = "2026-12-02",
-            power: float = 2.0) -> DeviceProfile:
-    """A profile from the fit's x = (1/η_gemm, d½/η_gemm, d₂^p/η_gemm, 1/η_flash2, 1/η_flash1,
-    1/η_bmm, 1/η_elementwise) at shape power p, as benchmarks/calibrate.py prints it."""
+
+def _fitted(fit: dict[str, Any], power: float = 2.0) -> DeviceProfile:
+    """A profile from a fit of ``ampere.toml``: its x = (1/η_gemm, d½/η_gemm, d₂^p/η_gemm,
+    1/η_flash2, 1/η_flash1, 1/η_bmm, 1/η_elementwise) at shape power p, as
+    benchmarks/calibrate.py prints it, with the A100's HBM and memory constants."""
+    x = fit["x"]
     return DeviceProfile(
         gemm_efficiency=1 / x[0],
         gemm_half_dim=x[1] / x[0],
@@ -177,35 +176,30 @@ def _fitted(x: tuple[float, ...], rows: str, date: str = "2026-12-02",
         flash2_efficiency=1 / x[3],
         flash1_efficiency=1 / x[4],
         bmm_attention_efficiency=1 / x[5],
-        hbm_efficiency=0.85,
+        hbm_efficiency=_A100["hbm"]["efficiency"],
         elementwise_efficiency=1 / x[6],
         reserved_bytes=MEMORY_RESERVED_GIB * GiB,
         fragmentation=MEMORY_FRAGMENTATION,
-        source=_TIME_FIT.format(rows=rows, date=date) + "; " + _MEMORY_FIT,
+        source=_TIME_FIT.format(rows=fit["rows"], date=fit["date"]) + "; " + _MEMORY_FIT,
     )
 
 
-A100_HAGEMANN = _fitted((1.0679, 2358.7761, 0.0, 1.4833, 3.2439, 1.1765, 1.9031),
-                        "all 401 successful runs", "2026-12-03")
-"""A100-80GB profile fitted on the whole sweep: the default on A100s; other GPUs carry it over
-by published kernel ratios (:mod:`sim.gpu_profiles`, :func:`default_profile`)."""
+A100_HAGEMANN = _fitted(_A100["fit"])
+"""A100-80GB profile fitted on the whole sweep (``ampere.toml``: η_gemm 0.936, d½ 2209 cube
+side, no steep term, η_flash2 0.674, η_flash1 0.308, η_bmm 0.85 at its bound, η_elementwise
+0.525, on servers with two NICs, :data:`sim.validate.NICS_PER_NODE`; MAPE 4.49%): the default
+on A100s; other GPUs carry it over by published kernel ratios (:mod:`sim.gpu_profiles`,
+:func:`default_profile`). Earlier fits: with eight NICs per server, x = (1.1091, 2524.885,
+0.0, 1.4734, 3.3459, 1.1765, 1.9653), η_gemm 0.902, d½ 2277, MAPE 5.25%; before the framework
+corrections (1.0762, 2458.9793, 1.25, 3.5831, 1.4524, 1.9541) without the d₂ column, 5.74%,
+with FlashAttention-2 at its 0.80 bound; on the min(tokens, h/t) GEMM shape of 2026-12-02
+(1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087), 5.94%."""
 
-"""η_gemm 0.936, d½ 2209 (cube side), no steep term (d₂ = 0, see the module docstring),
-η_flash2 0.674, η_flash1 0.308, η_bmm 0.85 (at its bound), η_elementwise 0.525, on servers
-with two NICs (:data:`sim.validate.NICS_PER_NODE`). Linearised MAPE 4.49% on its rows
-(simulated: 4.49%). With eight NICs per server it was (1.1091, 2524.885, 0.0, 1.4734,
-3.3459, 1.1765, 1.9653): η_gemm 0.902, d½ 2277, 5.25%. Before the framework corrections the
-same fit gave
-(1.0762, 2458.9793, 1.25, 3.5831, 1.4524, 1.9541) without the d₂ column, 5.74%, with
-FlashAttention-2 at its 0.80 bound; the fit of 2026-12-02 on the min(tokens, h/t) GEMM shape
-(1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087) gave 5.94%."""
-
-A100_HAGEMANN_13B = _fitted((1.228, 966.7928, 0.0, 1.7719, 3.3121, 1.1765, 1.8977),
-                            "the 165 successful LLaMA-13B runs only", "2026-12-03")
-"""The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B:
-η_gemm 0.814, d½ 787, η_flash2 0.564, η_flash1 0.302 (linearised MAPE 5.09% on its rows,
-5.92% simulated on the held-out 30B and 65B runs; with eight NICs per server 4.83% and
-7.07%, and 7.51% before the framework corrections)."""
+A100_HAGEMANN_13B = _fitted(_A100["fit_13b"])
+"""The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B
+(``ampere.toml``: η_gemm 0.814, d½ 787, η_flash2 0.564, η_flash1 0.302; linearised MAPE 5.09%
+on its rows, 5.92% simulated on the held-out 30B and 65B runs; with eight NICs per server
+4.83% and 7.07%, and 7.51% before the framework corrections)."""
 
 
 def default_profile(gpu_name: str) -> DeviceProfile:

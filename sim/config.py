@@ -1,48 +1,55 @@
 """The experiment file: schema, loading and validation (DESIGN.md "User-facing contract").
 
-Types and unknown keys are checked by pydantic (strict: ``"2"`` is not an
-integer, ``1`` is not a boolean); cross-field rules (``tp·pp·dp·cp`` equals the
-GPU count, the global batch divides evenly, ...) are checked when the
-experiment is built. Every failure is a :class:`~base.errors.ConfigError` whose
-message names the key and the offending value.
+Types, unknown keys and the rules among the ``cluster:`` keys are checked by
+pydantic when the file is parsed (strict: ``"2"`` is not an integer, ``1`` is not
+a boolean; the kind of cluster is read off its keys, :mod:`topologies.config`);
+rules across sections (``tp·pp·dp·cp`` equals the GPU count, the global batch
+divides evenly, ...) are checked when the experiment is built. Every failure is
+a :class:`~base.errors.ConfigError` whose message names the key and the offending
+value.
 """
 
 from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, Tag, ValidationError, field_validator, model_validator
 
 from base.errors import ConfigError
+from base.schema import INVALID, Strict, invalid
+from sim.collectives import check as check_collective
 from sim.faults_config import FaultsConfig
+from topologies.config import ClusterConfig
 from topologies.placement import DEFAULT_ORDER
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class SyntheticModel(_Strict):
+class SyntheticModel(Strict):
     """Per-stage, per-micro-batch costs for schedule studies."""
 
     forward_ms: float = Field(ge=0)
+    """Forward pass of one micro-batch through one stage."""
     backward_ms: float = Field(ge=0)
+    """Backward pass (input and weight gradients together) of one micro-batch, one stage."""
     weight_grad_ms: float = Field(0.0, ge=0)
+    """The weight-gradient part of backward_ms, run separately by zero-bubble schedules."""
     activation_MB: float = Field(0.0, ge=0)
+    """Activations a stage keeps per micro-batch from its forward to its backward."""
     p2p_MB: float = Field(0.0, ge=0)
     """Bytes of each pipeline message (activation or gradient), MB = 1e6 B."""
     grad_MB: float = Field(0.0, ge=0)
     """Gradient bytes per stage reduced across DP replicas."""
 
 
-class MoEConfig(_Strict):
+class MoEConfig(Strict):
     """Mixture-of-experts MLPs (:class:`workloads.models.MoESpec`)."""
 
     num_experts: int = Field(gt=0)
+    """Experts per MoE layer."""
     top_k: int = Field(gt=0)
+    """Experts each token is routed to."""
     expert_ffn_hidden_size: int | None = Field(None, gt=0)
     """Default: the model's ffn_hidden_size."""
     capacity_factor: float | None = Field(None, gt=0)
@@ -51,144 +58,72 @@ class MoEConfig(_Strict):
     """Copies routed to the busiest EP rank over the mean (1: balanced); dropless, ep > 1."""
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
+    """The model: a preset, a Hugging Face config or explicit sizes (a transformer), or
+    synthetic per-stage costs; the size keys override a preset's or a config's."""
+
     preset: str | None = None
+    """A model preset (:data:`workloads.models.PRESETS`), e.g. ``llama-13b``."""
     hf_config: str | None = None
     """Path of a Hugging Face config.json (relative to the experiment file)."""
     synthetic: SyntheticModel | None = None
+    """Per-stage costs instead of a transformer, for schedule studies."""
     name: str | None = None
+    """Shown in outputs; default: the preset's or the config's name (``custom`` otherwise)."""
     seq_length: int | None = Field(None, gt=0)
+    """Tokens per sequence."""
     num_layers: int | None = Field(None, gt=0)
+    """Transformer layers."""
     hidden_size: int | None = Field(None, gt=0)
+    """Model width h."""
     num_attention_heads: int | None = Field(None, gt=0)
+    """Query heads; they divide hidden_size."""
     num_kv_heads: int | None = Field(None, gt=0)
+    """Key/value heads (grouped-query attention); default: num_attention_heads."""
     ffn_hidden_size: int | None = Field(None, gt=0)
+    """MLP inner width."""
     vocab_size: int | None = Field(None, gt=0)
+    """Vocabulary entries (embedding and output head rows)."""
     ffn_type: Literal["gelu", "swiglu"] | None = None
+    """MLP: two GEMMs with GeLU, or three with SwiGLU."""
     norm: Literal["layernorm", "rmsnorm"] | None = None
+    """Normalisation layers."""
     tied_embeddings: bool | None = None
+    """The output head shares the input embedding's weights."""
     position_embedding: Literal["learned", "rope"] | None = None
+    """Learned position embeddings (a table) or rotary ones (no weights)."""
     moe: MoEConfig | None = None
     """Mixture of experts; overrides a preset's (a dense preset becomes MoE)."""
-
-
-CollectiveAlgo = Literal["auto", "ring", "tree", "halving_doubling", "hierarchical", "pairwise",
-                         "nvls", "p2p"]
-
-
-class CollectivesConfig(_Strict):
-    """Per-op algorithm overrides (``auto`` = NCCL-like choice by size and group)."""
-
-    all_reduce: CollectiveAlgo | None = None
-    reduce_scatter: CollectiveAlgo | None = None
-    all_gather: CollectiveAlgo | None = None
-    all_to_all: CollectiveAlgo | None = None
-    broadcast: CollectiveAlgo | None = None
-    reduce: CollectiveAlgo | None = None
-    send: CollectiveAlgo | None = None
-
-
-class DragonflyConfig(_Strict):
-    """Dragonfly shape (Kim et al. 2008): a routers per group, p GPUs per router, h global links."""
-
-    routers_per_group: int = Field(gt=0)
-    gpus_per_router: int = Field(gt=0)
-    global_links_per_router: int = Field(gt=0)
-    global_bandwidth_GBps: float | None = Field(None, gt=0)
-    """Per direction; default: link_bandwidth_GBps (or the preset's NIC rate)."""
-    global_latency_us: float | None = Field(None, ge=0)
-
-
-class NodeGroupConfig(_Strict):
-    """Servers of one type in a mixed cluster (``cluster.nodes``), listed in rank order."""
-
-    count: int = Field(gt=0)
-    """Servers (nodes) of this type."""
-    preset: str | None = None
-    """A server preset (``dgx-a100-80g``, ``dgx-h100``, ...): its GPU, GPUs per server,
-    NVLink, NICs and NVLS."""
-    gpu: str | None = None
-    """A GPU type (``A100-80GB``, ``H100``, ...) for servers of an explicit topology
-    (``cluster.gpus_per_node`` GPUs each, default 1)."""
-
-
-class ClusterConfig(_Strict):
-    """The cluster: a server preset on a fabric, or an explicit topology (units in the key names).
-
-    With ``preset`` the servers (GPU, NVSwitch, NICs, latencies) come from the
-    preset and ``topology`` may choose the fabric between them (switch =
-    non-blocking crossbar, the default; fat-tree; rail-optimized; dragonfly).
-    Without a preset, ``topology`` builds uniform links of ``link_bandwidth_GBps``.
-    ``nodes`` replaces ``preset`` (or ``gpu``) for a heterogeneous cluster: groups of
-    servers of different presets (or GPU types on ``topology``), in rank order.
-    """
-
-    num_gpus: int = Field(gt=0)
-    preset: str | None = None
-    topology: Literal["switch", "ring", "full-mesh", "torus2d", "torus3d", "fat-tree",
-                      "rail-optimized", "dragonfly"] | None = None
-    gpu: str | None = None
-    nodes: list[NodeGroupConfig] | None = None
-    """A heterogeneous cluster instead of ``preset``/``gpu``: groups of servers, each a
-    ``preset`` or a ``gpu`` type and a ``count`` of servers, ranks numbered group after
-    group, e.g. ``[{preset: dgx-a100-80g, count: 2}, {preset: dgx-h100, count: 2}]``."""
-    nics_per_node: int | None = Field(None, gt=0)
-    """With ``preset``: the servers' scale-out NICs (default: the preset's, one per GPU),
-    each shared by gpus_per_node / nics_per_node GPUs, e.g. 2 for servers with two
-    HDR ports instead of a DGX's eight; it must divide the GPUs per server."""
-    link_bandwidth_GBps: float | None = Field(None, gt=0)
-    """Per direction, 1 GB = 1e9 B."""
-    link_latency_us: float | None = Field(None, ge=0)
-    """Per hop."""
-    collective_launch_us: float | None = Field(None, ge=0)
-    """Per collective; default: the preset's (NCCL's 8.4 µs), 0 for explicit topologies."""
-    collective_step_us: float | None = Field(None, ge=0)
-    """Extra software latency per collective step, on top of the route's hop latencies."""
-    collective_granularity: Literal["stream", "step"] | None = None
-    """``stream`` (default): one flow per ring edge; ``step``: one flow per ring step."""
-    collectives: CollectivesConfig | None = None
-    gpus_per_node: int | None = Field(None, gt=0)
-    """Explicit switched topologies: GPUs per NVSwitch server (default 1: no NVLink)."""
-    nvlink_bandwidth_GBps: float | None = Field(None, gt=0)
-    """Per direction; default: the GPU's."""
-    nvlink_latency_us: float | None = Field(None, ge=0)
-    nvls: bool | None = None
-    """Explicit servers: NVSwitch reduces in-network (NVLink SHARP)."""
-    dims: list[int] | None = None
-    """Torus sizes per axis; their product is num_gpus."""
-    oversubscription: float | None = Field(None, ge=1)
-    """Fat-tree / rail-optimized leaf down:up port ratio, e.g. 2.0 for 2:1."""
-    tiers: Literal[2, 3] | None = None
-    gpus_per_leaf: int | None = Field(None, gt=0)
-    """NIC ports per leaf switch (one per GPU on DGX servers; with ``nics_per_node``,
-    that many per server); rail-optimized: servers per scalable unit."""
-    leaves_per_pod: int | None = Field(None, gt=0)
-    dragonfly: DragonflyConfig | None = None
-    ecmp: Literal["dst-mod-k", "hash"] | None = None
-    """How flows spread over equal-cost paths (default dst-mod-k)."""
-    sites: int | None = Field(None, gt=0)
-    """Geo-distributed: this many identical sites of num_gpus/sites GPUs, joined by WAN links."""
-    wan_bandwidth_Mbps: float | None = Field(None, gt=0)
-    """Per WAN link and direction, 1 Mb = 1e6 bit."""
-    wan_latency_ms: float | None = Field(None, ge=0)
 
 
 MULTI_CHUNK_SCHEDULES = frozenset({"interleaved", "zb-v", "dualpipe-v"})
 """Built-in schedules that place several model chunks on each pipeline rank."""
 
 
-class ParallelConfig(_Strict):
+class ParallelConfig(Strict):
+    """The layout: degrees of each kind of parallelism and how ranks map to GPUs."""
+
     tp: int = Field(1, ge=1)
+    """Tensor parallelism (Megatron-LM)."""
     pp: int = Field(1, ge=1)
+    """Pipeline parallelism: pipeline ranks."""
     dp: int | None = Field(None, ge=1)
+    """Data parallelism; default: the GPUs over tp·pp·cp; if given, tp·pp·dp·cp is the GPUs."""
     cp: int = Field(1, ge=1)
+    """Context parallelism (ring attention inside a flash kernel); 2·cp divides seq_length."""
     ep: int = Field(1, ge=1)
+    """Expert parallelism, carved out of dp (mixture-of-experts models)."""
     vpp: int = Field(1, ge=1)
     """Model chunks per pipeline rank. Left out: 2 under the multi-chunk schedules
     (:data:`MULTI_CHUNK_SCHEDULES`), 1 otherwise (:meth:`ExperimentConfig._default_vpp`)."""
     sequence_parallel: bool = False
+    """Megatron-LM's sequence parallelism: norms and dropout split over the TP group."""
     zero_stage: int = Field(1, ge=0, le=3)
+    """ZeRO stage: 0 none, 1 optimizer states, 2 and gradients, 3 and parameters (FSDP:
+    layer-by-layer gathers, prefetched)."""
     placement: str = DEFAULT_ORDER
+    """Rank order of the parallel dimensions, innermost first (e.g. ``tp-cp-dp-pp``: TP
+    groups inside a server); ``ep`` may appear too."""
     overlap_grad_reduce: bool = False
     """Reduce DP gradient buckets while the last backward runs (Megatron-LM
     ``--overlap-grad-reduce``); False: one collective per stage after it."""
@@ -204,14 +139,23 @@ class ParallelConfig(_Strict):
     the output head fewer), from the cost and device models."""
 
 
-class TrainingConfig(_Strict):
+class TrainingConfig(Strict):
+    """One optimizer step: batch sizes, recomputation, kernels."""
+
     micro_batch_size: int = Field(1, ge=1)
+    """Sequences per micro-batch."""
     global_batch_size: int | None = Field(None, ge=1)
+    """Sequences per optimizer step over all DP replicas; a multiple of
+    micro_batch_size·dp."""
     num_microbatches: int | None = Field(None, ge=1)
     """Alternative to global_batch_size: micro-batches per step per pipeline."""
     recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: none, selective (attention core, Korthikanti et al. 2022)
+    or full (each layer's forward rerun in its backward)."""
     attention: Literal["flash2", "flash1", "flash3", "fused", "unfused"] = "flash2"
+    """Attention kernel: FlashAttention-2/-1/-3 (3 on Hopper GPUs only), fused or unfused."""
     fused_norm: bool = True
+    """Fused normalisation kernels (one memory pass instead of several)."""
     vocab_parallel_loss: bool = True
     """Megatron-LM's vocabulary-parallel cross entropy (each TP rank keeps V/t logits);
     false: the output head gathers all V logits on every TP rank and the loss runs
@@ -224,15 +168,38 @@ class TrainingConfig(_Strict):
     global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`."""
 
 
-class ExperimentConfig(_Strict):
+class ExperimentConfig(Strict):
+    """An experiment file: what trains (model, parallel, training, schedule), where
+    (cluster) and what goes wrong (faults)."""
+
     name: str = "experiment"
+    """Shown in outputs."""
     model: ModelConfig
+    """The model."""
     cluster: ClusterConfig
+    """The cluster: one of the kinds of :mod:`topologies.config`."""
     parallel: ParallelConfig = ParallelConfig()
+    """The layout."""
     training: TrainingConfig = TrainingConfig()
+    """Batch sizes, recomputation, kernels."""
     schedule: str = "1f1b"
+    """A pipeline schedule by name (:func:`sim.experiment.schedule_builders`) or the path of
+    a schedule file."""
     faults: FaultsConfig | None = None
     """Stragglers, failures, link faults (:mod:`sim.faults_config`)."""
+
+    @field_validator("cluster")
+    @classmethod
+    def _collective_algorithms(cls, cluster: Any) -> Any:
+        """Every algorithm ``cluster.collectives`` names implements its op."""
+        algos = getattr(cluster, "collectives", None)
+        for op, algo in (algos.model_dump() if algos else {}).items():
+            if algo not in (None, "auto"):
+                try:
+                    check_collective(op, algo)
+                except ConfigError as exc:
+                    raise invalid(f"cluster.collectives.{op}={algo!r}: {exc}") from None
+        return cluster
 
     @model_validator(mode="after")
     def _default_vpp(self) -> ExperimentConfig:
@@ -244,26 +211,54 @@ class ExperimentConfig(_Strict):
         return self
 
 
-def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return []
-        ann = field.annotation
-        candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type)]
-        sub = [a for a in candidates if issubclass(a, BaseModel)]
-        if not sub:
-            return []
-        model = sub[0]
-    return list(model.model_fields)
+def _models_in(annotation: Any) -> dict[str | None, type[BaseModel]]:
+    """The models a field's annotation holds, by discriminator tag (None: untagged)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return {None: annotation}
+    out: dict[str | None, type[BaseModel]] = {}
+    if get_origin(annotation) is Annotated:
+        inner, *meta = get_args(annotation)
+        tags = [m.tag for m in meta if isinstance(m, Tag)]
+        for tag, model in _models_in(inner).items():
+            out[tags[0] if tags else tag] = model
+        return out
+    for arg in get_args(annotation):
+        out.update(_models_in(arg))
+    return out
+
+
+def _walk(root: type[BaseModel], loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
+    """An error's location without the tags of discriminated unions (the YAML has none),
+    and the model that holds its last key."""
+    clean: list = []
+    model: type[BaseModel] | None = root
+    holder: type[BaseModel] | None = None
+    members: dict[str | None, type[BaseModel]] | None = None
+    for part in loc:
+        if members is not None:  # the tag of the kind a union chose
+            model, members = members.get(part), None
+            continue
+        clean.append(part)
+        if isinstance(part, int):
+            continue
+        holder = model
+        field = model.model_fields.get(part) if model is not None else None
+        found = _models_in(field.annotation) if field is not None else {}
+        if any(tag is not None for tag in found):
+            model, members = None, found
+        else:
+            model = found.get(None)
+    return tuple(clean), holder
 
 
 def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     err = exc.errors()[0]
-    loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+    if err["type"] == INVALID:
+        return err["msg"]
+    loc, holder = _walk(root, tuple(p for p in err["loc"] if not str(p).startswith("function-")))
     key = ".".join(str(p) for p in loc) or "<top level>"
     if err["type"] == "extra_forbidden":
-        known = _known_keys(root, loc)
+        known = list(holder.model_fields) if holder is not None else []
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else (
             f" (known keys: {', '.join(known)})" if known else "")

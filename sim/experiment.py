@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-
-from base.errors import ConfigError, ScheduleError, TopologyError
+from base.errors import ConfigError, ScheduleError
 from sim.calibration import default_profile
-from sim.collectives import check as check_collective
 from sim.collectives import estimate, group_profile, resolve_algorithm
 from sim.config import (
-    ClusterConfig,
     ExperimentConfig,
     ModelConfig,
     MoEConfig,
@@ -26,23 +21,10 @@ from sim.config import (
 )
 from sim.device import work_timer
 from sim.faults import check_fault_targets
+from topologies.build import build_cluster
 from topologies.cluster import Cluster
-from topologies.graphs import Fabric, multi_site
-from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec, gpu_spec
+from topologies.hardware import IDEAL_GPU
 from topologies.placement import Placement
-from topologies.presets import (
-    FABRIC_OF_TOPOLOGY,
-    PRESET_NAMES,
-    SERVERS,
-    TOPOLOGIES,
-    CollectiveSettings,
-    ServerLinks,
-    explicit_graph,
-    ideal_cluster,
-    mixed_server_graph,
-    server_graph,
-    set_server_links,
-)
 from workloads import schedules
 from workloads.costs import CommSeg, ComputeSeg, RingAttention, SyntheticCosts, split_layers
 from workloads.hf_config import load_hf_config
@@ -133,306 +115,6 @@ def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int
     if model.moe.num_experts % ep:
         raise ConfigError(f"parallel.ep={ep} does not divide model.moe.num_experts="
                           f"{model.moe.num_experts}")
-
-
-_FABRIC_KEYS = {
-    "oversubscription": ("fat-tree", "rail-optimized"),
-    "gpus_per_leaf": ("fat-tree", "rail-optimized"),
-    "tiers": ("fat-tree",),
-    "leaves_per_pod": ("fat-tree",),
-    "dragonfly": ("dragonfly",),
-    "dims": ("torus2d", "torus3d"),
-}
-"""Shape keys and the topologies that use them."""
-
-
-def _collective_settings(c: ClusterConfig) -> CollectiveSettings:
-    algos = {}
-    for op, algo in (c.collectives.model_dump() if c.collectives else {}).items():
-        if algo is None:
-            continue
-        if algo != "auto":
-            try:
-                check_collective(op, algo)
-            except ConfigError as exc:
-                raise ConfigError(f"cluster.collectives.{op}={algo!r}: {exc}") from None
-        algos[op] = algo
-    return CollectiveSettings(
-        launch_s=None if c.collective_launch_us is None else c.collective_launch_us * 1e-6,
-        step_s=(c.collective_step_us or 0.0) * 1e-6, algos=algos,
-        granularity=c.collective_granularity or "stream", ecmp=c.ecmp or "dst-mod-k")
-
-
-def _fabric(c: ClusterConfig, kind: str) -> Fabric | None:
-    """The fabric shape from the config (bandwidth and latency filled in by the builder)."""
-    if kind not in ("fat-tree", "rail-optimized", "dragonfly"):
-        return None
-    df = c.dragonfly
-    if kind == "dragonfly" and df is None:
-        raise ConfigError("cluster.dragonfly: required with cluster.topology='dragonfly' "
-                          "(routers_per_group, gpus_per_router, global_links_per_router)")
-    base = Fabric()
-    return Fabric(
-        kind={"fat-tree": "fat-tree", "rail-optimized": "rail-optimized"}.get(kind, "dragonfly"),
-        tiers=c.tiers or 2, gpus_per_leaf=c.gpus_per_leaf or base.gpus_per_leaf,
-        oversubscription=c.oversubscription or 1.0, leaves_per_pod=c.leaves_per_pod,
-        routers_per_group=df.routers_per_group if df else base.routers_per_group,
-        gpus_per_router=df.gpus_per_router if df else base.gpus_per_router,
-        global_links_per_router=df.global_links_per_router if df
-        else base.global_links_per_router,
-        global_bandwidth_Bps=df.global_bandwidth_GBps * 1e9 if df and df.global_bandwidth_GBps
-        else None,
-        global_latency_s=df.global_latency_us * 1e-6 if df and df.global_latency_us is not None
-        else None)
-
-
-def _check_shape_keys(c: ClusterConfig) -> None:
-    for key, users in _FABRIC_KEYS.items():
-        if getattr(c, key) is not None and c.topology not in users:
-            raise ConfigError(f"cluster.{key}: only used with cluster.topology "
-                              f"{' or '.join(users)}, not with topology={c.topology!r}")
-    if c.sites is None or c.sites == 1:
-        extra = [k for k in ("wan_bandwidth_Mbps", "wan_latency_ms") if getattr(c, k) is not None]
-        if extra:
-            raise ConfigError(f"cluster.{extra[0]}: only used with cluster.sites > 1")
-
-
-def _server_fabric(c: ClusterConfig, what: str) -> Fabric | None:
-    """The fabric joining preset servers (``what`` names them in errors), keys checked."""
-    explicit = [k for k in ("gpu", "gpus_per_node", "nvlink_bandwidth_GBps",
-                            "nvlink_latency_us", "nvls") if getattr(c, k) is not None]
-    if c.topology is None:
-        explicit += [k for k in ("link_bandwidth_GBps", "link_latency_us")
-                     if getattr(c, k) is not None]
-    if explicit:
-        raise ConfigError(f"cluster.{explicit[0]}: only used with cluster.topology, "
-                          f"not with {what}")
-    if c.topology is not None and c.topology not in FABRIC_OF_TOPOLOGY:
-        raise ConfigError(f"cluster.topology={c.topology!r} cannot join servers of "
-                          f"{what}; choose a fabric: {', '.join(FABRIC_OF_TOPOLOGY)}")
-    fabric = _fabric(c, c.topology) if c.topology else None
-    if c.topology is not None:
-        fabric = replace(fabric or Fabric(), kind=FABRIC_OF_TOPOLOGY[c.topology],
-                         bandwidth_Bps=None if c.link_bandwidth_GBps is None
-                         else c.link_bandwidth_GBps * 1e9,
-                         latency_s=None if c.link_latency_us is None
-                         else c.link_latency_us * 1e-6)
-    return fabric
-
-
-def _preset_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
-    fabric = _server_fabric(c, f"cluster.preset={c.preset!r}")
-    if c.preset not in SERVERS:
-        raise ConfigError(f"cluster.preset: unknown preset {c.preset!r}; choose one of "
-                          f"{', '.join(PRESET_NAMES)}")
-    graph = server_graph(c.preset, num_gpus, fabric, c.nics_per_node)
-    return graph, min(SERVERS[c.preset].gpus_per_node, num_gpus)
-
-
-def _explicit_graph(c: ClusterConfig, num_gpus: int) -> tuple[nx.DiGraph, int]:
-    if c.link_bandwidth_GBps is None:
-        raise ConfigError(f"cluster.link_bandwidth_GBps: required with "
-                          f"cluster.topology={c.topology!r}")
-    per_node = c.gpus_per_node or 1
-    if per_node > 1 and c.topology not in FABRIC_OF_TOPOLOGY:
-        raise ConfigError(f"cluster.gpus_per_node={per_node}: NVSwitch servers need a switched "
-                          f"topology ({', '.join(FABRIC_OF_TOPOLOGY)}), not {c.topology!r}")
-    if c.topology in ("torus2d", "torus3d") and c.dims is None:
-        raise ConfigError(f"cluster.dims: required with cluster.topology={c.topology!r}, "
-                          f"e.g. dims: {[4, 4] if c.topology == 'torus2d' else [4, 4, 4]}")
-    if c.dims is not None:
-        want = 2 if c.topology == "torus2d" else 3
-        if len(c.dims) != want or any(k < 1 for k in c.dims):
-            raise ConfigError(f"cluster.dims={c.dims}: {c.topology} needs {want} positive sizes")
-        if math.prod(c.dims) != num_gpus:
-            raise ConfigError(f"cluster.dims={c.dims} hold {math.prod(c.dims)} GPUs, not "
-                              f"cluster.num_gpus/sites = {num_gpus}")
-    gpu = _gpu(c)
-    nvlink = (c.nvlink_bandwidth_GBps * 1e9 if c.nvlink_bandwidth_GBps
-              else gpu.nvlink_bandwidth_Bps)
-    graph = explicit_graph(
-        c.topology, num_gpus, c.link_bandwidth_GBps * 1e9, (c.link_latency_us or 0.0) * 1e-6,
-        gpus_per_node=per_node, nvlink_bandwidth_Bps=nvlink,
-        nvlink_latency_s=(1.7 if c.nvlink_latency_us is None else c.nvlink_latency_us) * 1e-6,
-        nvls=bool(c.nvls), dims=tuple(c.dims or ()), fabric=_fabric(c, c.topology))
-    return graph, min(per_node, num_gpus)
-
-
-def _gpu(c: ClusterConfig) -> GPUSpec:
-    try:
-        return gpu_spec(c.gpu or "A100-80GB")
-    except KeyError as exc:
-        raise ConfigError(f"cluster.gpu: {exc.args[0]}") from None
-
-
-@dataclass(frozen=True)
-class _Hosts:
-    """The servers of a mixed cluster (``cluster.nodes``), one entry per server."""
-
-    types: tuple[str, ...]
-    """Server preset (preset groups) or GPU name (GPU groups) of each server."""
-    gpus: tuple[GPUSpec, ...]
-    """GPU spec of each rank."""
-    per_node: int
-    presets: bool
-    """Whether the groups are server presets (else GPU types on cluster.topology)."""
-
-
-def _node_hosts(c: ClusterConfig) -> _Hosts:
-    """``cluster.nodes`` checked: one kind of group, known types, counts that add up."""
-    assert c.nodes is not None
-    both = [k for k in ("preset", "gpu") if getattr(c, k) is not None]
-    if both:
-        raise ConfigError(f"cluster.{both[0]}: give the GPU types in cluster.nodes, not also "
-                          f"cluster.{both[0]}={getattr(c, both[0])!r}")
-    if not c.nodes:
-        raise ConfigError("cluster.nodes: empty; list groups such as "
-                          "[{preset: dgx-a100-80g, count: 2}, {preset: dgx-h100, count: 2}]")
-    presets = c.nodes[0].preset is not None
-    specs: list[tuple[str, GPUSpec, int]] = []
-    for k, group in enumerate(c.nodes):
-        kinds = [key for key in ("preset", "gpu") if getattr(group, key) is not None]
-        if len(kinds) != 1:
-            raise ConfigError(f"cluster.nodes[{k}]: give one of 'preset' (a server preset) or "
-                              f"'gpu' (a GPU type), got {' and '.join(kinds) or 'neither'}")
-        if (kinds[0] == "preset") != presets:
-            raise ConfigError(f"cluster.nodes[{k}].{kinds[0]}: groups mix 'preset' and 'gpu'; "
-                              "give every group a server preset, or every group a GPU type "
-                              "(with cluster.topology)")
-        if presets:
-            if group.preset not in SERVERS:
-                raise ConfigError(f"cluster.nodes[{k}].preset: unknown server preset "
-                                  f"{group.preset!r}; choose one of {', '.join(SERVERS)}")
-            specs.append((group.preset, GPUS[SERVERS[group.preset].gpu], group.count))
-        else:
-            try:
-                spec = gpu_spec(group.gpu)
-            except KeyError as exc:
-                raise ConfigError(f"cluster.nodes[{k}].gpu: {exc.args[0]}") from None
-            specs.append((spec.name, spec, group.count))
-    if presets:
-        sizes = {SERVERS[name].gpus_per_node for name, _, _ in specs}
-        if len(sizes) > 1:
-            shown = ", ".join(f"{name}: {SERVERS[name].gpus_per_node}" for name, _, _ in specs)
-            raise ConfigError(f"cluster.nodes: server presets of one cluster need the same "
-                              f"GPUs per server, got {shown}")
-        per_node = sizes.pop()
-    else:
-        if c.topology is None:
-            raise ConfigError(f"cluster.nodes[0].gpu={c.nodes[0].gpu!r}: GPU groups need "
-                              "cluster.topology (servers of cluster.gpus_per_node GPUs on it); "
-                              "or give each group a server preset")
-        per_node = c.gpus_per_node or 1
-    total = per_node * sum(n for _, _, n in specs)
-    if total != c.num_gpus:
-        terms = " + ".join(f"{n}x {name}" for name, _, n in specs)
-        raise ConfigError(f"cluster.nodes: {terms} servers of {per_node} GPUs = {total} GPUs "
-                          f"!= cluster.num_gpus = {c.num_gpus}")
-    types = tuple(name for name, _, n in specs for _ in range(n))
-    gpus = tuple(spec for _, spec, n in specs for _ in range(n * per_node))
-    return _Hosts(types, gpus, per_node, presets)
-
-
-def _runs(types: tuple[str, ...]) -> list[tuple[str, int]]:
-    """``types`` as (type, consecutive count) runs."""
-    out: list[tuple[str, int]] = []
-    for t in types:
-        if out and out[-1][0] == t:
-            out[-1] = (t, out[-1][1] + 1)
-        else:
-            out.append((t, 1))
-    return out
-
-
-def _mixed_graph(c: ClusterConfig, hosts: _Hosts, site: int, sites: int
-                 ) -> tuple[nx.DiGraph, int]:
-    """The graph of site ``site`` (of ``sites``) of a mixed cluster."""
-    per_site = len(hosts.types) // sites
-    types = hosts.types[site * per_site:(site + 1) * per_site]
-    n = per_site * hosts.per_node
-    if hosts.presets:
-        fabric = _server_fabric(c, "cluster.nodes")
-        return mixed_server_graph(_runs(types), fabric), min(hosts.per_node, n)
-    graph, per_node = _explicit_graph(c, n)
-    if per_node > 1 and c.nvlink_bandwidth_GBps is None:  # each server's NVLink is its GPU's
-        set_server_links(graph, [ServerLinks(nvlink_Bps=gpu_spec(t).nvlink_bandwidth_Bps)
-                                 for t in types], nic_fabric_links=False)
-    return graph, per_node
-
-
-def build_cluster(cfg: ExperimentConfig) -> Cluster:
-    """The Cluster of the experiment's ``cluster:`` mapping (see :class:`ClusterConfig`)."""
-    c = cfg.cluster
-    if c.nics_per_node is not None and (c.preset is None or c.nodes is not None):
-        raise ConfigError(f"cluster.nics_per_node={c.nics_per_node}: only used with a server "
-                          "cluster.preset, not with cluster.topology or cluster.nodes")
-    if c.nodes is not None:
-        return _build_mixed_cluster(c)
-    if c.preset is None and c.topology is None:
-        raise ConfigError("cluster: give 'preset' "
-                          f"({', '.join(PRESET_NAMES)}) or 'topology' ({', '.join(TOPOLOGIES)})")
-    _check_shape_keys(c)
-    settings = _collective_settings(c)
-    sites = c.sites or 1
-    if c.num_gpus % sites:
-        raise ConfigError(f"cluster.sites={sites} does not divide cluster.num_gpus={c.num_gpus}")
-    try:
-        if c.preset == "ideal":
-            extra = [k for k in ClusterConfig.model_fields
-                     if k not in ("num_gpus", "preset") and getattr(c, k) is not None]
-            if extra:
-                raise ConfigError(f"cluster.{extra[0]}: not used with cluster.preset='ideal'")
-            return ideal_cluster(c.num_gpus)
-        build = _preset_graph if c.preset is not None else _explicit_graph
-        graph, per_node = build(c, c.num_gpus // sites)
-        name = c.preset or f"{c.topology}{c.num_gpus}"
-        if c.preset is not None and c.topology is not None:
-            name = f"{c.preset}/{c.topology}"
-        if sites > 1:
-            if c.wan_bandwidth_Mbps is None or c.wan_latency_ms is None:
-                key = "wan_bandwidth_Mbps" if c.wan_bandwidth_Mbps is None else "wan_latency_ms"
-                raise ConfigError(f"cluster.{key}: required with cluster.sites={sites}")
-            graph = multi_site([graph] + [build(c, c.num_gpus // sites)[0]
-                                          for _ in range(sites - 1)],
-                               c.wan_bandwidth_Mbps * 1e6 / 8, c.wan_latency_ms * 1e-3)
-            name = f"{name}x{sites}sites"
-        gpu = GPUS[SERVERS[c.preset].gpu] if c.preset is not None else _gpu(c)
-        default_launch = SERVERS[c.preset].collective_launch_s if c.preset is not None else 0.0
-        return Cluster(name, graph, gpu, per_node, **settings.cluster_kwargs(default_launch))
-    except TopologyError as exc:
-        raise ConfigError(f"cluster: {exc}") from None
-
-
-def _build_mixed_cluster(c: ClusterConfig) -> Cluster:
-    """A heterogeneous cluster from ``cluster.nodes`` (servers of several types)."""
-    _check_shape_keys(c)
-    settings = _collective_settings(c)
-    hosts = _node_hosts(c)
-    sites = c.sites or 1
-    if len(hosts.types) % sites:
-        raise ConfigError(f"cluster.sites={sites} does not divide the {len(hosts.types)} "
-                          "servers of cluster.nodes")
-    try:
-        graphs = [_mixed_graph(c, hosts, i, sites) for i in range(sites)]
-        graph, per_node = graphs[0]
-        if hosts.presets:
-            name = "+".join(f"{n}x{t}" for t, n in _runs(hosts.types))
-            if c.topology is not None:
-                name = f"{name}/{c.topology}"
-            launch = SERVERS[hosts.types[0]].collective_launch_s
-        else:
-            name, launch = f"{c.topology}{c.num_gpus}", 0.0
-        if sites > 1:
-            if c.wan_bandwidth_Mbps is None or c.wan_latency_ms is None:
-                key = "wan_bandwidth_Mbps" if c.wan_bandwidth_Mbps is None else "wan_latency_ms"
-                raise ConfigError(f"cluster.{key}: required with cluster.sites={sites}")
-            graph = multi_site([g for g, _ in graphs], c.wan_bandwidth_Mbps * 1e6 / 8,
-                               c.wan_latency_ms * 1e-3)
-            name = f"{name}x{sites}sites"
-        return Cluster(name, graph, hosts.gpus[0], per_node, **settings.cluster_kwargs(launch),
-                       gpus=hosts.gpus)
-    except TopologyError as exc:
-        raise ConfigError(f"cluster: {exc}") from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -679,7 +361,7 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     """Validate ``data`` (a parsed experiment file) and build everything derived from it."""
     cfg = parse_config(data)
     model = build_model(cfg.model, base_dir)
-    cluster = build_cluster(cfg)
+    cluster = build_cluster(cfg.cluster)
     tp, pp, dp, cp = _resolve_layout(cfg, cluster.num_gpus)
     par = cfg.parallel
     if par.ep > 1:

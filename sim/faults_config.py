@@ -17,14 +17,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from base.schema import Strict
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class StragglerSpec(_Strict):
+class StragglerSpec(Strict):
     """One slow GPU."""
 
     gpu: int = Field(ge=0)
@@ -33,28 +31,34 @@ class StragglerSpec(_Strict):
     """Factor on every compute time of that GPU (1.2 = 20% slower)."""
 
 
-class LognormalSlowdown(_Strict):
+class LognormalSlowdown(Strict):
     """Slowdown ``max(1, median * exp(sigma * z))``, z standard normal."""
 
     median: float = Field(ge=1)
+    """The median slowdown."""
     sigma: float = Field(ge=0)
+    """Spread: the standard deviation of the slowdown's logarithm."""
 
 
-class RandomStragglers(_Strict):
+class RandomStragglers(Strict):
     """Stragglers drawn from ``seed``: which GPUs (``fraction`` or ``count``) and how slow
     (a fixed ``slowdown``, uniform in ``slowdown_range``, or ``slowdown_lognormal``)."""
 
     fraction: float | None = Field(None, gt=0, le=1)
     """Share of the GPUs that straggle (rounded to the nearest count, at least 1)."""
     count: int | None = Field(None, ge=1)
+    """How many GPUs straggle (instead of ``fraction``)."""
     slowdown: float | None = Field(None, ge=1)
+    """One factor for every straggler."""
     slowdown_range: list[float] | None = None
     """``[low, high]``, uniform, both >= 1."""
     slowdown_lognormal: LognormalSlowdown | None = None
+    """A factor per straggler drawn from a lognormal distribution."""
     seed: int = 0
+    """Seed of the draws: the same seed picks the same GPUs and factors."""
 
 
-class GpuFailures(_Strict):
+class GpuFailures(Strict):
     """GPU failures over a multi-step run (``sim run --steps N``).
 
     A failure loses the work since the last checkpoint and costs ``restart_s``
@@ -64,15 +68,22 @@ class GpuFailures(_Strict):
     """
 
     mtbf_hours: float | None = Field(None, gt=0)
+    """Mean time between failures of the whole job (exponential gaps)."""
     gpu_mtbf_hours: float | None = Field(None, gt=0)
+    """Mean time between failures of one GPU; the job's is this over the GPUs."""
     times_s: list[float] | None = None
+    """Fixed failure times, wall-clock seconds from the start."""
     checkpoint_interval_steps: int = Field(ge=1)
+    """Steps between checkpoints."""
     checkpoint_write_s: float = Field(0.0, ge=0)
+    """Time each checkpoint stalls training."""
     restart_s: float = Field(0.0, ge=0)
+    """Time from a failure to training again (detection, restart, checkpoint load)."""
     seed: int = 0
+    """Seed of the failure times drawn from an MTBF."""
 
 
-class LinkFault(_Strict):
+class LinkFault(Strict):
     """A link between two graph nodes degraded or failed from ``at_s`` on: a degradation
     mid-step, at that time (transfers in flight slow down); a failure at the first step
     boundary at or after it (see :func:`sim.api.simulate_run`)."""
@@ -80,11 +91,14 @@ class LinkFault(_Strict):
     link: list[str | int]
     """``[node_a, node_b]``: graph node names (a GPU by its rank)."""
     at_s: float = Field(0.0, ge=0)
+    """When the fault starts, seconds from the start of the run."""
     bandwidth_factor: float | None = Field(None, gt=0, le=1)
+    """The link's bandwidth from then on, as a fraction of its own (degraded)."""
     failed: bool = False
+    """The link carries nothing from then on; routes go around it."""
 
 
-class Preemption(_Strict):
+class Preemption(Strict):
     """A server taken away at ``at_s``, as preemptible cloud capacity does (Ryabinin et al.
     2023, SWARM). With ``rebalance``, a step in flight then that would not end within
     ``notice_s`` is lost (its DP collectives can no longer complete) and rerun on the
@@ -93,6 +107,7 @@ class Preemption(_Strict):
     node: int = Field(ge=0)
     """Server index (GPUs ``node * gpus_per_node ...`` on the presets)."""
     at_s: float = Field(0.0, ge=0)
+    """When the server goes, seconds from the start of the run."""
     policy: Literal["stall", "rebalance"]
     """``stall``: wait ``replacement_s`` for a replacement server, then go on as before;
     ``rebalance``: go on without the DP replicas that had GPUs on it, the global batch
@@ -104,11 +119,16 @@ class Preemption(_Strict):
     spot 30 s): a step that ends within it completes; 0, none."""
 
 
-class FaultsConfig(_Strict):
+class FaultsConfig(Strict):
     """Stragglers, random stragglers, GPU failures, link faults and preemptions."""
 
     stragglers: list[StragglerSpec] = []
+    """Given slow GPUs."""
     random_stragglers: RandomStragglers | None = None
+    """Slow GPUs drawn at random."""
     gpu_failures: GpuFailures | None = None
+    """Failures, checkpoints and restarts over a multi-step run."""
     link_faults: list[LinkFault] = []
+    """Degraded or failed links."""
     preemptions: list[Preemption] = []
+    """Servers taken away."""

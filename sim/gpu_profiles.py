@@ -3,8 +3,8 @@
 The only end-to-end fit the project has is on A100-80GB (:data:`sim.calibration.A100_HAGEMANN`,
 Hagemann et al. 2023's sweep). Its efficiencies are *effective* fractions of the roofline
 (they absorb the framework's launch gaps, the eager kernels' overheads and the fit's shape
-curve), not raw kernel benchmarks: as fitted on 2026-12-03, η_gemm = 0.90 with d½ ≈ 2300
-gives 0.71 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
+curve), not raw kernel benchmarks: the fit of 2026-12-03, η_gemm = 0.936 with d½ = 2209,
+gives 0.74 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
 A100 number by an absolute H100 kernel benchmark would mix the two kinds, so each other GPU's
 profile is the A100 fit with each kernel class's fraction multiplied by a *ratio*:
 
@@ -16,21 +16,12 @@ Where no benchmark of a kernel class on X is public, :func:`profile_for` applies
 conservative rule, stated in :data:`INFERRED_RULE`, and :class:`KernelRatios` says which
 ratios were measured and which inferred.
 
-Sources (fractions of the dense BF16 peak of :mod:`topologies.hardware`):
-
-- GEMM: Bekman, *Machine Learning Engineering*, "Maximum Achievable Matmul FLOPS
-  comparison table" (github.com/stas00/ml-engineering, compute/accelerator/README.md,
-  table as of 2025): the best mean BF16 ``torch.matmul`` throughput found by a brute-force
-  search over shapes (``mamf-finder.py``, 100 iterations after 50 warm-up). A100 SXM 271.2
-  of 312 TFLOP/s (86.9%), H100 SXM 794.5 of 989 (80.3%, "H200 is the same"), B200 SXM
-  1745.0 of 2250 (77.6%), GB200 1822.0 of 2500 (72.9%), MI300X 668.4 of 1300 (51.4%,
-  ROCm 6.3 with TunableOp).
-- FlashAttention-2: the best utilisation its authors report on each GPU. Dao 2023
-  ("FlashAttention-2", arXiv 2307.08691, abstract): 50-73% of the theoretical maximum on
-  A100; Shah et al. 2024 ("FlashAttention-3", arXiv 2407.08608, abstract): "FlashAttention-2
-  achieving only 35% utilization on the H100 GPU" (FA2 uses no Hopper-specific instruction:
-  no TMA, no wgmma; Dao 2023, sec. 4.1, measures it at up to 335 TFLOP/s, 34%, on H100
-  SXM5), against 75% (740 TFLOP/s forward) for FA3.
+Sources: each number sits beside its source in the data files of :mod:`sim.profiles`, one
+per GPU generation. GEMM: Bekman's table of the maximum achievable BF16 matmul throughput
+(a fraction of the peak the table states, which for the MI300X is 1300 TFLOP/s against the
+datasheet's 1,307 in :mod:`topologies.hardware`; ``cdna3.toml``). FlashAttention-2: the best
+utilisation its authors report on each GPU (Dao 2023 on A100, Shah et al. 2024 on H100);
+FlashAttention-3 on H100 as a multiple of FA2 (Shah et al. 2024).
 
 Checked against published whole runs on H100 (BF16 MFU, ``tests/test_gpu_profiles.py``):
 Llama 3 405B (Dubey et al. 2024, table 4; TP8 PP16, sequence 8192, interleaved with two
@@ -48,20 +39,16 @@ rows but put Llama 3 at 34% and 41%).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from sim.device import DeviceProfile
+from sim.profiles import fraction, gpu_tables
 
-A100_MATMUL_FRACTION = 271.2 / 312
-"""Bekman's MAMF table: A100 SXM, BF16 matmul, 271.2 of 312 TFLOP/s (torch 2.6, CUDA 12.6)."""
-A100_FLASH2_FRACTION = 0.73
-"""Dao 2023 (FlashAttention-2), abstract: up to 73% of the theoretical maximum FLOP/s on A100."""
-H100_FLASH2_FRACTION = 0.35
-"""Shah et al. 2024 (FlashAttention-3), abstract: FA2 reaches only 35% utilisation on H100
-(Dao 2023, sec. 4.1: up to 335 of 989 TFLOP/s, 34%)."""
-FLASH3_OVER_FLASH2_H100 = 1.5
-"""Shah et al. 2024 (FlashAttention-3), abstract: FA3 is 1.5-2.0x faster than FA2 on H100 in
-BF16 (up to 740 TFLOP/s, 75% of peak, forward). The low end is taken: the backward pass
-gains less than the forward, and the rule for unmeasured classes is the conservative one."""
+_TABLES = gpu_tables()
+A100_MATMUL_FRACTION = fraction(_TABLES["A100"]["matmul"])
+"""The A100's BF16 matmul fraction of peak, the reference of every GEMM ratio (``ampere.toml``)."""
+A100_FLASH2_FRACTION = _TABLES["A100"]["flash2"]["fraction"]
+"""FlashAttention-2's best fraction of peak on A100, the reference of every flash ratio."""
 
 INFERRED_RULE = (
     "no GPU is assumed to reach a higher fraction of its own peak in a kernel class than the "
@@ -97,69 +84,36 @@ class KernelRatios:
     fit's FA2); None where FlashAttention-3 does not run (it needs Hopper: H100, H200)."""
 
 
-_H100_GEMM = (794.5 / 989) / A100_MATMUL_FRACTION
-_H100_FLASH2 = H100_FLASH2_FRACTION / A100_FLASH2_FRACTION
-_MEMORY_BOUND = ("hbm", "elementwise", "memory")
+def _ratios(table: dict[str, Any], ratios: dict[str, KernelRatios]) -> KernelRatios:
+    """A GPU's ratios from its table in :mod:`sim.profiles` (``ratios``: the GPUs' before it).
+
+    ``same_as``: another GPU's ratios (the same die). A measured ``flash2`` (and ``flash3``):
+    both flash ratios from it, FA1 taking FA2's. Without one, the flash ratios are the
+    matmul ratio capped by the H100's (:data:`INFERRED_RULE`). Batched matmuls of non-flash
+    attention take the matmul ratio."""
+    tags = {"measured": tuple(table["measured"]), "inferred": tuple(table["inferred"]),
+            "source": table["summary"]}
+    if "same_as" in table:
+        return replace(ratios[table["same_as"]], **tags)
+    gemm = fraction(table["matmul"]) / A100_MATMUL_FRACTION
+    if "flash2" not in table:
+        flash = min(gemm, ratios["H100"].flash2)
+        return KernelRatios(gemm=gemm, flash2=flash, flash1=flash, bmm_attention=gemm, **tags)
+    flash2 = table["flash2"]["fraction"] / A100_FLASH2_FRACTION
+    flash3 = flash2 * table["flash3"]["over_flash2"] if "flash3" in table else None
+    return KernelRatios(gemm=gemm, flash2=flash2, flash1=flash2, bmm_attention=gemm,
+                        flash3=flash3, **tags)
 
 
-def _later_generation(matmul_fraction: float, source: str) -> KernelRatios:
-    """A GPU with a measured matmul fraction and no public attention-kernel benchmark: GEMM
-    and batched-matmul ratios measured, flash ratios capped by the H100's (INFERRED_RULE)."""
-    gemm = matmul_fraction / A100_MATMUL_FRACTION
-    flash = min(gemm, _H100_FLASH2)
-    return KernelRatios(gemm=gemm, flash2=flash, flash1=flash, bmm_attention=gemm,
-                        measured=("gemm", "bmm_attention"),
-                        inferred=("flash2", "flash1", *_MEMORY_BOUND), source=source)
+def _all_ratios() -> dict[str, KernelRatios]:
+    out: dict[str, KernelRatios] = {}
+    for name, table in _TABLES.items():
+        if name != "A100":  # the fit's own GPU
+            out[name] = _ratios(table, out)
+    return out
 
 
-H100_RATIOS = KernelRatios(
-    gemm=_H100_GEMM, flash2=_H100_FLASH2, flash1=_H100_FLASH2, bmm_attention=_H100_GEMM,
-    flash3=_H100_FLASH2 * FLASH3_OVER_FLASH2_H100,
-    measured=("gemm", "flash2", "flash3", "bmm_attention"),
-    inferred=("flash1", *_MEMORY_BOUND),
-    source=("BF16 matmul 80.3% of peak vs A100's 86.9% (Bekman MAMF table); FlashAttention-2 "
-            "35% of peak on H100 (Shah et al. 2024) vs up to 73% on A100 (Dao 2023). FA1 "
-            "inferred: same ratio as FA2 (both use Ampere mma.sync, no wgmma/TMA). "
-            "FlashAttention-3 1.5-2.0x FA2 on H100 (Shah et al. 2024), the low end taken."),
-)
-"""H100 SXM: matmul, FlashAttention-2 and -3 measured on H100; FA1 takes FA2's ratio
-(inferred)."""
-
-H200_RATIOS = replace(
-    H100_RATIOS,
-    measured=("gemm", "bmm_attention"),
-    inferred=("flash2", "flash1", "flash3", *_MEMORY_BOUND),
-    source=("the H100's ratios: same GH100 die, SMs and clocks; Bekman's MAMF table notes "
-            "\"H200 is the same\" as H100 SXM for BF16 matmul. Attention kernels inferred "
-            "(compute-bound, so the larger HBM does not change their fraction of peak)."),
-)
-"""H200: the H100's compute with HBM3e; only its peaks (topologies.hardware) differ."""
-
-B200_RATIOS = _later_generation(
-    1745.0 / 2250,
-    "BF16 matmul 77.6% of peak (Bekman MAMF table, torch 2.7.1, CUDA 12.8); no public FA2 "
-    "benchmark on B200: flash ratios capped by the H100's (INFERRED_RULE)")
-"""B200: matmul measured; attention inferred (conservative cap at the H100 ratio)."""
-
-GB200_RATIOS = _later_generation(
-    1822.0 / 2500,
-    "BF16 matmul 72.9% of peak (Bekman MAMF table, torch 2.10 nightly, CUDA 13.0); no public "
-    "FA2 benchmark on GB200: flash ratios capped by the H100's (INFERRED_RULE)")
-"""GB200 (Blackwell in an NVL72 rack): matmul measured; attention inferred."""
-
-MI300X_RATIOS = _later_generation(
-    668.4 / 1300,
-    "BF16 matmul 51.4% of 1300 TFLOP/s (Bekman MAMF table, ROCm 6.3, TunableOp on); no "
-    "comparable public FA2 benchmark: flash ratios capped by the H100's (INFERRED_RULE)")
-"""MI300X: matmul measured (with ROCm 6.3); attention inferred."""
-
-RATIOS: dict[str, KernelRatios] = {
-    "H100": H100_RATIOS,
-    "H200": H200_RATIOS,
-    "B200": B200_RATIOS,
-    "GB200": GB200_RATIOS,
-    "MI300X": MI300X_RATIOS,
-}
+RATIOS: dict[str, KernelRatios] = _all_ratios()
 """Ratios by GPU preset name (topologies.hardware.GPUS); A100s and unknown GPUs have none."""
 
 

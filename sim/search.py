@@ -95,11 +95,11 @@ from sim.device import DeviceProfile, compute_time_s
 from sim.executors import Executor, InlineExecutor, Task, WorkerFailure
 from sim.experiment import (
     balanced_layers,
-    build_cluster,
     build_experiment,
     check_attention_kernel,
     schedule_builders,
 )
+from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import GiB
 from topologies.placement import Placement
@@ -345,7 +345,7 @@ class SearchContext:
         template = build_experiment(_neutral(data, 1, 1, dp=1))
         if not isinstance(template.costs, TransformerCosts) or template.model is None:
             raise ConfigError("model: sim search needs a transformer model")
-        cluster = build_cluster(cfg)
+        cluster = build_cluster(cfg.cluster)
         check_attention_kernel(cfg.training.attention, cluster)
         unsupported, vpps = probed or probe_support(data, template.model.num_layers)
         return cls(data, Path(base_dir) if base_dir else None, cfg, template.model, cluster,
@@ -1286,7 +1286,7 @@ class Evaluator:
         self.fidelity = fidelity
         self.profile = profile
         self.base_dir = Path(base_dir) if base_dir else None
-        self.cluster = build_cluster(parse_config(self.data))
+        self.cluster = build_cluster(parse_config(self.data).cluster)
         self._stand_in = {"preset": "ideal", "num_gpus": self.cluster.num_gpus}
         self._timer = CollectiveTimer(self.cluster)
         """Collective timings on the shared cluster, reused by every layout's simulation."""

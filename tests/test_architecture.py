@@ -11,7 +11,8 @@ from conftest import EXAMPLE, ROOT, synthetic_experiment
 PURE = [
     "workloads.schedules", "workloads.costs", "workloads.lowering", "workloads.models",
     "workloads.program", "topologies.graphs", "topologies.cluster", "topologies.presets",
-    "topologies.placement", "topologies.hardware", "sim.collectives", "sim.network",
+    "topologies.placement", "topologies.hardware", "topologies.config", "topologies.build",
+    "sim.collectives", "sim.network",
     "sim.stats", "sim.export", "sim.device", "sim.config", "sim.experiment", "sim.timeline",
     "workloads.multistep", "sim.idle", "sim.faults", "sim.faults_config", "workloads.seqchunks",
 ]

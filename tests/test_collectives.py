@@ -24,7 +24,7 @@ from sim.collectives import (
 )
 from sim.config import parse_config
 from sim.engine import simulate_program
-from sim.experiment import build_cluster
+from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import GPUS
 from topologies.presets import CollectiveSettings, explicit_cluster, server_cluster
@@ -299,7 +299,7 @@ def test_oversubscribed_dgx_fabric_from_config() -> None:
         cluster = build_cluster(parse_config({
             "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0}},
             "cluster": {"preset": "dgx-h100", "num_gpus": 16, "topology": "fat-tree",
-                        "gpus_per_leaf": 8, "oversubscription": ratio}}))
+                        "gpus_per_leaf": 8, "oversubscription": ratio}}).cluster)
         order = [g for pair in zip(range(8), range(8, 16), strict=True) for g in pair]
         return bus_bandwidth("all_reduce", 16, 4 * GiB,
                              _time(cluster, "all_reduce", "ring", order, 4 * GiB))[1]
@@ -454,7 +454,7 @@ def test_multi_server_ring_uses_every_nic(op: str, servers: int, per_server: int
         "cluster": {"topology": "switch", "num_gpus": 8 * servers, "gpus_per_node": 8,
                     "nvlink_bandwidth_GBps": 300.0, "link_bandwidth_GBps": 25.0,
                     "link_latency_us": 0.0, "nvlink_latency_us": 0.0,
-                    "collective_launch_us": 0.0}}))
+                    "collective_launch_us": 0.0}}).cluster)
     group = tuple(s * 8 + i for s in range(servers) for i in range(per_server))
     n, S = len(group), GiB
     profile = group_profile(cluster, group)

@@ -201,3 +201,31 @@ def test_h100_runs_match_published_mfu(data: dict, mfu: float, band: float, sour
     stats = api.simulate(Experiment.from_dict(data), fidelity="collapsed").stats
     assert stats["gpu"] == "H100"
     assert stats["mfu"] == pytest.approx(mfu, rel=band), source
+
+
+def _numbers_without_source(table: dict, where: str) -> list[str]:
+    out = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out += _numbers_without_source(value, f"{where}.{key}")
+        elif isinstance(value, int | float | list) and not isinstance(value, bool) and not (
+                isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            if "source" not in table and f"{key}_source" not in table:
+                out.append(f"{where}.{key}")
+    return out
+
+
+def test_every_calibration_number_has_its_source_beside_it() -> None:
+    from sim.profiles import GENERATIONS, load
+
+    for generation in GENERATIONS:
+        assert _numbers_without_source(load(generation), generation) == []
+    # the check sees a number without one
+    assert _numbers_without_source({"A100": {"hbm": {"efficiency": 0.85}}}, "x") == [
+        "x.A100.hbm.efficiency"]
+
+
+def test_every_gpu_type_but_the_a100s_has_ratios_from_the_data() -> None:
+    from sim.profiles import gpu_tables
+
+    assert set(RATIOS) == set(gpu_tables()) - {"A100"} == set(GPUS) - {"A100-80GB", "A100-40GB"}

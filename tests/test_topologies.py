@@ -13,9 +13,9 @@ from conftest import ROOT
 
 from base.errors import ConfigError, TopologyError
 from sim.config import parse_config
-from sim.experiment import build_cluster
 from sim.network import makespan_s
 from topologies import graphs
+from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric, gpu_node
 from topologies.hardware import GPUS
@@ -331,7 +331,7 @@ def test_route_to_a_switch_node() -> None:
 def _cluster(**keys: object) -> Cluster:
     return build_cluster(parse_config({"model": {"synthetic": {"forward_ms": 1.0,
                                                                "backward_ms": 1.0}},
-                                       "cluster": keys}))
+                                       "cluster": keys}).cluster)
 
 
 def test_config_builds_every_topology() -> None:

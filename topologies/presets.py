@@ -1,6 +1,8 @@
-"""Named cluster presets and the builders that turn a cluster description into a Cluster.
+"""Named cluster presets, and builders of a Cluster from Python arguments.
 
-Three ways to get a :class:`~topologies.cluster.Cluster`:
+An experiment file's ``cluster:`` mapping is checked by :mod:`topologies.config` and
+built by :func:`topologies.build.build_cluster`, from the graphs made here. In Python,
+three ways to get a :class:`~topologies.cluster.Cluster`:
 
 - :func:`server_cluster`: a server preset (DGX A100/H100/H200/B200, GB200 NVL72
   rack) times a number of GPUs, on a scale-out fabric (default: non-blocking
@@ -234,10 +236,6 @@ def cluster_from_graph(name: str, graph: nx.DiGraph, gpu: GPUSpec, gpus_per_node
             raise TopologyError(f"link {u}-{v} has no reverse link {v}-{u}")
     c = collectives or CollectiveSettings()
     return Cluster(name, graph, gpu, gpus_per_node, **c.cluster_kwargs(0.0))
-
-
-def is_ideal(cluster: Cluster) -> bool:
-    return math.isinf(cluster.gpu.peak_bf16_flops)
 
 
 # ---------------------------------------------------------------------- mixed clusters

@@ -126,13 +126,13 @@ def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
     from sim.collectives import group_profile, resolve_algorithm
     from sim.config import parse_config
     from sim.engine import simulate_program
-    from sim.experiment import build_cluster
+    from topologies.build import build_cluster
     from workloads.program import Program, ProgramBuilder
     from workloads.schedules import gpipe
 
     cfg = parse_config({"model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0}},
                         "cluster": cluster_data})
-    cluster = build_cluster(cfg)
+    cluster = build_cluster(cfg.cluster)
     n = cluster.num_gpus if gpus is None else gpus
     if not 2 <= n <= cluster.num_gpus:
         raise ConfigError(f"--gpus={n}: must be between 2 and the cluster's "

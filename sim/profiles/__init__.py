@@ -1,0 +1,32 @@
+"""Device calibration as data: one TOML file per GPU generation, each number beside its source.
+
+``ampere.toml`` holds the A100 fit (:mod:`sim.calibration`) and the A100's measured
+fractions of peak; ``hopper.toml``, ``blackwell.toml`` and ``cdna3.toml`` the published
+benchmarks that carry the fit over to their GPUs (:mod:`sim.gpu_profiles`). A GPU's table
+is keyed by its preset name in :data:`topologies.hardware.GPUS` (``A100``: both A100s).
+Every number has a source: a ``source`` key in its table, or ``<key>_source`` beside it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from importlib.resources import files
+from typing import Any
+
+GENERATIONS = ("ampere", "hopper", "blackwell", "cdna3")
+"""The data files, oldest generation first."""
+
+
+def load(generation: str) -> dict[str, Any]:
+    """The tables of ``<generation>.toml``, by GPU, in file order."""
+    return tomllib.loads(files(__name__).joinpath(f"{generation}.toml").read_text(encoding="utf-8"))
+
+
+def gpu_tables() -> dict[str, dict[str, Any]]:
+    """Every GPU's table, generation after generation."""
+    return {gpu: table for generation in GENERATIONS for gpu, table in load(generation).items()}
+
+
+def fraction(matmul: dict[str, Any]) -> float:
+    """A ``matmul`` table's achieved fraction of the peak it was measured against."""
+    return matmul["achieved_tflops"] / matmul["peak_tflops"]
