@@ -4,7 +4,7 @@ Reads only the stats mapping (:func:`sim.idle.summarize`): per GPU, compute-stre
 idle seconds by cause (pipeline bubble, waiting for TP, CP, EP, PP or DP
 communication, waiting for a straggler, lost to failures). Causes take the
 colours and labels of :mod:`plots.style` (waiting for TP is TP's colour in the
-timeline too); the legend sits right of the axes.
+timeline too); the legend sits right of the axes, in the order of the stack.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from sim.timeline import IDLE_CAUSES
 __all__ = ["plot_idle"]
 
 _MAX_BARS = 128
-"""Above this many GPUs, only the first ones are drawn (the title says so)."""
+"""Above this many GPUs, the first and the last half of this many are drawn (the last
+pipeline stage, usually the bottleneck, stays in view) and the title names the others."""
 
 
 def plot_idle(breakdown: Mapping, path: str | Path, title: str = "") -> Figure:
@@ -29,11 +30,14 @@ def plot_idle(breakdown: Mapping, path: str | Path, title: str = "") -> Figure:
     path = Path(path)
     fmt = style.image_format(path)
     rows = list(breakdown["per_gpu_s"].items())
-    note = ""
+    note, cut = "", None
     if len(rows) > _MAX_BARS:
-        note = f" (first {_MAX_BARS} of {len(rows)} GPUs)"
-        rows = rows[:_MAX_BARS]
-    with style.figure(max(6.0, 0.25 * len(rows) + 2.5), 3.6) as fig:
+        head = _MAX_BARS // 2
+        tail = len(rows) - (_MAX_BARS - head)
+        note = (f" ({_MAX_BARS} of {len(rows)} GPUs: {rows[head][0]} to {rows[tail - 1][0]} "
+                "left out)")
+        rows, cut = rows[:head] + rows[tail:], head - 0.5
+    with style.figure(min(16.0, max(6.0, 0.25 * len(rows) + 2.5)), 3.6) as fig:
         ax = fig.add_axes((0.1, 0.18, 0.68, 0.7))
         x = list(range(len(rows)))
         bottom = [0.0] * len(rows)
@@ -46,12 +50,14 @@ def plot_idle(breakdown: Mapping, path: str | Path, title: str = "") -> Figure:
             bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
         step = max(1, len(rows) // 32)
         ax.set_xticks(x[::step], [g for g, _ in rows][::step], fontsize=7)
+        if cut is not None:  # where GPUs were left out
+            ax.axvline(cut, color=style.REFERENCE, linestyle=":", linewidth=1.0)
         ax.set_xlabel("GPU")
         ax.set_ylabel("idle time (ms)")
         ax.set_title((title or "idle time by cause") + note, fontsize=9)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-        if not style.legend_outside(ax, fontsize=8):
+        if not style.legend_outside(ax, fontsize=8, reverse=True):  # as stacked
             ax.text(0.5, 0.5, "no idle time", transform=ax.transAxes, ha="center")
         style.save(fig, path, fmt)
     return fig

@@ -92,7 +92,7 @@ LABELS: dict[str, str] = {
 
 OTHER = "#17becf"
 """Colour of a concept without its own (an unknown span kind or schedule)."""
-NEUTRAL = "#6c7a89"
+NEUTRAL = "#aab4c0"
 """Bars that stand for no concept (e.g. step time per schedule)."""
 REFERENCE = "#333333"
 """Reference lines and fronts: capacity, link bandwidth, Pareto front, diagonal."""

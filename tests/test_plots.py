@@ -241,3 +241,13 @@ def test_labels_are_inside_the_saved_image(tmp_path: Path) -> None:
         return int.from_bytes(path.read_bytes()[16:20], "big")
 
     assert width(tmp_path / "long.png") > width(tmp_path / "short.png") + 300
+
+
+def test_idle_at_scale_keeps_the_last_gpus(tmp_path: Path) -> None:
+    """Above 128 GPUs the bars of the first and the last GPUs are drawn, the others named."""
+    breakdown = {"per_gpu_s": {str(g): {"bubble": MS, "tp": g * 1e-6} for g in range(1024)}}
+    fig = plot_idle(breakdown, tmp_path / "idle.png")
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[:2] == ["0", "4"] and labels[-2:] == ["1016", "1020"]
+    assert "128 of 1024 GPUs: 64 to 959 left out" in ax.get_title()
