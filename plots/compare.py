@@ -1,14 +1,14 @@
 """The ``sim compare`` figure: schedules' timelines stacked on one time axis, plus bars.
 
 Left: one Gantt panel per schedule (compute stream of one GPU per pipeline
-rank, bars coloured by kind as in :mod:`plots.timeline`), all on a shared time
+rank, bars coloured by kind as everywhere, :mod:`plots.style`), all on a shared time
 axis so lengths compare at a glance. Right: bars of the step time (with the
 steady-state period of back-to-back steps as a black tick where it differs)
 and of the peak activation memory (largest rank; dots for every rank).
 
 Inputs are plain: a :class:`~sim.timeline.Timeline` per schedule and the row
-mappings of :meth:`sim.compare.CompareRow.as_dict`. Rendering uses a private
-Figure on the Agg canvas with fixed metadata: same input, same bytes.
+mappings of :meth:`sim.compare.CompareRow.as_dict`. Rendering follows
+:mod:`plots.style`: same input, same bytes.
 """
 
 from __future__ import annotations
@@ -17,21 +17,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from matplotlib import rc_context
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from plots.memory import RC_PARAMS, SAVE_OPTIONS, image_format
-from plots.timeline import KIND_COLORS, KIND_LABELS
+from plots import style
 from sim.timeline import COMPUTE_KINDS, COMPUTE_STREAM, Timeline
 
 __all__ = ["plot_compare"]
 
-_OTHER_COLOR = "#64b5cd"
-_BAR_COLOR = "#4c72b0"
 _ROW_IN = 0.2
 _PANEL_PAD_IN = 0.3
 
@@ -42,17 +37,17 @@ def plot_compare(
     path: str | Path,
     gpus: Sequence[Sequence[int]] | None = None,
     title: str = "",
-) -> None:
+) -> Figure:
     """Save the comparison figure (PNG, SVG or PDF by suffix).
 
     ``rows[i]`` (keys ``schedule``, ``step_time_s``, ``bubble_fraction``,
     ``steady_period_s``, ``peak_activation_gib``, ``peak_activation_gib_per_rank``)
     describes ``timelines[i]``; ``gpus[i]`` lists the GPUs drawn for it, one row
-    each (default: every GPU with compute spans). Raises ``ValueError`` for
-    mismatched lengths, no rows, or an unknown suffix.
+    each (default: every GPU with compute spans). Returns the figure drawn.
+    Raises ``ValueError`` for mismatched lengths, no rows, or an unknown suffix.
     """
     path = Path(path)
-    fmt = image_format(path)
+    fmt = style.image_format(path)
     if not rows:
         raise ValueError("plot_compare needs at least one row")
     if len(rows) != len(timelines) or (gpus is not None and len(gpus) != len(rows)):
@@ -63,9 +58,7 @@ def plot_compare(
     heights = [max(len(g), 1) * _ROW_IN + _PANEL_PAD_IN for g in chosen]
     fig_h = max(4.2, sum(heights) * 1.45 + 1.3)
     end_ms = max(t.end_s for t in timelines) * 1e3 or 1.0
-    with rc_context(RC_PARAMS):
-        fig = Figure(figsize=(13.0, fig_h), dpi=110)
-        FigureCanvasAgg(fig)
+    with style.figure(13.0, fig_h) as fig:
         outer = fig.add_gridspec(1, 2, width_ratios=(3.2, 1.0), wspace=0.22, left=0.09,
                                  right=0.98, top=1 - 0.55 / fig_h, bottom=0.75 / fig_h)
         left = outer[0].subgridspec(len(rows), 1, height_ratios=heights, hspace=0.45)
@@ -83,15 +76,14 @@ def plot_compare(
         _draw_step_bars(fig.add_subplot(right[0]), rows)
         _draw_memory_bars(fig.add_subplot(right[1]), rows)
         order = [k for k in COMPUTE_KINDS if k in kinds] + sorted(kinds - set(COMPUTE_KINDS))
-        handles = [Patch(facecolor=KIND_COLORS.get(k, _OTHER_COLOR), label=KIND_LABELS.get(k, k))
-                   for k in order]
+        handles = [Patch(facecolor=style.color(k), label=style.label(k)) for k in order]
         if handles:
             fig.legend(handles=handles, loc="lower left", ncol=len(handles), fontsize=7,
                        frameon=False, bbox_to_anchor=(0.09, 0.0))
         if title:
             fig.suptitle(title, fontsize=10, x=0.01, y=1 - 0.12 / fig_h, ha="left", va="top")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format=fmt, **SAVE_OPTIONS[fmt])
+        style.save(fig, path, fmt)
+    return fig
 
 
 def _panel_title(row: Mapping[str, Any]) -> str:
@@ -115,8 +107,8 @@ def _draw_gantt(ax: Axes, timeline: Timeline, gpus: Sequence[int]) -> set[str]:
         by_kind.setdefault(span.kind, []).append(
             [(x0, y - 0.4), (x1, y - 0.4), (x1, y + 0.4), (x0, y + 0.4)])
     for z, kind in enumerate(sorted(by_kind, key=_kind_key)):
-        ax.add_collection(PolyCollection(by_kind[kind], facecolors=KIND_COLORS.get(
-            kind, _OTHER_COLOR), edgecolors="white", linewidths=0.3, zorder=2 + z * 0.01))
+        ax.add_collection(PolyCollection(by_kind[kind], facecolors=style.color(kind),
+            edgecolors="white", linewidths=0.3, zorder=2 + z * 0.01))
     ax.set_ylim(len(gpus) - 0.5, -0.5)
     ax.set_yticks(range(len(gpus)))
     ax.set_yticklabels([f"rank {i}" for i in range(len(gpus))], fontsize=6)
@@ -144,7 +136,7 @@ def _bar_axes(ax: Axes, rows: Sequence[Mapping[str, Any]], ylabel: str) -> list[
 def _draw_step_bars(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:
     xs = _bar_axes(ax, rows, "ms")
     steps = [r["step_time_s"] * 1e3 for r in rows]
-    ax.bar(xs, steps, color=_BAR_COLOR, width=0.65, zorder=2)
+    ax.bar(xs, steps, color=style.NEUTRAL, width=0.65, zorder=2)
     for x, r in zip(xs, rows, strict=True):
         period = r.get("steady_period_s")
         if period is not None and abs(period - r["step_time_s"]) > 1e-12:
@@ -156,7 +148,7 @@ def _draw_step_bars(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:
 def _draw_memory_bars(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:
     xs = _bar_axes(ax, rows, "GiB")
     peaks = [float(r["peak_activation_gib"]) for r in rows]
-    ax.bar(xs, peaks, color="#55a868", width=0.65, zorder=2)
+    ax.bar(xs, peaks, color=style.NEUTRAL, width=0.65, zorder=2)
     for x, r in zip(xs, rows, strict=True):
         per_rank = list(r.get("peak_activation_gib_per_rank", ()))
         ax.scatter([x] * len(per_rank), per_rank, s=6, color="black", zorder=3)

@@ -2,9 +2,9 @@
 
 Reads only the stats mapping (:func:`sim.idle.summarize`): per GPU, compute-stream
 idle seconds by cause (pipeline bubble, waiting for TP, CP, EP, PP or DP
-communication, waiting for a straggler, lost to failures). Rendering follows
-:mod:`plots.memory`: a private Figure on the Agg canvas, fixed metadata, so same
-input gives the same bytes.
+communication, waiting for a straggler, lost to failures). Causes take the
+colours and labels of :mod:`plots.style` (waiting for TP is TP's colour in the
+timeline too); the legend sits right of the axes, in the order of the stack.
 """
 
 from __future__ import annotations
@@ -12,33 +12,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from matplotlib import rc_context
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from plots.memory import RC_PARAMS, SAVE_OPTIONS, image_format
+from plots import style
 from sim.timeline import IDLE_CAUSES
 
 __all__ = ["plot_idle"]
 
-_COLORS = {"bubble": "#8c8c8c", "tp": "#4c72b0", "cp": "#64b5cd", "ep": "#8172b3",
-           "pp": "#55a868", "dp": "#dd8452", "straggler": "#c44e52", "failure": "#000000"}
 _MAX_BARS = 128
-"""Above this many GPUs, only the first ones are drawn (the title says so)."""
+"""Above this many GPUs, the first and the last half of this many are drawn (the last
+pipeline stage, usually the bottleneck, stays in view) and the title names the others."""
 
 
-def plot_idle(breakdown: Mapping, path: str | Path, title: str = "") -> None:
-    """Save stacked bars (ms) of ``breakdown["per_gpu_s"]`` to ``path`` (PNG, SVG or PDF)."""
+def plot_idle(breakdown: Mapping, path: str | Path, title: str = "") -> Figure:
+    """Save stacked bars (ms) of ``breakdown["per_gpu_s"]`` to ``path`` (PNG, SVG or PDF);
+    returns the figure drawn."""
     path = Path(path)
-    fmt = image_format(path)
+    fmt = style.image_format(path)
     rows = list(breakdown["per_gpu_s"].items())
-    note = ""
+    note, cut = "", None
     if len(rows) > _MAX_BARS:
-        note = f" (first {_MAX_BARS} of {len(rows)} GPUs)"
-        rows = rows[:_MAX_BARS]
-    with rc_context(RC_PARAMS):
-        fig = Figure(figsize=(max(6.0, 0.25 * len(rows) + 2.5), 3.6), dpi=110)
-        FigureCanvasAgg(fig)
+        head = _MAX_BARS // 2
+        tail = len(rows) - (_MAX_BARS - head)
+        note = (f" ({_MAX_BARS} of {len(rows)} GPUs: {rows[head][0]} to {rows[tail - 1][0]} "
+                "left out)")
+        rows, cut = rows[:head] + rows[tail:], head - 0.5
+    with style.figure(min(16.0, max(6.0, 0.25 * len(rows) + 2.5)), 3.6) as fig:
         ax = fig.add_axes((0.1, 0.18, 0.68, 0.7))
         x = list(range(len(rows)))
         bottom = [0.0] * len(rows)
@@ -46,15 +45,19 @@ def plot_idle(breakdown: Mapping, path: str | Path, title: str = "") -> None:
             ms = [row.get(cause, 0.0) * 1e3 for _, row in rows]
             if not any(ms):
                 continue
-            ax.bar(x, ms, bottom=bottom, color=_COLORS[cause], label=cause, width=0.8)
+            ax.bar(x, ms, bottom=bottom, color=style.color(cause), label=style.label(cause),
+                   width=0.8)
             bottom = [b + v for b, v in zip(bottom, ms, strict=True)]
         step = max(1, len(rows) // 32)
         ax.set_xticks(x[::step], [g for g, _ in rows][::step], fontsize=7)
+        if cut is not None:  # where GPUs were left out
+            ax.axvline(cut, color=style.REFERENCE, linestyle=":", linewidth=1.0)
         ax.set_xlabel("GPU")
         ax.set_ylabel("idle time (ms)")
         ax.set_title((title or "idle time by cause") + note, fontsize=9)
-        if any(bottom):
-            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-        else:
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+        if not style.legend_outside(ax, fontsize=8, reverse=True):  # as stacked
             ax.text(0.5, 0.5, "no idle time", transform=ax.transAxes, ha="center")
-        fig.savefig(path, format=fmt, **SAVE_OPTIONS[fmt])
+        style.save(fig, path, fmt)
+    return fig

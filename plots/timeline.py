@@ -2,15 +2,14 @@
 
 Rows come GPU by GPU, each GPU's streams in the trace order of
 :func:`sim.timeline.stream_sort_key` (compute first). Bars are coloured by span
-kind (forward, backward, weight-grad, optimizer, each communication kind), idle
+kind in the colours of :mod:`plots.style` (forward, backward, weight-grad,
+optimizer, each communication kind), idle
 time is the empty background, and pipeline ops (``F``/``B``/``W``) carry their
 canonical name (``1F3``) when the bar is wide enough for it. Time is in ms.
 
-Rendering uses matplotlib's Agg canvas on a private :class:`~matplotlib.figure.Figure`
-(no pyplot, so no global backend switch and no figure registry), one
-:class:`~matplotlib.collections.PolyCollection` per kind, so 10k spans draw in
-about a second. Output is deterministic: fixed ``svg.hashsalt``, no dates or
-software versions in the file metadata.
+Rendering draws one :class:`~matplotlib.collections.PolyCollection` per kind, so
+10k spans draw in about a second, on a :func:`plots.style.figure` saved by
+:func:`plots.style.save` (same input, same bytes).
 """
 
 from __future__ import annotations
@@ -18,55 +17,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from matplotlib import rc_context
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from plots import style
 from sim.timeline import COMM_KINDS, COMPUTE_KINDS, COMPUTE_STREAM, Span, Timeline, stream_sort_key
 
-__all__ = ["KIND_COLORS", "KIND_LABELS", "plot_timeline"]
+__all__ = ["plot_timeline"]
 
-KIND_COLORS: dict[str, str] = {
-    "F": "#4c72b0",
-    "B": "#55a868",
-    "W": "#8172b3",
-    "opt": "#937860",
-    "tp": "#dd8452",
-    "pp": "#da8bc3",
-    "dp": "#c44e52",
-    "cp": "#8c8c8c",
-    "ep": "#ccb974",
-}
-"""Bar colour per span kind; other kinds get :data:`_OTHER_COLOR`."""
-
-KIND_LABELS: dict[str, str] = {
-    "F": "forward (F)",
-    "B": "backward (B)",
-    "W": "weight grad (W)",
-    "opt": "optimizer",
-    "tp": "TP comm",
-    "pp": "PP send/recv",
-    "dp": "DP comm",
-    "cp": "CP comm",
-    "ep": "EP comm",
-}
-"""Legend text per span kind."""
-
-_OTHER_COLOR = "#64b5cd"
 _LABELLED_KINDS = ("F", "B", "W")
 _MAX_LABELS = 1500
 _EDGE_MIN_PX = 4.0
-_SAVE_OPTIONS: dict[str, dict[str, dict[str, None]]] = {
-    "png": {"metadata": {"Software": None}},
-    "svg": {"metadata": {"Date": None, "Creator": None}},
-    "pdf": {"metadata": {"CreationDate": None, "ModDate": None, "Creator": None, "Producer": None}},
-}
-_RC = {"svg.hashsalt": "llm-cluster-sim", "svg.fonttype": "path", "pdf.compression": 6}
 _FIG_WIDTH_IN = 12.0
-_DPI = 110
 _ROW_HEIGHT_IN = 0.28
 _LABEL_FONT_PT = 6.0
 
@@ -80,7 +44,15 @@ def _gpu_label(timeline: Timeline, gpu: int) -> str:
 def _rows(
     timeline: Timeline, gpus: Sequence[int] | None, max_rows: int
 ) -> tuple[list[tuple[int, str]], str]:
-    """The (gpu, stream) rows to draw, and a note when rows were left out."""
+    """The (gpu, stream) rows to draw, and a note when rows were left out.
+
+    When there are more rows than ``max_rows``, minor streams go first: every GPU
+    keeps its first ``k`` streams (compute first, :func:`sim.timeline.stream_sort_key`)
+    for the largest ``k`` that fits. Only when the compute streams alone do not fit are
+    GPUs left out, from the middle: the first and the last ones are kept (in a
+    pipeline, the first stage and the last one, with the LM head, which is usually
+    the bottleneck), and the note names the GPUs left out.
+    """
     if max_rows < 1:
         raise ValueError(f"max_rows must be at least 1, got {max_rows}")
     streams: dict[int, set[str]] = {}
@@ -95,23 +67,44 @@ def _rows(
                 f"gpus {bad} are not ranks of this timeline (num_gpus = {timeline.num_gpus})"
             )
         chosen = list(dict.fromkeys(gpus))
-    all_rows = [
-        (gpu, stream)
-        for gpu in chosen
-        for stream in sorted(streams.get(gpu, ()), key=stream_sort_key)
-    ]
+    ordered = {gpu: sorted(streams.get(gpu, ()), key=stream_sort_key) for gpu in chosen}
+    all_rows = [(gpu, stream) for gpu in chosen for stream in ordered[gpu]]
     if len(all_rows) <= max_rows:
         return all_rows, ""
-    shown_gpus = [g for g in chosen if streams.get(g)]
-    rows: list[tuple[int, str]] = []
-    for gpu in shown_gpus:
-        mine = [row for row in all_rows if row[0] == gpu]
-        if rows and len(rows) + len(mine) > max_rows:
-            break
-        rows.extend(mine[: max_rows - len(rows)])
-    kept = len({gpu for gpu, _ in rows})
-    note = f"showing {len(rows)} of {len(all_rows)} rows: first {kept} of {len(shown_gpus)} GPUs"
-    return rows, note
+    shown = [g for g in chosen if ordered[g]]
+    per_gpu = max((k for k in range(1, max(map(len, ordered.values())) + 1)
+                   if sum(min(k, len(ordered[g])) for g in shown) <= max_rows), default=0)
+    notes = []
+    if per_gpu == 0:
+        head = (max_rows + 1) // 2
+        left_out = shown[head:len(shown) - (max_rows - head)]
+        shown = shown[:head] + shown[len(shown) - (max_rows - head):]
+        per_gpu = 1
+        notes.append(f"GPUs {_ranks(left_out)} left out")
+    rows = [(gpu, stream) for gpu in shown for stream in ordered[gpu][:per_gpu]]
+    if any(len(ordered[g]) > per_gpu for g in shown):
+        notes.insert(0, "compute streams only" if per_gpu == 1 else
+                     f"first {per_gpu} streams of each GPU")
+    return rows, f"showing {len(rows)} of {len(all_rows)} rows: {', '.join(notes)}"
+
+
+def _ranks(gpus: Sequence[int]) -> str:
+    """GPU ranks as a short list: runs of five or more with one stride as ``a, b, ..., z``."""
+    parts: list[str] = []
+    n = 0
+    while n < len(gpus):
+        stop = n + 1
+        if n + 1 < len(gpus):
+            stride = gpus[n + 1] - gpus[n]
+            while stop < len(gpus) and gpus[stop] - gpus[stop - 1] == stride:
+                stop += 1
+        if stop - n >= 5:
+            parts.append(f"{gpus[n]}, {gpus[n + 1]}, ..., {gpus[stop - 1]}")
+            n = stop
+        else:
+            parts.append(str(gpus[n]))
+            n += 1
+    return ", ".join(parts)
 
 
 def _kind_order(kinds: set[str]) -> list[str]:
@@ -125,29 +118,23 @@ def plot_timeline(
     title: str = "",
     gpus: Sequence[int] | None = None,
     max_rows: int = 48,
-) -> None:
+) -> Figure:
     """Draw ``timeline`` as a Gantt chart and save it to ``path`` (PNG, SVG or PDF by suffix).
 
     ``gpus`` selects and orders the GPUs shown (default: every GPU with spans).
-    When there are more (GPU, stream) rows than ``max_rows``, the first GPUs' rows
-    are kept and the title says how many were shown. Same input, same bytes.
-    Raises ``ValueError`` for an unknown suffix, ``max_rows < 1`` or unknown GPUs.
+    When there are more (GPU, stream) rows than ``max_rows``, minor streams and
+    then middle GPUs are left out (see :func:`_rows`) and the title says which.
+    Same input, same bytes. Returns the figure drawn. Raises ``ValueError`` for an
+    unknown suffix, ``max_rows < 1`` or unknown GPUs.
     """
     path = Path(path)
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in _SAVE_OPTIONS:
-        raise ValueError(
-            f"cannot save a timeline plot as {path.name!r}: the suffix must be one of "
-            f"{', '.join('.' + f for f in _SAVE_OPTIONS)}"
-        )
+    fmt = style.image_format(path)
     rows, note = _rows(timeline, gpus, max_rows)
     row_of = {row: n for n, row in enumerate(rows)}
     spans = [s for s in timeline.spans if (s.gpu, s.stream) in row_of]
 
     height = max(2.2, 1.4 + _ROW_HEIGHT_IN * max(len(rows), 1))
-    with rc_context(_RC):
-        fig = Figure(figsize=(_FIG_WIDTH_IN, height), dpi=_DPI)
-        FigureCanvasAgg(fig)
+    with style.figure(_FIG_WIDTH_IN, height) as fig:
         bottom_in, top_in = 0.9, 0.45
         ax = fig.add_axes((0.2, bottom_in / height, 0.78, (height - bottom_in - top_in) / height))
         end_ms = max((s.end_s for s in spans), default=0.0) * 1e3
@@ -161,8 +148,8 @@ def plot_timeline(
         kinds = _draw_bars(ax, spans, row_of, px_per_ms)
         _draw_labels(ax, spans, row_of, px_per_ms, fig.dpi)
         _decorate(fig, ax, timeline, rows, kinds, title, note, empty=not spans)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format=fmt, **_SAVE_OPTIONS[fmt])
+        style.save(fig, path, fmt)
+    return fig
 
 
 def _decorate(
@@ -189,8 +176,7 @@ def _decorate(
         ax.text(0.5, 0.5, "no spans", transform=ax.transAxes, ha="center", va="center")
     if kinds:
         handles = [
-            Patch(facecolor=KIND_COLORS.get(k, _OTHER_COLOR), label=KIND_LABELS.get(k, k))
-            for k in kinds
+            Patch(facecolor=style.color(k), label=style.label(k)) for k in kinds
         ]
         fig.legend(
             handles=handles,
@@ -245,7 +231,7 @@ def _draw_bars(
                 ax.add_collection(
                     PolyCollection(
                         verts,
-                        facecolors=KIND_COLORS.get(kind, _OTHER_COLOR),
+                        facecolors=style.color(kind),
                         edgecolors="white" if edge else "none",
                         linewidths=edge,
                         zorder=2 + z * 0.01,

@@ -18,6 +18,14 @@ The output opens in https://ui.perfetto.dev (and legacy ``chrome://tracing``):
   ``cat`` and ``name``, which Perfetto uses together to pair them;
 * a counter track ``memory`` per GPU (``ph: "C"``, args ``{"GiB": bytes / 2**30}``).
 
+A trace may hold a subset of the GPUs (``gpus``: a 1,024-GPU full-fidelity step
+is a 140 MB trace; one pipeline tells most of the story): spans, memory and
+flows of the others are left out, a flow with one end outside too, and
+``otherData.gpus`` lists the GPUs kept. A path ending in ``.gz`` is written
+gzip-compressed, with a zero mtime and no file name in the header, so that the
+same timeline still gives the same bytes; :func:`load_trace` and
+:func:`check_trace` read either.
+
 Perfetto reads JSON events in timestamp order (file order on ties), binds a flow
 event to the innermost slice open on its thread at that moment, and drops a flow
 whose end it reads before its start (``flow_end_without_start``; source:
@@ -34,15 +42,16 @@ module is pure: no simpy, no matplotlib.
 
 from __future__ import annotations
 
+import gzip
 import heapq
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.timeline import Span, Timeline, stream_sort_key
+from sim.timeline import FlowArrow, Span, Timeline, stream_sort_key
 
 __all__ = [
     "TOLERANCE_US",
@@ -50,6 +59,7 @@ __all__ = [
     "chrome_trace",
     "dumps_trace",
     "flow_bindings",
+    "load_trace",
     "write_chrome_trace",
 ]
 
@@ -67,6 +77,9 @@ _METADATA_ARG = {
     "thread_sort_index": "sort_index",
 }
 _KNOWN_PHASES = frozenset("BEXIiCbensftMPONDR")
+_GZIP_MAGIC = b"\x1f\x8b"
+_GZIP_LEVEL = 6
+"""zlib's default: near level 9's size at a fraction of its time on trace text."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -171,14 +184,41 @@ def _metadata(name: str, pid: int, tid: int | None, value: Any) -> dict[str, Any
     return event
 
 
-def chrome_trace(timeline: Timeline, title: str = "") -> dict[str, Any]:
+def _only_gpus(timeline: Timeline, gpus: Iterable[int]) -> Timeline:
+    """``timeline`` with the spans, memory samples and flows of ``gpus`` only (a flow
+    with an end on another GPU is left out); ``ValueError`` for a GPU not in it."""
+    keep = set(gpus)
+    bad = sorted(g for g in keep if not 0 <= g < timeline.num_gpus)
+    if bad:
+        raise ValueError(f"cannot export GPUs {bad}: the timeline has GPUs 0.."
+                         f"{timeline.num_gpus - 1}")
+    new_index: dict[int, int] = {}
+    spans: list[Span] = []
+    for index, span in enumerate(timeline.spans):
+        if span.gpu in keep:
+            new_index[index] = len(spans)
+            spans.append(span)
+    flows = tuple(FlowArrow(new_index[f.send], new_index[f.recv]) for f in timeline.flows
+                  if f.send in new_index and f.recv in new_index)
+    memory = tuple(m for m in timeline.memory if m.gpu in keep)
+    return Timeline.known(timeline.num_gpus, tuple(spans), flows, memory, timeline.gpu_names,
+                          timeline.gpus, end_s=timeline.end_s)
+
+
+def chrome_trace(timeline: Timeline, title: str = "", gpus: Iterable[int] | None = None
+                 ) -> dict[str, Any]:
     """Return ``timeline`` as a Chrome Trace Event Format object (see the module docstring).
 
-    Event order is fixed: process then thread metadata, then complete and flow
-    events in time order, then memory counters by (GPU, time). Raises
+    ``gpus``: export only these GPUs (default: all; ``otherData.gpus`` then lists
+    them). Event order is fixed: process then thread metadata, then complete and
+    flow events in time order, then memory counters by (GPU, time). Raises
     ``ValueError`` for a span that ends before it starts, a non-finite time, a
-    negative GPU, or a flow whose span index is out of range.
+    negative GPU, a flow whose span index is out of range, or ``gpus`` not in
+    the timeline.
     """
+    kept = None if gpus is None else sorted(set(gpus))
+    if kept is not None:
+        timeline = _only_gpus(timeline, kept)
     placed = _place_spans(timeline)
     memory = sorted(
         (m.gpu, _to_ns(m.time_s, f"memory sample of GPU {m.gpu}"), order, m.bytes)
@@ -220,18 +260,17 @@ def chrome_trace(timeline: Timeline, title: str = "") -> dict[str, Any]:
             }
         )
 
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {
-            "title": title,
-            "generator": "llm-cluster-sim sim.export",
-            "num_gpus": timeline.num_gpus,
-            "num_spans": len(timeline.spans),
-            "num_flows": len(timeline.flows),
-            "end_us": _us(_to_ns(timeline.end_s, "timeline end")),
-        },
+    other = {
+        "title": title,
+        "generator": "llm-cluster-sim sim.export",
+        "num_gpus": timeline.num_gpus,
+        "num_spans": len(timeline.spans),
+        "num_flows": len(timeline.flows),
+        "end_us": _us(_to_ns(timeline.end_s, "timeline end")),
     }
+    if kept is not None:
+        other["gpus"] = kept
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": other}
 
 
 def _timed_events(
@@ -381,15 +420,31 @@ def dumps_trace(trace: dict[str, Any]) -> str:
     return f'{{"traceEvents":[\n{lines}\n]{rest}}}\n'
 
 
-def write_chrome_trace(timeline: Timeline, path: str | Path, title: str = "") -> None:
-    """Write :func:`chrome_trace` of ``timeline`` to ``path`` (see :func:`dumps_trace`).
+def write_chrome_trace(timeline: Timeline, path: str | Path, title: str = "",
+                       gpus: Iterable[int] | None = None) -> None:
+    """Write :func:`chrome_trace` of ``timeline`` (``gpus`` only, if given) to ``path``
+    (see :func:`dumps_trace`), gzip-compressed if ``path`` ends in ``.gz``.
 
-    The same timeline and title always give byte-identical files. Parent
+    The same timeline, title and GPUs always give byte-identical files. Parent
     directories are created.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps_trace(chrome_trace(timeline, title)), encoding="utf-8")
+    text = dumps_trace(chrome_trace(timeline, title, gpus)).encode("utf-8")
+    if path.suffix.lower() != ".gz":
+        path.write_bytes(text)
+        return
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,
+                                                compresslevel=_GZIP_LEVEL) as packed:
+        packed.write(text)
+
+
+def load_trace(path: str | Path) -> Any:
+    """The JSON object of a trace file, plain or gzip-compressed (told by its first bytes)."""
+    data = Path(path).read_bytes()
+    if data.startswith(_GZIP_MAGIC):
+        data = gzip.decompress(data)
+    return json.loads(data)
 
 
 # ---------------------------------------------------------------------------------------
@@ -407,9 +462,11 @@ def _describe(n: int, event: Any) -> str:
     return f"event #{n}"
 
 
-def check_trace(trace: dict[str, Any]) -> list[str]:
+def check_trace(trace: Mapping[str, Any] | str | Path) -> list[str]:
     """Structural problems of a Chrome trace object, as sentences; empty means valid.
 
+    ``trace`` is the object, or the path of a ``.json`` or ``.json.gz`` file
+    (:func:`load_trace`).
     Checks that ``traceEvents`` is a list of objects with a known ``ph``; complete
     events have ``name``, ``ph``, ``ts``, ``dur >= 0``, ``pid`` and ``tid``;
     complete events of one (pid, tid) nest (any two are disjoint or one contains
@@ -421,6 +478,8 @@ def check_trace(trace: dict[str, Any]) -> list[str]:
     passes); counters have numeric args; metadata events are
     ``process_*``/``thread_*`` with the argument they need.
     """
+    if isinstance(trace, str | Path):
+        trace = load_trace(trace)
     if not isinstance(trace, dict):
         return ["trace is not a JSON object"]
     events = trace.get("traceEvents")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import subprocess
 import sys
@@ -10,14 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import EXAMPLE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.cli import main
 from sim.export import (
     check_trace,
     chrome_trace,
     dumps_trace,
     flow_bindings,
+    load_trace,
     write_chrome_trace,
 )
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, stream_sort_key
@@ -154,6 +158,60 @@ def test_write_is_byte_identical(tmp_path: Path) -> None:
     write_chrome_trace(small_timeline(), b, title="t")
     assert a.read_bytes() == b.read_bytes()
     assert json.loads(a.read_text()) == chrome_trace(small_timeline(), title="t")
+
+
+def test_gzip_trace_is_deterministic_and_checkable(tmp_path: Path) -> None:
+    """``.gz``: the same bytes every time (mtime 0, no file name in the header), the
+    plain trace inside, and check_trace reads either file."""
+    plain, a, b = tmp_path / "t.json", tmp_path / "a.json.gz", tmp_path / "sub" / "b.json.gz"
+    for path in (plain, a, b):
+        write_chrome_trace(small_timeline(), path, title="t")
+    packed = a.read_bytes()
+    assert packed[:2] == b"\x1f\x8b" and packed[4:8] == b"\0\0\0\0"  # gzip, mtime 0
+    assert packed == b.read_bytes()
+    assert gzip.decompress(packed) == plain.read_bytes()
+    assert load_trace(a) == load_trace(plain) == chrome_trace(small_timeline(), title="t")
+    assert check_trace(a) == check_trace(str(plain)) == []
+
+
+def test_subset_of_gpus() -> None:
+    """Only the GPUs asked for: their spans, memory and the flows between them; the
+    full trace is unchanged by the option's existence."""
+    tl = small_timeline()
+    one = chrome_trace(tl, "t", gpus=[1])
+    assert check_trace(one) == []
+    assert {e["pid"] for e in one["traceEvents"]} == {2}
+    assert not events_of(one, "s") and not events_of(one, "f")  # the flows' ends were on 0
+    assert len(events_of(one, "X")) == sum(s.gpu == 1 for s in tl.spans)
+    assert len(events_of(one, "C")) == 2
+    assert one["otherData"]["gpus"] == [1] and one["otherData"]["num_spans"] == 7
+    both = chrome_trace(tl, "t", gpus=[1, 0, 1])
+    assert both["otherData"].pop("gpus") == [0, 1]
+    assert both == chrome_trace(tl, "t") and "gpus" not in chrome_trace(tl)["otherData"]
+    with pytest.raises(ValueError, match="cannot export GPUs"):
+        chrome_trace(tl, gpus=[2])
+
+
+def test_cli_trace_options(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``sim run --trace gz --trace-gpus pipeline``: a valid gzip trace of one pipeline,
+    replacing the plain one of an earlier run; bad GPU lists are one error line."""
+    out = tmp_path / "out"
+    assert main(["run", str(EXAMPLE), "--out", str(out), "--no-plot", "--json"]) == 0
+    assert main(["run", str(EXAMPLE), "--out", str(out), "--no-plot", "--json",
+                 "--trace", "gz", "--trace-gpus", "pipeline"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["stats.json", "trace.json.gz"]
+    trace = load_trace(out / "trace.json.gz")
+    assert check_trace(trace) == []
+    stats = json.loads((out / "stats.json").read_text())
+    assert len(trace["otherData"]["gpus"]) == stats["layout"]["pp"]
+    assert main(["run", str(EXAMPLE), "--out", str(out), "--no-plot", "--json",
+                 "--trace", "none"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["stats.json"]
+    capsys.readouterr()
+    assert main(["run", str(EXAMPLE), "--out", str(out), "--trace-gpus", "0,99999"]) == 2
+    assert "--trace-gpus: GPU 99999" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", str(EXAMPLE), "--trace-gpus", "3-1"])
 
 
 def test_overlapping_spans_on_one_stream_get_extra_lanes() -> None:

@@ -2,18 +2,25 @@
 
 Prints the summary table (or, with ``--json``, exactly the stats JSON object) and
 with ``--out DIR`` writes ``stats.json``, ``trace.json``, ``timeline.png`` and
-``idle.png``.
+``idle.png``. ``--trace gz`` writes ``trace.json.gz`` instead, ``--trace none`` no
+trace, and ``--trace-gpus`` limits the trace to some GPUs (a 1,024-GPU
+full-fidelity trace is 140 MB).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
-from base.outputs import output_dir, outputs
+from base.errors import ConfigError
+from base.outputs import Outputs, output_dir, outputs
 
-__all__ = ["register", "summary_table"]
+__all__ = ["gpu_list", "register", "summary_table"]
+
+TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
+"""``--trace`` choice: the trace file written with ``--out``."""
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -76,6 +83,63 @@ def summary_table(stats: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
 
 
+def gpu_list(text: str) -> tuple[int, ...] | str:
+    """``--trace-gpus``: ``all``, ``pipeline`` (one GPU per pipeline stage: tp0 dp0), or
+    ranks and inclusive ranges such as ``0,7,8-15``."""
+    if text in ("all", "pipeline"):
+        return text
+    ranks: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            first, last = int(low), int(high if dash else low)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected 'all', 'pipeline' or ranks like 0,7,8-15") from None
+        if first < 0 or last < first:
+            raise argparse.ArgumentTypeError(f"{text!r}: {part.strip()!r} is not a rank or an "
+                                             "increasing range of ranks")
+        if last - first >= 1 << 20:
+            raise argparse.ArgumentTypeError(f"{text!r}: {part.strip()!r} is too long a range")
+        ranks.extend(range(first, last + 1))
+    return tuple(dict.fromkeys(ranks))
+
+
+def _trace_gpus(spec: tuple[int, ...] | str, exp: Any) -> tuple[int, ...] | None:
+    """The GPUs ``--trace-gpus`` names for ``exp`` (None: all); ConfigError if one is not
+    a GPU of the cluster."""
+    pl = exp.placement
+    if spec == "all":
+        return None
+    if spec == "pipeline":
+        return tuple(pl.gpu(pp=r) for r in range(pl.degree("pp")))
+    bad = [g for g in spec if g >= pl.num_gpus]
+    if bad:
+        raise ConfigError(f"--trace-gpus: GPU {bad[0]} is not in the cluster (GPUs 0.."
+                          f"{pl.num_gpus - 1})")
+    return spec
+
+
+def _write(result: Any, step: Any, out: Path, files: Outputs, trace: str,
+           gpus: tuple[int, ...] | None) -> dict[str, Path]:
+    """Write stats and trace as ``--trace`` and ``--trace-gpus`` ask (the default:
+    :meth:`sim.api.Result.write`); a trace file of the other format is removed."""
+    from sim.export import write_chrome_trace
+
+    name = TRACE_FILES[trace]
+    for other in set(TRACE_FILES.values()) - {name, None}:
+        (out / other).unlink(missing_ok=True)  # not to lie beside the new stats
+    if name == "trace.json" and gpus is None:
+        return result.write(out, files)
+    paths = {"stats": out / "stats.json"}
+    if name is not None:
+        paths["trace"] = out / name
+        write_chrome_trace(step.timeline, files.temp(paths["trace"]),
+                           title=step.experiment.name, gpus=gpus)
+    files.temp(paths["stats"]).write_text(result.stats_json(), encoding="utf-8")
+    return paths
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from sim.api import load_experiment, simulate
     from sim.cli.figures import write_figures
@@ -83,15 +147,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     out = output_dir(args.out) if args.out else None  # a bad --out fails before simulating
     exp = load_experiment(args.file)
+    gpus = _trace_gpus(args.trace_gpus, exp)
     if args.steps is not None:
         result = simulate_run(exp, args.steps, fidelity=args.fidelity)
     else:
         result = simulate(exp, fidelity=args.fidelity)
     if out is not None:
+        step = result.results[0] if isinstance(result, RunResult) else result
         with outputs() as files:  # stats.json renamed into place last
-            paths = result.write(out, files)
+            paths = _write(result, step, out, files, args.trace, gpus)
             if not args.no_plot:
-                step = result.results[0] if isinstance(result, RunResult) else result
                 paths.update(write_figures(step, out, files))
             files.commit()
     if args.json:
@@ -110,6 +175,12 @@ def register(subparsers: Any) -> None:
     run.add_argument("--out", metavar="DIR", help="write stats.json, trace.json, timeline.png, "
                      "idle.png")
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    run.add_argument("--trace", choices=tuple(TRACE_FILES), default="json",
+                     help="with --out: write trace.json (json, the default), trace.json.gz "
+                     "(gz: gzip, a fraction of the size) or no trace (none)")
+    run.add_argument("--trace-gpus", type=gpu_list, default="all", metavar="GPUS",
+                     help="with --out: only these GPUs in the trace: all (default), pipeline "
+                     "(one GPU per pipeline stage, tp0 dp0) or ranks like 0,7,8-15")
     run.add_argument("--no-plot", action="store_true", help="with --out, skip timeline.png")
     run.add_argument("--steps", type=int, metavar="N",
                      help="simulate N training steps: adds time_to_train_s, goodput and "
