@@ -18,19 +18,34 @@ from pathlib import Path
 from base.errors import ConfigError
 
 
-def output_dir(path: str | Path, option: str = "--out") -> Path:
-    """Create (if needed) and return the directory ``path``; ConfigError naming ``option``
-    if it is a file, cannot be created, or cannot be written."""
+def check_output_dir(path: str | Path, option: str = "--out") -> Path:
+    """Check, creating nothing, that ``path`` is or can become a writable directory;
+    ConfigError naming ``option`` if it is a file, lies below a file, or cannot be written."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{option}={str(path)!r}: is an existing file, not a directory")
+    existing = p
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        raise ConfigError(f"{option}={str(path)!r}: cannot create the directory ("
+                          f"{str(existing)!r} is a file)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option}={str(path)!r}: directory {str(existing)!r} is not writable")
+    return p
+
+
+def output_dir(path: str | Path, option: str = "--out") -> Path:
+    """Create (if needed) and return the directory ``path``; ConfigError naming ``option``
+    if it is a file, cannot be created, or cannot be written."""
+    p = check_output_dir(path, option)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"{option}={str(path)!r}: cannot create the directory "
                           f"({exc.strerror or exc})") from None
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise ConfigError(f"{option}={str(path)!r}: the directory is not writable")
     return p
 
 
@@ -63,6 +78,7 @@ class Outputs:
 
     def __init__(self) -> None:
         self._pending: list[tuple[Path, Path]] = []
+        self._stale: list[Path] = []
 
     def temp(self, path: str | Path) -> Path:
         """The temporary name to write ``path`` under."""
@@ -71,12 +87,23 @@ class Outputs:
         self._pending.append((tmp, final))
         return tmp
 
+    def remove(self, path: str | Path) -> None:
+        """Delete ``path`` (if it exists) on :meth:`commit`, before the files in ``last``
+        arrive: an older output that must not lie beside the new ones."""
+        self._stale.append(Path(path))
+
     def commit(self, last: Sequence[str] = ("stats.json",)) -> list[Path]:
         """Rename every temporary file to its final name; returns the final paths."""
         order = sorted(self._pending, key=lambda pair: pair[1].name in last)
         for tmp, final in order:
+            if final.name in last:
+                for stale in self._stale:
+                    stale.unlink(missing_ok=True)
+                self._stale = []
             os.replace(tmp, final)
-        self._pending = []
+        for stale in self._stale:
+            stale.unlink(missing_ok=True)
+        self._pending, self._stale = [], []
         return [final for _, final in order]
 
     def discard(self) -> None:

@@ -64,21 +64,39 @@ class Result:
         """The stats as the exact JSON text ``sim run --json`` prints (deterministic)."""
         return json.dumps(self.stats, indent=2) + "\n"
 
-    def write(self, out_dir: str | Path, files: Outputs | None = None) -> dict[str, Path]:
-        """Write ``trace.json`` and ``stats.json`` into ``out_dir`` under temporary names
-        and rename them into place, stats last (``files``: add them to a caller's set of
-        outputs, which the caller commits). Figures: :func:`sim.cli.figures.write_figures`."""
-        return write_step(out_dir, self.experiment.name, self.timeline, self.stats_json(), files)
+    def write(self, out_dir: str | Path, files: Outputs | None = None, trace: str = "json",
+              gpus: Sequence[int] | None = None) -> dict[str, Path]:
+        """Write the trace (``trace``: a key of :data:`TRACE_FILES`; ``gpus``: only these
+        GPUs) and ``stats.json`` into ``out_dir`` under temporary names and rename them
+        into place, stats last (``files``: add them to a caller's set of outputs, which
+        the caller commits). Figures: :func:`sim.cli.figures.write_figures`."""
+        return write_step(out_dir, self.experiment.name, self.timeline, self.stats_json(), files,
+                          trace, gpus)
+
+
+TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
+"""Trace formats :meth:`Result.write` offers, and the file each writes (gz: gzip, a
+fraction of the size; none: no trace)."""
 
 
 def write_step(out_dir: str | Path, name: str, timeline: Timeline, stats_json: str,
-               files: Outputs | None = None) -> dict[str, Path]:
-    """Write a step's ``trace.json`` and ``stats.json`` (see :meth:`Result.write`)."""
+               files: Outputs | None = None, trace: str = "json",
+               gpus: Sequence[int] | None = None) -> dict[str, Path]:
+    """Write a step's trace and ``stats.json`` (see :meth:`Result.write`); a trace of
+    another format left by an earlier run is removed, not to lie beside the new stats."""
+    if trace not in TRACE_FILES:
+        raise ConfigError(f"trace={trace!r}: choose one of {', '.join(TRACE_FILES)}")
     out = output_dir(out_dir)
-    paths = {"stats": out / "stats.json", "trace": out / "trace.json"}
+    paths = {"stats": out / "stats.json"}
     with outputs() as own:
         mine = files or own
-        write_chrome_trace(timeline, mine.temp(paths["trace"]), title=name)
+        target = TRACE_FILES[trace]
+        if target is not None:
+            paths["trace"] = out / target
+            write_chrome_trace(timeline, mine.temp(paths["trace"]), title=name, gpus=gpus)
+        for other in TRACE_FILES.values():
+            if other is not None and other != target:
+                mine.remove(out / other)
         mine.temp(paths["stats"]).write_text(stats_json, encoding="utf-8")
         if files is None:
             own.commit()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,12 @@ class RunResult:
     def stats_json(self) -> str:
         return json.dumps(self.stats, indent=2) + "\n"
 
-    def write(self, out_dir: str | Path, files: Outputs | None = None) -> dict[str, Path]:
+    def write(self, out_dir: str | Path, files: Outputs | None = None, trace: str = "json",
+              gpus: Sequence[int] | None = None) -> dict[str, Path]:
         """As :meth:`Result.write` for the first simulated step, with the run's stats."""
         first = self.results[0]
         return write_step(out_dir, first.experiment.name, first.timeline, self.stats_json(),
-                          files)
+                          files, trace, gpus)
 
 
 def _with_cluster(exp: Experiment, changes: list, upto: int) -> Experiment:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from base.outputs import Outputs, output_dir, outputs
+from base.outputs import Outputs, check_output_dir, output_dir, outputs
 from sim.compare import DEFAULT_SCHEDULES
 
 __all__ = ["register"]
@@ -40,13 +40,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from sim.api import load_experiment
     from sim.compare import compare, parse_schedules, rows_csv, rows_json, rows_table
 
-    out = output_dir(args.out) if args.out else None  # a bad --out fails before simulating
+    out = check_output_dir(args.out) if args.out else None  # fails before simulating
     names = parse_schedules(args.schedules)
     exp = load_experiment(args.file)
     rows, results = compare(exp, names, base_dir=Path(args.file).parent)
     text = rows_json(rows, exp.name)
     written: list[Path] = []
     if out is not None:
+        output_dir(out)
         with outputs() as files:
             files.temp(out / "compare.csv").write_text(rows_csv(rows), encoding="utf-8")
             files.temp(out / "compare.json").write_text(text, encoding="utf-8")

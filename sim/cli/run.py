@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError
-from base.outputs import Outputs, output_dir, outputs
+from base.outputs import check_output_dir, outputs
 
 __all__ = ["gpu_list", "register", "summary_table"]
 
-TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
-"""``--trace`` choice: the trace file written with ``--out``."""
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -120,32 +117,12 @@ def _trace_gpus(spec: tuple[int, ...] | str, exp: Any) -> tuple[int, ...] | None
     return spec
 
 
-def _write(result: Any, step: Any, out: Path, files: Outputs, trace: str,
-           gpus: tuple[int, ...] | None) -> dict[str, Path]:
-    """Write stats and trace as ``--trace`` and ``--trace-gpus`` ask (the default:
-    :meth:`sim.api.Result.write`); a trace file of the other format is removed."""
-    from sim.export import write_chrome_trace
-
-    name = TRACE_FILES[trace]
-    for other in set(TRACE_FILES.values()) - {name, None}:
-        (out / other).unlink(missing_ok=True)  # not to lie beside the new stats
-    if name == "trace.json" and gpus is None:
-        return result.write(out, files)
-    paths = {"stats": out / "stats.json"}
-    if name is not None:
-        paths["trace"] = out / name
-        write_chrome_trace(step.timeline, files.temp(paths["trace"]),
-                           title=step.experiment.name, gpus=gpus)
-    files.temp(paths["stats"]).write_text(result.stats_json(), encoding="utf-8")
-    return paths
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from sim.api import load_experiment, simulate
     from sim.cli.figures import write_figures
     from sim.faults_run import RunResult, simulate_run
 
-    out = output_dir(args.out) if args.out else None  # a bad --out fails before simulating
+    out = check_output_dir(args.out) if args.out else None  # fails before simulating
     exp = load_experiment(args.file)
     gpus = _trace_gpus(args.trace_gpus, exp)
     if args.steps is not None:
@@ -155,7 +132,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if out is not None:
         step = result.results[0] if isinstance(result, RunResult) else result
         with outputs() as files:  # stats.json renamed into place last
-            paths = _write(result, step, out, files, args.trace, gpus)
+            paths = result.write(out, files, args.trace, gpus)
             if not args.no_plot:
                 paths.update(write_figures(step, out, files))
             files.commit()
@@ -175,7 +152,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--out", metavar="DIR", help="write stats.json, trace.json, timeline.png, "
                      "idle.png")
     run.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    run.add_argument("--trace", choices=tuple(TRACE_FILES), default="json",
+    run.add_argument("--trace", choices=("json", "gz", "none"), default="json",
                      help="with --out: write trace.json (json, the default), trace.json.gz "
                      "(gz: gzip, a fraction of the size) or no trace (none)")
     run.add_argument("--trace-gpus", type=gpu_list, default="all", metavar="GPUS",

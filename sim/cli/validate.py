@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from base.outputs import output_dir, outputs
+from base.outputs import check_output_dir, output_dir, outputs
 from sim.cli.args import int_at_least, worker_count
 
 
@@ -61,7 +61,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         write_csv,
     )
 
-    out = output_dir(args.out) if args.out else None  # a bad --out fails before simulating
+    out = check_output_dir(args.out) if args.out else None  # fails before simulating
     start = time.perf_counter()
     rows = load_rows(args.data or HAGEMANN_SWEEP)
     if args.limit:
@@ -80,6 +80,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if out is not None:
         from plots.validation import plot_validation
 
+        output_dir(out)
         with outputs() as files:
             write_csv(preds, files.temp(out / "validation.csv"))
             plot_validation(preds, files.temp(out / "validation.png"), report)
