@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from base.errors import ConfigError
 from sim.faults_config import FaultsConfig
 from topologies.placement import DEFAULT_ORDER
+from workloads.registry import SCHEDULES
 
 
 class _Strict(BaseModel):
@@ -173,10 +174,6 @@ class ClusterConfig(_Strict):
     wan_latency_ms: float | None = Field(None, ge=0)
 
 
-MULTI_CHUNK_SCHEDULES = frozenset({"interleaved", "zb-v", "dualpipe-v"})
-"""Built-in schedules that place several model chunks on each pipeline rank."""
-
-
 class ParallelConfig(_Strict):
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
@@ -184,8 +181,9 @@ class ParallelConfig(_Strict):
     cp: int = Field(1, ge=1)
     ep: int = Field(1, ge=1)
     vpp: int = Field(1, ge=1)
-    """Model chunks per pipeline rank. Left out: 2 under the multi-chunk schedules
-    (:data:`MULTI_CHUNK_SCHEDULES`), 1 otherwise (:meth:`ExperimentConfig._default_vpp`)."""
+    """Model chunks per pipeline rank. Left out: the schedule's default
+    (:attr:`workloads.registry.ScheduleKind.default_vpp`: 2 under the multi-chunk schedules,
+    1 otherwise; :meth:`ExperimentConfig._default_vpp`)."""
     sequence_parallel: bool = False
     zero_stage: int = Field(1, ge=0, le=3)
     placement: str = DEFAULT_ORDER
@@ -239,8 +237,11 @@ class ExperimentConfig(_Strict):
         """A multi-chunk schedule without ``parallel.vpp`` gets two chunks per rank: the V
         schedules run exactly two, and one chunk would make ``interleaved`` plain 1F1B
         without a word. A ``vpp`` the file gives is kept (and checked by the schedule)."""
-        if self.schedule in MULTI_CHUNK_SCHEDULES and "vpp" not in self.parallel.model_fields_set:
-            return self.model_copy(update={"parallel": self.parallel.model_copy(update={"vpp": 2})})
+        kind = SCHEDULES.get(self.schedule)
+        given = "vpp" in self.parallel.model_fields_set
+        if kind is not None and kind.default_vpp != 1 and not given:
+            return self.model_copy(update={"parallel": self.parallel.model_copy(
+                update={"vpp": kind.default_vpp})})
         return self
 
 

@@ -816,10 +816,3 @@ def count_in_flight(ops: Iterable[Op]) -> int:
         elif op.kind == BACKWARD:
             live -= 1
     return peak
-
-
-BUILDERS: dict[str, Callable[[int, int], Schedule]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-}
-"""Schedule builders by experiment-file name: ``builder(p, m) -> Schedule``."""
