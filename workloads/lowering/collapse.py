@@ -102,7 +102,7 @@ class Folded:
 
 
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
-               ep_groups: Groups = ()) -> tuple[CommRun, ...]:
+              ep_groups: Groups = ()) -> tuple[CommRun, ...]:
     runs: list[CommRun] = []
     for seg in segs:
         assert isinstance(seg, CommSeg)
@@ -118,7 +118,9 @@ def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
 
 
 def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
-           ep_groups: Groups = ()) -> Block:
+          ep_groups: Groups = ()) -> Block:
+    """``segs`` as one compute op: its compute time and the time of the collectives
+    among them as blocking communication (of their kind if they have one, else ``tp``)."""
     work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
     comm = [seg for seg in segs if isinstance(seg, CommSeg)]
     kinds = sorted({seg.kind for seg in comm})
@@ -130,7 +132,7 @@ def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
 
 
 def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
-          ep_groups: Groups = ()) -> Folded:
+         ep_groups: Groups = ()) -> Folded:
     """Fold an op's segments for the representative GPU of a collapsed lowering.
 
     The compute segments, with the TP collectives between them, become one
@@ -165,7 +167,7 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
 
 
 def emit_runs(b: ProgramBuilder, g: int, op: Op, op_name: str, runs: tuple[CommRun, ...],
-               deps: tuple[int, ...]) -> tuple[int, ...]:
+              deps: tuple[int, ...]) -> tuple[int, ...]:
     """Emit collective runs one after the other on GPU ``g``; the last one's id (or ``deps``)."""
     for run in runs:
         deps = (b.collective((g,), {g: deps}, kind=run.kind, name=f"{op_name} {run.label}",
@@ -175,7 +177,8 @@ def emit_runs(b: ProgramBuilder, g: int, op: Op, op_name: str, runs: tuple[CommR
 
 
 def emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: Block,
-                deps: tuple[int, ...], alloc: float, free: float) -> int:
+               deps: tuple[int, ...], alloc: float, free: float) -> int:
+    """Emit ``block`` as one compute op of ``op`` on GPU ``g``; its id."""
     return b.compute(g, op.kind, op_name, deps, stage=op.stage, mb=op.mb,
                      duration_s=block.compute_s, flops=block.flops, attn_flops=block.attn_flops,
                      blocking_comm_s=block.comm_s, blocking_comm_kind=block.comm_kind,
@@ -183,7 +186,7 @@ def emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: Block,
 
 
 def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
-                 deps: tuple[int, ...], alloc: float, free: float, pending_s: float) -> int:
+                deps: tuple[int, ...], alloc: float, free: float, pending_s: float) -> int:
     """Emit a folded op on GPU ``g``; returns the id of its last instruction.
 
     ``pending_s`` bounds how long after this op's compute starts an earlier
@@ -240,8 +243,8 @@ def pending_after(pending_s: float, folded: Folded) -> float:
 
 
 def replica_send_s(collapse: Collapse, placement: Placement,
-                    cache: dict[tuple[int, int, float], float], src: int, dst: int,
-                    nbytes: float) -> float:
+                   cache: dict[tuple[int, int, float], float], src: int, dst: int,
+                   nbytes: float) -> float:
     """Time of a pipeline message from rank ``src`` to rank ``dst`` (collapsed lowering):
     every (tp, cp, dp) replica's copy crosses at once, timed together on the topology;
     cached by ``(src, dst, nbytes)``."""

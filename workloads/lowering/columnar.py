@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from topologies.placement import Placement
-from workloads.lowering.collapse import Collapse, Folded, fold, replica_send_s
+from workloads.lowering.collapse import Collapse, Folded, fold, pending_after, replica_send_s
 from workloads.lowering.groups import Groups, tp_groups
 from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
 from workloads.lowering.order import KINDS, producers_by_op
@@ -38,7 +38,7 @@ from workloads.schedules import FORWARD, WHOLE, Op, Schedule, producer_positions
 
 
 def joined(head: ColumnarOps, tail: tuple[Instruction, ...]
-            ) -> ColumnarInstructions | tuple[Instruction, ...]:
+           ) -> ColumnarInstructions | tuple[Instruction, ...]:
     """A collapsed program's instructions: ``head``'s (the op loop's, on arrays) and
     ``tail`` (the step end's), held as columns while nothing asks for the objects."""
     rest = columns_of(tail)
@@ -48,12 +48,13 @@ def joined(head: ColumnarOps, tail: tuple[Instruction, ...]
 
 
 def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
-                     placement: Placement, order: Sequence[Op],
-                     fields: tuple[np.ndarray, ...], reps: Sequence[int], algo: str
-                     ) -> ColumnarOps:
+                    placement: Placement, order: Sequence[Op],
+                    fields: tuple[np.ndarray, ...], reps: Sequence[int], algo: str
+                    ) -> ColumnarOps:
     """The op loop of a collapsed lowering whose ops are each a chain of compute and TP
-    collectives, unfused (no piecewise op, no fused group): the program of the general
-    loop of :func:`_lower`, instruction for instruction, laid out on arrays.
+    collectives, unfused (no piecewise op, no fused group): the program of the reference
+    op loop (:class:`~workloads.lowering.ops.OpLoop`), instruction for instruction, laid
+    out on arrays.
 
     Everything but names, ids and dependencies is the same for every micro-batch of a
     (stage, kind, sequence chunk): worked out once per such triple (:class:`_Plan`:
@@ -168,7 +169,7 @@ def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
                ranks: int) -> np.ndarray:
     """Per op (in lowering order), whether it is emitted split (:func:`emit_folded`): its
     head's compute is shorter than what the rank's earlier closing collective may still
-    take (``pending``, as the general loop keeps it per rank)."""
+    take (``pending``, as the reference op loop keeps it per rank)."""
     n = len(plan_of)
     split_at = np.array([np.nan if p.split_at is None else p.split_at for p in plans])
     if not n or np.isnan(split_at).all():
@@ -183,19 +184,14 @@ def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
         before[by_rank[1:][same]] = after[plan_of[by_rank[:-1][same]]]
         at = split_at[plan_of]
         return np.where(np.isnan(at), False, before > np.nan_to_num(at)).astype(np.int64)
-    pending = [0.0] * ranks
+    pending = [0.0] * ranks  # an op of pure compute among them: op by op, as the op loop
     out = np.zeros(n, dtype=np.int64)
     for k, p in enumerate(plan_of.tolist()):
         plan = plans[p]
-        f, r = plan.folded, plan.rank
+        r = plan.rank
         if plan.split_at is not None and pending[r] > plan.split_at:
             out[k] = 1
-        if f.trailing:
-            pending[r] = f.trailing_s
-        elif f.has_comm:
-            pending[r] = 0.0
-        else:
-            pending[r] = max(0.0, pending[r] - f.whole.compute_s)
+        pending[r] = pending_after(pending[r], plan.folded)
     return out
 
 
@@ -375,7 +371,7 @@ class ColumnarOps:
         return out, key
 
     def build(self) -> tuple[Instruction, ...]:
-        """Every instruction as an object, in id order: those of the general loop."""
+        """Every instruction as an object, in id order: those of the reference op loop."""
         out: list[Instruction] = []
         key = 0
         for k, i in enumerate(self.offset.tolist()):

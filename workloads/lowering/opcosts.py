@@ -25,7 +25,7 @@ class CostModel(Protocol):
 
 
 def op_facts(costs: CostModel, generic: Op, split: bool, transient: Callable | None
-              ) -> tuple[tuple[Segment, ...], int, float, float]:
+             ) -> tuple[tuple[Segment, ...], int, float, float]:
     """An op's segments, how many of them compute, and the bytes it allocates at its start
     and frees at its end; the same for every micro-batch (``generic`` has ``mb`` 0)."""
     segs = costs.op_segments(generic, split)

@@ -36,7 +36,7 @@ KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
 
 
 def topological(schedule: Schedule, fields: bool = False
-                 ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
+                ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
     """:func:`topological_ops`; with ``fields``, also the ops' stages, kind codes
     (:data:`KINDS`), sequence fields and rank-order positions (:func:`unit_order`; None
     where it has none) in that order, as arrays."""
@@ -79,7 +79,7 @@ def kind_codes(ops: Sequence[Op]) -> np.ndarray:
 
 
 def positions(order: Sequence[Op], stage: np.ndarray, kind: np.ndarray,
-               ops: Sequence[Op]) -> dict[Op, int]:
+              ops: Sequence[Op]) -> dict[Op, int]:
     """The position in ``order`` of each of ``ops``, the last op of its stage and kind in
     ``order`` (a final op: the last backward or W of its stage in its rank's order, which
     ``order`` keeps); looked up op by op where one is not."""
@@ -98,7 +98,7 @@ def positions(order: Sequence[Op], stage: np.ndarray, kind: np.ndarray,
 
 
 def producers_by_op(schedule: Schedule, order: Sequence[Op], index: Mapping[Op, int]
-                     ) -> tuple[list[int], list[int], list[int]]:
+                    ) -> tuple[list[int], list[int], list[int]]:
     """:func:`~workloads.schedules.producer_positions` op by op (:func:`op_deps`), for ops
     it declines; a producer missing from ``order`` raises KeyError, as lowering did."""
     cols: tuple[list[int], list[int], list[int]] = ([], [], [])

@@ -40,6 +40,7 @@ class Piece:
 
     @property
     def num_compute(self) -> int:
+        """Compute segments of this piece."""
         return sum(isinstance(seg, ComputeSeg) for seg in self.segs)
 
 
@@ -142,6 +143,8 @@ class PieceLowering:
                           for g in range(placement.num_gpus)} if cp > 1 else {}
 
     def pieces(self, op: Op, marked: bool) -> tuple[Piece, ...]:
+        """``op``'s segments (``marked``: with its DP markers) cut into pieces, cached per
+        (stage, kind, sequence chunk)."""
         generic = Op(op.stage, op.kind, 0, op.seq)
         hit = self.cache.get((generic, marked))
         if hit is None:
