@@ -14,6 +14,7 @@ PURE = [
     "topologies.placement", "topologies.hardware", "sim.collectives", "sim.network",
     "sim.stats", "sim.export", "sim.device", "sim.config", "sim.experiment", "sim.timeline",
     "workloads.multistep", "sim.idle", "sim.faults", "sim.faults_config", "workloads.seqchunks",
+    "workloads.registry",
 ]
 
 

@@ -10,6 +10,12 @@ into sequence chunks. What the rest of the simulator needs to know about a sched
 (how many chunks per rank it runs, whether its step time is the period of
 back-to-back steps, ...) is a property here, read by callers instead of testing
 names.
+
+To add a schedule: write its builder (the order of ops on each rank, nothing else;
+:mod:`workloads.schedules_advanced` has the examples), add one :class:`ScheduleKind`
+row to ``_KINDS`` with its properties, and ``tests/test_registry.py`` checks them
+against what the builder builds; experiments, ``sim compare`` and the random
+experiments of ``tests/strategies.py`` pick it up from the table.
 """
 
 from __future__ import annotations
