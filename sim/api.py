@@ -34,7 +34,7 @@ from workloads.costs import ComputeSeg
 from workloads.lowering import Collapse, lower
 from workloads.multistep import repeat_program, step_end_times
 from workloads.program import Compute, Program
-from workloads.schedules_advanced import OVERLAPPING_STEPS
+from workloads.registry import overlaps_steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -186,7 +186,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
 
     ``steps``: how many steps to run back to back (:func:`workloads.multistep.repeat_program`).
     Default: one, except for schedules whose steps overlap
-    (:data:`~workloads.schedules_advanced.OVERLAPPING_STEPS`: ZB-H2 and ZB-V with
+    (:attr:`~workloads.registry.ScheduleKind.steady_period`: ZB-H2 and ZB-V with
     the Zero Bubble paper's optimizer post-validation), which run
     :data:`STEADY_STEPS`. With ``n > 1`` steps, ``step_time_s`` is the period
     between the ends of steps ``n//2 - 1`` and ``n//2`` (a middle step: the one
@@ -256,7 +256,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse)
-    overlapping = exp.schedule.name in OVERLAPPING_STEPS
+    overlapping = overlaps_steps(exp.schedule.name)
     n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
     if n > 1:
         program = repeat_program(program, n, barrier=not overlapping)

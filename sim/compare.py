@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
 from workloads.program import Send
-from workloads.schedules_advanced import OVERLAPPING_STEPS
+from workloads.registry import SCHEDULES, overlaps_steps
 
 if TYPE_CHECKING:  # the engine (simpy) is only needed to run, not to format rows
     from sim.api import Result
@@ -60,15 +60,6 @@ __all__ = [
 
 DEFAULT_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "seq1f1b")
 """What ``sim compare`` runs without ``--schedules``."""
-
-V_SCHEDULES = frozenset({"zb-v", "dualpipe-v"})
-"""Schedules with two chunks per rank in a V placement."""
-
-ONE_CHUNK = frozenset({"gpipe", "1f1b", "zb-h1", "zb-h2", "seq1f1b"})
-"""Built-in schedules with one chunk per rank."""
-
-BUILT_IN = ONE_CHUNK | V_SCHEDULES | {"interleaved"}
-"""Schedule names that are builders, not files."""
 
 GiB = 2**30
 
@@ -125,12 +116,11 @@ def parse_schedules(text: str) -> tuple[str, ...]:
 def schedule_changes(exp: Experiment, name: str) -> dict[str, Any]:
     """The ``with_changes`` mapping that runs ``exp`` under schedule ``name`` (module doc rule)."""
     vpp = exp.config.parallel.vpp
-    if name == "interleaved":
-        vpp = vpp if vpp > 1 else 2
-    elif name in V_SCHEDULES:
-        vpp = 2
-    elif name in ONE_CHUNK:
-        vpp = 1
+    kind = SCHEDULES.get(name)
+    if kind is not None and kind.fixed_vpp is not None:
+        vpp = kind.fixed_vpp
+    elif kind is not None and vpp == 1:
+        vpp = kind.default_vpp
     return {"schedule": name, "parallel.vpp": vpp}
 
 
@@ -163,7 +153,7 @@ def compare(
     for name in schedules:  # build every variant first: a bad name fails before any run
         changes = schedule_changes(exp, name)
         path = Path(name)
-        if (name not in BUILT_IN and base_dir is not None and not path.is_absolute()
+        if (name not in SCHEDULES and base_dir is not None and not path.is_absolute()
                 and not path.exists() and (Path(base_dir) / path).is_file()):
             changes["schedule"] = str(Path(base_dir) / path)
         try:
@@ -175,7 +165,7 @@ def compare(
     for name, variant, result in zip(schedules, variants, results, strict=True):
         first = rows[0].step_time_s if rows else result.stats["step_time_s"]
         period = (steady(variant).stats["step_time_s"]
-                  if variant.schedule.name in OVERLAPPING_STEPS else None)
+                  if overlaps_steps(variant.schedule.name) else None)
         rows.append(compare_row(name, result, first, period))
     return rows, results
 
@@ -192,8 +182,7 @@ def compare_row(name: str, result: Result, first_step_s: float,
         vpp=exp.schedule.chunks_per_rank,
         step_time_s=step,
         bubble_fraction=result.stats["bubble_fraction"],
-        steady_period_s=(steady_period_s if exp.schedule.name in OVERLAPPING_STEPS
-                         else step),
+        steady_period_s=(steady_period_s if overlaps_steps(exp.schedule.name) else step),
         peak_activation_gib=_peak_activation_gib(result),
         pp_bytes_sent=_pp_bytes_sent(result),
         relative_speed=first_step_s / step if step > 0 else float("inf"),

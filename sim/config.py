@@ -24,6 +24,7 @@ from sim.collectives import check as check_collective
 from sim.faults_config import FaultsConfig
 from topologies.config import ClusterConfig
 from topologies.placement import DEFAULT_ORDER
+from workloads.registry import SCHEDULES
 
 
 class SyntheticModel(Strict):
@@ -96,10 +97,6 @@ class ModelConfig(Strict):
     """Mixture of experts; overrides a preset's (a dense preset becomes MoE)."""
 
 
-MULTI_CHUNK_SCHEDULES = frozenset({"interleaved", "zb-v", "dualpipe-v"})
-"""Built-in schedules that place several model chunks on each pipeline rank."""
-
-
 class ParallelConfig(Strict):
     """The layout: degrees of each kind of parallelism and how ranks map to GPUs."""
 
@@ -114,8 +111,9 @@ class ParallelConfig(Strict):
     ep: int = Field(1, ge=1)
     """Expert parallelism, carved out of dp (mixture-of-experts models)."""
     vpp: int = Field(1, ge=1)
-    """Model chunks per pipeline rank. Left out: 2 under the multi-chunk schedules
-    (:data:`MULTI_CHUNK_SCHEDULES`), 1 otherwise (:meth:`ExperimentConfig._default_vpp`)."""
+    """Model chunks per pipeline rank. Left out: the schedule's default
+    (:attr:`workloads.registry.ScheduleKind.default_vpp`: 2 under the multi-chunk schedules,
+    1 otherwise; :meth:`ExperimentConfig._default_vpp`)."""
     sequence_parallel: bool = False
     """Megatron-LM's sequence parallelism: norms and dropout split over the TP group."""
     zero_stage: int = Field(1, ge=0, le=3)
@@ -206,8 +204,11 @@ class ExperimentConfig(Strict):
         """A multi-chunk schedule without ``parallel.vpp`` gets two chunks per rank: the V
         schedules run exactly two, and one chunk would make ``interleaved`` plain 1F1B
         without a word. A ``vpp`` the file gives is kept (and checked by the schedule)."""
-        if self.schedule in MULTI_CHUNK_SCHEDULES and "vpp" not in self.parallel.model_fields_set:
-            return self.model_copy(update={"parallel": self.parallel.model_copy(update={"vpp": 2})})
+        kind = SCHEDULES.get(self.schedule)
+        given = "vpp" in self.parallel.model_fields_set
+        if kind is not None and kind.default_vpp != 1 and not given:
+            return self.model_copy(update={"parallel": self.parallel.model_copy(
+                update={"vpp": kind.default_vpp})})
         return self
 
 

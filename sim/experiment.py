@@ -30,7 +30,7 @@ from workloads.costs import CommSeg, ComputeSeg, RingAttention, SyntheticCosts, 
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
-from workloads.schedules_advanced import ADVANCED_BUILDERS, EXTRA_BUILDERS
+from workloads.registry import SCHEDULES, ScheduleKind
 from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
 
@@ -40,13 +40,11 @@ _MODEL_FIELDS = ("seq_length", "num_layers", "hidden_size", "num_attention_heads
                  "position_embedding")
 
 
-def schedule_builders() -> dict[str, Any]:
-    """Schedule builders by name, each ``builder(p, m, v) -> Schedule``."""
-    out: dict[str, Any] = {name: (lambda b: lambda p, m, v: b(p, m))(fn)
-                           for name, fn in schedules.BUILDERS.items()}
-    out.update(ADVANCED_BUILDERS)
-    out.update(EXTRA_BUILDERS)
-    return out
+def schedule_builders() -> dict[str, ScheduleKind]:
+    """The schedule registry (:data:`workloads.registry.SCHEDULES`) as a dict, each entry
+    called ``kind(p, m, v)`` or ``kind(p, m, v, k)``: what :mod:`sim.search` reads until it
+    reads the registry's properties itself."""
+    return dict(SCHEDULES)
 
 
 def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | None:
@@ -207,11 +205,9 @@ def _num_microbatches(cfg: ExperimentConfig, dp: int) -> tuple[int, int]:
 def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | None
                     ) -> schedules.Schedule:
     name, v = cfg.schedule, cfg.parallel.vpp
-    builders = schedule_builders()
     try:
-        if name in builders:
-            k = (cfg.training.seq_chunks,) if name == "seq1f1b" else ()
-            sched = builders[name](pp, m, v, *k)
+        if name in SCHEDULES:
+            sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
             if v > 1 and sched.chunks_per_rank == 1:
                 raise ConfigError(f"parallel.vpp={v}: schedule {name!r} has one chunk per rank; "
                                   "use an interleaved or V schedule")
@@ -222,7 +218,7 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
             path = base_dir / path
         if not path.is_file():
             raise ConfigError(f"schedule: unknown schedule {name!r}; choose one of "
-                              f"{', '.join(builders)} or give a schedule file path")
+                              f"{', '.join(SCHEDULES)} or give a schedule file path")
         sched = schedules.from_text(path.read_text(encoding="utf-8"), m, name=str(name))
         if sched.num_ranks != pp:
             raise ConfigError(f"schedule: file {name!r} has {sched.num_ranks} ranks but "
@@ -258,10 +254,10 @@ def _check_context_parallel(cfg: ExperimentConfig, model: ModelSpec | None, cp: 
     if model.seq_length % (2 * cp):
         raise ConfigError(f"parallel.cp={cp}: model.seq_length={model.seq_length} must divide "
                           f"into 2*cp = {2 * cp} equal chunks (load-balanced causal split)")
-    if cfg.schedule == "seq1f1b":
-        raise ConfigError(f"parallel.cp={cp}: not supported with schedule 'seq1f1b' (context "
-                          "parallelism's causal split and Seq1F1B's sequence chunks do not "
-                          "compose); use cp: 1 or another schedule")
+    if cfg.schedule in SCHEDULES and SCHEDULES[cfg.schedule].seq_chunks:
+        raise ConfigError(f"parallel.cp={cp}: not supported with schedule {cfg.schedule!r} "
+                          "(context parallelism's causal split and Seq1F1B's sequence chunks "
+                          "do not compose); use cp: 1 or another schedule")
 
 
 def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int) -> tuple[int, ...]:

@@ -31,7 +31,7 @@ from sim.faults import (
 )
 from sim.faults_config import LinkFault, Preemption
 from sim.timeline import IDLE_CAUSES
-from workloads.schedules_advanced import OVERLAPPING_STEPS
+from workloads.registry import overlaps_steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,7 +170,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     transitions: dict[int, Result] = {}
     """Simulations of steps in which links degraded or failed, by row."""
     # mid-step link faults where steps are simulated in full (flows can be re-rated/rerouted)
-    mid_step = exp.schedule.name not in OVERLAPPING_STEPS and (
+    mid_step = not overlaps_steps(exp.schedule.name) and (
         fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
     t, applied, stall, preempted = 0.0, 0, 0.0, 0.0
     for first, count, batch in segments:

@@ -15,6 +15,7 @@ PURE = [
     "sim.collectives", "sim.network",
     "sim.stats", "sim.export", "sim.device", "sim.config", "sim.experiment", "sim.timeline",
     "workloads.multistep", "sim.idle", "sim.faults", "sim.faults_config", "workloads.seqchunks",
+    "workloads.registry",
 ]
 
 

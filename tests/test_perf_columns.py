@@ -8,8 +8,8 @@ the gaps of all GPUs at once (:func:`sim.idle._columnar`). Each is compared here
 path it stands in for, on several layouts and schedules (1F1B, GPipe, interleaved,
 ZB-H1, ZB-H2, Seq1F1B, sequence parallelism, ZeRO 0, split and unsplit folded ops):
 
-- the instructions, built on demand, against the general loop of :func:`_lower`, and the
-  columns against the instructions;
+- the instructions, built on demand, against the reference op loop
+  (``lower(..., reference=True)``), and the columns against the instructions;
 - the engine's times, latest predecessors, intervals, memory peaks, events and timeline
   against the in-order pass on the instruction objects; the declined cases (negative
   durations, dependencies on later ids) and instructions with many dependencies;
@@ -37,7 +37,9 @@ from sim.idle import idle_breakdown
 from sim.timeline import Timeline
 from tests.test_perf_paths import _cluster
 from workloads import lowering
-from workloads.lowering import Collapse, _lower
+from workloads.lowering import Collapse, lower
+from workloads.lowering import columnar as columnar_lowering
+from workloads.lowering.collapse import Folded
 from workloads.program import (
     COMPUTE,
     ColumnarInstructions,
@@ -83,8 +85,8 @@ def _collapse(exp: Experiment) -> Collapse:
 
 
 def _lowered(exp: Experiment, fast: bool = True) -> Program:
-    return _lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
-                  _collapse(exp), fast=fast)
+    return lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
+                 _collapse(exp), reference=not fast)
 
 
 def _plain(program: Program) -> Program:
@@ -101,7 +103,7 @@ def _no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every columnar path off: the general lowering loop, the in-order pass, the plain idle
     breakdown."""
     real = lowering._lower
-    monkeypatch.setattr(lowering, "_lower", lambda *a, **k: real(*a, **{**k, "fast": False}))
+    monkeypatch.setattr(lowering, "_lower", lambda *a: real(*a[:-1], True))  # reference
     monkeypatch.setattr("sim.engine.run_columns", lambda *a: None)
     monkeypatch.setattr(idle, "_columnar", lambda *a: None)
 
@@ -149,18 +151,18 @@ def test_split_decisions_on_arrays_equal_the_loop(monkeypatch: pytest.MonkeyPatc
     program of the general loop."""
     exp = _experiment({"tp": 8, "pp": 4, "dp": 1}, "1f1b", 128)
     seen = []
-    real = lowering._split_ops
+    real = columnar_lowering._split_ops
 
     def both(plans, plan_of, rank_at, ranks):  # type: ignore[no-untyped-def]
         out = real(plans, plan_of, rank_at, ranks)
         # a plan without collectives (used by no op) sends it down the op-by-op loop
-        pure = lowering._Folded((), plans[0].folded.whole, None, (), None, ())
-        loop = real([*plans, lowering._Plan(0, 0, pure, 0.0, 0.0, None, None)], plan_of,
+        pure = Folded((), plans[0].folded.whole, None, (), None, ())
+        loop = real([*plans, columnar_lowering._Plan(0, 0, pure, 0.0, 0.0, None, None)], plan_of,
                     rank_at, ranks)
         seen.append((out.tolist(), loop.tolist()))
         return out
 
-    monkeypatch.setattr(lowering, "_split_ops", both)
+    monkeypatch.setattr(columnar_lowering, "_split_ops", both)
     program = _lowered(exp)
     ((arrays, loop),) = seen
     assert arrays == loop and 0 < sum(arrays) < len(arrays)

@@ -167,12 +167,12 @@ def test_op_is_a_named_tuple_with_the_old_behaviour() -> None:
 ])
 def test_collapsed_fast_lowering_equals_the_general_loop(parallel: dict, schedule: str,
                                                          seq: int, monkeypatch) -> None:
-    """:func:`workloads.lowering._lower_collapsed` builds the program of the general loop,
-    instruction for instruction (names, ids, dependencies, keys, durations)."""
+    """:func:`workloads.lowering.columnar.lower_collapsed` builds the program of the reference
+    op loop, instruction for instruction (names, ids, dependencies, keys, durations)."""
     from sim.commtime import CollectiveTimer
     from sim.experiment import Experiment
     from workloads import lowering
-    from workloads.lowering import Collapse, _lower
+    from workloads.lowering import Collapse, lower
 
     gpus = parallel["tp"] * parallel["pp"] * parallel["dp"]
     data = {"name": "fast", "model": {"preset": "llama-7b", "num_layers": 8, "seq_length": seq},
@@ -186,9 +186,9 @@ def test_collapsed_fast_lowering_equals_the_general_loop(parallel: dict, schedul
                         collective_s=CollectiveTimer(exp.cluster))
     args = (exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage, collapse)
     calls = []
-    real = lowering._lower_collapsed
-    monkeypatch.setattr(lowering, "_lower_collapsed", lambda *a: calls.append(1) or real(*a))
-    fast, general = _lower(*args, fast=True), _lower(*args, fast=False)
+    real = lowering.lower_collapsed
+    monkeypatch.setattr(lowering, "lower_collapsed", lambda *a: calls.append(1) or real(*a))
+    fast, general = lower(*args), lower(*args, reference=True)
     assert calls == [1]  # the fast path ran (once: not for the general loop)
     assert [type(i) for i in fast.instructions] == [type(i) for i in general.instructions]
     assert fast == general

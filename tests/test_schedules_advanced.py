@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from base.errors import ConfigError, ScheduleError
 from sim import simulate
-from sim.experiment import build_experiment, schedule_builders
+from sim.experiment import build_experiment
+from workloads.registry import SCHEDULES
 from workloads.schedules import (
     Schedule,
     from_text,
@@ -27,7 +28,6 @@ from workloads.schedules import (
     validate,
 )
 from workloads.schedules_advanced import (
-    ADVANCED_BUILDERS,
     interleaved,
     makespan,
     microbatch_groups,
@@ -154,16 +154,6 @@ def test_schedule_error_is_a_value_error_with_a_clear_message() -> None:
         interleaved(4, 0, 2)
 
 
-def test_advanced_builders_registry() -> None:
-    assert set(ADVANCED_BUILDERS) == {"interleaved", "zb-h1", "zb-h2", "zb-v"}
-    defaults = {"interleaved": 1, "zb-h1": 1, "zb-h2": 1, "zb-v": 2}
-    for name, builder in ADVANCED_BUILDERS.items():
-        s = builder(4, 8, defaults[name])
-        assert s.name == name
-        assert builder(4, 8) == s  # the default v is the one that works
-    assert ADVANCED_BUILDERS["interleaved"](4, 8, 3).chunks_per_rank == 3
-
-
 def test_interleaved_v1_is_1f1b_and_p1_has_no_bubble() -> None:
     assert interleaved(4, 8, 1).rank_ops == one_f_one_b(4, 8).rank_ops
     for v in (2, 3, 4):
@@ -178,7 +168,7 @@ def test_multi_chunk_schedule_without_vpp_gets_two_chunks_per_rank(name: str) ->
     exp = build_experiment(cfg)
     assert exp.config.parallel.vpp == 2
     assert exp.schedule.chunks_per_rank == 2
-    assert exp.schedule == schedule_builders()[name](4, 8, 2)
+    assert exp.schedule == SCHEDULES[name](4, 8, 2)
 
 
 def test_a_vpp_the_file_gives_is_kept() -> None:

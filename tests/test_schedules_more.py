@@ -34,7 +34,6 @@ from workloads.schedules import (
     validate,
 )
 from workloads.schedules_advanced import (
-    EXTRA_BUILDERS,
     dualpipe_v,
     interleaved,
     makespan,
@@ -241,12 +240,6 @@ def test_seq1f1b_order_follows_the_reference_warmup() -> None:
 def test_invalid_arguments(call, match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
         call()
-
-
-def test_registry() -> None:
-    assert set(EXTRA_BUILDERS) == {"dualpipe-v", "seq1f1b"}
-    assert EXTRA_BUILDERS["dualpipe-v"](4, 8) == dualpipe_v(4, 8, 2)
-    assert EXTRA_BUILDERS["seq1f1b"](4, 8, 1, 3).seq_chunks == 3
 
 
 # ----------------------------------------------------------------------------- closed forms

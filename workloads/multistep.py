@@ -17,7 +17,7 @@ Between steps, two regimes:
   the optimizer (Shoeybi et al. 2019; Narayanan et al. 2021): no rank starts
   step ``k + 1`` before every rank has finished step ``k``. Steps are then
   identical, so ``N`` steps take exactly ``N`` times one.
-* ``barrier=False`` (:data:`~workloads.schedules_advanced.OVERLAPPING_STEPS`):
+* ``barrier=False`` (:attr:`~workloads.registry.ScheduleKind.steady_period`):
   the Zero Bubble paper's optimizer post-validation (Qi et al. 2024, sec. 4)
   replaces the synchronisation, so consecutive steps overlap across ranks;
   the steady-state period is then shorter than one isolated step

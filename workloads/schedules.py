@@ -357,7 +357,7 @@ def _internal_order(schedule: Schedule, group: tuple[Op, ...]) -> None:
 
 
 def list_schedule(
-    schedule: Schedule, duration: Callable[[Op], float]
+    schedule: Schedule, duration: Callable[[Op], float], reference: bool = False
 ) -> dict[Op, tuple[float, float]]:
     """Symbolic list-schedule run: each op starts when its rank is free and its producers are done.
 
@@ -372,11 +372,15 @@ def list_schedule(
     allow, until no rank can move. A rank blocked on a producer is not
     re-examined until that producer is done, and each group's producers are
     listed once, as op positions, so the cost is linear in the ops plus the passes.
+
+    A schedule without fused groups takes a fast path (:func:`_list_unfused`, its
+    producers worked out on arrays by :func:`producer_positions`); ``reference`` runs
+    the general loop instead, with the same result.
     """
     p = schedule.num_ranks
     order = [op for ops in schedule.rank_ops for op in ops]
     n = len(order)
-    found = None if schedule.fused else producer_positions(schedule, order)
+    found = None if schedule.fused or reference else producer_positions(schedule, order)
     if found is not None:
         return _list_unfused(schedule, duration, order, found)[0]
     index = {op: k for k, op in enumerate(order)}
@@ -816,10 +820,3 @@ def count_in_flight(ops: Iterable[Op]) -> int:
         elif op.kind == BACKWARD:
             live -= 1
     return peak
-
-
-BUILDERS: dict[str, Callable[[int, int], Schedule]] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-}
-"""Schedule builders by experiment-file name: ``builder(p, m) -> Schedule``."""

@@ -45,9 +45,6 @@ from workloads.schedules import (
 )
 
 __all__ = [
-    "ADVANCED_BUILDERS",
-    "EXTRA_BUILDERS",
-    "OVERLAPPING_STEPS",
     "dualpipe_v",
     "interleaved",
     "makespan",
@@ -639,36 +636,11 @@ def peak_activation(schedule: Schedule) -> tuple[Fraction, ...]:
     return tuple(peaks)
 
 
-ADVANCED_BUILDERS: dict[str, Callable[..., Schedule]] = {
-    "interleaved": interleaved,
-    "zb-h1": zb_h1,
-    "zb-h2": zb_h2,
-    "zb-v": zb_v,
-}
-"""Builders by experiment-file name: ``builder(p, m, v) -> Schedule``.
-
-``v`` is the experiment's ``vpp``: any ``v >= 1`` for ``interleaved`` (default
-2), 1 for ``zb-h1`` and ``zb-h2``, 2 for ``zb-v`` (the defaults). Others raise
-:class:`ScheduleError`.
-"""
-
-EXTRA_BUILDERS: dict[str, Callable[..., Schedule]] = {
-    "dualpipe-v": dualpipe_v,
-    "seq1f1b": seq1f1b,
-}
-"""More builders by experiment-file name: ``builder(p, m, v) -> Schedule``.
-
-``dualpipe-v`` needs ``v = 2`` (its V placement); ``seq1f1b`` needs ``v = 1``
-and takes the sequence chunks ``k`` as a fourth argument (the experiment's
-``training.seq_chunks``). Kept apart from :data:`ADVANCED_BUILDERS` so that
-registry stays as its tests pin it; the experiment merges both.
-"""
-
-OVERLAPPING_STEPS: frozenset[str] = frozenset({"zb-h2", "zb-v"})
-"""Schedules whose consecutive steps overlap (DESIGN.md ``step_time_s``).
-
-The Zero Bubble paper's optimizer post-validation (Qi et al. 2024, sec. 4)
-drops the step barrier for ZB-H2 and ZB-V; their step time in steady state is
-the period of back-to-back steps (:func:`steady_state_period`). Every other
-schedule here keeps the barrier: its period is one isolated step.
-"""
+def __getattr__(name: str) -> frozenset[str]:
+    """``OVERLAPPING_STEPS``: the schedules whose consecutive steps overlap, for
+    :mod:`sim.search` until it reads :attr:`workloads.registry.ScheduleKind.steady_period`
+    (the registry imports this module, so the set is derived on first use)."""
+    if name == "OVERLAPPING_STEPS":
+        from workloads.registry import SCHEDULES
+        return frozenset(n for n, kind in SCHEDULES.items() if kind.steady_period)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,93 @@
+"""Lowering's and the schedule tables' fast paths equal their references on random
+experiments (issue 18).
+
+A collapsed lowering of plain ops (no ZeRO-3, buckets, CP or EP pieces, no fused groups)
+lays its op loop out on arrays (:mod:`workloads.lowering.columnar`); ``lower(...,
+reference=True)`` builds the same program with the reference op loop
+(:mod:`workloads.lowering.ops`). Over random experiments (:mod:`tests.strategies`): the
+same instructions in the same order, every field equal (types and reprs too, so ``-0.0``
+or NaN would show), the same static memory and names; and the columns the engine and the
+idle analysis read equal the columns of the reference's instructions. The list schedule
+of a schedule without fused groups runs on producer columns
+(:func:`workloads.schedules.producer_positions`); ``list_schedule(..., reference=True)``
+runs the general loop; the lowering order is the unit-duration run's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from sim.commtime import CollectiveTimer
+from sim.experiment import build_experiment
+from tests.strategies import collapsible_experiments, experiments
+from workloads.lowering import Collapse, lower, topological_ops
+from workloads.program import ColumnarInstructions, columns_of
+from workloads.schedules import Op, list_schedule, unit_times
+
+EXAMPLES = 300
+"""Random experiments per run (each lowers in milliseconds)."""
+
+
+def _collapse(exp) -> Collapse:  # type: ignore[no-untyped-def]
+    return Collapse(compute_s=lambda seg: seg.flops * 1e-15 + seg.hbm_bytes * 1e-12
+                    + seg.elementwise_bytes * 1e-13,
+                    collective_s=CollectiveTimer(exp.cluster))
+
+
+@settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(collapsible_experiments())
+def test_fast_lowering_equals_the_reference(data: dict) -> None:
+    parallel = data["parallel"]
+    assume(parallel["cp"] == 1 and parallel["ep"] == 1)  # CP and EP ops are pieces
+    # ZeRO-3 and gradient buckets cut ops into pieces: the reference loop only
+    parallel["zero_stage"] = min(parallel["zero_stage"], 2)
+    parallel["overlap_grad_reduce"] = False
+    parallel.pop("grad_bucket_MB", None)
+    exp = build_experiment(data)
+    assume(not exp.schedule.fused)
+    args = (exp.schedule, exp.costs, exp.placement, parallel["zero_stage"], _collapse(exp))
+    fast, ref = lower(*args), lower(*args, reference=True)
+    assert isinstance(fast.instructions, ColumnarInstructions)  # the fast path ran
+    assert not isinstance(ref.instructions, ColumnarInstructions)
+    cols = fast.instructions.columns
+    plain = columns_of(ref.instructions)
+    assert plain is not None
+    for field in ("cls", "gpu", "dst", "fixed_s", "blocking_s", "alloc_bytes", "free_bytes"):
+        assert np.array_equal(getattr(cols, field), getattr(plain, field), equal_nan=True)
+    for field in ("kind", "comm"):
+        names, ref_names = np.array((*cols.names, "")), np.array((*plain.names, ""))
+        assert list(names[getattr(cols, field)]) == list(ref_names[getattr(plain, field)])
+    width = max(cols.deps.shape[1], plain.deps.shape[1])
+    deps = np.full((len(cols), width), -1)
+    deps[:, :cols.deps.shape[1]] = cols.deps
+    ref_deps = np.full((len(plain), width), -1)
+    ref_deps[:, :plain.deps.shape[1]] = plain.deps
+    assert np.array_equal(deps, ref_deps)
+    assert [type(i) for i in fast.instructions] == [type(i) for i in ref.instructions]
+    assert repr(fast.instructions) == repr(ref.instructions)
+    assert fast == ref
+
+
+@settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(experiments(), st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), min_size=3,
+                               max_size=3))
+def test_schedule_tables_equal_the_reference(data: dict, costs: list[float]) -> None:
+    """The list schedule on producer columns equals the general loop (op durations by
+    kind); the lowering order equals the unit-duration run sorted by (end, rank, start)."""
+    schedule = build_experiment(data).schedule
+    by_kind = dict(zip("FBW", costs, strict=True))
+
+    def duration(op: Op) -> float:
+        return by_kind[op.kind] * (1 + 0.1 * op.stage)
+
+    assert list_schedule(schedule, duration) == list_schedule(schedule, duration,
+                                                              reference=True)
+    unit = list_schedule(schedule, lambda op: 1.0, reference=True)
+    assert dict(unit_times(schedule)) == unit
+    rank = schedule.stage_rank
+    assert topological_ops(schedule) == sorted(
+        unit, key=lambda op: (unit[op][1], rank[op.stage], unit[op][0]))

@@ -1,0 +1,121 @@
+"""Lowering: schedule + cost model + placement -> per-rank :class:`~workloads.program.Program`.
+
+A chain of passes (DESIGN.md), one module each:
+
+1. :mod:`.order`, the schedule: the ops in a topological order (that of a
+   unit-duration symbolic run, so every producer is lowered before its consumers)
+   and each op's producers;
+2. :mod:`.pipeline`, pipeline send/recv: a send follows each op whose consumer stage
+   lives on another rank (activations forward, gradients backward); the consumer
+   depends on it;
+3. :mod:`.ops`, TP/SP/CP/EP collectives per layer: each op becomes its cost model's
+   segments (compute kernels and TP collectives) on every GPU of its TP group;
+   :mod:`.pieces` cuts ops at their markers for context parallelism's ring attention,
+   MoE all-to-alls over EP groups and the DP collectives inside ops;
+4. :mod:`.grads`, DP/ZeRO gradients: after the last backward of each stage, the
+   gradient collective over the DP x CP group (all-reduce, or reduce-scatter under
+   ZeRO >= 1); with ``overlap_grad_reduce`` in buckets during that backward and under
+   ZeRO-3 per layer, overlapped with the ops (:mod:`.pieces`), parameters gathered one
+   layer ahead;
+5. :mod:`.optimizer`, the optimizer step, then (ZeRO 1/2) the all-gather of updated
+   parameters.
+
+Passes 2 and 3 run op by op in one loop (the instructions of an op and its sends are
+numbered together); :mod:`.collapse` folds them for one representative GPU per
+pipeline rank. That loop is the reference; a collapsed lowering of plain ops has a fast
+path on arrays (:mod:`.columnar`), proven equal by ``tests/test_lowering_paths.py``.
+"""
+
+from __future__ import annotations
+
+from base.collector import gc_paused
+from topologies.placement import Placement
+from workloads.lowering.collapse import Collapse
+from workloads.lowering.columnar import joined, lower_collapsed
+from workloads.lowering.dataparallel import DataParallel
+from workloads.lowering.grads import reduce_gradients
+from workloads.lowering.groups import replica_coords
+from workloads.lowering.opcosts import CostModel, stages_of
+from workloads.lowering.ops import OpLoop
+from workloads.lowering.optimizer import optimizer_step
+from workloads.lowering.order import final_ops, positions, topological, topological_ops
+from workloads.lowering.pieces import PieceLowering
+from workloads.program import Program, ProgramBuilder
+from workloads.schedules import Schedule
+
+__all__ = ["Collapse", "CostModel", "lower", "topological_ops"]
+
+
+def lower(
+    schedule: Schedule,
+    costs: CostModel,
+    placement: Placement,
+    zero_stage: int = 0,
+    collapse: Collapse | None = None,
+    reference: bool = False,
+) -> Program:
+    """Lower one training step to per-GPU instructions. Pure and deterministic.
+
+    With ``collapse``, only one representative GPU per pipeline rank gets a
+    program (see :class:`Collapse`). ``reference``: build it with the reference op loop
+    (:mod:`.ops`) even where the fast path (:mod:`.columnar`) applies; the program is
+    the same.
+    """
+    # many long-lived objects, few cycles: the collector's scans would dominate; after, the
+    # program's objects move to the oldest generation at once, else the first young
+    # collection scans every one of them (a quarter second at 400k)
+    with gc_paused():
+        return _lower(schedule, costs, placement, zero_stage, collapse, reference)
+
+
+def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int,
+           collapse: Collapse | None, reference: bool) -> Program:
+    """:func:`lower`, with the garbage collector paused by the caller."""
+    pp, tp = placement.degree("pp"), placement.degree("tp")
+    if schedule.num_ranks != pp:
+        raise ValueError(f"schedule has {schedule.num_ranks} ranks but the layout has pp={pp}")
+    replicas = replica_coords(placement)
+    tp_lanes, lane_replicas = (1, replicas[:1]) if collapse is not None else (tp, replicas)
+    # lanes[r][e]: the GPUs of TP lanes 0..tp_lanes-1 of pipeline rank r, replica e (a
+    # (cp, dp) coordinate)
+    lanes = [[[placement.gpu(tp=t, cp=c, dp=d, pp=r) for t in range(tp_lanes)]
+              for c, d in lane_replicas] for r in range(pp)]
+    b = ProgramBuilder()
+    final_op = final_ops(schedule)
+    zero3 = zero_stage == 3 and len(replicas) > 1
+    overlap = bool(getattr(costs, "overlap_grad_reduce", False)) and len(replicas) > 1
+    cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
+    piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
+                 if zero3 or overlap or cp_or_ep else None)
+    fast = not reference and collapse is not None and piecewise is None and not schedule.fused
+    order, fields = topological(schedule, fields=fast)
+    head = None
+    if fast and order and fields is not None and fields[1].min() >= 0:  # F, B, W only
+        # positions of the final ops only (the step end's); the op loop has its own
+        index = positions(order, fields[0], fields[1], list(final_op.values()))
+        reps = [lane[0][0] for lane in lanes]
+        head = lower_collapsed(schedule, costs, collapse, placement, order, fields, reps,
+                               b.default_algo)
+        last = {(index[op], reps[schedule.stage_rank[op.stage]]): int(head.done[index[op]])
+                for op in final_op.values()}
+        b = ProgramBuilder(head.size, head.keys)  # the step end follows the op loop's part
+    else:
+        index = {op: k for k, op in enumerate(order)}
+        loop = OpLoop(b, schedule, costs, placement, collapse, lanes, piecewise,
+                      set(final_op.values()), zero3, overlap, cp_or_ep)
+        loop.run(order, index)
+        last = loop.last
+    dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)))
+    reduced = piecewise.reduced if piecewise is not None else set()
+    waits = reduce_gradients(dpar, schedule, costs, zero_stage, last, final_op, index, reduced)
+    if piecewise is not None:
+        for g, i in piecewise.dp_last.items():
+            waits[g].append(i)
+    optimizer_step(dpar, schedule, costs, zero_stage, waits)
+    coords = [placement.coords(g) for g in range(placement.num_gpus)]
+    gpu_names = tuple(f"gpu{g} pp{c['pp']} dp{c['dp']} tp{c['tp']}" for g, c in enumerate(coords))
+    static_of_rank = [costs.static_bytes(stages_of(schedule, r)) for r in range(pp)]
+    static = tuple(static_of_rank[c["pp"]] for c in coords)
+    simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
+    instructions = b.build() if head is None else joined(head, b.build())
+    return Program(placement.num_gpus, instructions, static, schedule, gpu_names, simulated)

@@ -1,0 +1,380 @@
+"""The fast path of a collapsed lowering: its op loop laid out on arrays.
+
+A collapsed lowering whose ops are each a chain of compute and TP collectives, unfused
+(no piecewise op, no fused group), builds the program of the reference op loop
+(:mod:`workloads.lowering.ops`), instruction for instruction, as
+:class:`~workloads.program.Columns`: every (stage, kind, sequence chunk) is worked out
+once and its micro-batches' instructions come out of array operations; the instruction
+objects are built only if something asks for them. ``lower(..., reference=True)`` runs
+the reference instead, and ``tests/test_lowering_paths.py`` proves the two equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from topologies.placement import Placement
+from workloads.lowering.collapse import Collapse, Folded, fold, pending_after, replica_send_s
+from workloads.lowering.groups import Groups, tp_groups
+from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
+from workloads.lowering.order import KINDS, producers_by_op
+from workloads.lowering.pipeline import consumer_stage
+from workloads.program import (
+    COLLECTIVE,
+    COMPUTE,
+    SEND,
+    Collective,
+    ColumnarInstructions,
+    Columns,
+    Compute,
+    Instruction,
+    Send,
+    columns_of,
+)
+from workloads.schedules import FORWARD, WHOLE, Op, Schedule, producer_positions, producers_at
+
+
+def joined(head: ColumnarOps, tail: tuple[Instruction, ...]
+           ) -> ColumnarInstructions | tuple[Instruction, ...]:
+    """A collapsed program's instructions: ``head``'s (the op loop's, on arrays) and
+    ``tail`` (the step end's), held as columns while nothing asks for the objects."""
+    rest = columns_of(tail)
+    if rest is None:  # not a collapsed step end (no such lowering): the objects now
+        return head.build() + tail
+    return ColumnarInstructions(head.columns_with(rest), lambda: head.build() + tail)
+
+
+def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
+                    placement: Placement, order: Sequence[Op],
+                    fields: tuple[np.ndarray, ...], reps: Sequence[int], algo: str
+                    ) -> ColumnarOps:
+    """The op loop of a collapsed lowering whose ops are each a chain of compute and TP
+    collectives, unfused (no piecewise op, no fused group): the program of the reference
+    op loop (:class:`~workloads.lowering.ops.OpLoop`), instruction for instruction, laid
+    out on arrays.
+
+    Everything but names, ids and dependencies is the same for every micro-batch of a
+    (stage, kind, sequence chunk): worked out once per such triple (:class:`_Plan`:
+    :func:`op_facts`, :func:`fold`, the pipeline send's time), it makes an op's
+    instructions a template (:func:`_slots`: leading collectives, the folded compute,
+    split or not as :func:`emit_folded` decides, trailing collectives, the send), each
+    instruction after an op's first depending on the one before it. Ids, the first
+    instruction's dependencies (what completes or delivers each producer) and every
+    field the engine reads then come out of array operations over all ops at once
+    (:class:`ColumnarOps`); the instruction objects are built only if asked for.
+    """
+    S, split = schedule.num_stages, schedule.split_backward
+    owner = schedule.stage_rank
+    transient = getattr(costs, "transient_bytes", None)
+    whole_p2p = costs.p2p_bytes()
+    n = len(order)
+    send_cache: dict[tuple[int, int, float], float] = {}
+    stage, kind, seq, at = fields  # of the ops in order (topological)
+    # one plan per (stage, kind, sequence chunk), numbered by first use
+    triple = (stage * 3 + kind) * (int(seq.max(initial=0)) + 2) + (seq + 1)
+    first = np.full(int(triple.max()) + 1, n, dtype=np.int64)
+    np.minimum.at(first, triple, np.arange(n))
+    used_at = np.sort(first[first < n])
+    number = np.zeros(len(first), dtype=np.int64)
+    number[triple[used_at]] = np.arange(len(used_at))
+    plan_of = number[triple]
+    plans: list[_Plan] = []
+    groups: dict[int, Groups] = {}  # per rank, its TP groups
+    for k in used_at.tolist():
+        st, kd, _, sq = order[k]
+        r, g = owner[st], reps[owner[st]]
+        generic = Op(st, kd, 0, sq)
+        segs, _, alloc, free = op_facts(costs, generic, split, transient)
+        if r not in groups:
+            groups[r] = tp_groups(placement, r)
+        folded = fold(segs, collapse.on(g), groups[r])
+        consumer = consumer_stage(generic, S)
+        p2p = op_p2p_bytes(costs, generic, whole_p2p)
+        send = None
+        if consumer is not None and owner[consumer] != r:
+            send = (reps[owner[consumer]], " act" if kd == FORWARD else " grad",
+                    replica_send_s(collapse, placement, send_cache, r, owner[consumer], p2p),
+                    p2p)
+        head, rest = folded.head, folded.rest
+        split_at = (head.compute_s if head is not None and rest is not None
+                    and not folded.leading else None)
+        plans.append(_Plan(r, g, folded, alloc, free, send, split_at))
+    rank_at = np.asarray(owner, dtype=np.int64)[stage]
+    split_op = _split_ops(plans, plan_of, rank_at, len(reps))
+    variant = plan_of * 2 + split_op
+    used = np.flatnonzero(np.bincount(variant, minlength=2 * len(plans))).tolist()
+    templates = {v: _slots(plans[v // 2], bool(v % 2)) for v in used}
+    sizes = np.zeros(2 * len(plans), dtype=np.int64)
+    starts = np.zeros(2 * len(plans), dtype=np.int64)  # each template's first slot row
+    rows: list[tuple[_Plan, tuple]] = []
+    for v in used:
+        sizes[v], starts[v] = len(templates[v]), len(rows)
+        rows.extend((plans[v // 2], slot) for slot in templates[v])
+    count = sizes[variant]
+    offset = np.cumsum(count) - count  # each op's first id
+    total = int(count.sum())
+    has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
+    done = offset + count - 1 - has_send  # the instruction completing each op
+    arrived = np.where(has_send, offset + count - 1, 0)  # the send delivering its output
+    # the producer columns the symbolic run worked out, renumbered for this order
+    found = producer_positions(schedule, order) if at is None else producers_at(schedule, at)
+    cols = [np.asarray(col, dtype=np.int64) for col in found] if found is not None else []
+    if found is None or any(col.max(initial=-1) >= n for col in cols):
+        # not a schedule's ops, or producers missing (lowering takes validated ones)
+        cols = [np.asarray(col, dtype=np.int64) for col in
+                producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})]
+    ext = np.full((n, 3), -1, dtype=np.int64)  # what completes or delivers each producer
+    for c, x in enumerate(cols):
+        there = x >= 0
+        safe = np.where(there, x, 0)
+        ext[:, c] = np.where(there, np.where(rank_at[safe] == rank_at, done[safe],
+                                             arrived[safe]), -1)
+    op_of = np.repeat(np.arange(n), count)
+    ids = np.arange(total, dtype=np.int64)
+    row = starts[variant[op_of]] + (ids - offset[op_of])
+    table = _slot_table(rows)
+    # compute timers read no id, name, dependency or micro-batch: one signature per slot row,
+    # its representative the slot's first instance
+    first_id = np.full(len(rows), total, dtype=np.int64)
+    np.minimum.at(first_id, row, ids)
+    sig_rows = [j for j in range(len(rows)) if table.cls[j] == COMPUTE and first_id[j] < total]
+    sig_of_row = np.full(len(rows), -1, dtype=np.int64)
+    sig_of_row[sig_rows] = np.arange(len(sig_rows))
+    layout = ColumnarOps(order, plans, templates, variant, offset, ext, algo, done,
+                        int(np.count_nonzero(table.cls[row] == COLLECTIVE)))
+    layout.parts = (table, row, kind[op_of], sig_of_row,
+                    tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
+    return layout
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every micro-batch of one (stage, kind, sequence chunk) emits (collapsed)."""
+
+    rank: int
+    gpu: int
+    folded: Folded
+    alloc: float
+    free: float
+    send: tuple[int, str, float, float] | None
+    """(destination GPU, name suffix, duration, bytes) of its pipeline send, if any."""
+    split_at: float | None
+    """Where its compute may be split (:func:`emit_folded`): the head's compute time."""
+
+
+def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
+               ranks: int) -> np.ndarray:
+    """Per op (in lowering order), whether it is emitted split (:func:`emit_folded`): its
+    head's compute is shorter than what the rank's earlier closing collective may still
+    take (``pending``, as the reference op loop keeps it per rank)."""
+    n = len(plan_of)
+    split_at = np.array([np.nan if p.split_at is None else p.split_at for p in plans])
+    if not n or np.isnan(split_at).all():
+        return np.zeros(n, dtype=np.int64)
+    if all(p.folded.trailing or p.folded.has_comm for p in plans):
+        # after each op, pending is its closing collectives' time (or 0): before an op,
+        # that of the rank's previous op
+        after = np.array([p.folded.trailing_s if p.folded.trailing else 0.0 for p in plans])
+        by_rank = np.argsort(rank_at, kind="stable")
+        before = np.zeros(n)
+        same = rank_at[by_rank[1:]] == rank_at[by_rank[:-1]]
+        before[by_rank[1:][same]] = after[plan_of[by_rank[:-1][same]]]
+        at = split_at[plan_of]
+        return np.where(np.isnan(at), False, before > np.nan_to_num(at)).astype(np.int64)
+    pending = [0.0] * ranks  # an op of pure compute among them: op by op, as the op loop
+    out = np.zeros(n, dtype=np.int64)
+    for k, p in enumerate(plan_of.tolist()):
+        plan = plans[p]
+        r = plan.rank
+        if plan.split_at is not None and pending[r] > plan.split_at:
+            out[k] = 1
+        pending[r] = pending_after(pending[r], plan.folded)
+    return out
+
+
+def _slots(plan: _Plan, split: bool) -> tuple[tuple, ...]:
+    """An op's instructions in order (:func:`emit_folded`, then its send): ``("run",
+    CommRun)``, ``("block", Block, alloc, free)`` and ``("send",)``."""
+    f = plan.folded
+    out: list[tuple] = [("run", run) for run in f.leading]
+    if split:
+        out.append(("block", f.head, plan.alloc, 0.0))
+        out += [("run", run) for run in f.first_comm]
+        out.append(("block", f.rest, 0.0, plan.free))
+    else:
+        out.append(("block", f.whole, plan.alloc, plan.free))
+    out += [("run", run) for run in f.trailing]
+    if plan.send is not None:
+        out.append(("send",))
+    return tuple(out)
+
+
+@dataclass
+class _SlotTable:
+    """Per template slot row, the fields the engine reads (``kind`` of a compute op is its
+    op's: see :meth:`kind_of`)."""
+
+    names: tuple[str, ...]
+    cls: np.ndarray
+    gpu: np.ndarray
+    kind: np.ndarray
+    """Code of a run's or send's kind; -1 for compute (the op's kind: the first three names
+    are F, B and W, coded as :data:`KINDS`)."""
+    dst: np.ndarray
+    fixed_s: np.ndarray
+    blocking_s: np.ndarray
+    comm: np.ndarray
+    alloc: np.ndarray
+    free: np.ndarray
+
+
+
+def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
+    """The fields of every slot row (:class:`_SlotTable`)."""
+    names = {k: i for i, k in enumerate((*KINDS, "pp"))}  # op kinds first, as KINDS
+    cls, gpu, kind, dst, fixed, blocking, comm, alloc, free = ([] for _ in range(9))
+    for plan, slot in rows:
+        gpu.append(plan.gpu)
+        what = slot[0]
+        if what == "run":
+            run = slot[1]
+            cls.append(COLLECTIVE)
+            kind.append(names.setdefault(run.kind, len(names)))
+            dst.append(-1)
+            fixed.append(run.duration_s)
+            blocking.append(0.0)
+            comm.append(-1)
+            alloc.append(0.0)
+            free.append(0.0)
+        elif what == "block":
+            blk = slot[1]
+            cls.append(COMPUTE)
+            kind.append(-1)
+            dst.append(-1)
+            fixed.append(np.nan)
+            blocking.append(blk.comm_s)
+            comm.append(names.setdefault(blk.comm_kind, len(names)))
+            alloc.append(slot[2])
+            free.append(slot[3])
+        else:
+            assert plan.send is not None
+            cls.append(SEND)
+            kind.append(names["pp"])
+            dst.append(plan.send[0])
+            fixed.append(plan.send[2])
+            blocking.append(0.0)
+            comm.append(-1)
+            alloc.append(0.0)
+            free.append(0.0)
+    return _SlotTable(tuple(names), np.array(cls, dtype=np.int8), np.array(gpu, dtype=np.int64),
+                      np.array(kind, dtype=np.int64), np.array(dst, dtype=np.int64),
+                      np.array(fixed, dtype=float), np.array(blocking, dtype=float),
+                      np.array(comm, dtype=np.int64), np.array(alloc, dtype=float),
+                      np.array(free, dtype=float))
+
+
+class ColumnarOps:
+    """The op loop of a collapsed lowering on arrays (:func:`lower_collapsed`): its
+    :class:`Columns`, and its instructions as objects on demand (:meth:`build`)."""
+
+    def __init__(self, order: Sequence[Op], plans: Sequence[_Plan],
+                 templates: Mapping[int, tuple[tuple, ...]], variant: np.ndarray,
+                 offset: np.ndarray, ext: np.ndarray, algo: str, done: np.ndarray,
+                 keys: int) -> None:
+        self.order, self.plans, self.templates = order, plans, templates
+        self.variant, self.offset, self.ext = variant, offset, ext
+        """Per op: its template, its first id, what its first instruction waits for."""
+        self.algo = algo
+        self.done = done
+        """Per op, the instruction that completes it."""
+        self.size = int(offset[-1] + len(templates[int(variant[-1])])) if len(offset) else 0
+        """Instructions."""
+        self.keys = keys
+        """Collective keys used (0 .. keys - 1, in id order)."""
+        self.parts: tuple
+        """What :meth:`columns_with` lays out: the slot table, each instruction's slot row
+        and op kind code, each slot row's signature and the signatures' representatives."""
+
+    def columns_with(self, tail: Columns) -> Columns:
+        """The columns of this part's instructions followed by ``tail``'s (the step end,
+        whose ids follow): laid out at their final size at once."""
+        table, row, op_kind, sig_of_row, signatures = self.parts
+        n, m = len(row), len(tail)
+        names = (*table.names, *(x for x in tail.names if x not in table.names))
+        code = {x: k for k, x in enumerate(names)}
+        remap = np.array([code[x] for x in tail.names] + [-1], dtype=np.int64)
+
+        def laid(values: np.ndarray, rest: np.ndarray) -> np.ndarray:
+            out = np.empty(n + m, dtype=values.dtype)
+            np.take(values, row, out=out[:n])
+            out[n:] = rest
+            return out
+
+        kind = laid(table.kind, remap[tail.kind])
+        compute = kind[:n] < 0
+        kind[:n][compute] = op_kind[compute]
+        width = max(3, tail.deps.shape[1])
+        deps = np.full((n + m, width), -1, dtype=np.int64)
+        deps[self.offset, :3] = self.ext  # an op's first instruction: its producers
+        later = np.ones(n, dtype=bool)
+        later[self.offset] = False
+        deps[:n, 0][later] = np.flatnonzero(later) - 1  # the others: the one before
+        deps[n:, :tail.deps.shape[1]] = tail.deps
+        return Columns(names, laid(table.cls, tail.cls), laid(table.gpu, tail.gpu), kind,
+                       laid(table.dst, tail.dst), deps, laid(table.fixed_s, tail.fixed_s),
+                       laid(table.blocking_s, tail.blocking_s),
+                       laid(table.comm, remap[tail.comm]),
+                       laid(table.alloc, tail.alloc_bytes), laid(table.free, tail.free_bytes),
+                       laid(sig_of_row, np.where(tail.signature >= 0,
+                                                 tail.signature + len(signatures), -1)),
+                       (*signatures, *tail.signatures))
+
+    def instruction(self, i: int) -> Instruction:
+        """Instruction ``i`` as :meth:`build` builds it (but a collective's key: 0)."""
+        k = int(np.searchsorted(self.offset, i, side="right")) - 1
+        ops, _ = self._op(k, int(self.offset[k]), 0)
+        return ops[i - int(self.offset[k])]
+
+    def _op(self, k: int, i: int, key: int) -> tuple[list[Instruction], int]:
+        """Op ``order[k]``'s instructions, the first with id ``i``, collective keys from
+        ``key``; and the next key."""
+        new = tuple.__new__
+        st, kind, mb, seq = self.order[k]
+        v = int(self.variant[k])
+        plan = self.plans[v // 2]
+        g = plan.gpu
+        name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
+        deps = tuple([d for d in self.ext[k].tolist() if d >= 0])
+        out: list[Instruction] = []
+        for slot in self.templates[v]:
+            what = slot[0]
+            if what == "run":
+                run = slot[1]
+                out.append(new(Collective, (i, g, run.kind, f"{name} {run.label}", deps, run.op,
+                                            self.algo, (g,), run.nbytes, key, st, mb,
+                                            run.duration_s)))
+                key += 1
+            elif what == "block":
+                blk, alloc, free = slot[1], slot[2], slot[3]
+                out.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
+                                         blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind,
+                                         alloc, free, st, mb)))
+            else:
+                dst, suffix, fixed, nbytes = plan.send  # type: ignore[misc]
+                out.append(new(Send, (i, g, dst, nbytes, "pp", name + suffix, deps, st, mb,
+                                      fixed)))
+            deps = (i,)
+            i += 1
+        return out, key
+
+    def build(self) -> tuple[Instruction, ...]:
+        """Every instruction as an object, in id order: those of the reference op loop."""
+        out: list[Instruction] = []
+        key = 0
+        for k, i in enumerate(self.offset.tolist()):
+            ops, key = self._op(k, i, key)
+            out.extend(ops)
+        return tuple(out)

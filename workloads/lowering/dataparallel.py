@@ -1,0 +1,78 @@
+"""Collectives over the data-parallel groups of a pipeline rank, as the gradient and
+optimizer passes emit them: one per TP lane over its DP x CP group
+(:func:`~workloads.lowering.groups.grad_group`), and for MoE with ep > 1 the experts'
+over each expert-data-parallel group; collapsed, one instruction on the representative
+GPU timed with every lane's group at once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from topologies.placement import Placement
+from workloads.lowering.collapse import Collapse
+from workloads.lowering.groups import expert_groups, grad_group, replica_coords
+from workloads.program import ProgramBuilder
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """Emits a pipeline rank's DP collectives into ``b`` (see the module doc)."""
+
+    b: ProgramBuilder
+    placement: Placement
+    collapse: Collapse | None
+    ep: int
+    """Expert-parallel degree (1: no expert groups)."""
+
+    @property
+    def tp(self) -> int:
+        """TP lanes of the layout."""
+        return self.placement.degree("tp")
+
+    @property
+    def dp(self) -> int:
+        """Size of the gradient group: DP x CP."""
+        return len(replica_coords(self.placement))
+
+    @property
+    def lanes(self) -> int:
+        """TP lanes simulated: all, or the representative's one when collapsed."""
+        return 1 if self.collapse is not None else self.tp
+
+    def lane_gpus(self, r: int, t: int) -> tuple[int, ...]:
+        """The simulated GPUs of TP lane ``t`` of rank ``r``'s gradient group."""
+        if self.collapse is not None:
+            return (self.placement.gpu(pp=r),)
+        return grad_group(self.placement, t, r)
+
+    def collective(self, r: int, t: int, deps: dict[int, tuple[int, ...]], name: str,
+                   op: str, nbytes: float, stage: int = -1) -> dict[int, int]:
+        """``op`` over TP lane ``t``'s gradient group of rank ``r``; ids by GPU."""
+        placement, collapse = self.placement, self.collapse
+        group = grad_group(placement, t, r)
+        if collapse is None:
+            return self.b.collective(group, deps, kind="dp", name=name, op=op, nbytes=nbytes,
+                                     stage=stage)
+        groups = tuple(grad_group(placement, u, r) for u in range(self.tp))
+        return self.b.collective((group[0],), deps, kind="dp", name=name, op=op,
+                                 nbytes=nbytes, stage=stage,
+                                 duration_s=collapse.collective_s(op, groups, nbytes))
+
+    def expert_collective(self, r: int, t: int, deps: Mapping[int, tuple[int, ...]],
+                          name: str, op: str, nbytes: float, stage: int = -1
+                          ) -> dict[int, int]:
+        """MoE with ep > 1: the experts' collective over each expert-data-parallel group."""
+        placement, collapse, ep = self.placement, self.collapse, self.ep
+        if collapse is not None:
+            rep = placement.gpu(pp=r)
+            groups = tuple(grp for u in range(self.tp)
+                           for grp in expert_groups(placement, u, r, ep))
+            return self.b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
+                                     nbytes=nbytes, stage=stage,
+                                     duration_s=collapse.collective_s(op, groups, nbytes))
+        ids: dict[int, int] = {}
+        for group in expert_groups(placement, t, r, ep):
+            ids.update(self.b.collective(group, {g: deps[g] for g in group}, kind="dp",
+                                         name=name, op=op, nbytes=nbytes, stage=stage))
+        return ids

@@ -1,0 +1,153 @@
+"""Passes 2 and 3 over the ops, the reference op loop: each op of the schedule, in
+lowering order (:mod:`.order`), becomes its cost model's segments (compute kernels and
+the TP/SP collectives between them) on every simulated GPU of its pipeline rank, after
+what completes or delivers its producers there; then its pipeline sends
+(:mod:`.pipeline`). Ops with DP markers, ring attention or EP all-to-alls go through
+:class:`~workloads.lowering.pieces.PieceLowering`; collapsed, an op is folded
+(:func:`~workloads.lowering.collapse.fold`) on the representative GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from topologies.placement import Placement
+from workloads.costs import CommSeg, Segment
+from workloads.lowering.collapse import Collapse, Folded, emit_folded, fold, pending_after
+from workloads.lowering.groups import tp_groups
+from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
+from workloads.lowering.pieces import PieceLowering
+from workloads.lowering.pipeline import (
+    Lanes,
+    PipeSend,
+    emit_replica_sends,
+    emit_sends,
+    pipeline_sends,
+)
+from workloads.program import ProgramBuilder
+from workloads.schedules import Op, Schedule, schedule_deps
+
+Facts = tuple[tuple[Segment, ...], int, float, float]
+"""An op's segments, how many compute, bytes allocated at its start and freed at its end
+(:func:`~workloads.lowering.opcosts.op_facts`)."""
+
+
+class OpLoop:
+    """The op loop of one lowering (its mutable state): :meth:`run` lowers the ops.
+
+    ``last[(k, g)]``: the instruction on GPU ``g`` that completes op ``order[k]``;
+    ``sent[(k, g)]``: the send that delivers its output to ``g``.
+    """
+
+    def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
+                 placement: Placement, collapse: Collapse | None, lanes: Lanes,
+                 piecewise: PieceLowering | None, final_ops: Collection[Op], zero3: bool,
+                 overlap: bool, cp_or_ep: bool) -> None:
+        self.b, self.schedule, self.costs = b, schedule, costs
+        self.placement, self.collapse, self.lanes = placement, collapse, lanes
+        self.piecewise = piecewise
+        """Lowers every op under ZeRO-3 (``zero3``: its parameter gathers) or with CP or EP
+        (``cp_or_ep``), else (``overlap``: the gradient buckets) the final ops only."""
+        self.final_ops = final_ops
+        self.zero3, self.overlap = zero3, overlap
+        self.every_op = zero3 or cp_or_ep
+        self.last: dict[tuple[int, int], int] = {}
+        self.sent: dict[tuple[int, int], int] = {}
+        self.pending = [0.0] * schedule.num_ranks
+        """Per rank, see :func:`~workloads.lowering.collapse.emit_folded`."""
+        # an op's work and memory do not depend on its micro-batch index: cached per
+        # (stage, kind, sequence chunk)
+        self.facts: dict[Op, Facts] = {}
+        self.folds: dict[Op, Folded] = {}
+        self.send_s: dict[tuple[int, int, float], float] = {}
+        self.transient: Callable | None = getattr(costs, "transient_bytes", None)
+        self.whole_p2p = costs.p2p_bytes()
+
+    def run(self, order: Sequence[Op], index: Mapping[Op, int]) -> None:
+        """Lower ``order`` (the lowering order; ``index``: each op's position in it)."""
+        schedule, owner = self.schedule, self.schedule.stage_rank
+        groups_of = schedule.groups if order else {}
+        piecewise, every_op, final_ops = self.piecewise, self.every_op, self.final_ops
+        for k, op in enumerate(order):
+            r = owner[op.stage]
+            generic = Op(op.stage, op.kind, 0, op.seq)
+            p2p = op_p2p_bytes(self.costs, generic, self.whole_p2p)
+            facts = self.facts.get(generic)
+            if facts is None:
+                facts = self.facts[generic] = op_facts(self.costs, generic,
+                                                       schedule.split_backward, self.transient)
+            local = [(index[dep], owner[dep.stage] == r) for dep in schedule_deps(schedule, op)]
+            group = groups_of[op]  # a fused group (DualPipe F&B) sends at its end
+            sends = (pipeline_sends(schedule, group, r, index, self.collapse, self.placement,
+                                    self.send_s, p2p) if op == group[-1] else [])
+            if piecewise is not None and (every_op or op in final_ops):
+                self._pieces(k, op, r, local, facts, sends, p2p)
+            elif self.collapse is not None:
+                self._folded(k, op, generic, r, local, facts, sends, p2p)
+            else:
+                self._full(k, op, r, local, facts, sends, p2p)
+
+    def _deps(self, g: int, local: Sequence[tuple[int, bool]]) -> tuple[int, ...]:
+        """What op's first instruction on GPU ``g`` waits for: per producer (its position,
+        whether on this rank) the instruction completing it there or the send delivering it."""
+        last, sent = self.last, self.sent
+        return tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
+
+    def _pieces(self, k: int, op: Op, r: int, local: Sequence[tuple[int, bool]], facts: Facts,
+                sends: Sequence[PipeSend], p2p: float) -> None:
+        """An op with markers, ring attention or all-to-alls (:class:`PieceLowering`)."""
+        assert self.piecewise is not None
+        _, _, alloc, free = facts
+        prev = {g: self._deps(g, local) for lane in self.lanes[r] for g in lane}
+        self.piecewise.emit(k, op, r, prev, alloc, free, self.last, self.pending,
+                            marked=self.zero3 or (self.overlap and op in self.final_ops))
+        emit_sends(self.b, sends, self.lanes, r, k, self.last, self.sent, p2p)
+
+    def _folded(self, k: int, op: Op, generic: Op, r: int, local: Sequence[tuple[int, bool]],
+                facts: Facts, sends: Sequence[PipeSend], p2p: float) -> None:
+        """Collapsed: the op folded on the representative GPU, then its sends."""
+        assert self.collapse is not None
+        segs, _, alloc, free = facts
+        (g,) = self.lanes[r][0]
+        folded = self.folds.get(generic)
+        if folded is None:
+            folded = self.folds[generic] = fold(segs, self.collapse.on(g),
+                                                tp_groups(self.placement, r))
+        self.last[(k, g)] = emit_folded(self.b, g, op, str(op), folded, self._deps(g, local),
+                                        alloc, free, self.pending[r])
+        self.pending[r] = pending_after(self.pending[r], folded)
+        emit_replica_sends(self.b, sends, self.lanes, r, 0, k, self.last, self.sent, p2p)
+
+    def _full(self, k: int, op: Op, r: int, local: Sequence[tuple[int, bool]], facts: Facts,
+              sends: Sequence[PipeSend], p2p: float) -> None:
+        """Every replica of rank ``r`` in turn: the op's segments on each of its TP lanes
+        (collectives over the TP group, compute on each GPU; the op's memory allocated with
+        its first compute segment and freed with its last), then that replica's sends."""
+        b, last = self.b, self.last
+        segs, n_compute, alloc, free = facts
+        op_name = str(op)
+        comm_names = {i: f"{op_name} {seg.label}" for i, seg in enumerate(segs)
+                      if isinstance(seg, CommSeg)}
+        for d, gpus in enumerate(self.lanes[r]):
+            prev = {g: self._deps(g, local) for g in gpus}
+            seen_compute = 0
+            for i, seg in enumerate(segs):
+                if isinstance(seg, CommSeg):
+                    ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=comm_names[i],
+                                       op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb)
+                else:
+                    seen_compute += 1
+                    a_bytes = alloc if seen_compute == 1 else 0.0
+                    f_bytes = free if seen_compute == n_compute else 0.0
+                    label = op_name if seen_compute == 1 else seg.label
+                    ids = {g: b.compute(g, op.kind, label, prev[g], flops=seg.flops,
+                                        hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
+                                        attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
+                                        elementwise_bytes=seg.elementwise_bytes,
+                                        stage=op.stage, mb=op.mb, alloc_bytes=a_bytes,
+                                        free_bytes=f_bytes) for g in gpus}
+                prev = {g: (ids[g],) for g in gpus}
+            if segs:
+                for g in gpus:
+                    last[(k, g)] = prev[g][0]
+            emit_replica_sends(b, sends, self.lanes, r, d, k, last, self.sent, p2p)

@@ -1,0 +1,123 @@
+"""Pass 1, the schedule: the order ops are lowered in and each op's producers.
+
+Ops are taken in a topological order, that of a unit-duration symbolic run
+(:func:`~workloads.schedules.unit_times`), so that every producer is lowered
+before its consumers; the producers follow from the schedule's one dependency
+rule (:func:`~workloads.schedules.op_deps`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from itertools import chain
+from operator import itemgetter
+
+import numpy as np
+
+from workloads.schedules import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT_GRAD,
+    Op,
+    Schedule,
+    op_deps,
+    unit_order,
+    unit_times,
+)
+
+
+def topological_ops(schedule: Schedule) -> list[Op]:
+    """All ops in an order where every op comes after its producers and its rank predecessors."""
+    return topological(schedule)[0]
+
+
+KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
+"""Op kinds as :func:`topological` codes them."""
+
+
+def topological(schedule: Schedule, fields: bool = False
+                ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
+    """:func:`topological_ops`; with ``fields``, also the ops' stages, kind codes
+    (:data:`KINDS`), sequence fields and rank-order positions (:func:`unit_order`; None
+    where it has none) in that order, as arrays."""
+    times = unit_times(schedule)
+    ops = list(times)
+    n = len(ops)
+    if not n:
+        return ops, (*(np.zeros(0, np.int64),) * 3, None) if fields else None
+    # sorted by (end, rank, start), ties in the symbolic run's order: a stable sort on keys
+    # read into arrays (the ranks through the stages) instead of a key tuple per op
+    spans = np.fromiter(chain.from_iterable(times.values()), float, 2 * n)
+    coded = unit_order(schedule) if fields else None
+    at = kinds = None
+    if coded is not None:  # worked out by the symbolic run (the same codes as kind_codes)
+        at, stage, kinds, seq = coded
+    elif fields:
+        ints = np.fromiter(chain.from_iterable(map(itemgetter(0, 3), ops)), np.int64, 2 * n)
+        stage, seq = ints[0::2], ints[1::2]
+    else:
+        stage = np.fromiter(map(itemgetter(0), ops), np.int64, n)
+    ranks = np.asarray(schedule.stage_rank, dtype=np.int64)[stage]
+    perm = np.lexsort((spans[0::2], ranks, spans[1::2]))
+    order = list(map(ops.__getitem__, perm.tolist()))
+    if not fields:
+        return order, None
+    if kinds is None:
+        kinds = kind_codes(ops)
+    return order, (stage[perm], kinds[perm], seq[perm], None if at is None else at[perm])
+
+
+def kind_codes(ops: Sequence[Op]) -> np.ndarray:
+    """The ops' kinds as :data:`KINDS` codes (-1 for another kind)."""
+    letters = "".join(map(itemgetter(1), ops))
+    if len(letters) == len(ops) and letters.isascii():  # one character each: as bytes
+        table = np.full(256, -1, dtype=np.int64)
+        for name, code in KINDS.items():
+            table[ord(name)] = code
+        return table[np.frombuffer(letters.encode(), dtype=np.uint8)]
+    return np.fromiter((KINDS.get(op.kind, -1) for op in ops), np.int64, len(ops))
+
+
+def positions(order: Sequence[Op], stage: np.ndarray, kind: np.ndarray,
+              ops: Sequence[Op]) -> dict[Op, int]:
+    """The position in ``order`` of each of ``ops``, the last op of its stage and kind in
+    ``order`` (a final op: the last backward or W of its stage in its rank's order, which
+    ``order`` keeps); looked up op by op where one is not."""
+    key = stage * 3 + kind
+    last = np.full(int(key.max(initial=0)) + 1, -1, dtype=np.int64)
+    np.maximum.at(last, key, np.arange(len(order)))
+    out = {}
+    for op in ops:
+        code = op.stage * 3 + KINDS.get(op.kind, -1)
+        k = int(last[code]) if 0 <= code < len(last) else -1
+        if k < 0 or order[k] != op:
+            wanted = set(ops)
+            return {op: k for k, op in enumerate(order) if op in wanted}
+        out[op] = k
+    return out
+
+
+def producers_by_op(schedule: Schedule, order: Sequence[Op], index: Mapping[Op, int]
+                    ) -> tuple[list[int], list[int], list[int]]:
+    """:func:`~workloads.schedules.producer_positions` op by op (:func:`op_deps`), for ops
+    it declines; a producer missing from ``order`` raises KeyError, as lowering did."""
+    cols: tuple[list[int], list[int], list[int]] = ([], [], [])
+    S, split, chunks = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
+    for op in order:
+        found = [index[d] for d in op_deps(op, S, split, chunks)]
+        found += [-1] * (3 - len(found))
+        for col, x in zip(cols, found, strict=True):
+            col.append(x)
+    return cols
+
+
+def final_ops(schedule: Schedule) -> dict[int, Op]:
+    """Per stage, its final op: the last backward (or W, where the backward is split) in
+    its rank's program order; the stage's gradients are complete after it."""
+    last_kind = WEIGHT_GRAD if schedule.split_backward else BACKWARD
+    out: dict[int, Op] = {}
+    for ops in schedule.rank_ops:
+        for op in ops:
+            if op.kind == last_kind:
+                out[op.stage] = op
+    return out

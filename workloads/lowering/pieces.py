@@ -1,0 +1,418 @@
+"""Ops that are more than a chain of compute and TP collectives, cut at their markers:
+ZeRO-3's per-layer parameter gathers and gradient reduce-scatters and the gradient
+buckets of ``overlap_grad_reduce`` (pass 4 inside the ops), context parallelism's ring
+attention and MoE all-to-alls over EP groups (pass 3); see :class:`PieceLowering`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from topologies.placement import Placement
+from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
+from workloads.lowering.collapse import Collapse, Folded, emit_folded, fold, with_all_to_all
+from workloads.lowering.grads import grad_op
+from workloads.lowering.groups import (
+    ALL_TO_ALL_ALGO,
+    ep_groups,
+    expert_groups,
+    grad_group,
+    replica_coords,
+    tp_groups,
+)
+from workloads.lowering.opcosts import CostModel
+from workloads.lowering.pipeline import Lanes
+from workloads.program import ProgramBuilder
+from workloads.schedules import Op, Schedule
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of an op's segments between DP markers: the parameters it needs gathered
+    first (ZeRO-3), its compute and TP collectives, the gradients it finishes."""
+
+    gather: ParamGather | None
+    segs: tuple[Segment, ...]
+    ready: tuple[GradReady, ...]
+    compute_before: int
+    """Compute segments of the op before this piece (for where memory is allocated/freed)."""
+
+    @property
+    def num_compute(self) -> int:
+        """Compute segments of this piece."""
+        return sum(isinstance(seg, ComputeSeg) for seg in self.segs)
+
+
+def split_pieces(segs: Sequence[Segment]) -> tuple[Piece, ...]:
+    """Cut an op's marked segments into pieces: a :class:`ParamGather` opens a piece, a
+    :class:`GradReady` closes one (the segments after it start the next)."""
+    pieces: list[Piece] = []
+    gather: ParamGather | None = None
+    body: list[Segment] = []
+    ready: list[GradReady] = []
+    before = 0
+
+    def close() -> None:
+        nonlocal gather, body, ready, before
+        if gather is not None or body or ready:
+            piece = Piece(gather, tuple(body), tuple(ready), before)
+            pieces.append(piece)
+            before += piece.num_compute
+        gather, body, ready = None, [], []
+
+    for seg in segs:
+        if isinstance(seg, ParamGather):
+            close()
+            gather = seg
+        elif isinstance(seg, GradReady):
+            ready.append(seg)
+        else:
+            if ready:
+                close()
+            body.append(seg)
+    close()
+    return tuple(pieces)
+
+
+class PieceLowering:
+    """Lowers ops that are more than a chain of compute and TP collectives (mutable state
+    of one lowering pass): DP collectives inside ops and context-parallel ring attention.
+
+    ZeRO-3 (Rajbhandari et al. 2020, sec. 5.3 and 7.2; PyTorch FSDP): before
+    each piece (a layer, the head) its parameters are all-gathered over the DP
+    group on the ``dp`` stream, issued one piece ahead (the gather for piece
+    n+1 waits only for piece n-1 to end, so it overlaps piece n; the first
+    piece of the rank's next op is prefetched during the last piece of this
+    one); after each piece's backward its gradients are reduce-scattered.
+    Every micro-batch gathers again and reduce-scatters its own gradients.
+
+    ``overlap_grad_reduce`` (Megatron-LM's ``--overlap-grad-reduce``, PyTorch
+    DDP buckets, Li et al. 2020): in the last backward (or W) of each stage,
+    gradients fill buckets of ``grad_bucket_bytes`` in backward order; a full
+    bucket is reduced (all-reduce, or reduce-scatter under ZeRO-1/2) as soon as
+    the piece that completes it ends; the remainder goes when the op ends.
+
+    All DP collectives of a GPU share its ``dp`` stream, in issue order (one stream per
+    communication kind): a gather queues behind reduce-scatters issued before it, e.g. the
+    first layers' gathers of a forward behind the previous backward's last reduce-scatter.
+    The gathered working set is memory of the ops (``transient_bytes``), not of these
+    instructions. The DP group is the DP x CP group (:func:`grad_group`).
+
+    Ring attention (:class:`~workloads.costs.RingAttention`): block j >= 1 of the
+    attention core waits for the K/V block sent to this GPU by its CP ring
+    predecessor; each GPU forwards a block once it has arrived. In the full
+    lowering these are point-to-point sends of kind ``cp``; collapsed, the
+    representative GPU's own send stands for its receive (every ring member
+    sends at once), timed with all ring pairs of the pipeline rank.
+
+    MoE (ep > 1): the all-to-alls (``CommSeg(group="ep")``) run over each EP
+    group of ep consecutive DP ranks; with ``overlap_grad_reduce`` the expert
+    gradients fill their own buckets, reduced over the replicas holding the
+    same experts (:func:`expert_groups`).
+    """
+
+    def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
+                 placement: Placement, zero_stage: int, collapse: Collapse | None,
+                 lanes: Lanes) -> None:
+        self.b, self.costs, self.placement = b, costs, placement
+        self.collapse = None if collapse is None else with_all_to_all(collapse)
+        self.schedule, self.lanes = schedule, lanes
+        self.zero3 = zero_stage == 3
+        self.grad_op = grad_op(zero_stage)
+        self.bucket_bytes = float(getattr(costs, "grad_bucket_bytes", 25e6))
+        self.tp = placement.degree("tp")
+        self.ep = int(getattr(costs, "ep", 1))
+        self.expert_replicas = len(replica_coords(placement)) // self.ep
+        """GPUs holding the same experts (the expert-data-parallel group size)."""
+        self.next_op = {op: ops[i + 1] for ops in schedule.rank_ops
+                        for i, op in enumerate(ops[:-1])}
+        self.cache: dict[tuple[Op, bool], tuple[Piece, ...]] = {}
+        self.fold_cache: dict[tuple, Folded] = {}
+        self.prefetched: dict[Op, dict[int, tuple[int, ...]]] = {}
+        """Gathers issued ahead for the first piece of an op, by GPU."""
+        self.ends: dict[int, list[int]] = {}
+        """Per GPU, the ends of its last two pieces."""
+        self.dp_last: dict[int, int] = {}
+        """Per GPU, its last DP collective issued during the ops."""
+        self.reduced: set[int] = set()
+        """Stages whose gradients were reduced during their ops (none left for the step end)."""
+        cp = placement.degree("cp")
+        self.ring_next = {g: placement.gpu(**{**placement.coords(g),
+                                              "cp": (placement.coords(g)["cp"] + 1) % cp})
+                          for g in range(placement.num_gpus)} if cp > 1 else {}
+
+    def pieces(self, op: Op, marked: bool) -> tuple[Piece, ...]:
+        """``op``'s segments (``marked``: with its DP markers) cut into pieces, cached per
+        (stage, kind, sequence chunk)."""
+        generic = Op(op.stage, op.kind, 0, op.seq)
+        hit = self.cache.get((generic, marked))
+        if hit is None:
+            split = self.schedule.split_backward
+            segs = self.costs.op_segments(generic, split, markers=True) if marked else \
+                self.costs.op_segments(generic, split)
+            hit = self.cache[(generic, marked)] = split_pieces(segs)
+        return hit
+
+    # ---------------------------------------------------------------- DP collectives
+    def _dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
+            nbytes: float, stage: int, mb: int) -> dict[int, int]:
+        """One DP collective per TP lane of pipeline rank ``r``."""
+        groups = tuple(grad_group(self.placement, t, r) for t in range(self.tp))
+        return self._dp_groups(r, groups, deps, name, op, nbytes, stage, mb)
+
+    def _dp_groups(self, r: int, groups: tuple[tuple[int, ...], ...],
+                   deps: Mapping[int, tuple[int, ...]], name: str, op: str, nbytes: float,
+                   stage: int, mb: int) -> dict[int, int]:
+        """A DP-stream collective over each of ``groups`` (GPUs of pipeline rank ``r``); when
+        collapsed, one instruction on the representative GPU timed for all groups at once."""
+        b = self.b
+        if self.collapse is not None:
+            rep = self.placement.gpu(pp=r)
+            ids = b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
+                               nbytes=nbytes, stage=stage, mb=mb,
+                               duration_s=self.collapse.collective_s(op, groups, nbytes))
+        else:
+            ids = {}
+            for group in groups:
+                ids.update(b.collective(group, {g: deps[g] for g in group}, kind="dp",
+                                        name=name, op=op, nbytes=nbytes, stage=stage, mb=mb))
+        self.dp_last.update(ids)
+        return ids
+
+    def _gather(self, r: int, op: Op, gather: ParamGather, gpus: Sequence[int],
+                back: int) -> dict[int, tuple[int, ...]]:
+        """All-gather ``gather`` once the piece ``back`` pieces ago on each GPU has ended
+        (its experts' part over the replicas holding them); the ids by GPU."""
+        deps = {}
+        for g in gpus:
+            ends = self.ends.get(g, [])
+            deps[g] = (ends[-back],) if len(ends) >= back else ()
+        ids = self._dp(r, deps, f"{op} {gather.label} all_gather", "all_gather",
+                       gather.nbytes, op.stage, op.mb)
+        out = {g: (i,) for g, i in ids.items()}
+        if gather.expert_nbytes > 0 and self.expert_replicas > 1:
+            more = self._expert_dp(r, deps, f"{op} {gather.label} experts all_gather",
+                                   "all_gather", gather.expert_nbytes, op.stage, op.mb)
+            out = {g: out[g] + (more[g],) for g in out}
+        return out
+
+    def _end_piece(self, g: int, end: int) -> None:
+        ends = self.ends.setdefault(g, [])
+        ends.append(end)
+        del ends[:-2]
+
+    # ---------------------------------------------------------------- one op
+    def emit(self, k: int, op: Op, r: int, prev: dict[int, tuple[int, ...]], alloc: float,
+             free: float, last: dict[tuple[int, int], int], pending: list[float],
+             marked: bool) -> None:
+        """Emit ``op`` (position ``k`` of the lowering order) on every simulated GPU of
+        rank ``r``, starting after ``prev[g]``; its last instruction goes to ``last``.
+        ``marked``: with its DP markers (ZeRO-3, or the bucketed final backward)."""
+        pieces = self.pieces(op, marked)
+        total = sum(piece.num_compute for piece in pieces)
+        gpus = list(prev)
+        ahead = self.prefetched.pop(op, None)
+        bucket, n_buckets = 0.0, 0
+        expert_bucket, n_expert = 0.0, 0
+        for n, piece in enumerate(pieces):
+            if piece.gather is not None and ahead is None:
+                ahead = self._gather(r, op, piece.gather, gpus, 2)
+            gathered, ahead = ahead, None
+            follow = pieces[n + 1].gather if n + 1 < len(pieces) else None
+            if follow is not None:
+                ahead = self._gather(r, op, follow, gpus, 1)
+            elif n + 1 == len(pieces) and self.zero3 and op in self.next_op:
+                nxt = self.next_op[op]
+                first = self.pieces(nxt, True)[0].gather if self.pieces(nxt, True) else None
+                if first is not None:
+                    self.prefetched[nxt] = self._gather(r, nxt, first, gpus, 1)
+            if gathered is not None:
+                prev = {g: prev[g] + gathered[g] for g in gpus}
+            if piece.segs:
+                prev = self._emit_body(op, (n, marked), piece, r, prev, alloc, free, total,
+                                       pending, n + 1 == len(pieces))
+                for g in gpus:
+                    self._end_piece(g, prev[g][0])
+            for ready in piece.ready:
+                if self.zero3:
+                    self._dp(r, prev, f"{op} {ready.label} reduce_scatter", "reduce_scatter",
+                             ready.nbytes, op.stage, op.mb)
+                    if ready.expert_nbytes > 0 and self.expert_replicas > 1:
+                        self._expert_dp(r, prev, f"{op} {ready.label} experts reduce_scatter",
+                                        "reduce_scatter", ready.expert_nbytes, op.stage, op.mb)
+                    continue
+                bucket += ready.nbytes
+                while bucket >= self.bucket_bytes:
+                    self._bucket(r, op, prev, self.bucket_bytes, n_buckets)
+                    bucket -= self.bucket_bytes
+                    n_buckets += 1
+                expert_bucket += ready.expert_nbytes if self.expert_replicas > 1 else 0.0
+                while expert_bucket >= self.bucket_bytes:
+                    self._bucket(r, op, prev, self.bucket_bytes, n_expert, expert=True)
+                    expert_bucket -= self.bucket_bytes
+                    n_expert += 1
+        if not self.zero3 and any(piece.ready for piece in pieces):
+            if bucket > 0.5:  # bytes: what float sums leave over is not a bucket
+                self._bucket(r, op, prev, bucket, n_buckets)
+            if expert_bucket > 0.5:
+                self._bucket(r, op, prev, expert_bucket, n_expert, expert=True)
+            self.reduced.add(op.stage)
+        if self.zero3 and marked:
+            self.reduced.add(op.stage)
+        for g in gpus:
+            last[(k, g)] = prev[g][0]
+
+    def _bucket(self, r: int, op: Op, prev: Mapping[int, tuple[int, ...]], nbytes: float,
+                i: int, expert: bool = False) -> None:
+        """A gradient bucket's collective; ``expert``: over the expert-data-parallel groups."""
+        if not expert:
+            self._dp(r, prev, f"stage{op.stage} grad bucket{i} {self.grad_op}", self.grad_op,
+                     nbytes, op.stage, -1)
+            return
+        self._expert_dp(r, prev, f"stage{op.stage} expert grad bucket{i} {self.grad_op}",
+                        self.grad_op, nbytes, op.stage, -1)
+
+    def _expert_dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
+                   nbytes: float, stage: int, mb: int) -> dict[int, int]:
+        """A collective over each expert-data-parallel group of rank ``r`` (MoE, ep > 1)."""
+        groups = tuple(grp for t in range(self.tp)
+                       for grp in expert_groups(self.placement, t, r, self.ep))
+        return self._dp_groups(r, groups, deps, name, op, nbytes, stage, mb)
+
+    def _emit_body(self, op: Op, key: tuple, piece: Piece, r: int,
+                   prev: dict[int, tuple[int, ...]], alloc: float, free: float, total: int,
+                   pending: list[float], is_last: bool) -> dict[int, tuple[int, ...]]:
+        """A piece's compute, TP collectives and ring attention; each GPU's last instruction.
+
+        Memory: ``alloc`` goes with the op's first compute segment, ``free`` with its
+        last (of ``total``)."""
+        if self.collapse is not None:
+            return self._emit_collapsed(op, key, piece, r, prev, alloc, free, total, pending,
+                                        is_last)
+        b, op_name = self.b, str(op)
+        cur = dict(prev)
+        seen = piece.compute_before
+        for seg in piece.segs:
+            if isinstance(seg, RingAttention):
+                cur = self._ring_full(op, seg, cur)
+                continue
+            if isinstance(seg, ComputeSeg):
+                seen += 1
+            if isinstance(seg, CommSeg) and seg.group == "ep":
+                for group in ep_groups(self.placement, r, self.ep):
+                    ids = b.collective(group, {g: cur[g] for g in group}, kind=seg.kind,
+                                       name=f"{op_name} {seg.label}", op=seg.op,
+                                       nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
+                                       algo=ALL_TO_ALL_ALGO)
+                    for g in group:
+                        cur[g] = (ids[g],)
+                continue
+            for tp_group in self.lanes[r]:
+                if isinstance(seg, CommSeg):
+                    ids = b.collective(tuple(tp_group), {g: cur[g] for g in tp_group},
+                                       kind=seg.kind, name=f"{op_name} {seg.label}",
+                                       op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb)
+                else:
+                    label = op_name if seen == 1 else seg.label
+                    ids = {g: b.compute(g, op.kind, label, cur[g], flops=seg.flops,
+                                        hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
+                                        attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
+                                        elementwise_bytes=seg.elementwise_bytes,
+                                        stage=op.stage, mb=op.mb,
+                                        alloc_bytes=alloc if seen == 1 else 0.0,
+                                        free_bytes=free if seen == total else 0.0)
+                           for g in tp_group}
+                for g in tp_group:
+                    cur[g] = (ids[g],)
+        return cur
+
+    def _ring_full(self, op: Op, ring: RingAttention, cur: dict[int, tuple[int, ...]]
+                   ) -> dict[int, tuple[int, ...]]:
+        """Ring attention on every GPU of the rank: block j waits for the pass that brought
+        its K/V; the pass of block j + 1 leaves once block j's K/V arrived."""
+        b, blk = self.b, ring.block
+        start = dict(cur)
+        recv: dict[int, int] = {}
+        for j in range(ring.steps):
+            if j >= 1:
+                arrived = {}
+                for g in cur:
+                    dst = self.ring_next[g]
+                    arrived[dst] = b.send(g, dst, ring.nbytes, ring.kind,
+                                          f"{op} {ring.label} pass{j}",
+                                          start[g] if j == 1 else (recv[g],),
+                                          stage=op.stage, mb=op.mb)
+                recv = arrived
+            for g in cur:
+                deps = cur[g] + ((recv[g],) if j >= 1 else ())
+                cur[g] = (b.compute(g, op.kind, blk.label, deps, flops=blk.flops,
+                                    hbm_bytes=blk.hbm_bytes, attn_flops=blk.attn_flops,
+                                    elementwise_bytes=blk.elementwise_bytes,
+                                    gemm_dims=blk.gemm_dims, stage=op.stage, mb=op.mb),)
+        return cur
+
+    def _emit_collapsed(self, op: Op, key: tuple, piece: Piece, r: int,
+                        prev: dict[int, tuple[int, ...]], alloc: float, free: float,
+                        total: int, pending: list[float], is_last: bool
+                        ) -> dict[int, tuple[int, ...]]:
+        """Collapsed: the piece's runs between ring attentions are folded like whole ops
+        (:func:`fold`, with the same bookkeeping of the TP stream's closing collective);
+        each ring step is a timed pass and a compute block."""
+        b, op_name = self.b, str(op)
+        assert self.collapse is not None
+        (g,) = prev
+        deps = prev[g]
+        runs: list[list[Segment]] = [[]]
+        for seg in piece.segs:
+            if isinstance(seg, RingAttention):
+                runs += [[seg], []]
+            else:
+                runs[-1].append(seg)
+        runs = [run for run in runs if run]
+        seen = piece.compute_before
+        for i, run in enumerate(runs):
+            if isinstance(run[0], RingAttention):
+                deps = self._ring_collapsed(op, run[0], g, r, deps)
+                pending[r] = max(0.0, pending[r] - run[0].steps * self.collapse.on(g).compute_s(
+                    run[0].block))
+                continue
+            folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
+            if folded is None:
+                folded = fold(tuple(run), self.collapse.on(g), tp_groups(self.placement, r),
+                               ep_groups(self.placement, r, self.ep))
+                self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
+            n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
+            a = alloc if seen == 0 and n_compute else 0.0
+            f = free if n_compute and seen + n_compute == total else 0.0
+            seen += n_compute
+            end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r])
+            deps = (end,)
+            final = is_last and i + 1 == len(runs)
+            if folded.trailing:
+                pending[r] = folded.trailing_s if final else 0.0
+            elif folded.has_comm:
+                pending[r] = 0.0
+            else:
+                pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
+        return {g: deps}
+
+    def _ring_collapsed(self, op: Op, ring: RingAttention, g: int, r: int,
+                        deps: tuple[int, ...]) -> tuple[int, ...]:
+        assert self.collapse is not None
+        p = self.placement
+        pairs = tuple((x, self.ring_next[x]) for group in tp_groups(p, r) for x in group)
+        pass_s = self.collapse.collective_s("send", pairs, ring.nbytes)
+        block_s = self.collapse.on(g).compute_s(ring.block)
+        blk = ring.block
+        start, sent = deps, None
+        for j in range(ring.steps):
+            if j >= 1:
+                sent = self.b.collective((g,), {g: start if j == 1 else (sent,)}, kind=ring.kind,
+                                         name=f"{op} {ring.label} pass{j}", op="send",
+                                         nbytes=ring.nbytes, stage=op.stage, mb=op.mb,
+                                         duration_s=pass_s)[g]
+            deps = (self.b.compute(g, op.kind, blk.label, deps + ((sent,) if j >= 1 else ()),
+                                   duration_s=block_s, flops=blk.flops,
+                                   attn_flops=blk.attn_flops, stage=op.stage, mb=op.mb),)
+        return deps
