@@ -599,6 +599,7 @@ def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
             free.append(0.0)
         elif what == "block":
             blk = slot[1]
+            assert not blk.parts  # without CP and EP, the only collectives in ops are TP's
             cls.append(COMPUTE)
             kind.append(-1)
             dst.append(-1)
@@ -761,8 +762,14 @@ class _Block:
     comm_s: float
     """Blocking communication: the collectives between the compute segments."""
     comm_kind: str
+    """The kind of ``comm_s`` (``tp`` for a block without communication)."""
     flops: float
     attn_flops: float
+    parts: tuple[_Block, ...] = ()
+    """Blocking communication of several kinds (MoE: TP collectives and EP all-to-alls):
+    one single-kind block per kind, in order of first appearance, that together are this
+    block (:func:`_emit_block` emits them as a chain, so each kind's time is reported as
+    that kind); empty for a single kind."""
 
 
 @dataclass(frozen=True)
@@ -814,14 +821,29 @@ def _comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
 
 def _block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
            ep_groups: Groups = ()) -> _Block:
+    """Compute segments and the collectives between them as one block; with collectives
+    of several kinds, its :attr:`_Block.parts`: per kind, the collectives of that kind and
+    the compute segments that precede them (the compute after the last collective goes
+    with the last part)."""
     work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
     comm = [seg for seg in segs if isinstance(seg, CommSeg)]
-    kinds = sorted({seg.kind for seg in comm})
+    kinds = list(dict.fromkeys(seg.kind for seg in comm))
+    parts: tuple[_Block, ...] = ()
+    if len(kinds) > 1:
+        by_kind: dict[str, list[Segment]] = {kind: [] for kind in kinds}
+        waiting: list[Segment] = []
+        for seg in segs:
+            waiting.append(seg)
+            if isinstance(seg, CommSeg):
+                by_kind[seg.kind] += waiting
+                waiting = []
+        by_kind[comm[-1].kind] += waiting
+        parts = tuple(_block(by_kind[kind], collapse, groups, ep_groups) for kind in kinds)
     return _Block(sum(collapse.compute_s(seg) for seg in work),
                   sum(collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
                                             seg.nbytes) for seg in comm),
                   kinds[0] if len(kinds) == 1 else "tp",
-                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work))
+                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work), parts)
 
 
 def _fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
@@ -871,6 +893,15 @@ def _emit_runs(b: ProgramBuilder, g: int, op: Op, op_name: str, runs: tuple[_Com
 
 def _emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: _Block,
                 deps: tuple[int, ...], alloc: float, free: float) -> int:
+    """Emit ``block`` on GPU ``g`` as one compute op with blocking communication, or, with
+    several kinds of it, one such op per :attr:`_Block.parts` in a chain (memory allocated
+    by the first, freed by the last); the id of the last."""
+    if block.parts:
+        n = len(block.parts)
+        for i, part in enumerate(block.parts):
+            deps = (_emit_block(b, g, op, op_name, part, deps, alloc if i == 0 else 0.0,
+                                free if i == n - 1 else 0.0),)
+        return deps[0]
     return b.compute(g, op.kind, op_name, deps, stage=op.stage, mb=op.mb,
                      duration_s=block.compute_s, flops=block.flops, attn_flops=block.attn_flops,
                      blocking_comm_s=block.comm_s, blocking_comm_kind=block.comm_kind,
