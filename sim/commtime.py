@@ -14,6 +14,19 @@ pipeline rank's) where the servers are interchangeable and every route is the
 only shortest path (:meth:`CollectiveTimer._translate` proves the condition).
 Groups that are exact replicas on disjoint links are timed by simulating one
 of them (:func:`replicas_makespan_s`, bit-identical to simulating all).
+
+Exactness: a timing equals the engine's flow simulation of a program holding just
+those concurrent collectives (or sends) to 1e-12 relative, on every topology, for every
+algorithm and granularity, with or without reuse
+(``tests/test_perf_commtime.py::test_timer_equals_the_flow_simulation``). The timer
+itself never approximates. What a collapsed simulation approximates is *which* traffic
+runs together: each call times one collective (or one pipeline message) with the copies
+of the replicas it stands for, so transfers of two different calls that share a link
+in the full simulation (a pipeline send and a ZeRO-3 gather over the same NIC, a
+rank's forward and backward sends through one port, a DP ring edge and an EP
+all-to-all on the same pair link, a TP all-reduce and a send on a ring link) do not
+slow each other here. ``tests/test_fidelity.py`` bounds the effect on a step: by the
+summed duration of the transfers whose links another call's transfers also use.
 """
 
 from __future__ import annotations

@@ -51,9 +51,6 @@ from sim.commtime import CollectiveTimer
 from sim.engine import EngineCounters, simulate_program
 from sim.experiment import Experiment
 from sim.network import FlowNetwork, max_min_rates
-from topologies.cluster import Cluster
-from workloads.program import Program, ProgramBuilder
-from workloads.schedules import gpipe
 
 EXACT = 1e-9
 CLOSE = 0.02
@@ -221,8 +218,9 @@ def test_exact_expert_parallel_on_a_full_mesh(tp: int, pp: int, dp: int, ep: int
                                               schedule: str, vpp: int, overlap: bool) -> None:
     """MoE all-to-alls over EP groups (timed with every EP group of the rank when
     collapsed) and expert gradients over the expert-data-parallel groups. The all-to-alls
-    sit between an op's compute segments, so, as with TP, exposure is not compared (with
-    TP too, a folded op's blocking TP and EP communication is all reported as ``tp``)."""
+    sit between an op's compute segments, so, as with TP, pipeline and DP exposure is not
+    compared; TP and EP exposure is, each of its own kind (regression: a folded op with
+    both once reported all of its blocking communication as ``tp``)."""
     exp = Experiment.from_dict({
         "name": f"tp{tp}-pp{pp}-dp{dp}-ep{ep}-{schedule}",
         "model": {"preset": "gpt3-1.3b", "num_layers": 4, "seq_length": 1024,
@@ -233,7 +231,7 @@ def test_exact_expert_parallel_on_a_full_mesh(tp: int, pp: int, dp: int, ep: int
         "training": {"micro_batch_size": 1, "global_batch_size": dp * 2 * pp},
         "schedule": schedule,
     })
-    assert_agree(exp, EXACT, skip=("exposed_pp", "exposed_dp", "exposed_ep", "exposed_tp"))
+    assert_agree(exp, EXACT, skip=("exposed_pp", "exposed_dp"))
 
 
 @pytest.mark.parametrize("pp,parallel", [
@@ -342,58 +340,6 @@ def test_queue_free_run_equals_the_event_queue(schedule: str, vpp: int, sp: bool
         runs.append((timeline, counters.events))
     assert runs[0] == runs[1]
     assert runs[0][1] > 0
-
-
-# ----------------------------------------------------------------------------- timer
-
-
-def engine_time(cluster: Cluster, op: str, groups: tuple[tuple[int, ...], ...],
-                nbytes: float) -> float:
-    """The full engine's time for ``groups`` running ``op`` (or sending, pairwise) at once."""
-    b = ProgramBuilder()
-    for group in groups:
-        if op == "send":
-            b.send(group[0], group[1], nbytes, "pp", "send", ())
-        else:
-            b.collective(group, {}, kind="dp", name=op, op=op, nbytes=nbytes)
-    n = cluster.num_gpus
-    return simulate_program(Program(n, b.build(), (0.0,) * n, gpipe(1, 1)), cluster,
-                            lambda _: 0.0).end_s
-
-
-CLUSTERS = {
-    "dgx-a100": {"preset": "dgx-a100-80g"},
-    "dgx-h100-auto": {"preset": "dgx-h100", "collectives": {"all_reduce": "auto",
-                                                            "reduce_scatter": "auto",
-                                                            "all_gather": "auto"}},
-    "tree": {"preset": "dgx-a100-80g", "collectives": {"all_reduce": "tree"}},
-    "fat-tree-2to1": {"preset": "dgx-a100-80g", "topology": "fat-tree", "gpus_per_leaf": 8,
-                      "oversubscription": 2.0},
-    "step-granularity": {"preset": "dgx-a100-80g", "collective_granularity": "step",
-                         "collective_step_us": 2.0},
-    "shared-nics": {"preset": "dgx-a100-80g", "nics_per_node": 2},
-}
-
-
-@pytest.mark.parametrize("name", list(CLUSTERS))
-@pytest.mark.parametrize("op", ["all_reduce", "reduce_scatter", "all_gather", "send"])
-def test_collective_timer_matches_the_engine(name: str, op: str) -> None:
-    """The timer runs the engine's own plans (the cluster's algorithm override or ``auto``
-    choice, its granularity, per-step latency, route latencies), so an isolated set of
-    concurrent collectives takes as long as in a full simulation: here 4 DP groups of 8
-    spread over 4 servers, contending for NICs and (2:1 fat-tree) uplinks."""
-    exp = experiment(4, 1, 8, cluster=CLUSTERS[name])
-    cluster, pl = exp.cluster, exp.placement
-    if op == "send":
-        groups = tuple((pl.gpu(tp=t, dp=d), pl.gpu(tp=t, dp=(d + 4) % 8))
-                       for t in range(4) for d in range(8))
-    else:
-        groups = tuple(pl.group("dp", pl.gpu(tp=t)) for t in range(4))
-    for nbytes in (64e3, 256e6):
-        timer = CollectiveTimer(cluster)
-        expected = engine_time(cluster, op, groups, nbytes)
-        assert math.isclose(timer(op, groups, nbytes), expected, rel_tol=1e-12), (op, nbytes)
-        assert timer(op, groups, nbytes) == timer(op, groups, nbytes)  # cached
 
 
 # ----------------------------------------------------------------------------- network

@@ -69,8 +69,14 @@ class Block:
     comm_s: float
     """Blocking communication: the collectives between the compute segments."""
     comm_kind: str
+    """The kind of ``comm_s`` (``tp`` for a block without communication)."""
     flops: float
     attn_flops: float
+    parts: tuple[Block, ...] = ()
+    """Blocking communication of several kinds (MoE: TP collectives and EP all-to-alls):
+    one single-kind block per kind, in order of first appearance, that together are this
+    block (:func:`emit_block` emits them as a chain, so each kind's time is reported as
+    that kind); empty for a single kind."""
 
 
 @dataclass(frozen=True)
@@ -120,15 +126,29 @@ def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
 def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
           ep_groups: Groups = ()) -> Block:
     """``segs`` as one compute op: its compute time and the time of the collectives
-    among them as blocking communication (of their kind if they have one, else ``tp``)."""
+    among them as blocking communication (of their kind if they have one, else ``tp``).
+    With collectives of several kinds, its :attr:`Block.parts`: per kind, the collectives
+    of that kind and the compute segments that precede them (the compute after the last
+    collective goes with the last part)."""
     work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
     comm = [seg for seg in segs if isinstance(seg, CommSeg)]
-    kinds = sorted({seg.kind for seg in comm})
+    kinds = list(dict.fromkeys(seg.kind for seg in comm))
+    parts: tuple[Block, ...] = ()
+    if len(kinds) > 1:
+        by_kind: dict[str, list[Segment]] = {kind: [] for kind in kinds}
+        waiting: list[Segment] = []
+        for seg in segs:
+            waiting.append(seg)
+            if isinstance(seg, CommSeg):
+                by_kind[seg.kind] += waiting
+                waiting = []
+        by_kind[comm[-1].kind] += waiting
+        parts = tuple(block(by_kind[kind], collapse, groups, ep_groups) for kind in kinds)
     return Block(sum(collapse.compute_s(seg) for seg in work),
-                  sum(collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
-                                            seg.nbytes) for seg in comm),
-                  kinds[0] if len(kinds) == 1 else "tp",
-                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work))
+                 sum(collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
+                                           seg.nbytes) for seg in comm),
+                 kinds[0] if len(kinds) == 1 else "tp",
+                 sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work), parts)
 
 
 def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
@@ -178,7 +198,15 @@ def emit_runs(b: ProgramBuilder, g: int, op: Op, op_name: str, runs: tuple[CommR
 
 def emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: Block,
                deps: tuple[int, ...], alloc: float, free: float) -> int:
-    """Emit ``block`` as one compute op of ``op`` on GPU ``g``; its id."""
+    """Emit ``block`` as one compute op of ``op`` on GPU ``g``, or, with several kinds of
+    blocking communication, one such op per :attr:`Block.parts` in a chain (memory
+    allocated by the first, freed by the last); the id of the last."""
+    if block.parts:
+        n = len(block.parts)
+        for i, part in enumerate(block.parts):
+            deps = (emit_block(b, g, op, op_name, part, deps, alloc if i == 0 else 0.0,
+                               free if i == n - 1 else 0.0),)
+        return deps[0]
     return b.compute(g, op.kind, op_name, deps, stage=op.stage, mb=op.mb,
                      duration_s=block.compute_s, flops=block.flops, attn_flops=block.attn_flops,
                      blocking_comm_s=block.comm_s, blocking_comm_kind=block.comm_kind,

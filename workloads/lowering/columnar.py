@@ -251,6 +251,7 @@ def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
             free.append(0.0)
         elif what == "block":
             blk = slot[1]
+            assert not blk.parts  # without CP and EP, the only collectives in ops are TP's
             cls.append(COMPUTE)
             kind.append(-1)
             dst.append(-1)

