@@ -185,7 +185,8 @@ def _fastest_type_time(timers: Sequence[Callable[[Compute], float]] | None
 def simulate(exp: Experiment, profile: DeviceProfile | None = None,
              fidelity: str = "auto", steps: int | None = None,
              link_changes: Sequence[tuple[float, Mapping[int, float]]] = (),
-             collective_timer: CollectiveTimer | None = None) -> Result:
+             collective_timer: CollectiveTimer | None = None,
+             reference: bool = False) -> Result:
     """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats.
 
     ``fidelity``: ``full`` simulates every GPU and every collective as flows;
@@ -214,6 +215,10 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     topology, to share between calls on the same cluster (``sim search`` simulates many
     layouts on one): its timings depend on the cluster alone, so a shared one gives the
     same floats as a fresh one. A timer of another cluster is a ValueError.
+
+    ``reference``: run every stage's reference implementation (the engine's event queue,
+    the idle breakdown's plain loops) instead of its fast path; the results are the same
+    (``tests/test_differential.py``), only slower.
     """
     if collective_timer is not None and collective_timer.cluster is not exp.cluster:
         raise ValueError("collective_timer: it times another cluster than the experiment's")
@@ -272,7 +277,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         program = repeat_program(program, n, barrier=not overlapping)
     times = InstructionTimes()
     timeline = simulate_program(program, exp.cluster, work_time, times=times,
-                                link_changes=link_changes)
+                                link_changes=link_changes, event_queue=reference)
     ends = step_end_times(program, times.end_s) if n > 1 else (timeline.end_s,)
     # the steady step: a middle one, with a step before it (fill) and after it (drain)
     window = (ends[n // 2 - 1], ends[n // 2]) if n > 1 else None
@@ -284,7 +289,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
     ready_s, end_s = times.arrays or (times.ready_s, times.end_s)
     idle = idle_breakdown(program, ready_s, end_s, timeline.simulated_gpus, slowdown, window,
-                          times.cause, _fastest_type_time(timers))
+                          times.cause, _fastest_type_time(timers), reference)
     stats["idle_breakdown"] = summarize(idle)
     return Result(exp, program, timeline, stats, n, tuple(ends))
 

@@ -201,86 +201,6 @@ def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
             cum[j] = row
 
 
-def _in_order(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
-              cause: list[int], slowdown: _Excess
-              ) -> tuple[list[float], list[list[float]], dict[int, list[int]], list[float],
-                         list[int]] | None:
-    """:func:`_chains` and :func:`_cumulative` in one pass over the instructions in id order,
-    given each one's latest predecessor (``cause``, as the engine records it): the same
-    floats, when every chain runs to earlier ids (a lowered program); else None.
-    ``cause`` is completed in place for collective members (they all take the one of the
-    member that arrived last, as :func:`_chains` sets it). Also each compute op's blocking
-    communication and its part (:func:`_folded`)."""
-    instrs = program.instructions
-    start = list(ready_s[:len(instrs)])
-    zero = [0.0] * len(_PARTS)
-    cum: list[list[float] | None] = [None] * len(instrs)
-    compute: dict[int, list[int]] = {}
-    members: dict[int, list[int]] = {}
-    index = _INDEX.get
-    bubble = _BUBBLE
-    folded = [0.0] * len(instrs)  # per compute op, its blocking communication and its part
-    folded_part = [bubble] * len(instrs)
-    for i, ins in enumerate(instrs):
-        cls = type(ins)
-        if cls is Compute:
-            ops = compute.get(ins[1])
-            if ops is None:
-                compute[ins[1]] = [i]
-            else:
-                ops.append(i)
-        elif cls is Collective and len(ins[7]) > 1:
-            group = members.get(ins[9])
-            if group is None:
-                group = members[ins[9]] = []
-            group.append(i)
-            if len(group) < len(ins[7]):
-                continue
-            latest = max(group, key=lambda j: (ready_s[j], -j))
-            for j in group:
-                start[j] = ready_s[latest]
-                cause[j] = cause[latest]
-            for j in group:
-                c = cause[j]
-                parent = cum[c] if c >= 0 else zero
-                if parent is None:  # a chain to a later id
-                    return None
-                row = parent[:]
-                _add_own(row, instrs[j], end_s[j] - start[j], slowdown)
-                cum[j] = row
-            continue
-        c = cause[i]
-        if c < 0:
-            row = zero[:]
-        else:
-            row = cum[c]
-            if row is None:  # a chain to a later id
-                return None
-            row = row[:]
-        span = end_s[i] - start[i]
-        if slowdown:
-            _add_own(row, ins, span, slowdown)
-        elif cls is Compute:  # _add_own without stragglers: the blocking part, then nominal
-            blocking = ins[11]
-            if blocking > 0:
-                column = index(ins[12], bubble)
-                folded[i], folded_part[i] = blocking, column
-                if blocking > span:
-                    blocking = span
-                if blocking:
-                    row[column] += blocking
-                span -= blocking
-            row[bubble] += span
-        else:  # _add_own of a send (kind at 4) or a collective of one (kind at 2)
-            row[index(ins[4] if cls is Send else ins[2], bubble)] += span
-        cum[i] = row
-    if any(len(group) < len(instrs[group[0]].group) for group in members.values()):
-        return None
-    if slowdown:  # folded was not filled
-        folded, folded_part = _folded(instrs)
-    return start, cum, compute, folded, folded_part  # type: ignore[return-value]
-
-
 def _folded(instrs: Sequence) -> tuple[list[float], list[int]]:
     """Per instruction, a compute op's blocking communication (0: none, or not compute) and
     the part it counts in (:data:`_PARTS`)."""
@@ -297,8 +217,8 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
                    gpus: Sequence[int], slowdown: Mapping[int, float] | None = None,
                    window: tuple[float, float] | None = None,
                    cause: Sequence[int] | None = None,
-                   nominal: Callable[[Compute], float] | None = None
-                   ) -> dict[int, dict[str, float]]:
+                   nominal: Callable[[Compute], float] | None = None,
+                   reference: bool = False) -> dict[int, dict[str, float]]:
     """Per GPU in ``gpus``, its compute-stream idle seconds by cause (:data:`CAUSES`).
 
     ``ready_s`` and ``end_s`` are the engine's per-instruction times
@@ -311,16 +231,21 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
     ``nominal``, on a cluster mixing GPU types: a compute op's time on the fastest type,
     so that waiting on a slower type counts as ``straggler`` (with the excess of any
     straggler), not as ``bubble``.
+
+    ``reference``: the straightforward computation (chains, chain sums and a loop over
+    each GPU's gaps), which the fast one must equal: on arrays for a columnar program
+    without stragglers (:func:`_columnar`), else the gaps of GPUs with many compute ops
+    split on arrays (:class:`_Arrays`).
     """
     with gc_paused():  # many small lists, no cycles
         return _breakdown(program, ready_s, end_s, gpus, _Excess(slowdown or {}, nominal),
-                          window, cause)
+                          window, None if reference else cause, reference)
 
 
 def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
                gpus: Sequence[int], slowdown: _Excess,
-               window: tuple[float, float] | None, known: Sequence[int] | None = None
-               ) -> dict[int, dict[str, float]]:
+               window: tuple[float, float] | None, known: Sequence[int] | None,
+               reference: bool) -> dict[int, dict[str, float]]:
     """:func:`idle_breakdown`, with the garbage collector paused by the caller."""
     instrs = program.instructions
     if not len(instrs):
@@ -332,19 +257,9 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
             return out
     if isinstance(ready_s, np.ndarray) or isinstance(end_s, np.ndarray):  # floats, not scalars
         ready_s, end_s = np.asarray(ready_s).tolist(), np.asarray(end_s).tolist()
-    fast = None
-    if known is not None and len(known) == len(instrs):
-        cause = list(known)
-        fast = _in_order(program, ready_s, end_s, cause, slowdown)
-    folded: tuple[list[float], list[int]] | None = None
-    if fast is not None:
-        start, cum, compute_of, *pair = fast
-        folded = (pair[0], pair[1])
-    else:
-        start, cause, compute_of = _chains(program, ready_s, end_s)
-        cum = _cumulative(program, start, cause, end_s, slowdown)
-    if folded is None:
-        folded = _folded(instrs)
+    start, cause, compute_of = _chains(program, ready_s, end_s)
+    cum = _cumulative(program, start, cause, end_s, slowdown)
+    folded = _folded(instrs)
     run_end = max(end_s)
     last = list(end_s).index(run_end)  # the first instruction to end the run
     window = window if window is not None else (0.0, run_end)
@@ -357,7 +272,7 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     out: dict[int, dict[str, float]] = {}
     for g in gpus:
         ops = compute_of.get(g, [])
-        if len(ops) > SMALL:
+        if len(ops) > SMALL and not reference:
             if arrays is None:
                 arrays = _Arrays(folded, start, cause, end_s, cum)
             shares = arrays.gap_shares(ops, run_end, last, *window)

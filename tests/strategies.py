@@ -153,8 +153,8 @@ def _faults(draw: st.DrawFn, cluster: dict[str, Any], num_gpus: int) -> dict[str
 
 
 @st.composite
-def _experiment(draw: st.DrawFn, collapsible: bool) -> dict[str, Any]:
-    schedule = draw(st.sampled_from(SCHEDULES))
+def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dict[str, Any]:
+    schedule = schedule or draw(st.sampled_from(SCHEDULES))
     synthetic = draw(st.integers(0, 3)) == 0
     tp = draw(st.sampled_from([1, 2]))
     pp = draw(st.sampled_from([1, 2, 2, 3, 4]))
@@ -210,15 +210,17 @@ def _experiment(draw: st.DrawFn, collapsible: bool) -> dict[str, Any]:
     return exp
 
 
-def experiments(collapsible: bool = False) -> st.SearchStrategy[dict[str, Any]]:
+def experiments(collapsible: bool = False, schedule: str | None = None
+                ) -> st.SearchStrategy[dict[str, Any]]:
     """Valid experiment dicts; with ``collapsible``, only ones without stragglers, mixed GPU
-    types or link faults (so both fidelities can run them)."""
-    return _experiment(collapsible)
+    types or link faults (so both fidelities can run them); with ``schedule``, only ones
+    of that schedule (default: any of :data:`SCHEDULES`)."""
+    return _experiment(collapsible, schedule)
 
 
 def collapsible_experiments() -> st.SearchStrategy[dict[str, Any]]:
     """Valid experiment dicts that both fidelities simulate (:func:`experiments`)."""
-    return _experiment(True)
+    return _experiment(True, None)
 
 
 def breaks_symmetry(exp: dict[str, Any]) -> bool:
