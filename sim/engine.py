@@ -38,8 +38,7 @@ import simpy
 
 from base.collector import gc_paused
 from base.errors import DeadlockError
-from sim.collectives import AUTO, GroupProfile, Transfer, group_profile, resolve_algorithm
-from sim.collectives import plan as plan_collective
+from sim.collectives import GroupProfile, Transfer, collective_plan, step_latency_s
 from sim.columnar import ColumnarPass, run_columns
 from sim.network import FlowNetwork
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, timeline_of
@@ -100,40 +99,6 @@ class InstructionTimes:
     """``(ready_s, end_s)`` as float arrays, where the engine worked them out on arrays (the
     columnar pass, :mod:`sim.columnar`): what :func:`sim.idle.idle_breakdown` reads
     without converting the lists; None otherwise."""
-
-
-def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
-                    nbytes: float, profiles: dict[tuple[int, ...], GroupProfile] | None = None
-                    ) -> tuple[Transfer, ...]:
-    """The transfers of collective ``op`` over ``group`` as the engine runs them.
-
-    The cluster's per-op override wins over ``algo``; ``auto`` (and ``nvls``) pick
-    NCCL-like from the group's profile (:func:`sim.collectives.select_algorithm`);
-    transfers carry the actual route latencies (:func:`sim.collectives.plan`).
-    ``profiles``: a cache of group profiles on ``cluster``, by group (filled here).
-    """
-    algo = cluster.collective_algos.get(op, algo)
-    profile = None
-    if algo in (AUTO, "nvls"):
-        profile = profiles.get(group) if profiles is not None else None
-        if profile is None:
-            profile = group_profile(cluster, group)
-            if profiles is not None:
-                profiles[group] = profile
-    algo = resolve_algorithm(op, algo, nbytes, profile)
-    host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
-    return plan_collective(op, algo, group, nbytes, host_of=host_of,
-                           nvswitch=profile.nvswitch if profile else None,
-                           granularity=cluster.collective_granularity,
-                           latency=lambda a, b: cluster.route(a, b).latency_s)
-
-
-def step_latency_s(cluster: Cluster, step: Transfer) -> float:
-    """Delay before ``step``'s flow starts: the plan's latency (else ``steps`` x the route's)
-    plus ``steps`` x the cluster's per-step software latency."""
-    hops = (step.steps * cluster.route(step.src, step.dst).latency_s if step.latency_s is None
-            else step.latency_s)
-    return hops + step.steps * cluster.collective_step_s
 
 
 class _CompiledPlan:
