@@ -61,7 +61,7 @@ class EngineCounters:
 
     events: int = 0
     """SimPy events scheduled (and processed: a finished run leaves none pending); for a
-    program run without the queue (:meth:`_Run._run_fixed`), the events the queue would
+    program run without the queue (:mod:`sim.columnar`), the events the queue would
     have processed."""
     instructions: int = 0
     flows: int = 0

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from itertools import chain, repeat
 from operator import sub
 
 import numpy as np
@@ -232,20 +231,21 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
     so that waiting on a slower type counts as ``straggler`` (with the excess of any
     straggler), not as ``bubble``.
 
-    ``reference``: the straightforward computation (chains, chain sums and a loop over
-    each GPU's gaps), which the fast one must equal: on arrays for a columnar program
-    without stragglers (:func:`_columnar`), else the gaps of GPUs with many compute ops
-    split on arrays (:class:`_Arrays`).
+    Two ways, with the same floats: the reference follows the chains
+    (:func:`_chains`), sums them (:func:`_cumulative`) and splits each GPU's gaps in a
+    loop (:func:`_gap_loop`); the fast path does all of it on arrays (:func:`_columnar`),
+    for a columnar program (a collapsed one) without stragglers whose latest predecessors
+    the engine recorded. ``reference``: the reference even there.
     """
     with gc_paused():  # many small lists, no cycles
         return _breakdown(program, ready_s, end_s, gpus, _Excess(slowdown or {}, nominal),
-                          window, None if reference else cause, reference)
+                          window, None if reference else cause)
 
 
 def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
                gpus: Sequence[int], slowdown: _Excess,
-               window: tuple[float, float] | None, known: Sequence[int] | None,
-               reference: bool) -> dict[int, dict[str, float]]:
+               window: tuple[float, float] | None, known: Sequence[int] | None
+               ) -> dict[int, dict[str, float]]:
     """:func:`idle_breakdown`, with the garbage collector paused by the caller."""
     instrs = program.instructions
     if not len(instrs):
@@ -268,18 +268,8 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     def row(i: int) -> list[float]:
         return cum[i] if i >= 0 else zero
 
-    arrays: _Arrays | None = None  # for GPUs with many compute ops
-    out: dict[int, dict[str, float]] = {}
-    for g in gpus:
-        ops = compute_of.get(g, [])
-        if len(ops) > SMALL and not reference:
-            if arrays is None:
-                arrays = _Arrays(folded, start, cause, end_s, cum)
-            shares = arrays.gap_shares(ops, run_end, last, *window)
-        else:
-            shares = _gap_loop(ops, start, cause, end_s, row, folded, run_end, last, window)
-        out[g] = _row(shares)
-    return out
+    return {g: _row(_gap_loop(compute_of.get(g, []), start, cause, end_s, row, folded,
+                              run_end, last, window)) for g in gpus}
 
 
 def _row(shares: Sequence[float]) -> dict[str, float]:
@@ -331,58 +321,6 @@ def _gap_loop(ops: Sequence[int], start: Sequence[float], cause: Sequence[int],
                 before = list(before)
                 before[part_of[x]] -= blocking
     return shares
-
-
-SMALL = 64
-"""GPUs with up to this many compute ops have their gaps split by the plain loop
-(:func:`_gap_loop`); more, by :meth:`_Arrays.gap_shares` on arrays (the same floats)."""
-
-
-class _Arrays:
-    """The per-instruction facts the gaps of :func:`_breakdown` read, as arrays: for GPUs
-    with many compute ops, :meth:`gap_shares` splits all their gaps at once."""
-
-    def __init__(self, folded: tuple[Sequence[float], Sequence[int]], start: Sequence[float],
-                 cause: Sequence[int], end_s: Sequence[float], cum: Sequence[list[float]]
-                 ) -> None:
-        n = len(cum)
-        self.folded = np.array(folded[0], dtype=float)
-        self.part = np.array(folded[1], dtype=np.intp)
-        self.start = np.array(start[:n], dtype=float)
-        self.end = np.array(end_s[:n], dtype=float)
-        causes = np.array(cause[:n], dtype=np.intp)
-        self.cause = np.where(causes < 0, n, causes)  # row n: zero (no predecessor)
-        self.rows = [*cum, [0.0] * len(_PARTS)]
-
-    def gap_shares(self, ops: list[int], run_end: float, last: int, lo: float, hi: float
-                   ) -> list[float]:
-        """One GPU's idle shares by part (:data:`_PARTS`): :func:`_gap_loop` over its compute
-        ops ``ops``, gap by gap, with the same floating-point operations.
-
-        Gap ``k`` runs from ``a`` (the end of op ``k - 1``'s compute, 0 for the first)
-        to ``b`` (op ``k``'s start, the run's end for the last), with chain sums
-        ``before`` (op ``k - 1``'s, less its blocking communication) and ``after`` (that
-        of op ``k``'s latest predecessor, of instruction ``last`` for the trailing gap).
-        Each part is summed over the gaps in order, as the loop adds them (a cumulative
-        sum: no reassociation).
-        """
-        parts = len(_PARTS)
-        at = np.array(ops, dtype=np.intp)
-        begin, finish = self.start[at], self.end[at]
-        folded = self.folded[at]
-        has = folded > 0
-        rows = np.flatnonzero(has)
-        row = self.rows.__getitem__  # the chain sums of the gaps' ends, read row by row
-        after = np.fromiter(chain.from_iterable(map(row, [*self.cause[at].tolist(), last])),
-                            float, (len(ops) + 1) * parts).reshape(-1, parts)
-        before = np.fromiter(chain(repeat(0.0, parts), chain.from_iterable(map(row, ops))),
-                             float, (len(ops) + 1) * parts).reshape(-1, parts)
-        blocking = np.minimum(folded, finish - begin)
-        a = np.concatenate(([0.0], np.where(has, finish - np.where(has, blocking, 0.0), finish)))
-        if len(rows):
-            before[rows + 1, self.part[at[rows]]] -= blocking[rows]
-        b = np.append(begin, run_end)
-        return _split_gaps(a, b, after, before, lo, hi).tolist()
 
 
 def _split_gaps(a: np.ndarray, b: np.ndarray, after: np.ndarray, before: np.ndarray,

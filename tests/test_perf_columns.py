@@ -247,7 +247,7 @@ def _as_columns(program: Program) -> Program:
 
 def test_many_dependencies_take_the_general_loop_of_the_pass() -> None:
     """An instruction with more than three dependencies (the last one's seven): the array
-    pass reads them in full, with the in-order pass's tie rules."""
+    pass reads them in full, with the event queue's tie rules."""
     program = _as_columns(_fixed())
     assert program.instructions.columns.deps.shape[1] > columnar.WIDE
     timeline, counters, times = _columnar_run(program)
