@@ -609,10 +609,11 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
 
     Raises :class:`DeadlockError` naming the stalled streams if some instruction
     can never run. ``counters``, if given, is filled with what the run did.
-    A program without network transfers (all durations precomputed, as a
-    collapsed one) runs without the event queue unless ``event_queue`` (the
-    result is the same; the flag exists to check that). ``times``, if given, is filled
-    with each instruction's ready and end times. ``link_changes``: ``(at_s, {link index:
+    A program without network transfers (every send and collective precomputed, every
+    collective of one member, as a collapsed one) runs without the event queue
+    (:mod:`sim.columnar`) unless ``event_queue``, which runs the reference (the result is
+    the same: ``tests/test_differential.py``). ``times``, if given, is filled with each
+    instruction's ready and end times. ``link_changes``: ``(at_s, {link index:
     bandwidth_Bps})`` pairs, links degraded (or restored) in the middle of the run; the
     flows then in flight are re-rated (precomputed durations are not affected). A
     bandwidth of 0 fails the link: flows in flight across it continue on the route of the
