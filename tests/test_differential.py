@@ -23,9 +23,9 @@ from sim.experiment import build_experiment
 REL = 1e-9
 """Relative tolerance of every compared number."""
 
-CASES = 8
+CASES = 16
 """Generated experiments per schedule (each simulated at one or both fidelities, both
-ways): 8 x 8 schedules = 64 experiments, 87 simulations each way (23 collapsed)."""
+ways): 16 x 8 schedules = 128 experiments, 173 simulations each way (45 collapsed)."""
 
 
 def _close(a: float | None, b: float | None) -> bool:
@@ -52,8 +52,8 @@ def _assert_same(fast: object, ref: object, what: str) -> None:
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_fast_paths_equal_reference_paths(schedule: str) -> None:
-    """Per schedule, 8 generated experiments (derandomized: the same ones every run; 64 in
-    all, 87 simulations each way): spans (stream, kind, name, times), flows, memory
+    """Per schedule, 16 generated experiments (derandomized: the same ones every run; 128 in
+    all, 173 simulations each way, about 12 s): spans (stream, kind, name, times), flows, memory
     samples, step time, peak memory per GPU, exposed communication by kind and the idle
     breakdown agree to 1e-9 relative."""
     _check(schedule)
