@@ -175,7 +175,8 @@ def _fastest_type_time(timers: Sequence[Callable[[Compute], float]] | None
 def simulate(exp: Experiment, profile: DeviceProfile | None = None,
              fidelity: str = "auto", steps: int | None = None,
              link_changes: Sequence[tuple[float, Mapping[int, float]]] = (),
-             collective_timer: CollectiveTimer | None = None) -> Result:
+             collective_timer: CollectiveTimer | None = None,
+             reference: bool = False) -> Result:
     """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats.
 
     ``fidelity``: ``full`` simulates every GPU and every collective as flows;
@@ -204,6 +205,10 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     topology, to share between calls on the same cluster (``sim search`` simulates many
     layouts on one): its timings depend on the cluster alone, so a shared one gives the
     same floats as a fresh one. A timer of another cluster is a ValueError.
+
+    ``reference``: run every stage's reference implementation (lowering's op loop, the
+    engine's event queue, the idle breakdown's plain loops) instead of its fast path; the
+    results are the same (``tests/test_differential.py``), only slower.
     """
     if collective_timer is not None and collective_timer.cluster is not exp.cluster:
         raise ValueError("collective_timer: it times another cluster than the experiment's")
@@ -255,14 +260,14 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             collective_s=collective_timer or CollectiveTimer(exp.cluster),
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
-                    collapse)
+                    collapse, reference)
     overlapping = overlaps_steps(exp.schedule.name)
     n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
     if n > 1:
         program = repeat_program(program, n, barrier=not overlapping)
     times = InstructionTimes()
     timeline = simulate_program(program, exp.cluster, work_time, times=times,
-                                link_changes=link_changes)
+                                link_changes=link_changes, event_queue=reference)
     ends = step_end_times(program, times.end_s) if n > 1 else (timeline.end_s,)
     # the steady step: a middle one, with a step before it (fill) and after it (drain)
     window = (ends[n // 2 - 1], ends[n // 2]) if n > 1 else None
@@ -274,6 +279,6 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
     ready_s, end_s = times.arrays or (times.ready_s, times.end_s)
     idle = idle_breakdown(program, ready_s, end_s, timeline.simulated_gpus, slowdown, window,
-                          times.cause, _fastest_type_time(timers))
+                          times.cause, _fastest_type_time(timers), reference)
     stats["idle_breakdown"] = summarize(idle)
     return Result(exp, program, timeline, stats, n, tuple(ends))

@@ -73,9 +73,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from base.errors import ConfigError
+
+if TYPE_CHECKING:
+    from topologies.cluster import Cluster
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
 ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {
@@ -718,3 +721,38 @@ def bus_bandwidth(op: str, n: int, nbytes: float, time_s: float) -> tuple[float,
     """(algbw, busbw) in bytes/s, nccl-tests style: algbw = S/t, busbw = algbw × factor(n)."""
     algbw = nbytes / time_s if time_s > 0 else math.inf
     return algbw, algbw * BUS_FACTOR[op](n)
+
+
+def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
+                    nbytes: float, profiles: dict[tuple[int, ...], GroupProfile] | None = None
+                    ) -> tuple[Transfer, ...]:
+    """The transfers of collective ``op`` over ``group`` as the engine runs them: the choice
+    of algorithm, made here so that the engine only runs plans.
+
+    The cluster's per-op override wins over ``algo``; ``auto`` (and ``nvls``) pick
+    NCCL-like from the group's profile (:func:`sim.collectives.select_algorithm`);
+    transfers carry the actual route latencies (:func:`sim.collectives.plan`).
+    ``profiles``: a cache of group profiles on ``cluster``, by group (filled here).
+    """
+    algo = cluster.collective_algos.get(op, algo)
+    profile = None
+    if algo in (AUTO, "nvls"):
+        profile = profiles.get(group) if profiles is not None else None
+        if profile is None:
+            profile = group_profile(cluster, group)
+            if profiles is not None:
+                profiles[group] = profile
+    algo = resolve_algorithm(op, algo, nbytes, profile)
+    host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
+    return plan(op, algo, group, nbytes, host_of=host_of,
+                           nvswitch=profile.nvswitch if profile else None,
+                           granularity=cluster.collective_granularity,
+                           latency=lambda a, b: cluster.route(a, b).latency_s)
+
+
+def step_latency_s(cluster: Cluster, step: Transfer) -> float:
+    """Delay before ``step``'s flow starts: the plan's latency (else ``steps`` x the route's)
+    plus ``steps`` x the cluster's per-step software latency."""
+    hops = (step.steps * cluster.route(step.src, step.dst).latency_s if step.latency_s is None
+            else step.latency_s)
+    return hops + step.steps * cluster.collective_step_s

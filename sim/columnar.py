@@ -1,20 +1,21 @@
 """The engine's queue-free pass over a program held as columns (a collapsed lowering's).
 
 A collapsed program has every duration known up front, so the engine runs it
-without the event queue: each instruction starts when its latest predecessor
-(dependency or stream predecessor) ends, in one pass over the ids
-(:meth:`sim.engine._Run._run_in_order`). When the program comes as
-:class:`~workloads.program.Columns` (:class:`~workloads.program.ColumnarInstructions`),
-this module does the same pass on arrays: the only per-instruction Python work
+without the event queue (its reference, :mod:`sim.engine`): each instruction starts
+when its latest predecessor (dependency or stream predecessor) ends, in one pass over
+the ids, which this module does on arrays (:class:`~workloads.program.Columns`, those of
+a :class:`~workloads.program.ColumnarInstructions` or of
+:func:`~workloads.program.columns_of`): the only per-instruction Python work
 left is the recurrence itself (a loop over plain lists, :func:`_recurrence`);
 durations are timed once per compute signature, stream predecessors, the
 intervals the statistics read, memory peaks and event counts come out of array
 operations. It computes exactly (the same floating-point operations on the
-same values) the ready and end times, latest predecessors, intervals, makespan,
-memory peaks and event count of the in-order pass; the spans themselves are
-left to that pass, run when a timeline's records are first read
-(:meth:`sim.timeline.Timeline.deferred`). ``tests/test_perf_columns.py``
-compares the two. Pure: no SimPy.
+same values) the ready and end times, intervals, makespan, memory peaks and event
+count of the event queue, and each instruction's latest predecessor (what
+:mod:`sim.idle` follows); the spans are made from these times by
+:func:`sim.timeline.timeline_of` when a timeline's records are first read
+(:meth:`sim.timeline.Timeline.deferred`). ``tests/test_differential.py`` and
+``tests/test_perf_columns.py`` compare it with the event queue. Pure: no SimPy.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ more (rare: an optimizer step waiting on many gradient collectives) take a gener
 
 @dataclass
 class ColumnarPass:
-    """What the in-order pass records, worked out on arrays (:func:`run_columns`)."""
+    """A program's run without the event queue, worked out on arrays (:func:`run_columns`)."""
 
     ready_s: list[float]
     """Per instruction, when its last predecessor completed (when it starts)."""
@@ -44,7 +45,7 @@ class ColumnarPass:
     """Per instruction, its latest-finishing predecessor (-1: none), stream predecessor
     first among equals, then the first dependency that ended strictly later."""
     intervals: dict[tuple[int, str], array]
-    """As :attr:`sim.engine.InstructionTimes.intervals`, each in the in-order pass's order."""
+    """As :attr:`sim.engine.InstructionTimes.intervals` (in an order of their own)."""
     peak_bytes: dict[int, float]
     """Per GPU with memory samples, its largest allocated bytes."""
     floor_bytes: dict[int, float]
@@ -57,15 +58,18 @@ class ColumnarPass:
     """:attr:`ready_s` as an array."""
     end_a: np.ndarray
     """:attr:`end_s` as an array."""
+    mid_a: np.ndarray
+    """Per instruction, where a compute op's compute span ends (ready + duration) and its
+    blocking communication begins (:func:`sim.timeline.timeline_of`)."""
 
 
 def run_columns(columns: Columns, timer: Callable[[Compute], float],
                 static_bytes: Sequence[float], gpus: Sequence[int]) -> ColumnarPass | None:
-    """The in-order pass over ``columns`` (``gpus``: those with a static memory sample).
+    """The queue-free pass over ``columns`` (``gpus``: those with a static memory sample).
 
     ``timer`` times one compute op of each signature (:attr:`Columns.signatures`): a
     compute timer reads an op's work, never its id, name, dependencies or micro-batch.
-    None, having done nothing the caller sees, where the in-order pass would decline (a
+    None, having done nothing the caller sees, where the pass cannot run in id order (a
     negative compute or send duration, a dependency on a later id): the caller then runs
     the general passes on the instruction objects.
     """
@@ -92,7 +96,7 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     peaks, floors = _memory(columns, static_bytes, gpus)
     return ColumnarPass(ready, end, cause,
                         _intervals(columns, (gpus_of, gpu, dst), ready_a, mid, end_a),
-                        peaks, floors, events, clock if clock > 0 else 0.0, ready_a, end_a)
+                        peaks, floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
 
 
 def _dense_gpus(columns: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -139,7 +143,7 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray
     ``ready = max(0, end of each predecessor)``, ``end = ready + total``; the cause is the
     stream predecessor, unless a dependency ended strictly later (the first such of the
     latest). An absent predecessor (-1) reads ``end[-1]``, a sentinel of -1.0 that never
-    wins. These are :meth:`sim.engine._Run._run_in_order`'s operations on these values.
+    wins. These are the event queue's operations (``start + delay``) on these values.
     """
     n = len(prev)
     end = [0.0] * n + [-1.0]
@@ -254,12 +258,12 @@ _STEPS = (_step0, _step1, _step2, _step3)
 def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray],
                start: np.ndarray, mid: np.ndarray, end: np.ndarray
                ) -> dict[tuple[int, str], array]:
-    """The intervals the in-order pass records, per (GPU, stream or kind).
+    """The intervals of the spans, per (GPU, stream or kind).
 
     Compute ops give ``[start, mid]`` on ``(GPU, "compute")`` (and on their kind, were it a
     communication kind), their blocking communication ``[mid, end]`` on its kind; sends
     ``[start, end]`` on their kind at both ends; collectives on theirs. The same intervals
-    per key as the in-order pass records, in another (deterministic) order: what reads
+    per key as the spans give them, in another (deterministic) order: what reads
     them takes their union (:data:`sim.stats.Intervals`).
     """
     names = columns.names
@@ -309,7 +313,7 @@ def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
     """Per GPU, the largest and smallest of its memory samples: the static one at time 0
     (GPUs in ``gpus``), then, in id order of its compute ops, the bytes after each
     allocation (at the op's start) and after each free (at its end); the bytes as the
-    in-order pass sums them, one change after the other."""
+    event queue's records sum them, one change after the other."""
     alloc, free = columns.alloc_bytes, columns.free_bytes
     is_compute = columns.cls == COMPUTE
     a_at = np.flatnonzero(is_compute & (alloc != 0))

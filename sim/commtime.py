@@ -5,7 +5,7 @@ GPU per pipeline rank. The collectives and pipeline sends it takes part in are
 timed here: every group it stands for runs the collective at once on the
 flow-level network, so contention between the replicas' collectives on shared
 links (NICs, uplinks) is included. The plan is the engine's own
-(:func:`sim.engine.collective_plan`: the cluster's per-op algorithm override or
+(:func:`sim.collectives.collective_plan`: the cluster's per-op algorithm override or
 ``auto`` choice, its granularity, the routes' latencies, the per-step software
 latency), so an isolated collective takes exactly as long here as in a full
 simulation. Results are cached per (op, groups, bytes) on the instance, and
@@ -35,8 +35,8 @@ import math
 from collections.abc import Sequence
 
 from base.collector import gc_paused
-from sim.collectives import GroupProfile
-from sim.engine import collective_plan, simulate_program, step_latency_s
+from sim.collectives import GroupProfile, collective_plan, step_latency_s
+from sim.engine import simulate_program
 from sim.network import makespan_s
 from topologies.cluster import Cluster
 from workloads.program import Program, ProgramBuilder
@@ -108,7 +108,8 @@ class CollectiveTimer:
         self.algo = algo
         self._cache: dict[tuple, float] = {}
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}
-        """Group profiles of ``auto`` selection, by group (:func:`sim.engine.collective_plan`)."""
+        """Group profiles of ``auto`` selection, by group
+        (:func:`sim.collectives.collective_plan`)."""
         self.simulations = 0
         """How many collectives needed the event engine (plans with dependent transfers)."""
         self.reused = 0

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from itertools import chain, repeat
 from operator import sub
 
 import numpy as np
@@ -198,86 +197,6 @@ def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
             cum[j] = row
 
 
-def _in_order(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
-              cause: list[int], slowdown: _Excess
-              ) -> tuple[list[float], list[list[float]], dict[int, list[int]], list[float],
-                         list[int]] | None:
-    """:func:`_chains` and :func:`_cumulative` in one pass over the instructions in id order,
-    given each one's latest predecessor (``cause``, as the engine records it): the same
-    floats, when every chain runs to earlier ids (a lowered program); else None.
-    ``cause`` is completed in place for collective members (they all take the one of the
-    member that arrived last, as :func:`_chains` sets it). Also each compute op's blocking
-    communication and its part (:func:`_folded`)."""
-    instrs = program.instructions
-    start = list(ready_s[:len(instrs)])
-    zero = [0.0] * len(_PARTS)
-    cum: list[list[float] | None] = [None] * len(instrs)
-    compute: dict[int, list[int]] = {}
-    members: dict[int, list[int]] = {}
-    index = _INDEX.get
-    bubble = _BUBBLE
-    folded = [0.0] * len(instrs)  # per compute op, its blocking communication and its part
-    folded_part = [bubble] * len(instrs)
-    for i, ins in enumerate(instrs):
-        cls = type(ins)
-        if cls is Compute:
-            ops = compute.get(ins[1])
-            if ops is None:
-                compute[ins[1]] = [i]
-            else:
-                ops.append(i)
-        elif cls is Collective and len(ins[7]) > 1:
-            group = members.get(ins[9])
-            if group is None:
-                group = members[ins[9]] = []
-            group.append(i)
-            if len(group) < len(ins[7]):
-                continue
-            latest = max(group, key=lambda j: (ready_s[j], -j))
-            for j in group:
-                start[j] = ready_s[latest]
-                cause[j] = cause[latest]
-            for j in group:
-                c = cause[j]
-                parent = cum[c] if c >= 0 else zero
-                if parent is None:  # a chain to a later id
-                    return None
-                row = parent[:]
-                _add_own(row, instrs[j], end_s[j] - start[j], slowdown)
-                cum[j] = row
-            continue
-        c = cause[i]
-        if c < 0:
-            row = zero[:]
-        else:
-            row = cum[c]
-            if row is None:  # a chain to a later id
-                return None
-            row = row[:]
-        span = end_s[i] - start[i]
-        if slowdown:
-            _add_own(row, ins, span, slowdown)
-        elif cls is Compute:  # _add_own without stragglers: the blocking part, then nominal
-            blocking = ins[11]
-            if blocking > 0:
-                column = index(ins[12], bubble)
-                folded[i], folded_part[i] = blocking, column
-                if blocking > span:
-                    blocking = span
-                if blocking:
-                    row[column] += blocking
-                span -= blocking
-            row[bubble] += span
-        else:  # _add_own of a send (kind at 4) or a collective of one (kind at 2)
-            row[index(ins[4] if cls is Send else ins[2], bubble)] += span
-        cum[i] = row
-    if any(len(group) < len(instrs[group[0]].group) for group in members.values()):
-        return None
-    if slowdown:  # folded was not filled
-        folded, folded_part = _folded(instrs)
-    return start, cum, compute, folded, folded_part  # type: ignore[return-value]
-
-
 def _folded(instrs: Sequence) -> tuple[list[float], list[int]]:
     """Per instruction, a compute op's blocking communication (0: none, or not compute) and
     the part it counts in (:data:`_PARTS`)."""
@@ -294,8 +213,8 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
                    gpus: Sequence[int], slowdown: Mapping[int, float] | None = None,
                    window: tuple[float, float] | None = None,
                    cause: Sequence[int] | None = None,
-                   nominal: Callable[[Compute], float] | None = None
-                   ) -> dict[int, dict[str, float]]:
+                   nominal: Callable[[Compute], float] | None = None,
+                   reference: bool = False) -> dict[int, dict[str, float]]:
     """Per GPU in ``gpus``, its compute-stream idle seconds by cause
     (:data:`sim.timeline.IDLE_CAUSES`).
 
@@ -309,15 +228,21 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
     ``nominal``, on a cluster mixing GPU types: a compute op's time on the fastest type,
     so that waiting on a slower type counts as ``straggler`` (with the excess of any
     straggler), not as ``bubble``.
+
+    Two ways, with the same floats: the reference follows the chains
+    (:func:`_chains`), sums them (:func:`_cumulative`) and splits each GPU's gaps in a
+    loop (:func:`_gap_loop`); the fast path does all of it on arrays (:func:`_columnar`),
+    for a columnar program (a collapsed one) without stragglers whose latest predecessors
+    the engine recorded. ``reference``: the reference even there.
     """
     with gc_paused():  # many small lists, no cycles
         return _breakdown(program, ready_s, end_s, gpus, _Excess(slowdown or {}, nominal),
-                          window, cause)
+                          window, None if reference else cause)
 
 
 def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
                gpus: Sequence[int], slowdown: _Excess,
-               window: tuple[float, float] | None, known: Sequence[int] | None = None
+               window: tuple[float, float] | None, known: Sequence[int] | None
                ) -> dict[int, dict[str, float]]:
     """:func:`idle_breakdown`, with the garbage collector paused by the caller."""
     instrs = program.instructions
@@ -330,19 +255,9 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
             return out
     if isinstance(ready_s, np.ndarray) or isinstance(end_s, np.ndarray):  # floats, not scalars
         ready_s, end_s = np.asarray(ready_s).tolist(), np.asarray(end_s).tolist()
-    fast = None
-    if known is not None and len(known) == len(instrs):
-        cause = list(known)
-        fast = _in_order(program, ready_s, end_s, cause, slowdown)
-    folded: tuple[list[float], list[int]] | None = None
-    if fast is not None:
-        start, cum, compute_of, *pair = fast
-        folded = (pair[0], pair[1])
-    else:
-        start, cause, compute_of = _chains(program, ready_s, end_s)
-        cum = _cumulative(program, start, cause, end_s, slowdown)
-    if folded is None:
-        folded = _folded(instrs)
+    start, cause, compute_of = _chains(program, ready_s, end_s)
+    cum = _cumulative(program, start, cause, end_s, slowdown)
+    folded = _folded(instrs)
     run_end = max(end_s)
     last = list(end_s).index(run_end)  # the first instruction to end the run
     window = window if window is not None else (0.0, run_end)
@@ -351,18 +266,8 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     def row(i: int) -> list[float]:
         return cum[i] if i >= 0 else zero
 
-    arrays: _Arrays | None = None  # for GPUs with many compute ops
-    out: dict[int, dict[str, float]] = {}
-    for g in gpus:
-        ops = compute_of.get(g, [])
-        if len(ops) > SMALL:
-            if arrays is None:
-                arrays = _Arrays(folded, start, cause, end_s, cum)
-            shares = arrays.gap_shares(ops, run_end, last, *window)
-        else:
-            shares = _gap_loop(ops, start, cause, end_s, row, folded, run_end, last, window)
-        out[g] = _row(shares)
-    return out
+    return {g: _row(_gap_loop(compute_of.get(g, []), start, cause, end_s, row, folded,
+                              run_end, last, window)) for g in gpus}
 
 
 def _row(shares: Sequence[float]) -> dict[str, float]:
@@ -414,58 +319,6 @@ def _gap_loop(ops: Sequence[int], start: Sequence[float], cause: Sequence[int],
                 before = list(before)
                 before[part_of[x]] -= blocking
     return shares
-
-
-SMALL = 64
-"""GPUs with up to this many compute ops have their gaps split by the plain loop
-(:func:`_gap_loop`); more, by :meth:`_Arrays.gap_shares` on arrays (the same floats)."""
-
-
-class _Arrays:
-    """The per-instruction facts the gaps of :func:`_breakdown` read, as arrays: for GPUs
-    with many compute ops, :meth:`gap_shares` splits all their gaps at once."""
-
-    def __init__(self, folded: tuple[Sequence[float], Sequence[int]], start: Sequence[float],
-                 cause: Sequence[int], end_s: Sequence[float], cum: Sequence[list[float]]
-                 ) -> None:
-        n = len(cum)
-        self.folded = np.array(folded[0], dtype=float)
-        self.part = np.array(folded[1], dtype=np.intp)
-        self.start = np.array(start[:n], dtype=float)
-        self.end = np.array(end_s[:n], dtype=float)
-        causes = np.array(cause[:n], dtype=np.intp)
-        self.cause = np.where(causes < 0, n, causes)  # row n: zero (no predecessor)
-        self.rows = [*cum, [0.0] * len(_PARTS)]
-
-    def gap_shares(self, ops: list[int], run_end: float, last: int, lo: float, hi: float
-                   ) -> list[float]:
-        """One GPU's idle shares by part (:data:`_PARTS`): :func:`_gap_loop` over its compute
-        ops ``ops``, gap by gap, with the same floating-point operations.
-
-        Gap ``k`` runs from ``a`` (the end of op ``k - 1``'s compute, 0 for the first)
-        to ``b`` (op ``k``'s start, the run's end for the last), with chain sums
-        ``before`` (op ``k - 1``'s, less its blocking communication) and ``after`` (that
-        of op ``k``'s latest predecessor, of instruction ``last`` for the trailing gap).
-        Each part is summed over the gaps in order, as the loop adds them (a cumulative
-        sum: no reassociation).
-        """
-        parts = len(_PARTS)
-        at = np.array(ops, dtype=np.intp)
-        begin, finish = self.start[at], self.end[at]
-        folded = self.folded[at]
-        has = folded > 0
-        rows = np.flatnonzero(has)
-        row = self.rows.__getitem__  # the chain sums of the gaps' ends, read row by row
-        after = np.fromiter(chain.from_iterable(map(row, [*self.cause[at].tolist(), last])),
-                            float, (len(ops) + 1) * parts).reshape(-1, parts)
-        before = np.fromiter(chain(repeat(0.0, parts), chain.from_iterable(map(row, ops))),
-                             float, (len(ops) + 1) * parts).reshape(-1, parts)
-        blocking = np.minimum(folded, finish - begin)
-        a = np.concatenate(([0.0], np.where(has, finish - np.where(has, blocking, 0.0), finish)))
-        if len(rows):
-            before[rows + 1, self.part[at[rows]]] -= blocking[rows]
-        b = np.append(begin, run_end)
-        return _split_gaps(a, b, after, before, lo, hi).tolist()
 
 
 def _split_gaps(a: np.ndarray, b: np.ndarray, after: np.ndarray, before: np.ndarray,

@@ -7,12 +7,14 @@ Produced by :mod:`sim.engine`, read by :mod:`sim.stats`, :mod:`sim.export` and
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import groupby
 from operator import itemgetter
 from typing import NamedTuple
+
+from workloads.program import Compute, Program, Send
 
 COMPUTE_STREAM = "compute"
 """Name of every GPU's compute stream."""
@@ -96,6 +98,7 @@ class MemorySample(NamedTuple):
 
 # Span.end_s; MemorySample.gpu and .bytes (fields by position: C-speed getters)
 _END_S, _GPU, _BYTES = itemgetter(5), itemgetter(0), itemgetter(2)
+_SPAN = itemgetter(3)  # the Span of a lane record (start, end, order, Span)
 
 
 @dataclass(frozen=True)
@@ -221,3 +224,111 @@ class Timeline:
 
 _RECORDS = ("spans", "flows", "memory")
 """A :meth:`Timeline.deferred` timeline's records, in the order its maker returns them."""
+
+
+def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
+                end_s: Sequence[float]) -> Timeline:
+    """The timeline of ``program`` run with these per-instruction times: the one place
+    records are made, whichever engine pass worked the times out (:mod:`sim.engine`).
+
+    ``ready_s``: when each instruction's last predecessor completed (a compute op or send
+    starts then; a collective starts at its members' latest); ``mid_s``: where a compute
+    op's compute span ends and its blocking communication begins (``ready + duration``);
+    ``end_s``: when it completed. Spans are sorted by (gpu, stream, start, end, instruction
+    id); each GPU's memory samples are its static bytes at time 0, then each compute op's
+    allocation at its start and free at its end, in program order (with durations never
+    negative, their times do not decrease).
+    """
+    instrs = program.instructions
+    gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
+            else program.simulated_gpus)
+    new = tuple.__new__  # records built without Python-level __new__
+    plain: dict[tuple[int, str], list[Span]] = {}
+    """(GPU, stream) -> spans of the streams whose spans come in order (compute, send,
+    receive: one stream's instructions in program order, each after the previous ended)"""
+    lanes: dict[tuple[int, str], list[tuple]] = {}
+    """(GPU, stream) -> (start, end, order, Span) of the collective streams, which the
+    blocking communication of compute ops joins out of order"""
+    arrows: list[tuple[tuple[int, str], tuple[int, str]]] = []
+    """(send lane, receive lane) pairs: their k-th spans pair up"""
+    sends: dict[tuple[int, int], tuple[list[Span], str, list[Span], str]] = {}
+    memory: dict[int, list[MemorySample]] = {
+        g: [new(MemorySample, (g, 0.0, program.static_bytes[g]))] for g in gpus}
+    mem_now = list(program.static_bytes)
+    members: dict[int, list[int]] = {}
+    for ins in instrs:
+        cls = type(ins)
+        if cls is Compute:
+            (i, g, kind, name, _, _, _, _, _, _, _, blocking, comm, alloc, free, stage,
+             mb) = ins
+            t, mid, stop = ready_s[i], mid_s[i], end_s[i]
+            if alloc or free:
+                samples = memory.get(g)
+                if samples is None:
+                    samples = memory[g] = []
+                if alloc:
+                    mem_now[g] += alloc
+                    samples.append(new(MemorySample, (g, t, mem_now[g])))
+                if free:
+                    mem_now[g] -= free
+                    samples.append(new(MemorySample, (g, stop, mem_now[g])))
+            own = plain.get((g, COMPUTE_STREAM))
+            if own is None:
+                own = plain[(g, COMPUTE_STREAM)] = []
+            own.append(new(Span, (g, COMPUTE_STREAM, kind, name, t, mid, stage, mb)))
+            if blocking > 0:
+                lanes.setdefault((g, comm), []).append((mid, stop, 4 * i + 1, new(
+                    Span, (g, comm, comm, f"{name} {comm}", mid, stop, stage, mb))))
+        elif cls is Send:
+            i, g, dst, _, kind, name, _, stage, mb, _ = ins
+            lane = sends.get((g, dst))
+            if lane is None:
+                out, back = f"send>{dst}", f"recv<{g}"
+                lane = sends[(g, dst)] = (plain.setdefault((g, out), []), out,
+                                          plain.setdefault((dst, back), []), back)
+                arrows.append(((g, out), (dst, back)))
+            t, stop = ready_s[i], end_s[i]
+            lane[0].append(new(Span, (g, lane[1], kind, name, t, stop, stage, mb)))
+            lane[2].append(new(Span, (dst, lane[3], kind, name, t, stop, stage, mb)))
+        else:
+            i, g, kind, name = ins[0], ins[1], ins[2], ins[3]
+            group, key = ins[7], ins[9]
+            if len(group) > 1:
+                waiting = members.setdefault(key, [])
+                waiting.append(i)
+                if len(waiting) < len(group):
+                    continue
+                del members[key]
+                start = max(ready_s[j] for j in waiting)
+            else:
+                waiting, start = [i], ready_s[i]
+            for j in waiting:
+                m = instrs[j]
+                lanes.setdefault((m.gpu, kind), []).append((start, end_s[j], 4 * j, new(
+                    Span, (m.gpu, kind, kind, m.name, start, end_s[j], m.stage, m.mb))))
+    spans: list[Span] = []
+    base: dict[tuple[int, str], int] = {}  # a plain lane's first index
+    for key in sorted(lanes.keys() | plain.keys()):
+        own = plain.get(key)
+        if own is not None:
+            base[key] = len(spans)
+            spans.extend(own)
+            continue
+        recs = lanes[key]
+        recs.sort()
+        spans.extend(map(_SPAN, recs))
+    pairs: list[tuple[int, int]] = []
+    for send, recv in arrows:
+        first, n = base[recv], len(plain[send])
+        pairs.extend(zip(range(base[send], base[send] + n), range(first, first + n),
+                         strict=True))
+    flows = tuple(map(partial(tuple.__new__, FlowArrow), sorted(pairs)))
+    samples: list[MemorySample] = []
+    peaks: dict[int, float] = {}
+    for g, recs in sorted(memory.items()):
+        samples.extend(recs)
+        peaks[g] = max(map(_BYTES, recs))
+    clock = max(end_s, default=0.0)
+    return Timeline.known(program.num_gpus, tuple(spans), flows, tuple(samples),
+                          program.gpu_names, gpus, end_s=clock if clock > 0 else None,
+                          peak_memory_by_gpu=peaks)

@@ -5,9 +5,9 @@ errors) of the plain loops they stand in for.
   :func:`~sim.stats._length` and :func:`~sim.stats._minus`; the intervals the engine
   records (:attr:`sim.engine.InstructionTimes.intervals`) against those read back from
   the timeline; every list by the array form against every list by the loops;
-- the engine's recorded latest predecessors (:attr:`~sim.engine.InstructionTimes.cause`)
+- the queue-free pass's latest predecessors (:attr:`~sim.engine.InstructionTimes.cause`)
   and its precomputed makespan and memory peaks against the plain computations;
-- the idle breakdown's one-pass chains and array gaps against the plain loops;
+- the idle breakdown's fast path against its reference;
 - schedules: :func:`~workloads.schedules.producer_positions` against :func:`op_deps`,
   the unfused list schedule and the array validity check against the general ones;
   lowering's topological order against its sort-key definition.
@@ -84,8 +84,10 @@ def test_recorded_intervals_give_the_stats_of_the_timeline(fidelity: str, monkey
     exp = result.experiment
     timeline = simulate_program(result.program, exp.cluster, _timer(exp), times=times)
     assert timeline == result.timeline
-    recorded = {k: list(v) for k, v in times.intervals.items() if len(v)}
+    # the event queue leaves them to the stats; the queue-free pass has them without spans
+    assert (times.intervals is None) == (fidelity == "full")
     read = span_intervals(timeline.spans)
+    recorded = {k: list(v) for k, v in (times.intervals or read).items() if len(v)}
     assert {k: sorted(zip(v[0::2], v[1::2], strict=True)) for k, v in recorded.items()} == {
         k: sorted(zip(v[0::2], v[1::2], strict=True)) for k, v in read.items()}
     facts = _facts(result)
@@ -142,11 +144,11 @@ def test_precomputed_makespan_and_peaks_equal_the_records() -> None:
     ("full", None),
     ("full", {"stragglers": [{"gpu": 3, "slowdown": 1.5}]}),
 ])
-def test_idle_fast_paths_equal_the_plain_loops(fidelity: str, faults: dict | None,
-                                               monkeypatch) -> None:
-    """Chains from the engine's causes in one pass and gaps on arrays give the floats of
-    :func:`sim.idle._chains`, :func:`sim.idle._cumulative` and the gap loop; with a window
-    too."""
+def test_idle_fast_path_equals_the_reference(fidelity: str, faults: dict | None) -> None:
+    """The idle breakdown's fast path (on arrays, from the queue-free pass's causes) gives
+    the floats of its reference (:func:`sim.idle._chains`, :func:`sim.idle._cumulative`
+    and the gap loop), with a window too; where the fast path does not apply (the event
+    queue records no causes; stragglers), both are the reference."""
     exp = _experiment(**({"faults": faults} if faults else {}))
     result = simulate(exp, fidelity=fidelity)
     slowdown = {3: 1.5} if faults else None
@@ -157,13 +159,12 @@ def test_idle_fast_paths_equal_the_plain_loops(fidelity: str, faults: dict | Non
     gpus = result.timeline.simulated_gpus
     window = (result.timeline.end_s / 4, result.timeline.end_s / 2)
     outs = []
-    for small in (10**9, 0):
-        monkeypatch.setattr(idle_mod, "SMALL", small)
-        for cause in (times.cause or None, None):
-            for win in (None, window):
-                outs.append(repr(idle_breakdown(result.program, times.ready_s, times.end_s,
-                                                gpus, slowdown, win, cause)))
-    assert len(set(outs[0::2])) == 1 and len(set(outs[1::2])) == 1
+    for reference in (False, True):
+        for win in (None, window):
+            outs.append(repr(idle_breakdown(result.program, times.ready_s, times.end_s,
+                                            gpus, slowdown, win, times.cause or None,
+                                            reference=reference)))
+    assert outs[0] == outs[2] and outs[1] == outs[3]
     assert repr(result.stats["idle_breakdown"]["per_gpu_s"][str(gpus[-1])]["bubble"]) in repr(
         result.stats) and outs[0] != outs[1]
 
@@ -294,22 +295,3 @@ def test_malformed_schedules_still_fail_with_their_message(text: str, error: str
     assert not sched_mod._well_formed(schedule) or error == "deadlocks"
     with pytest.raises(sched_mod.ScheduleError, match=error):
         validate(schedule)
-
-
-def test_collective_members_share_the_cause_of_the_last_arrival() -> None:
-    """A two-member collective in a fixed program: the engine's causes (every member takes
-    that of the member that arrived last) and the one-pass chains equal the plain ones."""
-    from sim.engine import _Run  # noqa: PLC0415
-    from tests.test_perf_paths import _cluster, _fixed_program
-
-    program = _fixed_program()
-    run = _Run(program, _cluster(2), lambda i: i.duration_s)
-    assert run._run_in_order()
-    _, cause, _ = idle_mod._chains(program, run.started, run.ended)
-    assert run.cause == cause
-    members = [i.id for i in program.instructions if len(getattr(i, "group", ())) > 1]
-    assert len(members) == 2 and len({run.cause[j] for j in members}) == 1
-    for window in (None, (0.5, 2.5)):
-        fast = idle_breakdown(program, run.started, run.ended, (0, 1), None, window, run.cause)
-        plain = idle_breakdown(program, run.started, run.ended, (0, 1), None, window)
-        assert repr(fast) == repr(plain)

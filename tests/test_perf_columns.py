@@ -2,17 +2,18 @@
 
 A collapsed lowering lays its op loop out on arrays (:class:`workloads.program.Columns`,
 :class:`~workloads.program.ColumnarInstructions`), the engine runs such a program by the
-array pass of :mod:`sim.columnar` and leaves the span records to the in-order pass, run
-when first read (:meth:`sim.timeline.Timeline.deferred`), and the idle breakdown splits
+array pass of :mod:`sim.columnar` and makes the span records from its times when first
+read (:meth:`sim.timeline.Timeline.deferred`), and the idle breakdown splits
 the gaps of all GPUs at once (:func:`sim.idle._columnar`). Each is compared here with the
 path it stands in for, on several layouts and schedules (1F1B, GPipe, interleaved,
 ZB-H1, ZB-H2, Seq1F1B, sequence parallelism, ZeRO 0, split and unsplit folded ops):
 
 - the instructions, built on demand, against the reference op loop
   (``lower(..., reference=True)``), and the columns against the instructions;
-- the engine's times, latest predecessors, intervals, memory peaks, events and timeline
-  against the in-order pass on the instruction objects; the declined cases (negative
-  durations, dependencies on later ids) and instructions with many dependencies;
+- the engine's times, intervals, memory peaks, events and timeline against the event
+  queue on the instruction objects, on layouts larger than ``tests/test_differential.py``
+  draws; the declined cases (negative durations, dependencies on later ids) and
+  instructions with many dependencies;
 - the stats JSON, trace and idle breakdown of :func:`sim.api.simulate` against the same
   run with every columnar path switched off.
 """
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from sim import api, columnar, idle
 from sim import stats as stats_mod
 from sim.commtime import CollectiveTimer
-from sim.engine import EngineCounters, InstructionTimes, _Run, simulate_program
+from sim.engine import EngineCounters, InstructionTimes, simulate_program
 from sim.experiment import Experiment
 from sim.export import chrome_trace, dumps_trace
 from sim.idle import idle_breakdown
@@ -100,7 +101,7 @@ def _timer(ins: Compute) -> float:
 
 
 def _no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every columnar path off: the general lowering loop, the in-order pass, the plain idle
+    """Every columnar path off: the general lowering loop, the event queue, the plain idle
     breakdown."""
     real = lowering._lower
     monkeypatch.setattr(lowering, "_lower", lambda *a: real(*a[:-1], True))  # reference
@@ -171,10 +172,12 @@ def test_split_decisions_on_arrays_equal_the_loop(monkeypatch: pytest.MonkeyPatc
 
 # ----------------------------------------------------------------------------- engine
 
-def _in_order(program: Program, timer=_timer) -> _Run:  # type: ignore[no-untyped-def]
-    run = _Run(_plain(program), _cluster(program.num_gpus), timer)
-    assert run._run_in_order()
-    return run
+def _reference(program: Program, timer=_timer):  # type: ignore[no-untyped-def]
+    """The event queue's timeline, counters and times of ``program`` as instruction objects."""
+    counters, times = EngineCounters(), InstructionTimes()
+    timeline = simulate_program(_plain(program), _cluster(program.num_gpus), timer, counters,
+                                event_queue=True, times=times)
+    return timeline, counters, times
 
 
 def _columnar_run(program: Program, timer=_timer):  # type: ignore[no-untyped-def]
@@ -189,25 +192,27 @@ def _sorted_intervals(intervals: dict) -> dict:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=IDS)
-def test_columnar_pass_equals_the_in_order_pass(layout: tuple) -> None:
+def test_columnar_pass_equals_the_event_queue(layout: tuple) -> None:
+    """On lowered layouts larger than the differential test's: the array pass's times,
+    events, intervals, makespan, memory peaks and (deferred) records equal the reference's."""
     exp = _experiment(*layout)
     program = _lowered(exp)
     timeline, counters, times = _columnar_run(program)
     assert not program.instructions.built and not timeline.records_made
-    run = _in_order(program)
-    assert times.ready_s == run.started and times.end_s == run.ended
-    assert times.cause == run.cause
-    assert counters.events == run.events and counters.instructions == len(run.ended)
-    assert _sorted_intervals(times.intervals) == _sorted_intervals(run.intervals)
-    assert np.array_equal(times.arrays[0], run.started)
-    assert np.array_equal(times.arrays[1], run.ended)
-    reference = run._timeline()
+    reference, ref_counters, ref_times = _reference(program)
+    assert times.ready_s == ref_times.ready_s and times.end_s == ref_times.end_s
+    assert counters.events == ref_counters.events
+    assert counters.instructions == len(ref_times.end_s)
+    assert _sorted_intervals(times.intervals) == _sorted_intervals(
+        stats_mod.span_intervals(reference.spans))
+    assert np.array_equal(times.arrays[0], ref_times.ready_s)
+    assert np.array_equal(times.arrays[1], ref_times.end_s)
     assert repr(timeline.end_s) == repr(reference.end_s)
     assert timeline.peak_memory_by_gpu == reference.peak_memory_by_gpu
     fresh = Timeline(reference.num_gpus, reference.spans, reference.flows, reference.memory)
     assert timeline.memory_floor_by_gpu == fresh.memory_floor_by_gpu
     assert not timeline.records_made
-    assert timeline == reference  # the records, made now by the in-order pass
+    assert timeline == reference  # the records, made now from the pass's times
     assert timeline.records_made
 
 
@@ -244,20 +249,20 @@ def _as_columns(program: Program) -> Program:
 
 def test_many_dependencies_take_the_general_loop_of_the_pass() -> None:
     """An instruction with more than three dependencies (the last one's seven): the array
-    pass reads them in full, with the in-order pass's tie rules."""
+    pass reads them in full, with the event queue's tie rules."""
     program = _as_columns(_fixed())
     assert program.instructions.columns.deps.shape[1] > columnar.WIDE
     timeline, counters, times = _columnar_run(program)
-    run = _in_order(program)
-    assert (times.ready_s, times.end_s, times.cause) == (run.started, run.ended, run.cause)
-    assert counters.events == run.events
-    assert timeline == run._timeline()
+    reference, ref_counters, ref_times = _reference(program)
+    assert (times.ready_s, times.end_s) == (ref_times.ready_s, ref_times.end_s)
+    assert counters.events == ref_counters.events
+    assert timeline == reference
 
 
 @pytest.mark.parametrize("case", ["negative", "late"])
-def test_the_pass_declines_what_the_in_order_pass_declines(case: str) -> None:
+def test_the_pass_declines_negative_durations_and_later_dependencies(case: str) -> None:
     """A negative duration, a dependency on a later id: the array pass does nothing and the
-    engine's general passes run (the result equals that of a plain program)."""
+    event queue runs the program (the result equals that of a plain program)."""
     program = _as_columns(_fixed(negative=case == "negative", late=case == "late"))
     cols = program.instructions.columns
     assert columnar.run_columns(cols, _timer, program.static_bytes, (0, 1, 2)) is None

@@ -1,8 +1,8 @@
 """The fast paths of issue 7's profiling pass give exactly what the plain algorithms give.
 
-- the engine's in-order pass over a collapsed program (:meth:`sim.engine._Run._run_in_order`)
-  against its topological pass and the event queue, also where ids are not a topological
-  order (it must fall back) and where a collective never completes (a deadlock report);
+- the engine on fixed-duration programs the array pass declines (a collective of two
+  members, ids not in topological order): the event queue's result, and a collective
+  that never completes (a deadlock report);
 - the statistics' interval union and difference against a brute-force reference;
 - the idle breakdown on a program whose chains point to later ids;
 - :class:`workloads.schedules.Op` as a named tuple: hashing, order and text form as before.
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from base.errors import DeadlockError
-from sim.engine import EngineCounters, InstructionTimes, _Run, simulate_program
+from sim.engine import InstructionTimes, simulate_program
 from sim.idle import idle_breakdown
 from sim.stats import _length, _minus, _union
 from topologies.cluster import Cluster
@@ -49,41 +49,23 @@ def _fixed_program() -> Program:
     return Program(2, b.build(), (10.0, 20.0), gpipe(2, 1))
 
 
-def _run(program: Program, mode: str) -> tuple:
-    """Timeline, events and instruction times by one of the engine's three ways."""
-    counters, times = EngineCounters(), InstructionTimes()
-    if mode == "queue":
-        timeline = simulate_program(program, _cluster(program.num_gpus), lambda i: i.duration_s,
-                                    counters, event_queue=True, times=times)
-        return timeline, counters.events, times.ready_s, times.end_s
-    run = _Run(program, _cluster(program.num_gpus), lambda i: i.duration_s)
-    if mode == "in-order":
-        assert run._run_in_order()
-    else:
-        run._build_dag(program)
-        run._run_fixed()
-    return run._timeline(), run.events, run.started, run.ended
-
-
-def test_in_order_pass_equals_topological_pass_and_event_queue() -> None:
+def test_queue_free_pass_equals_the_event_queue_on_a_fixed_program() -> None:
+    """Every duration fixed, but a collective of two members: no array pass (it takes
+    collectives of one), the event queue runs it either way; its records."""
     program = _fixed_program()
-    runs = [_run(program, mode) for mode in ("in-order", "topological", "queue")]
-    assert runs[0] == runs[1] == runs[2]
-    assert repr(runs[0]) == repr(runs[1])  # the same floats (the event queue's clock starts
-    # at the integer 0, equal but printed differently)
-    timeline = runs[0][0]
-    assert timeline.flows and timeline.memory and len(timeline.spans) == 11
+    fast = simulate_program(program, _cluster(2), lambda i: i.duration_s)
+    slow = simulate_program(program, _cluster(2), lambda i: i.duration_s, event_queue=True)
+    assert fast == slow
+    assert fast.flows and fast.memory and len(fast.spans) == 11
 
 
-def test_ids_out_of_topological_order_fall_back() -> None:
-    """An instruction that depends on a later id: the in-order pass declines, the
-    topological one runs it; the result equals the event queue's."""
+def test_ids_out_of_topological_order_run_on_the_event_queue() -> None:
+    """An instruction that depends on a later id: the array pass declines, the event queue
+    runs it."""
     b = ProgramBuilder()
     b.compute(0, "F", "late", (1,), duration_s=1.0)
     b.compute(1, "F", "early", (), duration_s=2.0)
     program = Program(2, b.build(), (0.0, 0.0), gpipe(2, 1))
-    run = _Run(program, _cluster(2), lambda i: i.duration_s)
-    assert not run._run_in_order()
     fast = simulate_program(program, _cluster(2), lambda i: i.duration_s)
     slow = simulate_program(program, _cluster(2), lambda i: i.duration_s, event_queue=True)
     assert fast == slow
@@ -92,13 +74,12 @@ def test_ids_out_of_topological_order_fall_back() -> None:
 
 
 def test_collective_missing_a_member_is_reported() -> None:
-    """A collective of GPUs 0 and 1 that only GPU 0 reaches: the in-order pass declines and
-    the topological pass names the missing member."""
+    """A collective of GPUs 0 and 1 that only GPU 0 reaches: the deadlock report names the
+    missing member."""
     instrs = (Compute(0, 0, "F", "x", (), duration_s=1.0),
               Collective(1, 0, "dp", "ar", (0,), "all_reduce", "ring", (0, 1), 1.0, 0,
                          duration_s=1.0))
     program = Program(2, instrs, (0.0, 0.0), gpipe(2, 1))
-    assert not _Run(program, _cluster(2), lambda i: i.duration_s)._run_in_order()
     with pytest.raises(DeadlockError, match=r"collective members \[1\]"):
         simulate_program(program, _cluster(2), lambda i: i.duration_s)
 
