@@ -16,7 +16,7 @@ from sim.cli import main
 from sim.compare import compare
 from sim.experiment import build_experiment
 from workloads.costs import CommSeg, ComputeSeg, Segment
-from workloads.lowering import _stash_bytes
+from workloads.memory import stash_bytes
 from workloads.models import PRESETS
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, list_schedule
 from workloads.seqchunks import chunk_cost, equal_cost_bounds, layer_work_shares, rounded_bounds
@@ -79,7 +79,7 @@ def test_chunk_totals_equal_the_whole_micro_batch(preset: str, seq: int, k: int,
                 marked = [totals(costs.op_segments(Op(stage, kind, 0, c), split, markers=True))
                           for c in range(k)]
                 assert sum(p["flops"] for p in marked) == pytest.approx(whole["flops"], rel=REL)
-        stash = [_stash_bytes(costs, Op(stage, FORWARD, 0, c)) for c in range(k)]
+        stash = [stash_bytes(costs, Op(stage, FORWARD, 0, c)) for c in range(k)]
         assert sum(stash) == pytest.approx(costs.activation_bytes_per_mb(stage), rel=REL)
         assert all(a > b for a, b in zip(stash, stash[1:], strict=False))  # shorter chunks
         if costs.zero_stage < 3:  # ZeRO-3's gathered parameters are per op, not per token
@@ -218,7 +218,7 @@ def test_non_flash_kernels_compute_each_chunks_score_block() -> None:
                                                                 rel=REL)
     assert sum(p["flops"] for p in parts) == pytest.approx(whole["flops"], rel=REL)
     # its stashed score matrix is its own block too
-    assert sum(_stash_bytes(costs, Op(0, FORWARD, 0, c)) for c in range(k)) < (
+    assert sum(stash_bytes(costs, Op(0, FORWARD, 0, c)) for c in range(k)) < (
         costs.activation_bytes_per_mb(0))
 
 
@@ -337,10 +337,10 @@ def test_peak_memory_follows_the_chunks_kv_kept_until_their_backward(runs: dict)
             generic = Op(op.stage, op.kind, 0, op.seq)
             extra = costs.transient_bytes(generic)
             if op.kind == FORWARD:
-                held += _stash_bytes(costs, generic)
+                held += stash_bytes(costs, generic)
             peak = max(peak, held + extra)
             if op.kind == BACKWARD:
-                held -= _stash_bytes(costs, generic)
+                held -= stash_bytes(costs, generic)
         assert held == pytest.approx(0.0, abs=1.0)
         assert row.peak_activation_gib[r] * 2**30 == pytest.approx(peak, rel=1e-6), r
 

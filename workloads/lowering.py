@@ -34,6 +34,7 @@ import numpy as np
 from base.collector import gc_paused
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
+from workloads.memory import op_alloc_free
 from workloads.program import (
     COLLECTIVE,
     COMPUTE,
@@ -242,7 +243,6 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     # an op's work and memory do not depend on its micro-batch index: cached per
     # (stage, kind, sequence chunk)
     op_cache: dict[Op, tuple[tuple[Segment, ...], int, float, float]] = {}
-    transient = getattr(costs, "transient_bytes", None)
     fold_cache: dict[Op, _Folded] = {}
     pending = [0.0] * pp  # per rank, see _emit_folded
     send_cache: dict[tuple[int, int, float], float] = {}
@@ -275,7 +275,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         p2p = _op_p2p_bytes(costs, generic, whole_p2p)
         cached = op_cache.get(generic)
         if cached is None:
-            cached = op_cache[generic] = _op_facts(costs, generic, split, transient)
+            cached = op_cache[generic] = _op_facts(costs, generic, split)
         segs, n_compute, alloc, free = cached
         local = [(index[dep], owner[dep.stage] == r) for dep in schedule_deps(schedule, op)]
         op_name = str(op)
@@ -371,23 +371,13 @@ def _joined(head: _Collapsed, tail: tuple[Instruction, ...]
     return ColumnarInstructions(head.columns_with(rest), lambda: head.build() + tail)
 
 
-def _op_facts(costs: CostModel, generic: Op, split: bool, transient: Callable | None
+def _op_facts(costs: CostModel, generic: Op, split: bool
               ) -> tuple[tuple[Segment, ...], int, float, float]:
     """An op's segments, how many of them compute, and the bytes it allocates at its start
-    and frees at its end; the same for every micro-batch (``generic`` has ``mb`` 0)."""
+    and frees at its end (:func:`workloads.memory.op_alloc_free`); the same for every
+    micro-batch (``generic`` has ``mb`` 0)."""
     segs = costs.op_segments(generic, split)
-    act = _stash_bytes(costs, generic)
-    alloc = act if generic.kind == FORWARD else 0.0
-    if generic.kind == BACKWARD:
-        free = act * (1 - costs.w_retained_fraction) if split else act
-    elif generic.kind == WEIGHT_GRAD:
-        free = act * costs.w_retained_fraction
-    else:
-        free = 0.0
-    # working memory held only while the op runs (recomputation, gradient buffers)
-    if transient is not None:
-        extra = transient(generic)
-        alloc, free = alloc + extra, free + extra
+    alloc, free = op_alloc_free(costs, generic, split)
     return segs, sum(isinstance(x, ComputeSeg) for x in segs), alloc, free
 
 
@@ -411,7 +401,6 @@ def _lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     """
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
-    transient = getattr(costs, "transient_bytes", None)
     whole_p2p = costs.p2p_bytes()
     n = len(order)
     send_cache: dict[tuple[int, int, float], float] = {}
@@ -430,7 +419,7 @@ def _lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         st, kd, _, sq = order[k]
         r, g = owner[st], reps[owner[st]]
         generic = Op(st, kd, 0, sq)
-        segs, _, alloc, free = _op_facts(costs, generic, split, transient)
+        segs, _, alloc, free = _op_facts(costs, generic, split)
         if r not in groups:
             groups[r] = tp_groups(placement, r)
         folded = _fold(segs, collapse.on(g), groups[r])
@@ -993,21 +982,6 @@ def _replica_send_s(collapse: Collapse, placement: Placement,
                       for u in range(placement.degree("tp")))
         cache[key] = collapse.collective_s("send", pairs, nbytes)
     return cache[key]
-
-
-def _stash_bytes(costs: CostModel, op: Op) -> float:
-    """Activation bytes ``op``'s forward stashes and its backward (and W) frees.
-
-    A Seq1F1B sequence chunk (``op.seq >= 0``) stashes its share of the
-    micro-batch's activations, given by the cost model's ``seq_chunk_share``.
-    """
-    whole = costs.activation_bytes_per_mb(op.stage)
-    if op.seq < 0:
-        return whole
-    share = getattr(costs, "seq_chunk_share", None)
-    if share is None:
-        raise ValueError(f"op {op} is a sequence chunk but {type(costs).__name__} has none")
-    return whole * share(op)
 
 
 def _stages_of(schedule: Schedule, rank: int) -> tuple[int, ...]:
