@@ -186,7 +186,7 @@ def test_screening_chunks_keep_groups_on_one_worker() -> None:
     """Screening chunks cover every layout once, about eight per worker, each made of whole
     (tp, cp, micro-batch) groups (whose op times and TP collectives a worker then computes
     once), unless a group is larger than a chunk."""
-    from sim.search import SCREEN_CHUNKS_PER_WORKER, _screen_chunks
+    from sim.search.execution import SCREEN_CHUNKS_PER_WORKER, _screen_chunks
 
     layouts = list(enumerate_layouts(SearchContext.build(_data())))
     n = len(layouts)

@@ -48,6 +48,7 @@ __all__ = [
     "ADVANCED_BUILDERS",
     "EXTRA_BUILDERS",
     "OVERLAPPING_STEPS",
+    "SEQUENCE_CHUNKED",
     "dualpipe_v",
     "interleaved",
     "makespan",
@@ -663,6 +664,11 @@ and takes the sequence chunks ``k`` as a fourth argument (the experiment's
 ``training.seq_chunks``). Kept apart from :data:`ADVANCED_BUILDERS` so that
 registry stays as its tests pin it; the experiment merges both.
 """
+
+SEQUENCE_CHUNKED: frozenset[str] = frozenset({"seq1f1b"})
+"""Schedules that cut micro-batches into sequence chunks (Sun et al. 2024, sec. 3): their
+builder takes the chunk count ``k`` (``training.seq_chunks``) as a fourth argument, and
+context parallelism's causal split does not compose with them."""
 
 OVERLAPPING_STEPS: frozenset[str] = frozenset({"zb-h2", "zb-v"})
 """Schedules whose consecutive steps overlap (DESIGN.md ``step_time_s``).
