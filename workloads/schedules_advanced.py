@@ -32,6 +32,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from base.errors import ScheduleError
+from workloads.memory import stash_fractions
 from workloads.schedules import (
     BACKWARD,
     FORWARD,
@@ -626,16 +627,15 @@ def peak_activation(schedule: Schedule) -> tuple[Fraction, ...]:
     its backward frees, as in the engine).
     """
     unit = Fraction(1, schedule.chunks_per_rank * schedule.seq_chunks)
-    release = WEIGHT_GRAD if schedule.split_backward else BACKWARD
     peaks = []
     for ops in schedule.rank_ops:
         live = peak = Fraction(0)
-        for op in ops:
-            if op.kind == FORWARD:
-                live += unit
+        for op in ops:  # the memory model's stash rule, all of it held until the W (w = 1)
+            alloc, free = stash_fractions(op.kind, schedule.split_backward, 1.0)
+            if alloc:
+                live += unit * Fraction(alloc)
                 peak = max(peak, live)
-            elif op.kind == release:
-                live -= unit
+            live -= unit * Fraction(free)
         peaks.append(peak)
     return tuple(peaks)
 
