@@ -29,7 +29,7 @@ cluster and global batch (issue 6). Four steps:
    (:func:`sim.experiment.balanced_layers`, on the real cluster).
 2. **Screen and judge** (:class:`Screener`) with bounds that need no simulation,
    on the executor's workers (:class:`SearchWorker`): screening in compact
-   chunks of whole ``(tp, cp, micro-batch)`` groups (:func:`~sim.search.execution._screen_chunks`: a
+   chunks of whole ``(tp, cp, micro-batch)`` groups (:func:`~sim.search.execution.screen_chunks`: a
    group's op times and TP collectives are computed by one worker), judging in
    chunks ahead of the sweep's frontier.
    Screening is cheap and schedule-free: the average static state per rank

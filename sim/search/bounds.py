@@ -115,6 +115,7 @@ class Bounds:
         self._tokens = ctx.global_batch_size * ctx.model.seq_length
 
     def num_microbatches(self, layout: Layout) -> int:
+        """Micro-batches per step of ``layout`` (the global batch over micro-batch x dp)."""
         return self.ctx.global_batch_size // (layout.micro_batch_size * layout.dp)
 
     def _fits(self, gib: float, capacity_gib: float | None = None) -> bool:

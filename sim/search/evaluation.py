@@ -37,6 +37,7 @@ class Evaluation:
     """Wall time of the evaluation (not part of the result's identity)."""
 
     def same_result(self, other: Evaluation) -> bool:
+        """Whether ``other`` is the same result (its wall time aside)."""
         return (self.key, self.status, self.stats, self.error) == (
             other.key, other.status, other.stats, other.error)
 

@@ -81,6 +81,7 @@ class SearchWorker:
 
     @property
     def screener(self) -> Screener:
+        """The worker's screener, built on first use from the spec."""
         if self._screener is None:
             sp = self.spec
             ctx = SearchContext.build(sp.data, sp.base_dir,
@@ -104,11 +105,11 @@ class SearchWorker:
 
 SCREEN_CHUNKS_PER_WORKER = 8
 """Screening is split into about this many chunks per worker (load balance against cache
-reuse: see :func:`_screen_chunks`)."""
+reuse: see :func:`screen_chunks`)."""
 SCREEN_CHUNK_MIN = 256
 
 
-class _LocalFallback:
+class LocalFallback:
     """A :class:`SearchWorker` in this process, built only if a worker is lost mid-chunk."""
 
     def __init__(self, spec: WorkerSpec) -> None:
@@ -121,12 +122,12 @@ class _LocalFallback:
         return self._worker(item)
 
 
-def _screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
+def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
                 local: Callable[[Any], Any]) -> list[Candidate]:
     """Screen every layout, in chunks spread over the executor's workers; the candidates
     come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
     is screened here."""
-    parts = _screen_chunks(layouts, executor.workers)
+    parts = screen_chunks(layouts, executor.workers)
     chunks = [ScreenChunk(tuple(tuple(getattr(layouts[i], d) for d in DIMS) for i in part))
               for part in parts]
     verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
@@ -157,7 +158,7 @@ def _screen_group(lay: Layout) -> tuple[int, int, int]:
     return (lay.tp, lay.cp, lay.micro_batch_size)
 
 
-def _screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
+def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     """Indices into ``layouts`` of the screening chunks (every index in one chunk).
 
     About :data:`SCREEN_CHUNKS_PER_WORKER` chunks per worker (one for one worker), made of
@@ -197,7 +198,8 @@ def _screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     return [order[a:b] for a, b in spans]
 
 
-def _as_evaluation(outcome: Any, layout: Layout) -> Evaluation:
+def as_evaluation(outcome: Any, layout: Layout) -> Evaluation:
+    """A worker's answer for ``layout`` as an evaluation (a lost worker: an ``error``)."""
     if isinstance(outcome, Evaluation):
         return outcome
     message = outcome.message if isinstance(outcome, WorkerFailure) else repr(outcome)

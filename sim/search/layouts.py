@@ -20,9 +20,10 @@ CONFIG_KEYS = {
     "schedule": "schedule",
 }
 """Experiment-file key of each dimension."""
-_SHORT = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs"}
+SHORT_NAMES = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs"}
+"""Short names of dimensions in layout keys (the others are their own)."""
 ALIASES = {**{d: d for d in DIMS}, **{v: k for k, v in CONFIG_KEYS.items()},
-           **{v: k for k, v in _SHORT.items()}}
+           **{v: k for k, v in SHORT_NAMES.items()}}
 """Names accepted by ``--fix``: the dimension, its file key, or the short name in layout keys."""
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -50,13 +51,13 @@ class Layout:
     def key(self) -> str:
         """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``
         (computed once per instance: the sweep's dictionaries are keyed by it)."""
-        return " ".join(f"{_SHORT.get(d, d)}={_text(getattr(self, d))}" for d in DIMS)
+        return " ".join(f"{SHORT_NAMES.get(d, d)}={value_text(getattr(self, d))}" for d in DIMS)
 
     @classmethod
     def from_key(cls, key: str) -> Layout:
         """Inverse of :attr:`key`."""
         values = dict(part.split("=", 1) for part in key.split())
-        return cls(**{d: _parse_value(d, values[_SHORT.get(d, d)]) for d in DIMS})
+        return cls(**{d: _parse_value(d, values[SHORT_NAMES.get(d, d)]) for d in DIMS})
 
     def changes(self, global_batch_size: int) -> dict[str, Any]:
         """Dotted experiment-file changes that select this layout (for ``with_changes``)."""
@@ -87,7 +88,8 @@ class Layout:
         return " ".join(parts)
 
 
-def _text(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A dimension's value as layout keys and ``--fix`` write it (``true``/``false``)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
@@ -147,8 +149,8 @@ def parse_pins(specs: Iterable[str]) -> dict[str, tuple[Any, ...]]:
                 both = tuple(v for v in pins[dim] if v in parsed)
                 if not both:
                     raise ConfigError(f"--fix {CONFIG_KEYS[dim]}: pinned to "
-                                      f"{'|'.join(map(_text, pins[dim]))} and to "
-                                      f"{'|'.join(map(_text, parsed))}, which share no value")
+                                      f"{'|'.join(map(value_text, pins[dim]))} and to "
+                                      f"{'|'.join(map(value_text, parsed))}, which share no value")
                 parsed = both
             pins[dim] = parsed
     return pins

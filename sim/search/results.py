@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.search.evaluation import Evaluation
-from sim.search.layouts import CONFIG_KEYS, DIMS, Layout, _text
+from sim.search.layouts import CONFIG_KEYS, DIMS, Layout, value_text
 from sim.search.screening import Candidate
 
 
@@ -80,10 +80,12 @@ class SearchResult:
 
     @property
     def feasible(self) -> list[Row]:
+        """The ranked rows (simulated, fit), best first."""
         return [r for r in self.rows if r.rank is not None]
 
     @property
     def best(self) -> Row | None:
+        """The best feasible row, or None."""
         feasible = self.feasible
         return feasible[0] if feasible else None
 
@@ -134,7 +136,7 @@ def rows_csv(rows: Sequence[Row]) -> str:
     writer.writeheader()
     for row in rows:
         d = row.as_dict()
-        writer.writerow({k: "" if d[k] is None else (_text(d[k]) if isinstance(d[k], bool)
+        writer.writerow({k: "" if d[k] is None else (value_text(d[k]) if isinstance(d[k], bool)
                                                       else d[k]) for k in header})
     return buf.getvalue()
 
@@ -152,8 +154,9 @@ def _rank_rows(rows: list[Row]) -> list[Row]:
     return [replace(r, rank=i + 1) for i, r in enumerate(feasible)] + rest
 
 
-def _collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluation],
+def collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluation],
                   judged: Mapping[str, Candidate]) -> list[Row]:
+    """One row per candidate, with its simulation result or its verdict, ranked."""
     rows = []
     for c in candidates:
         c = judged.get(c.layout.key, c)

@@ -27,7 +27,7 @@ from sim.experiment import (
     check_attention_kernel,
     schedule_builders,
 )
-from sim.search.layouts import _SHORT, CONFIG_KEYS, RECOMPUTE, ZERO_STAGES, Layout, Pins
+from sim.search.layouts import CONFIG_KEYS, RECOMPUTE, SHORT_NAMES, ZERO_STAGES, Layout, Pins
 from sim.search.plan import build_schedule
 from topologies.cluster import Cluster
 from topologies.placement import Placement
@@ -318,7 +318,7 @@ def enumerate_layouts(ctx: SearchContext, pins: Pins | None = None) -> Iterator[
         raise ConfigError(f"--fix schedule={unknown[0]!r}: unknown schedule; choose from "
                           f"{', '.join(schedule_builders())}")
     n, model, gbs = ctx.cluster.num_gpus, ctx.model, ctx.global_batch_size
-    supported = {d: [v for v in values if f"{_SHORT.get(d, d)}={v}" not in ctx.unsupported]
+    supported = {d: [v for v in values if f"{SHORT_NAMES.get(d, d)}={v}" not in ctx.unsupported]
                  for d, values in (("cp", _divisors(n)), ("ep", _divisors(n)),
                                    ("zero_stage", ZERO_STAGES))}
     ring = ctx.config.training.attention in FLASH_KERNELS  # CP runs inside it

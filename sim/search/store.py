@@ -62,12 +62,14 @@ class ResultStore:
                  ev.error, ev.elapsed_s))
 
     def count(self, experiment: str | None = None) -> int:
+        """Results stored (of ``experiment``, or of all)."""
         if experiment is None:
             return self._conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
         return self._conn.execute("SELECT COUNT(*) FROM results WHERE experiment = ?",
                                   (experiment,)).fetchone()[0]
 
     def close(self) -> None:
+        """Close the database connection."""
         self._conn.close()
 
     def __enter__(self) -> ResultStore:

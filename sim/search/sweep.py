@@ -18,15 +18,15 @@ from sim.executors import Executor, InlineExecutor, Task
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.execution import (
     JudgeChunk,
+    LocalFallback,
     SearchWorker,
     SimulateOne,
     WorkerSpec,
-    _as_evaluation,
-    _LocalFallback,
-    _screen_all,
+    as_evaluation,
+    screen_all,
 )
-from sim.search.layouts import CONFIG_KEYS, Layout, Pins, _text
-from sim.search.results import SearchResult, _collect_rows
+from sim.search.layouts import CONFIG_KEYS, Layout, Pins, value_text
+from sim.search.results import SearchResult, collect_rows
 from sim.search.screening import Candidate
 from sim.search.space import SearchContext, enumerate_layouts
 from sim.search.store import ResultStore
@@ -83,7 +83,8 @@ def search(
         fidelity == "auto" and ctx.cluster.num_gpus > AUTO_FULL_MAX_GPUS)
     layouts = list(enumerate_layouts(ctx, pins))
     if not layouts:
-        pinned = ", ".join(f"{CONFIG_KEYS[d]}={'|'.join(map(_text, v))}" for d, v in pins.items())
+        pinned = ", ".join(f"{CONFIG_KEYS[d]}={'|'.join(map(value_text, v))}"
+                           for d, v in pins.items())
         raise ConfigError(f"no layout of {ctx.cluster.num_gpus} GPUs divides correctly"
                           + (f" with --fix {pinned}" if pinned else "")
                           + f" (global batch {ctx.global_batch_size}, "
@@ -94,8 +95,8 @@ def search(
                       tuple(sorted(ctx.schedule_vpps.items())), evaluator)
     task = Task(SearchWorker, (spec,))
     executor = executor or InlineExecutor()
-    local = _LocalFallback(spec)
-    candidates = _screen_all(layouts, executor, task, local)
+    local = LocalFallback(spec)
+    candidates = screen_all(layouts, executor, task, local)
     todo = sorted((c for c in candidates if c.status == "ok"),
                   key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
     screen_s = time.perf_counter() - start
@@ -111,7 +112,7 @@ def search(
     finally:
         if own_store:
             store.close()
-    rows = _collect_rows(candidates, sweep.results, sweep.judged)
+    rows = collect_rows(candidates, sweep.results, sweep.judged)
     counts = Counter(r.status for r in rows)
     return SearchResult(ctx.config.name, ctx.cluster.num_gpus, ctx.global_batch_size, rows,
                         time.perf_counter() - start, len(layouts), ctx.unsupported, pins,
@@ -316,7 +317,7 @@ class _Sweep:
                 self.verdicts[i] = v
         else:
             i = self._index[item.layout.key]
-            ev = _as_evaluation(outcome, item.layout)
+            ev = as_evaluation(outcome, item.layout)
             if i in self.waiting:
                 self._keep(i, ev)
             else:
