@@ -114,12 +114,13 @@ def in_flight(ops: Sequence[Op], stages: tuple[int, ...], split_backward: bool, 
     a time, so memory peaks at some op's start.
     """
     slot = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
+    shares = {kind: stash_fractions(kind, split_backward, w) for kind in slot}
     local = {s: i for i, s in enumerate(stages)}
     live = [0.0] * len(stages)
     points = []
     for op in ops:
         j = local[op.stage]
-        alloc, free = stash_fractions(op.kind, split_backward, w)
+        alloc, free = shares[op.kind]
         if alloc:
             live[j] += alloc
         points.append((*live, 3.0 * op.stage + slot[op.kind]))

@@ -113,8 +113,9 @@ def build_plan(name: str, p: int, m: int, v: int, w: float, seq_chunks: int) -> 
         deps = tuple(tuple(index[d] for d in schedule_deps(sched, op)) for op in flat)
     else:
         order = tuple(run[0].tolist())
-        deps = tuple(tuple(d for d in ds if d >= 0)
-                     for ds in zip(*(c.tolist() for c in columns), strict=True))
+        first, second, third = (c.tolist() for c in columns)  # present producers first
+        deps = tuple(() if a < 0 else (a,) if b < 0 else (a, b) if c < 0 else (a, b, c)
+                     for a, b, c in zip(first, second, third, strict=True))
     rank_stages = tuple(tuple(s for s, owner in enumerate(sched.stage_rank) if owner == r)
                         for r in range(sched.num_ranks))
     final_kind = WEIGHT_GRAD if sched.split_backward else BACKWARD
@@ -138,8 +139,10 @@ def list_run(plan: Plan, table: Sequence[float]) -> list[float]:
     :func:`workloads.schedules.list_schedule` with ``duration(op) = table[slot]``, float for
     float (a property test checks it on random schedules and tables); it is the fast path
     for the bounds, which run it on one built plan for many layouts' tables. A fused
-    group's members start here on their own producers, not on the whole group's, so they
-    end no later than there: a bound stays a bound."""
+    group (DualPipe-V) starts here, as there, once every member's outside producers are
+    done (:func:`workloads.schedules.schedule_deps`), but each member's output counts as
+    done at the member's end, not the group's, so every op ends no later than there: a
+    bound stays a bound."""
     end = [0.0] * len(plan.op_rank)
     free = [0.0] * len(plan.rank_stages)
     rank, slot, deps = plan.op_rank, plan.op_slot, plan.op_deps
