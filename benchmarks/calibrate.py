@@ -38,6 +38,7 @@ from sim.calibration import MEMORY_RESERVED_GIB  # noqa: E402
 from sim.device import DeviceProfile  # noqa: E402
 from sim.validate import HAGEMANN_SWEEP, Prediction, evaluate, load_rows, predict  # noqa: E402
 from topologies.hardware import GPUS  # noqa: E402
+from workloads.memory import device_bytes, oom  # noqa: E402
 
 GiB = 2**30
 CAPACITY = GPUS["A100-80GB"].hbm_capacity_bytes
@@ -142,14 +143,15 @@ def fit_memory(preds, reserved_gib: float = MEMORY_RESERVED_GIB) -> tuple[float,
     reserved bytes fixed (sim.calibration.MEMORY_RESERVED_GIB, from documented sizes).
 
     A run is predicted out of memory when some GPU's static state + (1 + fragmentation)
-    x its peak dynamic memory + reserved exceeds the capacity (as sim.stats counts it);
+    x its peak dynamic memory + reserved exceeds the capacity (workloads.memory, as
+    sim.stats counts it);
     ties go to the smaller fragmentation (the grid is walked upwards)."""
     parts = [(np.array(p.memory_parts), p.row.status == "oom") for p in preds]
     best = (-1.0, 0.0, 0.0)
     reserved = reserved_gib * GiB
     for frag in [x / 100 for x in range(0, 51)]:
-        acc = sum(bool(((m[:, 0] + m[:, 1] * (1 + frag)).max() + reserved > CAPACITY) == oom)
-                  for m, oom in parts) / len(parts)
+        acc = sum(oom(device_bytes(m[:, 0], m[:, 1], frag, reserved).max(), CAPACITY) == was
+                  for m, was in parts) / len(parts)
         if acc > best[0] + 1e-12:
             best = (acc, reserved, frag)
     return best
@@ -160,8 +162,8 @@ def with_memory(preds, reserved: float, frag: float) -> list[Prediction]:
     as sim.stats counts them (static + (1 + fragmentation) x dynamic + reserved, per GPU)."""
     out = []
     for p in preds:
-        peak = max(s + d * (1 + frag) for s, d in p.memory_parts) + reserved
-        out.append(dataclasses.replace(p, peak_memory_gib=peak / GiB, oom=peak > CAPACITY))
+        peak = max(device_bytes(s, d, frag, reserved) for s, d in p.memory_parts)
+        out.append(dataclasses.replace(p, peak_memory_gib=peak / GiB, oom=oom(peak, CAPACITY)))
     return out
 
 

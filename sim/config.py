@@ -181,7 +181,7 @@ class ExperimentConfig(Strict):
     training: TrainingConfig = TrainingConfig()
     """Batch sizes, recomputation, kernels."""
     schedule: str = "1f1b"
-    """A pipeline schedule by name (:func:`sim.experiment.schedule_builders`) or the path of
+    """A pipeline schedule by name (:data:`workloads.registry.SCHEDULES`) or the path of
     a schedule file."""
     faults: FaultsConfig | None = None
     """Stragglers, failures, link faults (:mod:`sim.faults_config`)."""

@@ -30,7 +30,7 @@ from workloads.costs import CommSeg, ComputeSeg, RingAttention, SyntheticCosts, 
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
-from workloads.registry import SCHEDULES, ScheduleKind
+from workloads.registry import SCHEDULES
 from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
 
@@ -38,13 +38,6 @@ MB = 1e6
 _MODEL_FIELDS = ("seq_length", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
                  "ffn_hidden_size", "vocab_size", "ffn_type", "norm", "tied_embeddings",
                  "position_embedding")
-
-
-def schedule_builders() -> dict[str, ScheduleKind]:
-    """The schedule registry (:data:`workloads.registry.SCHEDULES`) as a dict, each entry
-    called ``kind(p, m, v)`` or ``kind(p, m, v, k)``: what :mod:`sim.search` reads until it
-    reads the registry's properties itself."""
-    return dict(SCHEDULES)
 
 
 def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | None:

@@ -10,6 +10,7 @@ import numpy as np
 from base.collector import gc_paused
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline
 from topologies.hardware import GiB
+from workloads.memory import device_bytes, oom
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,8 @@ def _exposed(comm: _Merged | list[tuple[float, float]],
 
 
 def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> dict[int, float]:
-    """Per GPU: static state + (peak − static) x (1 + fragmentation) + reserved bytes.
+    """Per GPU: static state + (peak − static) x (1 + fragmentation) + reserved bytes
+    (:func:`workloads.memory.device_bytes`).
 
     The static state is the GPU's lowest allocated bytes (its sample at time 0,
     before any op allocates); fragmentation applies to the dynamic part only."""
@@ -212,7 +214,7 @@ def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> di
     for g in gpus:
         peak = timeline.peak_memory_bytes(g)
         static = floor.get(g, 0.0)
-        out[g] = static + (peak - static) * (1 + facts.fragmentation) + facts.reserved_bytes
+        out[g] = device_bytes(static, peak - static, facts.fragmentation, facts.reserved_bytes)
     return out
 
 
@@ -272,7 +274,7 @@ def _compute_stats(timeline: Timeline, facts: RunFacts,
     peak = max(peaks.values()) / GiB if peaks else 0.0
     capacity = facts.memory_capacity_bytes / GiB
     per_gpu = facts.memory_capacity_per_gpu
-    over = [g for g in gpus if peaks[g] > per_gpu[g]] if per_gpu else []
+    over = [g for g in gpus if oom(peaks[g], per_gpu[g])] if per_gpu else []
     if per_gpu and peaks:  # the capacity of the GPU with the largest peak
         capacity = per_gpu[max(peaks, key=peaks.__getitem__)] / GiB
     stats = {
@@ -285,7 +287,7 @@ def _compute_stats(timeline: Timeline, facts: RunFacts,
         "bubble_ratio": bubble / (1 - bubble) if bubble < 1 else None,
         "peak_memory_gib": peak,
         "memory_capacity_gib": capacity if capacity != float("inf") else None,
-        "oom": bool(over) if per_gpu else peak > capacity,
+        "oom": bool(over) if per_gpu else oom(peak, capacity),
         "exposed_comm_s": exposed,
         "peak_memory_per_stage_gib": per_stage,
         "compute_busy_s_mean": sum(_union_length(b) for b in busy.values()) / len(gpus),

@@ -3,7 +3,7 @@
 :func:`experiments` draws experiment dicts, as ``sim run`` reads them from YAML, small
 enough to simulate in well under 0.5 s at either fidelity: the synthetic model and
 small dense and mixture-of-experts transformers (few layers, small hidden sizes),
-every schedule of the registry (:func:`sim.experiment.schedule_builders`), even and
+every schedule of the registry (:data:`workloads.registry.SCHEDULES`), even and
 uneven ``layers_per_stage``, TP with and without SP, CP, EP, ZeRO 0-3, recomputation,
 micro-batch sizes and counts, on the ideal cluster, DGX servers and explicit
 topologies. With ``collapsible=False`` some also carry what breaks the symmetry the
@@ -26,10 +26,11 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from base.errors import ConfigError
-from sim.experiment import Experiment, build_experiment, schedule_builders
+from sim.experiment import Experiment, build_experiment
 from sim.faults import mid_step_link_changes
+from workloads.registry import SCHEDULES as REGISTRY
 
-SCHEDULES = tuple(schedule_builders())
+SCHEDULES = tuple(REGISTRY)
 """Every built-in schedule, from the registry itself (a new one is drawn without edits)."""
 
 V_SCHEDULES = frozenset({"zb-v", "dualpipe-v"})

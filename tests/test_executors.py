@@ -106,10 +106,11 @@ def test_screening_judging_and_speculation_on_workers_give_identical_results(
     """Small chunks, so that screening, judging and speculative simulations all spread over
     the workers: the rows (statuses, bounds, figures, ranks) are those of one process, and
     only results the serial order wants are stored."""
-    import sim.search as search_module
+    import sim.search.execution
+    import sim.search.sweep
 
-    monkeypatch.setattr(search_module, "SCREEN_CHUNK_MIN", 4)
-    monkeypatch.setattr(search_module, "JUDGE_CHUNK", 2)
+    monkeypatch.setattr(sim.search.execution, "SCREEN_CHUNK_MIN", 4)
+    monkeypatch.setattr(sim.search.sweep, "JUDGE_CHUNK", 2)
     inline = search(SMALL, pins=PINS_SMALL, top=3)
     store = ResultStore()
     with _Recording(workers) as executor:

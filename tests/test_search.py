@@ -186,15 +186,15 @@ def test_screening_chunks_keep_groups_on_one_worker() -> None:
     """Screening chunks cover every layout once, about eight per worker, each made of whole
     (tp, cp, micro-batch) groups (whose op times and TP collectives a worker then computes
     once), unless a group is larger than a chunk."""
-    from sim.search import SCREEN_CHUNKS_PER_WORKER, _screen_chunks
+    from sim.search.execution import SCREEN_CHUNKS_PER_WORKER, screen_chunks
 
     layouts = list(enumerate_layouts(SearchContext.build(_data())))
     n = len(layouts)
-    assert _screen_chunks(layouts, 1) == [list(range(n))] and _screen_chunks([], 2) == []
+    assert screen_chunks(layouts, 1) == [list(range(n))] and screen_chunks([], 2) == []
     group = {i: (lay.tp, lay.cp, lay.micro_batch_size) for i, lay in enumerate(layouts)}
     sizes = Counter(group.values())
     for workers in (2, 3):
-        chunks = _screen_chunks(layouts, workers)
+        chunks = screen_chunks(layouts, workers)
         assert sorted(i for chunk in chunks for i in chunk) == list(range(n))
         size = -(-n // (SCREEN_CHUNKS_PER_WORKER * workers))
         holders: dict[tuple, set[int]] = {}

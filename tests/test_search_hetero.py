@@ -217,7 +217,7 @@ def test_screener_cache_keys_hold_what_the_costs_depend_on(preset: str) -> None:
     must not read them there."""
     from dataclasses import replace
 
-    from sim.search import _state_shape, _work_shape
+    from sim.search.bounds import _state_shape, _work_shape
     from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 
     data = {"name": "keys", "model": {"preset": preset, "num_layers": 4},

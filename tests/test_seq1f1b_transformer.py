@@ -16,7 +16,7 @@ from sim.cli import main
 from sim.compare import compare
 from sim.experiment import build_experiment
 from workloads.costs import CommSeg, ComputeSeg, Segment
-from workloads.lowering.opcosts import stash_bytes
+from workloads.memory import stash_bytes
 from workloads.models import PRESETS
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op, list_schedule
 from workloads.seqchunks import chunk_cost, equal_cost_bounds, layer_work_shares, rounded_bounds

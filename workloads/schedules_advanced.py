@@ -32,6 +32,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from base.errors import ScheduleError
+from workloads.memory import stash_fractions
 from workloads.schedules import (
     BACKWARD,
     FORWARD,
@@ -622,25 +623,16 @@ def peak_activation(schedule: Schedule) -> tuple[Fraction, ...]:
     its backward frees, as in the engine).
     """
     unit = Fraction(1, schedule.chunks_per_rank * schedule.seq_chunks)
-    release = WEIGHT_GRAD if schedule.split_backward else BACKWARD
     peaks = []
     for ops in schedule.rank_ops:
         live = peak = Fraction(0)
-        for op in ops:
-            if op.kind == FORWARD:
-                live += unit
+        for op in ops:  # the memory model's stash rule, all of it held until the W (w = 1)
+            alloc, free = stash_fractions(op.kind, schedule.split_backward, 1.0)
+            if alloc:
+                live += unit * Fraction(alloc)
                 peak = max(peak, live)
-            elif op.kind == release:
-                live -= unit
+            live -= unit * Fraction(free)
         peaks.append(peak)
     return tuple(peaks)
 
 
-def __getattr__(name: str) -> frozenset[str]:
-    """``OVERLAPPING_STEPS``: the schedules whose consecutive steps overlap, for
-    :mod:`sim.search` until it reads :attr:`workloads.registry.ScheduleKind.steady_period`
-    (the registry imports this module, so the set is derived on first use)."""
-    if name == "OVERLAPPING_STEPS":
-        from workloads.registry import SCHEDULES
-        return frozenset(n for n, kind in SCHEDULES.items() if kind.steady_period)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,6 +39,7 @@ from workloads.costs import (
     Segment,
     fuse_compute,
 )
+from workloads.memory import model_state_bytes_per_param
 from workloads.models import ModelSpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 from workloads.seqchunks import (
@@ -686,10 +687,10 @@ class TransformerCosts:
     def bytes_per_param(self, shards: int | None = None) -> float:
         """Model-state bytes per parameter, mixed-precision Adam under ZeRO (Rajbhandari 2020).
 
-        16 (ZeRO-0), 4 + 12/d (ZeRO-1), 2 + 14/d (ZeRO-2), 16/d (ZeRO-3), with d = dp·cp.
+        :func:`workloads.memory.model_state_bytes_per_param` over d = dp·cp replicas.
         """
-        d = self._shards if shards is None else shards
-        return {0: 16.0, 1: 4 + 12 / d, 2: 2 + 14 / d, 3: 16 / d}[self.zero_stage]
+        return model_state_bytes_per_param(self.zero_stage,
+                                           self._shards if shards is None else shards)
 
     def static_bytes(self, stages: tuple[int, ...]) -> float:
         """Model state: ZeRO shards dense state over dp·cp and, with ep > 1, expert state

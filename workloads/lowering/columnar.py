@@ -68,7 +68,6 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     """
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
-    transient = getattr(costs, "transient_bytes", None)
     whole_p2p = costs.p2p_bytes()
     n = len(order)
     send_cache: dict[tuple[int, int, float], float] = {}
@@ -87,7 +86,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         st, kd, _, sq = order[k]
         r, g = owner[st], reps[owner[st]]
         generic = Op(st, kd, 0, sq)
-        segs, _, alloc, free = op_facts(costs, generic, split, transient)
+        segs, _, alloc, free = op_facts(costs, generic, split)
         if r not in groups:
             groups[r] = tp_groups(placement, r)
         folded = fold(segs, collapse.on(g), groups[r])

@@ -9,7 +9,7 @@ what completes or delivers its producers there; then its pipeline sends
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, Segment
@@ -60,7 +60,6 @@ class OpLoop:
         self.facts: dict[Op, Facts] = {}
         self.folds: dict[Op, Folded] = {}
         self.send_s: dict[tuple[int, int, float], float] = {}
-        self.transient: Callable | None = getattr(costs, "transient_bytes", None)
         self.whole_p2p = costs.p2p_bytes()
 
     def run(self, order: Sequence[Op], index: Mapping[Op, int]) -> None:
@@ -75,7 +74,7 @@ class OpLoop:
             facts = self.facts.get(generic)
             if facts is None:
                 facts = self.facts[generic] = op_facts(self.costs, generic,
-                                                       schedule.split_backward, self.transient)
+                                                       schedule.split_backward)
             local = [(index[dep], owner[dep.stage] == r) for dep in schedule_deps(schedule, op)]
             group = groups_of[op]  # a fused group (DualPipe F&B) sends at its end
             sends = (pipeline_sends(schedule, group, r, index, self.collapse, self.placement,

@@ -1,0 +1,480 @@
+"""Lower bounds of a layout's peak memory and step time, without simulating it.
+
+The memory bounds follow the memory model (:mod:`workloads.memory`): the quick one
+needs no schedule, the exact one walks each rank's program order as the engine
+allocates. The step-time bounds time ops with the device model and, for collapsed
+fidelity, the TP and DP collectives of the first and last pipeline ranks; the loose
+one needs no schedule, the tight one is a list schedule of the built plan
+(:func:`sim.search.plan.list_run`). Property tests check every bound against the
+simulator.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from base.errors import ScheduleError
+from sim.calibration import default_profile
+from sim.commtime import CollectiveTimer
+from sim.device import DeviceProfile, compute_time_s
+from sim.search.layouts import Layout
+from sim.search.plan import (
+    KINDS,
+    PLAN_CACHE_OPS,
+    SLOT,
+    Plan,
+    build_plan,
+    list_run,
+    plan_size,
+)
+from sim.search.space import SearchContext
+from topologies.hardware import GiB
+from topologies.placement import Placement
+from workloads.costs import CommSeg, ComputeSeg, RingAttention
+from workloads.memory import device_bytes, oom
+from workloads.registry import overlaps_steps
+from workloads.schedules import FORWARD, Op
+from workloads.transformer import TransformerCosts
+
+OOM_SLACK = 1e-9
+"""Relative slack of the memory pre-filter: a bound this close to the capacity is not rejected
+(the engine sums the same bytes in another order)."""
+
+
+def _op_shape(costs: TransformerCosts) -> tuple[Any, ...]:
+    """The layout settings an op's segments depend on (cache keys; not dp, not stages)."""
+    return (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
+            costs.zero_stage, getattr(costs, "cp", 1), getattr(costs, "ep", 1))
+
+
+def _work_shape(costs: TransformerCosts) -> tuple[Any, ...]:
+    """What an op's compute and TP collectives depend on besides its stage's layer count:
+    :meth:`TransformerCosts.op_segments` without markers does not read the ZeRO stage or
+    dp (ZeRO-3's gathers are markers), so layouts that differ only there share cache
+    entries (a test checks the independence)."""
+    return (costs.micro_batch_size, costs.tp, costs.sequence_parallel, costs.recompute,
+            getattr(costs, "cp", 1), getattr(costs, "ep", 1))
+
+
+def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
+    """What the model state (:meth:`TransformerCosts.static_bytes`) and the optimizer step
+    depend on: parameters per GPU and how ZeRO shards them, not the micro-batch, SP or
+    recomputation (a test checks the independence)."""
+    return (costs.tp, getattr(costs, "cp", 1), getattr(costs, "ep", 1), costs.dp,
+            costs.zero_stage, costs.stage_layers)
+
+
+class Bounds:
+    """Lower bounds of a layout's peak memory and step time, without simulating it.
+
+    Schedule-free (cheap, for screening): :meth:`quick_memory_bound_gib` and
+    :meth:`loose_step_bound_s`. On the layout's built schedule (:meth:`plan`, for
+    judging): :meth:`memory_bound_gib`, the exact memory walk, and :meth:`step_bound_s`,
+    a list schedule of its ops. ``comm`` (valid for collapsed fidelity): time the
+    TP and DP collectives of the first and the last pipeline rank as a
+    collapsed simulation does (:class:`sim.commtime.CollectiveTimer`, all
+    replicas' groups at once) and add them to the step bounds; other ranks'
+    ops count their compute only, which keeps the bound a bound (a shorter op
+    never makes a list schedule longer) and the cost independent of ``pp``.
+    Caches live on the instance.
+    """
+
+    def __init__(self, ctx: SearchContext, profile: DeviceProfile | None = None,
+                 comm: bool = True, collapsed_only: bool = False) -> None:
+        """``profile``: the device profile of every GPU type (None: each type's default, as
+        ``simulate`` times a mixed cluster; reserved memory and fragmentation come from
+        rank 0's, as in its stats). ``collapsed_only``: every simulation is collapsed
+        (fidelity ``collapsed``), so a layout whose pipeline ranks mix GPU types, which
+        ``simulate`` refuses to collapse, is screened out as ``invalid``."""
+        self.ctx = ctx
+        self.profile = profile or default_profile(ctx.cluster.gpu.name)
+        self.comm = comm
+        self.collapsed_only = collapsed_only
+        types = ctx.cluster.gpu_types
+        self._types = types
+        """The cluster's GPU types; ranks' types are indices into it (ctx.rank_types)."""
+        self._profiles = tuple(profile or default_profile(t.name) for t in types)
+        self._type_capacity_gib = tuple(t.hbm_capacity_bytes / GiB for t in types)
+        self._uniform = not ctx.cluster.heterogeneous
+        self.timer = CollectiveTimer(ctx.cluster)
+        self._comm: dict[tuple, float] = {}
+        self._opt: dict[tuple, float] = {}
+        self._loose: dict[tuple, tuple[list[float], list[float]]] = {}
+        self._groups: dict[tuple[str, int, int, int, int], tuple[tuple[int, ...], ...]] = {}
+        self._plans: OrderedDict[tuple[str, int, int, int], Plan | str] = OrderedDict()
+        self._plan_ops = 0
+        """Ops of the plans kept (:data:`PLAN_CACHE_OPS`)."""
+        self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
+        self._static: dict[tuple, float] = {}
+        self._split: frozenset[str] | None = None
+        self._capacity_gib = max(self._type_capacity_gib)
+        """The largest GPU memory of the cluster (all of them on a uniform cluster)."""
+        self._tokens = ctx.global_batch_size * ctx.model.seq_length
+
+    def num_microbatches(self, layout: Layout) -> int:
+        """Micro-batches per step of ``layout`` (the global batch over micro-batch x dp)."""
+        return self.ctx.global_batch_size // (layout.micro_batch_size * layout.dp)
+
+    def _fits(self, gib: float, capacity_gib: float | None = None) -> bool:
+        """Whether ``gib`` fits ``capacity_gib`` (default: the largest GPU's memory)."""
+        cap = self._capacity_gib if capacity_gib is None else capacity_gib
+        return not oom(gib, cap, OOM_SLACK)
+
+    def rank_types(self, layout: Layout) -> tuple[tuple[int, ...], ...]:
+        """Per pipeline rank, the GPU types of its GPUs (indices into the cluster's types)."""
+        return self.ctx.rank_types(layout.tp, layout.cp, layout.dp, layout.pp)
+
+    def mixed(self, layout: Layout) -> bool:
+        """Whether some pipeline rank of ``layout`` mixes GPU types."""
+        return not self._uniform and any(len(t) > 1 for t in self.rank_types(layout))
+
+    def _gib(self, static_bytes: float, dynamic_bytes: float) -> float:
+        """GiB a GPU holding ``static_bytes`` of model state and ``dynamic_bytes`` of
+        activations and working buffers reports (:func:`workloads.memory.device_bytes`:
+        fragmentation on the dynamic part, reserved memory on top, as
+        :func:`sim.stats.compute_stats` counts it)."""
+        return device_bytes(static_bytes, dynamic_bytes, self.profile.fragmentation,
+                            self.profile.reserved_bytes) / GiB
+
+    # --------------------------------------------------------------- schedules
+    def plan(self, layout: Layout) -> Plan | str:
+        """The built schedule of ``layout``, or why the builder refuses it (LRU-cached)."""
+        key = (layout.schedule, layout.pp, self.num_microbatches(layout), layout.vpp)
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                plan = build_plan(*key, self.ctx.costs.w_retained_fraction,
+                                   self.ctx.config.training.seq_chunks)
+            except ScheduleError as exc:
+                plan = f"schedule={layout.schedule!r}: {exc}"
+            self._plans[key] = plan
+            self._plan_ops += plan_size(plan)
+            while self._plan_ops > PLAN_CACHE_OPS and len(self._plans) > 1:
+                self._plan_ops -= plan_size(self._plans.popitem(last=False)[1])
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def _stage_rank(self, name: str, p: int, v: int) -> tuple[int, ...] | None:
+        """Which rank holds each stage (it does not depend on m): from a small build."""
+        sched = self.ctx.stage_schedule(name, p, v)  # cached there
+        return None if sched is None else sched.stage_rank
+
+    # --------------------------------------------------------------- memory
+    def quick_memory_bound_gib(self, costs: TransformerCosts, pp: int) -> float:
+        """Schedule-free bound: the average static state per rank plus one micro-batch of the
+        lightest stage (some rank holds at least the average, every rank at least one).
+        :meth:`Screener.screen` holds it against the largest GPU memory of the cluster (on a mixed
+        cluster the fullest rank may sit on its biggest GPUs); :meth:`Screener.judge` checks every
+        rank against its own GPUs."""
+        stages = tuple(range(len(costs.stage_layers)))
+        key = ("static", *_state_shape(costs))
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = costs.static_bytes(stages)
+        key = ("act", *_op_shape(costs), costs.stage_layers)
+        act = self._static.get(key)
+        if act is None:
+            act = self._static[key] = min(costs.activation_bytes_per_mb(s) for s in stages)
+        return self._gib(static / pp, act)
+
+    def memory_bound_gib(self, costs: TransformerCosts, plan: Plan) -> list[float]:
+        """Lower bound of each pipeline rank's peak memory, GiB, as the statistics count it
+        (:meth:`_gib`).
+
+        The static state of the rank's stages (:meth:`TransformerCosts.static_bytes`)
+        plus, at the start of each op in the rank's program order
+        (:func:`workloads.memory.in_flight`),
+        the stashed activations (``activation_bytes_per_mb`` of each stage times its
+        in-flight count) and the op's working memory (``transient_bytes``, if the
+        cost model has it); the largest of these. The engine allocates exactly this
+        way (ops on a rank run one at a time in program order), so the bound is
+        tight for the current memory model and stays a bound if the engine tracks
+        more.
+        """
+        transient = getattr(costs, "transient_bytes", None)
+        out = []
+        for stages, rows in zip(plan.rank_stages, plan.in_flight, strict=True):
+            key = ("rank static", *_state_shape(costs), stages)
+            static = self._static.get(key)
+            if static is None:
+                static = self._static[key] = costs.static_bytes(stages)
+            if plan.exact:
+                act = np.array([costs.activation_bytes_per_mb(s) for s in stages])
+                slots = rows[:, -1].astype(int)
+                extra = np.zeros(len(rows))
+                if transient is not None:
+                    per_slot = {k: transient(Op(k // 3, KINDS[k % 3], 0))
+                                for k in np.unique(slots).tolist()}
+                    extra = np.array([per_slot[k] for k in slots.tolist()])
+                dynamic = float((rows[:, :-1] @ act + extra).max())
+                out.append(self._gib(static, dynamic))
+            else:
+                out.append(self._gib(static, 0.0))
+        return out
+
+    # --------------------------------------------------------------- time
+    def _op_time(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
+                 types: tuple[int, ...] = (0,)) -> tuple[float, tuple[tuple[str, float], ...]]:
+        """(compute seconds, ((TP collective, bytes), ...)) of one op of ``stage``.
+
+        Compute is timed by the device model as ``simulate`` times it, on the fastest of
+        the GPU types ``types`` (those of the rank that runs the op: each of its GPUs
+        takes at least that long). The
+        collectives are those between the op's first and last compute segment:
+        a collapsed simulation folds them into the op as blocking communication
+        (:func:`workloads.lowering._fold`); the leading and trailing ones run on
+        their own stream and are left out (a bound may only leave work out).
+        """
+        last = stage == len(costs.stage_layers) - 1
+        key = (*_work_shape(costs), costs.stage_layers[stage], last, kind, split, types)
+        hit = self._op_cache.get(key)
+        if hit is not None:
+            return hit
+        kernel = costs.attention
+        segs = costs.op_segments(Op(stage, kind, 0), split)
+        at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
+        work: list[tuple[ComputeSeg, int]] = []
+        comms = []
+        for i, seg in enumerate(segs):
+            if isinstance(seg, ComputeSeg):
+                work.append((seg, 1))
+            elif isinstance(seg, RingAttention):  # its blocks' compute; the passes may hide
+                work.append((seg.block, seg.steps))
+            elif isinstance(seg, CommSeg) and seg.group == "tp" and at and at[0] < i < at[-1]:
+                comms.append((seg.op, seg.nbytes))
+            # other collectives (EP all-to-all) and ZeRO-3 markers: left out
+
+        def seconds(seg: ComputeSeg, t: int) -> float:
+            return seg.duration_s if seg.duration_s is not None else compute_time_s(
+                self._types[t], self._profiles[t], seg.flops, seg.hbm_bytes, seg.attn_flops,
+                seg.elementwise_bytes, kernel, seg.gemm_dims)
+
+        compute = min(sum(k * seconds(seg, t) for seg, k in work) for t in types)
+        out = self._op_cache[key] = (compute, tuple(comms))
+        return out
+
+    def _placement(self, layout: Layout) -> Placement:
+        return Placement.from_order(self.ctx.config.parallel.placement, tp=layout.tp,
+                                    cp=layout.cp, dp=layout.dp, pp=layout.pp)
+
+    def _dp_timed(self, layout: Layout) -> bool:
+        """Whether the bounds time the DP collectives: the plain end-of-step gradient
+        collective (and ZeRO-1/2's parameter all-gather) of the collapsed lowering. Not
+        with ZeRO-3, overlapped gradient buckets, CP or EP, whose gradient traffic is
+        split up or goes over other groups (left out: a bound may only leave work out)."""
+        return (layout.dp > 1 and layout.zero_stage < 3 and layout.cp == 1 and layout.ep == 1
+                and not self.ctx.config.parallel.overlap_grad_reduce)
+
+    def _comm_ranks(self, layout: Layout) -> frozenset[int]:
+        """Pipeline ranks whose collectives the bounds time (all others: compute only). None
+        (an empty set) where a pipeline rank mixes GPU types: ``simulate`` runs such a
+        layout in full fidelity, which the collapsed collective times do not bound."""
+        return frozenset({0, layout.pp - 1}) if self.comm and not self.mixed(layout) \
+            else frozenset()
+
+    def _group_set(self, dim: str, layout: Layout, r: int) -> tuple[tuple[int, ...], ...]:
+        """Every replica's ``dim`` group of pipeline rank ``r``, as the collapsed lowering
+        passes them to the timer (TP: one group per DP replica; DP: one per TP lane)."""
+        key = (dim, layout.tp, layout.dp, layout.pp, r)
+        groups = self._groups.get(key)
+        if groups is None:
+            pl = self._placement(layout)
+            if dim == "tp":
+                groups = tuple(pl.group("tp", pl.gpu(pp=r, dp=e)) for e in range(layout.dp))
+            else:
+                groups = tuple(tuple(pl.gpu(tp=u, dp=e, pp=r) for e in range(layout.dp))
+                               for u in range(layout.tp))
+            self._groups[key] = groups
+        return groups
+
+    def _collective_s(self, dim: str, layout: Layout, r: int, op: str, nbytes: float,
+                      one: bool = False) -> float:
+        """``op`` on every replica's ``dim`` group of pipeline rank ``r`` (the timer's time,
+        cached under a small key: the timer's own key holds every GPU of the groups).
+
+        ``one``: on the first replica's group alone, a lower bound of that (the other
+        replicas' flows can only compete with its flows) and 30-300 times cheaper to time
+        for 1,024 GPUs; equal to it when the groups share no link (e.g. TP inside servers).
+        """
+        key = (dim, layout.tp, layout.dp, layout.pp, r, op, nbytes, one)
+        t = self._comm.get(key)
+        if t is None:
+            groups = self._group_set(dim, layout, r)
+            t = self._comm[key] = self.timer(op, groups[:1] if one else groups, nbytes)
+        return t
+
+    def _tp_comm_s(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
+                   layout: Layout, r: int, one: bool = False) -> float:
+        """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r
+        (``one``: see :meth:`_collective_s`)."""
+        key = ("op", *_work_shape(costs), costs.stage_layers[stage],
+               stage == len(costs.stage_layers) - 1, kind, split, layout.dp, layout.pp, r, one)
+        t = self._comm.get(key)
+        if t is None:
+            comms = self._op_time(costs, stage, kind, split)[1]
+            t = self._comm[key] = sum(self._collective_s("tp", layout, r, op, nbytes, one)
+                                      for op, nbytes in comms)
+        return t
+
+    def _table(self, layout: Layout, costs: TransformerCosts, plan: Plan) -> list[float]:
+        """Seconds of one op per ``3·stage + kind`` slot: compute, plus the TP collectives a
+        collapsed simulation folds into the op on the ranks of :meth:`_comm_ranks`."""
+        kinds = KINDS if plan.split_backward else KINDS[:2]
+        timed = self._comm_ranks(layout) if layout.tp > 1 else frozenset()
+        types = self.rank_types(layout)
+        table = [0.0] * (3 * len(plan.stage_rank))
+        for s, r in enumerate(plan.stage_rank):
+            for kind in kinds:
+                compute = self._op_time(costs, s, kind, plan.split_backward, types[r])[0]
+                if r in timed:
+                    compute += self._tp_comm_s(costs, s, kind, plan.split_backward, layout, r)
+                table[3 * s + SLOT[kind]] = compute
+        return table
+
+    def _optimizer_s(self, costs: TransformerCosts, stages: tuple[int, ...],
+                     types: tuple[int, ...] = (0,)) -> float:
+        """The optimizer step of a rank holding ``stages``, on the fastest of its ``types``."""
+        key = (*_state_shape(costs), stages, types)
+        t = self._opt.get(key)
+        if t is None:
+            seg = costs.optimizer_segment(stages)
+            t = 0.0 if seg is None else min(compute_time_s(
+                self._types[i], self._profiles[i], seg.flops, seg.hbm_bytes, seg.attn_flops,
+                seg.elementwise_bytes, costs.attention, seg.gemm_dims) for i in types)
+            self._opt[key] = t
+        return t
+
+    def step_bound_s(self, layout: Layout, costs: TransformerCosts, plan: Plan) -> float:
+        """Lower bound of the simulated step time of ``layout``, seconds.
+
+        A list schedule of the plan (:func:`list_run`): every op takes its
+        compute time (plus, with ``comm``, its TP collectives), starts as soon
+        as its rank is free and its producers are done, and messages between
+        stages take no time. The engine runs the same ops in the same program
+        order under the same dependencies, with messages and contention that
+        only delay them, so each op ends no earlier there. Each rank then runs
+        its optimizer step; with ``comm`` and ``dp > 1`` the optimizer also
+        waits for the DP gradient collective of the rank's last stage, and
+        ZeRO's parameter all-gather follows it. The step is at least the
+        latest of these over ranks.
+
+        Schedules whose consecutive steps overlap
+        (:func:`workloads.registry.overlaps_steps`: the step time is the period of
+        back-to-back steps): every rank still runs its whole step's work once per period,
+        so the bound is the busiest rank's ops (as timed above) plus its optimizer step.
+        """
+        if not plan.exact:
+            return 0.0
+        table = self._table(layout, costs, plan)
+        types = self.rank_types(layout)
+        if overlaps_steps(layout.schedule):
+            busy = [self._optimizer_s(costs, stages, types[r])
+                    for r, stages in enumerate(plan.rank_stages)]
+            for i, r in enumerate(plan.op_rank):
+                busy[r] += table[plan.op_slot[i]]
+            return max(busy)
+        end = list_run(plan, table)
+        timed = self._comm_ranks(layout) if self._dp_timed(layout) else frozenset()
+        bound = 0.0
+        for r, stages in enumerate(plan.rank_stages):
+            last = end[plan.last_op[r]] if plan.last_op[r] >= 0 else 0.0
+            opt = self._optimizer_s(costs, stages, types[r])
+            rank_end = last + opt
+            if r in timed and plan.final_op[r] >= 0:
+                rs, ag = self._dp_collectives_s(layout, costs, r, plan)
+                rank_end = max(last, end[plan.final_op[r]] + rs) + opt + ag
+            bound = max(bound, rank_end)
+        return bound
+
+    def _dp_collectives_s(self, layout: Layout, costs: TransformerCosts, r: int, plan: Plan
+                          ) -> tuple[float, float]:
+        """(The gradient collective of rank r's last stage, ZeRO's parameter all-gather),
+        seconds, as the collapsed lowering times them."""
+        final_stage = plan.op_slot[plan.final_op[r]] // 3
+        nbytes = costs.grad_bytes(final_stage)
+        grad_op = "reduce_scatter" if layout.zero_stage >= 1 else "all_reduce"
+        rs = self._collective_s("dp", layout, r, grad_op, nbytes) if nbytes > 0 else 0.0
+        ag = 0.0
+        if layout.zero_stage >= 1:
+            ag = self._collective_s("dp", layout, r, "all_gather",
+                                    sum(costs.grad_bytes(s) for s in plan.rank_stages[r]))
+        return rs, ag
+
+    def loose_step_bound_s(self, layout: Layout, costs: TransformerCosts) -> float:
+        """Schedule-free lower bound of the step time, seconds.
+
+        On the first and the last pipeline rank (a bound on any rank bounds the
+        step): the forwards of the stages before the rank's first stage run
+        before it can start, then its ``m`` micro-batches of ops on its stages
+        (with ``comm``, plus their TP collectives, timed on one replica's group:
+        :meth:`_collective_s` with ``one``), its optimizer step and, with
+        ``comm`` and ZeRO, its parameter all-gather. Schedules with overlapping steps:
+        the rank's work alone (a period has no fill, see :meth:`step_bound_s`).
+        """
+        m = self.num_microbatches(layout)
+        split = layout.schedule in self._split_schedules()
+        stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
+        types = self.rank_types(layout)
+        stage_types = None
+        if not self._uniform:  # each stage on its rank's GPUs (unknown rank: any type)
+            every = tuple(range(len(self._types)))
+            stage_types = (tuple(types[r] for r in stage_rank) if stage_rank is not None
+                           else (every,) * len(costs.stage_layers))
+        forward_chain, per_mb = self._stage_times(costs, split, stage_types)
+        if stage_rank is None:
+            return m * sum(per_mb) / layout.pp
+        timed = self._comm_ranks(layout)
+        bound = 0.0
+        for r in sorted({0, layout.pp - 1}):
+            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
+            busy = sum(per_mb[s] for s in mine)
+            if r in timed and layout.tp > 1:
+                kinds = KINDS if split else KINDS[:2]
+                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
+                            for s in mine for k in kinds)
+            end = m * busy + self._optimizer_s(costs, mine, types[r])
+            if overlaps_steps(layout.schedule):  # a period: no fill, see step_bound_s
+                bound = max(bound, end)
+                continue
+            end += forward_chain[mine[0]]
+            if r in timed and layout.zero_stage >= 1 and self._dp_timed(layout):
+                end += self._collective_s("dp", layout, r, "all_gather",
+                                          sum(costs.grad_bytes(s) for s in mine))
+            bound = max(bound, end)
+        return bound
+
+    def _stage_times(self, costs: TransformerCosts, split: bool,
+                     stage_types: tuple[tuple[int, ...], ...] | None = None
+                     ) -> tuple[list[float], list[float]]:
+        """(compute of the forwards before each stage, compute of one micro-batch per stage),
+        each stage on the fastest of its ``stage_types`` (None: the uniform cluster's GPU)."""
+        key = (*_work_shape(costs), costs.stage_layers, split, stage_types)
+        hit = self._loose.get(key)
+        if hit is None:
+            kinds = KINDS if split else KINDS[:2]
+            stages = range(len(costs.stage_layers))
+            of = stage_types or ((0,),) * len(costs.stage_layers)
+            per_mb = [sum(self._op_time(costs, s, k, split, of[s])[0] for k in kinds)
+                      for s in stages]
+            chain = [0.0]
+            for s in stages:
+                chain.append(chain[-1] + self._op_time(costs, s, FORWARD, split, of[s])[0])
+            hit = self._loose[key] = (chain, per_mb)
+        return hit
+
+    def _split_schedules(self) -> frozenset[str]:
+        """Schedules that split the backward into B and W (their W is timed apart)."""
+        if self._split is None:
+            split = set()
+            for name, vpps in self.ctx.schedule_vpps.items():
+                try:
+                    if build_plan(name, 2, 4, (vpps or (2,))[0], 0.5, 1).split_backward:
+                        split.add(name)
+                except (ScheduleError, ValueError):
+                    continue
+            self._split = frozenset(split)
+        return self._split

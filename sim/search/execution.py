@@ -1,0 +1,206 @@
+"""Execution on workers: the work items of a sweep, the worker that answers them, and
+screening in chunks spread over an executor (:mod:`sim.executors`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from base.errors import SimError
+from sim.device import DeviceProfile
+from sim.executors import Executor, Task, WorkerFailure
+from sim.search.evaluation import Evaluation, Evaluator
+from sim.search.layouts import DIMS, Layout
+from sim.search.screening import Candidate, Screener
+from sim.search.space import SearchContext
+
+
+@dataclass(frozen=True)
+class ScreenChunk:
+    """Work item: screen these layouts (:meth:`Screener.screen`).
+
+    Layouts travel as tuples of their :data:`DIMS` values (a pickled :class:`Layout`
+    is six times larger), and the verdicts come back as ``(status, reason,
+    memory_bound_gib, tokens_bound)`` tuples (:func:`_compact`): the caller has the
+    layouts already."""
+
+    layouts: tuple[tuple[Any, ...], ...]
+
+
+@dataclass(frozen=True)
+class JudgeChunk:
+    """Work item: judge these candidates (:meth:`Screener.judge`, no threshold)."""
+
+    candidates: tuple[Candidate, ...]
+    indices: tuple[int, ...] = ()
+    """Where the candidates are in the sweep's order (for the sweep; workers ignore it)."""
+
+
+@dataclass(frozen=True)
+class SimulateOne:
+    """Work item: simulate this layout (the evaluator)."""
+
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a :class:`SearchWorker` needs to rebuild the sweep's context (picklable)."""
+
+    data: dict[str, Any]
+    base_dir: str | None
+    global_batch_size: int
+    fidelity: str
+    profile: DeviceProfile | None
+    """The device profile (None: each GPU type's default, on a mixed cluster)."""
+    comm: bool
+    """Time collectives in the step bounds (:class:`Screener`)."""
+    unsupported: tuple[tuple[str, str], ...]
+    schedule_vpps: tuple[tuple[str, tuple[int, ...]], ...]
+    evaluator: Callable[..., Callable[[Layout], Evaluation]] = Evaluator
+    """The simulation factory, called as ``evaluator(data, global_batch_size, fidelity,
+    profile, base_dir)``."""
+
+
+class SearchWorker:
+    """The callable every worker of a sweep builds once: it screens chunks of layouts, judges
+    chunks of candidates and simulates layouts, keeping the screener's caches (collective
+    times, op times, schedules) and the evaluator's cluster for the worker's lifetime.
+
+    Its context is rebuilt from the :class:`WorkerSpec` without probing the simulator
+    again (the probe results travel in the spec); the screener and the evaluator are
+    built on first use. Every answer is a pure function of the item, so it is the same
+    in whichever worker computes it.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self._screener: Screener | None = None
+        self._evaluate: Callable[[Layout], Evaluation] | None = None
+
+    @property
+    def screener(self) -> Screener:
+        """The worker's screener, built on first use from the spec."""
+        if self._screener is None:
+            sp = self.spec
+            ctx = SearchContext.build(sp.data, sp.base_dir,
+                                      probed=(dict(sp.unsupported), dict(sp.schedule_vpps)))
+            self._screener = Screener(ctx, sp.profile, comm=sp.comm,
+                                      collapsed_only=sp.fidelity == "collapsed")
+        return self._screener
+
+    def __call__(self, item: ScreenChunk | JudgeChunk | SimulateOne) -> Any:
+        if isinstance(item, ScreenChunk):
+            screen = self.screener.screen
+            return [_compact(screen(Layout(*values))) for values in item.layouts]
+        if isinstance(item, JudgeChunk):
+            return [self.screener.judge(c) for c in item.candidates]
+        if self._evaluate is None:
+            sp = self.spec
+            self._evaluate = sp.evaluator(sp.data, sp.global_batch_size, sp.fidelity,
+                                          sp.profile, sp.base_dir)
+        return self._evaluate(item.layout)
+
+
+SCREEN_CHUNKS_PER_WORKER = 8
+"""Screening is split into about this many chunks per worker (load balance against cache
+reuse: see :func:`screen_chunks`)."""
+SCREEN_CHUNK_MIN = 256
+
+
+class LocalFallback:
+    """A :class:`SearchWorker` in this process, built only if a worker is lost mid-chunk."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        self._worker: SearchWorker | None = None
+
+    def __call__(self, item: Any) -> Any:
+        if self._worker is None:
+            self._worker = SearchWorker(self.spec)
+        return self._worker(item)
+
+
+def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
+                local: Callable[[Any], Any]) -> list[Candidate]:
+    """Screen every layout, in chunks spread over the executor's workers; the candidates
+    come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
+    is screened here."""
+    parts = screen_chunks(layouts, executor.workers)
+    chunks = [ScreenChunk(tuple(tuple(getattr(layouts[i], d) for d in DIMS) for i in part))
+              for part in parts]
+    verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
+    # handed out last chunk first: the widest TP groups come last, whose collectives make
+    # them the costliest, and a costly chunk should not come last
+    last = len(chunks) - 1
+    for i, outcome in executor.run(task, chunks[::-1]):
+        part = parts[last - i]
+        got = outcome if isinstance(outcome, list) else local(chunks[last - i])
+        for j, verdict in zip(part, got, strict=True):
+            verdicts[j] = verdict
+    missing = sum(1 for v in verdicts if v is None)
+    if missing:  # the chunks cover every layout: this is a bug, not a user error
+        raise SimError(f"screening lost {missing} of {len(layouts)} layouts")
+    return [Candidate(lay, *verdict)  # type: ignore[misc]  # none is None: checked above
+            for lay, verdict in zip(layouts, verdicts, strict=True)]
+
+
+def _compact(c: Candidate) -> tuple[Any, ...]:
+    """A screening verdict without its layout (what travels back from a worker)."""
+    return (c.status, c.reason, c.memory_bound_gib, c.tokens_bound)
+
+
+def _screen_group(lay: Layout) -> tuple[int, int, int]:
+    """Layouts that share most of the screener's cached work: the op times and their TP
+    collectives depend on tp, cp and the micro-batch size (and the stage's layer count,
+    which many pp·vpp share), not on pp, ZeRO or the schedule."""
+    return (lay.tp, lay.cp, lay.micro_batch_size)
+
+
+def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
+    """Indices into ``layouts`` of the screening chunks (every index in one chunk).
+
+    About :data:`SCREEN_CHUNKS_PER_WORKER` chunks per worker (one for one worker), made of
+    whole groups of :func:`_screen_group` (layouts ordered by group, then index): the
+    screener's caches are per worker, so a group screened by one worker computes its op
+    times and times its collectives once. A group larger than a chunk is split into even
+    pieces.
+    """
+    n = len(layouts)
+    if workers <= 1 or n == 0:
+        return [list(range(n))] if n else []
+    size = max(SCREEN_CHUNK_MIN, -(-n // (SCREEN_CHUNKS_PER_WORKER * workers)))
+    order = sorted(range(n), key=lambda i: (_screen_group(layouts[i]), i))
+    groups: list[tuple[int, int]] = []  # [start, end) positions in order
+    start = 0
+    for k in range(1, n + 1):
+        if k == n or _screen_group(layouts[order[k]]) != _screen_group(layouts[order[start]]):
+            groups.append((start, k))
+            start = k
+    spans: list[tuple[int, int]] = []
+    a = b = 0  # the chunk being filled: [a, b)
+    for gs, ge in groups:
+        if ge - gs > size:  # a big group: its own even pieces
+            if b > a:
+                spans.append((a, b))
+            pieces = -(-(ge - gs) // size)
+            cuts = [gs + (ge - gs) * k // pieces for k in range(pieces + 1)]
+            spans += list(zip(cuts, cuts[1:], strict=False))
+            a = b = ge
+        elif b - a + ge - gs > size:
+            spans.append((a, b))
+            a, b = gs, ge
+        else:
+            b = ge
+    if b > a:
+        spans.append((a, b))
+    return [order[a:b] for a, b in spans]
+
+
+def as_evaluation(outcome: Any, layout: Layout) -> Evaluation:
+    """A worker's answer for ``layout`` as an evaluation (a lost worker: an ``error``)."""
+    if isinstance(outcome, Evaluation):
+        return outcome
+    message = outcome.message if isinstance(outcome, WorkerFailure) else repr(outcome)
+    return Evaluation(layout.key, "error", error=message)

@@ -1,0 +1,168 @@
+"""A layout (one point of the search space) and pins that restrict the dimensions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from base.errors import ConfigError
+
+DIMS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel", "zero_stage",
+        "micro_batch_size", "recompute", "schedule")
+"""The searched dimensions, in the order of a layout key."""
+CONFIG_KEYS = {
+    "tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "cp": "parallel.cp",
+    "ep": "parallel.ep", "vpp": "parallel.vpp",
+    "sequence_parallel": "parallel.sequence_parallel", "zero_stage": "parallel.zero_stage",
+    "micro_batch_size": "training.micro_batch_size", "recompute": "training.recompute",
+    "schedule": "schedule",
+}
+"""Experiment-file key of each dimension."""
+SHORT_NAMES = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs"}
+"""Short names of dimensions in layout keys (the others are their own)."""
+ALIASES = {**{d: d for d in DIMS}, **{v: k for k, v in CONFIG_KEYS.items()},
+           **{v: k for k, v in SHORT_NAMES.items()}}
+"""Names accepted by ``--fix``: the dimension, its file key, or the short name in layout keys."""
+RECOMPUTE = ("none", "selective", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One point of the search space: how the step is split over the GPUs."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    sequence_parallel: bool = False
+    zero_stage: int = 1
+    micro_batch_size: int = 1
+    recompute: str = "none"
+    schedule: str = "1f1b"
+
+    @cached_property
+    def key(self) -> str:
+        """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``
+        (computed once per instance: the sweep's dictionaries are keyed by it)."""
+        return " ".join(f"{SHORT_NAMES.get(d, d)}={value_text(getattr(self, d))}" for d in DIMS)
+
+    @classmethod
+    def from_key(cls, key: str) -> Layout:
+        """Inverse of :attr:`key`."""
+        values = dict(part.split("=", 1) for part in key.split())
+        return cls(**{d: _parse_value(d, values[SHORT_NAMES.get(d, d)]) for d in DIMS})
+
+    def changes(self, global_batch_size: int) -> dict[str, Any]:
+        """Dotted experiment-file changes that select this layout (for ``with_changes``)."""
+        out: dict[str, Any] = {CONFIG_KEYS[d]: getattr(self, d) for d in DIMS}
+        out["training.global_batch_size"] = global_batch_size
+        out["training.num_microbatches"] = None
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        """``{"parallel": {...}, "training": {...}, "schedule": name}``, as in experiment files."""
+        out: dict[str, Any] = {"parallel": {}, "training": {}}
+        for d in DIMS:
+            section, _, name = CONFIG_KEYS[d].rpartition(".")
+            if section:
+                out[section][name] = getattr(self, d)
+            else:
+                out[name] = getattr(self, d)
+        return out
+
+    def label(self) -> str:
+        """Short human-readable form for tables: ``tp8 pp8 dp16 v1 mbs1 sp zero1 none 1f1b``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"v{self.vpp}", f"mbs{self.micro_batch_size}"]
+        parts += ["sp"] if self.sequence_parallel else []
+        parts += [f"z{self.zero_stage}", f"rc:{self.recompute}", self.schedule]
+        return " ".join(parts)
+
+
+def value_text(value: Any) -> str:
+    """A dimension's value as layout keys and ``--fix`` write it (``true``/``false``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False,
+          "on": True, "off": False}
+
+
+def _parse_value(dim: str, text: str) -> Any:
+    """Parse a ``--fix`` value of ``dim``; ConfigError naming the key and value."""
+    key = CONFIG_KEYS[dim]
+    text = text.strip()
+    if dim == "sequence_parallel":
+        if text.lower() not in _BOOLS:
+            raise ConfigError(f"--fix {key}={text!r}: expected true or false")
+        return _BOOLS[text.lower()]
+    if dim == "recompute":
+        if text not in RECOMPUTE:
+            raise ConfigError(f"--fix {key}={text!r}: choose one of {', '.join(RECOMPUTE)}")
+        return text
+    if dim == "schedule":
+        if not text:
+            raise ConfigError(f"--fix {key}: empty schedule name")
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"--fix {key}={text!r}: expected an integer") from None
+    low = 0 if dim == "zero_stage" else 1
+    if value < low or (dim == "zero_stage" and value > 3):
+        bounds = "0..3" if dim == "zero_stage" else ">= 1"
+        raise ConfigError(f"--fix {key}={value}: must be {bounds}")
+    return value
+
+
+Pins = Mapping[str, tuple[Any, ...]]
+"""Allowed values per pinned dimension."""
+
+
+def parse_pins(specs: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    """Parse ``--fix`` arguments: ``"parallel.tp=8,schedule=1f1b"``, ``"mbs=1|2"``.
+
+    Pins are separated by commas, alternatives by ``|``; names may be the
+    dimension (``micro_batch_size``), its file key (``training.micro_batch_size``)
+    or the short form of layout keys (``mbs``, ``sp``, ``zero``). A dimension pinned
+    again keeps the values both pins allow (``tp=1|2|4`` then ``tp=2|8`` is ``tp=2``).
+    """
+    pins: dict[str, tuple[Any, ...]] = {}
+    for spec in specs:
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            name, eq, values = part.partition("=")
+            dim = ALIASES.get(name.strip())
+            if not eq or dim is None:
+                raise ConfigError(f"--fix {part!r}: expected KEY=VALUE with KEY one of "
+                                  f"{', '.join(CONFIG_KEYS.values())}")
+            parsed = tuple(dict.fromkeys(_parse_value(dim, v) for v in values.split("|")))
+            if dim in pins:  # pinned again: keep the values both allow
+                both = tuple(v for v in pins[dim] if v in parsed)
+                if not both:
+                    raise ConfigError(f"--fix {CONFIG_KEYS[dim]}: pinned to "
+                                      f"{'|'.join(map(value_text, pins[dim]))} and to "
+                                      f"{'|'.join(map(value_text, parsed))}, which share no value")
+                parsed = both
+            pins[dim] = parsed
+    return pins
+
+
+def pins_from_file(data: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """Pins for every searched key the experiment file sets (``--pin-from-file``)."""
+    pins: dict[str, tuple[Any, ...]] = {}
+    for dim, key in CONFIG_KEYS.items():
+        node: Any = data
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is not None:
+            pins[dim] = (node,)
+    return pins

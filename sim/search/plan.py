@@ -1,0 +1,152 @@
+"""A built schedule indexed for the bounds, and its list schedule (the bounds' fast path).
+
+:func:`build_plan` builds a schedule once per ``(schedule, p, m, v)`` and keeps what the
+bounds of many layouts read: ops as indices in a dependency order, each op's rank, its
+duration slot ``3·stage + kind`` and its producers, and the memory walk of every rank
+(:func:`workloads.memory.in_flight`). :func:`list_run` is the list schedule of
+:func:`workloads.schedules.list_schedule` on these indices, for a table of slot
+durations: the same end times (a property test checks it), without rebuilding the
+schedule's dependencies for every layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from base.errors import ScheduleError
+from workloads import memory
+from workloads.registry import SCHEDULES
+from workloads.schedules import (
+    BACKWARD,
+    FORWARD,
+    WEIGHT_GRAD,
+    Op,
+    Schedule,
+    producers_at,
+    schedule_deps,
+    unit_order,
+    unit_times,
+)
+
+KINDS = (FORWARD, BACKWARD, WEIGHT_GRAD)
+"""Op kinds in the order of their duration slots: slot ``3·stage + SLOT[kind]``."""
+SLOT = {k: i for i, k in enumerate(KINDS)}
+PLAN_CACHE_OPS = 1_000_000
+"""Ops of the built schedules a :class:`Screener` keeps (about 120-250 bytes each; least
+recently used are dropped beyond it). GPT-3 175B on 1,024 GPUs judges 251 distinct
+schedules of 320,000 ops in all: kept whole, none is built twice (a cap of 64 schedules
+built 787)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A built schedule in the form the bounds use: ops as indices, in dependency order."""
+
+    name: str
+    num_microbatches: int
+    stage_rank: tuple[int, ...]
+    split_backward: bool
+    exact: bool
+    """False with sequence chunks (activation shares per chunk are not modelled here)."""
+    rank_stages: tuple[tuple[int, ...], ...]
+    in_flight: tuple[np.ndarray, ...]
+    """Per rank: the distinct (in-flight counts per local stage, op slot) rows of
+    :func:`workloads.memory.in_flight`."""
+    order: tuple[int, ...]
+    """Op indices in the order the reference list schedule places them
+    (:func:`workloads.schedules.unit_times`): every op follows its producers and its rank
+    predecessors."""
+    op_rank: tuple[int, ...]
+    op_slot: tuple[int, ...]
+    """``3·stage + kind`` (F, B, W): index of the op's duration in a table."""
+    op_deps: tuple[tuple[int, ...], ...]
+    last_op: tuple[int, ...]
+    """Per rank: its last op in program order."""
+    final_op: tuple[int, ...]
+    """Per rank: its last weight-gradient op (last backward without split), whose stage's
+    DP gradient collective ends the rank's step."""
+
+
+def plan_size(plan: Plan | str) -> int:
+    """Ops of a plan (1 for a refusal): what the plan cache counts."""
+    return 1 if isinstance(plan, str) else max(1, len(plan.op_rank))
+
+
+def build_schedule(name: str, p: int, m: int, v: int, seq_chunks: int) -> Schedule:
+    """Schedule ``name`` for ``p`` ranks, ``m`` micro-batches and ``v`` chunks per rank; a
+    schedule that cuts micro-batches into sequence chunks
+    (:attr:`workloads.registry.ScheduleKind.seq_chunks`) gets ``seq_chunks`` of them. The
+    builder's errors propagate."""
+    return SCHEDULES[name](p, m, v, seq_chunks)
+
+
+def build_plan(name: str, p: int, m: int, v: int, w: float, seq_chunks: int) -> Plan:
+    """Build the schedule and index it; ScheduleError if the builder refuses or it deadlocks."""
+    sched = build_schedule(name, p, m, v, seq_chunks)
+    if sched.chunks_per_rank != v:
+        raise ScheduleError(f"schedule {name!r} has {sched.chunks_per_rank} chunks per rank, "
+                            f"not vpp={v}")
+    index: dict[Op, int] = {}
+    flat: list[Op] = []
+    op_rank: list[int] = []
+    for r, ops in enumerate(sched.rank_ops):
+        for op in ops:
+            index[op] = len(flat)
+            flat.append(op)
+            op_rank.append(r)
+    # the order in which the reference list schedule places the ops (it does not depend on
+    # their durations; ScheduleError if the schedule deadlocks) and each op's producers,
+    # from the symbolic run the schedule keeps (:func:`workloads.schedules.unit_times`)
+    times = unit_times(sched)
+    run = unit_order(sched)
+    columns = None if run is None else producers_at(sched, np.arange(len(flat)))
+    if run is None or columns is None:  # fused groups: op by op
+        order = tuple(index[op] for op in times)
+        deps = tuple(tuple(index[d] for d in schedule_deps(sched, op)) for op in flat)
+    else:
+        order = tuple(run[0].tolist())
+        first, second, third = (c.tolist() for c in columns)  # present producers first
+        deps = tuple(() if a < 0 else (a,) if b < 0 else (a, b) if c < 0 else (a, b, c)
+                     for a, b, c in zip(first, second, third, strict=True))
+    rank_stages = tuple(tuple(s for s, owner in enumerate(sched.stage_rank) if owner == r)
+                        for r in range(sched.num_ranks))
+    final_kind = WEIGHT_GRAD if sched.split_backward else BACKWARD
+    last, final, in_flight = [], [], []
+    for r, ops in enumerate(sched.rank_ops):
+        last.append(index[ops[-1]] if ops else -1)
+        finals = [index[op] for op in ops if op.kind == final_kind]
+        final.append(finals[-1] if finals else -1)
+        in_flight.append(memory.in_flight(ops, rank_stages[r], sched.split_backward, w))
+    return Plan(name, m, sched.stage_rank, sched.split_backward, sched.seq_chunks == 1,
+                 rank_stages, tuple(in_flight), order,
+                 tuple(op_rank), tuple(3 * op.stage + SLOT[op.kind] for op in flat), deps,
+                 tuple(last), tuple(final))
+
+
+def list_run(plan: Plan, table: Sequence[float]) -> list[float]:
+    """End time of every op when each op starts as soon as its rank is free and its producers
+    are done, taking ``table[slot]`` seconds, and messages take no time (a list schedule).
+
+    For a schedule without fused groups these are the end times of
+    :func:`workloads.schedules.list_schedule` with ``duration(op) = table[slot]``, float for
+    float (a property test checks it on random schedules and tables); it is the fast path
+    for the bounds, which run it on one built plan for many layouts' tables. A fused
+    group (DualPipe-V) starts here, as there, once every member's outside producers are
+    done (:func:`workloads.schedules.schedule_deps`), but each member's output counts as
+    done at the member's end, not the group's, so every op ends no later than there: a
+    bound stays a bound."""
+    end = [0.0] * len(plan.op_rank)
+    free = [0.0] * len(plan.rank_stages)
+    rank, slot, deps = plan.op_rank, plan.op_slot, plan.op_deps
+    for i in plan.order:
+        r = rank[i]
+        t = free[r]
+        for j in deps[i]:
+            if end[j] > t:
+                t = end[j]
+        t += table[slot[i]]
+        end[i] = free[r] = t
+    return end

@@ -1,0 +1,80 @@
+"""The bounds' fast path: :func:`sim.search.plan.list_run` against the reference list schedule
+(:func:`workloads.schedules.list_schedule`), and the memory walk against the lowering's
+allocations (:func:`workloads.memory.op_alloc_free`), on random schedules."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from base.errors import ScheduleError
+from sim.search.plan import SLOT, build_plan, build_schedule, list_run
+from workloads import memory
+from workloads.costs import SyntheticCosts
+from workloads.registry import SCHEDULES
+from workloads.schedules import list_schedule
+
+NAMES = sorted(SCHEDULES)
+
+
+@st.composite
+def _schedules(draw: st.DrawFn) -> tuple:
+    """(name, p, m, v, k, w) of a schedule some builder may accept."""
+    name = draw(st.sampled_from(NAMES))
+    p = draw(st.integers(1, 6))
+    m = draw(st.integers(1, 14))
+    v = draw(st.integers(1, 3))
+    k = draw(st.integers(1, 4))
+    w = draw(st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+    return name, p, m, v, k, w
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(case=_schedules(), durations=st.lists(
+    st.one_of(st.just(0.0), st.floats(1e-6, 10.0, allow_nan=False)), min_size=3, max_size=3 * 18))
+def test_list_run_is_the_reference_list_schedule(case: tuple, durations: list[float]) -> None:
+    """Every op's end time, float for float, on schedules without fused groups; with fused
+    groups (DualPipe-V) no later than the reference (a bound stays a bound). The plan's
+    order is the order the reference places the ops in."""
+    name, p, m, v, k, w = case
+    try:
+        plan = build_plan(name, p, m, v, w, k)
+    except (ScheduleError, ValueError):
+        return
+    sched = build_schedule(name, p, m, v, k)
+    table = [durations[i % len(durations)] for i in range(3 * len(plan.stage_rank))]
+    flat = [op for ops in sched.rank_ops for op in ops]
+    reference = list_schedule(sched, lambda op: table[3 * op.stage + SLOT[op.kind]])
+    index = {op: i for i, op in enumerate(flat)}
+    assert list(plan.order) == [index[op] for op in reference]
+    ends = list_run(plan, table)
+    if sched.fused:
+        assert all(ends[index[op]] <= end for op, (_, end) in reference.items())
+    else:
+        assert ends == [reference[op][1] for op in flat]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(case=_schedules(), act=st.floats(1.0, 1e9))
+def test_memory_walk_is_the_lowerings_allocations(case: tuple, act: float) -> None:
+    """The plan's per-rank walk (:func:`workloads.memory.in_flight`) times the activation bytes
+    peaks where the lowering's allocations and frees (:func:`workloads.memory.op_alloc_free`),
+    replayed in program order, peak: the rule has one home."""
+    name, p, m, v, k, w = case
+    try:
+        plan = build_plan(name, p, m, v, w, 1)
+    except (ScheduleError, ValueError):
+        return
+    sched = build_schedule(name, p, m, v, 1)
+    costs = SyntheticCosts(1.0, 2.0, 1.0, activation_bytes=act * sched.chunks_per_rank,
+                           chunks_per_rank=sched.chunks_per_rank, w_retained_fraction=w)
+    for r, ops in enumerate(sched.rank_ops):
+        held = peak = 0.0
+        for op in ops:
+            alloc, free = memory.op_alloc_free(costs, op, sched.split_backward)
+            held += alloc
+            peak = max(peak, held)
+            held -= free
+        rows = plan.in_flight[r]
+        walked = float((rows[:, :-1].sum(axis=1) * costs.activation_bytes_per_mb(0)).max())
+        assert abs(walked - peak) <= 1e-9 * max(peak, 1.0)
