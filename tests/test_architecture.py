@@ -15,6 +15,8 @@ PURE = [
     "sim.collectives", "sim.network",
     "sim.stats", "sim.export", "sim.device", "sim.config", "sim.experiment", "sim.timeline",
     "workloads.multistep", "sim.idle", "sim.faults", "sim.faults_config", "workloads.seqchunks",
+    "workloads.memory", "workloads.registry", "base.errors", "base.outputs", "base.schema",
+    "base.collector",
     "workloads.registry",
 ]
 
