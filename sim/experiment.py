@@ -56,7 +56,7 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
         path = Path(cfg.hf_config)
         if base_dir is not None and not path.is_absolute() and not path.exists():
             path = base_dir / path
-        spec = load_hf_config(path).with_overrides(**overrides)
+        spec = load_hf_config(path, cfg.seq_length).with_overrides(**overrides)
     elif cfg.preset is not None:
         if cfg.preset not in PRESETS:
             raise ConfigError(f"model.preset: unknown preset {cfg.preset!r}; choose one of "
@@ -76,7 +76,8 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
         spec = spec.with_overrides(moe=_moe_spec(cfg.moe, spec))
     if cfg.name:
         spec = spec.with_overrides(name=cfg.name)
-    if spec.hidden_size % spec.num_attention_heads:
+    derived_head = spec.kv_channels is None and spec.mla is None  # d = h/a
+    if derived_head and spec.hidden_size % spec.num_attention_heads:
         raise ConfigError(f"model.hidden_size={spec.hidden_size} is not divisible by "
                           f"model.num_attention_heads={spec.num_attention_heads}")
     if spec.num_attention_heads % spec.num_kv_heads:
