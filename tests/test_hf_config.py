@@ -11,6 +11,7 @@ import pytest
 
 from base.errors import ConfigError
 from sim.api import simulate
+from sim.cli.run import summary_table
 from sim.experiment import build_experiment
 from sim.search import Evaluator, Screener, SearchContext
 from sim.search.space import enumerate_layouts
@@ -283,3 +284,32 @@ def test_search_bounds_hold_with_dense_first_layers(tmp_path: Path) -> None:
         assert judged.memory_bound_gib <= ev.stats["peak_memory_gib"] * (1 + 1e-9)
         step_bound = ctx.global_batch_size * ctx.model.seq_length / judged.tokens_bound
         assert step_bound <= ev.stats["step_time_s"] * (1 + 1e-9), layout.key
+
+
+def test_an_activation_that_is_not_gated_is_refused(tmp_path: Path) -> None:
+    cfg = json.loads((FIX / "llama2-7b.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**cfg, "hidden_act": "relu"}))
+    with pytest.raises(ConfigError, match="hidden_act='relu' is not a supported gated"):
+        load_hf_config(path, 2048)
+
+
+def test_summary_states_total_and_active_parameters(tmp_path: Path) -> None:
+    exp = build_experiment({**_tiny(tmp_path), "parallel": {"ep": 2}})
+    stats = simulate(exp, fidelity="collapsed").stats
+    line = next(r for r in summary_table(stats).splitlines() if r.startswith("parameters"))
+    assert line.split()[1:] == [f"{exp.model.num_params() / 1e9:.2f}", "B,",
+                                f"{exp.model.active_params() / 1e9:.2f}", "B", "active",
+                                "per", "token"]
+
+
+def test_overrides_keep_the_import_honest(tmp_path: Path) -> None:
+    """model.moe over an import keeps its shared experts; cutting the layers below the dense
+    ones is refused."""
+    data = _tiny(tmp_path)
+    data["model"]["moe"] = {"num_experts": 8, "top_k": 2, "capacity_factor": 1.25}
+    moe = build_experiment(data).model.moe
+    assert moe is not None and moe.shared_experts == 1 and moe.capacity_factor == 1.25
+    data["model"]["num_layers"] = 2
+    with pytest.raises(ConfigError, match="model.num_layers=2: the model's first 2 layers"):
+        build_experiment(data)

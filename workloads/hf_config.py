@@ -82,8 +82,9 @@ class _Config:
             raise self.error(f"{key}={value!r} is not true or false")
         return value
 
-    def gated(self, *keys: str) -> str:
-        """The gated MLP type of the first activation key present."""
+    def gated(self, default: str, *keys: str) -> str:
+        """The gated MLP type of the first activation key present (``default``, the
+        configuration class's, when none is)."""
         for key in keys:
             act = self.cfg.get(key)
             if act is not None:
@@ -91,7 +92,7 @@ class _Config:
                     raise self.error(f"{key}={act!r} is not a supported gated activation "
                                      f"({', '.join(_GATED)})")
                 return _GATED[str(act).lower()]
-        raise self.error(f"required key {keys[0]!r} is missing")
+        return _GATED[default]
 
 
 def _check_window(c: _Config, window: int | None, seq_length: int) -> None:
@@ -126,7 +127,8 @@ def _llama_family(c: _Config, kind: str, name: str, seq_length: int) -> ModelSpe
         ffn_hidden_size=c.count("intermediate_size"),
         vocab_size=c.count("vocab_size"),
         seq_length=seq_length,
-        ffn_type=c.gated("hidden_activation", "hidden_act") if gemma else c.gated("hidden_act"),
+        ffn_type=(c.gated("gelu_pytorch_tanh", "hidden_activation", "hidden_act") if gemma
+                  else c.gated("silu", "hidden_act")),
         norm="rmsnorm",
         tied_embeddings=c.flag("tie_word_embeddings", gemma),
         position_embedding="rope",
@@ -166,7 +168,7 @@ def _deepseek_v3(c: _Config, name: str, seq_length: int) -> ModelSpec:
         ffn_hidden_size=c.count("intermediate_size"),
         vocab_size=c.count("vocab_size"),
         seq_length=seq_length,
-        ffn_type=c.gated("hidden_act"),
+        ffn_type=c.gated("silu", "hidden_act"),
         norm="rmsnorm",
         tied_embeddings=c.flag("tie_word_embeddings", False),
         position_embedding="rope",
