@@ -595,7 +595,11 @@ class TransformerCosts:
         recomputation keeps only the layer input (2). For GPT (kv = h, f = 4h)
         this is exactly Korthikanti's s·b·h·(10 + 24/t + 5·a·s/(h·t)). MoE: the MLP
         intermediates are per routed row (k·max(c, 1) rows a token, expert inner size),
-        plus the dispatched copies of the MLP input (2·k·max(c, 1)). With CP, s·b·h is
+        plus the dispatched copies of the MLP input (2·k·max(c, 1)); shared experts keep
+        their intermediates for every token. Q, K, V and the attention output are a·d wide
+        where the head size d is explicit; under MLA they are the materialised per-head
+        queries, keys and values, and the latents (2·(d_c' + d_c + d_h^R)/h) are kept
+        too, replicated. With CP, s·b·h is
         the GPU's s/cp tokens. With :attr:`sp_saves_gathered_input`, SP splits only the
         norm inputs (4, and the eager norm's 8): the two GEMM inputs (4) stay whole.
         """
