@@ -119,6 +119,8 @@ def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
         ("num_microbatches", exp.num_microbatches),
         ("global_batch_size", exp.global_batch_size),
         ("model", exp.model.name if exp.model else "synthetic"),
+        ("num_params", exp.model.num_params() if exp.model else None),
+        ("num_active_params", exp.model.active_params() if exp.model else None),
         ("cluster", exp.cluster.name),
         ("gpu", exp.cluster.gpu_summary()),
         ("fidelity", fidelity),

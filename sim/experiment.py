@@ -56,7 +56,7 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
         path = Path(cfg.hf_config)
         if base_dir is not None and not path.is_absolute() and not path.exists():
             path = base_dir / path
-        spec = load_hf_config(path).with_overrides(**overrides)
+        spec = load_hf_config(path, cfg.seq_length).with_overrides(**overrides)
     elif cfg.preset is not None:
         if cfg.preset not in PRESETS:
             raise ConfigError(f"model.preset: unknown preset {cfg.preset!r}; choose one of "
@@ -76,7 +76,11 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
         spec = spec.with_overrides(moe=_moe_spec(cfg.moe, spec))
     if cfg.name:
         spec = spec.with_overrides(name=cfg.name)
-    if spec.hidden_size % spec.num_attention_heads:
+    if spec.first_dense_layers >= spec.num_layers:
+        raise ConfigError(f"model.num_layers={spec.num_layers}: the model's first "
+                          f"{spec.first_dense_layers} layers are dense; it needs more layers")
+    derived_head = spec.kv_channels is None and spec.mla is None  # d = h/a
+    if derived_head and spec.hidden_size % spec.num_attention_heads:
         raise ConfigError(f"model.hidden_size={spec.hidden_size} is not divisible by "
                           f"model.num_attention_heads={spec.num_attention_heads}")
     if spec.num_attention_heads % spec.num_kv_heads:
@@ -89,9 +93,10 @@ def _moe_spec(cfg: MoEConfig, spec: ModelSpec) -> MoESpec:
     if cfg.top_k > cfg.num_experts:
         raise ConfigError(f"model.moe.top_k={cfg.top_k} exceeds model.moe.num_experts="
                           f"{cfg.num_experts}")
+    shared = spec.moe.shared_experts if spec.moe is not None else 0  # an import's (DeepSeek)
     return MoESpec(cfg.num_experts, cfg.top_k,
                    cfg.expert_ffn_hidden_size or spec.ffn_hidden_size, cfg.capacity_factor,
-                   cfg.routing_imbalance)
+                   cfg.routing_imbalance, shared_experts=shared)
 
 
 def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int) -> None:

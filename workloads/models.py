@@ -1,5 +1,5 @@
-"""Transformer model specs (GPT and LLaMA styles, dense or mixture-of-experts), presets,
-parameter and FLOP counts."""
+"""Transformer model specs (GPT and LLaMA styles, dense or mixture-of-experts, multi-head or
+multi-head latent attention), presets, parameter and FLOP counts."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ class MoESpec:
     N copies per GPU gives about 1 + sqrt(2·ln(ep)·(1 - 1/ep)/N) (the largest of ep
     near-Gaussian loads), a lower bound for real routers."""
 
+    shared_experts: int = 0
+    """Experts every token passes besides its top-k routed ones (DeepSeekMoE's shared
+    experts, Dai et al. 2024, sec. 3.2), each of ``expert_ffn_hidden_size``: dense weights,
+    replicated across EP like the attention's."""
+
     def load_factor(self, ep: int) -> float:
         """Expert rows a GPU computes (and receives) per token copy it routes, on EP groups
         of ``ep`` GPUs: max(c, 1) with a capacity factor, else the routing imbalance when
@@ -41,6 +46,29 @@ class MoESpec:
         if self.capacity_factor is not None:
             return max(self.capacity_factor, 1.0)
         return self.routing_imbalance if ep > 1 else 1.0
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2, DeepSeek-AI 2024, sec. 2.1): queries and
+    keys/values pass through low-rank latents; each head's query and key are a ``nope`` part
+    from the latent and a rotary ``rope`` part (the key's shared by all heads)."""
+
+    q_lora_rank: int | None
+    """d_c', the query latent (None: queries projected from h directly)."""
+    kv_lora_rank: int
+    """d_c, the key/value latent (the KV cache of inference)."""
+    qk_nope_head_dim: int
+    """d_h, per-head query/key dimension without position encoding."""
+    qk_rope_head_dim: int
+    """d_h^R, per-head rotary query/key dimension (one rotary key shared by all heads)."""
+    v_head_dim: int
+    """Per-head value dimension."""
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key width of one head: d_h + d_h^R."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -63,7 +91,8 @@ class ModelSpec:
     seq_length: int
     """s, tokens per sequence."""
     ffn_type: str = "swiglu"
-    """``gelu`` (2 matrices) or ``swiglu`` (3 matrices)."""
+    """``gelu`` (2 matrices), or the gated ``swiglu`` and ``geglu`` (3 matrices: gate, up,
+    down; Shazeer 2020)."""
     norm: str = "rmsnorm"
     """``layernorm`` (weight and bias) or ``rmsnorm`` (weight only)."""
     tied_embeddings: bool = False
@@ -71,31 +100,109 @@ class ModelSpec:
     position_embedding: str = "rope"
     """``learned`` (s·h parameters) or ``rope`` (none)."""
     moe: MoESpec | None = None
-    """Mixture-of-experts MLPs in every layer; None = dense."""
+    """Mixture-of-experts MLPs (in every layer past :attr:`first_dense_layers`); None = dense."""
+    kv_channels: int | None = None
+    """d, the head size, where it is not h/a (Megatron-LM's ``--kv-channels``; Gemma's
+    ``head_dim``); None: h/a."""
+    qkv_bias: bool = False
+    """Biases on the Q, K and V projections only (Qwen2); LayerNorm models have all biases."""
+    mla: MLASpec | None = None
+    """Multi-head latent attention instead of (grouped-query) multi-head attention."""
+    position_table: int | None = None
+    """Rows of a learned position table (GPT-2's ``n_positions``); None: s."""
+    first_dense_layers: int = 0
+    """A MoE model's first layers whose MLP is dense, of ``ffn_hidden_size`` (DeepSeek-V3's
+    ``first_k_dense_replace``); the per-layer methods take :meth:`layer_spec`."""
+
+    def layer_spec(self, layer: int) -> ModelSpec:
+        """The uniform spec of transformer block ``layer`` (0-based): dense for the first
+        :attr:`first_dense_layers` of a MoE model, the model itself otherwise."""
+        if not self.first_dense_layers:
+            return self
+        return replace(self, first_dense_layers=0,
+                       moe=None if layer < self.first_dense_layers else self.moe)
+
+    def require_uniform(self) -> None:
+        """ValueError unless every layer is alike (per-layer quantities need :meth:`layer_spec`)."""
+        if self.first_dense_layers:
+            raise ValueError(f"{self.name}: layers differ (first {self.first_dense_layers} "
+                             "dense); take layer_spec(i)'s")
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        """d, the query/key/value width of one head (h/a unless :attr:`kv_channels`)."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection: a·d (MLA: a·(d_h + d_h^R))."""
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.qk_head_dim
+        return self.num_attention_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
-        """Width of the key (and of the value) projection: kv_heads · head_dim."""
+        """Width of the key (and of the value) projection: kv_heads · head_dim. MLA: the mean
+        of the materialised keys' and values' widths, a·(d_h + d_h^R + d_v)/2 (what flash
+        attention reads and ring attention passes)."""
+        if self.mla is not None:
+            return self.num_attention_heads * (self.mla.qk_head_dim + self.mla.v_head_dim) // 2
         return self.num_kv_heads * self.head_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Input width of the output projection: a·d (MLA: a·d_v)."""
+        if self.mla is not None:
+            return self.num_attention_heads * self.mla.v_head_dim
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def core_width(self) -> int:
+        """Half the summed query/key and value widths the attention core multiplies, a·d
+        (= h without :attr:`kv_channels`; MLA a·(d_h + d_h^R + d_v)/2): the core's forward
+        is 4·b·s²·core_width FLOPs (QK^T and softmax·V, 2·b·s²·a·d each)."""
+        if self.mla is not None:
+            return self.num_attention_heads * (self.mla.qk_head_dim + self.mla.v_head_dim) // 2
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def latent_dim(self) -> int:
+        """MLA: the latents and the shared rotary key each token stores for the
+        up-projections, d_c' + d_c + d_h^R (0 without MLA)."""
+        if self.mla is None:
+            return 0
+        return (self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
 
     @property
     def norm_params(self) -> int:
         return self.hidden_size * (2 if self.norm == "layernorm" else 1)
 
     @property
+    def gated_mlp(self) -> bool:
+        """A gated MLP (SwiGLU, GeGLU): three matrices, act(gate)·up."""
+        return self.ffn_type in ("swiglu", "geglu")
+
+    @property
     def mlp_matrices(self) -> int:
-        return 3 if self.ffn_type == "swiglu" else 2
+        return 3 if self.gated_mlp else 2
 
     def attention_params(self) -> int:
-        """Q, K, V and output projections (biases for GPT style)."""
+        """Q, K, V and output projections (biases for GPT style, QKV biases for
+        :attr:`qkv_bias`); MLA: down-projections, latent norms, up-projections and output."""
         h = self.hidden_size
-        weights = 2 * h * h + 2 * h * self.kv_dim
-        biases = (2 * h + 2 * self.kv_dim) if self.norm == "layernorm" else 0
-        return weights + biases
+        if self.mla is not None:
+            mla, a = self.mla, self.num_attention_heads
+            q_lora = mla.q_lora_rank
+            q = (h * q_lora + q_lora + q_lora * a * mla.qk_head_dim if q_lora
+                 else h * a * mla.qk_head_dim)
+            kv = (h * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank
+                  + mla.kv_lora_rank * a * (mla.qk_nope_head_dim + mla.v_head_dim))
+            return q + kv + a * mla.v_head_dim * h
+        qkv = self.q_dim + 2 * self.kv_dim
+        weights = h * qkv + self.attn_out_dim * h
+        if self.norm == "layernorm":
+            return weights + qkv + h
+        return weights + (qkv if self.qkv_bias else 0)
 
     def _ffn_params(self, f: int) -> int:
         h = self.hidden_size
@@ -111,22 +218,30 @@ class ModelSpec:
         return 0 if self.moe is None else self.hidden_size * self.moe.num_experts
 
     def mlp_params(self) -> int:
-        """The MLP: dense, or all experts and the router."""
+        """The MLP: dense, or all experts (routed and shared) and the router."""
         if self.moe is not None:
-            return self.moe.num_experts * self.expert_params() + self.router_params()
+            experts = self.moe.num_experts + self.moe.shared_experts
+            return experts * self.expert_params() + self.router_params()
         return self._ffn_params(self.ffn_hidden_size)
 
     def layer_params(self) -> int:
-        """Parameters of one transformer block, two norms included."""
+        """Parameters of one transformer block, two norms included (a uniform model's, or
+        one :meth:`layer_spec`'s)."""
+        self.require_uniform()
         return self.attention_params() + self.mlp_params() + 2 * self.norm_params
 
     def layer_expert_params(self) -> int:
-        """The experts' share of :meth:`layer_params` (sharded by expert parallelism)."""
+        """The routed experts' share of :meth:`layer_params` (sharded by expert parallelism)."""
+        self.require_uniform()
         return 0 if self.moe is None else self.moe.num_experts * self.expert_params()
+
+    def _moe_layers(self) -> int:
+        return 0 if self.moe is None else self.num_layers - self.first_dense_layers
 
     def embedding_params(self) -> int:
         """Input embedding (and learned positions)."""
-        pos = self.seq_length * self.hidden_size if self.position_embedding == "learned" else 0
+        rows = self.position_table or self.seq_length
+        pos = rows * self.hidden_size if self.position_embedding == "learned" else 0
         return self.vocab_size * self.hidden_size + pos
 
     def head_params(self) -> int:
@@ -136,24 +251,31 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """N, all parameters."""
-        return self.num_layers * self.layer_params() + self.embedding_params() + self.head_params()
+        k = self.first_dense_layers
+        if k:
+            layers = (k * self.layer_spec(0).layer_params()
+                      + (self.num_layers - k) * self.layer_spec(k).layer_params())
+        else:
+            layers = self.num_layers * self.layer_params()
+        return layers + self.embedding_params() + self.head_params()
 
     def active_params(self) -> int:
-        """Parameters a token passes through: N less the experts it is not routed to,
-        N − l·(E − k)·expert_params (= N for a dense model)."""
+        """Parameters a token passes through: N less the routed experts it is not sent to,
+        N − l_MoE·(E − k)·expert_params (= N for a dense model)."""
         if self.moe is None:
             return self.num_params()
         idle = self.moe.num_experts - self.moe.top_k
-        return self.num_params() - self.num_layers * idle * self.expert_params()
+        return self.num_params() - self._moe_layers() * idle * self.expert_params()
 
     def model_flops_per_token(self) -> float:
-        """6·N + 12·l·h·s: PaLM's model FLOPs per token (Chowdhery et al. 2022, app. B).
+        """6·N + 12·l·a·d·s: PaLM's model FLOPs per token (Chowdhery et al. 2022, app. B;
+        a·d = h unless the head size is explicit, MLA's :attr:`core_width`).
 
         For a mixture of experts N is the active parameter count (:meth:`active_params`):
-        only the top-k experts' weights touch a token, so 6·N_active + 12·l·h·s (capacity
+        only the top-k experts' weights touch a token, so 6·N_active + 12·l·a·d·s (capacity
         padding is hardware work, not model FLOPs)."""
         return (6 * self.active_params()
-                + 12 * self.num_layers * self.hidden_size * self.seq_length)
+                + 12 * self.num_layers * self.core_width * self.seq_length)
 
     def with_overrides(self, **fields) -> ModelSpec:
         return replace(self, **fields)

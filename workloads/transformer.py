@@ -183,12 +183,17 @@ class TransformerCosts:
     def _gemms(self) -> tuple[ComputeSeg, ComputeSeg]:
         """Forward GEMM work of the attention block and the MLP block on one TP rank."""
         m, t, n = self.model, self.tp, self._tokens
-        h, kv, f = m.hidden_size, m.kv_dim, m.ffn_hidden_size
-        qkv_out = h + 2 * kv
-        qkv, proj = _gemm(n, h, qkv_out / t), _gemm(n, h / t, h)  # column-, then row-parallel
-        attn_flops = qkv[1] + proj[1]  # 2·n·h·(h + 2·kv + h)/t
-        attn_bytes = BF16 * (h * (qkv_out + h) / t + n * (h + 2 * qkv_out / t + h / t + h))
-        attn = ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=(qkv, proj))
+        m.require_uniform()
+        h, kv, f, o = m.hidden_size, m.kv_dim, m.ffn_hidden_size, m.attn_out_dim
+        if m.mla is not None:
+            attn = self._mla_gemms()
+        else:
+            qkv_out = m.q_dim + 2 * kv
+            qkv, proj = _gemm(n, h, qkv_out / t), _gemm(n, o / t, h)  # column-, row-parallel
+            attn_flops = qkv[1] + proj[1]  # 2·n·h·(a·d + 2·kv + a·d)/t
+            attn_bytes = BF16 * ((h * qkv_out + o * h) / t
+                                 + n * (h + 2 * qkv_out / t + o / t + h))
+            attn = ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=(qkv, proj))
         if m.moe is not None:
             return attn, self._expert_gemms()
         mid = f * (m.mlp_matrices - 1) / t  # fc1 outputs: f/t (GeLU), gate and up 2·f/t
@@ -196,6 +201,26 @@ class TransformerCosts:
         mlp_flops = fc1[1] + fc2[1]  # 2·n·h·f·(2 or 3)/t
         mlp_bytes = BF16 * (h * f * m.mlp_matrices / t + n * (h + 2 * mid + 2 * f / t + h))
         return attn, ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=(fc1, fc2))
+
+    def _mla_gemms(self) -> ComputeSeg:
+        """Forward GEMMs of multi-head latent attention on one TP rank (DeepSeek-AI 2024,
+        sec. 2.1; Megatron-LM's MLA): the down-projections to the latents (and the shared
+        rotary key) are replicated on every TP rank, the query and key/value up-projections
+        column-parallel, the output projection row-parallel."""
+        m, t, n = self.model, self.tp, self._tokens
+        mla, h, a = m.mla, m.hidden_size, m.num_attention_heads
+        assert mla is not None
+        q_in = mla.q_lora_rank or h
+        down_out = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim
+        up = [_gemm(n, q_in, m.q_dim / t),
+              _gemm(n, mla.kv_lora_rank, a * (mla.qk_nope_head_dim + mla.v_head_dim) / t)]
+        dims = (_gemm(n, h, down_out), *up, _gemm(n, m.attn_out_dim / t, h))
+        weights = (h * down_out + q_in * m.q_dim / t + mla.kv_lora_rank * a
+                   * (mla.qk_nope_head_dim + mla.v_head_dim) / t + m.attn_out_dim * h / t)
+        acts = n * (h + 2 * down_out + 2 * (m.q_dim + 2 * m.kv_dim) / t
+                    + m.attn_out_dim / t + h)
+        return ComputeSeg("attn", sum(d[1] for d in dims), BF16 * (weights + acts),
+                          gemm_dims=dims)
 
     @property
     def _expert_rows(self) -> float:
@@ -227,8 +252,12 @@ class TransformerCosts:
         fc2 = _gemm(per_expert, f / t, h, count=local)
         nbytes = BF16 * (local * h * f * mm / t + h * moe.num_experts
                          + rows * (h + 2 * mid + 2 * f / t + h))
-        return ComputeSeg("mlp", router[1] + fc1[1] + fc2[1], nbytes,
-                          gemm_dims=(router, fc1, fc2))
+        dims = (router, fc1, fc2)
+        if moe.shared_experts:  # every token, one dense MLP of shared·f_e (TP-split)
+            fs = moe.shared_experts * f
+            dims += (_gemm(n, h, fs * (mm - 1) / t), _gemm(n, fs / t, h))
+            nbytes += BF16 * (h * fs * mm / t + n * (h + 2 * fs * (mm - 1) / t + 2 * fs / t + h))
+        return ComputeSeg("mlp", sum(d[1] for d in dims), nbytes, gemm_dims=dims)
 
     def _moe_body(self, seg: ComputeSeg, name: str, backward: bool) -> list[Segment]:
         """The MLP of a MoE layer: with ep > 1, all-to-all dispatch of the routed token
@@ -245,7 +274,7 @@ class TransformerCosts:
         """Attention-core FLOPs the kernel executes forward (causal flash: half of 4·b·s²·h/t),
         divided by cp: the load-balanced split gives every CP rank the same causal share. A
         sequence chunk does its queries' share against their prefix (:mod:`workloads.seqchunks`)."""
-        full = 4 * self.micro_batch_size * self.model.seq_length ** 2 * self.model.hidden_size
+        full = 4 * self.micro_batch_size * self.model.seq_length ** 2 * self.model.core_width
         return (full / self.tp / (2 if self._flash else 1) / self.cp
                 * window_attention_share(self.seq_window, self._flash))
 
@@ -266,7 +295,7 @@ class TransformerCosts:
         The block's GEMM work is split by FLOPs, (h + 2·kv)/(2h + 2·kv) to the QKV
         projection; its memory-bound kernels go with the QKV part (norm, RoPE)."""
         m = self.model
-        qkv_share = (m.hidden_size + 2 * m.kv_dim) / (2 * m.hidden_size + 2 * m.kv_dim)
+        qkv_share = (m.q_dim + 2 * m.kv_dim) / (m.q_dim + 2 * m.kv_dim + m.attn_out_dim)
         qkv = _scaled(seg, f"{name} qkv", qkv_share, elementwise_bytes=seg.elementwise_bytes)
         proj = _scaled(seg, f"{name} proj", 1 - qkv_share)
         block = ComputeSeg(f"{name} core", attn_flops=core_flops / self.cp)
@@ -280,14 +309,15 @@ class TransformerCosts:
         h = m.hidden_size
         norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h / self._sp_div
         residual = RESIDUAL_BYTES * n * h / self._sp_div
-        rope = ROPE_BYTES * n * (h + m.kv_dim) / t if m.position_embedding == "rope" else 0.0
+        rope = (ROPE_BYTES * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
+                else 0.0)
         softmax = 0.0 if self._flash else (
             SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
-        act_bytes = SWIGLU_BYTES if m.ffn_type == "swiglu" else GELU_BYTES
-        if m.moe is not None:  # activation on the routed rows, plus permute and unpermute
-            rows = self._expert_rows
-            act = (act_bytes * rows * m.moe.expert_ffn_hidden_size / t
-                   + 2 * 2 * BF16 * rows * m.hidden_size)
+        act_bytes = SWIGLU_BYTES if m.gated_mlp else GELU_BYTES
+        if m.moe is not None:  # activation on the routed rows (and every token's shared
+            rows = self._expert_rows  # experts), plus permute and unpermute
+            act = (act_bytes * (rows + n * m.moe.shared_experts)
+                   * m.moe.expert_ffn_hidden_size / t + 2 * 2 * BF16 * rows * m.hidden_size)
         else:
             act = act_bytes * n * m.ffn_hidden_size / t
         return norm + residual + rope + softmax, norm + residual + act
@@ -369,6 +399,29 @@ class TransformerCosts:
         start = sum(self.stage_layers[:stage])
         return range(start, start + self.stage_layers[stage])
 
+    def _layer(self, layer: int) -> TransformerCosts:
+        """The costs of transformer block ``layer``: ``self`` unless the model's first layers
+        are dense (:meth:`workloads.models.ModelSpec.layer_spec`)."""
+        if not self.model.first_dense_layers:
+            return self
+        return replace(self, model=self.model.layer_spec(layer))
+
+    def _runs(self, stage: int) -> list[tuple[TransformerCosts, int]]:
+        """A stage's layers as ``(costs, count)`` runs of alike layers (one for a uniform model)."""
+        k = self.model.first_dense_layers
+        if not k:
+            return [(self, self.stage_layers[stage])]
+        layers = self._stage_layers(stage)
+        dense = sum(1 for i in layers if i < k)
+        return [(c, n) for c, n in ((self._layer(0), dense), (self._layer(k), len(layers) - dense))
+                if n]
+
+    def stage_dense_layers(self, stage: int) -> int:
+        """How many of a stage's layers are a MoE model's dense first layers (0 for a uniform
+        model): with the stage's layer count, what its ops' work depends on (search caches)."""
+        k = self.model.first_dense_layers
+        return sum(1 for i in self._stage_layers(stage) if i < k) if k else 0
+
     def op_segments(self, op: Op, split_backward: bool,
                     markers: bool = False) -> tuple[Segment, ...]:
         """The op's compute and TP collectives, in execution order, on one TP rank.
@@ -389,11 +442,12 @@ class TransformerCosts:
         segs: list[Segment] = []
         if op.kind == FORWARD:
             for layer in layers:
+                c = self._layer(layer)
                 if gather:
                     segs.append(ParamGather(f"L{layer} params",
-                                            self._gather_bytes(op.stage, layer),
-                                            self._layer_expert_grad_bytes()))
-                segs += self._layer_forward(f"L{layer}")
+                                            c._gather_bytes(op.stage, layer),
+                                            c._layer_expert_grad_bytes()))
+                segs += c._layer_forward(f"L{layer}")
             if last:
                 if gather:
                     segs.append(ParamGather("head params", self._head_gather_bytes()))
@@ -407,20 +461,21 @@ class TransformerCosts:
                 if ready:
                     segs.append(GradReady("head grads", self._head_grad_bytes(op.stage)))
             for layer in reversed(layers):
+                c = self._layer(layer)
                 if gather:
-                    segs.append(ParamGather(f"L{layer} params", BF16 * self._layer_params_tp,
-                                            self._layer_expert_grad_bytes()))
-                segs += self._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
+                    segs.append(ParamGather(f"L{layer} params", BF16 * c._layer_params_tp,
+                                            c._layer_expert_grad_bytes()))
+                segs += c._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
                 if ready:
                     segs.append(GradReady(f"L{layer} grads",
-                                          self._layer_grad_bytes(op.stage, layer),
-                                          self._layer_expert_grad_bytes()))
+                                          c._layer_grad_bytes(op.stage, layer),
+                                          c._layer_expert_grad_bytes()))
         elif markers:
             segs += self._weight_grads_marked(op.stage, layers, last)
         else:
-            attn, mlp = self._gemms()
-            k = len(layers)
-            segs += [_scaled(attn, "weight grads", k), _scaled(mlp, "weight grads", k)]
+            for c, k in self._runs(op.stage):
+                attn, mlp = c._gemms()
+                segs += [_scaled(attn, "weight grads", k), _scaled(mlp, "weight grads", k)]
             if last:
                 segs.append(_scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
@@ -429,16 +484,17 @@ class TransformerCosts:
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
         """A zero-bubble W op layer by layer (head first, then the layers in backward order),
         each followed by its :class:`~workloads.costs.GradReady`."""
-        attn, mlp = self._gemms()
         segs: list[Segment] = []
         if last:
             segs += [_scaled(self._head(backward=False), "weight grads", 1,
                              elementwise_bytes=0.0),
                      GradReady("head grads", self._head_grad_bytes(stage))]
         for layer in reversed(layers):
+            c = self._layer(layer)
+            attn, mlp = c._gemms()
             segs += [_scaled(attn, "weight grads", 1), _scaled(mlp, "weight grads", 1),
-                     GradReady(f"L{layer} grads", self._layer_grad_bytes(stage, layer),
-                               self._layer_expert_grad_bytes())]
+                     GradReady(f"L{layer} grads", c._layer_grad_bytes(stage, layer),
+                               c._layer_expert_grad_bytes())]
         return segs
 
     # ------------------------------------------------------------- DP units (buckets, ZeRO-3)
@@ -500,14 +556,17 @@ class TransformerCosts:
             return 0.0
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
-        experts = self._layer_expert_grad_bytes()  # ep > 1: this GPU's experts, gathered apart
-        grads = [self._layer_grad_bytes(op.stage, i) + experts for i in layers]
+        # ep > 1: this GPU's experts, gathered apart
+        each = [self._layer(i) for i in layers]
+        grads = [c._layer_grad_bytes(op.stage, i) + c._layer_expert_grad_bytes()
+                 for c, i in zip(each, layers, strict=True)]
         if last:
             grads.append(self._head_grad_bytes(op.stage))
         if op.kind == WEIGHT_GRAD:
             return max(grads)
-        units = [(self._gather_bytes(op.stage, i) if op.kind == FORWARD
-                  else BF16 * self._layer_params_tp) + experts for i in layers]
+        units = [(c._gather_bytes(op.stage, i) if op.kind == FORWARD
+                  else BF16 * c._layer_params_tp) + c._layer_expert_grad_bytes()
+                 for c, i in zip(each, layers, strict=True)]
         if last:
             units.append(self._head_gather_bytes())
         pairs = max((a + b for a, b in zip(units, units[1:], strict=False)), default=units[0])
@@ -536,11 +595,16 @@ class TransformerCosts:
         recomputation keeps only the layer input (2). For GPT (kv = h, f = 4h)
         this is exactly Korthikanti's s·b·h·(10 + 24/t + 5·a·s/(h·t)). MoE: the MLP
         intermediates are per routed row (k·max(c, 1) rows a token, expert inner size),
-        plus the dispatched copies of the MLP input (2·k·max(c, 1)). With CP, s·b·h is
+        plus the dispatched copies of the MLP input (2·k·max(c, 1)); shared experts keep
+        their intermediates for every token. Q, K, V and the attention output are a·d wide
+        where the head size d is explicit; under MLA they are the materialised per-head
+        queries, keys and values, and the latents (2·(d_c' + d_c + d_h^R)/h) are kept
+        too, replicated. With CP, s·b·h is
         the GPU's s/cp tokens. With :attr:`sp_saves_gathered_input`, SP splits only the
         norm inputs (4, and the eager norm's 8): the two GEMM inputs (4) stay whole.
         """
         m, t = self.model, self.tp
+        m.require_uniform()
         if self.recompute == "full":
             return BF16 * self._bsh / self._sp_div
         dropout = 2 if m.norm == "layernorm" else 0
@@ -550,12 +614,15 @@ class TransformerCosts:
             # the two GEMM inputs (4 of the 8) are kept gathered, not as s/t shards
             replicated += 4 * (1 - 1 / self._sp_div)
         ratio = m.ffn_hidden_size / m.hidden_size
-        if m.moe is not None:  # per routed row, and the dispatched copies themselves
+        if m.moe is not None:  # per routed row (and shared expert), and the dispatched copies
             rows = m.moe.top_k * m.moe.load_factor(self.ep)
-            ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * rows
+            ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * (rows + m.moe.shared_experts)
             replicated += 2 * rows / self._sp_div
-        mlp = (6 if m.ffn_type == "swiglu" else 4) * ratio
-        split = (2 * (m.hidden_size + 2 * m.kv_dim) / m.hidden_size + 2 + mlp) / t
+        if m.mla is not None:  # the latents and the shared rotary key, inputs of the up-GEMMs
+            replicated += 2 * m.latent_dim / m.hidden_size
+        mlp = (6 if m.gated_mlp else 4) * ratio
+        split = (2 * (m.q_dim + 2 * m.kv_dim) / m.hidden_size + 2 * m.attn_out_dim / m.hidden_size
+                 + mlp) / t
         scores = 0.0
         if not self._flash and self.recompute != "selective":
             keys = m.seq_length * self.seq_window[1]  # a sequence chunk's prefix
@@ -589,7 +656,8 @@ class TransformerCosts:
         """
         if op.seq >= 0 and self.seq_chunks > 1:
             return self.seq_chunk(op.seq).transient_bytes(op)
-        layer = replace(self, recompute="none").layer_activation_bytes()
+        layer = max(replace(c, recompute="none").layer_activation_bytes()
+                    for c, _ in self._runs(op.stage))
         total = self.zero3_working_bytes(op)
         layers = layer * (2 if self.recompute == "full" else 1) if op.kind == BACKWARD else 0.0
         if op.stage != len(self.stage_layers) - 1 or op.kind not in (FORWARD, BACKWARD):
@@ -610,7 +678,7 @@ class TransformerCosts:
         6·b·s·V/t bytes, until its backward (6·b·s·V without the vocabulary-parallel
         loss: the gathered logits).
         """
-        total = self.stage_layers[stage] * self.layer_activation_bytes()
+        total = sum(n * c.layer_activation_bytes() for c, n in self._runs(stage))
         if stage == len(self.stage_layers) - 1:
             total += (BF16 + FP32) * self._tokens * self.model.vocab_size / self._vocab_div
         return total
@@ -657,13 +725,15 @@ class TransformerCosts:
 
     def stage_expert_params(self, stage: int) -> float:
         """Expert parameters of a stage on one GPU: its E/ep experts of each layer, TP-split."""
-        return self.stage_layers[stage] * self.model.layer_expert_params() / self.tp / self.ep
+        experts = sum(n * c.model.layer_expert_params() for c, n in self._runs(stage))
+        return experts / self.tp / self.ep
 
     def stage_params(self, stage: int) -> float:
         """Parameters of a stage held by one GPU (a TP rank; its own experts)."""
         m, t = self.model, self.tp
-        dense = m.layer_params() - m.layer_expert_params()
-        n = self.stage_layers[stage] * dense / t + self.stage_expert_params(stage)
+        dense = sum(k * (c.model.layer_params() - c.model.layer_expert_params())
+                    for c, k in self._runs(stage))
+        n = dense / t + self.stage_expert_params(stage)
         if stage == 0:
             n += m.embedding_params() / t
         if stage == len(self.stage_layers) - 1:

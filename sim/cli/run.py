@@ -32,6 +32,15 @@ def _placement_line(placement: dict | None) -> str:
     return f"{placement['order']} (innermost first): {spans}"
 
 
+def _params_line(stats: dict) -> str:
+    total, active = stats.get("num_params"), stats.get("num_active_params")
+    if total is None:
+        return "n/a"
+    if active is None or active == total:
+        return f"{total / 1e9:.2f} B"
+    return f"{total / 1e9:.2f} B, {active / 1e9:.2f} B active per token"
+
+
 def summary_table(stats: dict) -> str:
     """The human-readable summary ``sim run`` prints."""
     lay = stats.get("layout", {})
@@ -40,6 +49,7 @@ def summary_table(stats: dict) -> str:
     rows = [
         ("experiment", f"{stats.get('name')} ({stats.get('model')} on {gpus}, "
                        f"{stats.get('cluster')})"),
+        ("parameters", _params_line(stats)),
         ("layout", " ".join(f"{k}={v}" for k, v in lay.items()) +
          f"  schedule={stats.get('schedule')}  micro-batches={stats.get('num_microbatches')}"),
         ("placement", _placement_line(stats.get("placement"))),

@@ -230,7 +230,8 @@ class Bounds:
         their own stream and are left out (a bound may only leave work out).
         """
         last = stage == len(costs.stage_layers) - 1
-        key = (*_work_shape(costs), costs.stage_layers[stage], last, kind, split, types)
+        key = (*_work_shape(costs), costs.stage_layers[stage], costs.stage_dense_layers(stage),
+               last, kind, split, types)
         hit = self._op_cache.get(key)
         if hit is not None:
             return hit
@@ -312,7 +313,8 @@ class Bounds:
         """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r
         (``one``: see :meth:`_collective_s`)."""
         key = ("op", *_work_shape(costs), costs.stage_layers[stage],
-               stage == len(costs.stage_layers) - 1, kind, split, layout.dp, layout.pp, r, one)
+               costs.stage_dense_layers(stage), stage == len(costs.stage_layers) - 1, kind,
+               split, layout.dp, layout.pp, r, one)
         t = self._comm.get(key)
         if t is None:
             comms = self._op_time(costs, stage, kind, split)[1]
