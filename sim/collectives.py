@@ -76,8 +76,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from base.errors import ConfigError
+from topologies.presets import NVLS_EFFICIENCY_ATTR
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from topologies.cluster import Cluster
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
@@ -433,14 +436,17 @@ def _tree(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
                   latency_s=down[r] if known else None)
 
 
-def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None) -> None:
+def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None,
+          efficiency: float = 1.0) -> None:
     """In-switch reduction (NVLink SHARP): members stream up to the NVSwitch, it streams back.
 
     All-reduce: each GPU sends its whole buffer up and receives the whole
     reduced buffer (the switch reduces and multicasts); reduce-scatter: S up,
     S/n down; all-gather: S/n up, S down (multicast); broadcast: the root sends
     S up, every other member receives S; reduce: every member sends S up, the
-    root receives S. Up flows pay one hop latency, down flows two.
+    root receives S. Up flows pay one hop latency, down flows two. Each flow
+    carries its bytes / ``efficiency``: NVLS runs at that fraction of the NVLink
+    rate the links model (the switch's protocol overhead, as bytes on the wire).
     """
     if nvswitch is None:
         raise ConfigError(f"nvls needs every rank of the group {tuple(ranks)} on one NVSwitch "
@@ -455,6 +461,7 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
         down = {"all_reduce": nbytes, "reduce_scatter": nbytes / n, "all_gather": nbytes,
                 "broadcast": 0.0 if r == root else nbytes,
                 "reduce": nbytes if r == root else 0.0}[op]
+        up, down = up / efficiency, down / efficiency
         if up > 0:
             p.add(r, nvswitch, up, (), 1, p.lat(r, nvswitch) if known else None)
         if down > 0:
@@ -463,12 +470,14 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
 
 def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          host_of: Mapping[int, int] | None = None, nvswitch: str | None = None,
-         granularity: str = "step", latency: LatencyFn | None = None) -> tuple[Transfer, ...]:
+         nvls_efficiency: float = 1.0, granularity: str = "step",
+         latency: LatencyFn | None = None) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
     ``host_of`` maps each rank to its server (hierarchical needs it; a ring
     over several servers uses it to run NCCL-like channels, :func:`ring_channels`);
-    ``nvswitch`` names the NVSwitch node all ranks share (NVLS needs it);
+    ``nvswitch`` names the NVSwitch node all ranks share (NVLS needs it) and
+    ``nvls_efficiency`` the fraction of its links' rate NVLS reaches;
     ``granularity`` is ``step`` (ring phases as one transfer per step, the
     default here) or ``stream`` (one transfer per ring edge; module docstring);
     ``latency`` gives route latencies, so that a streamed transfer waits for
@@ -506,7 +515,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     elif algo == "tree":
         _tree(p, ranks, nbytes)
     elif algo == "nvls":
-        _nvls(p, op, ranks, nbytes, nvswitch)
+        _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency)
     else:
         p.add(ranks[0], ranks[1], nbytes)
     return tuple(p.transfers)
@@ -579,6 +588,8 @@ class _Topology(Protocol):
     def nvswitch_of(self, rank: int) -> str | None: ...
     def nvls_capable(self, node: str) -> bool: ...
     def bottleneck_Bps(self, route: object) -> float: ...
+    @property
+    def graph(self) -> nx.DiGraph: ...
 
 
 @dataclass(frozen=True)
@@ -604,6 +615,10 @@ class GroupProfile:
     nvls_alpha_s: float = 0.0
     """GPU-NVSwitch hop latency."""
     nvls_bandwidth_Bps: float = math.inf
+    """Smallest GPU-NVSwitch link rate."""
+    nvls_efficiency: float = 1.0
+    """Fraction of ``nvls_bandwidth_Bps`` NVLS transfers reach (the NVSwitch's
+    ``nvls_efficiency`` attribute, :data:`topologies.presets.NVLS_EFFICIENCY_ATTR`)."""
     ring_channels: int = 1
     """Rings a ring collective runs in parallel over this group (:func:`ring_channels`)."""
 
@@ -642,9 +657,10 @@ def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
     if sw is not None and not topo.nvls_capable(sw):
         sw = None
     na, nb = _worst(topo, [(r, sw) for r in ranks]) if sw is not None else (0.0, math.inf)
+    eff = topo.graph.nodes[sw].get(NVLS_EFFICIENCY_ATTR, 1.0) if sw is not None else 1.0
     channels = len(ring_channels(ranks, host_of))
     return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb,
-                        channels)
+                        eff, channels)
 
 
 AUTO_EXCLUDED = ("halving_doubling", "hierarchical")
@@ -673,7 +689,7 @@ def estimate(op: str, algo: str, nbytes: float, profile: GroupProfile) -> float:
     """α-β estimate of ``algo`` for this group (worst-case latency and bandwidth)."""
     if algo == "nvls":
         return alpha_beta_time(op, algo, profile.n, nbytes, profile.nvls_alpha_s,
-                               profile.nvls_bandwidth_Bps)
+                               profile.nvls_bandwidth_Bps * profile.nvls_efficiency)
     if algo == "hierarchical":
         return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_intra_s,
                                profile.bandwidth_intra_Bps, gpus_per_node=profile.per_host,
@@ -746,6 +762,7 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
     host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
     return plan(op, algo, group, nbytes, host_of=host_of,
                            nvswitch=profile.nvswitch if profile else None,
+                           nvls_efficiency=profile.nvls_efficiency if profile else 1.0,
                            granularity=cluster.collective_granularity,
                            latency=lambda a, b: cluster.route(a, b).latency_s)
 
