@@ -31,7 +31,8 @@ Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
 - halving-doubling all-reduce (n = 2^k) 2·log2(n)·α + 2(n−1)/n·S/B;
 - hierarchical (n1 per node at α1, B1; n2 nodes at α2, B2 per GPU) all-reduce
   2(n1−1)α1 + 2(n2−1)α2 + 2(n1−1)/n1·S/B1 + 2(n2−1)/n2·S/(n1·B2);
-- pairwise all-to-all (n−1)α + (n−1)/n·S/B;
+- pairwise all-to-all α + (n−1)/n·S/B (every pair's S/n at once, each port
+  shared by its n−1 flows);
 - broadcast / reduce, pipelined chain (n−1)α + S/B; send α + S/B;
 - NVLS all-reduce 2α_h + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
   step: REFERENCES' α + S/B);
@@ -314,17 +315,13 @@ def _hierarchical(p: _Plan, op: str, ranks: Sequence[int], nbytes: float,
 
 
 def _pairwise(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
-    """Step k = 1..n−1: rank i sends S/n to rank i+k once its previous send and receive are done."""
-    n = len(ranks)
-    sent: dict[int, int] = {}
-    recv: dict[int, int] = {}
-    for k in range(1, n):
-        new_sent, new_recv = {}, {}
-        for i in range(n):
-            src, dst = ranks[i], ranks[(i + k) % n]
-            deps = tuple(d for d in (sent.get(src), recv.get(src)) if d is not None)
-            new_sent[src] = new_recv[dst] = p.add(src, dst, nbytes / n, deps)
-        sent, recv = new_sent, new_recv
+    """Every rank sends S/n to every other rank, all at once: NCCL's all-to-all, one
+    ``ncclSend``/``ncclRecv`` per peer inside one group call, whose flows the network
+    shares max-min (not lock-step rounds bound by each round's slowest link)."""
+    for src in ranks:
+        for dst in ranks:
+            if src != dst:
+                p.add(src, dst, nbytes / len(ranks))
 
 
 def _chain(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
@@ -569,7 +566,7 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
             return 2 * intra + 2 * (n2 - 1) * a2 + 2 * (n2 - 1) / n2 * S / (n1 * B2)
         return intra + (n2 - 1) * a2 + (n2 - 1) / n2 * S / (n1 * B2)
     if algo == "pairwise":
-        return (n - 1) * (a + S / (n * B))
+        return a + (n - 1) / n * S / B
     if algo == "tree":
         height, load = tree_shape(n)
         return 2 * height * a + load * (S / 2) / B

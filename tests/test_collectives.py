@@ -490,3 +490,15 @@ def test_nvls_efficiency_is_bytes_on_the_wire_and_in_the_estimate() -> None:
     t = _ends(cluster, [("ar", "tp", "all_reduce", "nvls", tuple(range(8)), GiB)])["ar"]
     assert t - cluster.collective_launch_s == pytest.approx(
         estimate("all_reduce", "nvls", GiB, profile), rel=1e-6)
+
+
+def test_all_to_all_across_two_dgx_a100_is_nic_bound() -> None:
+    """64 MiB per GPU over 16 A100 in two servers: half of each GPU's data leaves through its
+    own NIC, so the NIC bound is S/2 / (NIC rate); concurrent flows reach it within 1.2x (the
+    lock-step rounds took 2.7x)."""
+    cluster = server_cluster("dgx-a100-80g", 16)
+    S = 64 * 2**20
+    nic = SERVERS["dgx-a100-80g"].nic_Bps * SERVERS["dgx-a100-80g"].nic_efficiency
+    bound = S / 2 / nic
+    t = _time(cluster, "all_to_all", "pairwise", range(16), S) - cluster.collective_launch_s
+    assert bound <= t < 1.2 * bound
