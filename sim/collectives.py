@@ -213,14 +213,19 @@ def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> li
 
     NCCL runs several rings ("channels") at once and routes each through
     different GPUs at the server boundaries, so that every NIC of a server
-    carries traffic (NCCL's ring graph search, ``src/graph/search.cc``; the
-    NCCL 2.x performance notes). When the group spans several hosts with the
-    same number k > 1 of members on each, and each host's members are
-    contiguous in ``ranks``, this returns k rings: ring c visits every host's
-    members rotated by c, so it leaves host h from member c − 1 and enters
-    host h + 1 at member c, and each member's NIC sends and receives for
-    exactly one ring. Otherwise (one host, one member per host, uneven or
-    interleaved groups, or no ``host_of``) it returns the single ring ``ranks``.
+    carries traffic, and keeps each inter-server hop on one rail: a ring
+    leaves a server through NIC j and enters the next through its NIC j (NCCL's
+    ring graph search, ``src/graph/search.cc``; the NCCL 2.x performance
+    notes). When the group spans several hosts with the same number k > 1 of
+    members on each, and each host's members are contiguous in ``ranks``, this
+    returns k rings. Ring c walks the even-numbered hosts' members upward from
+    member c (leaving from member c − 1) and the odd-numbered hosts' downward
+    from member c − 1 (leaving from member c), so every hop between hosts joins
+    members of the same index: on a rail-optimized fabric it stays on its rail's
+    switch. Each member's NIC sends for exactly one ring and receives for exactly
+    one. With an odd number of hosts the wrap-around hop from the last host to
+    the first crosses rails. Otherwise (one host, one member per host, uneven
+    or interleaved groups, or no ``host_of``) it returns the single ring ``ranks``.
     """
     single = [list(ranks)]
     if host_of is None:
@@ -235,7 +240,8 @@ def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> li
     hosts = {host_of[b[0]] for b in blocks}
     if k == 1 or len(blocks) == 1 or len(hosts) != len(blocks) or any(len(b) != k for b in blocks):
         return single
-    return [[r for b in blocks for r in b[c:] + b[:c]] for c in range(k)]
+    return [[b[(c + i) % k] if h % 2 == 0 else b[(c - 1 - i) % k]
+             for h, b in enumerate(blocks) for i in range(k)] for c in range(k)]
 
 
 def _halving_doubling(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
