@@ -71,6 +71,7 @@ NVSwitch that reduces in-network.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -242,6 +243,41 @@ def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> li
         return single
     return [[b[(c + i) % k] if h % 2 == 0 else b[(c - 1 - i) % k]
              for h, b in enumerate(blocks) for i in range(k)] for c in range(k)]
+
+
+@functools.lru_cache(maxsize=64)
+def _snake(dims: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Every coordinate of a ``dims`` box in reflected mixed-radix Gray-code order (a
+    boustrophedon): consecutive coordinates differ by one in one axis, and when the last
+    axis has an even size the last coordinate is (0, ..., 0, k−1), a wrap-around link from
+    the first on a torus."""
+    if len(dims) == 1:
+        return tuple((i,) for i in range(dims[0]))
+    inner = _snake(dims[:-1])
+    return tuple(c + (j,) for j in range(dims[-1]) for c in (inner if j % 2 == 0 else inner[::-1]))
+
+
+def ring_order(topo: _Topology, ranks: Sequence[int]) -> tuple[int, ...]:
+    """The order a ring (or tree) visits ``ranks``: on a torus (GPU nodes carrying ``coord``,
+    :func:`topologies.graphs.torus`) a Hamiltonian cycle of one-link hops through the
+    group's box, dimension by dimension with an even-sized axis outermost (the
+    dimension-ordered rings of TPU pods); elsewhere ``ranks`` as given. The order starts at
+    ``ranks[0]`` (the root of broadcast and reduce). A group that is not the whole box
+    keeps the box's order among its members."""
+    nodes = topo.graph.nodes
+    coords = [nodes[topo.node(r)].get("coord") for r in ranks]
+    if len(ranks) < 3 or any(c is None for c in coords):
+        return tuple(ranks)
+    dims = [max(c[i] for c in coords) + 1 for i in range(len(coords[0]))]
+    axes = list(range(len(dims)))
+    even = [a for a in axes if dims[a] % 2 == 0 and dims[a] > 1]
+    if even:
+        axes.remove(even[-1])
+        axes.append(even[-1])
+    at = {tuple(c[a] for a in axes): r for c, r in zip(coords, ranks, strict=True)}
+    order = [at[c] for c in _snake(tuple(dims[a] for a in axes)) if c in at]
+    start = order.index(ranks[0])
+    return tuple(order[start:] + order[:start])
 
 
 def _halving_doubling(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
@@ -590,6 +626,7 @@ class _Topology(Protocol):
     def host_of(self, rank: int) -> int: ...
     def nvswitch_of(self, rank: int) -> str | None: ...
     def nvls_capable(self, node: str) -> bool: ...
+    def node(self, endpoint: int | str) -> str: ...
     def bottleneck_Bps(self, route: object) -> float: ...
     @property
     def graph(self) -> nx.DiGraph: ...
@@ -636,7 +673,8 @@ def _worst(topo: _Topology, pairs: Sequence[tuple[int | str, int | str]]) -> tup
 
 
 def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
-    """Latencies and bandwidths of ``ranks`` on ``topo``, for :func:`select_algorithm`."""
+    """Latencies and bandwidths of ``ranks`` on ``topo``, for :func:`select_algorithm`; ring
+    neighbours in :func:`ring_order`."""
     n = len(ranks)
     host_of = {r: topo.host_of(r) for r in ranks}
     hosts: dict[int, list[int]] = {}
@@ -644,7 +682,8 @@ def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
         hosts.setdefault(host_of[r], []).append(r)
     sizes = {len(m) for m in hosts.values()}
     per_host = sizes.pop() if len(sizes) == 1 else 0
-    ring_pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)] if n > 1 else []
+    ring = ring_order(topo, ranks)
+    ring_pairs = [(ring[i], ring[(i + 1) % n]) for i in range(n)] if n > 1 else []
     alpha, bw = _worst(topo, ring_pairs)
     members = list(hosts.values())
     intra = [(m[i], m[(i + 1) % len(m)]) for m in members if len(m) > 1 for i in range(len(m))]
@@ -763,7 +802,8 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
                 profiles[group] = profile
     algo = resolve_algorithm(op, algo, nbytes, profile)
     host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
-    return plan(op, algo, group, nbytes, host_of=host_of,
+    order = ring_order(cluster, group) if algo in ("ring", "tree") else group
+    return plan(op, algo, order, nbytes, host_of=host_of,
                            nvswitch=profile.nvswitch if profile else None,
                            nvls_efficiency=profile.nvls_efficiency if profile else 1.0,
                            granularity=cluster.collective_granularity,
