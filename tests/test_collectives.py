@@ -550,3 +550,24 @@ def test_ring_all_reduce_on_a_torus_reaches_its_links_and_auto_takes_it(
     t = _time(cluster, "all_reduce", "ring", group, GiB)
     assert bus_bandwidth("all_reduce", n, GiB, t)[1] >= 0.95 * 50e9
     assert select_algorithm("all_reduce", GiB, group_profile(cluster, group)) == "ring"
+
+
+def _nccl_tests_rows() -> list[dict]:
+    import csv
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "sim/data/validation/nccl_tests.csv"
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("row", _nccl_tests_rows(),
+                         ids=lambda r: f"{r['cluster']}-{r['num_gpus']}-{r['op']}-{r['algo']}")
+def test_sim_collective_within_15_percent_of_published_nccl_tests(row: dict) -> None:
+    """Every row of the validation table (docs/collectives.md): busbw at the size the
+    published value was read at within 15% of it."""
+    from sim.cli.collective import run_sweep
+    cluster = {"preset": row["cluster"], "num_gpus": int(row["num_gpus"])}
+    if row["nics_per_node"]:
+        cluster["nics_per_node"] = int(row["nics_per_node"])
+    got = run_sweep(cluster, row["op"], [row["algo"]], [int(row["size_bytes"])])[0]
+    assert got["busbw_GBps"] == pytest.approx(float(row["busbw_GBps"]), rel=0.15)
