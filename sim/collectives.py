@@ -31,7 +31,8 @@ Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
 - halving-doubling all-reduce (n = 2^k) 2·log2(n)·α + 2(n−1)/n·S/B;
 - hierarchical (n1 per node at α1, B1; n2 nodes at α2, B2 per GPU) all-reduce
   2(n1−1)α1 + 2(n2−1)α2 + 2(n1−1)/n1·S/B1 + 2(n2−1)/n2·S/(n1·B2);
-- pairwise all-to-all (n−1)α + (n−1)/n·S/B;
+- pairwise all-to-all α + (n−1)/n·S/B (every pair's S/n at once, each port
+  shared by its n−1 flows);
 - broadcast / reduce, pipelined chain (n−1)α + S/B; send α + S/B;
 - NVLS all-reduce 2α_h + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
   step: REFERENCES' α + S/B);
@@ -70,14 +71,18 @@ NVSwitch that reduces in-network.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from base.errors import ConfigError
+from topologies.presets import NVLS_EFFICIENCY_ATTR
 
 if TYPE_CHECKING:
+    import networkx as nx
+
     from topologies.cluster import Cluster
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
@@ -209,14 +214,19 @@ def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> li
 
     NCCL runs several rings ("channels") at once and routes each through
     different GPUs at the server boundaries, so that every NIC of a server
-    carries traffic (NCCL's ring graph search, ``src/graph/search.cc``; the
-    NCCL 2.x performance notes). When the group spans several hosts with the
-    same number k > 1 of members on each, and each host's members are
-    contiguous in ``ranks``, this returns k rings: ring c visits every host's
-    members rotated by c, so it leaves host h from member c − 1 and enters
-    host h + 1 at member c, and each member's NIC sends and receives for
-    exactly one ring. Otherwise (one host, one member per host, uneven or
-    interleaved groups, or no ``host_of``) it returns the single ring ``ranks``.
+    carries traffic, and keeps each inter-server hop on one rail: a ring
+    leaves a server through NIC j and enters the next through its NIC j (NCCL's
+    ring graph search, ``src/graph/search.cc``; the NCCL 2.x performance
+    notes). When the group spans several hosts with the same number k > 1 of
+    members on each, and each host's members are contiguous in ``ranks``, this
+    returns k rings. Ring c walks the even-numbered hosts' members upward from
+    member c (leaving from member c − 1) and the odd-numbered hosts' downward
+    from member c − 1 (leaving from member c), so every hop between hosts joins
+    members of the same index: on a rail-optimized fabric it stays on its rail's
+    switch. Each member's NIC sends for exactly one ring and receives for exactly
+    one. With an odd number of hosts the wrap-around hop from the last host to
+    the first crosses rails. Otherwise (one host, one member per host, uneven
+    or interleaved groups, or no ``host_of``) it returns the single ring ``ranks``.
     """
     single = [list(ranks)]
     if host_of is None:
@@ -231,7 +241,43 @@ def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> li
     hosts = {host_of[b[0]] for b in blocks}
     if k == 1 or len(blocks) == 1 or len(hosts) != len(blocks) or any(len(b) != k for b in blocks):
         return single
-    return [[r for b in blocks for r in b[c:] + b[:c]] for c in range(k)]
+    return [[b[(c + i) % k] if h % 2 == 0 else b[(c - 1 - i) % k]
+             for h, b in enumerate(blocks) for i in range(k)] for c in range(k)]
+
+
+@functools.lru_cache(maxsize=64)
+def _snake(dims: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """Every coordinate of a ``dims`` box in reflected mixed-radix Gray-code order (a
+    boustrophedon): consecutive coordinates differ by one in one axis, and when the last
+    axis has an even size the last coordinate is (0, ..., 0, k−1), a wrap-around link from
+    the first on a torus."""
+    if len(dims) == 1:
+        return tuple((i,) for i in range(dims[0]))
+    inner = _snake(dims[:-1])
+    return tuple(c + (j,) for j in range(dims[-1]) for c in (inner if j % 2 == 0 else inner[::-1]))
+
+
+def ring_order(topo: _Topology, ranks: Sequence[int]) -> tuple[int, ...]:
+    """The order a ring (or tree) visits ``ranks``: on a torus (GPU nodes carrying ``coord``,
+    :func:`topologies.graphs.torus`) a Hamiltonian cycle of one-link hops through the
+    group's box, dimension by dimension with an even-sized axis outermost (the
+    dimension-ordered rings of TPU pods); elsewhere ``ranks`` as given. The order starts at
+    ``ranks[0]`` (the root of broadcast and reduce). A group that is not the whole box
+    keeps the box's order among its members."""
+    nodes = topo.graph.nodes
+    coords = [nodes[topo.node(r)].get("coord") for r in ranks]
+    if len(ranks) < 3 or any(c is None for c in coords):
+        return tuple(ranks)
+    dims = [max(c[i] for c in coords) + 1 for i in range(len(coords[0]))]
+    axes = list(range(len(dims)))
+    even = [a for a in axes if dims[a] % 2 == 0 and dims[a] > 1]
+    if even:
+        axes.remove(even[-1])
+        axes.append(even[-1])
+    at = {tuple(c[a] for a in axes): r for c, r in zip(coords, ranks, strict=True)}
+    order = [at[c] for c in _snake(tuple(dims[a] for a in axes)) if c in at]
+    start = order.index(ranks[0])
+    return tuple(order[start:] + order[:start])
 
 
 def _halving_doubling(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
@@ -311,17 +357,13 @@ def _hierarchical(p: _Plan, op: str, ranks: Sequence[int], nbytes: float,
 
 
 def _pairwise(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
-    """Step k = 1..n−1: rank i sends S/n to rank i+k once its previous send and receive are done."""
-    n = len(ranks)
-    sent: dict[int, int] = {}
-    recv: dict[int, int] = {}
-    for k in range(1, n):
-        new_sent, new_recv = {}, {}
-        for i in range(n):
-            src, dst = ranks[i], ranks[(i + k) % n]
-            deps = tuple(d for d in (sent.get(src), recv.get(src)) if d is not None)
-            new_sent[src] = new_recv[dst] = p.add(src, dst, nbytes / n, deps)
-        sent, recv = new_sent, new_recv
+    """Every rank sends S/n to every other rank, all at once: NCCL's all-to-all, one
+    ``ncclSend``/``ncclRecv`` per peer inside one group call, whose flows the network
+    shares max-min (not lock-step rounds bound by each round's slowest link)."""
+    for src in ranks:
+        for dst in ranks:
+            if src != dst:
+                p.add(src, dst, nbytes / len(ranks))
 
 
 def _chain(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
@@ -433,14 +475,17 @@ def _tree(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
                   latency_s=down[r] if known else None)
 
 
-def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None) -> None:
+def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None,
+          efficiency: float = 1.0) -> None:
     """In-switch reduction (NVLink SHARP): members stream up to the NVSwitch, it streams back.
 
     All-reduce: each GPU sends its whole buffer up and receives the whole
     reduced buffer (the switch reduces and multicasts); reduce-scatter: S up,
     S/n down; all-gather: S/n up, S down (multicast); broadcast: the root sends
     S up, every other member receives S; reduce: every member sends S up, the
-    root receives S. Up flows pay one hop latency, down flows two.
+    root receives S. Up flows pay one hop latency, down flows two. Each flow
+    carries its bytes / ``efficiency``: NVLS runs at that fraction of the NVLink
+    rate the links model (the switch's protocol overhead, as bytes on the wire).
     """
     if nvswitch is None:
         raise ConfigError(f"nvls needs every rank of the group {tuple(ranks)} on one NVSwitch "
@@ -455,6 +500,7 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
         down = {"all_reduce": nbytes, "reduce_scatter": nbytes / n, "all_gather": nbytes,
                 "broadcast": 0.0 if r == root else nbytes,
                 "reduce": nbytes if r == root else 0.0}[op]
+        up, down = up / efficiency, down / efficiency
         if up > 0:
             p.add(r, nvswitch, up, (), 1, p.lat(r, nvswitch) if known else None)
         if down > 0:
@@ -463,12 +509,14 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
 
 def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          host_of: Mapping[int, int] | None = None, nvswitch: str | None = None,
-         granularity: str = "step", latency: LatencyFn | None = None) -> tuple[Transfer, ...]:
+         nvls_efficiency: float = 1.0, granularity: str = "step",
+         latency: LatencyFn | None = None) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
     ``host_of`` maps each rank to its server (hierarchical needs it; a ring
     over several servers uses it to run NCCL-like channels, :func:`ring_channels`);
-    ``nvswitch`` names the NVSwitch node all ranks share (NVLS needs it);
+    ``nvswitch`` names the NVSwitch node all ranks share (NVLS needs it) and
+    ``nvls_efficiency`` the fraction of its links' rate NVLS reaches;
     ``granularity`` is ``step`` (ring phases as one transfer per step, the
     default here) or ``stream`` (one transfer per ring edge; module docstring);
     ``latency`` gives route latencies, so that a streamed transfer waits for
@@ -506,7 +554,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     elif algo == "tree":
         _tree(p, ranks, nbytes)
     elif algo == "nvls":
-        _nvls(p, op, ranks, nbytes, nvswitch)
+        _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency)
     else:
         p.add(ranks[0], ranks[1], nbytes)
     return tuple(p.transfers)
@@ -560,7 +608,7 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
             return 2 * intra + 2 * (n2 - 1) * a2 + 2 * (n2 - 1) / n2 * S / (n1 * B2)
         return intra + (n2 - 1) * a2 + (n2 - 1) / n2 * S / (n1 * B2)
     if algo == "pairwise":
-        return (n - 1) * (a + S / (n * B))
+        return a + (n - 1) / n * S / B
     if algo == "tree":
         height, load = tree_shape(n)
         return 2 * height * a + load * (S / 2) / B
@@ -578,7 +626,10 @@ class _Topology(Protocol):
     def host_of(self, rank: int) -> int: ...
     def nvswitch_of(self, rank: int) -> str | None: ...
     def nvls_capable(self, node: str) -> bool: ...
+    def node(self, endpoint: int | str) -> str: ...
     def bottleneck_Bps(self, route: object) -> float: ...
+    @property
+    def graph(self) -> nx.DiGraph: ...
 
 
 @dataclass(frozen=True)
@@ -604,6 +655,10 @@ class GroupProfile:
     nvls_alpha_s: float = 0.0
     """GPU-NVSwitch hop latency."""
     nvls_bandwidth_Bps: float = math.inf
+    """Smallest GPU-NVSwitch link rate."""
+    nvls_efficiency: float = 1.0
+    """Fraction of ``nvls_bandwidth_Bps`` NVLS transfers reach (the NVSwitch's
+    ``nvls_efficiency`` attribute, :data:`topologies.presets.NVLS_EFFICIENCY_ATTR`)."""
     ring_channels: int = 1
     """Rings a ring collective runs in parallel over this group (:func:`ring_channels`)."""
 
@@ -618,7 +673,8 @@ def _worst(topo: _Topology, pairs: Sequence[tuple[int | str, int | str]]) -> tup
 
 
 def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
-    """Latencies and bandwidths of ``ranks`` on ``topo``, for :func:`select_algorithm`."""
+    """Latencies and bandwidths of ``ranks`` on ``topo``, for :func:`select_algorithm`; ring
+    neighbours in :func:`ring_order`."""
     n = len(ranks)
     host_of = {r: topo.host_of(r) for r in ranks}
     hosts: dict[int, list[int]] = {}
@@ -626,7 +682,8 @@ def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
         hosts.setdefault(host_of[r], []).append(r)
     sizes = {len(m) for m in hosts.values()}
     per_host = sizes.pop() if len(sizes) == 1 else 0
-    ring_pairs = [(ranks[i], ranks[(i + 1) % n]) for i in range(n)] if n > 1 else []
+    ring = ring_order(topo, ranks)
+    ring_pairs = [(ring[i], ring[(i + 1) % n]) for i in range(n)] if n > 1 else []
     alpha, bw = _worst(topo, ring_pairs)
     members = list(hosts.values())
     intra = [(m[i], m[(i + 1) % len(m)]) for m in members if len(m) > 1 for i in range(len(m))]
@@ -642,9 +699,10 @@ def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
     if sw is not None and not topo.nvls_capable(sw):
         sw = None
     na, nb = _worst(topo, [(r, sw) for r in ranks]) if sw is not None else (0.0, math.inf)
+    eff = topo.graph.nodes[sw].get(NVLS_EFFICIENCY_ATTR, 1.0) if sw is not None else 1.0
     channels = len(ring_channels(ranks, host_of))
     return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb,
-                        channels)
+                        eff, channels)
 
 
 AUTO_EXCLUDED = ("halving_doubling", "hierarchical")
@@ -673,7 +731,7 @@ def estimate(op: str, algo: str, nbytes: float, profile: GroupProfile) -> float:
     """α-β estimate of ``algo`` for this group (worst-case latency and bandwidth)."""
     if algo == "nvls":
         return alpha_beta_time(op, algo, profile.n, nbytes, profile.nvls_alpha_s,
-                               profile.nvls_bandwidth_Bps)
+                               profile.nvls_bandwidth_Bps * profile.nvls_efficiency)
     if algo == "hierarchical":
         return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_intra_s,
                                profile.bandwidth_intra_Bps, gpus_per_node=profile.per_host,
@@ -744,8 +802,10 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
                 profiles[group] = profile
     algo = resolve_algorithm(op, algo, nbytes, profile)
     host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
-    return plan(op, algo, group, nbytes, host_of=host_of,
+    order = ring_order(cluster, group) if algo in ("ring", "tree") else group
+    return plan(op, algo, order, nbytes, host_of=host_of,
                            nvswitch=profile.nvswitch if profile else None,
+                           nvls_efficiency=profile.nvls_efficiency if profile else 1.0,
                            granularity=cluster.collective_granularity,
                            latency=lambda a, b: cluster.route(a, b).latency_s)
 

@@ -373,8 +373,8 @@ def test_expert_flops_follow_tokens_times_top_k(capacity_factor: float | None) -
 
 def test_all_to_alls_per_layer_and_their_alpha_beta_time() -> None:
     """Two all-to-alls forward and two backward per layer and micro-batch, b·s·k·h bf16
-    each per GPU, over EP groups of ep consecutive DP ranks; pairwise on the α = 0 mesh:
-    (ep − 1)/ep · S/B."""
+    each per GPU, over EP groups of ep consecutive DP ranks; pairwise on the α = 0 mesh,
+    every pair's S/ep at once over its own link: S/(ep·B)."""
     ep, layers, m = 4, 2, 2
     r = run(moe_data(ep, dp=4, layers=layers))
     a2a = [i for i in r.program.instructions if isinstance(i, Collective) and i.kind == "ep"
@@ -385,8 +385,21 @@ def test_all_to_alls_per_layer_and_their_alpha_beta_time() -> None:
                for i in a2a)
     spans = [s for s in r.timeline.spans if s.gpu == 0 and s.kind == "ep"]
     for s in spans:
-        assert s.end_s - s.start_s == pytest.approx((ep - 1) / ep * nbytes / BANDWIDTH_Bps,
-                                                    rel=1e-9)
+        assert s.end_s - s.start_s == pytest.approx(nbytes / (ep * BANDWIDTH_Bps), rel=1e-9)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_moe_dispatch_bytes_per_rank_scale_as_one_over_tp_under_sp(tp: int) -> None:
+    """Megatron-core's all-to-all dispatcher sends the s/t tokens a TP rank holds under SP:
+    b·s·k·h/t bf16 per GPU; without SP every TP rank still sends all b·s·k·h."""
+    def a2a_bytes(sp: bool) -> set[float]:
+        r = run(moe_data(2, dp=2, tp=tp, sequence_parallel=sp))
+        return {i.nbytes for i in r.program.instructions
+                if isinstance(i, Collective) and i.op == "all_to_all"}
+    full = 2 * 1024 * 2 * 4096
+    assert a2a_bytes(True) == {full / tp}
+    if tp > 1:
+        assert a2a_bytes(False) == {full}
 
 
 @pytest.mark.parametrize("zero", [0, 1])

@@ -253,7 +253,8 @@ def test_nvl72_rack_is_one_nvlink_domain() -> None:
     c = server_cluster("gb200-nvl72", 72)
     assert c.gpus_per_node == 72 and c.gpu.name == "GB200"
     assert {c.nvswitch_of(r) for r in range(72)} == {"host0/nvswitch"}
-    assert c.bottleneck_Bps(c.route(0, 71)) == GPUS["GB200"].nvlink_bandwidth_Bps
+    assert c.bottleneck_Bps(c.route(0, 71)) == (GPUS["GB200"].nvlink_bandwidth_Bps
+                                                * SERVERS["gb200-nvl72"].nvlink_efficiency)
 
 
 def test_multi_site_joins_sites_by_wan_links() -> None:

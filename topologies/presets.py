@@ -33,6 +33,8 @@ from topologies.graphs import Fabric
 from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec
 
 US = 1e-6
+NVLS_EFFICIENCY_ATTR = "nvls_efficiency"
+"""NVSwitch node attribute: :attr:`ServerPreset.nvls_efficiency` (absent: 1.0)."""
 
 
 @dataclass(frozen=True)
@@ -57,29 +59,63 @@ class ServerPreset:
     """Fraction of the NVLink peak that NCCL's transfers reach (1.0 = unmeasured, peak)."""
     nic_efficiency: float = 1.0
     """Fraction of the NIC line rate that NCCL's transfers reach (1.0 = unmeasured, peak)."""
+    nvls_efficiency: float = 1.0
+    """Fraction of the (effective) NVLink rate that NVLS transfers reach: the in-switch
+    reduction and multicast run below the ring's rate (1.0 = unmeasured)."""
     source: str = ""
+    efficiency_source: str = ""
+    """Where the efficiencies come from."""
+
+
+NVLINK4_SOURCE = (
+    "NCCL maintainer (sjeaugey) in NVIDIA/nccl-tests issue 212, 8x H100 SXM: NCCL reaches an "
+    "effective NVLink bandwidth of about 370 GB/s of the 450 GB/s per direction (protocol "
+    "overhead ~20%, seen as ring busbw): nvlink_efficiency 370/450 = 0.822; all-reduce with "
+    "NVLink SHARP peaks at busbw ~480 GB/s (algbw ~275): NVLS moves S up and S down at algbw, "
+    "so nvls_efficiency = 275/370 = 0.743 of the effective NVLink rate")
+"""Efficiencies measured on NVLink 4 (H100, H200: same NVLink and NVSwitch generation)."""
+NVLINK5_SOURCE = (
+    NVLINK4_SOURCE + "; assumed for NVLink 5 (Blackwell) too: no public nccl-tests figure "
+    "recorded (unverified)")
+"""Blackwell's NVLink 5 takes NVLink 4's measured fractions until measured."""
+A100_SOURCE = (
+    "nccl-tests all_reduce on 8x A100-SXM4 reaches a bus bandwidth of about 200-208 GB/s of the "
+    "300 GB/s per direction (NVIDIA/nccl-tests issues 149, 178): nvlink_efficiency 0.70; across "
+    "HDR InfiniBand about 85-96 of 100 GB/s per 4 NICs (nccl-tests issue 119): nic_efficiency "
+    "0.90; NVLS: none (A100's NVSwitch does not reduce)")
+"""Efficiencies measured on NVLink 3 and HDR InfiniBand (DGX A100)."""
+NVLINK4_EFFICIENCY = 370 / 450
+NVLS_EFFICIENCY = 275 / 370
 
 
 SERVERS: dict[str, ServerPreset] = {
-    # A100 efficiencies: nccl-tests all_reduce on 8x A100-SXM4 reaches a bus bandwidth of
-    # about 200-208 GB/s of the 300 GB/s per direction (NVIDIA/nccl-tests issues #149, #178);
-    # across HDR InfiniBand about 85-96 of 100 GB/s per 4 NICs (nccl-tests issue #119).
     "dgx-a100-80g": ServerPreset("A100-80GB", 8, 200e9 / 8, nvlink_efficiency=0.70,
                                  nic_efficiency=0.90,
-                                 source="DGX A100: 8x A100-80GB, NVSwitch, 8x 200 Gb/s HDR IB"),
+                                 source="DGX A100: 8x A100-80GB, NVSwitch, 8x 200 Gb/s HDR IB",
+                                 efficiency_source=A100_SOURCE),
     "dgx-a100-40g": ServerPreset("A100-40GB", 8, 200e9 / 8, nvlink_efficiency=0.70,
                                  nic_efficiency=0.90,
-                                 source="DGX A100: 8x A100-40GB, NVSwitch, 8x 200 Gb/s HDR IB"),
+                                 source="DGX A100: 8x A100-40GB, NVSwitch, 8x 200 Gb/s HDR IB",
+                                 efficiency_source=A100_SOURCE),
     "dgx-h100": ServerPreset("H100", 8, 400e9 / 8, nvls=True,
-                             source="DGX H100: 8x H100 SXM, NVSwitch, 8x 400 Gb/s NDR IB"),
+                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
+                             source="DGX H100: 8x H100 SXM, NVSwitch, 8x 400 Gb/s NDR IB",
+                             efficiency_source=NVLINK4_SOURCE),
     "dgx-h200": ServerPreset("H200", 8, 400e9 / 8, nvls=True,
-                             source="DGX H200: 8x H200, NVSwitch, 8x 400 Gb/s NDR IB"),
+                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
+                             source="DGX H200: 8x H200, NVSwitch, 8x 400 Gb/s NDR IB",
+                             efficiency_source=NVLINK4_SOURCE),
     "dgx-b200": ServerPreset("B200", 8, 400e9 / 8, nvls=True,
-                             source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB"),
+                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
+                             source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB",
+                             efficiency_source=NVLINK5_SOURCE),
     "gb200-nvl72": ServerPreset("GB200", 72, 400e9 / 8, nvls=True,
+                                nvlink_efficiency=NVLINK4_EFFICIENCY,
+                                nvls_efficiency=NVLS_EFFICIENCY,
                                 source="GB200 NVL72 rack: 72 Blackwell GPUs in one NVLink5 "
                                        "domain (18 NVSwitch chips, one node here), one 400 Gb/s "
-                                       "ConnectX-7 per GPU (unverified)"),
+                                       "ConnectX-7 per GPU (unverified)",
+                                efficiency_source=NVLINK5_SOURCE),
 }
 """Server-based cluster presets (an NVL72 rack counts as one 72-GPU server)."""
 
@@ -118,11 +154,16 @@ def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
     ``nics_per_node`` of the preset's NICs per server (default: one per GPU)."""
     p = SERVERS[name]
     gpu = GPUS[p.gpu]
-    return graphs.nvswitch_cluster(num_gpus, p.gpus_per_node,
-                                   gpu.nvlink_bandwidth_Bps * p.nvlink_efficiency,
-                                   p.nvlink_hop_latency_s, p.nic_Bps * p.nic_efficiency,
-                                   p.nic_hop_latency_s, p.fabric_hop_latency_s, nvls=p.nvls,
-                                   fabric=fabric, nics_per_node=nics_per_node)
+    g = graphs.nvswitch_cluster(num_gpus, p.gpus_per_node,
+                                gpu.nvlink_bandwidth_Bps * p.nvlink_efficiency,
+                                p.nvlink_hop_latency_s, p.nic_Bps * p.nic_efficiency,
+                                p.nic_hop_latency_s, p.fabric_hop_latency_s, nvls=p.nvls,
+                                fabric=fabric, nics_per_node=nics_per_node)
+    if p.nvls and p.nvls_efficiency != 1.0:
+        for _, d in g.nodes(data=True):
+            if d.get("kind") == "nvswitch":
+                d[NVLS_EFFICIENCY_ATTR] = p.nvls_efficiency
+    return g
 
 
 def server_cluster(name: str, num_gpus: int, fabric: Fabric | None = None,
@@ -253,6 +294,8 @@ class ServerLinks:
     nic_latency_s: float | None = None
     nvls: bool | None = None
     """Whether the server's NVSwitch reduces in-network."""
+    nvls_efficiency: float | None = None
+    """Fraction of the NVLink rate NVLS transfers reach (:attr:`ServerPreset.nvls_efficiency`)."""
 
     @classmethod
     def of_preset(cls, name: str) -> ServerLinks:
@@ -260,7 +303,7 @@ class ServerLinks:
         p = SERVERS[name]
         return cls(GPUS[p.gpu].nvlink_bandwidth_Bps * p.nvlink_efficiency,
                    p.nvlink_hop_latency_s, p.nic_Bps * p.nic_efficiency, p.nic_hop_latency_s,
-                   p.nvls)
+                   p.nvls, p.nvls_efficiency)
 
 
 def set_server_links(graph: nx.DiGraph, per_host: Sequence[ServerLinks], *,
@@ -279,6 +322,8 @@ def set_server_links(graph: nx.DiGraph, per_host: Sequence[ServerLinks], *,
     for _, d in nodes(data=True):
         if d.get("kind") == "nvswitch" and per_host[d["host"]].nvls is not None:
             d["nvls"] = per_host[d["host"]].nvls
+        if d.get("kind") == "nvswitch" and per_host[d["host"]].nvls_efficiency is not None:
+            d[NVLS_EFFICIENCY_ATTR] = per_host[d["host"]].nvls_efficiency
     for u, v, d in graph.edges(data=True):
         ku, kv = nodes[u].get("kind"), nodes[v].get("kind")
         kinds = {ku, kv}

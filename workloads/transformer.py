@@ -262,10 +262,12 @@ class TransformerCosts:
     def _moe_body(self, seg: ComputeSeg, name: str, backward: bool) -> list[Segment]:
         """The MLP of a MoE layer: with ep > 1, all-to-all dispatch of the routed token
         copies to their experts' GPUs and all-to-all combine back (backward: the same two
-        in reverse), b·s/cp·k·max(c, 1)·h bf16 per GPU each (REFERENCES.md)."""
+        in reverse), b·s/cp·k·max(c, 1)·h bf16 per GPU each (REFERENCES.md), divided by t
+        under sequence parallelism: Megatron-core's all-to-all dispatcher sends only the
+        s/t tokens each TP rank holds, then gathers the received ones over TP."""
         if self.ep == 1:
             return [seg]
-        nbytes = BF16 * self._expert_rows * self.model.hidden_size
+        nbytes = BF16 * self._expert_rows * self.model.hidden_size / self._sp_div
         first, second = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
         return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep"), seg,
                 CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep")]

@@ -3,7 +3,8 @@
 Times one collective at a range of sizes on the flow-level network of the
 cluster described by the file's ``cluster:`` mapping (the same keys as an
 experiment file; other top-level keys are ignored), like nccl-tests'
-``all_reduce_perf -b 1K -e 4G -f 2``: sizes double from the first to the last.
+``all_reduce_perf -b 1K -e 4G -f 2``: sizes double from the first to the last
+(``--sizes 1K:4G``, or ``1K:4G:4`` for ``-f 4``), or a comma list (``64MiB,1GiB``).
 It prints a table of size, time, algbw and busbw (GB/s, 1 GB = 1e9 B; busbw =
 algbw × the nccl-tests factor of the op); ``--json`` prints a JSON array of
 objects with keys ``op``, ``algo``, ``num_gpus``, ``size_bytes``, ``time_s``,
@@ -53,7 +54,16 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """``A:B`` doubles from A up to B; ``A:B:F`` multiplies by F; ``A`` is one size."""
+    """``A:B`` doubles from A up to B; ``A:B:F`` multiplies by F; ``A`` is one size;
+    ``A,B,...`` lists sizes (each a size or a range), run in the order given."""
+    if "," in text:
+        items = [t for t in text.split(",") if t.strip()]
+        if not items:
+            raise ConfigError(f"--sizes={text!r}: give at least one size, e.g. 64MiB,1GiB")
+        sizes = [s for item in items for s in parse_sizes(item)]
+        if len(sizes) > MAX_SIZES:
+            raise ConfigError(f"--sizes={text!r}: more than {MAX_SIZES} sizes")
+        return sizes
     parts = text.split(":")
     if len(parts) > 3:
         raise ConfigError(f"--sizes={text!r}: use START:END or START:END:FACTOR, e.g. 1KiB:4GiB")
@@ -85,8 +95,9 @@ def register(subparsers: Any) -> None:
     cmd.add_argument("--algo", default=AUTO, metavar="A[,B...]",
                      help="algorithm(s), comma-separated, or 'auto' (default): " +
                           "; ".join(f"{op}: {', '.join(a)}" for op, a in ALGORITHMS_BY_OP.items()))
-    cmd.add_argument("--sizes", default="1KiB:4GiB", metavar="START:END",
-                     help="sizes, doubling from START to END (default 1KiB:4GiB)")
+    cmd.add_argument("--sizes", default="1KiB:4GiB", metavar="START:END|A,B,...",
+                     help="sizes, doubling from START to END (START:END:F multiplies by F), "
+                          "or a comma list such as 64MiB,1GiB (default 1KiB:4GiB)")
     cmd.add_argument("--gpus", type=int, metavar="N", help="run over GPUs 0..N-1 (default: all)")
     cmd.add_argument("--json", action="store_true", help="print a JSON array of rows")
     cmd.add_argument("--plot", metavar="PATH", help="save busbw against size (PNG or SVG)")
