@@ -28,13 +28,6 @@ fidelities differ only where the full simulation has traffic the timer did not s
   overlaps a different part of it, so its exposure, and which cause an idle gap is
   charged to, may shift between kinds by at most ``F``, the op's folded communication
   (summed over the rank's ops: :func:`folded_s`). TP and EP exposure stay exact.
-* **known defect: DualPipe-V with TP and SP.** In a fused F&B group the second op does
-  not depend on the first; in the full program its leading SP all-gather queues on the
-  TP stream behind the first op's TP collectives, but collapsed those are folded into
-  the first op's compute, so the all-gather starts early (up to the first op's folded
-  communication, ``F``, measured 1.3 % of a step). Until the collapsed lowering makes
-  the leading collectives of a fused group's later op wait for its earlier ops' folded
-  TP time, these cases are held to ``C + F``.
 
 Peak memory is exact in every case (measured and asserted: each rank allocates and frees
 the same bytes at its op boundaries, in the same order, at either fidelity).
@@ -186,9 +179,6 @@ def test_collapsed_agrees_with_full(data: dict[str, Any], mesh: bool) -> None:
     EP exposure exact, other kinds' exposure and the causes of idle time within ``F``
     (module docstring). 100 cases."""
     full, col, bound, fold = run_both(data, mesh)
-    par = data["parallel"]
-    if data["schedule"] == "dualpipe-v" and par["tp"] > 1 and par.get("sequence_parallel"):
-        bound += fold  # known defect (module docstring): fused F&B, SP's leading all-gathers
     step = full["step_time_s"]
     assert _close(col["step_time_s"], step, step, bound), ("step", bound)
     assert _close(col["compute_busy_s_mean"], full["compute_busy_s_mean"], step, 0.0)
