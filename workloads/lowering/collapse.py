@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 
 from topologies.placement import Placement
-from workloads.costs import CommSeg, ComputeSeg, RingAttention, Segment
+from workloads.costs import CommSeg, ComputeSeg, Segment
 from workloads.lowering.groups import ALL_TO_ALL_ALGO, Groups, replica_coords
 from workloads.program import ProgramBuilder
 from workloads.schedules import Op
@@ -255,24 +255,22 @@ class StreamUse:
 
 
 def stream_use(runs: Sequence[Sequence[Segment]]) -> StreamUse:
-    """:class:`StreamUse` of an op that is folded as ``runs`` (one :func:`fold` each; a run
-    holding a :class:`~workloads.costs.RingAttention` is compute)."""
+    """:class:`StreamUse` of an op that is folded as ``runs`` (one :func:`fold` each, or a
+    ring attention alone). A run without compute segments is folded whole, with nothing to
+    cut at: its collectives count as on their stream."""
     leading: frozenset[str] = frozenset()
     kinds: set[str] = set()
     folded_last: set[str] = set()
     for n, run in enumerate(runs):
-        ring = any(isinstance(seg, RingAttention) for seg in run)
-        bounds = None if ring else compute_bounds(run)
-        first, end = bounds if bounds is not None else (0, len(run))
+        first, end = compute_bounds(run) or (0, 0)
         for i, seg in enumerate(run):
-            if not isinstance(seg, CommSeg):
-                continue
-            kinds.add(seg.kind)
-            if first <= i < end and bounds is not None:
-                folded_last.add(seg.kind)
-            else:
-                folded_last.discard(seg.kind)
-        if n == 0 and bounds is not None:
+            if isinstance(seg, CommSeg):
+                kinds.add(seg.kind)
+                if first < i < end:
+                    folded_last.add(seg.kind)
+                else:
+                    folded_last.discard(seg.kind)
+        if n == 0:
             leading = frozenset(seg.kind for seg in run[:first] if isinstance(seg, CommSeg))
     return StreamUse(leading, frozenset(kinds), frozenset(folded_last))
 
