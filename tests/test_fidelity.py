@@ -14,12 +14,22 @@ fidelities differ only where the full simulation has traffic the timer did not s
   are *contended*. A transfer slowed by another on a shared link loses at most the time
   the other holds that link, which is at most the other's own (timed) duration, so the
   step moves by at most ``C``: the summed duration of every contended channel's spans in
-  the collapsed timeline (:func:`contention_bound_s`). Where no channels contend, ``C = 0``
-  and the step, compute time, idle time and peak memory agree to 1e-9 relative.
-  Exposed communication and the idle breakdown by cause are held to ``C`` per kind too.
-  Measured (250 draws of this test's strategies, separately): 157 have ``C = 0``; the
-  step moves by at most 0.18 C, TP and EP exposure by 0.09 C, other kinds' exposure
-  and the causes of idle time by 0.13 (C + F).
+  the collapsed timeline (:func:`contention_bound_s`). Exposed communication and the idle
+  breakdown by cause are held to ``C`` per kind too.
+  Contended channels that are never busy at once do not slow each other either: where
+  no two of them have spans that overlap in the collapsed timeline (``O = 0``,
+  :func:`overlap_s`), transfers and ops start and end as if nothing contended. Proof: up
+  to the first moment ``t`` the full timeline departs from that, the two agree; a
+  departure at ``t`` needs two transfers of different channels on one link at ``t``,
+  both started before ``t``, so both are in the collapsed timeline with the same starts
+  and still running at ``t``: their spans overlap. So where ``O = 0`` (as where no
+  channels contend, ``C = 0``) the step, compute time, idle time and peak memory agree
+  to 1e-9 relative, else they are held to ``C``. ``O`` is no bound on the size of a
+  difference (contention shifts spans into overlaps the collapsed timeline does not
+  have: measured up to 19 O), ``C`` is. Measured (1000 draws of this test's
+  strategies, separately): 561 have ``C = 0``, 692 ``O = 0``; where ``O > 0`` the step
+  moves by at most 0.15 C, TP and EP exposure by 0.12 C, other kinds' exposure and the
+  causes of idle time by 0.12 (C + F).
 * **folded ops** (by construction, even without contention). The TP collectives and EP
   all-to-alls between an op's compute segments are folded into one compute op, drawn as
   its compute and then its blocking communication (per kind), while in the full
@@ -27,14 +37,12 @@ fidelities differ only where the full simulation has traffic the timer did not s
   transfer on another stream (a send, a DP collective, a ring pass) that overlaps the op
   overlaps a different part of it, so its exposure, and which cause an idle gap is
   charged to, may shift between kinds by at most ``F``, the op's folded communication
-  (summed over the rank's ops: :func:`folded_s`). TP and EP exposure stay exact.
-* **known defect: DualPipe-V with TP and SP.** In a fused F&B group the second op does
-  not depend on the first; in the full program its leading SP all-gather queues on the
-  TP stream behind the first op's TP collectives, but collapsed those are folded into
-  the first op's compute, so the all-gather starts early (up to the first op's folded
-  communication, ``F``, measured 1.3 % of a step). Until the collapsed lowering makes
-  the leading collectives of a fused group's later op wait for its earlier ops' folded
-  TP time, these cases are held to ``C + F``.
+  (summed over the rank's ops: :func:`folded_s`). TP and EP exposure have stayed exact
+  in every draw where nothing contends (``C = 0``), but not by construction: with TP
+  and EP both folded into an op (:attr:`workloads.lowering.collapse.Block.parts`, its
+  compute grouped per kind), an earlier op's closing TP collective overlaps a different
+  part of it (measured: 5e-7 s of a 1.8e-3 s step, MoE with tp = ep = 2, ``C > 0``,
+  ``O = 0``), so the exposure by kind keeps the tolerance ``C`` where ``O = 0``.
 
 Peak memory is exact in every case (measured and asserted: each rank allocates and frees
 the same bytes at its op boundaries, in the same order, at either fidelity).
@@ -144,6 +152,34 @@ def contention_bound_s(result: Result, channels: set[Channel]) -> float:
                if span_channel(pl, s) in channels)
 
 
+def overlap_s(result: Result, cluster: Cluster, links: dict[Channel, set[int]]) -> float:
+    """``O``: per channel, how long its collapsed spans overlap spans of other channels
+    that share a finite-capacity link with it, summed (0: no two contended channels are
+    ever busy at once)."""
+    cap = cluster.link_bandwidth_Bps
+    finite = {ch: {x for x in used if cap[x] < math.inf} for ch, used in links.items()}
+    pl = result.experiment.placement
+    spans: dict[Channel, list[tuple[float, float]]] = {}
+    for s in result.timeline.spans:
+        ch = span_channel(pl, s)
+        if ch is not None and s.end_s > s.start_s:
+            spans.setdefault(ch, []).append((s.start_s, s.end_s))
+    total = 0.0
+    for a, la in finite.items():
+        others = sorted(iv for b, lb in finite.items() if b != a and la & lb
+                        for iv in spans.get(b, ()))
+        for start, end in spans.get(a, ()):
+            covered = start  # the part of [start, end) already counted
+            for lo, hi in others:
+                if lo >= end:
+                    break
+                lo, hi = max(lo, covered), min(hi, end)
+                if hi > lo:
+                    total += hi - lo
+                    covered = hi
+    return total
+
+
 def folded_s(result: Result) -> float:
     """``F``: the largest folded (blocking) communication of any rank, summed over its ops."""
     by_gpu: dict[int, float] = {}
@@ -159,9 +195,10 @@ MESH = {"topology": "full-mesh", "link_bandwidth_GBps": 25.0, "link_latency_us":
 (DP with EP or CP) can contend."""
 
 
-def run_both(data: dict[str, Any], mesh: bool = False) -> tuple[dict, dict, float, float]:
+def run_both(data: dict[str, Any], mesh: bool = False
+             ) -> tuple[dict, dict, float, float, float]:
     """Full and collapsed stats of ``data`` (on :data:`MESH` instead of its cluster with
-    ``mesh``), ``C`` and ``F``."""
+    ``mesh``), ``C``, ``O`` and ``F``."""
     if mesh:
         data = {**data, "cluster": MESH | {"num_gpus": data["cluster"]["num_gpus"]}}
     exp: Experiment = build_experiment(data)
@@ -169,8 +206,9 @@ def run_both(data: dict[str, Any], mesh: bool = False) -> tuple[dict, dict, floa
     links: dict[Channel, set[int]] = {}
     timer = _with_links(exp.cluster, exp.placement, links)(exp.cluster)
     collapsed = simulate(exp, fidelity="collapsed", collective_timer=timer)
-    bound = contention_bound_s(collapsed, contended(exp.cluster, links))
-    return full, collapsed.stats, bound, folded_s(collapsed)
+    channels = contended(exp.cluster, links)
+    return (full, collapsed.stats, contention_bound_s(collapsed, channels),
+            overlap_s(collapsed, exp.cluster, links), folded_s(collapsed))
 
 
 def _close(a: float, b: float, scale: float, tol: float) -> bool:
@@ -181,23 +219,21 @@ def _close(a: float, b: float, scale: float, tol: float) -> bool:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(collapsible_experiments(), st.booleans())
 def test_collapsed_agrees_with_full(data: dict[str, Any], mesh: bool) -> None:
-    """Step time, compute time, idle time, peak memory, exposed communication by kind and
-    the idle breakdown by cause: exact where nothing contends, else within ``C``; TP and
-    EP exposure exact, other kinds' exposure and the causes of idle time within ``F``
-    (module docstring). 100 cases."""
-    full, col, bound, fold = run_both(data, mesh)
-    par = data["parallel"]
-    if data["schedule"] == "dualpipe-v" and par["tp"] > 1 and par.get("sequence_parallel"):
-        bound += fold  # known defect (module docstring): fused F&B, SP's leading all-gathers
+    """Step time, compute time, idle time and peak memory: exact where no contended
+    channels are busy at once (``O = 0``), else within ``C``; exposed communication by kind
+    and the idle breakdown by cause within ``C``, TP and EP exposure exactly so, other
+    kinds' exposure and the causes of idle time within ``C + F`` (module docstring)."""
+    full, col, bound, overlap, fold = run_both(data, mesh)
+    timing = bound if overlap > 0 else 0.0  # O = 0: the same timeline (module docstring)
     step = full["step_time_s"]
-    assert _close(col["step_time_s"], step, step, bound), ("step", bound)
+    assert _close(col["step_time_s"], step, step, timing), ("step", bound, overlap)
     assert _close(col["compute_busy_s_mean"], full["compute_busy_s_mean"], step, 0.0)
     assert _close(col["peak_memory_gib"], full["peak_memory_gib"], 0.0, 0.0)
     for a, b in zip(full["peak_memory_per_stage_gib"], col["peak_memory_per_stage_gib"],
                     strict=True):
         assert _close(a, b, 0.0, 0.0)
     idle_a, idle_b = full["idle_breakdown"]["mean_s"], col["idle_breakdown"]["mean_s"]
-    assert _close(idle_a["idle_s"], idle_b["idle_s"], step, bound), ("idle", bound)
+    assert _close(idle_a["idle_s"], idle_b["idle_s"], step, timing), ("idle", bound, overlap)
     for kind, a in full["exposed_comm_s"].items():
         tol = bound + (0.0 if kind in ("tp", "ep") else fold)
         assert _close(col["exposed_comm_s"][kind], a, step, tol), (kind, bound, fold)

@@ -40,7 +40,7 @@ from tests.test_perf_paths import _cluster
 from workloads import lowering
 from workloads.lowering import Collapse, lower
 from workloads.lowering import columnar as columnar_lowering
-from workloads.lowering.collapse import Folded
+from workloads.lowering.collapse import Folded, stream_use
 from workloads.program import (
     COMPUTE,
     ColumnarInstructions,
@@ -158,8 +158,8 @@ def test_split_decisions_on_arrays_equal_the_loop(monkeypatch: pytest.MonkeyPatc
         out = real(plans, plan_of, rank_at, ranks)
         # a plan without collectives (used by no op) sends it down the op-by-op loop
         pure = Folded((), plans[0].folded.whole, None, (), None, ())
-        loop = real([*plans, columnar_lowering._Plan(0, 0, pure, 0.0, 0.0, None, None)], plan_of,
-                    rank_at, ranks)
+        idle = columnar_lowering._Plan(0, 0, pure, 0.0, 0.0, None, None, stream_use([]))
+        loop = real([*plans, idle], plan_of, rank_at, ranks)
         seen.append((out.tolist(), loop.tolist()))
         return out
 

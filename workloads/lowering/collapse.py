@@ -10,7 +10,8 @@ of the replicas it stands for.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cache
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, Segment
@@ -96,6 +97,12 @@ class Folded:
     """... and the rest, from the next compute segment on."""
     trailing: tuple[CommRun, ...]
     """Collectives after the last compute segment."""
+    inner: tuple[frozenset[str], ...] = ()
+    """The kinds of each run of consecutive collectives between compute segments (the
+    places :meth:`split` may cut), in order."""
+    cut: Callable[[tuple[int, ...]], tuple[Block | tuple[CommRun, ...], ...]] | None = \
+        field(default=None, compare=False, repr=False)
+    """:meth:`split` beyond the first run of ``inner`` (None: ``inner`` has one run at most)."""
     trailing_s: float = 0.0
     """Their total time."""
     has_comm: bool = False
@@ -105,6 +112,18 @@ class Folded:
         object.__setattr__(self, "trailing_s", sum(run.duration_s for run in self.trailing))
         object.__setattr__(self, "has_comm",
                            bool(self.leading or self.trailing or self.head is not None))
+
+    def split(self, at: tuple[int, ...]) -> tuple[Block | tuple[CommRun, ...], ...]:
+        """The compute cut at the runs of collectives ``at`` (ascending indices into
+        :attr:`inner`): blocks and, between them, those runs as instructions; ``()`` gives
+        ``(whole,)``, ``(0,)`` ``(head, first_comm, rest)``."""
+        if not at:
+            return (self.whole,)
+        if at == (0,):
+            assert self.head is not None and self.rest is not None
+            return (self.head, self.first_comm, self.rest)
+        assert self.cut is not None
+        return self.cut(at)
 
 
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
@@ -165,25 +184,95 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
     for this op's closing collective (only the op's consumers do). Every
     collective is timed with all ``groups`` (the TP groups of every DP
     replica of the pipeline rank) running it at once; MoE all-to-alls with all
-    ``ep_groups`` (the rank's EP groups).
+    ``ep_groups`` (the rank's EP groups). Where a stream must see one of the
+    collectives between compute segments, :meth:`Folded.split` cuts the compute there
+    (:func:`emit_folded`).
     """
     eg = ep_groups
-    compute_at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
-    if not compute_at:  # no compute: one blocking fold
+    bounds = compute_bounds(segs)
+    if bounds is None:  # no compute: one blocking fold
         return Folded((), block(segs, collapse, groups, eg), None, (), None, ())
-    first, end = compute_at[0], compute_at[-1] + 1
+    first, end = bounds
     middle = segs[first:end]
-    comm_at = [i for i, seg in enumerate(middle) if isinstance(seg, CommSeg)]
+    at = inner_runs(middle)
     head = first_comm = rest = None
-    if comm_at:
-        i = comm_at[0]
-        j = next(k for k in range(i, len(middle)) if isinstance(middle[k], ComputeSeg))
+    if at:
+        i, j = at[0]
         head = block(middle[:i], collapse, groups, eg)
         first_comm = comm_runs(middle[i:j], collapse, groups, eg)
         rest = block(middle[j:], collapse, groups, eg)
+    cut = None
+    if len(at) > 1:
+        @cache
+        def cut(which: tuple[int, ...]) -> tuple[Block | tuple[CommRun, ...], ...]:
+            out: list[Block | tuple[CommRun, ...]] = []
+            start = 0
+            for i, j in (at[w] for w in which):
+                out += [block(middle[start:i], collapse, groups, eg),
+                        comm_runs(middle[i:j], collapse, groups, eg)]
+                start = j
+            return (*out, block(middle[start:], collapse, groups, eg))
+    kinds = tuple(frozenset(seg.kind for seg in middle[i:j]) for i, j in at)
     return Folded(comm_runs(segs[:first], collapse, groups, eg),
-                   block(middle, collapse, groups, eg), head, first_comm or (), rest,
-                   comm_runs(segs[end:], collapse, groups, eg))
+                  block(middle, collapse, groups, eg), head, first_comm or (), rest,
+                  comm_runs(segs[end:], collapse, groups, eg), kinds, cut)
+
+
+def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:
+    """Where an op's compute runs in ``segs``, from its first compute segment to past its
+    last (None without any): what :func:`fold` folds into one compute op."""
+    at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
+    return (at[0], at[-1] + 1) if at else None
+
+
+def inner_runs(middle: Sequence[Segment]) -> tuple[tuple[int, int], ...]:
+    """The runs of consecutive collectives between compute segments of ``middle`` (which
+    starts and ends with compute), as ``(start, end)`` indices."""
+    out: list[tuple[int, int]] = []
+    for i, seg in enumerate(middle):
+        if isinstance(seg, CommSeg):
+            if out and out[-1][1] == i:
+                out[-1] = (out[-1][0], i + 1)
+            else:
+                out.append((i, i + 1))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class StreamUse:
+    """How an op's collectives meet its communication streams, collapsed (the runs it is
+    folded as, in order: :func:`stream_use`)."""
+
+    leading: frozenset[str]
+    """Kinds of the collectives before its first compute: instructions that wait for
+    nothing of the op's, only on their stream for what was issued before them."""
+    kinds: frozenset[str]
+    """Kinds of all its collectives."""
+    folded_last: frozenset[str]
+    """Kinds whose last collective of the op is folded into its compute (between compute
+    segments): in the full program that collective is the last one of the op on its
+    stream, collapsed it is not on the stream at all."""
+
+
+def stream_use(runs: Sequence[Sequence[Segment]]) -> StreamUse:
+    """:class:`StreamUse` of an op that is folded as ``runs`` (one :func:`fold` each, or a
+    ring attention alone). A run without compute segments is folded whole, with nothing to
+    cut at: its collectives count as on their stream."""
+    leading: frozenset[str] = frozenset()
+    kinds: set[str] = set()
+    folded_last: set[str] = set()
+    for n, run in enumerate(runs):
+        first, end = compute_bounds(run) or (0, 0)
+        for i, seg in enumerate(run):
+            if isinstance(seg, CommSeg):
+                kinds.add(seg.kind)
+                if first < i < end:
+                    folded_last.add(seg.kind)
+                else:
+                    folded_last.discard(seg.kind)
+        if n == 0:
+            leading = frozenset(seg.kind for seg in run[:first] if isinstance(seg, CommSeg))
+    return StreamUse(leading, frozenset(kinds), frozenset(folded_last))
 
 
 def emit_runs(b: ProgramBuilder, g: int, op: Op, op_name: str, runs: tuple[CommRun, ...],
@@ -214,7 +303,8 @@ def emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: Block,
 
 
 def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
-                deps: tuple[int, ...], alloc: float, free: float, pending_s: float) -> int:
+                deps: tuple[int, ...], alloc: float, free: float, pending_s: float,
+                cut: frozenset[str] = frozenset()) -> int:
     """Emit a folded op on GPU ``g``; returns the id of its last instruction.
 
     ``pending_s`` bounds how long after this op's compute starts an earlier
@@ -223,20 +313,66 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
     stream; when it may (``pending_s`` exceeds the compute before that
     collective), the op is emitted split (compute, collective, rest) so the
     collapsed program waits the same way. Otherwise one compute op suffices.
+
+    ``cut``: kinds whose last collective between compute segments a later op's leading
+    collective must queue behind, as on the full program's stream (:func:`stream_cuts`):
+    the compute is split there too, that collective an instruction on its stream.
     """
     if folded.leading:
         deps = emit_runs(b, g, op, op_name, folded.leading, deps)
     head, rest = folded.head, folded.rest
-    if (head is not None and rest is not None and not folded.leading
-            and pending_s > head.compute_s):
-        first = emit_block(b, g, op, op_name, head, deps, alloc, 0.0)
-        deps = emit_runs(b, g, op, op_name, folded.first_comm, (first,))
-        last = emit_block(b, g, op, op_name, rest, deps, 0.0, free)
-    else:
-        last = emit_block(b, g, op, op_name, folded.whole, deps, alloc, free)
+    first = (head is not None and rest is not None and not folded.leading
+             and pending_s > head.compute_s)
+    parts = folded.split(split_points(folded, first, cut))
+    for n, part in enumerate(parts):
+        if isinstance(part, Block):
+            deps = (emit_block(b, g, op, op_name, part, deps, alloc if n == 0 else 0.0,
+                               free if n == len(parts) - 1 else 0.0),)
+        else:
+            deps = emit_runs(b, g, op, op_name, part, deps)
+    last = deps[0]
     if folded.trailing:
         return emit_runs(b, g, op, op_name, folded.trailing, (last,))[0]
     return last
+
+
+def split_points(folded: Folded, first: bool, cut: frozenset[str]) -> tuple[int, ...]:
+    """Where :func:`emit_folded` splits ``folded``'s compute (the ``at`` of
+    :meth:`Folded.split`): at its first run of collectives if ``first``, and at the last
+    run holding each kind of ``cut``."""
+    at = {max(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in cut}
+    if first:
+        at.add(0)
+    return tuple(sorted(at))
+
+
+def stream_cuts(ops: Sequence[tuple[int, int, StreamUse, int]]) -> dict[int, frozenset[str]]:
+    """Where collapsed ops must cut their compute at their last folded collective of a kind
+    (the ``cut`` of :func:`emit_folded`), by position.
+
+    ``ops``: per op in lowering order, its position, its pipeline rank, its
+    :class:`StreamUse` and the latest position among its producers on that rank (-1 for
+    none). In the full program a stream runs its collectives in issue order, so an op's
+    leading collective (sequence parallelism's all-gather) starts no earlier than the
+    end of the rank's previous collective of its kind. Collapsed, where that previous one
+    was folded into an earlier op's compute, nothing holds the leading collective back:
+    it may start while that compute still runs (DualPipe's fused F&B, where the second op
+    does not wait for the first). Unless the op waits for that earlier op (or a later
+    one of the rank, which computes after it) anyway, the earlier op is cut there.
+    """
+    out: dict[int, set[str]] = {}
+    folded_at: dict[tuple[int, str], int] = {}  # (rank, kind): the op whose last it folds
+    for k, r, use, latest in ops:
+        for kind in use.leading:
+            before = folded_at.get((r, kind))
+            if before is not None and latest < before:
+                out.setdefault(before, set()).add(kind)
+        for kind in use.kinds:
+            if kind in use.folded_last:
+                folded_at[(r, kind)] = k
+            else:
+                folded_at.pop((r, kind), None)
+    return {k: frozenset(kinds) for k, kinds in out.items()}
 
 
 def with_all_to_all(collapse: Collapse) -> Collapse:

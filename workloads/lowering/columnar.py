@@ -17,7 +17,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from topologies.placement import Placement
-from workloads.lowering.collapse import Collapse, Folded, fold, pending_after, replica_send_s
+from workloads.lowering.collapse import (
+    Block,
+    Collapse,
+    Folded,
+    StreamUse,
+    fold,
+    pending_after,
+    replica_send_s,
+    split_points,
+    stream_use,
+)
 from workloads.lowering.groups import Groups, tp_groups
 from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
 from workloads.lowering.order import KINDS, producers_by_op
@@ -60,7 +70,8 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     (stage, kind, sequence chunk): worked out once per such triple (:class:`_Plan`:
     :func:`op_facts`, :func:`fold`, the pipeline send's time), it makes an op's
     instructions a template (:func:`_slots`: leading collectives, the folded compute,
-    split or not as :func:`emit_folded` decides, trailing collectives, the send), each
+    split or not as :func:`emit_folded` decides and cut where :func:`stream_cuts` says
+    (:func:`_cut_ops`), trailing collectives, the send), each
     instruction after an op's first depending on the one before it. Ids, the first
     instruction's dependencies (what completes or delivers each producer) and every
     field the engine reads then come out of array operations over all ops at once
@@ -90,6 +101,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         if r not in groups:
             groups[r] = tp_groups(placement, r)
         folded = fold(segs, collapse.on(g), groups[r])
+        use = stream_use([segs])
         consumer = consumer_stage(generic, S)
         p2p = op_p2p_bytes(costs, generic, whole_p2p)
         send = None
@@ -100,24 +112,8 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         head, rest = folded.head, folded.rest
         split_at = (head.compute_s if head is not None and rest is not None
                     and not folded.leading else None)
-        plans.append(_Plan(r, g, folded, alloc, free, send, split_at))
+        plans.append(_Plan(r, g, folded, alloc, free, send, split_at, use))
     rank_at = np.asarray(owner, dtype=np.int64)[stage]
-    split_op = _split_ops(plans, plan_of, rank_at, len(reps))
-    variant = plan_of * 2 + split_op
-    used = np.flatnonzero(np.bincount(variant, minlength=2 * len(plans))).tolist()
-    templates = {v: _slots(plans[v // 2], bool(v % 2)) for v in used}
-    sizes = np.zeros(2 * len(plans), dtype=np.int64)
-    starts = np.zeros(2 * len(plans), dtype=np.int64)  # each template's first slot row
-    rows: list[tuple[_Plan, tuple]] = []
-    for v in used:
-        sizes[v], starts[v] = len(templates[v]), len(rows)
-        rows.extend((plans[v // 2], slot) for slot in templates[v])
-    count = sizes[variant]
-    offset = np.cumsum(count) - count  # each op's first id
-    total = int(count.sum())
-    has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
-    done = offset + count - 1 - has_send  # the instruction completing each op
-    arrived = np.where(has_send, offset + count - 1, 0)  # the send delivering its output
     # the producer columns the symbolic run worked out, renumbered for this order
     found = producer_positions(schedule, order) if at is None else producers_at(schedule, at)
     cols = [np.asarray(col, dtype=np.int64) for col in found] if found is not None else []
@@ -125,6 +121,27 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         # not a schedule's ops, or producers missing (lowering takes validated ones)
         cols = [np.asarray(col, dtype=np.int64) for col in
                 producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})]
+    split_op = _split_ops(plans, plan_of, rank_at, len(reps))
+    kinds = sorted({kind for p in plans for kind in p.use.kinds})
+    cut_op = _cut_ops(plans, plan_of, rank_at, cols, kinds)
+    per = 2 << len(kinds)  # variants per plan: split or not, times each set of kinds cut
+    variant = plan_of * per + split_op * (per // 2) + cut_op
+    used = np.flatnonzero(np.bincount(variant, minlength=per * len(plans))).tolist()
+    templates = {v: _slots(plans[v // per], bool(v % per >= per // 2),
+                           frozenset(kd for b, kd in enumerate(kinds) if v >> b & 1))
+                 for v in used}
+    sizes = np.zeros(per * len(plans), dtype=np.int64)
+    starts = np.zeros(per * len(plans), dtype=np.int64)  # each template's first slot row
+    rows: list[tuple[_Plan, tuple]] = []
+    for v in used:
+        sizes[v], starts[v] = len(templates[v]), len(rows)
+        rows.extend((plans[v // per], slot) for slot in templates[v])
+    count = sizes[variant]
+    offset = np.cumsum(count) - count  # each op's first id
+    total = int(count.sum())
+    has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
+    done = offset + count - 1 - has_send  # the instruction completing each op
+    arrived = np.where(has_send, offset + count - 1, 0)  # the send delivering its output
     ext = np.full((n, 3), -1, dtype=np.int64)  # what completes or delivers each producer
     for c, x in enumerate(cols):
         there = x >= 0
@@ -142,7 +159,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     sig_rows = [j for j in range(len(rows)) if table.cls[j] == COMPUTE and first_id[j] < total]
     sig_of_row = np.full(len(rows), -1, dtype=np.int64)
     sig_of_row[sig_rows] = np.arange(len(sig_rows))
-    layout = ColumnarOps(order, plans, templates, variant, offset, ext, algo, done,
+    layout = ColumnarOps(order, plans, templates, variant, per, offset, ext, algo, done,
                         int(np.count_nonzero(table.cls[row] == COLLECTIVE)))
     layout.parts = (table, row, kind[op_of], sig_of_row,
                     tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
@@ -162,6 +179,8 @@ class _Plan:
     """(destination GPU, name suffix, duration, bytes) of its pipeline send, if any."""
     split_at: float | None
     """Where its compute may be split (:func:`emit_folded`): the head's compute time."""
+    use: StreamUse
+    """How it meets its communication streams (:func:`stream_use`)."""
 
 
 def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
@@ -194,17 +213,43 @@ def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
     return out
 
 
-def _slots(plan: _Plan, split: bool) -> tuple[tuple, ...]:
+def _cut_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
+             cols: Sequence[np.ndarray], kinds: Sequence[str]) -> np.ndarray:
+    """Per op (in lowering order), the kinds it cuts its compute at (:func:`stream_cuts`),
+    bit ``b`` for ``kinds[b]``: an op whose last collective of a kind is folded, when the
+    rank's next op with a collective of that kind leads with one and waits for no op of
+    the rank from this one on (``cols``: the positions of its producers, -1 for none)."""
+    n = len(plan_of)
+    out = np.zeros(n, dtype=np.int64)
+    latest = np.full(n, -1, dtype=np.int64)  # per op, its latest producer on its rank
+    for col in cols:
+        safe = np.where(col >= 0, col, 0)
+        latest = np.maximum(latest, np.where((col >= 0) & (rank_at[safe] == rank_at), col, -1))
+    for b, kind in enumerate(kinds):
+        uses = np.array([kind in p.use.kinds for p in plans], dtype=bool)[plan_of]
+        leads = np.array([kind in p.use.leading for p in plans], dtype=bool)[plan_of]
+        folded = np.array([kind in p.use.folded_last for p in plans], dtype=bool)[plan_of]
+        at = np.flatnonzero(uses)
+        at = at[np.argsort(rank_at[at], kind="stable")]  # per rank, in lowering order
+        before, after = at[:-1], at[1:]
+        hit = ((rank_at[before] == rank_at[after]) & leads[after] & folded[before]
+               & (latest[after] < before))
+        out[before[hit]] |= 1 << b
+    return out
+
+
+def _slots(plan: _Plan, split: bool, cut: frozenset[str]) -> tuple[tuple, ...]:
     """An op's instructions in order (:func:`emit_folded`, then its send): ``("run",
     CommRun)``, ``("block", Block, alloc, free)`` and ``("send",)``."""
     f = plan.folded
     out: list[tuple] = [("run", run) for run in f.leading]
-    if split:
-        out.append(("block", f.head, plan.alloc, 0.0))
-        out += [("run", run) for run in f.first_comm]
-        out.append(("block", f.rest, 0.0, plan.free))
-    else:
-        out.append(("block", f.whole, plan.alloc, plan.free))
+    parts = f.split(split_points(f, split, cut))
+    for i, part in enumerate(parts):
+        if isinstance(part, Block):
+            out.append(("block", part, plan.alloc if i == 0 else 0.0,
+                        plan.free if i == len(parts) - 1 else 0.0))
+        else:
+            out += [("run", run) for run in part]
     out += [("run", run) for run in f.trailing]
     if plan.send is not None:
         out.append(("send",))
@@ -281,12 +326,14 @@ class ColumnarOps:
     :class:`Columns`, and its instructions as objects on demand (:meth:`build`)."""
 
     def __init__(self, order: Sequence[Op], plans: Sequence[_Plan],
-                 templates: Mapping[int, tuple[tuple, ...]], variant: np.ndarray,
+                 templates: Mapping[int, tuple[tuple, ...]], variant: np.ndarray, per: int,
                  offset: np.ndarray, ext: np.ndarray, algo: str, done: np.ndarray,
                  keys: int) -> None:
         self.order, self.plans, self.templates = order, plans, templates
         self.variant, self.offset, self.ext = variant, offset, ext
         """Per op: its template, its first id, what its first instruction waits for."""
+        self.per = per
+        """Templates per plan: template ``v`` is of plan ``v // per``."""
         self.algo = algo
         self.done = done
         """Per op, the instruction that completes it."""
@@ -344,7 +391,7 @@ class ColumnarOps:
         new = tuple.__new__
         st, kind, mb, seq = self.order[k]
         v = int(self.variant[k])
-        plan = self.plans[v // 2]
+        plan = self.plans[v // self.per]
         g = plan.gpu
         name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
         deps = tuple([d for d in self.ext[k].tolist() if d >= 0])

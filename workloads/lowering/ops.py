@@ -13,7 +13,16 @@ from collections.abc import Collection, Mapping, Sequence
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, Segment
-from workloads.lowering.collapse import Collapse, Folded, emit_folded, fold, pending_after
+from workloads.lowering.collapse import (
+    Collapse,
+    Folded,
+    StreamUse,
+    emit_folded,
+    fold,
+    pending_after,
+    stream_cuts,
+    stream_use,
+)
 from workloads.lowering.groups import tp_groups
 from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
 from workloads.lowering.pieces import PieceLowering
@@ -61,12 +70,17 @@ class OpLoop:
         self.folds: dict[Op, Folded] = {}
         self.send_s: dict[tuple[int, int, float], float] = {}
         self.whole_p2p = costs.p2p_bytes()
+        self.cuts: dict[int, frozenset[str]] = {}
+        """Collapsed: by position, the kinds whose last folded collective the op cuts its
+        compute at (:func:`~workloads.lowering.collapse.stream_cuts`)."""
 
     def run(self, order: Sequence[Op], index: Mapping[Op, int]) -> None:
         """Lower ``order`` (the lowering order; ``index``: each op's position in it)."""
         schedule, owner = self.schedule, self.schedule.stage_rank
         groups_of = schedule.groups if order else {}
         piecewise, every_op, final_ops = self.piecewise, self.every_op, self.final_ops
+        if self.collapse is not None:
+            self.cuts = self._stream_cuts(order, index)
         for k, op in enumerate(order):
             r = owner[op.stage]
             generic = Op(op.stage, op.kind, 0, op.seq)
@@ -86,6 +100,36 @@ class OpLoop:
             else:
                 self._full(k, op, r, local, facts, sends, p2p)
 
+    def _stream_cuts(self, order: Sequence[Op], index: Mapping[Op, int]
+                     ) -> dict[int, frozenset[str]]:
+        """:func:`~workloads.lowering.collapse.stream_cuts` of the ops in ``order``, each
+        as it is lowered (plain, or in pieces with or without DP markers)."""
+        schedule, owner, piecewise = self.schedule, self.schedule.stage_rank, self.piecewise
+        uses: dict[tuple[Op, bool | None], StreamUse] = {}
+        rows = []
+        for k, op in enumerate(order):
+            r = owner[op.stage]
+            generic = Op(op.stage, op.kind, 0, op.seq)
+            marked = None
+            if piecewise is not None and (self.every_op or op in self.final_ops):
+                marked = self.zero3 or (self.overlap and op in self.final_ops)
+            use = uses.get((generic, marked))
+            if use is None:
+                if marked is None:
+                    facts = self.facts.get(generic)
+                    if facts is None:
+                        facts = self.facts[generic] = op_facts(self.costs, generic,
+                                                               schedule.split_backward)
+                    use = stream_use([facts[0]])
+                else:
+                    assert piecewise is not None
+                    use = piecewise.stream_use(op, marked)
+                uses[(generic, marked)] = use
+            latest = max((index[dep] for dep in schedule_deps(schedule, op)
+                          if owner[dep.stage] == r), default=-1)
+            rows.append((k, r, use, latest))
+        return stream_cuts(rows)
+
     def _deps(self, g: int, local: Sequence[tuple[int, bool]]) -> tuple[int, ...]:
         """What op's first instruction on GPU ``g`` waits for: per producer (its position,
         whether on this rank) the instruction completing it there or the send delivering it."""
@@ -99,7 +143,8 @@ class OpLoop:
         _, _, alloc, free = facts
         prev = {g: self._deps(g, local) for lane in self.lanes[r] for g in lane}
         self.piecewise.emit(k, op, r, prev, alloc, free, self.last, self.pending,
-                            marked=self.zero3 or (self.overlap and op in self.final_ops))
+                            marked=self.zero3 or (self.overlap and op in self.final_ops),
+                            cut=self.cuts.get(k, frozenset()))
         emit_sends(self.b, sends, self.lanes, r, k, self.last, self.sent, p2p)
 
     def _folded(self, k: int, op: Op, generic: Op, r: int, local: Sequence[tuple[int, bool]],
@@ -113,7 +158,8 @@ class OpLoop:
             folded = self.folds[generic] = fold(segs, self.collapse.on(g),
                                                 tp_groups(self.placement, r))
         self.last[(k, g)] = emit_folded(self.b, g, op, str(op), folded, self._deps(g, local),
-                                        alloc, free, self.pending[r])
+                                        alloc, free, self.pending[r],
+                                        self.cuts.get(k, frozenset()))
         self.pending[r] = pending_after(self.pending[r], folded)
         emit_replica_sends(self.b, sends, self.lanes, r, 0, k, self.last, self.sent, p2p)
 

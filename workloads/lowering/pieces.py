@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
-from workloads.lowering.collapse import Collapse, Folded, emit_folded, fold, with_all_to_all
+from workloads.lowering.collapse import (
+    Collapse,
+    Folded,
+    StreamUse,
+    emit_folded,
+    fold,
+    stream_use,
+    with_all_to_all,
+)
 from workloads.lowering.grads import grad_op
 from workloads.lowering.groups import (
     ALL_TO_ALL_ALGO,
@@ -42,6 +50,19 @@ class Piece:
     def num_compute(self) -> int:
         """Compute segments of this piece."""
         return sum(isinstance(seg, ComputeSeg) for seg in self.segs)
+
+
+def ring_runs(segs: Sequence[Segment]) -> list[list[Segment]]:
+    """A piece's segments as a collapsed lowering folds them: the runs between ring
+    attentions (:func:`~workloads.lowering.collapse.fold` each) and each ring attention
+    alone."""
+    runs: list[list[Segment]] = [[]]
+    for seg in segs:
+        if isinstance(seg, RingAttention):
+            runs += [[seg], []]
+        else:
+            runs[-1].append(seg)
+    return [run for run in runs if run]
 
 
 def split_pieces(segs: Sequence[Segment]) -> tuple[Piece, ...]:
@@ -154,6 +175,27 @@ class PieceLowering:
             hit = self.cache[(generic, marked)] = split_pieces(segs)
         return hit
 
+    def stream_use(self, op: Op, marked: bool) -> StreamUse:
+        """How ``op`` (``marked``: with its DP markers) meets its communication streams
+        collapsed (:func:`~workloads.lowering.collapse.stream_use`): its pieces' runs."""
+        return stream_use([run for piece in self.pieces(op, marked) if piece.segs
+                           for run in ring_runs(piece.segs)])
+
+    def _cut_runs(self, op: Op, marked: bool, cut: frozenset[str]
+                  ) -> dict[tuple[int, int], frozenset[str]]:
+        """Where ``cut`` (the kinds to cut at their last collective of ``op``) applies: by
+        (piece, run), the kinds whose last collective that run holds."""
+        where: dict[str, tuple[int, int]] = {}
+        for n, piece in enumerate(self.pieces(op, marked)):
+            for i, run in enumerate(ring_runs(piece.segs)):
+                for seg in run:
+                    if isinstance(seg, CommSeg) and seg.kind in cut:
+                        where[seg.kind] = (n, i)
+        out: dict[tuple[int, int], frozenset[str]] = {}
+        for kind, at in where.items():
+            out[at] = out.get(at, frozenset()) | {kind}
+        return out
+
     # ---------------------------------------------------------------- DP collectives
     def _dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
             nbytes: float, stage: int, mb: int) -> dict[int, int]:
@@ -205,11 +247,14 @@ class PieceLowering:
     # ---------------------------------------------------------------- one op
     def emit(self, k: int, op: Op, r: int, prev: dict[int, tuple[int, ...]], alloc: float,
              free: float, last: dict[tuple[int, int], int], pending: list[float],
-             marked: bool) -> None:
+             marked: bool, cut: frozenset[str] = frozenset()) -> None:
         """Emit ``op`` (position ``k`` of the lowering order) on every simulated GPU of
         rank ``r``, starting after ``prev[g]``; its last instruction goes to ``last``.
-        ``marked``: with its DP markers (ZeRO-3, or the bucketed final backward)."""
+        ``marked``: with its DP markers (ZeRO-3, or the bucketed final backward); ``cut``
+        (collapsed): the kinds whose last collective the op cuts its compute at
+        (:func:`~workloads.lowering.collapse.emit_folded`)."""
         pieces = self.pieces(op, marked)
+        cuts = self._cut_runs(op, marked, cut) if cut else {}
         total = sum(piece.num_compute for piece in pieces)
         gpus = list(prev)
         ahead = self.prefetched.pop(op, None)
@@ -231,7 +276,8 @@ class PieceLowering:
                 prev = {g: prev[g] + gathered[g] for g in gpus}
             if piece.segs:
                 prev = self._emit_body(op, (n, marked), piece, r, prev, alloc, free, total,
-                                       pending, n + 1 == len(pieces))
+                                       pending, n + 1 == len(pieces),
+                                       {i: kinds for (m, i), kinds in cuts.items() if m == n})
                 for g in gpus:
                     self._end_piece(g, prev[g][0])
             for ready in piece.ready:
@@ -282,14 +328,16 @@ class PieceLowering:
 
     def _emit_body(self, op: Op, key: tuple, piece: Piece, r: int,
                    prev: dict[int, tuple[int, ...]], alloc: float, free: float, total: int,
-                   pending: list[float], is_last: bool) -> dict[int, tuple[int, ...]]:
+                   pending: list[float], is_last: bool,
+                   cuts: Mapping[int, frozenset[str]]) -> dict[int, tuple[int, ...]]:
         """A piece's compute, TP collectives and ring attention; each GPU's last instruction.
 
         Memory: ``alloc`` goes with the op's first compute segment, ``free`` with its
-        last (of ``total``)."""
+        last (of ``total``). ``cuts`` (collapsed): by run, the kinds it cuts its compute at
+        (:meth:`_cut_runs`)."""
         if self.collapse is not None:
             return self._emit_collapsed(op, key, piece, r, prev, alloc, free, total, pending,
-                                        is_last)
+                                        is_last, cuts)
         b, op_name = self.b, str(op)
         cur = dict(prev)
         seen = piece.compute_before
@@ -354,8 +402,8 @@ class PieceLowering:
 
     def _emit_collapsed(self, op: Op, key: tuple, piece: Piece, r: int,
                         prev: dict[int, tuple[int, ...]], alloc: float, free: float,
-                        total: int, pending: list[float], is_last: bool
-                        ) -> dict[int, tuple[int, ...]]:
+                        total: int, pending: list[float], is_last: bool,
+                        cuts: Mapping[int, frozenset[str]]) -> dict[int, tuple[int, ...]]:
         """Collapsed: the piece's runs between ring attentions are folded like whole ops
         (:func:`fold`, with the same bookkeeping of the TP stream's closing collective);
         each ring step is a timed pass and a compute block."""
@@ -363,13 +411,7 @@ class PieceLowering:
         assert self.collapse is not None
         (g,) = prev
         deps = prev[g]
-        runs: list[list[Segment]] = [[]]
-        for seg in piece.segs:
-            if isinstance(seg, RingAttention):
-                runs += [[seg], []]
-            else:
-                runs[-1].append(seg)
-        runs = [run for run in runs if run]
+        runs = ring_runs(piece.segs)
         seen = piece.compute_before
         for i, run in enumerate(runs):
             if isinstance(run[0], RingAttention):
@@ -386,7 +428,8 @@ class PieceLowering:
             a = alloc if seen == 0 and n_compute else 0.0
             f = free if n_compute and seen + n_compute == total else 0.0
             seen += n_compute
-            end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r])
+            end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r],
+                              cuts.get(i, frozenset()))
             deps = (end,)
             final = is_last and i + 1 == len(runs)
             if folded.trailing:
