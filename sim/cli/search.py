@@ -33,6 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.cli.progress import progress_bar, shows_progress
+
 __all__ = ["register", "top_table"]
 
 
@@ -73,24 +75,6 @@ def register(subparsers: Any) -> None:
     cmd.set_defaults(func=_cmd_search)
 
 
-def _progress_bar(enabled: bool) -> tuple[Any, Any]:
-    """(callback, bar) for a tqdm bar on stderr; (None, None) when disabled."""
-    if not enabled:
-        return None, None
-    from tqdm import tqdm
-
-    bar = tqdm(total=0, unit="layout", desc="search", file=sys.stderr, dynamic_ncols=True,
-               smoothing=0.1)
-
-    def update(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-            bar.refresh()
-        bar.update(done - bar.n)
-
-    return update, bar
-
-
 def _cmd_search(args: argparse.Namespace) -> int:
     from base.errors import ConfigError
     from sim.config import read_yaml
@@ -104,8 +88,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     pins.update(parse_pins(args.fix))
     out = Path(args.out) if args.out else None
     db = args.db or (str(out / "results.sqlite") if out else None)
-    show = not args.json and not args.no_progress and sys.stderr.isatty()
-    progress, bar = _progress_bar(show)
+    progress, bar = progress_bar(shows_progress(args), "layout", "search")
     try:
         with make_executor(args.executor, args.workers, args.ray_address) as executor, \
                 ResultStore(db) as store:

@@ -9,6 +9,7 @@ import time
 
 from base.outputs import check_output_dir, output_dir, outputs
 from sim.cli.args import int_at_least, worker_count
+from sim.cli.progress import progress_bar, shows_progress
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -66,12 +67,24 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     rows = load_rows(args.data or HAGEMANN_SWEEP)
     if args.limit:
         rows = rows[: args.limit]
-    preds = predict(rows, A100_HAGEMANN, args.workers)
+    show = shows_progress(args)
+    progress, bar = progress_bar(show, "run", "validate")
+    try:
+        preds = predict(rows, A100_HAGEMANN, args.workers, progress)
+    finally:
+        if bar is not None:
+            bar.close()
     report = evaluate(preds)
     report["cross_validation_mape"] = None
     if not args.no_cross_validation:
         held_out = [r for r in rows if r.model != "llama-13b"]
-        cv = evaluate(predict(held_out, A100_HAGEMANN_13B, args.workers)) if held_out else None
+        progress, bar = progress_bar(show and bool(held_out), "run", "cross-validation")
+        try:
+            cv = (evaluate(predict(held_out, A100_HAGEMANN_13B, args.workers, progress))
+                  if held_out else None)
+        finally:
+            if bar is not None:
+                bar.close()
         report["cross_validation_mape"] = cv["step_time_mape"] if cv else None
     report["elapsed_s"] = time.perf_counter() - start
     report["profile"] = A100_HAGEMANN.source
@@ -102,6 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "Hagemann et al. 2023 sweep, sim/data/validation/hagemann2023_sweep.csv)")
     p.add_argument("--out", metavar="DIR", help="write validation.csv, .json and .png")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=worker_count, default=2,
                    help="worker processes (default 2)")
     p.add_argument("--limit", type=int_at_least(0), default=0,
