@@ -34,6 +34,8 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -165,9 +167,29 @@ _WORKER_FN: list[Callable[[Any], Any]] = []
 """This worker process's evaluator (set once by the pool's initializer; empty in the parent)."""
 
 
-def _init_worker(task: Task) -> None:
+WATCH_PARENT_S = 0.5
+"""How often a worker checks that the process that started its pool is still alive."""
+
+
+def _init_worker(task: Task, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True,
+                     name="watch-parent").start()
     _WORKER_FN[:] = [task.build()]
+
+
+def _exit_with(parent: int) -> None:
+    """Exit this worker as soon as process ``parent`` is gone. A parent killed with SIGKILL
+    cannot shut its pool down, and a forkserver's workers are not its children, so nothing
+    else would stop them (they would go on evaluating their items)."""
+    while True:
+        time.sleep(WATCH_PARENT_S)
+        try:
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            os._exit(1)
+        except PermissionError:  # alive, someone else's: the pid was reused
+            os._exit(1)
 
 
 def _run_in_worker(item: Any, indexed: bool) -> Any:
@@ -210,7 +232,8 @@ class LocalExecutor(Executor):
                 if module and module != "__main__":
                     context.set_forkserver_preload(["__main__", module])
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context,
-                                             initializer=_init_worker, initargs=(task,))
+                                             initializer=_init_worker,
+                                             initargs=(task, os.getpid()))
             self._task = task
         return self._pool
 

@@ -168,6 +168,53 @@ def test_ctrl_c_stops_local_workers_and_keeps_results(tmp_path: Path) -> None:
     assert len(_db_keys(db)) >= 3
 
 
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc: a forkserver's workers are its
+    children, the forkserver the search's)."""
+    parent_of = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent_of[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parent_of.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
+def test_sigkill_of_a_search_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """Issue 21: after SIGKILL of ``sim search`` its worker processes kept running their
+    items (~230 MB); each worker now exits within WATCH_PARENT_S of its parent."""
+    import subprocess
+    import time
+
+    exp = _write(tmp_path, SMALL)
+    db = tmp_path / "r.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim", "search", str(exp), "--db", str(db), "--json",
+         "--workers", "2", "--exhaustive", "--fix", KILL_PINS],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(_db_keys(db)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    helpers = _descendants(proc.pid)
+    assert len(helpers) >= 2  # the workers (and a forkserver)
+    proc.kill()
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while (alive := {p for p in helpers if Path(f"/proc/{p}").exists()
+                     and "Z" not in Path(f"/proc/{p}/stat").read_text().rpartition(")")[2][:3]}):
+        assert time.monotonic() < deadline, f"still running after the search was killed: {alive}"
+        time.sleep(0.1)
+
+
 def test_make_executor_choices_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(make_executor("local", 1), InlineExecutor)
     assert isinstance(make_executor("local", 3), LocalExecutor)
