@@ -418,6 +418,25 @@ def test_store_keeps_results_per_experiment(tmp_path: Path) -> None:
         ResultStore(tmp_path / "junk.sqlite").load("x")
 
 
+def test_store_refuses_another_schema_and_damaged_rows(tmp_path: Path) -> None:
+    """Issue 21: another table layout and a row with broken JSON were tracebacks."""
+    import sqlite3
+
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE results (a, b)")
+    with pytest.raises(ConfigError, match="columns a, b, not those of sim search"):
+        ResultStore(other)
+    db = tmp_path / "r.sqlite"
+    with ResultStore(db) as store:
+        store.put("exp", Evaluation("tp=1 pp=1", "ok", {"tokens_per_s": 1.0}))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE results SET stats = '{broken'")
+    with ResultStore(db) as store, pytest.raises(ConfigError,
+                                                 match="layout 'tp=1 pp=1' is damaged"):
+        store.load("exp")
+
+
 def test_csv_has_every_layout_and_the_dimensions() -> None:
     result = _small(True)
     text = rows_csv(result.rows)

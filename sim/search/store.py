@@ -29,6 +29,9 @@ class ResultStore:
             PRIMARY KEY (experiment, layout)
         )"""
 
+    COLUMNS = ("experiment", "layout", "status", "stats", "error", "elapsed_s")
+    """The columns of :data:`SCHEMA`, in order."""
+
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = ":memory:" if path in (None, ":memory:") else str(path)
         if self.path != ":memory:":
@@ -40,17 +43,36 @@ class ResultStore:
                 self._conn.execute("PRAGMA synchronous=NORMAL")
             with self._conn:
                 self._conn.execute(self.SCHEMA)
+            columns = [row[1] for row in self._conn.execute("PRAGMA table_info(results)")]
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"--db {self.path!r}: not a usable SQLite database: {exc}"
                               ) from None
+        if columns != list(self.COLUMNS):
+            raise ConfigError(f"--db {self.path!r}: its 'results' table has the columns "
+                              f"{', '.join(columns)}, not those of sim search "
+                              f"({', '.join(self.COLUMNS)}); use another file")
 
     def load(self, experiment: str) -> dict[str, Evaluation]:
-        """Every stored result of ``experiment``, by layout key."""
-        rows = self._conn.execute(
-            "SELECT layout, status, stats, error, elapsed_s FROM results WHERE experiment = ?",
-            (experiment,))
-        return {key: Evaluation(key, status, json.loads(stats) if stats else None, error, elapsed)
-                for key, status, stats, error, elapsed in rows}
+        """Every stored result of ``experiment``, by layout key; ConfigError if the database
+        is damaged or a row does not hold a result as :meth:`put` writes it."""
+        try:
+            rows = self._conn.execute(
+                "SELECT layout, status, stats, error, elapsed_s FROM results "
+                "WHERE experiment = ?", (experiment,)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"--db {self.path!r}: cannot be read: {exc}") from None
+        out = {}
+        for key, status, stats, error, elapsed in rows:
+            try:
+                parsed = json.loads(stats) if stats else None
+                if parsed is not None and not isinstance(parsed, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                raise ConfigError(f"--db {self.path!r}: the stored result of layout {key!r} "
+                                  f"is damaged ({exc}); delete that row or use another file"
+                                  ) from None
+            out[key] = Evaluation(key, status, parsed, error, elapsed)
+        return out
 
     def put(self, experiment: str, ev: Evaluation) -> None:
         """Store one result in its own transaction (replacing an older one)."""
