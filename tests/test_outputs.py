@@ -62,6 +62,7 @@ def test_bad_targets_are_named(tmp_path) -> None:
     ["run", str(EXAMPLE), "--out"],
     ["compare", str(EXAMPLE), "--out"],
     ["validate", "--limit", "1", "--out"],
+    ["search", str(ROOT / "workloads/examples/search-llama-13b-64.yaml"), "--out"],
 ])
 def test_cli_refuses_an_existing_file_as_out_dir_at_once(tmp_path, command) -> None:
     afile = tmp_path / "afile"

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from base.outputs import check_output_dir, output_dir, outputs
 from sim.cli.progress import progress_bar, shows_progress
 
 __all__ = ["register", "top_table"]
@@ -86,7 +87,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         raise ConfigError(f"file {args.file!r}: the experiment must be a mapping of keys")
     pins = pins_from_file(data) if args.pin_from_file else {}
     pins.update(parse_pins(args.fix))
-    out = Path(args.out) if args.out else None
+    out = check_output_dir(args.out) if args.out else None  # fails before searching
     db = args.db or (str(out / "results.sqlite") if out else None)
     progress, bar = progress_bar(shows_progress(args), "layout", "search")
     try:
@@ -102,14 +103,17 @@ def _cmd_search(args: argparse.Namespace) -> int:
     summary["db"] = db
     written: list[Path] = []
     if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.csv").write_text(rows_csv(result.rows), encoding="utf-8")
-        written.append(out / "results.csv")
-        if not args.no_plot:
-            written.append(_plot(out / "pareto.png", result))
-        summary["files"] = [str(p) for p in written] + [str(out / "search.json")]
-        (out / "search.json").write_text(_json(summary), encoding="utf-8")
-        written.append(out / "search.json")
+        output_dir(out)
+        with outputs() as files:  # search.json, which lists the others, renamed last
+            files.temp(out / "results.csv").write_text(rows_csv(result.rows), encoding="utf-8")
+            written.append(out / "results.csv")
+            if not args.no_plot:
+                _plot(files.temp(out / "pareto.png"), result)
+                written.append(out / "pareto.png")
+            summary["files"] = [str(p) for p in written] + [str(out / "search.json")]
+            files.temp(out / "search.json").write_text(_json(summary), encoding="utf-8")
+            written.append(out / "search.json")
+            files.commit(last=("search.json",))
     if args.json:
         sys.stdout.write(_json(summary))
         return 0
@@ -129,7 +133,7 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, indent=2) + "\n"
 
 
-def _plot(path: Path, result: Any) -> Path:
+def _plot(path: Path, result: Any) -> None:
     from plots.pareto import plot_pareto  # matplotlib only when plotting
 
     best = result.best
@@ -137,7 +141,6 @@ def _plot(path: Path, result: Any) -> Path:
                 title=f"{result.experiment}: {result.num_gpus} GPUs, global batch "
                       f"{result.global_batch_size}",
                 best_key=best.layout.key if best else None)
-    return path
 
 
 def _header(summary: dict[str, Any]) -> str:
