@@ -280,8 +280,97 @@ def parse_config(data: Any) -> ExperimentConfig:
         raise ConfigError(_format_validation_error(exc, ExperimentConfig)) from None
 
 
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of mappings and lists an input file may have (the experiment schema
+needs 5; the YAML composer recurses once per level)."""
+MAX_YAML_VALUES = 100_000
+"""Most values (mappings, lists, scalars) a file may hold, counting every use of an
+alias as a copy of what it names: a "billion laughs" file of a few lines would expand to
+billions (the largest bundled example holds under 100)."""
+
+
+class _InputLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing what no input file needs: nesting deeper than
+    :data:`MAX_YAML_DEPTH`, aliases that expand to more than :data:`MAX_YAML_VALUES`
+    values, and a key given twice in one mapping (YAML forbids it; PyYAML keeps the
+    last silently)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        if self.depth > MAX_YAML_DEPTH:
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"nesting deeper than {MAX_YAML_DEPTH} levels at line "
+                              f"{mark.line + 1}")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _key_text(node: yaml.Node) -> str:
+    return str(node.value) if isinstance(node, yaml.ScalarNode) else f"<{node.id} key>"
+
+
+def _check_nodes(node: yaml.Node, path: str, sizes: dict[int, int]) -> int:
+    """The values ``node`` expands to (aliases counted as copies, each node once thanks to
+    ``sizes``); ConfigError on a duplicate key, naming its path, line and both values."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, yaml.Node] = {}
+        for key, value in node.value:
+            name = _key_text(key)
+            dotted = f"{path}.{name}" if path else name
+            if name in seen and name != "<<":
+                first = seen[name]
+                raise ConfigError(f"duplicate key {dotted!r} at line {key.start_mark.line + 1} "
+                                  f"(value {_shown(value)}; first given at line "
+                                  f"{first.start_mark.line + 1} as {_shown(first)})")
+            seen[name] = value
+            size += _check_nodes(key, dotted, sizes) + _check_nodes(value, dotted, sizes)
+    elif isinstance(node, yaml.SequenceNode):
+        for k, item in enumerate(node.value):
+            size += _check_nodes(item, f"{path}[{k}]", sizes)
+    sizes[id(node)] = size
+    if size > MAX_YAML_VALUES:
+        raise ConfigError(f"{path or 'the document'} expands to more than {MAX_YAML_VALUES:,} "
+                          "values (aliases count as copies)")
+    return size
+
+
+def _shown(node: yaml.Node) -> str:
+    """A node as an error shows it: a scalar's text, or what kind of collection it is."""
+    if isinstance(node, yaml.ScalarNode):
+        text = repr(node.value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return "a mapping" if isinstance(node, yaml.MappingNode) else "a list"
+
+
+def load_yaml_text(text: str) -> Any:
+    """Parse YAML input text with :class:`_InputLoader`'s limits (ConfigError naming the
+    key and line when one is broken, ``yaml.YAMLError`` on invalid syntax)."""
+    loader = _InputLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_nodes(root, "", {})
+        try:
+            return loader.construct_document(root)
+        except (ValueError, OverflowError) as exc:  # e.g. an integer of 5,000 digits
+            raise ConfigError(f"a value cannot be read: {exc}") from None
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Read a YAML file; ConfigError (not OSError or a YAML traceback) on any failure."""
+    """Read a YAML file; ConfigError (not OSError or a YAML traceback) on any failure,
+    including the limits of :func:`load_yaml_text`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -292,7 +381,9 @@ def read_yaml(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read file {str(p)!r}: {exc}") from None
     try:
-        return yaml.safe_load(text)
+        return load_yaml_text(text)
+    except ConfigError as exc:
+        raise ConfigError(f"file {str(p)!r}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
