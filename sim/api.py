@@ -17,6 +17,7 @@ from typing import Any
 
 from base.errors import ConfigError
 from base.outputs import Outputs, output_dir, outputs
+from sim import budget
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s, rank_timers
@@ -251,9 +252,18 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     if link_changes and fidelity == "collapsed":
         raise ConfigError("fidelity='collapsed': links that change in the middle of a step "
                           "need every transfer simulated; use fidelity full (or auto)")
+    overlapping = overlaps_steps(exp.schedule.name)
+    n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
+    note = None
     if fidelity == "auto":
-        fidelity = ("full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or slowdown or mixed
-                    or link_changes else "collapsed")
+        must = bool(slowdown or mixed or link_changes)
+        fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or must else "collapsed"
+        if fidelity == "full" and not must and not budget.fits(exp, "full", n):
+            fidelity = "collapsed"
+            note = (f"fidelity auto: full would create about "
+                    f"{budget.estimate_instructions(exp, 'full', n)[0]:,.0f} instructions, "
+                    f"more than {budget.MAX_PROGRAM_BYTES / 1e9:g} GB; simulated collapsed")
+    budget.check_program(exp, fidelity, n)
     collapse = None
     if fidelity == "collapsed":
         collapse = Collapse(compute_s=base_time if timers is None else timers[0],
@@ -261,8 +271,6 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference)
-    overlapping = overlaps_steps(exp.schedule.name)
-    n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
     if n > 1:
         program = repeat_program(program, n, barrier=not overlapping)
     times = InstructionTimes()
@@ -275,6 +283,8 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     if n > 1:
         stats["steps_simulated"] = n
         stats["first_step_s"] = ends[0]
+    if note:
+        stats["fidelity_note"] = note
     if slowdown:
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
     ready_s, end_s = times.arrays or (times.ready_s, times.end_s)

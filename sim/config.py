@@ -26,6 +26,34 @@ from topologies.config import ClusterConfig
 from topologies.placement import DEFAULT_ORDER
 from workloads.registry import SCHEDULES
 
+MAX_SIZES = {
+    "seq_length": 1 << 24,
+    "num_layers": 1 << 12,
+    "hidden_size": 1 << 18,
+    "num_attention_heads": 1 << 14,
+    "num_kv_heads": 1 << 14,
+    "ffn_hidden_size": 1 << 20,
+    "vocab_size": 1 << 24,
+    "num_experts": 1 << 14,
+    "micro_batch_size": 1 << 20,
+}
+"""Upper bounds of the model's and the batch's sizes: 10 to 100 times the largest published
+models (GPT-3 175B: 96 layers, h = 12,288; Megatron-LM's 1T: 128 layers, h = 25,600;
+Gemma: 256k vocabulary; Llama 4 Scout: 10M-token context; DeepSeek-V3: 256 experts), so
+that a typo such as ``hidden_size: 1e30`` is an error naming the key, not a result (the
+costs of such sizes overflow and are no longer meaningful)."""
+
+
+def check_sizes(sizes: dict[str, Any], where: str = "model") -> None:
+    """ConfigError naming the first of ``sizes`` above its :data:`MAX_SIZES` bound (for a
+    model read from a Hugging Face config, where the schema's bounds do not apply)."""
+    for key, value in sizes.items():
+        bound = MAX_SIZES.get(key)
+        if bound is not None and isinstance(value, int) and value > bound:
+            sep = " " if where.endswith(":") else "."
+            raise ConfigError(f"{where}{sep}{key}={value}: more than the {bound:,} this "
+                              "simulator accepts")
+
 
 class SyntheticModel(Strict):
     """Per-stage, per-micro-batch costs for schedule studies."""
@@ -47,11 +75,11 @@ class SyntheticModel(Strict):
 class MoEConfig(Strict):
     """Mixture-of-experts MLPs (:class:`workloads.models.MoESpec`)."""
 
-    num_experts: int = Field(gt=0)
+    num_experts: int = Field(gt=0, le=MAX_SIZES["num_experts"])
     """Experts per MoE layer."""
     top_k: int = Field(gt=0)
     """Experts each token is routed to."""
-    expert_ffn_hidden_size: int | None = Field(None, gt=0)
+    expert_ffn_hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["ffn_hidden_size"])
     """Default: the model's ffn_hidden_size."""
     capacity_factor: float | None = Field(None, gt=0)
     """None: dropless; c: expert buffers of c·tokens·k/E rows, computed padded."""
@@ -71,19 +99,19 @@ class ModelConfig(Strict):
     """Per-stage costs instead of a transformer, for schedule studies."""
     name: str | None = None
     """Shown in outputs; default: the preset's or the config's name (``custom`` otherwise)."""
-    seq_length: int | None = Field(None, gt=0)
+    seq_length: int | None = Field(None, gt=0, le=MAX_SIZES["seq_length"])
     """Tokens per sequence."""
-    num_layers: int | None = Field(None, gt=0)
+    num_layers: int | None = Field(None, gt=0, le=MAX_SIZES["num_layers"])
     """Transformer layers."""
-    hidden_size: int | None = Field(None, gt=0)
+    hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["hidden_size"])
     """Model width h."""
-    num_attention_heads: int | None = Field(None, gt=0)
+    num_attention_heads: int | None = Field(None, gt=0, le=MAX_SIZES["num_attention_heads"])
     """Query heads; they divide hidden_size."""
-    num_kv_heads: int | None = Field(None, gt=0)
+    num_kv_heads: int | None = Field(None, gt=0, le=MAX_SIZES["num_kv_heads"])
     """Key/value heads (grouped-query attention); default: num_attention_heads."""
-    ffn_hidden_size: int | None = Field(None, gt=0)
+    ffn_hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["ffn_hidden_size"])
     """MLP inner width."""
-    vocab_size: int | None = Field(None, gt=0)
+    vocab_size: int | None = Field(None, gt=0, le=MAX_SIZES["vocab_size"])
     """Vocabulary entries (embedding and output head rows)."""
     ffn_type: Literal["gelu", "swiglu"] | None = None
     """MLP: two GEMMs with GeLU, or three with SwiGLU."""
@@ -140,7 +168,7 @@ class ParallelConfig(Strict):
 class TrainingConfig(Strict):
     """One optimizer step: batch sizes, recomputation, kernels."""
 
-    micro_batch_size: int = Field(1, ge=1)
+    micro_batch_size: int = Field(1, ge=1, le=MAX_SIZES["micro_batch_size"])
     """Sequences per micro-batch."""
     global_batch_size: int | None = Field(None, ge=1)
     """Sequences per optimizer step over all DP replicas; a multiple of

@@ -35,6 +35,10 @@ CollectiveAlgo = Literal["auto", "ring", "tree", "halving_doubling", "hierarchic
                          "nvls", "p2p"]
 """Collective algorithm names; which op each implements is :mod:`sim.collectives`' to say."""
 
+MAX_GPUS = 1 << 17
+"""Most GPUs a cluster may have: 131,072, above the largest training clusters built
+(xAI's Colossus, 100,000 H100 in 2024); building the graph of that many takes ~30 s."""
+
 SHAPE_KEYS = {
     "oversubscription": ("fat-tree", "rail-optimized"),
     "gpus_per_leaf": ("fat-tree", "rail-optimized"),
@@ -102,8 +106,8 @@ class _Kind(Strict):
     USED_WITH: ClassVar[str]
     """How an error names the clusters of this kind that a key is used with."""
 
-    num_gpus: int = Field(gt=0)
-    """GPUs in the cluster, all sites together."""
+    num_gpus: int = Field(gt=0, le=MAX_GPUS)
+    """GPUs in the cluster, all sites together (at most :data:`MAX_GPUS`)."""
 
     @classmethod
     def describe(cls, data: dict) -> str:
