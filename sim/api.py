@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,7 @@ class Result:
 
     def stats_json(self) -> str:
         """The stats as the exact JSON text ``sim run --json`` prints (deterministic)."""
-        return json.dumps(self.stats, indent=2) + "\n"
+        return stats_json(self.stats)
 
     def write(self, out_dir: str | Path, files: Outputs | None = None, trace: str = "json",
               gpus: Sequence[int] | None = None) -> dict[str, Path]:
@@ -73,6 +74,29 @@ class Result:
         the caller commits). Figures: :func:`sim.cli.figures.write_figures`."""
         return write_step(out_dir, self.experiment.name, self.timeline, self.stats_json(), files,
                           trace, gpus)
+
+
+def _not_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity in ``value`` (None: all finite)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        found = _not_finite(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
+        if found:
+            return found
+    return None
+
+
+def stats_json(stats: Mapping[str, Any]) -> str:
+    """``stats`` as JSON text (indent 2, a final newline); ConfigError naming the statistic
+    if one is NaN or infinite (inputs out of range: JSON has no such numbers)."""
+    bad = _not_finite(dict(stats), "stats")
+    if bad:
+        raise ConfigError(f"{bad} is not a finite number; an input is out of the range this "
+                          "simulator computes")
+    return json.dumps(stats, indent=2, allow_nan=False) + "\n"
 
 
 TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
