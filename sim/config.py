@@ -44,6 +44,11 @@ that a typo such as ``hidden_size: 1e30`` is an error naming the key, not a resu
 costs of such sizes overflow and are no longer meaningful)."""
 
 
+MAX_BATCH_SIZES = 100
+"""Most entries of ``training.global_batch_schedule`` (Lau et al. 2025 grow the batch a
+handful of times)."""
+
+
 def check_sizes(sizes: dict[str, Any], where: str = "model") -> None:
     """ConfigError naming the first of ``sizes`` above its :data:`MAX_SIZES` bound (for a
     model read from a Hugging Face config, where the schema's bounds do not apply)."""
@@ -189,9 +194,10 @@ class TrainingConfig(Strict):
     seq_chunks: int = Field(4, ge=1)
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
-    global_batch_schedule: list[list[int]] | None = None
+    global_batch_schedule: list[list[int]] | None = Field(None, max_length=MAX_BATCH_SIZES)
     """``[[step, global_batch_size], ...]`` for ``sim run --steps N``: from each step on, that
-    global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`."""
+    global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`. At most
+    :data:`MAX_BATCH_SIZES` entries (each batch size is simulated once)."""
 
 
 class ExperimentConfig(Strict):
@@ -280,6 +286,11 @@ def _walk(root: type[BaseModel], loc: tuple) -> tuple[tuple, type[BaseModel] | N
     return tuple(clean), holder
 
 
+MAX_SHOWN = 80
+"""Characters of an offending value an error line shows (a list of 10,000 entries is
+named, not printed)."""
+
+
 def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     err = exc.errors()[0]
     if err["type"] == INVALID:
@@ -295,7 +306,10 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
     if err["type"] == "missing":
         return f"{key}: required key is missing"
     msg = err["msg"][0].lower() + err["msg"][1:]
-    return f"{key}: {msg}, got {err.get('input')!r}"
+    shown = repr(err.get("input"))
+    if len(shown) > MAX_SHOWN:
+        shown = shown[:MAX_SHOWN - 3] + "..."
+    return f"{key}: {msg}, got {shown}"
 
 
 def parse_config(data: Any) -> ExperimentConfig:

@@ -87,7 +87,7 @@ class DragonflyConfig(Strict):
 class NodeGroupConfig(Strict):
     """Servers of one type in a mixed cluster (``cluster.nodes``), listed in rank order."""
 
-    count: int = Field(gt=0)
+    count: int = Field(gt=0, le=MAX_GPUS)
     """Servers (nodes) of this type."""
     preset: str | None = None
     """A server preset (``dgx-a100-80g``, ``dgx-h100``, ...): its GPU, GPUs per server,
@@ -367,12 +367,13 @@ class _Nodes(Networked):
                               "(with cluster.topology)")
             self.check_group(k, group)
         per_node = self.server_size()
-        total = per_node * len(self.server_types())
+        servers = sum(g.count for g in self.nodes)
+        total = per_node * servers
         if total != self.num_gpus:
             terms = " + ".join(f"{g.count}x {self.group_type(g)}" for g in self.nodes)
             raise invalid(f"cluster.nodes: {terms} servers of {per_node} GPUs = {total} GPUs "
                           f"!= cluster.num_gpus = {self.num_gpus}")
-        sites, servers = self.sites or 1, len(self.server_types())
+        sites = self.sites or 1
         if servers % sites:
             raise invalid(f"cluster.sites={sites} does not divide the {servers} servers of "
                           "cluster.nodes")
