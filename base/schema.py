@@ -1,8 +1,10 @@
 """The base of every input-file model, and the error its validators raise.
 
-Models are strict (``"2"`` is not an integer, ``1`` is not a boolean), reject
-unknown keys, are frozen, and take each field's docstring as its description,
-so the schema documents itself (``Model.model_fields[name].description``).
+Models are strict (``"2"`` is not an integer, ``1`` is not a boolean), take finite
+numbers only (``.nan`` and ``.inf`` are errors naming the key, not values that would
+turn into NaN results or a run that never ends), reject unknown keys, are frozen,
+and take each field's docstring as its description, so the schema documents itself
+(``Model.model_fields[name].description``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ INVALID = "invalid_config"
 class Strict(BaseModel):
     """A strict, frozen input model whose field docstrings are its field descriptions."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True,
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
                               use_attribute_docstrings=True)
 
 

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 from base.errors import ConfigError
 from base.outputs import Outputs, output_dir, outputs
+from sim import budget
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s, rank_timers
@@ -62,7 +64,7 @@ class Result:
 
     def stats_json(self) -> str:
         """The stats as the exact JSON text ``sim run --json`` prints (deterministic)."""
-        return json.dumps(self.stats, indent=2) + "\n"
+        return stats_json(self.stats)
 
     def write(self, out_dir: str | Path, files: Outputs | None = None, trace: str = "json",
               gpus: Sequence[int] | None = None) -> dict[str, Path]:
@@ -72,6 +74,29 @@ class Result:
         the caller commits). Figures: :func:`sim.cli.figures.write_figures`."""
         return write_step(out_dir, self.experiment.name, self.timeline, self.stats_json(), files,
                           trace, gpus)
+
+
+def _not_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity in ``value`` (None: all finite)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        found = _not_finite(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
+        if found:
+            return found
+    return None
+
+
+def stats_json(stats: Mapping[str, Any]) -> str:
+    """``stats`` as JSON text (indent 2, a final newline); ConfigError naming the statistic
+    if one is NaN or infinite (inputs out of range: JSON has no such numbers)."""
+    bad = _not_finite(dict(stats), "stats")
+    if bad:
+        raise ConfigError(f"{bad} is not a finite number; an input is out of the range this "
+                          "simulator computes")
+    return json.dumps(stats, indent=2, allow_nan=False) + "\n"
 
 
 TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
@@ -253,9 +278,18 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     if link_changes and fidelity == "collapsed":
         raise ConfigError("fidelity='collapsed': links that change in the middle of a step "
                           "need every transfer simulated; use fidelity full (or auto)")
+    overlapping = overlaps_steps(exp.schedule.name)
+    n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
+    note = None
     if fidelity == "auto":
-        fidelity = ("full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or slowdown or mixed
-                    or link_changes else "collapsed")
+        must = bool(slowdown or mixed or link_changes)
+        fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or must else "collapsed"
+        if fidelity == "full" and not must and not budget.fits(exp, "full", n):
+            fidelity = "collapsed"
+            note = (f"fidelity auto: full would create about "
+                    f"{budget.estimate_instructions(exp, 'full', n)[0]:,.0f} instructions, "
+                    f"more than {budget.MAX_PROGRAM_BYTES / 1e9:g} GB; simulated collapsed")
+    budget.check_program(exp, fidelity, n)
     collapse = None
     if fidelity == "collapsed":
         collapse = Collapse(compute_s=base_time if timers is None else timers[0],
@@ -263,8 +297,6 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference)
-    overlapping = overlaps_steps(exp.schedule.name)
-    n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
     if n > 1:
         program = repeat_program(program, n, barrier=not overlapping)
     times = InstructionTimes()
@@ -277,6 +309,8 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     if n > 1:
         stats["steps_simulated"] = n
         stats["first_step_s"] = ends[0]
+    if note:
+        stats["fidelity_note"] = note
     if slowdown:
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
     ready_s, end_s = times.arrays or (times.ready_s, times.end_s)

@@ -26,6 +26,39 @@ from topologies.config import ClusterConfig
 from topologies.placement import DEFAULT_ORDER
 from workloads.registry import SCHEDULES
 
+MAX_SIZES = {
+    "seq_length": 1 << 24,
+    "num_layers": 1 << 12,
+    "hidden_size": 1 << 18,
+    "num_attention_heads": 1 << 14,
+    "num_kv_heads": 1 << 14,
+    "ffn_hidden_size": 1 << 20,
+    "vocab_size": 1 << 24,
+    "num_experts": 1 << 14,
+    "micro_batch_size": 1 << 20,
+}
+"""Upper bounds of the model's and the batch's sizes: 10 to 100 times the largest published
+models (GPT-3 175B: 96 layers, h = 12,288; Megatron-LM's 1T: 128 layers, h = 25,600;
+Gemma: 256k vocabulary; Llama 4 Scout: 10M-token context; DeepSeek-V3: 256 experts), so
+that a typo such as ``hidden_size: 1e30`` is an error naming the key, not a result (the
+costs of such sizes overflow and are no longer meaningful)."""
+
+
+MAX_BATCH_SIZES = 100
+"""Most entries of ``training.global_batch_schedule`` (Lau et al. 2025 grow the batch a
+handful of times)."""
+
+
+def check_sizes(sizes: dict[str, Any], where: str = "model") -> None:
+    """ConfigError naming the first of ``sizes`` above its :data:`MAX_SIZES` bound (for a
+    model read from a Hugging Face config, where the schema's bounds do not apply)."""
+    for key, value in sizes.items():
+        bound = MAX_SIZES.get(key)
+        if bound is not None and isinstance(value, int) and value > bound:
+            sep = " " if where.endswith(":") else "."
+            raise ConfigError(f"{where}{sep}{key}={value}: more than the {bound:,} this "
+                              "simulator accepts")
+
 
 class SyntheticModel(Strict):
     """Per-stage, per-micro-batch costs for schedule studies."""
@@ -47,11 +80,11 @@ class SyntheticModel(Strict):
 class MoEConfig(Strict):
     """Mixture-of-experts MLPs (:class:`workloads.models.MoESpec`)."""
 
-    num_experts: int = Field(gt=0)
+    num_experts: int = Field(gt=0, le=MAX_SIZES["num_experts"])
     """Experts per MoE layer."""
     top_k: int = Field(gt=0)
     """Experts each token is routed to."""
-    expert_ffn_hidden_size: int | None = Field(None, gt=0)
+    expert_ffn_hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["ffn_hidden_size"])
     """Default: the model's ffn_hidden_size."""
     capacity_factor: float | None = Field(None, gt=0)
     """None: dropless; c: expert buffers of c·tokens·k/E rows, computed padded."""
@@ -71,19 +104,19 @@ class ModelConfig(Strict):
     """Per-stage costs instead of a transformer, for schedule studies."""
     name: str | None = None
     """Shown in outputs; default: the preset's or the config's name (``custom`` otherwise)."""
-    seq_length: int | None = Field(None, gt=0)
+    seq_length: int | None = Field(None, gt=0, le=MAX_SIZES["seq_length"])
     """Tokens per sequence."""
-    num_layers: int | None = Field(None, gt=0)
+    num_layers: int | None = Field(None, gt=0, le=MAX_SIZES["num_layers"])
     """Transformer layers."""
-    hidden_size: int | None = Field(None, gt=0)
+    hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["hidden_size"])
     """Model width h."""
-    num_attention_heads: int | None = Field(None, gt=0)
+    num_attention_heads: int | None = Field(None, gt=0, le=MAX_SIZES["num_attention_heads"])
     """Query heads; they divide hidden_size."""
-    num_kv_heads: int | None = Field(None, gt=0)
+    num_kv_heads: int | None = Field(None, gt=0, le=MAX_SIZES["num_kv_heads"])
     """Key/value heads (grouped-query attention); default: num_attention_heads."""
-    ffn_hidden_size: int | None = Field(None, gt=0)
+    ffn_hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["ffn_hidden_size"])
     """MLP inner width."""
-    vocab_size: int | None = Field(None, gt=0)
+    vocab_size: int | None = Field(None, gt=0, le=MAX_SIZES["vocab_size"])
     """Vocabulary entries (embedding and output head rows)."""
     ffn_type: Literal["gelu", "swiglu"] | None = None
     """MLP: two GEMMs with GeLU, or three with SwiGLU."""
@@ -140,7 +173,7 @@ class ParallelConfig(Strict):
 class TrainingConfig(Strict):
     """One optimizer step: batch sizes, recomputation, kernels."""
 
-    micro_batch_size: int = Field(1, ge=1)
+    micro_batch_size: int = Field(1, ge=1, le=MAX_SIZES["micro_batch_size"])
     """Sequences per micro-batch."""
     global_batch_size: int | None = Field(None, ge=1)
     """Sequences per optimizer step over all DP replicas; a multiple of
@@ -161,9 +194,10 @@ class TrainingConfig(Strict):
     seq_chunks: int = Field(4, ge=1)
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
-    global_batch_schedule: list[list[int]] | None = None
+    global_batch_schedule: list[list[int]] | None = Field(None, max_length=MAX_BATCH_SIZES)
     """``[[step, global_batch_size], ...]`` for ``sim run --steps N``: from each step on, that
-    global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`."""
+    global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`. At most
+    :data:`MAX_BATCH_SIZES` entries (each batch size is simulated once)."""
 
 
 class ExperimentConfig(Strict):
@@ -252,6 +286,11 @@ def _walk(root: type[BaseModel], loc: tuple) -> tuple[tuple, type[BaseModel] | N
     return tuple(clean), holder
 
 
+MAX_SHOWN = 80
+"""Characters of an offending value an error line shows (a list of 10,000 entries is
+named, not printed)."""
+
+
 def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     err = exc.errors()[0]
     if err["type"] == INVALID:
@@ -267,7 +306,10 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
     if err["type"] == "missing":
         return f"{key}: required key is missing"
     msg = err["msg"][0].lower() + err["msg"][1:]
-    return f"{key}: {msg}, got {err.get('input')!r}"
+    shown = repr(err.get("input"))
+    if len(shown) > MAX_SHOWN:
+        shown = shown[:MAX_SHOWN - 3] + "..."
+    return f"{key}: {msg}, got {shown}"
 
 
 def parse_config(data: Any) -> ExperimentConfig:
@@ -280,8 +322,97 @@ def parse_config(data: Any) -> ExperimentConfig:
         raise ConfigError(_format_validation_error(exc, ExperimentConfig)) from None
 
 
+MAX_YAML_DEPTH = 64
+"""Deepest nesting of mappings and lists an input file may have (the experiment schema
+needs 5; the YAML composer recurses once per level)."""
+MAX_YAML_VALUES = 100_000
+"""Most values (mappings, lists, scalars) a file may hold, counting every use of an
+alias as a copy of what it names: a "billion laughs" file of a few lines would expand to
+billions (the largest bundled example holds under 100)."""
+
+
+class _InputLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing what no input file needs: nesting deeper than
+    :data:`MAX_YAML_DEPTH`, aliases that expand to more than :data:`MAX_YAML_VALUES`
+    values, and a key given twice in one mapping (YAML forbids it; PyYAML keeps the
+    last silently)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        if self.depth > MAX_YAML_DEPTH:
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"nesting deeper than {MAX_YAML_DEPTH} levels at line "
+                              f"{mark.line + 1}")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def _key_text(node: yaml.Node) -> str:
+    return str(node.value) if isinstance(node, yaml.ScalarNode) else f"<{node.id} key>"
+
+
+def _check_nodes(node: yaml.Node, path: str, sizes: dict[int, int]) -> int:
+    """The values ``node`` expands to (aliases counted as copies, each node once thanks to
+    ``sizes``); ConfigError on a duplicate key, naming its path, line and both values."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    size = 1
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, yaml.Node] = {}
+        for key, value in node.value:
+            name = _key_text(key)
+            dotted = f"{path}.{name}" if path else name
+            if name in seen and name != "<<":
+                first = seen[name]
+                raise ConfigError(f"duplicate key {dotted!r} at line {key.start_mark.line + 1} "
+                                  f"(value {_shown(value)}; first given at line "
+                                  f"{first.start_mark.line + 1} as {_shown(first)})")
+            seen[name] = value
+            size += _check_nodes(key, dotted, sizes) + _check_nodes(value, dotted, sizes)
+    elif isinstance(node, yaml.SequenceNode):
+        for k, item in enumerate(node.value):
+            size += _check_nodes(item, f"{path}[{k}]", sizes)
+    sizes[id(node)] = size
+    if size > MAX_YAML_VALUES:
+        raise ConfigError(f"{path or 'the document'} expands to more than {MAX_YAML_VALUES:,} "
+                          "values (aliases count as copies)")
+    return size
+
+
+def _shown(node: yaml.Node) -> str:
+    """A node as an error shows it: a scalar's text, or what kind of collection it is."""
+    if isinstance(node, yaml.ScalarNode):
+        text = repr(node.value)
+        return text if len(text) <= 60 else text[:57] + "..."
+    return "a mapping" if isinstance(node, yaml.MappingNode) else "a list"
+
+
+def load_yaml_text(text: str) -> Any:
+    """Parse YAML input text with :class:`_InputLoader`'s limits (ConfigError naming the
+    key and line when one is broken, ``yaml.YAMLError`` on invalid syntax)."""
+    loader = _InputLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _check_nodes(root, "", {})
+        try:
+            return loader.construct_document(root)
+        except (ValueError, OverflowError) as exc:  # e.g. an integer of 5,000 digits
+            raise ConfigError(f"a value cannot be read: {exc}") from None
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> Any:
-    """Read a YAML file; ConfigError (not OSError or a YAML traceback) on any failure."""
+    """Read a YAML file; ConfigError (not OSError or a YAML traceback) on any failure,
+    including the limits of :func:`load_yaml_text`."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -292,7 +423,9 @@ def read_yaml(path: str | Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read file {str(p)!r}: {exc}") from None
     try:
-        return yaml.safe_load(text)
+        return load_yaml_text(text)
+    except ConfigError as exc:
+        raise ConfigError(f"file {str(p)!r}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError, ScheduleError
+from sim.budget import check_schedule_ops
 from sim.calibration import default_profile
 from sim.collectives import estimate, group_profile, resolve_algorithm
 from sim.config import (
@@ -15,6 +17,7 @@ from sim.config import (
     ModelConfig,
     MoEConfig,
     ParallelConfig,
+    check_sizes,
     parse_config,
     read_yaml,
     set_dotted,
@@ -79,6 +82,8 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
     if spec.first_dense_layers >= spec.num_layers:
         raise ConfigError(f"model.num_layers={spec.num_layers}: the model's first "
                           f"{spec.first_dense_layers} layers are dense; it needs more layers")
+    _check_spec(spec, "model" if cfg.hf_config is None else
+                f"model.hf_config={cfg.hf_config!r}:")
     derived_head = spec.kv_channels is None and spec.mla is None  # d = h/a
     if derived_head and spec.hidden_size % spec.num_attention_heads:
         raise ConfigError(f"model.hidden_size={spec.hidden_size} is not divisible by "
@@ -87,6 +92,20 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
         raise ConfigError(f"model.num_kv_heads={spec.num_kv_heads} does not divide "
                           f"model.num_attention_heads={spec.num_attention_heads}")
     return spec
+
+
+def _check_spec(spec: Any, where: str) -> None:
+    """ConfigError naming the field unless every number of ``spec`` (a model or its MoE
+    part, however it was made: a Hugging Face config is not checked by the schema) is
+    finite and every size within :data:`sim.config.MAX_SIZES`."""
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        if is_dataclass(value):
+            _check_spec(value, where)
+        elif isinstance(value, float) and not math.isfinite(value):
+            sep = " " if where.endswith(":") else "."
+            raise ConfigError(f"{where}{sep}{f.name}={value}: must be a finite number")
+    check_sizes({f.name: getattr(spec, f.name) for f in fields(spec)}, where)
 
 
 def _moe_spec(cfg: MoEConfig, spec: ModelSpec) -> MoESpec:
@@ -205,6 +224,13 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
     name, v = cfg.schedule, cfg.parallel.vpp
     try:
         if name in SCHEDULES:
+            k = cfg.training.seq_chunks if SCHEDULES[name].seq_chunks else 1
+            t = cfg.training
+            key, value = max((("parallel.vpp", v), ("training.seq_chunks", k),
+                              ("training.global_batch_size", t.global_batch_size)
+                              if t.global_batch_size is not None else
+                              ("training.num_microbatches", m)), key=lambda kv: kv[1])
+            check_schedule_ops(pp * v, m, k, key, value)
             sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
             if v > 1 and sched.chunks_per_rank == 1:
                 raise ConfigError(f"parallel.vpp={v}: schedule {name!r} has one chunk per rank; "
@@ -217,7 +243,12 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
         if not path.is_file():
             raise ConfigError(f"schedule: unknown schedule {name!r}; choose one of "
                               f"{', '.join(SCHEDULES)} or give a schedule file path")
-        sched = schedules.from_text(path.read_text(encoding="utf-8"), m, name=str(name))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"schedule={name!r}: cannot read the schedule file: {exc}"
+                              ) from None
+        sched = schedules.from_text(text, m, name=str(name))
         if sched.num_ranks != pp:
             raise ConfigError(f"schedule: file {name!r} has {sched.num_ranks} ranks but "
                               f"parallel.pp={pp}")

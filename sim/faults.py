@@ -36,6 +36,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from base.errors import ConfigError, TopologyError
 from sim.faults_config import FaultsConfig, GpuFailures, LinkFault, Preemption, RandomStragglers
@@ -234,42 +235,118 @@ class _Failures:
         return self.times[self.k - 1]
 
 
-def simulate_failures(step_s: list[float], spec: GpuFailures | None,
+MAX_FAILURES = 1_000_000
+"""Most failures a run may be expected to see (:func:`check_failure_budget`): each is
+drawn and played out one by one, about a microsecond each."""
+
+
+def _checkpoint_segments(step_s: Sequence[tuple[float, int]], every: int
+                         ) -> list[tuple[float, int]]:
+    """The work between checkpoints as runs of (seconds, count): ``every`` steps each, the
+    last one shorter if the steps do not divide. Each segment's work is the exact sum of
+    its steps rounded once (as :func:`math.fsum` of them), whatever its runs of steps."""
+    out: list[tuple[float, int]] = []
+    pending, have = Fraction(0), 0
+    for d, n in step_s:
+        left = n
+        if have:  # complete the segment begun by the previous runs
+            take = min(every - have, left)
+            pending += Fraction(d) * take
+            have += take
+            left -= take
+            if have == every:
+                out.append((float(pending), 1))
+                pending, have = Fraction(0), 0
+        if left >= every:
+            out.append((float(Fraction(d) * every), left // every))
+            left %= every
+        if left:
+            pending += Fraction(d) * left
+            have += left
+    if have:
+        out.append((float(pending), 1))
+    return out
+
+
+def check_failure_budget(spec: GpuFailures, segments: Sequence[tuple[float, int]],
+                         num_gpus: int) -> None:
+    """ConfigError naming the MTBF key unless the run is expected to see at most
+    :data:`MAX_FAILURES` failures. With exponential failures of mean M, finishing a
+    segment of ``w`` seconds (work and checkpoint write) takes ``exp(w/M) - 1`` failures
+    on average, and each restart of ``R`` seconds ``exp(R/M)`` attempts: a job MTBF far
+    below the checkpoint interval or the restart never finishes."""
+    mtbf = job_mtbf_s(spec, num_gpus)
+    if mtbf is None:
+        return
+    write, restart = spec.checkpoint_write_s, spec.restart_s
+    expected = 0.0
+    for work, count in segments:
+        x, r = (work + write) / mtbf, restart / mtbf
+        expected = math.inf if x + r > 700 else expected + count * math.expm1(x) * math.exp(r)
+    if expected > MAX_FAILURES:
+        work = max(w for w, _ in segments)
+        key = ("restart_s" if restart >= work + write else "checkpoint_write_s" if write >= work
+               else "mtbf_hours" if spec.mtbf_hours is not None else "gpu_mtbf_hours")
+        many = "more than 1e300" if expected == math.inf else f"about {expected:,.3g}"
+        raise ConfigError(
+            f"faults.gpu_failures.{key}={getattr(spec, key)}: the run would see {many} "
+            f"failures (a job MTBF of {mtbf:.3g} s against {work:.3g} s of work between "
+            f"checkpoints, checkpoint_write_s={write:g}, restart_s={restart:g}), more than the "
+            f"{MAX_FAILURES:,} a run may simulate")
+
+
+def simulate_failures(step_s: Sequence[tuple[float, int]], spec: GpuFailures | None,
                       num_gpus: int) -> FailureRun:
-    """Play ``len(step_s)`` steps (their failure-free durations) against ``spec``'s failures.
+    """Play the steps ``step_s`` (runs of (failure-free duration, count)) against
+    ``spec``'s failures.
 
     Checkpoints are written after every ``checkpoint_interval_steps`` steps
     (not after the last step). An exponential failure process is memoryless,
-    so after each failure the next one is drawn afresh from its time.
+    so after each failure the next one is drawn afresh from its time. Identical
+    checkpoint intervals between two failures are played at once, so the cost grows with
+    the failures and the runs of steps, not with the steps.
     """
-    useful = math.fsum(step_s)
+    useful = float(sum((Fraction(d) * n for d, n in step_s), Fraction(0)))
     if spec is None:
         return FailureRun(useful, useful, 0.0, 0.0, 0.0, 0)
     check_failures(spec)
-    c = spec.checkpoint_interval_steps
+    segments = _checkpoint_segments(step_s, spec.checkpoint_interval_steps)
+    check_failure_budget(spec, segments, num_gpus)
     process = _Failures(spec, num_gpus)
     t = lost = restart = checkpoint = 0.0
     failures = 0
     next_fail = process.after(0.0)
-    n = len(step_s)
-    for first in range(0, n, c):
-        work = math.fsum(step_s[first:first + c])
-        write = spec.checkpoint_write_s if first + c < n else 0.0
+    plays = [(work, count, spec.checkpoint_write_s) for work, count in segments]
+    if plays:  # no checkpoint after the last step
+        work, count, write = plays.pop()
+        plays += [(work, count - 1, write), (work, 1, 0.0)]
+    for work, count, write in plays:
         need = work + write
-        while next_fail < t + need:
-            lost += next_fail - t
-            t = next_fail
-            failures += 1
-            next_fail = process.after(t)
-            while next_fail < t + spec.restart_s:  # a failure during the restart
-                restart += next_fail - t
+        while count > 0:
+            if next_fail < t + need:  # a failure in this interval: lose it, restart
+                lost += next_fail - t
                 t = next_fail
                 failures += 1
                 next_fail = process.after(t)
-            t += spec.restart_s
-            restart += spec.restart_s
-        t += need
-        checkpoint += write
+                while next_fail < t + spec.restart_s:  # a failure during the restart
+                    restart += next_fail - t
+                    t = next_fail
+                    failures += 1
+                    next_fail = process.after(t)
+                t += spec.restart_s
+                restart += spec.restart_s
+                if failures > 10 * MAX_FAILURES:
+                    raise ConfigError(f"faults.gpu_failures: more than {10 * MAX_FAILURES:,} "
+                                      "failures drawn; the run does not progress")
+                continue
+            # the intervals that end before the next failure, at once
+            k = count if need <= 0 or next_fail == math.inf else \
+                max(1, min(count, int((next_fail - t) // need)))
+            if k > 1 and next_fail < t + k * need:  # rounding: the k-th one fails
+                k -= 1
+            t += need if k == 1 else k * need
+            checkpoint += write * k
+            count -= k
     return FailureRun(useful + checkpoint + lost + restart, useful, checkpoint, lost, restart,
                       failures)
 

@@ -21,6 +21,10 @@ from pydantic import Field
 
 from base.schema import Strict
 
+MAX_EVENTS = 100
+"""Most link faults, and most preemptions, a file may list: a multi-step run simulates
+the step again after each (a few seconds each at scale)."""
+
 
 class StragglerSpec(Strict):
     """One slow GPU."""
@@ -128,7 +132,7 @@ class FaultsConfig(Strict):
     """Slow GPUs drawn at random."""
     gpu_failures: GpuFailures | None = None
     """Failures, checkpoints and restarts over a multi-step run."""
-    link_faults: list[LinkFault] = []
-    """Degraded or failed links."""
-    preemptions: list[Preemption] = []
-    """Servers taken away."""
+    link_faults: list[LinkFault] = Field([], max_length=MAX_EVENTS)
+    """Degraded or failed links (at most :data:`MAX_EVENTS`)."""
+    preemptions: list[Preemption] = Field([], max_length=MAX_EVENTS)
+    """Servers taken away (at most :data:`MAX_EVENTS`)."""

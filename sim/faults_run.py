@@ -7,7 +7,6 @@ The fault models (when failures strike, what a step loses, Young/Daly) are in
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -16,7 +15,7 @@ from typing import Any
 
 from base.errors import ConfigError, TopologyError
 from base.outputs import Outputs
-from sim.api import AUTO_FULL_MAX_GPUS, Result, simulate, write_step
+from sim.api import AUTO_FULL_MAX_GPUS, Result, simulate, stats_json, write_step
 from sim.device import DeviceProfile
 from sim.experiment import Experiment
 from sim.faults import (
@@ -44,7 +43,8 @@ class RunResult:
     """The first simulation's step stats plus the run keys (:func:`simulate_run`)."""
 
     def stats_json(self) -> str:
-        return json.dumps(self.stats, indent=2) + "\n"
+        """The stats as the exact JSON text ``sim run --json`` prints (deterministic)."""
+        return stats_json(self.stats)
 
     def write(self, out_dir: str | Path, files: Outputs | None = None, trace: str = "json",
               gpus: Sequence[int] | None = None) -> dict[str, Path]:
@@ -165,7 +165,10 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                 raise ConfigError(f"faults.link_faults: {exc}") from None
         return cache[(batch, upto)]
 
-    step_s: list[float] = []
+    step_s: list[tuple[float, int]] = []
+    """The steps' failure-free durations as runs of (duration, count): a run of 10^9 steps
+    is a few runs, not 10^9 floats."""
+    done = 0
     rows = []
     transitions: dict[int, Result] = {}
     """Simulations of steps in which links degraded or failed, by row."""
@@ -184,7 +187,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                 fresh = True
             res = run_of(batch, applied)
             period = res.stats["step_time_s"]
-            n0 = len(step_s)
+            n0 = done
             step = res.first_step_s if fresh else period
             lost = (preempted_step_lost_s(events[applied][1], t, t + step)
                     if applied < len(events) else 0.0)
@@ -206,14 +209,16 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                              "mid_step_faults": n_mid,
                              "dp": res.experiment.placement.degree("dp"),
                              "first_step_s": mid.first_step_s, "step_time_s": mid.first_step_s})
-                step_s.append(mid.first_step_s)
+                step_s.append((mid.first_step_s, 1))
+                done += 1
                 t += mid.first_step_s
                 left -= 1
                 applied += n_mid
                 fresh = True
                 continue
             if fresh:
-                step_s.append(res.first_step_s)
+                step_s.append((res.first_step_s, 1))
+                done += 1
                 t += res.first_step_s
                 left -= 1
                 fresh = False
@@ -229,11 +234,12 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                     t0 = t + (n - 1) * period  # the last of the n steps
                     if preempted_step_lost_s(events[applied][1], t0, t0 + period):
                         n -= 1
-                step_s.extend([period] * n)
+                step_s.append((period, n))
+                done += n
                 t += n * period
                 left -= n
-            rows.append({"first_step": first + count - left - (len(step_s) - n0),
-                         "steps": len(step_s) - n0, "global_batch_size": batch,
+            rows.append({"first_step": first + count - left - (done - n0),
+                         "steps": done - n0, "global_batch_size": batch,
                          "faults_applied": applied,
                          "dp": res.experiment.placement.degree("dp"),
                          "first_step_s": res.first_step_s, "step_time_s": period})

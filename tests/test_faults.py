@@ -158,11 +158,11 @@ def test_failures_at_given_times_exact_accounting() -> None:
     the second interval loses 4.5 s of work and pays the restart, then is redone."""
     spec = GpuFailures(times_s=[15.5], checkpoint_interval_steps=10, checkpoint_write_s=1.0,
                        restart_s=5.0)
-    run = simulate_failures([1.0] * 20, spec, 8)
+    run = simulate_failures([(1.0, 20)], spec, 8)
     assert (run.useful_s, run.checkpoint_s, run.lost_work_s, run.restart_s) == (20, 1, 4.5, 5)
     assert run.time_to_train_s == 30.5 and run.failures == 1
     assert run.goodput == pytest.approx(20 / 30.5)
-    assert simulate_failures([1.0] * 20, None, 8).goodput == 1.0
+    assert simulate_failures([(1.0, 20)], None, 8).goodput == 1.0
 
 
 def test_goodput_matches_young_daly() -> None:
@@ -175,7 +175,7 @@ def test_goodput_matches_young_daly() -> None:
     for seed in range(60):
         spec = GpuFailures(mtbf_hours=mtbf_h, checkpoint_interval_steps=interval,
                            checkpoint_write_s=60.0, restart_s=300.0, seed=seed)
-        goodputs.append(simulate_failures([step_s] * 20_000, spec, 1024).goodput)
+        goodputs.append(simulate_failures([(step_s, 20_000)], spec, 1024).goodput)
     expected = young_daly_goodput(step_s * interval, 60.0, 300.0, 20000.0)
     assert expected == pytest.approx(0.9042, abs=1e-4)
     assert statistics.fmean(goodputs) == pytest.approx(expected, rel=0.01)
@@ -189,8 +189,8 @@ def test_goodput_matches_young_daly() -> None:
                           checkpoint_write_s=60.0, restart_s=300.0, seed=0)
     job = GpuFailures(mtbf_hours=mtbf_h, checkpoint_interval_steps=interval,
                       checkpoint_write_s=60.0, restart_s=300.0, seed=0)
-    assert simulate_failures([step_s] * 2000, per_gpu, 1024).time_to_train_s == pytest.approx(
-        simulate_failures([step_s] * 2000, job, 1024).time_to_train_s, rel=1e-12)
+    assert simulate_failures([(step_s, 2000)], per_gpu, 1024).time_to_train_s == pytest.approx(
+        simulate_failures([(step_s, 2000)], job, 1024).time_to_train_s, rel=1e-12)
 
 
 def test_run_with_failures_reports_lost_work() -> None:

@@ -35,6 +35,10 @@ CollectiveAlgo = Literal["auto", "ring", "tree", "halving_doubling", "hierarchic
                          "nvls", "p2p"]
 """Collective algorithm names; which op each implements is :mod:`sim.collectives`' to say."""
 
+MAX_GPUS = 1 << 17
+"""Most GPUs a cluster may have: 131,072, above the largest training clusters built
+(xAI's Colossus, 100,000 H100 in 2024); building the graph of that many takes ~30 s."""
+
 SHAPE_KEYS = {
     "oversubscription": ("fat-tree", "rail-optimized"),
     "gpus_per_leaf": ("fat-tree", "rail-optimized"),
@@ -83,7 +87,7 @@ class DragonflyConfig(Strict):
 class NodeGroupConfig(Strict):
     """Servers of one type in a mixed cluster (``cluster.nodes``), listed in rank order."""
 
-    count: int = Field(gt=0)
+    count: int = Field(gt=0, le=MAX_GPUS)
     """Servers (nodes) of this type."""
     preset: str | None = None
     """A server preset (``dgx-a100-80g``, ``dgx-h100``, ...): its GPU, GPUs per server,
@@ -102,8 +106,8 @@ class _Kind(Strict):
     USED_WITH: ClassVar[str]
     """How an error names the clusters of this kind that a key is used with."""
 
-    num_gpus: int = Field(gt=0)
-    """GPUs in the cluster, all sites together."""
+    num_gpus: int = Field(gt=0, le=MAX_GPUS)
+    """GPUs in the cluster, all sites together (at most :data:`MAX_GPUS`)."""
 
     @classmethod
     def describe(cls, data: dict) -> str:
@@ -363,12 +367,13 @@ class _Nodes(Networked):
                               "(with cluster.topology)")
             self.check_group(k, group)
         per_node = self.server_size()
-        total = per_node * len(self.server_types())
+        servers = sum(g.count for g in self.nodes)
+        total = per_node * servers
         if total != self.num_gpus:
             terms = " + ".join(f"{g.count}x {self.group_type(g)}" for g in self.nodes)
             raise invalid(f"cluster.nodes: {terms} servers of {per_node} GPUs = {total} GPUs "
                           f"!= cluster.num_gpus = {self.num_gpus}")
-        sites, servers = self.sites or 1, len(self.server_types())
+        sites = self.sites or 1
         if servers % sites:
             raise invalid(f"cluster.sites={sites} does not divide the {servers} servers of "
                           "cluster.nodes")

@@ -794,9 +794,10 @@ def from_text(
                     f"{owner[op.stage]}"
                 )
     num_stages = max(owner) + 1
-    missing = [s for s in range(num_stages) if s not in owner]
-    if missing:
-        raise ScheduleError(f"custom schedule has no ops for stage(s) {missing}")
+    if len(owner) != num_stages:  # the first gap, without a list as long as the stage numbers
+        gap = next(s for s, t in enumerate(sorted(owner)) if s != t)
+        raise ScheduleError(f"custom schedule has no ops for stage {gap} (its stages go up "
+                            f"to {num_stages - 1}, {num_stages - len(owner):,} of them missing)")
     m = max(op.mb for ops in rows for op in ops) + 1
     if num_microbatches is not None and m != num_microbatches:
         raise ScheduleError(

@@ -29,6 +29,7 @@ from sim.search.layouts import CONFIG_KEYS, RECOMPUTE, SHORT_NAMES, ZERO_STAGES,
 from sim.search.plan import build_schedule
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
+from topologies.config import MAX_GPUS
 from topologies.placement import Placement
 from workloads.costs import split_layers
 from workloads.models import ModelSpec
@@ -86,8 +87,9 @@ class SearchContext:
         ``probed`` gives the result of :func:`probe_support`, as workers do)."""
         data = dict(data)
         if gpus is not None:
-            if gpus < 1:
-                raise ConfigError(f"--gpus={gpus}: must be at least 1")
+            if not 1 <= gpus <= MAX_GPUS:
+                raise ConfigError(f"--gpus={gpus}: must be between 1 and {MAX_GPUS:,} "
+                                  "(topologies.config.MAX_GPUS)")
             data = set_dotted(data, "cluster.num_gpus", gpus)
             data = set_dotted(data, "parallel.dp", None)
         if not isinstance(data.get("model"), Mapping) or "synthetic" in data["model"]:

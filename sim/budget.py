@@ -1,0 +1,125 @@
+"""How much work a run would create, estimated before it is built, and the bounds on it.
+
+A run's cost is set by how many schedule ops and lowered instructions it creates, not
+by any one key: ``num_microbatches: 1e8``, ``grad_bucket_MB: 1e-9`` or full fidelity at
+16,384 GPUs each create more than a machine holds, and would run for hours before a
+MemoryError. Each is estimated from the keys alone (before a schedule is built or a
+program lowered) and refused with the estimate and the key that drives it:
+
+* :data:`MAX_SCHEDULE_OPS` bounds the ops of one step's pipeline schedule
+  (:func:`check_schedule_ops`, when the experiment is built);
+* :data:`MAX_PROGRAM_BYTES` bounds the lowered program, estimated as instructions
+  (:func:`estimate_instructions`) times :data:`BYTES_PER_INSTRUCTION` (:func:`check_program`,
+  before lowering); ``fidelity: auto`` falls back to ``collapsed`` where full would not fit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from base.errors import ConfigError
+from workloads.costs import RingAttention
+from workloads.schedules import Op
+
+MAX_SCHEDULE_OPS = 2_000_000
+"""Most ops one step's schedule may hold (all pipeline ranks): about a minute of
+building and lowering, 100 times the largest bundled example (pp·vpp·m·kinds·k)."""
+
+BYTES_PER_INSTRUCTION = 1_000
+"""Memory per lowered instruction through a full-fidelity simulation (the instruction,
+its timeline record, the engine's and the idle breakdown's state), measured as peak RSS
+over instructions: 0.75 KB (GPT-3 1.3B, tp 8, pp 4 on 16,384 H100: 3.3 million
+instructions, 2.5 GB, 2 minutes), 0.96 KB (synthetic interleaved 1F1B, 300,000)."""
+
+MAX_PROGRAM_BYTES = 8e9
+"""Memory a lowered program may need (instructions times :data:`BYTES_PER_INSTRUCTION`):
+8 GB, what a laptop can give; about 8 million instructions."""
+
+KINDS_PER_OP = 3
+"""Schedule ops per stage and micro-batch at most: F, B and W (zero-bubble splits)."""
+
+
+def check_schedule_ops(stages: int, microbatches: int, seq_chunks: int, key: str,
+                       value: Any) -> None:
+    """ConfigError naming ``key`` (the key that set the micro-batches) unless a schedule of
+    ``stages`` stages, ``microbatches`` micro-batches and ``seq_chunks`` sequence chunks
+    stays within :data:`MAX_SCHEDULE_OPS`."""
+    ops = stages * microbatches * KINDS_PER_OP * seq_chunks
+    if ops > MAX_SCHEDULE_OPS:
+        raise ConfigError(f"{key}={value}: the step's schedule would hold about {ops:,} ops "
+                          f"(pp*vpp = {stages} stages x {microbatches:,} micro-batches x "
+                          f"{KINDS_PER_OP} kinds x {seq_chunks} sequence chunks), more than "
+                          f"the {MAX_SCHEDULE_OPS:,} a run may have")
+
+
+def _op_instructions(exp: Any) -> float:
+    """Instructions per simulated GPU summed over the schedule's ops: each op's segments
+    (compute kernels, TP collectives, ZeRO-3 gathers, ring attention's blocks: one
+    instruction each at full fidelity, an upper bound when collapsed fuses some) plus its
+    pipeline send."""
+    sched, costs = exp.schedule, exp.costs
+    counts: dict[tuple[int, str, int], int] = {}
+    total = 0.0
+    for ops in sched.rank_ops:
+        for op in ops:
+            key = (op.stage, op.kind, op.seq)
+            if key not in counts:
+                segs = costs.op_segments(Op(op.stage, op.kind, 0, op.seq),
+                                         sched.split_backward, markers=True)
+                # ring attention: a block and a send per step; the op's send, and a
+                # receive or optimizer share
+                counts[key] = sum(2 * seg.steps if isinstance(seg, RingAttention) else 1
+                                  for seg in segs) + 2
+            total += counts[key]
+    return total
+
+
+def _bucket_instructions(exp: Any) -> tuple[float, float]:
+    """DP collectives the gradient buckets of ``overlap_grad_reduce`` add per simulated GPU
+    (one per bucket of every stage), and the bucket bytes."""
+    par, costs = exp.config.parallel, exp.costs
+    if not par.overlap_grad_reduce or not hasattr(costs, "grad_bytes"):
+        return 0.0, 0.0
+    bucket = par.grad_bucket_MB * 1e6
+    stages = len(exp.schedule.stage_rank)
+    expert = getattr(costs, "expert_grad_bytes", None)  # MoE transformers only
+    grads = sum(costs.grad_bytes(s) + (expert(s) if expert else 0.0) for s in range(stages))
+    return grads / bucket + stages, bucket
+
+
+def estimate_instructions(exp: Any, fidelity: str, steps: int = 1) -> tuple[float, str]:
+    """About how many instructions lowering ``exp`` at ``fidelity`` (``full`` or
+    ``collapsed``) creates for ``steps`` steps back to back, and the key that drives the
+    estimate most."""
+    pl = exp.placement
+    pp = pl.degree("pp")
+    gpus = exp.cluster.num_gpus if fidelity == "full" else pp
+    per_rank = _op_instructions(exp) / pp
+    buckets, bucket = _bucket_instructions(exp)
+    total = (per_rank + buckets / pp) * gpus * steps
+    if buckets > per_rank:
+        key = f"parallel.grad_bucket_MB={bucket / 1e6:g}"
+    elif fidelity == "full" and gpus > pp:
+        key = f"fidelity 'full' at cluster.num_gpus={gpus}"
+    else:
+        key = f"training micro-batches={exp.num_microbatches}"
+    return total, key
+
+
+def fits(exp: Any, fidelity: str, steps: int = 1) -> bool:
+    """Whether lowering ``steps`` steps of ``exp`` at ``fidelity`` stays within
+    :data:`MAX_PROGRAM_BYTES`."""
+    n = estimate_instructions(exp, fidelity, steps)[0]
+    return n * BYTES_PER_INSTRUCTION <= MAX_PROGRAM_BYTES
+
+
+def check_program(exp: Any, fidelity: str, steps: int = 1) -> None:
+    """ConfigError naming the key that drives the estimate unless lowering ``steps`` steps
+    of ``exp`` at ``fidelity`` stays within :data:`MAX_PROGRAM_BYTES`."""
+    n, key = estimate_instructions(exp, fidelity, steps)
+    need = n * BYTES_PER_INSTRUCTION
+    if need > MAX_PROGRAM_BYTES:
+        hint = "; use fidelity collapsed" if fidelity == "full" else ""
+        raise ConfigError(f"{key}: the simulation would create about {n:,.0f} instructions "
+                          f"(~{need / 1e9:,.1f} GB at {BYTES_PER_INSTRUCTION} B each), more than "
+                          f"the {MAX_PROGRAM_BYTES / 1e9:g} GB a run may use{hint}")
