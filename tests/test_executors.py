@@ -10,7 +10,9 @@ import json
 import operator
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,9 +155,9 @@ def test_results_are_identical_in_process_and_in_local_workers() -> None:
     assert _same_results(local, _small(True))
 
 
-def test_ctrl_c_stops_local_workers_and_keeps_results(tmp_path: Path) -> None:
-    import subprocess
-
+def _search_on_two_workers(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """``sim search`` of the small experiment on two local workers, as a subprocess with
+    its output piped; and its results database."""
     exp = _write(tmp_path, SMALL)
     db = tmp_path / "r.sqlite"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -163,6 +165,11 @@ def test_ctrl_c_stops_local_workers_and_keeps_results(tmp_path: Path) -> None:
         [sys.executable, "-m", "sim", "search", str(exp), "--db", str(db), "--json",
          "--workers", "2", "--exhaustive", "--fix", KILL_PINS],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, db
+
+
+def test_ctrl_c_stops_local_workers_and_keeps_results(tmp_path: Path) -> None:
+    proc, db = _search_on_two_workers(tmp_path)
     err = _interrupt(proc, db, 3, signal.SIGINT)
     assert proc.returncode == 130 and err.strip() == "error: interrupted"
     assert len(_db_keys(db)) >= 3
@@ -186,20 +193,20 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
 def test_sigkill_of_a_search_leaves_no_worker_behind(tmp_path: Path) -> None:
     """Issue 21: after SIGKILL of ``sim search`` its worker processes kept running their
     items (~230 MB); each worker now exits within WATCH_PARENT_S of its parent."""
-    import subprocess
-    import time
-
-    exp = _write(tmp_path, SMALL)
-    db = tmp_path / "r.sqlite"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sim", "search", str(exp), "--db", str(db), "--json",
-         "--workers", "2", "--exhaustive", "--fix", KILL_PINS],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, db = _search_on_two_workers(tmp_path)
     deadline = time.monotonic() + 60
     while len(_db_keys(db)) < 2:
         assert proc.poll() is None and time.monotonic() < deadline
@@ -207,12 +214,13 @@ def test_sigkill_of_a_search_leaves_no_worker_behind(tmp_path: Path) -> None:
     helpers = _descendants(proc.pid)
     assert len(helpers) >= 2  # the workers (and a forkserver)
     proc.kill()
-    proc.wait(timeout=10)
+    proc.wait(timeout=10)  # (its pipes stay open while a worker holds them)
     deadline = time.monotonic() + 10
-    while (alive := {p for p in helpers if Path(f"/proc/{p}").exists()
-                     and "Z" not in Path(f"/proc/{p}/stat").read_text().rpartition(")")[2][:3]}):
+    while alive := {p for p in helpers if _running(p)}:
         assert time.monotonic() < deadline, f"still running after the search was killed: {alive}"
         time.sleep(0.1)
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 def test_make_executor_choices_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
