@@ -104,7 +104,7 @@ TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
 fraction of the size; none: no trace)."""
 
 
-def write_step(out_dir: str | Path, name: str, timeline: Timeline, stats_json: str,
+def write_step(out_dir: str | Path, name: str, timeline: Timeline, stats_text: str,
                files: Outputs | None = None, trace: str = "json",
                gpus: Sequence[int] | None = None) -> dict[str, Path]:
     """Write a step's trace and ``stats.json`` (see :meth:`Result.write`); a trace of
@@ -122,7 +122,7 @@ def write_step(out_dir: str | Path, name: str, timeline: Timeline, stats_json: s
         for other in TRACE_FILES.values():
             if other is not None and other != target:
                 mine.remove(out / other)
-        mine.temp(paths["stats"]).write_text(stats_json, encoding="utf-8")
+        mine.temp(paths["stats"]).write_text(stats_text, encoding="utf-8")
         if files is None:
             own.commit()
     return paths
