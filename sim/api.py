@@ -281,15 +281,16 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     overlapping = overlaps_steps(exp.schedule.name)
     n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
     note = None
+    work = budget.estimate(exp, n)
     if fidelity == "auto":
         must = bool(slowdown or mixed or link_changes)
         fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or must else "collapsed"
-        if fidelity == "full" and not must and not budget.fits(exp, "full", n):
+        if fidelity == "full" and not must and not work.fits("full"):
             fidelity = "collapsed"
             note = (f"fidelity auto: full would create about "
-                    f"{budget.estimate_instructions(exp, 'full', n)[0]:,.0f} instructions, "
+                    f"{work.instructions('full')[0]:,.0f} instructions, "
                     f"more than {budget.MAX_PROGRAM_BYTES / 1e9:g} GB; simulated collapsed")
-    budget.check_program(exp, fidelity, n)
+    work.check(fidelity)
     collapse = None
     if fidelity == "collapsed":
         collapse = Collapse(compute_s=base_time if timers is None else timers[0],

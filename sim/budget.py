@@ -9,12 +9,13 @@ program lowered) and refused with the estimate and the key that drives it:
 * :data:`MAX_SCHEDULE_OPS` bounds the ops of one step's pipeline schedule
   (:func:`check_schedule_ops`, when the experiment is built);
 * :data:`MAX_PROGRAM_BYTES` bounds the lowered program, estimated as instructions
-  (:func:`estimate_instructions`) times :data:`BYTES_PER_INSTRUCTION` (:func:`check_program`,
-  before lowering); ``fidelity: auto`` falls back to ``collapsed`` where full would not fit.
+  (:func:`estimate`) times :data:`BYTES_PER_INSTRUCTION` (:meth:`Estimate.check`, before
+  lowering); ``fidelity: auto`` falls back to ``collapsed`` where full would not fit.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from base.errors import ConfigError
@@ -87,39 +88,53 @@ def _bucket_instructions(exp: Any) -> tuple[float, float]:
     return grads / bucket + stages, bucket
 
 
-def estimate_instructions(exp: Any, fidelity: str, steps: int = 1) -> tuple[float, str]:
-    """About how many instructions lowering ``exp`` at ``fidelity`` (``full`` or
-    ``collapsed``) creates for ``steps`` steps back to back, and the key that drives the
-    estimate most."""
-    pl = exp.placement
-    pp = pl.degree("pp")
-    gpus = exp.cluster.num_gpus if fidelity == "full" else pp
-    per_rank = _op_instructions(exp) / pp
+@dataclass(frozen=True)
+class Estimate:
+    """The instructions a run of ``steps`` steps would create, worked out once from the
+    experiment (:func:`estimate`) and asked of either fidelity."""
+
+    per_rank: float
+    """Op instructions per pipeline rank and step (:func:`_op_instructions` / pp)."""
+    buckets: float
+    """DP bucket collectives per step, all stages (:func:`_bucket_instructions`)."""
+    bucket_bytes: float
+    pp: int
+    num_gpus: int
+    num_microbatches: int
+    steps: int
+
+    def instructions(self, fidelity: str) -> tuple[float, str]:
+        """About how many instructions lowering at ``fidelity`` (``full`` or ``collapsed``)
+        creates, and the key that drives the estimate most."""
+        gpus = self.num_gpus if fidelity == "full" else self.pp
+        total = (self.per_rank + self.buckets / self.pp) * gpus * self.steps
+        if self.buckets > self.per_rank:
+            key = f"parallel.grad_bucket_MB={self.bucket_bytes / 1e6:g}"
+        elif fidelity == "full" and gpus > self.pp:
+            key = f"fidelity 'full' at cluster.num_gpus={gpus}"
+        else:
+            key = f"training micro-batches={self.num_microbatches}"
+        return total, key
+
+    def fits(self, fidelity: str) -> bool:
+        """Whether the lowered program stays within :data:`MAX_PROGRAM_BYTES`."""
+        return self.instructions(fidelity)[0] * BYTES_PER_INSTRUCTION <= MAX_PROGRAM_BYTES
+
+    def check(self, fidelity: str) -> None:
+        """ConfigError naming the key that drives the estimate unless the lowered program
+        stays within :data:`MAX_PROGRAM_BYTES`."""
+        n, key = self.instructions(fidelity)
+        need = n * BYTES_PER_INSTRUCTION
+        if need > MAX_PROGRAM_BYTES:
+            hint = "; use fidelity collapsed" if fidelity == "full" else ""
+            raise ConfigError(f"{key}: the simulation would create about {n:,.0f} instructions "
+                              f"(~{need / 1e9:,.1f} GB at {BYTES_PER_INSTRUCTION} B each), more "
+                              f"than the {MAX_PROGRAM_BYTES / 1e9:g} GB a run may use{hint}")
+
+
+def estimate(exp: Any, steps: int = 1) -> Estimate:
+    """The :class:`Estimate` of ``steps`` steps of ``exp`` (one pass over its schedule)."""
+    pp = exp.placement.degree("pp")
     buckets, bucket = _bucket_instructions(exp)
-    total = (per_rank + buckets / pp) * gpus * steps
-    if buckets > per_rank:
-        key = f"parallel.grad_bucket_MB={bucket / 1e6:g}"
-    elif fidelity == "full" and gpus > pp:
-        key = f"fidelity 'full' at cluster.num_gpus={gpus}"
-    else:
-        key = f"training micro-batches={exp.num_microbatches}"
-    return total, key
-
-
-def fits(exp: Any, fidelity: str, steps: int = 1) -> bool:
-    """Whether lowering ``steps`` steps of ``exp`` at ``fidelity`` stays within
-    :data:`MAX_PROGRAM_BYTES`."""
-    n = estimate_instructions(exp, fidelity, steps)[0]
-    return n * BYTES_PER_INSTRUCTION <= MAX_PROGRAM_BYTES
-
-
-def check_program(exp: Any, fidelity: str, steps: int = 1) -> None:
-    """ConfigError naming the key that drives the estimate unless lowering ``steps`` steps
-    of ``exp`` at ``fidelity`` stays within :data:`MAX_PROGRAM_BYTES`."""
-    n, key = estimate_instructions(exp, fidelity, steps)
-    need = n * BYTES_PER_INSTRUCTION
-    if need > MAX_PROGRAM_BYTES:
-        hint = "; use fidelity collapsed" if fidelity == "full" else ""
-        raise ConfigError(f"{key}: the simulation would create about {n:,.0f} instructions "
-                          f"(~{need / 1e9:,.1f} GB at {BYTES_PER_INSTRUCTION} B each), more than "
-                          f"the {MAX_PROGRAM_BYTES / 1e9:g} GB a run may use{hint}")
+    return Estimate(_op_instructions(exp) / pp, buckets, bucket, pp, exp.cluster.num_gpus,
+                    exp.num_microbatches, steps)
