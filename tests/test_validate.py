@@ -180,3 +180,65 @@ def test_validate_missing_data_is_a_clean_error(capsys: pytest.CaptureFixture) -
     assert main(["validate", "--data", "/nonexistent.csv"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --data") and err.count("\n") == 1
+
+
+def _sweep_lines(n: int) -> list[str]:
+    return HAGEMANN_SWEEP.read_text(encoding="utf-8").splitlines()[: n + 1]
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"", "has no runs"),
+    ("header", "has no runs"),
+    ("header+short", "no value for tp"),
+    (b"\xff\xfe\x00binary" * 20, "is not UTF-8 text"),
+    ("zero step", "step_time_s='0'"),
+    ("nan step", "step_time_s='nan'"),
+    ("negative step", "step_time_s='-3'"),
+    ("zero tp", "tp=0 (must be >= 1)"),
+    ("unknown model", "model='gpt-99' is not a known preset"),
+    ("unknown status", "status='maybe'"),
+])
+def test_bad_sweep_files_are_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                            content: bytes | str, needle: str) -> None:
+    """Issue 21: an empty, header-only, short, binary file or a nonsensical row was a
+    traceback or accepted; each is now one ``error:`` line naming the row and column."""
+    header, row = _sweep_lines(1)
+    assert ",ok,53.8062," in row  # the first run ran: the edits below are to it
+    cols = header.split(",")
+    edits = {"zero step": ("step_time_s", "0"), "nan step": ("step_time_s", "nan"),
+             "negative step": ("step_time_s", "-3"), "zero tp": ("tp", "0"),
+             "unknown model": ("model", "gpt-99"), "unknown status": ("status", "maybe")}
+    path = tmp_path / "sweep.csv"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content == "header":
+        path.write_text(header + "\n")
+    elif content == "header+short":
+        path.write_text(header + "\nllama-13b,2048,32\n")
+    else:
+        column, value = edits[content]
+        fields = row.split(",")
+        fields[cols.index(column)] = value
+        path.write_text(header + "\n" + ",".join(fields) + "\n")
+    assert main(["validate", "--data", str(path), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --data") and needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--workers", "0"], "--workers: '0': must be an integer between 1 and 256"),
+    (["--workers", "-2"], "--workers: '-2'"),
+    (["--limit", "-980"], "--limit: '-980': must be an integer >= 0"),
+])
+def test_validate_option_bounds(capsys: pytest.CaptureFixture, argv: list[str],
+                                needle: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", *argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and needle in err and err.count("\n") == 1
+
+
+def test_version(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("sim ")
