@@ -40,10 +40,11 @@ def plot_compare(
 ) -> Figure:
     """Save the comparison figure (PNG, SVG or PDF by suffix).
 
-    ``rows[i]`` (keys ``schedule``, ``step_time_s``, ``bubble_fraction``,
-    ``steady_period_s``, ``peak_activation_gib``, ``peak_activation_gib_per_rank``)
-    describes ``timelines[i]``; ``gpus[i]`` lists the GPUs drawn for it, one row
-    each (default: every GPU with compute spans). Returns the figure drawn.
+    ``rows[i]`` (keys ``schedule``, ``step_time_s``, ``bubble_fraction``, optional
+    ``isolated_step_s`` and ``isolated_bubble_fraction``, ``peak_activation_gib``,
+    ``peak_activation_gib_per_rank``) describes ``timelines[i]`` (one isolated step);
+    ``gpus[i]`` lists the GPUs drawn for it, one row each (default: every GPU with
+    compute spans). Returns the figure drawn.
     Raises ``ValueError`` for mismatched lengths, no rows, or an unknown suffix.
     """
     path = Path(path)
@@ -89,9 +90,10 @@ def plot_compare(
 def _panel_title(row: Mapping[str, Any]) -> str:
     text = (f"{row['schedule']}: step {row['step_time_s'] * 1e3:.2f} ms, "
             f"bubble {row['bubble_fraction']:.1%}")
-    period = row.get("steady_period_s")
-    if period is not None and abs(period - row["step_time_s"]) > 1e-12:
-        text += f", steady period {period * 1e3:.2f} ms"
+    isolated = row.get("isolated_step_s")
+    if isolated is not None and abs(isolated - row["step_time_s"]) > 1e-12:
+        text += (f" (steady); drawn: one isolated step {isolated * 1e3:.2f} ms, "
+                 f"bubble {row['isolated_bubble_fraction']:.1%}")
     return text
 
 
@@ -137,12 +139,14 @@ def _draw_step_bars(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:
     xs = _bar_axes(ax, rows, "ms")
     steps = [r["step_time_s"] * 1e3 for r in rows]
     ax.bar(xs, steps, color=style.NEUTRAL, width=0.65, zorder=2)
+    tops = list(steps)
     for x, r in zip(xs, rows, strict=True):
-        period = r.get("steady_period_s")
-        if period is not None and abs(period - r["step_time_s"]) > 1e-12:
-            ax.hlines(period * 1e3, x - 0.38, x + 0.38, color="black", linewidth=1.6, zorder=3)
-    ax.set_title("step time (black: steady period)", fontsize=8, loc="left")
-    ax.set_ylim(0, max(steps) * 1.12 if max(steps) > 0 else 1.0)
+        isolated = r.get("isolated_step_s")
+        if isolated is not None and abs(isolated - r["step_time_s"]) > 1e-12:
+            ax.hlines(isolated * 1e3, x - 0.38, x + 0.38, color="black", linewidth=1.6, zorder=3)
+            tops.append(isolated * 1e3)
+    ax.set_title("step time (black: one isolated step)", fontsize=8, loc="left")
+    ax.set_ylim(0, max(tops) * 1.12 if max(tops) > 0 else 1.0)
 
 
 def _draw_memory_bars(ax: Axes, rows: Sequence[Mapping[str, Any]]) -> None:

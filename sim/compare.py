@@ -17,14 +17,15 @@ file serves every schedule (:func:`schedule_changes`):
 
 Steady state (DESIGN.md ``step_time_s``): ZB-H2 and ZB-V drop the step barrier
 (the Zero Bubble paper's optimizer post-validation), so their step time in
-steady state is the period of back-to-back steps. The table's step time and
-bubble are those of one isolated step (``simulate(..., steps=1)``, the
-timelines drawn); the ``steady_period_s`` column is the engine's period of
-back-to-back steps (:func:`sim.api.simulate` runs several overlapping steps,
-with communication and any model; on the ideal cluster with the synthetic
-model it equals the pure list-schedule
-:func:`~workloads.schedules_advanced.steady_state_period`). Other schedules
-keep the barrier, so their period is the simulated step time.
+steady state is the period of back-to-back steps. A row's ``step_time_s`` and
+``bubble_fraction`` mean exactly what ``sim run`` reports for the same
+experiment (:func:`sim.api.simulate` with its default steps: for these two
+schedules several overlapping steps, the middle one measured; on the ideal
+cluster with the synthetic model it equals the pure list-schedule
+:func:`~workloads.schedules_advanced.steady_state_period`). The timelines drawn
+are one isolated step (``simulate(..., steps=1)``), whose time and bubble are
+the ``isolated_step_s`` and ``isolated_bubble_fraction`` columns. Other
+schedules keep the barrier, so for them both pairs are equal.
 """
 
 from __future__ import annotations
@@ -73,12 +74,18 @@ class CompareRow:
     vpp: int
     """Chunks per rank it ran with."""
     step_time_s: float
-    """Simulated time of one isolated step (with the step barrier)."""
+    """The step time ``sim run`` reports: the period of back-to-back steps for schedules
+    that overlap steps (ZB-H2, ZB-V), else one step under the step barrier."""
     bubble_fraction: float
-    """Compute-stream idle time / (ranks x step time), from the simulation."""
+    """Compute-stream idle time / (ranks x step time), of the same simulation as
+    :attr:`step_time_s` (what ``sim run`` reports)."""
     steady_period_s: float | None
     """Period of back-to-back steps: the engine's for schedules that overlap steps (ZB-H2,
     ZB-V), else the step time; None where it was not computed."""
+    isolated_step_s: float
+    """One isolated step from an idle pipeline, with the step barrier (the timeline drawn)."""
+    isolated_bubble_fraction: float
+    """The bubble fraction of that isolated step."""
     peak_activation_gib: tuple[float, ...]
     """Per pipeline rank: peak memory minus the memory held all step (weights, optimizer)."""
     pp_bytes_sent: float
@@ -94,6 +101,8 @@ class CompareRow:
             "step_time_s": self.step_time_s,
             "bubble_fraction": self.bubble_fraction,
             "steady_period_s": self.steady_period_s,
+            "isolated_step_s": self.isolated_step_s,
+            "isolated_bubble_fraction": self.isolated_bubble_fraction,
             "peak_activation_gib": max(self.peak_activation_gib, default=0.0),
             "peak_activation_gib_per_rank": list(self.peak_activation_gib),
             "pp_bytes_sent": self.pp_bytes_sent,
@@ -163,29 +172,38 @@ def compare(
     results = [simulate(variant) for variant in variants]
     rows: list[CompareRow] = []
     for name, variant, result in zip(schedules, variants, results, strict=True):
-        first = rows[0].step_time_s if rows else result.stats["step_time_s"]
-        period = (steady(variant).stats["step_time_s"]
-                  if overlaps_steps(variant.schedule.name) else None)
-        rows.append(compare_row(name, result, first, period))
+        steady_stats = (steady(variant).stats if overlaps_steps(variant.schedule.name)
+                        else None)
+        row = compare_row(name, result, rows[0].step_time_s if rows else None, steady_stats)
+        rows.append(row)
     return rows, results
 
 
-def compare_row(name: str, result: Result, first_step_s: float,
-                steady_period_s: float | None = None) -> CompareRow:
-    """One row from a simulation result; ``first_step_s`` is the reference step time;
-    ``steady_period_s`` the engine's period for schedules whose steps overlap (for the
-    others it is the step time)."""
+def compare_row(name: str, result: Result, first_step_s: float | None = None,
+                steady_stats: dict[str, Any] | None = None) -> CompareRow:
+    """One row from the isolated-step ``result`` (the timeline drawn).
+
+    ``steady_stats`` are the stats of the steady-state simulation for schedules whose
+    steps overlap (what ``sim run`` reports for them); for the others the isolated step
+    is what ``sim run`` reports. ``first_step_s`` is the reference step time of the
+    relative speed (None: this row is the reference).
+    """
     exp = result.experiment
-    step = result.stats["step_time_s"]
+    isolated = result.stats
+    reported = steady_stats if steady_stats is not None else isolated
+    step = reported["step_time_s"]
+    first = step if first_step_s is None else first_step_s
     return CompareRow(
         schedule=name,
         vpp=exp.schedule.chunks_per_rank,
         step_time_s=step,
-        bubble_fraction=result.stats["bubble_fraction"],
-        steady_period_s=(steady_period_s if overlaps_steps(exp.schedule.name) else step),
+        bubble_fraction=reported["bubble_fraction"],
+        steady_period_s=step,
+        isolated_step_s=isolated["step_time_s"],
+        isolated_bubble_fraction=isolated["bubble_fraction"],
         peak_activation_gib=_peak_activation_gib(result),
         pp_bytes_sent=_pp_bytes_sent(result),
-        relative_speed=first_step_s / step if step > 0 else float("inf"),
+        relative_speed=first / step if step > 0 else float("inf"),
     )
 
 
@@ -222,11 +240,11 @@ def _ms(value: float | None) -> str:
 
 def rows_table(rows: Sequence[CompareRow]) -> str:
     """The human-readable table ``sim compare`` prints (times in ms, memory in GiB)."""
-    head = ("schedule", "vpp", "step ms", "bubble", "steady ms", "peak act. GiB per rank",
+    head = ("schedule", "vpp", "step ms", "bubble", "isolated ms", "peak act. GiB per rank",
             "pp sent MB", "speed")
     body = [
         (r.schedule, str(r.vpp), _ms(r.step_time_s), f"{r.bubble_fraction:.2%}",
-         _ms(r.steady_period_s), " ".join(f"{g:.2f}" for g in r.peak_activation_gib),
+         _ms(r.isolated_step_s), " ".join(f"{g:.2f}" for g in r.peak_activation_gib),
          f"{r.pp_bytes_sent / 1e6:.1f}", f"{r.relative_speed:.2f}x")
         for r in rows
     ]
@@ -249,7 +267,8 @@ def rows_csv(rows: Sequence[CompareRow]) -> str:
     """The CSV text of ``compare.csv``: one line per schedule, a column per pipeline rank."""
     ranks = max((len(r.peak_activation_gib) for r in rows), default=0)
     fields = ["schedule", "vpp", "step_time_s", "bubble_fraction", "steady_period_s",
-              "peak_activation_gib", *(f"peak_activation_gib_rank{i}" for i in range(ranks)),
+              "isolated_step_s", "isolated_bubble_fraction", "peak_activation_gib",
+              *(f"peak_activation_gib_rank{i}" for i in range(ranks)),
               "pp_bytes_sent", "relative_speed"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -257,7 +276,7 @@ def rows_csv(rows: Sequence[CompareRow]) -> str:
     for r in rows:
         d = r.as_dict()
         per_rank = d["peak_activation_gib_per_rank"] + [None] * (ranks - len(r.peak_activation_gib))
-        values = [d[f] for f in fields[:6]] + per_rank + [d[f] for f in fields[-2:]]
+        values = [d[f] for f in fields[:8]] + per_rank + [d[f] for f in fields[-2:]]
         writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v
                          for v in values])
     return out.getvalue()

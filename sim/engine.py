@@ -555,10 +555,10 @@ class _Run:
         program = self.program
 
         def records() -> tuple[tuple[Span, ...], tuple[FlowArrow, ...],
-                               tuple[MemorySample, ...]]:
+                               tuple[MemorySample, ...], tuple[tuple[int, ...], ...]]:
             with gc_paused():
                 timeline = timeline_of(program, fast.ready_s, fast.mid_a.tolist(), fast.end_s)
-                return timeline.spans, timeline.flows, timeline.memory
+                return timeline.spans, timeline.flows, timeline.memory, timeline.collectives
 
         return Timeline.deferred(program.num_gpus, records, program.gpu_names, self.gpus,
                                  end_s=fast.clock if fast.clock > 0 else None,

@@ -16,6 +16,10 @@ The output opens in https://ui.perfetto.dev (and legacy ``chrome://tracing``):
   start and ``ph: "f"`` with ``bp: "e"`` inside the receive span (at the first
   instant of it that is not before the send started), with the same ``id``,
   ``cat`` and ``name``, which Perfetto uses together to pair them;
+* a chain of flow arrows per multi-GPU collective (``Timeline.collectives``), from
+  each member's span to the next member's in the process group's order, category
+  ``collective``, so that Perfetto shows which spans on which GPUs are one
+  all-reduce (ids after the point-to-point ones);
 * a counter track ``memory`` per GPU (``ph: "C"``, args ``{"GiB": bytes / 2**30}``).
 
 A trace may hold a subset of the GPUs (``gpus``: a 1,024-GPU full-fidelity step
@@ -69,6 +73,7 @@ TOLERANCE_US = 1e-6
 _GIB = float(2**30)
 _NS_PER_S = 1e9
 _FLOW_CATEGORY = "p2p"
+_COLLECTIVE_CATEGORY = "collective"
 _METADATA_ARG = {
     "process_name": "name",
     "process_labels": "labels",
@@ -128,7 +133,7 @@ def _place_spans(timeline: Timeline) -> dict[tuple[int, str], list[_Placed]]:
     A span that a flow arrow starts or ends at holds no other span of its lane, so
     that no child can hide it from the flow event that binds to it.
     """
-    endpoints = {index for flow in timeline.flows for index in (flow.send, flow.recv)}
+    endpoints = {index for flow, _ in _arrows(timeline) for index in (flow.send, flow.recv)}
     groups: dict[tuple[int, str], list[tuple[int, int, int, Span]]] = {}
     for index, span in enumerate(timeline.spans):
         what = f"span #{index} {span.name!r} on GPU {span.gpu} stream {span.stream!r}"
@@ -200,9 +205,21 @@ def _only_gpus(timeline: Timeline, gpus: Iterable[int]) -> Timeline:
             spans.append(span)
     flows = tuple(FlowArrow(new_index[f.send], new_index[f.recv]) for f in timeline.flows
                   if f.send in new_index and f.recv in new_index)
+    collectives = tuple(kept for kept in (tuple(new_index[i] for i in group if i in new_index)
+                                          for group in timeline.collectives) if len(kept) > 1)
     memory = tuple(m for m in timeline.memory if m.gpu in keep)
     return Timeline.known(timeline.num_gpus, tuple(spans), flows, memory, timeline.gpu_names,
-                          timeline.gpus, end_s=timeline.end_s)
+                          timeline.gpus, end_s=timeline.end_s, collectives=collectives)
+
+
+def _arrows(timeline: Timeline) -> list[tuple[FlowArrow, str]]:
+    """Every arrow a trace draws, with its category: the point-to-point messages, then
+    each collective's chain (member k -> member k + 1)."""
+    arrows = [(flow, _FLOW_CATEGORY) for flow in timeline.flows]
+    for group in timeline.collectives:
+        arrows.extend((FlowArrow(a, b), _COLLECTIVE_CATEGORY)
+                      for a, b in zip(group, group[1:], strict=False))
+    return arrows
 
 
 def chrome_trace(timeline: Timeline, title: str = "", gpus: Iterable[int] | None = None
@@ -266,6 +283,7 @@ def chrome_trace(timeline: Timeline, title: str = "", gpus: Iterable[int] | None
         "num_gpus": timeline.num_gpus,
         "num_spans": len(timeline.spans),
         "num_flows": len(timeline.flows),
+        "num_collectives": len(timeline.collectives),
         "end_us": _us(_to_ns(timeline.end_s, "timeline end")),
     }
     if kept is not None:
@@ -305,7 +323,7 @@ def _timed_events(
             }
             timed.append(_Timed(p.start_ns, (0, track[1], rank), event, track, p.index))
 
-    for flow_no, flow in enumerate(timeline.flows):
+    for flow_no, (flow, category) in enumerate(_arrows(timeline)):
         for role, index in (("send", flow.send), ("recv", flow.recv)):
             if not 0 <= index < len(timeline.spans):
                 raise ValueError(
@@ -320,7 +338,7 @@ def _timed_events(
             track = track_of[index]
             event = {
                 "name": name,
-                "cat": _FLOW_CATEGORY,
+                "cat": category,
                 "ph": phase,
                 "id": flow_no + 1,
                 "ts": _us(ts_ns),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, partial
 from itertools import groupby
 from operator import itemgetter
@@ -98,7 +98,7 @@ class MemorySample(NamedTuple):
 
 # Span.end_s; MemorySample.gpu and .bytes (fields by position: C-speed getters)
 _END_S, _GPU, _BYTES = itemgetter(5), itemgetter(0), itemgetter(2)
-_SPAN = itemgetter(3)  # the Span of a lane record (start, end, order, Span)
+_ORDER, _SPAN = itemgetter(2), itemgetter(3)  # of a lane record (start, end, order, Span)
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,17 @@ class Timeline:
     """Optional label per GPU, e.g. ``node0/gpu3 pp1 dp0 tp1``."""
     gpus: tuple[int, ...] | None = None
     """GPUs that were simulated (None = all); a collapsed run simulates one per class."""
+    collectives: tuple[tuple[int, ...], ...] = field(default_factory=tuple)
+    """Each multi-GPU collective: the indices in ``spans`` of its members' spans, in the
+    order of its process group (a trace draws them as a chain of arrows). A factory
+    default, so that no class attribute hides a :meth:`deferred` timeline's record."""
 
     @classmethod
     def known(cls, num_gpus: int, spans: tuple[Span, ...], flows: tuple[FlowArrow, ...],
               memory: tuple[MemorySample, ...], gpu_names: tuple[str, ...] = (),
               gpus: tuple[int, ...] | None = None, *, end_s: float | None = None,
-              peak_memory_by_gpu: dict[int, float] | None = None) -> Timeline:
+              peak_memory_by_gpu: dict[int, float] | None = None,
+              collectives: tuple[tuple[int, ...], ...] = ()) -> Timeline:
         """A timeline whose producer already knows some of its summaries.
 
         ``end_s`` and ``peak_memory_by_gpu``, where given, are what the properties of
@@ -129,7 +134,7 @@ class Timeline:
         timeline built directly. The caller vouches that they are equal (the engine's
         tests compare them).
         """
-        timeline = cls(num_gpus, spans, flows, memory, gpu_names, gpus)
+        timeline = cls(num_gpus, spans, flows, memory, gpu_names, gpus, collectives)
         # cached_property keeps its value in the instance dict, under its own name
         if end_s is not None:
             timeline.__dict__["end_s"] = end_s
@@ -140,13 +145,14 @@ class Timeline:
     @classmethod
     def deferred(cls, num_gpus: int,
                  records: Callable[[], tuple[tuple[Span, ...], tuple[FlowArrow, ...],
-                                             tuple[MemorySample, ...]]],
+                                             tuple[MemorySample, ...],
+                                             tuple[tuple[int, ...], ...]]],
                  gpu_names: tuple[str, ...] = (), gpus: tuple[int, ...] | None = None, *,
                  end_s: float | None = None,
                  peak_memory_by_gpu: dict[int, float] | None = None,
                  memory_floor_by_gpu: dict[int, float] | None = None) -> Timeline:
-        """A timeline whose records (``spans``, ``flows``, ``memory``) are made by
-        ``records()`` when first read, as :meth:`known` otherwise.
+        """A timeline whose records (``spans``, ``flows``, ``memory``, ``collectives``)
+        are made by ``records()`` when first read, as :meth:`known` otherwise.
 
         A large collapsed run's statistics need only the summaries its producer knows
         (the engine's queue-free pass on columns, :mod:`sim.columnar`), while building
@@ -222,7 +228,7 @@ class Timeline:
         return floors
 
 
-_RECORDS = ("spans", "flows", "memory")
+_RECORDS = ("spans", "flows", "memory", "collectives")
 """A :meth:`Timeline.deferred` timeline's records, in the order its maker returns them."""
 
 
@@ -256,6 +262,8 @@ def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[floa
         g: [new(MemorySample, (g, 0.0, program.static_bytes[g]))] for g in gpus}
     mem_now = list(program.static_bytes)
     members: dict[int, list[int]] = {}
+    collectives: list[list[int]] = []
+    """the member instructions of each multi-GPU collective, in its group's order"""
     for ins in instrs:
         cls = type(ins)
         if cls is Compute:
@@ -300,6 +308,8 @@ def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[floa
                     continue
                 del members[key]
                 start = max(ready_s[j] for j in waiting)
+                rank = {gpu: r for r, gpu in enumerate(group)}
+                collectives.append(sorted(waiting, key=lambda j: rank[instrs[j].gpu]))
             else:
                 waiting, start = [i], ready_s[i]
             for j in waiting:
@@ -308,6 +318,7 @@ def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[floa
                     Span, (m.gpu, kind, kind, m.name, start, end_s[j], m.stage, m.mb))))
     spans: list[Span] = []
     base: dict[tuple[int, str], int] = {}  # a plain lane's first index
+    index_of: dict[int, int] = {}  # a collective member's order key -> its span's index
     for key in sorted(lanes.keys() | plain.keys()):
         own = plain.get(key)
         if own is not None:
@@ -316,6 +327,9 @@ def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[floa
             continue
         recs = lanes[key]
         recs.sort()
+        if collectives:
+            index_of.update(zip(map(_ORDER, recs), range(len(spans), len(spans) + len(recs)),
+                                strict=True))
         spans.extend(map(_SPAN, recs))
     pairs: list[tuple[int, int]] = []
     for send, recv in arrows:
@@ -329,6 +343,7 @@ def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[floa
         samples.extend(recs)
         peaks[g] = max(map(_BYTES, recs))
     clock = max(end_s, default=0.0)
+    groups = tuple(tuple(index_of[4 * j] for j in members_of) for members_of in collectives)
     return Timeline.known(program.num_gpus, tuple(spans), flows, tuple(samples),
                           program.gpu_names, gpus, end_s=clock if clock > 0 else None,
-                          peak_memory_by_gpu=peaks)
+                          peak_memory_by_gpu=peaks, collectives=groups)

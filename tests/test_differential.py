@@ -83,4 +83,6 @@ def _compare(data: dict) -> None:
                      f"{what} peak memory")
         _assert_same(fast.timeline.spans, ref.timeline.spans, f"{what} spans")
         _assert_same(fast.timeline.flows, ref.timeline.flows, f"{what} flows")
+        _assert_same(fast.timeline.collectives, ref.timeline.collectives,
+                     f"{what} collectives")
         _assert_same(fast.timeline.memory, ref.timeline.memory, f"{what} memory")

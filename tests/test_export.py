@@ -15,6 +15,7 @@ from conftest import EXAMPLE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim import load_experiment, simulate
 from sim.cli import main
 from sim.export import (
     check_trace,
@@ -190,6 +191,30 @@ def test_subset_of_gpus() -> None:
     assert both == chrome_trace(tl, "t") and "gpus" not in chrome_trace(tl)["otherData"]
     with pytest.raises(ValueError, match="cannot export GPUs"):
         chrome_trace(tl, gpus=[2])
+
+
+def test_collectives_are_chains_of_arrows() -> None:
+    """Each multi-GPU collective of a full-fidelity run: one span per member GPU, all with
+    its name, kind and start; the trace links them member to member (category
+    ``collective``), and a subset of GPUs keeps the links among the GPUs kept."""
+    result = simulate(load_experiment(EXAMPLE), fidelity="full")
+    tl = result.timeline
+    assert tl.collectives
+    for group in tl.collectives:
+        spans = [tl.spans[i] for i in group]
+        assert len({s.gpu for s in spans}) == len(spans) > 1
+        assert len({(s.kind, s.name, s.stream, s.start_s) for s in spans}) == 1
+    trace = chrome_trace(tl)
+    assert check_trace(trace) == []
+    links = sum(len(g) - 1 for g in tl.collectives)
+    assert sum(e["cat"] == "collective" for e in events_of(trace, "s")) == links
+    assert sum(e["cat"] == "p2p" for e in events_of(trace, "s")) == len(tl.flows)
+    assert trace["otherData"]["num_collectives"] == len(tl.collectives)
+    first = [tl.spans[i].gpu for i in tl.collectives[0]]
+    kept = chrome_trace(tl, gpus=first[:2])
+    assert check_trace(kept) == []
+    assert kept["otherData"]["num_collectives"] >= 1
+    assert all(e["pid"] - 1 in first[:2] for e in events_of(kept, "s"))
 
 
 def test_cli_trace_options(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -417,7 +442,22 @@ def timelines(draw: st.DrawFn) -> Timeline:
         spans.append(Span(src, f"send>{dst}", "pp", f"m{n}", s0, s0 + s_len))
         spans.append(Span(dst, f"recv<{src}", "pp", f"m{n}", r0, r1))
         flows.append(FlowArrow(len(spans) - 2, len(spans) - 1))
-    return Timeline(num_gpus, tuple(spans), tuple(flows), ())
+    collectives: list[tuple[int, ...]] = []
+    for n in range(draw(st.integers(0, 3)) if num_gpus > 1 else 0):
+        members = draw(st.permutations(range(num_gpus)))[:draw(st.integers(2, num_gpus))]
+        stream, start = draw(st.sampled_from(["tp", "dp"])), draw(grid)
+        group = []
+        for gpu in members:  # one start, each member its own end
+            spans.append(Span(gpu, stream, stream, f"c{n}", start, start + draw(grid)))
+            group.append(len(spans) - 1)
+        collectives.append(tuple(group))
+    return Timeline(num_gpus, tuple(spans), tuple(flows), (), collectives=tuple(collectives))
+
+
+def arrows_of(tl: Timeline) -> list[FlowArrow]:
+    """The arrows a trace draws, in id order: messages, then each collective's chain."""
+    chains = [FlowArrow(a, b) for g in tl.collectives for a, b in zip(g, g[1:], strict=False)]
+    return [*tl.flows, *chains]
 
 
 @settings(max_examples=150, deadline=None)
@@ -426,8 +466,10 @@ def test_property_export_is_valid_and_flows_bind_right(tl: Timeline) -> None:
     trace = chrome_trace(tl)
     assert check_trace(trace) == []
     events = trace["traceEvents"]
+    arrows = arrows_of(tl)
+    assert len(flow_bindings(trace)) == len(arrows)
     for flow_id, (s_at, f_at) in flow_bindings(trace).items():
-        flow = tl.flows[flow_id - 1]
+        flow = arrows[flow_id - 1]
         for at, index in ((s_at, flow.send), (f_at, flow.recv)):
             span = tl.spans[index]
             assert at is not None

@@ -173,6 +173,6 @@ def test_compare_uses_the_engine_period() -> None:
     exp = _exp(4, 8, "1f1b")
     rows, results = compare(exp, ("1f1b", "zb-h2", "zb-v"))
     for row in rows[1:]:
-        assert row.steady_period_s == pytest.approx(24 * MS, rel=1e-12)
-    assert rows[1].step_time_s == pytest.approx(27 * MS)  # the isolated step, as drawn
+        assert row.step_time_s == row.steady_period_s == pytest.approx(24 * MS, rel=1e-12)
+    assert rows[1].isolated_step_s == pytest.approx(27 * MS)  # the isolated step, as drawn
     assert all(r.steps == 1 for r in results)

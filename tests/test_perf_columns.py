@@ -301,13 +301,14 @@ def test_deferred_timeline_makes_its_records_once_when_read() -> None:
 
     def records():  # type: ignore[no-untyped-def]
         made.append(1)
-        return span_of.spans, span_of.flows, span_of.memory
+        return span_of.spans, span_of.flows, span_of.memory, span_of.collectives
 
     timeline = Timeline.deferred(1, records, (), None, end_s=2.5, peak_memory_by_gpu={0: 1.0})
     assert timeline.end_s == 2.5 and timeline.peak_memory_bytes(0) == 1.0 and not made
     assert pickle.loads(pickle.dumps(timeline)) == Timeline(1, (), (), ())
     assert made == [1] and timeline.records_made
     assert copy.copy(timeline).spans == () and timeline.flows == () and made == [1]
+    assert timeline.collectives == ()
     with pytest.raises(AttributeError):
         timeline.no_such_field  # noqa: B018
 

@@ -158,7 +158,8 @@ def _every_figure(tmp_path: Path) -> dict[str, Figure]:
     """Each figure the CLI writes, drawn from small inputs."""
     tl = small_timeline()
     compare_row = {"schedule": "1f1b", "step_time_s": 7.5 * MS, "bubble_fraction": 0.2,
-                   "steady_period_s": 7.5 * MS, "peak_activation_gib": 1.0,
+                   "steady_period_s": 7.5 * MS, "isolated_step_s": 8.0 * MS,
+                   "isolated_bubble_fraction": 0.25, "peak_activation_gib": 1.0,
                    "peak_activation_gib_per_rank": [1.0, 0.5]}
     idle = {"per_gpu_s": {str(g): {cause: (n + 1) * MS for n, cause in enumerate(IDLE_CAUSES)}
                           for g in range(2)}}
