@@ -23,6 +23,7 @@ from sim.config import (
     set_dotted,
 )
 from sim.device import work_timer
+from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
@@ -186,6 +187,7 @@ class Experiment:
 
 
 def _resolve_layout(cfg: ExperimentConfig, num_gpus: int) -> tuple[int, int, int, int]:
+    """(tp, pp, dp, cp) over ``num_gpus`` GPUs (all of the cluster's but parameter servers)."""
     p = cfg.parallel
     model_par = p.tp * p.pp * p.cp
     if p.dp is None:
@@ -387,8 +389,9 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     cfg = parse_config(data)
     model = build_model(cfg.model, base_dir)
     cluster = build_cluster(cfg.cluster)
-    tp, pp, dp, cp = _resolve_layout(cfg, cluster.num_gpus)
+    tp, pp, dp, cp = _resolve_layout(cfg, ps_layout_gpus(cfg, cluster.num_gpus))
     par = cfg.parallel
+    check_dp_modes(cfg, dp)
     if par.ep > 1:
         _check_expert_parallel(par, model, dp)
     if cp > 1:

@@ -17,6 +17,7 @@ from base.errors import ConfigError, TopologyError
 from base.outputs import Outputs
 from sim.api import AUTO_FULL_MAX_GPUS, Result, simulate, stats_json, write_step
 from sim.device import DeviceProfile
+from sim.dpmodes import run_steps, steps_overlap
 from sim.experiment import Experiment
 from sim.faults import (
     FailureRun,
@@ -30,7 +31,6 @@ from sim.faults import (
 )
 from sim.faults_config import LinkFault, Preemption
 from sim.timeline import IDLE_CAUSES
-from workloads.registry import overlaps_steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,8 +141,10 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     and the other run keys to the stats.
     """
     faults = exp.config.faults
+    factor = exp.config.training.tokens_factor
+    steps_run = run_steps(steps, factor) if steps >= 1 else steps
     segments = batch_segments(exp.config.training.global_batch_schedule, exp.global_batch_size,
-                              steps)
+                              steps_run)
     events: list = sorted([*enumerate(faults.link_faults if faults else ()),
                            *enumerate(faults.preemptions if faults else ())],
                           key=lambda e: (e[1].at_s, isinstance(e[1], Preemption), e[0]))
@@ -173,7 +175,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     transitions: dict[int, Result] = {}
     """Simulations of steps in which links degraded or failed, by row."""
     # mid-step link faults where steps are simulated in full (flows can be re-rated/rerouted)
-    mid_step = not overlaps_steps(exp.schedule.name) and (
+    mid_step = not steps_overlap(exp) and (
         fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
     t, applied, stall, preempted = 0.0, 0, 0.0, 0.0
     for first, count, batch in segments:
@@ -267,6 +269,8 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
         "run_segments": rows,
         "idle_breakdown_run_s": _run_idle(rows, cache, run, stall + preempted, transitions),
     })
+    if factor != 1:
+        stats.update({"tokens_factor": factor, "steps_run": steps_run})
     if spec is not None:
         mtbf = job_mtbf_s(spec, num_gpus)
         if mtbf is not None and spec.checkpoint_write_s > 0:
