@@ -22,7 +22,7 @@ from sim import budget
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s, rank_timers
-from sim.dpmodes import cycle_stats, stale_steps, steps_overlap
+from sim.dpmodes import cycle_stats, ps_servers, stale_steps, steps_overlap
 from sim.engine import InstructionTimes, simulate_program
 from sim.experiment import Experiment
 from sim.export import write_chrome_trace
@@ -285,8 +285,12 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                                          STEADY_STEPS if overlapping else 1)
     note = None
     work = budget.estimate(exp, n)
+    servers = ps_servers(exp)
+    if servers and fidelity == "collapsed":
+        raise ConfigError("fidelity='collapsed': parallel.dp_mode parameter_server simulates "
+                          "its pushes and pulls as flows; use fidelity full (or auto)")
     if fidelity == "auto":
-        must = bool(slowdown or mixed or link_changes)
+        must = bool(slowdown or mixed or link_changes or servers)
         fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or must else "collapsed"
         if fidelity == "full" and not must and not work.fits("full"):
             fidelity = "collapsed"
@@ -300,7 +304,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             collective_s=collective_timer or CollectiveTimer(exp.cluster),
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
-                    collapse, reference)
+                    collapse, reference, servers)
     facts = _facts(exp, fidelity, profile)
 
     def run(program: Program) -> Result:

@@ -71,6 +71,15 @@ def ps_layout_gpus(cfg: Any, num_gpus: int) -> int:
     return num_gpus - par.ps_servers
 
 
+def ps_servers(exp: Any) -> tuple[int, ...]:
+    """The parameter servers' ranks of ``exp``: the cluster's last ``parallel.ps_servers``
+    (after the layout's GPUs); () under ``dp_mode: allreduce``."""
+    if exp.config.parallel.dp_mode != "parameter_server":
+        return ()
+    first = exp.placement.num_gpus
+    return tuple(range(first, first + exp.config.parallel.ps_servers))
+
+
 def steps_overlap(exp: Any) -> bool:
     """Whether consecutive steps of ``exp`` overlap: schedules with the Zero Bubble
     paper's post-validation (:func:`workloads.registry.overlaps_steps`) and bounded

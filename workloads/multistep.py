@@ -27,10 +27,11 @@ Between steps, two regimes:
 Asynchronous data parallelism with bounded staleness (``staleness=S >= 1``, the
 stale synchronous parallel model of Ho et al. 2013, NeurIPS, "More effective
 distributed ML via a stale synchronous parallel parameter server"): no barrier, and
-a GPU's next step waits only for its own previous step's non-DP streams; the
-optimizer of step ``k`` applies the DP communication of step ``k - S`` (none
-for ``k < S``) instead of step ``k``'s. DP communication of step ``k`` needs every
-member's step ``k``, so no worker runs more than ``S`` steps ahead of the slowest.
+a GPU's step ``k + 1`` waits for its own step ``k`` but for the DP communication,
+and for its DP communication of step ``k - S``; the optimizer of step ``k`` applies
+the DP communication of step ``k - S`` (none for ``k < S``) instead of step ``k``'s.
+DP communication of step ``k`` needs every member's step ``k``, so no worker runs more
+than ``S`` steps ahead of the slowest.
 """
 
 from __future__ import annotations
@@ -75,6 +76,18 @@ def _stream_ends(instrs: Sequence[Instruction], skip_dp: bool = False
     return ends, first
 
 
+def _dp_ends(instrs: Sequence[Instruction]) -> dict[int, tuple[int, ...]]:
+    """Per GPU, the last instruction of each of its DP communication streams."""
+    last: dict[tuple[int, str], int] = {}
+    for ins in instrs:
+        if is_dp_comm(ins):
+            last[(ins.gpu, ins.stream)] = ins.id
+    ends: dict[int, tuple[int, ...]] = {}
+    for (gpu, _), i in sorted(last.items()):
+        ends[gpu] = (*ends.get(gpu, ()), i)
+    return ends
+
+
 def repeat_program(program: Program, steps: int, barrier: bool, staleness: int = 0) -> Program:
     """``steps`` copies of ``program`` run back to back (module docstring for the rules;
     ``staleness`` >= 1: bounded staleness, without a barrier).
@@ -99,6 +112,7 @@ def repeat_program(program: Program, steps: int, barrier: bool, staleness: int =
     ends, first = _stream_ends(base, skip_dp=staleness > 0)
     gpus = sorted(ends)
     dp_comm = {ins.id for ins in base if is_dp_comm(ins)} if staleness else set()
+    dp_ends = _dp_ends(base) if staleness else {}
     out: list[Instruction] = []
     starts: list[int] = []
     entry: dict[int, tuple[int, ...]] = {}  # per GPU: what its next step's streams wait for
@@ -129,6 +143,10 @@ def repeat_program(program: Program, steps: int, barrier: bool, staleness: int =
                 entry[g] = (bid,)
         else:
             entry = step_ends
+            if k >= staleness and dp_ends:  # and its own DP communication of step k - S
+                back = offset - staleness * n
+                entry = {g: e + tuple(i + back for i in dp_ends.get(g, ())) for g, e in
+                         step_ends.items()}
     meta = dict(program.meta, steps=steps, step_starts=tuple(starts), step_instructions=n)
     return replace(program, instructions=tuple(out), meta=meta)
 
