@@ -72,11 +72,11 @@ def lower(
     # program's objects move to the oldest generation at once, else the first young
     # collection scans every one of them (a quarter second at 400k)
     with gc_paused():
-        return _lower(schedule, costs, placement, zero_stage, collapse, reference, servers)
+        return _lower(schedule, costs, placement, zero_stage, collapse, servers, reference)
 
 
 def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int,
-           collapse: Collapse | None, reference: bool, servers: tuple[int, ...]) -> Program:
+           collapse: Collapse | None, servers: tuple[int, ...], reference: bool) -> Program:
     """:func:`lower`, with the garbage collector paused by the caller."""
     pp, tp = placement.degree("pp"), placement.degree("tp")
     if schedule.num_ranks != pp:
