@@ -29,6 +29,8 @@ KEY = "training.batch_policy"
 
 MAX_CURVE_ROWS = 1_000_000
 """Most rows of a statistic CSV."""
+MAX_BATCH = 2.0 ** 53
+"""A batch the norm test may ask for without a cap (floats are exact integers below)."""
 
 
 def load_curve(spec: Any, base_dir: Path | None) -> Callable[[int], float]:
@@ -113,7 +115,16 @@ def policy_schedule(policy: Any, curve: Callable[[int], float] | None, initial_b
                               f"of micro_batch_size·dp = {unit})")
     batch = initial_batch
     for step in range(0, steps, policy.test_interval):
-        want = math.ceil(curve(step) / policy.eta ** 2 - 1e-9)
+        try:
+            ratio = curve(step) / policy.eta ** 2
+        except OverflowError:
+            ratio = math.inf
+        if not math.isfinite(ratio) or ratio > MAX_BATCH:
+            if cap == math.inf:
+                raise ConfigError(f"{KEY}: the norm test asks for a batch of {ratio:g} "
+                                  f"sequences at step {step}; set max_global_batch_size")
+            ratio = cap
+        want = math.ceil(ratio - 1e-9)
         grown = min(cap, max(batch, -(-want // unit) * unit))
         if grown != batch:
             batch = int(grown)

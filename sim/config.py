@@ -56,6 +56,9 @@ MAX_STALENESS = 16
 (:func:`sim.dpmodes.stale_steps`); stale-synchronous runs use a few (Ho et al. 2013)."""
 MAX_TOKENS_FACTOR = 100.0
 """Largest ``training.tokens_factor``."""
+MAX_EXPONENT = 10.0
+"""Largest magnitude of a batch statistic's power-law exponent (the gradient noise scale
+grows about as the inverse loss, McCandlish et al. 2018: exponents near 1)."""
 
 
 def check_sizes(sizes: dict[str, Any], where: str = "model") -> None:
@@ -198,7 +201,7 @@ class StatisticCurve(Strict):
     ``step,value``, steps increasing from 0; between rows the value of the last row."""
     initial: float | None = Field(None, gt=0)
     """Power law: the value at step 0."""
-    exponent: float = 0.0
+    exponent: float = Field(0.0, ge=-MAX_EXPONENT, le=MAX_EXPONENT)
     """Power law: value(step) = initial·(1 + step)^exponent."""
 
     @model_validator(mode="after")

@@ -133,3 +133,13 @@ def test_a_cap_below_the_initial_batch_and_a_runaway_policy_are_errors() -> None
         simulate_run(_exp({"statistic": {"initial": 1.0}, "max_global_batch_size": 4}), 10)
     with pytest.raises(ConfigError, match="changes the batch more than 100 times"):
         simulate_run(_exp({"statistic": {"initial": 1.0, "exponent": 1.0}, "eta": 0.1}), 1000)
+
+
+def test_a_statistic_that_overflows_is_capped_or_an_error() -> None:
+    policy = BatchPolicyConfig(statistic=StatisticCurve(initial=1e300, exponent=10.0),
+                               max_global_batch_size=1024)
+    curve = load_curve(policy.statistic, None)
+    assert policy_schedule(policy, curve, 8, 8, 100, 100) == [[0, 1024]]
+    with pytest.raises(ConfigError, match="asks for a batch of 1e.302 sequences at step 0"):
+        policy_schedule(policy.model_copy(update={"max_global_batch_size": None}), curve, 8,
+                        8, 100, 100)

@@ -201,3 +201,22 @@ def test_staleness_bounds_how_far_a_fast_worker_runs_ahead() -> None:
         for k in range(res.steps - staleness - 1):
             assert starts[k + staleness + 1] >= ends[k] - 1e-12
         assert any(starts[k + staleness] < ends[k] for k in range(res.steps - staleness))
+
+
+# ----------------------------------------------------------------------- fast paths
+
+@pytest.mark.parametrize("changes", [
+    {"servers": 2}, {"servers": 1, "training": {"max_staleness": 2}},
+    {"training": {"sync_every": 7}}, {"training": {"max_staleness": 1}},
+    {"training": {"max_staleness": 2}, "parallel": {"overlap_grad_reduce": True}}])
+def test_the_reference_paths_give_the_same_stats(changes: dict) -> None:
+    """simulate(exp) equals simulate(exp, reference=True) in every DP mode."""
+    exp = _exp(4, **changes)
+    assert simulate(exp).stats == simulate(exp, reference=True).stats
+
+
+def test_local_sgd_collapsed_equals_full_on_a_symmetric_layout() -> None:
+    exp = _exp(4, training={"sync_every": 5})
+    full, collapsed = (simulate(exp, fidelity=f).stats for f in ("full", "collapsed"))
+    for key in ("step_time_s", "sync_step_time_s", "local_step_time_s"):
+        assert collapsed[key] == pytest.approx(full[key], rel=1e-9)
