@@ -233,6 +233,13 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     layouts on one): its timings depend on the cluster alone, so a shared one gives the
     same floats as a fresh one. A timer of another cluster is a ValueError.
 
+    Data-parallel modes (:mod:`sim.dpmodes`): under ``parallel.dp_mode:
+    parameter_server`` the step pushes to and pulls from the server ranks (full
+    fidelity only); with ``training.max_staleness`` S >= 1, :func:`sim.dpmodes.stale_steps`
+    steps run without a barrier; with ``training.sync_every`` H > 1 a local step (the
+    program without DP communication) is simulated too and the stats describe the mean
+    step of a cycle (:func:`sim.dpmodes.cycle_stats`).
+
     ``reference``: run every stage's reference implementation (lowering's op loop, the
     engine's event queue, the idle breakdown's plain loops) instead of its fast path; the
     results are the same (``tests/test_differential.py``), only slower.

@@ -141,6 +141,11 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     against the step times (:func:`sim.faults.simulate_failures`). Adds
     ``time_to_train_s``, ``goodput`` (useful work / elapsed), ``lost_work_s``
     and the other run keys to the stats.
+
+    ``training.tokens_factor`` f (:mod:`sim.dpmodes`) makes the run ceil(steps·f)
+    steps (``steps_run``); ``training.batch_policy`` (:mod:`sim.batch_policy`) makes
+    the global batch schedule over them, and its ``target_tokens`` ends the run at the
+    step that reaches it (``batch_policy`` in the stats).
     """
     faults = exp.config.faults
     training = exp.config.training
