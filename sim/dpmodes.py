@@ -54,6 +54,11 @@ def check_dp_modes(cfg: Any, dp: int) -> None:
     if par.overlap_grad_reduce:
         raise ConfigError("parallel.dp_mode='parameter_server': not with "
                           "parallel.overlap_grad_reduce (pushes follow each stage's backward)")
+    preemptions = cfg.faults.preemptions if cfg.faults is not None else ()
+    for k, event in enumerate(preemptions):
+        if event.policy == "rebalance":
+            raise ConfigError(f"faults.preemptions[{k}]: policy 'rebalance' is not supported "
+                              "with parallel.dp_mode: parameter_server; use policy 'stall'")
     if par.ep > 1 or par.cp > 1:
         raise ConfigError(f"parallel.dp_mode='parameter_server': not with ep={par.ep}, "
                           f"cp={par.cp} (workers are the DP replicas of a dense model)")

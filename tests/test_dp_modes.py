@@ -106,6 +106,8 @@ def test_parameter_server_pushes_and_pulls_are_flows_to_the_last_ranks() -> None
     ({"training": {"max_staleness": 17}}, "training.max_staleness: input should be less than"),
     ({"training": {"tokens_factor": 0}}, "training.tokens_factor: input should be greater"),
     ({"parallel": {"dp_mode": "gossip"}}, "parallel.dp_mode: input should be 'allreduce' or"),
+    ({"servers": 1, "faults": {"preemptions": [{"node": 0, "at_s": 1.0, "policy": "rebalance"}]}},
+     "faults.preemptions[0]: policy 'rebalance' is not supported with parallel.dp_mode"),
 ])
 def test_bad_dp_modes_are_errors_naming_the_key(changes: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:
