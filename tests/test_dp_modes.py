@@ -222,3 +222,13 @@ def test_local_sgd_collapsed_equals_full_on_a_symmetric_layout() -> None:
     full, collapsed = (simulate(exp, fidelity=f).stats for f in ("full", "collapsed"))
     for key in ("step_time_s", "sync_step_time_s", "local_step_time_s"):
         assert collapsed[key] == pytest.approx(full[key], rel=1e-9)
+
+
+def test_the_summary_shows_the_cycle_and_the_stretched_run() -> None:
+    from sim.cli.run import summary_table
+    stats = simulate_run(_exp(4, training={"sync_every": 10, "tokens_factor": 1.25}), 100).stats
+    text = summary_table(stats)
+    rows = {line[:20].strip(): line[21:] for line in text.splitlines()}
+    assert rows["local SGD"] == "sync every 10 steps: sync step 21.000 ms, local step 6.000 ms"
+    assert rows["steps run"] == "125 (tokens_factor 1.25)"
+    assert "local SGD" not in summary_table(simulate_run(_exp(4), 100).stats)
