@@ -22,6 +22,7 @@ from sim import budget
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s, rank_timers
+from sim.dpmodes import cycle_stats, ps_servers, stale_steps, steps_overlap
 from sim.engine import InstructionTimes, simulate_program
 from sim.experiment import Experiment
 from sim.export import write_chrome_trace
@@ -34,9 +35,8 @@ from sim.timeline import Timeline
 from topologies.placement import mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
 from workloads.lowering import Collapse, lower
-from workloads.multistep import repeat_program, step_end_times
+from workloads.multistep import repeat_program, step_end_times, without_dp
 from workloads.program import Compute, Program
-from workloads.registry import overlaps_steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,6 +233,13 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     layouts on one): its timings depend on the cluster alone, so a shared one gives the
     same floats as a fresh one. A timer of another cluster is a ValueError.
 
+    Data-parallel modes (:mod:`sim.dpmodes`): under ``parallel.dp_mode:
+    parameter_server`` the step pushes to and pulls from the server ranks (full
+    fidelity only); with ``training.max_staleness`` S >= 1, :func:`sim.dpmodes.stale_steps`
+    steps run without a barrier; with ``training.sync_every`` H > 1 a local step (the
+    program without DP communication) is simulated too and the stats describe the mean
+    step of a cycle (:func:`sim.dpmodes.cycle_stats`).
+
     ``reference``: run every stage's reference implementation (lowering's op loop, the
     engine's event queue, the idle breakdown's plain loops) instead of its fast path; the
     results are the same (``tests/test_differential.py``), only slower.
@@ -278,12 +285,19 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     if link_changes and fidelity == "collapsed":
         raise ConfigError("fidelity='collapsed': links that change in the middle of a step "
                           "need every transfer simulated; use fidelity full (or auto)")
-    overlapping = overlaps_steps(exp.schedule.name)
-    n = steps if steps is not None else (STEADY_STEPS if overlapping else 1)
+    training = exp.config.training
+    staleness = training.max_staleness
+    overlapping = steps_overlap(exp)
+    n = steps if steps is not None else (stale_steps(staleness) if staleness else
+                                         STEADY_STEPS if overlapping else 1)
     note = None
     work = budget.estimate(exp, n)
+    servers = ps_servers(exp)
+    if servers and fidelity == "collapsed":
+        raise ConfigError("fidelity='collapsed': parallel.dp_mode parameter_server simulates "
+                          "its pushes and pulls as flows; use fidelity full (or auto)")
     if fidelity == "auto":
-        must = bool(slowdown or mixed or link_changes)
+        must = bool(slowdown or mixed or link_changes or servers)
         fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or must else "collapsed"
         if fidelity == "full" and not must and not work.fits("full"):
             fidelity = "collapsed"
@@ -297,16 +311,36 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             collective_s=collective_timer or CollectiveTimer(exp.cluster),
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
-                    collapse, reference)
-    if n > 1:
-        program = repeat_program(program, n, barrier=not overlapping)
+                    collapse, reference, servers)
+    facts = _facts(exp, fidelity, profile)
+
+    def run(program: Program) -> Result:
+        if n > 1:
+            program = repeat_program(program, n, barrier=not overlapping, staleness=staleness)
+        return _run(exp, program, n, work_time, facts, link_changes, reference, slowdown,
+                    note, timers)
+
+    result = run(program)
+    if training.sync_every > 1:  # local SGD: a cycle of H - 1 local steps and a sync step
+        local = run(without_dp(program))
+        stats = cycle_stats(result.stats, local.stats, training.sync_every)
+        ends = result.step_ends_s if n > 1 else (stats["step_time_s"],)
+        return Result(exp, result.program, result.timeline, stats, n, ends)
+    return result
+
+
+def _run(exp: Experiment, program: Program, n: int, work_time: Callable[[Compute], float],
+         facts: RunFacts, link_changes: Sequence[tuple[float, Mapping[int, float]]],
+         reference: bool, slowdown: Mapping[int, float], note: str | None,
+         timers: Sequence[Callable[[Compute], float]] | None) -> Result:
+    """Run a lowered (possibly repeated) program of ``n`` steps and compute its stats."""
     times = InstructionTimes()
     timeline = simulate_program(program, exp.cluster, work_time, times=times,
                                 link_changes=link_changes, event_queue=reference)
     ends = step_end_times(program, times.end_s) if n > 1 else (timeline.end_s,)
     # the steady step: a middle one, with a step before it (fill) and after it (drain)
     window = (ends[n // 2 - 1], ends[n // 2]) if n > 1 else None
-    stats = compute_stats(timeline, _facts(exp, fidelity, profile), window, times.intervals)
+    stats = compute_stats(timeline, facts, window, times.intervals)
     if n > 1:
         stats["steps_simulated"] = n
         stats["first_step_s"] = ends[0]

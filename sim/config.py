@@ -49,6 +49,18 @@ MAX_BATCH_SIZES = 100
 handful of times)."""
 
 
+MAX_SYNC_EVERY = 1_000_000
+"""Largest ``training.sync_every`` (DiLoCo synchronises every 500 steps)."""
+MAX_STALENESS = 16
+"""Largest ``training.max_staleness``: each step of staleness adds two simulated steps
+(:func:`sim.dpmodes.stale_steps`); stale-synchronous runs use a few (Ho et al. 2013)."""
+MAX_TOKENS_FACTOR = 100.0
+"""Largest ``training.tokens_factor``."""
+MAX_EXPONENT = 10.0
+"""Largest magnitude of a batch statistic's power-law exponent (the gradient noise scale
+grows about as the inverse loss, McCandlish et al. 2018: exponents near 1)."""
+
+
 def check_sizes(sizes: dict[str, Any], where: str = "model") -> None:
     """ConfigError naming the first of ``sizes`` above its :data:`MAX_SIZES` bound (for a
     model read from a Hugging Face config, where the schema's bounds do not apply)."""
@@ -168,6 +180,59 @@ class ParallelConfig(Strict):
     ``balanced``: the integer split that minimises the slowest pipeline rank's compute
     time per micro-batch on its own GPUs (faster GPUs get more layers; the stage with
     the output head fewer), from the cost and device models."""
+    dp_mode: Literal["allreduce", "parameter_server"] = "allreduce"
+    """How DP replicas combine gradients: ``allreduce`` (collectives, the default) or
+    ``parameter_server`` (Li et al. 2014; Zou et al. 2017): the parameters are sharded
+    over ``ps_servers`` server ranks, the last GPUs of the cluster, and every worker
+    pushes each shard's gradients to its server and pulls the updated shard back, as
+    flows (:mod:`workloads.lowering.paramserver`)."""
+    ps_servers: int = Field(1, ge=1)
+    """Parameter servers (``dp_mode: parameter_server``): the last ``ps_servers`` ranks of
+    the cluster, each holding 1/ps_servers of every stage's parameters; the layout's
+    tp·pp·dp·cp covers the GPUs before them."""
+
+
+class StatisticCurve(Strict):
+    """The gradient statistic a batch policy reads, over training steps: a CSV file or an
+    analytic power law (one of the two)."""
+
+    csv: str | None = None
+    """Path of a CSV file (relative to the experiment file) with a header and rows
+    ``step,value``, steps increasing from 0; between rows the value of the last row."""
+    initial: float | None = Field(None, gt=0)
+    """Power law: the value at step 0."""
+    exponent: float = Field(0.0, ge=-MAX_EXPONENT, le=MAX_EXPONENT)
+    """Power law: value(step) = initial·(1 + step)^exponent."""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> StatisticCurve:
+        """Exactly one of a CSV file and a power law."""
+        if (self.csv is None) == (self.initial is None):
+            raise invalid("training.batch_policy.statistic: give either csv or initial "
+                          f"(and exponent), got csv={self.csv!r}, initial={self.initial!r}")
+        return self
+
+
+class BatchPolicyConfig(Strict):
+    """An adaptive global batch (Lau et al. 2025, the norm test of Byrd et al. 2012): every
+    ``test_interval`` steps the batch grows to ceil(statistic / eta²) sequences (rounded up
+    to a multiple of micro_batch_size·dp, never shrinking, at most max_global_batch_size),
+    where the statistic is the per-sequence gradient variance over the squared norm of
+    the batch gradient, Var/||g||²."""
+
+    rule: Literal["norm_test", "constant"] = "norm_test"
+    """``norm_test`` (Lau et al. 2025) or ``constant`` (the fixed global batch)."""
+    eta: float = Field(0.1, gt=0, le=1)
+    """η of the norm test: the tolerated ratio of the batch gradient's noise to its norm."""
+    statistic: StatisticCurve | None = None
+    """Var/||g||² over steps, which a real run would measure; required by norm_test."""
+    test_interval: int = Field(1, ge=1)
+    """Steps between tests (the batch changes only at multiples of it)."""
+    max_global_batch_size: int | None = Field(None, ge=1)
+    """Largest global batch; default: unbounded."""
+    target_tokens: float | None = Field(None, gt=0)
+    """Stop the run once this many tokens are trained (``--steps`` is then an upper
+    bound): the time to a target token count, to set against a fixed batch."""
 
 
 class TrainingConfig(Strict):
@@ -198,6 +263,25 @@ class TrainingConfig(Strict):
     """``[[step, global_batch_size], ...]`` for ``sim run --steps N``: from each step on, that
     global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`. At most
     :data:`MAX_BATCH_SIZES` entries (each batch size is simulated once)."""
+    sync_every: int = Field(1, ge=1, le=MAX_SYNC_EVERY)
+    """H, local SGD / DiLoCo (Douillard et al. 2023): replicas take H - 1 local steps
+    without DP communication, then a synchronising step that all-reduces the outer
+    gradients (the parameter deltas, as many bytes as the gradients) before the outer
+    optimizer; 1: synchronous data parallelism. Needs ``parallel.zero_stage: 0`` (every
+    replica keeps its own optimizer state)."""
+    max_staleness: int = Field(0, ge=0, le=MAX_STALENESS)
+    """S, asynchronous data parallelism with bounded staleness (Ho et al. 2013): no barrier
+    between steps; a step's optimizer applies the DP communication of S steps before, so
+    a worker waits only when it would run more than S steps ahead of the slowest; 0:
+    synchronous. Needs ``parallel.zero_stage: 0``."""
+    tokens_factor: float = Field(1.0, gt=0, le=MAX_TOKENS_FACTOR)
+    """Statistical efficiency, set by the user: tokens this training needs to reach the
+    loss of synchronous training, relative to it (1: as efficient; 1.25: 25% more).
+    ``sim run --steps N`` then runs ceil(N·tokens_factor) steps, so that times to train
+    compare fairly across ``sync_every``, ``max_staleness`` and ``dp_mode``."""
+    batch_policy: BatchPolicyConfig | None = None
+    """An adaptive global batch over ``sim run --steps N`` (Lau et al. 2025), instead of a
+    fixed ``global_batch_schedule`` (:mod:`sim.batch_policy`)."""
 
 
 class ExperimentConfig(Strict):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError, ScheduleError
+from sim.batch_policy import load_curve
 from sim.budget import check_schedule_ops
 from sim.calibration import default_profile
 from sim.collectives import estimate, group_profile, resolve_algorithm
@@ -23,6 +24,7 @@ from sim.config import (
     set_dotted,
 )
 from sim.device import work_timer
+from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
@@ -147,6 +149,9 @@ class Experiment:
     costs: CostModel
     global_batch_size: int
     """Sequences per optimizer step (all DP replicas)."""
+    base_dir: Path | None = None
+    """The directory of the experiment file: relative paths in it (schedule, model and
+    batch statistic files) are read from there, also by :meth:`with_changes`."""
 
     @property
     def name(self) -> str:
@@ -182,10 +187,11 @@ class Experiment:
         data = self.data
         for key, value in changes.items():
             data = set_dotted(data, key, value)
-        return build_experiment(data)
+        return build_experiment(data, self.base_dir)
 
 
 def _resolve_layout(cfg: ExperimentConfig, num_gpus: int) -> tuple[int, int, int, int]:
+    """(tp, pp, dp, cp) over ``num_gpus`` GPUs (all of the cluster's but parameter servers)."""
     p = cfg.parallel
     model_par = p.tp * p.pp * p.cp
     if p.dp is None:
@@ -387,8 +393,9 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     cfg = parse_config(data)
     model = build_model(cfg.model, base_dir)
     cluster = build_cluster(cfg.cluster)
-    tp, pp, dp, cp = _resolve_layout(cfg, cluster.num_gpus)
+    tp, pp, dp, cp = _resolve_layout(cfg, ps_layout_gpus(cfg, cluster.num_gpus))
     par = cfg.parallel
+    check_dp_modes(cfg, dp)
     if par.ep > 1:
         _check_expert_parallel(par, model, dp)
     if cp > 1:
@@ -442,4 +449,25 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
         if par.layers_per_stage == "balanced":
             costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
                                                                 cluster))
-    return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs)
+    _check_batch_policy(cfg, model, base_dir)
+    return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir)
+
+
+def _check_batch_policy(cfg: ExperimentConfig, model: ModelSpec | None,
+                        base_dir: Path | None) -> None:
+    """ConfigError for a ``training.batch_policy`` that cannot run (its statistic file is
+    read here, so that a bad one fails before anything is simulated)."""
+    policy = cfg.training.batch_policy
+    if policy is None:
+        return
+    if cfg.training.global_batch_schedule is not None:
+        raise ConfigError("training.batch_policy: not with training.global_batch_schedule "
+                          "(the policy makes the schedule)")
+    if policy.rule == "norm_test" and policy.statistic is None:
+        raise ConfigError("training.batch_policy.statistic: required by rule 'norm_test' "
+                          "(a csv file or a power law)")
+    if policy.target_tokens is not None and model is None:
+        raise ConfigError("training.batch_policy.target_tokens: needs a transformer model "
+                          "(the synthetic model has no tokens)")
+    if policy.statistic is not None:
+        load_curve(policy.statistic, base_dir)

@@ -16,7 +16,10 @@ from typing import Any
 from base.errors import ConfigError, TopologyError
 from base.outputs import Outputs
 from sim.api import AUTO_FULL_MAX_GPUS, Result, simulate, stats_json, write_step
+from sim.batch_policy import load_curve, policy_schedule, steps_to_tokens
+from sim.config import MAX_BATCH_SIZES
 from sim.device import DeviceProfile
+from sim.dpmodes import run_steps, steps_overlap
 from sim.experiment import Experiment
 from sim.faults import (
     FailureRun,
@@ -30,7 +33,6 @@ from sim.faults import (
 )
 from sim.faults_config import LinkFault, Preemption
 from sim.timeline import IDLE_CAUSES
-from workloads.registry import overlaps_steps
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,10 +141,20 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     against the step times (:func:`sim.faults.simulate_failures`). Adds
     ``time_to_train_s``, ``goodput`` (useful work / elapsed), ``lost_work_s``
     and the other run keys to the stats.
+
+    ``training.tokens_factor`` f (:mod:`sim.dpmodes`) makes the run ceil(steps·f)
+    steps (``steps_run``); ``training.batch_policy`` (:mod:`sim.batch_policy`) makes
+    the global batch schedule over them, and its ``target_tokens`` ends the run at the
+    step that reaches it (``batch_policy`` in the stats).
     """
     faults = exp.config.faults
-    segments = batch_segments(exp.config.training.global_batch_schedule, exp.global_batch_size,
-                              steps)
+    training = exp.config.training
+    factor = training.tokens_factor
+    steps_run = run_steps(steps, factor) if steps >= 1 else steps
+    schedule, policy = training.global_batch_schedule, training.batch_policy
+    if policy is not None and steps >= 1:
+        schedule, steps_run = _policy_run(exp, steps_run)
+    segments = batch_segments(schedule, exp.global_batch_size, steps_run)
     events: list = sorted([*enumerate(faults.link_faults if faults else ()),
                            *enumerate(faults.preemptions if faults else ())],
                           key=lambda e: (e[1].at_s, isinstance(e[1], Preemption), e[0]))
@@ -173,7 +185,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     transitions: dict[int, Result] = {}
     """Simulations of steps in which links degraded or failed, by row."""
     # mid-step link faults where steps are simulated in full (flows can be re-rated/rerouted)
-    mid_step = not overlaps_steps(exp.schedule.name) and (
+    mid_step = not steps_overlap(exp) and (
         fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
     t, applied, stall, preempted = 0.0, 0, 0.0, 0.0
     for first, count, batch in segments:
@@ -267,12 +279,35 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
         "run_segments": rows,
         "idle_breakdown_run_s": _run_idle(rows, cache, run, stall + preempted, transitions),
     })
+    if factor != 1:
+        stats.update({"tokens_factor": factor, "steps_run": steps_run})
+    if policy is not None:
+        stats["batch_policy"] = {"rule": policy.rule, "schedule": schedule,
+                                 "steps_run": steps_run, "tokens": tokens}
     if spec is not None:
         mtbf = job_mtbf_s(spec, num_gpus)
         if mtbf is not None and spec.checkpoint_write_s > 0:
             stats["checkpoint_interval_opt_s"] = young_daly_interval_s(spec.checkpoint_write_s,
                                                                        mtbf)
     return RunResult(tuple(cache.values()), stats)
+
+
+def _policy_run(exp: Experiment, steps: int) -> tuple[list[list[int]], int]:
+    """The global batch schedule ``training.batch_policy`` makes over ``steps`` steps, and
+    the steps the run takes: ``steps``, or those that reach ``target_tokens`` (times
+    ``tokens_factor``)."""
+    training = exp.config.training
+    policy = training.batch_policy
+    assert policy is not None
+    curve = (load_curve(policy.statistic, exp.base_dir) if policy.statistic is not None
+             else None)
+    unit = training.micro_batch_size * exp.placement.degree("dp")
+    schedule = policy_schedule(policy, curve, exp.global_batch_size, unit, steps,
+                               MAX_BATCH_SIZES)
+    if policy.target_tokens is None or exp.model is None:
+        return schedule, steps
+    needed = policy.target_tokens * training.tokens_factor
+    return schedule, steps_to_tokens(schedule, exp.model.seq_length, needed, steps)
 
 
 def _run_idle(rows: list[dict], cache: dict[tuple[int, int], Result], run: FailureRun,

@@ -86,8 +86,27 @@ def summary_table(stats: dict) -> str:
             rows.append(("preemption stalls", _fmt(stats["preemption_stall_s"], ",.3f", " s")))
         if stats.get("preemption_lost_s"):
             rows.append(("preempted steps", _fmt(stats["preemption_lost_s"], ",.3f", " s")))
+    rows += _dp_mode_rows(stats)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}".rstrip() for k, v in rows)
+
+
+def _dp_mode_rows(stats: dict) -> list[tuple[str, str]]:
+    """Summary rows of the data-parallel modes and the batch policy (docs/dp-modes.md)."""
+    rows = []
+    if "sync_every" in stats:
+        rows.append(("local SGD", f"sync every {stats['sync_every']} steps: sync step "
+                     f"{stats['sync_step_time_s'] * 1e3:.3f} ms, local step "
+                     f"{stats['local_step_time_s'] * 1e3:.3f} ms"))
+    if "steps_run" in stats:
+        rows.append(("steps run", f"{stats['steps_run']:,} (tokens_factor "
+                     f"{stats['tokens_factor']:g})"))
+    policy = stats.get("batch_policy")
+    if policy:
+        batches = ", ".join(f"{b} from step {s}" for s, b in policy["schedule"])
+        rows.append(("batch policy", f"{policy['rule']}: {batches}; "
+                     f"{policy['steps_run']:,} steps"))
+    return rows
 
 
 def gpu_list(text: str) -> tuple[int, ...] | str:

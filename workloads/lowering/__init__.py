@@ -39,6 +39,7 @@ from workloads.lowering.opcosts import CostModel, stages_of
 from workloads.lowering.ops import OpLoop
 from workloads.lowering.optimizer import optimizer_step
 from workloads.lowering.order import final_ops, positions, topological, topological_ops
+from workloads.lowering.paramserver import push_pull
 from workloads.lowering.pieces import PieceLowering
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import Schedule
@@ -53,8 +54,14 @@ def lower(
     zero_stage: int = 0,
     collapse: Collapse | None = None,
     reference: bool = False,
+    servers: tuple[int, ...] = (),
 ) -> Program:
     """Lower one training step to per-GPU instructions. Pure and deterministic.
+
+    ``servers``: the ranks of parameter servers (``parallel.dp_mode:
+    parameter_server``), after the layout's GPUs; pass 4 and 5 are then
+    :mod:`.paramserver`'s pushes and pulls (ZeRO-0, not collapsed). The program then
+    spans the servers too, and its simulated GPUs are the workers.
 
     With ``collapse``, only one representative GPU per pipeline rank gets a
     program (see :class:`Collapse`). ``reference``: build it with the reference op loop
@@ -65,11 +72,11 @@ def lower(
     # program's objects move to the oldest generation at once, else the first young
     # collection scans every one of them (a quarter second at 400k)
     with gc_paused():
-        return _lower(schedule, costs, placement, zero_stage, collapse, reference)
+        return _lower(schedule, costs, placement, zero_stage, collapse, servers, reference)
 
 
 def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stage: int,
-           collapse: Collapse | None, reference: bool) -> Program:
+           collapse: Collapse | None, servers: tuple[int, ...], reference: bool) -> Program:
     """:func:`lower`, with the garbage collector paused by the caller."""
     pp, tp = placement.degree("pp"), placement.degree("tp")
     if schedule.num_ranks != pp:
@@ -106,6 +113,11 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         loop.run(order, index)
         last = loop.last
     dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)))
+    if servers:
+        if collapse is not None or zero_stage or piecewise is not None:
+            raise ValueError("parameter servers: ZeRO-0 without buckets, not collapsed")
+        push_pull(dpar, schedule, costs, last, final_op, index, servers)
+        return _program(b.build(), schedule, costs, placement, servers)
     reduced = piecewise.reduced if piecewise is not None else set()
     waits = reduce_gradients(dpar, schedule, costs, zero_stage, last, final_op, index, reduced)
     if piecewise is not None:
@@ -119,3 +131,17 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
     instructions = b.build() if head is None else joined(head, b.build())
     return Program(placement.num_gpus, instructions, static, schedule, gpu_names, simulated)
+
+
+def _program(instructions: tuple, schedule: Schedule, costs: CostModel, placement: Placement,
+             servers: tuple[int, ...]) -> Program:
+    """The program of a parameter-server step: the workers' GPUs, then the servers (no
+    memory modelled on them), the workers simulated."""
+    pp = placement.degree("pp")
+    coords = [placement.coords(g) for g in range(placement.num_gpus)]
+    names = tuple(f"gpu{g} pp{c['pp']} dp{c['dp']} tp{c['tp']}" for g, c in enumerate(coords))
+    names += tuple(f"gpu{g} ps{j}" for j, g in enumerate(servers))
+    static_of_rank = [costs.static_bytes(stages_of(schedule, r)) for r in range(pp)]
+    static = tuple(static_of_rank[c["pp"]] for c in coords) + (0.0,) * len(servers)
+    return Program(placement.num_gpus + len(servers), instructions, static, schedule, names,
+                   tuple(range(placement.num_gpus)))
