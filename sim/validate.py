@@ -358,6 +358,21 @@ def evaluate(preds: Sequence[Prediction]) -> dict:
     }
 
 
+def sweep_source_report(preds: Sequence[Prediction], name: str, loso_mape: float | None) -> dict:
+    """The sweep's entry in ``sim validate --json``'s ``sources`` (the keys of
+    :func:`sim.corpus.source_report`): runs compared (ran or out of memory), step-time errors
+    of those that ran, how many that ran are predicted out of memory, its leave-one-source-out
+    MAPE."""
+    from sim.corpus import error_figures
+
+    ok = [p for p in preds if p.row.status == "ok"]
+    return {"name": name, "framework": "scaling (Aleph Alpha)", "gpu": "A100-80GB",
+            "runs": len(preds),
+            **error_figures([p.step_time_s / p.row.step_time_s - 1 for p in ok]),
+            "false_oom": sum(p.oom for p in ok), "loso_mape": loso_mape,
+            "rows_in_file": len(preds), "skipped": []}
+
+
 def write_csv(preds: Sequence[Prediction], path: Path) -> None:
     """Predicted against measured, one line per compared run."""
     with path.open("w", newline="", encoding="utf-8") as fh:
