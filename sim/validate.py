@@ -98,6 +98,9 @@ def framework_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(layers)
 
 
+SOFTWARE = "scaling (Aleph Alpha)"
+"""The sweep's training software, as ``sim validate --json`` names it in ``sources``."""
+
 BEST_WITHIN = 0.02
 """A predicted best layout counts as a hit if its measured step time is within 2% of the best."""
 
@@ -356,6 +359,22 @@ def evaluate(preds: Sequence[Prediction]) -> dict:
         "num_groups": len(per_group),
         "groups": per_group,
     }
+
+
+def sweep_source_report(preds: Sequence[Prediction], name: str, loso_mape: float | None) -> dict:
+    """The sweep's entry in ``sim validate --json``'s ``sources`` (the keys of
+    :func:`sim.corpus.source_report`): runs compared (ran or out of memory), step-time errors
+    of those that ran, how many that ran are predicted out of memory, its leave-one-source-out
+    MAPE."""
+    from sim.corpus import error_figures
+    from topologies.presets import SERVERS
+
+    ok = [p for p in preds if p.row.status == "ok"]
+    return {"name": name, "framework": SOFTWARE, "gpu": SERVERS[CLUSTER_PRESET].gpu,
+            "runs": len(preds),
+            **error_figures([p.step_time_s / p.row.step_time_s - 1 for p in ok]),
+            "false_oom": sum(p.oom for p in ok), "loso_mape": loso_mape,
+            "rows_in_file": len(preds), "skipped": []}
 
 
 def write_csv(preds: Sequence[Prediction], path: Path) -> None:

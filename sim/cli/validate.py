@@ -1,4 +1,6 @@
-"""``sim validate``: predictions against Hagemann et al. 2023's measured sweep."""
+"""``sim validate``: predictions against Hagemann et al. 2023's measured sweep and the
+multi-source corpus of published runs (:mod:`sim.corpus`), with leave-one-source-out
+cross-validation (:mod:`sim.loso`)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,9 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
+from base.errors import ConfigError
 from base.outputs import check_output_dir, output_dir, outputs
 from sim.cli.args import int_at_least, worker_count
 from sim.cli.progress import progress_bar, shows_progress
@@ -45,8 +49,33 @@ def report_table(report: dict) -> str:
         f"{report['best_layout_hits']} of {report['num_groups']} groups",
         "cross-validation MAPE (calibrated on 13B, predicting 30B and 65B): "
         + ("n/a" if cv is None else f"{cv * 100:.1f}%"),
-        f"simulated in {report['elapsed_s']:.0f} s",
     ]
+    if report.get("sources"):
+        lines += ["", sources_table(report["sources"])]
+    lines.append(f"simulated in {report['elapsed_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def _pct(x: float | None, spec: str = "6.1f") -> str:
+    return f"{'n/a':>6} " if x is None else f"{x * 100:{spec}}%"
+
+
+def sources_table(sources: list[dict]) -> str:
+    """One line per source: runs simulated (of the file's), MAPE, mean signed and largest
+    error, false OOM verdicts, leave-one-source-out MAPE; then the skipped rows' reasons."""
+    lines = [f"{'source':<30} {'runs':>9} {'MAPE':>7} {'signed':>7} {'max':>7} "
+             f"{'false OOM':>9} {'LOSO':>7}"]
+    skipped = []
+    for s in sources:
+        runs = f"{s['runs']}/{s.get('rows_in_file', s['runs'])}"
+        lines.append(f"{s['name']:<30} {runs:>9} {_pct(s['step_time_mape'])} "
+                     f"{_pct(s['mean_signed_error'], '+6.1f')} {_pct(s['max_error'], '+6.1f')} "
+                     f"{s['false_oom']:>9} {_pct(s['loso_mape'])}")
+        reasons = sorted({k["reason"] for k in s.get("skipped", [])})
+        skipped += [f"{s['name']}: {len([k for k in s['skipped'] if k['reason'] == r])} "
+                    f"skipped: {r}" for r in reasons]
+    if skipped:
+        lines += ["", "rows not simulated (settings the schema does not accept):", *skipped]
     return "\n".join(lines)
 
 
@@ -64,7 +93,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     out = check_output_dir(args.out) if args.out else None  # fails before simulating
     start = time.perf_counter()
-    rows = load_rows(args.data or HAGEMANN_SWEEP)
+    data = Path(args.data) if args.data else HAGEMANN_SWEEP
+    rows = load_rows(data)
+    sources = _corpus(args)  # read (and checked) before anything is simulated
     if args.limit:
         rows = rows[: args.limit]
     show = shows_progress(args)
@@ -86,6 +117,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
         report["cross_validation_mape"] = cv["step_time_mape"] if cv else None
+    report["sources"] = _sources(args, data.stem, preds, sources, show)
     report["elapsed_s"] = time.perf_counter() - start
     report["profile"] = A100_HAGEMANN.source
     report["cross_validation_profile"] = A100_HAGEMANN_13B.source
@@ -109,8 +141,58 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _corpus(args: argparse.Namespace) -> list:
+    """The corpus sources to validate: those of ``--corpus DIR``, else the shipped corpus
+    unless ``--data`` names one sweep CSV (then none)."""
+    from sim.corpus import CORPUS_DIR, load_corpus
+
+    if args.corpus:
+        directory = Path(args.corpus)
+        if not directory.is_dir():
+            raise ConfigError(f"--corpus: {args.corpus!r} is not a directory")
+        return load_corpus(directory)
+    return [] if args.data else load_corpus(CORPUS_DIR)
+
+
+def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: list,
+             show: bool) -> list[dict]:
+    """``sources`` of the report: the sweep's entry, then each corpus source's, with the
+    leave-one-source-out MAPEs unless ``--no-cross-validation``."""
+    from sim.corpus import predict_corpus, source_report
+    from sim.loso import fit_data, leave_one_source_out
+    from sim.validate import sweep_source_report
+
+    corpus_rows = [r for s in sources for r in s.rows]
+    progress, bar = progress_bar(show and bool(corpus_rows), "run", "corpus")
+    try:
+        cpreds = predict_corpus(corpus_rows, args.workers, progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    loso: dict = {}
+    if sources and not args.no_cross_validation:
+        progress, bar = progress_bar(show, "run", "leave-one-source-out")
+        try:
+            fit = fit_data(preds, cpreds, args.workers, progress, sweep_name)
+        finally:
+            if bar is not None:
+                bar.close()
+        loso = leave_one_source_out(fit)
+    fold = loso.get(sweep_name)
+    entries = [sweep_source_report(preds, sweep_name, fold["loso_mape"] if fold else None)]
+    entries[0]["loso_scales"] = fold["scales"] if fold else None
+    for source in sources:
+        mine = [p for p in cpreds if p.row.source == source.name]
+        fold = loso.get(source.name)
+        entry = source_report(source, mine, fold["loso_mape"] if fold else None)
+        entry["loso_scales"] = fold["scales"] if fold else None
+        entries.append(entry)
+    return entries
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="compare predictions with Hagemann et al. 2023's sweep")
+    p = sub.add_parser("validate", help="compare predictions with Hagemann et al. 2023's sweep "
+                       "and the corpus of published runs")
     p.add_argument("--data", default=None, help="sweep CSV (default: the bundled "
                    "Hagemann et al. 2023 sweep, sim/data/validation/hagemann2023_sweep.csv)")
     p.add_argument("--out", metavar="DIR", help="write validation.csv, .json and .png")
@@ -120,6 +202,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="worker processes (default 2)")
     p.add_argument("--limit", type=int_at_least(0), default=0,
                    help="only the first N rows (quick look; 0: all)")
+    p.add_argument("--corpus", metavar="DIR", default=None,
+                   help="validate the corpus CSVs of DIR (default: the bundled corpus, "
+                   "sim/data/validation/, unless --data is given)")
     p.add_argument("--no-cross-validation", action="store_true",
-                   help="skip the 13B-calibrated prediction of 30B and 65B")
+                   help="skip the 13B-calibrated prediction of 30B and 65B and the "
+                   "leave-one-source-out fits")
     p.set_defaults(func=_cmd_validate)

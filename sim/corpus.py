@@ -1,0 +1,362 @@
+"""The multi-source validation corpus: published training runs beside Hagemann et al.'s sweep.
+
+Every CSV of ``sim/data/validation/`` whose header is :data:`COLUMNS` is one *source* (a
+paper's table, a benchmark README, a training log): one row per published run with its
+full configuration, the published metric, the step time it converts to (``conversion``
+says how), what the source leaves unstated (``assumed``) and where it comes from
+(``citation``); ``sim/data/validation/README.md`` describes the columns. Each row becomes
+an experiment (:meth:`CorpusRow.experiment`); the settings a row needs that the schema
+does not accept are reported per row as skipped, with the schema's error as the reason,
+never simulated with other settings. :func:`source_report` compares the predictions with
+the published runs, per source.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from base.errors import ConfigError
+from sim.device import DeviceProfile
+
+CORPUS_DIR = Path(__file__).parent / "data" / "validation"
+"""Where the corpus ships (package data, next to Hagemann's sweep)."""
+
+COLUMNS = (
+    "run", "model", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+    "ffn_hidden_size", "ffn_type", "norm", "vocab_size", "tied_embeddings",
+    "position_embedding", "parallel_blocks", "seq_length", "cluster", "gpu", "num_gpus",
+    "nics_per_node", "nic_Gbps", "tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel",
+    "zero_stage", "schedule", "micro_batch_size", "global_batch_size", "recompute",
+    "recompute_num_layers", "attention", "precision", "framework", "software", "status",
+    "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
+    "assumed", "citation")
+"""The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
+
+REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
+            "sequence_parallel", "zero_stage", "schedule", "micro_batch_size",
+            "global_batch_size", "recompute", "attention", "precision", "framework", "software",
+            "status", "published_metric", "published_value", "step_time_s", "conversion",
+            "assumed", "citation")
+"""Columns no row may leave empty: its layout, its source and how its step time was derived."""
+
+INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
+        "vocab_size", "seq_length", "num_gpus", "nics_per_node", "tp", "pp", "dp", "cp", "ep",
+        "vpp", "zero_stage", "micro_batch_size", "global_batch_size", "recompute_num_layers")
+"""Whole-number columns (empty allowed where not :data:`REQUIRED`)."""
+FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
+"""Real-number columns; a value given must be positive and finite."""
+BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel")
+"""``true``/``false`` columns (empty: the preset's or the schema's default)."""
+
+STATUSES = ("ok", "oom")
+"""``ok``: the source reports the run as having run; ``oom``: it reports it out of memory."""
+
+NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
+                "recompute_num_layers": "", "nic_Gbps": ""}
+"""Settings of issue 19 item 4 that a row writes into its experiment only where it differs
+from this default (the schema's default, or unset), so that a row needing one the schema
+does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
+
+NIC_RATE_KEY = "nic_Gbps"
+"""``cluster`` key of a server's per-NIC line rate in Gb/s (the ``nic_Gbps`` column)."""
+
+
+@dataclass(frozen=True)
+class CorpusRow:
+    """One published run of a corpus source: its CSV fields as text, checked."""
+
+    source: str
+    index: int
+    """Row number in its file (0 = the first data line)."""
+    values: tuple[tuple[str, str], ...]
+
+    def get(self, column: str) -> str:
+        """The column's text ('' if empty)."""
+        return dict(self.values)[column]
+
+    @property
+    def run(self) -> str:
+        return self.get("run")
+
+    @property
+    def status(self) -> str:
+        return self.get("status")
+
+    @property
+    def step_time_s(self) -> float:
+        """The published step time (seconds), converted as ``conversion`` says."""
+        return float(self.get("step_time_s"))
+
+    @property
+    def peak_memory_gib(self) -> float | None:
+        """The published peak memory per GPU (GiB), where the source gives one."""
+        v = self.get("peak_memory_gib")
+        return float(v) if v else None
+
+    def experiment(self) -> dict:
+        """The experiment mapping that describes this run (:data:`NEW_SETTINGS` only where
+        they differ from their defaults)."""
+        v = dict(self.values)
+        model: dict = {"preset": v["model"]} if v["model"] else {"name": v["run"]}
+        for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+                    "ffn_hidden_size", "vocab_size"):
+            if v[key]:
+                model[key] = int(v[key])
+        for key in ("ffn_type", "norm", "position_embedding"):
+            if v[key]:
+                model[key] = v[key]
+        if v["tied_embeddings"]:
+            model["tied_embeddings"] = v["tied_embeddings"] == "true"
+        model["seq_length"] = int(v["seq_length"])
+        cluster: dict = {"preset": v["cluster"], "num_gpus": int(v["num_gpus"])}
+        if v["gpu"]:
+            cluster["gpu"] = v["gpu"]
+        if v["nics_per_node"]:
+            cluster["nics_per_node"] = int(v["nics_per_node"])
+        parallel = {k: int(v[k]) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage")}
+        parallel["sequence_parallel"] = v["sequence_parallel"] == "true"
+        training: dict = {"micro_batch_size": int(v["micro_batch_size"]),
+                          "global_batch_size": int(v["global_batch_size"]),
+                          "recompute": v["recompute"], "attention": v["attention"]}
+        for key, default in NEW_SETTINGS.items():
+            if v[key] == default:
+                continue
+            if key == "parallel_blocks":
+                model[key] = v[key] == "true"
+            elif key == "recompute_num_layers":
+                training[key] = int(v[key])
+            elif key == "nic_Gbps":
+                cluster[NIC_RATE_KEY] = float(v[key])
+            else:
+                training[key] = v[key]
+        return {"name": f"{self.source}:{v['run']}", "model": model, "cluster": cluster,
+                "parallel": parallel, "training": training, "schedule": v["schedule"]}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One corpus CSV: its runs and what they share."""
+
+    name: str
+    """The file's stem, e.g. ``llmfoundry_mpt``."""
+    rows: tuple[CorpusRow, ...]
+
+    @property
+    def framework(self) -> str:
+        """The training software of its runs (the ``software`` column), joined if several."""
+        return " / ".join(sorted({r.get("software") for r in self.rows}))
+
+    @property
+    def gpu(self) -> str:
+        """The GPU types of its runs (``gpu`` where given, else the cluster preset's)."""
+        from topologies.presets import SERVERS
+
+        def one(r: CorpusRow) -> str:
+            if r.get("gpu"):
+                return r.get("gpu")
+            preset = SERVERS.get(r.get("cluster"))
+            return preset.gpu if preset else r.get("cluster")
+
+        return " / ".join(sorted({one(r) for r in self.rows}))
+
+
+def is_corpus_file(path: Path) -> bool:
+    """Whether ``path`` is a CSV whose header is :data:`COLUMNS`."""
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return header is not None and tuple(header) == COLUMNS
+
+
+def corpus_files(directory: Path = CORPUS_DIR) -> list[Path]:
+    """The corpus CSVs of ``directory``, sorted by name (other CSVs there are not sources)."""
+    return sorted(p for p in directory.glob("*.csv") if is_corpus_file(p))
+
+
+def load_source(path: str | Path) -> Source:
+    """Read one corpus CSV; ConfigError naming the row and column of any malformed field:
+    a required column empty, a number that is not one (or not positive and finite), an
+    unknown status or boolean, a run name used twice."""
+    p = Path(path)
+    if not is_corpus_file(p):
+        raise ConfigError(f"corpus file {str(p)!r}: not a CSV with the corpus header "
+                          f"({', '.join(COLUMNS[:4])}, ...)")
+    with p.open(newline="", encoding="utf-8") as fh:
+        records = list(csv.DictReader(fh))
+    rows = tuple(_check(p, i, rec) for i, rec in enumerate(records))
+    if not rows:
+        raise ConfigError(f"corpus file {str(p)!r} has no runs")
+    names = [r.run for r in rows]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"corpus file {str(p)!r}: run names used twice: {', '.join(dup)}")
+    return Source(p.stem, rows)
+
+
+def _check(path: Path, i: int, rec: dict) -> CorpusRow:
+    """Row ``i`` of a corpus CSV (line ``i + 2``), checked."""
+    where = f"corpus file {str(path)!r}, row {i + 2}"
+    if None in rec or any(rec.get(k) is None for k in COLUMNS):
+        raise ConfigError(f"{where}: expected {len(COLUMNS)} fields")
+    empty = [k for k in REQUIRED if not rec[k].strip()]
+    if empty:
+        raise ConfigError(f"{where}: no value for {', '.join(empty)}")
+    for k in INTS:
+        if rec[k]:
+            try:
+                ok = int(rec[k]) >= (0 if k == "zero_stage" else 1)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"{where}: {k}={rec[k]!r} is not a positive whole number")
+    for k in FLOATS:
+        if rec[k]:
+            try:
+                x = float(rec[k])
+            except ValueError:
+                x = math.nan
+            if not (math.isfinite(x) and x > 0):
+                raise ConfigError(f"{where}: {k}={rec[k]!r} is not a positive, finite number")
+    bad = [f"{k}={rec[k]!r}" for k in BOOLS if rec[k] not in ("", "true", "false")]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)}: expected true or false")
+    if rec["status"] not in STATUSES:
+        raise ConfigError(f"{where}: status={rec['status']!r}: expected one of "
+                          f"{', '.join(STATUSES)}")
+    return CorpusRow(path.stem, i, tuple((k, rec[k].strip()) for k in COLUMNS))
+
+
+def load_corpus(directory: Path = CORPUS_DIR) -> list[Source]:
+    """Every source of the corpus in ``directory``, sorted by name."""
+    return [load_source(p) for p in corpus_files(directory)]
+
+
+# ---------------------------------------------------------------- predictions
+@dataclass(frozen=True)
+class CorpusPrediction:
+    """What the simulator says about one corpus row, or why it was not simulated."""
+
+    row: CorpusRow
+    step_time_s: float | None = None
+    peak_memory_gib: float | None = None
+    oom: bool | None = None
+    skipped: str | None = None
+    """The schema's (or the layout check's) error for a row the simulator cannot express."""
+
+
+TimeScales = tuple[float, float]
+"""(a, b): GEMM times and attention-kernel times multiplied by a and b (1/η scaled), the two
+constants leave-one-source-out refits (:mod:`sim.loso`); (1, 1) is the shipped profile."""
+
+
+def scaled_profile(profile: DeviceProfile, scales: TimeScales) -> DeviceProfile:
+    """``profile`` with its GEMM efficiency divided by ``scales[0]`` and every attention
+    kernel's efficiency by ``scales[1]`` (so those kernels take a and b times as long)."""
+    a, b = scales
+    if (a, b) == (1.0, 1.0):
+        return profile
+    return dataclasses.replace(
+        profile, gemm_efficiency=profile.gemm_efficiency / a,
+        flash2_efficiency=profile.flash2_efficiency / b,
+        flash1_efficiency=profile.flash1_efficiency / b,
+        flash3_efficiency=(None if profile.flash3_efficiency is None
+                           else profile.flash3_efficiency / b),
+        bmm_attention_efficiency=profile.bmm_attention_efficiency / b)
+
+
+def simulate_corpus_row(job: tuple[CorpusRow, TimeScales]) -> CorpusPrediction:
+    """Simulate one row (collapsed fidelity) with its GPU's shipped profile scaled by the
+    job's :data:`TimeScales`; a ConfigError from the schema or the layout becomes the row's
+    ``skipped`` reason."""
+    from sim.api import simulate
+    from sim.calibration import default_profile
+    from sim.experiment import build_experiment
+
+    row, scales = job
+    try:
+        exp = build_experiment(row.experiment())
+        profile = scaled_profile(default_profile(exp.cluster.gpu.name), scales)
+        stats = simulate(exp, profile, fidelity="collapsed").stats
+    except ConfigError as exc:
+        return CorpusPrediction(row, skipped=str(exc))
+    return CorpusPrediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"])
+
+
+def run_jobs(fn: Callable, jobs: Sequence, workers: int = 1,
+             progress: Callable[[int, int], None] | None = None) -> list:
+    """``fn`` over ``jobs`` in order, in ``workers`` processes, reporting ``progress``."""
+    out: list = []
+    if workers <= 1 or len(jobs) < 2:
+        results = map(fn, jobs)
+    else:
+        pool = ProcessPoolExecutor(max_workers=workers)
+        results = pool.map(fn, jobs, chunksize=2)
+    try:
+        for res in results:
+            out.append(res)
+            if progress:
+                progress(len(out), len(jobs))
+    finally:
+        if workers > 1 and len(jobs) >= 2:
+            pool.shutdown(cancel_futures=True)
+    return out
+
+
+def predict_corpus(rows: Sequence[CorpusRow], workers: int = 1,
+                   progress: Callable[[int, int], None] | None = None,
+                   scales: TimeScales = (1.0, 1.0)) -> list[CorpusPrediction]:
+    """Every row simulated (or skipped), in row order whatever ``workers``."""
+    return run_jobs(simulate_corpus_row, [(r, scales) for r in rows], workers, progress)
+
+
+# ---------------------------------------------------------------- per-source figures
+def error_figures(errors: Sequence[float]) -> dict:
+    """``step_time_mape``, ``mean_signed_error`` and ``max_error`` (largest absolute, with its
+    sign) of relative step-time errors (predicted / published - 1); None without errors."""
+    if not errors:
+        return {"step_time_mape": None, "mean_signed_error": None, "max_error": None}
+    return {"step_time_mape": sum(abs(e) for e in errors) / len(errors),
+            "mean_signed_error": sum(errors) / len(errors),
+            "max_error": max(errors, key=lambda e: (abs(e), e))}
+
+
+def source_report(source: Source, preds: Sequence[CorpusPrediction],
+                  loso_mape: float | None) -> dict:
+    """One entry of ``sim validate --json``'s ``sources``: the source's accuracy on the
+    runs simulated (``runs``), false out-of-memory verdicts on runs the source reports as
+    having run, its leave-one-source-out MAPE, the rows skipped and why, and every run's
+    numbers (``rows``)."""
+    ran = [p for p in preds if p.skipped is None]
+    errors = [p.step_time_s / p.row.step_time_s - 1 for p in ran if p.row.status == "ok"]
+    mem = [(p.peak_memory_gib, p.row.peak_memory_gib) for p in ran
+           if p.row.peak_memory_gib is not None]
+    return {
+        "name": source.name,
+        "framework": source.framework,
+        "gpu": source.gpu,
+        "runs": len(ran),
+        **error_figures(errors),
+        "false_oom": sum(bool(p.oom) for p in ran if p.row.status == "ok"),
+        "loso_mape": loso_mape,
+        "rows_in_file": len(source.rows),
+        "skipped": [{"run": p.row.run, "reason": p.skipped} for p in preds if p.skipped],
+        "peak_memory_mape": (sum(abs(m / pub - 1) for m, pub in mem) / len(mem)
+                             if mem else None),
+        "rows": [{"run": p.row.run, "status": p.row.status,
+                  "published_step_time_s": p.row.step_time_s,
+                  "predicted_step_time_s": p.step_time_s,
+                  "error": (None if p.step_time_s is None
+                            else p.step_time_s / p.row.step_time_s - 1),
+                  "predicted_oom": p.oom,
+                  "published_peak_memory_gib": p.row.peak_memory_gib,
+                  "predicted_peak_memory_gib": p.peak_memory_gib}
+                 for p in preds if p.skipped is None],
+    }

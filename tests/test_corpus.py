@@ -1,0 +1,306 @@
+"""The multi-source validation corpus (sim/data/validation/) and ``sim validate`` over it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from base.errors import ConfigError
+from sim.cli import main
+from sim.corpus import (
+    COLUMNS,
+    CORPUS_DIR,
+    CorpusRow,
+    error_figures,
+    load_corpus,
+    load_source,
+    predict_corpus,
+    source_report,
+)
+from sim.loso import FitData, bounded_lstsq, fit_scales, leave_one_source_out
+from sim.validate import HAGEMANN_SWEEP
+from workloads.models import PRESETS
+
+SOURCE_KEYS = ("name", "framework", "gpu", "runs", "step_time_mape", "mean_signed_error",
+               "max_error", "false_oom", "loso_mape")
+
+
+# ---------------------------------------------------------------- the shipped corpus
+def test_every_shipped_corpus_row_is_cited_converted_and_finite() -> None:
+    sources = load_corpus()
+    assert len(sources) >= 5
+    for source in sources:
+        for row in source.rows:
+            for column in ("citation", "conversion", "assumed", "software", "published_metric"):
+                assert row.get(column), (source.name, row.run, column)
+            for column in ("step_time_s", "published_value"):
+                x = float(row.get(column))
+                assert math.isfinite(x) and x > 0, (source.name, row.run, column)
+            if row.get("peak_memory_gib"):
+                assert 0 < row.peak_memory_gib < 200
+
+
+def test_the_corpus_spans_sources_frameworks_gpus_precisions_and_scales() -> None:
+    """Issue 19: at least 6 sources (Hagemann's sweep one of them) from 4 frameworks, A100 and
+    H100, BF16 and FP8, 8 to thousands of GPUs, published peak memory."""
+    sources = load_corpus()
+    assert HAGEMANN_SWEEP.exists() and len(sources) + 1 >= 6
+    rows = [r for s in sources for r in s.rows]
+    assert len({s.framework for s in sources} | {"scaling (Aleph Alpha)"}) >= 4
+    gpus = " / ".join(s.gpu for s in sources)
+    assert "A100" in gpus and "H100" in gpus
+    assert {r.get("precision") for r in rows} >= {"bf16", "fp8"}
+    sizes = [int(r.get("num_gpus")) for r in rows]
+    assert min(sizes) == 8 and max(sizes) >= 8192
+    assert any(r.peak_memory_gib for r in rows)
+
+
+def _model_flops_per_token(row: CorpusRow) -> float:
+    spec = replace(PRESETS[row.get("model")], seq_length=int(row.get("seq_length")))
+    return spec.model_flops_per_token()
+
+
+@pytest.mark.parametrize("source", [p.stem for p in sorted(CORPUS_DIR.glob("*.csv"))
+                                    if p.stem not in (HAGEMANN_SWEEP.stem, "nccl_tests")])
+def test_each_step_time_follows_from_the_published_metric(source: str) -> None:
+    """The step time of every row is what its conversion says it is, from the published
+    value and the row's own batch, sequence and GPUs (so no number is typed in twice)."""
+    for row in load_source(CORPUS_DIR / f"{source}.csv").rows:
+        value = float(row.get("published_value"))
+        tokens = int(row.get("global_batch_size")) * int(row.get("seq_length"))
+        gpus = int(row.get("num_gpus"))
+        metric = row.get("published_metric")
+        if metric == "throughput_tokens_per_s":
+            expected = tokens / value
+        elif metric == "tokens_per_s_per_gpu":
+            expected = tokens / (value * gpus)
+        elif metric == "elapsed_time_per_iteration_s":
+            expected = value
+        else:
+            assert metric == "tflops_per_gpu", metric
+            expected = _model_flops_per_token(row) * tokens / (value * 1e12 * gpus)
+        assert row.step_time_s == pytest.approx(expected, rel=1e-5), (source, row.run)
+
+
+# ---------------------------------------------------------------- loading and mapping
+def _fixture_row(**changes: str) -> dict:
+    """A small run (GPT-3 1.3B on one DGX A100) in corpus form; the step time is made up."""
+    base = {c: "" for c in COLUMNS}
+    base.update(run="r1", model="gpt3-1.3b", parallel_blocks="false", seq_length="2048",
+                cluster="dgx-a100-80g", num_gpus="8", tp="1", pp="1", dp="8", cp="1", ep="1",
+                vpp="1", sequence_parallel="false", zero_stage="1", schedule="1f1b",
+                micro_batch_size="2", global_batch_size="16", recompute="none",
+                attention="flash2", precision="bf16", framework="megatron",
+                software="fixture", status="ok", published_metric="elapsed_time_per_iteration_s",
+                published_value="1.0", step_time_s="1.0", conversion="as is",
+                assumed="nothing", citation="test fixture (made-up numbers)")
+    base.update(changes)
+    return base
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, COLUMNS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"citation": ""}, "no value for citation"),
+    ({"conversion": ""}, "no value for conversion"),
+    ({"step_time_s": "nan"}, "step_time_s='nan' is not a positive, finite number"),
+    ({"step_time_s": "-2"}, "step_time_s='-2'"),
+    ({"peak_memory_gib": "inf"}, "peak_memory_gib='inf'"),
+    ({"tp": "0"}, "tp='0' is not a positive whole number"),
+    ({"status": "maybe"}, "status='maybe'"),
+    ({"sequence_parallel": "yes"}, "sequence_parallel='yes'"),
+])
+def test_malformed_corpus_rows_are_config_errors_naming_row_and_column(
+        tmp_path: Path, changes: dict, needle: str) -> None:
+    path = _write(tmp_path / "src.csv", [_fixture_row(), _fixture_row(run="r2", **changes)])
+    with pytest.raises(ConfigError, match="row 3") as exc:
+        load_source(path)
+    assert needle in str(exc.value)
+
+
+def test_a_run_name_used_twice_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path / "src.csv", [_fixture_row(), _fixture_row()])
+    with pytest.raises(ConfigError, match="used twice: r1"):
+        load_source(path)
+
+
+def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_default(
+        tmp_path: Path) -> None:
+    plain = load_source(_write(tmp_path / "a.csv", [_fixture_row()])).rows[0].experiment()
+    assert "precision" not in plain["training"] and "framework" not in plain["training"]
+    assert "recompute_num_layers" not in plain["training"]
+    assert "parallel_blocks" not in plain["model"] and "nic_Gbps" not in plain["cluster"]
+    row = _fixture_row(precision="fp8", framework="fsdp", recompute_num_layers="4",
+                       parallel_blocks="true", nic_Gbps="100", position_embedding="alibi")
+    exp = load_source(_write(tmp_path / "b.csv", [row])).rows[0].experiment()
+    assert exp["training"]["precision"] == "fp8" and exp["training"]["framework"] == "fsdp"
+    assert exp["training"]["recompute_num_layers"] == 4
+    assert exp["model"]["parallel_blocks"] is True
+    assert exp["model"]["position_embedding"] == "alibi"
+    assert exp["cluster"]["nic_Gbps"] == 100.0
+
+
+def test_rows_the_schema_rejects_are_skipped_with_the_reason(tmp_path: Path) -> None:
+    """A row needing a setting the schema does not accept is reported, not simulated with
+    other settings and not a crash; the rest of its source still runs."""
+    path = _write(tmp_path / "src.csv", [_fixture_row(),
+                                         _fixture_row(run="alibi", position_embedding="alibi")])
+    source = load_source(path)
+    preds = predict_corpus(source.rows)
+    assert preds[0].skipped is None and preds[0].step_time_s > 0
+    assert preds[1].skipped and "position_embedding" in preds[1].skipped
+    report = source_report(source, preds, None)
+    assert report["runs"] == 1 and report["rows_in_file"] == 2
+    assert report["skipped"] == [{"run": "alibi", "reason": preds[1].skipped}]
+    for key in SOURCE_KEYS:
+        assert key in report
+
+
+def test_error_figures_on_hand_made_errors() -> None:
+    figs = error_figures([0.1, -0.3, 0.05])
+    assert figs["step_time_mape"] == pytest.approx(0.15)
+    assert figs["mean_signed_error"] == pytest.approx(-0.05)
+    assert figs["max_error"] == pytest.approx(-0.3)
+    assert error_figures([]) == {"step_time_mape": None, "mean_signed_error": None,
+                                 "max_error": None}
+
+
+def test_false_oom_counts_runs_that_ran_but_are_flagged(tmp_path: Path) -> None:
+    """A run its source reports as having run, flagged out of memory, is a false OOM; one the
+    source reports out of memory is not counted."""
+    path = _write(tmp_path / "src.csv", [
+        _fixture_row(run="huge", model="llama2-70b", micro_batch_size="8",
+                     global_batch_size="64"),
+        _fixture_row(run="huge-oom", model="llama2-70b", micro_batch_size="8",
+                     global_batch_size="64", status="oom")])
+    source = load_source(path)
+    preds = predict_corpus(source.rows)
+    assert all(p.oom for p in preds)
+    assert source_report(source, preds, None)["false_oom"] == 1
+
+
+# ---------------------------------------------------------------- leave-one-source-out
+def _fit_data(truth: dict[str, tuple[float, float]]) -> FitData:
+    """Three runs per source whose published step time is the linearisation at that source's
+    true scales: T = T0 + A·(θ − 1)."""
+    rng = np.random.default_rng(0)
+    names, base, sens, measured = [], [], [], []
+    for name, (a, b) in truth.items():
+        for _ in range(3):
+            t0 = rng.uniform(1, 10)
+            s = np.array([rng.uniform(0.4, 0.8), rng.uniform(0.05, 0.3)]) * t0
+            names.append(name)
+            base.append(t0)
+            sens.append(s)
+            measured.append(t0 + s @ np.array([a - 1, b - 1]))
+    return FitData(tuple(names), np.array(measured), np.array(base), np.array(sens))
+
+
+BOX = ((0.5, 2.0), (0.5, 3.0))
+
+
+def test_loso_recovers_shared_scales_and_predicts_the_held_out_source() -> None:
+    data = _fit_data({"x": (1.1, 1.2), "y": (1.1, 1.2), "z": (1.1, 1.2)})
+    folds = leave_one_source_out(data, BOX)
+    assert set(folds) == {"x", "y", "z"}
+    for fold in folds.values():
+        assert fold["loso_mape"] == pytest.approx(0.0, abs=1e-9)
+        assert fold["scales"]["gemm_time"] == pytest.approx(1.1)
+        assert fold["scales"]["attention_time"] == pytest.approx(1.2)
+
+
+def test_loso_shows_a_source_the_others_do_not_explain() -> None:
+    data = _fit_data({"x": (1.0, 1.0), "y": (1.0, 1.0), "odd": (1.3, 1.0)})
+    folds = leave_one_source_out(data, BOX)
+    assert folds["odd"]["loso_mape"] > 0.1
+    # fitted on x and odd, y is predicted too slow: neither is exactly right
+    assert folds["y"]["loso_mape"] > 0.0
+    assert folds["x"]["scales"]["gemm_time"] > 1.0
+
+
+def test_each_training_source_weighs_the_same() -> None:
+    """A source of many runs does not outvote one of few: with one run at a = 1.2 and twelve
+    of a source at a = 1.0 (attention times held out of it), the fit lands halfway."""
+    one = _fit_data({"a": (1.2, 1.0)})
+    many = _fit_data({"b": (1.0, 1.0)})
+    one.sens[:, 1] = 0.0
+    many.sens[:, 1] = 0.0
+    data = FitData(one.sources[:1] + many.sources * 4,
+                   np.concatenate([one.measured[:1], *[many.measured] * 4]),
+                   np.concatenate([one.base[:1], *[many.base] * 4]),
+                   np.concatenate([one.sens[:1], *[many.sens] * 4]))
+    a, _ = fit_scales(data, np.ones(len(data.sources), bool), BOX)
+    assert 1.05 < a < 1.15
+
+
+def test_a_single_source_has_no_loso() -> None:
+    folds = leave_one_source_out(_fit_data({"only": (1.0, 1.0)}), BOX)
+    assert folds["only"]["loso_mape"] is None
+
+
+def test_bounded_lstsq_matches_a_brute_force_grid() -> None:
+    rng = np.random.default_rng(1)
+    lhs, rhs = rng.normal(size=(12, 2)), rng.normal(size=12)
+    lo, hi = np.array([-0.1, 0.0]), np.array([0.3, 0.2])
+    x = bounded_lstsq(lhs, rhs, lo, hi)
+    grid = [np.array([u, v]) for u in np.linspace(-0.1, 0.3, 201)
+            for v in np.linspace(0.0, 0.2, 201)]
+    best = min(grid, key=lambda g: float(np.sum((lhs @ g - rhs) ** 2)))
+    assert np.all(x >= lo - 1e-12) and np.all(x <= hi + 1e-12)
+    assert np.sum((lhs @ x - rhs) ** 2) <= np.sum((lhs @ best - rhs) ** 2) + 1e-12
+
+
+# ---------------------------------------------------------------- the command
+def test_validate_json_has_a_source_entry_per_source_and_is_deterministic(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _write(corpus / "fixture_a.csv", [_fixture_row(step_time_s="0.5", published_value="0.5"),
+                                      _fixture_row(run="r2", micro_batch_size="1",
+                                                   step_time_s="0.6", published_value="0.6")])
+    _write(corpus / "fixture_b.csv", [_fixture_row(run="b1", model="gpt3-2.7b",
+                                                   step_time_s="1.2", published_value="1.2"),
+                                      _fixture_row(run="b-fp8", precision="fp8")])
+    (corpus / "not_a_source.csv").write_text("a,b\n1,2\n")
+    argv = ["validate", "--data", str(HAGEMANN_SWEEP), "--limit", "10", "--workers", "1",
+            "--corpus", str(corpus), "--json"]
+    outs = []
+    for _ in range(2):
+        assert main(argv) == 0
+        report = json.loads(capsys.readouterr().out)
+        report.pop("elapsed_s")
+        outs.append(report)
+    assert outs[0] == outs[1]
+    report = outs[0]
+    assert [s["name"] for s in report["sources"]] == ["hagemann2023_sweep", "fixture_a",
+                                                      "fixture_b"]
+    for entry in report["sources"]:
+        for key in SOURCE_KEYS:
+            assert key in entry, (entry["name"], key)
+    a, b = report["sources"][1], report["sources"][2]
+    assert a["runs"] == 2 and b["runs"] == 1 and b["skipped"][0]["run"] == "b-fp8"
+    assert a["loso_mape"] is not None and b["loso_mape"] is not None
+    # the sweep's keys keep their meaning
+    for key in ("step_time_mape", "oom_accuracy", "groups", "best_layout_hits",
+                "cross_validation_mape"):
+        assert key in report
+    assert report["sources"][0]["step_time_mape"] == report["step_time_mape"]
+
+
+def test_validate_with_a_missing_corpus_directory_is_one_error_line(
+        capsys: pytest.CaptureFixture) -> None:
+    assert main(["validate", "--data", str(HAGEMANN_SWEEP), "--corpus", "/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --corpus") and err.count("\n") == 1
