@@ -38,7 +38,7 @@ from sim.search import (
     rows_csv,
     search,
 )
-from sim.validate import VOCAB_PARALLEL_LOSS
+from sim.validate import FRAMEWORK
 
 SMALL = {
     "name": "gpt-1.3b-16",
@@ -600,7 +600,7 @@ def _hagemann(model: str, seq: int, gpus: int) -> dict:
             "model": {"preset": model, "seq_length": seq, "vocab_size": 128_000},
             "cluster": {"preset": "dgx-a100-80g", "num_gpus": gpus},
             "training": {"global_batch_size": 4_194_304 // seq, "attention": "flash2",
-                         "fused_norm": True, "vocab_parallel_loss": VOCAB_PARALLEL_LOSS}}
+                         "fused_norm": True, "framework": FRAMEWORK}}
 
 
 @cache
