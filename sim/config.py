@@ -184,9 +184,11 @@ class TrainingConfig(Strict):
     micro_batch_size·dp."""
     num_microbatches: int | None = Field(None, ge=1)
     """Alternative to global_batch_size: micro-batches per step per pipeline."""
-    recompute: Literal["none", "selective", "full"] = "none"
-    """Activation recomputation: none, selective (attention core, Korthikanti et al. 2022)
-    or full (each layer's forward rerun in its backward)."""
+    recompute: Literal["none", "selective", "selective-op", "full"] = "none"
+    """Activation recomputation: none, selective (attention core, Korthikanti et al. 2022),
+    selective-op (torchtitan's op-level selective checkpointing: the attention output and
+    every other matmul's output kept, the rest recomputed) or full (each layer's forward
+    rerun in its backward)."""
     attention: Literal["flash2", "flash1", "flash3", "fused", "unfused"] = "flash2"
     """Attention kernel: FlashAttention-2/-1/-3 (3 on Hopper GPUs only), fused or unfused."""
     fused_norm: bool = True

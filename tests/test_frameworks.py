@@ -65,7 +65,7 @@ def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_fp32() -> None:
 
 
 def test_fsdp_fragmentation_replaces_the_fitted_one() -> None:
-    """Peak = static + (1 + fragmentation) x dynamic + reserved, with the profile's 0.05
+    """Peak = static + (1 + fragmentation) x dynamic + reserved, with the profile's 0.10
     (expandable segments) under fsdp and the device profile's fitted value otherwise."""
     from sim.calibration import default_profile
 
@@ -77,12 +77,54 @@ def test_fsdp_fragmentation_replaces_the_fitted_one() -> None:
         r = api.simulate(Experiment.from_dict(data), fidelity="collapsed")
         floor = r.timeline.memory_floor_by_gpu
         g = max(floor, key=lambda g: r.timeline.peak_memory_bytes(g))
-        frag = 0.05 if name == "fsdp" else default_profile("H100").fragmentation
+        frag = 0.10 if name == "fsdp" else default_profile("H100").fragmentation
+        assert FRAMEWORKS["fsdp"].fragmentation == 0.10
         want = (floor[g] + (r.timeline.peak_memory_bytes(g) - floor[g]) * (1 + frag)
                 + default_profile("H100").reserved_bytes)
         assert r.stats["peak_memory_gib"] * 2**30 == pytest.approx(want, rel=1e-9)
         res[name] = r.stats["peak_memory_gib"]
     assert res["fsdp"] < res["megatron"]
+
+
+TORCHTITAN_PEAK_GIB = {8: 82.4, 128: 67.0}
+"""pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, tables 1 and 3: Llama 3.1 8B,
+FSDP, local batch 2, op-level selective checkpointing, H100 96GB: max reserved memory."""
+
+
+@pytest.mark.parametrize("gpus", sorted(TORCHTITAN_PEAK_GIB))
+def test_fsdp_peak_memory_is_near_torchtitans_published_peak(gpus: int) -> None:
+    """Within 10% below the published max reserved memory (which counts cached blocks), and
+    the 8 -> 128 GPU difference (model state sharded 16 times wider) within 2 GiB."""
+    from sim.experiment import Experiment as Exp
+
+    def peak(n: int) -> float:
+        exp = Exp.from_yaml("workloads/examples/llama3-8b-fsdp-torchtitan.yaml").with_changes(
+            {"cluster.num_gpus": n, "parallel.dp": n, "training.global_batch_size": 2 * n})
+        return api.simulate(exp, fidelity="collapsed").stats["peak_memory_gib"]
+
+    got = peak(gpus)
+    assert 0.90 * TORCHTITAN_PEAK_GIB[gpus] <= got <= TORCHTITAN_PEAK_GIB[gpus]
+    if gpus == 128:
+        assert abs((peak(8) - got) - (TORCHTITAN_PEAK_GIB[8] - TORCHTITAN_PEAK_GIB[128])) < 2.0
+
+
+def test_op_level_selective_checkpointing_keeps_every_other_matmul_output() -> None:
+    """torchtitan's op SAC on a SwiGLU layer (t = 1): keeps the layer input, the attention
+    output and the outputs of wq, wv, w1 and w2, 2·(h + o + q + kv + f + h) bytes a token, and
+    recomputes wk, wo (attention share (kv + o)/(q + 2kv + o)) and w3 (a third of the MLP)."""
+    c = _costs(tp=1, recompute="selective-op")
+    m = c.model
+    h, q, kv, o, f = m.hidden_size, m.q_dim, m.kv_dim, m.attn_out_dim, m.ffn_hidden_size
+    assert c.layer_activation_bytes() == pytest.approx(2 * (h + o + q + kv + f + h) * 2048)
+    a, mlp = c._gemms()
+
+    def flops(costs: TransformerCosts) -> float:
+        return sum(s.flops for s in costs.op_segments(Op(0, BACKWARD, 0), False)
+                   if isinstance(s, ComputeSeg))
+
+    assert flops(c) - flops(_costs(tp=1)) == pytest.approx(
+        4 * (a.flops * (kv + o) / (q + 2 * kv + o) + mlp.flops / 3))
+    assert _costs(tp=1).layer_activation_bytes() > c.layer_activation_bytes()
 
 
 def test_fsdp_reduces_gradients_in_fp32() -> None:

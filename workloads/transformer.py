@@ -91,7 +91,9 @@ class TransformerCosts:
     sequence_parallel: bool = False
     zero_stage: int = 1
     recompute: str = "none"
-    """``none``, ``selective`` (attention core recomputed) or ``full`` (whole layer)."""
+    """``none``, ``selective`` (attention core recomputed), ``selective-op`` (torchtitan's
+    op-level checkpointing: every other matmul recomputed, :meth:`_op_checkpoint_shares`)
+    or ``full`` (whole layer)."""
     attention: str = "flash2"
     """``flash2``, ``flash1``, ``flash3`` (Hopper only; the flash kernels skip the causal
     mask's half of the score matrix and never store it), ``fused`` or ``unfused``."""
@@ -421,6 +423,13 @@ class TransformerCosts:
                 SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
             segs.append(ComputeSeg(f"recompute {name} core", attn_flops=self._core_forward_flops(),
                                    elementwise_bytes=softmax))
+        elif self.recompute == "selective-op":
+            attn_share, mlp_share, _ = self._op_checkpoint_shares()
+            softmax = 0.0 if self._flash else (
+                SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
+            rec = fuse_compute([_scaled(attn, "r", attn_share), _scaled(mlp, "r", mlp_share)],
+                               f"recompute {name} mm")
+            segs += [replace(seg, elementwise_bytes=ew_attn + ew_mlp + softmax) for seg in rec]
         mlp_seg: ComputeSeg | list[Segment] = _scaled(
             mlp, f"{name} mlp bwd", 1 + wg, elementwise_bytes=BACKWARD_ELEMENTWISE * ew_mlp)
         if self.model.moe is not None:
@@ -686,6 +695,8 @@ class TransformerCosts:
         m.require_uniform()
         if self.recompute == "full":
             return BF16 * self._bsh / self._sp_div
+        if self.recompute == "selective-op":
+            return self._op_checkpoint_shares()[2]
         dropout = 2 if m.norm == "layernorm" else 0
         eager_norm = 8 if m.norm == "rmsnorm" and not self.fused_norm else 0
         fp8 = self.precision == "fp8"
@@ -712,6 +723,35 @@ class TransformerCosts:
             keys = m.seq_length * self.seq_window[1]  # a sequence chunk's prefix
             scores = 5 * m.num_attention_heads * keys / m.hidden_size / t
         return (replicated + split + scores) * self._bsh
+
+    def _op_checkpoint_shares(self) -> tuple[float, float, float]:
+        """torchtitan's op-level selective activation checkpointing (``mode = "selective"``,
+        ``selective_ac_option = "op"``; torchtitan/distributed/activation_checkpoint.py,
+        ``_get_custom_policy``): of a layer's ops it saves the outputs of the attention kernel
+        and of every other matmul, counted in call order (the 1st, 3rd, ...: wq, wv, w1, w2 of
+        a SwiGLU Llama layer; wq, wv, fc1 of a GeLU one), and recomputes the rest in the
+        backward. Returns (share of the attention block's GEMM FLOPs recomputed: wk and wo,
+        (kv + o)/(q + 2·kv + o); share of the MLP's: w3 of three matrices, or fc2 of two;
+        bytes a layer keeps per micro-batch: the layer input, 2·h, the attention output,
+        2·o/t, and the saved matmul outputs, bf16). The h-wide outputs (wo, w2) are kept at
+        the layer input's split (÷t under SP). MoE MLP widths are per routed row; MLA is
+        counted as its query and key/value widths.
+        """
+        m, t, sp = self.model, self.tp, self._sp_div
+        h, q, kv, o = m.hidden_size, m.q_dim, m.kv_dim, m.attn_out_dim
+        f = m.ffn_hidden_size
+        rows = 1.0
+        if m.moe is not None:
+            f = m.moe.expert_ffn_hidden_size
+            rows = m.moe.top_k * m.moe.load_factor(self.ep) + m.moe.shared_experts
+        # matmul output widths per token, in call order (the MLP's per routed row)
+        widths = [q / t, kv / t, kv / t, h / sp]
+        widths += ([rows * f / t, rows * f / t, h / sp] if m.gated_mlp
+                   else [rows * f / t, h / sp])
+        saved = sum(widths[0::2]) + h / sp + o / t
+        attn_share = (kv + o) / (q + 2 * kv + o)
+        mlp_share = 1 / m.mlp_matrices
+        return attn_share, mlp_share, BF16 * saved * self._tokens
 
     def transient_bytes(self, op: Op) -> float:
         """Working memory an op holds only while it runs, on one TP rank.
@@ -743,7 +783,7 @@ class TransformerCosts:
         runs = self._runs(op.stage)
         layer = max(replace(c, recompute="none").layer_activation_bytes() for c, _ in runs)
         total = self.zero3_working_bytes(op)
-        full = any(c.recompute == "full" for c, _ in runs)
+        full = any(c.recompute in ("full", "selective-op") for c, _ in runs)
         layers = layer * (2 if full else 1) if op.kind == BACKWARD else 0.0
         if op.stage != len(self.stage_layers) - 1 or op.kind not in (FORWARD, BACKWARD):
             return total + layers
