@@ -273,3 +273,19 @@ def test_nic_rate_override_sets_the_servers_nic_links() -> None:
     assert [pytest.approx(r) for r in nic_rates(base)] == [200e9 / 8 * 0.9]
     with pytest.raises(ConfigError, match="nic_Gbps"):
         nic_rates({**base, "nic_Gbps": -1})
+
+
+def test_search_screens_out_layouts_the_frameworks_split_cannot_place() -> None:
+    """scaling splits 4 layers + 3 items over 4 stages as [2, 2, 2, 1] items, leaving the
+    last stage without a layer: that layout is invalid in a search, the others run."""
+    from sim.search import parse_pins, search
+
+    data = {"name": "s", "model": {"num_layers": 4, "hidden_size": 256,
+                                   "num_attention_heads": 4, "ffn_hidden_size": 1024,
+                                   "vocab_size": 1024, "seq_length": 256},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8},
+            "training": {"global_batch_size": 16, "framework": "scaling"}}
+    result = search(data, pins=parse_pins(["tp=1,pp=2|4,mbs=1,recompute=none,zero=1,"
+                                           "schedule=1f1b,sp=false,cp=1,ep=1,vpp=1"]), top=1)
+    assert result.counts.get("invalid") == 1
+    assert result.best is not None and result.best.layout.pp == 2
