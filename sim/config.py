@@ -216,6 +216,10 @@ class TrainingConfig(Strict):
     pipeline stage (model chunk), the rest stash everything (Megatron-LM's
     ``--recompute-method block --recompute-num-layers``). Default: every layer; nothing is
     recomputed with ``recompute: none``."""
+    recompute_every_k_layers: int | None = Field(None, ge=1)
+    """Selective layer recomputation: ``recompute`` applies to every k-th layer of the model
+    (layers k, 2k, ..., counted from 1), the rest stash everything (torchtitan's
+    ``selective_ac_option: "k"``). Not with recompute_num_layers."""
     global_batch_schedule: list[list[int]] | None = Field(None, max_length=MAX_BATCH_SIZES)
     """``[[step, global_batch_size], ...]`` for ``sim run --steps N``: from each step on, that
     global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`. At most

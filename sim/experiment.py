@@ -458,6 +458,10 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
                               f"{model.seq_length} (needed by sequence_parallel)")
         t = cfg.training
         check_precision(t.precision, cluster)
+        if t.recompute_num_layers is not None and t.recompute_every_k_layers is not None:
+            raise ConfigError(f"training.recompute_every_k_layers={t.recompute_every_k_layers}: "
+                              "give it or training.recompute_num_layers="
+                              f"{t.recompute_num_layers}, not both")
         costs = TransformerCosts(model, t.micro_batch_size, tp, dp,
                                  _stage_layers(par, model, sched.num_stages, profile),
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
@@ -466,6 +470,7 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
                                  grad_bucket_bytes=par.grad_bucket_MB * MB, cp=cp, ep=par.ep,
                                  seq_chunks=sched.seq_chunks,
                                  recompute_num_layers=t.recompute_num_layers,
+                                 recompute_every_k_layers=t.recompute_every_k_layers,
                                  precision=t.precision,
                                  fp8_speedup=fp8_speedup(cluster) if t.precision == "fp8"
                                  else 1.0)

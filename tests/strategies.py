@@ -206,7 +206,8 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
         training["precision"] = draw(st.sampled_from(["bf16", "fp16", "fp8"] if fp8_ok
                                                      else ["bf16", "fp16"]))
         if training["recompute"] != "none" and draw(st.booleans()):
-            training["recompute_num_layers"] = draw(st.integers(0, 3))
+            key = draw(st.sampled_from(["recompute_num_layers", "recompute_every_k_layers"]))
+            training[key] = draw(st.integers(0 if key == "recompute_num_layers" else 1, 3))
     exp: dict[str, Any] = {"name": "drawn", "model": model, "cluster": cluster,
                            "parallel": parallel, "training": training, "schedule": schedule}
     if not collapsible and not mixed:

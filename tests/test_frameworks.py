@@ -289,3 +289,32 @@ def test_search_screens_out_layouts_the_frameworks_split_cannot_place() -> None:
                                            "schedule=1f1b,sp=false,cp=1,ep=1,vpp=1"]), top=1)
     assert result.counts.get("invalid") == 1
     assert result.best is not None and result.best.layout.pp == 2
+
+
+def test_every_k_th_layer_recomputation() -> None:
+    """k = 1 is every layer; k = 2 recomputes layers 2, 4, ... (two of each stage's four);
+    with recompute_num_layers too it is a ConfigError."""
+    full = _costs(recompute="full")
+    assert _costs(recompute="full", recompute_every_k_layers=1).activation_bytes_per_mb(0) == (
+        full.activation_bytes_per_mb(0))
+    one, rest = full.layer_activation_bytes(), _costs().layer_activation_bytes()
+    half = _costs(recompute="full", recompute_every_k_layers=2)
+    assert half.activation_bytes_per_mb(0) == pytest.approx(2 * one + 2 * rest)
+    assert [half._recomputed(i) for i in range(8)] == [False, True] * 4
+    with pytest.raises(ConfigError, match="not both"):
+        Experiment.from_dict(_run(recompute="full", recompute_num_layers=1,
+                                  recompute_every_k_layers=2))
+
+
+def test_gpt_neox_configs_read_parallel_residual(tmp_path) -> None:
+    """transformers' GPTNeoXConfig: use_parallel_residual, true by default."""
+    import json
+
+    from workloads.hf_config import load_hf_config
+
+    base = {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 512}
+    for extra, want in (({}, True), ({"use_parallel_residual": False}, False)):
+        path = tmp_path / f"c{want}.json"
+        path.write_text(json.dumps({**base, **extra}), encoding="utf-8")
+        assert load_hf_config(path, 128).parallel_blocks is want

@@ -161,6 +161,12 @@ class TransformerCosts:
     ``--recompute-method block --recompute-num-layers``,
     megatron/core/transformer/transformer_block.py ``_checkpointed_forward``). None: all
     layers; 0: none."""
+    recompute_every_k_layers: int | None = None
+    """Every k-th transformer layer of the model recomputed (layers k, 2k, ... counted from
+    1), the others stash everything: torchtitan's selective layer checkpointing
+    (``selective_ac_option = "k"``, torchtitan/distributed/activation_checkpoint.py
+    ``_apply_layer_sac``: a running count of blocks, checkpointed when it is a multiple of
+    k). None: all layers (or :attr:`recompute_num_layers`)."""
     precision: str = "bf16"
     """``bf16`` or ``fp16`` (the same tensor-core rate and bytes on every GPU here), or ``fp8``:
     the transformer layers' linear GEMMs run on FP8 tensor cores (TransformerEngine's
@@ -461,7 +467,10 @@ class TransformerCosts:
 
     def _recomputed(self, layer: int) -> bool:
         """Whether ``recompute`` applies to transformer block ``layer``: it is among the first
-        :attr:`recompute_num_layers` of its stage (all of them when that is None)."""
+        :attr:`recompute_num_layers` of its stage (all of them when that is None), or it is
+        every :attr:`recompute_every_k_layers`-th layer of the model."""
+        if self.recompute_every_k_layers is not None:
+            return (layer + 1) % self.recompute_every_k_layers == 0
         if self.recompute_num_layers is None:
             return True
         start = 0
@@ -478,8 +487,8 @@ class TransformerCosts:
         c = self
         if self.model.first_dense_layers:
             c = replace(c, model=self.model.layer_spec(layer))
-        if self.recompute_num_layers is not None:
-            c = replace(c, recompute_num_layers=None,
+        if self.recompute_num_layers is not None or self.recompute_every_k_layers is not None:
+            c = replace(c, recompute_num_layers=None, recompute_every_k_layers=None,
                         recompute=self.recompute if self._recomputed(layer) else "none")
         return c
 
@@ -487,7 +496,7 @@ class TransformerCosts:
         """A stage's layers as ``(costs, count)`` runs of alike layers (one for a uniform
         model), in stage order of their first layer."""
         k = self.model.first_dense_layers
-        if not k and self.recompute_num_layers is None:
+        if not k and self.recompute_num_layers is None and self.recompute_every_k_layers is None:
             return [(self, self.stage_layers[stage])]
         first: dict[tuple[bool, bool], int] = {}
         count: dict[tuple[bool, bool], int] = {}

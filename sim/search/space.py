@@ -51,7 +51,7 @@ def _neutral(data: Mapping[str, Any], gpus: int, gbs: int, **settings: Any) -> d
     out["cluster"] = {"preset": "ideal", "num_gpus": gpus}
     training = {k: v for k, v in (data.get("training") or {}).items()
                 if k not in ("micro_batch_size", "num_microbatches", "recompute",
-                             "recompute_num_layers")}
+                             "recompute_num_layers", "recompute_every_k_layers")}
     out["training"] = {**training, "micro_batch_size": 1, "global_batch_size": gbs}
     parallel = {k: v for k, v in settings.items() if k != "schedule"}
     # the file's other parallel settings (gradient buckets, placement) shape the cost model
@@ -138,6 +138,7 @@ class SearchContext:
                         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
                         zero_stage=layout.zero_stage, recompute=layout.recompute,
                         recompute_num_layers=self.config.training.recompute_num_layers,
+                        recompute_every_k_layers=self.config.training.recompute_every_k_layers,
                         fp8_speedup=fp8_speedup(self.cluster) if self.costs.precision == "fp8"
                         else 1.0, **extra)
         costs = apply_framework(costs, self.framework, self.global_batch_size
