@@ -45,9 +45,9 @@ from sim.validate import (  # noqa: E402
     Prediction,
     Row,
     evaluate,
-    framework_stage_layers,
     load_rows,
 )
+from workloads.frameworks import FRAMEWORKS, stage_layers  # noqa: E402
 from workloads.models import PRESETS  # noqa: E402
 
 CAPACITY_GIB = calibrate.CAPACITY / calibrate.GiB
@@ -77,7 +77,7 @@ def _slots(r: Row, f: Facts) -> int:
 
 
 def _largest_stage(r: Row) -> int:
-    return max(framework_stage_layers(PRESETS[r.model].num_layers, r.pp))
+    return max(stage_layers(FRAMEWORKS[validate.FRAMEWORK], PRESETS[r.model].num_layers, r.pp))
 
 
 Term = Callable[[Row, Facts], float]

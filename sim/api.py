@@ -34,6 +34,7 @@ from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
 from topologies.placement import mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
+from workloads.frameworks import fragmentation
 from workloads.lowering import Collapse, lower
 from workloads.multistep import repeat_program, step_end_times, without_dp
 from workloads.program import Compute, Program
@@ -161,7 +162,8 @@ def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
         tokens_per_step=exp.tokens_per_step,
         model_flops_per_step=exp.model_flops_per_step,
         reserved_bytes=0.0 if exp.model is None else profile.reserved_bytes,
-        fragmentation=0.0 if exp.model is None else profile.fragmentation,
+        fragmentation=0.0 if exp.model is None else fragmentation(exp.framework,
+                                                                  profile.fragmentation),
         extra=extra,
     )
 

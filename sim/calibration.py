@@ -13,12 +13,14 @@ real M x K x N shapes (the efficiency curve sees the cube side (M·K·N)^(1/3),
 :func:`workloads.transformer._gemm`, instead of min(tokens, h/t)); SwiGLU stashing
 6·f/h and the cross-entropy buffer counted once; fragmentation on dynamic memory only;
 the sweep's loss over gathered logits and eager RMSNorm's fp32 saved input
-(:data:`sim.validate.VOCAB_PARALLEL_LOSS`, :meth:`TransformerCosts.layer_activation_bytes`).
+(the ``scaling`` profile of :mod:`workloads.frameworks`,
+:meth:`TransformerCosts.layer_activation_bytes`).
 Collectives: the lowering's NCCL-like ``auto`` algorithm choice.
 
 Refitted again on 2026-12-03 after three corrections that model the sweep's framework
 (Aleph Alpha's ``scaling``, read from its source; :mod:`sim.validate`): its pipeline
-split (:func:`sim.validate.framework_stage_layers`: the embedding, final norm and head
+split (:func:`workloads.frameworks.stage_layers`, ``uniform-items``: the embedding, final norm
+and head
 take layer slots, so first and last stages run fewer layers), its sequence parallelism
 saving the all-gathered GEMM inputs (``sp_saves_gathered_input``), the two fp32
 logit-sized buffers of PyTorch's cross-entropy backward
@@ -132,7 +134,7 @@ larger of its loss phase and its layers' phase, not their sum (the loss's backwa
 the stashed logits before the layers' backward runs), and the sweep's framework keeps the
 previous micro-batch's bf16 logits in its pipeline buffer (``kept_stage_outputs``, read
 from ``scaling``'s ``ParallelModule``: the last stage never takes its output out of the
-buffer; :data:`sim.validate.FRAMEWORK`).
+buffer; the ``scaling`` profile, ``workloads/frameworks.toml``).
 """
 
 from __future__ import annotations

@@ -136,10 +136,14 @@ class ModelConfig(Strict):
     """Normalisation layers."""
     tied_embeddings: bool | None = None
     """The output head shares the input embedding's weights."""
-    position_embedding: Literal["learned", "rope"] | None = None
-    """Learned position embeddings (a table) or rotary ones (no weights)."""
+    position_embedding: Literal["learned", "rope", "alibi"] | None = None
+    """Learned position embeddings (a table), rotary ones (no weights) or ALiBi (no weights;
+    a linear bias on the attention scores, Press et al. 2022: BLOOM, MPT)."""
     moe: MoEConfig | None = None
     """Mixture of experts; overrides a preset's (a dense preset becomes MoE)."""
+    parallel_blocks: bool | None = None
+    """GPT-J/GPT-NeoX parallel attention and MLP, x + attn(ln1(x)) + mlp(ln2(x)): one TP
+    all-reduce per layer instead of two, the layer input kept once for both norms."""
 
 
 class ParallelConfig(Strict):
@@ -245,20 +249,42 @@ class TrainingConfig(Strict):
     micro_batch_size·dp."""
     num_microbatches: int | None = Field(None, ge=1)
     """Alternative to global_batch_size: micro-batches per step per pipeline."""
-    recompute: Literal["none", "selective", "full"] = "none"
-    """Activation recomputation: none, selective (attention core, Korthikanti et al. 2022)
-    or full (each layer's forward rerun in its backward)."""
+    recompute: Literal["none", "selective", "selective-op", "full"] = "none"
+    """Activation recomputation: none, selective (attention core, Korthikanti et al. 2022),
+    selective-op (torchtitan's op-level selective checkpointing: the attention output and
+    every other matmul's output kept, the rest recomputed) or full (each layer's forward
+    rerun in its backward)."""
     attention: Literal["flash2", "flash1", "flash3", "fused", "unfused"] = "flash2"
     """Attention kernel: FlashAttention-2/-1/-3 (3 on Hopper GPUs only), fused or unfused."""
     fused_norm: bool = True
     """Fused normalisation kernels (one memory pass instead of several)."""
-    vocab_parallel_loss: bool = True
+    vocab_parallel_loss: bool | None = None
     """Megatron-LM's vocabulary-parallel cross entropy (each TP rank keeps V/t logits);
     false: the output head gathers all V logits on every TP rank and the loss runs
-    unsplit there (t times the loss's memory and memory-bound work)."""
+    unsplit there (t times the loss's memory and memory-bound work). Default: the
+    framework's (:mod:`workloads.frameworks`)."""
     seq_chunks: int = Field(4, ge=1)
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
+    framework: Literal["megatron", "deepspeed", "fsdp", "scaling"] = "megatron"
+    """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
+    each field with its source): gradient reduction dtype, gradient buffer, loss over
+    gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
+    backward, allocator fragmentation. megatron: Megatron-LM (and NeMo); deepspeed:
+    Megatron-DeepSpeed with DeepSpeed's bf16 ZeRO-1; fsdp: PyTorch FSDP2 as torchtitan runs
+    it; scaling: Aleph Alpha's, the framework of Hagemann et al.'s sweep."""
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    """Training precision: bf16 or fp16 (same tensor-core rate and bytes), or fp8 (the
+    layers' GEMMs on FP8 tensor cores, Hopper or newer, and their saved inputs in fp8)."""
+    recompute_num_layers: int | None = Field(None, ge=0)
+    """Partial recomputation: ``recompute`` applies to the first this-many layers of each
+    pipeline stage (model chunk), the rest stash everything (Megatron-LM's
+    ``--recompute-method block --recompute-num-layers``). Default: every layer; nothing is
+    recomputed with ``recompute: none``."""
+    recompute_every_k_layers: int | None = Field(None, ge=1)
+    """Selective layer recomputation: ``recompute`` applies to every k-th layer of the model
+    (layers k, 2k, ..., counted from 1), the rest stash everything (torchtitan's
+    ``selective_ac_option: "k"``). Not with recompute_num_layers."""
     global_batch_schedule: list[list[int]] | None = Field(None, max_length=MAX_BATCH_SIZES)
     """``[[step, global_batch_size], ...]`` for ``sim run --steps N``: from each step on, that
     global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`. At most

@@ -32,6 +32,7 @@ from topologies.hardware import IDEAL_GPU
 from topologies.placement import Placement
 from workloads import schedules
 from workloads.costs import CommSeg, ComputeSeg, RingAttention, SyntheticCosts, split_layers
+from workloads.frameworks import FrameworkProfile, apply_framework, framework, stage_layers
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
@@ -42,7 +43,7 @@ from workloads.transformer import TransformerCosts
 MB = 1e6
 _MODEL_FIELDS = ("seq_length", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
                  "ffn_hidden_size", "vocab_size", "ffn_type", "norm", "tied_embeddings",
-                 "position_embedding")
+                 "position_embedding", "parallel_blocks")
 
 
 def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | None:
@@ -152,6 +153,8 @@ class Experiment:
     base_dir: Path | None = None
     """The directory of the experiment file: relative paths in it (schedule, model and
     batch statistic files) are read from there, also by :meth:`with_changes`."""
+    framework: FrameworkProfile = framework("megatron")
+    """The training framework (``training.framework``, :mod:`workloads.frameworks`)."""
 
     @property
     def name(self) -> str:
@@ -276,6 +279,26 @@ def check_attention_kernel(attention: str, cluster: Cluster) -> None:
                           f"(H100, H200) only, not on {', '.join(others)}; use flash2")
 
 
+def fp8_speedup(cluster: Cluster) -> float:
+    """Dense FP8 over dense BF16 peak of the cluster's GPUs (the slowest ratio on a mixed
+    cluster; the ideal GPU counts as 2, the ratio of every FP8 GPU's datasheet)."""
+    ratios = [g.peak_fp8_flops / g.peak_bf16_flops for g in cluster.gpu_types
+              if g.name != IDEAL_GPU.name and g.peak_fp8_flops]
+    return min(ratios, default=2.0)
+
+
+def check_precision(precision: str, cluster: Cluster) -> None:
+    """ConfigError unless every GPU of ``cluster`` has FP8 tensor cores when ``precision``
+    is fp8 (Hopper and newer, MI300X; not the A100)."""
+    if precision != "fp8":
+        return
+    others = [g.name for g in cluster.gpu_types if g.name != IDEAL_GPU.name
+              and not g.peak_fp8_flops]
+    if others:
+        raise ConfigError(f"training.precision='fp8': FP8 tensor cores are on Hopper GPUs "
+                          f"(H100, H200) and newer, not on {', '.join(others)}; use bf16")
+
+
 def _check_context_parallel(cfg: ExperimentConfig, model: ModelSpec | None, cp: int) -> None:
     """CP needs a transformer, a flash attention kernel (ring attention runs inside it, as
     in TransformerEngine) and 2·cp equal sequence chunks (Megatron's load-balanced split)."""
@@ -295,14 +318,16 @@ def _check_context_parallel(cfg: ExperimentConfig, model: ModelSpec | None, cp: 
                           "do not compose); use cp: 1 or another schedule")
 
 
-def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int) -> tuple[int, ...]:
-    """``parallel.layers_per_stage`` checked against the stages and layers, or the even split.
+def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
+                  profile: FrameworkProfile) -> tuple[int, ...]:
+    """``parallel.layers_per_stage`` checked against the stages and layers, or the framework's
+    split (:func:`workloads.frameworks.stage_layers`; Megatron-LM's is the even split).
 
     Uneven splits as Llama 3 used them (first and last stages one layer fewer, for the
     embedding and the output head; Meta 2024, sec. 3.3.2)."""
     given = par.layers_per_stage
     if given is None or given == "balanced":  # balanced: see balanced_layers
-        return split_layers(model.num_layers, num_stages)
+        return stage_layers(profile, model.num_layers, num_stages)
     if isinstance(given, str):
         raise ConfigError(f"parallel.layers_per_stage={given!r}: give a list of layers per "
                           "stage, e.g. [15, 16, 16, 15], or 'balanced'")
@@ -409,6 +434,7 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
         raise ConfigError("parallel.zero_stage=3: ZeRO-3/FSDP needs a transformer model "
                           "(it gathers parameters layer by layer); the synthetic model has none")
     m, gbs = _num_microbatches(cfg, dp)
+    profile = framework(cfg.training.framework)
     sched = _build_schedule(cfg, pp, m, base_dir)
     placement = Placement.from_order(par.placement, tp=tp, cp=cp, dp=dp, pp=pp)
     costs: CostModel
@@ -438,19 +464,30 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
             raise ConfigError(f"parallel.tp={tp} does not divide model.seq_length="
                               f"{model.seq_length} (needed by sequence_parallel)")
         t = cfg.training
+        check_precision(t.precision, cluster)
+        if t.recompute_num_layers is not None and t.recompute_every_k_layers is not None:
+            raise ConfigError(f"training.recompute_every_k_layers={t.recompute_every_k_layers}: "
+                              "give it or training.recompute_num_layers="
+                              f"{t.recompute_num_layers}, not both")
         costs = TransformerCosts(model, t.micro_batch_size, tp, dp,
-                                 _stage_layers(par, model, sched.num_stages),
+                                 _stage_layers(par, model, sched.num_stages, profile),
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
                                  par.zero_stage, t.recompute, t.attention,
                                  t.fused_norm, overlap_grad_reduce=par.overlap_grad_reduce,
                                  grad_bucket_bytes=par.grad_bucket_MB * MB, cp=cp, ep=par.ep,
                                  seq_chunks=sched.seq_chunks,
-                                 vocab_parallel_loss=t.vocab_parallel_loss)
+                                 recompute_num_layers=t.recompute_num_layers,
+                                 recompute_every_k_layers=t.recompute_every_k_layers,
+                                 precision=t.precision,
+                                 fp8_speedup=fp8_speedup(cluster) if t.precision == "fp8"
+                                 else 1.0)
+        costs = apply_framework(costs, profile, m, t.vocab_parallel_loss)
         if par.layers_per_stage == "balanced":
             costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
                                                                 cluster))
     _check_batch_policy(cfg, model, base_dir)
-    return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir)
+    return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir,
+                      profile)
 
 
 def _check_batch_policy(cfg: ExperimentConfig, model: ModelSpec | None,

@@ -4,18 +4,16 @@ Every row of ``hagemann2023_sweep.csv`` (REFERENCES.md) becomes an experiment:
 LLaMA 13B/30B/65B with the shapes of REFERENCES.md and a 128,000-token untied
 vocabulary (inferred: it reproduces the sheets' MFU to 0.01%), DGX A100-80GB
 nodes with two HDR ports each (:data:`NICS_PER_NODE`), ZeRO-1, 1F1B, global batch
-4,194,304 tokens, the loss over gathered logits (:data:`VOCAB_PARALLEL_LOSS`), and
-what the sweep's framework (Aleph Alpha's ``scaling``, read from its source) does
-differently from Megatron-LM: its pipeline split (:func:`framework_stage_layers`), its
-sequence parallelism and its fp32 gradient all-reduce (:data:`FRAMEWORK`). The
-simulator predicts its step time and whether it runs out of memory; :func:`evaluate`
+4,194,304 tokens, and the sweep's framework (:data:`FRAMEWORK`, Aleph Alpha's
+``scaling``, a profile of :mod:`workloads.frameworks` read from its source: its pipeline
+split, its sequence parallelism, its fp32 gradient all-reduce, its loss over gathered
+logits). The simulator predicts its step time and whether it runs out of memory; :func:`evaluate`
 compares with what was measured. Nothing here is fitted per row.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -34,14 +32,6 @@ GLOBAL_BATCH_TOKENS = 4_194_304
 """Tokens per optimizer step in the sweep (2048 sequences of 2k, 512 of 8k; unverified)."""
 VOCAB_SIZE = 128_000
 """Vocabulary that reproduces the sheets' parameter counts (N = 14.0B / 33.8B / 66.9B)."""
-VOCAB_PARALLEL_LOSS = False
-"""The sweep's framework gathers the logits over TP and runs an unsplit fp32 cross entropy
-on every TP rank (Hagemann et al. are Aleph Alpha's; their ``scaling`` library's LM head
-is a ``ColumnParallelLinear`` that all-gathers its output by default, and its loss is
-``torch.nn.functional.cross_entropy`` on ``logits.float()``). Inferred, unverified for
-the exact version used. With the vocabulary-parallel loss, 80 of the 109 runs the
-simulator misclassified were TP >= 2 runs predicted to fit, some at 30-50 GB (8k tokens
-or micro-batches of 2-4, whose full-vocabulary logits take several GB on each TP rank)."""
 CLUSTER_PRESET = "dgx-a100-80g"
 """The sweep's servers: eight A100-80GB on NVSwitch (REFERENCES.md), with :data:`NICS_PER_NODE`."""
 NICS_PER_NODE = 2
@@ -55,47 +45,11 @@ fit misses by the most exactly where the gradient all-reduce crosses the most se
 (LLaMA-30B on 32 servers, TP x PP <= 4: 10-30% slower than predicted), and no compute
 constant can absorb
 a cost that grows with the bytes each GPU reduces."""
-FRAMEWORK = {"sp_saves_gathered_input": True, "dp_wire_bytes": 5.0, "kept_stage_outputs": 1}
-"""How the sweep's framework (Aleph Alpha's ``scaling``, see :data:`VOCAB_PARALLEL_LOSS`)
-differs from the Megatron-LM defaults of :class:`workloads.transformer.TransformerCosts`,
-applied to every row's cost model: under sequence parallelism its column-parallel GEMMs
-save their all-gathered input (``sp_saves_gathered_input``); it all-reduces the gradients
-in fp32 and then all-gathers the bf16 parameters, 5 bytes a parameter in each of the
-step-end collectives (``dp_wire_bytes``); its pipeline buffers keep the last stage's
-output, the bf16 logits, of the previous micro-batch while the next one runs
-(``kept_stage_outputs``; none in a step of one micro-batch, :func:`framework_costs`)."""
-
-
-def framework_costs(costs, micro_batches: int):
-    """``costs`` (a :class:`workloads.transformer.TransformerCosts`) with :data:`FRAMEWORK`
-    applied, for a step of ``micro_batches`` micro-batches per pipeline."""
-    changes = dict(FRAMEWORK)
-    if micro_batches < 2:
-        changes["kept_stage_outputs"] = 0
-    return dataclasses.replace(costs, **changes)
-
-
-def framework_stage_layers(num_layers: int, pp: int) -> tuple[int, ...]:
-    """Transformer layers per pipeline stage as the sweep's framework splits the model.
-
-    Aleph Alpha's ``scaling`` partitions its list of layer specs, the input embedding,
-    the ``num_layers`` transformer layers, the final norm and the LM head (``num_layers +
-    3`` items), uniformly over the ``pp`` stages, the first ``(num_layers + 3) mod pp``
-    stages taking one item more (``pipe_partition_uniform``, its default
-    ``pipe_partition_method``). So the first stage holds one transformer layer fewer
-    than its share (the embedding) and the last two fewer (norm and head): e.g. LLaMA-30B
-    (60 layers) on 4 stages runs 15, 16, 16, 13 layers. ConfigError if a stage would
-    hold no transformer layer.
-    """
-    if pp == 1:
-        return (num_layers,)
-    base, extra = divmod(num_layers + 3, pp)
-    items = [base + (1 if s < extra else 0) for s in range(pp)]
-    layers = [n - (1 if s == 0 else 0) - (2 if s == pp - 1 else 0) for s, n in enumerate(items)]
-    if min(layers) < 1:
-        raise ConfigError(f"{num_layers} layers on {pp} pipeline stages: the framework's "
-                          f"uniform split {items} leaves a stage without a transformer layer")
-    return tuple(layers)
+FRAMEWORK = "scaling"
+"""The sweep's framework, Aleph Alpha's ``scaling`` (``training.framework``): its pipeline split,
+sequence parallelism, fp32 gradient all-reduce, loss over gathered logits and kept pipeline
+buffers are that profile's (:mod:`workloads.frameworks`, ``frameworks.toml``, each with the
+place in scaling's source it was read from)."""
 
 
 SOFTWARE = "scaling (Aleph Alpha)"
@@ -141,14 +95,6 @@ class Row:
         """(model, sequence length, GPUs): the sweep's unit of comparison."""
         return (self.model, self.seq_length, self.num_gpus)
 
-    def _stage_split(self) -> dict:
-        """``layers_per_stage`` as the sweep's framework splits the model (nothing for an
-        unknown model: building the experiment reports it)."""
-        spec = PRESETS.get(self.model)
-        if spec is None or self.pp < 1:
-            return {}
-        return {"layers_per_stage": list(framework_stage_layers(spec.num_layers, self.pp))}
-
     def experiment(self) -> dict:
         """The experiment mapping that describes this run."""
         return {
@@ -158,13 +104,11 @@ class Row:
             "cluster": {"preset": CLUSTER_PRESET, "num_gpus": self.num_gpus,
                         "nics_per_node": self.nics_per_node or NICS_PER_NODE},
             "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero_stage": 1,
-                         "sequence_parallel": self.sequence_parallel,
-                         **self._stage_split()},
+                         "sequence_parallel": self.sequence_parallel},
             "training": {"micro_batch_size": self.micro_batch_size,
                          "global_batch_size": GLOBAL_BATCH_TOKENS // self.seq_length,
                          "recompute": self.recompute, "attention": self.attention,
-                         "fused_norm": self.fused_norm,
-                         "vocab_parallel_loss": VOCAB_PARALLEL_LOSS},
+                         "fused_norm": self.fused_norm, "framework": FRAMEWORK},
             "schedule": "1f1b",
         }
 
@@ -239,14 +183,12 @@ class Prediction:
 
 
 def simulate_row(row: Row, profile: DeviceProfile):
-    """The run ``row`` simulated with ``profile`` as the sweep's framework runs it
-    (:func:`framework_costs`), collapsed fidelity: a :class:`sim.api.Result`."""
+    """The run ``row`` simulated with ``profile`` (its experiment selects the sweep's
+    framework, :data:`FRAMEWORK`), collapsed fidelity: a :class:`sim.api.Result`."""
     from sim.api import simulate
     from sim.experiment import build_experiment
 
-    exp = build_experiment(row.experiment())
-    exp = dataclasses.replace(exp, costs=framework_costs(exp.costs, exp.num_microbatches))
-    return simulate(exp, profile, fidelity="collapsed")
+    return simulate(build_experiment(row.experiment()), profile, fidelity="collapsed")
 
 
 def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:

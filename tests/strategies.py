@@ -76,7 +76,8 @@ def _transformer(draw: st.DrawFn, tp: int, cp: int, ep: int, stages: int) -> dic
         "ffn_type": draw(st.sampled_from(["gelu", "swiglu"])),
         "norm": draw(st.sampled_from(["layernorm", "rmsnorm"])),
         "tied_embeddings": draw(st.booleans()),
-        "position_embedding": draw(st.sampled_from(["learned", "rope"])),
+        "position_embedding": draw(st.sampled_from(["learned", "rope", "alibi"])),
+        "parallel_blocks": draw(st.booleans()),
     }
     if ep > 1 or draw(st.booleans()):
         experts = ep * draw(st.sampled_from([1, 2]))
@@ -198,6 +199,15 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
         training["seq_chunks"] = draw(st.sampled_from([1, 2, 4]))
     mixed = not collapsible and num_gpus >= 2 and draw(st.sampled_from([False, False, True]))
     cluster = draw(_cluster(num_gpus, mixed))
+    if not synthetic:  # the framework profiles, precision and partial recomputation
+        training["framework"] = draw(st.sampled_from(["megatron", "deepspeed", "fsdp",
+                                                      "scaling"]))
+        fp8_ok = cluster.get("preset") in ("ideal", "dgx-h100")
+        training["precision"] = draw(st.sampled_from(["bf16", "fp16", "fp8"] if fp8_ok
+                                                     else ["bf16", "fp16"]))
+        if training["recompute"] != "none" and draw(st.booleans()):
+            key = draw(st.sampled_from(["recompute_num_layers", "recompute_every_k_layers"]))
+            training[key] = draw(st.integers(0 if key == "recompute_num_layers" else 1, 3))
     exp: dict[str, Any] = {"name": "drawn", "model": model, "cluster": cluster,
                            "parallel": parallel, "training": training, "schedule": schedule}
     if not collapsible and not mixed:

@@ -8,13 +8,20 @@ from dataclasses import replace
 import pytest
 
 from base.errors import ConfigError
-from sim.validate import FRAMEWORK, HAGEMANN_SWEEP, Row, framework_stage_layers, load_rows
+from sim.validate import FRAMEWORK, HAGEMANN_SWEEP, Row, load_rows
 from workloads.costs import split_layers
+from workloads.frameworks import FRAMEWORKS, apply_framework, stage_layers
 from workloads.models import PRESETS
 from workloads.schedules import BACKWARD, FORWARD, Op
 from workloads.transformer import TransformerCosts
 
 DATA = HAGEMANN_SWEEP
+SCALING = FRAMEWORKS[FRAMEWORK]
+
+
+def framework_stage_layers(layers: int, pp: int) -> tuple[int, ...]:
+    """The sweep's framework's pipeline split."""
+    return stage_layers(SCALING, layers, pp)
 
 
 @pytest.mark.parametrize(("layers", "pp", "split"), [
@@ -44,13 +51,19 @@ def test_framework_split_without_a_layer_on_a_stage_is_a_config_error() -> None:
 
 
 def test_sweep_rows_use_the_framework_split() -> None:
+    from sim.experiment import build_experiment
+
     rows = load_rows(DATA)
     row = next(r for r in rows if r.model == "llama-30b" and r.pp == 4)
-    assert row.experiment()["parallel"]["layers_per_stage"] == [15, 16, 16, 13]
+    assert row.experiment()["training"]["framework"] == "scaling"
+    assert build_experiment(row.experiment()).costs.stage_layers == (15, 16, 16, 13)
     flat = next(r for r in rows if r.pp == 1)
-    assert flat.experiment()["parallel"]["layers_per_stage"] == [PRESETS[flat.model].num_layers]
-    unknown = replace(flat, model="no-such-model")
-    assert "layers_per_stage" not in unknown.experiment()["parallel"]
+    assert build_experiment(flat.experiment()).costs.stage_layers == (
+        PRESETS[flat.model].num_layers,)
+    # Megatron-LM's even split on the same row
+    megatron = dict(row.experiment(), training={**row.experiment()["training"],
+                                                "framework": "megatron"})
+    assert build_experiment(megatron).costs.stage_layers == (15, 15, 15, 15)
 
 
 def _costs(model=None, **kw) -> TransformerCosts:
@@ -71,7 +84,7 @@ def test_sp_with_gathered_gemm_inputs_keeps_four_sbh_unsplit() -> None:
     # no SP: nothing is gathered, the flag changes nothing
     assert (_costs(sp_saves_gathered_input=True).layer_activation_bytes()
             == _costs().layer_activation_bytes())
-    assert FRAMEWORK["sp_saves_gathered_input"] is True
+    assert SCALING.sp_saves_gathered_input is True
 
 
 def test_unsplit_cross_entropy_backward_holds_two_fp32_logit_buffers() -> None:
@@ -112,9 +125,7 @@ def test_last_stage_backward_counts_the_larger_of_its_loss_and_layer_phases() ->
 def test_kept_stage_outputs_hold_earlier_logits_on_the_last_stage_only() -> None:
     """The framework's pipeline buffers keep the previous micro-batch's bf16 logits on the
     last stage: 2·b·s·V/t more in its forward and backward, nothing on other stages;
-    framework_costs drops them in a step of one micro-batch."""
-    from sim.validate import framework_costs
-
+    apply_framework drops them in a step of one micro-batch."""
     bsv_t = 2 * 2048 * 128_000 / 4
     model = replace(PRESETS["llama-13b"], vocab_size=128_000)
     plain = _costs(model=model)
@@ -123,16 +134,16 @@ def test_kept_stage_outputs_hold_earlier_logits_on_the_last_stage_only() -> None
         assert (kept.transient_bytes(Op(1, kind, 0)) - plain.transient_bytes(Op(1, kind, 0))
                 == pytest.approx(2 * bsv_t))
         assert kept.transient_bytes(Op(0, kind, 0)) == plain.transient_bytes(Op(0, kind, 0))
-    assert FRAMEWORK["kept_stage_outputs"] == 1
-    assert framework_costs(plain, 8).kept_stage_outputs == 1
-    assert framework_costs(plain, 1).kept_stage_outputs == 0
-    assert framework_costs(plain, 8).sp_saves_gathered_input is True
+    assert SCALING.kept_stage_outputs == 1
+    assert apply_framework(plain, SCALING, 8).kept_stage_outputs == 1
+    assert apply_framework(plain, SCALING, 1).kept_stage_outputs == 0
+    assert apply_framework(plain, SCALING, 8).sp_saves_gathered_input is True
 
 
 def test_predict_applies_the_framework_to_sequence_parallel_rows() -> None:
     """A TP4 SP row simulated by the validation holds more than the same experiment with
     Megatron's SP (the gathered GEMM inputs) and takes longer (its DP collectives move 5
-    instead of 2 bytes a parameter); applying FRAMEWORK by hand gives the same numbers."""
+    instead of 2 bytes a parameter); applying the profile by hand gives the same numbers."""
     from dataclasses import replace as dc_replace
 
     from sim.api import simulate
@@ -144,12 +155,17 @@ def test_predict_applies_the_framework_to_sequence_parallel_rows() -> None:
                     and r.pp == 2 and r.status == "ok")
     profile = DeviceProfile(fragmentation=0.0, reserved_bytes=0.0)
     ours = predict([row], profile)[0]
-    plain = simulate(build_experiment(row.experiment()), profile, fidelity="collapsed")
+    data = row.experiment()
+    megatron = {**data, "training": {**data["training"], "framework": "megatron"},
+                "parallel": {**data["parallel"], "layers_per_stage": list(
+                    framework_stage_layers(PRESETS[row.model].num_layers, row.pp))}}
+    plain = simulate(build_experiment(megatron), profile, fidelity="collapsed")
     assert ours.peak_memory_gib > plain.stats["peak_memory_gib"] + 0.5
     assert ours.step_time_s > plain.stats["step_time_s"]
-    exp = build_experiment(row.experiment())
-    by_hand = simulate(dc_replace(exp, costs=dc_replace(exp.costs, **FRAMEWORK)), profile,
-                       fidelity="collapsed").stats
+    exp = build_experiment(megatron)
+    by_hand = simulate(dc_replace(exp, costs=apply_framework(exp.costs, SCALING,
+                                                             exp.num_microbatches)),
+                       profile, fidelity="collapsed").stats
     assert ours.step_time_s == by_hand["step_time_s"]
     assert ours.peak_memory_gib == by_hand["peak_memory_gib"]
 
@@ -159,8 +175,8 @@ def test_dp_wire_bytes_scale_the_step_end_collectives() -> None:
     per parameter of the stage: 2 (bf16) by default, 5 for the sweep's fp32 all-reduce
     plus bf16 parameter all-gather (10 bytes a parameter over the two)."""
     plain = _costs()
-    framework = _costs(dp_wire_bytes=FRAMEWORK["dp_wire_bytes"])
+    framework = _costs(dp_wire_bytes=SCALING.dp_wire_bytes)
     for stage in (0, 1):
         assert plain.grad_bytes(stage) == pytest.approx(2 * plain.stage_params(stage))
         assert framework.grad_bytes(stage) == pytest.approx(5 * plain.stage_params(stage))
-    assert FRAMEWORK["dp_wire_bytes"] == 5.0
+    assert SCALING.dp_wire_bytes == 5.0

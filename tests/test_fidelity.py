@@ -201,6 +201,8 @@ def run_both(data: dict[str, Any], mesh: bool = False
     ``mesh``), ``C``, ``O`` and ``F``."""
     if mesh:
         data = {**data, "cluster": MESH | {"num_gpus": data["cluster"]["num_gpus"]}}
+        if data["training"].get("precision") == "fp8":  # the mesh's GPUs have no FP8
+            data["training"] = {**data["training"], "precision": "bf16"}
     exp: Experiment = build_experiment(data)
     full = simulate(exp, fidelity="full").stats
     links: dict[Channel, set[int]] = {}

@@ -76,11 +76,17 @@ def test_later_generations_are_capped_by_the_h100() -> None:
 
 
 def test_every_gpu_states_what_is_measured() -> None:
+    """Every GPU's matmul ratio is measured on it, or it is a variant of a measured die
+    (``same_as``: the H100's PCIe, NVL, H800 and 96 GB parts) that says its ratios are
+    inferred."""
+    from sim.profiles import gpu_tables
+
+    tables = gpu_tables()
     for name, r in RATIOS.items():
         assert name in GPUS
         assert set(r.measured).isdisjoint(r.inferred)
         assert set(CLASSES) <= set(r.measured) | set(r.inferred)
-        assert "gemm" in r.measured
+        assert "gemm" in r.measured or ("same_as" in tables[name] and "gemm" in r.inferred)
         src = default_profile(name).source
         assert src.startswith(f"{name}: A100 fit") and "measured on" in src and "inferred" in src
 
@@ -141,18 +147,29 @@ def test_flash3_outside_hopper_is_a_config_error_and_cp_accepts_it() -> None:
 
 
 # ---------------------------------------------------------------- whole runs on H100, BF16
+def llama3_405b(gpus: int) -> dict:
+    """Llama 3 405B pre-training (Dubey et al. 2024, sec. 3.3.2 and table 4): TP8, PP16, DP the
+    rest, sequence 8192, 16M tokens per batch (2048 sequences), interleaved pipeline with two
+    stages per rank as the paper's fig. 6 shows it, ZeRO-1 sharding, bf16."""
+    return {"name": "llama3-405b", "model": {"preset": "llama3-405b", "seq_length": 8192},
+            "cluster": {"preset": "dgx-h100", "num_gpus": gpus},
+            "parallel": {"tp": 8, "pp": 16, "vpp": 2, "zero_stage": 1,
+                         "sequence_parallel": True},
+            "training": {"micro_batch_size": 1, "global_batch_size": 2048},
+            "schedule": "interleaved"}
+
+
 PUBLISHED = [
     # (corpus source, run, relative band on MFU)
-    ("dubey2024_llama3_405b", "llama3-405b-8192gpu-cp1", 0.15),
-    ("dubey2024_llama3_405b", "llama3-405b-16384gpu-cp1", 0.15),
     ("llmfoundry_mpt", "mpt-7b-s2048-8gpu-h100-bf16", 0.20),
     ("llmfoundry_mpt", "mpt-1b-s2048-8gpu-h100-bf16", 0.20),
     ("llmfoundry_mpt", "mpt-30b-s2048-8gpu-h100-bf16", 0.20),
     ("llmfoundry_mpt", "mpt-70b-s2048-64gpu-h100-bf16", 0.20),
 ]
 """Published BF16 runs on H100, from the validation corpus (sim/data/validation/, each row's
-citation and conversion there). Bands: 15% of the MFU for Llama 3 (its pipeline schedule is a
-modified interleaved 1F1B whose virtual-stage count the paper does not state); 20% for
+citation and conversion there), each one a run the simulator considers possible. Llama 3
+405B is not here: as laid out under interleaved 1F1B it does not fit (a known gap, see
+:func:`test_llama3_405b_as_laid_out_does_not_fit_interleaved_1f1b`). Band: 20% for
 llm-foundry (2023 software; its H100 rows were predicted 0-19% high with Megatron's framework
 defaults, and four A100 rows of the same table within 8% with the fit on eight-NIC servers).
 Not here because it takes 10-20 s: Llama 3's 16,384-GPU TP8 CP16 PP16 row at sequence 131,072
@@ -175,6 +192,30 @@ def test_h100_runs_match_published_mfu(source: str, run: str, band: float) -> No
     assert stats["gpu"] == "H100"
     published_mfu = stats["mfu"] * stats["step_time_s"] / row.step_time_s
     assert stats["mfu"] == pytest.approx(published_mfu, rel=band), row.get("citation")
+    assert not stats["oom"], (run, stats["peak_memory_gib"])  # evidence is a possible run
+
+
+def test_llama3_405b_as_laid_out_does_not_fit_interleaved_1f1b() -> None:
+    """Meta trained Llama 3 405B at 8k tokens without activation checkpointing (Dubey et al.
+    2024, sec. 3.3.2) with a modified interleaved schedule it does not publish in full.
+    Under Megatron's interleaved 1F1B, pipeline rank 0 runs (v − 1)·p + 2·(p − 1) = 46
+    chunk forwards of warm-up, and holds 47 micro-batches' activations of its 4-layer chunks
+    at the peak: 93 GiB beside 13.5 GiB of model state, out of memory before any allocator
+    overhead. The MFU test above therefore does not quote it; this records why it is not
+    a possible run here (``sim validate`` counts its rows as false OOM verdicts)."""
+    from workloads.schedules import BACKWARD, FORWARD, Op
+
+    exp = Experiment.from_dict(llama3_405b(8192))
+    res = api.simulate(exp, fidelity="collapsed")
+    floor = res.timeline.memory_floor_by_gpu[0]
+    dynamic = res.timeline.peak_memory_bytes(0) - floor
+    chunk = exp.costs.activation_bytes_per_mb(0)
+    p, v = 16, 2
+    assert (v - 1) * p + 2 * (p - 1) + 1 == 47
+    working = max(exp.costs.transient_bytes(Op(0, kind, 0)) for kind in (FORWARD, BACKWARD))
+    assert 47 * chunk <= dynamic <= 47 * chunk + working
+    assert floor + dynamic > exp.cluster.gpu.hbm_capacity_bytes
+    assert res.stats["oom"]
 
 
 def _numbers_without_source(table: dict, where: str) -> list[str]:

@@ -128,10 +128,14 @@ def test_sweep_rows_gather_the_logits_and_parts_give_the_peak(
     reserved on the worst GPU)."""
     import sim.validate as validate
 
+    experiment = validate.Row.experiment
+
     row = next(r for r in load_rows(DATA) if r.tp == 4 and r.pp == 1 and r.seq_length == 8192)
     profile = DeviceProfile(fragmentation=0.1, reserved_bytes=2**30)
     gathered = predict([row], profile)[0]
-    monkeypatch.setattr(validate, "VOCAB_PARALLEL_LOSS", True)
+    monkeypatch.setattr(validate.Row, "experiment", lambda self: {
+        **experiment(self), "training": {**experiment(self)["training"],
+                                         "vocab_parallel_loss": True}})
     split = predict([row], profile)[0]
     assert gathered.peak_memory_gib > split.peak_memory_gib + 1.0
     for p in (gathered, split):

@@ -121,7 +121,8 @@ def _uniform_cluster(c: PresetCluster | TopologyCluster) -> Cluster:
     n = c.num_gpus // sites
     if isinstance(c, PresetCluster):
         server = SERVERS[c.preset]
-        graphs = [server_graph(c.preset, n, _server_fabric(c), c.nics_per_node)
+        nic = None if c.nic_Gbps is None else c.nic_Gbps * 1e9 / 8
+        graphs = [server_graph(c.preset, n, _server_fabric(c), c.nics_per_node, nic)
                   for _ in range(sites)]
         name = c.preset if c.topology is None else f"{c.preset}/{c.topology}"
         gpu, per_node, launch = GPUS[server.gpu], server.gpus_per_node, server.collective_launch_s

@@ -279,12 +279,16 @@ class PresetCluster(ServerFabric):
     USED_WITH = "a server cluster.preset"
 
     preset: str
-    """A server preset: dgx-a100-80g, dgx-a100-40g, dgx-h100, dgx-h200, dgx-b200,
-    gb200-nvl72 (:data:`topologies.presets.SERVERS`)."""
+    """A server preset: dgx-a100-80g, dgx-a100-40g, dgx-h100, dgx-h200, hgx-h800,
+    grand-teton-h100, dgx-b200, gb200-nvl72 (:data:`topologies.presets.SERVERS`)."""
     nics_per_node: int | None = Field(None, gt=0)
     """The servers' scale-out NICs (default: the preset's, one per GPU), each shared by
     gpus_per_node / nics_per_node GPUs, e.g. 2 for servers with two HDR ports instead of
     a DGX's eight; it must divide the GPUs per server."""
+    nic_Gbps: float | None = Field(None, gt=0)
+    """Line rate of each of the servers' scale-out NICs, Gb/s per direction (default: the
+    preset's, e.g. 200 for a DGX A100's HDR ports, 400 for NDR), e.g. 100 for servers on
+    EDR InfiniBand or 800 on XDR."""
 
     @classmethod
     def describe(cls, data: dict) -> str:

@@ -105,6 +105,19 @@ SERVERS: dict[str, ServerPreset] = {
                              nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
                              source="DGX H200: 8x H200, NVSwitch, 8x 400 Gb/s NDR IB",
                              efficiency_source=NVLINK4_SOURCE),
+    "hgx-h800": ServerPreset("H800", 8, 400e9 / 8, nvls=True,
+                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
+                             source="HGX H800: 8x H800 SXM (NVLink 400 GB/s total), NVSwitch, "
+                                    "8x 400 Gb/s InfiniBand (DeepSeek-AI 2024, DeepSeek-V3 "
+                                    "report sec. 3.1)",
+                             efficiency_source=NVLINK4_SOURCE),
+    "grand-teton-h100": ServerPreset("H100-96GB", 8, 400e9 / 8, nvls=True,
+                                     nvlink_efficiency=NVLINK4_EFFICIENCY,
+                                     nvls_efficiency=NVLS_EFFICIENCY,
+                                     source="Meta Grand Teton: 8x H100 96GB on NVLink, 400 Gb/s "
+                                            "RDMA per GPU (pytorch/torchtitan benchmarks/"
+                                            "llama3_h100_202412_torchtitan.md)",
+                                     efficiency_source=NVLINK4_SOURCE),
     "dgx-b200": ServerPreset("B200", 8, 400e9 / 8, nvls=True,
                              nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
                              source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB",
@@ -149,14 +162,16 @@ class CollectiveSettings:
 
 
 def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
-                 nics_per_node: int | None = None) -> nx.DiGraph:
+                 nics_per_node: int | None = None, nic_Bps: float | None = None) -> nx.DiGraph:
     """The graph of ``num_gpus`` GPUs of server preset ``name`` on ``fabric``, with
-    ``nics_per_node`` of the preset's NICs per server (default: one per GPU)."""
+    ``nics_per_node`` of the preset's NICs per server (default: one per GPU), each of line
+    rate ``nic_Bps`` per direction (default: the preset's; NCCL's efficiency on it kept)."""
     p = SERVERS[name]
     gpu = GPUS[p.gpu]
+    rate = p.nic_Bps if nic_Bps is None else nic_Bps
     g = graphs.nvswitch_cluster(num_gpus, p.gpus_per_node,
                                 gpu.nvlink_bandwidth_Bps * p.nvlink_efficiency,
-                                p.nvlink_hop_latency_s, p.nic_Bps * p.nic_efficiency,
+                                p.nvlink_hop_latency_s, rate * p.nic_efficiency,
                                 p.nic_hop_latency_s, p.fabric_hop_latency_s, nvls=p.nvls,
                                 fabric=fabric, nics_per_node=nics_per_node)
     if p.nvls and p.nvls_efficiency != 1.0:

@@ -22,7 +22,9 @@ as a LLaMA. No network access and no ``transformers`` dependency.
   norms (0.1 B parameters) and its second pass through the shared output head (2·h·V
   FLOPs a token, about 2.5% of DeepSeek-V3's model FLOPs) are not.
 - ``gpt2``: GeLU, LayerNorm with biases, learned positions (``n_positions`` rows), tied
-  head; ``gpt_neox``: the same with rotary positions and an untied head.
+  head; ``gpt_neox``: the same with rotary positions, an untied head and parallel attention
+  and MLP blocks unless ``use_parallel_residual`` is false (transformers' GPTNeoXConfig
+  default: true).
 
 Sliding-window attention (Mistral, Phi-3, Gemma-2, Qwen2 with ``use_sliding_window``) is
 not simulated: a window of W lets position i attend to positions i − W .. i (Jiang et al.
@@ -205,7 +207,8 @@ def _gpt_neox(c: _Config, name: str, seq_length: int) -> ModelSpec:
                      vocab_size=c.count("vocab_size"), seq_length=seq_length,
                      ffn_type="gelu", norm="layernorm",
                      tied_embeddings=c.flag("tie_word_embeddings", False),
-                     position_embedding="rope")
+                     position_embedding="rope",
+                     parallel_blocks=c.flag("use_parallel_residual", True))
 
 
 _LLAMA_FAMILY = ("llama", "mistral", "mixtral", "qwen2", "phi3", "gemma", "gemma2")

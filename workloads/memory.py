@@ -38,16 +38,19 @@ import numpy as np
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 
 
-def model_state_bytes_per_param(zero_stage: int, shards: int) -> float:
+def model_state_bytes_per_param(zero_stage: int, shards: int, grad_bytes: float = 2.0) -> float:
     """Model-state bytes per parameter under ZeRO stage ``zero_stage`` over ``shards`` replicas.
 
-    Mixed-precision Adam keeps a bf16 weight (2 bytes) and gradient (2) and an fp32 master
-    weight, momentum and variance (12): 16 (ZeRO-0), 4 + 12/d (ZeRO-1: optimizer state
-    sharded), 2 + 14/d (ZeRO-2: and the gradients), 16/d (ZeRO-3: and the weights), with
-    d = ``shards`` (Rajbhandari et al. 2020, sec. 3.1 and fig. 1).
+    Mixed-precision Adam keeps a bf16 weight (2 bytes) and a gradient of ``grad_bytes`` g (2
+    in bf16; DeepSpeed's bf16 optimizer accumulates in fp32, 4) and an fp32 master weight,
+    momentum and variance (12): 2 + g + 12 (ZeRO-0), 2 + g + 12/d (ZeRO-1: optimizer state
+    sharded), 2 + (g + 12)/d (ZeRO-2: and the gradients), (2 + g + 12)/d (ZeRO-3: and the
+    weights), with d = ``shards``; with g = 2: 16, 4 + 12/d, 2 + 14/d, 16/d (Rajbhandari et
+    al. 2020, sec. 3.1 and fig. 1).
     """
-    d = shards
-    return {0: 16.0, 1: 4 + 12 / d, 2: 2 + 14 / d, 3: 16 / d}[zero_stage]
+    d, g = shards, grad_bytes
+    return {0: 2 + g + 12.0, 1: 2 + g + 12 / d, 2: 2 + (g + 12) / d,
+            3: (2 + g + 12) / d}[zero_stage]
 
 
 class StashModel(Protocol):

@@ -98,7 +98,8 @@ class ModelSpec:
     tied_embeddings: bool = False
     """Output projection shares the input embedding matrix."""
     position_embedding: str = "rope"
-    """``learned`` (s·h parameters) or ``rope`` (none)."""
+    """``learned`` (s·h parameters), ``rope`` (none; rotary kernels on q and k) or ``alibi``
+    (none; a per-head linear bias added to the attention scores, Press et al. 2022)."""
     moe: MoESpec | None = None
     """Mixture-of-experts MLPs (in every layer past :attr:`first_dense_layers`); None = dense."""
     kv_channels: int | None = None
@@ -110,6 +111,10 @@ class ModelSpec:
     """Multi-head latent attention instead of (grouped-query) multi-head attention."""
     position_table: int | None = None
     """Rows of a learned position table (GPT-2's ``n_positions``); None: s."""
+    parallel_blocks: bool = False
+    """GPT-J / GPT-NeoX parallel attention and MLP: x + attn(ln1(x)) + mlp(ln2(x)) instead
+    of two residual blocks in sequence (Wang & Komatsuzaki 2021; Black et al. 2022,
+    sec. 2.1); :class:`workloads.transformer.TransformerCosts` counts what it changes."""
     first_dense_layers: int = 0
     """A MoE model's first layers whose MLP is dense, of ``ffn_hidden_size`` (DeepSeek-V3's
     ``first_k_dense_replace``); the per-layer methods take :meth:`layer_spec`."""

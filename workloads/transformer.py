@@ -61,6 +61,9 @@ RESIDUAL_BYTES = 6.0
 """Residual add: read two bf16 tensors, write one."""
 ROPE_BYTES = 20.0
 """Eager rotary embedding on q and k: rotate-half (slice, negate, concat), two mults, add."""
+ALIBI_PASSES = 2.0
+"""Passes over the b·a·s² score matrix (bf16) that adding ALiBi's bias costs non-flash
+attention (read and write; FlashAttention-2 adds it inside the kernel, ``alibi_slopes``)."""
 SWIGLU_BYTES = 10.0
 """silu(gate) * up: read gate, write silu, read silu and up, write product (per ffn element)."""
 GELU_BYTES = 4.0
@@ -88,7 +91,9 @@ class TransformerCosts:
     sequence_parallel: bool = False
     zero_stage: int = 1
     recompute: str = "none"
-    """``none``, ``selective`` (attention core recomputed) or ``full`` (whole layer)."""
+    """``none``, ``selective`` (attention core recomputed), ``selective-op`` (torchtitan's
+    op-level checkpointing: every other matmul recomputed, :meth:`_op_checkpoint_shares`)
+    or ``full`` (whole layer)."""
     attention: str = "flash2"
     """``flash2``, ``flash1``, ``flash3`` (Hopper only; the flash kernels skip the causal
     mask's half of the score matrix and never store it), ``fused`` or ``unfused``."""
@@ -141,6 +146,37 @@ class TransformerCosts:
     gradient does, and the last stage receives none): the logits of micro-batch k stay
     until micro-batch k + 2's forward overwrites them, so while micro-batch k runs, k - 1's
     are held too (1; 0 if the step has a single micro-batch)."""
+    grad_reduce_bytes: float = BF16
+    """Bytes per gradient element in the reductions that run during the backward (buckets of
+    ``overlap_grad_reduce``, ZeRO-3's per-layer reduce-scatters, and the unreduced gradient a
+    ZeRO-3 unit holds): 2, bf16 (Megatron-LM's default); 4 where the framework reduces in
+    fp32 (:mod:`workloads.frameworks`)."""
+    grad_buffer_bytes: float = BF16
+    """Bytes per parameter of the gradient buffer
+    (:func:`workloads.memory.model_state_bytes_per_param`): 2, Megatron-LM's bf16 buffer; 4,
+    DeepSpeed's fp32 gradient accumulation (:mod:`workloads.frameworks`)."""
+    recompute_num_layers: int | None = None
+    """Partial recomputation: ``recompute`` applies to the first this-many transformer layers
+    of each stage (model chunk), the others stash everything (Megatron-LM's
+    ``--recompute-method block --recompute-num-layers``,
+    megatron/core/transformer/transformer_block.py ``_checkpointed_forward``). None: all
+    layers; 0: none."""
+    recompute_every_k_layers: int | None = None
+    """Every k-th transformer layer of the model recomputed (layers k, 2k, ... counted from
+    1), the others stash everything: torchtitan's selective layer checkpointing
+    (``selective_ac_option = "k"``, torchtitan/distributed/activation_checkpoint.py
+    ``_apply_layer_sac``: a running count of blocks, checkpointed when it is a multiple of
+    k). None: all layers (or :attr:`recompute_num_layers`)."""
+    precision: str = "bf16"
+    """``bf16`` or ``fp16`` (the same tensor-core rate and bytes on every GPU here), or ``fp8``:
+    the transformer layers' linear GEMMs run on FP8 tensor cores (TransformerEngine's
+    ``fp8_autocast``, torchao's float8 training) at :attr:`fp8_speedup` times the bf16 rate
+    and save their inputs for the backward in fp8 (:meth:`layer_activation_bytes`); the
+    attention core, the output head and the loss stay in bf16, as both keep them."""
+    fp8_speedup: float = 1.0
+    """Dense FP8 over dense BF16 tensor-core peak of the GPUs (2 on every FP8 GPU of
+    :mod:`topologies.hardware`), with ``precision: fp8``: GEMM FLOPs reach the device model
+    in bf16-equivalent units, divided by it."""
     seq_chunks: int = 1
     """k, sequence chunks per micro-batch (Seq1F1B); ops with ``op.seq >= 0`` cost one chunk
     (:meth:`seq_chunk`, boundaries from :mod:`workloads.seqchunks`)."""
@@ -195,12 +231,16 @@ class TransformerCosts:
                                  + n * (h + 2 * qkv_out / t + o / t + h))
             attn = ComputeSeg("attn", attn_flops, attn_bytes, gemm_dims=(qkv, proj))
         if m.moe is not None:
-            return attn, self._expert_gemms()
-        mid = f * (m.mlp_matrices - 1) / t  # fc1 outputs: f/t (GeLU), gate and up 2·f/t
-        fc1, fc2 = _gemm(n, h, mid), _gemm(n, f / t, h)
-        mlp_flops = fc1[1] + fc2[1]  # 2·n·h·f·(2 or 3)/t
-        mlp_bytes = BF16 * (h * f * m.mlp_matrices / t + n * (h + 2 * mid + 2 * f / t + h))
-        return attn, ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=(fc1, fc2))
+            mlp = self._expert_gemms()
+        else:
+            mid = f * (m.mlp_matrices - 1) / t  # fc1 outputs: f/t (GeLU), gate and up 2·f/t
+            fc1, fc2 = _gemm(n, h, mid), _gemm(n, f / t, h)
+            mlp_flops = fc1[1] + fc2[1]  # 2·n·h·f·(2 or 3)/t
+            mlp_bytes = BF16 * (h * f * m.mlp_matrices / t + n * (h + 2 * mid + 2 * f / t + h))
+            mlp = ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=(fc1, fc2))
+        if self.precision == "fp8":
+            return _fp8(attn, self.fp8_speedup), _fp8(mlp, self.fp8_speedup)
+        return attn, mlp
 
     def _mla_gemms(self) -> ComputeSeg:
         """Forward GEMMs of multi-head latent attention on one TP rank (DeepSeek-AI 2024,
@@ -314,7 +354,8 @@ class TransformerCosts:
         rope = (ROPE_BYTES * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
                 else 0.0)
         softmax = 0.0 if self._flash else (
-            SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
+            (SOFTMAX_PASSES[self.attention] + (ALIBI_PASSES if m.position_embedding == "alibi"
+                                               else 0.0)) * BF16 * self._scores_elements())
         act_bytes = SWIGLU_BYTES if m.gated_mlp else GELU_BYTES
         if m.moe is not None:  # activation on the routed rows (and every token's shared
             rows = self._expert_rows  # experts), plus permute and unpermute
@@ -349,12 +390,30 @@ class TransformerCosts:
         if self.model.moe is not None:
             mlp_seg = self._moe_body(mlp_seg, f"{name} mlp", backward=False)
         if self.cp > 1:
-            attn_parts = self._attention_parts(replace(attn, elementwise_bytes=ew_attn),
-                                               self._core_forward_flops(), name, backward=False)
-            return self._block(f"{name} attn", attn_parts) + self._block(f"{name} mlp", mlp_seg)
-        attn_seg = replace(attn, label=f"{name} attn", attn_flops=self._core_forward_flops(),
-                           elementwise_bytes=ew_attn)
-        return self._block(f"{name} attn", attn_seg) + self._block(f"{name} mlp", mlp_seg)
+            attn_body: ComputeSeg | list[Segment] = self._attention_parts(
+                replace(attn, elementwise_bytes=ew_attn), self._core_forward_flops(), name,
+                backward=False)
+        else:
+            attn_body = replace(attn, label=f"{name} attn", attn_flops=self._core_forward_flops(),
+                                elementwise_bytes=ew_attn)
+        return self._blocks(name, attn_body, mlp_seg, backward=False)
+
+    def _blocks(self, name: str, attn: ComputeSeg | list[Segment],
+                mlp: ComputeSeg | list[Segment], backward: bool) -> list[Segment]:
+        """A layer's attention and MLP blocks with their TP collectives (backward: MLP
+        first). With :attr:`ModelSpec.parallel_blocks` both read the same input and their
+        outputs are summed before one all-reduce (GPT-NeoX, megatron/model/transformer.py
+        ``ParallelTransformerLayer``: ``parallel_output`` on both row-parallel outputs and
+        ``output = residual + self.reduce(output)``), so the layer has one TP block."""
+        suffix = " bwd" if backward else ""
+        first, second = (mlp, attn) if backward else (attn, mlp)
+        if self.model.parallel_blocks:
+            body = [*(first if isinstance(first, list) else [first]),
+                    *(second if isinstance(second, list) else [second])]
+            return self._block(f"{name} layer{suffix}", body)
+        a, b = ("mlp", "attn") if backward else ("attn", "mlp")
+        return self._block(f"{name} {a}{suffix}", first) + self._block(f"{name} {b}{suffix}",
+                                                                        second)
 
     def _layer_backward(self, name: str, weight_grad_deferred: bool) -> list[Segment]:
         """Backward of one layer: input gradients, and weight gradients unless deferred to W."""
@@ -370,19 +429,24 @@ class TransformerCosts:
                 SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
             segs.append(ComputeSeg(f"recompute {name} core", attn_flops=self._core_forward_flops(),
                                    elementwise_bytes=softmax))
+        elif self.recompute == "selective-op":
+            attn_share, mlp_share, _ = self._op_checkpoint_shares()
+            softmax = 0.0 if self._flash else (
+                SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
+            rec = fuse_compute([_scaled(attn, "r", attn_share), _scaled(mlp, "r", mlp_share)],
+                               f"recompute {name} mm")
+            segs += [replace(seg, elementwise_bytes=ew_attn + ew_mlp + softmax) for seg in rec]
         mlp_seg: ComputeSeg | list[Segment] = _scaled(
             mlp, f"{name} mlp bwd", 1 + wg, elementwise_bytes=BACKWARD_ELEMENTWISE * ew_mlp)
         if self.model.moe is not None:
             mlp_seg = self._moe_body(mlp_seg, f"{name} mlp bwd", backward=True)
         attn_seg = _scaled(attn, f"{name} attn bwd", 1 + wg, attn_flops=core,
                            elementwise_bytes=BACKWARD_ELEMENTWISE * ew_attn)
+        attn_body: ComputeSeg | list[Segment] = attn_seg
         if self.cp > 1:
-            attn_parts = self._attention_parts(replace(attn_seg, attn_flops=0.0), core,
-                                               f"{name} bwd", backward=True)
-            return segs + self._block(f"{name} mlp bwd", mlp_seg) + self._block(
-                f"{name} attn bwd", attn_parts)
-        return segs + self._block(f"{name} mlp bwd", mlp_seg) + self._block(f"{name} attn bwd",
-                                                                           attn_seg)
+            attn_body = self._attention_parts(replace(attn_seg, attn_flops=0.0), core,
+                                              f"{name} bwd", backward=True)
+        return segs + self._blocks(name, attn_body, mlp_seg, backward=True)
 
     def _head(self, backward: bool, weight_grad_deferred: bool = False) -> ComputeSeg:
         """Final norm, output projection (vocabulary-parallel) and cross entropy."""
@@ -401,22 +465,46 @@ class TransformerCosts:
         start = sum(self.stage_layers[:stage])
         return range(start, start + self.stage_layers[stage])
 
+    def _recomputed(self, layer: int) -> bool:
+        """Whether ``recompute`` applies to transformer block ``layer``: it is among the first
+        :attr:`recompute_num_layers` of its stage (all of them when that is None), or it is
+        every :attr:`recompute_every_k_layers`-th layer of the model."""
+        if self.recompute_every_k_layers is not None:
+            return (layer + 1) % self.recompute_every_k_layers == 0
+        if self.recompute_num_layers is None:
+            return True
+        start = 0
+        for n in self.stage_layers:
+            if layer < start + n:
+                return layer - start < self.recompute_num_layers
+            start += n
+        return False
+
     def _layer(self, layer: int) -> TransformerCosts:
         """The costs of transformer block ``layer``: ``self`` unless the model's first layers
-        are dense (:meth:`workloads.models.ModelSpec.layer_spec`)."""
-        if not self.model.first_dense_layers:
-            return self
-        return replace(self, model=self.model.layer_spec(layer))
+        are dense (:meth:`workloads.models.ModelSpec.layer_spec`) or only some layers are
+        recomputed (:attr:`recompute_num_layers`; the block's costs then say whether it is)."""
+        c = self
+        if self.model.first_dense_layers:
+            c = replace(c, model=self.model.layer_spec(layer))
+        if self.recompute_num_layers is not None or self.recompute_every_k_layers is not None:
+            c = replace(c, recompute_num_layers=None, recompute_every_k_layers=None,
+                        recompute=self.recompute if self._recomputed(layer) else "none")
+        return c
 
     def _runs(self, stage: int) -> list[tuple[TransformerCosts, int]]:
-        """A stage's layers as ``(costs, count)`` runs of alike layers (one for a uniform model)."""
+        """A stage's layers as ``(costs, count)`` runs of alike layers (one for a uniform
+        model), in stage order of their first layer."""
         k = self.model.first_dense_layers
-        if not k:
+        if not k and self.recompute_num_layers is None and self.recompute_every_k_layers is None:
             return [(self, self.stage_layers[stage])]
-        layers = self._stage_layers(stage)
-        dense = sum(1 for i in layers if i < k)
-        return [(c, n) for c, n in ((self._layer(0), dense), (self._layer(k), len(layers) - dense))
-                if n]
+        first: dict[tuple[bool, bool], int] = {}
+        count: dict[tuple[bool, bool], int] = {}
+        for i in self._stage_layers(stage):
+            kind = (i < k, self._recomputed(i))
+            first.setdefault(kind, i)
+            count[kind] = count.get(kind, 0) + 1
+        return [(self._layer(first[kind]), count[kind]) for kind in first]
 
     def stage_dense_layers(self, stage: int) -> int:
         """How many of a stage's layers are a MoE model's dense first layers (0 for a uniform
@@ -533,13 +621,14 @@ class TransformerCosts:
         n = m.head_params() / t
         if m.tied_embeddings and len(self.stage_layers) > 1:
             n += m.vocab_size * m.hidden_size / t
-        return BF16 * n
+        return self.grad_reduce_bytes * n
 
     def _layer_grad_bytes(self, stage: int, layer: int) -> float:
         """Gradient bytes ready after ``layer``'s backward; the first layer of stage 0 also
-        carries the embedding's (its backward is a scatter-add, not timed)."""
+        carries the embedding's (its backward is a scatter-add, not timed);
+        :attr:`grad_reduce_bytes` per element."""
         extra = self.model.embedding_params() / self.tp if layer == 0 and stage == 0 else 0.0
-        return BF16 * (self._layer_params_tp + extra)
+        return self.grad_reduce_bytes * (self._layer_params_tp + extra)
 
     def zero3_working_bytes(self, op: Op) -> float:
         """Gathered ZeRO-3 state an op holds while it runs, on one TP rank (bf16).
@@ -604,17 +693,28 @@ class TransformerCosts:
         too, replicated. With CP, s·b·h is
         the GPU's s/cp tokens. With :attr:`sp_saves_gathered_input`, SP splits only the
         norm inputs (4, and the eager norm's 8): the two GEMM inputs (4) stay whole.
+        Parallel attention and MLP (:attr:`ModelSpec.parallel_blocks`): both norms read the
+        layer input, which is kept once (2 instead of 4). FP8 (:attr:`precision`): the QKV
+        and first MLP GEMMs keep their inputs in fp8 (TransformerEngine's LayerNormLinear and
+        LayerNormMLP save ``ln_out`` cast to fp8), 2 instead of 4, and the down projection
+        its input (the GeLU output or silu(gate)·up, 2·f/h) in fp8, half of it; the
+        attention output stays bf16 (the flash kernel keeps it for its own backward).
         """
         m, t = self.model, self.tp
         m.require_uniform()
         if self.recompute == "full":
             return BF16 * self._bsh / self._sp_div
+        if self.recompute == "selective-op":
+            return self._op_checkpoint_shares()[2]
         dropout = 2 if m.norm == "layernorm" else 0
         eager_norm = 8 if m.norm == "rmsnorm" and not self.fused_norm else 0
-        replicated = (8 + dropout + eager_norm) / self._sp_div
+        fp8 = self.precision == "fp8"
+        gemm_inputs = 2.0 if fp8 else 4.0  # the QKV and first MLP GEMMs' inputs
+        norm_inputs = 2.0 if m.parallel_blocks else 4.0
+        replicated = (norm_inputs + gemm_inputs + dropout + eager_norm) / self._sp_div
         if self.sequence_parallel and self.sp_saves_gathered_input:
-            # the two GEMM inputs (4 of the 8) are kept gathered, not as s/t shards
-            replicated += 4 * (1 - 1 / self._sp_div)
+            # the two GEMM inputs are kept gathered, not as s/t shards
+            replicated += gemm_inputs * (1 - 1 / self._sp_div)
         ratio = m.ffn_hidden_size / m.hidden_size
         if m.moe is not None:  # per routed row (and shared expert), and the dispatched copies
             rows = m.moe.top_k * m.moe.load_factor(self.ep)
@@ -623,6 +723,8 @@ class TransformerCosts:
         if m.mla is not None:  # the latents and the shared rotary key, inputs of the up-GEMMs
             replicated += 2 * m.latent_dim / m.hidden_size
         mlp = (6 if m.gated_mlp else 4) * ratio
+        if fp8:  # the down projection's input (2 of the 6 or 4) in fp8
+            mlp -= ratio
         split = (2 * (m.q_dim + 2 * m.kv_dim) / m.hidden_size + 2 * m.attn_out_dim / m.hidden_size
                  + mlp) / t
         scores = 0.0
@@ -630,6 +732,35 @@ class TransformerCosts:
             keys = m.seq_length * self.seq_window[1]  # a sequence chunk's prefix
             scores = 5 * m.num_attention_heads * keys / m.hidden_size / t
         return (replicated + split + scores) * self._bsh
+
+    def _op_checkpoint_shares(self) -> tuple[float, float, float]:
+        """torchtitan's op-level selective activation checkpointing (``mode = "selective"``,
+        ``selective_ac_option = "op"``; torchtitan/distributed/activation_checkpoint.py,
+        ``_get_custom_policy``): of a layer's ops it saves the outputs of the attention kernel
+        and of every other matmul, counted in call order (the 1st, 3rd, ...: wq, wv, w1, w2 of
+        a SwiGLU Llama layer; wq, wv, fc1 of a GeLU one), and recomputes the rest in the
+        backward. Returns (share of the attention block's GEMM FLOPs recomputed: wk and wo,
+        (kv + o)/(q + 2·kv + o); share of the MLP's: w3 of three matrices, or fc2 of two;
+        bytes a layer keeps per micro-batch: the layer input, 2·h, the attention output,
+        2·o/t, and the saved matmul outputs, bf16). The h-wide outputs (wo, w2) are kept at
+        the layer input's split (÷t under SP). MoE MLP widths are per routed row; MLA is
+        counted as its query and key/value widths.
+        """
+        m, t, sp = self.model, self.tp, self._sp_div
+        h, q, kv, o = m.hidden_size, m.q_dim, m.kv_dim, m.attn_out_dim
+        f = m.ffn_hidden_size
+        rows = 1.0
+        if m.moe is not None:
+            f = m.moe.expert_ffn_hidden_size
+            rows = m.moe.top_k * m.moe.load_factor(self.ep) + m.moe.shared_experts
+        # matmul output widths per token, in call order (the MLP's per routed row)
+        widths = [q / t, kv / t, kv / t, h / sp]
+        widths += ([rows * f / t, rows * f / t, h / sp] if m.gated_mlp
+                   else [rows * f / t, h / sp])
+        saved = sum(widths[0::2]) + h / sp + o / t
+        attn_share = (kv + o) / (q + 2 * kv + o)
+        mlp_share = 1 / m.mlp_matrices
+        return attn_share, mlp_share, BF16 * saved * self._tokens
 
     def transient_bytes(self, op: Op) -> float:
         """Working memory an op holds only while it runs, on one TP rank.
@@ -658,10 +789,11 @@ class TransformerCosts:
         """
         if op.seq >= 0 and self.seq_chunks > 1:
             return self.seq_chunk(op.seq).transient_bytes(op)
-        layer = max(replace(c, recompute="none").layer_activation_bytes()
-                    for c, _ in self._runs(op.stage))
+        runs = self._runs(op.stage)
+        layer = max(replace(c, recompute="none").layer_activation_bytes() for c, _ in runs)
         total = self.zero3_working_bytes(op)
-        layers = layer * (2 if self.recompute == "full" else 1) if op.kind == BACKWARD else 0.0
+        full = any(c.recompute in ("full", "selective-op") for c, _ in runs)
+        layers = layer * (2 if full else 1) if op.kind == BACKWARD else 0.0
         if op.stage != len(self.stage_layers) - 1 or op.kind not in (FORWARD, BACKWARD):
             return total + layers
         logits = self._tokens * self.model.vocab_size / self._vocab_div
@@ -762,7 +894,8 @@ class TransformerCosts:
         :func:`workloads.memory.model_state_bytes_per_param` over d = dp·cp replicas.
         """
         return model_state_bytes_per_param(self.zero_stage,
-                                           self._shards if shards is None else shards)
+                                           self._shards if shards is None else shards,
+                                           self.grad_buffer_bytes)
 
     def static_bytes(self, stages: tuple[int, ...]) -> float:
         """Model state: ZeRO shards dense state over dp·cp and, with ep > 1, expert state
@@ -802,6 +935,14 @@ def _gemm(m: float, k: float, n: float, count: float = 1.0) -> tuple[float, floa
     is slow, many tokens against a whole weight matrix are not.
     """
     return (m * k * n) ** (1 / 3), 2.0 * m * k * n * count
+
+
+def _fp8(seg: ComputeSeg, speedup: float) -> ComputeSeg:
+    """``seg``'s GEMMs on FP8 tensor cores, ``speedup`` times the bf16 rate: FLOPs in
+    bf16-equivalent units (divided by it) for the device model, which times GEMMs against
+    the bf16 peak; the shape dimensions the efficiency curve sees are unchanged."""
+    return replace(seg, flops=seg.flops / speedup,
+                   gemm_dims=tuple((d, f / speedup) for d, f in seg.gemm_dims))
 
 
 def _scaled(seg: ComputeSeg, label: str, factor: float, **fields: float) -> ComputeSeg:

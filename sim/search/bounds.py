@@ -34,6 +34,7 @@ from sim.search.space import SearchContext
 from topologies.hardware import GiB
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, RingAttention
+from workloads.frameworks import fragmentation
 from workloads.memory import device_bytes, oom
 from workloads.registry import overlaps_steps
 from workloads.schedules import FORWARD, Op
@@ -136,7 +137,8 @@ class Bounds:
         activations and working buffers reports (:func:`workloads.memory.device_bytes`:
         fragmentation on the dynamic part, reserved memory on top, as
         :func:`sim.stats.compute_stats` counts it)."""
-        return device_bytes(static_bytes, dynamic_bytes, self.profile.fragmentation,
+        return device_bytes(static_bytes, dynamic_bytes,
+                            fragmentation(self.ctx.framework, self.profile.fragmentation),
                             self.profile.reserved_bytes) / GiB
 
     # --------------------------------------------------------------- schedules

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from base.errors import ConfigError
 from sim.search.bounds import Bounds
 from sim.search.layouts import Layout
 
@@ -41,7 +42,10 @@ class Screener(Bounds):
             return Candidate(layout, "invalid", reason=(
                 f"fidelity 'collapsed': pipeline ranks {mixed} mix GPU types (one GPU "
                 "cannot stand for its rank); search with --fidelity auto or full"))
-        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        try:  # e.g. a framework's pipeline split that leaves a stage without a layer
+            costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        except ConfigError as exc:
+            return Candidate(layout, "invalid", reason=str(exc))
         quick = self.quick_memory_bound_gib(costs, layout.pp)
         if not self._fits(quick):
             return Candidate(layout, "memory", memory_bound_gib=quick)

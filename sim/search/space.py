@@ -24,6 +24,8 @@ from sim.experiment import (
     balanced_layers,
     build_experiment,
     check_attention_kernel,
+    check_precision,
+    fp8_speedup,
 )
 from sim.search.layouts import CONFIG_KEYS, RECOMPUTE, SHORT_NAMES, ZERO_STAGES, Layout, Pins
 from sim.search.plan import build_schedule
@@ -31,7 +33,7 @@ from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.config import MAX_GPUS
 from topologies.placement import Placement
-from workloads.costs import split_layers
+from workloads.frameworks import FrameworkProfile, apply_framework, framework, stage_layers
 from workloads.models import ModelSpec
 from workloads.registry import SCHEDULES
 from workloads.schedules import Schedule
@@ -48,7 +50,8 @@ def _neutral(data: Mapping[str, Any], gpus: int, gbs: int, **settings: Any) -> d
     out = {k: v for k, v in data.items() if k not in ("cluster", "parallel", "schedule")}
     out["cluster"] = {"preset": "ideal", "num_gpus": gpus}
     training = {k: v for k, v in (data.get("training") or {}).items()
-                if k not in ("micro_batch_size", "num_microbatches", "recompute")}
+                if k not in ("micro_batch_size", "num_microbatches", "recompute",
+                             "recompute_num_layers", "recompute_every_k_layers")}
     out["training"] = {**training, "micro_batch_size": 1, "global_batch_size": gbs}
     parallel = {k: v for k, v in settings.items() if k != "schedule"}
     # the file's other parallel settings (gradient buckets, placement) shape the cost model
@@ -109,6 +112,7 @@ class SearchContext:
             raise ConfigError("model: sim search needs a transformer model")
         cluster = build_cluster(cfg.cluster)
         check_attention_kernel(cfg.training.attention, cluster)
+        check_precision(cfg.training.precision, cluster)
         unsupported, vpps = probed or probe_support(data, template.model.num_layers)
         return cls(data, Path(base_dir) if base_dir else None, cfg, template.model, cluster,
                    gbs, template.costs, unsupported, vpps)
@@ -117,17 +121,29 @@ class SearchContext:
     """Caches of :meth:`rank_types`, :meth:`stage_schedule` and balanced splits (each a pure
     function of its key; per instance, so per worker)."""
 
+    @property
+    def framework(self) -> FrameworkProfile:
+        """The experiment's training framework (``training.framework``)."""
+        return framework(self.config.training.framework)
+
     def costs_for(self, layout: Layout, num_stages: int) -> TransformerCosts:
         """The cost model of ``layout`` (as :func:`sim.experiment.build_experiment` makes it:
         the file's ``layers_per_stage`` list, its ``balanced`` split, or the even split)."""
         given = self.config.parallel.layers_per_stage
         stages = (tuple(given) if isinstance(given, list | tuple) and len(given) == num_stages
-                  else split_layers(self.model.num_layers, num_stages))
+                  else stage_layers(self.framework, self.model.num_layers, num_stages))
         extra = {k: getattr(layout, k) for k in ("cp", "ep") if hasattr(self.costs, k)}
         costs = replace(self.costs, micro_batch_size=layout.micro_batch_size, tp=layout.tp,
                         dp=layout.dp, stage_layers=stages,
                         sequence_parallel=layout.sequence_parallel and layout.tp > 1,
-                        zero_stage=layout.zero_stage, recompute=layout.recompute, **extra)
+                        zero_stage=layout.zero_stage, recompute=layout.recompute,
+                        recompute_num_layers=self.config.training.recompute_num_layers,
+                        recompute_every_k_layers=self.config.training.recompute_every_k_layers,
+                        fp8_speedup=fp8_speedup(self.cluster) if self.costs.precision == "fp8"
+                        else 1.0, **extra)
+        costs = apply_framework(costs, self.framework, self.global_batch_size
+                                // (layout.micro_batch_size * layout.dp),
+                                self.config.training.vocab_parallel_loss)
         if given == "balanced":
             costs = replace(costs, stage_layers=self._balanced(layout, costs))
         return costs

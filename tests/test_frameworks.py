@@ -1,0 +1,320 @@
+"""Framework profiles (training.framework) and the settings real runs use: precision,
+partial recomputation, parallel attention+MLP blocks, ALiBi, GPU variants, a NIC rate."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import get_args
+
+import pytest
+
+from base.errors import ConfigError
+from sim import api
+from sim.config import TrainingConfig
+from sim.experiment import Experiment
+from topologies.hardware import GPUS
+from workloads.costs import CommSeg, ComputeSeg, split_layers
+from workloads.frameworks import FRAMEWORKS, STAGE_SPLITS, apply_framework
+from workloads.memory import model_state_bytes_per_param
+from workloads.models import PRESETS
+from workloads.schedules import BACKWARD, FORWARD, Op
+from workloads.transformer import TransformerCosts
+
+
+def _run(**training) -> dict:
+    return {"name": "fw", "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8},
+            "cluster": {"preset": "dgx-h100", "num_gpus": 8},
+            "parallel": {"tp": 2, "pp": 2, "dp": 2},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8, **training}}
+
+
+def _costs(**kw) -> TransformerCosts:
+    base = dict(micro_batch_size=1, tp=2, dp=2, stage_layers=split_layers(8, 2))
+    base.update(kw)
+    return TransformerCosts(replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048), **base)
+
+
+# ------------------------------------------------------------------ framework profiles
+def test_every_profile_field_has_its_source_and_the_schema_lists_every_profile() -> None:
+    assert set(get_args(TrainingConfig.model_fields["framework"].annotation)) == set(FRAMEWORKS)
+    for profile in FRAMEWORKS.values():
+        assert profile.stage_split in STAGE_SPLITS
+        for field, source in profile.sources:
+            assert len(source) > 40, (profile.name, field)
+        assert profile.summary
+
+
+def test_megatron_profile_is_the_cost_model_without_a_profile() -> None:
+    """The default framework changes nothing: the cost model's defaults are Megatron-LM's."""
+    plain = _costs()
+    assert apply_framework(plain, FRAMEWORKS["megatron"], 8) == plain
+    assert Experiment.from_dict(_run()).framework.name == "megatron"
+
+
+def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_fp32() -> None:
+    """DeepSpeed's bf16 optimizer: an unsharded fp32 gradient buffer, 2 + 4 + 12/d bytes a
+    parameter under ZeRO-1 (Megatron-LM: 2 + 2 + 12/d), and 5 bytes a parameter in each
+    step-end collective (fp32 all-reduce, bf16 all-gather)."""
+    ds = Experiment.from_dict(_run(framework="deepspeed")).costs
+    mg = Experiment.from_dict(_run()).costs
+    assert ds.bytes_per_param() == pytest.approx(6 + 12 / 2)
+    assert mg.bytes_per_param() == pytest.approx(4 + 12 / 2)
+    for stage in (0, 1):
+        assert ds.grad_bytes(stage) == pytest.approx(2.5 * mg.grad_bytes(stage))
+    assert model_state_bytes_per_param(3, 4, 4.0) == pytest.approx(18 / 4)
+
+
+def test_fsdp_fragmentation_replaces_the_fitted_one() -> None:
+    """Peak = static + (1 + fragmentation) x dynamic + reserved, with the profile's 0.10
+    (expandable segments) under fsdp and the device profile's fitted value otherwise."""
+    from sim.calibration import default_profile
+
+    data = _run(framework="fsdp")
+    data["parallel"] = {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 3}
+    res = {}
+    for name in ("fsdp", "megatron"):
+        data["training"]["framework"] = name
+        r = api.simulate(Experiment.from_dict(data), fidelity="collapsed")
+        floor = r.timeline.memory_floor_by_gpu
+        g = max(floor, key=lambda g: r.timeline.peak_memory_bytes(g))
+        frag = 0.10 if name == "fsdp" else default_profile("H100").fragmentation
+        assert FRAMEWORKS["fsdp"].fragmentation == 0.10
+        want = (floor[g] + (r.timeline.peak_memory_bytes(g) - floor[g]) * (1 + frag)
+                + default_profile("H100").reserved_bytes)
+        assert r.stats["peak_memory_gib"] * 2**30 == pytest.approx(want, rel=1e-9)
+        res[name] = r.stats["peak_memory_gib"]
+    assert res["fsdp"] < res["megatron"]
+
+
+TORCHTITAN_PEAK_GIB = {8: 82.4, 128: 67.0}
+"""pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, tables 1 and 3: Llama 3.1 8B,
+FSDP, local batch 2, op-level selective checkpointing, H100 96GB: max reserved memory."""
+
+
+@pytest.mark.parametrize("gpus", sorted(TORCHTITAN_PEAK_GIB))
+def test_fsdp_peak_memory_is_near_torchtitans_published_peak(gpus: int) -> None:
+    """Within 10% below the published max reserved memory (which counts cached blocks), and
+    the 8 -> 128 GPU difference (model state sharded 16 times wider) within 2 GiB."""
+    from sim.experiment import Experiment as Exp
+
+    def peak(n: int) -> float:
+        exp = Exp.from_yaml("workloads/examples/llama3-8b-fsdp-torchtitan.yaml").with_changes(
+            {"cluster.num_gpus": n, "parallel.dp": n, "training.global_batch_size": 2 * n})
+        return api.simulate(exp, fidelity="collapsed").stats["peak_memory_gib"]
+
+    got = peak(gpus)
+    assert 0.90 * TORCHTITAN_PEAK_GIB[gpus] <= got <= TORCHTITAN_PEAK_GIB[gpus]
+    if gpus == 128:
+        assert abs((peak(8) - got) - (TORCHTITAN_PEAK_GIB[8] - TORCHTITAN_PEAK_GIB[128])) < 2.0
+
+
+def test_op_level_selective_checkpointing_keeps_every_other_matmul_output() -> None:
+    """torchtitan's op SAC on a SwiGLU layer (t = 1): keeps the layer input, the attention
+    output and the outputs of wq, wv, w1 and w2, 2·(h + o + q + kv + f + h) bytes a token, and
+    recomputes wk, wo (attention share (kv + o)/(q + 2kv + o)) and w3 (a third of the MLP)."""
+    c = _costs(tp=1, recompute="selective-op")
+    m = c.model
+    h, q, kv, o, f = m.hidden_size, m.q_dim, m.kv_dim, m.attn_out_dim, m.ffn_hidden_size
+    assert c.layer_activation_bytes() == pytest.approx(2 * (h + o + q + kv + f + h) * 2048)
+    a, mlp = c._gemms()
+
+    def flops(costs: TransformerCosts) -> float:
+        return sum(s.flops for s in costs.op_segments(Op(0, BACKWARD, 0), False)
+                   if isinstance(s, ComputeSeg))
+
+    assert flops(c) - flops(_costs(tp=1)) == pytest.approx(
+        4 * (a.flops * (kv + o) / (q + 2 * kv + o) + mlp.flops / 3))
+    assert _costs(tp=1).layer_activation_bytes() > c.layer_activation_bytes()
+
+
+def test_fsdp_reduces_gradients_in_fp32() -> None:
+    """torchtitan's reduce_dtype float32: each layer's reduce-scatter moves 4 bytes an element."""
+    data = _run()
+    data["parallel"] = {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 3}
+    fsdp = Experiment.from_dict({**data, "training": {**data["training"], "framework": "fsdp"}})
+    mg = Experiment.from_dict(data)
+    assert fsdp.costs._layer_grad_bytes(0, 3) == pytest.approx(2 * mg.costs._layer_grad_bytes(0, 3))
+
+
+# ------------------------------------------------------------------ partial recomputation
+@pytest.mark.parametrize("method", ["full", "selective"])
+def test_recompute_num_layers_zero_is_none_and_all_is_the_method(method: str) -> None:
+    """Megatron's block method: N = 0 recomputes nothing, N = layers per stage everything,
+    and in between the stash is N recomputed layers plus the rest whole."""
+    ops = [Op(s, k, 0) for s in (0, 1) for k in (FORWARD, BACKWARD)]
+
+    def same(a: TransformerCosts, b: TransformerCosts) -> bool:
+        return all(a.op_segments(op, False) == b.op_segments(op, False)
+                   and a.transient_bytes(op) == b.transient_bytes(op) for op in ops) and all(
+            a.activation_bytes_per_mb(s) == b.activation_bytes_per_mb(s) for s in (0, 1))
+
+    kw = dict(attention="unfused")  # a score matrix, so selective recomputation changes memory
+    assert same(_costs(recompute=method, recompute_num_layers=0, **kw), _costs(**kw))
+    assert same(_costs(recompute=method, recompute_num_layers=4, **kw),
+                _costs(recompute=method, **kw))
+    assert same(_costs(recompute=method, recompute_num_layers=9, **kw),
+                _costs(recompute=method, **kw))
+    part = _costs(recompute=method, recompute_num_layers=1, **kw)
+    one = _costs(recompute=method, **kw).layer_activation_bytes()
+    rest = _costs(**kw).layer_activation_bytes()
+    assert one < rest
+    assert part.activation_bytes_per_mb(0) == pytest.approx(one + 3 * rest)
+    assert len([s for s in part.op_segments(Op(0, BACKWARD, 0), False, markers=True)
+                if isinstance(s, ComputeSeg) and s.label.startswith("recompute")]) >= 1
+
+
+def test_recompute_num_layers_reaches_the_simulation() -> None:
+    base = api.simulate(Experiment.from_dict(_run(recompute="full")), fidelity="collapsed")
+    part = api.simulate(Experiment.from_dict(_run(recompute="full", recompute_num_layers=1)),
+                        fidelity="collapsed")
+    none = api.simulate(Experiment.from_dict(_run()), fidelity="collapsed")
+    assert none.stats["step_time_s"] < part.stats["step_time_s"] < base.stats["step_time_s"]
+    assert base.stats["peak_memory_gib"] < part.stats["peak_memory_gib"]
+
+
+# ------------------------------------------------------------------ precision
+def test_fp8_halves_the_layers_gemm_time_only() -> None:
+    """FP8 tensor cores run twice the dense BF16 rate on H100 (datasheet): the layers' GEMM
+    FLOPs reach the device model halved; attention cores and the output head do not move."""
+    bf16, fp8 = (Experiment.from_dict(_run(precision=p)).costs for p in ("bf16", "fp8"))
+    k = fp8.fp8_speedup
+    assert k == GPUS["H100"].peak_fp8_flops / GPUS["H100"].peak_bf16_flops == pytest.approx(2.0,
+                                                                                          rel=1e-3)
+    a16, m16 = bf16._gemms()
+    a8, m8 = fp8._gemms()
+    assert a8.flops == pytest.approx(a16.flops / k) and m8.flops == pytest.approx(m16.flops / k)
+    assert [d for d, _ in a8.gemm_dims] == [d for d, _ in a16.gemm_dims]
+    assert fp8._head(False) == bf16._head(False)
+    assert fp8._core_forward_flops() == bf16._core_forward_flops()
+    t16 = api.simulate(Experiment.from_dict(_run()), fidelity="collapsed").stats
+    t8 = api.simulate(Experiment.from_dict(_run(precision="fp8")), fidelity="collapsed").stats
+    assert t8["step_time_s"] < t16["step_time_s"]
+    assert t8["peak_memory_gib"] < t16["peak_memory_gib"]  # fp8 GEMM inputs
+
+
+def test_fp8_saves_the_gemm_inputs_in_one_byte() -> None:
+    """Per layer, without SP: QKV and first MLP inputs 4 -> 2 (x s·b·h), down projection input
+    6·f/h -> 5·f/h (SwiGLU)."""
+    m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    sbh = 2048 * m.hidden_size
+    diff = _costs().layer_activation_bytes() - _costs(precision="fp8").layer_activation_bytes()
+    assert diff == pytest.approx(2 * sbh + m.ffn_hidden_size / m.hidden_size * sbh / 2)
+
+
+def test_fp8_outside_hopper_is_a_config_error_and_fp16_is_bf16() -> None:
+    data = _run(precision="fp8")
+    data["cluster"] = {"preset": "dgx-a100-80g", "num_gpus": 8}
+    with pytest.raises(ConfigError, match="precision='fp8'.*not on A100-80GB"):
+        Experiment.from_dict(data)
+    a = api.simulate(Experiment.from_dict(_run(precision="fp16")), fidelity="collapsed").stats
+    b = api.simulate(Experiment.from_dict(_run()), fidelity="collapsed").stats
+    assert (a["step_time_s"], a["peak_memory_gib"]) == (b["step_time_s"], b["peak_memory_gib"])
+
+
+# ------------------------------------------------------------------ model settings
+def test_parallel_blocks_halve_the_tp_collectives_and_keep_the_input_once() -> None:
+    seq = _costs()
+    par = replace(seq, model=replace(seq.model, parallel_blocks=True))
+    for kind in (FORWARD, BACKWARD):
+        n_seq = sum(isinstance(s, CommSeg) for s in seq.op_segments(Op(0, kind, 0), False))
+        n_par = sum(isinstance(s, CommSeg) for s in par.op_segments(Op(0, kind, 0), False))
+        assert n_par * 2 == n_seq == 2 * 4
+    sbh = 2048 * seq.model.hidden_size
+    assert (seq.layer_activation_bytes() - par.layer_activation_bytes()
+            == pytest.approx(2 * sbh))
+    f = sum(s.flops for s in seq.op_segments(Op(0, FORWARD, 0), False)
+            if isinstance(s, ComputeSeg))
+    g = sum(s.flops for s in par.op_segments(Op(0, FORWARD, 0), False)
+            if isinstance(s, ComputeSeg))
+    assert f == pytest.approx(g)
+
+
+def test_alibi_has_no_weights_and_no_rotary_kernels() -> None:
+    rope = _costs()
+    alibi = replace(rope, model=replace(rope.model, position_embedding="alibi"))
+    assert alibi.model.embedding_params() == rope.model.embedding_params()
+    (ra, _), (aa, _) = rope._elementwise_forward(), alibi._elementwise_forward()
+    assert aa < ra
+    unfused = replace(alibi, attention="unfused")
+    unfused_rope = replace(rope, attention="unfused")
+    assert unfused._elementwise_forward()[0] > unfused_rope._elementwise_forward()[0] - (ra - aa)
+    exp = Experiment.from_dict({**_run(), "model": {"preset": "llama3-8b", "seq_length": 2048,
+                                                    "num_layers": 8,
+                                                    "position_embedding": "alibi"}})
+    assert exp.model.position_embedding == "alibi"
+
+
+# ------------------------------------------------------------------ hardware
+def test_h800_has_the_h100s_compute_and_less_nvlink() -> None:
+    h100, h800 = GPUS["H100"], GPUS["H800"]
+    assert h800.peak_bf16_flops == h100.peak_bf16_flops
+    assert h800.nvlink_bandwidth_Bps == 200e9 < h100.nvlink_bandwidth_Bps
+    assert GPUS["H100-NVL"].hbm_capacity_gib > GPUS["H100"].hbm_capacity_gib
+    assert GPUS["A100-80GB"].peak_fp8_flops is None
+    data = _run()
+    data["cluster"] = {"preset": "hgx-h800", "num_gpus": 8}
+    slow = api.simulate(Experiment.from_dict(data), fidelity="collapsed").stats
+    fast = api.simulate(Experiment.from_dict(_run()), fidelity="collapsed").stats
+    assert slow["exposed_comm_s"]["tp"] > fast["exposed_comm_s"]["tp"]
+
+
+def test_nic_rate_override_sets_the_servers_nic_links() -> None:
+    def nic_rates(cluster: dict) -> set[float]:
+        data = _run()
+        data["cluster"] = cluster
+        data["parallel"] = {"tp": 2, "pp": 2, "dp": 4}
+        data["training"]["global_batch_size"] = 16
+        g = Experiment.from_dict(data).cluster.graph
+        return {d["bandwidth_Bps"] for u, v, d in g.edges(data=True)
+                if {g.nodes[u].get("kind"), g.nodes[v].get("kind")} == {"gpu", "nic"}}
+
+    base = {"preset": "dgx-a100-80g", "num_gpus": 16}
+    assert [pytest.approx(r) for r in nic_rates({**base, "nic_Gbps": 100})] == [100e9 / 8 * 0.9]
+    assert [pytest.approx(r) for r in nic_rates(base)] == [200e9 / 8 * 0.9]
+    with pytest.raises(ConfigError, match="nic_Gbps"):
+        nic_rates({**base, "nic_Gbps": -1})
+
+
+def test_search_screens_out_layouts_the_frameworks_split_cannot_place() -> None:
+    """scaling splits 4 layers + 3 items over 4 stages as [2, 2, 2, 1] items, leaving the
+    last stage without a layer: that layout is invalid in a search, the others run."""
+    from sim.search import parse_pins, search
+
+    data = {"name": "s", "model": {"num_layers": 4, "hidden_size": 256,
+                                   "num_attention_heads": 4, "ffn_hidden_size": 1024,
+                                   "vocab_size": 1024, "seq_length": 256},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8},
+            "training": {"global_batch_size": 16, "framework": "scaling"}}
+    result = search(data, pins=parse_pins(["tp=1,pp=2|4,mbs=1,recompute=none,zero=1,"
+                                           "schedule=1f1b,sp=false,cp=1,ep=1,vpp=1"]), top=1)
+    assert result.counts.get("invalid") == 1
+    assert result.best is not None and result.best.layout.pp == 2
+
+
+def test_every_k_th_layer_recomputation() -> None:
+    """k = 1 is every layer; k = 2 recomputes layers 2, 4, ... (two of each stage's four);
+    with recompute_num_layers too it is a ConfigError."""
+    full = _costs(recompute="full")
+    assert _costs(recompute="full", recompute_every_k_layers=1).activation_bytes_per_mb(0) == (
+        full.activation_bytes_per_mb(0))
+    one, rest = full.layer_activation_bytes(), _costs().layer_activation_bytes()
+    half = _costs(recompute="full", recompute_every_k_layers=2)
+    assert half.activation_bytes_per_mb(0) == pytest.approx(2 * one + 2 * rest)
+    assert [half._recomputed(i) for i in range(8)] == [False, True] * 4
+    with pytest.raises(ConfigError, match="not both"):
+        Experiment.from_dict(_run(recompute="full", recompute_num_layers=1,
+                                  recompute_every_k_layers=2))
+
+
+def test_gpt_neox_configs_read_parallel_residual(tmp_path) -> None:
+    """transformers' GPTNeoXConfig: use_parallel_residual, true by default."""
+    import json
+
+    from workloads.hf_config import load_hf_config
+
+    base = {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 512}
+    for extra, want in (({}, True), ({"use_parallel_residual": False}, False)):
+        path = tmp_path / f"c{want}.json"
+        path.write_text(json.dumps({**base, **extra}), encoding="utf-8")
+        assert load_hf_config(path, 128).parallel_blocks is want

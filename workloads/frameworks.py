@@ -1,0 +1,143 @@
+"""Training frameworks as named profiles (``training.framework``): what each does differently
+that changes step time or memory. Pure.
+
+The profiles are data, ``frameworks.toml`` beside this module, every field next to the file
+and function of that framework it was read from. Megatron-LM's is the default and is what
+:class:`workloads.transformer.TransformerCosts` does without a profile; ``scaling`` is the
+framework of Hagemann et al. 2023's sweep, which ``sim validate`` selects.
+
+A profile changes a cost model through :func:`apply_framework` (gradient bytes on the wire and
+in memory, the loss over gathered or vocabulary-parallel logits, what is stashed for the
+backward) and the pipeline split through :func:`stage_layers`; the allocator's fragmentation
+(:attr:`FrameworkProfile.fragmentation`) is read by the statistics and the search's bounds.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, replace
+from importlib.resources import files
+from typing import Any
+
+from base.errors import ConfigError
+from workloads.costs import split_layers
+
+STAGE_SPLITS = ("even", "uniform-items")
+"""How a framework places transformer layers on pipeline stages (:func:`stage_layers`)."""
+
+
+@dataclass(frozen=True)
+class FrameworkProfile:
+    """One framework's behaviour; every field's source is in :attr:`sources`."""
+
+    name: str
+    """The key of ``training.framework``."""
+    summary: str
+    """Which framework, which version and configuration."""
+    dp_wire_bytes: float
+    """Bytes per parameter each of the two step-end DP collectives moves under ZeRO 0-2
+    (gradient reduce-scatter before the optimizer, parameter all-gather after it):
+    :attr:`workloads.transformer.TransformerCosts.dp_wire_bytes`."""
+    grad_reduce_bytes: float
+    """Bytes per gradient element in the reductions that run during the backward (buckets of
+    ``overlap_grad_reduce``, ZeRO-3's per-layer reduce-scatters): 2 bf16, 4 fp32."""
+    grad_buffer_bytes: float
+    """Bytes per parameter of the gradient buffer the framework keeps (ZeRO 0-1: whole; ZeRO
+    2-3: sharded), :func:`workloads.memory.model_state_bytes_per_param`."""
+    vocab_parallel_loss: bool
+    """Loss over vocabulary-parallel logits (True) or over logits gathered on every TP rank."""
+    stage_split: str
+    """``even`` (transformer layers as even as possible, embedding and head on top) or
+    ``uniform-items`` (embedding, layers, norm and head as items split uniformly)."""
+    sp_saves_gathered_input: bool
+    """Under SP the column-parallel GEMMs save their all-gathered input (4·s·b·h a layer)."""
+    kept_stage_outputs: int
+    """Earlier micro-batches' bf16 logits the last stage still holds (pipeline buffers)."""
+    fragmentation: float | None
+    """The caching allocator's overhead on dynamic memory; None: the device profile's."""
+    sources: tuple[tuple[str, str], ...]
+    """(field, where in the framework's source it comes from), one per field above."""
+
+    def source(self, field: str) -> str:
+        """Where ``field``'s value comes from."""
+        return dict(self.sources)[field]
+
+
+_FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_parallel_loss",
+           "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "fragmentation")
+
+
+def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
+    """A profile from its TOML table (a missing ``fragmentation`` is None)."""
+    values = {f: table.get(f) for f in _FIELDS}
+    if values["stage_split"] not in STAGE_SPLITS:
+        raise ValueError(f"frameworks.toml [{name}]: stage_split={values['stage_split']!r}")
+    return FrameworkProfile(name=name, summary=table["summary"],
+                            sources=tuple((f, table[f"{f}_source"]) for f in _FIELDS),
+                            **values)
+
+
+def _load() -> dict[str, FrameworkProfile]:
+    text = files(__package__).joinpath("frameworks.toml").read_text(encoding="utf-8")
+    return {name: _profile(name, table) for name, table in tomllib.loads(text).items()}
+
+
+FRAMEWORKS: dict[str, FrameworkProfile] = _load()
+"""Profiles by name: megatron (the default), deepspeed, fsdp, scaling."""
+
+DEFAULT_FRAMEWORK = "megatron"
+
+
+def framework(name: str) -> FrameworkProfile:
+    """The profile called ``name``; ConfigError listing the choices otherwise."""
+    if name not in FRAMEWORKS:
+        raise ConfigError(f"training.framework={name!r}: unknown framework; choose one of "
+                          f"{', '.join(FRAMEWORKS)}")
+    return FRAMEWORKS[name]
+
+
+def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
+                    vocab_parallel_loss: bool | None = None) -> Any:
+    """``costs`` (a :class:`workloads.transformer.TransformerCosts`) as ``profile`` runs it,
+    for a step of ``micro_batches`` micro-batches per pipeline: no earlier logits are kept in
+    a step of one. ``vocab_parallel_loss`` (the experiment's ``training.vocab_parallel_loss``)
+    overrides the profile's when given."""
+    loss = profile.vocab_parallel_loss if vocab_parallel_loss is None else vocab_parallel_loss
+    return replace(costs, dp_wire_bytes=profile.dp_wire_bytes,
+                   grad_reduce_bytes=profile.grad_reduce_bytes,
+                   grad_buffer_bytes=profile.grad_buffer_bytes,
+                   vocab_parallel_loss=loss,
+                   sp_saves_gathered_input=profile.sp_saves_gathered_input,
+                   kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
+
+
+def stage_layers(profile: FrameworkProfile, num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Transformer layers per pipeline stage (model chunk) as ``profile`` splits the model.
+
+    ``even``: :func:`workloads.costs.split_layers`. ``uniform-items`` (Aleph Alpha's
+    ``scaling``, ``pipe_partition_uniform``): the ``num_layers + 3`` items (embedding, layers,
+    final norm, head) split uniformly over the stages, the first ``(num_layers + 3) mod
+    stages`` taking one more; the first stage then holds one transformer layer fewer than its
+    share and the last two fewer, e.g. 60 layers on 4 stages: 15, 16, 16, 13. ConfigError if
+    a stage would hold no transformer layer.
+    """
+    if profile.stage_split == "even" or num_stages == 1:
+        return split_layers(num_layers, num_stages)
+    base, extra = divmod(num_layers + 3, num_stages)
+    items = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    layers = [n - (1 if s == 0 else 0) - (2 if s == num_stages - 1 else 0)
+              for s, n in enumerate(items)]
+    if min(layers) < 1:
+        raise ConfigError(f"{num_layers} layers on {num_stages} pipeline stages: framework "
+                          f"{profile.name!r} splits them uniformly with the embedding, norm "
+                          f"and head as {items}, which leaves a stage without a transformer "
+                          "layer")
+    return tuple(layers)
+
+
+def fragmentation(profile: FrameworkProfile, device_fragmentation: float) -> float:
+    """The allocator overhead a run of ``profile`` carries on dynamic memory: the profile's,
+    or the device profile's ``device_fragmentation`` where the profile gives none."""
+    return device_fragmentation if profile.fragmentation is None else profile.fragmentation
+
+
