@@ -382,11 +382,18 @@ def balanced_layers(costs: TransformerCosts, schedule: schedules.Schedule,
     return tuple(out)
 
 
-def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
-    """Validate ``data`` (a parsed experiment file) and build everything derived from it."""
+def build_experiment(data: Any, base_dir: Path | None = None,
+                     cluster: Cluster | None = None) -> Experiment:
+    """Validate ``data`` (a parsed experiment file) and build everything derived from it.
+
+    ``cluster``: the cluster to run on instead of the one ``data`` describes (a job's
+    share of a multi-job file's cluster, :mod:`sim.jobs`)."""
+    if isinstance(data, dict) and "jobs" in data:
+        raise ConfigError("jobs: a file of several jobs is simulated by 'sim run' (sim.jobs), "
+                          "not as one experiment")
     cfg = parse_config(data)
     model = build_model(cfg.model, base_dir)
-    cluster = build_cluster(cfg.cluster)
+    cluster = build_cluster(cfg.cluster) if cluster is None else cluster
     tp, pp, dp, cp = _resolve_layout(cfg, cluster.num_gpus)
     par = cfg.parallel
     if par.ep > 1:
