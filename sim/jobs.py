@@ -128,18 +128,19 @@ def _relocated(program: Program, gpus: Sequence[int], first_id: int, first_key: 
     """``program``'s instructions on global GPUs ``gpus[local]``, ids from ``first_id`` and
     collective keys from ``first_key`` on (a job's part of the merged program)."""
     out: list[Instruction] = []
+    new = tuple.__new__  # as the lowering builds them: without Python-level __new__
     for ins in program.instructions:
-        deps = tuple(d + first_id for d in ins.deps)
         cls = type(ins)
-        if cls is Compute:
-            out.append(ins._replace(id=ins.id + first_id, gpu=gpus[ins.gpu], deps=deps))
-        elif cls is Send:
-            out.append(ins._replace(id=ins.id + first_id, gpu=gpus[ins.gpu],
-                                    dst=gpus[ins.dst], deps=deps))
-        else:
-            out.append(ins._replace(id=ins.id + first_id, gpu=gpus[ins.gpu], deps=deps,
-                                    group=tuple(gpus[g] for g in ins.group),
-                                    key=ins.key + first_key))
+        head = (ins.id + first_id, gpus[ins.gpu])
+        deps = tuple([d + first_id for d in ins.deps])
+        if cls is Compute:  # id, gpu, kind, name, deps, ...
+            out.append(new(cls, (*head, *ins[2:4], deps, *ins[5:])))
+        elif cls is Send:  # id, gpu, dst, nbytes, kind, name, deps, ...
+            out.append(new(cls, (*head, gpus[ins.dst], *ins[3:6], deps, *ins[7:])))
+        else:  # id, gpu, kind, name, deps, op, algo, group, nbytes, key, ...
+            out.append(new(cls, (*head, *ins[2:4], deps, *ins[5:7],
+                                 tuple([gpus[g] for g in ins.group]), ins.nbytes,
+                                 ins.key + first_key, *ins[10:])))
     return out
 
 
