@@ -85,3 +85,11 @@ def test_auto_respects_the_memory_limit() -> None:
 def test_auto_needs_one_chunk_per_rank() -> None:
     with pytest.raises(ConfigError, match="one model chunk per pipeline rank"):
         load_experiment(WAN).with_changes({"schedule": "interleaved"})
+
+
+def test_search_refuses_auto() -> None:
+    from sim.config import read_yaml
+    from sim.search import SearchContext
+
+    with pytest.raises(ConfigError, match="layers_per_stage='auto': sim search"):
+        SearchContext.build(read_yaml(WAN))

@@ -96,6 +96,10 @@ class SearchContext:
             raise ConfigError("model: sim search needs a transformer model (preset or explicit "
                               "shape), not a synthetic one")
         cfg = parse_config(data)
+        if cfg.parallel.layers_per_stage == "auto":
+            raise ConfigError("parallel.layers_per_stage='auto': sim search does not split "
+                              "layers by the network and memory yet; use 'balanced', a list "
+                              "or no split")
         gbs = cfg.training.global_batch_size
         if gbs is None:
             try:
