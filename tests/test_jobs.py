@@ -153,3 +153,14 @@ def test_cli_prints_jobs_and_link_utilisation() -> None:
     assert stats["jobs"][0]["gpus"] == [*range(8), *range(16, 24)]
     assert {"step_time_s", "mfu", "peak_memory_gib", "exposed_comm_s"} <= set(stats["jobs"][1])
     assert 0 < stats["link_utilisation"]["busiest"][0]["utilisation"] <= 1
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--steps", "2"], "error: --steps: a multi-job file runs one step"),
+    (["--fidelity", "collapsed"], "error: fidelity='collapsed': jobs sharing a cluster"),
+    (["--trace-gpus", "pipeline"], "error: --trace-gpus=pipeline"),
+])
+def test_cli_refuses_what_a_jobs_file_cannot_do(extra: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "sim", "run", str(EXAMPLE), "--json", *extra],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.startswith(message) and not done.stdout
