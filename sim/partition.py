@@ -127,9 +127,10 @@ def min_max_partition(cost: StageCost, num_layers: int, num_stages: int
     pace, split = _partition_dp(c, L, S, max)
     if pace == math.inf:
         return None
-    squares = [[x * x if x <= pace else math.inf for x in row] for row in c]
-    _, split = _partition_dp(squares, L, S, operator.add)
-    return split
+    # squares of costs over the pace: at most 1 each, so they cannot overflow
+    squares = [[math.inf if x > pace else (x / pace) ** 2 if pace > 0 else 0.0 for x in row]
+               for row in c]
+    return _partition_dp(squares, L, S, operator.add)[1]
 
 
 def _boundary_s(cluster: Cluster, placement: Placement, src: int, dst: int,

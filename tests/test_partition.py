@@ -30,7 +30,7 @@ def _cases(draw: st.DrawFn) -> tuple[int, int, list[list[float]]]:
     stages = draw(st.integers(1, 4))
     layers = draw(st.integers(stages, 9))
     cost = st.one_of(st.integers(0, 20).map(float), st.just(math.inf),
-                     st.floats(0, 100, allow_nan=False))
+                     st.floats(0, 100, allow_nan=False), st.floats(1e200, 1e300))
     table = [[draw(cost) for _ in range(layers + 1)] for _ in range(stages)]
     return layers, stages, table
 
@@ -47,9 +47,11 @@ def test_dp_matches_brute_force(case: tuple[int, int, list[list[float]]]) -> Non
         return
     assert split is not None and sum(split) == layers and min(split) >= 1
     assert max(table[s][n] for s, n in enumerate(split)) == pace
-    least = min(sum(table[s][n] ** 2 for s, n in enumerate(sp)) for sp in every
-                if max(table[s][n] for s, n in enumerate(sp)) <= pace)
-    assert sum(table[s][n] ** 2 for s, n in enumerate(split)) == pytest.approx(least)
+    def spread(sp: tuple[int, ...]) -> float:  # sum of squares, over the pace (no overflow)
+        return sum((table[s][n] / pace) ** 2 if pace else 0.0 for s, n in enumerate(sp))
+
+    least = min(spread(sp) for sp in every if max(table[s][n] for s, n in enumerate(sp)) <= pace)
+    assert spread(split) == pytest.approx(least)
 
 
 def test_split_moves_off_the_wan_when_it_slows_down() -> None:
@@ -65,6 +67,11 @@ def test_split_moves_off_the_wan_when_it_slows_down() -> None:
     assert exp.with_changes({"cluster.wan_bandwidth_Mbps": 100_000,
                              "parallel.layers_per_stage": "balanced"}
                             ).costs.stage_layers == balanced  # balanced ignores the WAN
+
+
+def test_a_wan_of_almost_no_bandwidth_still_gives_every_stage_a_layer() -> None:
+    exp = load_experiment(WAN).with_changes({"cluster.wan_bandwidth_Mbps": 1e-300})
+    assert min(exp.costs.stage_layers) == 1 and sum(exp.costs.stage_layers) == 24
 
 
 def test_auto_respects_the_memory_limit() -> None:
