@@ -202,6 +202,20 @@ def _link_utilisation(cluster: Cluster, bytes_on_link: dict[int, float], span_s:
     }
 
 
+def _check_budget(jobset: JobSet, steps: Sequence[int]) -> None:
+    """ConfigError naming the largest job unless the merged program stays within
+    :data:`sim.budget.MAX_PROGRAM_BYTES` (every job at full fidelity)."""
+    sizes = [budget.estimate(job.experiment, n).instructions("full")[0]
+             for job, n in zip(jobset.jobs, steps, strict=True)]
+    need = sum(sizes) * budget.BYTES_PER_INSTRUCTION
+    if need > budget.MAX_PROGRAM_BYTES:
+        largest = jobset.jobs[sizes.index(max(sizes))].name
+        raise ConfigError(f"jobs: together they would create about {sum(sizes):,.0f} "
+                          f"instructions (~{need / 1e9:,.1f} GB), more than the "
+                          f"{budget.MAX_PROGRAM_BYTES / 1e9:g} GB a run may use; the largest "
+                          f"is job {largest!r} (fewer GPUs or micro-batches)")
+
+
 def simulate_jobs(jobset: JobSet, profile: DeviceProfile | None = None,
                   fidelity: str = "auto", reference: bool = False) -> JobsResult:
     """Run every job of ``jobset`` together on its cluster (module docstring).
@@ -226,11 +240,12 @@ def simulate_jobs(jobset: JobSet, profile: DeviceProfile | None = None,
     names = [""] * cluster.num_gpus
     job_of = [-1] * cluster.num_gpus
     first_key = 0
-    for j, job in enumerate(jobset.jobs):
+    steps = [STEADY_STEPS if overlaps_steps(job.experiment.schedule.name) else 1
+             for job in jobset.jobs]
+    _check_budget(jobset, steps)
+    for j, (job, n) in enumerate(zip(jobset.jobs, steps, strict=True)):
         exp = job.experiment
-        overlapping = overlaps_steps(exp.schedule.name)
-        n = STEADY_STEPS if overlapping else 1
-        budget.estimate(exp, n).check("full")
+        overlapping = n > 1
         program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                         None, reference)
         if n > 1:

@@ -164,3 +164,11 @@ def test_cli_refuses_what_a_jobs_file_cannot_do(extra: list[str], message: str) 
     done = subprocess.run([sys.executable, "-m", "sim", "run", str(EXAMPLE), "--json", *extra],
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 2 and done.stderr.startswith(message) and not done.stdout
+
+
+def test_jobs_too_large_to_simulate_are_refused() -> None:
+    data = {"cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
+            "jobs": [_tp_job("a", "0-7"), {**_tp_job("b", "8-15"),
+                                           "training": {"global_batch_size": 30_000}}]}
+    with pytest.raises(ConfigError, match="largest is job 'b'"):
+        simulate_jobs(build_jobs(data))
