@@ -183,7 +183,10 @@ class ParallelConfig(Strict):
     order), e.g. [15, 16, 16, 15]; default: as even as possible, earlier stages first.
     ``balanced``: the integer split that minimises the slowest pipeline rank's compute
     time per micro-batch on its own GPUs (faster GPUs get more layers; the stage with
-    the output head fewer), from the cost and device models."""
+    the output head fewer), from the cost and device models. ``auto``: the split (one
+    chunk per rank) minimising the slowest stage with its pipeline send/recv over the
+    actual links and within each stage's memory, by dynamic programming
+    (:func:`sim.partition.auto_layers`)."""
     dp_mode: Literal["allreduce", "parameter_server"] = "allreduce"
     """How DP replicas combine gradients: ``allreduce`` (collectives, the default) or
     ``parameter_server`` (Li et al. 2014; Zou et al. 2017): the parameters are sharded

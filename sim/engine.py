@@ -70,6 +70,8 @@ class EngineCounters:
     """Max-min recomputations (each over the component of flows a change touched)."""
     rerated_flows: int = 0
     """Flows re-rated, summed over recomputations."""
+    bytes_on_link: dict[int, float] = field(default_factory=dict)
+    """Bytes each link (index into ``cluster.links``) carried over the run; absent: none."""
 
 
 @dataclass
@@ -83,6 +85,9 @@ class InstructionTimes:
     member's arrival, plus the launch latency)."""
     end_s: list[float] = field(default_factory=list)
     """When it completed."""
+    mid_s: Sequence[float] = ()
+    """Where a compute op's compute ended and its blocking communication began (see
+    :func:`sim.timeline.timeline_of`)."""
     intervals: dict[tuple[int, str], array[float]] | None = None
     """The spans' intervals as :mod:`sim.stats` reads them (:data:`sim.stats.Intervals`): per
     ``(GPU, "compute")`` its compute stream's, per ``(GPU, kind)`` those of each
@@ -548,6 +553,7 @@ class _Run:
         """The outcome of the queue-free pass; the timeline's records are made from its
         times when first read (:meth:`Timeline.deferred`, :func:`sim.timeline.timeline_of`)."""
         self.started, self.ended = fast.ready_s, fast.end_s  # type: ignore[assignment]
+        self.mid = fast.mid_a  # type: ignore[assignment]
         self.cause, self.intervals = fast.cause, fast.intervals
         self.events = fast.events
         self.arrays = (fast.ready_a, fast.end_a)
@@ -595,6 +601,7 @@ class _Run:
         out.flows = self.flows
         out.rate_recomputations = self.net.recomputations
         out.rerated_flows = self.net.rerated_flows
+        out.bytes_on_link = dict(self.net.bytes_on_link)
 
 
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
@@ -629,6 +636,7 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
             timeline = run.run(queue=event_queue or bool(link_changes))
             if times is not None:
                 times.ready_s, times.end_s = run.started, run.ended
+                times.mid_s = run.mid
                 times.intervals, times.cause = run.intervals, run.cause
                 times.arrays = run.arrays
             return timeline

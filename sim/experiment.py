@@ -12,7 +12,6 @@ from base.errors import ConfigError, ScheduleError
 from sim.batch_policy import load_curve
 from sim.budget import check_schedule_ops
 from sim.calibration import default_profile
-from sim.collectives import estimate, group_profile, resolve_algorithm
 from sim.config import (
     ExperimentConfig,
     ModelConfig,
@@ -23,15 +22,15 @@ from sim.config import (
     read_yaml,
     set_dotted,
 )
-from sim.device import work_timer
 from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
+from sim.partition import auto_layers, rank_time_model
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import IDEAL_GPU
 from topologies.placement import Placement
 from workloads import schedules
-from workloads.costs import CommSeg, ComputeSeg, RingAttention, SyntheticCosts, split_layers
+from workloads.costs import SyntheticCosts, split_layers
 from workloads.frameworks import FrameworkProfile, apply_framework, framework, stage_layers
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
@@ -326,11 +325,11 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
     Uneven splits as Llama 3 used them (first and last stages one layer fewer, for the
     embedding and the output head; Meta 2024, sec. 3.3.2)."""
     given = par.layers_per_stage
-    if given is None or given == "balanced":  # balanced: see balanced_layers
+    if given is None or given in ("balanced", "auto"):  # see balanced_layers, auto_layers
         return stage_layers(profile, model.num_layers, num_stages)
     if isinstance(given, str):
         raise ConfigError(f"parallel.layers_per_stage={given!r}: give a list of layers per "
-                          "stage, e.g. [15, 16, 16, 15], or 'balanced'")
+                          "stage, e.g. [15, 16, 16, 15], 'balanced' or 'auto'")
     if len(given) != num_stages:
         raise ConfigError(f"parallel.layers_per_stage={given}: {len(given)} entries, but the "
                           f"pipeline has pp*vpp = {num_stages} stages")
@@ -362,42 +361,8 @@ def balanced_layers(costs: TransformerCosts, schedule: schedules.Schedule,
     """
     S, L = schedule.num_stages, costs.model.num_layers
     pp = placement.degree("pp")
-    split = schedule.split_backward
-    kinds = (schedules.FORWARD, schedules.BACKWARD) + ((schedules.WEIGHT_GRAD,) if split else ())
     stages_of = [[s for s in range(S) if schedule.stage_rank[s] == r] for r in range(pp)]
-    types = [dict.fromkeys(cluster.gpu_of(g) for g in range(placement.num_gpus)
-                           if placement.coords(g)["pp"] == r) for r in range(pp)]
-    timers = {spec: work_timer(spec, default_profile(spec.name), costs.attention)
-              for spec in dict.fromkeys(cluster.gpus)}
-    groups = [group_profile(cluster, placement.group("tp", placement.gpu(pp=r)))
-              for r in range(pp)]
-    comm_cache: dict[tuple[int, str, float], float] = {}
-
-    def comm_s(r: int, seg: CommSeg) -> float:
-        key = (r, seg.op, seg.nbytes)
-        if key not in comm_cache:
-            prof = groups[r]
-            algo = resolve_algorithm(seg.op, cluster.collective_algos.get(seg.op, "auto"),
-                                     seg.nbytes, prof)
-            comm_cache[key] = (0.0 if prof.n <= 1 or seg.group != "tp" else
-                               cluster.collective_launch_s + estimate(seg.op, algo, seg.nbytes,
-                                                                      prof))
-        return comm_cache[key]
-
-    def stage_layers(r: int, n: int) -> dict[int, int]:
-        return dict(zip(stages_of[r], split_layers(n, len(stages_of[r])), strict=True))
-
-    def cost(r: int, n: int) -> float:
-        probe = [1] * S
-        for s, k in stage_layers(r, n).items():
-            probe[s] = k
-        c = replace(costs, stage_layers=tuple(probe))
-        segs = [seg for s in stages_of[r] for kind in kinds
-                for seg in c.op_segments(schedules.Op(s, kind, 0), split)]
-        work = [(seg, 1) for seg in segs if isinstance(seg, ComputeSeg)]
-        work += [(seg.block, seg.steps) for seg in segs if isinstance(seg, RingAttention)]
-        comm = sum(comm_s(r, seg) for seg in segs if isinstance(seg, CommSeg))
-        return max(sum(k * timers[spec](seg) for seg, k in work) for spec in types[r]) + comm
+    cost = rank_time_model(costs, schedule, placement, cluster)
 
     count = [len(stages_of[r]) for r in range(pp)]
     heap = [(cost(r, count[r] + 1), r) for r in range(pp)]
@@ -408,16 +373,23 @@ def balanced_layers(costs: TransformerCosts, schedule: schedules.Schedule,
         heapq.heappush(heap, (cost(r, count[r] + 1), r))
     out = [0] * S
     for r in range(pp):
-        for s, k in stage_layers(r, count[r]).items():
+        for s, k in zip(stages_of[r], split_layers(count[r], len(stages_of[r])), strict=True):
             out[s] = k
     return tuple(out)
 
 
-def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
-    """Validate ``data`` (a parsed experiment file) and build everything derived from it."""
+def build_experiment(data: Any, base_dir: Path | None = None,
+                     cluster: Cluster | None = None) -> Experiment:
+    """Validate ``data`` (a parsed experiment file) and build everything derived from it.
+
+    ``cluster``: the cluster to run on instead of the one ``data`` describes (a job's
+    share of a multi-job file's cluster, :mod:`sim.jobs`)."""
+    if isinstance(data, dict) and "jobs" in data:
+        raise ConfigError("jobs: a file of several jobs is simulated by 'sim run' (sim.jobs), "
+                          "not as one experiment")
     cfg = parse_config(data)
     model = build_model(cfg.model, base_dir)
-    cluster = build_cluster(cfg.cluster)
+    cluster = build_cluster(cfg.cluster) if cluster is None else cluster
     tp, pp, dp, cp = _resolve_layout(cfg, ps_layout_gpus(cfg, cluster.num_gpus))
     par = cfg.parallel
     check_dp_modes(cfg, dp)
@@ -485,6 +457,8 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
         if par.layers_per_stage == "balanced":
             costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
                                                                 cluster))
+        elif par.layers_per_stage == "auto":
+            costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster))
     _check_batch_policy(cfg, model, base_dir)
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir,
                       profile)

@@ -11,6 +11,7 @@ from conftest import ROOT
 
 from base.errors import ConfigError
 from sim.config import ExperimentConfig, parse_config
+from sim.jobs_config import JobsConfig
 from topologies.config import (
     GpuNodesCluster,
     IdealCluster,
@@ -20,8 +21,10 @@ from topologies.config import (
 )
 
 SCHEMA = ExperimentConfig.model_json_schema()
-MODELS = {"ExperimentConfig": SCHEMA, **SCHEMA["$defs"]}
-"""Every model of the experiment file, as JSON schema, by name."""
+JOBS_SCHEMA = JobsConfig.model_json_schema()
+MODELS = {"ExperimentConfig": SCHEMA, **SCHEMA["$defs"], "JobsConfig": JOBS_SCHEMA,
+          **JOBS_SCHEMA["$defs"]}
+"""Every model of the experiment file (and of a multi-job file), as JSON schema, by name."""
 FIELDS = {key for model in MODELS.values() for key in model["properties"]}
 SYNTHETIC = {"synthetic": {"forward_ms": 1.0, "backward_ms": 1.0}}
 

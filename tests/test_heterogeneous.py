@@ -102,9 +102,10 @@ def a100_fit_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     margin) does not move with the per-GPU profiles of sim.gpu_profiles."""
     import sim.api
     import sim.experiment
+    import sim.partition
     from sim.calibration import A100_HAGEMANN
 
-    for module in (sim.api, sim.experiment, sys.modules[__name__]):
+    for module in (sim.api, sim.experiment, sim.partition, sys.modules[__name__]):
         monkeypatch.setattr(module, "default_profile", lambda name: A100_HAGEMANN)
 
 

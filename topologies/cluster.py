@@ -616,6 +616,31 @@ class Cluster:
                        collective_granularity=self.collective_granularity, ecmp=self.ecmp,
                        failed_links=(*self.failed_links, *gone), gpus=self._gpus)
 
+    def subset(self, gpus: Sequence[int]) -> Cluster:
+        """The cluster as one job on it sees it: GPUs ``gpus`` (global ranks, in the job's
+        rank order) become ranks 0..len-1; every other GPU stays in the graph as a node of
+        kind ``other-gpu`` (no rank: it holds none of the job's work, but a topology that
+        routes through GPUs, a ring or torus, still does). Links and their bandwidths are
+        the same, so routes between the job's GPUs are the shared cluster's."""
+        mapping = {gpu_node(g): gpu_node(i) for i, g in enumerate(gpus)}
+        graph = self.graph.copy()
+        for g in range(self.num_gpus):
+            name = gpu_node(g)
+            if name not in mapping:
+                mapping[name] = f"other-{name}"
+                attrs = graph.nodes[name]
+                attrs["kind"] = "other-gpu"
+                del attrs["rank"]
+        graph = nx.relabel_nodes(graph, mapping, copy=True)
+        for i in range(len(gpus)):
+            graph.nodes[gpu_node(i)]["rank"] = i
+        specs = [self.gpu_of(g) for g in gpus]
+        return Cluster(self.name, graph, specs[0], self.gpus_per_node, self.collective_launch_s,
+                       collective_step_s=self.collective_step_s,
+                       collective_algos=self.collective_algos,
+                       collective_granularity=self.collective_granularity, ecmp=self.ecmp,
+                       gpus=specs)
+
     def without_links(self, failed: Iterable[int]) -> Cluster:
         """A new cluster with the directed links ``failed`` (indices into :attr:`links`)
         removed from the graph, as :meth:`with_link_changes` removes failed links (its

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError
@@ -147,12 +148,18 @@ def _trace_gpus(spec: tuple[int, ...] | str, exp: Any) -> tuple[int, ...] | None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from sim.api import load_experiment, simulate
+    from sim.api import simulate
     from sim.cli.figures import write_figures
+    from sim.config import read_yaml
+    from sim.experiment import build_experiment
     from sim.faults_run import RunResult, simulate_run
+    from sim.jobs import build_jobs, is_jobs_file
 
     out = check_output_dir(args.out) if args.out else None  # fails before simulating
-    exp = load_experiment(args.file)
+    data = read_yaml(args.file)
+    if is_jobs_file(data):
+        return _run_jobs(args, build_jobs(data, Path(args.file).parent), out)
+    exp = build_experiment(data, Path(args.file).parent)
     gpus = _trace_gpus(args.trace_gpus, exp)
     if args.steps is not None:
         result = simulate_run(exp, args.steps, fidelity=args.fidelity)
@@ -169,6 +176,60 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(result.stats_json())
     else:
         print(summary_table(result.stats))
+        if out is not None:
+            print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def jobs_table(stats: dict) -> str:
+    """The human-readable summary of a multi-job run: each job's table, then the links."""
+    parts = [f"job {job['name']} on GPUs {_ranges(job['gpus'])}\n{summary_table(job)}"
+             for job in stats["jobs"]]
+    links = stats["link_utilisation"]
+    rows = [f"links over {links['span_s'] * 1e3:.3f} ms: {links['links_used']} carried "
+            f"traffic, mean utilisation {links['mean'] * 100:.1f} %"]
+    rows += [f"  {link['link']}  {link['utilisation'] * 100:.1f} %"
+             for link in links["busiest"]]
+    return "\n\n".join([*parts, "\n".join(rows)])
+
+
+def _ranges(gpus: list[int]) -> str:
+    """``0-7,16-23`` for a list of GPU ids."""
+    runs: list[list[int]] = []
+    for g in gpus:
+        if runs and runs[-1][1] == g - 1:
+            runs[-1][1] = g
+        else:
+            runs.append([g, g])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _run_jobs(args: argparse.Namespace, jobset: Any, out: Any) -> int:
+    """``sim run`` of a multi-job file (:mod:`sim.jobs`): one step of every job, together."""
+    from sim.jobs import simulate_jobs
+
+    if args.steps is not None:
+        raise ConfigError("--steps: a multi-job file runs one step of each job; leave --steps "
+                          "out")
+    gpus = args.trace_gpus
+    if gpus == "pipeline":
+        raise ConfigError("--trace-gpus=pipeline: a multi-job file has a pipeline per job; "
+                          "give GPU ids or all")
+    if gpus != "all":
+        bad = [g for g in gpus if g >= jobset.cluster.num_gpus]
+        if bad:
+            raise ConfigError(f"--trace-gpus: GPU {bad[0]} is not in the cluster (GPUs 0.."
+                              f"{jobset.cluster.num_gpus - 1})")
+    result = simulate_jobs(jobset, fidelity=args.fidelity)
+    paths: dict = {}
+    if out is not None:
+        with outputs() as files:
+            paths = result.write(out, files, args.trace, None if gpus == "all" else gpus)
+            files.commit()
+    if args.json:
+        sys.stdout.write(result.stats_json())
+    else:
+        print(jobs_table(result.stats))
         if out is not None:
             print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

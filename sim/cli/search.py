@@ -12,9 +12,10 @@ top, and ``--exhaustive`` simulates every layout that fits, for the whole front.
 
 Pinning: ``--fix parallel.tp=8,schedule=1f1b`` (alternatives with ``|``:
 ``--fix "mbs=1|2"``) restricts dimensions; ``--pin-from-file`` pins every
-searched key the file sets. Without pins every dimension is searched and the
-file's own layout is ignored, except that CP degrees whose ring attention
-cannot hide its K/V passes (fewer than ``(kv/h)·F/B`` tokens per rank, see
+searched key the file sets; ``--fix "placement=tp-cp-dp-pp|tp-cp-pp-dp"`` searches rank
+orders too (otherwise the file's ``parallel.placement`` holds). Without pins every
+dimension is searched and the file's own layout is ignored, except that CP degrees
+whose ring attention cannot hide its K/V passes (fewer than ``(kv/h)·F/B`` tokens per rank, see
 ``sim.search.cp_min_tokens``) are left out unless ``--fix cp=...`` names them,
 and a ``parallel.layers_per_stage`` list in the file fixes the stage count
 (``balanced`` splits every layout's layers as ``sim run`` does). Mixed-GPU

@@ -126,7 +126,7 @@ class Bounds:
 
     def rank_types(self, layout: Layout) -> tuple[tuple[int, ...], ...]:
         """Per pipeline rank, the GPU types of its GPUs (indices into the cluster's types)."""
-        return self.ctx.rank_types(layout.tp, layout.cp, layout.dp, layout.pp)
+        return self.ctx.rank_types(layout.tp, layout.cp, layout.dp, layout.pp, layout.placement)
 
     def mixed(self, layout: Layout) -> bool:
         """Whether some pipeline rank of ``layout`` mixes GPU types."""
@@ -261,8 +261,7 @@ class Bounds:
         return out
 
     def _placement(self, layout: Layout) -> Placement:
-        return Placement.from_order(self.ctx.config.parallel.placement, tp=layout.tp,
-                                    cp=layout.cp, dp=layout.dp, pp=layout.pp)
+        return self.ctx.placement(layout.tp, layout.cp, layout.dp, layout.pp, layout.placement)
 
     def _dp_timed(self, layout: Layout) -> bool:
         """Whether the bounds time the DP collectives: the plain end-of-step gradient
@@ -282,7 +281,7 @@ class Bounds:
     def _group_set(self, dim: str, layout: Layout, r: int) -> tuple[tuple[int, ...], ...]:
         """Every replica's ``dim`` group of pipeline rank ``r``, as the collapsed lowering
         passes them to the timer (TP: one group per DP replica; DP: one per TP lane)."""
-        key = (dim, layout.tp, layout.dp, layout.pp, r)
+        key = (dim, layout.tp, layout.dp, layout.pp, r, layout.placement)
         groups = self._groups.get(key)
         if groups is None:
             pl = self._placement(layout)
@@ -303,7 +302,7 @@ class Bounds:
         replicas' flows can only compete with its flows) and 30-300 times cheaper to time
         for 1,024 GPUs; equal to it when the groups share no link (e.g. TP inside servers).
         """
-        key = (dim, layout.tp, layout.dp, layout.pp, r, op, nbytes, one)
+        key = (dim, layout.tp, layout.dp, layout.pp, r, op, nbytes, one, layout.placement)
         t = self._comm.get(key)
         if t is None:
             groups = self._group_set(dim, layout, r)

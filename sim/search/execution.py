@@ -11,7 +11,7 @@ from base.errors import SimError
 from sim.device import DeviceProfile
 from sim.executors import Executor, Task, WorkerFailure
 from sim.search.evaluation import Evaluation, Evaluator
-from sim.search.layouts import DIMS, Layout
+from sim.search.layouts import Layout
 from sim.search.screening import Candidate, Screener
 from sim.search.space import SearchContext
 
@@ -20,7 +20,7 @@ from sim.search.space import SearchContext
 class ScreenChunk:
     """Work item: screen these layouts (:meth:`Screener.screen`).
 
-    Layouts travel as tuples of their :data:`DIMS` values (a pickled :class:`Layout`
+    Layouts travel as tuples (:meth:`Layout.values`) (a pickled :class:`Layout`
     is six times larger), and the verdicts come back as ``(status, reason,
     memory_bound_gib, tokens_bound)`` tuples (:func:`_compact`): the caller has the
     layouts already."""
@@ -128,7 +128,7 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
     is screened here."""
     parts = screen_chunks(layouts, executor.workers)
-    chunks = [ScreenChunk(tuple(tuple(getattr(layouts[i], d) for d in DIMS) for i in part))
+    chunks = [ScreenChunk(tuple(layouts[i].values() for i in part))
               for part in parts]
     verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
     # handed out last chunk first: the widest TP groups come last, whose collectives make

@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from base.errors import ConfigError
+from topologies.placement import Placement
 
 DIMS = ("tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel", "zero_stage",
         "micro_batch_size", "recompute", "schedule")
@@ -23,9 +24,22 @@ CONFIG_KEYS = {
 SHORT_NAMES = {"sequence_parallel": "sp", "zero_stage": "zero", "micro_batch_size": "mbs"}
 """Short names of dimensions in layout keys (the others are their own)."""
 ALIASES = {**{d: d for d in DIMS}, **{v: k for k, v in CONFIG_KEYS.items()},
-           **{v: k for k, v in SHORT_NAMES.items()}}
-"""Names accepted by ``--fix``: the dimension, its file key, or the short name in layout keys."""
+           **{v: k for k, v in SHORT_NAMES.items()},
+           "placement": "placement", "parallel.placement": "placement"}
+"""Names accepted by ``--fix``: the dimension, its file key, or the short name in layout keys
+(and ``placement``, :data:`PLACEMENT_KEY`)."""
+PLACEMENT_KEY = "parallel.placement"
+"""File key of the placement order: searched only where ``--fix placement=A|B`` lists
+orders (:attr:`Layout.placement`); not in :data:`DIMS`, so layout keys, rows and
+fingerprints of other searches stay as they were."""
 RECOMPUTE = ("none", "selective", "full")
+
+
+def file_key(dim: str) -> str:
+    """The experiment-file key of a dimension ``--fix`` accepts (placement's too)."""
+    return CONFIG_KEYS.get(dim, PLACEMENT_KEY)
+
+
 ZERO_STAGES = (0, 1, 2, 3)
 
 
@@ -46,22 +60,33 @@ class Layout:
     micro_batch_size: int = 1
     recompute: str = "none"
     schedule: str = "1f1b"
+    placement: str | None = None
+    """Rank order (``parallel.placement``) when searched; None: the file's."""
 
     @cached_property
     def key(self) -> str:
         """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``
         (computed once per instance: the sweep's dictionaries are keyed by it)."""
-        return " ".join(f"{SHORT_NAMES.get(d, d)}={value_text(getattr(self, d))}" for d in DIMS)
+        text = " ".join(f"{SHORT_NAMES.get(d, d)}={value_text(getattr(self, d))}" for d in DIMS)
+        return text if self.placement is None else f"{text} placement={self.placement}"
 
     @classmethod
     def from_key(cls, key: str) -> Layout:
         """Inverse of :attr:`key`."""
         values = dict(part.split("=", 1) for part in key.split())
-        return cls(**{d: _parse_value(d, values[SHORT_NAMES.get(d, d)]) for d in DIMS})
+        return cls(**{d: _parse_value(d, values[SHORT_NAMES.get(d, d)]) for d in DIMS},
+                   placement=values.get("placement"))
+
+    def values(self) -> tuple[Any, ...]:
+        """The layout as a plain tuple (its fields in order; ``Layout(*values)`` rebuilds it),
+        as layouts travel to workers."""
+        return (*(getattr(self, d) for d in DIMS), self.placement)
 
     def changes(self, global_batch_size: int) -> dict[str, Any]:
         """Dotted experiment-file changes that select this layout (for ``with_changes``)."""
         out: dict[str, Any] = {CONFIG_KEYS[d]: getattr(self, d) for d in DIMS}
+        if self.placement is not None:
+            out[PLACEMENT_KEY] = self.placement
         out["training.global_batch_size"] = global_batch_size
         out["training.num_microbatches"] = None
         return out
@@ -75,6 +100,8 @@ class Layout:
                 out[section][name] = getattr(self, d)
             else:
                 out[name] = getattr(self, d)
+        if self.placement is not None:
+            out["parallel"]["placement"] = self.placement
         return out
 
     def label(self) -> str:
@@ -85,6 +112,7 @@ class Layout:
         parts += [f"v{self.vpp}", f"mbs{self.micro_batch_size}"]
         parts += ["sp"] if self.sequence_parallel else []
         parts += [f"z{self.zero_stage}", f"rc:{self.recompute}", self.schedule]
+        parts += [f"@{self.placement}"] if self.placement is not None else []
         return " ".join(parts)
 
 
@@ -99,8 +127,11 @@ _BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no"
 
 def _parse_value(dim: str, text: str) -> Any:
     """Parse a ``--fix`` value of ``dim``; ConfigError naming the key and value."""
-    key = CONFIG_KEYS[dim]
+    key = file_key(dim)
     text = text.strip()
+    if dim == "placement":
+        Placement.from_order(text, 1, 1, 1, 1)  # ConfigError naming a bad order
+        return text
     if dim == "sequence_parallel":
         if text.lower() not in _BOOLS:
             raise ConfigError(f"--fix {key}={text!r}: expected true or false")
@@ -143,12 +174,12 @@ def parse_pins(specs: Iterable[str]) -> dict[str, tuple[Any, ...]]:
             dim = ALIASES.get(name.strip())
             if not eq or dim is None:
                 raise ConfigError(f"--fix {part!r}: expected KEY=VALUE with KEY one of "
-                                  f"{', '.join(CONFIG_KEYS.values())}")
+                                  f"{', '.join([*CONFIG_KEYS.values(), PLACEMENT_KEY])}")
             parsed = tuple(dict.fromkeys(_parse_value(dim, v) for v in values.split("|")))
             if dim in pins:  # pinned again: keep the values both allow
                 both = tuple(v for v in pins[dim] if v in parsed)
                 if not both:
-                    raise ConfigError(f"--fix {CONFIG_KEYS[dim]}: pinned to "
+                    raise ConfigError(f"--fix {file_key(dim)}: pinned to "
                                       f"{'|'.join(map(value_text, pins[dim]))} and to "
                                       f"{'|'.join(map(value_text, parsed))}, which share no value")
                 parsed = both

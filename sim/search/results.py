@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.search.evaluation import Evaluation
-from sim.search.layouts import CONFIG_KEYS, DIMS, Layout, value_text
+from sim.search.layouts import DIMS, Layout, file_key, value_text
 from sim.search.screening import Candidate
 
 
@@ -37,6 +37,8 @@ class Row:
         """Flat mapping for the CSV and the plot."""
         out: dict[str, Any] = {"rank": self.rank, "status": self.status, "key": self.layout.key}
         out.update({d: getattr(self.layout, d) for d in DIMS})
+        if self.layout.placement is not None:
+            out["placement"] = self.layout.placement
         for k in CSV_FIGURES:
             out[k] = self.figure(k)
         out["memory_bound_gib"] = self.memory_bound_gib
@@ -115,7 +117,7 @@ class SearchResult:
             "speculated": self.speculated,
             "discarded": self.discarded,
             "layouts_per_s": self.evaluated / self.elapsed_s if self.elapsed_s > 0 else None,
-            "pins": {CONFIG_KEYS[d]: list(v) for d, v in sorted(self.pins.items())},
+            "pins": {file_key(d): list(v) for d, v in sorted(self.pins.items())},
             "unsupported": dict(sorted(self.unsupported.items())),
             "best": None if best is None else _best_json(best),
             "top": [{"rank": r.rank, "key": r.layout.key, **{k: r.figure(k) for k in CSV_FIGURES}}

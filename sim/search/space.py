@@ -99,6 +99,10 @@ class SearchContext:
             raise ConfigError("model: sim search needs a transformer model (preset or explicit "
                               "shape), not a synthetic one")
         cfg = parse_config(data)
+        if cfg.parallel.layers_per_stage == "auto":
+            raise ConfigError("parallel.layers_per_stage='auto': sim search does not split "
+                              "layers by the network and memory yet; use 'balanced', a list "
+                              "or no split")
         gbs = cfg.training.global_batch_size
         if gbs is None:
             try:
@@ -153,21 +157,25 @@ class SearchContext:
         balanced_layers` gives ``layout`` (it depends on the cost model, which rank holds
         each stage, the placement and the GPUs, not on the number of micro-batches, so it
         is computed on a small build of the schedule and cached)."""
-        key = ("balanced", costs, layout.schedule, layout.pp, layout.vpp)
+        key = ("balanced", costs, layout.schedule, layout.pp, layout.vpp, layout.placement)
         hit = self._memo.get(key)
         if hit is None:
             sched = self.stage_schedule(layout.schedule, layout.pp, layout.vpp,
                                         self.global_batch_size
                                         // (layout.micro_batch_size * layout.dp))
             hit = costs.stage_layers if sched is None else balanced_layers(
-                costs, sched, self.placement(layout.tp, layout.cp, layout.dp, layout.pp),
+                costs, sched, self.placement(layout.tp, layout.cp, layout.dp, layout.pp,
+                                             layout.placement),
                 self.cluster)
             self._memo[key] = hit
         return hit
 
-    def placement(self, tp: int, cp: int, dp: int, pp: int) -> Placement:
-        """Where the layout's ranks go (the file's ``parallel.placement`` order)."""
-        return Placement.from_order(self.config.parallel.placement, tp=tp, cp=cp, dp=dp, pp=pp)
+    def placement(self, tp: int, cp: int, dp: int, pp: int, order: str | None = None
+                  ) -> Placement:
+        """Where the layout's ranks go: in ``order`` (a searched placement), else the file's
+        ``parallel.placement`` order."""
+        return Placement.from_order(order or self.config.parallel.placement, tp=tp, cp=cp,
+                                    dp=dp, pp=pp)
 
     def stage_schedule(self, name: str, p: int, v: int, m: int | None = None
                        ) -> Schedule | None:
@@ -194,18 +202,20 @@ class SearchContext:
             self._memo[key, m] = build((m,))
         return self._memo[key, m]
 
-    def rank_types(self, tp: int, cp: int, dp: int, pp: int) -> tuple[tuple[int, ...], ...]:
+    def rank_types(self, tp: int, cp: int, dp: int, pp: int, order: str | None = None
+                   ) -> tuple[tuple[int, ...], ...]:
         """Per pipeline rank: the GPU types its GPUs have, as indices into
-        ``cluster.gpu_types`` (``((0,),) * pp`` on a uniform cluster). A rank with more
-        than one type mixes GPU types (:func:`topologies.placement.mixed_pipeline_ranks`)."""
-        key = ("types", tp, cp, dp, pp)
+        ``cluster.gpu_types`` (``((0,),) * pp`` on a uniform cluster), with the ranks placed
+        in ``order`` (None: the file's). A rank with more than one type mixes GPU types
+        (:func:`topologies.placement.mixed_pipeline_ranks`)."""
+        key = ("types", tp, cp, dp, pp, order)
         hit = self._memo.get(key)
         if hit is None:
             if not self.cluster.heterogeneous:
                 hit = ((0,),) * pp
             else:
                 index = {spec: i for i, spec in enumerate(self.cluster.gpu_types)}
-                pl = self.placement(tp, cp, dp, pp)
+                pl = self.placement(tp, cp, dp, pp, order)
                 seen: list[dict[int, None]] = [{} for _ in range(pp)]
                 for g in range(pl.num_gpus):
                     seen[pl.coords(g)["pp"]][index[self.cluster.gpu_of(g)]] = None
@@ -381,4 +391,6 @@ def _inner_layouts(ctx: SearchContext, pins: Pins, supported: Mapping[str, list[
                 for sp in sps:
                     for zero in zeros:
                         for rc in recomputes:
-                            yield Layout(tp, pp, dp, cp, ep, vpp, sp, zero, mbs, rc, schedule)
+                            for order in pins.get("placement", (None,)):
+                                yield Layout(tp, pp, dp, cp, ep, vpp, sp, zero, mbs, rc,
+                                             schedule, order)

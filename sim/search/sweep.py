@@ -25,7 +25,7 @@ from sim.search.execution import (
     as_evaluation,
     screen_all,
 )
-from sim.search.layouts import CONFIG_KEYS, Layout, Pins, value_text
+from sim.search.layouts import Layout, Pins, file_key, value_text
 from sim.search.results import SearchResult, collect_rows
 from sim.search.screening import Candidate
 from sim.search.space import SearchContext, enumerate_layouts
@@ -83,7 +83,7 @@ def search(
         fidelity == "auto" and ctx.cluster.num_gpus > AUTO_FULL_MAX_GPUS)
     layouts = list(enumerate_layouts(ctx, pins))
     if not layouts:
-        pinned = ", ".join(f"{CONFIG_KEYS[d]}={'|'.join(map(value_text, v))}"
+        pinned = ", ".join(f"{file_key(d)}={'|'.join(map(value_text, v))}"
                            for d, v in pins.items())
         raise ConfigError(f"no layout of {ctx.cluster.num_gpus} GPUs divides correctly"
                           + (f" with --fix {pinned}" if pinned else "")
