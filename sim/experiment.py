@@ -24,6 +24,7 @@ from sim.config import (
 )
 from sim.device import work_timer
 from sim.faults import check_fault_targets
+from sim.multimodal import attach_encoder
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import IDEAL_GPU
@@ -442,4 +443,8 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
         if par.layers_per_stage == "balanced":
             costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
                                                                 cluster))
+    if cfg.model.encoder is not None:
+        costs, sched = attach_encoder(cfg, costs, cluster, placement, m)
+    elif par.encoder is not None:
+        raise ConfigError("parallel.encoder: the model has no encoder (model.encoder)")
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs)

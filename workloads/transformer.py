@@ -384,6 +384,14 @@ class TransformerCosts:
         return segs + self._block(f"{name} mlp bwd", mlp_seg) + self._block(f"{name} attn bwd",
                                                                            attn_seg)
 
+    def block_segments(self, backward: bool, label: str) -> list[Segment]:
+        """One transformer block's forward, or its whole backward (input and weight
+        gradients), on one TP rank, without embedding or head: a layer of a multimodal
+        model's encoder (:mod:`workloads.encoders`)."""
+        if backward:
+            return self._layer_backward(label, weight_grad_deferred=False)
+        return self._layer_forward(label)
+
     def _head(self, backward: bool, weight_grad_deferred: bool = False) -> ComputeSeg:
         """Final norm, output projection (vocabulary-parallel) and cross entropy."""
         m, t, n = self.model, self.tp, self._tokens

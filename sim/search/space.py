@@ -33,7 +33,7 @@ from topologies.config import MAX_GPUS
 from topologies.placement import Placement
 from workloads.costs import split_layers
 from workloads.models import ModelSpec
-from workloads.registry import SCHEDULES
+from workloads.registry import LLM_SCHEDULES, SCHEDULES
 from workloads.schedules import Schedule
 from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
@@ -227,7 +227,7 @@ def probe_support(data: Mapping[str, Any], num_layers: int
             unsupported[name] = str(exc)
     vpps: dict[str, tuple[int, ...]] = {}
     seq_chunks = (data.get("training") or {}).get("seq_chunks", 4)
-    for name in SCHEDULES:
+    for name in LLM_SCHEDULES:  # a multimodal schedule needs an encoder, which search refuses
         ok = []
         for v in (1, 2, 3):
             try:
