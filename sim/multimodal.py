@@ -183,29 +183,38 @@ def _estimates(costs: MultimodalCosts, cluster: Cluster, placement: Placement, a
     """Per pipeline rank, the estimated seconds of an LLM forward and backward, and of an
     encoder forward and backward piece (their mean over the pieces)."""
     pp = placement.degree("pp")
-    pieces = costs.encoder.layout.pieces
-    llm, enc = [], []
-    for r in range(pp):
+    layout = costs.encoder.layout
+    comm: dict[tuple[int, str, float], float] = {}
+    segments: dict[Op, tuple[Segment, ...]] = {}  # encoder pieces, by encoder stage
+
+    def seconds(r: int, segs: tuple[Segment, ...]) -> float:
         gpu = placement.gpu(pp=r)
         spec = cluster.gpu_of(gpu)
         timer = work_timer(spec, default_profile(spec.name), attention)
-        group = group_profile(cluster, placement.group("tp", gpu))
-
-        def seconds(segs: tuple[Segment, ...], timer=timer, group=group) -> float:
-            total = 0.0
-            for seg in segs:
-                if isinstance(seg, ComputeSeg):
-                    total += timer(seg)
-                elif isinstance(seg, CommSeg) and group.n > 1:
+        total = 0.0
+        for seg in segs:
+            if isinstance(seg, ComputeSeg):
+                total += timer(seg)
+            elif isinstance(seg, CommSeg):
+                key = (r, seg.op, seg.nbytes)
+                if key not in comm:
+                    group = group_profile(cluster, placement.group("tp", gpu))
                     algo = resolve_algorithm(seg.op, cluster.collective_algos.get(seg.op, "auto"),
                                              seg.nbytes, group)
-                    total += cluster.collective_launch_s + estimate(seg.op, algo, seg.nbytes,
-                                                                    group)
-            return total
+                    comm[key] = (0.0 if group.n <= 1 else cluster.collective_launch_s
+                                 + estimate(seg.op, algo, seg.nbytes, group))
+                total += comm[key]
+        return total
 
-        llm.append(tuple(seconds(costs.op_segments(Op(r, kind, 0), False))
-                         for kind in (FORWARD, BACKWARD)))
-        enc.append(tuple(sum(seconds(costs.op_segments(Op(r, kind, 0, c), False))
-                             for c in range(pieces)) / pieces
-                         for kind in (ENCODER_FORWARD, ENCODER_BACKWARD)))
-    return tuple(llm), tuple(enc)  # type: ignore[arg-type]
+    def piece(r: int, kind: str, c: int) -> tuple[Segment, ...]:
+        op = Op(layout.stage_of(r), kind, 0, c)  # the same work on every rank of the stage
+        if op not in segments:
+            segments[op] = costs.op_segments(op, False)
+        return segments[op]
+
+    llm = tuple(tuple(seconds(r, costs.op_segments(Op(r, kind, 0), False))
+                      for kind in (FORWARD, BACKWARD)) for r in range(pp))
+    enc = tuple(tuple(sum(seconds(r, piece(r, kind, c)) for c in range(layout.pieces))
+                      / layout.pieces for kind in (ENCODER_FORWARD, ENCODER_BACKWARD))
+                for r in range(pp))
+    return llm, enc  # type: ignore[return-value]
