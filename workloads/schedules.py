@@ -87,8 +87,8 @@ class Op(NamedTuple):
         match = _OP_RE.match(text.strip())
         if not match:
             raise ScheduleError(
-                f"op {text!r} is not of the form <stage><F|B|W|E|G><micro-batch>[.<sequence chunk>], "
-                "e.g. '1F3' or '1F3.2'"
+                f"op {text!r} is not of the form <stage><F|B|W|E|G><micro-batch>"
+                "[.<sequence chunk>], e.g. '1F3' or '1F3.2'"
             )
         seq = WHOLE if match[4] is None else int(match[4])
         return cls(int(match[1]), match[2], int(match[3]), seq)
