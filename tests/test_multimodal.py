@@ -300,3 +300,21 @@ def test_bad_multimodal_input_is_refused(changes: dict[str, Any], message: str) 
         data = set_dotted(data, key, value)
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_experiment(data)
+
+
+def test_compare_defaults_to_the_multimodal_schedules(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    """``sim compare`` of a model with an encoder runs encoder-first and optimus unless told
+    otherwise (the LLM-only schedules have no place for the encoder)."""
+    import json
+
+    import yaml
+
+    from sim.cli import main
+
+    path = tmp_path / "mm.yaml"
+    path.write_text(yaml.safe_dump(_synthetic(4, 6, 1, 2)), encoding="utf-8")
+    assert main(["compare", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["schedules"]
+    assert [row["schedule"] for row in rows] == list(MULTIMODAL)
+    assert rows[1]["step_time_s"] < rows[0]["step_time_s"]
