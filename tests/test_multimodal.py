@@ -318,3 +318,11 @@ def test_compare_defaults_to_the_multimodal_schedules(tmp_path: Path,
     rows = json.loads(capsys.readouterr().out)["schedules"]
     assert [row["schedule"] for row in rows] == list(MULTIMODAL)
     assert rows[1]["step_time_s"] < rows[0]["step_time_s"]
+
+
+def test_search_refuses_a_multimodal_model() -> None:
+    """``sim search`` enumerates LLM layouts only; a model with an encoder is refused by name."""
+    from sim.search.space import SearchContext
+
+    with pytest.raises(ConfigError, match="model.encoder: sim search does not search"):
+        SearchContext.build(copy.deepcopy(_VIT))

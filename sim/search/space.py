@@ -96,6 +96,9 @@ class SearchContext:
             raise ConfigError("model: sim search needs a transformer model (preset or explicit "
                               "shape), not a synthetic one")
         cfg = parse_config(data)
+        if cfg.model.encoder is not None:
+            raise ConfigError("model.encoder: sim search does not search a multimodal model's "
+                              "layouts; compare its schedules with sim compare")
         gbs = cfg.training.global_batch_size
         if gbs is None:
             try:
