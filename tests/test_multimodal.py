@@ -289,6 +289,13 @@ _VIT = {"name": "mm", "model": {"preset": "gpt3-1.3b", "seq_length": 512, "num_l
      "model.encoder.preset: not used with a synthetic encoder"),
     ({"model.encoder": {"synthetic": {"forward_ms": -1, "backward_ms": 1}}},
      "model.encoder.synthetic.forward_ms"),
+    ({"parallel.encoder": {"tp": 0}}, "parallel.encoder.tp"),
+    ({"model.encoder.patch_size": 0, "model.encoder.image_size": 224},
+     "model.encoder.patch_size"),
+    ({"model.encoder": {"synthetic": {"forward_ms": 1, "backward_ms": 1, "output_MB": -2}}},
+     "model.encoder.synthetic.output_MB"),
+    ({"model.encoder.layers": 3}, "model.encoder.layers"),
+    ({"parallel.cp": 2, "parallel.pp": 2}, "parallel.cp=2: not supported with model.encoder"),
     ({"parallel.zero_stage": 3}, "parallel.zero_stage=3: not supported with model.encoder"),
     ({"parallel.overlap_grad_reduce": True}, "parallel.overlap_grad_reduce=True: not supported"),
 ])
