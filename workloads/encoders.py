@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from workloads.costs import BF16, CommSeg, ComputeSeg, Segment, split_layers
+from workloads.lowering.opcosts import CostModel
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import ModelSpec
 from workloads.schedules import ENCODER_BACKWARD, ENCODER_FORWARD, EncoderLayout, Op
@@ -139,18 +140,23 @@ class SyntheticEncoder:
         return (ComputeSeg(str(op), duration_s=t / self.layout.pieces),)
 
     def stash_bytes(self, op: Op) -> float:
+        """An even share of the rank's activations per micro-batch."""
         return self.activation_bytes / self.layout.pieces
 
     def message_bytes(self) -> float:
+        """Each encoder message, as given."""
         return self.output_bytes
 
     def static_bytes(self, rank: int) -> float:
+        """No model state (synthetic costs have no weights)."""
         return 0.0
 
     def params(self, rank: int) -> float:
+        """No parameters."""
         return 0.0
 
     def optimizer_params(self, rank: int) -> float:
+        """No parameters to update."""
         return 0.0
 
 
@@ -164,7 +170,7 @@ class MultimodalCosts:
     models' state; the encoder's gradients are reduced and updated with its LLM stage's.
     One chunk per pipeline rank (stage ``s`` is rank ``s``)."""
 
-    llm: object
+    llm: CostModel
     """The LLM's cost model (:class:`~workloads.transformer.TransformerCosts` or synthetic)."""
     encoder: Encoder
     cp: int = 1
@@ -173,16 +179,19 @@ class MultimodalCosts:
 
     @property
     def w_retained_fraction(self) -> float:
-        return self.llm.w_retained_fraction  # type: ignore[attr-defined]
+        """The LLM's (:mod:`workloads.memory`)."""
+        return self.llm.w_retained_fraction
 
     def op_segments(self, op: Op, split_backward: bool,
                     markers: bool = False) -> tuple[Segment, ...]:
+        """An encoder piece's segments, or the LLM op's."""
         if op.kind in (ENCODER_FORWARD, ENCODER_BACKWARD):
             return self.encoder.segments(op)
-        return self.llm.op_segments(op, split_backward, markers)  # type: ignore[attr-defined]
+        return self.llm.op_segments(op, split_backward, markers)
 
     def activation_bytes_per_mb(self, stage: int) -> float:
-        return self.llm.activation_bytes_per_mb(stage)  # type: ignore[attr-defined]
+        """The LLM stage's stash per micro-batch (encoder pieces: :meth:`encoder_stash_bytes`)."""
+        return self.llm.activation_bytes_per_mb(stage)
 
     def encoder_stash_bytes(self, op: Op) -> float:
         """Activations an encoder piece keeps (:func:`workloads.memory.stash_bytes`)."""
@@ -197,7 +206,8 @@ class MultimodalCosts:
         return float(own(op))
 
     def p2p_bytes(self) -> float:
-        return self.llm.p2p_bytes()  # type: ignore[attr-defined]
+        """The LLM's pipeline message."""
+        return self.llm.p2p_bytes()
 
     def seq_p2p_bytes(self, op: Op) -> float:
         """Messages of encoder ops (:func:`workloads.lowering.opcosts.op_p2p_bytes`)."""
@@ -208,17 +218,19 @@ class MultimodalCosts:
         return self.encoder.message_bytes()
 
     def grad_bytes(self, stage: int) -> float:
-        return (self.llm.grad_bytes(stage)  # type: ignore[attr-defined]
+        """The LLM stage's gradients and the encoder's on the same GPU (bf16)."""
+        return (self.llm.grad_bytes(stage)
                 + BF16 * self.encoder.params(stage))
 
     def static_bytes(self, stages: tuple[int, ...]) -> float:
-        return (self.llm.static_bytes(stages)  # type: ignore[attr-defined]
+        """Both models' state on a GPU of these stages (stage ``s`` is rank ``s``)."""
+        return (self.llm.static_bytes(stages)
                 + sum(self.encoder.static_bytes(s) for s in stages))
 
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
         """The LLM's AdamW update plus the encoder's (28 bytes per parameter, as
         :meth:`~workloads.transformer.TransformerCosts.optimizer_segment`)."""
-        own = self.llm.optimizer_segment(stages)  # type: ignore[attr-defined]
+        own = self.llm.optimizer_segment(stages)
         extra = 28 * sum(self.encoder.optimizer_params(s) for s in stages)
         if not extra:
             return own

@@ -53,6 +53,7 @@ class EncoderPlan:
 
 def _renamed(base: Schedule, name: str, rank_ops: tuple[tuple[Op, ...], ...] | None = None,
              layout: EncoderLayout | None = None) -> Schedule:
+    """``base`` (1F1B) under ``name``, with the given ops and encoder layout if any."""
     return Schedule(name, base.num_microbatches, base.stage_rank,
                     base.rank_ops if rank_ops is None else rank_ops,
                     notes="Feng et al. 2024", encoder=layout)
@@ -144,6 +145,7 @@ class _BubbleFill:
         return self.plan.encoder_s[r][0 if op.kind == ENCODER_FORWARD else 1]
 
     def deps(self, op: Op) -> tuple[Op, ...]:
+        """``op``'s producers by the one rule."""
         return op_deps(op, self.p, False, 1, self.layout)
 
     def ready(self, op: Op) -> float | None:
@@ -168,6 +170,7 @@ class _BubbleFill:
         return got
 
     def place(self, r: int, op: Op, t: float, which: int) -> None:
+        """Run ``op`` on rank ``r`` from ``t``; ``which`` of its queues (LLM, E, G) moves on."""
         self.out[r].append(op)
         self.end[op] = t + self.dur(op)
         self.clock[r] = t + self.dur(op)
