@@ -52,6 +52,8 @@ COLORS: dict[str, str] = {
     "B": "#55a868",
     "W": "#8172b3",
     "opt": "#937860",
+    "E": "#bcbd22",
+    "G": "#9edae5",
     # communication kinds (bars of the timeline, idle causes of the breakdown)
     "tp": "#dd8452",
     "cp": "#64b5cd",
@@ -71,6 +73,8 @@ COLORS: dict[str, str] = {
     "zb-v": "#9467bd",
     "dualpipe-v": "#8c564b",
     "seq1f1b": "#e377c2",
+    "encoder-first": "#aec7e8",
+    "optimus": "#ffbb78",
 }
 """The one colour of each concept, in every figure."""
 
@@ -79,6 +83,8 @@ LABELS: dict[str, str] = {
     "B": "backward (B)",
     "W": "weight grad (W)",
     "opt": "optimizer",
+    "E": "encoder forward (E)",
+    "G": "encoder backward (G)",
     "tp": "TP comm",
     "cp": "CP comm",
     "ep": "EP comm",

@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # the engine (simpy) is only needed to run, not to format row
 
 __all__ = [
     "DEFAULT_SCHEDULES",
+    "MULTIMODAL_SCHEDULES",
     "CompareRow",
     "compare",
     "compare_row",
@@ -60,6 +61,9 @@ __all__ = [
 ]
 
 DEFAULT_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "seq1f1b")
+MULTIMODAL_SCHEDULES = tuple(k.name for k in SCHEDULES.values() if k.encoder is not None)
+"""What ``sim compare`` runs by default for a model with an encoder (the only schedules
+that place one)."""
 """What ``sim compare`` runs without ``--schedules``."""
 
 GiB = 2**30

@@ -104,6 +104,45 @@ class MoEConfig(Strict):
     """Copies routed to the busiest EP rank over the mean (1: balanced); dropless, ep > 1."""
 
 
+class SyntheticEncoder(Strict):
+    """An encoder's per-rank, per-micro-batch costs, for schedule studies."""
+
+    forward_ms: float = Field(ge=0)
+    """The encoder forward one pipeline rank runs for one micro-batch (all its pieces)."""
+    backward_ms: float = Field(ge=0)
+    """The encoder backward one pipeline rank runs for one micro-batch."""
+    activation_MB: float = Field(0.0, ge=0)
+    """Activations a rank keeps per micro-batch from its encoder forward to its backward."""
+    output_MB: float = Field(0.0, ge=0)
+    """Each encoder message (features to the LLM, their gradient back, or between encoder
+    stages), MB = 1e6 B."""
+
+
+class EncoderConfig(Strict):
+    """A multimodal model's encoder (a ViT): a preset, explicit sizes or synthetic costs,
+    feeding the LLM its features; colocated on the LLM's GPUs (Feng et al. 2024)."""
+
+    preset: str | None = None
+    """An encoder preset (:data:`workloads.encoders.ENCODER_PRESETS`), e.g. ``vit-22b``."""
+    synthetic: SyntheticEncoder | None = None
+    """Per-rank costs instead of a transformer."""
+    num_layers: int | None = Field(None, gt=0, le=MAX_SIZES["num_layers"])
+    """Encoder transformer layers."""
+    hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["hidden_size"])
+    """Encoder width."""
+    num_attention_heads: int | None = Field(None, gt=0, le=MAX_SIZES["num_attention_heads"])
+    """Encoder attention heads; they divide its hidden_size."""
+    ffn_hidden_size: int | None = Field(None, gt=0, le=MAX_SIZES["ffn_hidden_size"])
+    """Encoder MLP inner width."""
+    tokens_per_sample: int | None = Field(None, gt=0, le=MAX_SIZES["seq_length"])
+    """Encoder tokens of one training sample (its image patches); or image_size and
+    patch_size."""
+    image_size: int | None = Field(None, gt=0)
+    """Image side in pixels: tokens_per_sample = (image_size / patch_size)^2."""
+    patch_size: int | None = Field(None, gt=0)
+    """Patch side in pixels."""
+
+
 class ModelConfig(Strict):
     """The model: a preset, a Hugging Face config or explicit sizes (a transformer), or
     synthetic per-stage costs; the size keys override a preset's or a config's."""
@@ -144,6 +183,23 @@ class ModelConfig(Strict):
     parallel_blocks: bool | None = None
     """GPT-J/GPT-NeoX parallel attention and MLP, x + attn(ln1(x)) + mlp(ln2(x)): one TP
     all-reduce per layer instead of two, the layer input kept once for both norms."""
+    encoder: EncoderConfig | None = None
+    """A multimodal model's encoder feeding this LLM; needs schedule ``encoder-first`` or
+    ``optimus``."""
+
+
+class EncoderParallelConfig(Strict):
+    """The encoder's own layout on the LLM's GPUs (Optimus, Feng et al. 2024, sec. 4.1)."""
+
+    tp: int | None = Field(None, ge=1)
+    """Encoder tensor parallelism: 1 or the LLM's tp (default)."""
+    pp: int = Field(1, ge=1)
+    """Encoder pipeline stages; divides the LLM's pp."""
+    dp: int | None = Field(None, ge=1)
+    """Encoder data parallelism; default the GPUs over tp·pp; if given it must match."""
+    pieces: int | None = Field(None, ge=1)
+    """Ops each encoder stage's forward (and backward) of a micro-batch is cut into, for
+    the schedule to place; default: one per layer of the stage."""
 
 
 class ParallelConfig(Strict):
@@ -198,6 +254,8 @@ class ParallelConfig(Strict):
     the cluster, each holding 1/ps_servers of every stage's parameters; the layout's
     tp·pp·dp·cp covers the GPUs before them."""
 
+    encoder: EncoderParallelConfig | None = None
+    """The layout of ``model.encoder``; default: tp as the LLM's, one stage, the rest DP."""
 
 class StatisticCurve(Strict):
     """The gradient statistic a batch policy reads, over training steps: a CSV file or an

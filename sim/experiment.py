@@ -24,6 +24,7 @@ from sim.config import (
 )
 from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
+from sim.multimodal import attach_encoder
 from sim.partition import auto_layers, rank_time_model
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
@@ -459,6 +460,10 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                                                 cluster))
         elif par.layers_per_stage == "auto":
             costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster))
+    if cfg.model.encoder is not None:
+        costs, sched = attach_encoder(cfg, costs, cluster, placement, m)
+    elif par.encoder is not None:
+        raise ConfigError("parallel.encoder: the model has no encoder (model.encoder)")
     _check_batch_policy(cfg, model, base_dir)
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir,
                       profile)

@@ -19,8 +19,9 @@ from workloads.program import Compute, Program, Send
 COMPUTE_STREAM = "compute"
 """Name of every GPU's compute stream."""
 
-COMPUTE_KINDS = ("F", "B", "W", "opt")
-"""Span kinds that run on the compute stream (forward, backward, weight-grad, optimizer)."""
+COMPUTE_KINDS = ("F", "B", "W", "opt", "E", "G")
+"""Span kinds that run on the compute stream (forward, backward, weight-grad, optimizer, and a
+multimodal model's encoder forward and backward pieces)."""
 
 COMM_KINDS = ("tp", "pp", "dp", "cp", "ep")
 """Span kinds of communication, as reported in ``exposed_comm_s``."""

@@ -3,7 +3,8 @@
 :func:`experiments` draws experiment dicts, as ``sim run`` reads them from YAML, small
 enough to simulate in well under 0.5 s at either fidelity: the synthetic model and
 small dense and mixture-of-experts transformers (few layers, small hidden sizes),
-every schedule of the registry (:data:`workloads.registry.SCHEDULES`), even and
+every schedule of the registry (:data:`workloads.registry.SCHEDULES`; the multimodal
+ones mostly with an encoder, synthetic or a tiny ViT, and its own layout), even and
 uneven ``layers_per_stage``, TP with and without SP, CP, EP, ZeRO 0-3, recomputation,
 micro-batch sizes and counts, on the ideal cluster, DGX servers and explicit
 topologies. With ``collapsible=False`` some also carry what breaks the symmetry the
@@ -155,6 +156,29 @@ def _faults(draw: st.DrawFn, cluster: dict[str, Any], num_gpus: int) -> dict[str
 
 
 @st.composite
+def _encoder(draw: st.DrawFn, synthetic: bool, tp: int, pp: int
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A multimodal model's encoder (synthetic with a synthetic LLM, else synthetic or a tiny
+    ViT) and its layout (``model.encoder``, ``parallel.encoder``), for the multimodal
+    schedules."""
+    pp_e = draw(st.sampled_from(_divisors(pp)))
+    layout: dict[str, Any] = {"tp": draw(st.sampled_from(sorted({1, tp}))), "pp": pp_e}
+    if synthetic or draw(st.booleans()):
+        encoder: dict[str, Any] = {"synthetic": {
+            "forward_ms": draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])),
+            "backward_ms": draw(st.sampled_from([0.0, 0.4, 1.0, 2.0])),
+            "activation_MB": draw(st.sampled_from([0.0, 10.0])),
+            "output_MB": draw(st.sampled_from([0.0, 1.0]))}}
+        layout["pieces"] = draw(st.integers(1, 3))
+        return encoder, layout
+    layers = pp_e * draw(st.integers(1, 2))
+    encoder = {"num_layers": layers, "hidden_size": 64, "num_attention_heads": 4,
+               "ffn_hidden_size": 128, "tokens_per_sample": draw(st.sampled_from([16, 49]))}
+    layout["pieces"] = draw(st.integers(1, layers // pp_e))
+    return encoder, layout
+
+
+@st.composite
 def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dict[str, Any]:
     schedule = schedule or draw(st.sampled_from(SCHEDULES))
     synthetic = draw(st.integers(0, 3)) == 0
@@ -197,6 +221,10 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
     }
     if schedule == "seq1f1b":
         training["seq_chunks"] = draw(st.sampled_from([1, 2, 4]))
+    if REGISTRY[schedule].encoder is not None and cp == 1 and ep == 1 and draw(
+            st.sampled_from([True, True, False])):
+        model["encoder"], parallel["encoder"] = draw(_encoder(synthetic, tp, pp))
+        parallel.update(zero_stage=min(parallel["zero_stage"], 2), overlap_grad_reduce=False)
     mixed = not collapsible and num_gpus >= 2 and draw(st.sampled_from([False, False, True]))
     cluster = draw(_cluster(num_gpus, mixed))
     if not synthetic:  # the framework profiles, precision and partial recomputation

@@ -35,7 +35,14 @@ from typing import Protocol
 
 import numpy as np
 
-from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
+from workloads.schedules import (
+    BACKWARD,
+    ENCODER_BACKWARD,
+    ENCODER_FORWARD,
+    FORWARD,
+    WEIGHT_GRAD,
+    Op,
+)
 
 
 def model_state_bytes_per_param(zero_stage: int, shards: int, grad_bytes: float = 2.0) -> float:
@@ -65,9 +72,12 @@ def stash_fractions(kind: str, split_backward: bool, w: float) -> tuple[float, f
     """(Share of its stash an op of ``kind`` allocates at its start, share it frees at its
     end): a forward allocates the whole, a backward frees the whole (``1 - w`` when the
     weight gradient is split off), a ``W`` frees the retained share ``w``
-    (:attr:`TransformerCosts.w_retained_fraction`)."""
-    if kind == FORWARD:
+    (:attr:`TransformerCosts.w_retained_fraction`); an encoder piece's forward (``E``)
+    allocates its stash and its backward (``G``) frees it."""
+    if kind in (FORWARD, ENCODER_FORWARD):
         return 1.0, 0.0
+    if kind == ENCODER_BACKWARD:
+        return 0.0, 1.0
     if kind == BACKWARD:
         return 0.0, (1 - w) if split_backward else 1.0
     if kind == WEIGHT_GRAD:
@@ -79,8 +89,11 @@ def stash_bytes(costs: StashModel, op: Op) -> float:
     """Activation bytes ``op``'s forward stashes and its backward (and W) frees.
 
     A Seq1F1B sequence chunk (``op.seq >= 0``) stashes its share of the
-    micro-batch's activations, given by the cost model's ``seq_chunk_share``.
+    micro-batch's activations, given by the cost model's ``seq_chunk_share``; an
+    encoder piece (``E`` or ``G``) the piece's, given by its ``encoder_stash_bytes``.
     """
+    if op.kind in (ENCODER_FORWARD, ENCODER_BACKWARD):
+        return costs.encoder_stash_bytes(op)  # type: ignore[attr-defined]
     whole = costs.activation_bytes_per_mb(op.stage)
     if op.seq < 0:
         return whole

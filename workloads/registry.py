@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from workloads import schedules_advanced as adv
+from workloads import schedules_multimodal as mm
 from workloads.schedules import Schedule, gpipe, one_f_one_b
+from workloads.schedules_multimodal import EncoderPlan
+
+EncoderBuilder = Callable[[int, int, EncoderPlan | None], Schedule]
+"""``build(p, m, plan)``: a multimodal schedule for pipeline ranks, micro-batches and the
+encoder's layout and estimated costs (None: no encoder, plain 1F1B)."""
 
 Builder = Callable[[int, int, int, int], Schedule]
 """``build(p, m, v, k)``: pipeline ranks, micro-batches per step, chunks per rank and
@@ -58,6 +64,11 @@ class ScheduleKind:
     holds and the period is one isolated step."""
     source: str
     """Where the schedule comes from."""
+    encoder: EncoderBuilder | None = None
+    """Builds the schedule with a multimodal model's encoder ops placed
+    (:mod:`workloads.schedules_multimodal`): ``encoder(p, m, plan)``, the same builder as
+    :attr:`build`, which passes no plan; None: the schedule has no place for an encoder
+    (``model.encoder`` is refused with it)."""
 
     def __call__(self, p: int, m: int, v: int | None = None, k: int = 1) -> Schedule:
         """The schedule for ``p`` ranks and ``m`` micro-batches, ``v`` chunks per rank
@@ -70,6 +81,13 @@ def _one_chunk(builder: Callable[[int, int], Schedule]) -> Builder:
     experiment rejects ``vpp > 1`` for a one-chunk schedule)."""
     def build(p: int, m: int, v: int, k: int) -> Schedule:
         return builder(p, m)
+    return build
+
+
+def _multimodal(builder: EncoderBuilder) -> Builder:
+    """A multimodal builder as a :data:`Builder`, without an encoder (one chunk per rank)."""
+    def build(p: int, m: int, v: int, k: int) -> Schedule:
+        return builder(p, m, None)
     return build
 
 
@@ -97,10 +115,18 @@ _KINDS = (
                  "DeepSeek-AI 2024, sec. 3.2.1"),
     ScheduleKind("seq1f1b", adv.seq1f1b, 1, 1, False, True, False,
                  "Sun et al. 2024, sec. 3"),
+    ScheduleKind("encoder-first", _multimodal(mm.encoder_first), 1, 1, False, False, False,
+                 "Feng et al. 2024, sec. 2.2 (baseline)", mm.encoder_first),
+    ScheduleKind("optimus", _multimodal(mm.optimus), 1, 1, False, False, False,
+                 "Feng et al. 2024, sec. 4.2", mm.optimus),
 )
 
 SCHEDULES: Mapping[str, ScheduleKind] = MappingProxyType({s.name: s for s in _KINDS})
 """Every built-in schedule by experiment-file name, in the order the docs list them."""
+
+LLM_SCHEDULES: tuple[str, ...] = tuple(s.name for s in _KINDS if s.encoder is None)
+"""The schedules of a model without an encoder: what ``sim search`` tries (a multimodal
+schedule without an encoder is 1F1B under another name)."""
 
 
 def overlaps_steps(name: str) -> bool:

@@ -9,6 +9,11 @@ golden files and custom schedule files. Two backward-compatible extensions:
 * a sequence chunk (Seq1F1B, Sun et al. 2024): ``"1F3.2"`` = stage 1, forward,
   micro-batch 3, sequence chunk 2; ops without the suffix cover the whole
   micro-batch;
+* encoder ops (a multimodal model's encoder, Feng et al. 2024): ``"2E5.1"`` = the
+  encoder forward piece 1 that pipeline rank 2 runs for micro-batch 5, ``"2G5.1"`` its
+  backward; for these kinds the stage field is the pipeline rank that runs them and the
+  suffix is the piece (a group of encoder layers), never omitted
+  (:class:`EncoderLayout`);
 * fused groups (DualPipe's overlapped forward/backward pairs, DeepSeek-AI
   2024, sec. 3.2.1): ops joined by ``&`` on a rank, e.g. ``"0F5&7B2&7W2"``,
   start together once every member's inputs are ready, run back to back as one
@@ -38,8 +43,13 @@ FORWARD = "F"
 BACKWARD = "B"
 WEIGHT_GRAD = "W"
 KINDS = (FORWARD, BACKWARD, WEIGHT_GRAD)
+ENCODER_FORWARD = "E"
+"""A piece of a multimodal model's encoder forward (:class:`EncoderLayout`)."""
+ENCODER_BACKWARD = "G"
+"""A piece of the encoder's backward (its gradients)."""
+ENCODER_KINDS = (ENCODER_FORWARD, ENCODER_BACKWARD)
 
-_OP_RE = re.compile(r"^(\d+)([FBW])(\d+)(?:\.(\d+))?$")
+_OP_RE = re.compile(r"^(\d+)([FBWEG])(\d+)(?:\.(\d+))?$")
 FUSE = "&"
 """Joins the ops of a fused group in the text form: ``0F5&7B2``."""
 WHOLE = -1
@@ -77,8 +87,8 @@ class Op(NamedTuple):
         match = _OP_RE.match(text.strip())
         if not match:
             raise ScheduleError(
-                f"op {text!r} is not of the form <stage><F|B|W><micro-batch>[.<sequence chunk>], "
-                "e.g. '1F3' or '1F3.2'"
+                f"op {text!r} is not of the form <stage><F|B|W|E|G><micro-batch>"
+                "[.<sequence chunk>], e.g. '1F3' or '1F3.2'"
             )
         seq = WHOLE if match[4] is None else int(match[4])
         return cls(int(match[1]), match[2], int(match[3]), seq)
@@ -91,6 +101,32 @@ class Op(NamedTuple):
 _op = partial(tuple.__new__, Op)
 """``_op((stage, kind, mb, seq))``: an :class:`Op` from its four fields, without the named
 tuple's Python-level ``__new__`` (op_deps builds hundreds of thousands)."""
+
+
+@dataclass(frozen=True)
+class EncoderLayout:
+    """Where a multimodal schedule's encoder ops run, as the dependency rule reads it.
+
+    Optimus (Feng et al. 2024, sec. 4) colocates the encoder on the LLM's GPUs with its
+    own parallel plan: the ``p`` pipeline ranks of an LLM pipeline hold ``p / stages``
+    encoder pipelines of ``stages`` stages each (encoder pipeline ``q``'s stage ``j`` on
+    rank ``q * stages + j``), which split each LLM micro-batch's inputs between them
+    (encoder data parallelism). Each encoder stage's work for a micro-batch is cut into
+    ``pieces`` ops (groups of layers), so that a scheduler can fit them into bubbles.
+    """
+
+    stages: int
+    """Encoder pipeline stages (``parallel.encoder.pp``); divides the LLM's ``pp``."""
+    pieces: int
+    """Ops each encoder stage's forward (and backward) of one micro-batch is cut into."""
+
+    def stage_of(self, rank: int) -> int:
+        """The encoder stage pipeline rank ``rank`` holds."""
+        return rank % self.stages
+
+    def last_ranks(self, p: int) -> tuple[int, ...]:
+        """The ranks holding an encoder pipeline's last stage (their outputs feed the LLM)."""
+        return tuple(range(self.stages - 1, p, self.stages))
 
 
 @dataclass(frozen=True)
@@ -115,6 +151,9 @@ class Schedule:
     releases their outputs at its end (DualPipe's overlapped F&B; a full backward B&W)."""
     seq_chunks: int = 1
     """k, sequence chunks per micro-batch (Seq1F1B); 1 = ops cover whole micro-batches."""
+    encoder: EncoderLayout | None = None
+    """The encoder ops' layout of a multimodal schedule (ops ``E`` and ``G``); None: no
+    encoder ops."""
 
     @property
     def num_ranks(self) -> int:
@@ -169,7 +208,8 @@ def _split_groups(ops: Sequence[Op], fused: frozenset[Op]) -> list[tuple[Op, ...
 
 
 def op_deps(
-    op: Op, num_stages: int, split_backward: bool, seq_chunks: int = 1
+    op: Op, num_stages: int, split_backward: bool, seq_chunks: int = 1,
+    encoder: EncoderLayout | None = None,
 ) -> tuple[Op, ...]:
     """The ops ``op`` must wait for besides program order on its rank (DESIGN.md rule).
 
@@ -180,12 +220,25 @@ def op_deps(
     micro-batch on the same stage (it attends to their keys and values), and
     backward chunks run in reverse, chunk c after chunk c+1 (the later chunks
     produce gradients for chunk c's keys and values).
+
+    With an ``encoder`` (:class:`EncoderLayout`, Feng et al. 2024, sec. 3) encoder
+    pieces chain like layers: E(r, m, c) after E(r, m, c-1), the first piece after the
+    previous encoder stage's last (rank r-1); the LLM's first forward F(0, m) after the
+    last piece of every encoder pipeline's last stage (it consumes their features); the
+    encoder backward runs the pieces in reverse, G(r, m, c) after E(r, m, c) (its stash)
+    and G(r, m, c+1), the last piece after the next encoder stage's first or, on an
+    encoder pipeline's last stage, after the LLM's first backward B(0, m) (the gradient
+    of the features).
     """
     s, kind, m, c = op
     if kind == FORWARD:
         deps = [_op((s - 1, FORWARD, m, c))] if s > 0 else []
         if c > 0:
             deps.append(_op((s, FORWARD, m, c - 1)))
+        if encoder is not None and s == 0:
+            last = encoder.pieces - 1
+            deps += [_op((r, ENCODER_FORWARD, m, last))
+                     for r in encoder.last_ranks(num_stages)]
         return tuple(deps)
     if kind == BACKWARD:
         deps = [_op((s, FORWARD, m, c))]
@@ -194,9 +247,31 @@ def op_deps(
         if c != WHOLE and c < seq_chunks - 1:
             deps.append(_op((s, BACKWARD, m, c + 1)))
         return tuple(deps)
+    if kind in ENCODER_KINDS:
+        if encoder is None:
+            raise ScheduleError(f"op {op} is an encoder op but the schedule has no encoder")
+        return _encoder_deps(op, encoder)
     if not split_backward:
         raise ScheduleError(f"op {op} is a W but the schedule does not split the backward")
     return (_op((s, BACKWARD, m, c)),)
+
+
+def _encoder_deps(op: Op, encoder: EncoderLayout) -> tuple[Op, ...]:
+    """:func:`op_deps` of an encoder op (``E`` or ``G``) of pipeline rank ``op.stage``."""
+    r, kind, m, c = op
+    j, last = encoder.stage_of(r), encoder.pieces - 1
+    if kind == ENCODER_FORWARD:
+        if c > 0:
+            return (_op((r, ENCODER_FORWARD, m, c - 1)),)
+        return (_op((r - 1, ENCODER_FORWARD, m, last)),) if j > 0 else ()
+    deps = [_op((r, ENCODER_FORWARD, m, c))]
+    if c < last:
+        deps.append(_op((r, ENCODER_BACKWARD, m, c + 1)))
+    elif j < encoder.stages - 1:
+        deps.append(_op((r + 1, ENCODER_BACKWARD, m, 0)))
+    else:
+        deps.append(_op((0, BACKWARD, m, WHOLE)))
+    return tuple(deps)
 
 
 def schedule_deps(schedule: Schedule, op: Op) -> tuple[Op, ...]:
@@ -207,7 +282,8 @@ def schedule_deps(schedule: Schedule, op: Op) -> tuple[Op, ...]:
     inputs are there (DualPipe runs an overlapped F&B pair once both the
     forward's activation and the backward's gradient have arrived).
     """
-    own = op_deps(op, schedule.num_stages, schedule.split_backward, schedule.seq_chunks)
+    own = op_deps(op, schedule.num_stages, schedule.split_backward, schedule.seq_chunks,
+                  schedule.encoder)
     if not schedule.fused:
         return own
     group = schedule.groups.get(op, (op,))
@@ -215,24 +291,31 @@ def schedule_deps(schedule: Schedule, op: Op) -> tuple[Op, ...]:
         return own
     out = dict.fromkeys(own)
     for member in group[1:]:
-        deps = op_deps(member, schedule.num_stages, schedule.split_backward, schedule.seq_chunks)
+        deps = op_deps(member, schedule.num_stages, schedule.split_backward, schedule.seq_chunks,
+                       schedule.encoder)
         out.update(dict.fromkeys(d for d in deps if d not in group))
     return tuple(out)
 
 
 def required_ops(
-    num_stages: int, num_microbatches: int, split_backward: bool, seq_chunks: int = 1
+    num_stages: int, num_microbatches: int, split_backward: bool, seq_chunks: int = 1,
+    encoder: EncoderLayout | None = None,
 ) -> list[Op]:
-    """Every op a valid schedule runs exactly once (with sequence chunks 0..k-1 if k > 1)."""
+    """Every op a valid schedule runs exactly once (with sequence chunks 0..k-1 if k > 1,
+    and with an ``encoder`` every rank's encoder pieces, forward and backward)."""
     kinds = KINDS if split_backward else (FORWARD, BACKWARD)
     seqs = range(seq_chunks) if seq_chunks > 1 else (WHOLE,)
-    return [
+    out = [
         Op(s, k, mb, c)
         for s in range(num_stages)
         for mb in range(num_microbatches)
         for c in seqs
         for k in kinds
     ]
+    if encoder is not None:
+        out += [Op(r, k, mb, c) for r in range(num_stages) for mb in range(num_microbatches)
+                for c in range(encoder.pieces) for k in ENCODER_KINDS]
+    return out
 
 
 def validate(schedule: Schedule) -> None:
@@ -259,7 +342,8 @@ def validate(schedule: Schedule) -> None:
     stage_rank, num_stages = schedule.stage_rank, schedule.num_stages
     for r, ops in enumerate(schedule.rank_ops):
         for op in ops:
-            if op.kind not in KINDS or not 0 <= op.stage < num_stages:
+            kinds = KINDS + ENCODER_KINDS if schedule.encoder is not None else KINDS
+            if op.kind not in kinds or not 0 <= op.stage < num_stages:
                 raise ScheduleError(f"rank {r}: op {op} has no such stage or kind")
             if op in seen:
                 raise ScheduleError(f"op {op} appears twice (ranks {seen[op]} and {r})")
@@ -298,6 +382,9 @@ def _well_formed(schedule: Schedule) -> bool:
 def _required(schedule: Schedule, op: Op) -> bool:
     """Whether ``op`` (of a known stage and kind) is one :func:`required_ops` lists."""
     k = schedule.seq_chunks
+    if op.kind in ENCODER_KINDS:
+        assert schedule.encoder is not None  # validate admits encoder ops only then
+        return 0 <= op.mb < schedule.num_microbatches and 0 <= op.seq < schedule.encoder.pieces
     return (0 <= op.mb < schedule.num_microbatches
             and (0 <= op.seq < k if k > 1 else op.seq == WHOLE)
             and (op.kind != WEIGHT_GRAD or schedule.split_backward))
@@ -312,10 +399,13 @@ def _check_complete(schedule: Schedule, seen: dict[Op, int]) -> None:
     k = schedule.seq_chunks
     kinds = len(KINDS) if schedule.split_backward else 2
     count = schedule.num_stages * schedule.num_microbatches * k * kinds
+    if schedule.encoder is not None:
+        count += schedule.num_stages * schedule.num_microbatches * schedule.encoder.pieces * 2
     if len(seen) == count and all(_required(schedule, op) for op in seen):
         return
     need = required_ops(
-        schedule.num_stages, schedule.num_microbatches, schedule.split_backward, k
+        schedule.num_stages, schedule.num_microbatches, schedule.split_backward, k,
+        schedule.encoder,
     )
     need_set = set(need)
     missing = [op for op in need if op not in seen]
@@ -347,7 +437,8 @@ def _check_fused(schedule: Schedule, seen: dict[Op, int]) -> None:
 def _internal_order(schedule: Schedule, group: tuple[Op, ...]) -> None:
     """Raise if a member of a fused group waits on a later member (it could never start)."""
     for i, op in enumerate(group):
-        deps = op_deps(op, schedule.num_stages, schedule.split_backward, schedule.seq_chunks)
+        deps = op_deps(op, schedule.num_stages, schedule.split_backward, schedule.seq_chunks,
+                       schedule.encoder)
         later = [d for d in deps if d in group[i + 1 :]]
         if later:
             raise ScheduleError(
@@ -506,9 +597,11 @@ def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
     base = 0
     if not schedule.fused:  # every op a group of its own: its producers are its op_deps
         S, split, k = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
+        enc = schedule.encoder
         for ops in schedule.rank_ops:
             rank_groups.append([[base + i] for i in range(len(ops))])
-            group_deps.append([[get(d, n) for d in op_deps(op, S, split, k)] for op in ops])
+            group_deps.append([[get(d, n) for d in op_deps(op, S, split, k, enc)]
+                               for op in ops])
             base += len(ops)
         return rank_groups, group_deps
     for ops in schedule.rank_ops:

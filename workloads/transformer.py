@@ -448,6 +448,14 @@ class TransformerCosts:
                                               f"{name} bwd", backward=True)
         return segs + self._blocks(name, attn_body, mlp_seg, backward=True)
 
+    def block_segments(self, backward: bool, label: str) -> list[Segment]:
+        """One transformer block's forward, or its whole backward (input and weight
+        gradients), on one TP rank, without embedding or head: a layer of a multimodal
+        model's encoder (:mod:`workloads.encoders`)."""
+        if backward:
+            return self._layer_backward(label, weight_grad_deferred=False)
+        return self._layer_forward(label)
+
     def _head(self, backward: bool, weight_grad_deferred: bool = False) -> ComputeSeg:
         """Final norm, output projection (vocabulary-parallel) and cross entropy."""
         m, t, n = self.model, self.tp, self._tokens

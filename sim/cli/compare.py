@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from base.outputs import Outputs, check_output_dir, output_dir, outputs
-from sim.compare import DEFAULT_SCHEDULES
+from sim.compare import DEFAULT_SCHEDULES, MULTIMODAL_SCHEDULES
 
 __all__ = ["register"]
 
@@ -26,9 +26,10 @@ def register(subparsers: Any) -> None:
     cmd = subparsers.add_parser(
         "compare", help="run one experiment under several pipeline schedules and compare them")
     cmd.add_argument("file", help="experiment YAML file")
-    cmd.add_argument("--schedules", default=",".join(DEFAULT_SCHEDULES), metavar="A,B,...",
+    cmd.add_argument("--schedules", default=None, metavar="A,B,...",
                      help="comma-separated schedule names or schedule files "
-                          f"(default: {','.join(DEFAULT_SCHEDULES)})")
+                          f"(default: {','.join(DEFAULT_SCHEDULES)}; with model.encoder, "
+                          f"{','.join(MULTIMODAL_SCHEDULES)})")
     cmd.add_argument("--out", metavar="DIR",
                      help="write compare.csv, compare.json, compare.png and memory.png")
     cmd.add_argument("--json", action="store_true", help="print exactly one JSON object")
@@ -41,8 +42,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     from sim.compare import compare, parse_schedules, rows_csv, rows_json, rows_table
 
     out = check_output_dir(args.out) if args.out else None  # fails before simulating
-    names = parse_schedules(args.schedules)
+    given = args.schedules
+    names = parse_schedules(given) if given is not None else None  # a bad list fails first
     exp = load_experiment(args.file)
+    if names is None:
+        multimodal = exp.config.model.encoder is not None
+        names = list(MULTIMODAL_SCHEDULES if multimodal else DEFAULT_SCHEDULES)
     rows, results = compare(exp, names, base_dir=Path(args.file).parent)
     text = rows_json(rows, exp.name)
     written: list[Path] = []

@@ -35,7 +35,7 @@ from topologies.config import MAX_GPUS
 from topologies.placement import Placement
 from workloads.frameworks import FrameworkProfile, apply_framework, framework, stage_layers
 from workloads.models import ModelSpec
-from workloads.registry import SCHEDULES
+from workloads.registry import LLM_SCHEDULES, SCHEDULES
 from workloads.schedules import Schedule
 from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
@@ -103,6 +103,9 @@ class SearchContext:
             raise ConfigError("parallel.layers_per_stage='auto': sim search does not split "
                               "layers by the network and memory yet; use 'balanced', a list "
                               "or no split")
+        if cfg.model.encoder is not None:
+            raise ConfigError("model.encoder: sim search does not search a multimodal model's "
+                              "layouts; compare its schedules with sim compare")
         gbs = cfg.training.global_batch_size
         if gbs is None:
             try:
@@ -253,7 +256,7 @@ def probe_support(data: Mapping[str, Any], num_layers: int
             unsupported[name] = str(exc)
     vpps: dict[str, tuple[int, ...]] = {}
     seq_chunks = (data.get("training") or {}).get("seq_chunks", 4)
-    for name in SCHEDULES:
+    for name in LLM_SCHEDULES:  # a multimodal schedule needs an encoder, which search refuses
         ok = []
         for v in (1, 2, 3):
             try:

@@ -94,7 +94,10 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
     piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
                  if zero3 or overlap or cp_or_ep else None)
-    fast = not reference and collapse is not None and piecewise is None and not schedule.fused
+    # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
+    # (and the F ops that wait on several of them) take the op loop
+    fast = (not reference and collapse is not None and piecewise is None and not schedule.fused
+            and schedule.encoder is None)
     order, fields = topological(schedule, fields=fast)
     head = None
     if fast and order and fields is not None and fields[1].min() >= 0:  # F, B, W only

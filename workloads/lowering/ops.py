@@ -70,6 +70,9 @@ class OpLoop:
         self.folds: dict[Op, Folded] = {}
         self.send_s: dict[tuple[int, int, float], float] = {}
         self.whole_p2p = costs.p2p_bytes()
+        feature_p2p = getattr(costs, "feature_p2p_bytes", None)
+        self.feature_p2p = 0.0 if feature_p2p is None else float(feature_p2p())
+        """A multimodal model's features' gradient, sent by the LLM's first backward."""
         self.cuts: dict[int, frozenset[str]] = {}
         """Collapsed: by position, the kinds whose last folded collective the op cuts its
         compute at (:func:`~workloads.lowering.collapse.stream_cuts`)."""
@@ -92,13 +95,14 @@ class OpLoop:
             local = [(index[dep], owner[dep.stage] == r) for dep in schedule_deps(schedule, op)]
             group = groups_of[op]  # a fused group (DualPipe F&B) sends at its end
             sends = (pipeline_sends(schedule, group, r, index, self.collapse, self.placement,
-                                    self.send_s, p2p) if op == group[-1] else [])
+                                    self.send_s, p2p, self.feature_p2p)
+                     if op == group[-1] else [])
             if piecewise is not None and (every_op or op in final_ops):
-                self._pieces(k, op, r, local, facts, sends, p2p)
+                self._pieces(k, op, r, local, facts, sends)
             elif self.collapse is not None:
-                self._folded(k, op, generic, r, local, facts, sends, p2p)
+                self._folded(k, op, generic, r, local, facts, sends)
             else:
-                self._full(k, op, r, local, facts, sends, p2p)
+                self._full(k, op, r, local, facts, sends)
 
     def _stream_cuts(self, order: Sequence[Op], index: Mapping[Op, int]
                      ) -> dict[int, frozenset[str]]:
@@ -137,7 +141,7 @@ class OpLoop:
         return tuple([last[(j, g)] if same else sent[(j, g)] for j, same in local])
 
     def _pieces(self, k: int, op: Op, r: int, local: Sequence[tuple[int, bool]], facts: Facts,
-                sends: Sequence[PipeSend], p2p: float) -> None:
+                sends: Sequence[PipeSend]) -> None:
         """An op with markers, ring attention or all-to-alls (:class:`PieceLowering`)."""
         assert self.piecewise is not None
         _, _, alloc, free = facts
@@ -145,10 +149,10 @@ class OpLoop:
         self.piecewise.emit(k, op, r, prev, alloc, free, self.last, self.pending,
                             marked=self.zero3 or (self.overlap and op in self.final_ops),
                             cut=self.cuts.get(k, frozenset()))
-        emit_sends(self.b, sends, self.lanes, r, k, self.last, self.sent, p2p)
+        emit_sends(self.b, sends, self.lanes, r, k, self.last, self.sent)
 
     def _folded(self, k: int, op: Op, generic: Op, r: int, local: Sequence[tuple[int, bool]],
-                facts: Facts, sends: Sequence[PipeSend], p2p: float) -> None:
+                facts: Facts, sends: Sequence[PipeSend]) -> None:
         """Collapsed: the op folded on the representative GPU, then its sends."""
         assert self.collapse is not None
         segs, _, alloc, free = facts
@@ -161,10 +165,10 @@ class OpLoop:
                                         alloc, free, self.pending[r],
                                         self.cuts.get(k, frozenset()))
         self.pending[r] = pending_after(self.pending[r], folded)
-        emit_replica_sends(self.b, sends, self.lanes, r, 0, k, self.last, self.sent, p2p)
+        emit_replica_sends(self.b, sends, self.lanes, r, 0, k, self.last, self.sent)
 
     def _full(self, k: int, op: Op, r: int, local: Sequence[tuple[int, bool]], facts: Facts,
-              sends: Sequence[PipeSend], p2p: float) -> None:
+              sends: Sequence[PipeSend]) -> None:
         """Every replica of rank ``r`` in turn: the op's segments on each of its TP lanes
         (collectives over the TP group, compute on each GPU; the op's memory allocated with
         its first compute segment and freed with its last), then that replica's sends."""
@@ -195,4 +199,4 @@ class OpLoop:
             if segs:
                 for g in gpus:
                     last[(k, g)] = prev[g][0]
-            emit_replica_sends(b, sends, self.lanes, r, d, k, last, self.sent, p2p)
+            emit_replica_sends(b, sends, self.lanes, r, d, k, last, self.sent)

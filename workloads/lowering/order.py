@@ -16,6 +16,7 @@ import numpy as np
 
 from workloads.schedules import (
     BACKWARD,
+    ENCODER_BACKWARD,
     FORWARD,
     WEIGHT_GRAD,
     Op,
@@ -104,7 +105,7 @@ def producers_by_op(schedule: Schedule, order: Sequence[Op], index: Mapping[Op, 
     cols: tuple[list[int], list[int], list[int]] = ([], [], [])
     S, split, chunks = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
     for op in order:
-        found = [index[d] for d in op_deps(op, S, split, chunks)]
+        found = [index[d] for d in op_deps(op, S, split, chunks, schedule.encoder)]
         found += [-1] * (3 - len(found))
         for col, x in zip(cols, found, strict=True):
             col.append(x)
@@ -113,11 +114,15 @@ def producers_by_op(schedule: Schedule, order: Sequence[Op], index: Mapping[Op, 
 
 def final_ops(schedule: Schedule) -> dict[int, Op]:
     """Per stage, its final op: the last backward (or W, where the backward is split) in
-    its rank's program order; the stage's gradients are complete after it."""
+    its rank's program order; the stage's gradients are complete after it. With a
+    multimodal schedule's encoder, an encoder backward piece (``G``, whose stage field is
+    its rank) later in the rank's order is the final op instead: the rank's encoder
+    gradients are then complete too, and are reduced with the stage's."""
     last_kind = WEIGHT_GRAD if schedule.split_backward else BACKWARD
+    kinds = {last_kind} if schedule.encoder is None else {last_kind, ENCODER_BACKWARD}
     out: dict[int, Op] = {}
     for ops in schedule.rank_ops:
         for op in ops:
-            if op.kind == last_kind:
+            if op.kind in kinds:
                 out[op.stage] = op
     return out

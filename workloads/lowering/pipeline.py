@@ -10,11 +10,18 @@ from collections.abc import Mapping, Sequence
 from topologies.placement import Placement
 from workloads.lowering.collapse import Collapse, replica_send_s
 from workloads.program import ProgramBuilder
-from workloads.schedules import BACKWARD, FORWARD, Op, Schedule
+from workloads.schedules import (
+    BACKWARD,
+    ENCODER_FORWARD,
+    FORWARD,
+    WEIGHT_GRAD,
+    Op,
+    Schedule,
+)
 
-PipeSend = tuple[int, Op, int, str, "float | None"]
+PipeSend = tuple[int, Op, int, str, "float | None", float]
 """One pipeline message of an op: (position of the sending op in the lowering order, that
-op, consumer's pipeline rank, name, fixed duration or None)."""
+op, consumer's pipeline rank, name, fixed duration or None, bytes)."""
 
 Lanes = list[list[list[int]]]
 """``lanes[r][e][t]``: the simulated GPU of TP lane t, replica e (a (cp, dp) coordinate)
@@ -31,47 +38,70 @@ def consumer_stage(op: Op, num_stages: int) -> int | None:
     return None
 
 
+def consumer_ranks(op: Op, schedule: Schedule) -> tuple[int, ...]:
+    """The pipeline ranks whose ops consume ``op``'s output (:func:`consumer_stage`'s owner),
+    with a multimodal schedule's encoder (:class:`~workloads.schedules.EncoderLayout`)
+    also: an encoder stage's last forward piece feeds the next encoder stage, or on an
+    encoder pipeline's last stage the LLM's first stage; the first backward piece sends
+    its gradient to the previous encoder stage; the LLM's first backward sends the
+    features' gradient to every encoder pipeline's last stage."""
+    enc = schedule.encoder
+    if enc is None or op.kind in (FORWARD, WEIGHT_GRAD) or (op.kind == BACKWARD and op.stage):
+        consumer = consumer_stage(op, schedule.num_stages)
+        return () if consumer is None else (schedule.stage_rank[consumer],)
+    if op.kind == BACKWARD:
+        return enc.last_ranks(schedule.num_ranks)
+    j = enc.stage_of(op.stage)
+    if op.kind == ENCODER_FORWARD:
+        if op.seq < enc.pieces - 1:
+            return ()
+        return (op.stage + 1,) if j < enc.stages - 1 else (schedule.stage_rank[0],)
+    return (op.stage - 1,) if op.seq == 0 and j > 0 else ()
+
+
 def pipeline_sends(schedule: Schedule, group: Sequence[Op], r: int, index: Mapping[Op, int],
                    collapse: Collapse | None, placement: Placement,
-                   cache: dict[tuple[int, int, float], float], p2p: float) -> list[PipeSend]:
+                   cache: dict[tuple[int, int, float], float], p2p: float,
+                   feature_p2p: float = 0.0) -> list[PipeSend]:
     """The pipeline messages of ``group`` (an op, or a fused group such as DualPipe's F&B,
     which sends at its end) on rank ``r`` whose consumer lives on another rank; collapsed,
-    each timed with every replica's copy (:func:`~workloads.lowering.collapse.replica_send_s`)."""
-    owner = schedule.stage_rank
+    each timed with every replica's copy (:func:`~workloads.lowering.collapse.replica_send_s`).
+    Each message carries ``p2p`` bytes, except the gradient of an encoder's features that
+    the LLM's first backward sends (``feature_p2p``)."""
     sends = []
     for member in group:
-        consumer = consumer_stage(member, schedule.num_stages)
-        if consumer is None or owner[consumer] == r:
-            continue
-        fixed = None if collapse is None else replica_send_s(
-            collapse, placement, cache, r, owner[consumer], p2p)
-        what = "act" if member.kind == FORWARD else "grad"
-        sends.append((index[member], member, owner[consumer], f"{member} {what}", fixed))
+        nbytes = feature_p2p if member.kind == BACKWARD and member.stage == 0 else p2p
+        what = {FORWARD: "act", ENCODER_FORWARD: "features"}.get(member.kind, "grad")
+        for cr in consumer_ranks(member, schedule):
+            if cr == r:
+                continue
+            fixed = None if collapse is None else replica_send_s(
+                collapse, placement, cache, r, cr, nbytes)
+            sends.append((index[member], member, cr, f"{member} {what}", fixed, nbytes))
     return sends
 
 
 def emit_sends(b: ProgramBuilder, sends: Sequence[PipeSend], lanes: Lanes, r: int, k: int,
-               last: Mapping[tuple[int, int], int], sent: dict[tuple[int, int], int],
-               p2p: float) -> None:
+               last: Mapping[tuple[int, int], int], sent: dict[tuple[int, int], int]) -> None:
     """Each pipeline send of op ``order[k]``, from every simulated lane of rank ``r``, each
     after the instruction completing the op there (``last``); ``sent[(j, dst)]``: the send
     that delivers op ``order[j]``'s output to GPU ``dst``."""
-    for j, member, cr, name, fixed in sends:
+    for j, member, cr, name, fixed, nbytes in sends:
         for d, gpus in enumerate(lanes[r]):
             for t, g in enumerate(gpus):
                 dst = lanes[cr][d][t]
-                sent[(j, dst)] = b.send(g, dst, p2p, "pp", name, (last[(k, g)],),
+                sent[(j, dst)] = b.send(g, dst, nbytes, "pp", name, (last[(k, g)],),
                                         stage=member.stage, mb=member.mb, duration_s=fixed)
 
 
 def emit_replica_sends(b: ProgramBuilder, sends: Sequence[PipeSend], lanes: Lanes, r: int,
                        d: int, k: int, last: Mapping[tuple[int, int], int],
-                       sent: dict[tuple[int, int], int], p2p: float) -> None:
+                       sent: dict[tuple[int, int], int]) -> None:
     """:func:`emit_sends` from replica ``d``'s lanes only (the full lowering sends each
     replica's messages right after that replica's part of the op)."""
     gpus = lanes[r][d]
-    for j, member, cr, name, fixed in sends:
+    for j, member, cr, name, fixed, nbytes in sends:
         dst_lane = lanes[cr][d]
         for t, g in enumerate(gpus):
-            sent[(j, dst_lane[t])] = b.send(g, dst_lane[t], p2p, "pp", name, (last[(k, g)],),
+            sent[(j, dst_lane[t])] = b.send(g, dst_lane[t], nbytes, "pp", name, (last[(k, g)],),
                                             stage=member.stage, mb=member.mb, duration_s=fixed)
