@@ -22,6 +22,7 @@ from base.errors import ConfigError
 from base.schema import INVALID, Strict, invalid
 from sim.collectives import check as check_collective
 from sim.faults_config import FaultsConfig
+from sim.swarm_config import SwarmConfig
 from topologies.config import ClusterConfig
 from topologies.placement import DEFAULT_ORDER
 from workloads.registry import SCHEDULES
@@ -168,6 +169,9 @@ class ParallelConfig(Strict):
     ``balanced``: the integer split that minimises the slowest pipeline rank's compute
     time per micro-batch on its own GPUs (faster GPUs get more layers; the stage with
     the output head fewer), from the cost and device models."""
+    swarm: SwarmConfig | None = None
+    """SWARM parallelism: a pool of peers per pipeline stage, stochastically wired
+    (:mod:`sim.swarm_config`); None: one GPU per stage and replica."""
 
 
 class TrainingConfig(Strict):

@@ -201,6 +201,32 @@ def _resolve_layout(cfg: ExperimentConfig, num_gpus: int) -> tuple[int, int, int
     return p.tp, p.pp, dp, p.cp
 
 
+def _swarm_layout(cfg: ExperimentConfig, num_gpus: int) -> tuple[int, int, int, int]:
+    """The layout of ``parallel.swarm``'s template pipeline: pp stages, one GPU each (the
+    pools' peers take its ops, :mod:`sim.swarm`); ConfigError naming the key otherwise."""
+    p = cfg.parallel
+    pools = p.swarm.pools
+    if len(pools) != p.pp:
+        raise ConfigError(f"parallel.swarm.pools={pools}: {len(pools)} pools, but "
+                          f"parallel.pp={p.pp} stages; give one pool size per stage")
+    if min(pools) < 1:
+        raise ConfigError(f"parallel.swarm.pools={pools}: every stage needs at least one peer")
+    if sum(pools) != num_gpus:
+        raise ConfigError(f"parallel.swarm.pools={pools} add up to {sum(pools)} peers, not "
+                          f"cluster.num_gpus = {num_gpus}")
+    for key in ("tp", "cp", "ep", "vpp"):
+        if getattr(p, key) != 1:
+            raise ConfigError(f"parallel.{key}={getattr(p, key)}: parallel.swarm runs one GPU "
+                              f"per peer and one model chunk per stage; use {key}: 1")
+    if p.dp not in (None, 1):
+        raise ConfigError(f"parallel.dp={p.dp}: parallel.swarm has no data-parallel replicas "
+                          "(the pools share the micro-batches); leave dp out")
+    if cfg.schedule in SCHEDULES and SCHEDULES[cfg.schedule].steady_period:
+        raise ConfigError(f"schedule={cfg.schedule!r}: its steps overlap; parallel.swarm "
+                          "needs a schedule with a step barrier (e.g. 1f1b, gpipe)")
+    return 1, p.pp, 1, 1
+
+
 def _num_microbatches(cfg: ExperimentConfig, dp: int) -> tuple[int, int]:
     t = cfg.training
     per_step = t.micro_batch_size * dp
@@ -387,8 +413,8 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
     cfg = parse_config(data)
     model = build_model(cfg.model, base_dir)
     cluster = build_cluster(cfg.cluster)
-    tp, pp, dp, cp = _resolve_layout(cfg, cluster.num_gpus)
     par = cfg.parallel
+    tp, pp, dp, cp = (_swarm_layout if par.swarm else _resolve_layout)(cfg, cluster.num_gpus)
     if par.ep > 1:
         _check_expert_parallel(par, model, dp)
     if cp > 1:

@@ -77,6 +77,11 @@ GPUS: dict[str, GPUSpec] = {
         GPUSpec("MI300X", 1307e12, cuda_visible(192), 5.3 * TB, 448 * GB,
                 "AMD Instinct MI300X datasheet (2023): 1,307 TFLOPS dense BF16, 192GB HBM3 "
                 "5.3 TB/s; Infinity Fabric 896 GB/s aggregate (unverified per-direction split)"),
+        GPUSpec("T4", 65e12, cuda_visible(16), 320 * GB, 16 * GB,
+                "NVIDIA T4 datasheet (2018): 65 TFLOPS mixed-precision FP16 tensor (Turing has "
+                "no BF16; its FP16 peak stands in), 16GB GDDR6 320 GB/s, no NVLink: PCIe Gen3 "
+                "x16, 16 GB/s per direction; the preemptible GPUs of SWARM (Ryabinin et al. "
+                "2023)"),
     )
 }
 """GPU presets by name."""
