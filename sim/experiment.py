@@ -421,6 +421,14 @@ def build_experiment(data: Any, base_dir: Path | None = None) -> Experiment:
         _check_context_parallel(cfg, model, cp)
     check_attention_kernel(cfg.training.attention, cluster)
     check_fault_targets(cfg.faults, cluster)
+    faults = cfg.faults
+    if faults is not None and faults.preemption_rate_per_hour is not None and par.swarm is None:
+        raise ConfigError(f"faults.preemption_rate_per_hour={faults.preemption_rate_per_hour:g}: "
+                          "drawn preemptions strike the peers of parallel.swarm; without a "
+                          "swarm, list faults.preemptions")
+    if faults is not None and faults.preemptions and par.swarm is not None:
+        raise ConfigError("faults.preemptions: not used with parallel.swarm (its peers are "
+                          "preempted at faults.preemption_rate_per_hour)")
     if par.layers_per_stage is not None and model is None:
         raise ConfigError("parallel.layers_per_stage: needs a transformer model (the synthetic "
                           "model has no layers)")
