@@ -12,6 +12,10 @@ onto peers:
   pipeline messages go between those peers, ``activation_compression`` times fewer bytes
   (SWARM's 8-bit activations and gradients: 2 against bf16); each peer keeps the
   template's order of its stage's ops (a subsequence of a deadlock-free order is one);
+* under ``schedule: 1f1b`` the template warms each stage up with as many micro-batches
+  per peer of the largest pool as the plain pipeline does per GPU
+  (:func:`workloads.schedules.one_f_one_b`'s ``window``), so a pool of k peers keeps about
+  k times the micro-batches in flight;
 * each pool all-reduces its stage's gradients (bf16) before every peer's optimizer step.
 
 With one peer per stage the program is the template's, so the step is the fixed
@@ -28,7 +32,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from base.errors import ConfigError
 from sim.api import Result, _facts, _fastest_type_time
@@ -41,6 +45,7 @@ from sim.idle import idle_breakdown, summarize
 from sim.stats import compute_stats
 from workloads.lowering import lower
 from workloads.program import Compute, Program, ProgramBuilder, Send
+from workloads.schedules import one_f_one_b
 
 AWAY = -1
 """The stage of a peer that has been preempted and not yet rejoined."""
@@ -91,12 +96,10 @@ def wire(pools: Sequence[Sequence[int]], weight: Callable[[int, int], float],
 
 def pool_throughputs(stage_of: Sequence[int], num_stages: int,
                      throughput: Callable[[int, int], float]) -> list[float]:
-    """Each stage's pool throughput: its peers' throughputs on it, summed in rank order."""
-    total = [0.0] * num_stages
-    for p, s in enumerate(stage_of):
-        if s != AWAY:
-            total[s] += throughput(p, s)
-    return total
+    """Each stage's pool throughput: its peers' throughputs on it, summed exactly rounded
+    (:func:`math.fsum`: pools of the same peers tie exactly, whatever their order)."""
+    return [math.fsum(throughput(p, s) for p in pool)
+            for s, pool in enumerate(members(stage_of, num_stages))]
 
 
 def rebalanced(stage_of: Sequence[int], num_stages: int,
@@ -117,9 +120,9 @@ def rebalanced(stage_of: Sequence[int], num_stages: int,
         for p, s in enumerate(now):
             if s != hi:
                 continue
-            moved = list(total)
-            moved[hi] -= throughput(p, hi)
-            moved[lo] += throughput(p, lo)
+            trial = list(now)
+            trial[p] = lo
+            moved = pool_throughputs(trial, num_stages, throughput)
             if min(moved) > best_min:
                 best, best_min = p, min(moved)
         if best is None:
@@ -208,6 +211,8 @@ class Swarm:
     slowdown: dict[int, float]
     stage_ops: tuple[tuple[Compute, ...], ...]
     """Micro-batch 0's compute ops of each stage in the template."""
+    rates: dict[tuple[int, int], float] = field(default_factory=dict)
+    """:meth:`throughput` by (peer, stage), as computed."""
 
     @classmethod
     def of(cls, exp: Experiment, profile: DeviceProfile | None = None,
@@ -219,7 +224,11 @@ class Swarm:
         slowdown = straggler_slowdowns(exp.config.faults, exp.cluster.num_gpus)
         work = base if not slowdown else (
             lambda op: base(op) * slowdown.get(op.gpu, 1.0))
-        template = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
+        schedule = exp.schedule
+        window = max(exp.config.parallel.swarm.pools)
+        if schedule.name == "1f1b" and window > 1:
+            schedule = one_f_one_b(schedule.num_ranks, schedule.num_microbatches, window)
+        template = lower(schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                          None, reference)
         ops: list[list[Compute]] = [[] for _ in range(exp.placement.degree("pp"))]
         for ins in template.instructions:
@@ -235,8 +244,10 @@ class Swarm:
     def throughput(self, peer: int, stage: int) -> float:
         """Micro-batches per second that ``peer`` computes on ``stage``: one over the time
         of the stage's forward and backward (and W) of one micro-batch on its GPU."""
-        t = math.fsum(self.work_time(op._replace(gpu=peer)) for op in self.stage_ops[stage])
-        return 1.0 / t if t > 0 else math.inf
+        if (peer, stage) not in self.rates:
+            t = math.fsum(self.work_time(op._replace(gpu=peer)) for op in self.stage_ops[stage])
+            self.rates[(peer, stage)] = 1.0 / t if t > 0 else math.inf
+        return self.rates[(peer, stage)]
 
     def program(self, stage_of: Sequence[int]) -> tuple[Program, tuple[tuple[int, ...], ...]]:
         """The step's program with the peers serving ``stage_of`` (each peer's stage, or
@@ -271,9 +282,10 @@ class Swarm:
             opt = opt_of.get(s)
             if len(pool) == 1:  # the template's own step end
                 if opt is not None:
-                    b.compute(pool[0], "opt", opt.name, opt.deps, **_opt_fields(opt))
+                    b.compute(pool[0], "opt", opt.name, opt.deps,
+                              **_opt_fields(opt, cfg.weight_sharing))
                 continue
-            nbytes = self.exp.costs.grad_bytes(s)
+            nbytes = self.exp.costs.grad_bytes(s) / cfg.weight_sharing
             reduced = {p: (last[p],) if p in last else () for p in pool}
             if nbytes > 0:
                 reduced = {p: (i,) for p, i in b.collective(
@@ -281,9 +293,11 @@ class Swarm:
                     nbytes=nbytes, stage=s).items()}
             if opt is not None:
                 for p in pool:
-                    b.compute(p, "opt", opt.name, reduced[p], **_opt_fields(opt))
+                    b.compute(p, "opt", opt.name, reduced[p],
+                              **_opt_fields(opt, cfg.weight_sharing))
         present = tuple(p for p, s in enumerate(stage_of) if s != AWAY)
-        static = tuple(self.template.static_bytes[s] if s != AWAY else 0.0 for s in stage_of)
+        static = tuple(self.template.static_bytes[s] / cfg.weight_sharing if s != AWAY else 0.0
+                       for s in stage_of)
         names = tuple(f"gpu{p} stage{s}" if s != AWAY else f"gpu{p} away"
                       for p, s in enumerate(stage_of))
         program = Program(len(stage_of), (*kept, *b.build()), static, self.template.schedule,
@@ -292,10 +306,15 @@ class Swarm:
         return program, paths
 
 
-def _opt_fields(opt: Compute) -> dict:
-    """The work of a template optimizer op, for a copy on a peer."""
-    return {"flops": opt.flops, "hbm_bytes": opt.hbm_bytes,
-            "elementwise_bytes": opt.elementwise_bytes, "duration_s": opt.duration_s}
+def _opt_fields(opt: Compute, sharing: int) -> dict:
+    """The work of a template optimizer op, for a copy on a peer whose stage shares its
+    weights ``sharing``-fold (1/sharing of the parameters to update)."""
+    if sharing == 1:
+        return {"flops": opt.flops, "hbm_bytes": opt.hbm_bytes,
+                "elementwise_bytes": opt.elementwise_bytes, "duration_s": opt.duration_s}
+    return {"flops": opt.flops / sharing, "hbm_bytes": opt.hbm_bytes / sharing,
+            "elementwise_bytes": opt.elementwise_bytes / sharing,
+            "duration_s": None if opt.duration_s is None else opt.duration_s / sharing}
 
 
 def simulate_swarm(exp: Experiment, profile: DeviceProfile | None = None,

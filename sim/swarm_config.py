@@ -42,6 +42,11 @@ class SwarmConfig(Strict):
     activation_compression: float = Field(1.0, ge=1)
     """Bytes of a bf16 activation (or its gradient) over the bytes sent between stages,
     e.g. 2.0 for SWARM's 8-bit quantisation; 1.0: uncompressed."""
+    weight_sharing: int = Field(1, ge=1)
+    """Layers that share one set of weights (ALBERT-style, as SWARM's 13B-before-sharing
+    model with 1B unique parameters): each peer keeps, averages and updates 1/k of its
+    stage's weights, gradients and optimizer state; compute and activations are unchanged.
+    1: no sharing."""
     seed: int = 0
     """Seed of the stochastic wiring: the same seed routes the same micro-batches to the
     same peers."""
