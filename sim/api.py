@@ -252,6 +252,13 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         raise ConfigError(f"fidelity={fidelity!r}: choose one of {', '.join(FIDELITIES)}")
     if steps is not None and steps < 1:
         raise ConfigError(f"steps={steps}: must be at least 1")
+    if exp.config.parallel.swarm is not None:
+        if steps not in (None, 1) or link_changes or collective_timer is not None:
+            raise ConfigError("parallel.swarm: simulated one step at a time, on its own "
+                              "cluster (use sim run --steps for a run)")
+        from sim.swarm import simulate_swarm  # it builds on this module
+
+        return simulate_swarm(exp, profile, fidelity, reference=reference)
     # a mixed cluster times each rank on its own GPU, with its type's profile
     timers = rank_timers(exp.cluster.gpus, lambda spec: profile or default_profile(spec.name),
                          exp.config.training.attention) if exp.cluster.heterogeneous else None

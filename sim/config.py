@@ -22,6 +22,7 @@ from base.errors import ConfigError
 from base.schema import INVALID, Strict, invalid
 from sim.collectives import check as check_collective
 from sim.faults_config import FaultsConfig
+from sim.swarm_config import SwarmConfig
 from topologies.config import ClusterConfig
 from topologies.placement import DEFAULT_ORDER
 from workloads.registry import SCHEDULES
@@ -253,9 +254,12 @@ class ParallelConfig(Strict):
     """Parameter servers (``dp_mode: parameter_server``): the last ``ps_servers`` ranks of
     the cluster, each holding 1/ps_servers of every stage's parameters; the layout's
     tp·pp·dp·cp covers the GPUs before them."""
-
     encoder: EncoderParallelConfig | None = None
     """The layout of ``model.encoder``; default: tp as the LLM's, one stage, the rest DP."""
+    swarm: SwarmConfig | None = None
+    """SWARM parallelism: a pool of peers per pipeline stage, stochastically wired
+    (:mod:`sim.swarm_config`); None: one GPU per stage and replica."""
+
 
 class StatisticCurve(Strict):
     """The gradient statistic a batch policy reads, over training steps: a CSV file or an

@@ -210,6 +210,32 @@ def _resolve_layout(cfg: ExperimentConfig, num_gpus: int) -> tuple[int, int, int
     return p.tp, p.pp, dp, p.cp
 
 
+def _swarm_layout(cfg: ExperimentConfig, num_gpus: int) -> tuple[int, int, int, int]:
+    """The layout of ``parallel.swarm``'s template pipeline: pp stages, one GPU each (the
+    pools' peers take its ops, :mod:`sim.swarm`); ConfigError naming the key otherwise."""
+    p = cfg.parallel
+    pools = p.swarm.pools
+    if len(pools) != p.pp:
+        raise ConfigError(f"parallel.swarm.pools={pools}: {len(pools)} pools, but "
+                          f"parallel.pp={p.pp} stages; give one pool size per stage")
+    if min(pools) < 1:
+        raise ConfigError(f"parallel.swarm.pools={pools}: every stage needs at least one peer")
+    if sum(pools) != num_gpus:
+        raise ConfigError(f"parallel.swarm.pools={pools} add up to {sum(pools)} peers, not "
+                          f"cluster.num_gpus = {num_gpus}")
+    for key in ("tp", "cp", "ep", "vpp"):
+        if getattr(p, key) != 1:
+            raise ConfigError(f"parallel.{key}={getattr(p, key)}: parallel.swarm runs one GPU "
+                              f"per peer and one model chunk per stage; use {key}: 1")
+    if p.dp not in (None, 1):
+        raise ConfigError(f"parallel.dp={p.dp}: parallel.swarm has no data-parallel replicas "
+                          "(the pools share the micro-batches); leave dp out")
+    if cfg.schedule in SCHEDULES and SCHEDULES[cfg.schedule].steady_period:
+        raise ConfigError(f"schedule={cfg.schedule!r}: its steps overlap; parallel.swarm "
+                          "needs a schedule with a step barrier (e.g. 1f1b, gpipe)")
+    return 1, p.pp, 1, 1
+
+
 def _num_microbatches(cfg: ExperimentConfig, dp: int) -> tuple[int, int]:
     t = cfg.training
     per_step = t.micro_batch_size * dp
@@ -391,8 +417,9 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     cfg = parse_config(data)
     model = build_model(cfg.model, base_dir)
     cluster = build_cluster(cfg.cluster) if cluster is None else cluster
-    tp, pp, dp, cp = _resolve_layout(cfg, ps_layout_gpus(cfg, cluster.num_gpus))
     par = cfg.parallel
+    tp, pp, dp, cp = ((_swarm_layout if par.swarm else _resolve_layout)
+                      (cfg, ps_layout_gpus(cfg, cluster.num_gpus)))
     check_dp_modes(cfg, dp)
     if par.ep > 1:
         _check_expert_parallel(par, model, dp)
@@ -400,6 +427,14 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         _check_context_parallel(cfg, model, cp)
     check_attention_kernel(cfg.training.attention, cluster)
     check_fault_targets(cfg.faults, cluster)
+    faults = cfg.faults
+    if faults is not None and faults.preemption_rate_per_hour is not None and par.swarm is None:
+        raise ConfigError(f"faults.preemption_rate_per_hour={faults.preemption_rate_per_hour:g}: "
+                          "drawn preemptions strike the peers of parallel.swarm; without a "
+                          "swarm, list faults.preemptions")
+    if faults is not None and faults.preemptions and par.swarm is not None:
+        raise ConfigError("faults.preemptions: not used with parallel.swarm (its peers are "
+                          "preempted at faults.preemption_rate_per_hour)")
     if par.layers_per_stage is not None and model is None:
         raise ConfigError("parallel.layers_per_stage: needs a transformer model (the synthetic "
                           "model has no layers)")

@@ -124,7 +124,8 @@ class Preemption(Strict):
 
 
 class FaultsConfig(Strict):
-    """Stragglers, random stragglers, GPU failures, link faults and preemptions."""
+    """Stragglers, random stragglers, GPU failures, link faults and preemptions (listed, or
+    drawn from a rate for a swarm)."""
 
     stragglers: list[StragglerSpec] = []
     """Given slow GPUs."""
@@ -136,3 +137,12 @@ class FaultsConfig(Strict):
     """Degraded or failed links (at most :data:`MAX_EVENTS`)."""
     preemptions: list[Preemption] = Field([], max_length=MAX_EVENTS)
     """Servers taken away (at most :data:`MAX_EVENTS`)."""
+    preemption_rate_per_hour: float | None = Field(None, gt=0)
+    """``parallel.swarm`` with ``sim run --steps``: preemptions of each peer per hour up
+    (exponential gaps, drawn from ``preemption_seed``); a preempted peer leaves its pool
+    and rejoins ``rejoin_s`` later (Ryabinin et al. 2023)."""
+    rejoin_s: float = Field(0.0, ge=0)
+    """Time from a peer's preemption to its rejoining the swarm."""
+    preemption_seed: int = 0
+    """Seed of the drawn preemption times: the same seed preempts the same peers at the
+    same times."""

@@ -8,7 +8,7 @@ The fault models (when failures strike, what a step loses, Young/Daly) are in
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,16 @@ from sim.faults import (
     young_daly_interval_s,
 )
 from sim.faults_config import LinkFault, Preemption
+from sim.swarm import (
+    AWAY,
+    PeerEvent,
+    Swarm,
+    after_event,
+    draw_peer_events,
+    initial_stages,
+    members,
+    simulate_swarm,
+)
 from sim.timeline import IDLE_CAUSES
 
 
@@ -111,9 +121,115 @@ def _rebalanced(exp: Experiment, events: list, upto: int) -> Experiment:
         raise ConfigError(f"faults.preemptions[{last}]: rebalancing to dp={left}: {exc}") from None
 
 
+def _batch_variant(exp: Experiment, batch: int) -> Experiment:
+    """``exp`` with global batch ``batch`` (``training.global_batch_schedule``)."""
+    if batch == exp.global_batch_size:
+        return exp
+    try:
+        return exp.with_changes({"training.global_batch_size": batch,
+                                 "training.num_microbatches": None})
+    except ConfigError as exc:
+        raise ConfigError(f"training.global_batch_schedule: batch {batch}: {exc}") from None
+
+
 def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = None,
                  fidelity: str = "auto") -> RunResult:
-    """``steps`` training steps with the experiment's batch schedule and faults.
+    """``steps`` training steps with the experiment's batch schedule and faults
+    (:func:`_play`); a swarm's drawn preemptions (:class:`_Peers`) are drawn up to a
+    horizon, four times longer until the run ends within it (each peer's draws extend
+    the same stream, so the run is that of the unbounded draw)."""
+    faults = exp.config.faults
+    rate = faults.preemption_rate_per_hour if faults else None
+    if exp.config.parallel.swarm is None or rate is None:
+        played = _play(exp, steps, profile, fidelity, None)
+        assert played is not None
+        return played
+    peers = _Peers(exp, profile, fidelity)
+    horizon = peers.horizon_s(steps)
+    while True:
+        peers.draw(horizon)
+        played = _play(exp, steps, profile, fidelity, peers)
+        if played is not None:
+            return played
+        horizon *= 4
+
+
+class _Peers:
+    """A swarm's peers over a run: the preemptions and rejoins drawn up to a horizon, and
+    the pools after each (:func:`sim.swarm.after_event`), simulated once per set of pools
+    and batch size."""
+
+    def __init__(self, exp: Experiment, profile: DeviceProfile | None, fidelity: str) -> None:
+        cfg = exp.config.parallel.swarm
+        assert cfg is not None
+        self.exp, self.profile, self.fidelity = exp, profile, fidelity
+        self.swarms: dict[int, Swarm] = {}
+        self.variants: dict[tuple[int, int], Experiment] = {}
+        self.home = initial_stages(cfg.pools)
+        self.rebalance = cfg.rebalance
+        self.results: dict[tuple[int, tuple[int, ...]], Result] = {}
+        self.events: list[PeerEvent] = []
+        self.horizon = 0.0
+
+    def swarm(self, variant: Experiment) -> Swarm:
+        """The template of ``variant`` (one per batch size and link state)."""
+        key = id(variant)
+        if key not in self.swarms:
+            self.swarms[key] = Swarm.of(variant, self.profile)
+        return self.swarms[key]
+
+    def horizon_s(self, steps: int) -> float:
+        """A first horizon: twice the run's failure-free time with every peer present."""
+        step = self.step(self.exp, self.home)
+        assert step is not None
+        return max(2.0 * steps * step.first_step_s, 1.0)
+
+    def draw(self, horizon_s: float) -> None:
+        """Draw the preemptions and rejoins up to ``horizon_s`` (:attr:`events`) and the
+        peers' stages after each (:attr:`states`)."""
+        faults = self.exp.config.faults
+        assert faults is not None and faults.preemption_rate_per_hour is not None
+        self.horizon = horizon_s
+        self.events = draw_peer_events(faults.preemption_rate_per_hour, faults.rejoin_s,
+                                       faults.preemption_seed, self.exp.cluster.num_gpus,
+                                       horizon_s)
+        stages = self.exp.placement.degree("pp")
+        swarm = self.swarm(self.exp)
+        self.states = [self.home]
+        for event in self.events:
+            self.states.append(after_event(self.states[-1], self.home, event, stages,
+                                           swarm.throughput, self.rebalance))
+
+    def variant(self, batch: int, events: list, upto: int,
+                make: Callable[[], Experiment]) -> Experiment:
+        """The experiment of a batch size and the link faults among the first ``upto``
+        ``events`` (``make`` builds it), one object per such state."""
+        key = (batch, sum(1 for _, event in events[:upto] if isinstance(event, LinkFault)))
+        if key not in self.variants:
+            self.variants[key] = make()
+        return self.variants[key]
+
+    def state(self, events: list, upto: int) -> tuple[int, ...]:
+        """The peers' stages after the first ``upto`` of the run's ``events``."""
+        k = sum(1 for _, event in events[:upto] if isinstance(event, PeerEvent))
+        return self.states[k]
+
+    def step(self, variant: Experiment, stage_of: tuple[int, ...]) -> Result | None:
+        """One step of ``variant`` with the peers at ``stage_of``; None if a stage has no
+        peer (the pipeline waits for one)."""
+        if any(not pool for pool in members(stage_of, variant.placement.degree("pp"))):
+            return None
+        key = (id(variant), stage_of)
+        if key not in self.results:
+            self.results[key] = simulate_swarm(variant, self.profile, self.fidelity, stage_of,
+                                               self.swarm(variant))
+        return self.results[key]
+
+
+def _play(exp: Experiment, steps: int, profile: DeviceProfile | None, fidelity: str,
+          peers: _Peers | None) -> RunResult | None:
+    """``steps`` training steps with the experiment's batch schedule and faults; None when
+    the run outlasts the horizon of ``peers``' drawn preemptions (a swarm).
 
     Each distinct global batch size (``training.global_batch_schedule``) and
     fault state (``faults.link_faults``, ``faults.preemptions``) is simulated
@@ -156,21 +272,25 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
         schedule, steps_run = _policy_run(exp, steps_run)
     segments = batch_segments(schedule, exp.global_batch_size, steps_run)
     events: list = sorted([*enumerate(faults.link_faults if faults else ()),
-                           *enumerate(faults.preemptions if faults else ())],
+                           *enumerate(faults.preemptions if faults else ()),
+                           *enumerate(peers.events if peers else ())],
                           key=lambda e: (e[1].at_s, isinstance(e[1], Preemption), e[0]))
     cache: dict[tuple[int, int], Result] = {}
 
-    def run_of(batch: int, upto: int) -> Result:
+    def run_of(batch: int, upto: int) -> Result | None:
+        if peers is not None:  # a swarm: its pools after the peers' events so far
+            if (batch, upto) not in cache:
+                variant = peers.variant(batch, events, upto,
+                                        lambda: _with_cluster(_batch_variant(exp, batch),
+                                                              events, upto))
+                res = peers.step(variant, peers.state(events, upto))
+                if res is None:
+                    return None
+                cache[(batch, upto)] = res
+            return cache[(batch, upto)]
         if (batch, upto) not in cache:
-            variant = exp
-            if batch != exp.global_batch_size:
-                try:
-                    variant = exp.with_changes({"training.global_batch_size": batch,
-                                                "training.num_microbatches": None})
-                except ConfigError as exc:
-                    raise ConfigError(f"training.global_batch_schedule: batch {batch}: {exc}"
-                                      ) from None
-            variant = _with_cluster(_rebalanced(variant, events, upto), events, upto)
+            variant = _with_cluster(_rebalanced(_batch_variant(exp, batch), events, upto),
+                                    events, upto)
             try:
                 cache[(batch, upto)] = simulate(variant, profile, fidelity)
             except TopologyError as exc:
@@ -185,9 +305,9 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     transitions: dict[int, Result] = {}
     """Simulations of steps in which links degraded or failed, by row."""
     # mid-step link faults where steps are simulated in full (flows can be re-rated/rerouted)
-    mid_step = not steps_overlap(exp) and (
+    mid_step = peers is None and not steps_overlap(exp) and (
         fidelity == "full" or (fidelity == "auto" and exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS))
-    t, applied, stall, preempted = 0.0, 0, 0.0, 0.0
+    t, applied, stall, preempted, waited = 0.0, 0, 0.0, 0.0, 0.0
     for first, count, batch in segments:
         left, fresh = count, True
         while left > 0:
@@ -198,6 +318,13 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                 applied += 1
                 fresh = True
             res = run_of(batch, applied)
+            if res is None:  # a swarm stage has no peer: no step until the next peer event
+                if applied == len(events):
+                    return None  # past the horizon of the draws
+                waited += events[applied][1].at_s - t
+                t = events[applied][1].at_s
+                fresh = True
+                continue
             period = res.stats["step_time_s"]
             n0 = done
             step = res.first_step_s if fresh else period
@@ -255,6 +382,10 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
                          "faults_applied": applied,
                          "dp": res.experiment.placement.degree("dp"),
                          "first_step_s": res.first_step_s, "step_time_s": period})
+            if peers is not None:
+                rows[-1]["pools"] = res.stats["swarm"]["pools"]
+    if peers is not None and t > peers.horizon:
+        return None  # events past the horizon may strike: draw further
     spec = faults.gpu_failures if faults else None
     num_gpus = exp.cluster.num_gpus
     run = simulate_failures(step_s, spec, num_gpus)
@@ -263,7 +394,7 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
     tokens = None
     if exp.model is not None:
         tokens = sum(r["steps"] * r["global_batch_size"] for r in rows) * exp.model.seq_length
-    elapsed = run.time_to_train_s + stall + preempted
+    elapsed = run.time_to_train_s + stall + preempted + waited
     stats.update({
         "steps": steps,
         "time_to_train_s": elapsed,
@@ -277,13 +408,20 @@ def simulate_run(exp: Experiment, steps: int, profile: DeviceProfile | None = No
         "preemption_lost_s": preempted,
         "train_tokens_per_s": tokens / elapsed if tokens and elapsed else None,
         "run_segments": rows,
-        "idle_breakdown_run_s": _run_idle(rows, cache, run, stall + preempted, transitions),
+        "idle_breakdown_run_s": _run_idle(rows, cache, run, stall + preempted + waited,
+                                          transitions),
     })
     if factor != 1:
         stats.update({"tokens_factor": factor, "steps_run": steps_run})
     if policy is not None:
         stats["batch_policy"] = {"rule": policy.rule, "schedule": schedule,
                                  "steps_run": steps_run, "tokens": tokens}
+    if peers is not None:
+        gone = [e for _, e in events[:applied] if isinstance(e, PeerEvent) and not e.joins]
+        stats["swarm_run"] = {"peer_preemptions": len(gone),
+                              "pool_empty_wait_s": waited,
+                              "peers_away_at_end": sum(1 for s in peers.state(events, applied)
+                                                       if s == AWAY)}
     if spec is not None:
         mtbf = job_mtbf_s(spec, num_gpus)
         if mtbf is not None and spec.checkpoint_write_s > 0:

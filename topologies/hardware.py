@@ -100,6 +100,11 @@ GPUS: dict[str, GPUSpec] = {
                 "(pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md: \"96GB HBM2e "
                 "with 2.4 TB/sec peak memory bandwidth\", run at a 500 W power limit); the H100 "
                 "SXM's tensor cores and NVLink 4", peak_fp8_flops=1979e12),
+        GPUSpec("T4", 65e12, cuda_visible(16), 320 * GB, 16 * GB,
+                "NVIDIA T4 datasheet (2018): 65 TFLOPS mixed-precision FP16 tensor (Turing has "
+                "no BF16; its FP16 peak stands in), 16GB GDDR6 320 GB/s, no NVLink: PCIe Gen3 "
+                "x16, 16 GB/s per direction; the preemptible GPUs of SWARM (Ryabinin et al. "
+                "2023)"),
     )
 }
 """GPU presets by name."""

@@ -831,17 +831,22 @@ def gpipe(p: int, m: int) -> Schedule:
     return Schedule("gpipe", m, _plain_stage_rank(p), ranks, notes="Huang et al. 2019")
 
 
-def one_f_one_b(p: int, m: int) -> Schedule:
+def one_f_one_b(p: int, m: int, window: int = 1) -> Schedule:
     """1F1B / PipeDream-Flush (Narayanan et al. 2021, SC'21, fig. 4 top).
 
     Rank r warms up with min(p - r - 1, m) forwards, alternates one forward and
     one backward, then drains the backwards. At most p - r micro-batches are in
     flight on rank r. Step time (m + p - 1)(F + B) with uniform stages.
+
+    ``window``: warm up with ``min(window * (p - r - 1), m)`` forwards instead, for a
+    stage served by a pool of ``window`` peers (:mod:`sim.swarm`: each peer keeps about
+    as many micro-batches in flight as one GPU of the plain pipeline); still free of
+    deadlock, as each rank warms up at least as much as the next.
     """
     _check_pm("1f1b", p, m)
     ranks = []
     for r in range(p):  # ops built by _op: without the named tuple's Python-level __new__
-        warmup = min(p - r - 1, m)
+        warmup = min(window * (p - r - 1), m)
         ops: list[Op] = [_op((r, FORWARD, i, WHOLE)) for i in range(warmup)]
         for i in range(m - warmup):
             ops.append(_op((r, FORWARD, warmup + i, WHOLE)))

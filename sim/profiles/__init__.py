@@ -1,9 +1,10 @@
 """Device calibration as data: one TOML file per GPU generation, each number beside its source.
 
 ``ampere.toml`` holds the A100 fit (:mod:`sim.calibration`) and the A100's measured
-fractions of peak; ``hopper.toml``, ``blackwell.toml`` and ``cdna3.toml`` the published
-benchmarks that carry the fit over to their GPUs (:mod:`sim.gpu_profiles`). A GPU's table
-is keyed by its preset name in :data:`topologies.hardware.GPUS` (``A100``: both A100s).
+fractions of peak; ``hopper.toml``, ``blackwell.toml``, ``cdna3.toml`` and ``turing.toml``
+the published benchmarks that carry the fit over to their GPUs (:mod:`sim.gpu_profiles`).
+A GPU's table is keyed by its preset name in :data:`topologies.hardware.GPUS` (``A100``:
+both A100s).
 Every number has a source: a ``source`` key in its table, or ``<key>_source`` beside it.
 """
 
@@ -13,8 +14,9 @@ import tomllib
 from importlib.resources import files
 from typing import Any
 
-GENERATIONS = ("ampere", "hopper", "blackwell", "cdna3")
-"""The data files, oldest generation first."""
+GENERATIONS = ("ampere", "hopper", "blackwell", "cdna3", "turing")
+"""The data files: the A100's first, then the H100's, whose ratios cap the inferred ones of
+the files after it (:data:`sim.gpu_profiles.INFERRED_RULE`)."""
 
 
 def load(generation: str) -> dict[str, Any]:
