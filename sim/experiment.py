@@ -349,8 +349,7 @@ def balanced_layers(costs: TransformerCosts, schedule: schedules.Schedule,
             algo = resolve_algorithm(seg.op, cluster.collective_algos.get(seg.op, "auto"),
                                      seg.nbytes, prof)
             comm_cache[key] = (0.0 if prof.n <= 1 or seg.group != "tp" else
-                               cluster.collective_launch_s + estimate(seg.op, algo, seg.nbytes,
-                                                                      prof))
+                               estimate(seg.op, algo, seg.nbytes, prof))
         return comm_cache[key]
 
     def stage_layers(r: int, n: int) -> dict[int, int]:

@@ -140,12 +140,15 @@ class CollectiveSettings:
     """Per-op algorithm overrides, e.g. ``{"all_reduce": "tree"}``."""
     granularity: str = "stream"
     ecmp: str = "dst-mod-k"
+    protocol: str = "auto"
+    """NCCL protocol of ring and tree collectives (``auto``: per size)."""
 
     def cluster_kwargs(self, default_launch_s: float) -> dict:
         return {"collective_launch_s": default_launch_s if self.launch_s is None
                 else self.launch_s,
                 "collective_step_s": self.step_s, "collective_algos": dict(self.algos),
-                "collective_granularity": self.granularity, "ecmp": self.ecmp}
+                "collective_granularity": self.granularity, "ecmp": self.ecmp,
+                "collective_protocol": self.protocol}
 
 
 def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
