@@ -763,7 +763,7 @@ class GroupProfile:
     """The group, in the order given."""
     topo: Cluster | None = field(default=None, compare=False, repr=False)
     """The cluster the profile was taken on (what :func:`plan_cost` builds plans on)."""
-    costs: dict[tuple[str, str, str], tuple[float, float, float]] = field(
+    costs: dict[tuple[str, str, str], PlanCost] = field(
         default_factory=dict, compare=False, repr=False)
     """:func:`plan_cost` by (op, algorithm, protocol), filled as selection needs them."""
 
@@ -868,18 +868,73 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
                 latency=latency, wire_fraction=fraction)
 
 
-def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile
-              ) -> tuple[float, float, float]:
-    """(launch, latency, seconds per byte) of ``algo`` under ``protocol`` on the profile's
-    cluster: its estimated time for S bytes is launch + latency + S × seconds per byte.
+Line = tuple[float, float]
+"""(seconds, seconds per byte): a lower bound a + S·b on a level's time for S bytes."""
 
-    The plan's transfers (for one byte) are cut into levels by their dependencies (a
-    transfer waiting for others is one level past the deepest of them: the phases of
-    hierarchical, the steps of step granularity); each level costs its largest start
-    latency (:func:`step_latency_s`) plus its most loaded link's bytes over that link's
-    bandwidth (the bottleneck of the transfers that run together), and the levels add up.
-    Exact where latency or bandwidth vanishes and the transfers of a level are equal in
-    size, as the closed forms; a lower bound of each level otherwise.
+
+@dataclass(frozen=True)
+class PlanCost:
+    """An algorithm's estimated time under a protocol: launch + Σ over levels of the largest
+    of the level's lines at S bytes (:func:`plan_cost`)."""
+
+    launch_s: float
+    levels: tuple[tuple[Line, ...], ...]
+
+    def time_s(self, nbytes: float) -> float:
+        """The estimate for ``nbytes``."""
+        return self.launch_s + sum(max(a + nbytes * b for a, b in lines)
+                                   for lines in self.levels)
+
+
+def _envelope(lines: Sequence[Line]) -> tuple[Line, ...]:
+    """The lines of ``lines`` that are the largest somewhere on S >= 0 (upper envelope)."""
+    hull: list[Line] = []
+    for a, b in sorted(set(lines), key=lambda x: (x[1], x[0])):
+        if hull and hull[-1][1] == b:
+            hull.pop()  # same slope, smaller intercept
+        while len(hull) >= 2:
+            (a1, b1), (a2, b2) = hull[-2], hull[-1]
+            if (a1 - a) * (b2 - b1) <= (a1 - a2) * (b - b1):
+                hull.pop()  # the middle line is never the largest
+            else:
+                break
+        hull.append((a, b))
+    while len(hull) >= 2 and hull[0][0] <= hull[1][0]:
+        hull.pop(0)  # below a steeper line from S = 0 on
+    return tuple(hull)
+
+
+def _level_lines(flows: Sequence[tuple[float, tuple[int, ...], float]],
+                 cap: Sequence[float]) -> tuple[Line, ...]:
+    """Lower bounds on when flows ``(start, links, bytes per byte of S)`` that run together
+    end: the latest start, and per link, for each flow, its start plus the bytes of the
+    flows starting no earlier over the link's bandwidth (the link must carry them after)."""
+    lines: list[Line] = [(max(start for start, _, _ in flows), 0.0)]
+    on_link: dict[int, list[tuple[float, float]]] = {}
+    for start, links, nbytes in flows:
+        for x in links:
+            if cap[x] < math.inf:
+                on_link.setdefault(x, []).append((start, nbytes))
+    for x, users in on_link.items():
+        users.sort(key=lambda u: -u[0])
+        total = 0.0
+        for start, nbytes in users:
+            total += nbytes
+            lines.append((start, total / cap[x]))
+    return _envelope(lines)
+
+
+def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanCost:
+    """The estimated time of ``algo`` under ``protocol`` on the profile's cluster, a function
+    of the size (:class:`PlanCost`), from its plan on the actual links.
+
+    The plan's transfers are cut into levels by their dependencies (a transfer waiting
+    for others is one level past the deepest of them: the phases of hierarchical, the
+    steps of step granularity); the levels add up. A level ends no earlier than its
+    latest start (:func:`step_latency_s`), nor, on each link, than any of its transfers'
+    start plus the bytes of those starting no later over the link's bandwidth (the
+    bottleneck links of the transfers that run together). Exact for the closed forms (a
+    ring, or a level's equal transfers starting together), a lower bound otherwise.
     """
     key = (op, algo, protocol)
     got = profile.costs.get(key)
@@ -890,21 +945,16 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile
         raise ConfigError("plan_cost needs a group profile taken on a cluster")
     transfers = _plan_on(cluster, op, algo, profile.ranks, 1.0, profile.nvswitch,
                          profile.nvls_efficiency, protocol)
-    cap = cluster.link_bandwidth_Bps
     levels: list[int] = []
-    latency: dict[int, float] = {}
-    loads: dict[int, dict[int, float]] = {}
+    flows: dict[int, list[tuple[float, tuple[int, ...], float]]] = {}
     for t in transfers:
         level = 1 + max(levels[d] for d in t.deps) if t.deps else 0
         levels.append(level)
-        latency[level] = max(latency.get(level, 0.0), step_latency_s(cluster, t))
-        load = loads.setdefault(level, {})
-        for x in cluster.route(t.src, t.dst).links:
-            load[x] = load.get(x, 0.0) + t.nbytes
-    per_byte = sum(max((b / cap[x] for x, b in load.items()), default=0.0)
-                   for load in loads.values())
-    got = profile.costs[key] = (cluster.collective_launch_s * launch_scale(algo, protocol),
-                                sum(latency.values()), per_byte)
+        flows.setdefault(level, []).append((step_latency_s(cluster, t),
+                                            cluster.route(t.src, t.dst).links, t.nbytes))
+    got = profile.costs[key] = PlanCost(
+        cluster.collective_launch_s * launch_scale(algo, protocol),
+        tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)))
     return got
 
 
@@ -928,8 +978,7 @@ def choose(op: str, algo: str, nbytes: float, profile: GroupProfile) -> tuple[st
     best: tuple[str, str, float] | None = None
     for a in options:
         for proto in protocol_choices(a, protocol):
-            launch, lat, per_byte = plan_cost(op, a, proto, profile)
-            t = launch + lat + nbytes * per_byte
+            t = plan_cost(op, a, proto, profile).time_s(nbytes)
             if best is None or t < best[2]:
                 best = (a, proto, t)
     assert best is not None
