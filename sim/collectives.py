@@ -16,7 +16,7 @@ op             algorithms
 all_reduce     ring, tree, halving_doubling, hierarchical, nvls
 reduce_scatter ring, halving_doubling, hierarchical, nvls
 all_gather     ring, halving_doubling, hierarchical, nvls
-all_to_all     pairwise
+all_to_all     pairwise, hierarchical (intra-server first)
 broadcast      ring (pipelined chain from ``ranks[0]``), nvls
 reduce         ring (pipelined chain to ``ranks[0]``), nvls
 send           p2p (``ranks = (src, dst)``)
@@ -32,7 +32,8 @@ Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
 - hierarchical (n1 per node at α1, B1; n2 nodes at α2, B2 per GPU) all-reduce
   2(n1−1)α1 + 2(n2−1)α2 + 2(n1−1)/n1·S/B1 + 2(n2−1)/n2·S/(n1·B2);
 - pairwise all-to-all α + (n−1)/n·S/B (every pair's S/n at once, each port
-  shared by its n−1 flows);
+  shared by its n−1 flows); hierarchical all-to-all (n1 per server, n2 servers)
+  α1 + (n1−1)/n1·S/B1 + α2 + (n2−1)/n2·S/B2;
 - broadcast / reduce, pipelined chain (n−1)α + S/B; send α + S/B;
 - NVLS all-reduce 2α_h + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
   step: REFERENCES' α + S/B);
@@ -98,7 +99,7 @@ ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical", "nvls"),
     "reduce_scatter": ("ring", "halving_doubling", "hierarchical", "nvls"),
     "all_gather": ("ring", "halving_doubling", "hierarchical", "nvls"),
-    "all_to_all": ("pairwise",),
+    "all_to_all": ("pairwise", "hierarchical"),
     "broadcast": ("ring", "nvls"),
     "reduce": ("ring", "nvls"),
     "send": ("p2p",),
@@ -369,6 +370,35 @@ def _pairwise(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
                 p.add(src, dst, nbytes / len(ranks))
 
 
+def _hierarchical_all_to_all(p: _Plan, ranks: Sequence[int], nbytes: float,
+                             host_of: Mapping[int, int] | None) -> None:
+    """All-to-all inside each server first, then between servers on one rail.
+
+    Member i of a server sends member j of it the S/n blocks of every GPU of index j
+    (n2 of them, its own server's included); once a GPU holds its server's blocks for
+    the GPUs of its index, it sends each other server's GPU of its index the n1 blocks
+    bound for it (the two-level all-to-all of DeepSpeed-MoE's hierarchical all-to-all,
+    Rajbhandari et al. 2022, sec. 5.2, and of Tutel). Every byte between servers crosses
+    once, between GPUs of the same index, in n2 − 1 large messages per GPU instead of
+    n − n1 small ones.
+    """
+    hosts = _hosts(ranks, host_of)
+    n1, n2 = len(hosts[0]), len(hosts)
+    block = nbytes / (n1 * n2)
+    arrived: dict[int, list[int]] = {r: [] for r in ranks}
+    for members in hosts:
+        for src in members:
+            for dst in members:
+                if src != dst:
+                    arrived[dst].append(p.add(src, dst, block * n2))
+    for j in range(n1):
+        column = [h[j] for h in hosts]
+        for src in column:
+            for dst in column:
+                if src != dst:
+                    p.add(src, dst, block * n1, arrived[src])
+
+
 def _chain(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
     """Pipelined chain from (broadcast) or to (reduce) ``ranks[0]``, streamed: the hop i
     flow starts when the first bytes have crossed the hops before it."""
@@ -623,6 +653,8 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
             _ring(p, order, nbytes / (n * len(channels)), steps, stream)
     elif algo == "halving_doubling":
         _halving_doubling(p, op, ranks, nbytes)
+    elif algo == "hierarchical" and op == "all_to_all":
+        _hierarchical_all_to_all(p, ranks, nbytes, host_of)
     elif algo == "hierarchical":
         _hierarchical(p, op, ranks, nbytes, host_of, stream)
     elif algo == "pairwise":
@@ -688,7 +720,7 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
         if pw != n and op != "all_reduce":
             raise ConfigError(f"halving_doubling {op} needs a power-of-two group, got {n}")
         return phases * (e * a + (pw - 1) / pw * S / B) + fold
-    if algo == "hierarchical":
+    if algo == "hierarchical" and op != "all_to_all":
         n1 = gpus_per_node
         if n % n1:
             raise ConfigError(f"hierarchical: gpus_per_node={n1} does not divide n={n}")
@@ -701,6 +733,13 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
         return intra + (n2 - 1) * a2 + (n2 - 1) / n2 * S / (n1 * B2)
     if algo == "pairwise":
         return a + (n - 1) / n * S / B
+    if algo == "hierarchical" and op == "all_to_all":
+        n1 = gpus_per_node
+        n2 = n // n1
+        a2 = a if alpha_inter is None else alpha_inter
+        B2 = B if bandwidth_inter is None else bandwidth_inter
+        return ((a + (n1 - 1) / n1 * S / B if n1 > 1 else 0.0)
+                + (a2 + (n2 - 1) / n2 * S / B2 if n2 > 1 else 0.0))
     if algo == "tree" and channels:
         m = n // k
         height, load = tree_shape(m)

@@ -677,3 +677,33 @@ def test_auto_is_within_2_percent_of_the_fastest_simulated_algorithm(
     cluster = _experiment_cluster(spec, n)
     auto, each = _simulated(cluster, op, tuple(range(n)), nbytes)
     assert auto <= 1.02 * min(each.values())
+
+
+@pytest.mark.parametrize(("n1", "n2"), [(1, 4), (4, 1), (2, 2), (4, 3), (8, 2)])
+def test_hierarchical_all_to_all_closed_form(n1: int, n2: int) -> None:
+    """Servers of n1 GPUs on NVLink (B1) with one NIC per GPU (B2) on a crossbar: the
+    intra-server all-to-all, then one between the GPUs of each index, each phase exactly
+    α + (k−1)/k·S/B (the routes: GPU-NVSwitch-GPU; GPU-NIC-switch-NIC-GPU)."""
+    B1, B2, hop, S = 100e9, 25e9, 1e-6, 3e8
+    n = n1 * n2
+    cluster = explicit_cluster("switch", n, A100, B2, hop, gpus_per_node=n1,
+                               nvlink_bandwidth_Bps=B1, nvlink_latency_s=hop) if n1 > 1 else \
+        _cluster("switch", n, B2, hop)
+    t = _time(cluster, "all_to_all", "hierarchical", range(n), S)
+    want = alpha_beta_time("all_to_all", "hierarchical", n, S, 2 * hop, B1, gpus_per_node=n1,
+                           alpha_inter=(4 if n1 > 1 else 2) * hop, bandwidth_inter=B2)
+    assert t == pytest.approx(want, rel=REL)
+    flat = _time(cluster, "all_to_all", "pairwise", range(n), S)
+    assert flat <= t * (1 + REL)  # one phase: never slower on a non-blocking fabric
+
+
+def test_hierarchical_all_to_all_moves_the_same_bytes_between_servers() -> None:
+    """Every byte bound for another server crosses between servers once, on its rail."""
+    hosts = {r: r // 4 for r in range(12)}
+    steps = plan("all_to_all", "hierarchical", tuple(range(12)), 1.2e6, host_of=hosts)
+    inter = [t for t in steps if hosts[t.src] != hosts[t.dst]]
+    assert all(t.src % 4 == t.dst % 4 for t in inter)
+    flat = plan("all_to_all", "pairwise", tuple(range(12)), 1.2e6)
+    assert sum(t.nbytes for t in inter) == pytest.approx(
+        sum(t.nbytes for t in flat if hosts[t.src] != hosts[t.dst]))
+    assert len(inter) == 12 * 2 and sum(hosts[t.src] != hosts[t.dst] for t in flat) == 12 * 8
