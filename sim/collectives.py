@@ -494,9 +494,17 @@ def tree_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> li
     host's head being its member c (so every edge between hosts joins members of the
     same index, on one rail, through member c's NIC), and inside each host a chain
     from the head through members c+1, c+2, ... Each channel carries S/k, half on
-    each tree. Otherwise one channel: :func:`dtree` over the ranks in order.
+    each tree. A group inside one host runs NCCL's intra-node tree, a chain: k channels,
+    channel c's chain rooted at member c (NCCL's tuning model charges it 2(k−1) steps).
+    Otherwise one channel: :func:`dtree` over the ranks in order.
     """
     blocks = _host_blocks(ranks, host_of)
+    if blocks is None and host_of is not None and len(ranks) > 1 and len(
+            {host_of[r] for r in ranks}) == 1:
+        k = len(ranks)
+        chains = [[ranks[(c + i) % k] for i in range(k)] for c in range(k)]
+        return [[{chain[i]: (chain[i - 1] if i else -1, (chain[i + 1],) if i + 1 < k else ())
+                  for i in range(k)}] for chain in chains]
     if blocks is None:
         n = len(ranks)
 
@@ -544,12 +552,12 @@ def _host_blocks(ranks: Sequence[int], host_of: Mapping[int, int] | None
 
 def _tree(p: _Plan, ranks: Sequence[int], nbytes: float,
           host_of: Mapping[int, int] | None = None) -> None:
-    """Streamed double binary tree all-reduce over every channel of :func:`tree_channels`:
-    each of a channel's two trees reduces and broadcasts S/(2·channels)."""
+    """Streamed tree all-reduce over every channel of :func:`tree_channels`: each of a
+    channel's trees (two binary trees, or one chain) reduces and broadcasts its share."""
     channels = tree_channels(ranks, host_of)
     for trees in channels:
         for tree in trees:
-            _stream_tree(p, tree, nbytes / (2 * len(channels)))
+            _stream_tree(p, tree, nbytes / (len(trees) * len(channels)))
 
 
 def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
