@@ -49,7 +49,8 @@ def main() -> None:
             ours = got[size]["busbw_GBps"]
             nics = f", {row['nics_per_node']} NICs/server" if row["nics_per_node"] else ""
             print(f"| {row['cluster']}{nics} | {row['num_gpus']} | {row['op']} | "
-                  f"{got[size]['algo']} | {published:g} | {_size(size)} | "
+                  f"{got[size]['algo']} ({got[size]['protocol']}) | {published:g} | "
+                  f"{_size(size)} | "
                   f"{got[64 * MiB]['busbw_GBps']:.1f} | {got[GiB]['busbw_GBps']:.1f} | "
                   f"{ours:.1f} | {100 * (ours / published - 1):+.1f}% | {row['source']} |")
 

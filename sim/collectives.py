@@ -16,7 +16,7 @@ op             algorithms
 all_reduce     ring, tree, halving_doubling, hierarchical, nvls
 reduce_scatter ring, halving_doubling, hierarchical, nvls
 all_gather     ring, halving_doubling, hierarchical, nvls
-all_to_all     pairwise
+all_to_all     pairwise, hierarchical (intra-server first)
 broadcast      ring (pipelined chain from ``ranks[0]``), nvls
 reduce         ring (pipelined chain to ``ranks[0]``), nvls
 send           p2p (``ranks = (src, dst)``)
@@ -32,7 +32,8 @@ Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
 - hierarchical (n1 per node at α1, B1; n2 nodes at α2, B2 per GPU) all-reduce
   2(n1−1)α1 + 2(n2−1)α2 + 2(n1−1)/n1·S/B1 + 2(n2−1)/n2·S/(n1·B2);
 - pairwise all-to-all α + (n−1)/n·S/B (every pair's S/n at once, each port
-  shared by its n−1 flows);
+  shared by its n−1 flows); hierarchical all-to-all (n1 per server, n2 servers)
+  α1 + (n1−1)/n1·S/B1 + α2 + (n2−1)/n2·S/B2;
 - broadcast / reduce, pipelined chain (n−1)α + S/B; send α + S/B;
 - NVLS all-reduce 2α_h + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
   step: REFERENCES' α + S/B);
@@ -74,10 +75,18 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from base.errors import ConfigError
+from sim.protocols import (
+    AUTO_PROTOCOL,
+    PROTOCOL_ALGOS,
+    PROTOCOLS,
+    bandwidth_fraction,
+    latency_scale,
+    launch_scale,
+)
 from topologies.presets import NVLS_EFFICIENCY_ATTR
 
 if TYPE_CHECKING:
@@ -90,7 +99,7 @@ ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {
     "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical", "nvls"),
     "reduce_scatter": ("ring", "halving_doubling", "hierarchical", "nvls"),
     "all_gather": ("ring", "halving_doubling", "hierarchical", "nvls"),
-    "all_to_all": ("pairwise",),
+    "all_to_all": ("pairwise", "hierarchical"),
     "broadcast": ("ring", "nvls"),
     "reduce": ("ring", "nvls"),
     "send": ("p2p",),
@@ -152,13 +161,15 @@ LatencyFn = Callable[[int | str, int | str], float]
 class _Plan:
     """Append-only transfer list, with the optional route-latency function."""
 
-    def __init__(self, latency: LatencyFn | None) -> None:
+    def __init__(self, latency: LatencyFn | None, wire_fraction: float = 1.0) -> None:
         self.transfers: list[Transfer] = []
         self.latency = latency
+        self.wire_fraction = wire_fraction
 
     def add(self, src: int | str, dst: int | str, nbytes: float, deps: Sequence[int] = (),
             steps: int = 1, latency_s: float | None = None) -> int:
-        self.transfers.append(Transfer(src, dst, nbytes, tuple(deps), steps, latency_s))
+        wire = nbytes if self.wire_fraction == 1.0 else nbytes / self.wire_fraction
+        self.transfers.append(Transfer(src, dst, wire, tuple(deps), steps, latency_s))
         return len(self.transfers) - 1
 
     def lat(self, src: int | str, dst: int | str) -> float:
@@ -189,7 +200,9 @@ def _ring(p: _Plan, ranks: Sequence[int], chunk_bytes: float, steps: int, stream
         cur = []
         for i in range(n):
             deps = start.get(ranks[i], ()) if k == 0 else (prev[(i - 1) % n],)
-            cur.append(p.add(ranks[i], ranks[(i + 1) % n], chunk_bytes, deps))
+            cur.append(p.add(ranks[i], ranks[(i + 1) % n], chunk_bytes, deps,
+                             latency_s=p.lat(ranks[i], ranks[(i + 1) % n]) if p.latency
+                             else None))
         prev = cur
     return {ranks[(i + 1) % n]: (prev[i],) for i in range(n)}
 
@@ -228,19 +241,10 @@ def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> li
     the first crosses rails. Otherwise (one host, one member per host, uneven
     or interleaved groups, or no ``host_of``) it returns the single ring ``ranks``.
     """
-    single = [list(ranks)]
-    if host_of is None:
-        return single
-    blocks: list[list[int]] = []
-    for r in ranks:
-        if blocks and host_of[r] == host_of[blocks[-1][0]]:
-            blocks[-1].append(r)
-        else:
-            blocks.append([r])
+    blocks = _host_blocks(ranks, host_of)
+    if blocks is None:
+        return [list(ranks)]
     k = len(blocks[0])
-    hosts = {host_of[b[0]] for b in blocks}
-    if k == 1 or len(blocks) == 1 or len(hosts) != len(blocks) or any(len(b) != k for b in blocks):
-        return single
     return [[b[(c + i) % k] if h % 2 == 0 else b[(c - 1 - i) % k]
              for h, b in enumerate(blocks) for i in range(k)] for c in range(k)]
 
@@ -366,6 +370,35 @@ def _pairwise(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
                 p.add(src, dst, nbytes / len(ranks))
 
 
+def _hierarchical_all_to_all(p: _Plan, ranks: Sequence[int], nbytes: float,
+                             host_of: Mapping[int, int] | None) -> None:
+    """All-to-all inside each server first, then between servers on one rail.
+
+    Member i of a server sends member j of it the S/n blocks of every GPU of index j
+    (n2 of them, its own server's included); once a GPU holds its server's blocks for
+    the GPUs of its index, it sends each other server's GPU of its index the n1 blocks
+    bound for it (the two-level all-to-all of DeepSpeed-MoE's hierarchical all-to-all,
+    Rajbhandari et al. 2022, sec. 5.2, and of Tutel). Every byte between servers crosses
+    once, between GPUs of the same index, in n2 − 1 large messages per GPU instead of
+    n − n1 small ones.
+    """
+    hosts = _hosts(ranks, host_of)
+    n1, n2 = len(hosts[0]), len(hosts)
+    block = nbytes / (n1 * n2)
+    arrived: dict[int, list[int]] = {r: [] for r in ranks}
+    for members in hosts:
+        for src in members:
+            for dst in members:
+                if src != dst:
+                    arrived[dst].append(p.add(src, dst, block * n2))
+    for j in range(n1):
+        column = [h[j] for h in hosts]
+        for src in column:
+            for dst in column:
+                if src != dst:
+                    p.add(src, dst, block * n1, arrived[src])
+
+
 def _chain(p: _Plan, op: str, ranks: Sequence[int], nbytes: float) -> None:
     """Pipelined chain from (broadcast) or to (reduce) ``ranks[0]``, streamed: the hop i
     flow starts when the first bytes have crossed the hops before it."""
@@ -446,33 +479,112 @@ def tree_shape(n: int) -> tuple[int, int]:
     return height, max(load)
 
 
-def _tree(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
-    """Streamed double binary tree all-reduce: each tree reduces and broadcasts S/2."""
-    n = len(ranks)
-    for tree in dtree(n):
-        depth, height = _heights(tree)
-        top = max(height.values())
-        up: dict[int, float] = {}  # first reduced byte of r's subtree reaches r's parent
-        down: dict[int, float] = {}  # first broadcast byte reaches r (the root: leaves it)
-        for r in sorted(tree, key=lambda r: height[r]):
-            parent, children = tree[r]
-            ready = max((up[c] for c in children), default=0.0)
-            if parent < 0:
-                down[r] = ready
-            else:
-                up[r] = ready + p.lat(ranks[r], ranks[parent])
-        for r in sorted(tree, key=lambda r: depth[r]):
-            parent = tree[r][0]
-            if parent >= 0:
-                down[r] = down[parent] + p.lat(ranks[parent], ranks[r])
-        for r, (parent, _children) in sorted(tree.items()):
-            if parent < 0:
-                continue
-            known = p.latency is not None
-            p.add(ranks[r], ranks[parent], nbytes / 2, (), steps=height[r] + 1,
-                  latency_s=up[r] if known else None)
-            p.add(ranks[parent], ranks[r], nbytes / 2, (), steps=top + depth[r],
-                  latency_s=down[r] if known else None)
+Tree = Mapping[int, tuple[int, tuple[int, ...]]]
+"""A tree over ranks: rank -> (parent rank, or -1 at the root; children ranks)."""
+
+
+def tree_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> list[list[Tree]]:
+    """The trees a tree all-reduce runs over ``ranks``: per channel, NCCL's two binary trees.
+
+    NCCL builds its double binary tree between servers and a chain inside each
+    server, one channel per NIC (``ncclTopoPreset``/``connectTrees``, src/graph/connect.cc;
+    Sanders, Speck & Träff 2009). When the group spans several hosts with the same
+    number k > 1 of members on each, contiguous in ``ranks``, this returns k
+    channels: channel c's trees join the hosts by :func:`dtree` over hosts, each
+    host's head being its member c (so every edge between hosts joins members of the
+    same index, on one rail, through member c's NIC), and inside each host a chain
+    from the head through members c+1, c+2, ... Each channel carries S/k, half on
+    each tree. A group inside one host runs NCCL's intra-node tree, a chain: k channels,
+    channel c's chain rooted at member c (NCCL's tuning model charges it 2(k−1) steps).
+    Otherwise one channel: :func:`dtree` over the ranks in order.
+    """
+    blocks = _host_blocks(ranks, host_of)
+    if blocks is None and host_of is not None and len(ranks) > 1 and len(
+            {host_of[r] for r in ranks}) == 1:
+        k = len(ranks)
+        chains = [[ranks[(c + i) % k] for i in range(k)] for c in range(k)]
+        return [[{chain[i]: (chain[i - 1] if i else -1, (chain[i + 1],) if i + 1 < k else ())
+                  for i in range(k)}] for chain in chains]
+    if blocks is None:
+        n = len(ranks)
+
+        def rank(i: int) -> int:
+            return -1 if i < 0 else ranks[i]
+
+        return [[{ranks[i]: (rank(par), tuple(rank(c) for c in ch))
+                  for i, (par, ch) in sorted(t.items())} for t in dtree(n)]]
+    k = len(blocks[0])
+    channels = []
+    for c in range(k):
+        chains = [[b[(c + i) % k] for i in range(k)] for b in blocks]
+        trees = []
+        for host_tree in dtree(len(blocks)):
+            tree: dict[int, tuple[int, tuple[int, ...]]] = {}
+            for h, chain in enumerate(chains):
+                up, down = host_tree[h]
+                tree[chain[0]] = (chains[up][0] if up >= 0 else -1,
+                                  (chain[1],) + tuple(chains[d][0] for d in down))
+                for i in range(1, k):
+                    tree[chain[i]] = (chain[i - 1], (chain[i + 1],) if i + 1 < k else ())
+            trees.append(tree)
+        channels.append(trees)
+    return channels
+
+
+def _host_blocks(ranks: Sequence[int], host_of: Mapping[int, int] | None
+                 ) -> list[list[int]] | None:
+    """``ranks`` cut into hosts' contiguous blocks of k > 1 members each, over two or more
+    hosts; None for any other group (one host, one member per host, uneven or interleaved)."""
+    if host_of is None:
+        return None
+    blocks: list[list[int]] = []
+    for r in ranks:
+        if blocks and host_of[r] == host_of[blocks[-1][0]]:
+            blocks[-1].append(r)
+        else:
+            blocks.append([r])
+    k = len(blocks[0])
+    hosts = {host_of[b[0]] for b in blocks}
+    if k == 1 or len(blocks) == 1 or len(hosts) != len(blocks) or any(len(b) != k for b in blocks):
+        return None
+    return blocks
+
+
+def _tree(p: _Plan, ranks: Sequence[int], nbytes: float,
+          host_of: Mapping[int, int] | None = None) -> None:
+    """Streamed tree all-reduce over every channel of :func:`tree_channels`: each of a
+    channel's trees (two binary trees, or one chain) reduces and broadcasts its share."""
+    channels = tree_channels(ranks, host_of)
+    for trees in channels:
+        for tree in trees:
+            _stream_tree(p, tree, nbytes / (len(trees) * len(channels)))
+
+
+def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
+    """One tree's reduction towards the root and broadcast away from it, concurrently: a
+    rank of subtree height h sends ``nbytes`` to its parent after (h + 1) hop latencies, a
+    rank at depth d receives after (H + d) (the actual routes' latencies where known)."""
+    depth, height = _heights(tree)
+    top = max(height.values())
+    known = p.latency is not None
+    up: dict[int, float] = {}  # first reduced byte of r's subtree reaches r's parent
+    down: dict[int, float] = {}  # first broadcast byte reaches r (the root: leaves it)
+    for r in sorted(tree, key=lambda r: height[r]):
+        parent, children = tree[r]
+        ready = max((up[c] for c in children), default=0.0)
+        if parent < 0:
+            down[r] = ready
+        else:
+            up[r] = ready + p.lat(r, parent)
+    for r in sorted(tree, key=lambda r: depth[r]):
+        parent = tree[r][0]
+        if parent >= 0:
+            down[r] = down[parent] + p.lat(parent, r)
+    for r, (parent, _children) in tree.items():
+        if parent < 0:
+            continue
+        p.add(r, parent, nbytes, (), steps=height[r] + 1, latency_s=up[r] if known else None)
+        p.add(parent, r, nbytes, (), steps=top + depth[r], latency_s=down[r] if known else None)
 
 
 def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None,
@@ -510,7 +622,7 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
 def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          host_of: Mapping[int, int] | None = None, nvswitch: str | None = None,
          nvls_efficiency: float = 1.0, granularity: str = "step",
-         latency: LatencyFn | None = None) -> tuple[Transfer, ...]:
+         latency: LatencyFn | None = None, wire_fraction: float = 1.0) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
     ``host_of`` maps each rank to its server (hierarchical needs it; a ring
@@ -524,6 +636,8 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     differ, e.g. NVLink and network, the sum over the preceding edges rather
     than ``steps`` times its own); without it the engine charges ``steps``
     times the transfer's own route latency, which is the same on uniform rings.
+    ``wire_fraction``: the fraction of the links' rate the protocol reaches
+    (:func:`sim.protocols.bandwidth_fraction`); every transfer carries its bytes / it.
     """
     n = len(ranks)
     check(op, algo)
@@ -536,7 +650,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
         raise ConfigError(f"send needs a group of exactly (src, dst), got {tuple(ranks)}")
     if n <= 1 or nbytes <= 0:
         return ()
-    p = _Plan(latency)
+    p = _Plan(latency, wire_fraction)
     stream = granularity == "stream"
     if algo == "ring" and op in ("broadcast", "reduce"):
         _chain(p, op, ranks, nbytes)
@@ -547,12 +661,14 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
             _ring(p, order, nbytes / (n * len(channels)), steps, stream)
     elif algo == "halving_doubling":
         _halving_doubling(p, op, ranks, nbytes)
+    elif algo == "hierarchical" and op == "all_to_all":
+        _hierarchical_all_to_all(p, ranks, nbytes, host_of)
     elif algo == "hierarchical":
         _hierarchical(p, op, ranks, nbytes, host_of, stream)
     elif algo == "pairwise":
         _pairwise(p, ranks, nbytes)
     elif algo == "tree":
-        _tree(p, ranks, nbytes)
+        _tree(p, ranks, nbytes, host_of)
     elif algo == "nvls":
         _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency)
     else:
@@ -562,7 +678,8 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
 
 def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, bandwidth: float,
                     *, gpus_per_node: int = 1, alpha_inter: float | None = None,
-                    bandwidth_inter: float | None = None) -> float:
+                    bandwidth_inter: float | None = None, protocol: str = "simple",
+                    inter_node: bool = False) -> float:
     """Time of a collective in the α-β model without contention (module docstring).
 
     ``alpha`` is the latency of one transfer (GPU to GPU; for NVLS, GPU to
@@ -571,18 +688,33 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
     inter-node per GPU, ``gpus_per_node`` = n1. Ring with ``gpus_per_node`` =
     k > 1 and ``bandwidth_inter``: the k channels of :func:`ring_channels`,
     steps·α_max + steps/n·S·max((k−1)/(k·B1), 1/(k·B2)) (stream granularity,
-    exact without latency). Launch latency is not included.
+    exact without latency). Tree likewise: the k channels of :func:`tree_channels`
+    over m = n/k hosts, 2((k−1)α1 + H(m)α2) + max(2(k−1)/k·S/B1, L(m)·S/(2k·B2))
+    with (H, L) = :func:`tree_shape` (m) (exact when either term vanishes).
+    ``protocol`` (ring and tree; :mod:`sim.protocols`): latencies scale by its ratio to
+    Simple (``alpha`` as a route inside a server unless ``inter_node``, ``alpha_inter``
+    as one between servers) and bandwidths by its fraction (across servers with
+    ``inter_node`` or channels). Launch latency is not included.
     """
     check(op, algo)
     S, a, B = nbytes, alpha, bandwidth
     if n <= 1 or S <= 0:
         return 0.0
+    k = gpus_per_node
+    channels = k > 1 and bandwidth_inter is not None and n > k
+    if algo in PROTOCOL_ALGOS:
+        fraction = bandwidth_fraction(algo, protocol, inter_node or channels)
+        B = B * fraction
+        if bandwidth_inter is not None:
+            bandwidth_inter = bandwidth_inter * fraction
+        a = a * latency_scale(algo, protocol, inter_node)
+        if alpha_inter is not None:
+            alpha_inter = alpha_inter * latency_scale(algo, protocol, True)
     if algo == "ring" and op in ("broadcast", "reduce"):
         return (n - 1) * a + S / B
     if algo == "ring":
         steps = 2 * (n - 1) if op == "all_reduce" else n - 1
-        k = gpus_per_node
-        if k > 1 and bandwidth_inter is not None and n > k:
+        if channels:
             # k channels (ring_channels): per GPU, k - 1 rings leave over NVLink, one over the NIC
             a2 = a if alpha_inter is None else alpha_inter
             per_byte = max((k - 1) / (k * B), 1 / (k * bandwidth_inter))
@@ -590,13 +722,13 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
         return steps * (a + S / (n * B))
     if algo == "halving_doubling":
         pw = 1 << (n.bit_length() - 1)
-        k = pw.bit_length() - 1
+        e = pw.bit_length() - 1
         phases = 2 if op == "all_reduce" else 1
         fold = 2 * (a + S / B) if pw != n else 0.0
         if pw != n and op != "all_reduce":
             raise ConfigError(f"halving_doubling {op} needs a power-of-two group, got {n}")
-        return phases * (k * a + (pw - 1) / pw * S / B) + fold
-    if algo == "hierarchical":
+        return phases * (e * a + (pw - 1) / pw * S / B) + fold
+    if algo == "hierarchical" and op != "all_to_all":
         n1 = gpus_per_node
         if n % n1:
             raise ConfigError(f"hierarchical: gpus_per_node={n1} does not divide n={n}")
@@ -609,6 +741,19 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
         return intra + (n2 - 1) * a2 + (n2 - 1) / n2 * S / (n1 * B2)
     if algo == "pairwise":
         return a + (n - 1) / n * S / B
+    if algo == "hierarchical" and op == "all_to_all":
+        n1 = gpus_per_node
+        n2 = n // n1
+        a2 = a if alpha_inter is None else alpha_inter
+        B2 = B if bandwidth_inter is None else bandwidth_inter
+        return ((a + (n1 - 1) / n1 * S / B if n1 > 1 else 0.0)
+                + (a2 + (n2 - 1) / n2 * S / B2 if n2 > 1 else 0.0))
+    if algo == "tree" and channels:
+        m = n // k
+        height, load = tree_shape(m)
+        a2 = a if alpha_inter is None else alpha_inter
+        return (2 * ((k - 1) * a + height * a2)
+                + max(2 * (k - 1) / k * S / B, load * S / (2 * k * bandwidth_inter)))
     if algo == "tree":
         height, load = tree_shape(n)
         return 2 * height * a + load * (S / 2) / B
@@ -661,6 +806,13 @@ class GroupProfile:
     ``nvls_efficiency`` attribute, :data:`topologies.presets.NVLS_EFFICIENCY_ATTR`)."""
     ring_channels: int = 1
     """Rings a ring collective runs in parallel over this group (:func:`ring_channels`)."""
+    ranks: tuple[int, ...] = ()
+    """The group, in the order given."""
+    topo: Cluster | None = field(default=None, compare=False, repr=False)
+    """The cluster the profile was taken on (what :func:`plan_cost` builds plans on)."""
+    costs: dict[tuple[str, str, str], PlanCost] = field(
+        default_factory=dict, compare=False, repr=False)
+    """:func:`plan_cost` by (op, algorithm, protocol), filled as selection needs them."""
 
 
 def _worst(topo: _Topology, pairs: Sequence[tuple[int | str, int | str]]) -> tuple[float, float]:
@@ -702,15 +854,14 @@ def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
     eff = topo.graph.nodes[sw].get(NVLS_EFFICIENCY_ATTR, 1.0) if sw is not None else 1.0
     channels = len(ring_channels(ranks, host_of))
     return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb,
-                        eff, channels)
+                        eff, channels, tuple(ranks), topo)  # type: ignore[arg-type]
 
 
-AUTO_EXCLUDED = ("halving_doubling", "hierarchical")
-"""Never chosen by ``auto``, which picks among what NCCL runs (ring, tree, NVLS, pairwise):
-NCCL implements neither recursive halving-doubling (MPI libraries do; its long-distance
-exchanges contend on real fabrics in ways the α-β estimate cannot see) nor the three-phase
-hierarchical all-reduce (Horovod's; NCCL crosses servers with one ring channel per NIC
-instead, :func:`ring_channels`). Both stay available as explicit choices."""
+AUTO_EXCLUDED = ("halving_doubling",)
+"""Never chosen by ``auto``: NCCL does not implement recursive halving-doubling (MPI
+libraries do). Hierarchical (Horovod's three phases) is not NCCL's either, but ``auto``
+takes it where its estimate wins, as over slow links between sites. It stays available as
+an explicit choice."""
 
 
 def candidates(op: str, profile: GroupProfile) -> tuple[str, ...]:
@@ -727,41 +878,173 @@ def candidates(op: str, profile: GroupProfile) -> tuple[str, ...]:
     return tuple(out)
 
 
+def protocol_choices(algo: str, protocol: str) -> tuple[str, ...]:
+    """The protocols ``algo`` may run under the cluster's setting ``protocol`` (``auto``:
+    every one it implements, :data:`sim.protocols.PROTOCOLS`)."""
+    if algo not in PROTOCOL_ALGOS:
+        return ("simple",)
+    return PROTOCOLS if protocol == AUTO_PROTOCOL else (protocol,)
+
+
+def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes: float,
+             nvswitch: str | None, nvls_efficiency: float, protocol: str) -> tuple[Transfer, ...]:
+    """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
+    :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
+    inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
+    host_of = ({r: cluster.host_of(r) for r in group}
+               if algo in ("hierarchical", "ring", "tree") else None)
+    order = ring_order(cluster, group) if algo in ("ring", "tree") else group
+
+    def latency(a: int | str, b: int | str) -> float:
+        return cluster.route(a, b).latency_s
+
+    fraction = 1.0
+    if algo in PROTOCOL_ALGOS:
+        multi = len({cluster.host_of(r) for r in group}) > 1
+        fraction = bandwidth_fraction(algo, protocol, multi)
+    if protocol != "simple":
+        inside, between = latency_scale(algo, protocol, False), latency_scale(algo, protocol, True)
+
+        def latency(a: int | str, b: int | str) -> float:
+            same = (isinstance(a, str) or isinstance(b, str)
+                    or cluster.host_of(a) == cluster.host_of(b))
+            return cluster.route(a, b).latency_s * (inside if same else between)
+
+    return plan(op, algo, order, nbytes, host_of=host_of, nvswitch=nvswitch,
+                nvls_efficiency=nvls_efficiency, granularity=cluster.collective_granularity,
+                latency=latency, wire_fraction=fraction)
+
+
+Line = tuple[float, float]
+"""(seconds, seconds per byte): a lower bound a + S·b on a level's time for S bytes."""
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """An algorithm's estimated time under a protocol: launch + Σ over levels of the largest
+    of the level's lines at S bytes (:func:`plan_cost`)."""
+
+    launch_s: float
+    levels: tuple[tuple[Line, ...], ...]
+
+    def time_s(self, nbytes: float) -> float:
+        """The estimate for ``nbytes``."""
+        return self.launch_s + sum(max(a + nbytes * b for a, b in lines)
+                                   for lines in self.levels)
+
+
+def _envelope(lines: Sequence[Line]) -> tuple[Line, ...]:
+    """The lines of ``lines`` that are the largest somewhere on S >= 0 (upper envelope)."""
+    hull: list[Line] = []
+    for a, b in sorted(set(lines), key=lambda x: (x[1], x[0])):
+        if hull and hull[-1][1] == b:
+            hull.pop()  # same slope, smaller intercept
+        while len(hull) >= 2:
+            (a1, b1), (a2, b2) = hull[-2], hull[-1]
+            if (a1 - a) * (b2 - b1) <= (a1 - a2) * (b - b1):
+                hull.pop()  # the middle line is never the largest
+            else:
+                break
+        hull.append((a, b))
+    while len(hull) >= 2 and hull[0][0] <= hull[1][0]:
+        hull.pop(0)  # below a steeper line from S = 0 on
+    return tuple(hull)
+
+
+def _level_lines(flows: Sequence[tuple[float, tuple[int, ...], float]],
+                 cap: Sequence[float]) -> tuple[Line, ...]:
+    """Lower bounds on when flows ``(start, links, bytes per byte of S)`` that run together
+    end: the latest start, and per link, for each flow, its start plus the bytes of the
+    flows starting no earlier over the link's bandwidth (the link must carry them after)."""
+    lines: list[Line] = [(max(start for start, _, _ in flows), 0.0)]
+    on_link: dict[int, list[tuple[float, float]]] = {}
+    for start, links, nbytes in flows:
+        for x in links:
+            if cap[x] < math.inf:
+                on_link.setdefault(x, []).append((start, nbytes))
+    for x, users in on_link.items():
+        users.sort(key=lambda u: -u[0])
+        total = 0.0
+        for start, nbytes in users:
+            total += nbytes
+            lines.append((start, total / cap[x]))
+    return _envelope(lines)
+
+
+def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanCost:
+    """The estimated time of ``algo`` under ``protocol`` on the profile's cluster, a function
+    of the size (:class:`PlanCost`), from its plan on the actual links.
+
+    The plan's transfers are cut into levels by their dependencies (a transfer waiting
+    for others is one level past the deepest of them: the phases of hierarchical, the
+    steps of step granularity); the levels add up. A level ends no earlier than its
+    latest start (:func:`step_latency_s`), nor, on each link, than any of its transfers'
+    start plus the bytes of those starting no later over the link's bandwidth (the
+    bottleneck links of the transfers that run together). Exact for the closed forms (a
+    ring, or a level's equal transfers starting together), a lower bound otherwise.
+    """
+    key = (op, algo, protocol)
+    got = profile.costs.get(key)
+    if got is not None:
+        return got
+    cluster = profile.topo
+    if cluster is None:
+        raise ConfigError("plan_cost needs a group profile taken on a cluster")
+    transfers = _plan_on(cluster, op, algo, profile.ranks, 1.0, profile.nvswitch,
+                         profile.nvls_efficiency, protocol)
+    levels: list[int] = []
+    flows: dict[int, list[tuple[float, tuple[int, ...], float]]] = {}
+    for t in transfers:
+        level = 1 + max(levels[d] for d in t.deps) if t.deps else 0
+        levels.append(level)
+        flows.setdefault(level, []).append((step_latency_s(cluster, t),
+                                            cluster.route(t.src, t.dst).links, t.nbytes))
+    got = profile.costs[key] = PlanCost(
+        cluster.collective_launch_s * launch_scale(algo, protocol),
+        tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)))
+    return got
+
+
+def choose(op: str, algo: str, nbytes: float, profile: GroupProfile) -> tuple[str, str, float]:
+    """(algorithm, protocol, estimated seconds) with the smallest :func:`plan_cost` estimate:
+    over :func:`candidates` for ``auto``, else ``algo``'s own protocols.
+
+    NCCL's tuner does the same (``ncclTopoTuneModel`` predicts latency + size /
+    bandwidth per algorithm and protocol and takes the fastest), which gives LL and tree
+    for small messages, ring (or NVLS) with Simple for large ones. Ties go to the
+    earlier algorithm of :data:`ALGORITHMS_BY_OP` and the earlier protocol of
+    :data:`sim.protocols.PROTOCOLS`, so an ideal (zero-cost) network gets ring, Simple.
+    """
+    protocol = getattr(profile.topo, "collective_protocol", AUTO_PROTOCOL)
+    if algo == AUTO:
+        options = candidates(op, profile)
+        if profile.n <= 2:
+            options = options[:1]
+    else:
+        options = (algo,)
+    best: tuple[str, str, float] | None = None
+    for a in options:
+        for proto in protocol_choices(a, protocol):
+            t = plan_cost(op, a, proto, profile).time_s(nbytes)
+            if best is None or t < best[2]:
+                best = (a, proto, t)
+    assert best is not None
+    return best
+
+
 def estimate(op: str, algo: str, nbytes: float, profile: GroupProfile) -> float:
-    """α-β estimate of ``algo`` for this group (worst-case latency and bandwidth)."""
-    if algo == "nvls":
-        return alpha_beta_time(op, algo, profile.n, nbytes, profile.nvls_alpha_s,
-                               profile.nvls_bandwidth_Bps * profile.nvls_efficiency)
-    if algo == "hierarchical":
-        return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_intra_s,
-                               profile.bandwidth_intra_Bps, gpus_per_node=profile.per_host,
-                               alpha_inter=profile.alpha_inter_s,
-                               bandwidth_inter=profile.bandwidth_inter_Bps)
-    if algo == "ring" and profile.ring_channels > 1 and op not in ("broadcast", "reduce"):
-        return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_intra_s,
-                               profile.bandwidth_intra_Bps, gpus_per_node=profile.ring_channels,
-                               alpha_inter=profile.alpha_inter_s,
-                               bandwidth_inter=profile.bandwidth_inter_Bps)
-    return alpha_beta_time(op, algo, profile.n, nbytes, profile.alpha_s, profile.bandwidth_Bps)
+    """Estimated time of ``algo`` (launch included) under its best protocol (:func:`choose`)."""
+    return choose(op, algo, nbytes, profile)[2]
 
 
 def select_algorithm(op: str, nbytes: float, profile: GroupProfile) -> str:
-    """NCCL-like default: the applicable algorithm with the smallest α-β estimate.
-
-    NCCL's tuner does the same (``ncclTopoTuneModel`` predicts latency + size /
-    bandwidth per algorithm and protocol and takes the fastest), which gives
-    tree for small multi-node all-reduces, ring (or here hierarchical) for
-    large ones, NVLS inside an NVLink-SHARP domain. Ties go to the earlier
-    algorithm of :data:`ALGORITHMS_BY_OP`, so an ideal (zero-cost) network gets ring.
-    """
+    """NCCL-like default: the applicable algorithm with the smallest estimate (:func:`choose`)."""
     if op not in OPS:
         raise ConfigError(f"collective op {op!r} is not one of {', '.join(OPS)}")
     options = candidates(op, profile)
-    if profile.n <= 2 or len(options) == 1:
+    if len(options) == 1:
         return options[0]
-    times = [estimate(op, algo, nbytes, profile) for algo in options]
-    best = min(times)
-    return options[times.index(best)]
+    return choose(op, AUTO, nbytes, profile)[0]
 
 
 def resolve_algorithm(op: str, algo: str, nbytes: float,
@@ -781,33 +1064,50 @@ def bus_bandwidth(op: str, n: int, nbytes: float, time_s: float) -> tuple[float,
     return algbw, algbw * BUS_FACTOR[op](n)
 
 
+@dataclass(frozen=True)
+class CollectivePlan:
+    """A collective as the engine runs it: after ``launch_s``, its transfers."""
+
+    transfers: tuple[Transfer, ...]
+    launch_s: float
+    """Per-collective latency: the cluster's (Simple's) scaled to the protocol."""
+    algo: str
+    protocol: str
+
+
 def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
                     nbytes: float, profiles: dict[tuple[int, ...], GroupProfile] | None = None
-                    ) -> tuple[Transfer, ...]:
-    """The transfers of collective ``op`` over ``group`` as the engine runs them: the choice
-    of algorithm, made here so that the engine only runs plans.
+                    ) -> CollectivePlan:
+    """Collective ``op`` over ``group`` as the engine runs it: the choice of algorithm and
+    protocol, made here so that the engine only runs plans.
 
-    The cluster's per-op override wins over ``algo``; ``auto`` (and ``nvls``) pick
-    NCCL-like from the group's profile (:func:`sim.collectives.select_algorithm`);
-    transfers carry the actual route latencies (:func:`sim.collectives.plan`).
-    ``profiles``: a cache of group profiles on ``cluster``, by group (filled here).
+    The cluster's per-op override wins over ``algo``; ``auto`` picks the algorithm, and
+    the cluster's ``collective_protocol`` (``auto``: per size) the protocol, from the
+    group's profile (:func:`choose`); transfers carry the actual route latencies
+    (:func:`plan`). ``profiles``: a cache of group profiles on ``cluster``, by group
+    (filled here).
     """
     algo = cluster.collective_algos.get(op, algo)
+    live = len(group) > 1 and nbytes > 0
     profile = None
-    if algo in (AUTO, "nvls"):
+    if algo in (AUTO, "nvls") or (live and len(protocol_choices(algo, cluster.collective_protocol))
+                                  > 1):
         profile = profiles.get(group) if profiles is not None else None
         if profile is None:
             profile = group_profile(cluster, group)
             if profiles is not None:
                 profiles[group] = profile
     algo = resolve_algorithm(op, algo, nbytes, profile)
-    host_of = {r: cluster.host_of(r) for r in group} if algo in ("hierarchical", "ring") else None
-    order = ring_order(cluster, group) if algo in ("ring", "tree") else group
-    return plan(op, algo, order, nbytes, host_of=host_of,
-                           nvswitch=profile.nvswitch if profile else None,
-                           nvls_efficiency=profile.nvls_efficiency if profile else 1.0,
-                           granularity=cluster.collective_granularity,
-                           latency=lambda a, b: cluster.route(a, b).latency_s)
+    protocols = protocol_choices(algo, cluster.collective_protocol)
+    protocol = protocols[0]
+    if live and len(protocols) > 1:
+        assert profile is not None
+        protocol = choose(op, algo, nbytes, profile)[1]
+    transfers = _plan_on(cluster, op, algo, group, nbytes,
+                         profile.nvswitch if profile else None,
+                         profile.nvls_efficiency if profile else 1.0, protocol)
+    return CollectivePlan(transfers, cluster.collective_launch_s * launch_scale(algo, protocol),
+                          algo, protocol)
 
 
 def step_latency_s(cluster: Cluster, step: Transfer) -> float:

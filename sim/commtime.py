@@ -153,9 +153,14 @@ class CollectiveTimer:
             outer.extend(log)
         unique = all(map(c.route_is_unique, *zip(*log, strict=True)) if log else ())
         # group profiles computed here consulted only logged routes; those cached before
-        # were computed by an earlier call, whose routes were checked then
+        # were computed by an earlier call, whose routes were checked then, but may have
+        # gained plan costs here (sim.collectives.plan_cost), from this call's routes
         for group in list(self._profiles)[known:]:
             self._unique_profiles[group] = unique
+        if not unique:
+            for group in groups:
+                if group in self._profiles:
+                    self._unique_profiles[group] = False
         by_shape = self._shapes.setdefault((op, nbytes), {})
         if (self.simulations == runs and unique and shape[0] not in by_shape
                 and all(self._unique_profiles.get(g, True) for g in groups)):
@@ -254,10 +259,16 @@ class CollectiveTimer:
             return 0.0
         c = self.cluster
         plans = [collective_plan(c, op, self.algo, g, nbytes, self._profiles) for g in live]
-        if all(not step.deps for steps in plans for step in steps):
-            flows = [[(step_latency_s(c, step), c.route(step.src, step.dst).links, step.nbytes)
-                      for step in steps] for steps in plans]
-            return c.collective_launch_s + replicas_makespan_s(flows, c.link_bandwidth_Bps)
+        launches = {p.launch_s for p in plans}
+        if all(not step.deps for p in plans for step in p.transfers):
+            if len(launches) == 1:
+                flows = [[(step_latency_s(c, step), c.route(step.src, step.dst).links,
+                           step.nbytes) for step in p.transfers] for p in plans]
+                return launches.pop() + replicas_makespan_s(flows, c.link_bandwidth_Bps)
+            # groups launched after different latencies (protocols): each flow from its own
+            flows = [[(p.launch_s + step_latency_s(c, step), c.route(step.src, step.dst).links,
+                       step.nbytes) for step in p.transfers] for p in plans]
+            return replicas_makespan_s(flows, c.link_bandwidth_Bps)
         b = ProgramBuilder()
         for group in live:
             b.collective(group, {}, kind="dp", name=op, op=op, nbytes=nbytes, algo=self.algo)

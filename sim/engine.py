@@ -38,7 +38,13 @@ import simpy
 
 from base.collector import gc_paused
 from base.errors import DeadlockError
-from sim.collectives import GroupProfile, Transfer, collective_plan, step_latency_s
+from sim.collectives import (
+    CollectivePlan,
+    GroupProfile,
+    Transfer,
+    collective_plan,
+    step_latency_s,
+)
 from sim.columnar import ColumnarPass, run_columns
 from sim.network import FlowNetwork
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, timeline_of
@@ -248,7 +254,7 @@ class _Run:
         self.wake_version = 0
         self.wake_at = -1.0
         self.refresh_pending = False
-        self._plans: dict[tuple, tuple[Transfer, ...]] = {}
+        self._plans: dict[tuple, CollectivePlan] = {}
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
         self._compiled: dict[int, _CompiledPlan] = {}
         """Per plan (by identity; plans live in ``_plans``), what running it needs."""
@@ -486,16 +492,18 @@ class _Run:
         key = ins.key
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_collective, key)
-        elif self.cluster.collective_launch_s > 0:
-            self._after(self.cluster.collective_launch_s, self._launched, ins)
         else:
-            self._run_collective(ins)
+            launch = self._collective_plan(ins).launch_s
+            if launch > 0:
+                self._after(launch, self._launched, ins)
+            else:
+                self._run_collective(ins)
 
     def _launched(self, event: simpy.Event) -> None:
         self._run_collective(event.value)
 
     def _run_collective(self, ins: Collective) -> None:
-        steps = self._collective_plan(ins)
+        steps = self._collective_plan(ins).transfers
         key = ins.key
         if steps:
             self._run_plan(steps, lambda: self._finish_collective(key))
@@ -509,7 +517,7 @@ class _Run:
         for i in self.members.pop(key):
             self._complete(i)
 
-    def _collective_plan(self, ins: Collective) -> tuple[Transfer, ...]:
+    def _collective_plan(self, ins: Collective) -> CollectivePlan:
         """The plan of ``ins`` (:func:`collective_plan`), cached per run."""
         key = (ins.op, ins.algo, ins.group, ins.nbytes)
         steps = self._plans.get(key)

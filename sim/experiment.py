@@ -118,7 +118,7 @@ def _moe_spec(cfg: MoEConfig, spec: ModelSpec) -> MoESpec:
     shared = spec.moe.shared_experts if spec.moe is not None else 0  # an import's (DeepSeek)
     return MoESpec(cfg.num_experts, cfg.top_k,
                    cfg.expert_ffn_hidden_size or spec.ffn_hidden_size, cfg.capacity_factor,
-                   cfg.routing_imbalance, shared_experts=shared)
+                   cfg.routing_imbalance, cfg.pad_to_capacity, shared_experts=shared)
 
 
 def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int) -> None:

@@ -201,8 +201,8 @@ def _estimates(costs: MultimodalCosts, cluster: Cluster, placement: Placement, a
                     group = group_profile(cluster, placement.group("tp", gpu))
                     algo = resolve_algorithm(seg.op, cluster.collective_algos.get(seg.op, "auto"),
                                              seg.nbytes, group)
-                    comm[key] = (0.0 if group.n <= 1 else cluster.collective_launch_s
-                                 + estimate(seg.op, algo, seg.nbytes, group))
+                    comm[key] = (0.0 if group.n <= 1  # the estimate includes the launch
+                                 else estimate(seg.op, algo, seg.nbytes, group))
                 total += comm[key]
         return total
 

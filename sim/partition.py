@@ -66,8 +66,7 @@ def rank_time_model(costs: TransformerCosts, schedule: schedules.Schedule,
             algo = resolve_algorithm(seg.op, cluster.collective_algos.get(seg.op, "auto"),
                                      seg.nbytes, prof)
             comm_cache[key] = (0.0 if prof.n <= 1 or seg.group != "tp" else
-                               cluster.collective_launch_s + estimate(seg.op, algo, seg.nbytes,
-                                                                      prof))
+                               estimate(seg.op, algo, seg.nbytes, prof))
         return comm_cache[key]
 
     def cost(r: int, n: int) -> float:

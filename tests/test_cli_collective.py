@@ -18,7 +18,8 @@ from sim.collectives import alpha_beta_time
 
 EXAMPLE_A100 = ROOT / "workloads" / "examples" / "cluster-dgx-a100-64.yaml"
 EXAMPLE_H100 = ROOT / "workloads" / "examples" / "cluster-dgx-h100-8.yaml"
-KEYS = {"op", "algo", "num_gpus", "size_bytes", "time_s", "algbw_GBps", "busbw_GBps"}
+KEYS = {"op", "algo", "protocol", "num_gpus", "size_bytes", "time_s", "algbw_GBps",
+        "busbw_GBps"}
 
 
 def _file(tmp_path: Path, cluster: object, name: str = "cluster.yaml") -> str:
@@ -46,12 +47,13 @@ def test_table_has_a_row_per_size_doubling(capsys: pytest.CaptureFixture) -> Non
 def test_json_rows_match_the_alpha_beta_model(tmp_path: Path,
                                               capsys: pytest.CaptureFixture) -> None:
     path = _file(tmp_path, {"topology": "ring", "num_gpus": 8, "link_bandwidth_GBps": 25,
-                            "link_latency_us": 2.0})
+                            "link_latency_us": 2.0, "collective_protocol": "simple"})
     rows = _json([path, "--op", "all_gather", "--algo", "ring", "--sizes", "1MB:8MB"], capsys)
     assert [r["size_bytes"] for r in rows] == [10**6, 2 * 10**6, 4 * 10**6, 8 * 10**6]
     for r in rows:
         assert set(r) == KEYS
-        assert (r["op"], r["algo"], r["num_gpus"]) == ("all_gather", "ring", 8)
+        assert (r["op"], r["algo"], r["protocol"], r["num_gpus"]) == ("all_gather", "ring",
+                                                                      "simple", 8)
         t = alpha_beta_time("all_gather", "ring", 8, r["size_bytes"], 2e-6, 25e9)
         assert r["time_s"] == pytest.approx(t, rel=1e-9)
         assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / t / 1e9, rel=1e-9)
@@ -184,3 +186,24 @@ def test_sizes_as_a_comma_list() -> None:
         parse_sizes(",")
     with pytest.raises(ConfigError, match="cannot read size"):
         parse_sizes("64MiB,lots")
+
+
+def test_auto_protocol_is_the_fastest_closed_form_per_size(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """NCCL's per-size protocol choice on a ring of GPUs (each its own server): LL for small
+    messages, LL128 in between, Simple for large ones, each row exactly the fastest
+    protocol's closed form plus its launch (8.4 µs for Simple, scaled by NCCL's
+    baseLatencies: 6.6 for LL, 14 for LL128)."""
+    from sim.protocols import PROTOCOLS, launch_scale
+
+    path = _file(tmp_path, {"topology": "ring", "num_gpus": 8, "link_bandwidth_GBps": 25,
+                            "link_latency_us": 2.0, "collective_launch_us": 8.4})
+    rows = _json([path, "--op", "all_reduce", "--algo", "ring", "--sizes", "1KiB:1GiB:4"], capsys)
+    for r in rows:
+        times = {p: 8.4e-6 * launch_scale("ring", p)
+                 + alpha_beta_time("all_reduce", "ring", 8, r["size_bytes"], 2e-6, 25e9,
+                                   protocol=p, inter_node=True) for p in PROTOCOLS}
+        assert r["protocol"] == min(times, key=times.__getitem__)
+        assert r["time_s"] == pytest.approx(times[r["protocol"]], rel=1e-9)
+    picked = [r["protocol"] for r in rows]
+    assert picked[0] == "ll" and picked[-1] == "simple" and "ll128" in picked

@@ -25,6 +25,7 @@ from sim.collectives import (
 )
 from sim.config import parse_config
 from sim.engine import simulate_program
+from sim.protocols import bandwidth_fraction
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import GPUS
@@ -43,9 +44,10 @@ SWITCH_CASES = [("all_reduce", "ring"), ("reduce_scatter", "ring"), ("all_gather
 
 
 def _cluster(topology: str, n: int, B: float, lat: float, granularity: str = "stream",
-             **shape: object) -> Cluster:
+             protocol: str = "simple", **shape: object) -> Cluster:
     return explicit_cluster(topology, n, A100, B, lat,
-                            collectives=CollectiveSettings(granularity=granularity), **shape)
+                            collectives=CollectiveSettings(granularity=granularity,
+                                                           protocol=protocol), **shape)
 
 
 def _ends(cluster: Cluster, collectives: list[tuple]) -> dict[str, float]:
@@ -72,17 +74,22 @@ def _time(cluster: Cluster, op: str, algo: str, group, nbytes: float) -> float:
 # ---------------------------------------------------------------- closed forms
 
 
+@pytest.mark.parametrize("protocol", ["simple", "ll128", "ll"])
 @pytest.mark.parametrize("granularity", ["stream", "step"])
 @pytest.mark.parametrize(("op", "algo"), SWITCH_CASES)
 @pytest.mark.parametrize("n", [2, 3, 4, 6, 8, 16])
-def test_closed_forms_on_a_switch(granularity: str, op: str, algo: str, n: int) -> None:
-    """On one switch every GPU-GPU route is 2 hops: α = 2·hop latency, B = the link rate."""
+def test_closed_forms_on_a_switch(protocol: str, granularity: str, op: str, algo: str,
+                                  n: int) -> None:
+    """On one switch every GPU-GPU route is 2 hops: α = 2·hop latency, B = the link rate;
+    under LL and LL128 (ring, and the broadcast/reduce chains) α scales by NCCL's ratio of
+    network latencies and B by the protocol's fraction (every GPU is its own server)."""
     if algo == "halving_doubling" and op != "all_reduce" and n & (n - 1):
         pytest.skip("power-of-two only")
     B, lat, S = 25e9, 1.5e-6, 3.3e8
-    cluster = _cluster("switch", n, B, lat, granularity)
+    cluster = _cluster("switch", n, B, lat, granularity, protocol)
     t = _time(cluster, op, algo, range(n), S)
-    assert t == pytest.approx(alpha_beta_time(op, algo, n, S, 2 * lat, B), rel=REL)
+    assert t == pytest.approx(alpha_beta_time(op, algo, n, S, 2 * lat, B, protocol=protocol,
+                                              inter_node=True), rel=REL)
 
 
 @pytest.mark.parametrize("op", ["reduce_scatter", "all_gather"])
@@ -142,12 +149,14 @@ def test_nvls_closed_form(op: str, n: int) -> None:
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13, 16, 32])
 def test_double_binary_tree_closed_form_terms(n: int) -> None:
-    """2·H·α + L·(S/2)/B: exact with no latency (bandwidth term, single-port switch) and
-    with infinite bandwidth (latency term); in between it bounds the flow-level time."""
+    """2·H·α + L·(S/2)/(f·B): exact with no latency (bandwidth term, single-port switch) and
+    with infinite bandwidth (latency term); in between it bounds the flow-level time. f is
+    the tree's Simple fraction of the links' rate (NCCL's 0.92, sim.protocols)."""
     height, load = tree_shape(n)
     B, lat, S = 25e9, 1e-6, 1e8
+    f = bandwidth_fraction("tree", "simple", True)
     bw_only = _time(_cluster("switch", n, B, 0.0), "all_reduce", "tree", range(n), S)
-    assert bw_only == pytest.approx(load * (S / 2) / B, rel=REL)
+    assert bw_only == pytest.approx(load * (S / 2) / (f * B), rel=REL)
     lat_only = _time(_cluster("switch", n, math.inf, lat), "all_reduce", "tree", range(n), S)
     assert lat_only == pytest.approx(2 * height * 2 * lat, rel=REL)
     both = _time(_cluster("switch", n, B, lat), "all_reduce", "tree", range(n), S)
@@ -425,8 +434,10 @@ def test_sim_run_uses_cluster_collective_overrides() -> None:
         times[algo] = simulate(build_experiment(data)).stats["step_time_s"]
     assert times["auto"] == base
     assert len({times[a] for a in ("hierarchical", "tree", "ring")}) == 3
-    # 50 MB over 2 DGX A100: NCCL's tuner picks ring (8 channels, one per NIC) over tree
-    assert times["auto"] == times["ring"]
+    # 50 MB over 2 DGX A100: tree (8 channels, one per NIC), which sends half the ring's bytes
+    # through the NICs on two servers ("NCCL should use Tree on 2 nodes for large sizes",
+    # NCCL maintainer in NVIDIA/nccl issue 946)
+    assert times["auto"] == times["tree"] < times["ring"]
 
 
 # ---------------------------------------------------------------- ring channels
@@ -508,8 +519,7 @@ def test_nvls_efficiency_is_bytes_on_the_wire_and_in_the_estimate() -> None:
     profile = group_profile(cluster, tuple(range(8)))
     assert profile.nvls_efficiency == pytest.approx(275 / 370)
     t = _ends(cluster, [("ar", "tp", "all_reduce", "nvls", tuple(range(8)), GiB)])["ar"]
-    assert t - cluster.collective_launch_s == pytest.approx(
-        estimate("all_reduce", "nvls", GiB, profile), rel=1e-6)
+    assert t == pytest.approx(estimate("all_reduce", "nvls", GiB, profile), rel=1e-6)
 
 
 def test_all_to_all_across_two_dgx_a100_is_nic_bound() -> None:
@@ -571,3 +581,129 @@ def test_sim_collective_within_15_percent_of_published_nccl_tests(row: dict) -> 
         cluster["nics_per_node"] = int(row["nics_per_node"])
     got = run_sweep(cluster, row["op"], [row["algo"]], [int(row["size_bytes"])])[0]
     assert got["busbw_GBps"] == pytest.approx(float(row["busbw_GBps"]), rel=0.15)
+
+
+# ---------------------------------------------------------------- auto against the simulation
+
+
+def _experiment_cluster(spec: dict, num_gpus: int) -> Cluster:
+    from sim.experiment import Experiment
+    return Experiment.from_dict({
+        "name": "auto", "model": {"synthetic": {"forward_ms": 1.0, "backward_ms": 2.0}},
+        "cluster": {**spec, "num_gpus": num_gpus}, "parallel": {"dp": num_gpus},
+        "training": {"micro_batch_size": 1, "num_microbatches": 1}}).cluster
+
+
+def _simulated(cluster: Cluster, op: str, group: tuple[int, ...], nbytes: float
+               ) -> tuple[float, dict[str, float]]:
+    """(auto's simulated time, each candidate's) for ``op`` over ``group``."""
+    from sim.collectives import candidates
+    from sim.commtime import CollectiveTimer
+    profile = group_profile(cluster, group)
+    each = {a: CollectiveTimer(cluster, a)(op, (group,), nbytes) for a in candidates(op, profile)}
+    return CollectiveTimer(cluster, "auto")(op, (group,), nbytes), each
+
+
+def test_auto_on_a_torus_takes_the_tree_where_it_is_faster() -> None:
+    """4x4 torus of 50 GB/s links: the tree (2·log n latency) wins small all-reduces, the
+    Hamiltonian ring large ones, and auto takes whichever the simulation finds faster."""
+    cluster = _experiment_cluster({"topology": "torus2d", "dims": [4, 4],
+                                   "link_bandwidth_GBps": 50.0, "link_latency_us": 1.0}, 16)
+    group = tuple(range(16))
+    picks = {}
+    for size in (1e3, 1e5, 1e7, 1e9):
+        auto, each = _simulated(cluster, "all_reduce", group, size)
+        assert auto == pytest.approx(min(each.values()), rel=1e-9)
+        picks[size] = select_algorithm("all_reduce", size, group_profile(cluster, group))
+    assert picks == {1e3: "tree", 1e5: "tree", 1e7: "ring", 1e9: "ring"}
+
+
+@pytest.mark.parametrize("preset", ["dgx-a100-80g", "dgx-h100"])
+def test_auto_across_sites_takes_hierarchical_for_large_messages(preset: str) -> None:
+    """Two sites of two servers joined by 100 Gb/s WAN links (1 ms): large all-reduces and
+    all-gathers cross the WAN once per GPU column with hierarchical, which auto now takes
+    (it was 1.3-2x slower with the ring); small ones stay on the latency-cheaper ring."""
+    cluster = _experiment_cluster({"preset": preset, "topology": "switch", "sites": 2,
+                                   "wan_bandwidth_Mbps": 100_000, "wan_latency_ms": 1}, 32)
+    group = tuple(range(32))
+    for op in ("all_reduce", "all_gather"):
+        auto, each = _simulated(cluster, op, group, 1e9)
+        assert select_algorithm(op, 1e9, group_profile(cluster, group)) == "hierarchical"
+        assert auto == each["hierarchical"] == pytest.approx(min(each.values()), rel=1e-9)
+        assert each["ring"] > 1.1 * auto
+        small, each = _simulated(cluster, op, group, 1e3)
+        assert small == pytest.approx(min(each.values()), rel=1e-9)
+
+
+@st.composite
+def _small_topology(draw: st.DrawFn) -> tuple[dict, int]:
+    """A small cluster of random link rates and latencies: NVSwitch servers on a switch,
+    a fat-tree (maybe oversubscribed), a ring or torus of GPUs, or two sites over a WAN."""
+    bw = draw(st.sampled_from([1.0, 12.5, 50.0, 200.0]))
+    lat = draw(st.sampled_from([0.5, 2.0, 10.0]))
+    kind = draw(st.sampled_from(["servers", "fat-tree", "ring", "torus2d", "sites"]))
+    n = draw(st.sampled_from([4, 8, 16]))
+    if kind == "servers":
+        spec = {"topology": "switch", "gpus_per_node": draw(st.sampled_from([2, 4])),
+                "nvlink_bandwidth_GBps": bw * draw(st.sampled_from([1, 4, 16]))}
+    elif kind == "fat-tree":
+        spec = {"topology": "fat-tree", "gpus_per_leaf": 2,
+                "oversubscription": draw(st.sampled_from([1.0, 2.0]))}
+    elif kind == "torus2d":
+        n = 16
+        spec = {"topology": "torus2d", "dims": [4, 4]}
+    elif kind == "sites":
+        n = 16
+        spec = {"preset": draw(st.sampled_from(["dgx-a100-80g", "dgx-h100"])),
+                "topology": "switch", "sites": 2, "num_gpus": 32,
+                "wan_bandwidth_Mbps": bw * 8000, "wan_latency_ms": lat / 10}
+        return spec, 32
+    else:
+        spec = {"topology": kind}
+    spec.update({"link_bandwidth_GBps": bw, "link_latency_us": lat,
+                 "collective_launch_us": draw(st.sampled_from([0.0, 8.4]))})
+    return spec, n
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(_small_topology(), st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]),
+       st.sampled_from([1e3, 1e5, 4e6, 256e6]))
+def test_auto_is_within_2_percent_of_the_fastest_simulated_algorithm(
+        topo: tuple[dict, int], op: str, nbytes: float) -> None:
+    """On random small topologies auto's pick (from each algorithm's estimate on the
+    actual links, sim.collectives.plan_cost) simulates within 2% of the fastest candidate
+    (in 150 random cases it was the fastest)."""
+    spec, n = topo
+    cluster = _experiment_cluster(spec, n)
+    auto, each = _simulated(cluster, op, tuple(range(n)), nbytes)
+    assert auto <= 1.02 * min(each.values())
+
+
+@pytest.mark.parametrize(("n1", "n2"), [(1, 4), (4, 1), (2, 2), (4, 3), (8, 2)])
+def test_hierarchical_all_to_all_closed_form(n1: int, n2: int) -> None:
+    """Servers of n1 GPUs on NVLink (B1) with one NIC per GPU (B2) on a crossbar: the
+    intra-server all-to-all, then one between the GPUs of each index, each phase exactly
+    α + (k−1)/k·S/B (the routes: GPU-NVSwitch-GPU; GPU-NIC-switch-NIC-GPU)."""
+    B1, B2, hop, S = 100e9, 25e9, 1e-6, 3e8
+    n = n1 * n2
+    cluster = explicit_cluster("switch", n, A100, B2, hop, gpus_per_node=n1,
+                               nvlink_bandwidth_Bps=B1, nvlink_latency_s=hop) if n1 > 1 else \
+        _cluster("switch", n, B2, hop)
+    t = _time(cluster, "all_to_all", "hierarchical", range(n), S)
+    want = alpha_beta_time("all_to_all", "hierarchical", n, S, 2 * hop, B1, gpus_per_node=n1,
+                           alpha_inter=(4 if n1 > 1 else 2) * hop, bandwidth_inter=B2)
+    assert t == pytest.approx(want, rel=REL)
+    flat = _time(cluster, "all_to_all", "pairwise", range(n), S)
+    assert flat <= t * (1 + REL)  # one phase: never slower on a non-blocking fabric
+
+
+def test_hierarchical_all_to_all_moves_the_same_bytes_between_servers() -> None:
+    """Every byte bound for another server crosses between servers once, on its rail."""
+    hosts = {r: r // 4 for r in range(12)}
+    steps = plan("all_to_all", "hierarchical", tuple(range(12)), 1.2e6, host_of=hosts)
+    inter = [t for t in steps if hosts[t.src] != hosts[t.dst]]
+    assert all(t.src % 4 == t.dst % 4 for t in inter)
+    flat = plan("all_to_all", "pairwise", tuple(range(12)), 1.2e6)
+    assert sum(t.nbytes for t in inter) == pytest.approx(
+        sum(t.nbytes for t in flat if hosts[t.src] != hosts[t.dst]))
+    assert len(inter) == 12 * 2 and sum(hosts[t.src] != hosts[t.dst] for t in flat) == 12 * 8

@@ -116,7 +116,7 @@ class _Recorder(CollectiveTimer):
             if op == "send":
                 used.update(c.route(*group).links)
             elif len(group) > 1:
-                for step in collective_plan(c, op, self.algo, group, nbytes):
+                for step in collective_plan(c, op, self.algo, group, nbytes).transfers:
                     used.update(c.route(step.src, step.dst).links)
         return super().__call__(op, groups, nbytes)
 

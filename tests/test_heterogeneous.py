@@ -282,7 +282,7 @@ def test_mixed_servers_keep_their_own_links_and_gpus() -> None:
     a100, h100 = SERVERS["dgx-a100-80g"], SERVERS["dgx-h100"]
     assert c.bottleneck_Bps(c.route(0, 1)) == pytest.approx(300e9 * a100.nvlink_efficiency)
     assert c.bottleneck_Bps(c.route(16, 17)) == pytest.approx(450e9 * h100.nvlink_efficiency)
-    assert c.bottleneck_Bps(c.route(16, 24)) == pytest.approx(h100.nic_Bps)
+    assert c.bottleneck_Bps(c.route(16, 24)) == pytest.approx(h100.nic_Bps * h100.nic_efficiency)
     assert c.bottleneck_Bps(c.route(0, 24)) == pytest.approx(a100.nic_Bps * a100.nic_efficiency)
     assert not c.nvls_capable(c.nvswitch_of(0)) and c.nvls_capable(c.nvswitch_of(16))
     assert c.gpu_types == (GPUS["A100-80GB"], GPUS["H100"])

@@ -12,7 +12,7 @@ from sim.collectives import plan
 from sim.engine import simulate_program
 from sim.network import max_min_rates
 from topologies.hardware import GPUS
-from topologies.presets import explicit_cluster
+from topologies.presets import CollectiveSettings, explicit_cluster
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import gpipe
 
@@ -32,7 +32,8 @@ def _run(cluster, build) -> float:
                                                 (1024.0, 300e9, 0.0)])
 def test_ring_collective_matches_alpha_beta(op: str, n: int, S: float, B: float,
                                             alpha: float) -> None:
-    cluster = explicit_cluster("ring", n, A100, B, alpha)
+    cluster = explicit_cluster("ring", n, A100, B, alpha,
+                               collectives=CollectiveSettings(protocol="simple"))
     group = tuple(range(n))
     t = _run(cluster, lambda b: b.collective(group, {}, kind="dp", name="c", op=op, nbytes=S,
                                               algo="ring"))

@@ -358,13 +358,14 @@ def test_mixtral_parameters_and_model_flops() -> None:
 @pytest.mark.parametrize("capacity_factor", [None, 1.5, 0.5])
 def test_expert_flops_follow_tokens_times_top_k(capacity_factor: float | None) -> None:
     """Forward GEMM FLOPs of a MoE layer minus the dense model's attention: router
-    2·n·h·E plus experts 2·n·k·max(c, 1)·h·f_e·3 (SwiGLU)."""
+    2·n·h·E plus experts 2·n·k·c·h·f_e·3 (SwiGLU; buffers padded to capacity c, so c < 1
+    computes fewer rows: the dropped copies)."""
     moe = build_experiment(moe_data(2, capacity_factor=capacity_factor)).costs
     dense = build_experiment(data(pp=1, dp=4, layers=2) | {
         "model": {"preset": "llama-7b", "num_layers": 2, "seq_length": 1024,
                   "ffn_hidden_size": 4096}}).costs
     n, h, f, k, E = 1024, 4096, 4096, 2, 8
-    c = max(capacity_factor or 1.0, 1.0)
+    c = capacity_factor or 1.0
     attn, _ = dense._gemms()
     _, experts = moe._gemms()
     assert experts.flops == pytest.approx(2 * n * h * E + 2 * n * k * c * h * f * 3, rel=1e-12)
@@ -561,3 +562,38 @@ def test_routing_imbalance_below_one_is_rejected() -> None:
     d["model"]["moe"]["routing_imbalance"] = 0.9
     with pytest.raises(ConfigError, match="routing_imbalance"):
         build_experiment(d)
+
+
+@pytest.mark.parametrize(("capacity", "pad", "imbalance", "rows"), [
+    (None, True, 1.3, 1.3),    # dropless: the busiest rank's routed copies
+    (1.25, True, 1.3, 1.25),   # padded to capacity whatever the routing
+    (0.5, True, 1.0, 0.5),     # padded to a capacity below the routed copies: the rest dropped
+    (1.25, False, 1.3, 1.25),  # dropping without padding: capped at capacity
+    (1.5, False, 1.3, 1.3),    # ... or the routed copies, if fewer
+    (0.8, False, 1.0, 0.8),
+])
+def test_moe_all_to_all_bytes_follow_megatron_cores_dispatcher(
+        capacity: float | None, pad: bool, imbalance: float, rows: float) -> None:
+    """Megatron-core's all-to-all dispatcher: dropless, every rank's tokens·k copies (the
+    busiest rank receiving imbalance × that); with a capacity factor c, capacity·E =
+    c·tokens·k rows when padded, else the copies kept, min(c, imbalance) at the busiest."""
+    d = moe_data(2, dp=2, capacity_factor=capacity)
+    d["model"]["moe"] |= {"pad_to_capacity": pad, "routing_imbalance": imbalance}
+    r = run(d)
+    got = {i.nbytes for i in r.program.instructions
+           if isinstance(i, Collective) and i.op == "all_to_all"}
+    assert len(got) == 1 and got.pop() == pytest.approx(rows * 2 * 1024 * 2 * 4096)
+
+
+def test_hierarchical_all_to_all_for_moe_from_the_cluster_override() -> None:
+    """``cluster.collectives.all_to_all: hierarchical`` runs the MoE dispatch and combine
+    intra-server first: with EP groups of 8 across servers of 4 it differs from pairwise."""
+    def ep_comm(algo: str) -> float:
+        d = moe_data(8, dp=16)
+        d["cluster"] = {"topology": "switch", "num_gpus": 16, "gpus_per_node": 4,
+                        "link_bandwidth_GBps": 25, "nvlink_bandwidth_GBps": 300,
+                        "collectives": {"all_to_all": algo}}
+        return run(d).stats["exposed_comm_s"]["ep"]
+
+    flat, hier = ep_comm("pairwise"), ep_comm("hierarchical")
+    assert flat > 0 and hier > 0 and flat != hier

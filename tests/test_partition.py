@@ -55,15 +55,21 @@ def test_dp_matches_brute_force(case: tuple[int, int, list[list[float]]]) -> Non
 
 
 def test_split_moves_off_the_wan_when_it_slows_down() -> None:
-    """Stages 1 and 2 sit either side of the WAN: at 100 Gb/s the split is about even; at
-    150 Mb/s their pipeline messages take seconds, and they keep one layer each."""
+    """Stages 1 and 2 sit either side of the WAN: at 100 Gb/s the split is near even (the
+    two stages at the WAN a layer or so lighter) and its simulated step beats
+    ``balanced``'s; at 150 Mb/s their pipeline messages take seconds, and they keep one
+    layer each."""
     exp = load_experiment(WAN)
-    fast = exp.with_changes({"cluster.wan_bandwidth_Mbps": 100_000}).costs.stage_layers
+    quick = exp.with_changes({"cluster.wan_bandwidth_Mbps": 100_000})
+    fast = quick.costs.stage_layers
     slow = exp.costs.stage_layers
     balanced = exp.with_changes({"parallel.layers_per_stage": "balanced"}).costs.stage_layers
     assert slow != fast
     assert slow[1] == slow[2] == 1
-    assert max(fast) - min(fast) <= 2
+    assert max(fast) - min(fast) <= 3 and min(fast[1:3]) == min(fast)
+    step = simulate(quick).stats["step_time_s"]
+    assert step < simulate(quick.with_changes({"parallel.layers_per_stage": "balanced"})
+                           ).stats["step_time_s"]
     assert exp.with_changes({"cluster.wan_bandwidth_Mbps": 100_000,
                              "parallel.layers_per_stage": "balanced"}
                             ).costs.stage_layers == balanced  # balanced ignores the WAN

@@ -420,3 +420,18 @@ def test_gpu_memory_is_what_cuda_reports_binary_hbm_less_the_drivers_share() -> 
     assert 79.25 <= GPUS["A100-80GB"].hbm_capacity_gib <= 79.35
     for name, vendor_gb in (("A100-40GB", 40), ("H100", 80), ("H200", 141), ("B200", 180)):
         assert GPUS[name].hbm_capacity_gib == pytest.approx(vendor_gb * 79.3 / 80, rel=1e-12)
+
+
+def test_link_efficiencies_are_data_with_sources() -> None:
+    """Every link generation's fraction lies in (0, 1] with a source; the presets take
+    theirs from the table (NDR: 48.5 of 50 GB/s, NVIDIA in nccl-tests issue 267)."""
+    from topologies.links import LINKS
+    for name, link in LINKS.items():
+        assert 0 < link.fraction <= 1 and "issue" in link.source, name
+    assert {"ib-hdr", "ib-ndr", "ib-xdr", "roce-400g", "pcie-gen5-host", "nvlink3", "nvlink4",
+            "nvlink5", "nvls4"} <= set(LINKS)
+    h100 = SERVERS["dgx-h100"]
+    assert h100.nic_efficiency == LINKS["ib-ndr"].fraction == 0.97
+    assert h100.nvlink_efficiency == LINKS["nvlink4"].fraction
+    assert SERVERS["dgx-a100-80g"].nic_efficiency == LINKS["ib-hdr"].fraction
+    assert "nccl-tests issue 267" in h100.efficiency_source

@@ -111,9 +111,10 @@ def test_activation_memory_korthikanti() -> None:
 def test_more_tensor_parallelism_is_not_free() -> None:
     """TP across servers (tp=16 on 8-GPU nodes) is slower than TP inside a server.
 
-    NCCL-like ring channels use all eight NICs of a server (8 x 22.5 GB/s against
-    210 GB/s of NVLink), so the bandwidth gap is small; the network's per-hop
-    latency over the 30 ring steps still makes it measurably slower."""
+    NCCL-like channels use all eight NICs of a server (8 x 22.5 GB/s against 210 GB/s
+    of NVLink), and on two servers auto takes the tree, which sends half the ring's bytes
+    through the NICs (NCCL maintainers, NVIDIA/nccl issue 946), so the gap is small; the
+    network's latency still makes it measurably slower."""
     base = {"model": {"preset": "gpt3-1.3b", "num_layers": 2}, "training": {"global_batch_size": 2}}
     inside = simulate(build_experiment(base | {"cluster": {"preset": "dgx-a100-80g",
                                                            "num_gpus": 8},
@@ -121,7 +122,7 @@ def test_more_tensor_parallelism_is_not_free() -> None:
     across = simulate(build_experiment(base | {"cluster": {"preset": "dgx-a100-80g",
                                                            "num_gpus": 16},
                                                "parallel": {"tp": 16}})).stats
-    assert across["exposed_comm_s"]["tp"] > 1.5 * inside["exposed_comm_s"]["tp"]
+    assert across["exposed_comm_s"]["tp"] > 1.03 * inside["exposed_comm_s"]["tp"]
 
 
 def test_badly_placed_tp_group_is_slower_and_reported() -> None:

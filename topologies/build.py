@@ -61,7 +61,8 @@ def _collective_settings(c: Networked) -> CollectiveSettings:
     return CollectiveSettings(
         launch_s=None if c.collective_launch_us is None else c.collective_launch_us * 1e-6,
         step_s=(c.collective_step_us or 0.0) * 1e-6, algos=algos,
-        granularity=c.collective_granularity or "stream", ecmp=c.ecmp or "dst-mod-k")
+        granularity=c.collective_granularity or "stream", ecmp=c.ecmp or "dst-mod-k",
+        protocol=c.collective_protocol or "auto")
 
 
 def _fabric(c: Networked) -> Fabric | None:

@@ -277,6 +277,7 @@ class Cluster:
         collective_step_s: float = 0.0,
         collective_algos: Mapping[str, str] | None = None,
         collective_granularity: str = "stream",
+        collective_protocol: str = "auto",
         ecmp: str = "dst-mod-k",
         failed_links: Iterable[Link] = (),
         gpus: Sequence[GPUSpec] | None = None,
@@ -297,6 +298,12 @@ class Cluster:
             raise TopologyError(f"collective granularity {collective_granularity!r} is not one "
                                 f"of {', '.join(GRANULARITIES)}")
         self.collective_granularity = collective_granularity
+        if collective_protocol not in ("auto", "simple", "ll128", "ll"):
+            raise TopologyError(f"collective protocol {collective_protocol!r} is not one of "
+                                "auto, simple, ll128, ll")
+        self.collective_protocol = collective_protocol
+        """NCCL protocol of ring and tree collectives: ``auto`` (per size, NCCL's tuning
+        model), or ``simple``, ``ll128``, ``ll`` always (``NCCL_PROTO``); sim.protocols."""
         """``stream``: a ring phase is one flow per ring edge; ``step``: one flow per step."""
         if ecmp not in ECMP_POLICIES:
             raise TopologyError(f"ecmp policy {ecmp!r} is not one of {', '.join(ECMP_POLICIES)}")
@@ -613,7 +620,8 @@ class Cluster:
         return Cluster(self.name, graph, self.gpu, self.gpus_per_node, self.collective_launch_s,
                        collective_step_s=self.collective_step_s,
                        collective_algos=self.collective_algos,
-                       collective_granularity=self.collective_granularity, ecmp=self.ecmp,
+                       collective_granularity=self.collective_granularity,
+                       collective_protocol=self.collective_protocol, ecmp=self.ecmp,
                        failed_links=(*self.failed_links, *gone), gpus=self._gpus)
 
     def subset(self, gpus: Sequence[int]) -> Cluster:
@@ -638,7 +646,8 @@ class Cluster:
         return Cluster(self.name, graph, specs[0], self.gpus_per_node, self.collective_launch_s,
                        collective_step_s=self.collective_step_s,
                        collective_algos=self.collective_algos,
-                       collective_granularity=self.collective_granularity, ecmp=self.ecmp,
+                       collective_granularity=self.collective_granularity,
+                       collective_protocol=self.collective_protocol, ecmp=self.ecmp,
                        gpus=specs)
 
     def without_links(self, failed: Iterable[int]) -> Cluster:

@@ -169,6 +169,9 @@ class Networked(_Kind):
     """Extra software latency per collective step, on top of the route's hop latencies."""
     collective_granularity: Literal["stream", "step"] | None = None
     """``stream`` (default): one flow per ring edge; ``step``: one flow per ring step."""
+    collective_protocol: Literal["auto", "simple", "ll128", "ll"] | None = None
+    """NCCL protocol of ring and tree collectives: ``auto`` (default: per size, as NCCL's
+    tuner picks), or always ``simple``, ``ll128`` or ``ll`` (like ``NCCL_PROTO``)."""
     collectives: CollectivesConfig | None = None
     """Per-op algorithm overrides; default ``auto`` for every op."""
     sites: int | None = Field(None, gt=0)

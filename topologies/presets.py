@@ -31,6 +31,7 @@ from topologies import graphs
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric
 from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec
+from topologies.links import LINKS
 
 US = 1e-6
 NVLS_EFFICIENCY_ATTR = "nvls_efficiency"
@@ -67,68 +68,52 @@ class ServerPreset:
     """Where the efficiencies come from."""
 
 
-NVLINK4_SOURCE = (
-    "NCCL maintainer (sjeaugey) in NVIDIA/nccl-tests issue 212, 8x H100 SXM: NCCL reaches an "
-    "effective NVLink bandwidth of about 370 GB/s of the 450 GB/s per direction (protocol "
-    "overhead ~20%, seen as ring busbw): nvlink_efficiency 370/450 = 0.822; all-reduce with "
-    "NVLink SHARP peaks at busbw ~480 GB/s (algbw ~275): NVLS moves S up and S down at algbw, "
-    "so nvls_efficiency = 275/370 = 0.743 of the effective NVLink rate")
-"""Efficiencies measured on NVLink 4 (H100, H200: same NVLink and NVSwitch generation)."""
-NVLINK5_SOURCE = (
-    NVLINK4_SOURCE + "; assumed for NVLink 5 (Blackwell) too: no public nccl-tests figure "
-    "recorded (unverified)")
-"""Blackwell's NVLink 5 takes NVLink 4's measured fractions until measured."""
-A100_SOURCE = (
-    "nccl-tests all_reduce on 8x A100-SXM4 reaches a bus bandwidth of about 200-208 GB/s of the "
-    "300 GB/s per direction (NVIDIA/nccl-tests issues 149, 178): nvlink_efficiency 0.70; across "
-    "HDR InfiniBand about 85-96 of 100 GB/s per 4 NICs (nccl-tests issue 119): nic_efficiency "
-    "0.90; NVLS: none (A100's NVSwitch does not reduce)")
-"""Efficiencies measured on NVLink 3 and HDR InfiniBand (DGX A100)."""
-NVLINK4_EFFICIENCY = 370 / 450
-NVLS_EFFICIENCY = 275 / 370
+def _source(*links: str) -> str:
+    """The sources of the link generations ``links`` (:data:`topologies.links.LINKS`)."""
+    return "; ".join(f"{name} {LINKS[name].fraction:.3f}: {LINKS[name].source}"
+                     for name in links)
+
+
+def _fractions(nvlink: str, nic: str, nvls: str | None = None) -> dict:
+    """A preset's efficiency keywords from its link generations."""
+    out = {"nvlink_efficiency": LINKS[nvlink].fraction, "nic_efficiency": LINKS[nic].fraction,
+           "efficiency_source": _source(nvlink, nic, *((nvls,) if nvls else ()))}
+    if nvls:
+        out["nvls_efficiency"] = LINKS[nvls].fraction
+    return out
 
 
 SERVERS: dict[str, ServerPreset] = {
-    "dgx-a100-80g": ServerPreset("A100-80GB", 8, 200e9 / 8, nvlink_efficiency=0.70,
-                                 nic_efficiency=0.90,
+    "dgx-a100-80g": ServerPreset("A100-80GB", 8, 200e9 / 8,
                                  source="DGX A100: 8x A100-80GB, NVSwitch, 8x 200 Gb/s HDR IB",
-                                 efficiency_source=A100_SOURCE),
-    "dgx-a100-40g": ServerPreset("A100-40GB", 8, 200e9 / 8, nvlink_efficiency=0.70,
-                                 nic_efficiency=0.90,
+                                 **_fractions("nvlink3", "ib-hdr")),
+    "dgx-a100-40g": ServerPreset("A100-40GB", 8, 200e9 / 8,
                                  source="DGX A100: 8x A100-40GB, NVSwitch, 8x 200 Gb/s HDR IB",
-                                 efficiency_source=A100_SOURCE),
+                                 **_fractions("nvlink3", "ib-hdr")),
     "dgx-h100": ServerPreset("H100", 8, 400e9 / 8, nvls=True,
-                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
                              source="DGX H100: 8x H100 SXM, NVSwitch, 8x 400 Gb/s NDR IB",
-                             efficiency_source=NVLINK4_SOURCE),
+                             **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "dgx-h200": ServerPreset("H200", 8, 400e9 / 8, nvls=True,
-                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
                              source="DGX H200: 8x H200, NVSwitch, 8x 400 Gb/s NDR IB",
-                             efficiency_source=NVLINK4_SOURCE),
+                             **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "hgx-h800": ServerPreset("H800", 8, 400e9 / 8, nvls=True,
-                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
                              source="HGX H800: 8x H800 SXM (NVLink 400 GB/s total), NVSwitch, "
                                     "8x 400 Gb/s InfiniBand (DeepSeek-AI 2024, DeepSeek-V3 "
                                     "report sec. 3.1)",
-                             efficiency_source=NVLINK4_SOURCE),
+                             **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "grand-teton-h100": ServerPreset("H100-96GB", 8, 400e9 / 8, nvls=True,
-                                     nvlink_efficiency=NVLINK4_EFFICIENCY,
-                                     nvls_efficiency=NVLS_EFFICIENCY,
                                      source="Meta Grand Teton: 8x H100 96GB on NVLink, 400 Gb/s "
                                             "RDMA per GPU (pytorch/torchtitan benchmarks/"
                                             "llama3_h100_202412_torchtitan.md)",
-                                     efficiency_source=NVLINK4_SOURCE),
+                                     **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "dgx-b200": ServerPreset("B200", 8, 400e9 / 8, nvls=True,
-                             nvlink_efficiency=NVLINK4_EFFICIENCY, nvls_efficiency=NVLS_EFFICIENCY,
                              source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB",
-                             efficiency_source=NVLINK5_SOURCE),
+                             **_fractions("nvlink5", "ib-ndr", "nvls5")),
     "gb200-nvl72": ServerPreset("GB200", 72, 400e9 / 8, nvls=True,
-                                nvlink_efficiency=NVLINK4_EFFICIENCY,
-                                nvls_efficiency=NVLS_EFFICIENCY,
                                 source="GB200 NVL72 rack: 72 Blackwell GPUs in one NVLink5 "
                                        "domain (18 NVSwitch chips, one node here), one 400 Gb/s "
                                        "ConnectX-7 per GPU (unverified)",
-                                efficiency_source=NVLINK5_SOURCE),
+                                **_fractions("nvlink5", "ib-ndr", "nvls5")),
 }
 """Server-based cluster presets (an NVL72 rack counts as one 72-GPU server)."""
 
@@ -153,12 +138,15 @@ class CollectiveSettings:
     """Per-op algorithm overrides, e.g. ``{"all_reduce": "tree"}``."""
     granularity: str = "stream"
     ecmp: str = "dst-mod-k"
+    protocol: str = "auto"
+    """NCCL protocol of ring and tree collectives (``auto``: per size)."""
 
     def cluster_kwargs(self, default_launch_s: float) -> dict:
         return {"collective_launch_s": default_launch_s if self.launch_s is None
                 else self.launch_s,
                 "collective_step_s": self.step_s, "collective_algos": dict(self.algos),
-                "collective_granularity": self.granularity, "ecmp": self.ecmp}
+                "collective_granularity": self.granularity, "ecmp": self.ecmp,
+                "collective_protocol": self.protocol}
 
 
 def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,

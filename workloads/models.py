@@ -20,19 +20,28 @@ class MoESpec:
     """Inner size of one expert's MLP (same activation as the dense MLP)."""
     capacity_factor: float | None = None
     """None: dropless (Megatron's default; each expert computes the rows routed to it).
-    c: every expert's buffer holds c·tokens·k/E rows and is computed whole, padded
-    (GShard/Switch, Fedus et al. 2021, sec. 2.2): expert work and the all-to-all bytes
-    scale by max(c, 1), and copies beyond a full buffer are dropped."""
+    c: every expert takes at most c·tokens·k/E rows from each rank (Megatron-core's
+    ``get_capacity``, ``megatron/core/transformer/moe/moe_utils.py``); copies beyond it
+    are dropped (Fedus et al. 2021, sec. 2.2). See :attr:`pad_to_capacity`."""
     routing_imbalance: float = 1.0
     """Token copies routed to the busiest EP rank over the mean, >= 1 (1: balanced routing).
     Dropless with ep > 1, that rank computes and receives this many times the mean rows,
     and every rank waits for it at the combine all-to-all, so the step is timed (and
-    memory sized) on the busiest rank. It changes nothing with ep = 1 (every expert is
-    local: a GPU computes all its own copies however they split) or with a capacity
-    factor (buffers are padded to c whatever the routing; the overflow is dropped).
+    memory sized) on the busiest rank; the all-to-alls move the busiest rank's bytes
+    from every rank (on per-GPU ports, the time of the busiest receiver). It changes
+    nothing with ep = 1 (every expert is local: a GPU computes all its own copies however
+    they split) or with a padded capacity factor (buffers hold c whatever the routing;
+    the overflow is dropped); unpadded, the busiest rank keeps min(c, imbalance).
     Take it from the router's load statistics; for reference, uniform random routing of
     N copies per GPU gives about 1 + sqrt(2·ln(ep)·(1 - 1/ep)/N) (the largest of ep
     near-Gaussian loads), a lower bound for real routers."""
+
+    pad_to_capacity: bool = True
+    """With a capacity factor: every expert's buffer is padded to its capacity and computed
+    whole (GShard/Switch; Megatron-core's ``moe_pad_expert_input_to_capacity``, whose
+    dispatcher then sends capacity·E rows per rank): expert work and all-to-all bytes
+    scale by c. False: only the kept copies are sent and computed, min(c, imbalance) on
+    the busiest EP rank (Megatron-core's default, which drops without padding)."""
 
     shared_experts: int = 0
     """Experts every token passes besides its top-k routed ones (DeepSeekMoE's shared
@@ -41,11 +50,14 @@ class MoESpec:
 
     def load_factor(self, ep: int) -> float:
         """Expert rows a GPU computes (and receives) per token copy it routes, on EP groups
-        of ``ep`` GPUs: max(c, 1) with a capacity factor, else the routing imbalance when
-        the experts are spread (ep > 1), else 1."""
-        if self.capacity_factor is not None:
-            return max(self.capacity_factor, 1.0)
-        return self.routing_imbalance if ep > 1 else 1.0
+        of ``ep`` GPUs: dropless, the routing imbalance when the experts are spread (ep > 1),
+        else 1; with a capacity factor c, c padded, else the kept share min(c, that)."""
+        routed = self.routing_imbalance if ep > 1 else 1.0
+        if self.capacity_factor is None:
+            return routed
+        if self.pad_to_capacity:
+            return self.capacity_factor
+        return min(self.capacity_factor, routed)
 
 
 @dataclass(frozen=True)

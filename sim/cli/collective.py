@@ -7,7 +7,8 @@ experiment file; other top-level keys are ignored), like nccl-tests'
 (``--sizes 1K:4G``, or ``1K:4G:4`` for ``-f 4``), or a comma list (``64MiB,1GiB``).
 It prints a table of size, time, algbw and busbw (GB/s, 1 GB = 1e9 B; busbw =
 algbw × the nccl-tests factor of the op); ``--json`` prints a JSON array of
-objects with keys ``op``, ``algo``, ``num_gpus``, ``size_bytes``, ``time_s``,
+objects with keys ``op``, ``algo``, ``protocol`` (NCCL's LL, LL128 or Simple, as
+:mod:`sim.protocols` picks it per size), ``num_gpus``, ``size_bytes``, ``time_s``,
 ``algbw_GBps``, ``busbw_GBps``; ``--plot PATH`` draws busbw against size.
 
 The collective runs over GPUs 0..N−1 (``--gpus N``, default all), in rank
@@ -134,7 +135,7 @@ def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
     """Simulate ``op`` for each algorithm and size; rows as ``--json`` prints them plus
     ``series`` (the requested algorithm, e.g. ``auto``) and ``link_GBps`` (the smallest
     bottleneck bandwidth between ring neighbours of the group)."""
-    from sim.collectives import group_profile, resolve_algorithm
+    from sim.collectives import collective_plan, group_profile, resolve_algorithm
     from sim.config import parse_config
     from sim.engine import simulate_program
     from topologies.build import build_cluster
@@ -156,12 +157,15 @@ def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
         for size in sizes:
             requested = cluster.collective_algos.get(op, series)
             algo = resolve_algorithm(op, requested, size, profile)
+            protocol = collective_plan(cluster, op, algo, group, float(size),
+                                       {group: profile}).protocol
             b = ProgramBuilder()
             b.collective(group, {}, kind="dp", name=op, op=op, nbytes=float(size), algo=algo)
             prog = Program(cluster.num_gpus, b.build(), (0.0,) * cluster.num_gpus, gpipe(1, 1))
             t = simulate_program(prog, cluster, lambda _op: 0.0).end_s
             algbw, busbw = bus_bandwidth(op, n, size, t)
-            rows.append({"op": op, "algo": algo, "num_gpus": n, "size_bytes": size,
+            rows.append({"op": op, "algo": algo, "protocol": protocol, "num_gpus": n,
+                         "size_bytes": size,
                          "time_s": t, "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw / 1e9,
                          "series": series, "link_GBps": link_GBps})
     return rows
@@ -170,11 +174,12 @@ def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
 def table(rows: list[dict], title: str) -> str:
     """nccl-tests-like text table."""
     lines = [f"# {title}",
-             f"# {'size(B)':>13}  {'algo':<16} {'time(us)':>12} {'algbw(GB/s)':>12} "
-             f"{'busbw(GB/s)':>12}"]
+             f"# {'size(B)':>13}  {'algo':<16} {'proto':<6} {'time(us)':>12} "
+             f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12}"]
     for r in rows:
         algo = r["algo"] if r["series"] == r["algo"] else f"{r['series']}:{r['algo']}"
-        lines.append(f"  {r['size_bytes']:>13}  {algo:<16} {r['time_s'] * 1e6:>12.2f} "
+        lines.append(f"  {r['size_bytes']:>13}  {algo:<16} {r['protocol']:<6} "
+                     f"{r['time_s'] * 1e6:>12.2f} "
                      f"{r['algbw_GBps']:>12.2f} {r['busbw_GBps']:>12.2f}")
     return "\n".join(lines)
 
@@ -197,7 +202,8 @@ def _cmd_collective(args: argparse.Namespace) -> int:
                        reference_label="slowest link of one ring")
             files.commit()
     if args.json:
-        keys = ("op", "algo", "num_gpus", "size_bytes", "time_s", "algbw_GBps", "busbw_GBps")
+        keys = ("op", "algo", "protocol", "num_gpus", "size_bytes", "time_s", "algbw_GBps",
+                "busbw_GBps")
         sys.stdout.write(json.dumps([{k: r[k] for k in keys} for r in rows], indent=1) + "\n")
     else:
         print(table(rows, title))

@@ -1,0 +1,101 @@
+"""NCCL's three protocols (LL, LL128, Simple): per-step latency and bandwidth as data.
+
+NCCL moves a ring's or a tree's chunks with one of three protocols and picks, per
+operation and size, the (algorithm, protocol) pair its tuning model predicts fastest
+(``ncclTopoTuneModel``, ``src/graph/tuning.cc`` of NVIDIA/nccl, read at commit
+5067397c, June 2026): LL sends 8-byte lines of 4 data bytes and a 4-byte flag (no
+fence, the lowest latency, half the bandwidth or less), LL128 128-byte lines of 120
+data bytes, Simple large chunks behind a memory fence (full bandwidth, the highest
+per-step latency). The model there is ``baseLatencies[algo][proto] + steps ×
+hwLatencies[link][algo][proto] + size / (busBw × fraction[algo][proto])``.
+
+Here the cluster's hop latencies and launch latency stand for the Simple protocol (a
+preset's NVLink ring step is 3.4 µs and its launch 8.4 µs, NCCL's Simple numbers), so
+a protocol scales them by NCCL's ratio to Simple: a route inside one server (NVLink)
+by ``hwLatencies[NVLINK]``'s, a route between servers by ``hwLatencies[NET]``'s; the
+launch by ``baseLatencies``'. Its transfers carry their bytes / its bandwidth
+fraction, as bytes on the wire, so the flow simulation and the estimate agree. Only
+ring (with the pipelined broadcast and reduce chains) and tree take LL and LL128, as
+in NCCL; every other algorithm runs Simple. NCCL's per-channel caps (``llMaxBws``,
+``perChMaxRingLL128Bws``, ...) are not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from base.errors import ConfigError
+
+PROTOCOLS = ("simple", "ll128", "ll")
+"""Protocols, Simple first (the fallback)."""
+AUTO_PROTOCOL = "auto"
+PROTOCOL_ALGOS = ("ring", "tree")
+"""Algorithms that run LL and LL128; the others always run Simple."""
+SOURCE = ("NVIDIA/nccl src/graph/tuning.cc (commit 5067397c): ncclTunerConstantsDefaults "
+          "(baseLatencies, hwLatencies for NVLINK and NET, in µs) and ncclTopoTuneModel's "
+          "refinements: ring LL busBw × 0.5, ring LL128 × 0.92 (120/128), tree all-reduce × "
+          "0.92, and on that tree LL × 1/3.8, tree LL128 × 7/9 on one node, × 120/128 across "
+          "nodes")
+
+
+@dataclass(frozen=True)
+class ProtocolCosts:
+    """One protocol's costs for one algorithm (ring or tree), in NCCL's units."""
+
+    base_us: float
+    """``baseLatencies[algo][proto]``: the per-operation latency."""
+    nvlink_us: float
+    """``hwLatencies[NVLINK][algo][proto]``: per step inside a server."""
+    net_us: float
+    """``hwLatencies[NET][algo][proto]``: per step between servers."""
+    fraction_one_node: float
+    """Bandwidth relative to the links' rate (a ring's under Simple) within one server."""
+    fraction_nodes: float
+    """Bandwidth relative to the links' rate across servers."""
+
+
+COSTS: dict[tuple[str, str], ProtocolCosts] = {
+    ("ring", "simple"): ProtocolCosts(8.4, 3.4, 14.0, 1.0, 1.0),
+    ("ring", "ll128"): ProtocolCosts(14.0, 1.9, 4.0, 0.92, 0.92),
+    ("ring", "ll"): ProtocolCosts(6.6, 0.6, 2.7, 0.5, 0.5),
+    ("tree", "simple"): ProtocolCosts(8.4, 4.0, 14.0, 0.92, 0.92),
+    ("tree", "ll128"): ProtocolCosts(14.0, 1.25, 8.5, 0.92 * 7 / 9, 0.92 * 120 / 128),
+    ("tree", "ll"): ProtocolCosts(6.8, 0.6, 5.0, 0.92 / 3.8, 0.92 / 3.8),
+}
+"""NCCL's tuning constants per (algorithm, protocol) (:data:`SOURCE`)."""
+
+
+def check_protocol(protocol: str) -> None:
+    """ConfigError unless ``protocol`` is one of :data:`PROTOCOLS` or ``auto``."""
+    if protocol != AUTO_PROTOCOL and protocol not in PROTOCOLS:
+        raise ConfigError(f"collective protocol {protocol!r} is not one of "
+                          f"{', '.join((AUTO_PROTOCOL, *PROTOCOLS))}")
+
+
+def protocols_for(algo: str) -> tuple[str, ...]:
+    """The protocols ``algo`` can run (Simple only outside :data:`PROTOCOL_ALGOS`)."""
+    return PROTOCOLS if algo in PROTOCOL_ALGOS else ("simple",)
+
+
+def _costs(algo: str, protocol: str) -> tuple[ProtocolCosts, ProtocolCosts]:
+    key = algo if algo in PROTOCOL_ALGOS else "ring"
+    return COSTS[(key, protocol)], COSTS[(key, "simple")]
+
+
+def launch_scale(algo: str, protocol: str) -> float:
+    """The protocol's per-operation latency over Simple's."""
+    p, s = _costs(algo, protocol)
+    return p.base_us / s.base_us
+
+
+def latency_scale(algo: str, protocol: str, inter_node: bool) -> float:
+    """The protocol's per-step latency over Simple's, inside a server or between servers."""
+    p, s = _costs(algo, protocol)
+    return p.net_us / s.net_us if inter_node else p.nvlink_us / s.nvlink_us
+
+
+def bandwidth_fraction(algo: str, protocol: str, multi_node: bool) -> float:
+    """The fraction of the links' rate ``algo`` reaches under the protocol (a ring under
+    Simple: 1, the rate the link efficiencies of the presets measure)."""
+    p, _ = _costs(algo, protocol)
+    return p.fraction_nodes if multi_node else p.fraction_one_node
