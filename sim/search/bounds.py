@@ -33,9 +33,10 @@ from sim.search.plan import (
 from sim.search.space import SearchContext
 from topologies.hardware import GiB
 from topologies.placement import Placement
-from workloads.costs import CommSeg, ComputeSeg, RingAttention
+from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention
+from workloads.lowering.groups import dp_groups
 from workloads.memory import device_bytes, oom
-from workloads.registry import overlaps_steps
+from workloads.registry import SCHEDULES, overlaps_steps
 from workloads.schedules import FORWARD, Op
 from workloads.transformer import TransformerCosts
 
@@ -109,6 +110,7 @@ class Bounds:
         """Ops of the plans kept (:data:`PLAN_CACHE_OPS`)."""
         self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
         self._static: dict[tuple, float] = {}
+        self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
         self._split: frozenset[str] | None = None
         self._capacity_gib = max(self._type_capacity_gib)
         """The largest GPU memory of the cluster (all of them on a uniform cluster)."""
@@ -439,6 +441,9 @@ class Bounds:
                 busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
                             for s in mine for k in kinds)
             end = m * busy + self._optimizer_s(costs, mine, types[r])
+            if r in timed and self._zero3_timed(layout):
+                bound = max(bound, m * sum(self._zero3_stream_s(costs, s, k, split, layout, r)
+                                           for s in mine for k in KINDS))
             if overlaps_steps(layout.schedule):  # a period: no fill, see step_bound_s
                 bound = max(bound, end)
                 continue
@@ -448,6 +453,48 @@ class Bounds:
                                           sum(costs.grad_bytes(s) for s in mine))
             bound = max(bound, end)
         return bound
+
+    def _zero3_timed(self, layout: Layout) -> bool:
+        """Whether the bounds time ZeRO-3's DP stream (:meth:`_zero3_stream_s`): ZeRO-3 over
+        more than one replica, micro-batches not cut into sequence chunks (each chunk would
+        be an op of its own)."""
+        return (layout.zero_stage == 3 and layout.dp * layout.cp > 1
+                and not SCHEDULES[layout.schedule].seq_chunks)
+
+    def _zero3_stream_s(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
+                        layout: Layout, r: int) -> float:
+        """ZeRO-3: seconds the DP stream of pipeline rank ``r`` is busy for one op of
+        ``stage`` (0 for a kind the schedule does not run).
+
+        The ZeRO-3 lowering (:class:`workloads.lowering.pieces.PieceLowering`) issues, for
+        every op of every micro-batch, one all-gather per
+        :class:`~workloads.costs.ParamGather` of the op's marked segments and one
+        reduce-scatter per :class:`~workloads.costs.GradReady`, over the rank's DP x CP
+        groups (:func:`workloads.lowering.groups.dp_groups`), all on the GPU's one ``dp``
+        stream, in issue order. So the stream is busy at least ``m`` times the sum over
+        the rank's stages and kinds, and a step (or, with overlapping steps, a period) is
+        at least that long. Each collective is timed on the first group alone (a lower
+        bound, see :meth:`_collective_s`); experts' collectives are left out.
+        """
+        if kind == KINDS[2] and not split:
+            return 0.0
+        key = ("z3", *_op_shape(costs), costs.dp, costs.stage_layers, stage, kind, split)
+        comms = self._markers.get(key)
+        if comms is None:
+            segs = costs.op_segments(Op(stage, kind, 0), split, markers=True)
+            comms = self._markers[key] = tuple(
+                ("all_gather" if isinstance(seg, ParamGather) else "reduce_scatter", seg.nbytes)
+                for seg in segs if isinstance(seg, ParamGather | GradReady) and seg.nbytes > 0)
+        total = 0.0
+        for op, nbytes in comms:
+            key = ("z3 dp", layout.tp, layout.cp, layout.dp, layout.pp, r, op, nbytes)
+            t = self._comm.get(key)
+            if t is None:
+                groups = dp_groups(self.ctx.placement(layout.tp, layout.cp, layout.dp,
+                                                      layout.pp), r)
+                t = self._comm[key] = self.timer(op, groups[:1], nbytes)
+            total += t
+        return total
 
     def _stage_times(self, costs: TransformerCosts, split: bool,
                      stage_types: tuple[tuple[int, ...], ...] | None = None
