@@ -111,6 +111,9 @@ class Bounds:
         self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
         self._static: dict[tuple, float] = {}
         self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
+        self._work: dict[tuple, tuple] = {}
+        self._state: dict[tuple, tuple] = {}
+        """Terms of :meth:`screen_terms` by family."""
         self._split: frozenset[str] | None = None
         self._capacity_gib = max(self._type_capacity_gib)
         """The largest GPU memory of the cluster (all of them on a uniform cluster)."""
@@ -495,6 +498,122 @@ class Bounds:
                 t = self._comm[key] = self.timer(op, groups[:1], nbytes)
             total += t
         return total
+
+    # --------------------------------------------------------------- screening by family
+    @property
+    def families(self) -> bool:
+        """Whether :meth:`screen_terms` applies: a uniform cluster and a layer split that
+        depends only on the stage count (not ``balanced``, which depends on each layout's
+        cost model)."""
+        return self._uniform and self.ctx.config.parallel.layers_per_stage != "balanced"
+
+    def screen_terms(self, layout: Layout) -> tuple[float, float | None]:
+        """(:meth:`quick_memory_bound_gib`, :meth:`loose_step_bound_s` or None where the
+        memory bound does not fit), composed from terms shared by families of layouts.
+
+        The work of a layout (:meth:`_work_terms`: its ops' compute and TP collectives, the
+        forward chain, its activations) depends on everything but the ZeRO stage; its
+        model state (:meth:`_state_terms`: static bytes, optimizer step, ZeRO's parameter
+        all-gather, ZeRO-3's DP stream) on neither the micro-batch size, sequence
+        parallelism nor recomputation. Each is computed once per family, with the
+        reference methods, and combined here in the reference's order of operations,
+        so the bounds are the same floats without building a cost model per layout.
+        """
+        tp, cp, ep, pp, dp, vpp = (layout.tp, layout.cp, layout.ep, layout.pp, layout.dp,
+                                   layout.vpp)
+        shape = (tp, cp, ep, pp, dp, vpp, layout.schedule)
+        work_key = (*shape, layout.micro_batch_size, layout.sequence_parallel,
+                    layout.recompute)
+        work = self._work.get(work_key)
+        if work is None:
+            work = self._work[work_key] = self._work_terms(layout)
+        state_key = (*shape, layout.zero_stage)
+        state = self._state.get(state_key)
+        if state is None:
+            state = self._state[state_key] = self._state_terms(layout)
+        act, flat, overlapping, work_ranks = work
+        static, state_ranks = state
+        quick = self._gib(static / pp, act)
+        if not self._fits(quick):
+            return quick, None
+        m = self.ctx.global_batch_size // (layout.micro_batch_size * dp)
+        if flat is not None:
+            return quick, m * flat / pp
+        bound = 0.0
+        for (busy, chain), (opt, ag, z3) in zip(work_ranks, state_ranks, strict=True):
+            end = m * busy + opt
+            if z3 is not None:
+                bound = max(bound, m * z3)
+            if overlapping:
+                bound = max(bound, end)
+                continue
+            end += chain
+            if ag is not None:
+                end += ag
+            bound = max(bound, end)
+        return quick, bound
+
+    def _work_terms(self, layout: Layout) -> tuple[float, float | None, bool,
+                                                   tuple[tuple[float, float], ...]]:
+        """(Lightest stage's activations per micro-batch, the sum of one micro-batch over
+        all stages where the schedule's stage owners are unknown (else None), whether
+        steps overlap, per screened rank (busy time of one micro-batch, forward chain
+        before its first stage)), as :meth:`quick_memory_bound_gib` and
+        :meth:`loose_step_bound_s` compute them."""
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        stages = tuple(range(len(costs.stage_layers)))
+        key = ("act", *_op_shape(costs), costs.stage_layers)
+        act = self._static.get(key)
+        if act is None:
+            act = self._static[key] = min(costs.activation_bytes_per_mb(s) for s in stages)
+        split = layout.schedule in self._split_schedules()
+        stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
+        forward_chain, per_mb = self._stage_times(costs, split)
+        if stage_rank is None:
+            return act, sum(per_mb), False, ()
+        timed = self._comm_ranks(layout)
+        ranks = []
+        for r in sorted({0, layout.pp - 1}):
+            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
+            busy = sum(per_mb[s] for s in mine)
+            if r in timed and layout.tp > 1:
+                kinds = KINDS if split else KINDS[:2]
+                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
+                            for s in mine for k in kinds)
+            ranks.append((busy, forward_chain[mine[0]]))
+        return act, None, overlaps_steps(layout.schedule), tuple(ranks)
+
+    def _state_terms(self, layout: Layout) -> tuple[float, tuple[
+            tuple[float, float | None, float | None], ...]]:
+        """(Static bytes of all stages, per screened rank (optimizer step, ZeRO's parameter
+        all-gather or None, ZeRO-3's DP stream per micro-batch or None)), as
+        :meth:`quick_memory_bound_gib` and :meth:`loose_step_bound_s` compute them."""
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        stages = tuple(range(len(costs.stage_layers)))
+        key = ("static", *_state_shape(costs))
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = costs.static_bytes(stages)
+        stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
+        if stage_rank is None:
+            return static, ()
+        split = layout.schedule in self._split_schedules()
+        types = self.rank_types(layout)
+        timed = self._comm_ranks(layout)
+        ranks = []
+        for r in sorted({0, layout.pp - 1}):
+            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
+            opt = self._optimizer_s(costs, mine, types[r])
+            ag = None
+            if r in timed and layout.zero_stage >= 1 and self._dp_timed(layout):
+                ag = self._collective_s("dp", layout, r, "all_gather",
+                                        sum(costs.grad_bytes(s) for s in mine))
+            z3 = None
+            if r in timed and self._zero3_timed(layout):
+                z3 = sum(self._zero3_stream_s(costs, s, k, split, layout, r)
+                         for s in mine for k in KINDS)
+            ranks.append((opt, ag, z3))
+        return static, tuple(ranks)
 
     def _stage_times(self, costs: TransformerCosts, split: bool,
                      stage_types: tuple[tuple[int, ...], ...] | None = None
