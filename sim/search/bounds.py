@@ -112,6 +112,8 @@ class Bounds:
         self._static: dict[tuple, float] = {}
         self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
         self._work: dict[tuple, tuple] = {}
+        self._rank_act: dict[tuple, np.ndarray] = {}
+        self._transient: dict[tuple, float] = {}
         self._state: dict[tuple, tuple] = {}
         """Terms of :meth:`screen_terms` by family."""
         self._split: frozenset[str] | None = None
@@ -208,12 +210,22 @@ class Bounds:
             if static is None:
                 static = self._static[key] = costs.static_bytes(stages)
             if plan.exact:
-                act = np.array([costs.activation_bytes_per_mb(s) for s in stages])
+                # cached per cost-model shape: many layouts (schedules, m) share them
+                shape = (*_op_shape(costs), costs.dp, costs.stage_layers)
+                act = self._rank_act.get((shape, stages))
+                if act is None:
+                    act = self._rank_act[shape, stages] = np.array(
+                        [costs.activation_bytes_per_mb(s) for s in stages])
                 slots = rows[:, -1].astype(int)
                 extra = np.zeros(len(rows))
                 if transient is not None:
-                    per_slot = {k: transient(Op(k // 3, KINDS[k % 3], 0))
-                                for k in np.unique(slots).tolist()}
+                    per_slot = {}
+                    for k in np.unique(slots).tolist():
+                        t = self._transient.get((shape, k))
+                        if t is None:
+                            t = self._transient[shape, k] = transient(
+                                Op(k // 3, KINDS[k % 3], 0))
+                        per_slot[k] = t
                     extra = np.array([per_slot[k] for k in slots.tolist()])
                 dynamic = float((rows[:, :-1] @ act + extra).max())
                 out.append(self._gib(static, dynamic))
