@@ -112,6 +112,7 @@ class Bounds:
         self._static: dict[tuple, float] = {}
         self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
         self._work: dict[tuple, tuple] = {}
+        self._act: dict[tuple, float] = {}
         self._rank_act: dict[tuple, np.ndarray] = {}
         self._transient: dict[tuple, float] = {}
         self._state: dict[tuple, tuple] = {}
@@ -523,8 +524,9 @@ class Bounds:
         """(:meth:`quick_memory_bound_gib`, :meth:`loose_step_bound_s` or None where the
         memory bound does not fit), composed from terms shared by families of layouts.
 
-        The work of a layout (:meth:`_work_terms`: its ops' compute and TP collectives, the
-        forward chain, its activations) depends on everything but the ZeRO stage; its
+        The work of a layout (:meth:`_act_term`: its activations; :meth:`_work_terms`: its
+        ops' compute and TP collectives, the forward chain) depends on everything but the
+        ZeRO stage, and is needed only where the memory bound fits; its
         model state (:meth:`_state_terms`: static bytes, optimizer step, ZeRO's parameter
         all-gather, ZeRO-3's DP stream) on neither the micro-batch size, sequence
         parallelism nor recomputation. Each is computed once per family, with the
@@ -536,18 +538,21 @@ class Bounds:
         shape = (tp, cp, ep, pp, dp, vpp, layout.schedule)
         work_key = (*shape, layout.micro_batch_size, layout.sequence_parallel,
                     layout.recompute)
-        work = self._work.get(work_key)
-        if work is None:
-            work = self._work[work_key] = self._work_terms(layout)
         state_key = (*shape, layout.zero_stage)
         state = self._state.get(state_key)
         if state is None:
             state = self._state[state_key] = self._state_terms(layout)
-        act, flat, overlapping, work_ranks = work
         static, state_ranks = state
+        act = self._act.get(work_key)
+        if act is None:
+            act = self._act[work_key] = self._act_term(layout)
         quick = self._gib(static / pp, act)
-        if not self._fits(quick):
+        if not self._fits(quick):  # memory first: the step's terms are not needed
             return quick, None
+        work = self._work.get(work_key)
+        if work is None:
+            work = self._work[work_key] = self._work_terms(layout)
+        flat, overlapping, work_ranks = work
         m = self.ctx.global_batch_size // (layout.micro_batch_size * dp)
         if flat is not None:
             return quick, m * flat / pp
@@ -565,24 +570,29 @@ class Bounds:
             bound = max(bound, end)
         return quick, bound
 
-    def _work_terms(self, layout: Layout) -> tuple[float, float | None, bool,
-                                                   tuple[tuple[float, float], ...]]:
-        """(Lightest stage's activations per micro-batch, the sum of one micro-batch over
-        all stages where the schedule's stage owners are unknown (else None), whether
-        steps overlap, per screened rank (busy time of one micro-batch, forward chain
-        before its first stage)), as :meth:`quick_memory_bound_gib` and
-        :meth:`loose_step_bound_s` compute them."""
+    def _act_term(self, layout: Layout) -> float:
+        """The lightest stage's activations per micro-batch, as
+        :meth:`quick_memory_bound_gib` computes them."""
         costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
-        stages = tuple(range(len(costs.stage_layers)))
         key = ("act", *_op_shape(costs), costs.stage_layers)
         act = self._static.get(key)
         if act is None:
-            act = self._static[key] = min(costs.activation_bytes_per_mb(s) for s in stages)
+            act = self._static[key] = min(costs.activation_bytes_per_mb(s)
+                                          for s in range(len(costs.stage_layers)))
+        return act
+
+    def _work_terms(self, layout: Layout) -> tuple[float | None, bool,
+                                                   tuple[tuple[float, float], ...]]:
+        """(The sum of one micro-batch over all stages where the schedule's stage owners
+        are unknown (else None), whether steps overlap, per screened rank (busy time of
+        one micro-batch, forward chain before its first stage)), as
+        :meth:`loose_step_bound_s` computes them."""
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
         split = layout.schedule in self._split_schedules()
         stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
         forward_chain, per_mb = self._stage_times(costs, split)
         if stage_rank is None:
-            return act, sum(per_mb), False, ()
+            return sum(per_mb), False, ()
         timed = self._comm_ranks(layout)
         ranks = []
         for r in sorted({0, layout.pp - 1}):
@@ -593,7 +603,7 @@ class Bounds:
                 busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
                             for s in mine for k in kinds)
             ranks.append((busy, forward_chain[mine[0]]))
-        return act, None, overlaps_steps(layout.schedule), tuple(ranks)
+        return None, overlaps_steps(layout.schedule), tuple(ranks)
 
     def _state_terms(self, layout: Layout) -> tuple[float, tuple[
             tuple[float, float | None, float | None], ...]]:
