@@ -8,6 +8,7 @@ Runs the whole search of ``workloads/examples/search-gpt3-175b-1024.yaml``
 (every layout of tp, pp, dp, cp, vpp, micro-batch size, SP, ZeRO 0-3,
 recomputation and the schedules; global batch 1,536; ``--fix`` narrows it)
 from scratch (an in-memory results database) once per repeat and worker count,
+(repeats interleaved: 1, 2, 1, 2, ... workers, so load drifts hit both alike)
 and prints one table: layouts enumerated and evaluated (judged by the memory
 bound, the throughput bound or a simulation), how many were simulated, wall
 time and its screening part, the rate, the CPU seconds of this process and
@@ -185,8 +186,13 @@ def main() -> None:
     rows = []
     rates: dict[int, float] = {}
     cpus: dict[int, float] = {}
-    for workers in (int(w) for w in args.workers.split(",")):
-        runs = [run_search(data, workers, args.top, args.fix) for _ in range(args.repeat)]
+    counts = [int(w) for w in args.workers.split(",")]
+    # interleaved (1, 2, 1, 2, ...): on a shared machine the load drifts, ratios hold
+    by_count: dict[int, list[dict[str, float]]] = {w: [] for w in counts}
+    for _ in range(args.repeat):
+        for workers in counts:
+            by_count[workers].append(run_search(data, workers, args.top, args.fix))
+    for workers, runs in by_count.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]
                if isinstance(runs[0][k], int | float)}
         rates[workers] = med["rate"]

@@ -111,3 +111,22 @@ def test_bounds_hold_and_screening_keeps_the_best_layout(case: tuple) -> None:
     assert found.best is not None, feasible[0].key
     assert found.best.layout.key == feasible[0].key
     assert found.best.stats == feasible[0].stats
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=_experiments(), zero_pinned=st.booleans())
+def test_screening_by_family_is_the_reference_screening(case: tuple, zero_pinned: bool) -> None:
+    """The fast path of :meth:`Screener.screen` (terms cached per family of layouts) gives
+    every layout of a whole space the reference's verdict, float for float."""
+    data, pins = case
+    ctx = SearchContext.build(data)
+    # the families must vary: only the schedules (and maybe the ZeRO stages) stay pinned
+    kept = {k: v for k, v in pins.items() if k == "schedule" or (zero_pinned and k == "zero_stage")}
+    layouts = list(enumerate_layouts(ctx, kept))
+    fast = Screener(ctx, comm=True, collapsed_only=True)
+    reference = Screener(ctx, comm=True, collapsed_only=True)
+    assert fast.families
+    event(f"{len(layouts) // 100 * 100}+ layouts")
+    for layout in layouts:
+        assert fast.screen(layout) == reference.screen(layout, reference=True), layout.key

@@ -27,7 +27,10 @@ Sources:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import wraps
+from typing import Any, TypeVar
 
 from workloads.costs import (
     BF16,
@@ -76,6 +79,25 @@ BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 FLASH_BACKWARD_FACTOR = 2.5
 """FlashAttention-2 backward FLOPs / forward FLOPs (recomputes QK^T; Dao 2023)."""
+
+
+_T = TypeVar("_T")
+
+
+def _per_instance(method: Callable[[Any], _T]) -> Callable[[Any], _T]:
+    """Keep a no-argument method's result on its instance (a frozen cost model never
+    changes, and ``replace`` makes a new one): one layer's GEMMs are asked for once per
+    layer of every op, the same answer each time. The entry lives in the instance's
+    ``__dict__``, outside the fields that equality, hashing and ``replace`` read."""
+    name = f"_memo_{method.__name__}"
+
+    @wraps(method)
+    def cached(self: Any) -> _T:
+        memo = self.__dict__
+        if name not in memo:
+            memo[name] = method(self)
+        return memo[name]
+    return cached
 
 
 @dataclass(frozen=True)
@@ -216,6 +238,7 @@ class TransformerCosts:
         return self.tp if self.sequence_parallel else 1
 
     # ------------------------------------------------------------- forward work of one layer
+    @_per_instance
     def _gemms(self) -> tuple[ComputeSeg, ComputeSeg]:
         """Forward GEMM work of the attention block and the MLP block on one TP rank."""
         m, t, n = self.model, self.tp, self._tokens
@@ -312,6 +335,7 @@ class TransformerCosts:
         return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep"), seg,
                 CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep")]
 
+    @_per_instance
     def _core_forward_flops(self) -> float:
         """Attention-core FLOPs the kernel executes forward (causal flash: half of 4·b·s²·h/t),
         divided by cp: the load-balanced split gives every CP rank the same causal share. A
@@ -345,6 +369,7 @@ class TransformerCosts:
                              self._kv_pass_bytes() * (2 if backward else 1))
         return [proj, ring, qkv] if backward else [qkv, ring, proj]
 
+    @_per_instance
     def _elementwise_forward(self) -> tuple[float, float]:
         """Bytes of memory-bound kernels of one layer forward: (attention block, MLP block)."""
         m, t, n = self.model, self.tp, self._tokens

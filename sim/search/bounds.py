@@ -33,10 +33,11 @@ from sim.search.plan import (
 from sim.search.space import SearchContext
 from topologies.hardware import GiB
 from topologies.placement import Placement
-from workloads.costs import CommSeg, ComputeSeg, RingAttention
+from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention
 from workloads.frameworks import fragmentation
+from workloads.lowering.groups import dp_groups
 from workloads.memory import device_bytes, oom
-from workloads.registry import overlaps_steps
+from workloads.registry import SCHEDULES, overlaps_steps
 from workloads.schedules import FORWARD, Op
 from workloads.transformer import TransformerCosts
 
@@ -110,6 +111,13 @@ class Bounds:
         """Ops of the plans kept (:data:`PLAN_CACHE_OPS`)."""
         self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
         self._static: dict[tuple, float] = {}
+        self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
+        self._work: dict[tuple, tuple] = {}
+        self._act: dict[tuple, float] = {}
+        self._rank_act: dict[tuple, np.ndarray] = {}
+        self._transient: dict[tuple, float] = {}
+        self._state: dict[tuple, tuple] = {}
+        """Terms of :meth:`screen_terms` by family."""
         self._split: frozenset[str] | None = None
         self._capacity_gib = max(self._type_capacity_gib)
         """The largest GPU memory of the cluster (all of them on a uniform cluster)."""
@@ -205,12 +213,22 @@ class Bounds:
             if static is None:
                 static = self._static[key] = costs.static_bytes(stages)
             if plan.exact:
-                act = np.array([costs.activation_bytes_per_mb(s) for s in stages])
+                # cached per cost-model shape: many layouts (schedules, m) share them
+                shape = (*_op_shape(costs), costs.dp, costs.stage_layers)
+                act = self._rank_act.get((shape, stages))
+                if act is None:
+                    act = self._rank_act[shape, stages] = np.array(
+                        [costs.activation_bytes_per_mb(s) for s in stages])
                 slots = rows[:, -1].astype(int)
                 extra = np.zeros(len(rows))
                 if transient is not None:
-                    per_slot = {k: transient(Op(k // 3, KINDS[k % 3], 0))
-                                for k in np.unique(slots).tolist()}
+                    per_slot = {}
+                    for k in np.unique(slots).tolist():
+                        t = self._transient.get((shape, k))
+                        if t is None:
+                            t = self._transient[shape, k] = transient(
+                                Op(k // 3, KINDS[k % 3], 0))
+                        per_slot[k] = t
                     extra = np.array([per_slot[k] for k in slots.tolist()])
                 dynamic = float((rows[:, :-1] @ act + extra).max())
                 out.append(self._gib(static, dynamic))
@@ -440,6 +458,9 @@ class Bounds:
                 busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
                             for s in mine for k in kinds)
             end = m * busy + self._optimizer_s(costs, mine, types[r])
+            if r in timed and self._zero3_timed(layout):
+                bound = max(bound, m * sum(self._zero3_stream_s(costs, s, k, split, layout, r)
+                                           for s in mine for k in KINDS))
             if overlaps_steps(layout.schedule):  # a period: no fill, see step_bound_s
                 bound = max(bound, end)
                 continue
@@ -449,6 +470,173 @@ class Bounds:
                                           sum(costs.grad_bytes(s) for s in mine))
             bound = max(bound, end)
         return bound
+
+    def _zero3_timed(self, layout: Layout) -> bool:
+        """Whether the bounds time ZeRO-3's DP stream (:meth:`_zero3_stream_s`): ZeRO-3 over
+        more than one replica, micro-batches not cut into sequence chunks (each chunk would
+        be an op of its own)."""
+        return (layout.zero_stage == 3 and layout.dp * layout.cp > 1
+                and not SCHEDULES[layout.schedule].seq_chunks)
+
+    def _zero3_stream_s(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
+                        layout: Layout, r: int) -> float:
+        """ZeRO-3: seconds the DP stream of pipeline rank ``r`` is busy for one op of
+        ``stage`` (0 for a kind the schedule does not run).
+
+        The ZeRO-3 lowering (:class:`workloads.lowering.pieces.PieceLowering`) issues, for
+        every op of every micro-batch, one all-gather per
+        :class:`~workloads.costs.ParamGather` of the op's marked segments and one
+        reduce-scatter per :class:`~workloads.costs.GradReady`, over the rank's DP x CP
+        groups (:func:`workloads.lowering.groups.dp_groups`), all on the GPU's one ``dp``
+        stream, in issue order. So the stream is busy at least ``m`` times the sum over
+        the rank's stages and kinds, and a step (or, with overlapping steps, a period) is
+        at least that long. Each collective is timed on the first group alone (a lower
+        bound, see :meth:`_collective_s`); experts' collectives are left out.
+        """
+        if kind == KINDS[2] and not split:
+            return 0.0
+        key = ("z3", *_op_shape(costs), costs.dp, costs.stage_layers, stage, kind, split)
+        comms = self._markers.get(key)
+        if comms is None:
+            segs = costs.op_segments(Op(stage, kind, 0), split, markers=True)
+            comms = self._markers[key] = tuple(
+                ("all_gather" if isinstance(seg, ParamGather) else "reduce_scatter", seg.nbytes)
+                for seg in segs if isinstance(seg, ParamGather | GradReady) and seg.nbytes > 0)
+        total = 0.0
+        for op, nbytes in comms:
+            key = ("z3 dp", layout.tp, layout.cp, layout.dp, layout.pp, r, op, nbytes,
+                   layout.placement)
+            t = self._comm.get(key)
+            if t is None:
+                groups = dp_groups(self._placement(layout), r)
+                t = self._comm[key] = self.timer(op, groups[:1], nbytes)
+            total += t
+        return total
+
+    # --------------------------------------------------------------- screening by family
+    @property
+    def families(self) -> bool:
+        """Whether :meth:`screen_terms` applies: a uniform cluster and a layer split that
+        depends only on the stage count (not ``balanced``, which depends on each layout's
+        cost model)."""
+        return self._uniform and self.ctx.config.parallel.layers_per_stage != "balanced"
+
+    def screen_terms(self, layout: Layout) -> tuple[float, float | None]:
+        """(:meth:`quick_memory_bound_gib`, :meth:`loose_step_bound_s` or None where the
+        memory bound does not fit), composed from terms shared by families of layouts.
+
+        The work of a layout (:meth:`_act_term`: its activations; :meth:`_work_terms`: its
+        ops' compute and TP collectives, the forward chain) depends on everything but the
+        ZeRO stage, and is needed only where the memory bound fits; its
+        model state (:meth:`_state_terms`: static bytes, optimizer step, ZeRO's parameter
+        all-gather, ZeRO-3's DP stream) on neither the micro-batch size, sequence
+        parallelism nor recomputation. Each is computed once per family, with the
+        reference methods, and combined here in the reference's order of operations,
+        so the bounds are the same floats without building a cost model per layout.
+        """
+        tp, cp, ep, pp, dp, vpp = (layout.tp, layout.cp, layout.ep, layout.pp, layout.dp,
+                                   layout.vpp)
+        shape = (tp, cp, ep, pp, dp, vpp, layout.schedule, layout.placement)
+        work_key = (*shape, layout.micro_batch_size, layout.sequence_parallel,
+                    layout.recompute)
+        state_key = (*shape, layout.zero_stage)
+        state = self._state.get(state_key)
+        if state is None:
+            state = self._state[state_key] = self._state_terms(layout)
+        static, state_ranks = state
+        act = self._act.get(work_key)
+        if act is None:
+            act = self._act[work_key] = self._act_term(layout)
+        quick = self._gib(static / pp, act)
+        if not self._fits(quick):  # memory first: the step's terms are not needed
+            return quick, None
+        work = self._work.get(work_key)
+        if work is None:
+            work = self._work[work_key] = self._work_terms(layout)
+        flat, overlapping, work_ranks = work
+        m = self.ctx.global_batch_size // (layout.micro_batch_size * dp)
+        if flat is not None:
+            return quick, m * flat / pp
+        bound = 0.0
+        for (busy, chain), (opt, ag, z3) in zip(work_ranks, state_ranks, strict=True):
+            end = m * busy + opt
+            if z3 is not None:
+                bound = max(bound, m * z3)
+            if overlapping:
+                bound = max(bound, end)
+                continue
+            end += chain
+            if ag is not None:
+                end += ag
+            bound = max(bound, end)
+        return quick, bound
+
+    def _act_term(self, layout: Layout) -> float:
+        """The lightest stage's activations per micro-batch, as
+        :meth:`quick_memory_bound_gib` computes them."""
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        key = ("act", *_op_shape(costs), costs.stage_layers)
+        act = self._static.get(key)
+        if act is None:
+            act = self._static[key] = min(costs.activation_bytes_per_mb(s)
+                                          for s in range(len(costs.stage_layers)))
+        return act
+
+    def _work_terms(self, layout: Layout) -> tuple[float | None, bool,
+                                                   tuple[tuple[float, float], ...]]:
+        """(The sum of one micro-batch over all stages where the schedule's stage owners
+        are unknown (else None), whether steps overlap, per screened rank (busy time of
+        one micro-batch, forward chain before its first stage)), as
+        :meth:`loose_step_bound_s` computes them."""
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        split = layout.schedule in self._split_schedules()
+        stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
+        forward_chain, per_mb = self._stage_times(costs, split)
+        if stage_rank is None:
+            return sum(per_mb), False, ()
+        timed = self._comm_ranks(layout)
+        ranks = []
+        for r in sorted({0, layout.pp - 1}):
+            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
+            busy = sum(per_mb[s] for s in mine)
+            if r in timed and layout.tp > 1:
+                kinds = KINDS if split else KINDS[:2]
+                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
+                            for s in mine for k in kinds)
+            ranks.append((busy, forward_chain[mine[0]]))
+        return None, overlaps_steps(layout.schedule), tuple(ranks)
+
+    def _state_terms(self, layout: Layout) -> tuple[float, tuple[
+            tuple[float, float | None, float | None], ...]]:
+        """(Static bytes of all stages, per screened rank (optimizer step, ZeRO's parameter
+        all-gather or None, ZeRO-3's DP stream per micro-batch or None)), as
+        :meth:`quick_memory_bound_gib` and :meth:`loose_step_bound_s` compute them."""
+        costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
+        stages = tuple(range(len(costs.stage_layers)))
+        key = ("static", *_state_shape(costs))
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = costs.static_bytes(stages)
+        stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
+        if stage_rank is None:
+            return static, ()
+        split = layout.schedule in self._split_schedules()
+        types = self.rank_types(layout)
+        timed = self._comm_ranks(layout)
+        ranks = []
+        for r in sorted({0, layout.pp - 1}):
+            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
+            opt = self._optimizer_s(costs, mine, types[r])
+            ag = None
+            if r in timed and layout.zero_stage >= 1 and self._dp_timed(layout):
+                ag = self._collective_s("dp", layout, r, "all_gather",
+                                        sum(costs.grad_bytes(s) for s in mine))
+            z3 = None
+            if r in timed and self._zero3_timed(layout):
+                z3 = sum(self._zero3_stream_s(costs, s, k, split, layout, r)
+                         for s in mine for k in KINDS)
+            ranks.append((opt, ag, z3))
+        return static, tuple(ranks)
 
     def _stage_times(self, costs: TransformerCosts, split: bool,
                      stage_types: tuple[tuple[int, ...], ...] | None = None

@@ -35,13 +35,28 @@ class Screener(Bounds):
     """
 
     # --------------------------------------------------------------- verdicts
-    def screen(self, layout: Layout) -> Candidate:
-        """Cheap check: the schedule-free memory bound and a loose throughput bound."""
+    def screen(self, layout: Layout, reference: bool = False) -> Candidate:
+        """Cheap check: the schedule-free memory bound and a loose throughput bound.
+
+        On a uniform cluster without a ``balanced`` layer split the bounds are composed
+        from terms cached per family of layouts (:meth:`~sim.search.bounds.Bounds.
+        screen_terms`), float for float those of the reference path (``reference``:
+        the cost model of each layout, :meth:`quick_memory_bound_gib` and
+        :meth:`loose_step_bound_s`; a differential test checks they agree)."""
         if self.collapsed_only and self.mixed(layout):
             mixed = [r for r, t in enumerate(self.rank_types(layout)) if len(t) > 1]
             return Candidate(layout, "invalid", reason=(
                 f"fidelity 'collapsed': pipeline ranks {mixed} mix GPU types (one GPU "
                 "cannot stand for its rank); search with --fidelity auto or full"))
+        if not reference and self.families:
+            try:  # e.g. a framework's pipeline split that leaves a stage without a layer
+                quick, step = self.screen_terms(layout)
+            except ConfigError as exc:
+                return Candidate(layout, "invalid", reason=str(exc))
+            if step is None:
+                return Candidate(layout, "memory", memory_bound_gib=quick)
+            return Candidate(layout, "ok", memory_bound_gib=quick,
+                             tokens_bound=self._tokens / step if step > 0 else math.inf)
         try:  # e.g. a framework's pipeline split that leaves a stage without a layer
             costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
         except ConfigError as exc:

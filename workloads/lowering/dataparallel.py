@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 from topologies.placement import Placement
 from workloads.lowering.collapse import Collapse
-from workloads.lowering.groups import expert_groups, grad_group, replica_coords
+from workloads.lowering.groups import (
+    dp_groups,
+    expert_groups,
+    grad_group,
+    rank_expert_groups,
+    replica_coords,
+)
 from workloads.program import ProgramBuilder
 
 
@@ -54,7 +60,7 @@ class DataParallel:
         if collapse is None:
             return self.b.collective(group, deps, kind="dp", name=name, op=op, nbytes=nbytes,
                                      stage=stage)
-        groups = tuple(grad_group(placement, u, r) for u in range(self.tp))
+        groups = dp_groups(placement, r)
         return self.b.collective((group[0],), deps, kind="dp", name=name, op=op,
                                  nbytes=nbytes, stage=stage,
                                  duration_s=collapse.collective_s(op, groups, nbytes))
@@ -66,8 +72,7 @@ class DataParallel:
         placement, collapse, ep = self.placement, self.collapse, self.ep
         if collapse is not None:
             rep = placement.gpu(pp=r)
-            groups = tuple(grp for u in range(self.tp)
-                           for grp in expert_groups(placement, u, r, ep))
+            groups = rank_expert_groups(placement, r, ep)
             return self.b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
                                      nbytes=nbytes, stage=stage,
                                      duration_s=collapse.collective_s(op, groups, nbytes))

@@ -8,17 +8,27 @@ experts.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from topologies.placement import Placement
 
 Groups = tuple[tuple[int, ...], ...]
 """GPU groups: one tuple of GPU ids per group."""
 
+GROUP_CACHE = 4096
+"""Groups kept per function (each is a pure function of a placement and small integers;
+lowering asks for the same groups once per op, a ZeRO-3 layout of 1,024 GPUs hundreds of
+thousands of times)."""
 
-def replica_coords(placement: Placement) -> list[tuple[int, int]]:
+
+@lru_cache(maxsize=GROUP_CACHE)
+def replica_coords(placement: Placement) -> tuple[tuple[int, int], ...]:
     """The (cp, dp) coordinates of the replicas of a pipeline rank's TP group."""
-    return [(c, d) for c in range(placement.degree("cp")) for d in range(placement.degree("dp"))]
+    return tuple((c, d) for c in range(placement.degree("cp"))
+                 for d in range(placement.degree("dp")))
 
 
+@lru_cache(maxsize=GROUP_CACHE)
 def grad_group(placement: Placement, t: int, r: int) -> tuple[int, ...]:
     """The GPUs that reduce gradients together with TP lane ``t`` of pipeline rank ``r``:
     the DP group times the CP group (Megatron's data-parallel-with-CP group), by GPU id."""
@@ -26,6 +36,21 @@ def grad_group(placement: Placement, t: int, r: int) -> tuple[int, ...]:
                         for c, d in replica_coords(placement)))
 
 
+@lru_cache(maxsize=GROUP_CACHE)
+def dp_groups(placement: Placement, r: int) -> Groups:
+    """The gradient groups of every TP lane of pipeline rank ``r`` (:func:`grad_group`)."""
+    return tuple(grad_group(placement, t, r) for t in range(placement.degree("tp")))
+
+
+@lru_cache(maxsize=GROUP_CACHE)
+def rank_expert_groups(placement: Placement, r: int, ep: int) -> Groups:
+    """The expert gradient groups of every TP lane of pipeline rank ``r``
+    (:func:`expert_groups`)."""
+    return tuple(grp for t in range(placement.degree("tp"))
+                 for grp in expert_groups(placement, t, r, ep))
+
+
+@lru_cache(maxsize=GROUP_CACHE)
 def ep_groups(placement: Placement, r: int, ep: int) -> Groups:
     """Every EP group of pipeline rank ``r``: ep consecutive DP ranks, same tp and cp."""
     return tuple(placement.ep_group(placement.gpu(tp=t, cp=c, dp=d, pp=r), ep)
@@ -33,6 +58,7 @@ def ep_groups(placement: Placement, r: int, ep: int) -> Groups:
                  if d % ep == 0)
 
 
+@lru_cache(maxsize=GROUP_CACHE)
 def expert_groups(placement: Placement, t: int, r: int, ep: int) -> Groups:
     """The groups that reduce expert gradients for TP lane ``t`` of rank ``r``: the DP x CP
     replicas with the same EP rank (they hold the same experts), by GPU id."""
@@ -41,6 +67,7 @@ def expert_groups(placement: Placement, t: int, r: int, ep: int) -> Groups:
                  for i in range(ep))
 
 
+@lru_cache(maxsize=GROUP_CACHE)
 def tp_groups(placement: Placement, r: int) -> tuple[tuple[int, ...], ...]:
     """Every TP group of pipeline rank ``r`` (one per (cp, dp) replica)."""
     return tuple(placement.group("tp", placement.gpu(pp=r, cp=c, dp=d))

@@ -23,9 +23,9 @@ from workloads.lowering.collapse import (
 from workloads.lowering.grads import grad_op
 from workloads.lowering.groups import (
     ALL_TO_ALL_ALGO,
+    dp_groups,
     ep_groups,
-    expert_groups,
-    grad_group,
+    rank_expert_groups,
     replica_coords,
     tp_groups,
 )
@@ -200,8 +200,8 @@ class PieceLowering:
     def _dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
             nbytes: float, stage: int, mb: int) -> dict[int, int]:
         """One DP collective per TP lane of pipeline rank ``r``."""
-        groups = tuple(grad_group(self.placement, t, r) for t in range(self.tp))
-        return self._dp_groups(r, groups, deps, name, op, nbytes, stage, mb)
+        return self._dp_groups(r, dp_groups(self.placement, r), deps, name, op, nbytes, stage,
+                               mb)
 
     def _dp_groups(self, r: int, groups: tuple[tuple[int, ...], ...],
                    deps: Mapping[int, tuple[int, ...]], name: str, op: str, nbytes: float,
@@ -322,9 +322,8 @@ class PieceLowering:
     def _expert_dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
                    nbytes: float, stage: int, mb: int) -> dict[int, int]:
         """A collective over each expert-data-parallel group of rank ``r`` (MoE, ep > 1)."""
-        groups = tuple(grp for t in range(self.tp)
-                       for grp in expert_groups(self.placement, t, r, self.ep))
-        return self._dp_groups(r, groups, deps, name, op, nbytes, stage, mb)
+        return self._dp_groups(r, rank_expert_groups(self.placement, r, self.ep), deps, name,
+                               op, nbytes, stage, mb)
 
     def _emit_body(self, op: Op, key: tuple, piece: Piece, r: int,
                    prev: dict[int, tuple[int, ...]], alloc: float, free: float, total: int,
