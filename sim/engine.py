@@ -347,9 +347,10 @@ class _Run:
         while ready:
             i = ready.popleft()
             ins = instrs[i]
-            if isinstance(ins, Compute):
+            cls = type(ins)
+            if cls is Compute:
                 self._start_compute(i, ins)
-            elif isinstance(ins, Send):
+            elif cls is Send:
                 self._start_send(i, ins)
             else:
                 self._arrive(i, ins)
