@@ -575,6 +575,7 @@ class _Run:
         else:
             self.env.run()
         self._check_finished(self.now)
+        del self.succ, self.waiting  # the DAG's state, not needed by the records: memory
         return timeline_of(self.program, self.started, self.mid, self.ended)
 
     def _deferred(self, fast: ColumnarPass) -> Timeline:
