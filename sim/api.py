@@ -276,11 +276,20 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                           "make replicas differ, so one GPU per pipeline rank cannot stand for "
                           "all; use fidelity full (or auto)")
 
+    timed: dict[tuple, float] = {}
+    """Per work signature, its time: a full program repeats each op on every replica."""
+
     def base_time(item: Compute | ComputeSeg) -> float:
         if item.duration_s is not None:
             return item.duration_s
-        return compute_time_s(gpu, profile, item.flops, item.hbm_bytes, item.attn_flops,
-                              item.elementwise_bytes, kernel, item.gemm_dims)
+        key = (item.flops, item.hbm_bytes, item.attn_flops, item.elementwise_bytes,
+               item.gemm_dims)
+        t = timed.get(key)
+        if t is None:
+            t = timed[key] = compute_time_s(gpu, profile, item.flops, item.hbm_bytes,
+                                            item.attn_flops, item.elementwise_bytes, kernel,
+                                            item.gemm_dims)
+        return t
 
     def rank_time(item: Compute) -> float:
         return timers[item.gpu](item)  # type: ignore[index]

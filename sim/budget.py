@@ -26,11 +26,14 @@ MAX_SCHEDULE_OPS = 2_000_000
 """Most ops one step's schedule may hold (all pipeline ranks): about a minute of
 building and lowering, 100 times the largest bundled example (pp·vpp·m·kinds·k)."""
 
-BYTES_PER_INSTRUCTION = 1_000
+BYTES_PER_INSTRUCTION = 800
 """Memory per lowered instruction through a full-fidelity simulation (the instruction,
 its timeline record, the engine's and the idle breakdown's state), measured as peak RSS
-over instructions: 0.75 KB (GPT-3 1.3B, tp 8, pp 4 on 16,384 H100: 3.3 million
-instructions, 2.5 GB, 2 minutes), 0.96 KB (synthetic interleaved 1F1B, 300,000)."""
+over instructions: 0.77 KB (GPT-3 175B, TP8 PP8 DP64, 16 micro-batches, on 4,096 A100:
+6.4 million instructions, 7.4 million estimated, 4.9 GB peak RSS; 0.69 KB per estimated
+instruction at 1,024 GPUs), issue 22, rounded up; before it 0.75 KB (GPT-3 1.3B, tp 8,
+pp 4 on 16,384 H100: 3.3 million instructions, 2.5 GB) and 0.96 KB (synthetic
+interleaved 1F1B, 300,000)."""
 
 MAX_PROGRAM_BYTES = 8e9
 """Memory a lowered program may need (instructions times :data:`BYTES_PER_INSTRUCTION`):

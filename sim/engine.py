@@ -18,7 +18,9 @@ completion event and no condition event. The run records each instruction's
 ready, compute-end and end times; the timeline's records are made from them
 afterwards, by :func:`sim.timeline.timeline_of`.
 
-That event queue is the reference. The one fast path: a program whose every duration
+That event queue is the reference (SimPy's). The fast paths: the same events on the
+run's own heap, ordered as SimPy orders timeouts (time, then scheduling order), without
+SimPy's event objects; and a program whose every duration
 is known up front and whose collectives have one member each (a collapsed one) runs
 without the queue, as one pass on arrays (:mod:`sim.columnar`: the same times, plus the
 latest predecessors, intervals and memory peaks the statistics read); its timeline's
@@ -33,6 +35,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
 import simpy
 
@@ -186,8 +189,8 @@ class _PlanRun:
         for lat, group in later.items():
             self.run._after(lat, self._delayed, group)
 
-    def _delayed(self, event: simpy.Event) -> None:
-        for k in event.value:
+    def _delayed(self, group: list[int]) -> None:
+        for k in group:
             self._flow(k)
 
     def _flow(self, k: int) -> None:
@@ -225,8 +228,14 @@ class _PlanRun:
 class _Run:
     """State of one simulation; discarded after :func:`simulate_program` returns."""
 
-    def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer) -> None:
-        self.env = simpy.Environment()
+    def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer,
+                 reference: bool = False) -> None:
+        self.env = simpy.Environment() if reference else None
+        """The reference's event queue; None: the run's own heap (:meth:`_after`)."""
+        self.now = 0.0
+        """The simulated time: that of the event being processed."""
+        self.heap: list[tuple[float, int, Callable[[object], None], object]] = []
+        """The own queue's pending events: (time, sequence number, callback, value)."""
         self.program = program
         self.cluster = cluster
         self.timer = timer
@@ -301,17 +310,38 @@ class _Run:
 
     # ------------------------------------------------------------------ scheduling
 
-    def _after(self, delay: float, callback: Callable[[simpy.Event], None],
+    def _after(self, delay: float, callback: Callable[[object], None],
                value: object = None) -> None:
-        """Run ``callback(event)`` ``delay`` seconds from now (one SimPy event)."""
+        """Run ``callback(value)`` ``delay`` seconds from now: one event, on the run's own heap
+        ordered as SimPy orders timeouts (time, then scheduling order), or, in the reference,
+        one SimPy timeout."""
+        if delay < 0:
+            raise ValueError(f"Negative delay {delay}")
         self.events += 1
-        self.env.timeout(delay, value).callbacks.append(callback)
+        if self.env is None:
+            heappush(self.heap, (self.now + delay, self.events, callback, value))
+        else:
+            self.env.timeout(delay, value).callbacks.append(
+                lambda event: self._fire(event, callback))
+
+    def _fire(self, event: simpy.Event, callback: Callable[[object], None]) -> None:
+        """A SimPy timeout of the reference is due: its callback at its time."""
+        self.now = self.env.now  # type: ignore[union-attr]
+        callback(event.value)
+
+    def _loop(self) -> None:
+        """Process the own heap's events in order until none is left (SimPy's ``run()``)."""
+        heap = self.heap
+        while heap:
+            at, _, callback, value = heappop(heap)
+            self.now = at
+            callback(value)
 
     def _complete(self, i: int) -> None:
         """Instruction ``i`` is done: release its successors; start those now free."""
         self.finished[i] = 1
         self.completed += 1
-        self.ended[i] = self.env.now
+        self.ended[i] = self.now
         waiting, ready = self.waiting, self.ready
         for j in self.succ[i]:
             left = waiting[j] - 1
@@ -328,9 +358,10 @@ class _Run:
         while ready:
             i = ready.popleft()
             ins = instrs[i]
-            if isinstance(ins, Compute):
+            cls = type(ins)
+            if cls is Compute:
                 self._start_compute(i, ins)
-            elif isinstance(ins, Send):
+            elif cls is Send:
                 self._start_send(i, ins)
             else:
                 self._arrive(i, ins)
@@ -342,7 +373,7 @@ class _Run:
         t_end = self.net.next_end_s()
         if t_end == float("inf"):
             return
-        now = self.env.now
+        now = self.now
         delay = max(0.0, t_end - now)
         at = now + delay
         if at == self.wake_at:  # the pending wake-up already fires then
@@ -351,17 +382,17 @@ class _Run:
         self.wake_at = at
         self._after(delay, self._on_wake, self.wake_version)
 
-    def _refresh(self, _event: simpy.Event) -> None:
+    def _refresh(self, _value: object) -> None:
         """Recompute rates once for all flows that started at this instant."""
         self.refresh_pending = False
-        self.net.refresh(self.env.now)
+        self.net.refresh(self.now)
         self._reschedule()
 
-    def _on_wake(self, event: simpy.Event) -> None:
-        if event.value != self.wake_version:
+    def _on_wake(self, version: int) -> None:
+        if version != self.wake_version:
             return
         self.wake_at = -1.0
-        done = self.net.finish_due(self.env.now)
+        done = self.net.finish_due(self.now)
         flow_done = self.flow_done
         for fid in done:
             flow_done.pop(fid)()
@@ -375,13 +406,12 @@ class _Run:
             self.flow_ends = {}
         self._after(at_s, self._change_links, capacity_Bps)
 
-    def _change_links(self, event: simpy.Event) -> None:
-        changes: Mapping[int, float] = event.value
+    def _change_links(self, changes: Mapping[int, float]) -> None:
         failed = [link for link, bps in changes.items() if bps == 0]
         degraded = {link: bps for link, bps in changes.items()
                     if bps != 0 and link not in self.failed}
         if degraded:
-            self.net.set_capacity(self.env.now, degraded)
+            self.net.set_capacity(self.now, degraded)
         if failed:
             self._fail_links(failed)
         self._reschedule()
@@ -411,7 +441,7 @@ class _Run:
         assert ends is not None
         moves = {fid: rerouted.route(*ends[fid]).links for fid in self.net.crossing(failed)}
         if moves:
-            self.net.reroute(self.env.now, moves)
+            self.net.reroute(self.now, moves)
 
     def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[], None],
               ends: tuple[Endpoint, Endpoint]) -> None:
@@ -429,7 +459,7 @@ class _Run:
                 on_done()
 
             self.flow_done[fid] = done
-        self.net.start(self.env.now, fid, links, nbytes)
+        self.net.start(self.now, fid, links, nbytes)
         if not self.refresh_pending:
             self.refresh_pending = True
             self._after(0, self._refresh)
@@ -437,7 +467,7 @@ class _Run:
     # ------------------------------------------------------------------ instructions
 
     def _start_compute(self, i: int, ins: Compute) -> None:
-        self.started[i] = self.env.now
+        self.started[i] = self.now
         duration = self.timer(ins)
         total = duration + ins.blocking_comm_s
         if total > 0:
@@ -445,15 +475,15 @@ class _Run:
         else:
             self._finish_compute(i, ins, duration)
 
-    def _end_compute(self, event: simpy.Event) -> None:
-        self._finish_compute(*event.value)
+    def _end_compute(self, value: tuple[int, Compute, float]) -> None:
+        self._finish_compute(*value)
 
     def _finish_compute(self, i: int, ins: Compute, duration: float) -> None:
         self.mid[i] = self.started[i] + duration
         self._complete(i)
 
     def _start_send(self, i: int, ins: Send) -> None:
-        self.started[i] = self.env.now
+        self.started[i] = self.now
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_send, (i, ins))
             return
@@ -463,8 +493,8 @@ class _Run:
         else:
             self._send_flow_now(i, ins, route.links)
 
-    def _send_flow(self, event: simpy.Event) -> None:
-        i, ins, links, epoch = event.value
+    def _send_flow(self, value: tuple[int, Send, tuple[int, ...], int]) -> None:
+        i, ins, links, epoch = value
         if epoch != self.epoch:  # links failed during the latency: the new route
             links = self.route(ins.gpu, ins.dst).links
         self._send_flow_now(i, ins, links)
@@ -476,15 +506,15 @@ class _Run:
         else:
             self._finish_send(i, ins)
 
-    def _end_send(self, event: simpy.Event) -> None:
-        self._finish_send(*event.value)
+    def _end_send(self, value: tuple[int, Send]) -> None:
+        self._finish_send(*value)
 
     def _finish_send(self, i: int, ins: Send) -> None:
         self._complete(i)
 
     def _arrive(self, i: int, ins: Collective) -> None:
         """A member reaches collective ``ins``; the last one to arrive starts it."""
-        self.started[i] = self.env.now
+        self.started[i] = self.now
         members = self.members.setdefault(ins.key, [])
         members.append(i)
         if len(members) < len(ins.group):
@@ -499,8 +529,8 @@ class _Run:
             else:
                 self._run_collective(ins)
 
-    def _launched(self, event: simpy.Event) -> None:
-        self._run_collective(event.value)
+    def _launched(self, ins: Collective) -> None:
+        self._run_collective(ins)
 
     def _run_collective(self, ins: Collective) -> None:
         steps = self._collective_plan(ins).transfers
@@ -510,8 +540,8 @@ class _Run:
         else:
             self._finish_collective(key)
 
-    def _end_collective(self, event: simpy.Event) -> None:
-        self._finish_collective(event.value)
+    def _end_collective(self, key: int) -> None:
+        self._finish_collective(key)
 
     def _finish_collective(self, key: int) -> None:
         for i in self.members.pop(key):
@@ -537,11 +567,11 @@ class _Run:
     # ------------------------------------------------------------------ run
 
     def run(self, queue: bool = False) -> Timeline:
-        """Execute the program: on the SimPy event queue (the reference), or, unless
-        ``queue``, where no transfer shares the network (every send and collective has a
-        precomputed duration and every collective one member, as in a collapsed program),
-        by the queue-free pass on arrays (:func:`sim.columnar.run_columns`), which
-        computes the same times."""
+        """Execute the program: on the event queue (SimPy's in the reference, else the run's
+        own heap, :meth:`_after`), or, unless ``queue``, where no transfer shares the network
+        (every send and collective has a precomputed duration and every collective one
+        member, as in a collapsed program), by the queue-free pass on arrays
+        (:func:`sim.columnar.run_columns`), which computes the same times."""
         instrs = self.program.instructions
         if not queue:
             columns = (instrs.columns if isinstance(instrs, ColumnarInstructions)
@@ -553,8 +583,12 @@ class _Run:
         self._build_dag(self.program)
         self.ready.extend(i for i, w in enumerate(self.waiting) if not w)
         self._drain()
-        self.env.run()
-        self._check_finished(self.env.now)
+        if self.env is None:
+            self._loop()
+        else:
+            self.env.run()
+        self._check_finished(self.now)
+        del self.succ, self.waiting  # the DAG's state, not needed by the records: memory
         return timeline_of(self.program, self.started, self.mid, self.ended)
 
     def _deferred(self, fast: ColumnarPass) -> Timeline:
@@ -626,18 +660,20 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
     can never run. ``counters``, if given, is filled with what the run did.
     A program without network transfers (every send and collective precomputed, every
     collective of one member, as a collapsed one) runs without the event queue
-    (:mod:`sim.columnar`) unless ``event_queue``, which runs the reference (the result is
-    the same: ``tests/test_differential.py``). ``times``, if given, is filled with each
-    instruction's ready and end times. ``link_changes``: ``(at_s, {link index:
-    bandwidth_Bps})`` pairs, links degraded (or restored) in the middle of the run; the
-    flows then in flight are re-rated (precomputed durations are not affected). A
+    (:mod:`sim.columnar`) unless ``event_queue``, which runs the reference, on SimPy's
+    event queue; any other program runs on the engine's own heap of timeouts, ordered as
+    SimPy orders them (the result is the same: ``tests/test_differential.py``). ``times``,
+    if given, is filled with each instruction's ready and end times. ``link_changes``:
+    ``(at_s, {link index: bandwidth_Bps})`` pairs, links degraded (or restored) in the
+    middle of the run; the flows then in flight are re-rated (precomputed durations are not
+    affected). A
     bandwidth of 0 fails the link: flows in flight across it continue on the route of the
     cluster without it, and later transfers take such routes (:meth:`_Run._fail_links`).
     """
     if program.num_gpus > cluster.num_gpus:
         raise ValueError(f"program needs {program.num_gpus} GPUs, cluster has {cluster.num_gpus}")
     with gc_paused():
-        run = _Run(program, cluster, timer)
+        run = _Run(program, cluster, timer, reference=event_queue)
         for at_s, capacity in link_changes:
             run.change_links_at(at_s, capacity)
         try:

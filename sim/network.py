@@ -35,9 +35,6 @@ class _Flow:
     since_s: float = 0.0
     """When the flow last changed rate (or started)."""
 
-    def __post_init__(self) -> None:
-        self.nbytes = self.remaining_bytes
-
 
 def _bytes_left(flow: _Flow, now: float) -> float:
     """Bytes ``flow`` has left at ``now``, moving at its rate since it last changed."""
@@ -69,6 +66,22 @@ def max_min_rates(
                     users[link] = [fid]
                 else:
                     on.append(fid)
+    if not users:
+        return dict.fromkeys(flows, math.inf)
+    # the first round of filling, on its own: it often freezes every flow (all bottlenecked
+    # at one share), and then the rates are its share, as the full loop below would give
+    ratio = {link: float(capacity_Bps[link]) / len(fids) for link, fids in users.items()}
+    share = min(ratio.values())
+    within = share * (1 + _REL_EPS)
+    first: dict[int, float] = {}
+    for link, r in ratio.items():
+        if r <= within:
+            first.update(dict.fromkeys(users[link], share))
+    if len(first) == len(flows) or (len(first) < len(flows) and all(
+            fid in first or not any(link in users for link in flows[fid]) for fid in flows)):
+        for fid in flows:
+            first.setdefault(fid, math.inf)
+        return first
     remaining = {link: float(capacity_Bps[link]) for link in users}
     count = {link: len(fids) for link, fids in users.items()}
     while count:
@@ -112,6 +125,8 @@ class FlowNetwork:
     def __init__(self, capacity_Bps: Sequence[float]) -> None:
         self.capacity_Bps = tuple(capacity_Bps)
         self._flows: dict[int, _Flow] = {}
+        self._finite: dict[tuple[int, ...], tuple[int, ...]] = {}
+        """Per route (links), its finite-capacity links, worked out once."""
         self._on_link: dict[int, dict[int, None]] = {}
         """Active flows crossing each finite-capacity link (insertion-ordered sets)."""
         self._touched: list[int] = []
@@ -195,10 +210,13 @@ class FlowNetwork:
         recomputation. Until then the new flow moves no bytes; as no simulated
         time passes before the refresh, the result is exact.
         """
-        self._advance(now)
-        cap = self.capacity_Bps
-        finite = tuple([link for link in links if cap[link] < math.inf])
-        self._flows[flow_id] = _Flow(links, float(nbytes), finite, since_s=now)
+        self._now = now
+        finite = self._finite.get(links)
+        if finite is None:
+            cap = self.capacity_Bps
+            finite = self._finite[links] = tuple([link for link in links if cap[link] < math.inf])
+        nbytes = float(nbytes)
+        self._flows[flow_id] = _Flow(links, nbytes, finite, 0.0, math.inf, nbytes, now)
         self._attach(flow_id, finite)
         self._dirty = True
 

@@ -82,6 +82,19 @@ def test_max_min_classic_example() -> None:
     assert rates == pytest.approx({0: 0.5, 1: 0.5, 2: 0.5, 3: 9.5})
 
 
+def test_max_min_one_round_and_unconstrained_flows() -> None:
+    """Flows all bottlenecked in the first filling round get its share exactly; flows over
+    infinite links only (or none) get an infinite rate, alone or beside finite ones."""
+    inf = math.inf
+    caps = [3.0, 10.0, inf]
+    assert max_min_rates({0: (0, 2), 1: (0,), 2: (0, 1), 3: (2,), 4: ()}, caps) == {
+        0: 1.0, 1: 1.0, 2: 1.0, 3: inf, 4: inf}
+    assert max_min_rates({0: (2,), 1: ()}, caps) == {0: inf, 1: inf}
+    # a second round: flow 2 is not bottlenecked at link 0's share
+    assert max_min_rates({0: (0,), 1: (0,), 2: (1,), 3: (2,)}, caps) == {
+        0: 1.5, 1: 1.5, 2: 10.0, 3: inf}
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True),
                 min_size=1, max_size=8),

@@ -7,7 +7,7 @@ assigned in creation order, so programs are deterministic and cheap to index.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, overload
 
@@ -161,6 +161,18 @@ class ProgramBuilder:
         self.instructions.append(Compute(i, gpu, kind, name, deps, **kw))
         return i
 
+    def compute_each(self, gpus: Sequence[int], kind: str, name: str,
+                     deps: Mapping[int, tuple[int, ...]], **kw) -> dict[int, int]:
+        """The same compute op once on each of ``gpus`` (after ``deps[gpu]`` there), as
+        :meth:`compute` would add them one by one; returns {gpu: instruction id}."""
+        work = Compute(0, 0, kind, name, (), **kw)[5:]  # the fields after deps
+        new, instrs, first = tuple.__new__, self.instructions, self.first_id
+        ids = {}
+        for gpu in gpus:
+            ids[gpu] = i = first + len(instrs)
+            instrs.append(new(Compute, (i, gpu, kind, name, deps[gpu], *work)))
+        return ids
+
     def send(self, gpu: int, dst: int, nbytes: float, kind: str, name: str,
              deps: tuple[int, ...], **kw) -> int:
         i = self.next_id
@@ -173,12 +185,13 @@ class ProgramBuilder:
         """Add one collective for all members of ``group``; returns {gpu: instruction id}."""
         key = self.new_key()
         algo = self.default_algo if algo is None else algo
-        instrs = self.instructions
+        rest = Collective(0, 0, kind, name, (), op, algo, group, nbytes, key, **kw)[10:]
+        new, instrs, first = tuple.__new__, self.instructions, self.first_id
         ids = {}
         for gpu in group:
-            ids[gpu] = i = self.first_id + len(instrs)
-            instrs.append(Collective(i, gpu, kind, name, deps.get(gpu, ()), op, algo, group,
-                                     nbytes, key, **kw))
+            ids[gpu] = i = first + len(instrs)
+            instrs.append(new(Collective, (i, gpu, kind, name, deps.get(gpu, ()), op, algo,
+                                           group, nbytes, key, *rest)))
         return ids
 
     def build(self) -> tuple[Instruction, ...]:

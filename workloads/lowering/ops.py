@@ -189,12 +189,12 @@ class OpLoop:
                     a_bytes = alloc if seen_compute == 1 else 0.0
                     f_bytes = free if seen_compute == n_compute else 0.0
                     label = op_name if seen_compute == 1 else seg.label
-                    ids = {g: b.compute(g, op.kind, label, prev[g], flops=seg.flops,
-                                        hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
-                                        attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
-                                        elementwise_bytes=seg.elementwise_bytes,
-                                        stage=op.stage, mb=op.mb, alloc_bytes=a_bytes,
-                                        free_bytes=f_bytes) for g in gpus}
+                    ids = b.compute_each(gpus, op.kind, label, prev, flops=seg.flops,
+                                         hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
+                                         attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
+                                         elementwise_bytes=seg.elementwise_bytes,
+                                         stage=op.stage, mb=op.mb, alloc_bytes=a_bytes,
+                                         free_bytes=f_bytes)
                 prev = {g: (ids[g],) for g in gpus}
             if segs:
                 for g in gpus:
