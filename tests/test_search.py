@@ -436,6 +436,68 @@ def test_store_refuses_another_schema_and_damaged_rows(tmp_path: Path) -> None:
         store.load("exp")
 
 
+def test_store_claims(tmp_path: Path) -> None:
+    """Issue 21: two searches on one database split the work. A claim is held until its
+    result is stored, it is released, or its process is gone; a stored result is handed
+    to whoever claims next."""
+    db = tmp_path / "r.sqlite"
+    ev = Evaluation("tp=1 pp=1", "ok", {"tokens_per_s": 1.0})
+    with ResultStore(db) as a, ResultStore(db) as b:
+        assert a.claim("exp", ev.key) is True and a.claim("exp", ev.key) is True
+        assert b.claim("exp", ev.key) is False  # a lives (this very process)
+        a.put("exp", ev)
+        got = b.claim("exp", ev.key)
+        assert isinstance(got, Evaluation) and got.same_result(ev)
+        assert a.claim("exp", "other") is True
+        a.release("exp", "other")
+        assert b.claim("exp", "other") is True
+        assert a.claim("exp", "third") is True
+    with ResultStore(db) as c:  # closing a and b released their claims
+        assert c.claim("exp", "other") is True and c.claim("exp", "third") is True
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    with sqlite3.connect(db) as conn:  # a claim of a search that was killed
+        conn.execute("INSERT INTO claims VALUES ('exp', 'gone', ?, ?, 'x', 0)",
+                     (os.uname().nodename, int(dead.stdout)))
+    with ResultStore(db) as d:
+        assert d.claim("exp", "gone") is True
+
+
+def test_a_search_waits_for_a_layout_another_search_is_simulating(tmp_path: Path) -> None:
+    """A layout another search holds is not simulated again: its result is taken from the
+    database when that search stores it, and the outcome is the same."""
+    import threading
+
+    ref_db = tmp_path / "ref.sqlite"
+    with ResultStore(ref_db) as store:
+        ref = search(SMALL, pins=PINS_SMALL, top=2, prune=False, store=store)
+    with sqlite3.connect(ref_db) as conn:
+        fingerprint, key = conn.execute(
+            "SELECT experiment, layout FROM results WHERE status = 'ok' ORDER BY layout"
+        ).fetchone()
+    with ResultStore(ref_db) as store:
+        result = store.load(fingerprint)[key]
+    db = tmp_path / "shared.sqlite"
+    claimed = threading.Event()
+
+    def other_search() -> None:  # holds the layout for a second, then stores its result
+        with ResultStore(db) as other:
+            assert other.claim(fingerprint, key) is True
+            claimed.set()
+            time.sleep(1.0)
+            other.put(fingerprint, result)
+
+    worker = threading.Thread(target=other_search)
+    worker.start()
+    assert claimed.wait(30)
+    with ResultStore(db) as store:
+        mine = search(SMALL, pins=PINS_SMALL, top=2, prune=False, store=store)
+    worker.join()
+    assert mine.resumed == 1 and mine.simulated == ref.simulated - 1
+    assert [(r.layout.key, r.status, r.stats) for r in mine.rows] == [
+        (r.layout.key, r.status, r.stats) for r in ref.rows]
+
+
 def test_csv_has_every_layout_and_the_dimensions() -> None:
     result = _small(True)
     text = rows_csv(result.rows)

@@ -66,7 +66,8 @@ class SearchResult:
     unsupported: dict[str, str]
     pins: dict[str, tuple[Any, ...]]
     resumed: int = 0
-    """Results taken from the store instead of simulated."""
+    """Results taken from the store instead of simulated: stored before the search began,
+    or by another search sharing the store while this one ran."""
     simulated: int = 0
     """Layouts simulated by this run."""
     counts: dict[str, int] = field(default_factory=dict)

@@ -112,11 +112,13 @@ def search(
     finally:
         if own_store:
             store.close()
+        else:
+            store.release()  # speculative claims whose results were never wanted
     rows = collect_rows(candidates, sweep.results, sweep.judged)
     counts = Counter(r.status for r in rows)
     return SearchResult(ctx.config.name, ctx.cluster.num_gpus, ctx.global_batch_size, rows,
                         time.perf_counter() - start, len(layouts), ctx.unsupported, pins,
-                        resumed, sweep.simulated, dict(counts), screen_s,
+                        resumed + sweep.shared, sweep.simulated, dict(counts), screen_s,
                         sweep.speculated, sweep.discarded, sweep.wasted_judged)
 
 
@@ -126,6 +128,9 @@ LOOKAHEAD = 64
 """How far past the sweep's frontier candidates are judged before any speculation."""
 FAR_LOOKAHEAD = 512
 """How far past the frontier idle workers judge, and simulate speculatively."""
+POLL_S = 0.5
+"""How often a sweep with nothing else to do looks for the results of layouts that
+another search sharing its database is simulating."""
 
 
 class _Sweep:
@@ -139,6 +144,12 @@ class _Sweep:
     first layout whose screening bound is below the threshold (the order is by that
     bound). So the set of simulated layouts, not only the top K, is the same whatever
     executor or number of workers runs it.
+
+    Several searches may share one database (``--db``): before simulating a layout the
+    sweep claims it (:meth:`~sim.search.store.ResultStore.claim`); a layout another live
+    search has claimed is not simulated here: its result is taken from the database when
+    it arrives (or the layout is claimed here if that search is gone). Results are the
+    same floats whoever simulates them, so the outcome does not change, only who works.
 
     What workers do ahead of that serial order, to stay busy: judging (its verdict and
     bound do not depend on the threshold, only the final comparison does) runs up to
@@ -178,8 +189,15 @@ class _Sweep:
         """K-th best of all results so far (a lower bound of every later round's threshold),
         and the number of results it was computed from."""
         self._index = {c.layout.key: i for i, c in enumerate(todo)}
+        self.others: list[int] = []
+        """Indices the serial order simulates that another search holds the claim on."""
+        self._next_poll = 0.0
+        self.from_others: set[int] = set()
+        """Indices in :attr:`spec` whose result another search stored."""
         self.finished = 0
         self.simulated = self.speculated = self.discarded = self.wasted_judged = 0
+        self.shared = 0
+        """Results taken from another search sharing the database."""
 
     # ------------------------------------------------------------- serial order
     def _round_of(self, i: int) -> int:
@@ -220,7 +238,7 @@ class _Sweep:
                 self.judged[key] = v
                 self.pos += 1
                 if i in self.spec:
-                    self._keep(i, self.spec.pop(i))
+                    self._keep(i, self.spec.pop(i), stored=i in self.from_others)
                 else:
                     self.waiting.add(i)
                     if i not in self.sent:
@@ -243,13 +261,46 @@ class _Sweep:
         self.pos = len(self.todo)
         self.finished = len(self.todo)
 
-    def _keep(self, i: int, ev: Evaluation) -> None:
-        """A result the serial order wants: store it (its own transaction) and count it."""
-        self.store.put(self.fingerprint, ev)
+    def _keep(self, i: int, ev: Evaluation, stored: bool = False) -> None:
+        """A result the serial order wants: store it (its own transaction) and count it;
+        ``stored``: another search simulated and stored it."""
+        if stored:
+            self.shared += 1
+        else:
+            self.store.put(self.fingerprint, ev)
+            self.simulated += 1
         self.results[ev.key] = ev
         self.waiting.discard(i)
-        self.simulated += 1
         self.finished += 1
+
+    def _claim(self, i: int) -> bool:
+        """Whether this sweep may simulate ``todo[i]`` now (it holds the claim). If another
+        search stored its result meanwhile, that result is taken (kept if the serial
+        order wants it, else held as a speculative one); if another live search holds
+        the claim, False."""
+        got = self.store.claim(self.fingerprint, self.todo[i].layout.key)
+        if isinstance(got, Evaluation):
+            self.sent.add(i)
+            if i in self.waiting:
+                self._keep(i, got, stored=True)
+            else:
+                self.spec[i] = got
+                self.from_others.add(i)
+            return False
+        return got
+
+    def _poll_others(self) -> int | None:
+        """Look again at the layouts other searches hold: take the results that arrived;
+        the first whose holder is gone is claimed here and returned (to simulate)."""
+        self._next_poll = time.monotonic() + POLL_S
+        held, self.others = self.others, []
+        mine = None
+        for i in held:
+            if mine is None and self._claim(i):
+                mine = i
+            elif i in self.waiting:
+                self.others.append(i)
+        return mine
 
     # ------------------------------------------------------------- work for workers
     def _floor(self, i: int) -> float:
@@ -272,10 +323,20 @@ class _Sweep:
         that speculation picks from do not run out while the serial order waits), or
         nothing."""
         todo, n = self.todo, len(self.todo)
-        if self.need:
+        if self.others and time.monotonic() >= self._next_poll:
+            mine = self._poll_others()
+            self.advance()  # results that arrived may decide the frontier
+            if mine is not None:
+                return SimulateOne(todo[mine].layout)
+        while self.need:
             i = self.need.pop(0)
-            self.sent.add(i)
-            return SimulateOne(todo[i].layout)
+            if self._claim(i):
+                self.sent.add(i)
+                return SimulateOne(todo[i].layout)
+            if i in self.waiting:  # another search holds it: its result is awaited
+                self.others.append(i)
+            else:
+                self.advance()  # its stored result was taken
         near = self._judge_chunk(min(n, self.pos + LOOKAHEAD))
         if near is not None:
             return near
@@ -289,7 +350,8 @@ class _Sweep:
                     continue  # never judged: its stored result is taken
                 break
             if (v.status == "ok" and (v.tokens_bound or 0.0) >= floor and i not in self.sent
-                    and todo[i].layout.key not in self.done):
+                    and i not in self.spec and todo[i].layout.key not in self.done
+                    and self._claim(i)):
                 self.sent.add(i)
                 self.speculated += 1
                 return SimulateOne(todo[i].layout)
@@ -328,8 +390,13 @@ class _Sweep:
         """Run the sweep to its end on ``executor`` (``task`` builds a :class:`SearchWorker`)."""
         self.report(0, len(self.todo))
         self.advance()
-        for item, outcome in executor.stream(task, self.feed):
-            self.on_outcome(item, outcome)
+        while True:
+            for item, outcome in executor.stream(task, self.feed):
+                self.on_outcome(item, outcome)
+            if not self.others:
+                break
+            time.sleep(max(0.0, self._next_poll - time.monotonic()))  # another search is
+            # simulating what this one waits for: feed looks for its results again
         if self.pos < len(self.todo) or self.waiting:
             raise SimError(f"search stalled at layout {self.pos} of {len(self.todo)}")
-        self.discarded = len(self.spec)
+        self.discarded = len(self.spec.keys() - self.from_others)
