@@ -250,6 +250,8 @@ class CorpusPrediction:
     oom: bool | None = None
     skipped: str | None = None
     """The schema's (or the layout check's) error for a row the simulator cannot express."""
+    gpu: str | None = None
+    """The GPU type the row ran on (its cluster's), where simulated."""
 
 
 TimeScales = tuple[float, float]
@@ -287,7 +289,8 @@ def simulate_corpus_row(job: tuple[CorpusRow, TimeScales]) -> CorpusPrediction:
         stats = simulate(exp, profile, fidelity="collapsed").stats
     except ConfigError as exc:
         return CorpusPrediction(row, skipped=str(exc))
-    return CorpusPrediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"])
+    return CorpusPrediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"],
+                            gpu=exp.cluster.gpu.name)
 
 
 def run_jobs(fn: Callable, jobs: Sequence, workers: int = 1,

@@ -82,6 +82,10 @@ class KernelRatios:
     flash3: float | None = None
     """η_flash3(X) / η_flash2(A100) (there is no FA3 on A100, so it is scaled from the A100
     fit's FA2); None where FlashAttention-3 does not run (it needs Hopper: H100, H200)."""
+    corpus_gemm_time: float = 1.0
+    """A multiplier on every GEMM's time fitted jointly on the validation corpus's runs on this
+    GPU generation (``[<GPU>.corpus_fit]`` of its data file, :func:`sim.loso.fit_generation`);
+    1 where none was fitted."""
 
 
 def _ratios(table: dict[str, Any], ratios: dict[str, KernelRatios]) -> KernelRatios:
@@ -96,13 +100,15 @@ def _ratios(table: dict[str, Any], ratios: dict[str, KernelRatios]) -> KernelRat
     if "same_as" in table:
         return replace(ratios[table["same_as"]], **tags)
     gemm = fraction(table["matmul"]) / A100_MATMUL_FRACTION
+    fitted = table.get("corpus_fit", {}).get("gemm_time", 1.0)
     if "flash2" not in table:
         flash = min(gemm, ratios["H100"].flash2)
-        return KernelRatios(gemm=gemm, flash2=flash, flash1=flash, bmm_attention=gemm, **tags)
+        return KernelRatios(gemm=gemm, flash2=flash, flash1=flash, bmm_attention=gemm,
+                            corpus_gemm_time=fitted, **tags)
     flash2 = table["flash2"]["fraction"] / A100_FLASH2_FRACTION
     flash3 = flash2 * table["flash3"]["over_flash2"] if "flash3" in table else None
     return KernelRatios(gemm=gemm, flash2=flash2, flash1=flash2, bmm_attention=gemm,
-                        flash3=flash3, **tags)
+                        flash3=flash3, corpus_gemm_time=fitted, **tags)
 
 
 def _all_ratios() -> dict[str, KernelRatios]:
@@ -132,14 +138,15 @@ def ratios_for(gpu_name: str) -> KernelRatios | None:
 
 
 def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> DeviceProfile:
-    """``base`` (the A100 fit) with its compute efficiencies multiplied by ``ratios``.
+    """``base`` (the A100 fit) with its compute efficiencies multiplied by ``ratios`` (the
+    GEMM efficiency also divided by the corpus-fitted ``corpus_gemm_time``).
 
     The shape curve (d½, d₂, p), the memory-bound efficiencies and the memory overheads
     are kept (:data:`INFERRED_RULE`); ``source`` records the derivation.
     """
     return replace(
         base,
-        gemm_efficiency=base.gemm_efficiency * ratios.gemm,
+        gemm_efficiency=base.gemm_efficiency * ratios.gemm / ratios.corpus_gemm_time,
         flash2_efficiency=base.flash2_efficiency * ratios.flash2,
         flash1_efficiency=base.flash1_efficiency * ratios.flash1,
         bmm_attention_efficiency=base.bmm_attention_efficiency * ratios.bmm_attention,
@@ -147,8 +154,22 @@ def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> 
                            else base.flash2_efficiency * ratios.flash3),
         source=(f"{gpu_name}: A100 fit x published ratios (sim.gpu_profiles); measured on "
                 f"{gpu_name}: {', '.join(ratios.measured)}; inferred: "
-                f"{', '.join(ratios.inferred)}. {ratios.source}. A100 fit: {base.source}"),
+                f"{', '.join(ratios.inferred)}. {ratios.source}. "
+                + (f"GEMM times x {ratios.corpus_gemm_time:g} fitted on the validation "
+                   "corpus. " if ratios.corpus_gemm_time != 1.0 else "")
+                + f"A100 fit: {base.source}"),
     )
+
+
+def generation_of(gpu_name: str) -> str | None:
+    """The generation (data file of :mod:`sim.profiles`) whose tables hold ``gpu_name``
+    (case-insensitive), or None."""
+    from sim.profiles import GENERATIONS, load
+
+    for generation in GENERATIONS:
+        if any(name.lower() == gpu_name.lower() for name in load(generation)):
+            return generation
+    return None
 
 
 def profile_for(gpu_name: str, base: DeviceProfile) -> DeviceProfile:

@@ -61,6 +61,21 @@ def test_the_corpus_spans_sources_frameworks_gpus_precisions_and_scales() -> Non
     assert any(r.peak_memory_gib for r in rows)
 
 
+def test_every_shipped_corpus_row_builds_under_the_schema() -> None:
+    """Every published run is expressible (none is skipped by ``sim validate``); torchtitan's
+    Grand Teton hosts run on their own preset (H100 96GB), not a DGX with another GPU."""
+    from sim.experiment import build_experiment
+
+    for source in load_corpus():
+        for row in source.rows:
+            exp = build_experiment(row.experiment())
+            assert exp.cluster.gpu.name, (source.name, row.run)
+            if source.name == "torchtitan_llama31":
+                assert exp.cluster.gpu.name == "H100-96GB"
+                assert "power limit" in row.get("assumed") and "not modelled" in row.get(
+                    "assumed")
+
+
 def _model_flops_per_token(row: CorpusRow) -> float:
     spec = replace(PRESETS[row.get("model")], seq_length=int(row.get("seq_length")))
     return spec.model_flops_per_token()
@@ -153,17 +168,18 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
 
 
 def test_rows_the_schema_rejects_are_skipped_with_the_reason(tmp_path: Path) -> None:
-    """A row needing a setting the schema does not accept is reported, not simulated with
-    other settings and not a crash; the rest of its source still runs."""
+    """A row needing a setting the schema does not accept (here FP8 on an A100, which has no
+    FP8 tensor cores) is reported, not simulated with other settings and not a crash; the
+    rest of its source still runs."""
     path = _write(tmp_path / "src.csv", [_fixture_row(),
-                                         _fixture_row(run="alibi", position_embedding="alibi")])
+                                         _fixture_row(run="fp8-a100", precision="fp8")])
     source = load_source(path)
     preds = predict_corpus(source.rows)
     assert preds[0].skipped is None and preds[0].step_time_s > 0
-    assert preds[1].skipped and "position_embedding" in preds[1].skipped
+    assert preds[1].skipped and "precision" in preds[1].skipped
     report = source_report(source, preds, None)
     assert report["runs"] == 1 and report["rows_in_file"] == 2
-    assert report["skipped"] == [{"run": "alibi", "reason": preds[1].skipped}]
+    assert report["skipped"] == [{"run": "fp8-a100", "reason": preds[1].skipped}]
     for key in SOURCE_KEYS:
         assert key in report
 
@@ -192,23 +208,27 @@ def test_false_oom_counts_runs_that_ran_but_are_flagged(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- leave-one-source-out
-def _fit_data(truth: dict[str, tuple[float, float]]) -> FitData:
+def _fit_data(truth: dict[str, tuple[float, ...]]) -> FitData:
     """Three runs per source whose published step time is the linearisation at that source's
-    true scales: T = T0 + A·(θ − 1)."""
+    true scales: T = T0 + A·(θ − 1); a source given (a, b, c) runs on Hopper (its GEMM times
+    move with c as with a), one given (a, b) does not."""
     rng = np.random.default_rng(0)
     names, base, sens, measured = [], [], [], []
-    for name, (a, b) in truth.items():
+    for name, scales in truth.items():
+        a, b, c = (*scales, 1.0)[:3]
+        hopper = len(scales) == 3
         for _ in range(3):
             t0 = rng.uniform(1, 10)
             s = np.array([rng.uniform(0.4, 0.8), rng.uniform(0.05, 0.3)]) * t0
+            s = np.append(s, s[0] if hopper else 0.0)
             names.append(name)
             base.append(t0)
             sens.append(s)
-            measured.append(t0 + s @ np.array([a - 1, b - 1]))
+            measured.append(t0 + s @ np.array([a - 1, b - 1, c - 1]))
     return FitData(tuple(names), np.array(measured), np.array(base), np.array(sens))
 
 
-BOX = ((0.5, 2.0), (0.5, 3.0))
+BOX = ((0.5, 2.0), (0.5, 3.0), (0.5, 2.0))
 
 
 def test_loso_recovers_shared_scales_and_predicts_the_held_out_source() -> None:
@@ -241,8 +261,34 @@ def test_each_training_source_weighs_the_same() -> None:
                    np.concatenate([one.measured[:1], *[many.measured] * 4]),
                    np.concatenate([one.base[:1], *[many.base] * 4]),
                    np.concatenate([one.sens[:1], *[many.sens] * 4]))
-    a, _ = fit_scales(data, np.ones(len(data.sources), bool), BOX)
+    a, _, _ = fit_scales(data, np.ones(len(data.sources), bool), BOX)
     assert 1.05 < a < 1.15
+
+
+def test_loso_holds_the_hopper_gemm_scale() -> None:
+    """c is not refitted per fold: two Hopper sources whose GEMMs take 1.2 times as long are
+    each predicted from a and b alone, which the A100 sources hold at 1, so both miss."""
+    data = _fit_data({"x": (1.0, 1.0), "y": (1.0, 1.0), "h1": (1.0, 1.0, 1.2),
+                      "h2": (1.0, 1.0, 1.2)})
+    folds = leave_one_source_out(data, BOX)
+    assert set(folds["h1"]["scales"]) == {"gemm_time", "attention_time"}
+    assert folds["h1"]["loso_mape"] > 0.05 and folds["h2"]["loso_mape"] > 0.05
+    assert folds["h1"]["scales"]["gemm_time"] > 1.0  # a takes what it can of h2's slowness
+
+
+def test_fit_generation_fits_c_on_the_corpus_alone() -> None:
+    """The shipped constant: c on every source but Hagemann's sweep, a and b held at 1 (the
+    sweep's own fit); the sweep, here wanting a = 1.3, does not move it."""
+    from sim.gpu_profiles import RATIOS
+    from sim.loso import HAGEMANN, fit_generation
+
+    data = _fit_data({HAGEMANN: (1.3, 1.0), "h1": (1.0, 1.0, 1.25), "h2": (1.0, 1.0, 1.15),
+                      "x": (1.0, 1.0)})
+    fit = fit_generation(data, BOX)
+    shipped = RATIOS["H100"].corpus_gemm_time
+    assert fit["shipped"] == shipped and fit["runs"] == 6 and fit["sources"] == ["h1", "h2"]
+    assert 1.15 * shipped < fit["gemm_time"] < 1.25 * shipped
+    assert fit_generation(_fit_data({"x": (1.0, 1.0)}), BOX)["gemm_time"] is None
 
 
 def test_a_single_source_has_no_loso() -> None:

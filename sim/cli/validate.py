@@ -117,7 +117,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
         report["cross_validation_mape"] = cv["step_time_mape"] if cv else None
-    report["sources"] = _sources(args, data.stem, preds, sources, show)
+    report["sources"], report["corpus_fit"] = _sources(args, data.stem, preds, sources, show)
     report["elapsed_s"] = time.perf_counter() - start
     report["profile"] = A100_HAGEMANN.source
     report["cross_validation_profile"] = A100_HAGEMANN_13B.source
@@ -155,11 +155,13 @@ def _corpus(args: argparse.Namespace) -> list:
 
 
 def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: list,
-             show: bool) -> list[dict]:
+             show: bool) -> tuple[list[dict], dict | None]:
     """``sources`` of the report: the sweep's entry, then each corpus source's, with the
-    leave-one-source-out MAPEs unless ``--no-cross-validation``."""
+    leave-one-source-out MAPEs unless ``--no-cross-validation``; and ``corpus_fit``, the
+    Hopper GEMM time scale fitted on the corpus (:func:`sim.loso.fit_generation`; what
+    ``sim/profiles/hopper.toml`` ships), None without the fits."""
     from sim.corpus import predict_corpus, source_report
-    from sim.loso import fit_data, leave_one_source_out
+    from sim.loso import fit_data, fit_generation, leave_one_source_out
     from sim.validate import sweep_source_report
 
     corpus_rows = [r for s in sources for r in s.rows]
@@ -170,6 +172,7 @@ def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: li
         if bar is not None:
             bar.close()
     loso: dict = {}
+    corpus_fit = None
     if sources and not args.no_cross_validation:
         progress, bar = progress_bar(show, "run", "leave-one-source-out")
         try:
@@ -178,6 +181,7 @@ def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: li
             if bar is not None:
                 bar.close()
         loso = leave_one_source_out(fit)
+        corpus_fit = fit_generation(fit)
     fold = loso.get(sweep_name)
     entries = [sweep_source_report(preds, sweep_name, fold["loso_mape"] if fold else None)]
     entries[0]["loso_scales"] = fold["scales"] if fold else None
@@ -187,7 +191,7 @@ def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: li
         entry = source_report(source, mine, fold["loso_mape"] if fold else None)
         entry["loso_scales"] = fold["scales"] if fold else None
         entries.append(entry)
-    return entries
+    return entries, corpus_fit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
