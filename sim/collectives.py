@@ -990,6 +990,10 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
     cluster = profile.topo
     if cluster is None:
         raise ConfigError("plan_cost needs a group profile taken on a cluster")
+    twins = _twin_costs(cluster, profile.ranks)
+    if twins is not None and key in twins:
+        got = profile.costs[key] = twins[key]
+        return got
     transfers = _plan_on(cluster, op, algo, profile.ranks, 1.0, profile.nvswitch,
                          profile.nvls_efficiency, protocol)
     levels: list[int] = []
@@ -1002,7 +1006,36 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
     got = profile.costs[key] = PlanCost(
         cluster.collective_launch_s * launch_scale(algo, protocol),
         tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)))
+    if twins is not None and all(cluster.route_is_unique(t.src, t.dst) for t in transfers):
+        twins[key] = got
     return got
+
+
+def _twin_costs(cluster: Cluster, ranks: tuple[int, ...]) -> dict | None:
+    """The plan costs shared by the groups that are ``ranks`` shifted by whole servers onto
+    twin servers (:meth:`~topologies.cluster.Cluster.host_classes`), or None where servers
+    cannot be swapped.
+
+    Shifting a group by whole servers whose servers are pairwise twins is an automorphism
+    of the graph (the argument of :meth:`sim.commtime.CollectiveTimer._translate`); a plan
+    whose every route is the only shortest path between its ends maps onto the shifted
+    group's plan, route onto route, with the same latencies, bandwidths and shared links,
+    so the estimate is the same float. :func:`plan_cost` stores an estimate here only when
+    every route of its plan is unique, and the key holds the group's shape (ranks relative
+    to its first server) and its servers' twin classes.
+    """
+    classes = cluster.host_classes()
+    if classes is None or not ranks:
+        return None
+    gpn = cluster.gpus_per_node
+    base = min(ranks) // gpn * gpn
+    shape = tuple(r - base for r in ranks)
+    servers = sorted({r // gpn for r in ranks})
+    key = ("plan costs", shape, tuple(classes[h] for h in servers))
+    shared = cluster.memo.get(key)
+    if shared is None:
+        shared = cluster.memo[key] = {}
+    return shared  # type: ignore[return-value]
 
 
 def choose(op: str, algo: str, nbytes: float, profile: GroupProfile) -> tuple[str, str, float]:

@@ -15,10 +15,13 @@ from sim.collectives import (
     alpha_beta_time,
     btree,
     bus_bandwidth,
+    candidates,
     dtree,
     estimate,
     group_profile,
     plan,
+    plan_cost,
+    protocol_choices,
     ring_channels,
     select_algorithm,
     tree_shape,
@@ -707,3 +710,57 @@ def test_hierarchical_all_to_all_moves_the_same_bytes_between_servers() -> None:
     assert sum(t.nbytes for t in inter) == pytest.approx(
         sum(t.nbytes for t in flat if hosts[t.src] != hosts[t.dst]))
     assert len(inter) == 12 * 2 and sum(hosts[t.src] != hosts[t.dst] for t in flat) == 12 * 8
+
+
+TWIN_CLUSTERS = {
+    "dgx": lambda: build_cluster(parse_config({
+        "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0}},
+        "cluster": {"preset": "dgx-a100-80g", "num_gpus": 64}}).cluster),
+    "fat-tree 2:1": lambda: build_cluster(parse_config({
+        "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0}},
+        "cluster": {"preset": "dgx-h100", "num_gpus": 64, "topology": "fat-tree",
+                    "gpus_per_leaf": 16, "oversubscription": 2.0}}).cluster),
+    "rail-optimized": lambda: build_cluster(parse_config({
+        "model": {"synthetic": {"forward_ms": 0.0, "backward_ms": 0.0}},
+        "cluster": {"preset": "dgx-a100-80g", "num_gpus": 64,
+                    "topology": "rail-optimized"}}).cluster),
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(sorted(TWIN_CLUSTERS)), st.integers(0, 7), st.integers(1, 3),
+       st.sampled_from([1, 2, 4, 8]), st.sampled_from(["all_reduce", "all_gather",
+                                                       "reduce_scatter"]))
+def test_twin_groups_share_plan_costs_exactly(name: str, server: int, span: int, per: int,
+                                              op: str) -> None:
+    """plan_cost shares estimates between groups shifted by whole twin servers
+    (sim.collectives._twin_costs): each shared estimate equals the one a fresh cluster
+    (nothing shared) works out for that group, float for float."""
+    shared = TWIN_CLUSTERS[name]()
+    gpn = shared.gpus_per_node
+    first = min(server, shared.num_gpus // gpn - span)
+    template = tuple(h * gpn + k for h in range(span) for k in range(per))
+    group = tuple(r + first * gpn for r in template)
+    for ranks in (template, group):  # the template fills the shared estimates first
+        profile = group_profile(shared, ranks)
+        fresh = group_profile(TWIN_CLUSTERS[name](), ranks)
+        for algo in candidates(op, profile):
+            for proto in protocol_choices(algo, "auto"):
+                assert plan_cost(op, algo, proto, profile) == plan_cost(op, algo, proto, fresh)
+
+
+def test_twin_servers_tp_groups_time_their_plans_once() -> None:
+    """The eight TP groups of a DGX cluster are twins: the first one's estimates serve the
+    other seven, so each plan is built once (the sharing the property test above checks)."""
+    from sim.collectives import _twin_costs
+
+    cluster = TWIN_CLUSTERS["dgx"]()
+    first = group_profile(cluster, tuple(range(8)))
+    estimate("all_reduce", "auto", 1e6, first)
+    shared = _twin_costs(cluster, tuple(range(8)))
+    assert shared and shared is _twin_costs(cluster, tuple(range(24, 32)))
+    other = group_profile(cluster, tuple(range(24, 32)))
+    assert estimate("all_reduce", "auto", 1e6, other) == estimate("all_reduce", "auto", 1e6,
+                                                                   first)
+    assert other.costs.keys() <= shared.keys()
+    assert _twin_costs(cluster, (0, 8)) is not _twin_costs(cluster, (0, 1))

@@ -348,6 +348,10 @@ class Cluster:
         """When a list, every :meth:`route` call appends its ``(src, dst)`` (cached or not):
         :mod:`sim.commtime` uses it to learn which routes a timing consulted."""
         self._host_classes: tuple[int, ...] | None | bool = False
+        self.memo: dict[object, object] = {}
+        """Derived values that layers above keep per cluster (:func:`sim.collectives.
+        plan_cost` shares estimates between twin groups here); a changed cluster (failed
+        links, a job's subset) is a new object with an empty one."""
 
     # ------------------------------------------------------------------ GPU types
 
