@@ -12,6 +12,7 @@ simulator.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container, Sequence
 from typing import Any
 
 import numpy as np
@@ -451,12 +452,7 @@ class Bounds:
         timed = self._comm_ranks(layout)
         bound = 0.0
         for r in sorted({0, layout.pp - 1}):
-            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
-            busy = sum(per_mb[s] for s in mine)
-            if r in timed and layout.tp > 1:
-                kinds = KINDS if split else KINDS[:2]
-                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
-                            for s in mine for k in kinds)
+            mine, busy = self._rank_busy(costs, layout, split, stage_rank, per_mb, timed, r)
             end = m * busy + self._optimizer_s(costs, mine, types[r])
             if r in timed and self._zero3_timed(layout):
                 bound = max(bound, m * sum(self._zero3_stream_s(costs, s, k, split, layout, r)
@@ -582,6 +578,20 @@ class Bounds:
                                           for s in range(len(costs.stage_layers)))
         return act
 
+    def _rank_busy(self, costs: TransformerCosts, layout: Layout, split: bool,
+                   stage_rank: Sequence[int], per_mb: Sequence[float], timed: Container[int],
+                   r: int) -> tuple[tuple[int, ...], float]:
+        """(Pipeline rank ``r``'s stages, its busy time per micro-batch: its stages' ops
+        and, where timed, their TP collectives on one replica's group), the one sum
+        :meth:`loose_step_bound_s` and :meth:`_work_terms` both take."""
+        mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
+        busy = sum(per_mb[s] for s in mine)
+        if r in timed and layout.tp > 1:
+            kinds = KINDS if split else KINDS[:2]
+            busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
+                        for s in mine for k in kinds)
+        return mine, busy
+
     def _work_terms(self, layout: Layout) -> tuple[float | None, bool,
                                                    tuple[tuple[float, float], ...]]:
         """(The sum of one micro-batch over all stages where the schedule's stage owners
@@ -597,12 +607,7 @@ class Bounds:
         timed = self._comm_ranks(layout)
         ranks = []
         for r in sorted({0, layout.pp - 1}):
-            mine = tuple(s for s, owner in enumerate(stage_rank) if owner == r)
-            busy = sum(per_mb[s] for s in mine)
-            if r in timed and layout.tp > 1:
-                kinds = KINDS if split else KINDS[:2]
-                busy += sum(self._tp_comm_s(costs, s, k, split, layout, r, one=True)
-                            for s in mine for k in kinds)
+            mine, busy = self._rank_busy(costs, layout, split, stage_rank, per_mb, timed, r)
             ranks.append((busy, forward_chain[mine[0]]))
         return None, overlaps_steps(layout.schedule), tuple(ranks)
 
