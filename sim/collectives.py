@@ -75,24 +75,19 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from base.errors import ConfigError
 from sim.protocols import (
-    AUTO_PROTOCOL,
     PROTOCOL_ALGOS,
-    PROTOCOLS,
     bandwidth_fraction,
     latency_scale,
-    launch_scale,
 )
-from topologies.presets import NVLS_EFFICIENCY_ATTR
 
 if TYPE_CHECKING:
     import networkx as nx
 
-    from topologies.cluster import Cluster
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
 ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {
@@ -261,7 +256,7 @@ def _snake(dims: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     return tuple(c + (j,) for j in range(dims[-1]) for c in (inner if j % 2 == 0 else inner[::-1]))
 
 
-def ring_order(topo: _Topology, ranks: Sequence[int]) -> tuple[int, ...]:
+def ring_order(topo: TopologyView, ranks: Sequence[int]) -> tuple[int, ...]:
     """The order a ring (or tree) visits ``ranks``: on a torus (GPU nodes carrying ``coord``,
     :func:`topologies.graphs.torus`) a Hamiltonian cycle of one-link hops through the
     group's box, dimension by dimension with an even-sized axis outermost (the
@@ -764,8 +759,9 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
     return a + S / B
 
 
-class _Topology(Protocol):
-    """What :func:`group_profile` needs from a cluster (a :class:`topologies.cluster.Cluster`)."""
+class TopologyView(Protocol):
+    """What :func:`ring_order` and :func:`sim.selection.group_profile` need from a cluster
+    (a :class:`topologies.cluster.Cluster`)."""
 
     def route(self, src: int | str, dst: int | str) -> object: ...
     def host_of(self, rank: int) -> int: ...
@@ -777,375 +773,7 @@ class _Topology(Protocol):
     def graph(self) -> nx.DiGraph: ...
 
 
-@dataclass(frozen=True)
-class GroupProfile:
-    """What algorithm selection needs to know about a group on a topology."""
-
-    n: int
-    host_of: Mapping[int, int]
-    """Rank -> server index."""
-    per_host: int
-    """Ranks per host, or 0 if hosts hold different numbers of ranks."""
-    num_hosts: int
-    alpha_s: float
-    """Largest route latency between ring neighbours."""
-    bandwidth_Bps: float
-    """Smallest route bottleneck between ring neighbours."""
-    alpha_intra_s: float
-    bandwidth_intra_Bps: float
-    alpha_inter_s: float
-    bandwidth_inter_Bps: float
-    nvswitch: str | None
-    """The NVLS-capable NVSwitch every rank is attached to, if any."""
-    nvls_alpha_s: float = 0.0
-    """GPU-NVSwitch hop latency."""
-    nvls_bandwidth_Bps: float = math.inf
-    """Smallest GPU-NVSwitch link rate."""
-    nvls_efficiency: float = 1.0
-    """Fraction of ``nvls_bandwidth_Bps`` NVLS transfers reach (the NVSwitch's
-    ``nvls_efficiency`` attribute, :data:`topologies.presets.NVLS_EFFICIENCY_ATTR`)."""
-    ring_channels: int = 1
-    """Rings a ring collective runs in parallel over this group (:func:`ring_channels`)."""
-    ranks: tuple[int, ...] = ()
-    """The group, in the order given."""
-    topo: Cluster | None = field(default=None, compare=False, repr=False)
-    """The cluster the profile was taken on (what :func:`plan_cost` builds plans on)."""
-    costs: dict[tuple[str, str, str], PlanCost] = field(
-        default_factory=dict, compare=False, repr=False)
-    """:func:`plan_cost` by (op, algorithm, protocol), filled as selection needs them."""
-
-
-def _worst(topo: _Topology, pairs: Sequence[tuple[int | str, int | str]]) -> tuple[float, float]:
-    alpha, bw = 0.0, math.inf
-    for a, b in pairs:
-        route = topo.route(a, b)
-        alpha = max(alpha, route.latency_s)  # type: ignore[attr-defined]
-        bw = min(bw, topo.bottleneck_Bps(route))
-    return alpha, bw
-
-
-def group_profile(topo: _Topology, ranks: Sequence[int]) -> GroupProfile:
-    """Latencies and bandwidths of ``ranks`` on ``topo``, for :func:`select_algorithm`; ring
-    neighbours in :func:`ring_order`."""
-    n = len(ranks)
-    host_of = {r: topo.host_of(r) for r in ranks}
-    hosts: dict[int, list[int]] = {}
-    for r in ranks:
-        hosts.setdefault(host_of[r], []).append(r)
-    sizes = {len(m) for m in hosts.values()}
-    per_host = sizes.pop() if len(sizes) == 1 else 0
-    ring = ring_order(topo, ranks)
-    ring_pairs = [(ring[i], ring[(i + 1) % n]) for i in range(n)] if n > 1 else []
-    alpha, bw = _worst(topo, ring_pairs)
-    members = list(hosts.values())
-    intra = [(m[i], m[(i + 1) % len(m)]) for m in members if len(m) > 1 for i in range(len(m))]
-    inter = []
-    if per_host and len(members) > 1:
-        for j in range(per_host):
-            col = [m[j] for m in members]
-            inter += [(col[i], col[(i + 1) % len(col)]) for i in range(len(col))]
-    a1, b1 = _worst(topo, intra)
-    a2, b2 = _worst(topo, inter)
-    switches = {topo.nvswitch_of(r) for r in ranks}
-    sw = switches.pop() if len(switches) == 1 else None
-    if sw is not None and not topo.nvls_capable(sw):
-        sw = None
-    na, nb = _worst(topo, [(r, sw) for r in ranks]) if sw is not None else (0.0, math.inf)
-    eff = topo.graph.nodes[sw].get(NVLS_EFFICIENCY_ATTR, 1.0) if sw is not None else 1.0
-    channels = len(ring_channels(ranks, host_of))
-    return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb,
-                        eff, channels, tuple(ranks), topo)  # type: ignore[arg-type]
-
-
-AUTO_EXCLUDED = ("halving_doubling",)
-"""Never chosen by ``auto``: NCCL does not implement recursive halving-doubling (MPI
-libraries do). Hierarchical (Horovod's three phases) is not NCCL's either, but ``auto``
-takes it where its estimate wins, as over slow links between sites. It stays available as
-an explicit choice."""
-
-
-def candidates(op: str, profile: GroupProfile) -> tuple[str, ...]:
-    """The algorithms for ``op`` that ``auto`` may choose for this group."""
-    out = []
-    for algo in ALGORITHMS_BY_OP[op]:
-        if algo in AUTO_EXCLUDED:
-            continue
-        if algo == "nvls" and profile.nvswitch is None:
-            continue
-        if algo == "hierarchical" and not (profile.num_hosts > 1 and profile.per_host > 1):
-            continue
-        out.append(algo)
-    return tuple(out)
-
-
-def protocol_choices(algo: str, protocol: str) -> tuple[str, ...]:
-    """The protocols ``algo`` may run under the cluster's setting ``protocol`` (``auto``:
-    every one it implements, :data:`sim.protocols.PROTOCOLS`)."""
-    if algo not in PROTOCOL_ALGOS:
-        return ("simple",)
-    return PROTOCOLS if protocol == AUTO_PROTOCOL else (protocol,)
-
-
-def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes: float,
-             nvswitch: str | None, nvls_efficiency: float, protocol: str) -> tuple[Transfer, ...]:
-    """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
-    :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
-    inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
-    host_of = ({r: cluster.host_of(r) for r in group}
-               if algo in ("hierarchical", "ring", "tree") else None)
-    order = ring_order(cluster, group) if algo in ("ring", "tree") else group
-
-    def latency(a: int | str, b: int | str) -> float:
-        return cluster.route(a, b).latency_s
-
-    fraction = 1.0
-    if algo in PROTOCOL_ALGOS:
-        multi = len({cluster.host_of(r) for r in group}) > 1
-        fraction = bandwidth_fraction(algo, protocol, multi)
-    if protocol != "simple":
-        inside, between = latency_scale(algo, protocol, False), latency_scale(algo, protocol, True)
-
-        def latency(a: int | str, b: int | str) -> float:
-            same = (isinstance(a, str) or isinstance(b, str)
-                    or cluster.host_of(a) == cluster.host_of(b))
-            return cluster.route(a, b).latency_s * (inside if same else between)
-
-    return plan(op, algo, order, nbytes, host_of=host_of, nvswitch=nvswitch,
-                nvls_efficiency=nvls_efficiency, granularity=cluster.collective_granularity,
-                latency=latency, wire_fraction=fraction)
-
-
-Line = tuple[float, float]
-"""(seconds, seconds per byte): a lower bound a + S·b on a level's time for S bytes."""
-
-
-@dataclass(frozen=True)
-class PlanCost:
-    """An algorithm's estimated time under a protocol: launch + Σ over levels of the largest
-    of the level's lines at S bytes (:func:`plan_cost`)."""
-
-    launch_s: float
-    levels: tuple[tuple[Line, ...], ...]
-
-    def time_s(self, nbytes: float) -> float:
-        """The estimate for ``nbytes``."""
-        return self.launch_s + sum(max(a + nbytes * b for a, b in lines)
-                                   for lines in self.levels)
-
-
-def _envelope(lines: Sequence[Line]) -> tuple[Line, ...]:
-    """The lines of ``lines`` that are the largest somewhere on S >= 0 (upper envelope)."""
-    hull: list[Line] = []
-    for a, b in sorted(set(lines), key=lambda x: (x[1], x[0])):
-        if hull and hull[-1][1] == b:
-            hull.pop()  # same slope, smaller intercept
-        while len(hull) >= 2:
-            (a1, b1), (a2, b2) = hull[-2], hull[-1]
-            if (a1 - a) * (b2 - b1) <= (a1 - a2) * (b - b1):
-                hull.pop()  # the middle line is never the largest
-            else:
-                break
-        hull.append((a, b))
-    while len(hull) >= 2 and hull[0][0] <= hull[1][0]:
-        hull.pop(0)  # below a steeper line from S = 0 on
-    return tuple(hull)
-
-
-def _level_lines(flows: Sequence[tuple[float, tuple[int, ...], float]],
-                 cap: Sequence[float]) -> tuple[Line, ...]:
-    """Lower bounds on when flows ``(start, links, bytes per byte of S)`` that run together
-    end: the latest start, and per link, for each flow, its start plus the bytes of the
-    flows starting no earlier over the link's bandwidth (the link must carry them after)."""
-    lines: list[Line] = [(max(start for start, _, _ in flows), 0.0)]
-    on_link: dict[int, list[tuple[float, float]]] = {}
-    for start, links, nbytes in flows:
-        for x in links:
-            if cap[x] < math.inf:
-                on_link.setdefault(x, []).append((start, nbytes))
-    for x, users in on_link.items():
-        users.sort(key=lambda u: -u[0])
-        total = 0.0
-        for start, nbytes in users:
-            total += nbytes
-            lines.append((start, total / cap[x]))
-    return _envelope(lines)
-
-
-def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanCost:
-    """The estimated time of ``algo`` under ``protocol`` on the profile's cluster, a function
-    of the size (:class:`PlanCost`), from its plan on the actual links.
-
-    The plan's transfers are cut into levels by their dependencies (a transfer waiting
-    for others is one level past the deepest of them: the phases of hierarchical, the
-    steps of step granularity); the levels add up. A level ends no earlier than its
-    latest start (:func:`step_latency_s`), nor, on each link, than any of its transfers'
-    start plus the bytes of those starting no later over the link's bandwidth (the
-    bottleneck links of the transfers that run together). Exact for the closed forms (a
-    ring, or a level's equal transfers starting together), a lower bound otherwise.
-    """
-    key = (op, algo, protocol)
-    got = profile.costs.get(key)
-    if got is not None:
-        return got
-    cluster = profile.topo
-    if cluster is None:
-        raise ConfigError("plan_cost needs a group profile taken on a cluster")
-    twins = _twin_costs(cluster, profile.ranks)
-    if twins is not None and key in twins:
-        got = profile.costs[key] = twins[key]
-        return got
-    transfers = _plan_on(cluster, op, algo, profile.ranks, 1.0, profile.nvswitch,
-                         profile.nvls_efficiency, protocol)
-    levels: list[int] = []
-    flows: dict[int, list[tuple[float, tuple[int, ...], float]]] = {}
-    for t in transfers:
-        level = 1 + max(levels[d] for d in t.deps) if t.deps else 0
-        levels.append(level)
-        flows.setdefault(level, []).append((step_latency_s(cluster, t),
-                                            cluster.route(t.src, t.dst).links, t.nbytes))
-    got = profile.costs[key] = PlanCost(
-        cluster.collective_launch_s * launch_scale(algo, protocol),
-        tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)))
-    if twins is not None and all(cluster.route_is_unique(t.src, t.dst) for t in transfers):
-        twins[key] = got
-    return got
-
-
-def _twin_costs(cluster: Cluster, ranks: tuple[int, ...]) -> dict | None:
-    """The plan costs shared by the groups that are ``ranks`` shifted by whole servers onto
-    twin servers (:meth:`~topologies.cluster.Cluster.host_classes`), or None where servers
-    cannot be swapped.
-
-    Shifting a group by whole servers whose servers are pairwise twins is an automorphism
-    of the graph (the argument of :meth:`sim.commtime.CollectiveTimer._translate`); a plan
-    whose every route is the only shortest path between its ends maps onto the shifted
-    group's plan, route onto route, with the same latencies, bandwidths and shared links,
-    so the estimate is the same float. :func:`plan_cost` stores an estimate here only when
-    every route of its plan is unique, and the key holds the group's shape (ranks relative
-    to its first server) and its servers' twin classes.
-    """
-    classes = cluster.host_classes()
-    if classes is None or not ranks:
-        return None
-    gpn = cluster.gpus_per_node
-    base = min(ranks) // gpn * gpn
-    shape = tuple(r - base for r in ranks)
-    servers = sorted({r // gpn for r in ranks})
-    key = ("plan costs", shape, tuple(classes[h] for h in servers))
-    shared = cluster.memo.get(key)
-    if shared is None:
-        shared = cluster.memo[key] = {}
-    return shared  # type: ignore[return-value]
-
-
-def choose(op: str, algo: str, nbytes: float, profile: GroupProfile) -> tuple[str, str, float]:
-    """(algorithm, protocol, estimated seconds) with the smallest :func:`plan_cost` estimate:
-    over :func:`candidates` for ``auto``, else ``algo``'s own protocols.
-
-    NCCL's tuner does the same (``ncclTopoTuneModel`` predicts latency + size /
-    bandwidth per algorithm and protocol and takes the fastest), which gives LL and tree
-    for small messages, ring (or NVLS) with Simple for large ones. Ties go to the
-    earlier algorithm of :data:`ALGORITHMS_BY_OP` and the earlier protocol of
-    :data:`sim.protocols.PROTOCOLS`, so an ideal (zero-cost) network gets ring, Simple.
-    """
-    protocol = getattr(profile.topo, "collective_protocol", AUTO_PROTOCOL)
-    if algo == AUTO:
-        options = candidates(op, profile)
-        if profile.n <= 2:
-            options = options[:1]
-    else:
-        options = (algo,)
-    best: tuple[str, str, float] | None = None
-    for a in options:
-        for proto in protocol_choices(a, protocol):
-            t = plan_cost(op, a, proto, profile).time_s(nbytes)
-            if best is None or t < best[2]:
-                best = (a, proto, t)
-    assert best is not None
-    return best
-
-
-def estimate(op: str, algo: str, nbytes: float, profile: GroupProfile) -> float:
-    """Estimated time of ``algo`` (launch included) under its best protocol (:func:`choose`)."""
-    return choose(op, algo, nbytes, profile)[2]
-
-
-def select_algorithm(op: str, nbytes: float, profile: GroupProfile) -> str:
-    """NCCL-like default: the applicable algorithm with the smallest estimate (:func:`choose`)."""
-    if op not in OPS:
-        raise ConfigError(f"collective op {op!r} is not one of {', '.join(OPS)}")
-    options = candidates(op, profile)
-    if len(options) == 1:
-        return options[0]
-    return choose(op, AUTO, nbytes, profile)[0]
-
-
-def resolve_algorithm(op: str, algo: str, nbytes: float,
-                      profile: GroupProfile | None = None) -> str:
-    """``algo`` itself, validated, or for ``auto`` the :func:`select_algorithm` choice."""
-    if algo == AUTO:
-        if profile is None:
-            raise ConfigError("collective algorithm 'auto' needs a group profile")
-        return select_algorithm(op, nbytes, profile)
-    check(op, algo)
-    return algo
-
-
 def bus_bandwidth(op: str, n: int, nbytes: float, time_s: float) -> tuple[float, float]:
     """(algbw, busbw) in bytes/s, nccl-tests style: algbw = S/t, busbw = algbw × factor(n)."""
     algbw = nbytes / time_s if time_s > 0 else math.inf
     return algbw, algbw * BUS_FACTOR[op](n)
-
-
-@dataclass(frozen=True)
-class CollectivePlan:
-    """A collective as the engine runs it: after ``launch_s``, its transfers."""
-
-    transfers: tuple[Transfer, ...]
-    launch_s: float
-    """Per-collective latency: the cluster's (Simple's) scaled to the protocol."""
-    algo: str
-    protocol: str
-
-
-def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
-                    nbytes: float, profiles: dict[tuple[int, ...], GroupProfile] | None = None
-                    ) -> CollectivePlan:
-    """Collective ``op`` over ``group`` as the engine runs it: the choice of algorithm and
-    protocol, made here so that the engine only runs plans.
-
-    The cluster's per-op override wins over ``algo``; ``auto`` picks the algorithm, and
-    the cluster's ``collective_protocol`` (``auto``: per size) the protocol, from the
-    group's profile (:func:`choose`); transfers carry the actual route latencies
-    (:func:`plan`). ``profiles``: a cache of group profiles on ``cluster``, by group
-    (filled here).
-    """
-    algo = cluster.collective_algos.get(op, algo)
-    live = len(group) > 1 and nbytes > 0
-    profile = None
-    if algo in (AUTO, "nvls") or (live and len(protocol_choices(algo, cluster.collective_protocol))
-                                  > 1):
-        profile = profiles.get(group) if profiles is not None else None
-        if profile is None:
-            profile = group_profile(cluster, group)
-            if profiles is not None:
-                profiles[group] = profile
-    algo = resolve_algorithm(op, algo, nbytes, profile)
-    protocols = protocol_choices(algo, cluster.collective_protocol)
-    protocol = protocols[0]
-    if live and len(protocols) > 1:
-        assert profile is not None
-        protocol = choose(op, algo, nbytes, profile)[1]
-    transfers = _plan_on(cluster, op, algo, group, nbytes,
-                         profile.nvswitch if profile else None,
-                         profile.nvls_efficiency if profile else 1.0, protocol)
-    return CollectivePlan(transfers, cluster.collective_launch_s * launch_scale(algo, protocol),
-                          algo, protocol)
-
-
-def step_latency_s(cluster: Cluster, step: Transfer) -> float:
-    """Delay before ``step``'s flow starts: the plan's latency (else ``steps`` x the route's)
-    plus ``steps`` x the cluster's per-step software latency."""
-    hops = (step.steps * cluster.route(step.src, step.dst).latency_s if step.latency_s is None
-            else step.latency_s)
-    return hops + step.steps * cluster.collective_step_s

@@ -5,7 +5,7 @@ GPU per pipeline rank. The collectives and pipeline sends it takes part in are
 timed here: every group it stands for runs the collective at once on the
 flow-level network, so contention between the replicas' collectives on shared
 links (NICs, uplinks) is included. The plan is the engine's own
-(:func:`sim.collectives.collective_plan`: the cluster's per-op algorithm override or
+(:func:`sim.selection.collective_plan`: the cluster's per-op algorithm override or
 ``auto`` choice, its granularity, the routes' latencies, the per-step software
 latency), so an isolated collective takes exactly as long here as in a full
 simulation. Results are cached per (op, groups, bytes) on the instance, and
@@ -35,9 +35,9 @@ import math
 from collections.abc import Sequence
 
 from base.collector import gc_paused
-from sim.collectives import GroupProfile, collective_plan, step_latency_s
 from sim.engine import simulate_program
 from sim.network import makespan_s
+from sim.selection import GroupProfile, collective_plan, step_latency_s
 from topologies.cluster import Cluster
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import gpipe
@@ -109,7 +109,7 @@ class CollectiveTimer:
         self._cache: dict[tuple, float] = {}
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}
         """Group profiles of ``auto`` selection, by group
-        (:func:`sim.collectives.collective_plan`)."""
+        (:func:`sim.selection.collective_plan`)."""
         self.simulations = 0
         """How many collectives needed the event engine (plans with dependent transfers)."""
         self.reused = 0
@@ -154,7 +154,7 @@ class CollectiveTimer:
         unique = all(map(c.route_is_unique, *zip(*log, strict=True)) if log else ())
         # group profiles computed here consulted only logged routes; those cached before
         # were computed by an earlier call, whose routes were checked then, but may have
-        # gained plan costs here (sim.collectives.plan_cost), from this call's routes
+        # gained plan costs here (sim.selection.plan_cost), from this call's routes
         for group in list(self._profiles)[known:]:
             self._unique_profiles[group] = unique
         if not unique:

@@ -41,15 +41,10 @@ import simpy
 
 from base.collector import gc_paused
 from base.errors import DeadlockError
-from sim.collectives import (
-    CollectivePlan,
-    GroupProfile,
-    Transfer,
-    collective_plan,
-    step_latency_s,
-)
+from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.network import FlowNetwork
+from sim.selection import CollectivePlan, GroupProfile, collective_plan, step_latency_s
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
 from workloads.program import (

@@ -12,9 +12,9 @@ from __future__ import annotations
 from base.errors import ConfigError
 from sim.budget import check_schedule_ops
 from sim.calibration import default_profile
-from sim.collectives import estimate, group_profile, resolve_algorithm
 from sim.config import EncoderConfig, EncoderParallelConfig, ExperimentConfig
 from sim.device import work_timer
+from sim.selection import estimate, group_profile, resolve_algorithm
 from topologies.cluster import Cluster
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, Segment, split_layers

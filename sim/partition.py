@@ -22,9 +22,9 @@ import numpy as np
 
 from base.errors import ConfigError
 from sim.calibration import default_profile
-from sim.collectives import estimate, group_profile, resolve_algorithm
 from sim.device import work_timer
 from sim.network import makespan_s
+from sim.selection import estimate, group_profile, resolve_algorithm
 from topologies.cluster import Cluster
 from topologies.placement import Placement
 from workloads import memory, schedules

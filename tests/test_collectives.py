@@ -11,24 +11,26 @@ from hypothesis import strategies as st
 from base.errors import ConfigError
 from sim.collectives import (
     ALGORITHMS_BY_OP,
-    AUTO_EXCLUDED,
     alpha_beta_time,
     btree,
     bus_bandwidth,
-    candidates,
     dtree,
-    estimate,
-    group_profile,
     plan,
-    plan_cost,
-    protocol_choices,
     ring_channels,
-    select_algorithm,
     tree_shape,
 )
 from sim.config import parse_config
 from sim.engine import simulate_program
 from sim.protocols import bandwidth_fraction
+from sim.selection import (
+    AUTO_EXCLUDED,
+    candidates,
+    estimate,
+    group_profile,
+    plan_cost,
+    protocol_choices,
+    select_algorithm,
+)
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import GPUS
@@ -600,8 +602,8 @@ def _experiment_cluster(spec: dict, num_gpus: int) -> Cluster:
 def _simulated(cluster: Cluster, op: str, group: tuple[int, ...], nbytes: float
                ) -> tuple[float, dict[str, float]]:
     """(auto's simulated time, each candidate's) for ``op`` over ``group``."""
-    from sim.collectives import candidates
     from sim.commtime import CollectiveTimer
+    from sim.selection import candidates
     profile = group_profile(cluster, group)
     each = {a: CollectiveTimer(cluster, a)(op, (group,), nbytes) for a in candidates(op, profile)}
     return CollectiveTimer(cluster, "auto")(op, (group,), nbytes), each
@@ -674,7 +676,7 @@ def _small_topology(draw: st.DrawFn) -> tuple[dict, int]:
 def test_auto_is_within_2_percent_of_the_fastest_simulated_algorithm(
         topo: tuple[dict, int], op: str, nbytes: float) -> None:
     """On random small topologies auto's pick (from each algorithm's estimate on the
-    actual links, sim.collectives.plan_cost) simulates within 2% of the fastest candidate
+    actual links, sim.selection.plan_cost) simulates within 2% of the fastest candidate
     (in 150 random cases it was the fastest)."""
     spec, n = topo
     cluster = _experiment_cluster(spec, n)
@@ -734,7 +736,7 @@ TWIN_CLUSTERS = {
 def test_twin_groups_share_plan_costs_exactly(name: str, server: int, span: int, per: int,
                                               op: str) -> None:
     """plan_cost shares estimates between groups shifted by whole twin servers
-    (sim.collectives._twin_costs): each shared estimate equals the one a fresh cluster
+    (sim.selection._twin_costs): each shared estimate equals the one a fresh cluster
     (nothing shared) works out for that group, float for float."""
     shared = TWIN_CLUSTERS[name]()
     gpn = shared.gpus_per_node
@@ -752,7 +754,7 @@ def test_twin_groups_share_plan_costs_exactly(name: str, server: int, span: int,
 def test_twin_servers_tp_groups_time_their_plans_once() -> None:
     """The eight TP groups of a DGX cluster are twins: the first one's estimates serve the
     other seven, so each plan is built once (the sharing the property test above checks)."""
-    from sim.collectives import _twin_costs
+    from sim.selection import _twin_costs
 
     cluster = TWIN_CLUSTERS["dgx"]()
     first = group_profile(cluster, tuple(range(8)))

@@ -135,9 +135,9 @@ def run_sweep(cluster_data: dict, op: str, algos: list[str], sizes: list[int],
     """Simulate ``op`` for each algorithm and size; rows as ``--json`` prints them plus
     ``series`` (the requested algorithm, e.g. ``auto``) and ``link_GBps`` (the smallest
     bottleneck bandwidth between ring neighbours of the group)."""
-    from sim.collectives import collective_plan, group_profile, resolve_algorithm
     from sim.config import parse_config
     from sim.engine import simulate_program
+    from sim.selection import collective_plan, group_profile, resolve_algorithm
     from topologies.build import build_cluster
     from workloads.program import Program, ProgramBuilder
     from workloads.schedules import gpipe
