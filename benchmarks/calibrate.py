@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from sim import validate  # noqa: E402
 from sim.calibration import MEMORY_RESERVED_GIB  # noqa: E402
 from sim.device import DeviceProfile  # noqa: E402
+from sim.loso import bounded_lstsq  # noqa: E402
 from sim.validate import HAGEMANN_SWEEP, Prediction, evaluate, load_rows, predict  # noqa: E402
 from topologies.hardware import GPUS  # noqa: E402
 from workloads.memory import device_bytes, oom  # noqa: E402
@@ -104,21 +104,7 @@ def fit(T0, A, x0, measured, mask, bnds) -> np.ndarray:
     scale[scale == 0] = 1.0
     lhs = lhs / scale  # columns of unit norm: y = x * scale
     lo, hi = np.array([b[0] for b in bnds]) * scale, np.array([b[1] for b in bnds]) * scale
-    best, best_obj = np.clip(x0 * scale, lo, hi), np.inf
-    for states in itertools.product((0, 1, 2), repeat=len(x0)):  # free, at lower, at upper
-        y = np.where(np.array(states) == 1, lo, hi)
-        free = [i for i, st in enumerate(states) if st == 0]
-        if free:
-            fixed = [i for i, st in enumerate(states) if st != 0]
-            y[free] = np.linalg.lstsq(lhs[:, free], rhs - lhs[:, fixed] @ y[fixed],
-                                      rcond=None)[0]
-            tol = 1e-9 * np.maximum(1.0, np.abs(y[free]))
-            if np.any(y[free] < lo[free] - tol) or np.any(y[free] > hi[free] + tol):
-                continue
-        obj = float(np.sum((lhs @ y - rhs) ** 2))
-        if obj < best_obj - 1e-15:
-            best, best_obj = np.clip(y, lo, hi), obj
-    return best / scale
+    return bounded_lstsq(lhs, rhs, lo, hi) / scale  # every bound state solved (sim.loso)
 
 
 def fit_l1(T0, A, x0, measured, mask, bnds, iterations: int = 200) -> np.ndarray:
