@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, Tag, ValidationError, field_validator, model_validator
@@ -490,14 +490,22 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
     return f"{key}: {msg}, got {shown}"
 
 
-def parse_config(data: Any) -> ExperimentConfig:
-    """Validate a parsed experiment mapping; raise ConfigError naming key and value."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(root: type[M], data: Any) -> M:
+    """``data`` (a parsed file) validated as ``root``; ConfigError naming key and value."""
     if not isinstance(data, dict):
         raise ConfigError(f"the experiment must be a mapping of keys, got {type(data).__name__}")
     try:
-        return ExperimentConfig.model_validate(data)
+        return root.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, ExperimentConfig)) from None
+        raise ConfigError(_format_validation_error(exc, root)) from None
+
+
+def parse_config(data: Any) -> ExperimentConfig:
+    """Validate a parsed experiment mapping; raise ConfigError naming key and value."""
+    return validated(ExperimentConfig, data)
 
 
 MAX_YAML_DEPTH = 64

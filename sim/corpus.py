@@ -17,12 +17,12 @@ import csv
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from base.errors import ConfigError
 from sim.device import DeviceProfile
+from sim.executors import map_ordered
 
 CORPUS_DIR = Path(__file__).parent / "data" / "validation"
 """Where the corpus ships (package data, next to Hagemann's sweep)."""
@@ -293,31 +293,11 @@ def simulate_corpus_row(job: tuple[CorpusRow, TimeScales]) -> CorpusPrediction:
                             gpu=exp.cluster.gpu.name)
 
 
-def run_jobs(fn: Callable, jobs: Sequence, workers: int = 1,
-             progress: Callable[[int, int], None] | None = None) -> list:
-    """``fn`` over ``jobs`` in order, in ``workers`` processes, reporting ``progress``."""
-    out: list = []
-    if workers <= 1 or len(jobs) < 2:
-        results = map(fn, jobs)
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers)
-        results = pool.map(fn, jobs, chunksize=2)
-    try:
-        for res in results:
-            out.append(res)
-            if progress:
-                progress(len(out), len(jobs))
-    finally:
-        if workers > 1 and len(jobs) >= 2:
-            pool.shutdown(cancel_futures=True)
-    return out
-
-
 def predict_corpus(rows: Sequence[CorpusRow], workers: int = 1,
                    progress: Callable[[int, int], None] | None = None,
                    scales: TimeScales = (1.0, 1.0)) -> list[CorpusPrediction]:
     """Every row simulated (or skipped), in row order whatever ``workers``."""
-    return run_jobs(simulate_corpus_row, [(r, scales) for r in rows], workers, progress)
+    return map_ordered(simulate_corpus_row, [(r, scales) for r in rows], workers, progress)
 
 
 # ---------------------------------------------------------------- per-source figures

@@ -47,7 +47,7 @@ from typing import Any
 from base.errors import ConfigError
 
 __all__ = ["EXECUTORS", "Executor", "Feed", "InlineExecutor", "LocalExecutor", "RayExecutor",
-           "Task", "WorkerFailure", "make_executor"]
+           "Task", "WorkerFailure", "make_executor", "map_ordered"]
 
 EXECUTORS = ("local", "ray")
 """Names accepted by :func:`make_executor` (and ``sim search --executor``)."""
@@ -453,3 +453,26 @@ def make_executor(name: str = "local", workers: int | None = None,
     if name == "ray":
         return RayExecutor(workers, ray_address)
     raise ConfigError(f"--executor={name!r}: choose one of {', '.join(EXECUTORS)}")
+
+
+def map_ordered(fn: Callable[[Any], Any], items: Sequence[Any], workers: int = 1,
+                progress: Callable[[int, int], None] | None = None, chunksize: int = 2
+                ) -> list[Any]:
+    """``[fn(item) for item in items]`` in ``workers`` processes (a plain process pool; in
+    this process for one worker or fewer than two items), calling ``progress(done,
+    total)`` as results come in, in order. For short pure jobs whose failures are the
+    caller's (``sim validate``'s rows); a sweep that must survive a lost worker uses an
+    :class:`Executor`."""
+    out: list[Any] = []
+    pool = (ProcessPoolExecutor(max_workers=workers) if workers > 1 and len(items) >= 2
+            else None)
+    results = map(fn, items) if pool is None else pool.map(fn, items, chunksize=chunksize)
+    try:
+        for res in results:
+            out.append(res)
+            if progress:
+                progress(len(out), len(items))
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return out

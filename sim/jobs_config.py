@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from base.errors import ConfigError
 from base.schema import Strict
-from sim.config import ModelConfig, ParallelConfig, TrainingConfig, _format_validation_error
+from sim.config import ModelConfig, ParallelConfig, TrainingConfig, validated
 from topologies.config import ClusterConfig
 
 MAX_JOBS = 64
@@ -66,12 +66,7 @@ class JobsConfig(Strict):
 
 def parse_jobs(data: Any) -> JobsConfig:
     """Validate a parsed multi-job mapping; raise ConfigError naming key and value."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"the experiment must be a mapping of keys, got {type(data).__name__}")
-    try:
-        return JobsConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, JobsConfig)) from None
+    return validated(JobsConfig, data)
 
 
 def gpu_ids(spec: list[int] | str, num_gpus: int, where: str) -> tuple[int, ...]:

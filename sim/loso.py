@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.corpus import CorpusPrediction, CorpusRow, run_jobs, simulate_corpus_row
+from sim.corpus import CorpusPrediction, CorpusRow, simulate_corpus_row
+from sim.executors import map_ordered
 
 STEP = 0.05
 """Relative finite-difference step of each time scale."""
@@ -193,7 +194,7 @@ def fit_data(hagemann: Sequence, corpus: Sequence[CorpusPrediction], workers: in
     keys = [(p.row, sweep_name) for p in sweep] + [(p.row, p.row.source) for p in runs]
     jobs = [(row, scales) for row, _ in keys
             for scales in ((1.0 + STEP, 1.0), (1.0, 1.0 + STEP))]
-    times = run_jobs(_step_time, jobs, workers, progress)
+    times = map_ordered(_step_time, jobs, workers, progress)
     base = np.array([p.step_time_s for p in sweep] + [p.step_time_s for p in runs])
     measured = np.array([p.row.step_time_s for p in sweep] + [p.row.step_time_s for p in runs])
     moved = np.array(times, dtype=float).reshape(len(keys), 2) if keys else np.zeros((0, 2))

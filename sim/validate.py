@@ -16,12 +16,12 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from base.errors import ConfigError
 from sim.device import DeviceProfile
+from sim.executors import map_ordered
 from workloads.models import PRESETS
 
 HAGEMANN_SWEEP = Path(__file__).parent / "data" / "validation" / "hagemann2023_sweep.csv"
@@ -206,21 +206,7 @@ def predict(rows: Sequence[Row], profile: DeviceProfile, workers: int = 1,
             progress: Callable[[int, int], None] | None = None) -> list[Prediction]:
     """Simulate every row (collapsed fidelity); results in row order whatever ``workers``."""
     todo = [(r, profile) for r in rows if r.status in ("ok", "oom")]
-    out: list[Prediction] = []
-    if workers <= 1:
-        results = map(_predict_one, todo)
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers)
-        results = pool.map(_predict_one, todo, chunksize=4)
-    try:
-        for pred in results:
-            out.append(pred)
-            if progress:
-                progress(len(out), len(todo))
-    finally:
-        if workers > 1:
-            pool.shutdown(cancel_futures=True)
-    return out
+    return map_ordered(_predict_one, todo, workers, progress, chunksize=4)
 
 
 def _ranks(values: Sequence[float]) -> list[float]:
