@@ -23,12 +23,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.api import load_experiment
 from sim.cli import main
 from tests.conftest import ROOT
 
 EXAMPLES = ROOT / "workloads" / "examples"
 SECONDS = 10.0
-"""Each case must end within this (a few seconds alone; the test machine is shared)."""
+"""Each case must end within this many CPU seconds (a few alone). CPU time, not wall time:
+on a shared test machine the wall clock measures the other jobs' load as well."""
 
 BASE = {
     "name": "t",
@@ -47,15 +49,15 @@ FAILURES = {"mtbf_hours": 1.0, "checkpoint_interval_steps": 10}
 
 
 def run_cli(argv: list[str]) -> tuple[int, str, str, float]:
-    """``sim ARGV`` in process: exit status, stdout, stderr and seconds taken."""
+    """``sim ARGV`` in process: exit status, stdout, stderr and CPU seconds taken."""
     out, err = io.StringIO(), io.StringIO()
-    start = time.perf_counter()
+    start = time.process_time()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             rc = main(argv)
         except SystemExit as exc:  # argparse's usage errors
             rc = int(exc.code or 0)
-    return rc, out.getvalue(), err.getvalue(), time.perf_counter() - start
+    return rc, out.getvalue(), err.getvalue(), time.process_time() - start
 
 
 def _reject_constant(name: str) -> None:
@@ -71,9 +73,11 @@ def _numbers(value: Any, path: str = "") -> list[tuple[str, float]]:
     return [n for key, item in items for n in _numbers(item, f"{path}.{key}")]
 
 
-def assert_clean(rc: int, out: str, err: str, seconds: float, what: str) -> dict | None:
-    """Exit 0 with exactly one finite JSON object (no negative time, MFU at most 1), or
-    exit 2 with one ``error:`` line and nothing on stdout; within :data:`SECONDS`."""
+def assert_clean(rc: int, out: str, err: str, seconds: float, what: str,
+                 mfu_bound: float = 1.0) -> dict | None:
+    """Exit 0 with exactly one finite JSON object (no negative time, MFU at most
+    ``mfu_bound``), or exit 2 with one ``error:`` line and nothing on stdout; within
+    :data:`SECONDS`."""
     assert seconds < SECONDS, f"{what}: took {seconds:.1f} s"
     if rc == 2:
         assert out == "", what
@@ -88,8 +92,25 @@ def assert_clean(rc: int, out: str, err: str, seconds: float, what: str) -> dict
         if path.endswith("_s"):
             assert number >= 0, f"{what}: negative time {path} = {number}"
     mfu = stats.get("mfu")
-    assert mfu is None or 0 <= mfu <= 1, f"{what}: MFU {mfu}"
+    assert mfu is None or 0 <= mfu <= mfu_bound, f"{what}: MFU {mfu} > {mfu_bound}"
     return stats
+
+
+def mfu_bound(path: Path) -> float:
+    """The largest MFU a run of the experiment at ``path`` can report.
+
+    MFU counts PaLM's model FLOPs, 6·N + 12·l·h·s per token, whose attention term is the
+    full s × s score matrix; a causal kernel computes half of it. So a run at the GPUs'
+    peak reports 1 / (1 − a/2), a the attention term's share of the count: 1 for short
+    sequences, towards 2 when attention dominates (gpt3-1.3b at a million tokens: 1.2)."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if "jobs" in data:  # several experiments: no MFU of the whole is reported
+        return 1.0
+    model = load_experiment(path).model
+    if model is None:
+        return 1.0
+    attention = 12 * model.num_layers * model.core_width * model.seq_length
+    return 1.0 / (1.0 - 0.5 * attention / model.model_flops_per_token()) + 1e-9
 
 
 def _write(tmp: Path, data: Any, name: str = "exp.yaml") -> Path:
@@ -209,6 +230,16 @@ FUZZED = {
     "hetero-a100-h100.yaml": ["--fidelity", "collapsed"],
     "llama3-8b-cp4-fsdp.yaml": ["--fidelity", "collapsed"],
     "mixtral-8x7b-ep8.yaml": ["--fidelity", "collapsed"],
+    "adaptive-batch.yaml": [],
+    "diloco-wan.yaml": [],
+    "gpt-neox-20b-parallel-blocks.yaml": [],
+    "llama2-70b-fp8-partial-recompute.yaml": ["--fidelity", "collapsed"],
+    "llama3-8b-fsdp-torchtitan.yaml": [],
+    "mpt-7b-alibi-h800.yaml": [],
+    "optimus-vit-llm.yaml": ["--fidelity", "collapsed"],
+    "parameter-server.yaml": [],
+    "swarm-preemptible.yaml": [],
+    "two-jobs-shared-fabric.yaml": [],
 }
 """Bundled experiments the fuzzer mutates, with the options that keep a valid mutation
 fast (multi-step runs play the failures and link faults)."""
@@ -279,7 +310,8 @@ def test_mutated_examples_exit_cleanly(case: tuple[str, str, list[str]]) -> None
         path = Path(tmp) / "mutated.yaml"
         path.write_text(text, encoding="utf-8")
         rc, out, err, seconds = run_cli(["run", str(path), "--json", *argv])
-    assert_clean(rc, out, err, seconds, what)
+        bound = mfu_bound(path) if rc == 0 else 1.0
+    assert_clean(rc, out, err, seconds, what, bound)
     if "twice" in what:
         assert rc == 2 and "duplicate key" in err, (what, err)
 
