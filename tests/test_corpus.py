@@ -181,6 +181,20 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert exp["cluster"]["nic_Gbps"] == 100.0
 
 
+def test_a_model_naming_a_shipped_hf_config_reaches_the_experiment(tmp_path: Path) -> None:
+    """A ``model`` ending in .json is a config.json under the corpus folder (model.hf_config),
+    so a mixture-of-experts model the shape columns cannot describe still builds."""
+    from sim.experiment import build_experiment
+
+    row = _fixture_row(model="hf_configs/deepseek-v3.json", seq_length="4096",
+                       cluster="dgx-h100", num_gpus="64", tp="1", pp="8", dp="8", ep="8",
+                       global_batch_size="64", micro_batch_size="1")
+    exp = load_source(_write(tmp_path / "a.csv", [row])).rows[0].experiment()
+    assert exp["model"]["hf_config"] == str(CORPUS_DIR / "hf_configs" / "deepseek-v3.json")
+    model = build_experiment(exp).model
+    assert model.moe is not None and model.moe.num_experts == 256 and model.mla is not None
+
+
 def test_rows_the_schema_rejects_are_skipped_with_the_reason(tmp_path: Path) -> None:
     """A row needing a setting the schema does not accept (here FP8 on an A100, which has no
     FP8 tensor cores) is reported, not simulated with other settings and not a crash; the
