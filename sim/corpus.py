@@ -101,9 +101,14 @@ class CorpusRow:
 
     def experiment(self) -> dict:
         """The experiment mapping that describes this run (:data:`NEW_SETTINGS` only where
-        they differ from their defaults)."""
+        they differ from their defaults). A ``model`` ending in ``.json`` is a Hugging Face
+        ``config.json`` shipped under :data:`CORPUS_DIR` (``model.hf_config``), for models
+        the shape columns cannot describe (mixture of experts, latent attention)."""
         v = dict(self.values)
-        model: dict = {"preset": v["model"]} if v["model"] else {"name": v["run"]}
+        if v["model"].endswith(".json"):
+            model: dict = {"hf_config": str(CORPUS_DIR / v["model"])}
+        else:
+            model = {"preset": v["model"]} if v["model"] else {"name": v["run"]}
         for key in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
                     "ffn_hidden_size", "vocab_size"):
             if v[key]:

@@ -81,6 +81,18 @@ def _model_flops_per_token(row: CorpusRow) -> float:
     return spec.model_flops_per_token()
 
 
+def _megatron_flops(row: CorpusRow, metric: str) -> float:
+    """FLOPs per step as Megatron-LM counts them for a GPT (multi-head attention, GELU 4h
+    MLP): Narayanan et al. 2021 eq. 3, 96 B s l h² (1 + s/(6h) + V/(16 l h)), counting the
+    recomputed forward; or Megatron-LM's num_floating_point_operations without it,
+    72 B s l h² (1 + s/(6h) + V/(12 l h))."""
+    b, s = int(row.get("global_batch_size")), int(row.get("seq_length"))
+    l, h, v = (int(row.get(k)) for k in ("num_layers", "hidden_size", "vocab_size"))
+    if metric == "tflops_per_gpu_narayanan":
+        return 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    return 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+
+
 @pytest.mark.parametrize("source", [p.stem for p in sorted(CORPUS_DIR.glob("*.csv"))
                                     if p.stem not in (HAGEMANN_SWEEP.stem, "nccl_tests")])
 def test_each_step_time_follows_from_the_published_metric(source: str) -> None:
@@ -97,6 +109,8 @@ def test_each_step_time_follows_from_the_published_metric(source: str) -> None:
             expected = tokens / (value * gpus)
         elif metric == "elapsed_time_per_iteration_s":
             expected = value
+        elif metric in ("tflops_per_gpu_narayanan", "tflops_per_gpu_megatron"):
+            expected = _megatron_flops(row, metric) / (value * 1e12 * gpus)
         else:
             assert metric == "tflops_per_gpu", metric
             expected = _model_flops_per_token(row) * tokens / (value * 1e12 * gpus)
@@ -165,6 +179,20 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert exp["model"]["parallel_blocks"] is True
     assert exp["model"]["position_embedding"] == "alibi"
     assert exp["cluster"]["nic_Gbps"] == 100.0
+
+
+def test_a_model_naming_a_shipped_hf_config_reaches_the_experiment(tmp_path: Path) -> None:
+    """A ``model`` ending in .json is a config.json under the corpus folder (model.hf_config),
+    so a mixture-of-experts model the shape columns cannot describe still builds."""
+    from sim.experiment import build_experiment
+
+    row = _fixture_row(model="hf_configs/deepseek-v3.json", seq_length="4096",
+                       cluster="dgx-h100", num_gpus="64", tp="1", pp="8", dp="8", ep="8",
+                       global_batch_size="64", micro_batch_size="1")
+    exp = load_source(_write(tmp_path / "a.csv", [row])).rows[0].experiment()
+    assert exp["model"]["hf_config"] == str(CORPUS_DIR / "hf_configs" / "deepseek-v3.json")
+    model = build_experiment(exp).model
+    assert model.moe is not None and model.moe.num_experts == 256 and model.mla is not None
 
 
 def test_rows_the_schema_rejects_are_skipped_with_the_reason(tmp_path: Path) -> None:
