@@ -165,6 +165,11 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert exp["model"]["parallel_blocks"] is True
     assert exp["model"]["position_embedding"] == "alibi"
     assert exp["cluster"]["nic_Gbps"] == 100.0
+    assert "fused_norm" not in plain["training"]
+    eager = load_source(_write(tmp_path / "c.csv", [_fixture_row(fused_norm="false")]))
+    assert eager.rows[0].experiment()["training"]["fused_norm"] is False
+    with pytest.raises(ConfigError, match="fused_norm='no'"):
+        load_source(_write(tmp_path / "d.csv", [_fixture_row(fused_norm="no")]))
 
 
 def test_rows_the_schema_rejects_are_skipped_with_the_reason(tmp_path: Path) -> None:

@@ -318,3 +318,89 @@ def test_gpt_neox_configs_read_parallel_residual(tmp_path) -> None:
         path = tmp_path / f"c{want}.json"
         path.write_text(json.dumps({**base, **extra}), encoding="utf-8")
         assert load_hf_config(path, 128).parallel_blocks is want
+
+
+# ------------------------------------------------------------------ FSDP frameworks' own work
+def _zero3_costs(framework: str, **kw) -> TransformerCosts:
+    return apply_framework(_costs(tp=1, dp=8, zero_stage=3, stage_layers=(8,), **kw),
+                           FRAMEWORKS[framework], 1)
+
+
+def _ew(costs: TransformerCosts, kind: str) -> float:
+    return sum(s.elementwise_bytes for s in costs.op_segments(Op(0, kind, 0), False)
+               if isinstance(s, ComputeSeg))
+
+
+def test_zero3_copies_are_memory_bound_work_per_gathered_and_reduced_parameter() -> None:
+    """FSDP2 (fsdp) copies every gathered parameter out of the all-gather buffer (4 bytes,
+    forward and backward) and casts each gradient into the fp32 reduce-scatter input (6);
+    FSDP1 (llm-foundry) gathers in place and casts and pre-divides (14). Nothing without
+    ZeRO-3 or without a second shard; the same work with the lowering's markers."""
+    plain = _zero3_costs("megatron")
+    params = 8 * plain._layer_params_tp
+    fsdp, foundry = _zero3_costs("fsdp"), _zero3_costs("llm-foundry")
+    assert _ew(fsdp, FORWARD) - _ew(plain, FORWARD) == pytest.approx(4 * params)
+    assert _ew(fsdp, BACKWARD) - _ew(plain, BACKWARD) == pytest.approx((4 + 6) * params)
+    one_layer = replace(foundry, attention_copy_bytes=0.0, dropout=True,
+                        fused_cross_entropy=False)
+    assert _ew(one_layer, BACKWARD) - _ew(plain, BACKWARD) == pytest.approx(14 * params)
+    for other in (replace(fsdp, zero_stage=1), replace(fsdp, dp=1)):
+        assert _ew(other, BACKWARD) == pytest.approx(_ew(replace(plain, zero_stage=other.zero_stage,
+                                                                 dp=other.dp), BACKWARD))
+    marked = fsdp.op_segments(Op(0, BACKWARD, 0), False, markers=True)
+    assert sum(s.elementwise_bytes for s in marked if isinstance(s, ComputeSeg)) == \
+        pytest.approx(_ew(fsdp, BACKWARD))
+
+
+def test_llm_foundry_fused_loss_keeps_only_the_bf16_logits() -> None:
+    """flash-attn's fused cross entropy: the last stage keeps 2 bytes a logit (not 2 + 4),
+    no fp32 buffer forward, a bf16 gradient backward, and reads each logit once forward."""
+    torch_ce = _costs(tp=1, dp=1, stage_layers=(8,))
+    fused = replace(torch_ce, fused_cross_entropy=True)
+    logits = 2048 * PRESETS["llama3-8b"].vocab_size
+    assert torch_ce.activation_bytes_per_mb(0) - fused.activation_bytes_per_mb(0) == \
+        pytest.approx(4 * logits)
+    fwd = Op(0, FORWARD, 0)
+    assert torch_ce.transient_bytes(fwd) - fused.transient_bytes(fwd) == pytest.approx(4 * logits)
+    head = [s for s in fused.op_segments(fwd, False) if isinstance(s, ComputeSeg)][-1]
+    assert fused._head(backward=False).elementwise_bytes == pytest.approx(2 * logits)
+    assert head.elementwise_bytes >= 2 * logits
+    assert FRAMEWORKS["llm-foundry"].fused_cross_entropy
+    assert not FRAMEWORKS["fsdp"].fused_cross_entropy
+
+
+def test_attention_copies_and_dropout_masks_follow_the_profile() -> None:
+    """llm-foundry's packed (unpadded) attention inputs: 4.5 bytes an element of Q, K, V and
+    the output forward, twice that backward; MPT trains without dropout, so a LayerNorm
+    model keeps no masks (2·s·b·h a layer less)."""
+    gpt = replace(PRESETS["gpt3-1.3b"], num_layers=8, seq_length=2048)
+    base = TransformerCosts(gpt, 1, 1, 1, (8,))
+    foundry = apply_framework(base, FRAMEWORKS["llm-foundry"], 1)
+    h = gpt.hidden_size
+    per_layer = 4.5 * 2048 * (gpt.q_dim + 2 * gpt.kv_dim + gpt.attn_out_dim)
+    ew = foundry._elementwise_forward()[0] - base._elementwise_forward()[0]
+    assert ew == pytest.approx(per_layer)
+    assert base.layer_activation_bytes() - foundry.layer_activation_bytes() == \
+        pytest.approx(2 * 2048 * h)
+
+
+@pytest.mark.parametrize("field,value", [("zero3_reduce_copy_bytes", "-1.0"),
+                                         ("attention_copy_bytes", "true"),
+                                         ("fused_cross_entropy", "1"),
+                                         ("dropout", "\"no\"")])
+def test_a_bad_profile_value_is_an_error_naming_it(field: str, value: str) -> None:
+    """frameworks.toml is checked on load: bytes are numbers >= 0, flags true or false, and
+    every field has its value and its source."""
+    from importlib.resources import files
+
+    from workloads.frameworks import load_profiles
+
+    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
+    head, rest = text.split("[llm-foundry]", 1)
+    lines = [f"{field} = {value}" if line.startswith(f"{field} =") else line
+             for line in rest.splitlines()]
+    with pytest.raises(ValueError, match=f"llm-foundry.*{field}"):
+        load_profiles(head + "[llm-foundry]" + "\n".join(lines))
+    no_source = rest.replace(f"{field}_source =", f"{field}_note =")
+    with pytest.raises(ValueError, match=f"no {field}_source"):
+        load_profiles(head + "[llm-foundry]" + no_source)
