@@ -404,3 +404,38 @@ def test_a_bad_profile_value_is_an_error_naming_it(field: str, value: str) -> No
     no_source = rest.replace(f"{field}_source =", f"{field}_note =")
     with pytest.raises(ValueError, match=f"no {field}_source"):
         load_profiles(head + "[llm-foundry]" + no_source)
+
+
+def test_fp8_casts_are_memory_bound_work_of_fp8_runs_only() -> None:
+    """torchao's dynamic scaling (fsdp): 5 bytes an element of each FP8 GEMM's input
+    forward (amax, then cast), twice that backward; nothing in bf16 or under Megatron-LM's
+    fused TransformerEngine casts."""
+    m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    bf16 = TransformerCosts(m, 1, 1, 1, (8,), precision="fp8", fp8_speedup=2.0)
+    fsdp = apply_framework(bf16, FRAMEWORKS["fsdp"], 1)
+    n, h = 2048, m.hidden_size
+    want = 5 * n * (h + m.attn_out_dim) + 5 * n * (h + m.ffn_hidden_size)
+    assert sum(fsdp._elementwise_forward()) - sum(bf16._elementwise_forward()) == \
+        pytest.approx(want)
+    assert apply_framework(bf16, FRAMEWORKS["megatron"], 1)._elementwise_forward() == \
+        bf16._elementwise_forward()
+    plain = replace(fsdp, precision="bf16", fp8_speedup=1.0)
+    assert plain._elementwise_forward() == replace(bf16, precision="bf16",
+                                                   fp8_speedup=1.0)._elementwise_forward()
+
+
+def test_torchtitan_keeps_a_pipelined_stage_unsharded_through_the_step() -> None:
+    """fsdp under PP (torchtitan: no reshard after forward, gradients accumulated unsharded
+    in fp32): 2 + 4 bytes a parameter of the rank's stage on top of the sharded state, and
+    no per-op gathered working set; without PP, or under llm-foundry, nothing changes."""
+    pp = _costs(tp=1, dp=4, zero_stage=3)
+    fsdp = apply_framework(pp, FRAMEWORKS["fsdp"], 4)
+    foundry = apply_framework(pp, FRAMEWORKS["llm-foundry"], 4)
+    assert fsdp.static_bytes((0,)) - foundry.static_bytes((0,)) == \
+        pytest.approx(6 * pp.stage_params(0))
+    assert fsdp.zero3_working_bytes(Op(0, FORWARD, 0)) == 0.0
+    assert foundry.zero3_working_bytes(Op(0, FORWARD, 0)) > 0.0
+    flat = apply_framework(_costs(tp=1, dp=4, zero_stage=3, stage_layers=(8,)),
+                           FRAMEWORKS["fsdp"], 4)
+    assert flat.static_bytes((0,)) == pytest.approx(
+        replace(flat, zero3_unsharded_under_pp=False).static_bytes((0,)))

@@ -72,6 +72,12 @@ class FrameworkProfile:
     dropout: bool
     """Whether the framework's GPT-style (LayerNorm) models train with dropout and keep its
     masks: ``TransformerCosts.dropout``."""
+    fp8_cast_bytes: float
+    """HBM bytes per element of each FP8 GEMM's bf16 input that the framework's scaling and
+    casting kernels move forward (``precision: fp8``): ``TransformerCosts.fp8_cast_bytes``."""
+    zero3_unsharded_under_pp: bool
+    """ZeRO-3 under PP keeps each stage's parameters and accumulated gradients unsharded
+    through the step: ``TransformerCosts.zero3_unsharded_under_pp``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -83,12 +89,13 @@ class FrameworkProfile:
 _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_parallel_loss",
            "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "fragmentation",
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
-           "attention_copy_bytes", "dropout")
+           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
-          "zero3_reduce_copy_bytes", "attention_copy_bytes")
+          "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes")
 """Fields that are bytes: finite numbers, not negative."""
-_FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout")
+_FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
+          "zero3_unsharded_under_pp")
 """Fields that are true or false."""
 
 
@@ -156,6 +163,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    zero3_reduce_copy_bytes=profile.zero3_reduce_copy_bytes,
                    attention_copy_bytes=profile.attention_copy_bytes,
                    dropout=profile.dropout,
+                   fp8_cast_bytes=profile.fp8_cast_bytes,
+                   zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 

@@ -227,6 +227,23 @@ class TransformerCosts:
     before each gradient reduce-scatter, in the layer's backward: the cast of the bf16
     gradient to the reduction dtype and any pre-division (FSDP1: cast 2 + 4, pre-divide
     4 + 4; FSDP2: a cast copy-in, 2 + 4). Timed as memory-bound work of the backward."""
+    fp8_cast_bytes: float = 0.0
+    """With ``precision: fp8``: HBM bytes per element of each FP8 GEMM's bf16 activation
+    input that the framework's scaling and casting kernels move forward (the inputs of the
+    QKV, output, first and second MLP GEMMs on one TP rank); the backward casts the output
+    gradients and the inputs again, counted as twice that (:data:`BACKWARD_ELEMENTWISE`).
+    0: the casts are fused into neighbouring kernels (TransformerEngine's LayerNormLinear,
+    as Megatron-LM runs it); torchao's dynamic scaling computes each tensor's amax and then
+    casts it, 2 + 3 bytes (:mod:`workloads.frameworks`)."""
+    zero3_unsharded_under_pp: bool = False
+    """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
+    parameters once and keeps them unsharded (bf16) through the step, and accumulates the
+    micro-batches' gradients unsharded in the reduction dtype (:attr:`grad_reduce_bytes`)
+    until the last backward (torchtitan: ``reshard_after_forward=False`` with PP, and
+    torch.distributed.pipelining's ``backward_maybe_with_nosync``): (2 + grad_reduce_bytes)
+    bytes a parameter of the rank's stages held on top of the sharded state
+    (:meth:`static_bytes`), none gathered per op (:meth:`zero3_working_bytes`). Memory
+    only: the lowering still gathers and reduce-scatters per micro-batch."""
     dropout: bool = True
     """The layers apply dropout and keep its masks for the backward (2·s·b·h bytes a layer
     for a LayerNorm, GPT-style model: :meth:`layer_activation_bytes`). False: trained with
@@ -424,7 +441,12 @@ class TransformerCosts:
             act = act_bytes * n * m.ffn_hidden_size / t
         copies = (self.attention_copy_bytes * n * (m.q_dim + 2 * m.kv_dim + m.attn_out_dim) / t
                   if self.attention_copy_bytes else 0.0)
-        return norm + residual + rope + softmax + copies, norm + residual + act
+        cast_attn = cast_mlp = 0.0
+        if self.precision == "fp8" and self.fp8_cast_bytes and m.moe is None:
+            cast_attn = self.fp8_cast_bytes * n * (h + m.attn_out_dim / t)
+            cast_mlp = self.fp8_cast_bytes * n * (h + m.ffn_hidden_size / t)
+        return (norm + residual + rope + softmax + copies + cast_attn,
+                norm + residual + act + cast_mlp)
 
     # ------------------------------------------------------------- segments
     def _block(self, label: str, compute: ComputeSeg | list[Segment]) -> list[Segment]:
@@ -732,6 +754,8 @@ class TransformerCosts:
         if self.zero_stage != 3 or self._shards == 1 or op.kind not in (FORWARD, BACKWARD,
                                                                     WEIGHT_GRAD):
             return 0.0
+        if self._unsharded_stages:
+            return 0.0
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
         # ep > 1: this GPU's experts, gathered apart
@@ -993,13 +1017,23 @@ class TransformerCosts:
                                            self._shards if shards is None else shards,
                                            self.grad_buffer_bytes)
 
+    @property
+    def _unsharded_stages(self) -> bool:
+        """Whether the stages' parameters and gradients are held whole through the step
+        (:attr:`zero3_unsharded_under_pp`, with ZeRO-3 over several shards and PP)."""
+        return (self.zero3_unsharded_under_pp and self.zero_stage == 3 and self._shards > 1
+                and len(self.stage_layers) > 1)
+
     def static_bytes(self, stages: tuple[int, ...]) -> float:
         """Model state: ZeRO shards dense state over dp·cp and, with ep > 1, expert state
-        over the dp·cp/ep replicas that hold the same experts."""
+        over the dp·cp/ep replicas that hold the same experts; with
+        :attr:`zero3_unsharded_under_pp`, the stages' whole parameters and gradients too."""
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         dense = sum(self.stage_params(s) for s in stages) - expert
+        whole = ((BF16 + self.grad_reduce_bytes) * (dense + expert)
+                 if self._unsharded_stages else 0.0)
         return (self.bytes_per_param() * dense
-                + self.bytes_per_param(self._shards // self.ep) * expert)
+                + self.bytes_per_param(self._shards // self.ep) * expert + whole)
 
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
         """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
