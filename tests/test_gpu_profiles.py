@@ -173,8 +173,9 @@ citation and conversion there), each one a run the simulator considers possible.
 ``training.framework: llm-foundry`` llm-foundry's H100 runs are simulated 9-21% too fast (MFU
 up to 1.27 times the published; 14-31% before its profile modelled the framework's own work),
 its A100 runs within 7%, while the Megatron-based H100 sources (NeMo, Llama 3) are within a few
-per cent on average: the missing time is the FSDP frameworks', not the H100 profile's (``sim/profiles/hopper.toml``, ``[H100.corpus_fit]``; README, accuracy
-across sources). The test keeps the gap from growing or turning into pessimism unnoticed.
+per cent on average: the missing time is the FSDP frameworks', not the H100 profile's
+(``sim/profiles/hopper.toml``, ``[H100.corpus_fit]``; README, accuracy across sources). The
+test keeps the gap from growing or turning into pessimism unnoticed.
 Not here because it takes 10-20 s: Llama 3's 16,384-GPU TP8 CP16 PP16 row at sequence 131,072
 (``llama3-405b-16384gpu-cp16``; ``sim validate`` simulates it)."""
 
