@@ -33,7 +33,8 @@ COLUMNS = (
     "position_embedding", "parallel_blocks", "seq_length", "cluster", "gpu", "num_gpus",
     "nics_per_node", "nic_Gbps", "tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel",
     "zero_stage", "schedule", "micro_batch_size", "global_batch_size", "recompute",
-    "recompute_num_layers", "attention", "precision", "framework", "software", "status",
+    "recompute_num_layers", "attention", "fused_norm", "precision", "framework", "software",
+    "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
     "assumed", "citation")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
@@ -51,14 +52,14 @@ INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn
 """Whole-number columns (empty allowed where not :data:`REQUIRED`)."""
 FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
 """Real-number columns; a value given must be positive and finite."""
-BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel")
+BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm")
 """``true``/``false`` columns (empty: the preset's or the schema's default)."""
 
 STATUSES = ("ok", "oom")
 """``ok``: the source reports the run as having run; ``oom``: it reports it out of memory."""
 
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
-                "recompute_num_layers": "", "nic_Gbps": ""}
+                "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -138,6 +139,8 @@ class CorpusRow:
                 training[key] = int(v[key])
             elif key == "nic_Gbps":
                 cluster[NIC_RATE_KEY] = float(v[key])
+            elif key == "fused_norm":
+                training[key] = v[key] == "true"
             else:
                 training[key] = v[key]
         return {"name": f"{self.source}:{v['run']}", "model": model, "cluster": cluster,

@@ -179,6 +179,11 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert exp["model"]["parallel_blocks"] is True
     assert exp["model"]["position_embedding"] == "alibi"
     assert exp["cluster"]["nic_Gbps"] == 100.0
+    assert "fused_norm" not in plain["training"]
+    eager = load_source(_write(tmp_path / "c.csv", [_fixture_row(fused_norm="false")]))
+    assert eager.rows[0].experiment()["training"]["fused_norm"] is False
+    with pytest.raises(ConfigError, match="fused_norm='no'"):
+        load_source(_write(tmp_path / "d.csv", [_fixture_row(fused_norm="no")]))
 
 
 def test_a_model_naming_a_shipped_hf_config_reaches_the_experiment(tmp_path: Path) -> None:

@@ -318,3 +318,124 @@ def test_gpt_neox_configs_read_parallel_residual(tmp_path) -> None:
         path = tmp_path / f"c{want}.json"
         path.write_text(json.dumps({**base, **extra}), encoding="utf-8")
         assert load_hf_config(path, 128).parallel_blocks is want
+
+
+# ------------------------------------------------------------------ FSDP frameworks' own work
+def _zero3_costs(framework: str, **kw) -> TransformerCosts:
+    return apply_framework(_costs(tp=1, dp=8, zero_stage=3, stage_layers=(8,), **kw),
+                           FRAMEWORKS[framework], 1)
+
+
+def _ew(costs: TransformerCosts, kind: str) -> float:
+    return sum(s.elementwise_bytes for s in costs.op_segments(Op(0, kind, 0), False)
+               if isinstance(s, ComputeSeg))
+
+
+def test_zero3_copies_are_memory_bound_work_per_gathered_and_reduced_parameter() -> None:
+    """FSDP2 (fsdp) copies every gathered parameter out of the all-gather buffer (4 bytes,
+    forward and backward) and casts each gradient into the fp32 reduce-scatter input (6);
+    FSDP1 (llm-foundry) gathers in place and casts and pre-divides (14). Nothing without
+    ZeRO-3 or without a second shard; the same work with the lowering's markers."""
+    plain = _zero3_costs("megatron")
+    params = 8 * plain._layer_params_tp
+    fsdp, foundry = _zero3_costs("fsdp"), _zero3_costs("llm-foundry")
+    assert _ew(fsdp, FORWARD) - _ew(plain, FORWARD) == pytest.approx(4 * params)
+    assert _ew(fsdp, BACKWARD) - _ew(plain, BACKWARD) == pytest.approx((4 + 6) * params)
+    one_layer = replace(foundry, attention_copy_bytes=0.0, dropout=True,
+                        fused_cross_entropy=False)
+    assert _ew(one_layer, BACKWARD) - _ew(plain, BACKWARD) == pytest.approx(14 * params)
+    for other in (replace(fsdp, zero_stage=1), replace(fsdp, dp=1)):
+        assert _ew(other, BACKWARD) == pytest.approx(_ew(replace(plain, zero_stage=other.zero_stage,
+                                                                 dp=other.dp), BACKWARD))
+    marked = fsdp.op_segments(Op(0, BACKWARD, 0), False, markers=True)
+    assert sum(s.elementwise_bytes for s in marked if isinstance(s, ComputeSeg)) == \
+        pytest.approx(_ew(fsdp, BACKWARD))
+
+
+def test_llm_foundry_fused_loss_keeps_only_the_bf16_logits() -> None:
+    """flash-attn's fused cross entropy: the last stage keeps 2 bytes a logit (not 2 + 4),
+    no fp32 buffer forward, a bf16 gradient backward, and reads each logit once forward."""
+    torch_ce = _costs(tp=1, dp=1, stage_layers=(8,))
+    fused = replace(torch_ce, fused_cross_entropy=True)
+    logits = 2048 * PRESETS["llama3-8b"].vocab_size
+    assert torch_ce.activation_bytes_per_mb(0) - fused.activation_bytes_per_mb(0) == \
+        pytest.approx(4 * logits)
+    fwd = Op(0, FORWARD, 0)
+    assert torch_ce.transient_bytes(fwd) - fused.transient_bytes(fwd) == pytest.approx(4 * logits)
+    head = [s for s in fused.op_segments(fwd, False) if isinstance(s, ComputeSeg)][-1]
+    assert fused._head(backward=False).elementwise_bytes == pytest.approx(2 * logits)
+    assert head.elementwise_bytes >= 2 * logits
+    assert FRAMEWORKS["llm-foundry"].fused_cross_entropy
+    assert not FRAMEWORKS["fsdp"].fused_cross_entropy
+
+
+def test_attention_copies_and_dropout_masks_follow_the_profile() -> None:
+    """llm-foundry's packed (unpadded) attention inputs: 4.5 bytes an element of Q, K, V and
+    the output forward, twice that backward; MPT trains without dropout, so a LayerNorm
+    model keeps no masks (2·s·b·h a layer less)."""
+    gpt = replace(PRESETS["gpt3-1.3b"], num_layers=8, seq_length=2048)
+    base = TransformerCosts(gpt, 1, 1, 1, (8,))
+    foundry = apply_framework(base, FRAMEWORKS["llm-foundry"], 1)
+    h = gpt.hidden_size
+    per_layer = 4.5 * 2048 * (gpt.q_dim + 2 * gpt.kv_dim + gpt.attn_out_dim)
+    ew = foundry._elementwise_forward()[0] - base._elementwise_forward()[0]
+    assert ew == pytest.approx(per_layer)
+    assert base.layer_activation_bytes() - foundry.layer_activation_bytes() == \
+        pytest.approx(2 * 2048 * h)
+
+
+@pytest.mark.parametrize("field,value", [("zero3_reduce_copy_bytes", "-1.0"),
+                                         ("attention_copy_bytes", "true"),
+                                         ("fused_cross_entropy", "1"),
+                                         ("dropout", "\"no\"")])
+def test_a_bad_profile_value_is_an_error_naming_it(field: str, value: str) -> None:
+    """frameworks.toml is checked on load: bytes are numbers >= 0, flags true or false, and
+    every field has its value and its source."""
+    from importlib.resources import files
+
+    from workloads.frameworks import load_profiles
+
+    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
+    head, rest = text.split("[llm-foundry]", 1)
+    lines = [f"{field} = {value}" if line.startswith(f"{field} =") else line
+             for line in rest.splitlines()]
+    with pytest.raises(ValueError, match=f"llm-foundry.*{field}"):
+        load_profiles(head + "[llm-foundry]" + "\n".join(lines))
+    no_source = rest.replace(f"{field}_source =", f"{field}_note =")
+    with pytest.raises(ValueError, match=f"no {field}_source"):
+        load_profiles(head + "[llm-foundry]" + no_source)
+
+
+def test_fp8_casts_are_memory_bound_work_of_fp8_runs_only() -> None:
+    """torchao's dynamic scaling (fsdp): 5 bytes an element of each FP8 GEMM's input
+    forward (amax, then cast), twice that backward; nothing in bf16 or under Megatron-LM's
+    fused TransformerEngine casts."""
+    m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    bf16 = TransformerCosts(m, 1, 1, 1, (8,), precision="fp8", fp8_speedup=2.0)
+    fsdp = apply_framework(bf16, FRAMEWORKS["fsdp"], 1)
+    n, h = 2048, m.hidden_size
+    want = 5 * n * (h + m.attn_out_dim) + 5 * n * (h + m.ffn_hidden_size)
+    assert sum(fsdp._elementwise_forward()) - sum(bf16._elementwise_forward()) == \
+        pytest.approx(want)
+    assert apply_framework(bf16, FRAMEWORKS["megatron"], 1)._elementwise_forward() == \
+        bf16._elementwise_forward()
+    plain = replace(fsdp, precision="bf16", fp8_speedup=1.0)
+    assert plain._elementwise_forward() == replace(bf16, precision="bf16",
+                                                   fp8_speedup=1.0)._elementwise_forward()
+
+
+def test_torchtitan_keeps_a_pipelined_stage_unsharded_through_the_step() -> None:
+    """fsdp under PP (torchtitan: no reshard after forward, gradients accumulated unsharded
+    in fp32): 2 + 4 bytes a parameter of the rank's stage on top of the sharded state, and
+    no per-op gathered working set; without PP, or under llm-foundry, nothing changes."""
+    pp = _costs(tp=1, dp=4, zero_stage=3)
+    fsdp = apply_framework(pp, FRAMEWORKS["fsdp"], 4)
+    foundry = apply_framework(pp, FRAMEWORKS["llm-foundry"], 4)
+    assert fsdp.static_bytes((0,)) - foundry.static_bytes((0,)) == \
+        pytest.approx(6 * pp.stage_params(0))
+    assert fsdp.zero3_working_bytes(Op(0, FORWARD, 0)) == 0.0
+    assert foundry.zero3_working_bytes(Op(0, FORWARD, 0)) > 0.0
+    flat = apply_framework(_costs(tp=1, dp=4, zero_stage=3, stage_layers=(8,)),
+                           FRAMEWORKS["fsdp"], 4)
+    assert flat.static_bytes((0,)) == pytest.approx(
+        replace(flat, zero3_unsharded_under_pp=False).static_bytes((0,)))

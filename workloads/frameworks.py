@@ -8,7 +8,8 @@ framework of Hagemann et al. 2023's sweep, which ``sim validate`` selects.
 
 A profile changes a cost model through :func:`apply_framework` (gradient bytes on the wire and
 in memory, the loss over gathered or vocabulary-parallel logits, what is stashed for the
-backward) and the pipeline split through :func:`stage_layers`; the allocator's fragmentation
+backward, the framework's own copies around ZeRO-3 collectives and the attention kernel)
+and the pipeline split through :func:`stage_layers`; the allocator's fragmentation
 (:attr:`FrameworkProfile.fragmentation`) is read by the statistics and the search's bounds.
 """
 
@@ -55,6 +56,28 @@ class FrameworkProfile:
     """Earlier micro-batches' bf16 logits the last stage still holds (pipeline buffers)."""
     fragmentation: float | None
     """The caching allocator's overhead on dynamic memory; None: the device profile's."""
+    fused_cross_entropy: bool
+    """The loss is one fused kernel over the bf16 logits (no fp32 copy of them):
+    :attr:`workloads.transformer.TransformerCosts.fused_cross_entropy`."""
+    zero3_gather_copy_bytes: float
+    """HBM bytes per parameter the framework's kernels move around each ZeRO-3 all-gather
+    (a copy-out of the gathered buffer): ``TransformerCosts.zero3_gather_copy_bytes``."""
+    zero3_reduce_copy_bytes: float
+    """HBM bytes per parameter the framework's kernels move before each ZeRO-3
+    reduce-scatter (cast to the reduction dtype, pre-division):
+    ``TransformerCosts.zero3_reduce_copy_bytes``."""
+    attention_copy_bytes: float
+    """HBM bytes per element of Q, K, V and the attention output that copies around the
+    attention kernel move forward: ``TransformerCosts.attention_copy_bytes``."""
+    dropout: bool
+    """Whether the framework's GPT-style (LayerNorm) models train with dropout and keep its
+    masks: ``TransformerCosts.dropout``."""
+    fp8_cast_bytes: float
+    """HBM bytes per element of each FP8 GEMM's bf16 input that the framework's scaling and
+    casting kernels move forward (``precision: fp8``): ``TransformerCosts.fp8_cast_bytes``."""
+    zero3_unsharded_under_pp: bool
+    """ZeRO-3 under PP keeps each stage's parameters and accumulated gradients unsharded
+    through the step: ``TransformerCosts.zero3_unsharded_under_pp``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -64,12 +87,34 @@ class FrameworkProfile:
 
 
 _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_parallel_loss",
-           "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "fragmentation")
+           "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "fragmentation",
+           "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
+           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp")
+
+_BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
+          "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes")
+"""Fields that are bytes: finite numbers, not negative."""
+_FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
+          "zero3_unsharded_under_pp")
+"""Fields that are true or false."""
 
 
 def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
-    """A profile from its TOML table (a missing ``fragmentation`` is None)."""
+    """A profile from its TOML table (a missing ``fragmentation`` is None); ValueError naming
+    the profile and field for a value of the wrong kind (a missing field, bytes that are not
+    a non-negative number, a flag that is not true or false, an unknown stage split)."""
+    missing = [f for f in _FIELDS if f != "fragmentation" and f not in table]
+    missing += [f"{f}_source" for f in _FIELDS if f"{f}_source" not in table]
+    if missing:
+        raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
+    bad = [f for f in _BYTES if isinstance(values[f], bool)
+           or not isinstance(values[f], int | float) or not 0 <= values[f] < float("inf")]
+    bad += [f for f in _FLAGS if not isinstance(values[f], bool)]
+    if bad:
+        raise ValueError(f"frameworks.toml [{name}]: "
+                         + ", ".join(f"{f}={values[f]!r}" for f in bad)
+                         + " (bytes: a number >= 0; flags: true or false)")
     if values["stage_split"] not in STAGE_SPLITS:
         raise ValueError(f"frameworks.toml [{name}]: stage_split={values['stage_split']!r}")
     return FrameworkProfile(name=name, summary=table["summary"],
@@ -77,13 +122,18 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
                             **values)
 
 
-def _load() -> dict[str, FrameworkProfile]:
-    text = files(__package__).joinpath("frameworks.toml").read_text(encoding="utf-8")
+def load_profiles(text: str) -> dict[str, FrameworkProfile]:
+    """The profiles of a ``frameworks.toml`` text, by name (ValueError for a bad one)."""
     return {name: _profile(name, table) for name, table in tomllib.loads(text).items()}
 
 
+def _load() -> dict[str, FrameworkProfile]:
+    return load_profiles(files(__package__).joinpath("frameworks.toml").read_text(
+        encoding="utf-8"))
+
+
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
-"""Profiles by name: megatron (the default), deepspeed, fsdp, scaling."""
+"""Profiles by name: megatron (the default), deepspeed, fsdp, llm-foundry, scaling."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -108,6 +158,13 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_buffer_bytes=profile.grad_buffer_bytes,
                    vocab_parallel_loss=loss,
                    sp_saves_gathered_input=profile.sp_saves_gathered_input,
+                   fused_cross_entropy=profile.fused_cross_entropy,
+                   zero3_gather_copy_bytes=profile.zero3_gather_copy_bytes,
+                   zero3_reduce_copy_bytes=profile.zero3_reduce_copy_bytes,
+                   attention_copy_bytes=profile.attention_copy_bytes,
+                   dropout=profile.dropout,
+                   fp8_cast_bytes=profile.fp8_cast_bytes,
+                   zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 

@@ -75,6 +75,10 @@ SOFTMAX_PASSES = {"unfused": 8.0, "fused": 2.0}
 """Passes over the b·a·s² score matrix (bf16) of non-flash attention: scale, mask, softmax."""
 CROSS_ENTROPY_BYTES = 16.0
 """Vocabulary-parallel cross entropy over fp32 logits: max, exp-sum, gather, gradient."""
+FUSED_CROSS_ENTROPY_BYTES = 2.0
+"""A fused cross-entropy kernel over the bf16 logits (:attr:`TransformerCosts.fused_cross_entropy`):
+it reads each logit once forward (its fp32 math stays in registers); backward reads it
+again and writes its bf16 gradient (``BACKWARD_ELEMENTWISE`` times this)."""
 BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 FLASH_BACKWARD_FACTOR = 2.5
@@ -205,6 +209,53 @@ class TransformerCosts:
     seq_window: tuple[float, float] = WHOLE_WINDOW
     """Tokens ``[lo, hi)`` of each sequence (fractions) these costs cover, their queries
     attending to keys ``[0, hi)``: one Seq1F1B chunk; ``(0, 1)``: whole sequences."""
+    fused_cross_entropy: bool = False
+    """The loss is one fused kernel over the bf16 logits (flash-attn's ``CrossEntropyLoss``,
+    llm-foundry's default ``loss_fn``, :mod:`workloads.frameworks`): it keeps the bf16
+    logits for its backward (2·b·s·V/t bytes, no fp32 copy), needs no fp32 buffer forward,
+    writes a bf16 gradient backward, and moves :data:`FUSED_CROSS_ENTROPY_BYTES` a logit
+    forward. False: the fp32 loss of Megatron-LM / ``torch.nn.functional.cross_entropy``
+    (:meth:`transient_bytes`, :data:`CROSS_ENTROPY_BYTES`)."""
+    zero3_gather_copy_bytes: float = 0.0
+    """ZeRO-3 (dp·cp > 1): HBM bytes per gathered layer parameter that the framework's own
+    kernels move around each all-gather (forward, and again before the backward), beside
+    the collective: 0 where the all-gather writes the parameters in place (FSDP1's flat
+    parameter), 4 where a copy-out splits the gathered bf16 buffer into the parameters
+    (FSDP2, read 2 + write 2). Timed as memory-bound work of the layer's op."""
+    zero3_reduce_copy_bytes: float = 0.0
+    """ZeRO-3 (dp·cp > 1): HBM bytes per layer parameter that the framework's kernels move
+    before each gradient reduce-scatter, in the layer's backward: the cast of the bf16
+    gradient to the reduction dtype and any pre-division (FSDP1: cast 2 + 4, pre-divide
+    4 + 4; FSDP2: a cast copy-in, 2 + 4). Timed as memory-bound work of the backward."""
+    fp8_cast_bytes: float = 0.0
+    """With ``precision: fp8``: HBM bytes per element of each FP8 GEMM's bf16 activation
+    input that the framework's scaling and casting kernels move forward (the inputs of the
+    QKV, output, first and second MLP GEMMs on one TP rank); the backward casts the output
+    gradients and the inputs again, counted as twice that (:data:`BACKWARD_ELEMENTWISE`).
+    0: the casts are fused into neighbouring kernels (TransformerEngine's LayerNormLinear,
+    as Megatron-LM runs it); torchao's dynamic scaling computes each tensor's amax and then
+    casts it, 2 + 3 bytes (:mod:`workloads.frameworks`)."""
+    zero3_unsharded_under_pp: bool = False
+    """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
+    parameters once and keeps them unsharded (bf16) through the step, and accumulates the
+    micro-batches' gradients unsharded in the reduction dtype (:attr:`grad_reduce_bytes`)
+    until the last backward (torchtitan: ``reshard_after_forward=False`` with PP, and
+    torch.distributed.pipelining's ``backward_maybe_with_nosync``): (2 + grad_reduce_bytes)
+    bytes a parameter of the rank's stages held on top of the sharded state
+    (:meth:`static_bytes`), none gathered per op (:meth:`zero3_working_bytes`). Memory
+    only: the lowering still gathers and reduce-scatters per micro-batch."""
+    dropout: bool = True
+    """The layers apply dropout and keep its masks for the backward (2·s·b·h bytes a layer
+    for a LayerNorm, GPT-style model: :meth:`layer_activation_bytes`). False: trained with
+    dropout probability 0, where PyTorch's dropout returns its input and keeps no mask
+    (aten/src/ATen/native/Dropout.cpp), as MPT's configurations do (:mod:`workloads.frameworks`)."""
+    attention_copy_bytes: float = 0.0
+    """HBM bytes per element of Q, K, V and the attention output (per token, their widths
+    q + 2·kv + o over t) that copies around the attention kernel move forward, the backward
+    twice that (:data:`BACKWARD_ELEMENTWISE`): 0 where the kernel reads the GEMM outputs as
+    they are; llm-foundry's ``flash_attn_fn`` gathers Q, K and V into a packed (unpadded)
+    layout for ``flash_attn_varlen_func`` and scatters the output back
+    (:mod:`workloads.frameworks`)."""
 
     # ------------------------------------------------------------- shapes
     @property
@@ -388,7 +439,14 @@ class TransformerCosts:
                    * m.moe.expert_ffn_hidden_size / t + 2 * 2 * BF16 * rows * m.hidden_size)
         else:
             act = act_bytes * n * m.ffn_hidden_size / t
-        return norm + residual + rope + softmax, norm + residual + act
+        copies = (self.attention_copy_bytes * n * (m.q_dim + 2 * m.kv_dim + m.attn_out_dim) / t
+                  if self.attention_copy_bytes else 0.0)
+        cast_attn = cast_mlp = 0.0
+        if self.precision == "fp8" and self.fp8_cast_bytes and m.moe is None:
+            cast_attn = self.fp8_cast_bytes * n * (h + m.attn_out_dim / t)
+            cast_mlp = self.fp8_cast_bytes * n * (h + m.ffn_hidden_size / t)
+        return (norm + residual + rope + softmax + copies + cast_attn,
+                norm + residual + act + cast_mlp)
 
     # ------------------------------------------------------------- segments
     def _block(self, label: str, compute: ComputeSeg | list[Segment]) -> list[Segment]:
@@ -486,7 +544,8 @@ class TransformerCosts:
         m, t, n = self.model, self.tp, self._tokens
         logits = _gemm(n, m.hidden_size, m.vocab_size / t)  # vocabulary-parallel
         weights = BF16 * m.hidden_size * m.vocab_size / t
-        ce = CROSS_ENTROPY_BYTES * n * m.vocab_size / self._vocab_div
+        ce = ((FUSED_CROSS_ENTROPY_BYTES if self.fused_cross_entropy else CROSS_ENTROPY_BYTES)
+              * n * m.vocab_size / self._vocab_div)
         fwd = ComputeSeg("logits+loss", logits[1], weights, elementwise_bytes=ce,
                          gemm_dims=(logits,))
         if not backward:
@@ -571,6 +630,7 @@ class TransformerCosts:
                                             c._gather_bytes(op.stage, layer),
                                             c._layer_expert_grad_bytes()))
                 segs += c._layer_forward(f"L{layer}")
+                segs += c._zero3_copies(f"L{layer}", backward=False)
             if last:
                 if gather:
                     segs.append(ParamGather("head params", self._head_gather_bytes()))
@@ -589,6 +649,7 @@ class TransformerCosts:
                     segs.append(ParamGather(f"L{layer} params", BF16 * c._layer_params_tp,
                                             c._layer_expert_grad_bytes()))
                 segs += c._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
+                segs += c._zero3_copies(f"L{layer}", backward=True)
                 if ready:
                     segs.append(GradReady(f"L{layer} grads",
                                           c._layer_grad_bytes(op.stage, layer),
@@ -603,6 +664,21 @@ class TransformerCosts:
                 segs.append(_scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
         return tuple(fuse_compute(segs, str(op)))
+
+    def _zero3_copies(self, name: str, backward: bool) -> list[Segment]:
+        """The framework's own memory-bound kernels around a layer's ZeRO-3 collectives
+        (:attr:`zero3_gather_copy_bytes` per gathered parameter, forward and backward, and
+        :attr:`zero3_reduce_copy_bytes` per parameter before the reduce-scatter, backward),
+        as one compute segment; none without ZeRO-3 over more than one shard."""
+        if self.zero_stage != 3 or self._shards == 1:
+            return []
+        per_param = self.zero3_gather_copy_bytes + (self.zero3_reduce_copy_bytes
+                                                    if backward else 0.0)
+        if not per_param:
+            return []
+        params = self._layer_params_tp + (self.model.layer_expert_params() / self.tp / self.ep
+                                          if self.ep > 1 else 0.0)
+        return [ComputeSeg(f"{name} zero3 copies", elementwise_bytes=per_param * params)]
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
         """A zero-bubble W op layer by layer (head first, then the layers in backward order),
@@ -678,6 +754,8 @@ class TransformerCosts:
         if self.zero_stage != 3 or self._shards == 1 or op.kind not in (FORWARD, BACKWARD,
                                                                     WEIGHT_GRAD):
             return 0.0
+        if self._unsharded_stages:
+            return 0.0
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
         # ep > 1: this GPU's experts, gathered apart
@@ -702,7 +780,8 @@ class TransformerCosts:
 
         In units of s·b·h bytes (bf16): replicated across TP (split by t under
         SP): the two norm inputs (4), the QKV and MLP GEMM inputs (4), dropout
-        masks (2, GPT style only); an eager (unfused) RMSNorm keeps, instead of
+        masks (2, GPT style only, unless :attr:`dropout` is off); an eager (unfused)
+        RMSNorm keeps, instead of
         its bf16 input, the fp32 copy of it that ``pow`` and the multiply save
         (4) and the normalised bf16 tensor that the weight multiply saves (2),
         8 more for the two norms (PyTorch autograd's saved tensors of the LLaMA
@@ -739,7 +818,7 @@ class TransformerCosts:
             return BF16 * self._bsh / self._sp_div
         if self.recompute == "selective-op":
             return self._op_checkpoint_shares()[2]
-        dropout = 2 if m.norm == "layernorm" else 0
+        dropout = 2 if m.norm == "layernorm" and self.dropout else 0
         eager_norm = 8 if m.norm == "rmsnorm" and not self.fused_norm else 0
         fp8 = self.precision == "fp8"
         gemm_inputs = 2.0 if fp8 else 4.0  # the QKV and first MLP GEMMs' inputs
@@ -816,7 +895,9 @@ class TransformerCosts:
         The last stage's backward runs in two phases: the loss's backward (its buffers
         above, beside the stashed logits) and then the layers' (their working memory,
         once the loss's backward has freed the logits); its transient memory is the
-        larger of the two, not their sum. With :attr:`kept_stage_outputs` the last stage
+        larger of the two, not their sum. A :attr:`fused_cross_entropy` holds no fp32 buffer:
+        nothing more forward, its bf16 gradient (2·b·s·V/t) backward. With
+        :attr:`kept_stage_outputs` the last stage
         also holds that many earlier micro-batches' bf16 logits (2·b·s·V/t bytes each)
         in both its forward and backward.
         """
@@ -831,6 +912,10 @@ class TransformerCosts:
             return total + layers
         logits = self._tokens * self.model.vocab_size / self._vocab_div
         total += self.kept_stage_outputs * BF16 * logits
+        if self.fused_cross_entropy:  # no fp32 buffer forward; a bf16 gradient backward
+            if op.kind == FORWARD:
+                return total
+            return total + max(BF16 * logits, layers - BF16 * logits)
         if op.kind == FORWARD:
             return total + FP32 * logits
         loss = (1 if self.vocab_parallel_loss else 2) * FP32 * logits
@@ -843,11 +928,13 @@ class TransformerCosts:
 
         The last stage holds bf16 logits and their fp32 copy for the loss,
         6·b·s·V/t bytes, until its backward (6·b·s·V without the vocabulary-parallel
-        loss: the gathered logits).
+        loss: the gathered logits); with :attr:`fused_cross_entropy` only the bf16 logits,
+        2·b·s·V/t.
         """
         total = sum(n * c.layer_activation_bytes() for c, n in self._runs(stage))
         if stage == len(self.stage_layers) - 1:
-            total += (BF16 + FP32) * self._tokens * self.model.vocab_size / self._vocab_div
+            kept = BF16 if self.fused_cross_entropy else BF16 + FP32
+            total += kept * self._tokens * self.model.vocab_size / self._vocab_div
         return total
 
     def p2p_bytes(self) -> float:
@@ -930,13 +1017,23 @@ class TransformerCosts:
                                            self._shards if shards is None else shards,
                                            self.grad_buffer_bytes)
 
+    @property
+    def _unsharded_stages(self) -> bool:
+        """Whether the stages' parameters and gradients are held whole through the step
+        (:attr:`zero3_unsharded_under_pp`, with ZeRO-3 over several shards and PP)."""
+        return (self.zero3_unsharded_under_pp and self.zero_stage == 3 and self._shards > 1
+                and len(self.stage_layers) > 1)
+
     def static_bytes(self, stages: tuple[int, ...]) -> float:
         """Model state: ZeRO shards dense state over dp·cp and, with ep > 1, expert state
-        over the dp·cp/ep replicas that hold the same experts."""
+        over the dp·cp/ep replicas that hold the same experts; with
+        :attr:`zero3_unsharded_under_pp`, the stages' whole parameters and gradients too."""
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         dense = sum(self.stage_params(s) for s in stages) - expert
+        whole = ((BF16 + self.grad_reduce_bytes) * (dense + expert)
+                 if self._unsharded_stages else 0.0)
         return (self.bytes_per_param() * dense
-                + self.bytes_per_param(self._shards // self.ep) * expert)
+                + self.bytes_per_param(self._shards // self.ep) * expert + whole)
 
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
         """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
