@@ -247,6 +247,14 @@ class ParallelConfig(Strict):
     chunk per rank) minimising the slowest stage with its pipeline send/recv over the
     actual links and within each stage's memory, by dynamic programming
     (:func:`sim.partition.auto_layers`)."""
+    microbatch_group_size: int | None = Field(None, ge=1)
+    """N, consecutive micro-batches each model chunk runs before the next chunk (schedule
+    ``interleaved``; Megatron-core's ``microbatch_group_size_per_vp_stage``,
+    megatron/core/model_parallel_config.py, the N Llama 3 tunes, Dubey et al. 2024, sec.
+    3.3.2): rank r warms up with 2·(pp − r − 1) + (vpp − 1)·N chunk forwards. Megatron's
+    rules: pp ≤ N ≤ micro-batches, and the remainder of micro-batches over N 0 or ≥ pp.
+    Default: groups of pp (Megatron's default), for micro-batches not a multiple of pp
+    groups as even as possible."""
     dp_mode: Literal["allreduce", "parameter_server"] = "allreduce"
     """How DP replicas combine gradients: ``allreduce`` (collectives, the default) or
     ``parameter_server`` (Li et al. 2014; Zou et al. 2017): the parameters are sharded

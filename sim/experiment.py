@@ -266,12 +266,24 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
                               if t.global_batch_size is not None else
                               ("training.num_microbatches", m)), key=lambda kv: kv[1])
             check_schedule_ops(pp * v, m, k, key, value)
-            sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
+            n = cfg.parallel.microbatch_group_size
+            if n is None:
+                sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
+            elif SCHEDULES[name].grouped is None:
+                raise ConfigError(f"parallel.microbatch_group_size={n}: schedule {name!r} has "
+                                  "no micro-batch groups; use schedule interleaved or leave "
+                                  "it out")
+            else:
+                sched = SCHEDULES[name].grouped(pp, m, v, n)
             if v > 1 and sched.chunks_per_rank == 1:
                 raise ConfigError(f"parallel.vpp={v}: schedule {name!r} has one chunk per rank; "
                                   "use an interleaved or V schedule")
             schedules.validate(sched)
             return sched
+        if cfg.parallel.microbatch_group_size is not None:
+            raise ConfigError(f"parallel.microbatch_group_size="
+                              f"{cfg.parallel.microbatch_group_size}: a schedule file gives its "
+                              "own order; leave it out")
         path = Path(name)
         if base_dir is not None and not path.is_absolute() and not path.exists():
             path = base_dir / path
