@@ -362,7 +362,9 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
     split (:func:`workloads.frameworks.stage_layers`; Megatron-LM's is the even split).
 
     Uneven splits as Llama 3 used them (first and last stages one layer fewer, for the
-    embedding and the output head; Meta 2024, sec. 3.3.2)."""
+    embedding and the output head; Meta 2024, sec. 3.3.2: "the first model chunk on the first
+    stage has only the embedding, and the last model chunk on the last stage has only output
+    projection and loss calculation", so those two stages may hold no transformer layer)."""
     given = par.layers_per_stage
     if given is None or given in ("balanced", "auto"):  # see balanced_layers, auto_layers
         return stage_layers(profile, model.num_layers, num_stages)
@@ -372,9 +374,14 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
     if len(given) != num_stages:
         raise ConfigError(f"parallel.layers_per_stage={given}: {len(given)} entries, but the "
                           f"pipeline has pp*vpp = {num_stages} stages")
-    if any(n < 1 for n in given):
+    if any(n < 1 for n in given[1:-1]) or any(n < 0 for n in given):
         raise ConfigError(f"parallel.layers_per_stage={given}: every stage needs at least "
-                          "one layer")
+                          "one layer, but the first (embedding) and the last (output head) "
+                          "may have none")
+    if given[0] == 0 and (par.zero_stage == 3 or par.overlap_grad_reduce):
+        raise ConfigError(f"parallel.layers_per_stage={given}: a first stage without layers "
+                          "is not supported with zero_stage 3 or overlap_grad_reduce (their "
+                          "per-layer gradient units carry the embedding with layer 0)")
     if sum(given) != model.num_layers:
         raise ConfigError(f"parallel.layers_per_stage={given} sums to {sum(given)}, not "
                           f"model.num_layers = {model.num_layers}")
@@ -474,7 +481,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         if sched.seq_chunks > model.seq_length:
             raise ConfigError(f"training.seq_chunks={sched.seq_chunks} exceeds "
                               f"model.seq_length={model.seq_length} (a chunk needs a token)")
-        if sched.num_stages > model.num_layers:
+        if sched.num_stages > model.num_layers + 2 * isinstance(par.layers_per_stage, list):
             raise ConfigError(f"parallel.pp*vpp = {pp}*{par.vpp} = {sched.num_stages} exceeds "
                               f"model.num_layers = {model.num_layers}")
         if model.num_attention_heads % tp:

@@ -602,6 +602,8 @@ class TransformerCosts:
             if last:
                 segs.append(_scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
+        if not segs:  # a first stage of the embedding alone: its lookup is not timed
+            segs.append(ComputeSeg(str(op)))
         return tuple(fuse_compute(segs, str(op)))
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
