@@ -234,6 +234,14 @@ class ParallelConfig(Strict):
     overlap_grad_reduce: bool = False
     """Reduce DP gradient buckets while the last backward runs (Megatron-LM
     ``--overlap-grad-reduce``); False: one collective per stage after it."""
+    tp_comm_overlap: bool = False
+    """TP communication overlap (Megatron-core ``--tp-comm-overlap``, Transformer Engine's
+    userbuffers; NeMo's performance recipes turn it on): each sequence-parallel all-gather
+    and reduce-scatter of a layer is cut into chunks pipelined with the GEMM next to it,
+    the GEMM on the SMs the communication leaves it (:mod:`sim.tpoverlap`, methods and SM
+    counts as data with their source in ``sim/data/tp_overlap.toml``). Needs
+    sequence_parallel when tp > 1 (as Megatron-LM); dense attention + MLP layers on one GPU
+    type only."""
     grad_bucket_MB: float = Field(25.0, gt=0)
     """Bucket size with overlap_grad_reduce, MB of bf16 gradients (1 MB = 1e6 B). Default:
     PyTorch DDP's ``bucket_cap_mb=25``; Megatron-core's is max(40M, 1M·dp) parameters

@@ -26,6 +26,7 @@ from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
 from sim.multimodal import attach_encoder
 from sim.partition import auto_layers, rank_time_model
+from sim.tpoverlap import check as check_tp_overlap
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import IDEAL_GPU
@@ -514,6 +515,9 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                                                 cluster))
         elif par.layers_per_stage == "auto":
             costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster))
+    if par.tp_comm_overlap:
+        check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
+            model, cluster, sched.seq_chunks, cfg.model.encoder is not None))
     if cfg.model.encoder is not None:
         costs, sched = attach_encoder(cfg, costs, cluster, placement, m)
     elif par.encoder is not None:
@@ -521,6 +525,24 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     _check_batch_policy(cfg, model, base_dir)
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir,
                       profile)
+
+
+def _no_tp_overlap(model: ModelSpec | None, cluster: Cluster, seq_chunks: int,
+                   encoder: bool) -> str | None:
+    """What keeps ``parallel.tp_comm_overlap`` from being modelled (None: nothing): its
+    exposed times are those of one dense attention + MLP layer on one GPU type, whole
+    sequences (:mod:`sim.tpoverlap`)."""
+    for reason, applies in (
+            ("the synthetic model", model is None),
+            ("mixture-of-experts layers", model is not None and model.moe is not None),
+            ("multi-head latent attention", model is not None and model.mla is not None),
+            ("parallel attention + MLP blocks", model is not None and model.parallel_blocks),
+            ("sequence chunks (seq1f1b)", seq_chunks > 1),
+            ("a multimodal model's encoder", encoder),
+            ("a cluster of several GPU types", cluster.heterogeneous)):
+        if applies:
+            return reason
+    return None
 
 
 def _check_batch_policy(cfg: ExperimentConfig, model: ModelSpec | None,
