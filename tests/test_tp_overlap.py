@@ -121,3 +121,27 @@ def test_without_tp_nothing_changes() -> None:
 def test_refused_where_not_modelled(change: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         build_experiment(_exp(True) | change)
+
+
+def test_jobs_sharing_a_cluster_refuse_it() -> None:
+    """Several jobs' collectives must meet on the network; a fixed-time TP collective would
+    not (sim.jobs)."""
+    import yaml
+    from conftest import ROOT
+
+    from sim.jobs import build_jobs, simulate_jobs
+
+    data = yaml.safe_load((ROOT / "workloads" / "examples" / "two-jobs-shared-fabric.yaml")
+                          .read_text(encoding="utf-8"))
+    data["jobs"][0]["parallel"] |= {"sequence_parallel": True, "tp_comm_overlap": True}
+    with pytest.raises(ConfigError, match="tp_comm_overlap"):
+        simulate_jobs(build_jobs(data))
+
+
+def test_search_refuses_it() -> None:
+    from sim.search.space import SearchContext
+
+    data = _exp(True) | {"cluster": {"preset": "dgx-h100", "num_gpus": 8}}
+    data["training"] = {"micro_batch_size": 1, "global_batch_size": 16}
+    with pytest.raises(ConfigError, match="sim search does not search with it"):
+        SearchContext.build(data)
