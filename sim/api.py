@@ -32,6 +32,7 @@ from sim.faults import (
 from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
+from sim.tpoverlap import lowering_costs
 from topologies.placement import mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
 from workloads.frameworks import fragmentation
@@ -324,11 +325,13 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                     f"more than {budget.MAX_PROGRAM_BYTES / 1e9:g} GB; simulated collapsed")
     work.check(fidelity)
     collapse = None
+    timer = collective_timer or CollectiveTimer(exp.cluster)
     if fidelity == "collapsed":
         collapse = Collapse(compute_s=base_time if timers is None else timers[0],
-                            collective_s=collective_timer or CollectiveTimer(exp.cluster),
+                            collective_s=timer,
                             compute_s_of=None if timers is None else timers.__getitem__)
-    program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
+    costs = lowering_costs(exp, base_time, timer)  # one GPU type (checked by the experiment)
+    program = lower(exp.schedule, costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference, servers)
     facts = _facts(exp, fidelity, profile)
 

@@ -13,7 +13,8 @@ file serves every schedule (:func:`schedule_changes`):
 * the V schedules ``zb-v`` and ``dualpipe-v`` need exactly 2 chunks per rank
   (Qi et al. 2024, sec. 6; DeepSeek-AI 2024);
 * every other built-in schedule has one chunk per rank (``vpp = 1``);
-* a custom schedule file keeps the experiment's ``vpp`` (its stages say it all).
+* a custom schedule file keeps the experiment's ``vpp`` (its stages say it all);
+* ``parallel.microbatch_group_size`` is kept under ``interleaved`` and dropped elsewhere.
 
 Steady state (DESIGN.md ``step_time_s``): ZB-H2 and ZB-V drop the step barrier
 (the Zero Bubble paper's optimizer post-validation), so their step time in
@@ -134,7 +135,11 @@ def schedule_changes(exp: Experiment, name: str) -> dict[str, Any]:
         vpp = kind.fixed_vpp
     elif kind is not None and vpp == 1:
         vpp = kind.default_vpp
-    return {"schedule": name, "parallel.vpp": vpp}
+    changes: dict[str, Any] = {"schedule": name, "parallel.vpp": vpp}
+    grouped = kind is not None and kind.grouped is not None  # interleaved's setting alone
+    if exp.config.parallel.microbatch_group_size is not None and not grouped:
+        changes["parallel.microbatch_group_size"] = None
+    return changes
 
 
 def compare(

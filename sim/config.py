@@ -234,6 +234,14 @@ class ParallelConfig(Strict):
     overlap_grad_reduce: bool = False
     """Reduce DP gradient buckets while the last backward runs (Megatron-LM
     ``--overlap-grad-reduce``); False: one collective per stage after it."""
+    tp_comm_overlap: bool = False
+    """TP communication overlap (Megatron-core ``--tp-comm-overlap``, Transformer Engine's
+    userbuffers; NeMo's performance recipes turn it on): each sequence-parallel all-gather
+    and reduce-scatter of a layer is cut into chunks pipelined with the GEMM next to it,
+    the GEMM on the SMs the communication leaves it (:mod:`sim.tpoverlap`, methods and SM
+    counts as data with their source in ``sim/data/tp_overlap.toml``). Needs
+    sequence_parallel when tp > 1 (as Megatron-LM); dense attention + MLP layers on one GPU
+    type only."""
     grad_bucket_MB: float = Field(25.0, gt=0)
     """Bucket size with overlap_grad_reduce, MB of bf16 gradients (1 MB = 1e6 B). Default:
     PyTorch DDP's ``bucket_cap_mb=25``; Megatron-core's is max(40M, 1M·dp) parameters
@@ -247,6 +255,14 @@ class ParallelConfig(Strict):
     chunk per rank) minimising the slowest stage with its pipeline send/recv over the
     actual links and within each stage's memory, by dynamic programming
     (:func:`sim.partition.auto_layers`)."""
+    microbatch_group_size: int | None = Field(None, ge=1)
+    """N, consecutive micro-batches each model chunk runs before the next chunk (schedule
+    ``interleaved``; Megatron-core's ``microbatch_group_size_per_vp_stage``,
+    megatron/core/model_parallel_config.py, the N Llama 3 tunes, Dubey et al. 2024, sec.
+    3.3.2): rank r warms up with 2·(pp − r − 1) + (vpp − 1)·N chunk forwards. Megatron's
+    rules: pp ≤ N ≤ micro-batches, and the remainder of micro-batches over N 0 or ≥ pp.
+    Default: groups of pp (Megatron's default), for micro-batches not a multiple of pp
+    groups as even as possible."""
     dp_mode: Literal["allreduce", "parameter_server"] = "allreduce"
     """How DP replicas combine gradients: ``allreduce`` (collectives, the default) or
     ``parameter_server`` (Li et al. 2014; Zou et al. 2017): the parameters are sharded

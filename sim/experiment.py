@@ -26,6 +26,7 @@ from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
 from sim.multimodal import attach_encoder
 from sim.partition import auto_layers, rank_time_model
+from sim.tpoverlap import check as check_tp_overlap
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
 from topologies.hardware import IDEAL_GPU
@@ -266,12 +267,24 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
                               if t.global_batch_size is not None else
                               ("training.num_microbatches", m)), key=lambda kv: kv[1])
             check_schedule_ops(pp * v, m, k, key, value)
-            sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
+            n = cfg.parallel.microbatch_group_size
+            if n is None:
+                sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
+            elif SCHEDULES[name].grouped is None:
+                raise ConfigError(f"parallel.microbatch_group_size={n}: schedule {name!r} has "
+                                  "no micro-batch groups; use schedule interleaved or leave "
+                                  "it out")
+            else:
+                sched = SCHEDULES[name].grouped(pp, m, v, n)
             if v > 1 and sched.chunks_per_rank == 1:
                 raise ConfigError(f"parallel.vpp={v}: schedule {name!r} has one chunk per rank; "
                                   "use an interleaved or V schedule")
             schedules.validate(sched)
             return sched
+        if cfg.parallel.microbatch_group_size is not None:
+            raise ConfigError(f"parallel.microbatch_group_size="
+                              f"{cfg.parallel.microbatch_group_size}: a schedule file gives its "
+                              "own order; leave it out")
         path = Path(name)
         if base_dir is not None and not path.is_absolute() and not path.exists():
             path = base_dir / path
@@ -350,7 +363,9 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
     split (:func:`workloads.frameworks.stage_layers`; Megatron-LM's is the even split).
 
     Uneven splits as Llama 3 used them (first and last stages one layer fewer, for the
-    embedding and the output head; Meta 2024, sec. 3.3.2)."""
+    embedding and the output head; Meta 2024, sec. 3.3.2: "the first model chunk on the first
+    stage has only the embedding, and the last model chunk on the last stage has only output
+    projection and loss calculation", so those two stages may hold no transformer layer)."""
     given = par.layers_per_stage
     if given is None or given in ("balanced", "auto"):  # see balanced_layers, auto_layers
         return stage_layers(profile, model.num_layers, num_stages)
@@ -360,9 +375,14 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
     if len(given) != num_stages:
         raise ConfigError(f"parallel.layers_per_stage={given}: {len(given)} entries, but the "
                           f"pipeline has pp*vpp = {num_stages} stages")
-    if any(n < 1 for n in given):
+    if any(n < 1 for n in given[1:-1]) or any(n < 0 for n in given):
         raise ConfigError(f"parallel.layers_per_stage={given}: every stage needs at least "
-                          "one layer")
+                          "one layer, but the first (embedding) and the last (output head) "
+                          "may have none")
+    if given[0] == 0 and (par.zero_stage == 3 or par.overlap_grad_reduce):
+        raise ConfigError(f"parallel.layers_per_stage={given}: a first stage without layers "
+                          "is not supported with zero_stage 3 or overlap_grad_reduce (their "
+                          "per-layer gradient units carry the embedding with layer 0)")
     if sum(given) != model.num_layers:
         raise ConfigError(f"parallel.layers_per_stage={given} sums to {sum(given)}, not "
                           f"model.num_layers = {model.num_layers}")
@@ -462,7 +482,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         if sched.seq_chunks > model.seq_length:
             raise ConfigError(f"training.seq_chunks={sched.seq_chunks} exceeds "
                               f"model.seq_length={model.seq_length} (a chunk needs a token)")
-        if sched.num_stages > model.num_layers:
+        if sched.num_stages > model.num_layers + 2 * isinstance(par.layers_per_stage, list):
             raise ConfigError(f"parallel.pp*vpp = {pp}*{par.vpp} = {sched.num_stages} exceeds "
                               f"model.num_layers = {model.num_layers}")
         if model.num_attention_heads % tp:
@@ -495,6 +515,9 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                                                 cluster))
         elif par.layers_per_stage == "auto":
             costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster))
+    if par.tp_comm_overlap:
+        check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
+            model, cluster, sched.seq_chunks, cfg.model.encoder is not None))
     if cfg.model.encoder is not None:
         costs, sched = attach_encoder(cfg, costs, cluster, placement, m)
     elif par.encoder is not None:
@@ -502,6 +525,24 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     _check_batch_policy(cfg, model, base_dir)
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir,
                       profile)
+
+
+def _no_tp_overlap(model: ModelSpec | None, cluster: Cluster, seq_chunks: int,
+                   encoder: bool) -> str | None:
+    """What keeps ``parallel.tp_comm_overlap`` from being modelled (None: nothing): its
+    exposed times are those of one dense attention + MLP layer on one GPU type, whole
+    sequences (:mod:`sim.tpoverlap`)."""
+    for reason, applies in (
+            ("the synthetic model", model is None),
+            ("mixture-of-experts layers", model is not None and model.moe is not None),
+            ("multi-head latent attention", model is not None and model.mla is not None),
+            ("parallel attention + MLP blocks", model is not None and model.parallel_blocks),
+            ("sequence chunks (seq1f1b)", seq_chunks > 1),
+            ("a multimodal model's encoder", encoder),
+            ("a cluster of several GPU types", cluster.heterogeneous)):
+        if applies:
+            return reason
+    return None
 
 
 def _check_batch_policy(cfg: ExperimentConfig, model: ModelSpec | None,

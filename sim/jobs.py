@@ -245,6 +245,10 @@ def simulate_jobs(jobset: JobSet, profile: DeviceProfile | None = None,
     _check_budget(jobset, steps)
     for j, (job, n) in enumerate(zip(jobset.jobs, steps, strict=True)):
         exp = job.experiment
+        if exp.config.parallel.tp_comm_overlap:
+            raise ConfigError(f"jobs: {job.name}: parallel.tp_comm_overlap times its TP "
+                              "collectives without the network, which would hide the other "
+                              "jobs' traffic; leave it out")
         overlapping = n > 1
         program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                         None, reference)

@@ -512,12 +512,33 @@ def test_user_layer_split_like_llama3() -> None:
 @pytest.mark.parametrize("split,needle", [
     ([4, 4, 4], "3 entries, but the pipeline has pp\\*vpp = 4"),
     ([4, 4, 4, 4], "sums to 16, not model.num_layers = 14"),
-    ([0, 5, 5, 4], "at least one layer"),
+    ([5, 0, 5, 4], "at least one layer"),
 ])
 def test_bad_layer_splits_name_the_key(split: list[int], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle) as exc:
         build_experiment(data(pp=4, dp=1, layers=14, m=8, layers_per_stage=split))
     assert "parallel.layers_per_stage=" in str(exc.value)
+
+
+def test_end_stages_without_layers_like_llama3() -> None:
+    """Llama 3's split (Dubey et al. 2024, sec. 3.3.2): the first model chunk holds only the
+    embedding and the last only the output head, so pp*vpp may exceed the layers by two.
+    The empty chunks run (full and collapsed agree, the reference engine too) and hold
+    less than a chunk with a layer."""
+    d = data(pp=2, dp=1, layers=6, m=4, vpp=4, layers_per_stage=[0, 1, 1, 1, 1, 1, 1, 0])
+    d["schedule"] = "interleaved"
+    exp = build_experiment(d)
+    assert exp.costs.stage_layers == (0, 1, 1, 1, 1, 1, 1, 0)
+    assert exp.costs.activation_bytes_per_mb(0) < exp.costs.activation_bytes_per_mb(2)
+    full = simulate(exp).stats
+    assert full == simulate(exp, reference=True).stats
+    assert simulate(exp, fidelity="collapsed").stats["step_time_s"] == pytest.approx(
+        full["step_time_s"], rel=1e-9)
+    with pytest.raises(ConfigError, match="first stage without layers"):
+        build_experiment(d | {"parallel": d["parallel"] | {"overlap_grad_reduce": True}})
+    with pytest.raises(ConfigError, match=r"pp\*vpp = 2\*8 = 16 exceeds"):
+        build_experiment(d | {"parallel": d["parallel"] | {"vpp": 8}}
+                         | {"model": d["model"] | {"num_layers": 13}})
 
 
 def test_layer_split_with_interleaving_counts_chunks() -> None:

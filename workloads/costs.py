@@ -65,6 +65,10 @@ class CommSeg:
     nbytes: float
     group: str = "tp"
     """``tp``: the op's TP group; ``ep``: the EP group of each GPU (MoE all-to-all)."""
+    duration_s: float | None = None
+    """A fixed time instead of timing the collective on the network: what a TP collective
+    pipelined with its GEMM adds to the block (TP communication overlap,
+    :attr:`workloads.transformer.TransformerCosts.tp_comm_exposed_s`); None: timed."""
 
 
 @dataclass(frozen=True, slots=True)

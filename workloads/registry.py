@@ -33,6 +33,11 @@ EncoderBuilder = Callable[[int, int, EncoderPlan | None], Schedule]
 """``build(p, m, plan)``: a multimodal schedule for pipeline ranks, micro-batches and the
 encoder's layout and estimated costs (None: no encoder, plain 1F1B)."""
 
+GroupedBuilder = Callable[[int, int, int, int], Schedule]
+"""``build(p, m, v, n)``: a multi-chunk schedule for pipeline ranks, micro-batches, chunks per
+rank and ``n`` consecutive micro-batches per chunk (Megatron-core's
+``microbatch_group_size_per_vp_stage``, ``parallel.microbatch_group_size``)."""
+
 Builder = Callable[[int, int, int, int], Schedule]
 """``build(p, m, v, k)``: pipeline ranks, micro-batches per step, chunks per rank and
 sequence chunks per micro-batch (``k`` is read only where :attr:`ScheduleKind.seq_chunks`)."""
@@ -69,6 +74,10 @@ class ScheduleKind:
     (:mod:`workloads.schedules_multimodal`): ``encoder(p, m, plan)``, the same builder as
     :attr:`build`, which passes no plan; None: the schedule has no place for an encoder
     (``model.encoder`` is refused with it)."""
+    grouped: GroupedBuilder | None = None
+    """Builds the schedule with a given micro-batch group size (:data:`GroupedBuilder`,
+    ``parallel.microbatch_group_size``); None: the schedule has no such setting (the
+    experiment refuses it)."""
 
     def __call__(self, p: int, m: int, v: int | None = None, k: int = 1) -> Schedule:
         """The schedule for ``p`` ranks and ``m`` micro-batches, ``v`` chunks per rank
@@ -104,7 +113,8 @@ _KINDS = (
     ScheduleKind("1f1b", _one_chunk(one_f_one_b), 1, 1, False, False, False,
                  "Narayanan et al. 2021"),
     ScheduleKind("interleaved", _chunked(adv.interleaved), 2, None, False, False, False,
-                 "Narayanan et al. 2021, sec. 2.2"),
+                 "Narayanan et al. 2021, sec. 2.2; Megatron-core "
+                 "microbatch_group_size_per_vp_stage", grouped=adv.interleaved),
     ScheduleKind("zb-h1", _chunked(adv.zb_h1), 1, 1, True, False, False,
                  "Qi et al. 2024, sec. 2.1"),
     ScheduleKind("zb-h2", _chunked(adv.zb_h2), 1, 1, True, False, True,

@@ -49,6 +49,7 @@ __all__ = [
     "dualpipe_v",
     "interleaved",
     "makespan",
+    "megatron_groups",
     "microbatch_groups",
     "peak_activation",
     "repeat_steps",
@@ -111,7 +112,30 @@ def microbatch_groups(p: int, m: int) -> tuple[int, ...]:
     return (base + 1,) * extra + (base,) * (q - extra)
 
 
-def interleaved(p: int, m: int, v: int = 1) -> Schedule:
+def megatron_groups(p: int, m: int, n: int) -> tuple[int, ...]:
+    """Megatron-core's micro-batch groups for ``microbatch_group_size_per_vp_stage = n``.
+
+    ``megatron/core/pipeline_parallel/schedules.py`` ``get_schedule_table``: groups of ``n``
+    consecutive micro-batches, the last one the remainder ``m mod n`` where it is not 0.
+    Megatron's checks (``forward_backward_pipelining_with_interleaving``) as ScheduleError:
+    ``p <= n <= m`` (ValueError there) and a remainder of 0 or at least ``p`` (RuntimeError
+    there: a smaller last group "introduces dependency bubbles").
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise ScheduleError(f"schedule interleaved: micro-batch group size N={n!r} must be "
+                            "an integer")
+    if not p <= n <= m:
+        raise ScheduleError(f"schedule interleaved: the number of contiguous micro-batches in a "
+                            f"virtual pipeline stage N={n} should range in [PP={p}, M={m}]")
+    rest = m % n
+    if 0 < rest < p:
+        raise ScheduleError(f"schedule interleaved: the remainder of M={m} divided by N={n} "
+                            f"should be 0, or larger than or equal to the pipeline-parallel "
+                            f"size {p}, but it is {rest} (dependency bubbles)")
+    return (n,) * (m // n) + ((rest,) if rest else ())
+
+
+def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, SC'21, sec. 2.2; Megatron-LM's virtual pipeline).
 
     Rank ``r`` holds the ``v`` chunks (stages) ``r, r + p, ..., r + (v-1)p``, so
@@ -134,18 +158,29 @@ def interleaved(p: int, m: int, v: int = 1) -> Schedule:
     ``p (1 + (p - 1)/(p v))`` rank units, 1F1B's ``p`` times the factor of
     Korthikanti et al. 2022. Pipeline messages: ``v`` times 1F1B's.
 
+    ``group_size`` is Megatron-core's ``microbatch_group_size_per_vp_stage``
+    (``ModelParallelConfig``, ``--microbatch-group-size-per-virtual-pipeline-stage``;
+    the ``N`` Llama 3 tunes, Dubey et al. 2024, sec. 3.3.2): groups of ``N`` as
+    :func:`megatron_groups` cuts them, with Megatron's checks, and a warm-up of
+    ``2(p - r - 1) + (v - 1)N``. None: the groups of :func:`microbatch_groups`
+    (for ``m`` a multiple of ``p`` the same as ``N = p``, Megatron's default). The
+    closed form above holds for every ``N`` the checks accept; the peak grows
+    with ``N``, so ``N = p`` holds the fewest.
+
     Arguments: ``p >= 1``, ``m >= 1``, ``v >= 1``. Megatron requires
     ``p <= m`` (and ``m`` a multiple of ``p`` before its tunable group size);
     here ``m < p`` is allowed and runs one group of ``m`` (each rank then does
     all its forwards before its backwards, as GPipe; the closed form does not
     hold). ``v = 1`` is plain 1F1B (Megatron's non-interleaved warm-up
-    ``p - r - 1``, not ``2(p - r - 1)``). ``p = 1`` with ``v > 1`` is allowed:
-    all chunks on one rank, no bubble.
+    ``p - r - 1``, not ``2(p - r - 1)``; a ``group_size`` is checked and has no
+    effect, as in Megatron). ``p = 1`` with ``v > 1`` is allowed: all chunks on
+    one rank, no bubble.
     """
     _check_args("interleaved", p, m, v)
+    groups = microbatch_groups(p, m) if group_size is None else megatron_groups(p, m,
+                                                                                 group_size)
     if v == 1:
         return replace(one_f_one_b(p, m), name="interleaved", notes="v=1: plain 1F1B")
-    groups = microbatch_groups(p, m)
     forward_order: list[tuple[int, int]] = []  # (micro-batch, chunk)
     first = 0
     for size in groups:

@@ -256,6 +256,13 @@ class TransformerCosts:
     they are; llm-foundry's ``flash_attn_fn`` gathers Q, K and V into a packed (unpadded)
     layout for ``flash_attn_varlen_func`` and scatters the output back
     (:mod:`workloads.frameworks`)."""
+    tp_comm_exposed_s: tuple[tuple[str, float], ...] = ()
+    """TP communication overlap (``parallel.tp_comm_overlap``): the time each sequence-
+    parallel collective of a layer adds beside its block's compute once pipelined with the
+    GEMM next to it, by collective (``attn all-gather``, ``mlp bwd reduce-scatter``, ...,
+    :data:`TP_OVERLAP_GEMMS`), set by :func:`sim.tpoverlap.with_overlap` from the device and
+    collective timers; such a collective is emitted with that fixed time. Empty: every TP
+    collective blocks and is timed on the network."""
 
     # ------------------------------------------------------------- shapes
     @property
@@ -448,21 +455,43 @@ class TransformerCosts:
         return (norm + residual + rope + softmax + copies + cast_attn,
                 norm + residual + act + cast_mlp)
 
+    def tp_overlap_gemms(self) -> dict[str, ComputeSeg]:
+        """The forward GEMMs of a layer on one TP rank that TP communication overlap pipelines
+        a collective with (:data:`TP_OVERLAP_GEMMS`): ``qkv``, ``proj``, ``fc1``, ``fc2``
+        (a backward's input- or weight-gradient GEMM does the same work)."""
+        m, t, n = self.model, self.tp, self._tokens
+        mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
+        shapes = {"qkv": _gemm(n, m.hidden_size, (m.q_dim + 2 * m.kv_dim) / t),
+                  "proj": _gemm(n, m.attn_out_dim / t, m.hidden_size),
+                  "fc1": _gemm(n, m.hidden_size, mid),
+                  "fc2": _gemm(n, m.ffn_hidden_size / t, m.hidden_size)}
+        out = {name: ComputeSeg(name, dims[1], gemm_dims=(dims,)) for name, dims in shapes.items()}
+        if self.precision == "fp8":
+            return {name: _fp8(seg, self.fp8_speedup) for name, seg in out.items()}
+        return out
+
     # ------------------------------------------------------------- segments
-    def _block(self, label: str, compute: ComputeSeg | list[Segment]) -> list[Segment]:
+    def _block(self, label: str, compute: ComputeSeg | list[Segment],
+               block: str = "") -> list[Segment]:
         """A TP-sharded block and its collectives (Megatron's f and g operators).
 
         Without SP: compute, then an all-reduce of the b·s·h output. With SP
         (Korthikanti et al. 2022, sec. 4.2.2): all-gather the sequence-split
         input, compute, reduce-scatter the output; the same bytes on the wire.
+        ``block`` (``attn``, ``mlp bwd``, ...) names the collectives in
+        :attr:`tp_comm_exposed_s`; one found there gets its fixed exposed time.
         """
         body = compute if isinstance(compute, list) else [compute]
         if self.tp == 1:
             return body
         nbytes = BF16 * self._bsh
         if self.sequence_parallel:
-            return [CommSeg(f"{label} all-gather", "tp", "all_gather", nbytes), *body,
-                    CommSeg(f"{label} reduce-scatter", "tp", "reduce_scatter", nbytes)]
+            exposed = dict(self.tp_comm_exposed_s)
+            ag, rs = f"{block} all-gather", f"{block} reduce-scatter"
+            return [CommSeg(f"{label} all-gather", "tp", "all_gather", nbytes,
+                            duration_s=exposed.get(ag)), *body,
+                    CommSeg(f"{label} reduce-scatter", "tp", "reduce_scatter", nbytes,
+                            duration_s=exposed.get(rs))]
         return [*body, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes)]
 
     def _layer_forward(self, name: str) -> list[Segment]:
@@ -495,8 +524,8 @@ class TransformerCosts:
                     *(second if isinstance(second, list) else [second])]
             return self._block(f"{name} layer{suffix}", body)
         a, b = ("mlp", "attn") if backward else ("attn", "mlp")
-        return self._block(f"{name} {a}{suffix}", first) + self._block(f"{name} {b}{suffix}",
-                                                                        second)
+        return (self._block(f"{name} {a}{suffix}", first, f"{a}{suffix}")
+                + self._block(f"{name} {b}{suffix}", second, f"{b}{suffix}"))
 
     def _layer_backward(self, name: str, weight_grad_deferred: bool) -> list[Segment]:
         """Backward of one layer: input gradients, and weight gradients unless deferred to W."""
@@ -663,6 +692,8 @@ class TransformerCosts:
             if last:
                 segs.append(_scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
+        if not segs:  # a first stage of the embedding alone: its lookup is not timed
+            segs.append(ComputeSeg(str(op)))
         return tuple(fuse_compute(segs, str(op)))
 
     def _zero3_copies(self, name: str, backward: bool) -> list[Segment]:
@@ -1047,6 +1078,24 @@ class TransformerCosts:
         else:
             n += expert
         return ComputeSeg("optimizer", elementwise_bytes=28 * n)
+
+
+TP_OVERLAP_GEMMS: dict[str, tuple[str, str]] = {
+    "attn all-gather": ("qkv", "qkv_fprop"),
+    "attn reduce-scatter": ("proj", "proj_fprop"),
+    "mlp all-gather": ("fc1", "fc1_fprop"),
+    "mlp reduce-scatter": ("fc2", "fc2_fprop"),
+    "mlp bwd all-gather": ("fc2", "fc2_dgrad"),
+    "mlp bwd reduce-scatter": ("fc1", "fc1_wgrad"),
+    "attn bwd all-gather": ("proj", "proj_dgrad"),
+    "attn bwd reduce-scatter": ("qkv", "qkv_wgrad"),
+}
+"""Each sequence-parallel collective of a layer, the GEMM it is pipelined with under TP
+communication overlap (:meth:`TransformerCosts.tp_overlap_gemms`) and Transformer Engine's
+name for that overlap (``transformer_engine/pytorch/module/base.py`` ``initialize_ub``): the
+forward all-gathers feed the QKV and FC1 GEMMs, the reduce-scatters drain proj and FC2; in
+the backward the gathered output gradient feeds the FC2 / proj input-gradient GEMM and the
+FC1 / QKV input gradient is reduce-scattered behind that layer's weight-gradient GEMM."""
 
 
 def _gemm(m: float, k: float, n: float, count: float = 1.0) -> tuple[float, float]:

@@ -106,6 +106,12 @@ class SearchContext:
         if cfg.model.encoder is not None:
             raise ConfigError("model.encoder: sim search does not search a multimodal model's "
                               "layouts; compare its schedules with sim compare")
+        if cfg.parallel.tp_comm_overlap or cfg.parallel.microbatch_group_size is not None:
+            key = ("tp_comm_overlap" if cfg.parallel.tp_comm_overlap
+                   else "microbatch_group_size")
+            raise ConfigError(f"parallel.{key}: sim search does not search with it yet (its "
+                              "screening bounds time TP collectives as blocking and every "
+                              "layout its own micro-batch groups); leave it out")
         gbs = cfg.training.global_batch_size
         if gbs is None:
             try:

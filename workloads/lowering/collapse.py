@@ -126,13 +126,20 @@ class Folded:
         return self.cut(at)
 
 
+def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups = ()) -> float:
+    """A collective's time: its fixed :attr:`CommSeg.duration_s` (TP communication overlap),
+    else timed on every group of its kind at once."""
+    if seg.duration_s is not None:
+        return seg.duration_s
+    return collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups, seg.nbytes)
+
+
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
               ep_groups: Groups = ()) -> tuple[CommRun, ...]:
     runs: list[CommRun] = []
     for seg in segs:
         assert isinstance(seg, CommSeg)
-        t = collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
-                                  seg.nbytes)
+        t = comm_s(seg, collapse, groups, ep_groups)
         if runs and runs[-1].kind == seg.kind:
             prev = runs[-1]
             runs[-1] = CommRun(prev.kind, prev.op, f"{prev.label} + {seg.label}",
@@ -164,8 +171,7 @@ def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
         by_kind[comm[-1].kind] += waiting
         parts = tuple(block(by_kind[kind], collapse, groups, ep_groups) for kind in kinds)
     return Block(sum(collapse.compute_s(seg) for seg in work),
-                 sum(collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
-                                           seg.nbytes) for seg in comm),
+                 sum(comm_s(seg, collapse, groups, ep_groups) for seg in comm),
                  kinds[0] if len(kinds) == 1 else "tp",
                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work), parts)
 

@@ -183,7 +183,8 @@ class OpLoop:
             for i, seg in enumerate(segs):
                 if isinstance(seg, CommSeg):
                     ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=comm_names[i],
-                                       op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb)
+                                       op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
+                                       duration_s=seg.duration_s)
                 else:
                     seen_compute += 1
                     a_bytes = alloc if seen_compute == 1 else 0.0

@@ -359,7 +359,8 @@ class PieceLowering:
                 if isinstance(seg, CommSeg):
                     ids = b.collective(tuple(tp_group), {g: cur[g] for g in tp_group},
                                        kind=seg.kind, name=f"{op_name} {seg.label}",
-                                       op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb)
+                                       op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
+                                       duration_s=seg.duration_s)
                 else:
                     label = op_name if seen == 1 else seg.label
                     ids = {g: b.compute(g, op.kind, label, cur[g], flops=seg.flops,

@@ -1,0 +1,180 @@
+"""Tensor-parallel communication overlap (``parallel.tp_comm_overlap``).
+
+Transformer Engine's userbuffers (Megatron-core ``--tp-comm-overlap``, which NeMo turns on
+for its H100 performance recipes) split each sequence-parallel all-gather and
+reduce-scatter of a layer into chunks and pipeline them with the GEMM next to it: the
+all-gather before the QKV and FC1 GEMMs, the reduce-scatter after proj and FC2, and in the
+backward the output-gradient all-gather before the FC2 / proj input-gradient GEMM and the
+input-gradient reduce-scatter behind the FC1 / QKV weight-gradient GEMM
+(:data:`workloads.transformer.TP_OVERLAP_GEMMS`). What each does, its chunks and the SMs its
+communication takes from the GEMM are data (``sim/data/tp_overlap.toml``, with their source).
+
+A pair of a collective taking ``c`` seconds alone and a GEMM taking ``g`` runs, with the
+GEMM on the SMs the communication leaves it (``g' = g·S/(S − k)`` when TE sets an SM
+margin of ``k`` of the GPU's ``S`` SMs, else ``g' = g``), in
+(:func:`pipelined_s`):
+
+* ``pipeline`` (``n`` chunks, the reduce-scatter after the GEMM):
+  ``g'/n + (n − 1)·max(g'/n, c/n) + c/n``, the first GEMM chunk and the last
+  reduce-scatter chunk exposed;
+* ``ring_exchange`` (``n`` = TP size, copies on the copy engines): the GEMM starts on
+  the local chunk while the ``n − 1`` exchanges bring the others:
+  ``(n − 1)·max(c/(n − 1), g'/n) + g'/n``;
+* ``bulk``: both whole at once, ``max(c, g')``.
+
+A pipelined GEMM runs as ``n`` chunks of ``1/n`` of its rows, each at the efficiency the
+device model gives the smaller GEMM (:func:`chunked`); ``g`` above is their sum. The block's
+compute already counts the whole GEMM, so the collective adds the rest, ``pair − g_whole``
+(:func:`exposed_s`): it is emitted with that fixed time (:attr:`CommSeg.duration_s`)
+instead of being timed on the network. ``c`` is the collective timed alone on the TP
+groups of pipeline rank 0 (every replica's at once, as the collapsed lowering times it),
+``g`` from the device model the simulation runs with. Not modelled: the all-gather of the
+saved input the backward repeats for the weight gradient (TE's bulk ``qkv_dgrad`` /
+``fc1_dgrad``; the simulator does not count that collective), HBM contention between
+the copies and the GEMM. The search's screening and ``layers_per_stage: auto`` keep
+timing these collectives as blocking.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from base.errors import ConfigError
+from workloads.costs import BF16, ComputeSeg
+from workloads.lowering.groups import tp_groups
+from workloads.transformer import TP_OVERLAP_GEMMS, TransformerCosts
+
+if TYPE_CHECKING:
+    from sim.experiment import Experiment
+
+DATA_FILE = Path(__file__).parent / "data" / "tp_overlap.toml"
+"""Transformer Engine's overlap methods and the GPUs' SM counts, each with its source."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """How Transformer Engine overlaps one GEMM with its collective."""
+
+    name: str
+    """``ring_exchange``, ``pipeline`` or ``bulk``."""
+    splits: int
+    """Chunks the GEMM and the collective are cut into; 0: the TP size."""
+    sms: int
+    """SMs the communication kernels take."""
+    sm_margin: bool
+    """Whether the GEMM is launched on the SMs the communication leaves it."""
+
+
+@cache
+def _data() -> dict:
+    with DATA_FILE.open("rb") as fh:
+        return tomllib.load(fh)
+
+
+def method_of(layer: str) -> Method:
+    """The overlap method of Transformer Engine's GEMM ``layer`` (e.g. ``proj_fprop``)."""
+    data = _data()
+    name = data["layers"][layer]
+    m = data["methods"][name]
+    return Method(name, int(m["splits"]), int(m["sms"]), bool(m["sm_margin"]))
+
+
+def sm_count(gpu: str) -> int | None:
+    """Streaming multiprocessors of GPU preset ``gpu`` (None: no entry)."""
+    value = _data()["sms"].get(gpu)
+    return None if value is None else int(value)
+
+
+def chunks(method: Method, tp: int) -> int:
+    """Chunks ``method`` cuts a GEMM and its collective into in a TP group of ``tp``."""
+    return tp if method.splits == 0 else method.splits
+
+
+def chunked(gemm: ComputeSeg, n: int) -> ComputeSeg:
+    """One of ``n`` row chunks of ``gemm``: ``1/n`` of its FLOPs, at the size the device
+    model's efficiency curve sees shrunk by ``n^(1/3)`` (the cube side of M·K·N,
+    :func:`workloads.transformer._gemm`)."""
+    dims = tuple((d / n ** (1 / 3), f / n) for d, f in gemm.gemm_dims)
+    return replace(gemm, flops=gemm.flops / n, hbm_bytes=gemm.hbm_bytes / n, gemm_dims=dims)
+
+
+def pipelined_s(method: Method, comm_s: float, gemm_s: float, tp: int, sms: int) -> float:
+    """Seconds of a GEMM (``gemm_s``: its chunks, on every SM) and its collective (``comm_s``
+    alone) run overlapped by ``method`` on a GPU of ``sms`` SMs in a TP group of ``tp``
+    (module doc)."""
+    g = gemm_s * (sms / (sms - method.sms) if method.sm_margin else 1.0)
+    if method.name == "bulk":
+        return max(comm_s, g)
+    n = chunks(method, tp)
+    if method.name == "ring_exchange":
+        return (n - 1) * max(comm_s / (n - 1), g / n) + g / n
+    return g / n + (n - 1) * max(g / n, comm_s / n) + comm_s / n
+
+
+def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
+              collective_s: Callable[[str, float], float], sms: int
+              ) -> tuple[tuple[str, float], ...]:
+    """What each sequence-parallel collective of a layer adds beside its block's compute
+    when pipelined with its GEMM: ``pipelined_s − g`` (module doc), by the collective's
+    name in :data:`~workloads.transformer.TP_OVERLAP_GEMMS`. ``collective_s(op, nbytes)``
+    times a TP collective alone."""
+    gemms = costs.tp_overlap_gemms()
+    nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
+        * costs.model.hidden_size
+    out = []
+    for name, (gemm, layer) in TP_OVERLAP_GEMMS.items():
+        op = "all_gather" if name.endswith("all-gather") else "reduce_scatter"
+        method = method_of(layer)
+        n = chunks(method, costs.tp)
+        g_chunks = n * compute_s(chunked(gemms[gemm], n))
+        pair = pipelined_s(method, collective_s(op, nbytes), g_chunks, costs.tp, sms)
+        out.append((name, pair - compute_s(gemms[gemm])))
+    return tuple(out)
+
+
+def check(gpu: str, tp: int, sequence_parallel: bool, why_not: str | None) -> None:
+    """ConfigError where ``parallel.tp_comm_overlap`` cannot apply: Megatron's own rule
+    (megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap can happen
+    only when sequence parallelism is enabled"), a GPU without an SM count, or a model
+    whose blocks are not the dense attention + MLP pair (``why_not``)."""
+    if tp > 1 and not sequence_parallel:
+        raise ConfigError("parallel.tp_comm_overlap: tensor parallel communication/GEMM "
+                          "overlap can happen only when sequence parallelism is enabled "
+                          "(Megatron-LM); set parallel.sequence_parallel: true")
+    if sm_count(gpu) is None and gpu != "ideal":
+        raise ConfigError(f"parallel.tp_comm_overlap: no SM count for GPU {gpu!r} "
+                          f"({DATA_FILE.name}); Transformer Engine's userbuffers run on "
+                          "NVIDIA GPUs")
+    if why_not is not None:
+        raise ConfigError(f"parallel.tp_comm_overlap: not modelled for {why_not}")
+
+
+def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
+                   timer: Callable[[str, tuple[tuple[int, ...], ...], float], float]) -> Any:
+    """The costs ``exp`` is lowered with: its own, or under ``parallel.tp_comm_overlap``
+    with the exposed times of its TP collectives (:func:`with_overlap`), the collectives
+    timed by ``timer`` (a :class:`~sim.commtime.CollectiveTimer`) on pipeline rank 0's TP
+    groups and the GEMMs by ``compute_s``."""
+    if not exp.config.parallel.tp_comm_overlap or not isinstance(exp.costs, TransformerCosts):
+        return exp.costs
+    groups = tp_groups(exp.placement, 0)
+    return with_overlap(exp.costs, exp.cluster.gpu.name, compute_s,
+                        lambda op, nbytes: timer(op, groups, nbytes))
+
+
+def with_overlap(costs: TransformerCosts, gpu: str,
+                 compute_s: Callable[[ComputeSeg], float],
+                 collective_s: Callable[[str, float], float]) -> TransformerCosts:
+    """``costs`` with :attr:`~TransformerCosts.tp_comm_exposed_s` set (no change without
+    TP or sequence parallelism: there is nothing to overlap)."""
+    if costs.tp == 1 or not costs.sequence_parallel:
+        return costs
+    sms = sm_count(gpu)
+    if sms is None:  # the ideal GPU: no compute time to slow
+        sms = 1 << 30
+    return replace(costs, tp_comm_exposed_s=exposed_s(costs, compute_s, collective_s, sms))

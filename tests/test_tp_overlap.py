@@ -1,0 +1,147 @@
+"""TP communication overlap (``parallel.tp_comm_overlap``, :mod:`sim.tpoverlap`): the
+pipelined pair's closed forms, the step they give end to end, and the settings refused."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from base.errors import ConfigError
+from sim import api
+from sim.calibration import default_profile
+from sim.commtime import CollectiveTimer
+from sim.device import compute_time_s
+from sim.experiment import build_experiment
+from sim.tpoverlap import DATA_FILE, Method, lowering_costs, method_of, pipelined_s, sm_count
+from workloads.costs import ComputeSeg
+from workloads.lowering.groups import tp_groups
+from workloads.program import Collective
+from workloads.transformer import TP_OVERLAP_GEMMS
+
+PIPE = Method("pipeline", 4, 16, True)
+RING = Method("ring_exchange", 0, 1, False)
+BULK = Method("bulk", 1, 16, True)
+
+
+def test_closed_forms() -> None:
+    """n = 4 chunks: g'/n + (n - 1) max(g'/n, c/n) + c/n with g' = g S/(S - k); the ring
+    exchange hides all of c while g'/t >= c/(t - 1) (the first chunk is local); bulk is
+    max(c, g')."""
+    s = 132
+    slow = 132 / 116
+    assert pipelined_s(PIPE, 1.0, 4.0, 8, s) == pytest.approx(
+        4 * slow / 4 + 3 * max(4 * slow / 4, 1 / 4) + 1 / 4)
+    assert pipelined_s(PIPE, 8.0, 4.0, 8, s) == pytest.approx(4 * slow / 4 + 3 * 2 + 2)
+    assert pipelined_s(RING, 1.0, 4.0, 4, s) == pytest.approx(4.0)
+    assert pipelined_s(RING, 6.0, 4.0, 4, s) == pytest.approx(3 * 2 + 1)
+    assert pipelined_s(BULK, 1.0, 4.0, 4, s) == pytest.approx(4 * slow)
+    assert pipelined_s(BULK, 9.0, 4.0, 4, s) == pytest.approx(9.0)
+    for m in (PIPE, RING, BULK):  # never faster than the GEMM alone or the collective alone
+        for c, g in ((0.1, 5.0), (5.0, 0.1), (1.0, 1.0)):
+            t = pipelined_s(m, c, g, 8, s)
+            assert t >= max(c, g) - 1e-12 and t <= c + g * slow + 1e-12
+
+
+def test_data_is_transformer_engines_defaults_with_sources() -> None:
+    data = tomllib.loads(DATA_FILE.read_text(encoding="utf-8"))
+    assert "initialize_ub" in data["source"]
+    for table in ("layers", "sms"):
+        assert f"{table}_source" in data[table]
+    for name, m in data["methods"].items():
+        assert f"{name}_source" in m
+    assert method_of("qkv_fprop") == RING and method_of("proj_fprop") == PIPE
+    assert method_of("fc1_wgrad") == BULK
+    assert {layer for _, layer in TP_OVERLAP_GEMMS.values()} <= set(data["layers"]) - {
+        "layers_source"}
+    assert sm_count("H100") == 132 and sm_count("A100-80GB") == 108 and sm_count("MI300X") is None
+
+
+def _exp(overlap: bool, tp: int = 4, **parallel) -> dict:
+    return {"name": "ov", "model": {"preset": "llama2-13b", "num_layers": 4, "seq_length": 4096},
+            "cluster": {"preset": "dgx-h100", "num_gpus": tp},
+            "parallel": {"tp": tp, "sequence_parallel": True, "tp_comm_overlap": overlap}
+            | parallel,
+            "training": {"micro_batch_size": 1, "num_microbatches": 1}}
+
+
+@pytest.mark.parametrize("fidelity", ["full", "collapsed"])
+def test_step_is_the_blocking_step_less_what_the_pipelines_hide(fidelity: str) -> None:
+    """One GPU's chain (one stage, one micro-batch): every TP collective is on the critical
+    path, so overlap shortens the step by sum(c - exposed) over the 8 collectives of each
+    layer, c the collective alone (the collapsed timer, which the full run's NVLink flows
+    match here)."""
+    base_exp, ov_exp = build_experiment(_exp(False)), build_experiment(_exp(True))
+    base = api.simulate(base_exp, fidelity=fidelity)
+    ov = api.simulate(ov_exp, fidelity=fidelity)
+    timer = CollectiveTimer(ov_exp.cluster)
+    groups = tp_groups(ov_exp.placement, 0)
+    profile = default_profile("H100")
+
+    def compute_s(seg: ComputeSeg) -> float:
+        return compute_time_s(ov_exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
+                              seg.attn_flops, seg.elementwise_bytes, "flash2", seg.gemm_dims)
+
+    exposed = dict(lowering_costs(ov_exp, compute_s, timer).tp_comm_exposed_s)
+    assert set(exposed) == set(TP_OVERLAP_GEMMS)
+    nbytes = 2 * 4096 * 5120
+    hidden = 4 * sum(timer("all_gather" if name.endswith("all-gather") else "reduce_scatter",
+                           groups, nbytes) - e for name, e in exposed.items())
+    assert hidden > 0
+    assert ov.stats["step_time_s"] == pytest.approx(base.stats["step_time_s"] - hidden,
+                                                    rel=1e-6)
+
+
+def test_full_and_collapsed_agree_and_default_is_unchanged() -> None:
+    exp = build_experiment(_exp(True, tp=8) | {"cluster": {"preset": "dgx-h100",
+                                                           "num_gpus": 16}})
+    full = api.simulate(exp, fidelity="full").stats["step_time_s"]
+    assert api.simulate(exp, fidelity="collapsed").stats["step_time_s"] == pytest.approx(
+        full, rel=1e-9)
+    off = build_experiment(_exp(False))
+    assert all(i.duration_s is None for i in api.simulate(off).program.instructions
+               if isinstance(i, Collective) and i.kind == "tp")
+
+
+def test_without_tp_nothing_changes() -> None:
+    one = {"cluster": {"preset": "dgx-h100", "num_gpus": 1}}
+    a = api.simulate(build_experiment(_exp(False, tp=1) | one)).stats
+    b = api.simulate(build_experiment(_exp(True, tp=1) | one)).stats
+    assert a == b
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"parallel": {"tp": 4, "sequence_parallel": False, "tp_comm_overlap": True}},
+     "only when sequence parallelism is enabled"),
+    ({"model": {"preset": "mixtral-8x7b", "num_layers": 2, "seq_length": 1024}},
+     "mixture-of-experts"),
+    ({"cluster": {"topology": "switch", "num_gpus": 4, "gpus_per_node": 4, "gpu": "MI300X",
+                  "link_bandwidth_GBps": 100.0}}, "no SM count"),
+])
+def test_refused_where_not_modelled(change: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        build_experiment(_exp(True) | change)
+
+
+def test_jobs_sharing_a_cluster_refuse_it() -> None:
+    """Several jobs' collectives must meet on the network; a fixed-time TP collective would
+    not (sim.jobs)."""
+    import yaml
+    from conftest import ROOT
+
+    from sim.jobs import build_jobs, simulate_jobs
+
+    data = yaml.safe_load((ROOT / "workloads" / "examples" / "two-jobs-shared-fabric.yaml")
+                          .read_text(encoding="utf-8"))
+    data["jobs"][0]["parallel"] |= {"sequence_parallel": True, "tp_comm_overlap": True}
+    with pytest.raises(ConfigError, match="tp_comm_overlap"):
+        simulate_jobs(build_jobs(data))
+
+
+def test_search_refuses_it() -> None:
+    from sim.search.space import SearchContext
+
+    data = _exp(True) | {"cluster": {"preset": "dgx-h100", "num_gpus": 8}}
+    data["training"] = {"micro_batch_size": 1, "global_batch_size": 16}
+    with pytest.raises(ConfigError, match="sim search does not search with it"):
+        SearchContext.build(data)
