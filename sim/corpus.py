@@ -33,7 +33,7 @@ COLUMNS = (
     "position_embedding", "parallel_blocks", "seq_length", "cluster", "gpu", "num_gpus",
     "nics_per_node", "nic_Gbps", "tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel",
     "zero_stage", "schedule", "micro_batch_size", "global_batch_size", "recompute",
-    "recompute_num_layers", "attention", "fused_norm", "precision", "framework", "software",
+    "recompute_num_layers", "attention", "fused_norm", "tp_comm_overlap", "precision", "framework", "software",
     "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
     "assumed", "citation")
@@ -52,14 +52,16 @@ INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn
 """Whole-number columns (empty allowed where not :data:`REQUIRED`)."""
 FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
 """Real-number columns; a value given must be positive and finite."""
-BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm")
+BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm",
+         "tp_comm_overlap")
 """``true``/``false`` columns (empty: the preset's or the schema's default)."""
 
 STATUSES = ("ok", "oom")
 """``ok``: the source reports the run as having run; ``oom``: it reports it out of memory."""
 
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
-                "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": ""}
+                "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
+                "tp_comm_overlap": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -141,6 +143,8 @@ class CorpusRow:
                 cluster[NIC_RATE_KEY] = float(v[key])
             elif key == "fused_norm":
                 training[key] = v[key] == "true"
+            elif key == "tp_comm_overlap":
+                parallel[key] = v[key] == "true"
             else:
                 training[key] = v[key]
         return {"name": f"{self.source}:{v['run']}", "model": model, "cluster": cluster,
