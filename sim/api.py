@@ -233,7 +233,8 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     ``collective_timer``: the collapsed fidelity's timings of collectives on the real
     topology, to share between calls on the same cluster (``sim search`` simulates many
     layouts on one): its timings depend on the cluster alone, so a shared one gives the
-    same floats as a fresh one. A timer of another cluster is a ValueError.
+    same floats as a fresh one. A timer of another cluster is a ValueError. None: the
+    cluster's own (:meth:`CollectiveTimer.shared`), or with ``reference`` a fresh one.
 
     Data-parallel modes (:mod:`sim.dpmodes`): under ``parallel.dp_mode:
     parameter_server`` the step pushes to and pulls from the server ranks (full
@@ -326,7 +327,9 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     collapse = None
     if fidelity == "collapsed":
         collapse = Collapse(compute_s=base_time if timers is None else timers[0],
-                            collective_s=collective_timer or CollectiveTimer(exp.cluster),
+                            collective_s=collective_timer or (
+                                CollectiveTimer(exp.cluster) if reference
+                                else CollectiveTimer.shared(exp.cluster)),
                             compute_s_of=None if timers is None else timers.__getitem__)
     program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference, servers)

@@ -36,7 +36,7 @@ from workloads.frameworks import FrameworkProfile, apply_framework, framework, s
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
-from workloads.registry import SCHEDULES
+from workloads.registry import SCHEDULES, built_schedule
 from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
 
@@ -266,11 +266,10 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
                               if t.global_batch_size is not None else
                               ("training.num_microbatches", m)), key=lambda kv: kv[1])
             check_schedule_ops(pp * v, m, k, key, value)
-            sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
+            sched = built_schedule(name, pp, m, v, k)
             if v > 1 and sched.chunks_per_rank == 1:
                 raise ConfigError(f"parallel.vpp={v}: schedule {name!r} has one chunk per rank; "
                                   "use an interleaved or V schedule")
-            schedules.validate(sched)
             return sched
         path = Path(name)
         if base_dir is not None and not path.is_absolute() and not path.exists():

@@ -168,15 +168,16 @@ class Schedule:
         return self.num_stages // self.num_ranks
 
     @cached_property
-    def groups(self) -> dict[Op, tuple[Op, ...]]:
-        """Each op's fused group, members in program order; ``(op,)`` for an op run alone."""
+    def groups(self) -> Mapping[Op, tuple[Op, ...]]:
+        """Each op's fused group, members in program order; ``(op,)`` for an op run alone
+        (read-only: a schedule is shared, :func:`workloads.registry.built_schedule`)."""
         if not self.fused:
-            return {op: (op,) for ops in self.rank_ops for op in ops}
+            return MappingProxyType({op: (op,) for ops in self.rank_ops for op in ops})
         out: dict[Op, tuple[Op, ...]] = {}
         for ops in self.rank_ops:
             for group in _split_groups(ops, self.fused):
                 out.update(dict.fromkeys(group, group))
-        return out
+        return MappingProxyType(out)
 
     def grid(self) -> str:
         """The op grid, one line per rank: readable in a diff; :func:`from_text` parses it."""
@@ -729,8 +730,11 @@ def _unit_run(schedule: Schedule) -> tuple[dict[Op, tuple[float, float]],
     if found is None:
         return list_schedule(schedule, lambda op: 1.0), None
     times, scheduled = _list_unfused(schedule, lambda op: 1.0, order, found)
-    return times, (np.array(scheduled, dtype=np.int64), *coded[:4],
-                   *(np.array(col, dtype=np.int64) for col in found))
+    run = (np.array(scheduled, dtype=np.int64), *coded[:4],
+           *(np.array(col, dtype=np.int64) for col in found))
+    for a in run:  # kept on a shared schedule
+        a.flags.writeable = False
+    return times, run
 
 
 def unit_order(schedule: Schedule) -> tuple[np.ndarray, ...] | None:

@@ -29,7 +29,7 @@ from workloads.schedules import (
 
 def topological_ops(schedule: Schedule) -> list[Op]:
     """All ops in an order where every op comes after its producers and its rank predecessors."""
-    return topological(schedule)[0]
+    return list(topological(schedule)[0])
 
 
 KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
@@ -37,10 +37,26 @@ KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
 
 
 def topological(schedule: Schedule, fields: bool = False
-                ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
+                ) -> tuple[tuple[Op, ...], tuple[np.ndarray | None, ...] | None]:
     """:func:`topological_ops`; with ``fields``, also the ops' stages, kind codes
     (:data:`KINDS`), sequence fields and rank-order positions (:func:`unit_order`; None
-    where it has none) in that order, as arrays."""
+    where it has none) in that order, as arrays. Worked out once per schedule and kept on
+    it (a schedule is immutable and shared, :func:`workloads.registry.built_schedule`):
+    a tuple and read-only arrays."""
+    key = "_topological_fields" if fields else "_topological"
+    found = schedule.__dict__.get(key)
+    if found is None:
+        order, arrays = _topological(schedule, fields)
+        for a in arrays or ():
+            if a is not None:
+                a.flags.writeable = False
+        found = schedule.__dict__[key] = (tuple(order), arrays)  # as cached_property
+    return found
+
+
+def _topological(schedule: Schedule, fields: bool
+                 ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
+    """:func:`topological`, worked out."""
     times = unit_times(schedule)
     ops = list(times)
     n = len(ops)
