@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import networkx as nx
 
+from base.collector import gc_paused
 from base.errors import ConfigError, TopologyError
 from topologies.cluster import Cluster
 from topologies.config import (
@@ -79,7 +80,8 @@ def _built(c: ClusterConfig) -> Cluster:
 @lru_cache(maxsize=CLUSTER_CACHE)
 def _cached(c: ClusterConfig) -> Cluster:
     """:func:`build_cluster` of a hashable description, its graph frozen."""
-    cluster = _built(c)
+    with gc_paused():  # the graph's many small dicts hold no cycles worth a scan
+        cluster = _built(c)
     nx.freeze(cluster.graph)
     return cluster
 

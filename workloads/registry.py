@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
 
+from base.collector import gc_paused
 from workloads import schedules_advanced as adv
 from workloads import schedules_multimodal as mm
 from workloads.schedules import Schedule, gpipe, one_f_one_b, validate
@@ -141,8 +142,9 @@ def built_schedule(name: str, p: int, m: int, v: int, k: int) -> Schedule:
     built once per arguments: a schedule depends on nothing else, is immutable, and keeps
     its symbolic run and the arrays derived from it (read-only) for the next experiment
     with the same pipeline (a search's layouts, a sweep's, a repeated run)."""
-    sched = SCHEDULES[name](p, m, v, k)
-    validate(sched)
+    with gc_paused():  # hundreds of thousands of ops and their symbolic run: no cycles
+        sched = SCHEDULES[name](p, m, v, k)
+        validate(sched)
     return sched
 
 

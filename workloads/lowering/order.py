@@ -137,8 +137,27 @@ def final_ops(schedule: Schedule) -> dict[int, Op]:
     last_kind = WEIGHT_GRAD if schedule.split_backward else BACKWARD
     kinds = {last_kind} if schedule.encoder is None else {last_kind, ENCODER_BACKWARD}
     out: dict[int, Op] = {}
+    if schedule.encoder is not None:
+        for ops in schedule.rank_ops:
+            for op in ops:
+                if op.kind in kinds:
+                    out[op.stage] = op
+        return out
     for ops in schedule.rank_ops:
+        # as the loop above: stages in order of their first such op, each its last one; both
+        # found by scanning from either end until every stage on the rank is seen
+        stages = len(set(map(itemgetter(0), ops)))
+        first: dict[int, Op] = {}
         for op in ops:
-            if op.kind in kinds:
-                out[op.stage] = op
+            if op.kind in kinds and op.stage not in first:
+                first[op.stage] = op
+                if len(first) == stages:
+                    break
+        last: dict[int, Op] = {}
+        for op in reversed(ops):
+            if op.kind in kinds and op.stage not in last:
+                last[op.stage] = op
+                if len(last) == len(first):
+                    break
+        out.update((s, last[s]) for s in first)
     return out
