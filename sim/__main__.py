@@ -1,5 +1,5 @@
 """``python -m sim`` is the ``sim`` command."""
 
-from sim.cli import main
+from sim.cli import command
 
-raise SystemExit(main())
+raise SystemExit(command())

@@ -234,7 +234,8 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     ``collective_timer``: the collapsed fidelity's timings of collectives on the real
     topology, to share between calls on the same cluster (``sim search`` simulates many
     layouts on one): its timings depend on the cluster alone, so a shared one gives the
-    same floats as a fresh one. A timer of another cluster is a ValueError.
+    same floats as a fresh one. A timer of another cluster is a ValueError. None: the
+    cluster's own (:meth:`CollectiveTimer.shared`), or with ``reference`` a fresh one.
 
     Data-parallel modes (:mod:`sim.dpmodes`): under ``parallel.dp_mode:
     parameter_server`` the step pushes to and pulls from the server ranks (full
@@ -325,7 +326,8 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                     f"more than {budget.MAX_PROGRAM_BYTES / 1e9:g} GB; simulated collapsed")
     work.check(fidelity)
     collapse = None
-    timer = collective_timer or CollectiveTimer(exp.cluster)
+    timer = collective_timer or (CollectiveTimer(exp.cluster) if reference
+                                 else CollectiveTimer.shared(exp.cluster))
     if fidelity == "collapsed":
         collapse = Collapse(compute_s=base_time if timers is None else timers[0],
                             collective_s=timer,

@@ -15,7 +15,10 @@ program lowered) and refused with the estimate and the key that drives it:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from base.errors import ConfigError
@@ -62,19 +65,16 @@ def _op_instructions(exp: Any) -> float:
     instruction each at full fidelity, an upper bound when collapsed fuses some) plus its
     pipeline send."""
     sched, costs = exp.schedule, exp.costs
-    counts: dict[tuple[int, str, int], int] = {}
+    # ops per (stage, kind, sequence field), in order of first appearance; the counts are
+    # integers, so their sum is the same float in any order
+    ops_of = Counter(map(itemgetter(0, 1, 3), chain.from_iterable(sched.rank_ops)))
     total = 0.0
-    for ops in sched.rank_ops:
-        for op in ops:
-            key = (op.stage, op.kind, op.seq)
-            if key not in counts:
-                segs = costs.op_segments(Op(op.stage, op.kind, 0, op.seq),
-                                         sched.split_backward, markers=True)
-                # ring attention: a block and a send per step; the op's send, and a
-                # receive or optimizer share
-                counts[key] = sum(2 * seg.steps if isinstance(seg, RingAttention) else 1
-                                  for seg in segs) + 2
-            total += counts[key]
+    for (stage, kind, seq), ops in ops_of.items():
+        segs = costs.op_segments(Op(stage, kind, 0, seq), sched.split_backward, markers=True)
+        # ring attention: a block and a send per step; the op's send, and a receive or
+        # optimizer share
+        total += ops * (sum(2 * seg.steps if isinstance(seg, RingAttention) else 1
+                            for seg in segs) + 2)
     return total
 
 

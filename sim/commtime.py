@@ -120,6 +120,20 @@ class CollectiveTimer:
         """Reusable timings: ``(op, nbytes) -> {groups shifted to server 0: (first server,
         seconds)}``."""
 
+    @classmethod
+    def shared(cls, cluster: Cluster, algo: str = "auto") -> CollectiveTimer:
+        """The timer of ``cluster`` and ``algo`` that every simulation on that cluster shares
+        (kept in :attr:`~topologies.cluster.Cluster.memo`): its timings depend on the
+        cluster alone, so a shared one gives the same floats as a fresh one, and a cluster
+        built once per description (:func:`topologies.build.build_cluster`) keeps them for
+        the next experiment on it."""
+        key = ("collective_timer", algo)
+        timer = cluster.memo.get(key)
+        if timer is None:
+            timer = cluster.memo[key] = cls(cluster, algo)
+        assert isinstance(timer, cls)
+        return timer
+
     def __call__(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         key = (op, groups, nbytes)
         cached = self._cache.get(key)

@@ -36,8 +36,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
-
-import simpy
+from typing import TYPE_CHECKING
 
 from base.collector import gc_paused
 from base.errors import DeadlockError
@@ -55,6 +54,9 @@ from workloads.program import (
     Send,
     columns_of,
 )
+
+if TYPE_CHECKING:
+    import simpy
 
 ComputeTimer = Callable[[Compute], float]
 
@@ -225,8 +227,12 @@ class _Run:
 
     def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer,
                  reference: bool = False) -> None:
-        self.env = simpy.Environment() if reference else None
+        self.env: simpy.Environment | None = None
         """The reference's event queue; None: the run's own heap (:meth:`_after`)."""
+        if reference:
+            import simpy  # the reference alone runs on SimPy: imported when it runs
+
+            self.env = simpy.Environment()
         self.now = 0.0
         """The simulated time: that of the event being processed."""
         self.heap: list[tuple[float, int, Callable[[object], None], object]] = []

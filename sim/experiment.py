@@ -37,7 +37,7 @@ from workloads.frameworks import FrameworkProfile, apply_framework, framework, s
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
-from workloads.registry import SCHEDULES
+from workloads.registry import SCHEDULES, built_schedule
 from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
 
@@ -268,18 +268,14 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
                               ("training.num_microbatches", m)), key=lambda kv: kv[1])
             check_schedule_ops(pp * v, m, k, key, value)
             n = cfg.parallel.microbatch_group_size
-            if n is None:
-                sched = SCHEDULES[name](pp, m, v, cfg.training.seq_chunks)
-            elif SCHEDULES[name].grouped is None:
+            if n is not None and SCHEDULES[name].grouped is None:
                 raise ConfigError(f"parallel.microbatch_group_size={n}: schedule {name!r} has "
                                   "no micro-batch groups; use schedule interleaved or leave "
                                   "it out")
-            else:
-                sched = SCHEDULES[name].grouped(pp, m, v, n)
+            sched = built_schedule(name, pp, m, v, k, n)
             if v > 1 and sched.chunks_per_rank == 1:
                 raise ConfigError(f"parallel.vpp={v}: schedule {name!r} has one chunk per rank; "
                                   "use an interleaved or V schedule")
-            schedules.validate(sched)
             return sched
         if cfg.parallel.microbatch_group_size is not None:
             raise ConfigError(f"parallel.microbatch_group_size="

@@ -41,7 +41,6 @@ from sim.device import DeviceProfile, rank_timers, work_timer
 from sim.engine import EngineCounters, InstructionTimes, simulate_program
 from sim.experiment import Experiment, build_experiment
 from sim.idle import idle_breakdown, summarize
-from sim.jobs_config import gpu_ids, parse_jobs
 from sim.stats import compute_stats
 from sim.timeline import Timeline, timeline_of
 from topologies.build import build_cluster
@@ -91,6 +90,8 @@ def build_jobs(data: Any, base_dir: Path | None = None) -> JobSet:
     """Validate a parsed multi-job file and build its jobs; ConfigError naming the job
     (``jobs[i] (name): ...``) for an invalid one, and naming both jobs where two share
     a GPU."""
+    from sim.jobs_config import gpu_ids, parse_jobs  # its models: built for jobs files only
+
     cfg = parse_jobs(data)
     cluster = build_cluster(cfg.cluster)
     owner: dict[int, str] = {}

@@ -352,7 +352,8 @@ def test_a_shared_collective_timer_gives_the_fresh_timers_stats() -> None:
     reused = len(timer._cache)
     simulate(first, fidelity="collapsed", collective_timer=timer)
     assert len(timer._cache) == reused > 0  # the repeat layout timed nothing new
-    other = experiment(2, 4, 4)  # an equal cluster, but another object
+    # an equal cluster, but another object (experiments of one description share theirs)
+    other = dataclasses.replace(first, cluster=first.cluster.with_link_changes())
     with pytest.raises(ValueError, match="another cluster"):
         simulate(other, fidelity="collapsed", collective_timer=timer)
 

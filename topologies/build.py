@@ -9,9 +9,11 @@ tell (a fabric too small for its shape, NICs that do not divide a server's GPUs)
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 import networkx as nx
 
+from base.collector import gc_paused
 from base.errors import ConfigError, TopologyError
 from topologies.cluster import Cluster
 from topologies.config import (
@@ -43,8 +45,28 @@ DEFAULT_GPU = "A100-80GB"
 """The GPU of an explicit topology that names none."""
 
 
+CLUSTER_CACHE = 4
+"""Clusters :func:`build_cluster` keeps, by description (the least recently used go
+first): a 16,384-GPU one with its routes holds some hundred MB."""
+
+
 def build_cluster(c: ClusterConfig) -> Cluster:
-    """The Cluster of a ``cluster:`` description, one site after another on the WAN."""
+    """The Cluster of a ``cluster:`` description, one site after another on the WAN.
+
+    Built once per description and shared (with its caches of routes and of what layers
+    above derive from it, :attr:`Cluster.memo`) by every experiment on it: its graph is
+    frozen (:func:`networkx.freeze`), and a changed cluster is a new object
+    (:meth:`Cluster.with_link_changes`, :meth:`Cluster.subset`). A description that does
+    not hash (a list inside) is built each time."""
+    try:
+        hash(c)
+    except TypeError:
+        return _built(c)
+    return _cached(c)
+
+
+def _built(c: ClusterConfig) -> Cluster:
+    """:func:`build_cluster`, uncached."""
     try:
         if isinstance(c, IdealCluster):
             return ideal_cluster(c.num_gpus)
@@ -53,6 +75,15 @@ def build_cluster(c: ClusterConfig) -> Cluster:
         return _mixed_cluster(c)
     except TopologyError as exc:
         raise ConfigError(f"cluster: {exc}") from None
+
+
+@lru_cache(maxsize=CLUSTER_CACHE)
+def _cached(c: ClusterConfig) -> Cluster:
+    """:func:`build_cluster` of a hashable description, its graph frozen."""
+    with gc_paused():  # the graph's many small dicts hold no cycles worth a scan
+        cluster = _built(c)
+    nx.freeze(cluster.graph)
+    return cluster
 
 
 def _collective_settings(c: Networked) -> CollectiveSettings:

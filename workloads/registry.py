@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from types import MappingProxyType
 
+from base.collector import gc_paused
 from workloads import schedules_advanced as adv
 from workloads import schedules_multimodal as mm
-from workloads.schedules import Schedule, gpipe, one_f_one_b
+from workloads.schedules import Schedule, gpipe, one_f_one_b, validate
 from workloads.schedules_multimodal import EncoderPlan
 
 EncoderBuilder = Callable[[int, int, EncoderPlan | None], Schedule]
@@ -137,6 +139,29 @@ SCHEDULES: Mapping[str, ScheduleKind] = MappingProxyType({s.name: s for s in _KI
 LLM_SCHEDULES: tuple[str, ...] = tuple(s.name for s in _KINDS if s.encoder is None)
 """The schedules of a model without an encoder: what ``sim search`` tries (a multimodal
 schedule without an encoder is 1F1B under another name)."""
+
+
+SCHEDULE_CACHE = 16
+"""Built schedules :func:`built_schedule` keeps (the least recently used go first); one
+of a million ops, with its symbolic run, holds some hundred MB."""
+
+
+@lru_cache(maxsize=SCHEDULE_CACHE)
+def built_schedule(name: str, p: int, m: int, v: int, k: int,
+                   group: int | None = None) -> Schedule:
+    """``SCHEDULES[name](p, m, v, k)`` (with micro-batch groups of ``group``:
+    ``SCHEDULES[name].grouped(p, m, v, group)``), validated
+    (:func:`workloads.schedules.validate`), built once per arguments: a schedule depends on
+    nothing else, is immutable, and keeps its symbolic run and the arrays derived from it
+    (read-only) for the next experiment with the same pipeline (a search's layouts, a
+    sweep's, a repeated run)."""
+    kind = SCHEDULES[name]
+    if group is not None and kind.grouped is None:
+        raise ValueError(f"schedule {name!r} has no micro-batch groups")
+    with gc_paused():  # hundreds of thousands of ops and their symbolic run: no cycles
+        sched = kind(p, m, v, k) if group is None else kind.grouped(p, m, v, group)
+        validate(sched)
+    return sched
 
 
 def overlaps_steps(name: str) -> bool:

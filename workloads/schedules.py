@@ -168,15 +168,16 @@ class Schedule:
         return self.num_stages // self.num_ranks
 
     @cached_property
-    def groups(self) -> dict[Op, tuple[Op, ...]]:
-        """Each op's fused group, members in program order; ``(op,)`` for an op run alone."""
+    def groups(self) -> Mapping[Op, tuple[Op, ...]]:
+        """Each op's fused group, members in program order; ``(op,)`` for an op run alone
+        (read-only: a schedule is shared, :func:`workloads.registry.built_schedule`)."""
         if not self.fused:
-            return {op: (op,) for ops in self.rank_ops for op in ops}
+            return MappingProxyType({op: (op,) for ops in self.rank_ops for op in ops})
         out: dict[Op, tuple[Op, ...]] = {}
         for ops in self.rank_ops:
             for group in _split_groups(ops, self.fused):
                 out.update(dict.fromkeys(group, group))
-        return out
+        return MappingProxyType(out)
 
     def grid(self) -> str:
         """The op grid, one line per rank: readable in a diff; :func:`from_text` parses it."""
@@ -473,7 +474,7 @@ def list_schedule(
     n = len(order)
     found = None if schedule.fused or reference else producer_positions(schedule, order)
     if found is not None:
-        return _list_unfused(schedule, duration, order, found)[0]
+        return _list_unfused(schedule, list(map(duration, order)), order, found)[0]
     index = {op: k for k, op in enumerate(order)}
     # group end time of each done op; the extra last slot stands for a producer missing
     # from the schedule, which is never done
@@ -528,12 +529,12 @@ def list_schedule(
     return {order[k]: interval[k] for k in scheduled}
 
 
-def _list_unfused(schedule: Schedule, duration: Callable[[Op], float], order: list[Op],
+def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op],
                   producers: tuple[list[int], list[int], list[int]]
                   ) -> tuple[dict[Op, tuple[float, float]], list[int]]:
-    """:func:`list_schedule` of a schedule without fused groups, its ops' producers given as
-    the columns of :func:`producer_positions`: the same passes, op by op. Also the positions
-    in ``order`` of the result's ops, in its order."""
+    """:func:`list_schedule` of a schedule without fused groups, its ops' durations given in
+    ``order`` and their producers as the columns of :func:`producer_positions`: the same
+    passes, op by op. Also the positions in ``order`` of the result's ops, in its order."""
     p, n = schedule.num_ranks, len(order)
     ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
     interval: list[tuple[float, float]] = [(0.0, 0.0)] * n
@@ -567,7 +568,7 @@ def _list_unfused(schedule: Schedule, duration: Callable[[Op], float], order: li
                         t = end
                 if wait >= 0:
                     break
-                start, done = t, t + duration(order[j])
+                start, done = t, t + duration[j]
                 interval[j] = (start, done)
                 ready[j] = done
                 scheduled.append(j)
@@ -728,9 +729,12 @@ def _unit_run(schedule: Schedule) -> tuple[dict[Op, tuple[float, float]],
     found = None if coded is None else producer_positions(schedule, order, coded)
     if found is None:
         return list_schedule(schedule, lambda op: 1.0), None
-    times, scheduled = _list_unfused(schedule, lambda op: 1.0, order, found)
-    return times, (np.array(scheduled, dtype=np.int64), *coded[:4],
-                   *(np.array(col, dtype=np.int64) for col in found))
+    times, scheduled = _list_unfused(schedule, [1.0] * len(order), order, found)
+    run = (np.array(scheduled, dtype=np.int64), *coded[:4],
+           *(np.array(col, dtype=np.int64) for col in found))
+    for a in run:  # kept on a shared schedule
+        a.flags.writeable = False
+    return times, run
 
 
 def unit_order(schedule: Schedule) -> tuple[np.ndarray, ...] | None:

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
+from itertools import repeat
 
 from base.errors import ScheduleError
 from workloads.memory import stash_fractions
@@ -187,19 +188,24 @@ def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Sc
         for chunk in range(v):
             forward_order.extend((mb, chunk) for mb in range(first, first + size))
         first += size
-    backward_order = [(mb, v - 1 - chunk) for mb, chunk in forward_order]
     total = m * v
+    mbs = [mb for mb, _ in forward_order]
+    fwd_base = [chunk * p for _, chunk in forward_order]  # stage of rank 0's chunk
+    bwd_base = [(v - 1 - chunk) * p for _, chunk in forward_order]
     ranks = []
     for r in range(p):
         warmup = min(2 * (p - r - 1) + (v - 1) * groups[0], total)
         # Op(stage, kind, mb) built without the named tuple's Python-level __new__
-        fwd = [_op((chunk * p + r, FORWARD, mb, WHOLE)) for mb, chunk in forward_order]
-        bwd = [_op((chunk * p + r, BACKWARD, mb, WHOLE)) for mb, chunk in backward_order]
-        ops = fwd[:warmup]
-        for k in range(total - warmup):
-            ops.append(fwd[warmup + k])
-            ops.append(bwd[k])
-        ops.extend(bwd[total - warmup :])
+        fwd = list(map(_op, zip([b + r for b in fwd_base], repeat(FORWARD), mbs,
+                                repeat(WHOLE))))
+        bwd = list(map(_op, zip([b + r for b in bwd_base], repeat(BACKWARD), mbs,
+                                repeat(WHOLE))))
+        steady = total - warmup  # one forward, then one backward, this many times
+        ops: list[Op] = [fwd[0]] * (2 * total)
+        ops[:warmup] = fwd[:warmup]
+        ops[warmup:warmup + 2 * steady:2] = fwd[warmup:]
+        ops[warmup + 1:warmup + 2 * steady:2] = bwd[:steady]
+        ops[warmup + 2 * steady:] = bwd[steady:]
         ranks.append(tuple(ops))
     return Schedule(
         "interleaved",

@@ -10,6 +10,7 @@ value; never a traceback.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Sequence
 from importlib import metadata
@@ -64,5 +65,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
+def command() -> int:
+    """The ``sim`` executable (``python -m sim``, the ``sim`` script): :func:`main` on this
+    process's command line, then every object left is moved out of the collector's reach
+    (``gc.freeze``) before the interpreter exits. Its exit-time collection would otherwise
+    walk and free all of them one by one, a fifth of a large run's CPU time (0.36 s of
+    Megatron 1T's 1.9 s), where the process's end returns the memory at once; outputs are
+    complete (written, closed and renamed) before :func:`main` returns, and the standard
+    streams are flushed at exit as before. Not in :func:`main`: a caller that goes on
+    (the tests) keeps its collector."""
+    code = main()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    raise SystemExit(command())

@@ -29,7 +29,7 @@ from workloads.schedules import (
 
 def topological_ops(schedule: Schedule) -> list[Op]:
     """All ops in an order where every op comes after its producers and its rank predecessors."""
-    return topological(schedule)[0]
+    return list(topological(schedule)[0])
 
 
 KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
@@ -37,10 +37,26 @@ KINDS = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}
 
 
 def topological(schedule: Schedule, fields: bool = False
-                ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
+                ) -> tuple[tuple[Op, ...], tuple[np.ndarray | None, ...] | None]:
     """:func:`topological_ops`; with ``fields``, also the ops' stages, kind codes
     (:data:`KINDS`), sequence fields and rank-order positions (:func:`unit_order`; None
-    where it has none) in that order, as arrays."""
+    where it has none) in that order, as arrays. Worked out once per schedule and kept on
+    it (a schedule is immutable and shared, :func:`workloads.registry.built_schedule`):
+    a tuple and read-only arrays."""
+    key = "_topological_fields" if fields else "_topological"
+    found = schedule.__dict__.get(key)
+    if found is None:
+        order, arrays = _topological(schedule, fields)
+        for a in arrays or ():
+            if a is not None:
+                a.flags.writeable = False
+        found = schedule.__dict__[key] = (tuple(order), arrays)  # as cached_property
+    return found
+
+
+def _topological(schedule: Schedule, fields: bool
+                 ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
+    """:func:`topological`, worked out."""
     times = unit_times(schedule)
     ops = list(times)
     n = len(ops)
@@ -121,8 +137,27 @@ def final_ops(schedule: Schedule) -> dict[int, Op]:
     last_kind = WEIGHT_GRAD if schedule.split_backward else BACKWARD
     kinds = {last_kind} if schedule.encoder is None else {last_kind, ENCODER_BACKWARD}
     out: dict[int, Op] = {}
+    if schedule.encoder is not None:
+        for ops in schedule.rank_ops:
+            for op in ops:
+                if op.kind in kinds:
+                    out[op.stage] = op
+        return out
     for ops in schedule.rank_ops:
+        # as the loop above: stages in order of their first such op, each its last one; both
+        # found by scanning from either end until every stage on the rank is seen
+        stages = len(set(map(itemgetter(0), ops)))
+        first: dict[int, Op] = {}
         for op in ops:
-            if op.kind in kinds:
-                out[op.stage] = op
+            if op.kind in kinds and op.stage not in first:
+                first[op.stage] = op
+                if len(first) == stages:
+                    break
+        last: dict[int, Op] = {}
+        for op in reversed(ops):
+            if op.kind in kinds and op.stage not in last:
+                last[op.stage] = op
+                if len(last) == len(first):
+                    break
+        out.update((s, last[s]) for s in first)
     return out

@@ -1,0 +1,107 @@
+"""What a single run reuses (issue 22, "a lean single run"): schedules built once per
+(name, p, m, v, k), clusters once per description, collective timings once per cluster;
+all shared read-only, in bounded caches, and giving the results of fresh ones."""
+
+from __future__ import annotations
+
+import itertools
+
+import networkx as nx
+import pytest
+
+from sim.api import simulate
+from sim.commtime import CollectiveTimer
+from sim.config import parse_config
+from sim.experiment import Experiment
+from topologies.build import CLUSTER_CACHE, _cached, build_cluster
+from workloads.lowering.order import final_ops, topological, topological_ops
+from workloads.registry import SCHEDULE_CACHE, SCHEDULES, built_schedule
+from workloads.schedules import BACKWARD, ENCODER_BACKWARD, WEIGHT_GRAD, unit_order, unit_times
+
+GPT = {
+    "name": "t",
+    "model": {"preset": "gpt3-1.3b", "seq_length": 2048},
+    "cluster": {"preset": "dgx-a100-80g", "num_gpus": 32},
+    "parallel": {"tp": 2, "pp": 4, "dp": 4},
+    "training": {"micro_batch_size": 1, "global_batch_size": 64},
+}
+
+
+def test_a_schedule_is_built_once_and_shared_read_only() -> None:
+    a = built_schedule("interleaved", 4, 8, 2, 1)
+    assert built_schedule("interleaved", 4, 8, 2, 1) is a
+    assert built_schedule.cache_info().maxsize == SCHEDULE_CACHE
+    assert isinstance(a.rank_ops, tuple) and all(isinstance(ops, tuple) for ops in a.rank_ops)
+    op = a.rank_ops[0][0]
+    with pytest.raises(TypeError):
+        a.groups[op] = ()  # type: ignore[index]
+    with pytest.raises(TypeError):
+        unit_times(a)[op] = (0.0, 0.0)  # type: ignore[index]
+    order, fields = topological(a, fields=True)
+    assert isinstance(order, tuple) and fields is not None
+    for array in [*fields, unit_order(a)[0]]:  # type: ignore[index]
+        with pytest.raises(ValueError):
+            array[0] = 1
+    # the list callers get is theirs
+    ops = topological(a)[0]
+    mine = topological_ops(a)
+    mine.reverse()
+    assert topological(a)[0] == ops
+
+
+def test_experiments_share_the_cluster_and_its_graph_is_frozen() -> None:
+    a, b = Experiment.from_dict(GPT), Experiment.from_dict({**GPT, "name": "u"})
+    assert a.cluster is b.cluster
+    assert _cached.cache_info().maxsize == CLUSTER_CACHE
+    with pytest.raises(nx.NetworkXError):
+        a.cluster.graph.add_edge("x", "y")
+    changed = a.cluster.with_link_changes({(0, "host0/nvswitch"): 0.5})
+    assert changed is not a.cluster and changed.memo == {}
+    changed.graph.add_edge("x", "y")  # a changed cluster is a copy of its own
+
+
+def test_a_description_that_does_not_hash_is_built_each_time() -> None:
+    cfg = parse_config({**GPT, "cluster": {"topology": "torus2d", "dims": [2, 2],
+                                           "num_gpus": 4, "link_bandwidth_GBps": 100.0},
+                        "parallel": {"pp": 4}}).cluster
+    with pytest.raises(TypeError):
+        hash(cfg)
+    assert build_cluster(cfg) is not build_cluster(cfg)
+
+
+def test_a_shared_timer_gives_the_results_of_a_fresh_one() -> None:
+    """The cluster's own timer, warmed by other layouts first, times like a fresh one."""
+    layouts = [{"tp": 2, "pp": 4, "dp": 4}, {"tp": 4, "pp": 2, "dp": 4},
+               {"tp": 1, "pp": 4, "dp": 8}, {"tp": 2, "pp": 4, "dp": 4}]
+    for parallel in layouts:
+        exp = Experiment.from_dict({**GPT, "parallel": parallel})
+        shared = simulate(exp, fidelity="collapsed")
+        fresh = simulate(exp, fidelity="collapsed", collective_timer=CollectiveTimer(exp.cluster))
+        assert shared.stats_json() == fresh.stats_json()
+    assert CollectiveTimer.shared(exp.cluster) is CollectiveTimer.shared(exp.cluster)
+
+
+def _final_ops_loop(schedule):  # noqa: ANN001, ANN202 - the plain loop, the reference
+    last_kind = WEIGHT_GRAD if schedule.split_backward else BACKWARD
+    kinds = {last_kind} if schedule.encoder is None else {last_kind, ENCODER_BACKWARD}
+    out = {}
+    for ops in schedule.rank_ops:
+        for op in ops:
+            if op.kind in kinds:
+                out[op.stage] = op
+    return out
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_final_ops_equal_the_plain_loop(name: str) -> None:
+    """:func:`final_ops` scans each rank from both ends; the plain loop over every op finds
+    the same ops in the same order."""
+    tried = 0
+    for p, m, v in itertools.product((1, 2, 3, 4, 8), (1, 2, 3, 5, 8, 16), (1, 2, 3)):
+        try:
+            sched = SCHEDULES[name](p, m, v, 2)
+        except Exception:  # noqa: BLE001, S112 - arguments the schedule refuses
+            continue
+        assert list(final_ops(sched).items()) == list(_final_ops_loop(sched).items())
+        tried += 1
+    assert tried > 0
