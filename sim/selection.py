@@ -172,7 +172,8 @@ def protocol_choices(algo: str, protocol: str) -> tuple[str, ...]:
 
 
 def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes: float,
-             nvswitch: str | None, nvls_efficiency: float, protocol: str) -> tuple[Transfer, ...]:
+             nvswitch: str | None, nvls_efficiency: float, protocol: str,
+             skew: tuple[float, bool] = (1.0, False)) -> tuple[Transfer, ...]:
     """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
     :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
     inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
@@ -197,7 +198,7 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
 
     return plan(op, algo, order, nbytes, host_of=host_of, nvswitch=nvswitch,
                 nvls_efficiency=nvls_efficiency, granularity=cluster.collective_granularity,
-                latency=latency, wire_fraction=fraction)
+                latency=latency, wire_fraction=fraction, skew=skew)
 
 
 Line = tuple[float, float]
@@ -388,8 +389,8 @@ class CollectivePlan:
 
 
 def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...],
-                    nbytes: float, profiles: dict[tuple[int, ...], GroupProfile] | None = None
-                    ) -> CollectivePlan:
+                    nbytes: float, profiles: dict[tuple[int, ...], GroupProfile] | None = None,
+                    skew: tuple[float, bool] = (1.0, False)) -> CollectivePlan:
     """Collective ``op`` over ``group`` as the engine runs it: the choice of algorithm and
     protocol, made here so that the engine only runs plans.
 
@@ -397,7 +398,7 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
     the cluster's ``collective_protocol`` (``auto``: per size) the protocol, from the
     group's profile (:func:`choose`); transfers carry the actual route latencies
     (:func:`plan`). ``profiles``: a cache of group profiles on ``cluster``, by group
-    (filled here).
+    (filled here). ``skew``: a pairwise all-to-all's unequal volumes (:func:`plan`).
     """
     algo = cluster.collective_algos.get(op, algo)
     live = len(group) > 1 and nbytes > 0
@@ -417,7 +418,7 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
         protocol = choose(op, algo, nbytes, profile)[1]
     transfers = _plan_on(cluster, op, algo, group, nbytes,
                          profile.nvswitch if profile else None,
-                         profile.nvls_efficiency if profile else 1.0, protocol)
+                         profile.nvls_efficiency if profile else 1.0, protocol, skew)
     return CollectivePlan(transfers, cluster.collective_launch_s * launch_scale(algo, protocol),
                           algo, protocol)
 

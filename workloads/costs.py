@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from workloads.program import EQUAL_VOLUMES
 from workloads.schedules import BACKWARD, FORWARD, Op
 from workloads.seqchunks import equal_cost_bounds
 
@@ -65,6 +66,9 @@ class CommSeg:
     nbytes: float
     group: str = "tp"
     """``tp``: the op's TP group; ``ep``: the EP group of each GPU (MoE all-to-all)."""
+    skew: tuple[float, bool] = EQUAL_VOLUMES
+    """Dropless MoE all-to-all: (routing imbalance, whether the busiest EP rank sends);
+    ``nbytes`` is then the busiest rank's volume (:attr:`workloads.program.Collective.skew`)."""
 
 
 @dataclass(frozen=True, slots=True)

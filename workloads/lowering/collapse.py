@@ -43,6 +43,11 @@ class Collapse:
     compute_s_of: Callable[[int], Callable[[ComputeSeg], float]] | None = None
     """Mixed GPU types: ``compute_s_of(gpu)`` times segments on that GPU (every GPU of a
     pipeline rank is of one type); None: ``compute_s`` holds for every GPU."""
+    skewed_s: Callable[[str, tuple[tuple[int, ...], ...], float, tuple[float, bool]],
+                       float] | None = None
+    """``skewed_s(op, groups, nbytes, skew)``: a dropless MoE all-to-all whose ranks move
+    unequal volumes (:attr:`workloads.costs.CommSeg.skew`); None: ``collective_s``, every
+    rank moving the busiest one's ``nbytes``."""
 
     def on(self, gpu: int) -> Collapse:
         """This collapse with compute timed on representative ``gpu``'s own GPU type."""
@@ -126,13 +131,22 @@ class Folded:
         return self.cut(at)
 
 
+def comm_seg_s(collapse: Collapse, seg: CommSeg, groups: Groups, ep_groups: Groups) -> float:
+    """Time of collective ``seg`` on its groups (``ep_groups`` for an EP one), its
+    unequal volumes timed by :attr:`Collapse.skewed_s` where there is one."""
+    if seg.group != "ep":
+        return collapse.collective_s(seg.op, groups, seg.nbytes)
+    if seg.skew[0] != 1.0 and collapse.skewed_s is not None:
+        return collapse.skewed_s(seg.op, ep_groups, seg.nbytes, seg.skew)
+    return collapse.collective_s(seg.op, ep_groups, seg.nbytes)
+
+
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
               ep_groups: Groups = ()) -> tuple[CommRun, ...]:
     runs: list[CommRun] = []
     for seg in segs:
         assert isinstance(seg, CommSeg)
-        t = collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
-                                  seg.nbytes)
+        t = comm_seg_s(collapse, seg, groups, ep_groups)
         if runs and runs[-1].kind == seg.kind:
             prev = runs[-1]
             runs[-1] = CommRun(prev.kind, prev.op, f"{prev.label} + {seg.label}",
@@ -164,8 +178,7 @@ def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
         by_kind[comm[-1].kind] += waiting
         parts = tuple(block(by_kind[kind], collapse, groups, ep_groups) for kind in kinds)
     return Block(sum(collapse.compute_s(seg) for seg in work),
-                 sum(collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups,
-                                           seg.nbytes) for seg in comm),
+                 sum(comm_seg_s(collapse, seg, groups, ep_groups) for seg in comm),
                  kinds[0] if len(kinds) == 1 else "tp",
                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work), parts)
 
@@ -376,7 +389,8 @@ def stream_cuts(ops: Sequence[tuple[int, int, StreamUse, int]]) -> dict[int, fro
 
 
 def with_all_to_all(collapse: Collapse) -> Collapse:
-    """``collapse`` timing all-to-alls with :data:`ALL_TO_ALL_ALGO`.
+    """``collapse`` timing all-to-alls with :data:`ALL_TO_ALL_ALGO` (unequal volumes by a
+    timer per skew, :attr:`Collapse.skewed_s`).
 
     The timer of :mod:`sim.commtime` is built for one algorithm (the default, ``auto``); a second
     instance of the same class on the same cluster times the all-to-alls. Timers
@@ -387,11 +401,18 @@ def with_all_to_all(collapse: Collapse) -> Collapse:
     if cluster is None:
         return collapse
     pairwise = type(timer)(cluster, algo=ALL_TO_ALL_ALGO)
+    skewed: dict[tuple[float, bool], object] = {}
 
     def timed(op: str, groups: Groups, nbytes: float) -> float:
         return (pairwise if op == "all_to_all" else timer)(op, groups, nbytes)
 
-    return replace(collapse, collective_s=timed)
+    def timed_skew(op: str, groups: Groups, nbytes: float, skew: tuple[float, bool]) -> float:
+        one = skewed.get(skew)
+        if one is None:
+            one = skewed[skew] = type(timer)(cluster, algo=ALL_TO_ALL_ALGO, skew=skew)
+        return one(op, groups, nbytes)  # type: ignore[operator]
+
+    return replace(collapse, collective_s=timed, skewed_s=timed_skew)
 
 
 def pending_after(pending_s: float, folded: Folded) -> float:
