@@ -785,8 +785,17 @@ def test_routing_loads_have_mean_one_and_the_busiest_at_the_imbalance(
 
 def test_routing_imbalance_above_the_group_size_is_refused() -> None:
     from sim.collectives import routing_loads
+    from sim.experiment import Experiment
     with pytest.raises(ConfigError, match="routing_imbalance"):
         routing_loads(4, 4.5)
+    with pytest.raises(ConfigError, match="routing_imbalance=2.5 exceeds parallel.ep=2"):
+        Experiment.from_dict({
+            "name": "moe", "model": {"preset": "mixtral-8x7b", "num_layers": 2,
+                                     "moe": {"num_experts": 8, "top_k": 2,
+                                             "routing_imbalance": 2.5}},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8},
+            "parallel": {"ep": 2, "dp": 8},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8}})
 
 
 def test_equal_volumes_plan_exactly_the_uniform_all_to_all() -> None:
