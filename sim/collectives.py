@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -378,8 +379,6 @@ def routing_loads(n: int, imbalance: float) -> tuple[float, ...]:
                           f"group's size {n}: the busiest rank gets at most every copy")
     if imbalance == 1.0 or n == 1:
         return (1.0,) * n
-    import random
-
     rng = random.Random(ROUTING_SEED)
     draws = [rng.gauss(0.0, 1.0) for _ in range(n)]
     mean = sum(draws) / n
