@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import functools
 import math
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -355,14 +356,63 @@ def _hierarchical(p: _Plan, op: str, ranks: Sequence[int], nbytes: float,
             done.update(_ring(p, members, intra_chunk, n1 - 1, stream, done))
 
 
-def _pairwise(p: _Plan, ranks: Sequence[int], nbytes: float) -> None:
+ROUTING_SEED = 20
+"""Seed of :func:`routing_loads`' draws (fixed: the same loads in every run)."""
+
+
+@functools.lru_cache(maxsize=256)
+def routing_loads(n: int, imbalance: float) -> tuple[float, ...]:
+    """Token copies routed to each of ``n`` EP ranks over the mean: mean 1, largest
+    exactly ``imbalance`` (the busiest rank's, ``model.moe.routing_imbalance``), none
+    below 0; all 1 for ``imbalance`` = 1.
+
+    The shape is drawn, seeded (:data:`ROUTING_SEED`): n standard normal draws (a rank's
+    load under random routing is near-Gaussian, the README's note on the imbalance)
+    centred and scaled so that the largest is ``imbalance``; where that would leave a
+    rank below zero (large imbalances), mixed with the two-level loads (the busiest at
+    ``imbalance``, the others sharing the rest equally) just enough to keep every load
+    at or above zero. ConfigError if ``imbalance`` > n (the busiest rank cannot receive
+    more than every copy).
+    """
+    if not 1.0 <= imbalance <= n:
+        raise ConfigError(f"routing_imbalance={imbalance:g} must lie between 1 and the EP "
+                          f"group's size {n}: the busiest rank gets at most every copy")
+    if imbalance == 1.0 or n == 1:
+        return (1.0,) * n
+    rng = random.Random(ROUTING_SEED)
+    draws = [rng.gauss(0.0, 1.0) for _ in range(n)]
+    mean = sum(draws) / n
+    top = max(draws)
+    busiest = draws.index(top)
+    shaped = [1.0 + (imbalance - 1.0) * (x - mean) / (top - mean) for x in draws]
+    rest = (n - imbalance) / (n - 1)
+    flat = [imbalance if i == busiest else rest for i in range(n)]
+    low = min(shaped)
+    theta = 1.0 if low >= 0.0 else rest / (rest - low)
+    return tuple(max(0.0, theta * a + (1.0 - theta) * b)
+                 for a, b in zip(shaped, flat, strict=True))
+
+
+def _pairwise(p: _Plan, ranks: Sequence[int], nbytes: float,
+              skew: tuple[float, bool] = (1.0, False)) -> None:
     """Every rank sends S/n to every other rank, all at once: NCCL's all-to-all, one
     ``ncclSend``/``ncclRecv`` per peer inside one group call, whose flows the network
-    shares max-min (not lock-step rounds bound by each round's slowest link)."""
-    for src in ranks:
-        for dst in ranks:
-            if src != dst:
-                p.add(src, dst, nbytes / len(ranks))
+    shares max-min (not lock-step rounds bound by each round's slowest link).
+
+    ``skew`` = (imbalance, busiest_sends): dropless MoE routing, S the busiest EP rank's
+    bytes. Rank j's share of the copies is L_j = :func:`routing_loads` (n, imbalance)
+    over the busiest's; each pair moves S/n·L_j/imbalance, towards j (dispatch, and the
+    combine's gradient) or, ``busiest_sends``, from j (combine, the dispatch's
+    gradient). Imbalance 1: every pair S/n, the uniform plan.
+    """
+    n = len(ranks)
+    imbalance, from_loaded = skew
+    loads = routing_loads(n, imbalance)
+    for i, src in enumerate(ranks):
+        for j, dst in enumerate(ranks):
+            share = loads[i if from_loaded else j] / imbalance
+            if src != dst and share > 0.0:
+                p.add(src, dst, nbytes / n if share == 1.0 else nbytes / n * share)
 
 
 def _hierarchical_all_to_all(p: _Plan, ranks: Sequence[int], nbytes: float,
@@ -617,7 +667,8 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
 def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          host_of: Mapping[int, int] | None = None, nvswitch: str | None = None,
          nvls_efficiency: float = 1.0, granularity: str = "step",
-         latency: LatencyFn | None = None, wire_fraction: float = 1.0) -> tuple[Transfer, ...]:
+         latency: LatencyFn | None = None, wire_fraction: float = 1.0,
+         skew: tuple[float, bool] = (1.0, False)) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
     ``host_of`` maps each rank to its server (hierarchical needs it; a ring
@@ -633,6 +684,9 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     times the transfer's own route latency, which is the same on uniform rings.
     ``wire_fraction``: the fraction of the links' rate the protocol reaches
     (:func:`sim.protocols.bandwidth_fraction`); every transfer carries its bytes / it.
+    ``skew``: (routing imbalance, whether the busiest rank sends) of a pairwise
+    all-to-all whose ranks move unequal volumes (:func:`_pairwise`); other algorithms
+    move the busiest rank's volume from every rank.
     """
     n = len(ranks)
     check(op, algo)
@@ -661,7 +715,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     elif algo == "hierarchical":
         _hierarchical(p, op, ranks, nbytes, host_of, stream)
     elif algo == "pairwise":
-        _pairwise(p, ranks, nbytes)
+        _pairwise(p, ranks, nbytes, skew)
     elif algo == "tree":
         _tree(p, ranks, nbytes, host_of)
     elif algo == "nvls":

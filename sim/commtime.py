@@ -103,9 +103,13 @@ class CollectiveTimer:
     time is the collective launch latency plus the makespan of all their plans.
     """
 
-    def __init__(self, cluster: Cluster, algo: str = "auto") -> None:
+    def __init__(self, cluster: Cluster, algo: str = "auto",
+                 skew: tuple[float, bool] = (1.0, False)) -> None:
         self.cluster = cluster
         self.algo = algo
+        self.skew = skew
+        """(routing imbalance, whether the busiest rank sends) of the all-to-alls it times
+        (:func:`sim.collectives.plan`); (1, False): equal volumes."""
         self._cache: dict[tuple, float] = {}
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}
         """Group profiles of ``auto`` selection, by group
@@ -272,7 +276,8 @@ class CollectiveTimer:
         if not live:
             return 0.0
         c = self.cluster
-        plans = [collective_plan(c, op, self.algo, g, nbytes, self._profiles) for g in live]
+        plans = [collective_plan(c, op, self.algo, g, nbytes, self._profiles, self.skew)
+                 for g in live]
         launches = {p.launch_s for p in plans}
         if all(not step.deps for p in plans for step in p.transfers):
             if len(launches) == 1:
@@ -285,7 +290,8 @@ class CollectiveTimer:
             return replicas_makespan_s(flows, c.link_bandwidth_Bps)
         b = ProgramBuilder()
         for group in live:
-            b.collective(group, {}, kind="dp", name=op, op=op, nbytes=nbytes, algo=self.algo)
+            b.collective(group, {}, kind="dp", name=op, op=op, nbytes=nbytes, algo=self.algo,
+                         skew=self.skew)
         n = c.num_gpus
         program = Program(n, b.build(), (0.0,) * n, gpipe(1, 1))
         self.simulations += 1

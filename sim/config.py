@@ -102,7 +102,8 @@ class MoEConfig(Strict):
     capacity_factor: float | None = Field(None, gt=0)
     """None: dropless; c: expert buffers of c·tokens·k/E rows, computed padded."""
     routing_imbalance: float = Field(1.0, ge=1.0)
-    """Copies routed to the busiest EP rank over the mean (1: balanced); dropless, ep > 1."""
+    """Copies routed to the busiest EP rank over the mean (1: balanced, at most ep); dropless,
+    ep > 1."""
     pad_to_capacity: bool = True
     """With capacity_factor: pad expert buffers to capacity (bytes and work scale by c);
     false: drop without padding, the busiest rank keeps min(c, routing_imbalance)."""

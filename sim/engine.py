@@ -550,11 +550,12 @@ class _Run:
 
     def _collective_plan(self, ins: Collective) -> CollectivePlan:
         """The plan of ``ins`` (:func:`collective_plan`), cached per run."""
-        key = (ins.op, ins.algo, ins.group, ins.nbytes)
+        key = (ins.op, ins.algo, ins.group, ins.nbytes, ins.skew)
         steps = self._plans.get(key)
         if steps is None:
             steps = self._plans[key] = collective_plan(self.topology, ins.op, ins.algo,
-                                                       ins.group, ins.nbytes, self._profiles)
+                                                       ins.group, ins.nbytes, self._profiles,
+                                                       ins.skew)
         return steps
 
     def _run_plan(self, steps: tuple[Transfer, ...], done: Callable[[], None]) -> None:

@@ -134,6 +134,9 @@ def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int
     if model.moe.num_experts % ep:
         raise ConfigError(f"parallel.ep={ep} does not divide model.moe.num_experts="
                           f"{model.moe.num_experts}")
+    if ep > 1 and model.moe.capacity_factor is None and model.moe.routing_imbalance > ep:
+        raise ConfigError(f"model.moe.routing_imbalance={model.moe.routing_imbalance:g} exceeds "
+                          f"parallel.ep={ep}: the busiest EP rank gets at most every copy")
 
 
 @dataclass(frozen=True, eq=False)

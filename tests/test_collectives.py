@@ -766,3 +766,113 @@ def test_twin_servers_tp_groups_time_their_plans_once() -> None:
                                                                    first)
     assert other.costs.keys() <= shared.keys()
     assert _twin_costs(cluster, (0, 8)) is not _twin_costs(cluster, (0, 1))
+
+
+# ------------------------------------------------- dropless all-to-all, unequal volumes
+@pytest.mark.parametrize(("n", "imbalance"), [(2, 1.5), (8, 1.3), (8, 2.0), (16, 1.1),
+                                              (8, 5.0), (4, 4.0)])
+def test_routing_loads_have_mean_one_and_the_busiest_at_the_imbalance(
+        n: int, imbalance: float) -> None:
+    from sim.collectives import routing_loads
+    loads = routing_loads(n, imbalance)
+    assert len(loads) == n and min(loads) >= 0.0
+    assert sum(loads) / n == pytest.approx(1.0, rel=1e-12)
+    assert max(loads) == pytest.approx(imbalance, rel=1e-12)
+    assert len(set(loads)) > 2 or n <= 4  # drawn, not two-level, where it can be
+    assert routing_loads(n, imbalance) == loads  # seeded: the same every time
+    assert routing_loads(n, 1.0) == (1.0,) * n
+
+
+def test_routing_imbalance_above_the_group_size_is_refused() -> None:
+    from sim.collectives import routing_loads
+    from sim.experiment import Experiment
+    with pytest.raises(ConfigError, match="routing_imbalance"):
+        routing_loads(4, 4.5)
+    with pytest.raises(ConfigError, match="routing_imbalance=2.5 exceeds parallel.ep=2"):
+        Experiment.from_dict({
+            "name": "moe", "model": {"preset": "mixtral-8x7b", "num_layers": 2,
+                                     "moe": {"num_experts": 8, "top_k": 2,
+                                             "routing_imbalance": 2.5}},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8},
+            "parallel": {"ep": 2, "dp": 8},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8}})
+
+
+def test_equal_volumes_plan_exactly_the_uniform_all_to_all() -> None:
+    group = tuple(range(8))
+    for sends in (False, True):
+        assert (plan("all_to_all", "pairwise", group, 1e6, skew=(1.0, sends))
+                == plan("all_to_all", "pairwise", group, 1e6))
+
+
+@pytest.mark.parametrize("sends", [False, True])
+def test_unequal_volumes_follow_the_busiest_rank(sends: bool) -> None:
+    """The busiest rank receives (dispatch) or sends (combine) its full S·(n−1)/n; every
+    other rank its share of it; the bytes of a pair depend only on the loaded end."""
+    from sim.collectives import routing_loads
+    n, S, imbalance = 8, 8e6, 1.3
+    loads = routing_loads(n, imbalance)
+    steps = plan("all_to_all", "pairwise", tuple(range(n)), S, skew=(imbalance, sends))
+    per_rank = [0.0] * n
+    for t in steps:
+        per_rank[t.src if sends else t.dst] += t.nbytes
+    for j in range(n):
+        assert per_rank[j] == pytest.approx(S * (n - 1) / n * loads[j] / imbalance, rel=1e-12)
+    assert max(per_rank) == pytest.approx(S * (n - 1) / n, rel=1e-12)
+
+
+@pytest.mark.parametrize("nics", [1, 2])
+@pytest.mark.parametrize("skew", [(1.3, False), (1.3, True), (2.0, False)])
+def test_unequal_volumes_are_bounded_by_the_busiest_ranks_time(
+        nics: int, skew: tuple[float, bool]) -> None:
+    """Four DGX A100 sharing `nics` NICs each: the max-min network shares the unequal
+    flows, so the all-to-all takes less than the busiest rank's volume sent by every rank
+    (what the lowering ran before), more than the mean volume; equal volumes give
+    today's uniform time exactly. On per-GPU ports the busiest receiver's own NIC bounds
+    it, the same float as the busiest volume from every rank."""
+    from sim.commtime import CollectiveTimer
+    S, group = 64 * 2 ** 20, tuple(range(32))
+    shared = _experiment_cluster({"preset": "dgx-a100-80g", "nics_per_node": nics}, 32)
+
+    def t(cluster: Cluster, skew: tuple[float, bool], nbytes: float) -> float:
+        return CollectiveTimer(cluster, "pairwise", skew)("all_to_all", (group,), nbytes)
+
+    busiest, mean = t(shared, (1.0, False), S), t(shared, (1.0, False), S / skew[0])
+    got = t(shared, skew, S)
+    assert mean < got < busiest
+    assert t(shared, (1.0, skew[1]), S) == busiest
+    own = _experiment_cluster({"preset": "dgx-a100-80g"}, 32)
+    assert t(own, skew, S) == pytest.approx(t(own, (1.0, False), S), rel=1e-12)
+
+
+def test_moe_lowering_skews_dispatch_towards_and_combine_from_the_busiest_rank() -> None:
+    """Dropless with routing_imbalance 1.3: the dispatch (and the combine's gradient)
+    carries (1.3, False), the combine (and the dispatch's gradient) (1.3, True); a capacity
+    factor or balanced routing leaves equal volumes; full and collapsed runs agree."""
+    from sim.api import simulate
+    from sim.experiment import Experiment
+    from workloads.program import Collective
+
+    def exp(**moe: float) -> Experiment:
+        return Experiment.from_dict({
+            "name": "moe", "model": {"num_layers": 2, "hidden_size": 1024,
+                                     "num_attention_heads": 8, "vocab_size": 1000,
+                                     "ffn_hidden_size": 4096, "seq_length": 512,
+                                     "moe": {"num_experts": 16, "top_k": 2,
+                                             "expert_ffn_hidden_size": 1024, **moe}},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16, "nics_per_node": 1},
+            "parallel": {"ep": 16, "dp": 16},
+            "training": {"micro_batch_size": 1, "global_batch_size": 16}})
+
+    skewed = exp(routing_imbalance=1.3)
+    full = simulate(skewed, fidelity="full")
+    skews = {(i.name.split(" mlp ")[-1], i.skew) for i in full.program.instructions
+             if isinstance(i, Collective) and i.op == "all_to_all"}
+    assert skews == {("dispatch", (1.3, False)), ("combine", (1.3, True)),
+                     ("bwd combine grad", (1.3, False)), ("bwd dispatch grad", (1.3, True))}
+    collapsed = simulate(skewed, fidelity="collapsed")
+    assert collapsed.stats["step_time_s"] == pytest.approx(full.stats["step_time_s"], rel=1e-6)
+    for moe in ({"capacity_factor": 1.25}, {}):
+        plain = simulate(exp(**moe), fidelity="full")
+        assert {i.skew for i in plain.program.instructions
+                if isinstance(i, Collective) and i.op == "all_to_all"} == {(1.0, False)}

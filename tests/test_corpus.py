@@ -18,6 +18,7 @@ from sim.corpus import (
     COLUMNS,
     CORPUS_DIR,
     CorpusRow,
+    corpus_files,
     error_figures,
     load_corpus,
     load_source,
@@ -109,8 +110,7 @@ def _megatron_flops(row: CorpusRow, metric: str) -> float:
     return 72 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
 
 
-@pytest.mark.parametrize("source", [p.stem for p in sorted(CORPUS_DIR.glob("*.csv"))
-                                    if p.stem not in (HAGEMANN_SWEEP.stem, "nccl_tests")])
+@pytest.mark.parametrize("source", [p.stem for p in corpus_files(CORPUS_DIR)])
 def test_each_step_time_follows_from_the_published_metric(source: str) -> None:
     """The step time of every row is what its conversion says it is, from the published
     value and the row's own batch, sequence and GPUs (so no number is typed in twice)."""

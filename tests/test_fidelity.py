@@ -115,13 +115,13 @@ class _Recorder(CollectiveTimer):
 
     def __init__(self, cluster: Cluster, algo: str = "auto",
                  links: dict[Channel, set[int]] | None = None,
-                 placement: Placement | None = None, spread: list[float] | None = None
-                 ) -> None:
-        super().__init__(cluster, algo)
+                 placement: Placement | None = None, spread: list[float] | None = None,
+                 skew: tuple[float, bool] = (1.0, False)) -> None:
+        super().__init__(cluster, algo, skew)
         self.links = {} if links is None else links
         self.placement = placement
         self.spread = [0.0] if spread is None else spread
-        self.alone = CollectiveTimer(cluster, algo)
+        self.alone = CollectiveTimer(cluster, algo, skew)
 
     def __call__(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         c = self.cluster
@@ -130,7 +130,8 @@ class _Recorder(CollectiveTimer):
             if op == "send":
                 used.update(c.route(*group).links)
             elif len(group) > 1:
-                for step in collective_plan(c, op, self.algo, group, nbytes).transfers:
+                for step in collective_plan(c, op, self.algo, group, nbytes,
+                                            skew=self.skew).transfers:
                     used.update(c.route(step.src, step.dst).links)
         if len(groups) > 1:
             own = [self.alone(op, (group,), nbytes) for group in groups]
@@ -144,8 +145,9 @@ def _with_links(cluster: Cluster, placement: Placement, links: dict[Channel, set
     all write to ``links`` and ``spread``."""
 
     class Bound(_Recorder):
-        def __init__(self, cluster: Cluster, algo: str = "auto") -> None:
-            super().__init__(cluster, algo, links, placement, spread)
+        def __init__(self, cluster: Cluster, algo: str = "auto",
+                     skew: tuple[float, bool] = (1.0, False)) -> None:
+            super().__init__(cluster, algo, links, placement, spread, skew)
 
     return Bound
 

@@ -65,6 +65,9 @@ from base.errors import TopologyError
 FABRICS = ("crossbar", "fat-tree", "rail-optimized", "dragonfly")
 """Scale-out fabrics that :func:`attach_fabric` can build."""
 
+SITE_ATTR = "site"
+"""Node attribute :func:`multi_site` sets: the index of the node's site (absent: one site)."""
+
 
 def gpu_node(rank: int) -> str:
     """Graph node name of GPU ``rank``."""
@@ -453,7 +456,7 @@ def multi_site(sites: Sequence[nx.DiGraph], wan_Bps: float, wan_latency_s: float
         names: dict[str, str] = {}
         hosts = 0
         for v, d in site.nodes(data=True):
-            attrs = dict(d, site=i)
+            attrs = dict(d, **{SITE_ATTR: i})
             if d.get("kind") == "gpu":
                 names[v] = gpu_node(d["rank"] + rank_off)
                 attrs["rank"] = d["rank"] + rank_off
@@ -473,7 +476,7 @@ def multi_site(sites: Sequence[nx.DiGraph], wan_Bps: float, wan_latency_s: float
         top = max(t for t, _ in switches)
         fastest = max(d["bandwidth_Bps"] for _, _, d in site.edges(data=True))
         gw = f"site{i}/gateway"
-        g.add_node(gw, kind="switch", tier=top + 1, site=i)
+        g.add_node(gw, kind="switch", tier=top + 1, **{SITE_ATTR: i})
         for t, v in sorted(switches):
             if t == top:
                 _link(g, names[v], gw, fastest, 0.0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from workloads.program import EQUAL_VOLUMES
 from workloads.schedules import BACKWARD, FORWARD, Op
 from workloads.seqchunks import equal_cost_bounds
 
@@ -69,6 +70,9 @@ class CommSeg:
     """A fixed time instead of timing the collective on the network: what a TP collective
     pipelined with its GEMM adds to the block (TP communication overlap,
     :attr:`workloads.transformer.TransformerCosts.tp_comm_exposed_s`); None: timed."""
+    skew: tuple[float, bool] = EQUAL_VOLUMES
+    """Dropless MoE all-to-all: (routing imbalance, whether the busiest EP rank sends);
+    ``nbytes`` is then the busiest rank's volume (:attr:`workloads.program.Collective.skew`)."""
 
 
 @dataclass(frozen=True, slots=True)

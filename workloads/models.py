@@ -27,8 +27,10 @@ class MoESpec:
     """Token copies routed to the busiest EP rank over the mean, >= 1 (1: balanced routing).
     Dropless with ep > 1, that rank computes and receives this many times the mean rows,
     and every rank waits for it at the combine all-to-all, so the step is timed (and
-    memory sized) on the busiest rank; the all-to-alls move the busiest rank's bytes
-    from every rank (on per-GPU ports, the time of the busiest receiver). It changes
+    memory sized) on the busiest rank; in the all-to-alls each rank moves its own share
+    (one seeded draw of per-rank loads with this maximum, :func:`sim.collectives.routing_loads`),
+    as unequal flows the max-min network shares: on per-GPU ports the busiest receiver's
+    time, less where ranks share links (NICs). It must not exceed ep. It changes
     nothing with ep = 1 (every expert is local: a GPU computes all its own copies however
     they split) or with a padded capacity factor (buffers hold c whatever the routing;
     the overflow is dropped); unpadded, the busiest rank keeps min(c, imbalance).

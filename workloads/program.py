@@ -80,6 +80,10 @@ class Send(NamedTuple):
         return f"send>{self.dst}"
 
 
+EQUAL_VOLUMES = (1.0, False)
+""":attr:`Collective.skew` of a collective whose ranks move equal volumes."""
+
+
 class Collective(NamedTuple):
     """This GPU's part in a collective; all members share ``key`` and start together."""
 
@@ -102,6 +106,10 @@ class Collective(NamedTuple):
     mb: int = -1
     duration_s: float | None = None
     """Precomputed time (collapsed simulation): no flows are simulated for it."""
+    skew: tuple[float, bool] = EQUAL_VOLUMES
+    """A dropless MoE all-to-all's (routing imbalance, whether the busiest rank sends):
+    ``nbytes`` is the busiest rank's volume, the others move less
+    (:func:`sim.collectives.routing_loads`); (1, False): equal volumes."""
 
     @property
     def stream(self) -> str:

@@ -44,6 +44,7 @@ from workloads.costs import (
 )
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import ModelSpec
+from workloads.program import EQUAL_VOLUMES
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 from workloads.seqchunks import (
     FLASH_KERNELS,
@@ -385,13 +386,26 @@ class TransformerCosts:
         copies to their experts' GPUs and all-to-all combine back (backward: the same two
         in reverse), b·s/cp·k·max(c, 1)·h bf16 per GPU each (REFERENCES.md), divided by t
         under sequence parallelism: Megatron-core's all-to-all dispatcher sends only the
-        s/t tokens each TP rank holds, then gathers the received ones over TP."""
+        s/t tokens each TP rank holds, then gathers the received ones over TP.
+
+        Dropless with a routing imbalance, ``nbytes`` is the busiest rank's volume and
+        the others move their own share (:attr:`CommSeg.skew`): towards the busiest in
+        the dispatch and the combine's gradient, from it in the combine and the
+        dispatch's gradient."""
         if self.ep == 1:
             return [seg]
+        moe = self.model.moe
+        assert moe is not None
         nbytes = BF16 * self._expert_rows * self.model.hidden_size / self._sp_div
+        imbalance = moe.routing_imbalance if moe.capacity_factor is None else 1.0
+        towards = from_busiest = EQUAL_VOLUMES
+        if imbalance != 1.0:
+            towards, from_busiest = (imbalance, False), (imbalance, True)
         first, second = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
-        return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep"), seg,
-                CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep")]
+        return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep",
+                        skew=towards), seg,
+                CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep",
+                        skew=from_busiest)]
 
     @_per_instance
     def _core_forward_flops(self) -> float:

@@ -43,6 +43,11 @@ class Collapse:
     compute_s_of: Callable[[int], Callable[[ComputeSeg], float]] | None = None
     """Mixed GPU types: ``compute_s_of(gpu)`` times segments on that GPU (every GPU of a
     pipeline rank is of one type); None: ``compute_s`` holds for every GPU."""
+    skewed_s: Callable[[str, tuple[tuple[int, ...], ...], float, tuple[float, bool]],
+                       float] | None = None
+    """``skewed_s(op, groups, nbytes, skew)``: a dropless MoE all-to-all whose ranks move
+    unequal volumes (:attr:`workloads.costs.CommSeg.skew`); None: ``collective_s``, every
+    rank moving the busiest one's ``nbytes``."""
 
     def on(self, gpu: int) -> Collapse:
         """This collapse with compute timed on representative ``gpu``'s own GPU type."""
@@ -128,10 +133,15 @@ class Folded:
 
 def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups = ()) -> float:
     """A collective's time: its fixed :attr:`CommSeg.duration_s` (TP communication overlap),
-    else timed on every group of its kind at once."""
+    else timed on every group of its kind at once (``ep_groups`` for an EP one), its unequal
+    volumes timed by :attr:`Collapse.skewed_s` where there is one."""
     if seg.duration_s is not None:
         return seg.duration_s
-    return collapse.collective_s(seg.op, ep_groups if seg.group == "ep" else groups, seg.nbytes)
+    if seg.group != "ep":
+        return collapse.collective_s(seg.op, groups, seg.nbytes)
+    if seg.skew[0] != 1.0 and collapse.skewed_s is not None:
+        return collapse.skewed_s(seg.op, ep_groups, seg.nbytes, seg.skew)
+    return collapse.collective_s(seg.op, ep_groups, seg.nbytes)
 
 
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
@@ -382,7 +392,8 @@ def stream_cuts(ops: Sequence[tuple[int, int, StreamUse, int]]) -> dict[int, fro
 
 
 def with_all_to_all(collapse: Collapse) -> Collapse:
-    """``collapse`` timing all-to-alls with :data:`ALL_TO_ALL_ALGO`.
+    """``collapse`` timing all-to-alls with :data:`ALL_TO_ALL_ALGO` (unequal volumes by a
+    timer per skew, :attr:`Collapse.skewed_s`).
 
     The timer of :mod:`sim.commtime` is built for one algorithm (the default, ``auto``); a second
     instance of the same class on the same cluster times the all-to-alls. Timers
@@ -393,11 +404,18 @@ def with_all_to_all(collapse: Collapse) -> Collapse:
     if cluster is None:
         return collapse
     pairwise = type(timer)(cluster, algo=ALL_TO_ALL_ALGO)
+    skewed: dict[tuple[float, bool], object] = {}
 
     def timed(op: str, groups: Groups, nbytes: float) -> float:
         return (pairwise if op == "all_to_all" else timer)(op, groups, nbytes)
 
-    return replace(collapse, collective_s=timed)
+    def timed_skew(op: str, groups: Groups, nbytes: float, skew: tuple[float, bool]) -> float:
+        one = skewed.get(skew)
+        if one is None:
+            one = skewed[skew] = type(timer)(cluster, algo=ALL_TO_ALL_ALGO, skew=skew)
+        return one(op, groups, nbytes)  # type: ignore[operator]
+
+    return replace(collapse, collective_s=timed, skewed_s=timed_skew)
 
 
 def pending_after(pending_s: float, folded: Folded) -> float:

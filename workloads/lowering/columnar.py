@@ -35,6 +35,7 @@ from workloads.lowering.pipeline import consumer_stage
 from workloads.program import (
     COLLECTIVE,
     COMPUTE,
+    EQUAL_VOLUMES,
     SEND,
     Collective,
     ColumnarInstructions,
@@ -402,7 +403,7 @@ class ColumnarOps:
                 run = slot[1]
                 out.append(new(Collective, (i, g, run.kind, f"{name} {run.label}", deps, run.op,
                                             self.algo, (g,), run.nbytes, key, st, mb,
-                                            run.duration_s)))
+                                            run.duration_s, EQUAL_VOLUMES)))
                 key += 1
             elif what == "block":
                 blk, alloc, free = slot[1], slot[2], slot[3]
