@@ -70,6 +70,19 @@ def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
             costs.zero_stage, costs.stage_layers)
 
 
+def _stage_class(costs: TransformerCosts, stage: int) -> tuple[Any, ...]:
+    """What a stage's activations and working memory depend on within one cost model: for
+    a plain transformer whose layers are alike (no dense first layers, every layer
+    recomputed alike) its layer count, whether it is the first stage (ZeRO-3 gathers
+    the embedding there) and whether it is the last (the head); otherwise the stage
+    itself. A test checks the memory walk against one without these caches."""
+    if (type(costs) is not TransformerCosts or costs.model.first_dense_layers
+            or costs.recompute_num_layers is not None
+            or costs.recompute_every_k_layers is not None):
+        return ("stage", stage)
+    return (costs.stage_layers[stage], stage == 0, stage == len(costs.stage_layers) - 1)
+
+
 class Bounds:
     """Lower bounds of a layout's peak memory and step time, without simulating it.
 
@@ -115,7 +128,7 @@ class Bounds:
         self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
         self._work: dict[tuple, tuple] = {}
         self._act: dict[tuple, float] = {}
-        self._rank_act: dict[tuple, np.ndarray] = {}
+        self._rank_act: dict[tuple, float] = {}
         self._transient: dict[tuple, float] = {}
         self._state: dict[tuple, tuple] = {}
         """Terms of :meth:`screen_terms` by family."""
@@ -207,6 +220,19 @@ class Bounds:
         more.
         """
         transient = getattr(costs, "transient_bytes", None)
+        # cached per cost-model shape and stage class: many layouts (schedules, m) and
+        # stages share them
+        shape = (*_op_shape(costs), costs.dp, costs.stage_layers)
+        classes = [_stage_class(costs, s) for s in range(len(costs.stage_layers))]
+        lut = None
+        if plan.exact and transient is not None:
+            lut = np.zeros(3 * len(classes))
+            for k in range(len(lut)):
+                key = (shape, classes[k // 3], k % 3)
+                t = self._transient.get(key)
+                if t is None:
+                    t = self._transient[key] = transient(Op(k // 3, KINDS[k % 3], 0))
+                lut[k] = t
         out = []
         for stages, rows in zip(plan.rank_stages, plan.in_flight, strict=True):
             key = ("rank static", *_state_shape(costs), stages)
@@ -214,28 +240,22 @@ class Bounds:
             if static is None:
                 static = self._static[key] = costs.static_bytes(stages)
             if plan.exact:
-                # cached per cost-model shape: many layouts (schedules, m) share them
-                shape = (*_op_shape(costs), costs.dp, costs.stage_layers)
-                act = self._rank_act.get((shape, stages))
-                if act is None:
-                    act = self._rank_act[shape, stages] = np.array(
-                        [costs.activation_bytes_per_mb(s) for s in stages])
-                slots = rows[:, -1].astype(int)
-                extra = np.zeros(len(rows))
-                if transient is not None:
-                    per_slot = {}
-                    for k in np.unique(slots).tolist():
-                        t = self._transient.get((shape, k))
-                        if t is None:
-                            t = self._transient[shape, k] = transient(
-                                Op(k // 3, KINDS[k % 3], 0))
-                        per_slot[k] = t
-                    extra = np.array([per_slot[k] for k in slots.tolist()])
+                act = np.array([self._stage_act(costs, shape, classes[s], s) for s in stages])
+                extra = lut[rows[:, -1].astype(int)] if lut is not None else 0.0
                 dynamic = float((rows[:, :-1] @ act + extra).max())
                 out.append(self._gib(static, dynamic))
             else:
                 out.append(self._gib(static, 0.0))
         return out
+
+    def _stage_act(self, costs: TransformerCosts, shape: tuple[Any, ...],
+                   stage_class: tuple[Any, ...], stage: int) -> float:
+        """``costs.activation_bytes_per_mb(stage)``, cached by shape and stage class."""
+        key = (shape, stage_class)
+        act = self._rank_act.get(key)
+        if act is None:
+            act = self._rank_act[key] = costs.activation_bytes_per_mb(stage)
+        return act
 
     # --------------------------------------------------------------- time
     def _op_time(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
