@@ -12,12 +12,12 @@ simulator.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from base.errors import ScheduleError
+from base.errors import ConfigError, ScheduleError
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s
@@ -68,6 +68,26 @@ def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
     recomputation (a test checks the independence)."""
     return (costs.tp, getattr(costs, "cp", 1), getattr(costs, "ep", 1), costs.dp,
             costs.zero_stage, costs.stage_layers)
+
+
+StateTerms = tuple[float, tuple[tuple[float, float | None, float | None], ...]]
+"""Static bytes of all stages, and per screened pipeline rank (optimizer step, ZeRO's
+parameter all-gather or None, ZeRO-3's DP stream per micro-batch or None)."""
+
+
+def state_family(layout: Layout) -> tuple[Any, ...]:
+    """The family of layouts that share their model-state terms in screening
+    (:meth:`Bounds.screen_terms`): all but the micro-batch size, sequence parallelism and
+    recomputation."""
+    return (layout.tp, layout.cp, layout.ep, layout.pp, layout.dp, layout.vpp,
+            layout.schedule, layout.placement, layout.zero_stage)
+
+
+def screens_by_family(ctx: SearchContext) -> bool:
+    """Whether screening composes its bounds from terms cached by family
+    (:meth:`Bounds.screen_terms`): a uniform cluster and a layer split that depends only
+    on the stage count (not ``balanced``, which depends on each layout's cost model)."""
+    return not ctx.cluster.heterogeneous and ctx.config.parallel.layers_per_stage != "balanced"
 
 
 def _stage_class(costs: TransformerCosts, stage: int) -> tuple[Any, ...]:
@@ -535,7 +555,7 @@ class Bounds:
         """Whether :meth:`screen_terms` applies: a uniform cluster and a layer split that
         depends only on the stage count (not ``balanced``, which depends on each layout's
         cost model)."""
-        return self._uniform and self.ctx.config.parallel.layers_per_stage != "balanced"
+        return screens_by_family(self.ctx)
 
     def screen_terms(self, layout: Layout) -> tuple[float, float | None]:
         """(:meth:`quick_memory_bound_gib`, :meth:`loose_step_bound_s` or None where the
@@ -550,12 +570,11 @@ class Bounds:
         reference methods, and combined here in the reference's order of operations,
         so the bounds are the same floats without building a cost model per layout.
         """
-        tp, cp, ep, pp, dp, vpp = (layout.tp, layout.cp, layout.ep, layout.pp, layout.dp,
-                                   layout.vpp)
-        shape = (tp, cp, ep, pp, dp, vpp, layout.schedule, layout.placement)
-        work_key = (*shape, layout.micro_batch_size, layout.sequence_parallel,
+        pp, dp = layout.pp, layout.dp
+        work_key = (layout.tp, layout.cp, layout.ep, pp, dp, layout.vpp, layout.schedule,
+                    layout.placement, layout.micro_batch_size, layout.sequence_parallel,
                     layout.recompute)
-        state_key = (*shape, layout.zero_stage)
+        state_key = state_family(layout)
         state = self._state.get(state_key)
         if state is None:
             state = self._state[state_key] = self._state_terms(layout)
@@ -586,6 +605,24 @@ class Bounds:
                 end += ag
             bound = max(bound, end)
         return quick, bound
+
+    def state_terms(self, layout: Layout) -> StateTerms | None:
+        """The model-state terms of ``layout``'s family (:func:`state_family`), as
+        :meth:`screen_terms` uses them, or None where its cost model cannot be built
+        (screening then finds the layout ``invalid``)."""
+        key = state_family(layout)
+        state = self._state.get(key)
+        if state is None:
+            try:
+                state = self._state[key] = self._state_terms(layout)
+            except ConfigError:
+                return None
+        return state
+
+    def adopt_state_terms(self, terms: Iterable[tuple[tuple[Any, ...], StateTerms]]) -> None:
+        """Take families' state terms computed elsewhere (:meth:`state_terms` of another
+        worker: a pure function of the family, so the same floats)."""
+        self._state.update(terms)
 
     def _act_term(self, layout: Layout) -> float:
         """The lightest stage's activations per micro-batch, as
@@ -631,8 +668,7 @@ class Bounds:
             ranks.append((busy, forward_chain[mine[0]]))
         return None, overlaps_steps(layout.schedule), tuple(ranks)
 
-    def _state_terms(self, layout: Layout) -> tuple[float, tuple[
-            tuple[float, float | None, float | None], ...]]:
+    def _state_terms(self, layout: Layout) -> StateTerms:
         """(Static bytes of all stages, per screened rank (optimizer step, ZeRO's parameter
         all-gather or None, ZeRO-3's DP stream per micro-batch or None)), as
         :meth:`quick_memory_bound_gib` and :meth:`loose_step_bound_s` compute them."""
@@ -672,13 +708,20 @@ class Bounds:
         hit = self._loose.get(key)
         if hit is None:
             kinds = KINDS if split else KINDS[:2]
-            stages = range(len(costs.stage_layers))
-            of = stage_types or ((0,),) * len(costs.stage_layers)
-            per_mb = [sum(self._op_time(costs, s, k, split, of[s])[0] for k in kinds)
-                      for s in stages]
+            n = len(costs.stage_layers)
+            of = stage_types or ((0,),) * n
+            per_mb: list[float] = []
             chain = [0.0]
-            for s in stages:
-                chain.append(chain[-1] + self._op_time(costs, s, FORWARD, split, of[s])[0])
+            alike: dict[tuple[Any, ...], tuple[float, float]] = {}
+            for s in range(n):  # stages alike in what _op_time's key holds: timed once
+                like = (costs.stage_layers[s], costs.stage_dense_layers(s), s == n - 1, of[s])
+                times = alike.get(like)
+                if times is None:
+                    times = alike[like] = (
+                        sum(self._op_time(costs, s, k, split, of[s])[0] for k in kinds),
+                        self._op_time(costs, s, FORWARD, split, of[s])[0])
+                per_mb.append(times[0])
+                chain.append(chain[-1] + times[1])
             hit = self._loose[key] = (chain, per_mb)
         return hit
 

@@ -15,6 +15,7 @@ from sim.api import AUTO_FULL_MAX_GPUS, FIDELITIES
 from sim.calibration import default_profile
 from sim.device import DeviceProfile
 from sim.executors import Executor, InlineExecutor, Task
+from sim.search.bounds import screens_by_family
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.execution import (
     JudgeChunk,
@@ -96,7 +97,7 @@ def search(
     task = Task(SearchWorker, (spec,))
     executor = executor or InlineExecutor()
     local = LocalFallback(spec)
-    candidates = screen_all(layouts, executor, task, local)
+    candidates = screen_all(layouts, executor, task, local, screens_by_family(ctx))
     todo = sorted((c for c in candidates if c.status == "ok"),
                   key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
     screen_s = time.perf_counter() - start
