@@ -257,7 +257,8 @@ class _Sweep:
             if c.layout.key in self.done:
                 self.results[c.layout.key] = self.done[c.layout.key]
             else:
-                self.judged[c.layout.key] = replace(c, status="pruned")
+                self.judged[c.layout.key] = Candidate(c.layout, "pruned", c.reason,
+                                                      c.memory_bound_gib, c.tokens_bound)
         self.wasted_judged = sum(1 for v in self.verdicts[first:] if v is not None)
         self.pos = len(self.todo)
         self.finished = len(self.todo)
