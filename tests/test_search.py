@@ -207,6 +207,33 @@ def test_screening_chunks_keep_groups_on_one_worker() -> None:
         assert target // 2 <= len(chunks) <= 4 * target
 
 
+def test_family_terms_are_computed_once_and_change_no_verdict() -> None:
+    """With more than one worker, screening first computes each family's state terms on one
+    worker (:func:`~sim.search.execution.family_chunks`: every family once, whole
+    (tp, cp, ep, pp) groups) and hands them to the screening chunks: the verdicts are
+    those of one worker screening everything."""
+    from sim.executors import InlineExecutor, Task
+    from sim.search import SearchWorker, WorkerSpec
+    from sim.search.bounds import state_family
+    from sim.search.execution import LocalFallback, family_chunks, screen_all
+
+    ctx = SearchContext.build(_data())
+    layouts = list(enumerate_layouts(ctx))
+    first = {state_family(lay): lay for lay in reversed(layouts)}
+    chunks = family_chunks(list(first.values()))
+    assert sorted(state_family(lay) for c in chunks for lay in c) == sorted(first)
+    assert all(len({(lay.tp, lay.cp, lay.ep, lay.pp) for lay in c}) == 1 for c in chunks)
+    assert len(chunks) == len({(lay.tp, lay.cp, lay.ep, lay.pp) for lay in layouts})
+    spec = WorkerSpec(ctx.data, None, ctx.global_batch_size, "collapsed", None, True,
+                      tuple(sorted(ctx.unsupported.items())),
+                      tuple(sorted(ctx.schedule_vpps.items())))
+    task = Task(SearchWorker, (spec,))
+    one = screen_all(layouts, InlineExecutor(), task, LocalFallback(spec), True)
+    two = InlineExecutor()
+    two.workers = 2  # the two-phase path, in this process
+    assert screen_all(layouts, two, task, LocalFallback(spec), True) == one
+
+
 def test_enumeration_respects_pins() -> None:
     ctx = SearchContext.build(_data())
     pins = parse_pins(["tp=2|4,pp=2,mbs=1,schedule=interleaved|zb-v,recompute=none"])

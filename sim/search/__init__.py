@@ -30,8 +30,10 @@ cluster and global batch (issue 6). Four steps:
 2. **Screen and judge** (:class:`Screener`) with bounds that need no simulation,
    on the executor's workers (:class:`SearchWorker`): screening in compact
    chunks of whole ``(tp, cp, micro-batch)`` groups (:func:`~sim.search.execution.screen_chunks`: a
-   group's op times and TP collectives are computed by one worker), judging in
-   chunks ahead of the sweep's frontier.
+   group's op times and TP collectives are computed by one worker), with several
+   workers after a first round that computes each family's model-state terms once
+   (:func:`~sim.search.execution.family_chunks`), judging in chunks ahead of the
+   sweep's frontier.
    Screening is cheap and schedule-free: the average static state per rank
    plus one micro-batch of activations must fit, and a loose step-time bound
    (compute of the first and last pipeline rank, the forward chain before

@@ -12,12 +12,12 @@ simulator.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from base.errors import ScheduleError
+from base.errors import ConfigError, ScheduleError
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s
@@ -70,6 +70,39 @@ def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
             costs.zero_stage, costs.stage_layers)
 
 
+StateTerms = tuple[float, tuple[tuple[float, float | None, float | None], ...]]
+"""Static bytes of all stages, and per screened pipeline rank (optimizer step, ZeRO's
+parameter all-gather or None, ZeRO-3's DP stream per micro-batch or None)."""
+
+
+def state_family(layout: Layout) -> tuple[Any, ...]:
+    """The family of layouts that share their model-state terms in screening
+    (:meth:`Bounds.screen_terms`): all but the micro-batch size, sequence parallelism and
+    recomputation."""
+    return (layout.tp, layout.cp, layout.ep, layout.pp, layout.dp, layout.vpp,
+            layout.schedule, layout.placement, layout.zero_stage)
+
+
+def screens_by_family(ctx: SearchContext) -> bool:
+    """Whether screening composes its bounds from terms cached by family
+    (:meth:`Bounds.screen_terms`): a uniform cluster and a layer split that depends only
+    on the stage count (not ``balanced``, which depends on each layout's cost model)."""
+    return not ctx.cluster.heterogeneous and ctx.config.parallel.layers_per_stage != "balanced"
+
+
+def _stage_class(costs: TransformerCosts, stage: int) -> tuple[Any, ...]:
+    """What a stage's activations and working memory depend on within one cost model: for
+    a plain transformer whose layers are alike (no dense first layers, every layer
+    recomputed alike) its layer count, whether it is the first stage (ZeRO-3 gathers
+    the embedding there) and whether it is the last (the head); otherwise the stage
+    itself. A test checks the memory walk against one without these caches."""
+    if (type(costs) is not TransformerCosts or costs.model.first_dense_layers
+            or costs.recompute_num_layers is not None
+            or costs.recompute_every_k_layers is not None):
+        return ("stage", stage)
+    return (costs.stage_layers[stage], stage == 0, stage == len(costs.stage_layers) - 1)
+
+
 class Bounds:
     """Lower bounds of a layout's peak memory and step time, without simulating it.
 
@@ -115,7 +148,7 @@ class Bounds:
         self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
         self._work: dict[tuple, tuple] = {}
         self._act: dict[tuple, float] = {}
-        self._rank_act: dict[tuple, np.ndarray] = {}
+        self._rank_act: dict[tuple, float] = {}
         self._transient: dict[tuple, float] = {}
         self._state: dict[tuple, tuple] = {}
         """Terms of :meth:`screen_terms` by family."""
@@ -207,6 +240,19 @@ class Bounds:
         more.
         """
         transient = getattr(costs, "transient_bytes", None)
+        # cached per cost-model shape and stage class: many layouts (schedules, m) and
+        # stages share them
+        shape = (*_op_shape(costs), costs.dp, costs.stage_layers)
+        classes = [_stage_class(costs, s) for s in range(len(costs.stage_layers))]
+        lut = None
+        if plan.exact and transient is not None:
+            lut = np.zeros(3 * len(classes))
+            for k in range(len(lut)):
+                key = (shape, classes[k // 3], k % 3)
+                t = self._transient.get(key)
+                if t is None:
+                    t = self._transient[key] = transient(Op(k // 3, KINDS[k % 3], 0))
+                lut[k] = t
         out = []
         for stages, rows in zip(plan.rank_stages, plan.in_flight, strict=True):
             key = ("rank static", *_state_shape(costs), stages)
@@ -214,28 +260,22 @@ class Bounds:
             if static is None:
                 static = self._static[key] = costs.static_bytes(stages)
             if plan.exact:
-                # cached per cost-model shape: many layouts (schedules, m) share them
-                shape = (*_op_shape(costs), costs.dp, costs.stage_layers)
-                act = self._rank_act.get((shape, stages))
-                if act is None:
-                    act = self._rank_act[shape, stages] = np.array(
-                        [costs.activation_bytes_per_mb(s) for s in stages])
-                slots = rows[:, -1].astype(int)
-                extra = np.zeros(len(rows))
-                if transient is not None:
-                    per_slot = {}
-                    for k in np.unique(slots).tolist():
-                        t = self._transient.get((shape, k))
-                        if t is None:
-                            t = self._transient[shape, k] = transient(
-                                Op(k // 3, KINDS[k % 3], 0))
-                        per_slot[k] = t
-                    extra = np.array([per_slot[k] for k in slots.tolist()])
+                act = np.array([self._stage_act(costs, shape, classes[s], s) for s in stages])
+                extra = lut[rows[:, -1].astype(int)] if lut is not None else 0.0
                 dynamic = float((rows[:, :-1] @ act + extra).max())
                 out.append(self._gib(static, dynamic))
             else:
                 out.append(self._gib(static, 0.0))
         return out
+
+    def _stage_act(self, costs: TransformerCosts, shape: tuple[Any, ...],
+                   stage_class: tuple[Any, ...], stage: int) -> float:
+        """``costs.activation_bytes_per_mb(stage)``, cached by shape and stage class."""
+        key = (shape, stage_class)
+        act = self._rank_act.get(key)
+        if act is None:
+            act = self._rank_act[key] = costs.activation_bytes_per_mb(stage)
+        return act
 
     # --------------------------------------------------------------- time
     def _op_time(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
@@ -515,7 +555,7 @@ class Bounds:
         """Whether :meth:`screen_terms` applies: a uniform cluster and a layer split that
         depends only on the stage count (not ``balanced``, which depends on each layout's
         cost model)."""
-        return self._uniform and self.ctx.config.parallel.layers_per_stage != "balanced"
+        return screens_by_family(self.ctx)
 
     def screen_terms(self, layout: Layout) -> tuple[float, float | None]:
         """(:meth:`quick_memory_bound_gib`, :meth:`loose_step_bound_s` or None where the
@@ -530,12 +570,11 @@ class Bounds:
         reference methods, and combined here in the reference's order of operations,
         so the bounds are the same floats without building a cost model per layout.
         """
-        tp, cp, ep, pp, dp, vpp = (layout.tp, layout.cp, layout.ep, layout.pp, layout.dp,
-                                   layout.vpp)
-        shape = (tp, cp, ep, pp, dp, vpp, layout.schedule, layout.placement)
-        work_key = (*shape, layout.micro_batch_size, layout.sequence_parallel,
+        pp, dp = layout.pp, layout.dp
+        work_key = (layout.tp, layout.cp, layout.ep, pp, dp, layout.vpp, layout.schedule,
+                    layout.placement, layout.micro_batch_size, layout.sequence_parallel,
                     layout.recompute)
-        state_key = (*shape, layout.zero_stage)
+        state_key = state_family(layout)
         state = self._state.get(state_key)
         if state is None:
             state = self._state[state_key] = self._state_terms(layout)
@@ -566,6 +605,24 @@ class Bounds:
                 end += ag
             bound = max(bound, end)
         return quick, bound
+
+    def state_terms(self, layout: Layout) -> StateTerms | None:
+        """The model-state terms of ``layout``'s family (:func:`state_family`), as
+        :meth:`screen_terms` uses them, or None where its cost model cannot be built
+        (screening then finds the layout ``invalid``)."""
+        key = state_family(layout)
+        state = self._state.get(key)
+        if state is None:
+            try:
+                state = self._state[key] = self._state_terms(layout)
+            except ConfigError:
+                return None
+        return state
+
+    def adopt_state_terms(self, terms: Iterable[tuple[tuple[Any, ...], StateTerms]]) -> None:
+        """Take families' state terms computed elsewhere (:meth:`state_terms` of another
+        worker: a pure function of the family, so the same floats)."""
+        self._state.update(terms)
 
     def _act_term(self, layout: Layout) -> float:
         """The lightest stage's activations per micro-batch, as
@@ -611,8 +668,7 @@ class Bounds:
             ranks.append((busy, forward_chain[mine[0]]))
         return None, overlaps_steps(layout.schedule), tuple(ranks)
 
-    def _state_terms(self, layout: Layout) -> tuple[float, tuple[
-            tuple[float, float | None, float | None], ...]]:
+    def _state_terms(self, layout: Layout) -> StateTerms:
         """(Static bytes of all stages, per screened rank (optimizer step, ZeRO's parameter
         all-gather or None, ZeRO-3's DP stream per micro-batch or None)), as
         :meth:`quick_memory_bound_gib` and :meth:`loose_step_bound_s` compute them."""
@@ -652,13 +708,20 @@ class Bounds:
         hit = self._loose.get(key)
         if hit is None:
             kinds = KINDS if split else KINDS[:2]
-            stages = range(len(costs.stage_layers))
-            of = stage_types or ((0,),) * len(costs.stage_layers)
-            per_mb = [sum(self._op_time(costs, s, k, split, of[s])[0] for k in kinds)
-                      for s in stages]
+            n = len(costs.stage_layers)
+            of = stage_types or ((0,),) * n
+            per_mb: list[float] = []
             chain = [0.0]
-            for s in stages:
-                chain.append(chain[-1] + self._op_time(costs, s, FORWARD, split, of[s])[0])
+            alike: dict[tuple[Any, ...], tuple[float, float]] = {}
+            for s in range(n):  # stages alike in what _op_time's key holds: timed once
+                like = (costs.stage_layers[s], costs.stage_dense_layers(s), s == n - 1, of[s])
+                times = alike.get(like)
+                if times is None:
+                    times = alike[like] = (
+                        sum(self._op_time(costs, s, k, split, of[s])[0] for k in kinds),
+                        self._op_time(costs, s, FORWARD, split, of[s])[0])
+                per_mb.append(times[0])
+                chain.append(chain[-1] + times[1])
             hit = self._loose[key] = (chain, per_mb)
         return hit
 

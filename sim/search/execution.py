@@ -10,6 +10,7 @@ from typing import Any
 from base.errors import SimError
 from sim.device import DeviceProfile
 from sim.executors import Executor, Task, WorkerFailure
+from sim.search.bounds import StateTerms, state_family
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.layouts import Layout
 from sim.search.screening import Candidate, Screener
@@ -24,6 +25,18 @@ class ScreenChunk:
     is six times larger), and the verdicts come back as ``(status, reason,
     memory_bound_gib, tokens_bound)`` tuples (:func:`_compact`): the caller has the
     layouts already."""
+
+    layouts: tuple[tuple[Any, ...], ...]
+    states: tuple[tuple[tuple[Any, ...], StateTerms], ...] = ()
+    """The state terms of the families of these layouts, computed beforehand by
+    :class:`FamilyChunk` items (none: the worker computes what it needs)."""
+
+
+@dataclass(frozen=True)
+class FamilyChunk:
+    """Work item: the model-state terms of these families (:meth:`Screener.state_terms`),
+    one layout of each, as :meth:`Layout.values` tuples; answered in order (None for a
+    family whose cost model cannot be built)."""
 
     layouts: tuple[tuple[Any, ...], ...]
 
@@ -90,10 +103,13 @@ class SearchWorker:
                                       collapsed_only=sp.fidelity == "collapsed")
         return self._screener
 
-    def __call__(self, item: ScreenChunk | JudgeChunk | SimulateOne) -> Any:
+    def __call__(self, item: ScreenChunk | FamilyChunk | JudgeChunk | SimulateOne) -> Any:
         if isinstance(item, ScreenChunk):
+            self.screener.adopt_state_terms(item.states)
             screen = self.screener.screen
             return [_compact(screen(Layout(*values))) for values in item.layouts]
+        if isinstance(item, FamilyChunk):
+            return [self.screener.state_terms(Layout(*values)) for values in item.layouts]
         if isinstance(item, JudgeChunk):
             return [self.screener.judge(c) for c in item.candidates]
         if self._evaluate is None:
@@ -123,13 +139,25 @@ class LocalFallback:
 
 
 def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
-                local: Callable[[Any], Any]) -> list[Candidate]:
+                local: Callable[[Any], Any], families: bool = False) -> list[Candidate]:
     """Screen every layout, in chunks spread over the executor's workers; the candidates
     come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
-    is screened here."""
+    is screened here.
+
+    ``families`` (screening by family, :func:`~sim.search.bounds.screens_by_family`) and
+    more than one worker: first the state terms of every family
+    (:func:`~sim.search.bounds.state_family`) are computed, each family by one worker
+    (:func:`family_chunks`), then handed to the screening chunks that need them, so that
+    no two workers compute the same family's terms."""
     parts = screen_chunks(layouts, executor.workers)
-    chunks = [ScreenChunk(tuple(layouts[i].values() for i in part))
-              for part in parts]
+    states: dict[tuple[Any, ...], StateTerms] = {}
+    if families and executor.workers > 1:
+        states = _family_states(layouts, executor, task, local)
+    chunks = []
+    for part in parts:
+        mine = {f: states[f] for i in part if (f := state_family(layouts[i])) in states}
+        chunks.append(ScreenChunk(tuple(layouts[i].values() for i in part),
+                                  tuple(mine.items())))
     verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
     # handed out last chunk first: the widest TP groups come last, whose collectives make
     # them the costliest, and a costly chunk should not come last
@@ -144,6 +172,33 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
         raise SimError(f"screening lost {missing} of {len(layouts)} layouts")
     return [Candidate(lay, *verdict)  # type: ignore[misc]  # none is None: checked above
             for lay, verdict in zip(layouts, verdicts, strict=True)]
+
+
+def _family_states(layouts: Sequence[Layout], executor: Executor, task: Task,
+                   local: Callable[[Any], Any]) -> dict[tuple[Any, ...], StateTerms]:
+    """The state terms of every family of ``layouts`` that has them, computed on the
+    executor's workers in :func:`family_chunks`."""
+    first: dict[tuple[Any, ...], Layout] = {}
+    for lay in layouts:
+        first.setdefault(state_family(lay), lay)
+    parts = family_chunks(list(first.values()))
+    chunks = [FamilyChunk(tuple(lay.values() for lay in part)) for part in parts]
+    states: dict[tuple[Any, ...], StateTerms] = {}
+    for i, outcome in executor.run(task, chunks):
+        got = outcome if isinstance(outcome, list) else local(chunks[i])
+        for lay, terms in zip(parts[i], got, strict=True):
+            if terms is not None:
+                states[state_family(lay)] = terms
+    return states
+
+
+def family_chunks(representatives: Sequence[Layout]) -> list[list[Layout]]:
+    """One layout of each family, in chunks of whole ``(tp, cp, ep, pp)`` groups (the
+    families of a group share their DP groups and collective times), largest first."""
+    groups: dict[tuple[int, int, int, int], list[Layout]] = {}
+    for lay in representatives:
+        groups.setdefault((lay.tp, lay.cp, lay.ep, lay.pp), []).append(lay)
+    return sorted(groups.values(), key=len, reverse=True)
 
 
 def _compact(c: Candidate) -> tuple[Any, ...]:

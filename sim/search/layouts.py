@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 from base.errors import ConfigError
@@ -67,7 +68,7 @@ class Layout:
     def key(self) -> str:
         """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``
         (computed once per instance: the sweep's dictionaries are keyed by it)."""
-        text = " ".join(f"{SHORT_NAMES.get(d, d)}={value_text(getattr(self, d))}" for d in DIMS)
+        text = _KEY_FORMAT.format(*map(value_text, _dim_values(self)))
         return text if self.placement is None else f"{text} placement={self.placement}"
 
     @classmethod
@@ -114,6 +115,12 @@ class Layout:
         parts += [f"z{self.zero_stage}", f"rc:{self.recompute}", self.schedule]
         parts += [f"@{self.placement}"] if self.placement is not None else []
         return " ".join(parts)
+
+
+_KEY_FORMAT = " ".join(f"{SHORT_NAMES.get(d, d)}={{}}" for d in DIMS)
+"""A layout key with its values left out (:attr:`Layout.key`)."""
+_dim_values = attrgetter(*DIMS)
+"""A layout's values of :data:`DIMS`, in order."""
 
 
 def value_text(value: Any) -> str:

@@ -15,6 +15,7 @@ from sim.api import AUTO_FULL_MAX_GPUS, FIDELITIES
 from sim.calibration import default_profile
 from sim.device import DeviceProfile
 from sim.executors import Executor, InlineExecutor, Task
+from sim.search.bounds import screens_by_family
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.execution import (
     JudgeChunk,
@@ -96,7 +97,7 @@ def search(
     task = Task(SearchWorker, (spec,))
     executor = executor or InlineExecutor()
     local = LocalFallback(spec)
-    candidates = screen_all(layouts, executor, task, local)
+    candidates = screen_all(layouts, executor, task, local, screens_by_family(ctx))
     todo = sorted((c for c in candidates if c.status == "ok"),
                   key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
     screen_s = time.perf_counter() - start
@@ -256,7 +257,8 @@ class _Sweep:
             if c.layout.key in self.done:
                 self.results[c.layout.key] = self.done[c.layout.key]
             else:
-                self.judged[c.layout.key] = replace(c, status="pruned")
+                self.judged[c.layout.key] = Candidate(c.layout, "pruned", c.reason,
+                                                      c.memory_bound_gib, c.tokens_bound)
         self.wasted_judged = sum(1 for v in self.verdicts[first:] if v is not None)
         self.pos = len(self.todo)
         self.finished = len(self.todo)
