@@ -15,8 +15,9 @@ zero start. Only things that take simulated time become SimPy events (a
 compute op's end, a latency, a precomputed transfer, the network's next flow
 end, one rate refresh per instant), so there is no process, no per-instruction
 completion event and no condition event. The run records each instruction's
-ready, compute-end and end times; the timeline's records are made from them
-afterwards, by :func:`sim.timeline.timeline_of`.
+ready, compute-end and end times (arrays of doubles); the timeline's records are made
+from them by :func:`sim.timeline.timeline_of`, in the reference at once, else when first
+read (the statistics read :func:`sim.timeline.summaries_of` of the same times).
 
 That event queue is the reference (SimPy's). The fast paths: the same events on the
 run's own heap, ordered as SimPy orders timeouts (time, then scheduling order), without
