@@ -11,6 +11,7 @@ and reports the median wall time. It prints one table row per case:
   and the pipeline schedule (``Experiment.from_dict``);
 - ``sim s``: :func:`sim.api.simulate`, i.e. lowering (with, collapsed, the
   collective timings on the real topology), the engine run and the statistics;
+- ``sim cpu``: the same, in CPU seconds of the process (the machine may be shared);
 - ``engine s``: the engine run alone (:func:`sim.engine.simulate_program`);
 - ``events``: SimPy events the engine processed, and ``events/s`` per engine second (a
   collapsed program has no flows and runs without the event queue: there, the events
@@ -27,11 +28,10 @@ uncollapsed 1,024-GPU step; under 60 s). Not a timed test: it prints a table.
 
 The rows ``175b-4096-full`` and ``405b-16384-full`` are issue 22's full-fidelity targets
 (≥ 500,000 engine events/s; GPT-3 175B on 4,096 GPUs in ≤ 30 s CPU and ≤ 2 GiB; LLaMA 3
-405B on 16,384 GPUs in ≤ 8 GiB), not reached: measured on a loaded 2-core machine (load
-average 7-10, one run each, CPU seconds of ``api.simulate``), 175B on 4,096 GPUs took
-97.7 s / 4,683 MiB before issue 22's engine work (``cd661c4``) and 75.9 s / 4,684 MiB
-after; 405B on 16,384 GPUs is refused up front by :mod:`sim.budget` (about 19.7 million
-instructions at 800 B each), so its row reads ``failed``.
+405B on 16,384 GPUs in ≤ 8 GiB), not reached (README, "Full fidelity"): max-min sharing
+over hundreds of flows per change makes ``175b-1024-full`` take minutes of CPU, and the
+405B row is refused up front by :mod:`sim.budget` (about 19.7 million instructions at
+450 B each), so it reads ``failed``.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ CASES = [
     Case("7b-256-full", LLAMA_7B, A100, 256, 2, 4, 32, 256, "full"),
     Case("full-1024", LLAMA_7B, A100, 1024, 2, 4, 128, 1024, "full"),
     Case("7b-1024-col", LLAMA_7B, A100, 1024, 2, 4, 128, 1024, "collapsed"),
+    Case("175b-256-full", GPT_175B, A100, 256, 8, 8, 4, 32, "full"),
     Case("175b-1024-full", GPT_175B, A100, 1024, 8, 8, 16, 128, "full"),
     # issue 22: 16 micro-batches per pipeline, every GPU and flow
     Case("175b-4096-full", GPT_175B, A100, 4096, 8, 8, 64, 1024, "full"),
@@ -140,11 +141,11 @@ def run_case(case: Case) -> dict:
     api.simulate_program = counted  # type: ignore[assignment]
     t0 = time.perf_counter()
     exp = Experiment.from_dict(case.experiment())
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     result = api.simulate(exp, fidelity=case.fidelity)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     return {
-        "build_s": t1 - t0, "sim_s": t2 - t1, "engine_s": engine_s[0],
+        "build_s": t1 - t0, "sim_s": t2 - t1, "sim_cpu_s": c2 - c1, "engine_s": engine_s[0],
         "events": counters.events, "instructions": counters.instructions,
         "m": exp.num_microbatches, "sim_gpus": len(result.timeline.simulated_gpus),
         "step_s": result.stats["step_time_s"],
@@ -165,7 +166,7 @@ def measure(case: Case, repeat: int, timeout_s: float) -> dict | str:
             return "failed: " + (out.stderr.strip().splitlines() or ["?"])[-1]
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     row = dict(runs[0])
-    for key in ("build_s", "sim_s", "engine_s"):
+    for key in ("build_s", "sim_s", "sim_cpu_s", "engine_s"):
         row[key] = statistics.median(r[key] for r in runs)
     row["rss_mib"] = max(r["rss_mib"] for r in runs)
     return row
@@ -187,7 +188,7 @@ def main() -> None:
     chosen = [c for c in chosen if c.num_gpus <= args.max_gpus]
     head = (f"{'case':<15} {'GPUs':>6} {'model':<12} {'layout':<22} {'m':>5} {'fidelity':<9} "
             f"{'sim GPUs':>8} {'instrs':>8} {'events':>8} {'build s':>8} {'sim s':>7} "
-            f"{'engine s':>8} {'events/s':>9} {'RSS MiB':>8} {'step s':>8}")
+            f"{'sim cpu':>7} {'engine s':>8} {'events/s':>9} {'RSS MiB':>8} {'step s':>8}")
     print(head, flush=True)
     for case in chosen:
         model = case.model.get("preset") or case.model.get("name", "custom")
@@ -199,7 +200,7 @@ def main() -> None:
         rate = row["events"] / row["engine_s"] if row["engine_s"] > 0 else 0.0
         print(f"{start} {row['m']:>5} {case.fidelity:<9} {row['sim_gpus']:>8} "
               f"{row['instructions']:>8} {row['events']:>8} {row['build_s']:>8.2f} "
-              f"{row['sim_s']:>7.2f} {row['engine_s']:>8.2f} {rate:>9.0f} "
+              f"{row['sim_s']:>7.2f} {row['sim_cpu_s']:>7.2f} {row['engine_s']:>8.2f} {rate:>9.0f} "
               f"{row['rss_mib']:>8.0f} {row['step_s']:>8.3f}", flush=True)
 
 

@@ -29,14 +29,16 @@ MAX_SCHEDULE_OPS = 2_000_000
 """Most ops one step's schedule may hold (all pipeline ranks): about a minute of
 building and lowering, 100 times the largest bundled example (pp·vpp·m·kinds·k)."""
 
-BYTES_PER_INSTRUCTION = 800
-"""Memory per lowered instruction through a full-fidelity simulation (the instruction,
-its timeline record, the engine's and the idle breakdown's state), measured as peak RSS
-over instructions: 0.77 KB (GPT-3 175B, TP8 PP8 DP64, 16 micro-batches, on 4,096 A100:
-6.4 million instructions, 7.4 million estimated, 4.9 GB peak RSS; 0.69 KB per estimated
-instruction at 1,024 GPUs), issue 22, rounded up; before it 0.75 KB (GPT-3 1.3B, tp 8,
-pp 4 on 16,384 H100: 3.3 million instructions, 2.5 GB) and 0.96 KB (synthetic
-interleaved 1F1B, 300,000)."""
+BYTES_PER_INSTRUCTION = 450
+"""Memory per lowered instruction through a full-fidelity simulation (the instruction, the
+engine's times and DAG, the statistics' intervals and the idle breakdown's chain sums; the
+timeline's records are made only when read), measured as peak RSS above the interpreter's
+over estimated instructions, issue 22, rounded up: 420 B (LLaMA 7B, TP2 PP4 DP128 on 1,024
+A100, ``benchmarks/scale.py`` case ``full-1024``: 628,736 estimated and 541,696 lowered
+instructions, 324 MiB peak RSS, 72 MiB of it the interpreter's) and 400 B (GPT-3 175B, TP8
+PP8 DP4, 8 micro-batches, on 256 A100: 230,144 estimated, 156 MiB). Before the records
+were deferred and the engine's and idle breakdown's state held in arrays: 800 B (0.77 KB
+for GPT-3 175B on 4,096 A100, 6.4 million instructions, 4.9 GB)."""
 
 MAX_PROGRAM_BYTES = 8e9
 """Memory a lowered program may need (instructions times :data:`BYTES_PER_INSTRUCTION`):

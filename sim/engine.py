@@ -15,8 +15,9 @@ zero start. Only things that take simulated time become SimPy events (a
 compute op's end, a latency, a precomputed transfer, the network's next flow
 end, one rate refresh per instant), so there is no process, no per-instruction
 completion event and no condition event. The run records each instruction's
-ready, compute-end and end times; the timeline's records are made from them
-afterwards, by :func:`sim.timeline.timeline_of`.
+ready, compute-end and end times (arrays of doubles); the timeline's records are made
+from them by :func:`sim.timeline.timeline_of`, in the reference at once, else when first
+read (the statistics read :func:`sim.timeline.summaries_of` of the same times).
 
 That event queue is the reference (SimPy's). The fast paths: the same events on the
 run's own heap, ordered as SimPy orders timeouts (time, then scheduling order), without
@@ -36,6 +37,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from base.collector import gc_paused
@@ -44,7 +46,7 @@ from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.network import FlowNetwork
 from sim.selection import CollectivePlan, GroupProfile, collective_plan, step_latency_s
-from sim.timeline import FlowArrow, MemorySample, Span, Timeline, timeline_of
+from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
 from workloads.program import (
     Collective,
@@ -83,13 +85,14 @@ class EngineCounters:
 @dataclass
 class InstructionTimes:
     """When each instruction ran, indexed by instruction id; pass one to
-    :func:`simulate_program` to fill it (read by :mod:`sim.idle`)."""
+    :func:`simulate_program` to fill it (read by :mod:`sim.idle`). Lists, but arrays of
+    doubles (``array("d")``, the same floats) from a run on the engine's own heap."""
 
-    ready_s: list[float] = field(default_factory=list)
+    ready_s: Sequence[float] = field(default_factory=list)
     """When its last predecessor (dependency or stream predecessor) completed: a compute op or
     send starts then; a collective member arrives then (the collective starts at the last
     member's arrival, plus the launch latency)."""
-    end_s: list[float] = field(default_factory=list)
+    end_s: Sequence[float] = field(default_factory=list)
     """When it completed."""
     mid_s: Sequence[float] = ()
     """Where a compute op's compute ended and its blocking communication began (see
@@ -97,9 +100,10 @@ class InstructionTimes:
     intervals: dict[tuple[int, str], array[float]] | None = None
     """The spans' intervals as :mod:`sim.stats` reads them (:data:`sim.stats.Intervals`): per
     ``(GPU, "compute")`` its compute stream's, per ``(GPU, kind)`` those of each
-    communication kind, as flat ``[start, end, ...]`` lists, where the queue-free pass worked
-    them out without making the spans (:mod:`sim.columnar`); None otherwise (the statistics
-    read them from the spans)."""
+    communication kind, as flat ``[start, end, ...]`` lists, where the queue-free pass
+    (:mod:`sim.columnar`) or a run on the own heap (:func:`sim.timeline.summaries_of`) worked
+    them out without making the spans; None in the reference (the statistics read them from
+    the spans)."""
     cause: list[int] = field(default_factory=list)
     """Its latest-finishing predecessor (-1: none), as :mod:`sim.idle` follows chains: the
     stream predecessor, unless a dependency ended strictly later (the first such of the
@@ -255,7 +259,8 @@ class _Run:
         self.events = 0
         self.flows = 0
         self.intervals: dict[tuple[int, str], array[float]] | None = None
-        """See :attr:`InstructionTimes.intervals` (filled by :meth:`_deferred` only)."""
+        """See :attr:`InstructionTimes.intervals` (filled by :meth:`_deferred` and
+        :meth:`_summarized`)."""
         self.cause: list[int] = []
         """See :attr:`InstructionTimes.cause` (filled by :meth:`_deferred` only)."""
         self.arrays: tuple | None = None
@@ -272,22 +277,31 @@ class _Run:
         """Collectives in progress: key -> the members arrived."""
         self.gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
                      else program.simulated_gpus)
-        # per instruction, the times the timeline's records are made from (timeline_of)
-        self.started = [0.0] * len(program.instructions)
+        # per instruction, the times the timeline's records are made from (timeline_of): on
+        # the own heap as arrays of doubles (8 bytes each, not a float object and a
+        # pointer), in the reference as lists
+        n = len(program.instructions)
+        zeros = [0.0] * n if reference else array("d", bytes(8 * n))
+        self.started: list[float] | array[float] = zeros
         """When it became ready (its last predecessor completed)."""
-        self.mid = [0.0] * len(program.instructions)
+        self.mid: list[float] | array[float] = zeros[:]
         """A compute op's start + compute duration (its blocking communication follows)."""
-        self.ended = [0.0] * len(program.instructions)
+        self.ended: list[float] | array[float] = zeros[:]
         self.completed = 0
         self.ready: deque[int] = deque()
         self.draining = False
 
     def _build_dag(self, program: Program) -> None:
-        """Successor lists and unfinished-predecessor counters (deps + stream order)."""
+        """Successor lists and unfinished-predecessor counters (deps + stream order).
+
+        The successors are held compressed (CSR): instruction ``i``'s are
+        ``succ[first[i]:first[i + 1]]``, in the order the instructions naming them come
+        (a stream successor before the same instruction as a dependent): 8 bytes an edge
+        and an instruction, where a list per instruction took about 90 bytes."""
         instrs = program.instructions
         n = len(instrs)
-        waiting = [0] * n
-        succ: list[list[int]] = [[] for _ in range(n)]
+        before = array("q", [-1]) * n  # the stream predecessor, -1: none
+        count = array("q", bytes(8 * (n + 1)))  # successors of each instruction, shifted by one
         last_in: dict[object, int] = {}  # per stream: the compute one, a send one per dst,
         # a collective one per kind
         for ins in instrs:
@@ -295,17 +309,29 @@ class _Run:
             cls = type(ins)
             key = (ins.gpu if cls is Compute else
                    (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind))
-            before = last_in.get(key)
-            if before is None:
-                waiting[i] = len(deps)
-            else:
-                succ[before].append(i)
-                waiting[i] = len(deps) + 1
+            prev = last_in.get(key)
+            if prev is not None:
+                before[i] = prev
+                count[prev + 1] += 1
             last_in[key] = i
             for d in deps:
-                succ[d].append(i)
+                count[d + 1] += 1
+        first = array("q", accumulate(count))
+        fill = first[:n]  # the next free slot of each instruction's successors
+        succ = array("q", bytes(8 * first[n]))
+        waiting = array("i", bytes(4 * n))
+        for ins in instrs:
+            i, deps = ins.id, ins.deps
+            prev = before[i]
+            if prev >= 0:
+                succ[fill[prev]] = i
+                fill[prev] += 1
+            waiting[i] = len(deps) + (prev >= 0)
+            for d in deps:
+                succ[fill[d]] = i
+                fill[d] += 1
         self.waiting = waiting
-        self.succ = succ
+        self.succ, self.first = succ, first
         self.finished = bytearray(n)
         self.completed = 0
 
@@ -343,8 +369,8 @@ class _Run:
         self.finished[i] = 1
         self.completed += 1
         self.ended[i] = self.now
-        waiting, ready = self.waiting, self.ready
-        for j in self.succ[i]:
+        waiting, ready, first = self.waiting, self.ready, self.first
+        for j in self.succ[first[i]:first[i + 1]]:
             left = waiting[j] - 1
             waiting[j] = left
             if not left:
@@ -590,8 +616,30 @@ class _Run:
         else:
             self.env.run()
         self._check_finished(self.now)
-        del self.succ, self.waiting  # the DAG's state, not needed by the records: memory
-        return timeline_of(self.program, self.started, self.mid, self.ended)
+        del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
+        if self.env is not None:  # the reference makes the records at once
+            return timeline_of(self.program, self.started, self.mid, self.ended)
+        return self._summarized()
+
+    def _summarized(self) -> Timeline:
+        """The outcome of a run on the own heap: the statistics' summaries worked out from
+        the times (:func:`sim.timeline.summaries_of`), the records made from the same times
+        when first read (:meth:`Timeline.deferred`): a full-fidelity run's spans are most of
+        its memory, and a ``--json`` run never reads them."""
+        program, ready, mid, end = self.program, self.started, self.mid, self.ended
+        summary = summaries_of(program, ready, mid, end)
+        self.intervals = summary.intervals
+
+        def records() -> tuple[tuple[Span, ...], tuple[FlowArrow, ...],
+                               tuple[MemorySample, ...], tuple[tuple[int, ...], ...]]:
+            with gc_paused():
+                timeline = timeline_of(program, ready, mid, end)
+                return timeline.spans, timeline.flows, timeline.memory, timeline.collectives
+
+        return Timeline.deferred(program.num_gpus, records, program.gpu_names, self.gpus,
+                                 end_s=summary.clock if summary.clock > 0 else None,
+                                 peak_memory_by_gpu=summary.peaks,
+                                 memory_floor_by_gpu=summary.floors)
 
     def _deferred(self, fast: ColumnarPass) -> Timeline:
         """The outcome of the queue-free pass; the timeline's records are made from its

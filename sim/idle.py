@@ -46,7 +46,7 @@ pipeline stalls (Feng et al. 2024, Optimus: DP, PP and TP waiting time).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from operator import sub
 
 import numpy as np
@@ -69,15 +69,17 @@ _PARTS = ("bubble", *_COMM, "straggler")
 """Causes a span can hold (nominal compute is counted as ``bubble``)."""
 _INDEX = {c: k for k, c in enumerate(_PARTS)}
 _BUBBLE, _STRAGGLER = _INDEX["bubble"], _INDEX["straggler"]
+_WIDTH = len(_PARTS)
+"""Doubles in a chain sum's row (:func:`_cumulative`)."""
 
 
 def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
-            ) -> tuple[list[float], list[int], dict[int, list[int]]]:
+            ) -> tuple[array[float], array[int], dict[int, list[int]]]:
     """Per instruction: start of its span and its latest-finishing predecessor (-1: none);
     and per GPU, its compute ops in program order."""
     instrs = program.instructions
-    start = list(ready_s[:len(instrs)])
-    cause = [-1] * len(instrs)
+    start = array("d", ready_s[:len(instrs)])  # doubles, not float objects: memory
+    cause = array("q", [-1]) * len(instrs)
     last_compute: dict[int, int] = {}  # per GPU, the latest instruction of its compute stream
     last_other: dict[tuple[int, object], int] = {}  # per (GPU, dst) or (GPU, kind): sends,
     members: dict[int, list[int]] = {}  # collectives (keys as the engine's streams)
@@ -132,7 +134,7 @@ class _Excess:
         return work * (1.0 - 1.0 / s) if s != 1.0 else 0.0
 
 
-def _add_own(row: list[float], ins: object, span: float, slowdown: _Excess) -> None:
+def _add_own(row: MutableSequence[float], ins: object, span: float, slowdown: _Excess) -> None:
     """Add an instruction's span, split by cause (:data:`_PARTS`), to ``row`` in place."""
     if type(ins) is Compute:
         blocking = min(ins.blocking_comm_s, span) if ins.blocking_comm_s > 0 else 0.0
@@ -147,20 +149,23 @@ def _add_own(row: list[float], ins: object, span: float, slowdown: _Excess) -> N
 
 
 def _cumulative(program: Program, start: Sequence[float], cause: Sequence[int],
-                end_s: Sequence[float], slowdown: _Excess) -> list[list[float]]:
-    """Per instruction, its end time by cause: the sum of its spans' parts along its chain."""
+                end_s: Sequence[float], slowdown: _Excess) -> array[float]:
+    """Per instruction, its end time by cause: the sum of its spans' parts along its chain,
+    as a row of :data:`_WIDTH` doubles (instruction ``i``'s at ``i * _WIDTH``) of one flat
+    array: 56 bytes an instruction, where a list of floats per row took about 150."""
     instrs = program.instructions
-    zero = [0.0] * len(_PARTS)
-    cum: list[list[float] | None] = [None] * len(instrs)
+    zero = array("d", bytes(8 * _WIDTH))
+    cum = array("d", bytes(8 * _WIDTH * len(instrs)))
+    done = bytearray(len(instrs))
     index = _INDEX.get
     for i in range(len(instrs)):
-        if cum[i] is not None:
+        if done[i]:
             continue
         c = cause[i]
-        if c >= 0 and cum[c] is None:  # a chain to a later id: sum it from its known end
-            _fill_chain(i, instrs, start, cause, end_s, slowdown, cum)
+        if c >= 0 and not done[c]:  # a chain to a later id: sum it from its known end
+            _fill_chain(i, instrs, start, cause, end_s, slowdown, cum, done)
             continue
-        row = (zero if c < 0 else cum[c])[:]  # type: ignore[index]
+        row = zero[:] if c < 0 else cum[c * _WIDTH:(c + 1) * _WIDTH]
         ins = instrs[i]
         if slowdown or type(ins) is not Compute:
             _add_own(row, ins, end_s[i] - start[i], slowdown)
@@ -174,34 +179,37 @@ def _cumulative(program: Program, start: Sequence[float], cause: Sequence[int],
                     row[index(ins.blocking_comm_kind, _BUBBLE)] += blocking
                 span -= blocking
             row[_BUBBLE] += span
-        cum[i] = row
-    return cum  # type: ignore[return-value]
+        cum[i * _WIDTH:(i + 1) * _WIDTH] = row
+        done[i] = 1
+    return cum
 
 
 def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
                 cause: Sequence[int], end_s: Sequence[float], slowdown: _Excess,
-                cum: list[list[float] | None]) -> None:
-    """``cum`` of ``i`` and of the instructions on its chain that lack it, from the root."""
-    zero = [0.0] * len(_PARTS)
+                cum: array[float], done: bytearray) -> None:
+    """``cum`` of ``i`` and of the instructions on its chain that lack it (``done``), from
+    the root."""
+    zero = array("d", bytes(8 * _WIDTH))
     stack = [i]
     while stack:
         j = stack[-1]
         c = cause[j]
-        if c >= 0 and cum[c] is None:
+        if c >= 0 and not done[c]:
             stack.append(c)
             continue
         stack.pop()
-        if cum[j] is None:
-            row = (zero if c < 0 else cum[c])[:]  # type: ignore[index]
+        if not done[j]:
+            row = zero[:] if c < 0 else cum[c * _WIDTH:(c + 1) * _WIDTH]
             _add_own(row, instrs[j], end_s[j] - start[j], slowdown)
-            cum[j] = row
+            cum[j * _WIDTH:(j + 1) * _WIDTH] = row
+            done[j] = 1
 
 
-def _folded(instrs: Sequence) -> tuple[list[float], list[int]]:
+def _folded(instrs: Sequence) -> tuple[array[float], array[int]]:
     """Per instruction, a compute op's blocking communication (0: none, or not compute) and
     the part it counts in (:data:`_PARTS`)."""
-    folded = [0.0] * len(instrs)
-    part = [_BUBBLE] * len(instrs)
+    folded = array("d", bytes(8 * len(instrs)))
+    part = array("b", [_BUBBLE]) * len(instrs)
     for i, ins in enumerate(instrs):
         if type(ins) is Compute and ins.blocking_comm_s > 0:
             folded[i] = ins.blocking_comm_s
@@ -263,8 +271,8 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     window = window if window is not None else (0.0, run_end)
     zero = [0.0] * len(_PARTS)
 
-    def row(i: int) -> list[float]:
-        return cum[i] if i >= 0 else zero
+    def row(i: int) -> Sequence[float]:
+        return cum[i * _WIDTH:(i + 1) * _WIDTH] if i >= 0 else zero
 
     return {g: _row(_gap_loop(compute_of.get(g, []), start, cause, end_s, row, folded,
                               run_end, last, window)) for g in gpus}

@@ -187,20 +187,26 @@ class FlowNetwork:
         self.recomputations += 1
         self.rerated_flows += len(comp)
         self._now = now
-        flows, ends = self._flows, self._ends
+        flows, ends, push, inf = self._flows, self._ends, heapq.heappush, math.inf
         for fid, rate in rates.items():
             flow = flows[fid]
             old = flow.rate_Bps
             if rate == old:
                 continue  # same rate from the same bytes: the same end time
-            flow.remaining_bytes = _bytes_left(flow, now)
+            # _bytes_left, inline (once per re-rated flow)
+            left = flow.remaining_bytes
+            if old == inf:
+                left = 0.0
+            elif old > 0:
+                left = left - min(left, old * (now - flow.since_s))
+            flow.remaining_bytes = left
             flow.since_s = now
             flow.rate_Bps = rate
-            if flow.remaining_bytes <= 0 or rate == math.inf:
+            if left <= 0 or rate == inf:
                 end = flow.end_s = now
             else:
-                end = flow.end_s = now + flow.remaining_bytes / rate
-            heapq.heappush(ends, (end, fid))
+                end = flow.end_s = now + left / rate
+            push(ends, (end, fid))
 
     def start(self, now: float, flow_id: int, links: tuple[int, ...], nbytes: float) -> None:
         """A flow of ``nbytes`` over ``links`` begins transmitting at ``now``.

@@ -7,6 +7,7 @@ Produced by :mod:`sim.engine`, read by :mod:`sim.stats`, :mod:`sim.export` and
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -348,3 +349,103 @@ def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[floa
     return Timeline.known(program.num_gpus, tuple(spans), flows, tuple(samples),
                           program.gpu_names, gpus, end_s=clock if clock > 0 else None,
                           peak_memory_by_gpu=peaks, collectives=groups)
+
+
+class Summaries(NamedTuple):
+    """What the statistics read of a timeline, worked out from an engine run's times without
+    making its records (:func:`summaries_of`)."""
+
+    intervals: dict[tuple[int, str], array]
+    """As :attr:`sim.engine.InstructionTimes.intervals`: per ``(GPU, "compute")`` the
+    compute-stream spans', per ``(GPU, kind)`` those of each communication kind, flat
+    ``[start, end, ...]``."""
+    peaks: dict[int, float]
+    """:attr:`Timeline.peak_memory_by_gpu` of the records."""
+    floors: dict[int, float]
+    """:attr:`Timeline.memory_floor_by_gpu` of the records."""
+    clock: float
+    """The latest end time (0 when none)."""
+
+
+def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
+                 end_s: Sequence[float]) -> Summaries:
+    """The :class:`Summaries` of the timeline :func:`timeline_of` makes of the same times, in
+    one pass over the instructions and without a record: each span's interval (as
+    :func:`sim.stats.span_intervals` reads it from the spans), the memory samples' peaks and
+    floors by the same running sums (``tests/test_engine_records.py`` compares them)."""
+    gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
+            else program.simulated_gpus)
+    comm_kinds = frozenset(COMM_KINDS)
+    intervals: dict[tuple[int, str], array] = {}
+    mem_now = list(program.static_bytes)
+    peaks = {g: mem_now[g] for g in gpus}
+    floors = dict(peaks)
+    members: dict[int, list[int]] = {}
+    instrs = program.instructions
+
+    def lane(key: tuple[int, str]) -> array:
+        out = intervals.get(key)
+        if out is None:
+            out = intervals[key] = array("d")
+        return out
+
+    for ins in instrs:
+        cls = type(ins)
+        if cls is Compute:
+            i, g, kind = ins[0], ins[1], ins[2]
+            blocking, comm, alloc, free = ins[11], ins[12], ins[13], ins[14]
+            t, mid = ready_s[i], mid_s[i]
+            if alloc or free:
+                if alloc:
+                    mem_now[g] += alloc
+                    _sample(peaks, floors, g, mem_now[g])
+                if free:
+                    mem_now[g] -= free
+                    _sample(peaks, floors, g, mem_now[g])
+            stream = lane((g, COMPUTE_STREAM))
+            stream.append(t)
+            stream.append(mid)
+            if kind in comm_kinds:  # as span_intervals would count it (no compute kind is)
+                own = lane((g, kind))
+                own.append(t)
+                own.append(mid)
+            if blocking > 0 and comm in comm_kinds:
+                own = lane((g, comm))
+                own.append(mid)
+                own.append(end_s[i])
+        elif cls is Send:
+            i, g, dst, kind = ins[0], ins[1], ins[2], ins[4]
+            if kind in comm_kinds:
+                t, stop = ready_s[i], end_s[i]
+                for gpu in (g, dst):
+                    own = lane((gpu, kind))
+                    own.append(t)
+                    own.append(stop)
+        else:
+            i, kind, group, key = ins[0], ins[2], ins[7], ins[9]
+            if len(group) > 1:
+                waiting = members.setdefault(key, [])
+                waiting.append(i)
+                if len(waiting) < len(group):
+                    continue
+                del members[key]
+                start = max(ready_s[j] for j in waiting)
+            else:
+                waiting, start = [i], ready_s[i]
+            if kind in comm_kinds:
+                for j in waiting:
+                    own = lane((instrs[j].gpu, kind))
+                    own.append(start)
+                    own.append(end_s[j])
+    return Summaries(intervals, dict(sorted(peaks.items())), dict(sorted(floors.items())),
+                     max(end_s, default=0.0))
+
+
+def _sample(peaks: dict[int, float], floors: dict[int, float], g: int, now: float) -> None:
+    """GPU ``g`` holds ``now`` bytes: its peak and floor so far."""
+    if g not in peaks:
+        peaks[g] = floors[g] = now
+    elif now > peaks[g]:
+        peaks[g] = now
+    elif now < floors[g]:
+        floors[g] = now
