@@ -33,8 +33,8 @@ COLUMNS = (
     "position_embedding", "parallel_blocks", "seq_length", "cluster", "gpu", "num_gpus",
     "nics_per_node", "nic_Gbps", "tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel",
     "zero_stage", "schedule", "micro_batch_size", "global_batch_size", "recompute",
-    "recompute_num_layers", "attention", "fused_norm", "tp_comm_overlap", "precision", "framework", "software",
-    "status",
+    "recompute_num_layers", "attention", "fused_norm", "tp_comm_overlap", "precision",
+    "framework", "software", "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
     "assumed", "citation")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
