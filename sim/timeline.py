@@ -302,18 +302,14 @@ def timeline_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[floa
             lane[2].append(new(Span, (dst, lane[3], kind, name, t, stop, stage, mb)))
         else:
             i, g, kind, name = ins[0], ins[1], ins[2], ins[3]
-            group, key = ins[7], ins[9]
+            group = ins[7]
+            arrived = _arrived(members, i, group, ins[9], ready_s)
+            if arrived is None:
+                continue
+            waiting, start = arrived
             if len(group) > 1:
-                waiting = members.setdefault(key, [])
-                waiting.append(i)
-                if len(waiting) < len(group):
-                    continue
-                del members[key]
-                start = max(ready_s[j] for j in waiting)
                 rank = {gpu: r for r, gpu in enumerate(group)}
                 collectives.append(sorted(waiting, key=lambda j: rank[instrs[j].gpu]))
-            else:
-                waiting, start = [i], ready_s[i]
             for j in waiting:
                 m = instrs[j]
                 lanes.setdefault((m.gpu, kind), []).append((start, end_s[j], 4 * j, new(
@@ -422,16 +418,11 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
                     own.append(t)
                     own.append(stop)
         else:
-            i, kind, group, key = ins[0], ins[2], ins[7], ins[9]
-            if len(group) > 1:
-                waiting = members.setdefault(key, [])
-                waiting.append(i)
-                if len(waiting) < len(group):
-                    continue
-                del members[key]
-                start = max(ready_s[j] for j in waiting)
-            else:
-                waiting, start = [i], ready_s[i]
+            i, kind = ins[0], ins[2]
+            arrived = _arrived(members, i, ins[7], ins[9], ready_s)
+            if arrived is None:
+                continue
+            waiting, start = arrived
             if kind in comm_kinds:
                 for j in waiting:
                     own = lane((instrs[j].gpu, kind))
@@ -439,6 +430,21 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
                     own.append(end_s[j])
     return Summaries(intervals, dict(sorted(peaks.items())), dict(sorted(floors.items())),
                      max(end_s, default=0.0))
+
+
+def _arrived(members: dict, i: int, group: tuple, key: object, ready_s: Sequence[float]
+             ) -> tuple[list[int], float] | None:
+    """Instruction ``i`` of collective ``key`` over ``group`` has been reached: None while
+    other members are still to come (``members`` keeps those waiting), else every member's
+    index and the collective's start, when the last of them was ready."""
+    if len(group) <= 1:
+        return [i], ready_s[i]
+    waiting = members.setdefault(key, [])
+    waiting.append(i)
+    if len(waiting) < len(group):
+        return None
+    del members[key]
+    return waiting, max(ready_s[j] for j in waiting)
 
 
 def _sample(peaks: dict[int, float], floors: dict[int, float], g: int, now: float) -> None:
