@@ -72,12 +72,17 @@ class Case:
     fidelity: str
     schedule: str = "1f1b"
     vpp: int = 1
+    collectives: tuple[tuple[str, str], ...] = ()
+    """Algorithms forced per collective (``cluster.collectives``); empty: ``auto``."""
 
     def experiment(self) -> dict:
+        cluster: dict = {"preset": self.cluster, "num_gpus": self.num_gpus}
+        if self.collectives:
+            cluster["collectives"] = dict(self.collectives)
         return {
             "name": self.name,
             "model": self.model,
-            "cluster": {"preset": self.cluster, "num_gpus": self.num_gpus},
+            "cluster": cluster,
             "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp, "vpp": self.vpp,
                          "zero_stage": 1},
             "training": {"micro_batch_size": 1, "global_batch_size": self.global_batch},
@@ -116,6 +121,10 @@ CASES = [
     Case("7b-1024-col", LLAMA_7B, A100, 1024, 2, 4, 128, 1024, "collapsed"),
     Case("175b-256-full", GPT_175B, A100, 256, 8, 8, 4, 32, "full"),
     Case("175b-1024-full", GPT_175B, A100, 1024, 8, 8, 16, 128, "full"),
+    # auto's intra-server tree for the TP all-reduces against ring (the flow count)
+    Case("175b-128-full", GPT_175B, A100, 128, 8, 8, 2, 16, "full"),
+    Case("175b-128-ring", GPT_175B, A100, 128, 8, 8, 2, 16, "full",
+         collectives=(("all_reduce", "ring"),)),
     # issue 22: 16 micro-batches per pipeline, every GPU and flow
     Case("175b-4096-full", GPT_175B, A100, 4096, 8, 8, 64, 1024, "full"),
     Case("405b-16384-full", LLAMA3_405B, H100, 16384, 8, 16, 128, 2048, "full"),
