@@ -200,6 +200,9 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert eager.rows[0].experiment()["training"]["fused_norm"] is False
     with pytest.raises(ConfigError, match="fused_norm='no'"):
         load_source(_write(tmp_path / "d.csv", [_fixture_row(fused_norm="no")]))
+    assert "tp_comm_overlap" not in plain["parallel"]
+    overlap = load_source(_write(tmp_path / "e.csv", [_fixture_row(tp_comm_overlap="true")]))
+    assert overlap.rows[0].experiment()["parallel"]["tp_comm_overlap"] is True
 
 
 def test_a_model_naming_a_shipped_hf_config_reaches_the_experiment(tmp_path: Path) -> None:
