@@ -5,6 +5,7 @@ bytes and FLOPs, and the errors for modules a model lacks."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -12,11 +13,14 @@ import pytest
 from base.errors import ConfigError
 from sim.api import simulate
 from sim.config import TrainingConfig
-from sim.experiment import build_experiment
+from sim.experiment import Experiment, build_experiment
 from workloads.costs import CommSeg, ComputeSeg
 from workloads.models import MLASpec, ModelSpec, MoESpec
 from workloads.recompute_modules import RECOMPUTE_MODULES
 from workloads.transformer import TransformerCosts
+
+EXAMPLE = (Path(__file__).resolve().parents[1] / "workloads" / "examples"
+           / "deepseek-v3-recompute-modules.yaml")
 
 TOKENS = 1024
 """Tokens of a micro-batch (b = 1, s = 1024) in the MLA/MoE model below."""
@@ -208,3 +212,16 @@ def _experiment(model: dict, recompute: str, modules: list[str] | None) -> dict:
     return {"model": {**model, "seq_length": 4096},
             "cluster": {"preset": "dgx-h100", "num_gpus": 8},
             "parallel": {"tp": 8, "sequence_parallel": True}, "training": training}
+
+
+def test_the_example_recomputes_mla_up_projections_and_dense_mlps() -> None:
+    """workloads/examples/deepseek-v3-recompute-modules.yaml: its stage of dense layers
+    stashes less with the two modules than without them, and more than with full
+    recomputation."""
+    exp = Experiment.from_yaml(EXAMPLE)
+    costs = exp.costs
+    assert costs.recompute == "selective"
+    assert costs.recompute_modules == ("mla_up_proj", "mlp")
+    stashed = [replace(costs, recompute=r).activation_bytes_per_mb(0)
+               for r in ("none", "selective", "full")]
+    assert stashed[0] > stashed[1] > stashed[2]
