@@ -372,6 +372,15 @@ class TrainingConfig(Strict):
     """Selective layer recomputation: ``recompute`` applies to every k-th layer of the model
     (layers k, 2k, ..., counted from 1), the rest stash everything (torchtitan's
     ``selective_ac_option: "k"``). Not with recompute_num_layers."""
+    recompute_modules: list[Literal["core_attn", "mla_up_proj", "layernorm", "mlp", "moe",
+                                    "moe_act", "shared_experts"]] | None = None
+    """With ``recompute: selective``, the modules recomputed (Megatron-core's
+    ``--recompute-modules``; :data:`workloads.recompute_modules.RECOMPUTE_MODULES` says
+    what each drops and reruns): core_attn (the attention core), mla_up_proj (MLA's
+    up-projections and RoPE), layernorm (the norms not fused into a GEMM: MLA's input norm,
+    a MoE layer's pre-MLP norm), mlp (dense layers' MLPs), moe (MoE layers whole), moe_act
+    (the routed experts' activation), shared_experts. Default: [core_attn]. Each must
+    exist in the model."""
     global_batch_schedule: list[list[int]] | None = Field(None, max_length=MAX_BATCH_SIZES)
     """``[[step, global_batch_size], ...]`` for ``sim run --steps N``: from each step on, that
     global batch (adaptive batch schedules, Lau et al. 2025); see :mod:`sim.faults`. At most

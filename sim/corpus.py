@@ -66,6 +66,10 @@ NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks":
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
 
+MODULES_PREFIX = "modules:"
+"""A ``recompute`` value ``modules:a+b`` is Megatron-core's selective recomputation of modules
+a and b (``training.recompute: selective`` with ``training.recompute_modules: [a, b]``)."""
+
 NIC_RATE_KEY = "nic_Gbps"
 """``cluster`` key of a server's per-NIC line rate in Gb/s (the ``nic_Gbps`` column)."""
 
@@ -132,6 +136,9 @@ class CorpusRow:
         training: dict = {"micro_batch_size": int(v["micro_batch_size"]),
                           "global_batch_size": int(v["global_batch_size"]),
                           "recompute": v["recompute"], "attention": v["attention"]}
+        if v["recompute"].startswith(MODULES_PREFIX):  # Megatron-core's recompute_modules
+            training["recompute"] = "selective"
+            training["recompute_modules"] = v["recompute"][len(MODULES_PREFIX):].split("+")
         for key, default in NEW_SETTINGS.items():
             if v[key] == default:
                 continue

@@ -37,6 +37,7 @@ from workloads.frameworks import FrameworkProfile, apply_framework, framework, s
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
+from workloads.recompute_modules import check as check_recompute_modules
 from workloads.registry import SCHEDULES, built_schedule
 from workloads.seqchunks import FLASH_KERNELS
 from workloads.transformer import TransformerCosts
@@ -496,6 +497,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
             raise ConfigError(f"training.recompute_every_k_layers={t.recompute_every_k_layers}: "
                               "give it or training.recompute_num_layers="
                               f"{t.recompute_num_layers}, not both")
+        modules = check_recompute_modules(t.recompute, t.recompute_modules, model)
         costs = TransformerCosts(model, t.micro_batch_size, tp, dp,
                                  _stage_layers(par, model, sched.num_stages, profile),
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
@@ -505,6 +507,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  seq_chunks=sched.seq_chunks,
                                  recompute_num_layers=t.recompute_num_layers,
                                  recompute_every_k_layers=t.recompute_every_k_layers,
+                                 recompute_modules=modules,
                                  precision=t.precision,
                                  fp8_speedup=fp8_speedup(cluster) if t.precision == "fp8"
                                  else 1.0)

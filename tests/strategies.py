@@ -236,6 +236,10 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
         if training["recompute"] != "none" and draw(st.booleans()):
             key = draw(st.sampled_from(["recompute_num_layers", "recompute_every_k_layers"]))
             training[key] = draw(st.integers(0 if key == "recompute_num_layers" else 1, 3))
+        if training["recompute"] == "selective" and draw(st.booleans()):  # Megatron's modules
+            present = ["core_attn", "moe", "moe_act"] if "moe" in model else ["core_attn", "mlp"]
+            training["recompute_modules"] = draw(st.lists(st.sampled_from(present),
+                                                          unique=True, max_size=2))
     exp: dict[str, Any] = {"name": "drawn", "model": model, "cluster": cluster,
                            "parallel": parallel, "training": training, "schedule": schedule}
     if not collapsible and not mixed:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,34 +62,34 @@ def test_the_corpus_spans_sources_frameworks_gpus_precisions_and_scales() -> Non
     assert any(r.peak_memory_gib for r in rows)
 
 
-NOT_EXPRESSIBLE = {
-    ("megatron_bridge_perf", "deepseek-v3-1024gpu-h100"): "modules:mla_up_proj+mlp",
-    ("megatron_bridge_perf", "deepseek-v3-256gpu-b200-pp8"): "modules:mla_up_proj",
-    ("megatron_bridge_perf", "deepseek-v3-256gpu-b200-pp16"): "modules:mla_up_proj",
-}
-"""Rows ``sim validate`` skips: Megatron-Bridge's ``recompute_modules``, kept as the recipe
-has it instead of simulating the run without it."""
-
-
 def test_every_shipped_corpus_row_builds_under_the_schema() -> None:
-    """Every published run is expressible but the listed ones, which the schema refuses with
-    an error naming their setting; torchtitan's Grand Teton hosts run on their own preset
-    (H100 96GB), not a DGX with another GPU."""
+    """Every published run is expressible; torchtitan's Grand Teton hosts run on their own
+    preset (H100 96GB), not a DGX with another GPU."""
     from sim.experiment import build_experiment
 
     for source in load_corpus():
         for row in source.rows:
-            setting = NOT_EXPRESSIBLE.get((source.name, row.run))
-            if setting is not None:
-                with pytest.raises(ConfigError, match=re.escape(setting)):
-                    build_experiment(row.experiment())
-                continue
             exp = build_experiment(row.experiment())
             assert exp.cluster.gpu.name, (source.name, row.run)
             if source.name == "torchtitan_llama31":
                 assert exp.cluster.gpu.name == "H100-96GB"
                 assert "power limit" in row.get("assumed") and "not modelled" in row.get(
                     "assumed")
+
+
+def test_a_modules_recompute_column_is_megatron_selective_recompute_of_those_modules() -> None:
+    """``modules:mla_up_proj+mlp`` (the DeepSeek-V3 recipes' ``recompute_modules``) reaches
+    the cost model as ``recompute: selective`` of exactly those modules."""
+    from sim.experiment import build_experiment
+
+    rows = {r.run: r for r in load_source(CORPUS_DIR / "megatron_bridge_perf.csv").rows}
+    row = rows["deepseek-v3-1024gpu-h100"]
+    assert row.get("recompute") == "modules:mla_up_proj+mlp"
+    training = row.experiment()["training"]
+    assert training["recompute"] == "selective"
+    assert training["recompute_modules"] == ["mla_up_proj", "mlp"]
+    costs = build_experiment(row.experiment()).costs
+    assert costs.recompute_modules == ("mla_up_proj", "mlp")
 
 
 def _model_flops_per_token(row: CorpusRow) -> float:

@@ -45,6 +45,7 @@ from workloads.costs import (
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import ModelSpec
 from workloads.program import EQUAL_VOLUMES
+from workloads.recompute_modules import DEFAULT_RECOMPUTE_MODULES, layer_modules
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 from workloads.seqchunks import (
     FLASH_KERNELS,
@@ -118,9 +119,9 @@ class TransformerCosts:
     sequence_parallel: bool = False
     zero_stage: int = 1
     recompute: str = "none"
-    """``none``, ``selective`` (attention core recomputed), ``selective-op`` (torchtitan's
-    op-level checkpointing: every other matmul recomputed, :meth:`_op_checkpoint_shares`)
-    or ``full`` (whole layer)."""
+    """``none``, ``selective`` (the :attr:`recompute_modules` recomputed), ``selective-op``
+    (torchtitan's op-level checkpointing: every other matmul recomputed,
+    :meth:`_op_checkpoint_shares`) or ``full`` (whole layer)."""
     attention: str = "flash2"
     """``flash2``, ``flash1``, ``flash3`` (Hopper only; the flash kernels skip the causal
     mask's half of the score matrix and never store it), ``fused`` or ``unfused``."""
@@ -264,6 +265,12 @@ class TransformerCosts:
     :data:`TP_OVERLAP_GEMMS`), set by :func:`sim.tpoverlap.with_overlap` from the device and
     collective timers; such a collective is emitted with that fixed time. Empty: every TP
     collective blocks and is timed on the network."""
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
+    """With ``recompute: selective``, Megatron-core's ``recompute_modules``
+    (:data:`workloads.recompute_modules.RECOMPUTE_MODULES`): what each drops from a layer's
+    stash is in :meth:`layer_activation_bytes`, what it reruns before the layer's backward
+    in :meth:`_module_recompute`. Default ``core_attn``, the attention core (Korthikanti
+    et al. 2022's selective recomputation)."""
 
     # ------------------------------------------------------------- shapes
     @property
@@ -344,6 +351,36 @@ class TransformerCosts:
         return ComputeSeg("attn", sum(d[1] for d in dims), BF16 * (weights + acts),
                           gemm_dims=dims)
 
+    def _mla_up_gemms(self, label: str) -> ComputeSeg:
+        """MLA's query and key/value up-projections and RoPE forward on one TP rank (what
+        ``mla_up_proj`` recomputation reruns, Megatron-LM's ``qkv_up_proj_and_rope_apply``):
+        column-parallel GEMMs from the latents to the per-head Q, K and V, and the rotary
+        kernel over the queries and keys."""
+        m, t, n = self.model, self.tp, self._tokens
+        mla, a = m.mla, m.num_attention_heads
+        assert mla is not None
+        q_in = mla.q_lora_rank or m.hidden_size
+        kv_out = a * (mla.qk_nope_head_dim + mla.v_head_dim) / t
+        dims = (_gemm(n, q_in, m.q_dim / t), _gemm(n, mla.kv_lora_rank, kv_out))
+        nbytes = BF16 * (q_in * m.q_dim / t + mla.kv_lora_rank * kv_out
+                         + n * (q_in + mla.kv_lora_rank + m.q_dim / t + kv_out))
+        rope = ROPE_BYTES * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope" else 0.0
+        seg = ComputeSeg(f"{label} mla up", sum(d[1] for d in dims), nbytes,
+                         elementwise_bytes=rope, gemm_dims=dims)
+        return _fp8(seg, self.fp8_speedup) if self.precision == "fp8" else seg
+
+    def _shared_expert_gemms(self) -> ComputeSeg:
+        """The shared experts' GEMMs of one MoE layer on one TP rank: every token passes one
+        dense MLP of shared·f_e (TP-split), its weights read once."""
+        m, t, n = self.model, self.tp, self._tokens
+        moe = m.moe
+        assert moe is not None and moe.shared_experts
+        h, mm = m.hidden_size, m.mlp_matrices
+        fs = moe.shared_experts * moe.expert_ffn_hidden_size
+        dims = (_gemm(n, h, fs * (mm - 1) / t), _gemm(n, fs / t, h))
+        nbytes = BF16 * (h * fs * mm / t + n * (h + 2 * fs * (mm - 1) / t + 2 * fs / t + h))
+        return ComputeSeg("shared experts", sum(d[1] for d in dims), nbytes, gemm_dims=dims)
+
     @property
     def _expert_rows(self) -> float:
         """Token copies this GPU's experts compute (and receive) per micro-batch:
@@ -375,10 +412,10 @@ class TransformerCosts:
         nbytes = BF16 * (local * h * f * mm / t + h * moe.num_experts
                          + rows * (h + 2 * mid + 2 * f / t + h))
         dims = (router, fc1, fc2)
-        if moe.shared_experts:  # every token, one dense MLP of shared·f_e (TP-split)
-            fs = moe.shared_experts * f
-            dims += (_gemm(n, h, fs * (mm - 1) / t), _gemm(n, fs / t, h))
-            nbytes += BF16 * (h * fs * mm / t + n * (h + 2 * fs * (mm - 1) / t + 2 * fs / t + h))
+        if moe.shared_experts:
+            shared = self._shared_expert_gemms()
+            dims += shared.gemm_dims
+            nbytes += shared.hbm_bytes
         return ComputeSeg("mlp", sum(d[1] for d in dims), nbytes, gemm_dims=dims)
 
     def _moe_body(self, seg: ComputeSeg, name: str, backward: bool) -> list[Segment]:
@@ -551,10 +588,7 @@ class TransformerCosts:
         if self.recompute == "full":
             segs += self._layer_forward(f"recompute {name}")
         elif self.recompute == "selective":
-            softmax = 0.0 if self._flash else (
-                SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
-            segs.append(ComputeSeg(f"recompute {name} core", attn_flops=self._core_forward_flops(),
-                                   elementwise_bytes=softmax))
+            segs += self._module_recompute(name)
         elif self.recompute == "selective-op":
             attn_share, mlp_share, _ = self._op_checkpoint_shares()
             softmax = 0.0 if self._flash else (
@@ -573,6 +607,73 @@ class TransformerCosts:
             attn_body = self._attention_parts(replace(attn_seg, attn_flops=0.0), core,
                                               f"{name} bwd", backward=True)
         return segs + self._blocks(name, attn_body, mlp_seg, backward=True)
+
+    @property
+    def _recomputed_modules(self) -> frozenset[str]:
+        """The :attr:`recompute_modules` that act on this (uniform) layer
+        (:func:`workloads.recompute_modules.layer_modules`); none unless ``recompute`` is
+        ``selective``."""
+        if self.recompute != "selective":
+            return frozenset()
+        return layer_modules(self.model, self.recompute_modules)
+
+    def _module_recompute(self, name: str) -> list[Segment]:
+        """What ``recompute: selective`` reruns before one layer's backward, module by module
+        (:attr:`recompute_modules`), MLP side first as the backward meets them.
+
+        ``moe``: the MoE layer's forward (router, dispatch and combine all-to-alls, experts,
+        shared experts) with its TP collectives; ``mlp``: a dense layer's MLP forward (its
+        norm, GEMMs and activation, not the residual add) with its TP collectives;
+        ``shared_experts``: the shared experts' GEMMs and activation, with the TP all-gather
+        and reduce-scatter Megatron's ``SharedExpertMLP`` (a TP-split MLP) runs around them;
+        ``moe_act``: the routed experts' activation over their rows (memory-bound);
+        ``layernorm``: the norms that are modules of their own (MLA's input norm, a MoE
+        layer's pre-MLP norm), memory-bound; ``mla_up_proj``: the query and key/value
+        up-projection GEMMs and RoPE; ``core_attn``: the attention core's forward (and the
+        softmax passes of a non-flash kernel).
+        """
+        mods = self._recomputed_modules
+        m, t, n = self.model, self.tp, self._tokens
+        label = f"recompute {name}"
+        attn, mlp = self._gemms()
+        ew_mlp = self._elementwise_forward()[1]
+        residual = RESIDUAL_BYTES * n * m.hidden_size / self._sp_div
+        act_bytes = SWIGLU_BYTES if m.gated_mlp else GELU_BYTES
+        segs: list[Segment] = []
+        if "moe" in mods:
+            body = replace(mlp, label=f"{label} mlp", elementwise_bytes=ew_mlp - residual)
+            segs += self._block(f"{label} mlp", self._moe_body(body, f"{label} mlp", False),
+                                "mlp")
+        elif "mlp" in mods:
+            segs += self._block(f"{label} mlp", replace(mlp, label=f"{label} mlp",
+                                                        elementwise_bytes=ew_mlp - residual),
+                                "mlp")
+        else:
+            moe = m.moe
+            if "shared_experts" in mods and moe is not None:
+                shared = self._shared_expert_gemms()
+                if self.precision == "fp8":
+                    shared = _fp8(shared, self.fp8_speedup)
+                elementwise = act_bytes * n * moe.shared_experts * moe.expert_ffn_hidden_size / t
+                segs += self._block(f"{label} shared experts",
+                                    replace(shared, label=f"{label} shared experts",
+                                            elementwise_bytes=elementwise), "shared experts")
+            if "moe_act" in mods and moe is not None:
+                segs.append(ComputeSeg(f"{label} moe act", elementwise_bytes=act_bytes
+                                       * self._expert_rows * moe.expert_ffn_hidden_size / t))
+        if "layernorm" in mods:
+            norms = (m.mla is not None) + (m.moe is not None)
+            norm = NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES
+            segs.append(ComputeSeg(f"{label} norms", elementwise_bytes=norms * norm * n
+                                   * m.hidden_size / self._sp_div))
+        if "mla_up_proj" in mods:
+            segs.append(self._mla_up_gemms(label))
+        if "core_attn" in mods:
+            softmax = 0.0 if self._flash else (
+                SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
+            segs.append(ComputeSeg(f"{label} core", attn_flops=self._core_forward_flops(),
+                                   elementwise_bytes=softmax))
+        return segs
 
     def block_segments(self, backward: bool, label: str) -> list[Segment]:
         """One transformer block's forward, or its whole backward (input and weight
@@ -846,8 +947,8 @@ class TransformerCosts:
         plus the dispatched copies of the MLP input (2·k·max(c, 1)); shared experts keep
         their intermediates for every token. Q, K, V and the attention output are a·d wide
         where the head size d is explicit; under MLA they are the materialised per-head
-        queries, keys and values, and the latents (2·(d_c' + d_c + d_h^R)/h) are kept
-        too, replicated. With CP, s·b·h is
+        queries, keys and values, and the latents are kept too (:meth:`_latent_bytes`).
+        With CP, s·b·h is
         the GPU's s/cp tokens. With :attr:`sp_saves_gathered_input`, SP splits only the
         norm inputs (4, and the eager norm's 8): the two GEMM inputs (4) stay whole.
         Parallel attention and MLP (:attr:`ModelSpec.parallel_blocks`): both norms read the
@@ -855,7 +956,21 @@ class TransformerCosts:
         and first MLP GEMMs keep their inputs in fp8 (TransformerEngine's LayerNormLinear and
         LayerNormMLP save ``ln_out`` cast to fp8), 2 instead of 4, and the down projection
         its input (the GeLU output or silu(gate)·up, 2·f/h) in fp8, half of it; the
-        attention output stays bf16 (the flash kernel keeps it for its own backward).
+        attention output stays bf16 (the flash kernel keeps it for its own backward). A MoE
+        layer under FP8 keeps its MLP input in bf16 (the router saves it as it is,
+        megatron/core/transformer/moe/moe_utils.py ``RouterGatingLinearFunction``, and the
+        shared experts' first GEMM is set to save that same tensor, shared_experts.py
+        ``set_save_original_input``) and the dispatched copies in fp8 (the grouped GEMM
+        saves its quantised input), 1 instead of 2.
+
+        ``recompute: selective`` drops what its :attr:`recompute_modules` recompute:
+        ``core_attn`` the score matrix; ``mla_up_proj`` Q, K and V (and the latents' second,
+        normalised copy); ``layernorm`` the outputs of the separate norms (MLA's input norm:
+        the down-projections' input; a MoE layer's pre-MLP norm: the router's input);
+        ``mlp`` a dense layer's MLP input and intermediates; ``moe`` the dispatched copies and
+        every expert intermediate; ``moe_act`` the routed rows' activation output (the
+        experts' second GEMM is set to save its bf16 input, which the checkpoint frees, so
+        nothing is left in fp8 either); ``shared_experts`` the shared experts' intermediates.
         """
         m, t = self.model, self.tp
         m.require_uniform()
@@ -866,29 +981,64 @@ class TransformerCosts:
         dropout = 2 if m.norm == "layernorm" and self.dropout else 0
         eager_norm = 8 if m.norm == "rmsnorm" and not self.fused_norm else 0
         fp8 = self.precision == "fp8"
-        gemm_inputs = 2.0 if fp8 else 4.0  # the QKV and first MLP GEMMs' inputs
+        mods = self._recomputed_modules
+        gemm_input = 1.0 if fp8 else 2.0
+        attn_input = 0.0 if "layernorm" in mods and m.mla is not None else gemm_input
+        mlp_input = gemm_input
+        if m.moe is not None and fp8:  # the router saves the norm output as it is, bf16
+            mlp_input = 2.0
+        if "mlp" in mods or ("layernorm" in mods and m.moe is not None):
+            mlp_input = 0.0
+        gemm_inputs = attn_input + mlp_input  # the QKV and first MLP GEMMs' inputs
         norm_inputs = 2.0 if m.parallel_blocks else 4.0
         replicated = (norm_inputs + gemm_inputs + dropout + eager_norm) / self._sp_div
         if self.sequence_parallel and self.sp_saves_gathered_input:
             # the two GEMM inputs are kept gathered, not as s/t shards
             replicated += gemm_inputs * (1 - 1 / self._sp_div)
-        ratio = m.ffn_hidden_size / m.hidden_size
+        ratio = 0.0 if "mlp" in mods else m.ffn_hidden_size / m.hidden_size
+        act_out = 0.0
         if m.moe is not None:  # per routed row (and shared expert), and the dispatched copies
-            rows = m.moe.top_k * m.moe.load_factor(self.ep)
-            ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * (rows + m.moe.shared_experts)
-            replicated += 2 * rows / self._sp_div
-        if m.mla is not None:  # the latents and the shared rotary key, inputs of the up-GEMMs
-            replicated += 2 * m.latent_dim / m.hidden_size
-        mlp = (6 if m.gated_mlp else 4) * ratio
+            whole = "moe" in mods
+            rows = 0.0 if whole else m.moe.top_k * m.moe.load_factor(self.ep)
+            shared = 0.0 if whole or "shared_experts" in mods else m.moe.shared_experts
+            ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * (rows + shared)
+            replicated += (1 if fp8 else 2) * rows / self._sp_div
+            if "moe_act" in mods:  # the routed rows' activation output
+                act_out = (1 if fp8 else 2) * m.moe.expert_ffn_hidden_size / m.hidden_size * rows
+        if m.mla is not None:
+            replicated += self._latent_bytes(mods) / m.hidden_size
+        mlp = (6 if m.gated_mlp else 4) * ratio - act_out
         if fp8:  # the down projection's input (2 of the 6 or 4) in fp8
             mlp -= ratio
-        split = (2 * (m.q_dim + 2 * m.kv_dim) / m.hidden_size + 2 * m.attn_out_dim / m.hidden_size
-                 + mlp) / t
+        qkv = 0.0 if "mla_up_proj" in mods else 2 * (m.q_dim + 2 * m.kv_dim) / m.hidden_size
+        split = (qkv + 2 * m.attn_out_dim / m.hidden_size + mlp) / t
         scores = 0.0
-        if not self._flash and self.recompute != "selective":
+        if not self._flash and "core_attn" not in mods:
             keys = m.seq_length * self.seq_window[1]  # a sequence chunk's prefix
             scores = 5 * m.num_attention_heads * keys / m.hidden_size / t
         return (replicated + split + scores) * self._bsh
+
+    def _latent_bytes(self, mods: frozenset[str]) -> float:
+        """MLA's stash of the latents per token (bytes), on one TP rank.
+
+        The down-projections are replicated and, under SP, run on the s/t local tokens
+        (Megatron-LM multi_latent_attention.py: ``q_compressed``, ``kv_compressed``
+        ``[s / TP, b, ...]``), so the latents are split like the layer input. Each up-
+        projection is a Transformer Engine LayerNormLinear (the latent norms fused in,
+        gpt_layer_specs.py with ``qk_layernorm``), which saves its input and its normalised
+        input: 2 + 2 bytes per latent element (the normalised one in fp8, 1, under FP8).
+        With ``mla_up_proj`` the up-projections run under CheckpointWithoutOutput, which
+        saves only its inputs: the latents once (2) and the rotary key, gathered over
+        TP under SP (2·d_h^R, not split).
+        """
+        m = self.model
+        mla = m.mla
+        assert mla is not None
+        latents = (mla.q_lora_rank or 0) + mla.kv_lora_rank
+        if "mla_up_proj" in mods:
+            return 2 * latents / self._sp_div + 2 * mla.qk_rope_head_dim
+        normed = 1.0 if self.precision == "fp8" else 2.0
+        return (2 + normed) * latents / self._sp_div
 
     def _op_checkpoint_shares(self) -> tuple[float, float, float]:
         """torchtitan's op-level selective activation checkpointing (``mode = "selective"``,
