@@ -513,7 +513,8 @@ def build_experiment(data: Any, base_dir: Path | None = None,
             costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
                                                                 cluster))
         elif par.layers_per_stage == "auto":
-            costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster))
+            costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster,
+                                                            profile))
     if par.tp_comm_overlap:
         check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
             model, cluster, sched.seq_chunks, cfg.model.encoder is not None))
