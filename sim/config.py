@@ -362,6 +362,12 @@ class TrainingConfig(Strict):
     MosaicML's MPT on Composer's FSDP1 (fused bf16 loss, fp32 gradient casts, packed
     attention inputs); megatron-bridge: Megatron-core as Megatron-Bridge's performance
     scripts launch it (Megatron-LM's behaviour, expandable allocator segments)."""
+    allocator: Literal["caching", "expandable-segments"] | None = None
+    """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
+    memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's
+    fitted fragmentation) or expandable-segments (``PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True``: 10%). Default: the framework's (and its own figure, where its
+    profile sets one)."""
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     """Training precision: bf16 or fp16 (same tensor-core rate and bytes), or fp8 (the
     layers' GEMMs on FP8 tensor cores, Hopper or newer, and their saved inputs in fp8)."""

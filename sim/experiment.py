@@ -33,7 +33,13 @@ from topologies.hardware import IDEAL_GPU
 from topologies.placement import Placement
 from workloads import schedules
 from workloads.costs import SyntheticCosts, split_layers
-from workloads.frameworks import FrameworkProfile, apply_framework, framework, stage_layers
+from workloads.frameworks import (
+    FrameworkProfile,
+    apply_framework,
+    framework,
+    stage_layers,
+    with_allocator,
+)
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
@@ -461,7 +467,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         raise ConfigError("parallel.zero_stage=3: ZeRO-3/FSDP needs a transformer model "
                           "(it gathers parameters layer by layer); the synthetic model has none")
     m, gbs = _num_microbatches(cfg, dp)
-    profile = framework(cfg.training.framework)
+    profile = with_allocator(framework(cfg.training.framework), cfg.training.allocator)
     sched = _build_schedule(cfg, pp, m, base_dir)
     placement = Placement.from_order(par.placement, tp=tp, cp=cp, dp=dp, pp=pp)
     costs: CostModel

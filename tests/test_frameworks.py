@@ -141,6 +141,25 @@ def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
         load_allocators('[x]\nsummary = "s"\nfragmentation = "a"\nfragmentation_source = "s"\n')
 
 
+def test_training_allocator_overrides_the_frameworks() -> None:
+    """training.allocator: a Megatron-LM run with expandable segments holds what
+    megatron-bridge holds; caching under fsdp takes the device profile's fitted figure; a
+    bad value is a ConfigError naming the choices."""
+    def peak(**training) -> float:
+        exp = Experiment.from_dict(_run(**training))
+        return api.simulate(exp, fidelity="collapsed").stats["peak_memory_gib"]
+
+    assert peak(allocator="expandable-segments") == peak(framework="megatron-bridge")
+    assert peak(allocator="caching") == peak()
+    assert peak(framework="megatron-bridge", allocator="caching") == peak()
+    exp = Experiment.from_dict(_run(framework="llm-foundry", allocator="caching"))
+    assert fragmentation(exp.framework, 0.42) == 0.42
+    assert set(get_args(get_args(TrainingConfig.model_fields["allocator"].annotation)[0])) \
+        == set(ALLOCATORS)
+    with pytest.raises(ConfigError, match="expandable-segments"):
+        Experiment.from_dict(_run(allocator="expandable"))
+
+
 def test_auto_layers_fit_with_the_frameworks_fragmentation() -> None:
     """layers_per_stage: auto checks memory as sim run's verdict does: with the framework's
     allocator overhead, so a split that fits with expandable segments is allowed there."""

@@ -266,6 +266,21 @@ def stage_layers(profile: FrameworkProfile, num_layers: int, num_stages: int) ->
     return tuple(layers)
 
 
+def with_allocator(profile: FrameworkProfile, allocator: str | None) -> FrameworkProfile:
+    """``profile`` run with the allocator setting ``allocator`` (``training.allocator``): that
+    setting's overhead replaces the profile's (its own figure too); None keeps the profile."""
+    if allocator is None or allocator == profile.allocator and profile.fragmentation is None:
+        return profile
+    if allocator not in ALLOCATORS:
+        raise ConfigError(f"training.allocator={allocator!r}: choose one of "
+                          f"{', '.join(ALLOCATORS)}")
+    sources = tuple((f, src) for f, src in profile.sources if f not in ("allocator",
+                                                                         "fragmentation"))
+    return replace(profile, allocator=allocator, fragmentation=None, sources=(
+        *sources, ("allocator", "training.allocator of the experiment: "
+                   + ALLOCATORS[allocator].summary)))
+
+
 def fragmentation(profile: FrameworkProfile, device_fragmentation: float) -> float:
     """The allocator overhead a run of ``profile`` carries on dynamic memory: the profile's
     own where it sets one, else its allocator setting's (:data:`ALLOCATORS`), else the device
