@@ -160,6 +160,21 @@ def test_training_allocator_overrides_the_frameworks() -> None:
         Experiment.from_dict(_run(allocator="expandable"))
 
 
+def test_torch_loss_parallel_holds_two_fp32_buffers_forward() -> None:
+    """torch's DTensor log_softmax (torchtitan's loss_parallel with TP) holds x - max and its
+    exp beside the fp32 logits: the last stage's forward holds one more fp32 b·s·V/t buffer
+    than Megatron's; without TP (one vocabulary shard) the loss is one kernel either way."""
+    last = Op(1, FORWARD, 0)
+    mg = _costs()
+    tt = replace(mg, vocab_parallel_loss_buffers=FRAMEWORKS["fsdp"].vocab_parallel_loss_buffers)
+    logits = 2048 * mg.model.vocab_size / 2
+    assert tt.transient_bytes(last) - mg.transient_bytes(last) == pytest.approx(4 * logits)
+    assert tt.transient_bytes(Op(1, BACKWARD, 0)) == mg.transient_bytes(Op(1, BACKWARD, 0))
+    one = _costs(tp=1)
+    assert replace(one, vocab_parallel_loss_buffers=2).transient_bytes(last) == \
+        one.transient_bytes(last)
+
+
 def test_auto_layers_fit_with_the_frameworks_fragmentation() -> None:
     """layers_per_stage: auto checks memory as sim run's verdict does: with the framework's
     allocator overhead, so a split that fits with expandable segments is allowed there."""

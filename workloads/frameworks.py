@@ -88,6 +88,9 @@ class FrameworkProfile:
     zero3_unsharded_under_pp: bool
     """ZeRO-3 under PP keeps each stage's parameters and accumulated gradients unsharded
     through the step: ``TransformerCosts.zero3_unsharded_under_pp``."""
+    vocab_parallel_loss_buffers: float
+    """fp32 logit-sized buffers the vocabulary-parallel loss's forward holds beside the
+    stashed logits (t > 1): ``TransformerCosts.vocab_parallel_loss_buffers``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -100,7 +103,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "allocator",
            "fragmentation",
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
-           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp")
+           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
+           "vocab_parallel_loss_buffers")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes")
@@ -125,7 +129,7 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if missing:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
-    bad = [f for f in _BYTES if isinstance(values[f], bool)
+    bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
            or not isinstance(values[f], int | float) or not 0 <= values[f] < float("inf")]
     bad += [f for f in _FLAGS if not isinstance(values[f], bool)]
     if bad:
@@ -239,6 +243,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    dropout=profile.dropout,
                    fp8_cast_bytes=profile.fp8_cast_bytes,
                    zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
+                   vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 
