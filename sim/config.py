@@ -351,7 +351,8 @@ class TrainingConfig(Strict):
     seq_chunks: int = Field(4, ge=1)
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
-    framework: Literal["megatron", "deepspeed", "fsdp", "scaling", "llm-foundry"] = "megatron"
+    framework: Literal["megatron", "deepspeed", "fsdp", "scaling", "llm-foundry",
+                       "megatron-bridge"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -359,7 +360,14 @@ class TrainingConfig(Strict):
     Megatron-DeepSpeed with DeepSpeed's bf16 ZeRO-1; fsdp: PyTorch FSDP2 as torchtitan runs
     it; scaling: Aleph Alpha's, the framework of Hagemann et al.'s sweep; llm-foundry:
     MosaicML's MPT on Composer's FSDP1 (fused bf16 loss, fp32 gradient casts, packed
-    attention inputs)."""
+    attention inputs); megatron-bridge: Megatron-core as Megatron-Bridge's performance
+    scripts launch it (Megatron-LM's behaviour, expandable allocator segments)."""
+    allocator: Literal["caching", "expandable-segments"] | None = None
+    """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
+    memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's
+    fitted fragmentation) or expandable-segments (``PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True``: 10%). Default: the framework's (and its own figure, where its
+    profile sets one)."""
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     """Training precision: bf16 or fp16 (same tensor-core rate and bytes), or fp8 (the
     layers' GEMMs on FP8 tensor cores, Hopper or newer, and their saved inputs in fp8)."""

@@ -33,7 +33,13 @@ from topologies.hardware import IDEAL_GPU
 from topologies.placement import Placement
 from workloads import schedules
 from workloads.costs import SyntheticCosts, split_layers
-from workloads.frameworks import FrameworkProfile, apply_framework, framework, stage_layers
+from workloads.frameworks import (
+    FrameworkProfile,
+    apply_framework,
+    framework,
+    stage_layers,
+    with_allocator,
+)
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
@@ -462,7 +468,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         raise ConfigError("parallel.zero_stage=3: ZeRO-3/FSDP needs a transformer model "
                           "(it gathers parameters layer by layer); the synthetic model has none")
     m, gbs = _num_microbatches(cfg, dp)
-    profile = framework(cfg.training.framework)
+    profile = with_allocator(framework(cfg.training.framework), cfg.training.allocator)
     sched = _build_schedule(cfg, pp, m, base_dir)
     placement = Placement.from_order(par.placement, tp=tp, cp=cp, dp=dp, pp=pp)
     costs: CostModel
@@ -516,7 +522,8 @@ def build_experiment(data: Any, base_dir: Path | None = None,
             costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
                                                                 cluster))
         elif par.layers_per_stage == "auto":
-            costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster))
+            costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster,
+                                                            profile))
     if par.tp_comm_overlap:
         check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
             model, cluster, sched.seq_chunks, cfg.model.encoder is not None))

@@ -29,6 +29,7 @@ from topologies.cluster import Cluster
 from topologies.placement import Placement
 from workloads import memory, schedules
 from workloads.costs import CommSeg, ComputeSeg, RingAttention, split_layers
+from workloads.frameworks import FrameworkProfile, fragmentation
 from workloads.transformer import TransformerCosts
 
 StageCost = Callable[[int, int], float]
@@ -150,12 +151,15 @@ def _boundary_s(cluster: Cluster, placement: Placement, src: int, dst: int,
 
 
 def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placement: Placement,
-                 cluster: Cluster) -> Callable[[int, int], bool]:
+                 cluster: Cluster, framework: FrameworkProfile | None = None
+                 ) -> Callable[[int, int], bool]:
     """``fits(r, n)``: whether rank ``r`` holding ``n`` layers stays within every one of its
     GPUs' memory at its peak, by the memory model (static state, the stash of the
     micro-batches in flight at each op's start in program order, the op's working memory,
     the allocator's fragmentation and reserved memory, :mod:`workloads.memory`), with each
-    GPU type's profile."""
+    GPU type's profile; the fragmentation is ``framework``'s
+    (:func:`workloads.frameworks.fragmentation`, as ``sim run``'s verdict), the device
+    profile's without one."""
     pp = placement.degree("pp")
     split = schedule.split_backward
     specs = [dict.fromkeys(cluster.gpu_of(g) for g in range(placement.num_gpus)
@@ -177,7 +181,9 @@ def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placemen
         static = c.static_bytes((r,))
         for spec in specs[r]:
             prof = default_profile(spec.name)
-            peak = memory.device_bytes(static, dynamic, prof.fragmentation, prof.reserved_bytes)
+            frag = (prof.fragmentation if framework is None
+                    else fragmentation(framework, prof.fragmentation))
+            peak = memory.device_bytes(static, dynamic, frag, prof.reserved_bytes)
             if memory.oom(peak, spec.hbm_capacity_bytes):
                 return False
         return True
@@ -186,7 +192,7 @@ def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placemen
 
 
 def auto_layers(costs: TransformerCosts, schedule: schedules.Schedule, placement: Placement,
-                cluster: Cluster) -> tuple[int, ...]:
+                cluster: Cluster, framework: FrameworkProfile | None = None) -> tuple[int, ...]:
     """Layers per stage for ``layers_per_stage: auto``: the contiguous split minimising the
     slowest stage's time per micro-batch, a stage's time being :func:`rank_time_model`'s
     (compute and TP collectives) plus its pipeline traffic, the activation it receives
@@ -206,7 +212,7 @@ def auto_layers(costs: TransformerCosts, schedule: schedules.Schedule, placement
     backward = [_boundary_s(cluster, placement, r + 1, r, nbytes) for r in range(S - 1)]
     p2p = [(forward[r - 1] + backward[r - 1] if r > 0 else 0.0)
            + (forward[r] + backward[r] if r < S - 1 else 0.0) for r in range(S)]
-    fits = _memory_fits(costs, schedule, placement, cluster)
+    fits = _memory_fits(costs, schedule, placement, cluster, framework)
 
     def stage_s(r: int, n: int) -> float:
         return time_of(r, n) + p2p[r]

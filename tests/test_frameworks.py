@@ -3,7 +3,8 @@ partial recomputation, parallel attention+MLP blocks, ALiBi, GPU variants, a NIC
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
+from importlib.resources import files
 from typing import get_args
 
 import pytest
@@ -14,7 +15,15 @@ from sim.config import TrainingConfig
 from sim.experiment import Experiment
 from topologies.hardware import GPUS
 from workloads.costs import CommSeg, ComputeSeg, split_layers
-from workloads.frameworks import FRAMEWORKS, STAGE_SPLITS, apply_framework
+from workloads.frameworks import (
+    ALLOCATORS,
+    FRAMEWORKS,
+    STAGE_SPLITS,
+    apply_framework,
+    fragmentation,
+    load_allocators,
+    load_profiles,
+)
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import PRESETS
 from workloads.schedules import BACKWARD, FORWARD, Op
@@ -64,11 +73,14 @@ def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_fp32() -> None:
     assert model_state_bytes_per_param(3, 4, 4.0) == pytest.approx(18 / 4)
 
 
-def test_fsdp_fragmentation_replaces_the_fitted_one() -> None:
-    """Peak = static + (1 + fragmentation) x dynamic + reserved, with the profile's 0.10
-    (expandable segments) under fsdp and the device profile's fitted value otherwise."""
+def test_expandable_segments_replace_the_fitted_fragmentation() -> None:
+    """Peak = static + (1 + fragmentation) x dynamic + reserved, with the expandable-segments
+    allocator's 0.10 under fsdp and megatron-bridge and the device profile's fitted value
+    (caching allocator) under megatron."""
     from sim.calibration import default_profile
 
+    assert ALLOCATORS["expandable-segments"].fragmentation == 0.10
+    assert ALLOCATORS["caching"].fragmentation is None
     data = _run(framework="fsdp")
     data["parallel"] = {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 3}
     res = {}
@@ -78,12 +90,120 @@ def test_fsdp_fragmentation_replaces_the_fitted_one() -> None:
         floor = r.timeline.memory_floor_by_gpu
         g = max(floor, key=lambda g: r.timeline.peak_memory_bytes(g))
         frag = 0.10 if name == "fsdp" else default_profile("H100").fragmentation
-        assert FRAMEWORKS["fsdp"].fragmentation == 0.10
         want = (floor[g] + (r.timeline.peak_memory_bytes(g) - floor[g]) * (1 + frag)
                 + default_profile("H100").reserved_bytes)
         assert r.stats["peak_memory_gib"] * 2**30 == pytest.approx(want, rel=1e-9)
         res[name] = r.stats["peak_memory_gib"]
     assert res["fsdp"] < res["megatron"]
+
+
+def test_fragmentation_is_the_profiles_then_the_allocators_then_the_devices() -> None:
+    assert fragmentation(FRAMEWORKS["megatron"], 0.42) == 0.42
+    assert fragmentation(FRAMEWORKS["megatron-bridge"], 0.42) == 0.10
+    assert fragmentation(FRAMEWORKS["fsdp"], 0.42) == 0.10
+    llm = FRAMEWORKS["llm-foundry"]
+    assert llm.allocator == "caching" and fragmentation(llm, 0.42) == llm.fragmentation == 0.10
+
+
+def test_megatron_bridge_is_megatron_with_expandable_segments() -> None:
+    """It inherits every field of [megatron] but the allocator (and its source), so the
+    step time is Megatron-LM's and only the peak memory differs."""
+    mg, mb = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-bridge"]
+    differ = [f.name for f in fields(mg) if getattr(mg, f.name) != getattr(mb, f.name)]
+    assert set(differ) == {"name", "summary", "allocator", "sources"}
+    assert mb.allocator == "expandable-segments" and mg.allocator == "caching"
+    assert "executors.py" in mb.source("allocator")
+    runs = {n: api.simulate(Experiment.from_dict(_run(framework=n)), fidelity="collapsed").stats
+            for n in ("megatron", "megatron-bridge")}
+    assert runs["megatron"]["step_time_s"] == runs["megatron-bridge"]["step_time_s"]
+    assert runs["megatron-bridge"]["peak_memory_gib"] < runs["megatron"]["peak_memory_gib"]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ('[a]\ninherits = "nope"\n', "inherits='nope'"),
+    ('[a]\ninherits = "b"\n[b]\ninherits = "a"\n', "inherits="),
+])
+def test_a_profile_inherits_only_another_table(bad: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        load_profiles(bad)
+
+
+def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
+    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match="allocator='cuda-malloc'"):
+        load_profiles(text + '\n[x]\ninherits = "megatron"\nallocator = "cuda-malloc"\n')
+    with pytest.raises(ValueError, match="fragmentation=-0.1"):
+        load_profiles(text + '\n[x]\ninherits = "megatron"\nfragmentation = -0.1\n'
+                      'fragmentation_source = "x"\n')
+    with pytest.raises(ValueError, match="fragmentation_source"):
+        load_profiles(text + '\n[x]\ninherits = "megatron"\nfragmentation = 0.2\n')
+    with pytest.raises(ValueError, match="fragmentation"):
+        load_allocators('[x]\nsummary = "s"\nfragmentation = "a"\nfragmentation_source = "s"\n')
+
+
+def test_training_allocator_overrides_the_frameworks() -> None:
+    """training.allocator: a Megatron-LM run with expandable segments holds what
+    megatron-bridge holds; caching under fsdp takes the device profile's fitted figure; a
+    bad value is a ConfigError naming the choices."""
+    def peak(**training) -> float:
+        exp = Experiment.from_dict(_run(**training))
+        return api.simulate(exp, fidelity="collapsed").stats["peak_memory_gib"]
+
+    assert peak(allocator="expandable-segments") == peak(framework="megatron-bridge")
+    assert peak(allocator="caching") == peak()
+    assert peak(framework="megatron-bridge", allocator="caching") == peak()
+    exp = Experiment.from_dict(_run(framework="llm-foundry", allocator="caching"))
+    assert fragmentation(exp.framework, 0.42) == 0.42
+    assert set(get_args(get_args(TrainingConfig.model_fields["allocator"].annotation)[0])) \
+        == set(ALLOCATORS)
+    with pytest.raises(ConfigError, match="expandable-segments"):
+        Experiment.from_dict(_run(allocator="expandable"))
+
+
+def test_megatron_bridges_llama3_70b_fp8_run_fits_with_its_allocator() -> None:
+    """Megatron-Bridge's Llama 3 70B FP8 run on 64 H100 (TP4 PP8 VPP5, 8k tokens, no
+    recomputation) ran: with its scripts' expandable segments it fits in 79.3 GiB; under
+    the caching allocator's fitted 42% it would not (the false OOM this profile removed)."""
+    from sim.corpus import CORPUS_DIR, load_source
+
+    row = next(r for r in load_source(CORPUS_DIR / "megatron_bridge_perf.csv").rows
+               if r.run == "llama3-70b-64gpu-h100")
+    data = row.experiment()
+    assert data["training"]["framework"] == "megatron-bridge"
+    fits = api.simulate(Experiment.from_dict(data), fidelity="collapsed").stats
+    data["training"]["allocator"] = "caching"
+    caching = api.simulate(Experiment.from_dict(data), fidelity="collapsed").stats
+    assert not fits["oom"] and caching["oom"]
+    assert fits["step_time_s"] == caching["step_time_s"]
+
+
+def test_torch_loss_parallel_holds_two_fp32_buffers_forward() -> None:
+    """torch's DTensor log_softmax (torchtitan's loss_parallel with TP) holds x - max and its
+    exp beside the fp32 logits: the last stage's forward holds one more fp32 b·s·V/t buffer
+    than Megatron's; without TP (one vocabulary shard) the loss is one kernel either way."""
+    last = Op(1, FORWARD, 0)
+    mg = _costs()
+    tt = replace(mg, vocab_parallel_loss_buffers=FRAMEWORKS["fsdp"].vocab_parallel_loss_buffers)
+    logits = 2048 * mg.model.vocab_size / 2
+    assert tt.transient_bytes(last) - mg.transient_bytes(last) == pytest.approx(4 * logits)
+    assert tt.transient_bytes(Op(1, BACKWARD, 0)) == mg.transient_bytes(Op(1, BACKWARD, 0))
+    one = _costs(tp=1)
+    assert replace(one, vocab_parallel_loss_buffers=2).transient_bytes(last) == \
+        one.transient_bytes(last)
+
+
+def test_auto_layers_fit_with_the_frameworks_fragmentation() -> None:
+    """layers_per_stage: auto checks memory as sim run's verdict does: with the framework's
+    allocator overhead, so a split that fits with expandable segments is allowed there."""
+    from sim.partition import _memory_fits
+
+    exp = Experiment.from_dict(_run())
+    caching = _memory_fits(exp.costs, exp.schedule, exp.placement, exp.cluster,
+                           FRAMEWORKS["megatron"])
+    expandable = _memory_fits(exp.costs, exp.schedule, exp.placement, exp.cluster,
+                              FRAMEWORKS["megatron-bridge"])
+    most = [max(n for n in range(1, 4000) if fits(0, n)) for fits in (caching, expandable)]
+    assert most[0] < most[1]
 
 
 TORCHTITAN_PEAK_GIB = {8: 82.4, 128: 67.0}

@@ -9,8 +9,14 @@ framework of Hagemann et al. 2023's sweep, which ``sim validate`` selects.
 A profile changes a cost model through :func:`apply_framework` (gradient bytes on the wire and
 in memory, the loss over gathered or vocabulary-parallel logits, what is stashed for the
 backward, the framework's own copies around ZeRO-3 collectives and the attention kernel)
-and the pipeline split through :func:`stage_layers`; the allocator's fragmentation
-(:attr:`FrameworkProfile.fragmentation`) is read by the statistics and the search's bounds.
+and the pipeline split through :func:`stage_layers`; the allocator's overhead on dynamic
+memory (:func:`fragmentation`: the profile's own, else that of the PyTorch allocator setting it
+runs, ``allocators.toml``, else the device profile's fitted one) is read by the statistics, the
+search's bounds and ``layers_per_stage: auto``.
+
+A table may start from another with ``inherits = "<name>"``: it takes every field (and source)
+of that table and gives only what differs, e.g. Megatron-Bridge's performance scripts, which
+run Megatron-core as Megatron-LM does with their own allocator setting.
 """
 
 from __future__ import annotations
@@ -54,8 +60,12 @@ class FrameworkProfile:
     """Under SP the column-parallel GEMMs save their all-gathered input (4·s·b·h a layer)."""
     kept_stage_outputs: int
     """Earlier micro-batches' bf16 logits the last stage still holds (pipeline buffers)."""
+    allocator: str
+    """The PyTorch CUDA allocator setting its runs use (:data:`ALLOCATORS`): ``caching`` (the
+    default) or ``expandable-segments``."""
     fragmentation: float | None
-    """The caching allocator's overhead on dynamic memory; None: the device profile's."""
+    """The allocator's overhead on dynamic memory where the profile sets its own (bounded by its
+    runs); None: the :attr:`allocator`'s (:func:`fragmentation`)."""
     fused_cross_entropy: bool
     """The loss is one fused kernel over the bf16 logits (no fp32 copy of them):
     :attr:`workloads.transformer.TransformerCosts.fused_cross_entropy`."""
@@ -78,6 +88,9 @@ class FrameworkProfile:
     zero3_unsharded_under_pp: bool
     """ZeRO-3 under PP keeps each stage's parameters and accumulated gradients unsharded
     through the step: ``TransformerCosts.zero3_unsharded_under_pp``."""
+    vocab_parallel_loss_buffers: float
+    """fp32 logit-sized buffers the vocabulary-parallel loss's forward holds beside the
+    stashed logits (t > 1): ``TransformerCosts.vocab_parallel_loss_buffers``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -87,9 +100,11 @@ class FrameworkProfile:
 
 
 _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_parallel_loss",
-           "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "fragmentation",
+           "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "allocator",
+           "fragmentation",
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
-           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp")
+           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
+           "vocab_parallel_loss_buffers")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes")
@@ -99,16 +114,22 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 """Fields that are true or false."""
 
 
+_OPTIONAL = ("fragmentation",)
+"""Fields a table may leave out (None), and then their source too."""
+
+
 def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     """A profile from its TOML table (a missing ``fragmentation`` is None); ValueError naming
     the profile and field for a value of the wrong kind (a missing field, bytes that are not
-    a non-negative number, a flag that is not true or false, an unknown stage split)."""
-    missing = [f for f in _FIELDS if f != "fragmentation" and f not in table]
-    missing += [f"{f}_source" for f in _FIELDS if f"{f}_source" not in table]
+    a non-negative number, a flag that is not true or false, an unknown stage split or
+    allocator setting)."""
+    missing = [f for f in _FIELDS if f not in _OPTIONAL and f not in table]
+    missing += [f"{f}_source" for f in _FIELDS if f"{f}_source" not in table
+                and (f not in _OPTIONAL or f in table)]
     if missing:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
-    bad = [f for f in _BYTES if isinstance(values[f], bool)
+    bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
            or not isinstance(values[f], int | float) or not 0 <= values[f] < float("inf")]
     bad += [f for f in _FLAGS if not isinstance(values[f], bool)]
     if bad:
@@ -117,14 +138,70 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
                          + " (bytes: a number >= 0; flags: true or false)")
     if values["stage_split"] not in STAGE_SPLITS:
         raise ValueError(f"frameworks.toml [{name}]: stage_split={values['stage_split']!r}")
+    if values["allocator"] not in ALLOCATORS:
+        raise ValueError(f"frameworks.toml [{name}]: allocator={values['allocator']!r} (one of "
+                         f"{', '.join(ALLOCATORS)})")
+    frag = values["fragmentation"]
+    if frag is not None and (isinstance(frag, bool) or not isinstance(frag, int | float)
+                             or not 0 <= frag < float("inf")):
+        raise ValueError(f"frameworks.toml [{name}]: fragmentation={frag!r} (a number >= 0)")
     return FrameworkProfile(name=name, summary=table["summary"],
-                            sources=tuple((f, table[f"{f}_source"]) for f in _FIELDS),
+                            sources=tuple((f, table[f"{f}_source"]) for f in _FIELDS
+                                          if f"{f}_source" in table),
                             **values)
+
+
+def _inherited(name: str, tables: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()
+               ) -> dict[str, Any]:
+    """Table ``name`` with what it inherits (``inherits = "<other>"``) filled in: the other
+    table's fields and sources, overridden by its own; ValueError for an unknown or circular
+    parent."""
+    table = dict(tables[name])
+    parent = table.pop("inherits", None)
+    if parent is None:
+        return table
+    if parent not in tables or parent in seen:
+        raise ValueError(f"frameworks.toml [{name}]: inherits={parent!r} is not another table")
+    return {**_inherited(parent, tables, (*seen, name)), **table}
 
 
 def load_profiles(text: str) -> dict[str, FrameworkProfile]:
     """The profiles of a ``frameworks.toml`` text, by name (ValueError for a bad one)."""
-    return {name: _profile(name, table) for name, table in tomllib.loads(text).items()}
+    tables = tomllib.loads(text)
+    return {name: _profile(name, _inherited(name, tables)) for name in tables}
+
+
+@dataclass(frozen=True)
+class AllocatorSetting:
+    """A PyTorch CUDA allocator setting (``allocators.toml``) and its overhead on dynamic
+    memory."""
+
+    name: str
+    summary: str
+    fragmentation: float | None
+    """Overhead on dynamic memory; None: the device profile's fitted value."""
+    source: str
+    """Where :attr:`fragmentation` comes from."""
+
+
+def load_allocators(text: str) -> dict[str, AllocatorSetting]:
+    """The allocator settings of an ``allocators.toml`` text, by name (ValueError for a bad
+    fragmentation or a missing source)."""
+    out = {}
+    for name, table in tomllib.loads(text).items():
+        frag = table.get("fragmentation")
+        if frag is not None and (isinstance(frag, bool) or not isinstance(frag, int | float)
+                                 or not 0 <= frag < float("inf")):
+            raise ValueError(f"allocators.toml [{name}]: fragmentation={frag!r}")
+        if "fragmentation_source" not in table or "summary" not in table:
+            raise ValueError(f"allocators.toml [{name}]: no summary or fragmentation_source")
+        out[name] = AllocatorSetting(name, table["summary"], frag, table["fragmentation_source"])
+    return out
+
+
+ALLOCATORS: dict[str, AllocatorSetting] = load_allocators(
+    files(__package__).joinpath("allocators.toml").read_text(encoding="utf-8"))
+"""PyTorch CUDA allocator settings by name: caching (PyTorch's default), expandable-segments."""
 
 
 def _load() -> dict[str, FrameworkProfile]:
@@ -133,7 +210,8 @@ def _load() -> dict[str, FrameworkProfile]:
 
 
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
-"""Profiles by name: megatron (the default), deepspeed, fsdp, llm-foundry, scaling."""
+"""Profiles by name: megatron (the default), deepspeed, fsdp, scaling, llm-foundry,
+megatron-bridge."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -165,6 +243,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    dropout=profile.dropout,
                    fp8_cast_bytes=profile.fp8_cast_bytes,
                    zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
+                   vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 
@@ -192,9 +271,28 @@ def stage_layers(profile: FrameworkProfile, num_layers: int, num_stages: int) ->
     return tuple(layers)
 
 
+def with_allocator(profile: FrameworkProfile, allocator: str | None) -> FrameworkProfile:
+    """``profile`` run with the allocator setting ``allocator`` (``training.allocator``): that
+    setting's overhead replaces the profile's (its own figure too); None keeps the profile."""
+    if allocator is None or allocator == profile.allocator and profile.fragmentation is None:
+        return profile
+    if allocator not in ALLOCATORS:
+        raise ConfigError(f"training.allocator={allocator!r}: choose one of "
+                          f"{', '.join(ALLOCATORS)}")
+    sources = tuple((f, src) for f, src in profile.sources if f not in ("allocator",
+                                                                         "fragmentation"))
+    return replace(profile, allocator=allocator, fragmentation=None, sources=(
+        *sources, ("allocator", "training.allocator of the experiment: "
+                   + ALLOCATORS[allocator].summary)))
+
+
 def fragmentation(profile: FrameworkProfile, device_fragmentation: float) -> float:
-    """The allocator overhead a run of ``profile`` carries on dynamic memory: the profile's,
-    or the device profile's ``device_fragmentation`` where the profile gives none."""
-    return device_fragmentation if profile.fragmentation is None else profile.fragmentation
+    """The allocator overhead a run of ``profile`` carries on dynamic memory: the profile's
+    own where it sets one, else its allocator setting's (:data:`ALLOCATORS`), else the device
+    profile's fitted ``device_fragmentation``."""
+    if profile.fragmentation is not None:
+        return profile.fragmentation
+    own = ALLOCATORS[profile.allocator].fragmentation
+    return device_fragmentation if own is None else own
 
 

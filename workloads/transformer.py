@@ -258,6 +258,13 @@ class TransformerCosts:
     they are; llm-foundry's ``flash_attn_fn`` gathers Q, K and V into a packed (unpadded)
     layout for ``flash_attn_varlen_func`` and scatters the output back
     (:mod:`workloads.frameworks`)."""
+    vocab_parallel_loss_buffers: float = 1.0
+    """fp32 b·s·V/t buffers the vocabulary-parallel loss's forward holds at once beside the
+    logits it stashes (:meth:`transient_bytes`), with the logits split over t > 1 TP ranks:
+    1 in Megatron-LM's ``vocab_parallel_cross_entropy`` (the exponentials, computed in place);
+    2 in PyTorch's DTensor ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py
+    ``_log_softmax``: ``shifted = x - x_max`` and ``torch.exp(shifted)`` beside the fp32
+    input). Without the split the loss is one kernel and holds 1."""
     tp_comm_exposed_s: tuple[tuple[str, float], ...] = ()
     """TP communication overlap (``parallel.tp_comm_overlap``): the time each sequence-
     parallel collective of a layer adds beside its block's compute once pipelined with the
@@ -1075,7 +1082,8 @@ class TransformerCosts:
         Backward: the gradients flowing through one layer, about one layer's
         activations, plus with full recomputation the recomputed layer's
         activations. Last stage, forward and backward: one fp32 b·s·V/t buffer of
-        the vocabulary-parallel cross entropy (forward: its exponentials;
+        the vocabulary-parallel cross entropy (forward: its exponentials, or
+        :attr:`vocab_parallel_loss_buffers` of them with t > 1;
         backward: the logits' gradient), 4·b·s·V/t bytes; the fp32 logits
         themselves are stashed activations (:meth:`activation_bytes_per_mb`) and
         are not counted again here. Without the vocabulary-parallel loss the
@@ -1112,7 +1120,8 @@ class TransformerCosts:
                 return total
             return total + max(BF16 * logits, layers - BF16 * logits)
         if op.kind == FORWARD:
-            return total + FP32 * logits
+            buffers = self.vocab_parallel_loss_buffers if self._vocab_div > 1 else 1.0
+            return total + buffers * FP32 * logits
         loss = (1 if self.vocab_parallel_loss else 2) * FP32 * logits
         # the loss's backward runs first and frees the stashed logits (bf16 and fp32,
         # :meth:`activation_bytes_per_mb`) before the layers' backward needs its memory
