@@ -5,6 +5,8 @@ all shared read-only, in bounded caches, and giving the results of fresh ones.""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from dataclasses import replace
 
 import networkx as nx
 import pytest
@@ -105,3 +107,34 @@ def test_final_ops_equal_the_plain_loop(name: str) -> None:
         assert list(final_ops(sched).items()) == list(_final_ops_loop(sched).items())
         tried += 1
     assert tried > 0
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_op_counts_equal_the_plain_count(name: str) -> None:
+    """:attr:`Schedule.op_counts` counts on validation's arrays; counting the ops one by one
+    (the reference) gives the same counts."""
+    tried = 0
+    for p, m, v, k in itertools.product((1, 2, 3, 4), (1, 2, 3, 8), (1, 2), (1, 2)):
+        try:
+            sched = SCHEDULES[name](p, m, v, k)
+        except Exception:  # noqa: BLE001, S112 - arguments the schedule refuses
+            continue
+        plain = Counter((op.stage, op.kind, op.seq) for ops in sched.rank_ops for op in ops)
+        assert dict(sched.op_counts) == dict(plain)
+        tried += 1
+    assert tried > 0
+
+
+def test_equal_cost_models_are_shared_with_their_segments() -> None:
+    """Experiments with the same costs get one cost model (:func:`interned`), so its
+    segments are worked out once; they equal those of a fresh, equal model."""
+    a, b = Experiment.from_dict(GPT), Experiment.from_dict({**GPT, "name": "u"})
+    assert a.costs is b.costs
+    other = Experiment.from_dict({**GPT, "parallel": {"tp": 4, "pp": 4, "dp": 2}})
+    assert other.costs is not a.costs
+    fresh = replace(a.costs)
+    assert fresh == a.costs and fresh is not a.costs
+    for op, markers in itertools.product(topological_ops(a.schedule), (False, True)):
+        segs = a.costs.op_segments(op, False, markers)
+        assert a.costs.op_segments(op, False, markers) is segs
+        assert fresh.op_segments(op, False, markers) == segs

@@ -27,10 +27,11 @@ Sources: GPipe (Huang et al. 2019); 1F1B / PipeDream-Flush (Narayanan et al.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from types import MappingProxyType
 from typing import NamedTuple
@@ -178,6 +179,22 @@ class Schedule:
             for group in _split_groups(ops, self.fused):
                 out.update(dict.fromkeys(group, group))
         return MappingProxyType(out)
+
+    @cached_property
+    def op_counts(self) -> Mapping[tuple[int, str, int], int]:
+        """How many ops each (stage, kind, sequence field) has (read-only: a schedule is
+        shared); counted on the arrays validation keeps where the ops code (:func:`_coded`)."""
+        coded = _rank_coded(self)
+        if coded is None:
+            return MappingProxyType(Counter(map(itemgetter(0, 1, 3),
+                                                chain.from_iterable(self.rank_ops))))
+        stage, kind, _, seq, *_ = coded
+        width = int(seq.max()) + 2  # sequence fields from WHOLE = -1 up
+        found = np.bincount((stage * 3 + kind) * width + (seq + 1))
+        letters = {code: name for name, code in _KIND_CODE.items()}
+        return MappingProxyType({(key // width // 3, letters[key // width % 3],
+                                  key % width - 1): count
+                                 for key, count in enumerate(found.tolist()) if count})
 
     def grid(self) -> str:
         """The op grid, one line per rank: readable in a diff; :func:`from_text` parses it."""
@@ -370,7 +387,7 @@ def _well_formed(schedule: Schedule) -> bool:
     S, M, K = schedule.num_stages, schedule.num_microbatches, max(schedule.seq_chunks, 1)
     if not n or n != S * M * K * (3 if schedule.split_backward else 2):
         return False
-    coded = _coded(schedule, order)
+    coded = _rank_coded(schedule, order)
     if coded is None:
         return False
     stage, *_, own = coded
@@ -647,6 +664,22 @@ def _coded(schedule: Schedule, order: Sequence[Op]
     return stage, kind, mb, seq, chunk, _op_key(schedule, stage, kind, mb, chunk)
 
 
+def _rank_coded(schedule: Schedule, order: Sequence[Op] | None = None
+                ) -> tuple[np.ndarray, ...] | None:
+    """:func:`_coded` of the schedule's ops in rank order (``order``, where the caller has
+    it: each rank's in program order), worked out once and kept on the schedule
+    (read-only arrays): validation's checks, its symbolic run and
+    :attr:`Schedule.op_counts` read them."""
+    if "_rank_coded" not in schedule.__dict__:
+        if order is None:
+            order = [op for ops in schedule.rank_ops for op in ops]
+        coded = _coded(schedule, order) if order else None
+        for a in coded or ():
+            a.flags.writeable = False
+        schedule.__dict__["_rank_coded"] = coded  # a frozen instance's cache, as cached_property
+    return schedule.__dict__["_rank_coded"]
+
+
 def _op_key(schedule: Schedule, stage: np.ndarray, kind: int | np.ndarray, mb: np.ndarray,
             chunk: np.ndarray) -> np.ndarray:
     """A distinct integer per (stage, kind, micro-batch, chunk), below S·3·M·K."""
@@ -725,7 +758,7 @@ def _unit_run(schedule: Schedule) -> tuple[dict[Op, tuple[float, float]],
     of the result in its order, the :func:`_coded` arrays and the producer columns of
     :func:`producer_positions` (:func:`unit_order`, :func:`producers_at`)."""
     order = [op for ops in schedule.rank_ops for op in ops]
-    coded = None if schedule.fused or not order else _coded(schedule, order)
+    coded = None if schedule.fused or not order else _rank_coded(schedule, order)
     found = None if coded is None else producer_positions(schedule, order, coded)
     if found is None:
         return list_schedule(schedule, lambda op: 1.0), None
