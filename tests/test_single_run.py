@@ -16,6 +16,8 @@ from sim.commtime import CollectiveTimer
 from sim.config import parse_config
 from sim.experiment import Experiment
 from topologies.build import CLUSTER_CACHE, _cached, build_cluster
+from topologies.placement import Placement, coordinate_columns
+from workloads.lowering.groups import replica_pairs
 from workloads.lowering.order import final_ops, topological, topological_ops
 from workloads.registry import SCHEDULE_CACHE, SCHEDULES, built_schedule
 from workloads.schedules import BACKWARD, ENCODER_BACKWARD, WEIGHT_GRAD, unit_order, unit_times
@@ -138,3 +140,18 @@ def test_equal_cost_models_are_shared_with_their_segments() -> None:
         segs = a.costs.op_segments(op, False, markers)
         assert a.costs.op_segments(op, False, markers) is segs
         assert fresh.op_segments(op, False, markers) == segs
+
+
+@pytest.mark.parametrize("order", ["tp-cp-dp-pp", "pp-dp-cp-tp", "dp-tp-pp-cp"])
+def test_placement_tables_equal_the_coordinates(order: str) -> None:
+    """The per-placement tables a run reads (every GPU's coordinates, a pipeline message's
+    GPU pairs) equal :meth:`Placement.coords` and :meth:`Placement.gpu` GPU by GPU."""
+    pl = Placement.from_order(order, tp=2, cp=2, dp=3, pp=4)
+    columns = coordinate_columns(pl)
+    assert coordinate_columns(Placement.from_order(order, tp=2, cp=2, dp=3, pp=4)) is columns
+    for g in range(pl.num_gpus):
+        assert {dim: columns[dim][g] for dim in columns} == pl.coords(g)
+    for src, dst in [(0, 1), (2, 1), (3, 0)]:
+        assert replica_pairs(pl, src, dst) == tuple(
+            (pl.gpu(tp=u, cp=c, dp=e, pp=src), pl.gpu(tp=u, cp=c, dp=e, pp=dst))
+            for c in range(2) for e in range(3) for u in range(2))
