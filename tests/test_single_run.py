@@ -20,7 +20,14 @@ from topologies.placement import Placement, coordinate_columns
 from workloads.lowering.groups import replica_pairs
 from workloads.lowering.order import final_ops, topological, topological_ops
 from workloads.registry import SCHEDULE_CACHE, SCHEDULES, built_schedule
-from workloads.schedules import BACKWARD, ENCODER_BACKWARD, WEIGHT_GRAD, unit_order, unit_times
+from workloads.schedules import (
+    BACKWARD,
+    ENCODER_BACKWARD,
+    WEIGHT_GRAD,
+    unit_order,
+    unit_spans,
+    unit_times,
+)
 
 GPT = {
     "name": "t",
@@ -43,7 +50,10 @@ def test_a_schedule_is_built_once_and_shared_read_only() -> None:
         unit_times(a)[op] = (0.0, 0.0)  # type: ignore[index]
     order, fields = topological(a, fields=True)
     assert isinstance(order, tuple) and fields is not None
-    for array in [*fields, unit_order(a)[0]]:  # type: ignore[index]
+    ops, start, end = unit_spans(a)
+    assert list(unit_times(a).items()) == list(zip(ops, zip(start, end, strict=True),
+                                                   strict=True))
+    for array in [*fields, unit_order(a)[0], start, end]:  # type: ignore[index]
         with pytest.raises(ValueError):
             array[0] = 1
     # the list callers get is theirs
