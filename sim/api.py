@@ -33,7 +33,7 @@ from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
 from sim.tpoverlap import lowering_costs
-from topologies.placement import mixed_pipeline_ranks
+from topologies.placement import coordinate_columns, mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
 from workloads.frameworks import fragmentation
 from workloads.lowering import Collapse, lower
@@ -154,7 +154,7 @@ def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
         ("placement", _placement_report(exp)),
     )
     return RunFacts(
-        pipeline_rank=tuple(pl.coords(g)["pp"] for g in range(pl.num_gpus)),
+        pipeline_rank=coordinate_columns(pl)["pp"],
         peak_flops=sum(g.peak_bf16_flops for g in exp.cluster.gpus) / exp.cluster.num_gpus
         if exp.cluster.heterogeneous else exp.cluster.gpu.peak_bf16_flops,
         memory_capacity_bytes=exp.cluster.gpu.hbm_capacity_bytes,

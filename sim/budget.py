@@ -15,10 +15,7 @@ program lowered) and refused with the estimate and the key that drives it:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 from base.errors import ConfigError
@@ -69,9 +66,8 @@ def _op_instructions(exp: Any) -> float:
     sched, costs = exp.schedule, exp.costs
     # ops per (stage, kind, sequence field), in order of first appearance; the counts are
     # integers, so their sum is the same float in any order
-    ops_of = Counter(map(itemgetter(0, 1, 3), chain.from_iterable(sched.rank_ops)))
     total = 0.0
-    for (stage, kind, seq), ops in ops_of.items():
+    for (stage, kind, seq), ops in sched.op_counts.items():
         segs = costs.op_segments(Op(stage, kind, 0, seq), sched.split_backward, markers=True)
         # ring attention: a block and a send per step; the op's send, and a receive or
         # optimizer share

@@ -46,7 +46,7 @@ from workloads.models import PRESETS, ModelSpec, MoESpec
 from workloads.recompute_modules import check as check_recompute_modules
 from workloads.registry import SCHEDULES, built_schedule
 from workloads.seqchunks import FLASH_KERNELS
-from workloads.transformer import TransformerCosts
+from workloads.transformer import TransformerCosts, interned
 
 MB = 1e6
 _MODEL_FIELDS = ("seq_length", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
@@ -524,6 +524,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         elif par.layers_per_stage == "auto":
             costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster,
                                                             profile))
+        costs = interned(costs)  # an equal one's memos: its segments, worked out once
     if par.tp_comm_overlap:
         check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
             model, cluster, sched.seq_chunks, cfg.model.encoder is not None))

@@ -5,6 +5,8 @@ all shared read-only, in bounded caches, and giving the results of fresh ones.""
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from dataclasses import replace
 
 import networkx as nx
 import pytest
@@ -14,9 +16,18 @@ from sim.commtime import CollectiveTimer
 from sim.config import parse_config
 from sim.experiment import Experiment
 from topologies.build import CLUSTER_CACHE, _cached, build_cluster
+from topologies.placement import Placement, coordinate_columns
+from workloads.lowering.groups import replica_pairs
 from workloads.lowering.order import final_ops, topological, topological_ops
 from workloads.registry import SCHEDULE_CACHE, SCHEDULES, built_schedule
-from workloads.schedules import BACKWARD, ENCODER_BACKWARD, WEIGHT_GRAD, unit_order, unit_times
+from workloads.schedules import (
+    BACKWARD,
+    ENCODER_BACKWARD,
+    WEIGHT_GRAD,
+    unit_order,
+    unit_spans,
+    unit_times,
+)
 
 GPT = {
     "name": "t",
@@ -39,7 +50,10 @@ def test_a_schedule_is_built_once_and_shared_read_only() -> None:
         unit_times(a)[op] = (0.0, 0.0)  # type: ignore[index]
     order, fields = topological(a, fields=True)
     assert isinstance(order, tuple) and fields is not None
-    for array in [*fields, unit_order(a)[0]]:  # type: ignore[index]
+    ops, start, end = unit_spans(a)
+    assert list(unit_times(a).items()) == list(zip(ops, zip(start, end, strict=True),
+                                                   strict=True))
+    for array in [*fields, unit_order(a)[0], start, end]:  # type: ignore[index]
         with pytest.raises(ValueError):
             array[0] = 1
     # the list callers get is theirs
@@ -105,3 +119,49 @@ def test_final_ops_equal_the_plain_loop(name: str) -> None:
         assert list(final_ops(sched).items()) == list(_final_ops_loop(sched).items())
         tried += 1
     assert tried > 0
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_op_counts_equal_the_plain_count(name: str) -> None:
+    """:attr:`Schedule.op_counts` counts on validation's arrays; counting the ops one by one
+    (the reference) gives the same counts."""
+    tried = 0
+    for p, m, v, k in itertools.product((1, 2, 3, 4), (1, 2, 3, 8), (1, 2), (1, 2)):
+        try:
+            sched = SCHEDULES[name](p, m, v, k)
+        except Exception:  # noqa: BLE001, S112 - arguments the schedule refuses
+            continue
+        plain = Counter((op.stage, op.kind, op.seq) for ops in sched.rank_ops for op in ops)
+        assert dict(sched.op_counts) == dict(plain)
+        tried += 1
+    assert tried > 0
+
+
+def test_equal_cost_models_are_shared_with_their_segments() -> None:
+    """Experiments with the same costs get one cost model (:func:`interned`), so its
+    segments are worked out once; they equal those of a fresh, equal model."""
+    a, b = Experiment.from_dict(GPT), Experiment.from_dict({**GPT, "name": "u"})
+    assert a.costs is b.costs
+    other = Experiment.from_dict({**GPT, "parallel": {"tp": 4, "pp": 4, "dp": 2}})
+    assert other.costs is not a.costs
+    fresh = replace(a.costs)
+    assert fresh == a.costs and fresh is not a.costs
+    for op, markers in itertools.product(topological_ops(a.schedule), (False, True)):
+        segs = a.costs.op_segments(op, False, markers)
+        assert a.costs.op_segments(op, False, markers) is segs
+        assert fresh.op_segments(op, False, markers) == segs
+
+
+@pytest.mark.parametrize("order", ["tp-cp-dp-pp", "pp-dp-cp-tp", "dp-tp-pp-cp"])
+def test_placement_tables_equal_the_coordinates(order: str) -> None:
+    """The per-placement tables a run reads (every GPU's coordinates, a pipeline message's
+    GPU pairs) equal :meth:`Placement.coords` and :meth:`Placement.gpu` GPU by GPU."""
+    pl = Placement.from_order(order, tp=2, cp=2, dp=3, pp=4)
+    columns = coordinate_columns(pl)
+    assert coordinate_columns(Placement.from_order(order, tp=2, cp=2, dp=3, pp=4)) is columns
+    for g in range(pl.num_gpus):
+        assert {dim: columns[dim][g] for dim in columns} == pl.coords(g)
+    for src, dst in [(0, 1), (2, 1), (3, 0)]:
+        assert replica_pairs(pl, src, dst) == tuple(
+            (pl.gpu(tp=u, cp=c, dp=e, pp=src), pl.gpu(tp=u, cp=c, dp=e, pp=dst))
+            for c in range(2) for e in range(3) for u in range(2))

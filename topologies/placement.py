@@ -12,8 +12,10 @@ inside ``dp`` (where it always is); it adds no dimension of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 from base.errors import ConfigError
 
@@ -86,6 +88,24 @@ class Placement:
         """The GPUs that differ from ``gpu`` only along ``dim``, in ring order."""
         base = self.coords(gpu)
         return tuple(self.gpu(**{**base, dim: i}) for i in range(self.degree(dim)))
+
+
+PLACEMENT_CACHE = 64
+"""Placements :func:`coordinate_columns` keeps tables of (the least recently used go
+first)."""
+
+
+@lru_cache(maxsize=PLACEMENT_CACHE)
+def coordinate_columns(placement: Placement) -> Mapping[str, tuple[int, ...]]:
+    """Per dimension, every GPU's coordinate along it (``coords(g)[dim]`` for each GPU in
+    order), worked out once per placement (read-only): a run reads every GPU's pipeline
+    rank and names, and a search's or repeated run's experiments share the placement."""
+    n = placement.num_gpus
+    columns = {dim: [0] * n for dim, _ in placement.sizes}
+    for g in range(n):
+        for dim, value in placement.coords(g).items():
+            columns[dim][g] = value
+    return MappingProxyType({dim: tuple(column) for dim, column in columns.items()})
 
 
 def mixed_pipeline_ranks(placement: Placement, type_of: Callable[[int], Hashable]

@@ -27,10 +27,11 @@ Sources: GPipe (Huang et al. 2019); 1F1B / PipeDream-Flush (Narayanan et al.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 from types import MappingProxyType
 from typing import NamedTuple
@@ -178,6 +179,22 @@ class Schedule:
             for group in _split_groups(ops, self.fused):
                 out.update(dict.fromkeys(group, group))
         return MappingProxyType(out)
+
+    @cached_property
+    def op_counts(self) -> Mapping[tuple[int, str, int], int]:
+        """How many ops each (stage, kind, sequence field) has (read-only: a schedule is
+        shared); counted on the arrays validation keeps where the ops code (:func:`_coded`)."""
+        coded = _rank_coded(self)
+        if coded is None:
+            return MappingProxyType(Counter(map(itemgetter(0, 1, 3),
+                                                chain.from_iterable(self.rank_ops))))
+        stage, kind, _, seq, *_ = coded
+        width = int(seq.max()) + 2  # sequence fields from WHOLE = -1 up
+        found = np.bincount((stage * 3 + kind) * width + (seq + 1))
+        letters = {code: name for name, code in _KIND_CODE.items()}
+        return MappingProxyType({(key // width // 3, letters[key // width % 3],
+                                  key % width - 1): count
+                                 for key, count in enumerate(found.tolist()) if count})
 
     def grid(self) -> str:
         """The op grid, one line per rank: readable in a diff; :func:`from_text` parses it."""
@@ -337,7 +354,7 @@ def validate(schedule: Schedule) -> None:
         if not 0 <= r < p:
             raise ScheduleError(f"stage {s} is owned by rank {r}, outside 0..{p - 1}")
     if not schedule.fused and _well_formed(schedule):
-        unit_times(schedule)
+        unit_spans(schedule)
         return
     seen: dict[Op, int] = {}
     stage_rank, num_stages = schedule.stage_rank, schedule.num_stages
@@ -356,7 +373,7 @@ def validate(schedule: Schedule) -> None:
             seen[op] = r
     _check_complete(schedule, seen)
     _check_fused(schedule, seen)
-    unit_times(schedule)
+    unit_spans(schedule)
 
 
 def _well_formed(schedule: Schedule) -> bool:
@@ -370,7 +387,7 @@ def _well_formed(schedule: Schedule) -> bool:
     S, M, K = schedule.num_stages, schedule.num_microbatches, max(schedule.seq_chunks, 1)
     if not n or n != S * M * K * (3 if schedule.split_backward else 2):
         return False
-    coded = _coded(schedule, order)
+    coded = _rank_coded(schedule, order)
     if coded is None:
         return False
     stage, *_, own = coded
@@ -474,7 +491,9 @@ def list_schedule(
     n = len(order)
     found = None if schedule.fused or reference else producer_positions(schedule, order)
     if found is not None:
-        return _list_unfused(schedule, list(map(duration, order)), order, found)[0]
+        starts, ends, scheduled = _list_unfused(schedule, list(map(duration, order)), order,
+                                                found)
+        return {order[k]: (starts[k], ends[k]) for k in scheduled}  # type: ignore[misc]
     index = {op: k for k, op in enumerate(order)}
     # group end time of each done op; the extra last slot stands for a producer missing
     # from the schedule, which is never done
@@ -531,13 +550,15 @@ def list_schedule(
 
 def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op],
                   producers: tuple[list[int], list[int], list[int]]
-                  ) -> tuple[dict[Op, tuple[float, float]], list[int]]:
+                  ) -> tuple[list[float], list[float | None], list[int]]:
     """:func:`list_schedule` of a schedule without fused groups, its ops' durations given in
     ``order`` and their producers as the columns of :func:`producer_positions`: the same
-    passes, op by op. Also the positions in ``order`` of the result's ops, in its order."""
+    passes, op by op. Its intervals as each op's start and end, by position in ``order``
+    (the ends with a last slot, None), and the positions of the result's ops, in its
+    order."""
     p, n = schedule.num_ranks, len(order)
     ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
-    interval: list[tuple[float, float]] = [(0.0, 0.0)] * n
+    starts = [0.0] * n
     bounds = [0]
     for ops in schedule.rank_ops:
         bounds.append(bounds[-1] + len(ops))
@@ -568,8 +589,7 @@ def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op]
                         t = end
                 if wait >= 0:
                     break
-                start, done = t, t + duration[j]
-                interval[j] = (start, done)
+                starts[j], done = t, t + duration[j]
                 ready[j] = done
                 scheduled.append(j)
                 j += 1
@@ -583,7 +603,7 @@ def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op]
         if not progressed:
             done_at = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
             raise ScheduleError(_deadlock_message(schedule, pos, done_at))  # type: ignore[arg-type]
-    return {order[k]: interval[k] for k in scheduled}, scheduled
+    return starts, ready, scheduled
 
 
 def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
@@ -645,6 +665,22 @@ def _coded(schedule: Schedule, order: Sequence[Op]
             or mb.max() >= M or chunk.min() < 0 or chunk.max() >= K):
         return None
     return stage, kind, mb, seq, chunk, _op_key(schedule, stage, kind, mb, chunk)
+
+
+def _rank_coded(schedule: Schedule, order: Sequence[Op] | None = None
+                ) -> tuple[np.ndarray, ...] | None:
+    """:func:`_coded` of the schedule's ops in rank order (``order``, where the caller has
+    it: each rank's in program order), worked out once and kept on the schedule
+    (read-only arrays): validation's checks, its symbolic run and
+    :attr:`Schedule.op_counts` read them."""
+    if "_rank_coded" not in schedule.__dict__:
+        if order is None:
+            order = [op for ops in schedule.rank_ops for op in ops]
+        coded = _coded(schedule, order) if order else None
+        for a in coded or ():
+            a.flags.writeable = False
+        schedule.__dict__["_rank_coded"] = coded  # a frozen instance's cache, as cached_property
+    return schedule.__dict__["_rank_coded"]
 
 
 def _op_key(schedule: Schedule, stage: np.ndarray, kind: int | np.ndarray, mb: np.ndarray,
@@ -711,37 +747,54 @@ def unit_times(schedule: Schedule) -> Mapping[Op, tuple[float, float]]:
     lowering orders ops by), computed once per schedule and kept on it (read-only)."""
     cached = schedule.__dict__.get("_unit_times")
     if cached is None:
-        cached, run = _unit_run(schedule)
+        ops, start, end = unit_spans(schedule)
+        cached = dict(zip(ops, zip(start.tolist(), end.tolist(), strict=True), strict=True))
         schedule.__dict__["_unit_times"] = cached  # a frozen instance's cache, as cached_property
-        schedule.__dict__["_unit_rank_run"] = run
     return MappingProxyType(cached)
 
 
-def _unit_run(schedule: Schedule) -> tuple[dict[Op, tuple[float, float]],
+def unit_spans(schedule: Schedule) -> tuple[tuple[Op, ...], np.ndarray, np.ndarray]:
+    """:func:`unit_times` as its ops (in its order) and their starts and ends (read-only
+    arrays): what lowering reads, without the mapping (a dict of every op)."""
+    found = schedule.__dict__.get("_unit_spans")
+    if found is None:
+        found, run = _unit_run(schedule)
+        for a in found[1:]:
+            a.flags.writeable = False
+        schedule.__dict__["_unit_spans"] = found  # a frozen instance's cache, as cached_property
+        schedule.__dict__["_unit_rank_run"] = run
+    return found
+
+
+def _unit_run(schedule: Schedule) -> tuple[tuple[tuple[Op, ...], np.ndarray, np.ndarray],
                                            tuple[np.ndarray, ...] | None]:
-    """:func:`list_schedule` with unit durations and, for a schedule without fused groups
+    """:func:`unit_spans` and, for a schedule without fused groups
     whose ops code (:func:`_coded`), what it worked out on the way in rank order (the
     ops of all ranks, each rank's in program order): the rank-order position of each op
     of the result in its order, the :func:`_coded` arrays and the producer columns of
     :func:`producer_positions` (:func:`unit_order`, :func:`producers_at`)."""
     order = [op for ops in schedule.rank_ops for op in ops]
-    coded = None if schedule.fused or not order else _coded(schedule, order)
+    coded = None if schedule.fused or not order else _rank_coded(schedule, order)
     found = None if coded is None else producer_positions(schedule, order, coded)
     if found is None:
-        return list_schedule(schedule, lambda op: 1.0), None
-    times, scheduled = _list_unfused(schedule, [1.0] * len(order), order, found)
-    run = (np.array(scheduled, dtype=np.int64), *coded[:4],
-           *(np.array(col, dtype=np.int64) for col in found))
+        times = list_schedule(schedule, lambda op: 1.0)
+        spans = np.array(list(times.values()), dtype=float).reshape(len(times), 2)
+        return (tuple(times), spans[:, 0], spans[:, 1]), None
+    starts, ends, scheduled = _list_unfused(schedule, [1.0] * len(order), order, found)
+    at = np.array(scheduled, dtype=np.int64)
+    del ends[len(order)]  # the missing producer's slot
+    run = (at, *coded[:4], *(np.array(col, dtype=np.int64) for col in found))
     for a in run:  # kept on a shared schedule
         a.flags.writeable = False
-    return times, run
+    ops = tuple(map(order.__getitem__, scheduled))
+    return (ops, np.array(starts, dtype=float)[at], np.array(ends, dtype=float)[at]), run
 
 
 def unit_order(schedule: Schedule) -> tuple[np.ndarray, ...] | None:
     """For the ops of :func:`unit_times` in its order: their positions in rank order, and
     their stages, kind codes (:data:`_KIND_CODE`) and sequence fields, as arrays; None
     where :func:`unit_times` did not work them out (fused groups, ops that do not code)."""
-    unit_times(schedule)
+    unit_spans(schedule)
     run = schedule.__dict__["_unit_rank_run"]
     if run is None:
         return None
@@ -753,7 +806,7 @@ def producers_at(schedule: Schedule, positions: np.ndarray) -> tuple[np.ndarray,
     """:func:`producer_positions` of the ops at rank-order ``positions`` (a permutation of
     them, :func:`unit_order`), as positions in that order: the rank order's columns,
     kept by :func:`unit_times`, renumbered. None where it kept none."""
-    unit_times(schedule)
+    unit_spans(schedule)
     run = schedule.__dict__["_unit_rank_run"]
     if run is None:
         return None

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import wraps
+from functools import lru_cache, wraps
 from typing import Any, TypeVar
 
 from workloads.costs import (
@@ -766,7 +766,21 @@ class TransformerCosts:
         input-gradient compute. The lowering turns them into DP collectives;
         without markers (the default) the list is the same work, fused.
         A Seq1F1B sequence chunk (``op.seq >= 0``) costs its chunk's work (:meth:`seq_chunk`).
+        Worked out once per arguments and kept on the instance, like :func:`_per_instance`
+        (a frozen cost model never changes; the segments are immutable); an interned cost
+        model (:func:`interned`) keeps them for the next experiment with the same costs (a
+        sweep's, a search's, a repeated run).
         """
+        memo = self.__dict__.setdefault("_memo_op_segments", {})
+        key = (op, split_backward, markers)
+        segs = memo.get(key)
+        if segs is None:
+            segs = memo[key] = self._op_segments(op, split_backward, markers)
+        return segs
+
+    def _op_segments(self, op: Op, split_backward: bool, markers: bool
+                     ) -> tuple[Segment, ...]:
+        """:meth:`op_segments`, worked out."""
         if op.seq >= 0 and self.seq_chunks > 1:
             return self.seq_chunk(op.seq).op_segments(op, split_backward, markers)
         last = op.stage == len(self.stage_layers) - 1
@@ -1295,6 +1309,20 @@ def _fp8(seg: ComputeSeg, speedup: float) -> ComputeSeg:
     the bf16 peak; the shape dimensions the efficiency curve sees are unchanged."""
     return replace(seg, flops=seg.flops / speedup,
                    gemm_dims=tuple((d, f / speedup) for d, f in seg.gemm_dims))
+
+
+COSTS_CACHE = 32
+"""Cost models :func:`interned` keeps (the least recently used go first)."""
+
+
+@lru_cache(maxsize=COSTS_CACHE)
+def interned(costs: TransformerCosts) -> TransformerCosts:
+    """The first cost model equal to ``costs`` still kept (else ``costs``, kept from now on):
+    what its instance memos hold (:func:`_per_instance`, :meth:`TransformerCosts.op_segments`)
+    then serves every experiment with the same costs, as the cluster and the schedule do
+    (:func:`topologies.build.build_cluster`, :func:`workloads.registry.built_schedule`).
+    Equal cost models give the same answers: every method reads the fields alone."""
+    return costs
 
 
 def _scaled(seg: ComputeSeg, label: str, factor: float, **fields: float) -> ComputeSeg:

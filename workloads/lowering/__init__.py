@@ -28,8 +28,10 @@ path on arrays (:mod:`.columnar`), proven equal by ``tests/test_lowering_paths.p
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from base.collector import gc_paused
-from topologies.placement import Placement
+from topologies.placement import PLACEMENT_CACHE, Placement, coordinate_columns
 from workloads.lowering.collapse import Collapse
 from workloads.lowering.columnar import joined, lower_collapsed
 from workloads.lowering.dataparallel import DataParallel
@@ -127,13 +129,20 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         for g, i in piecewise.dp_last.items():
             waits[g].append(i)
     optimizer_step(dpar, schedule, costs, zero_stage, waits)
-    coords = [placement.coords(g) for g in range(placement.num_gpus)]
-    gpu_names = tuple(f"gpu{g} pp{c['pp']} dp{c['dp']} tp{c['tp']}" for g, c in enumerate(coords))
     static_of_rank = [costs.static_bytes(stages_of(schedule, r)) for r in range(pp)]
-    static = tuple(static_of_rank[c["pp"]] for c in coords)
+    static = tuple(map(static_of_rank.__getitem__, coordinate_columns(placement)["pp"]))
     simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))
     instructions = b.build() if head is None else joined(head, b.build())
-    return Program(placement.num_gpus, instructions, static, schedule, gpu_names, simulated)
+    return Program(placement.num_gpus, instructions, static, schedule, gpu_names(placement),
+                   simulated)
+
+
+@lru_cache(maxsize=PLACEMENT_CACHE)
+def gpu_names(placement: Placement) -> tuple[str, ...]:
+    """Each GPU's name in a program, ``gpu5 pp0 dp0 tp5``: worked out once per placement."""
+    c = coordinate_columns(placement)
+    return tuple(f"gpu{g} pp{p} dp{d} tp{t}"
+                 for g, (p, d, t) in enumerate(zip(c["pp"], c["dp"], c["tp"], strict=True)))
 
 
 def _program(instructions: tuple, schedule: Schedule, costs: CostModel, placement: Placement,
@@ -141,10 +150,9 @@ def _program(instructions: tuple, schedule: Schedule, costs: CostModel, placemen
     """The program of a parameter-server step: the workers' GPUs, then the servers (no
     memory modelled on them), the workers simulated."""
     pp = placement.degree("pp")
-    coords = [placement.coords(g) for g in range(placement.num_gpus)]
-    names = tuple(f"gpu{g} pp{c['pp']} dp{c['dp']} tp{c['tp']}" for g, c in enumerate(coords))
-    names += tuple(f"gpu{g} ps{j}" for j, g in enumerate(servers))
+    names = gpu_names(placement) + tuple(f"gpu{g} ps{j}" for j, g in enumerate(servers))
     static_of_rank = [costs.static_bytes(stages_of(schedule, r)) for r in range(pp)]
-    static = tuple(static_of_rank[c["pp"]] for c in coords) + (0.0,) * len(servers)
+    static = (tuple(map(static_of_rank.__getitem__, coordinate_columns(placement)["pp"]))
+              + (0.0,) * len(servers))
     return Program(placement.num_gpus + len(servers), instructions, static, schedule, names,
                    tuple(range(placement.num_gpus)))

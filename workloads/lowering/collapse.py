@@ -15,7 +15,7 @@ from functools import cache
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, Segment
-from workloads.lowering.groups import ALL_TO_ALL_ALGO, Groups, replica_coords
+from workloads.lowering.groups import ALL_TO_ALL_ALGO, Groups, replica_pairs
 from workloads.program import ProgramBuilder
 from workloads.schedules import Op
 
@@ -438,9 +438,5 @@ def replica_send_s(collapse: Collapse, placement: Placement,
     cached by ``(src, dst, nbytes)``."""
     key = (src, dst, nbytes)
     if key not in cache:
-        pairs = tuple((placement.gpu(tp=u, cp=c, dp=e, pp=src),
-                       placement.gpu(tp=u, cp=c, dp=e, pp=dst))
-                      for c, e in replica_coords(placement)
-                      for u in range(placement.degree("tp")))
-        cache[key] = collapse.collective_s("send", pairs, nbytes)
+        cache[key] = collapse.collective_s("send", replica_pairs(placement, src, dst), nbytes)
     return cache[key]

@@ -29,6 +29,15 @@ def replica_coords(placement: Placement) -> tuple[tuple[int, int], ...]:
 
 
 @lru_cache(maxsize=GROUP_CACHE)
+def replica_pairs(placement: Placement, src: int, dst: int) -> tuple[tuple[int, int], ...]:
+    """The GPU pairs of a pipeline message from pipeline rank ``src`` to ``dst`` as a collapsed
+    lowering times it: every (tp, cp, dp) replica's, replicas in :func:`replica_coords`
+    order, TP lanes innermost."""
+    return tuple((placement.gpu(tp=u, cp=c, dp=e, pp=src), placement.gpu(tp=u, cp=c, dp=e, pp=dst))
+                 for c, e in replica_coords(placement) for u in range(placement.degree("tp")))
+
+
+@lru_cache(maxsize=GROUP_CACHE)
 def grad_group(placement: Placement, t: int, r: int) -> tuple[int, ...]:
     """The GPUs that reduce gradients together with TP lane ``t`` of pipeline rank ``r``:
     the DP group times the CP group (Megatron's data-parallel-with-CP group), by GPU id."""

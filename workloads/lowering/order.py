@@ -1,7 +1,7 @@
 """Pass 1, the schedule: the order ops are lowered in and each op's producers.
 
 Ops are taken in a topological order, that of a unit-duration symbolic run
-(:func:`~workloads.schedules.unit_times`), so that every producer is lowered
+(:func:`~workloads.schedules.unit_spans`), so that every producer is lowered
 before its consumers; the producers follow from the schedule's one dependency
 rule (:func:`~workloads.schedules.op_deps`).
 """
@@ -23,7 +23,7 @@ from workloads.schedules import (
     Schedule,
     op_deps,
     unit_order,
-    unit_times,
+    unit_spans,
 )
 
 
@@ -57,14 +57,12 @@ def topological(schedule: Schedule, fields: bool = False
 def _topological(schedule: Schedule, fields: bool
                  ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
     """:func:`topological`, worked out."""
-    times = unit_times(schedule)
-    ops = list(times)
+    ops, start, end = unit_spans(schedule)
     n = len(ops)
     if not n:
-        return ops, (*(np.zeros(0, np.int64),) * 3, None) if fields else None
+        return [], (*(np.zeros(0, np.int64),) * 3, None) if fields else None
     # sorted by (end, rank, start), ties in the symbolic run's order: a stable sort on keys
     # read into arrays (the ranks through the stages) instead of a key tuple per op
-    spans = np.fromiter(chain.from_iterable(times.values()), float, 2 * n)
     coded = unit_order(schedule) if fields else None
     at = kinds = None
     if coded is not None:  # worked out by the symbolic run (the same codes as kind_codes)
@@ -75,7 +73,7 @@ def _topological(schedule: Schedule, fields: bool
     else:
         stage = np.fromiter(map(itemgetter(0), ops), np.int64, n)
     ranks = np.asarray(schedule.stage_rank, dtype=np.int64)[stage]
-    perm = np.lexsort((spans[0::2], ranks, spans[1::2]))
+    perm = np.lexsort((start, ranks, end))
     order = list(map(ops.__getitem__, perm.tolist()))
     if not fields:
         return order, None
