@@ -206,6 +206,10 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert "overlap_grad_reduce" not in plain["parallel"]
     buckets = load_source(_write(tmp_path / "f.csv", [_fixture_row(overlap_grad_reduce="true")]))
     assert buckets.rows[0].experiment()["parallel"]["overlap_grad_reduce"] is True
+    assert "overlap_param_gather" not in buckets.rows[0].experiment()["parallel"]
+    gather = load_source(_write(tmp_path / "h.csv", [_fixture_row(
+        overlap_grad_reduce="true", overlap_param_gather="true")])).rows[0].experiment()
+    assert gather["parallel"]["overlap_param_gather"] is True
     with pytest.raises(ConfigError, match="overlap_grad_reduce='yes'"):
         load_source(_write(tmp_path / "g.csv", [_fixture_row(overlap_grad_reduce="yes")]))
 
