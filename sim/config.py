@@ -247,6 +247,11 @@ class ParallelConfig(Strict):
     """Bucket size with overlap_grad_reduce, MB of bf16 gradients (1 MB = 1e6 B). Default:
     PyTorch DDP's ``bucket_cap_mb=25``; Megatron-core's is max(40M, 1M·dp) parameters
     (``DistributedDataParallelConfig.bucket_size``), i.e. 80 MB up to dp = 40."""
+    overlap_param_gather: bool = False
+    """All-gather the distributed optimizer's updated parameters under the next step's
+    first forward, layer by layer as each needs them, instead of after the optimizer step
+    (Megatron-LM ``--overlap-param-gather``, which needs ``--overlap-grad-reduce`` and the
+    distributed optimizer: overlap_grad_reduce and zero_stage 1 or 2)."""
     layers_per_stage: list[int] | str | None = None
     """Transformer layers of each pipeline stage (model chunk, pp·vpp of them, in stage
     order), e.g. [15, 16, 16, 15]; default: as even as possible, earlier stages first.

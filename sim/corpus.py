@@ -33,7 +33,8 @@ COLUMNS = (
     "position_embedding", "parallel_blocks", "seq_length", "cluster", "gpu", "num_gpus",
     "nics_per_node", "nic_Gbps", "tp", "pp", "dp", "cp", "ep", "vpp", "sequence_parallel",
     "zero_stage", "schedule", "micro_batch_size", "global_batch_size", "recompute",
-    "recompute_num_layers", "attention", "fused_norm", "tp_comm_overlap", "precision",
+    "recompute_num_layers", "attention", "fused_norm", "tp_comm_overlap",
+    "overlap_grad_reduce", "overlap_param_gather", "precision",
     "framework", "software", "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
     "assumed", "citation")
@@ -53,7 +54,7 @@ INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn
 FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
 """Real-number columns; a value given must be positive and finite."""
 BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm",
-         "tp_comm_overlap")
+         "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
 """``true``/``false`` columns (empty: the preset's or the schema's default)."""
 
 STATUSES = ("ok", "oom")
@@ -61,7 +62,7 @@ STATUSES = ("ok", "oom")
 
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
-                "tp_comm_overlap": ""}
+                "tp_comm_overlap": "", "overlap_grad_reduce": "", "overlap_param_gather": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -150,7 +151,7 @@ class CorpusRow:
                 cluster[NIC_RATE_KEY] = float(v[key])
             elif key == "fused_norm":
                 training[key] = v[key] == "true"
-            elif key == "tp_comm_overlap":
+            elif key in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather"):
                 parallel[key] = v[key] == "true"
             else:
                 training[key] = v[key]

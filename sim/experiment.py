@@ -467,6 +467,12 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     if par.zero_stage == 3 and model is None:
         raise ConfigError("parallel.zero_stage=3: ZeRO-3/FSDP needs a transformer model "
                           "(it gathers parameters layer by layer); the synthetic model has none")
+    if par.overlap_param_gather and (model is None or not par.overlap_grad_reduce
+                                     or par.zero_stage not in (1, 2)):
+        raise ConfigError("parallel.overlap_param_gather: Megatron-LM overlaps the distributed "
+                          "optimizer's parameter all-gather only with --overlap-grad-reduce: "
+                          "needs a transformer model, parallel.overlap_grad_reduce: true and "
+                          f"zero_stage 1 or 2 (got {par.zero_stage})")
     m, gbs = _num_microbatches(cfg, dp)
     profile = with_allocator(framework(cfg.training.framework), cfg.training.allocator)
     sched = _build_schedule(cfg, pp, m, base_dir)
@@ -509,7 +515,8 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
                                  par.zero_stage, t.recompute, t.attention,
                                  t.fused_norm, overlap_grad_reduce=par.overlap_grad_reduce,
-                                 grad_bucket_bytes=par.grad_bucket_MB * MB, cp=cp, ep=par.ep,
+                                 grad_bucket_bytes=par.grad_bucket_MB * MB,
+                                 overlap_param_gather=par.overlap_param_gather, cp=cp, ep=par.ep,
                                  seq_chunks=sched.seq_chunks,
                                  recompute_num_layers=t.recompute_num_layers,
                                  recompute_every_k_layers=t.recompute_every_k_layers,

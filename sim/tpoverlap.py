@@ -22,8 +22,10 @@ margin of ``k`` of the GPU's ``S`` SMs, else ``g' = g``), in
   ``(n − 1)·max(c/(n − 1), g'/n) + g'/n``;
 * ``bulk``: both whole at once, ``max(c, g')``.
 
-A pipelined GEMM runs as ``n`` chunks of ``1/n`` of its rows, each at the efficiency the
-device model gives the smaller GEMM (:func:`chunked`); ``g`` above is their sum. The block's
+A pipelined GEMM runs as ``n`` chunks of ``1/n`` of its rows, issued round-robin on
+``k`` compute streams (:func:`compute_streams`), so that ``min(k, n)`` consecutive chunks
+run at once: ``n / min(k, n)`` groups, each at the efficiency the device model gives a
+GEMM of the group's rows (:func:`chunked`); ``g`` above is their sum. The block's
 compute already counts the whole GEMM, so the collective adds the rest, ``pair − g_whole``
 (:func:`exposed_s`): it is emitted with that fixed time (:attr:`CommSeg.duration_s`)
 instead of being timed on the network. ``c`` is the collective timed alone on the TP
@@ -90,14 +92,20 @@ def sm_count(gpu: str) -> int | None:
     return None if value is None else int(value)
 
 
+def compute_streams() -> int:
+    """CUDA streams Transformer Engine issues a pipelined GEMM's chunks on, round-robin."""
+    return int(_data()["compute_streams"])
+
+
 def chunks(method: Method, tp: int) -> int:
     """Chunks ``method`` cuts a GEMM and its collective into in a TP group of ``tp``."""
     return tp if method.splits == 0 else method.splits
 
 
-def chunked(gemm: ComputeSeg, n: int) -> ComputeSeg:
-    """One of ``n`` row chunks of ``gemm``: ``1/n`` of its FLOPs, at the size the device
-    model's efficiency curve sees shrunk by ``n^(1/3)`` (the cube side of M·K·N,
+def chunked(gemm: ComputeSeg, n: float) -> ComputeSeg:
+    """One of ``n`` row chunks of ``gemm`` (``n`` need not be whole: a group of chunks
+    running at once): ``1/n`` of its FLOPs, at the size the device model's efficiency
+    curve sees shrunk by ``n^(1/3)`` (the cube side of M·K·N,
     :func:`workloads.transformer._gemm`)."""
     dims = tuple((d / n ** (1 / 3), f / n) for d, f in gemm.gemm_dims)
     return replace(gemm, flops=gemm.flops / n, hbm_bytes=gemm.hbm_bytes / n, gemm_dims=dims)
@@ -131,7 +139,8 @@ def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
         op = "all_gather" if name.endswith("all-gather") else "reduce_scatter"
         method = method_of(layer)
         n = chunks(method, costs.tp)
-        g_chunks = n * compute_s(chunked(gemms[gemm], n))
+        groups = n / min(compute_streams(), n)  # chunks running at once share the GPU
+        g_chunks = groups * compute_s(chunked(gemms[gemm], groups))
         pair = pipelined_s(method, collective_s(op, nbytes), g_chunks, costs.tp, sms)
         out.append((name, pair - compute_s(gemms[gemm])))
     return tuple(out)

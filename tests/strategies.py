@@ -197,6 +197,8 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
                                 "overlap_grad_reduce": draw(st.booleans())}
     if parallel["overlap_grad_reduce"]:
         parallel["grad_bucket_MB"] = draw(st.sampled_from([0.5, 25.0]))
+        if not synthetic and parallel["zero_stage"] in (1, 2):
+            parallel["overlap_param_gather"] = draw(st.booleans())
     if synthetic:
         model = draw(_synthetic())
     else:
@@ -224,7 +226,8 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
     if REGISTRY[schedule].encoder is not None and cp == 1 and ep == 1 and draw(
             st.sampled_from([True, True, False])):
         model["encoder"], parallel["encoder"] = draw(_encoder(synthetic, tp, pp))
-        parallel.update(zero_stage=min(parallel["zero_stage"], 2), overlap_grad_reduce=False)
+        parallel.update(zero_stage=min(parallel["zero_stage"], 2), overlap_grad_reduce=False,
+                        overlap_param_gather=False)
     mixed = not collapsible and num_gpus >= 2 and draw(st.sampled_from([False, False, True]))
     cluster = draw(_cluster(num_gpus, mixed))
     if not synthetic:  # the framework profiles, precision and partial recomputation

@@ -202,6 +202,15 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert "tp_comm_overlap" not in plain["parallel"]
     overlap = load_source(_write(tmp_path / "e.csv", [_fixture_row(tp_comm_overlap="true")]))
     assert overlap.rows[0].experiment()["parallel"]["tp_comm_overlap"] is True
+    assert "overlap_grad_reduce" not in plain["parallel"]
+    buckets = load_source(_write(tmp_path / "f.csv", [_fixture_row(overlap_grad_reduce="true")]))
+    assert buckets.rows[0].experiment()["parallel"]["overlap_grad_reduce"] is True
+    assert "overlap_param_gather" not in buckets.rows[0].experiment()["parallel"]
+    gather = load_source(_write(tmp_path / "h.csv", [_fixture_row(
+        overlap_grad_reduce="true", overlap_param_gather="true")])).rows[0].experiment()
+    assert gather["parallel"]["overlap_param_gather"] is True
+    with pytest.raises(ConfigError, match="overlap_grad_reduce='yes'"):
+        load_source(_write(tmp_path / "g.csv", [_fixture_row(overlap_grad_reduce="yes")]))
 
 
 def test_a_model_naming_a_shipped_hf_config_reaches_the_experiment(tmp_path: Path) -> None:

@@ -13,7 +13,16 @@ from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import compute_time_s
 from sim.experiment import build_experiment
-from sim.tpoverlap import DATA_FILE, Method, lowering_costs, method_of, pipelined_s, sm_count
+from sim.tpoverlap import (
+    DATA_FILE,
+    Method,
+    chunked,
+    compute_streams,
+    lowering_costs,
+    method_of,
+    pipelined_s,
+    sm_count,
+)
 from workloads.costs import ComputeSeg
 from workloads.lowering.groups import tp_groups
 from workloads.program import Collective
@@ -55,6 +64,33 @@ def test_data_is_transformer_engines_defaults_with_sources() -> None:
     assert {layer for _, layer in TP_OVERLAP_GEMMS.values()} <= set(data["layers"]) - {
         "layers_source"}
     assert sm_count("H100") == 132 and sm_count("A100-80GB") == 108 and sm_count("MI300X") is None
+    assert "compute_streams_source" in data and compute_streams() == 3
+
+
+def test_chunks_on_concurrent_streams_run_as_groups() -> None:
+    """TE issues chunk GEMMs round-robin on 3 streams: a TP-8 ring exchange's 8 chunks run
+    as 8/3 groups of 3 rows-chunks each (not 8 serial small GEMMs), and a 4-way pipeline's
+    as 4/3; a group is slower per FLOP than the whole GEMM and faster than a lone chunk."""
+    exp = build_experiment(_exp(True, tp=8) | {"cluster": {"preset": "dgx-h100",
+                                                           "num_gpus": 8}})
+    profile = default_profile("H100")
+
+    def compute_s(seg: ComputeSeg) -> float:
+        return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
+                              seg.attn_flops, seg.elementwise_bytes, "flash2", seg.gemm_dims)
+
+    timer = CollectiveTimer(exp.cluster)
+    groups = tp_groups(exp.placement, 0)
+    exposed = dict(lowering_costs(exp, compute_s, timer).tp_comm_exposed_s)
+    gemms = exp.costs.tp_overlap_gemms()
+    nbytes = 2 * 4096 * 5120
+    for name, n, method in (("attn all-gather", 8, RING), ("mlp reduce-scatter", 4, PIPE)):
+        gemm = gemms[TP_OVERLAP_GEMMS[name][0]]
+        op = "all_gather" if name.endswith("all-gather") else "reduce_scatter"
+        g = n / 3 * compute_s(chunked(gemm, n / 3))
+        assert compute_s(gemm) < g < n * compute_s(chunked(gemm, n))
+        assert exposed[name] == pytest.approx(
+            pipelined_s(method, timer(op, groups, nbytes), g, 8, 132) - compute_s(gemm))
 
 
 def _exp(overlap: bool, tp: int = 4, **parallel) -> dict:

@@ -134,6 +134,10 @@ class TransformerCosts:
     grad_bucket_bytes: float = 25e6
     """Gradient bytes per bucket with ``overlap_grad_reduce`` (PyTorch DDP's
     ``bucket_cap_mb=25`` default)."""
+    overlap_param_gather: bool = False
+    """ZeRO-1/2's parameter all-gather issued layer by layer before each layer of the
+    step's first forward of a stage (Megatron-LM ``--overlap-param-gather``), not after
+    the optimizer step; :meth:`op_segments` marks those gathers."""
     cp: int = 1
     """Context parallelism: each GPU holds s/cp tokens of every sequence (Megatron's
     load-balanced split into 2·cp chunks, rank i holding chunks i and 2cp − 1 − i, so
@@ -763,7 +767,9 @@ class TransformerCosts:
         after each layer's weight gradients (and the head's, and the
         embedding's at the end of stage 0's backward) and, under ZeRO-3,
         :class:`~workloads.costs.ParamGather` before each layer's forward and
-        input-gradient compute. The lowering turns them into DP collectives;
+        input-gradient compute (with :attr:`overlap_param_gather`, before each layer's
+        forward only: the lowering marks a stage's first forward of the step). The
+        lowering turns them into DP collectives;
         without markers (the default) the list is the same work, fused.
         A Seq1F1B sequence chunk (``op.seq >= 0``) costs its chunk's work (:meth:`seq_chunk`).
         Worked out once per arguments and kept on the instance, like :func:`_per_instance`
@@ -785,7 +791,8 @@ class TransformerCosts:
             return self.seq_chunk(op.seq).op_segments(op, split_backward, markers)
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
-        gather = markers and self.zero_stage == 3
+        gather = markers and (self.zero_stage == 3
+                              or (self.overlap_param_gather and op.kind == FORWARD))
         segs: list[Segment] = []
         if op.kind == FORWARD:
             for layer in layers:

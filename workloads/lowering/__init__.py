@@ -18,7 +18,8 @@ A chain of passes (DESIGN.md), one module each:
    ZeRO-3 per layer, overlapped with the ops (:mod:`.pieces`), parameters gathered one
    layer ahead;
 5. :mod:`.optimizer`, the optimizer step, then (ZeRO 1/2) the all-gather of updated
-   parameters.
+   parameters; with ``overlap_param_gather`` that all-gather is each stage's first
+   forward's instead, layer by layer (:mod:`.pieces`, as ZeRO-3's gathers).
 
 Passes 2 and 3 run op by op in one loop (the instructions of an op and its sends are
 numbered together); :mod:`.collapse` folds them for one representative GPU per
@@ -40,7 +41,13 @@ from workloads.lowering.groups import replica_coords
 from workloads.lowering.opcosts import CostModel, stages_of
 from workloads.lowering.ops import OpLoop
 from workloads.lowering.optimizer import optimizer_step
-from workloads.lowering.order import final_ops, positions, topological, topological_ops
+from workloads.lowering.order import (
+    final_ops,
+    first_forwards,
+    positions,
+    topological,
+    topological_ops,
+)
 from workloads.lowering.paramserver import push_pull
 from workloads.lowering.pieces import PieceLowering
 from workloads.program import Program, ProgramBuilder
@@ -94,8 +101,11 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     zero3 = zero_stage == 3 and len(replicas) > 1
     overlap = bool(getattr(costs, "overlap_grad_reduce", False)) and len(replicas) > 1
     cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
+    # overlap_param_gather: each stage's first forward gathers the parameters layer by layer
+    gather_ahead = (bool(getattr(costs, "overlap_param_gather", False)) and zero_stage in (1, 2)
+                    and len(replicas) > 1)
     piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
-                 if zero3 or overlap or cp_or_ep else None)
+                 if zero3 or overlap or cp_or_ep or gather_ahead else None)
     # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
     # (and the F ops that wait on several of them) take the op loop
     fast = (not reference and collapse is not None and piecewise is None and not schedule.fused
@@ -114,7 +124,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     else:
         index = {op: k for k, op in enumerate(order)}
         loop = OpLoop(b, schedule, costs, placement, collapse, lanes, piecewise,
-                      set(final_op.values()), zero3, overlap, cp_or_ep)
+                      set(final_op.values()), zero3, overlap, cp_or_ep,
+                      first_forwards(schedule) if gather_ahead else frozenset())
         loop.run(order, index)
         last = loop.last
     dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)))
@@ -128,7 +139,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     if piecewise is not None:
         for g, i in piecewise.dp_last.items():
             waits[g].append(i)
-    optimizer_step(dpar, schedule, costs, zero_stage, waits)
+    optimizer_step(dpar, schedule, costs, zero_stage, waits, gathered_ahead=gather_ahead)
     static_of_rank = [costs.static_bytes(stages_of(schedule, r)) for r in range(pp)]
     static = tuple(map(static_of_rank.__getitem__, coordinate_columns(placement)["pp"]))
     simulated = None if collapse is None else tuple(placement.gpu(pp=r) for r in range(pp))

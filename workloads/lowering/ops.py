@@ -51,13 +51,15 @@ class OpLoop:
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, collapse: Collapse | None, lanes: Lanes,
                  piecewise: PieceLowering | None, final_ops: Collection[Op], zero3: bool,
-                 overlap: bool, cp_or_ep: bool) -> None:
+                 overlap: bool, cp_or_ep: bool, gathering: Collection[Op] = ()) -> None:
         self.b, self.schedule, self.costs = b, schedule, costs
         self.placement, self.collapse, self.lanes = placement, collapse, lanes
         self.piecewise = piecewise
         """Lowers every op under ZeRO-3 (``zero3``: its parameter gathers) or with CP or EP
-        (``cp_or_ep``), else (``overlap``: the gradient buckets) the final ops only."""
+        (``cp_or_ep``), else (``overlap``: the gradient buckets) the final ops only, and
+        the ``gathering`` ops (each stage's first forward under ``overlap_param_gather``)."""
         self.final_ops = final_ops
+        self.gathering = gathering
         self.zero3, self.overlap = zero3, overlap
         self.every_op = zero3 or cp_or_ep
         self.last: dict[tuple[int, int], int] = {}
@@ -97,7 +99,7 @@ class OpLoop:
             sends = (pipeline_sends(schedule, group, r, index, self.collapse, self.placement,
                                     self.send_s, p2p, self.feature_p2p)
                      if op == group[-1] else [])
-            if piecewise is not None and (every_op or op in final_ops):
+            if piecewise is not None and (every_op or op in final_ops or op in self.gathering):
                 self._pieces(k, op, r, local, facts, sends)
             elif self.collapse is not None:
                 self._folded(k, op, generic, r, local, facts, sends)
@@ -115,8 +117,9 @@ class OpLoop:
             r = owner[op.stage]
             generic = Op(op.stage, op.kind, 0, op.seq)
             marked = None
-            if piecewise is not None and (self.every_op or op in self.final_ops):
-                marked = self.zero3 or (self.overlap and op in self.final_ops)
+            if piecewise is not None and (self.every_op or op in self.final_ops
+                                          or op in self.gathering):
+                marked = self._marked(op)
             use = uses.get((generic, marked))
             if use is None:
                 if marked is None:
@@ -134,6 +137,11 @@ class OpLoop:
             rows.append((k, r, use, latest))
         return stream_cuts(rows)
 
+    def _marked(self, op: Op) -> bool:
+        """Whether ``op`` is lowered with its DP markers: every op under ZeRO-3, the final
+        ops with gradient buckets, the ops that gather the step's parameters."""
+        return self.zero3 or (self.overlap and op in self.final_ops) or op in self.gathering
+
     def _deps(self, g: int, local: Sequence[tuple[int, bool]]) -> tuple[int, ...]:
         """What op's first instruction on GPU ``g`` waits for: per producer (its position,
         whether on this rank) the instruction completing it there or the send delivering it."""
@@ -147,7 +155,7 @@ class OpLoop:
         _, _, alloc, free = facts
         prev = {g: self._deps(g, local) for lane in self.lanes[r] for g in lane}
         self.piecewise.emit(k, op, r, prev, alloc, free, self.last, self.pending,
-                            marked=self.zero3 or (self.overlap and op in self.final_ops),
+                            marked=self._marked(op),
                             cut=self.cuts.get(k, frozenset()))
         emit_sends(self.b, sends, self.lanes, r, k, self.last, self.sent)
 

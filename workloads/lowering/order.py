@@ -159,3 +159,14 @@ def final_ops(schedule: Schedule) -> dict[int, Op]:
                     break
         out.update((s, last[s]) for s in first)
     return out
+
+
+def first_forwards(schedule: Schedule) -> frozenset[Op]:
+    """Per stage, its first forward in its rank's program order: the op that gathers the
+    stage's parameters under ``overlap_param_gather`` (the rest of the step reuses them)."""
+    out: dict[int, Op] = {}
+    for ops in schedule.rank_ops:
+        for op in ops:
+            if op.kind == FORWARD and op.stage not in out:
+                out[op.stage] = op
+    return frozenset(out.values())
