@@ -17,7 +17,7 @@ from workloads.costs import CommSeg, ComputeSeg, split_layers
 from workloads.frameworks import FRAMEWORKS, STAGE_SPLITS, apply_framework
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import PRESETS
-from workloads.schedules import BACKWARD, FORWARD, Op
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 from workloads.transformer import TransformerCosts
 
 
@@ -439,3 +439,31 @@ def test_torchtitan_keeps_a_pipelined_stage_unsharded_through_the_step() -> None
                            FRAMEWORKS["fsdp"], 4)
     assert flat.static_bytes((0,)) == pytest.approx(
         replace(flat, zero3_unsharded_under_pp=False).static_bytes((0,)))
+
+
+def test_deepspeed_accumulates_each_micro_batchs_gradients_in_fp32() -> None:
+    """DeepSpeed's BF16_Optimizer.update_hp_grads after every micro-batch's backward: 18
+    bytes a parameter of the stage (cast to fp32, add into the fp32 buffer), one memory-bound
+    segment at the end of B (of W when the backward is split); none under Megatron-LM's
+    fused accumulation, and none in a forward."""
+    plain = _costs()
+    ds = apply_framework(plain, FRAMEWORKS["deepspeed"], 8)
+    for stage in (0, 1):
+        extra = ds.op_segments(Op(stage, BACKWARD, 0), False)[-1]
+        assert isinstance(extra, ComputeSeg) and extra.label == "grad accumulation"
+        assert extra.elementwise_bytes == pytest.approx(18 * plain.stage_params(stage))
+        assert extra.flops == 0.0
+        assert plain.op_segments(Op(stage, BACKWARD, 0), False)[-1].label != "grad accumulation"
+        assert ds.op_segments(Op(stage, FORWARD, 0), False) == \
+            plain.op_segments(Op(stage, FORWARD, 0), False)
+    def moved(c: TransformerCosts, kind: str) -> float:
+        return sum(s.elementwise_bytes for s in c.op_segments(Op(1, kind, 0), True)
+                   if isinstance(s, ComputeSeg))
+
+    assert moved(ds, WEIGHT_GRAD) - moved(plain, WEIGHT_GRAD) == \
+        pytest.approx(18 * plain.stage_params(1))
+    assert moved(ds, BACKWARD) == pytest.approx(moved(plain, BACKWARD))
+    assert apply_framework(plain, FRAMEWORKS["megatron"], 8).grad_accum_bytes == 0.0
+    exp = Experiment.from_dict(_run(framework="deepspeed"))
+    fused = replace(exp, costs=replace(exp.costs, grad_accum_bytes=0.0))
+    assert api.simulate(exp).stats["step_time_s"] > api.simulate(fused).stats["step_time_s"]

@@ -78,6 +78,10 @@ class FrameworkProfile:
     zero3_unsharded_under_pp: bool
     """ZeRO-3 under PP keeps each stage's parameters and accumulated gradients unsharded
     through the step: ``TransformerCosts.zero3_unsharded_under_pp``."""
+    grad_accum_bytes: float
+    """HBM bytes per parameter of a stage that the framework's gradient accumulation moves
+    after every micro-batch's backward, outside the GEMMs (casting the bf16 gradients into
+    an fp32 accumulation buffer): ``TransformerCosts.grad_accum_bytes``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -89,10 +93,11 @@ class FrameworkProfile:
 _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_parallel_loss",
            "stage_split", "sp_saves_gathered_input", "kept_stage_outputs", "fragmentation",
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
-           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp")
+           "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
+           "grad_accum_bytes")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
-          "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes")
+          "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes")
 """Fields that are bytes: finite numbers, not negative."""
 _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
           "zero3_unsharded_under_pp")
@@ -165,6 +170,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    dropout=profile.dropout,
                    fp8_cast_bytes=profile.fp8_cast_bytes,
                    zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
+                   grad_accum_bytes=profile.grad_accum_bytes,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 

@@ -257,6 +257,14 @@ class TransformerCosts:
     they are; llm-foundry's ``flash_attn_fn`` gathers Q, K and V into a packed (unpadded)
     layout for ``flash_attn_varlen_func`` and scatters the output back
     (:mod:`workloads.frameworks`)."""
+    grad_accum_bytes: float = 0.0
+    """HBM bytes per parameter of the stage (one TP rank) that the framework's gradient
+    accumulation moves after each micro-batch's backward, beside the GEMMs: one memory-bound
+    segment at the end of the op that completes the weight gradients (B, or W when the
+    backward is split). 0: the weight-gradient GEMMs accumulate in place (Megatron-LM's
+    gradient-accumulation fusion into ``main_grad``); DeepSpeed's BF16_Optimizer casts each
+    bf16 gradient to fp32 and adds it into its fp32 buffer, 2 + 4 + 4 + 4 + 4
+    (:mod:`workloads.frameworks`)."""
     tp_comm_exposed_s: tuple[tuple[str, float], ...] = ()
     """TP communication overlap (``parallel.tp_comm_overlap``): the time each sequence-
     parallel collective of a layer adds beside its block's compute once pipelined with the
@@ -706,6 +714,9 @@ class TransformerCosts:
             if last:
                 segs.append(_scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
+        if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
+            segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
+                                   * self.stage_params(op.stage)))
         if not segs:  # a first stage of the embedding alone: its lookup is not timed
             segs.append(ComputeSeg(str(op)))
         return tuple(fuse_compute(segs, str(op)))
