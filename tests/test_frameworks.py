@@ -26,7 +26,7 @@ from workloads.frameworks import (
 )
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import PRESETS
-from workloads.schedules import BACKWARD, FORWARD, Op
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 from workloads.transformer import TransformerCosts
 
 
@@ -559,3 +559,60 @@ def test_torchtitan_keeps_a_pipelined_stage_unsharded_through_the_step() -> None
                            FRAMEWORKS["fsdp"], 4)
     assert flat.static_bytes((0,)) == pytest.approx(
         replace(flat, zero3_unsharded_under_pp=False).static_bytes((0,)))
+
+
+def test_deepspeed_accumulates_each_micro_batchs_gradients_in_fp32() -> None:
+    """DeepSpeed's BF16_Optimizer.update_hp_grads after every micro-batch's backward: 18
+    bytes a parameter of the stage (cast to fp32, add into the fp32 buffer), one memory-bound
+    segment at the end of B (of W when the backward is split); none under Megatron-LM's
+    fused accumulation, and none in a forward."""
+    plain = _costs()
+    ds = apply_framework(plain, FRAMEWORKS["deepspeed"], 8)
+    for stage in (0, 1):
+        extra = ds.op_segments(Op(stage, BACKWARD, 0), False)[-1]
+        assert isinstance(extra, ComputeSeg) and extra.label == "grad accumulation"
+        assert extra.elementwise_bytes == pytest.approx(18 * plain.stage_params(stage))
+        assert extra.flops == 0.0
+        assert plain.op_segments(Op(stage, BACKWARD, 0), False)[-1].label != "grad accumulation"
+        assert ds.op_segments(Op(stage, FORWARD, 0), False) == \
+            plain.op_segments(Op(stage, FORWARD, 0), False)
+    def moved(c: TransformerCosts, kind: str) -> float:
+        return sum(s.elementwise_bytes for s in c.op_segments(Op(1, kind, 0), True)
+                   if isinstance(s, ComputeSeg))
+
+    assert moved(ds, WEIGHT_GRAD) - moved(plain, WEIGHT_GRAD) == \
+        pytest.approx(18 * plain.stage_params(1))
+    assert moved(ds, BACKWARD) == pytest.approx(moved(plain, BACKWARD))
+    assert apply_framework(plain, FRAMEWORKS["megatron"], 8).grad_accum_bytes == 0.0
+    exp = Experiment.from_dict(_run(framework="deepspeed"))
+    fused = replace(exp, costs=replace(exp.costs, grad_accum_bytes=0.0))
+    assert api.simulate(exp).stats["step_time_s"] > api.simulate(fused).stats["step_time_s"]
+
+
+def _tied_run(framework: str) -> Experiment:
+    return Experiment.from_dict(
+        {"name": "tied", "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 8,
+                                   "tied_embeddings": True},
+         "cluster": {"preset": "dgx-h100", "num_gpus": 16},
+         "parallel": {"tp": 2, "pp": 2, "dp": 4},
+         "training": {"micro_batch_size": 1, "global_batch_size": 16, "framework": framework}})
+
+
+def test_deepspeed_all_reduces_the_tied_embeddings_fp32_gradient_between_end_stages() -> None:
+    """DeepSpeed's ReduceTiedGrads: V x h / t fp32 gradients all-reduced by each pair of
+    first- and last-stage GPUs before their DP collectives, the same step full and
+    collapsed; none under Megatron-LM's profile, for untied models or one stage."""
+    exp = _tied_run("deepspeed")
+    m = exp.costs.model
+    assert exp.costs.tied_grad_bytes() == pytest.approx(4 * m.vocab_size * m.hidden_size / 2)
+    assert _tied_run("megatron").costs.tied_grad_bytes() == 0.0
+    assert replace(exp.costs, stage_layers=(8,)).tied_grad_bytes() == 0.0
+    assert replace(exp.costs, model=replace(m, tied_embeddings=False)).tied_grad_bytes() == 0.0
+    full = api.simulate(exp, fidelity="full")
+    tied = {s.gpu for s in full.timeline.spans if "tied embedding" in s.name}
+    assert tied == {exp.placement.gpu(tp=t, dp=d, pp=r) for t in range(2) for d in range(4)
+                    for r in (0, 1)}
+    untied = replace(exp, costs=replace(exp.costs, tied_grad_reduce_bytes=0.0))
+    collapsed = api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
+    assert full.stats["step_time_s"] == pytest.approx(collapsed)
+    assert collapsed > api.simulate(untied, fidelity="collapsed").stats["step_time_s"]

@@ -91,6 +91,14 @@ class FrameworkProfile:
     vocab_parallel_loss_buffers: float
     """fp32 logit-sized buffers the vocabulary-parallel loss's forward holds beside the
     stashed logits (t > 1): ``TransformerCosts.vocab_parallel_loss_buffers``."""
+    grad_accum_bytes: float
+    """HBM bytes per parameter of a stage that the framework's gradient accumulation moves
+    after every micro-batch's backward, outside the GEMMs (casting the bf16 gradients into
+    an fp32 accumulation buffer): ``TransformerCosts.grad_accum_bytes``."""
+    tied_grad_reduce_bytes: float
+    """Bytes per element of the tied embedding's gradient all-reduced between the first and
+    last pipeline stage after the last backward (0: not emitted):
+    ``TransformerCosts.tied_grad_reduce_bytes``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -104,10 +112,11 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "fragmentation",
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
            "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
-           "vocab_parallel_loss_buffers")
+           "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
-          "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes")
+          "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
+          "tied_grad_reduce_bytes")
 """Fields that are bytes: finite numbers, not negative."""
 _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
           "zero3_unsharded_under_pp")
@@ -244,6 +253,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    fp8_cast_bytes=profile.fp8_cast_bytes,
                    zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
                    vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
+                   grad_accum_bytes=profile.grad_accum_bytes,
+                   tied_grad_reduce_bytes=profile.tied_grad_reduce_bytes,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 

@@ -269,6 +269,19 @@ class TransformerCosts:
     2 in PyTorch's DTensor ``loss_parallel`` (torch/distributed/tensor/parallel/loss.py
     ``_log_softmax``: ``shifted = x - x_max`` and ``torch.exp(shifted)`` beside the fp32
     input). Without the split the loss is one kernel and holds 1."""
+    grad_accum_bytes: float = 0.0
+    """HBM bytes per parameter of the stage (one TP rank) that the framework's gradient
+    accumulation moves after each micro-batch's backward, beside the GEMMs: one memory-bound
+    segment at the end of the op that completes the weight gradients (B, or W when the
+    backward is split). 0: the weight-gradient GEMMs accumulate in place (Megatron-LM's
+    gradient-accumulation fusion into ``main_grad``); DeepSpeed's BF16_Optimizer casts each
+    bf16 gradient to fp32 and adds it into its fp32 buffer, 2 + 4 + 4 + 4 + 4
+    (:mod:`workloads.frameworks`)."""
+    tied_grad_reduce_bytes: float = 0.0
+    """Bytes per element of the tied embedding's gradient in the all-reduce between the
+    first and the last pipeline stage that hold its two copies (:meth:`tied_grad_bytes`,
+    :mod:`workloads.lowering.tied`): 4 for DeepSpeed's fp32 copy under its bf16 optimizer.
+    0: not emitted (:mod:`workloads.frameworks`)."""
     tp_comm_exposed_s: tuple[tuple[str, float], ...] = ()
     """TP communication overlap (``parallel.tp_comm_overlap``): the time each sequence-
     parallel collective of a layer adds beside its block's compute once pipelined with the
@@ -835,6 +848,9 @@ class TransformerCosts:
             if last:
                 segs.append(_scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
+        if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
+            segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
+                                   * self.stage_params(op.stage)))
         if not segs:  # a first stage of the embedding alone: its lookup is not timed
             segs.append(ComputeSeg(str(op)))
         return tuple(fuse_compute(segs, str(op)))
@@ -1161,6 +1177,15 @@ class TransformerCosts:
             kept = BF16 if self.fused_cross_entropy else BF16 + FP32
             total += kept * self._tokens * self.model.vocab_size / self._vocab_div
         return total
+
+    def tied_grad_bytes(self) -> float:
+        """Bytes one GPU all-reduces for the tied embedding between the first and last
+        pipeline stage (its V x h / t gradient at :attr:`tied_grad_reduce_bytes` an
+        element); 0 for untied embeddings or one stage."""
+        m = self.model
+        if not m.tied_embeddings or len(self.stage_layers) == 1:
+            return 0.0
+        return self.tied_grad_reduce_bytes * m.vocab_size * m.hidden_size / self.tp
 
     def p2p_bytes(self) -> float:
         """Activation (or its gradient) between stages, per TP rank.

@@ -12,11 +12,12 @@ A chain of passes (DESIGN.md), one module each:
    segments (compute kernels and TP collectives) on every GPU of its TP group;
    :mod:`.pieces` cuts ops at their markers for context parallelism's ring attention,
    MoE all-to-alls over EP groups and the DP collectives inside ops;
-4. :mod:`.grads`, DP/ZeRO gradients: after the last backward of each stage, the
-   gradient collective over the DP x CP group (all-reduce, or reduce-scatter under
-   ZeRO >= 1); with ``overlap_grad_reduce`` in buckets during that backward and under
-   ZeRO-3 per layer, overlapped with the ops (:mod:`.pieces`), parameters gathered one
-   layer ahead;
+4. :mod:`.tied`, the tied embedding's gradients all-reduced over the first and last
+   pipeline rank where the framework does it; :mod:`.grads`, DP/ZeRO gradients: after
+   the last backward of each stage, the gradient collective over the DP x CP group
+   (all-reduce, or reduce-scatter under ZeRO >= 1); with ``overlap_grad_reduce`` in
+   buckets during that backward and under ZeRO-3 per layer, overlapped with the ops
+   (:mod:`.pieces`), parameters gathered one layer ahead;
 5. :mod:`.optimizer`, the optimizer step, then (ZeRO 1/2) the all-gather of updated
    parameters; with ``overlap_param_gather`` that all-gather is each stage's first
    forward's instead, layer by layer (:mod:`.pieces`, as ZeRO-3's gathers).
@@ -50,6 +51,7 @@ from workloads.lowering.order import (
 )
 from workloads.lowering.paramserver import push_pull
 from workloads.lowering.pieces import PieceLowering
+from workloads.lowering.tied import reduce_tied_gradients
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import Schedule
 
@@ -134,6 +136,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
             raise ValueError("parameter servers: ZeRO-0 without buckets, not collapsed")
         push_pull(dpar, schedule, costs, last, final_op, index, servers)
         return _program(b.build(), schedule, costs, placement, servers)
+    reduce_tied_gradients(b, schedule, costs, placement, collapse, last, final_op, index)
     reduced = piecewise.reduced if piecewise is not None else set()
     waits = reduce_gradients(dpar, schedule, costs, zero_stage, last, final_op, index, reduced)
     if piecewise is not None:
