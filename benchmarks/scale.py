@@ -12,8 +12,8 @@ and reports the median wall time. It prints one table row per case:
 - ``sim s``: :func:`sim.api.simulate`, i.e. lowering (with, collapsed, the
   collective timings on the real topology), the engine run and the statistics;
 - ``sim cpu``: the same, in CPU seconds of the process (the machine may be shared);
-- ``engine s``: the engine run alone (:func:`sim.engine.simulate_program`);
-- ``events``: SimPy events the engine processed, and ``events/s`` per engine second (a
+- ``engine s``: the engine run alone (:func:`sim.engine.simulate_program`), in CPU seconds;
+- ``events``: SimPy events the engine processed, and ``events/s`` per engine CPU second (a
   collapsed program has no flows and runs without the event queue: there, the events
   the queue would have processed, :class:`sim.engine.EngineCounters`);
 - ``RSS MiB``: the subprocess's peak resident memory.
@@ -141,11 +141,11 @@ def run_case(case: Case) -> dict:
     engine_s = [0.0]
 
     def counted(*args: object, **kwargs: object) -> object:
-        t = time.perf_counter()
+        t = time.process_time()
         try:
             return partial(simulate_program, counters=counters)(*args, **kwargs)
         finally:
-            engine_s[0] += time.perf_counter() - t
+            engine_s[0] += time.process_time() - t
 
     api.simulate_program = counted  # type: ignore[assignment]
     t0 = time.perf_counter()
