@@ -51,9 +51,10 @@ passes; else ``steps`` times the transfer's own route latency). A ring
 reduce-scatter is then n flows of (n−1)/n·S bytes, each delayed by the
 latencies of the n−1 ring edges ending with it ((n−1)α on a uniform ring); a
 tree is one flow per tree edge and direction, the reduction towards the root
-and the broadcast away from it running concurrently, a rank of subtree height
-h paying (h + 1)α to its parent and a rank at depth d receiving after
-(H + d)α; NVLS is n flows up to the NVSwitch and n down from it (α_h, 2α_h).
+and the broadcast away from it running concurrently, every one starting when
+the pipeline is full (2Hα: the first byte up to the root and down to the
+deepest rank, :func:`_stream_tree`); NVLS is n flows up to the NVSwitch and n
+down from it (α_h, 2α_h).
 Under contention a streamed flow is shared max-min over its whole lifetime
 (NCCL's flow control would instead throttle a ring to its slowest link).
 ``granularity="step"`` instead expands ring phases into one transfer per step,
