@@ -12,8 +12,8 @@ and reports the median wall time. It prints one table row per case:
 - ``sim s``: :func:`sim.api.simulate`, i.e. lowering (with, collapsed, the
   collective timings on the real topology), the engine run and the statistics;
 - ``sim cpu``: the same, in CPU seconds of the process (the machine may be shared);
-- ``engine s``: the engine run alone (:func:`sim.engine.simulate_program`);
-- ``events``: SimPy events the engine processed, and ``events/s`` per engine second (a
+- ``engine s``: the engine run alone (:func:`sim.engine.simulate_program`), in CPU seconds;
+- ``events``: SimPy events the engine processed, and ``events/s`` per engine CPU second (a
   collapsed program has no flows and runs without the event queue: there, the events
   the queue would have processed, :class:`sim.engine.EngineCounters`);
 - ``RSS MiB``: the subprocess's peak resident memory.
@@ -28,10 +28,10 @@ uncollapsed 1,024-GPU step; under 60 s). Not a timed test: it prints a table.
 
 The rows ``175b-4096-full`` and ``405b-16384-full`` are issue 22's full-fidelity targets
 (≥ 500,000 engine events/s; GPT-3 175B on 4,096 GPUs in ≤ 30 s CPU and ≤ 2 GiB; LLaMA 3
-405B on 16,384 GPUs in ≤ 8 GiB), not reached (README, "Full fidelity"): max-min sharing
-over hundreds of flows per change makes ``175b-1024-full`` take minutes of CPU, and the
-405B row is refused up front by :mod:`sim.budget` (about 19.7 million instructions at
-450 B each), so it reads ``failed``.
+405B on 16,384 GPUs in ≤ 8 GiB), not reached (README, "Full fidelity"): the 175B row takes
+about 90 s of CPU and 2.8 GiB (the engine's per-instruction work, then max-min sharing),
+and the 405B row is refused up front by :mod:`sim.budget` (about 19.7 million
+instructions at 450 B each), so it reads ``failed``.
 """
 
 from __future__ import annotations
@@ -141,11 +141,11 @@ def run_case(case: Case) -> dict:
     engine_s = [0.0]
 
     def counted(*args: object, **kwargs: object) -> object:
-        t = time.perf_counter()
+        t = time.process_time()
         try:
             return partial(simulate_program, counters=counters)(*args, **kwargs)
         finally:
-            engine_s[0] += time.perf_counter() - t
+            engine_s[0] += time.process_time() - t
 
     api.simulate_program = counted  # type: ignore[assignment]
     t0 = time.perf_counter()

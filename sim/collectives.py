@@ -51,9 +51,10 @@ passes; else ``steps`` times the transfer's own route latency). A ring
 reduce-scatter is then n flows of (n−1)/n·S bytes, each delayed by the
 latencies of the n−1 ring edges ending with it ((n−1)α on a uniform ring); a
 tree is one flow per tree edge and direction, the reduction towards the root
-and the broadcast away from it running concurrently, a rank of subtree height
-h paying (h + 1)α to its parent and a rank at depth d receiving after
-(H + d)α; NVLS is n flows up to the NVSwitch and n down from it (α_h, 2α_h).
+and the broadcast away from it running concurrently, every one starting when
+the pipeline is full (2Hα: the first byte up to the root and down to the
+deepest rank, :func:`_stream_tree`); NVLS is n flows up to the NVSwitch and n
+down from it (α_h, 2α_h).
 Under contention a streamed flow is shared max-min over its whole lifetime
 (NCCL's flow control would instead throttle a ring to its slowest link).
 ``granularity="step"`` instead expands ring phases into one transfer per step,
@@ -606,9 +607,20 @@ def _tree(p: _Plan, ranks: Sequence[int], nbytes: float,
 
 
 def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
-    """One tree's reduction towards the root and broadcast away from it, concurrently: a
-    rank of subtree height h sends ``nbytes`` to its parent after (h + 1) hop latencies, a
-    rank at depth d receives after (H + d) (the actual routes' latencies where known)."""
+    """One tree's reduction towards the root and broadcast away from it, concurrently, as
+    one pipeline: every edge carries ``nbytes`` each way once the pipeline is full, the
+    first byte having crossed the tree up to the root and down to the deepest rank
+    (2H hop latencies, the actual routes' where known).
+
+    That is when the last edge starts, so the tree ends at fill + its bytes' time, the
+    closed form of a pipelined tree. Starting the edges nearer the leaves earlier (a rank
+    of subtree height h after (h + 1) latencies) ends a lone tree at the same time, but
+    where several trees share links (the k chains of one server, the channels over NICs)
+    their staggered starts let one tree's bytes use a link while another fills, which
+    hid the fill: a chain of 8 A100 ran a 48 MiB all-reduce faster than the ring although
+    NCCL's model gives the chain the ring's bytes, 92% of its bandwidth and the same
+    2(k−1) steps (``ncclTopoTuneModel``, src/graph/tuning.cc, :data:`sim.protocols.SOURCE`).
+    """
     depth, height = _heights(tree)
     top = max(height.values())
     known = p.latency is not None
@@ -625,11 +637,13 @@ def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
         parent = tree[r][0]
         if parent >= 0:
             down[r] = down[parent] + p.lat(parent, r)
+    fill = max(down.values())
+    steps = top + max(depth.values())
     for r, (parent, _children) in tree.items():
         if parent < 0:
             continue
-        p.add(r, parent, nbytes, (), steps=height[r] + 1, latency_s=up[r] if known else None)
-        p.add(parent, r, nbytes, (), steps=top + depth[r], latency_s=down[r] if known else None)
+        p.add(r, parent, nbytes, (), steps=steps, latency_s=fill if known else None)
+        p.add(parent, r, nbytes, (), steps=steps, latency_s=fill if known else None)
 
 
 def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None,

@@ -199,12 +199,17 @@ class _PlanRun:
         links = plan.links[k] if plan.epochs[k] == run.epoch else plan.links_of(k, run)
         nbytes = plan.nbytes[k]
         if nbytes > 0 and links:
-            run._flow(links, nbytes, lambda: self.arrive(k), plan.ends[k])
+            run._flow(links, nbytes, self.arrive, k, plan.ends[k])
         else:
             self.arrive(k)
 
     def arrive(self, i: int) -> None:
         """Transfer ``i`` has arrived: release its dependents; ``done()`` after the last."""
+        if not self.draining and not self.plan.dependents[i]:  # a leaf: nothing to release
+            self.left -= 1
+            if self.left == 0:
+                self.done()
+            return
         queue = self.queue
         queue.append(i)
         if self.draining:
@@ -265,7 +270,8 @@ class _Run:
         """See :attr:`InstructionTimes.cause` (filled by :meth:`_deferred` only)."""
         self.arrays: tuple | None = None
         """See :attr:`InstructionTimes.arrays` (filled by :meth:`_deferred` only)."""
-        self.flow_done: dict[int, Callable[[], None]] = {}
+        self.flow_done: dict[int, tuple[Callable[[int], None], int]] = {}
+        """Per active flow, what its arrival calls: ``(callback, argument)``."""
         self.wake_version = 0
         self.wake_at = -1.0
         self.refresh_pending = False
@@ -375,7 +381,7 @@ class _Run:
             waiting[j] = left
             if not left:
                 ready.append(j)
-        if not self.draining:
+        if ready and not self.draining:
             self._drain()
 
     def _drain(self) -> None:
@@ -420,9 +426,12 @@ class _Run:
             return
         self.wake_at = -1.0
         done = self.net.finish_due(self.now)
-        flow_done = self.flow_done
+        flow_done, ends = self.flow_done, self.flow_ends
         for fid in done:
-            flow_done.pop(fid)()
+            if ends is not None:
+                del ends[fid]
+            on_done, arg = flow_done.pop(fid)
+            on_done(arg)
         self._reschedule()
 
     def change_links_at(self, at_s: float, capacity_Bps: Mapping[int, float]) -> None:
@@ -470,22 +479,15 @@ class _Run:
         if moves:
             self.net.reroute(self.now, moves)
 
-    def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[], None],
-              ends: tuple[Endpoint, Endpoint]) -> None:
+    def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[int], None],
+              arg: int, ends: tuple[Endpoint, Endpoint]) -> None:
         """Start a fair-shared flow from ``ends[0]`` to ``ends[1]`` over ``links`` now;
-        ``on_done()`` when its last byte arrives."""
+        ``on_done(arg)`` when its last byte arrives."""
         fid = self.flows
         self.flows += 1
-        if self.flow_ends is None:
-            self.flow_done[fid] = on_done
-        else:
+        self.flow_done[fid] = (on_done, arg)
+        if self.flow_ends is not None:
             self.flow_ends[fid] = ends
-
-            def done() -> None:
-                del self.flow_ends[fid]  # type: ignore[union-attr]
-                on_done()
-
-            self.flow_done[fid] = done
         self.net.start(self.now, fid, links, nbytes)
         if not self.refresh_pending:
             self.refresh_pending = True
@@ -498,14 +500,13 @@ class _Run:
         duration = self.timer(ins)
         total = duration + ins.blocking_comm_s
         if total > 0:
-            self._after(total, self._end_compute, (i, ins, duration))
+            self._after(total, self._end_compute, (i, duration))
         else:
-            self._finish_compute(i, ins, duration)
+            self._end_compute((i, duration))
 
-    def _end_compute(self, value: tuple[int, Compute, float]) -> None:
-        self._finish_compute(*value)
-
-    def _finish_compute(self, i: int, ins: Compute, duration: float) -> None:
+    def _end_compute(self, value: tuple[int, float]) -> None:
+        """Compute op ``i`` (of ``duration``, then its blocking communication) is done."""
+        i, duration = value
         self.mid[i] = self.started[i] + duration
         self._complete(i)
 
@@ -529,15 +530,12 @@ class _Run:
     def _send_flow_now(self, i: int, ins: Send, links: tuple[int, ...]) -> None:
         """Route latency has passed: the message's bytes as one flow."""
         if ins.nbytes > 0 and links:
-            self._flow(links, ins.nbytes, lambda: self._finish_send(i, ins), (ins.gpu, ins.dst))
+            self._flow(links, ins.nbytes, self._complete, i, (ins.gpu, ins.dst))
         else:
-            self._finish_send(i, ins)
+            self._complete(i)
 
     def _end_send(self, value: tuple[int, Send]) -> None:
-        self._finish_send(*value)
-
-    def _finish_send(self, i: int, ins: Send) -> None:
-        self._complete(i)
+        self._complete(value[0])
 
     def _arrive(self, i: int, ins: Collective) -> None:
         """A member reaches collective ``ins``; the last one to arrive starts it."""
@@ -550,18 +548,16 @@ class _Run:
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_collective, key)
         else:
-            launch = self._collective_plan(ins).launch_s
-            if launch > 0:
-                self._after(launch, self._launched, ins)
+            plan = self._collective_plan(ins)
+            if plan.launch_s > 0:
+                self._after(plan.launch_s, self._launched, (key, plan))
             else:
-                self._run_collective(ins)
+                self._launched((key, plan))
 
-    def _launched(self, ins: Collective) -> None:
-        self._run_collective(ins)
-
-    def _run_collective(self, ins: Collective) -> None:
-        steps = self._collective_plan(ins).transfers
-        key = ins.key
+    def _launched(self, value: tuple[int, CollectivePlan]) -> None:
+        """Collective ``key`` is launched: its plan's transfers run."""
+        key, plan = value
+        steps = plan.transfers
         if steps:
             self._run_plan(steps, lambda: self._finish_collective(key))
         else:

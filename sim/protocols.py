@@ -9,15 +9,16 @@ data bytes, Simple large chunks behind a memory fence (full bandwidth, the highe
 per-step latency). The model there is ``baseLatencies[algo][proto] + steps ×
 hwLatencies[link][algo][proto] + size / (busBw × fraction[algo][proto])``.
 
-Here the cluster's hop latencies and launch latency stand for the Simple protocol (a
-preset's NVLink ring step is 3.4 µs and its launch 8.4 µs, NCCL's Simple numbers), so
-a protocol scales them by NCCL's ratio to Simple: a route inside one server (NVLink)
-by ``hwLatencies[NVLINK]``'s, a route between servers by ``hwLatencies[NET]``'s; the
-launch by ``baseLatencies``'. Its transfers carry their bytes / its bandwidth
-fraction, as bytes on the wire, so the flow simulation and the estimate agree. Only
-ring (with the pipelined broadcast and reduce chains) and tree take LL and LL128, as
-in NCCL; every other algorithm runs Simple. NCCL's per-channel caps (``llMaxBws``,
-``perChMaxRingLL128Bws``, ...) are not modelled.
+Here the cluster's hop latencies and launch latency stand for the ring under Simple (a
+preset's NVLink ring step is 3.4 µs and its launch 8.4 µs, NCCL's Simple numbers), so an
+algorithm's protocol scales them by NCCL's ratio to the ring's Simple (a tree's Simple
+NVLink step is 4.0 µs, so 4.0/3.4; between servers both are 14 µs): a route inside one
+server (NVLink) by ``hwLatencies[NVLINK]``'s, a route between servers by
+``hwLatencies[NET]``'s; the launch by ``baseLatencies``'. Its transfers carry their
+bytes / its bandwidth fraction, as bytes on the wire, so the flow simulation and the
+estimate agree. Only ring (with the pipelined broadcast and reduce chains) and tree take
+LL and LL128, as in NCCL; every other algorithm runs Simple. NCCL's per-channel caps
+(``llMaxBws``, ``perChMaxRingLL128Bws``, ...) are not modelled.
 """
 
 from __future__ import annotations
@@ -78,18 +79,22 @@ def protocols_for(algo: str) -> tuple[str, ...]:
 
 
 def _costs(algo: str, protocol: str) -> tuple[ProtocolCosts, ProtocolCosts]:
+    """(algo's costs under the protocol, the ring's under Simple): the cluster's latencies
+    stand for the ring's Simple ones, so a tree under Simple scales its NVLink steps by
+    NCCL's 4.0 / 3.4 µs as well."""
     key = algo if algo in PROTOCOL_ALGOS else "ring"
-    return COSTS[(key, protocol)], COSTS[(key, "simple")]
+    return COSTS[(key, protocol)], COSTS[("ring", "simple")]
 
 
 def launch_scale(algo: str, protocol: str) -> float:
-    """The protocol's per-operation latency over Simple's."""
+    """The protocol's per-operation latency over the ring's under Simple."""
     p, s = _costs(algo, protocol)
     return p.base_us / s.base_us
 
 
 def latency_scale(algo: str, protocol: str, inter_node: bool) -> float:
-    """The protocol's per-step latency over Simple's, inside a server or between servers."""
+    """The protocol's per-step latency over the ring's under Simple, inside a server or
+    between servers."""
     p, s = _costs(algo, protocol)
     return p.net_us / s.net_us if inter_node else p.nvlink_us / s.nvlink_us
 

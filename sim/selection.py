@@ -188,8 +188,8 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
     if algo in PROTOCOL_ALGOS:
         multi = len({cluster.host_of(r) for r in group}) > 1
         fraction = bandwidth_fraction(algo, protocol, multi)
-    if protocol != "simple":
-        inside, between = latency_scale(algo, protocol, False), latency_scale(algo, protocol, True)
+    inside, between = latency_scale(algo, protocol, False), latency_scale(algo, protocol, True)
+    if (inside, between) != (1.0, 1.0):
 
         def latency(a: int | str, b: int | str) -> float:
             same = (isinstance(a, str) or isinstance(b, str)
