@@ -135,7 +135,7 @@ class Bounds:
         self._profiles = tuple(profile or default_profile(t.name) for t in types)
         self._type_capacity_gib = tuple(t.hbm_capacity_bytes / GiB for t in types)
         self._uniform = not ctx.cluster.heterogeneous
-        self.timer = CollectiveTimer(ctx.cluster)
+        self.timer = CollectiveTimer.shared(ctx.cluster)
         self._comm: dict[tuple, float] = {}
         self._opt: dict[tuple, float] = {}
         self._loose: dict[tuple, tuple[list[float], list[float]]] = {}
@@ -433,22 +433,23 @@ class Bounds:
             return 0.0
         table = self._table(layout, costs, plan)
         types = self.rank_types(layout)
+        ops = plan.timing
         if overlaps_steps(layout.schedule):
             busy = [self._optimizer_s(costs, stages, types[r])
                     for r, stages in enumerate(plan.rank_stages)]
-            for i, r in enumerate(plan.op_rank):
-                busy[r] += table[plan.op_slot[i]]
+            for i, r in enumerate(ops.op_rank):
+                busy[r] += table[ops.op_slot[i]]
             return max(busy)
         end = list_run(plan, table)
         timed = self._comm_ranks(layout) if self._dp_timed(layout) else frozenset()
         bound = 0.0
         for r, stages in enumerate(plan.rank_stages):
-            last = end[plan.last_op[r]] if plan.last_op[r] >= 0 else 0.0
+            last = end[ops.last_op[r]] if ops.last_op[r] >= 0 else 0.0
             opt = self._optimizer_s(costs, stages, types[r])
             rank_end = last + opt
-            if r in timed and plan.final_op[r] >= 0:
+            if r in timed and ops.final_op[r] >= 0:
                 rs, ag = self._dp_collectives_s(layout, costs, r, plan)
-                rank_end = max(last, end[plan.final_op[r]] + rs) + opt + ag
+                rank_end = max(last, end[ops.final_op[r]] + rs) + opt + ag
             bound = max(bound, rank_end)
         return bound
 
