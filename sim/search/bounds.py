@@ -124,7 +124,9 @@ class Bounds:
         ``simulate`` times a mixed cluster; reserved memory and fragmentation come from
         rank 0's, as in its stats). ``collapsed_only``: every simulation is collapsed
         (fidelity ``collapsed``), so a layout whose pipeline ranks mix GPU types, which
-        ``simulate`` refuses to collapse, is screened out as ``invalid``."""
+        ``simulate`` refuses to collapse, is screened out as ``invalid``. Collectives are
+        timed by the cluster's shared timer (:meth:`CollectiveTimer.shared`), whose
+        timings the search's simulations in this process reuse, and the other way round."""
         self.ctx = ctx
         self.profile = profile or default_profile(ctx.cluster.gpu.name)
         self.comm = comm
@@ -457,7 +459,7 @@ class Bounds:
                           ) -> tuple[float, float]:
         """(The gradient collective of rank r's last stage, ZeRO's parameter all-gather),
         seconds, as the collapsed lowering times them."""
-        final_stage = plan.op_slot[plan.final_op[r]] // 3
+        final_stage = plan.timing.op_slot[plan.timing.final_op[r]] // 3
         nbytes = costs.grad_bytes(final_stage)
         grad_op = "reduce_scatter" if layout.zero_stage >= 1 else "all_reduce"
         rs = self._collective_s("dp", layout, r, grad_op, nbytes) if nbytes > 0 else 0.0
