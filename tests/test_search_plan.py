@@ -46,7 +46,7 @@ def test_list_run_is_the_reference_list_schedule(case: tuple, durations: list[fl
     flat = [op for ops in sched.rank_ops for op in ops]
     reference = list_schedule(sched, lambda op: table[3 * op.stage + SLOT[op.kind]])
     index = {op: i for i, op in enumerate(flat)}
-    assert list(plan.order) == [index[op] for op in reference]
+    assert list(plan.timing.order) == [index[op] for op in reference]
     ends = list_run(plan, table)
     if sched.fused:
         assert all(ends[index[op]] <= end for op, (_, end) in reference.items())

@@ -124,7 +124,9 @@ class Bounds:
         ``simulate`` times a mixed cluster; reserved memory and fragmentation come from
         rank 0's, as in its stats). ``collapsed_only``: every simulation is collapsed
         (fidelity ``collapsed``), so a layout whose pipeline ranks mix GPU types, which
-        ``simulate`` refuses to collapse, is screened out as ``invalid``."""
+        ``simulate`` refuses to collapse, is screened out as ``invalid``. Collectives are
+        timed by the cluster's shared timer (:meth:`CollectiveTimer.shared`), whose
+        timings the search's simulations in this process reuse, and the other way round."""
         self.ctx = ctx
         self.profile = profile or default_profile(ctx.cluster.gpu.name)
         self.comm = comm
@@ -135,7 +137,7 @@ class Bounds:
         self._profiles = tuple(profile or default_profile(t.name) for t in types)
         self._type_capacity_gib = tuple(t.hbm_capacity_bytes / GiB for t in types)
         self._uniform = not ctx.cluster.heterogeneous
-        self.timer = CollectiveTimer(ctx.cluster)
+        self.timer = CollectiveTimer.shared(ctx.cluster)
         self._comm: dict[tuple, float] = {}
         self._opt: dict[tuple, float] = {}
         self._loose: dict[tuple, tuple[list[float], list[float]]] = {}
@@ -433,22 +435,23 @@ class Bounds:
             return 0.0
         table = self._table(layout, costs, plan)
         types = self.rank_types(layout)
+        ops = plan.timing
         if overlaps_steps(layout.schedule):
             busy = [self._optimizer_s(costs, stages, types[r])
                     for r, stages in enumerate(plan.rank_stages)]
-            for i, r in enumerate(plan.op_rank):
-                busy[r] += table[plan.op_slot[i]]
+            for i, r in enumerate(ops.op_rank):
+                busy[r] += table[ops.op_slot[i]]
             return max(busy)
         end = list_run(plan, table)
         timed = self._comm_ranks(layout) if self._dp_timed(layout) else frozenset()
         bound = 0.0
         for r, stages in enumerate(plan.rank_stages):
-            last = end[plan.last_op[r]] if plan.last_op[r] >= 0 else 0.0
+            last = end[ops.last_op[r]] if ops.last_op[r] >= 0 else 0.0
             opt = self._optimizer_s(costs, stages, types[r])
             rank_end = last + opt
-            if r in timed and plan.final_op[r] >= 0:
+            if r in timed and ops.final_op[r] >= 0:
                 rs, ag = self._dp_collectives_s(layout, costs, r, plan)
-                rank_end = max(last, end[plan.final_op[r]] + rs) + opt + ag
+                rank_end = max(last, end[ops.final_op[r]] + rs) + opt + ag
             bound = max(bound, rank_end)
         return bound
 
@@ -456,7 +459,7 @@ class Bounds:
                           ) -> tuple[float, float]:
         """(The gradient collective of rank r's last stage, ZeRO's parameter all-gather),
         seconds, as the collapsed lowering times them."""
-        final_stage = plan.op_slot[plan.final_op[r]] // 3
+        final_stage = plan.timing.op_slot[plan.timing.final_op[r]] // 3
         nbytes = costs.grad_bytes(final_stage)
         grad_op = "reduce_scatter" if layout.zero_stage >= 1 else "all_reduce"
         rs = self._collective_s("dp", layout, r, grad_op, nbytes) if nbytes > 0 else 0.0

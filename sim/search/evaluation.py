@@ -57,8 +57,10 @@ class Evaluator:
         self.base_dir = Path(base_dir) if base_dir else None
         self.cluster = build_cluster(parse_config(self.data).cluster)
         self._stand_in = {"preset": "ideal", "num_gpus": self.cluster.num_gpus}
-        self._timer = CollectiveTimer(self.cluster)
-        """Collective timings on the shared cluster, reused by every layout's simulation."""
+        self._timer = CollectiveTimer.shared(self.cluster)
+        """Collective timings on the shared cluster, reused by every layout's simulation
+        and by a search's bounds in this process (:class:`~sim.search.bounds.Bounds`): the
+        cluster's own timer (its timings depend on the cluster alone)."""
 
     def experiment(self, layout: Layout) -> Any:
         """The experiment of ``layout`` on the shared cluster.

@@ -68,7 +68,8 @@ class Layout:
     def key(self) -> str:
         """Canonical text form, e.g. ``tp=8 pp=8 dp=16 ... recompute=none schedule=1f1b``
         (computed once per instance: the sweep's dictionaries are keyed by it)."""
-        text = _KEY_FORMAT.format(*map(value_text, _dim_values(self)))
+        text = _KEY_FORMAT.format(*[("true" if v else "false") if v.__class__ is bool else v
+                                    for v in _dim_values(self)])  # value_text, inlined
         return text if self.placement is None else f"{text} placement={self.placement}"
 
     @classmethod

@@ -1,9 +1,10 @@
 """A built schedule indexed for the bounds, and its list schedule (the bounds' fast path).
 
 :func:`build_plan` builds a schedule once per ``(schedule, p, m, v)`` and keeps what the
-bounds of many layouts read: ops as indices in a dependency order, each op's rank, its
-duration slot ``3·stage + kind`` and its producers, and the memory walk of every rank
-(:func:`workloads.memory.in_flight`). :func:`list_run` is the list schedule of
+bounds of many layouts read: the memory walk of every rank
+(:func:`workloads.memory.in_flight`) and, worked out when a step bound first needs them
+(:attr:`Plan.timing`), the ops as indices in a dependency order, each op's rank, its
+duration slot ``3·stage + kind`` and its producers. :func:`list_run` is the list schedule of
 :func:`workloads.schedules.list_schedule` on these indices, for a table of slot
 durations: the same end times (a property test checks it), without rebuilding the
 schedule's dependencies for every layout.
@@ -12,7 +13,8 @@ schedule's dependencies for every layout.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -43,7 +45,12 @@ built 787)."""
 
 @dataclass(frozen=True)
 class Plan:
-    """A built schedule in the form the bounds use: ops as indices, in dependency order."""
+    """A built schedule in the form the bounds use.
+
+    What the memory walk reads (the ranks' stages and in-flight rows) is worked out when
+    the plan is built; the ops as indices in dependency order, which only the step bound
+    of a layout that fits reads, on first use (:attr:`timing`): most judged layouts do
+    not fit, and their plans never need it."""
 
     name: str
     num_microbatches: int
@@ -55,6 +62,21 @@ class Plan:
     in_flight: tuple[np.ndarray, ...]
     """Per rank: the distinct (in-flight counts per local stage, op slot) rows of
     :func:`workloads.memory.in_flight`."""
+    num_ops: int
+    schedule: Schedule = field(repr=False, compare=False)
+    """The built schedule (for :attr:`timing`)."""
+
+    @cached_property
+    def timing(self) -> PlanTiming:
+        """The ops as indices in dependency order (:func:`plan_timing`); ScheduleError if the
+        schedule deadlocks."""
+        return plan_timing(self.schedule)
+
+
+@dataclass(frozen=True)
+class PlanTiming:
+    """A plan's ops as indices, in dependency order: what :func:`list_run` reads."""
+
     order: tuple[int, ...]
     """Op indices in the order the reference list schedule places them
     (:func:`workloads.schedules.unit_times`): every op follows its producers and its rank
@@ -72,7 +94,7 @@ class Plan:
 
 def plan_size(plan: Plan | str) -> int:
     """Ops of a plan (1 for a refusal): what the plan cache counts."""
-    return 1 if isinstance(plan, str) else max(1, len(plan.op_rank))
+    return 1 if isinstance(plan, str) else max(1, plan.num_ops)
 
 
 def build_schedule(name: str, p: int, m: int, v: int, seq_chunks: int) -> Schedule:
@@ -84,11 +106,22 @@ def build_schedule(name: str, p: int, m: int, v: int, seq_chunks: int) -> Schedu
 
 
 def build_plan(name: str, p: int, m: int, v: int, w: float, seq_chunks: int) -> Plan:
-    """Build the schedule and index it; ScheduleError if the builder refuses or it deadlocks."""
+    """Build the schedule and walk each rank's memory; ScheduleError if the builder refuses
+    (a schedule that deadlocks raises when its :attr:`Plan.timing` is first read)."""
     sched = build_schedule(name, p, m, v, seq_chunks)
     if sched.chunks_per_rank != v:
         raise ScheduleError(f"schedule {name!r} has {sched.chunks_per_rank} chunks per rank, "
                             f"not vpp={v}")
+    rank_stages = tuple(tuple(s for s, owner in enumerate(sched.stage_rank) if owner == r)
+                        for r in range(sched.num_ranks))
+    in_flight = tuple(memory.in_flight(ops, rank_stages[r], sched.split_backward, w)
+                      for r, ops in enumerate(sched.rank_ops))
+    return Plan(name, m, sched.stage_rank, sched.split_backward, sched.seq_chunks == 1,
+                rank_stages, in_flight, sum(len(ops) for ops in sched.rank_ops), sched)
+
+
+def plan_timing(sched: Schedule) -> PlanTiming:
+    """Index the ops of ``sched`` for :func:`list_run`; ScheduleError if it deadlocks."""
     index: dict[Op, int] = {}
     flat: list[Op] = []
     op_rank: list[int] = []
@@ -111,19 +144,14 @@ def build_plan(name: str, p: int, m: int, v: int, w: float, seq_chunks: int) -> 
         first, second, third = (c.tolist() for c in columns)  # present producers first
         deps = tuple(() if a < 0 else (a,) if b < 0 else (a, b) if c < 0 else (a, b, c)
                      for a, b, c in zip(first, second, third, strict=True))
-    rank_stages = tuple(tuple(s for s, owner in enumerate(sched.stage_rank) if owner == r)
-                        for r in range(sched.num_ranks))
     final_kind = WEIGHT_GRAD if sched.split_backward else BACKWARD
-    last, final, in_flight = [], [], []
-    for r, ops in enumerate(sched.rank_ops):
+    last, final = [], []
+    for ops in sched.rank_ops:
         last.append(index[ops[-1]] if ops else -1)
         finals = [index[op] for op in ops if op.kind == final_kind]
         final.append(finals[-1] if finals else -1)
-        in_flight.append(memory.in_flight(ops, rank_stages[r], sched.split_backward, w))
-    return Plan(name, m, sched.stage_rank, sched.split_backward, sched.seq_chunks == 1,
-                 rank_stages, tuple(in_flight), order,
-                 tuple(op_rank), tuple(3 * op.stage + SLOT[op.kind] for op in flat), deps,
-                 tuple(last), tuple(final))
+    return PlanTiming(order, tuple(op_rank), tuple(3 * op.stage + SLOT[op.kind] for op in flat),
+                      deps, tuple(last), tuple(final))
 
 
 def list_run(plan: Plan, table: Sequence[float]) -> list[float]:
@@ -138,10 +166,11 @@ def list_run(plan: Plan, table: Sequence[float]) -> list[float]:
     done (:func:`workloads.schedules.schedule_deps`), but each member's output counts as
     done at the member's end, not the group's, so every op ends no later than there: a
     bound stays a bound."""
-    end = [0.0] * len(plan.op_rank)
+    timing = plan.timing
+    end = [0.0] * len(timing.op_rank)
     free = [0.0] * len(plan.rank_stages)
-    rank, slot, deps = plan.op_rank, plan.op_slot, plan.op_deps
-    for i in plan.order:
+    rank, slot, deps = timing.op_rank, timing.op_slot, timing.op_deps
+    for i in timing.order:
         r = rank[i]
         t = free[r]
         for j in deps[i]:

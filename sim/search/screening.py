@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from base.errors import ConfigError
+from base.errors import ConfigError, ScheduleError
 from sim.search.bounds import Bounds
 from sim.search.layouts import Layout
 
@@ -73,7 +73,9 @@ class Screener(Bounds):
         bound, then the list-schedule step bound gives ``tokens_bound``; a layout that cannot
         reach ``threshold`` (tokens/s, if > 0) comes back ``pruned``. Apart from that last
         comparison the verdict does not depend on ``threshold``, so a sweep may judge
-        layouts before it knows their threshold."""
+        layouts before it knows their threshold. A schedule that deadlocks (a builder's
+        bug) is found ``invalid`` only where the layout fits: its symbolic run is worked
+        out for the step bound alone (:attr:`~sim.search.plan.Plan.timing`)."""
         layout = candidate.layout
         plan = self.plan(layout)
         if isinstance(plan, str):
@@ -88,6 +90,11 @@ class Screener(Bounds):
                        for g, types in zip(per_rank, self.rank_types(layout), strict=True))
         if not fits:
             return replace(candidate, status="memory", memory_bound_gib=gib)
+        try:  # the ops in dependency order, read by the step bound alone
+            plan.timing  # noqa: B018 - worked out on first use
+        except ScheduleError as exc:  # the schedule deadlocks
+            return replace(candidate, status="invalid",
+                           reason=f"schedule={layout.schedule!r}: {exc}")
         step = self.step_bound_s(layout, costs, plan)
         tokens = self._tokens / step if step > 0 else math.inf
         # the list-schedule bound and the loose one bound the same step: keep the tighter
