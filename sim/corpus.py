@@ -36,7 +36,7 @@ COLUMNS = (
     "recompute_num_layers", "attention", "fused_norm", "tp_comm_overlap", "precision",
     "framework", "software", "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
-    "assumed", "citation")
+    "assumed", "citation", "moe_dispatcher")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
@@ -61,7 +61,7 @@ STATUSES = ("ok", "oom")
 
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
-                "tp_comm_overlap": ""}
+                "tp_comm_overlap": "", "moe_dispatcher": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -152,6 +152,8 @@ class CorpusRow:
                 training[key] = v[key] == "true"
             elif key == "tp_comm_overlap":
                 parallel[key] = v[key] == "true"
+            elif key == "moe_dispatcher":
+                parallel[key] = v[key]
             else:
                 training[key] = v[key]
         return {"name": f"{self.source}:{v['run']}", "model": model, "cluster": cluster,
