@@ -292,6 +292,12 @@ class ParallelConfig(Strict):
     forwards it there over NVLink (inside one server: once per GPU), b·s·D·h, D the expected
     distinct servers (GPUs) under model.moe's node-limited routing
     (:mod:`workloads.moe_dispatch`)."""
+    moe_a2a_overlap: bool = False
+    """Megatron-core's EP communication overlap (``--overlap-moe-expert-parallel-comm``,
+    Megatron-Bridge ``moe_a2a_overlap``): the forward of one micro-batch and the backward of
+    another run layer by layer together, each one's all-to-alls hidden behind the other's
+    attention or expert compute; each is exposed by max(0, its time − its partner's)
+    (:mod:`sim.a2aoverlap`). Needs expert parallelism."""
 
 
 class StatisticCurve(Strict):

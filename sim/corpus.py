@@ -36,7 +36,7 @@ COLUMNS = (
     "recompute_num_layers", "attention", "fused_norm", "tp_comm_overlap", "precision",
     "framework", "software", "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
-    "assumed", "citation", "moe_dispatcher")
+    "assumed", "citation", "moe_dispatcher", "moe_a2a_overlap")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
@@ -53,7 +53,7 @@ INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn
 FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
 """Real-number columns; a value given must be positive and finite."""
 BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm",
-         "tp_comm_overlap")
+         "tp_comm_overlap", "moe_a2a_overlap")
 """``true``/``false`` columns (empty: the preset's or the schema's default)."""
 
 STATUSES = ("ok", "oom")
@@ -61,7 +61,7 @@ STATUSES = ("ok", "oom")
 
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
-                "tp_comm_overlap": "", "moe_dispatcher": ""}
+                "tp_comm_overlap": "", "moe_dispatcher": "", "moe_a2a_overlap": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -150,7 +150,7 @@ class CorpusRow:
                 cluster[NIC_RATE_KEY] = float(v[key])
             elif key == "fused_norm":
                 training[key] = v[key] == "true"
-            elif key == "tp_comm_overlap":
+            elif key in ("tp_comm_overlap", "moe_a2a_overlap"):
                 parallel[key] = v[key] == "true"
             elif key == "moe_dispatcher":
                 parallel[key] = v[key]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError, ScheduleError
+from sim.a2aoverlap import check as check_a2a_overlap
 from sim.batch_policy import load_curve
 from sim.budget import check_schedule_ops
 from sim.calibration import default_profile
@@ -529,6 +530,8 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                                                 cluster))
         elif par.layers_per_stage == "auto":
             costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster))
+    if par.moe_a2a_overlap:
+        check_a2a_overlap(par.ep, model is not None and model.moe is not None)
     if par.tp_comm_overlap:
         check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
             model, cluster, sched.seq_chunks, cfg.model.encoder is not None))

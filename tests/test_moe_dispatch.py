@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from base.errors import ConfigError
+from sim.a2aoverlap import exposed_s
 from sim.api import simulate
 from sim.experiment import build_experiment
+from workloads.costs import ComputeSeg
 from workloads.hf_config import load_hf_config
 from workloads.moe_dispatch import expected_units
 from workloads.program import Collective
@@ -115,3 +117,42 @@ def test_units_that_do_not_nest_with_the_groups_are_refused() -> None:
 def test_deepseek_v3_import_reads_node_limited_routing() -> None:
     moe = load_hf_config(HF / "deepseek-v3.json", 4096).moe
     assert moe is not None and (moe.router_num_groups, moe.router_group_topk) == (8, 4)
+
+
+# ----------------------------------------------------------------- moe_a2a_overlap
+
+
+def _overlap(on: bool) -> dict:
+    d = _data("alltoall")
+    d["parallel"]["moe_a2a_overlap"] = on
+    return d
+
+
+def test_overlap_exposes_what_the_partner_compute_leaves() -> None:
+    """Combined 1F1B: the forward's dispatch hides under the backward's expert MLP, its
+    combine under the backward's attention, the backward's combine gradient under the
+    forward's attention and its dispatch gradient under the forward's expert MLP."""
+    costs = build_experiment(_overlap(True)).costs
+    secs = {"moe attn": 3.0, "moe mlp": 5.0, "moe attn bwd": 7.0, "moe mlp bwd": 11.0}
+
+    def compute_s(seg: ComputeSeg) -> float:
+        return secs.get(seg.label, 0.0)
+    for t in (0.0, 4.0, 20.0):
+        got = dict(exposed_s(costs, compute_s, lambda seg, t=t: t))
+        assert got == {"dispatch": max(0.0, t - 11), "combine": max(0.0, t - 7),
+                       "combine grad": max(0.0, t - 3), "dispatch grad": max(0.0, t - 5)}
+
+
+def test_overlap_hides_all_to_all_time_in_the_simulation() -> None:
+    off, on = (simulate(build_experiment(_overlap(v))) for v in (False, True))
+    assert on.stats["exposed_comm_s"]["ep"] < off.stats["exposed_comm_s"]["ep"]
+    assert on.stats["step_time_s"] < off.stats["step_time_s"]
+    collapsed = simulate(build_experiment(_overlap(True)), fidelity="collapsed")
+    assert collapsed.stats["step_time_s"] == pytest.approx(on.stats["step_time_s"], rel=0.02)
+
+
+def test_overlap_needs_expert_parallelism() -> None:
+    d = _overlap(True)
+    d["parallel"] |= {"ep": 1}
+    with pytest.raises(ConfigError, match="moe_a2a_overlap"):
+        build_experiment(d)

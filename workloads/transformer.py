@@ -278,6 +278,10 @@ class TransformerCosts:
     ep_servers: int = 1
     """Servers one EP group spans: the flex dispatcher's destination units are these
     servers when more than one, else the group's ep GPUs."""
+    ep_comm_exposed_s: tuple[tuple[str, float], ...] = ()
+    """MoE all-to-all overlap (``parallel.moe_a2a_overlap``): the fixed exposed time of each
+    of a layer's all-to-alls by name (``dispatch``, ``combine``, ``combine grad``,
+    ``dispatch grad``; :mod:`sim.a2aoverlap`); empty: each blocks for its network time."""
 
     # ------------------------------------------------------------- shapes
     @property
@@ -464,10 +468,17 @@ class TransformerCosts:
         if imbalance != 1.0:
             towards, from_busiest = (imbalance, False), (imbalance, True)
         first, second = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
+        exposed = dict(self.ep_comm_exposed_s)
         return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep",
-                        skew=towards), seg,
+                        duration_s=exposed.get(first), skew=towards), seg,
                 CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep",
-                        skew=from_busiest)]
+                        duration_s=exposed.get(second), skew=from_busiest)]
+
+    def moe_layer_segments(self, backward: bool) -> list[Segment]:
+        """One MoE layer's forward (or backward, weight gradients included) segments."""
+        moe_layer = replace(self, model=self.model.layer_spec(self.model.first_dense_layers))
+        return (moe_layer._layer_backward("moe", False) if backward
+                else moe_layer._layer_forward("moe"))
 
     @_per_instance
     def _core_forward_flops(self) -> float:
