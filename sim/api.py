@@ -19,6 +19,7 @@ from typing import Any
 from base.errors import ConfigError
 from base.outputs import Outputs, output_dir, outputs
 from sim import budget
+from sim.a2aoverlap import lowering_costs as a2a_lowering_costs
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile, compute_time_s, rank_timers
@@ -333,6 +334,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             collective_s=timer,
                             compute_s_of=None if timers is None else timers.__getitem__)
     costs = lowering_costs(exp, base_time, timer)  # one GPU type (checked by the experiment)
+    costs = a2a_lowering_costs(exp, costs, base_time)
     program = lower(exp.schedule, costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference, servers)
     facts = _facts(exp, fidelity, profile)

@@ -107,6 +107,12 @@ class MoEConfig(Strict):
     pad_to_capacity: bool = True
     """With capacity_factor: pad expert buffers to capacity (bytes and work scale by c);
     false: drop without padding, the busiest rank keeps min(c, routing_imbalance)."""
+    router_num_groups: int | None = Field(None, ge=1)
+    """Node-limited routing: groups of consecutive experts (Megatron-core
+    ``moe_router_num_groups``, Hugging Face ``n_group``). Default: the imported config's, else 1."""
+    router_group_topk: int | None = Field(None, ge=1)
+    """Groups a token's top_k experts may come from (``moe_router_group_topk``, ``topk_group``);
+    changes the flex dispatcher's bytes. Default: the imported config's, else 1."""
 
 
 class SyntheticEncoder(Strict):
@@ -284,6 +290,19 @@ class ParallelConfig(Strict):
     swarm: SwarmConfig | None = None
     """SWARM parallelism: a pool of peers per pipeline stage, stochastically wired
     (:mod:`sim.swarm_config`); None: one GPU per stage and replica."""
+    moe_dispatcher: Literal["alltoall", "flex"] = "alltoall"
+    """How MoE tokens reach their experts (Megatron-core ``moe_token_dispatcher_type``):
+    ``alltoall`` sends every routed copy, b·s·k·h per GPU; ``flex`` (DeepEP/HybridEP,
+    ``moe_enable_deepep``) sends a token once to each server holding one of its experts and
+    forwards it there over NVLink (inside one server: once per GPU), b·s·D·h, D the expected
+    distinct servers (GPUs) under model.moe's node-limited routing
+    (:mod:`workloads.moe_dispatch`)."""
+    moe_a2a_overlap: bool = False
+    """Megatron-core's EP communication overlap (``--overlap-moe-expert-parallel-comm``,
+    Megatron-Bridge ``moe_a2a_overlap``): the forward of one micro-batch and the backward of
+    another run layer by layer together, each one's all-to-alls hidden behind the other's
+    attention or expert compute; each is exposed by max(0, its time − its partner's)
+    (:mod:`sim.a2aoverlap`). Needs expert parallelism."""
 
 
 class StatisticCurve(Strict):

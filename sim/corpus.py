@@ -37,7 +37,7 @@ COLUMNS = (
     "overlap_grad_reduce", "overlap_param_gather", "precision",
     "framework", "software", "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
-    "assumed", "citation")
+    "assumed", "citation", "moe_dispatcher", "moe_a2a_overlap")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
@@ -54,7 +54,7 @@ INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn
 FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
 """Real-number columns; a value given must be positive and finite."""
 BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm",
-         "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather")
+         "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_a2a_overlap")
 """``true``/``false`` columns (empty: the preset's or the schema's default)."""
 
 STATUSES = ("ok", "oom")
@@ -62,7 +62,8 @@ STATUSES = ("ok", "oom")
 
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
-                "tp_comm_overlap": "", "overlap_grad_reduce": "", "overlap_param_gather": ""}
+                "tp_comm_overlap": "", "overlap_grad_reduce": "", "overlap_param_gather": "",
+                "moe_dispatcher": "", "moe_a2a_overlap": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -151,8 +152,11 @@ class CorpusRow:
                 cluster[NIC_RATE_KEY] = float(v[key])
             elif key == "fused_norm":
                 training[key] = v[key] == "true"
-            elif key in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather"):
+            elif key in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
+                         "moe_a2a_overlap"):
                 parallel[key] = v[key] == "true"
+            elif key == "moe_dispatcher":
+                parallel[key] = v[key]
             else:
                 training[key] = v[key]
         return {"name": f"{self.source}:{v['run']}", "model": model, "cluster": cluster,

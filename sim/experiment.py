@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError, ScheduleError
+from sim.a2aoverlap import check as check_a2a_overlap
 from sim.batch_policy import load_curve
 from sim.budget import check_schedule_ops
 from sim.calibration import default_profile
@@ -43,6 +44,7 @@ from workloads.frameworks import (
 from workloads.hf_config import load_hf_config
 from workloads.lowering import CostModel
 from workloads.models import PRESETS, ModelSpec, MoESpec
+from workloads.moe_dispatch import check_router_groups, expected_units
 from workloads.recompute_modules import check as check_recompute_modules
 from workloads.registry import SCHEDULES, built_schedule
 from workloads.seqchunks import FLASH_KERNELS
@@ -124,9 +126,13 @@ def _moe_spec(cfg: MoEConfig, spec: ModelSpec) -> MoESpec:
         raise ConfigError(f"model.moe.top_k={cfg.top_k} exceeds model.moe.num_experts="
                           f"{cfg.num_experts}")
     shared = spec.moe.shared_experts if spec.moe is not None else 0  # an import's (DeepSeek)
+    groups = (cfg.router_num_groups or (spec.moe.router_num_groups if spec.moe else 1),
+              cfg.router_group_topk or (spec.moe.router_group_topk if spec.moe else 1))
+    check_router_groups(cfg.num_experts, cfg.top_k, *groups)
     return MoESpec(cfg.num_experts, cfg.top_k,
                    cfg.expert_ffn_hidden_size or spec.ffn_hidden_size, cfg.capacity_factor,
-                   cfg.routing_imbalance, cfg.pad_to_capacity, shared_experts=shared)
+                   cfg.routing_imbalance, cfg.pad_to_capacity, shared_experts=shared,
+                   router_num_groups=groups[0], router_group_topk=groups[1])
 
 
 def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int) -> None:
@@ -524,6 +530,13 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  precision=t.precision,
                                  fp8_speedup=fp8_speedup(cluster) if t.precision == "fp8"
                                  else 1.0)
+        if par.moe_dispatcher != "alltoall" and par.ep > 1:
+            servers = _ep_servers(cluster, placement, par.ep)
+            moe = model.moe
+            assert moe is not None
+            expected_units(moe.num_experts, moe.top_k, servers if servers > 1 else par.ep,
+                           moe.router_num_groups, moe.router_group_topk)  # ConfigError early
+            costs = replace(costs, moe_dispatcher=par.moe_dispatcher, ep_servers=servers)
         costs = apply_framework(costs, profile, m, t.vocab_parallel_loss)
         if par.layers_per_stage == "balanced":
             costs = replace(costs, stage_layers=balanced_layers(costs, sched, placement,
@@ -532,6 +545,8 @@ def build_experiment(data: Any, base_dir: Path | None = None,
             costs = replace(costs, stage_layers=auto_layers(costs, sched, placement, cluster,
                                                             profile))
         costs = interned(costs)  # an equal one's memos: its segments, worked out once
+    if par.moe_a2a_overlap:
+        check_a2a_overlap(par.ep, model is not None and model.moe is not None)
     if par.tp_comm_overlap:
         check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
             model, cluster, sched.seq_chunks, cfg.model.encoder is not None))
@@ -542,6 +557,11 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     _check_batch_policy(cfg, model, base_dir)
     return Experiment(cfg, dict(data), model, cluster, placement, sched, costs, gbs, base_dir,
                       profile)
+
+
+def _ep_servers(cluster: Cluster, placement: Placement, ep: int) -> int:
+    """Servers the EP group of GPU 0 spans (every group alike under a regular placement)."""
+    return len({cluster.host_of(g) for g in placement.ep_group(0, ep)})
 
 
 def _no_tp_overlap(model: ModelSpec | None, cluster: Cluster, seq_chunks: int,

@@ -209,6 +209,9 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
     if dp > 1 and draw(st.booleans()):
         parallel["placement"] = draw(st.sampled_from(["tp-cp-dp-pp", "tp-cp-pp-dp",
                                                       "dp-tp-cp-pp"]))
+    if ep > 1 and draw(st.booleans()):  # Megatron-core's flex dispatcher, EP overlap
+        parallel["moe_dispatcher"] = "flex"
+        parallel["moe_a2a_overlap"] = draw(st.booleans())
     m = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
     if schedule in ("interleaved", *V_SCHEDULES):
         m = pp * math.ceil(max(m, 2 * pp) / pp)

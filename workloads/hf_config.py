@@ -42,6 +42,7 @@ from typing import Any
 
 from base.errors import ConfigError
 from workloads.models import MLASpec, ModelSpec, MoESpec
+from workloads.moe_dispatch import check_router_groups
 
 _GATED = {"silu": "swiglu", "swish": "swiglu", "swiglu": "swiglu", "gelu": "geglu",
           "gelu_new": "geglu", "gelu_pytorch_tanh": "geglu", "gelu_fast": "geglu"}
@@ -160,6 +161,11 @@ def _deepseek_v3(c: _Config, name: str, seq_length: int) -> ModelSpec:
     shared = c.cfg.get("n_shared_experts", 0)
     if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
         raise c.error(f"n_shared_experts={shared!r} is not a non-negative integer")
+    groups = (c.optional_count("n_group") or 1, c.optional_count("topk_group") or 1)
+    try:
+        check_router_groups(experts, top_k, *groups)
+    except ConfigError as e:
+        raise c.error(f"n_group={groups[0]}, topk_group={groups[1]}: {e}") from None
     heads = c.count("num_attention_heads")
     return ModelSpec(
         name=name,
@@ -176,7 +182,8 @@ def _deepseek_v3(c: _Config, name: str, seq_length: int) -> ModelSpec:
         position_embedding="rope",
         moe=MoESpec(num_experts=experts, top_k=top_k,
                     expert_ffn_hidden_size=c.count("moe_intermediate_size"),
-                    shared_experts=shared),
+                    shared_experts=shared, router_num_groups=groups[0],
+                    router_group_topk=groups[1]),
         mla=MLASpec(q_lora_rank=c.optional_count("q_lora_rank"),
                     kv_lora_rank=c.count("kv_lora_rank"),
                     qk_nope_head_dim=c.count("qk_nope_head_dim"),

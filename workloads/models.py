@@ -50,6 +50,14 @@ class MoESpec:
     experts, Dai et al. 2024, sec. 3.2), each of ``expert_ffn_hidden_size``: dense weights,
     replicated across EP like the attention's."""
 
+    router_num_groups: int = 1
+    """G, groups of E/G consecutive experts for node-limited routing (DeepSeek-V3's
+    ``n_group``; Megatron-core ``moe_router_num_groups``); 1: no groups."""
+    router_group_topk: int = 1
+    """M, groups a token's experts may come from (DeepSeek-V3's ``topk_group``; Megatron-core
+    ``moe_router_group_topk``). Only the flex dispatcher's volume depends on G and M
+    (:mod:`workloads.moe_dispatch`)."""
+
     def load_factor(self, ep: int) -> float:
         """Expert rows a GPU computes (and receives) per token copy it routes, on EP groups
         of ``ep`` GPUs: dropless, the routing imbalance when the experts are spread (ep > 1),

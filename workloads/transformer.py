@@ -44,6 +44,7 @@ from workloads.costs import (
 )
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import ModelSpec
+from workloads.moe_dispatch import expected_units
 from workloads.program import EQUAL_VOLUMES
 from workloads.recompute_modules import DEFAULT_RECOMPUTE_MODULES, layer_modules
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
@@ -295,6 +296,16 @@ class TransformerCosts:
     stash is in :meth:`layer_activation_bytes`, what it reruns before the layer's backward
     in :meth:`_module_recompute`. Default ``core_attn``, the attention core (Korthikanti
     et al. 2022's selective recomputation)."""
+    moe_dispatcher: str = "alltoall"
+    """Megatron-core's MoE token dispatcher (:data:`workloads.moe_dispatch.DISPATCHERS`):
+    ``alltoall`` sends each token's k routed copies, ``flex`` one per destination unit."""
+    ep_servers: int = 1
+    """Servers one EP group spans: the flex dispatcher's destination units are these
+    servers when more than one, else the group's ep GPUs."""
+    ep_comm_exposed_s: tuple[tuple[str, float], ...] = ()
+    """MoE all-to-all overlap (``parallel.moe_a2a_overlap``): the fixed exposed time of each
+    of a layer's all-to-alls by name (``dispatch``, ``combine``, ``combine grad``,
+    ``dispatch grad``; :mod:`sim.a2aoverlap`); empty: each blocks for its network time."""
 
     # ------------------------------------------------------------- shapes
     @property
@@ -442,6 +453,24 @@ class TransformerCosts:
             nbytes += shared.hbm_bytes
         return ComputeSeg("mlp", sum(d[1] for d in dims), nbytes, gemm_dims=dims)
 
+    @property
+    def _dispatched_rows(self) -> float:
+        """Token copies one GPU dispatches per micro-batch: :attr:`_expert_rows`
+        (``alltoall``, each routed copy), or with ``flex`` b·s/cp·D times the load factor, D the
+        expected distinct destination units (:func:`workloads.moe_dispatch.expected_units`:
+        the ep_servers servers when the EP group spans several, else its ep GPUs). As a
+        pairwise all-to-all of b·s·D·h bytes per GPU, (N − 1)/N of them leave the server on
+        N servers, b·s·h·D·(N − 1)/N: one copy to each remote destination server, as DeepEP's
+        RDMA phase sends; the NVLink forwarding inside the destination server is taken as
+        the pairwise plan's intra-server share (NVLink is rarely the bound)."""
+        moe = self.model.moe
+        assert moe is not None
+        if self.moe_dispatcher == "alltoall":
+            return self._expert_rows
+        units = self.ep_servers if self.ep_servers > 1 else self.ep
+        return self._tokens * moe.load_factor(self.ep) * expected_units(
+            moe.num_experts, moe.top_k, units, moe.router_num_groups, moe.router_group_topk)
+
     def _moe_body(self, seg: ComputeSeg, name: str, backward: bool) -> list[Segment]:
         """The MLP of a MoE layer: with ep > 1, all-to-all dispatch of the routed token
         copies to their experts' GPUs and all-to-all combine back (backward: the same two
@@ -457,16 +486,23 @@ class TransformerCosts:
             return [seg]
         moe = self.model.moe
         assert moe is not None
-        nbytes = BF16 * self._expert_rows * self.model.hidden_size / self._sp_div
+        nbytes = BF16 * self._dispatched_rows * self.model.hidden_size / self._sp_div
         imbalance = moe.routing_imbalance if moe.capacity_factor is None else 1.0
         towards = from_busiest = EQUAL_VOLUMES
         if imbalance != 1.0:
             towards, from_busiest = (imbalance, False), (imbalance, True)
         first, second = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
+        exposed = dict(self.ep_comm_exposed_s)
         return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep",
-                        skew=towards), seg,
+                        duration_s=exposed.get(first), skew=towards), seg,
                 CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep",
-                        skew=from_busiest)]
+                        duration_s=exposed.get(second), skew=from_busiest)]
+
+    def moe_layer_segments(self, backward: bool) -> list[Segment]:
+        """One MoE layer's forward (or backward, weight gradients included) segments."""
+        moe_layer = replace(self, model=self.model.layer_spec(self.model.first_dense_layers))
+        return (moe_layer._layer_backward("moe", False) if backward
+                else moe_layer._layer_forward("moe"))
 
     @_per_instance
     def _core_forward_flops(self) -> float:

@@ -351,7 +351,8 @@ class PieceLowering:
                     ids = b.collective(group, {g: cur[g] for g in group}, kind=seg.kind,
                                        name=f"{op_name} {seg.label}", op=seg.op,
                                        nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
-                                       algo=ALL_TO_ALL_ALGO, skew=seg.skew)
+                                       algo=ALL_TO_ALL_ALGO, skew=seg.skew,
+                                       duration_s=seg.duration_s)
                     for g in group:
                         cur[g] = (ids[g],)
                 continue

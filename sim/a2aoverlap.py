@@ -1,0 +1,83 @@
+"""MoE all-to-all overlap (``parallel.moe_a2a_overlap``): Megatron-core's EP communication
+overlap, ``--overlap-moe-expert-parallel-comm`` (``moe_a2a_overlap`` in Megatron-Bridge's
+recipes; ``megatron/core/pipeline_parallel/combined_1f1b.py`` and
+``megatron/core/models/common/model_chunk_schedule_plan.py``).
+
+In the 1F1B steady state Megatron merges the forward of one micro-batch with the backward of
+another, layer by layer, and runs each one's all-to-alls on a communication stream while
+the other computes (the DeepSeek-V3 report's overlap of two micro-batches, DeepSeek-AI 2024,
+sec. 3.2.1): the backward's combine gradient under the forward's attention, the forward's
+dispatch under the backward's expert MLP, the backward's dispatch gradient under the
+forward's expert MLP, the forward's combine under the backward's attention. Each all-to-all
+is then exposed only by what its partner compute leaves, max(0, t_a2a − t_partner); the
+lowering runs it for that fixed time (:attr:`TransformerCosts.ep_comm_exposed_s`).
+
+Simplifications: the all-to-all is timed alone on pipeline rank 0's EP groups (the partner's
+own traffic is not on the network); the pipeline's warm-up forwards and cool-down backwards,
+which have no partner, are treated as overlapped as well; the partner compute is a MoE
+layer's (a chunk's dense first layers have no all-to-all).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from base.errors import ConfigError
+from sim.commtime import CollectiveTimer
+from workloads.costs import CommSeg, ComputeSeg, Segment
+from workloads.lowering.groups import ALL_TO_ALL_ALGO, ep_groups
+from workloads.transformer import TransformerCosts
+
+if TYPE_CHECKING:
+    from sim.experiment import Experiment
+
+def _phases(segs: Sequence[Segment], compute_s: Callable[[ComputeSeg], float]
+            ) -> tuple[float, float, float, CommSeg]:
+    """Compute seconds before the first all-to-all, between the two, after the second, and
+    the first all-to-all."""
+    ep = [i for i, seg in enumerate(segs) if isinstance(seg, CommSeg) and seg.group == "ep"]
+    assert len(ep) == 2, "a MoE layer has two all-to-alls"
+
+    def busy(part: Sequence[Segment]) -> float:
+        return sum(compute_s(seg) for seg in part if isinstance(seg, ComputeSeg))
+    first = segs[ep[0]]
+    assert isinstance(first, CommSeg)
+    return (busy(segs[:ep[0]]), busy(segs[ep[0] + 1:ep[1]]), busy(segs[ep[1] + 1:]), first)
+
+
+def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
+              a2a_s: Callable[[CommSeg], float]) -> tuple[tuple[str, float], ...]:
+    """Exposed seconds of each all-to-all of a MoE layer under the combined 1F1B overlap
+    (module docstring), by the name :attr:`TransformerCosts.ep_comm_exposed_s` keys."""
+    attn_f, mlp_f, _, dispatch = _phases(costs.moe_layer_segments(False), compute_s)
+    _, mlp_b, attn_b, combine_grad = _phases(costs.moe_layer_segments(True), compute_s)
+    t_fwd, t_bwd = a2a_s(dispatch), a2a_s(combine_grad)
+    return (("dispatch", max(0.0, t_fwd - mlp_b)), ("combine", max(0.0, t_fwd - attn_b)),
+            ("combine grad", max(0.0, t_bwd - attn_f)),
+            ("dispatch grad", max(0.0, t_bwd - mlp_f)))
+
+
+def check(ep: int, moe: bool) -> None:
+    """ConfigError where there is no all-to-all to overlap."""
+    if not moe or ep == 1:
+        raise ConfigError(f"parallel.moe_a2a_overlap: needs a mixture-of-experts model with "
+                          f"expert parallelism (parallel.ep={ep}): there is no all-to-all")
+
+
+def lowering_costs(exp: Experiment, costs: Any,
+                   compute_s: Callable[[ComputeSeg], float]) -> Any:
+    """``costs`` with the all-to-alls' exposed times under ``parallel.moe_a2a_overlap``
+    (unchanged without it), each all-to-all timed as the lowering times it (pairwise, its
+    dropless imbalance's unequal volumes) alone on pipeline rank 0's EP groups, the compute
+    by ``compute_s``."""
+    if not exp.config.parallel.moe_a2a_overlap or not isinstance(costs, TransformerCosts):
+        return costs
+    groups = ep_groups(exp.placement, 0, costs.ep)
+
+    def a2a_s(seg: CommSeg) -> float:
+        timer = (CollectiveTimer.shared(exp.cluster, ALL_TO_ALL_ALGO) if seg.skew[0] == 1.0
+                 else CollectiveTimer(exp.cluster, ALL_TO_ALL_ALGO, skew=seg.skew))
+        return timer(seg.op, groups, seg.nbytes)
+    return replace(costs, ep_comm_exposed_s=exposed_s(costs, compute_s, a2a_s))
