@@ -15,7 +15,9 @@ lowering runs it for that fixed time (:attr:`TransformerCosts.ep_comm_exposed_s`
 Simplifications: the all-to-all is timed alone on pipeline rank 0's EP groups (the partner's
 own traffic is not on the network); the pipeline's warm-up forwards and cool-down backwards,
 which have no partner, are treated as overlapped as well; the partner compute is a MoE
-layer's (a chunk's dense first layers have no all-to-all).
+layer's (a chunk's dense first layers have no all-to-all); a backward that recomputes the
+MoE block (``recompute_modules`` ``moe``) exposes its rerun forward's all-to-alls as the
+forward's.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ if TYPE_CHECKING:
 
 def _phases(segs: Sequence[Segment], compute_s: Callable[[ComputeSeg], float]
             ) -> tuple[float, float, float, CommSeg]:
-    """Compute seconds before the first all-to-all, between the two, after the second, and
-    the first all-to-all."""
+    """Compute seconds before the layer's own first all-to-all, between its two, after the
+    second, and the first all-to-all. The own two are the last two: a backward that
+    recomputes the MoE block (``recompute_modules`` ``moe``) reruns the forward's two before
+    them, and those count as compute before."""
     ep = [i for i, seg in enumerate(segs) if isinstance(seg, CommSeg) and seg.group == "ep"]
-    assert len(ep) == 2, "a MoE layer has two all-to-alls"
+    assert len(ep) in (2, 4), "a MoE layer has two all-to-alls (four with the block recomputed)"
+    ep = ep[-2:]
 
     def busy(part: Sequence[Segment]) -> float:
         return sum(compute_s(seg) for seg in part if isinstance(seg, ComputeSeg))

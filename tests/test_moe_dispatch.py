@@ -156,3 +156,23 @@ def test_overlap_needs_expert_parallelism() -> None:
     d["parallel"] |= {"ep": 1}
     with pytest.raises(ConfigError, match="moe_a2a_overlap"):
         build_experiment(d)
+
+
+def test_overlap_with_the_moe_block_recomputed() -> None:
+    """``recompute_modules: [moe]`` reruns the block's two all-to-alls in the backward before
+    its own two: the backward's partners are still its own (the last two), so the exposed
+    times equal those without recomputation, and both fidelities simulate it."""
+    plain = build_experiment(_overlap(True)).costs
+    d = _overlap(True)
+    d["training"] |= {"recompute": "selective", "recompute_modules": ["moe"]}
+    exp = build_experiment(d)
+    secs = {"moe attn": 3.0, "moe mlp": 5.0, "moe attn bwd": 7.0, "moe mlp bwd": 11.0}
+
+    def compute_s(seg: ComputeSeg) -> float:
+        return secs.get(seg.label, 0.0)
+    for t in (0.0, 4.0, 20.0):
+        assert (exposed_s(exp.costs, compute_s, lambda seg, t=t: t)
+                == exposed_s(plain, compute_s, lambda seg, t=t: t))
+    full, collapsed = (simulate(exp, fidelity=f).stats["step_time_s"]
+                       for f in ("full", "collapsed"))
+    assert collapsed == pytest.approx(full, rel=0.02)

@@ -136,7 +136,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
             raise ValueError("parameter servers: ZeRO-0 without buckets, not collapsed")
         push_pull(dpar, schedule, costs, last, final_op, index, servers)
         return _program(b.build(), schedule, costs, placement, servers)
-    reduce_tied_gradients(b, schedule, costs, placement, collapse, last, final_op, index)
+    reduce_tied_gradients(b, schedule, costs, placement, collapse, last, final_op, index,
+                          piecewise.dp_last if piecewise is not None else {})
     reduced = piecewise.reduced if piecewise is not None else set()
     waits = reduce_gradients(dpar, schedule, costs, zero_stage, last, final_op, index, reduced)
     if piecewise is not None:

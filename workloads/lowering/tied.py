@@ -9,7 +9,7 @@ gives the gradient bytes (``tied_grad_bytes``, :mod:`workloads.frameworks`).
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from topologies.placement import Placement
 from workloads.lowering.collapse import Collapse
@@ -22,12 +22,16 @@ from workloads.schedules import Op, Schedule
 def reduce_tied_gradients(b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                           placement: Placement, collapse: Collapse | None,
                           last: MutableMapping[tuple[int, int], int],
-                          final_op: dict[int, Op], index: dict[Op, int]) -> None:
+                          final_op: dict[int, Op], index: dict[Op, int],
+                          dp_last: Mapping[int, int]) -> None:
     """Emit the all-reduce of the tied embedding's gradients after the final ops of the
     first and last stage, and make it what completes them in ``last`` (so the DP
     collectives and the optimizer of those stages wait for it). Nothing when the cost model
     has no such bytes or one rank holds both stages. Collapsed, each rank's representative
-    runs its half, timed with every lane's pair at once."""
+    runs its half, timed with every lane's pair at once, after both halves' inputs and the
+    last DP collective issued on either representative during the ops (``dp_last``,
+    overlapped gradient buckets): a whole collective starts only once every member's DP
+    stream is free, which a half on one GPU sees of its own stream alone."""
     nbytes = float(getattr(costs, "tied_grad_bytes", lambda: 0.0)())
     first, end = 0, schedule.num_stages - 1
     r0, r1 = schedule.stage_rank[first], schedule.stage_rank[end]
@@ -44,7 +48,8 @@ def reduce_tied_gradients(b: ProgramBuilder, schedule: Schedule, costs: CostMode
             last[(k0, g0)], last[(k1, g1)] = ids[g0], ids[g1]
         return
     rep0, rep1 = placement.gpu(pp=r0), placement.gpu(pp=r1)
-    both = (last[(k0, rep0)], last[(k1, rep1)])
+    both = (last[(k0, rep0)], last[(k1, rep1)],
+            *(dp_last[g] for g in (rep0, rep1) if g in dp_last))
     duration = collapse.collective_s("all_reduce", pairs, nbytes)
     for gpu, k in ((rep0, k0), (rep1, k1)):
         ids = b.collective((gpu,), {gpu: both}, kind="dp", name=name, op="all_reduce",
