@@ -68,12 +68,26 @@ NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks":
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
 
+SETTING_SECTIONS = {"parallel_blocks": "model", "nic_Gbps": "cluster",
+                    "tp_comm_overlap": "parallel", "overlap_grad_reduce": "parallel",
+                    "overlap_param_gather": "parallel", "moe_dispatcher": "parallel",
+                    "moe_a2a_overlap": "parallel"}
+"""The experiment section each of :data:`NEW_SETTINGS` goes to (the rest: ``training``), under
+the column's own name (``nic_Gbps``: ``cluster.nic_Gbps``, a server's per-NIC line rate)."""
+
 MODULES_PREFIX = "modules:"
 """A ``recompute`` value ``modules:a+b`` is Megatron-core's selective recomputation of modules
 a and b (``training.recompute: selective`` with ``training.recompute_modules: [a, b]``)."""
 
-NIC_RATE_KEY = "nic_Gbps"
-"""``cluster`` key of a server's per-NIC line rate in Gb/s (the ``nic_Gbps`` column)."""
+
+def _typed(column: str, text: str) -> bool | int | float | str:
+    """A column's text as its experiment value: :data:`BOOLS` ``true``/``false``, :data:`INTS`
+    and :data:`FLOATS` numbers, the rest as written."""
+    if column in BOOLS:
+        return text == "true"
+    if column in INTS:
+        return int(text)
+    return float(text) if column in FLOATS else text
 
 
 @dataclass(frozen=True)
@@ -141,24 +155,11 @@ class CorpusRow:
         if v["recompute"].startswith(MODULES_PREFIX):  # Megatron-core's recompute_modules
             training["recompute"] = "selective"
             training["recompute_modules"] = v["recompute"][len(MODULES_PREFIX):].split("+")
+        sections = {"model": model, "cluster": cluster, "parallel": parallel,
+                    "training": training}
         for key, default in NEW_SETTINGS.items():
-            if v[key] == default:
-                continue
-            if key == "parallel_blocks":
-                model[key] = v[key] == "true"
-            elif key == "recompute_num_layers":
-                training[key] = int(v[key])
-            elif key == "nic_Gbps":
-                cluster[NIC_RATE_KEY] = float(v[key])
-            elif key == "fused_norm":
-                training[key] = v[key] == "true"
-            elif key in ("tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather",
-                         "moe_a2a_overlap"):
-                parallel[key] = v[key] == "true"
-            elif key == "moe_dispatcher":
-                parallel[key] = v[key]
-            else:
-                training[key] = v[key]
+            if v[key] != default:
+                sections[SETTING_SECTIONS.get(key, "training")][key] = _typed(key, v[key])
         return {"name": f"{self.source}:{v['run']}", "model": model, "cluster": cluster,
                 "parallel": parallel, "training": training, "schedule": v["schedule"]}
 
