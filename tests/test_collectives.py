@@ -186,6 +186,16 @@ def test_nccl_btree_and_dtree_shapes() -> None:
     assert tree_shape(8) == (3, 4) and tree_shape(1024) == (10, 4)
 
 
+def test_nccl_dtree_mirrors_even_and_shifts_odd() -> None:
+    """ncclGetDtree's second tree (trees.cc illustrations): for 12 ranks the mirror image
+    (root 11 -> 3), for 13 ranks the btree shifted by one (root 1 -> 9; 9 -> 5, 0). With the
+    two swapped, odd n had a rank
+    that sends 6 flows over both trees instead of 4 (tree_shape's load)."""
+    assert dtree(12)[1][11] == (-1, (3,)) and dtree(12)[1][3] == (11, (1, 7))
+    assert dtree(13)[1][1] == (-1, (9,)) and dtree(13)[1][9] == (1, (0, 5))
+    assert tree_shape(5)[1] == 4
+
+
 def test_step_latency_and_launch_latency() -> None:
     n, B, lat, S, step, launch = 4, 10e9, 1e-6, 4e8, 3e-6, 8.4e-6
     cluster = explicit_cluster("switch", n, A100, B, lat, launch,
