@@ -487,12 +487,13 @@ def btree(n: int, rank: int) -> tuple[int, tuple[int, ...]]:
 
 
 def dtree(n: int) -> tuple[dict[int, tuple[int, tuple[int, ...]]], ...]:
-    """NCCL's double binary tree (``ncclGetDtree``): the btree and, for even n, the btree
-    shifted by one rank, for odd n its mirror image. Maps position -> (parent, children)."""
+    """NCCL's double binary tree (``ncclGetDtree``, src/graph/trees.cc): the btree and, for
+    even n, its mirror image (rank r -> n−1−r), for odd n the btree shifted by one rank
+    (r -> r+1 mod n). Maps position -> (parent, children)."""
     first = {r: btree(n, r) for r in range(n)}
 
     def relabel(r: int) -> int:
-        return -1 if r < 0 else ((r + 1) % n if n % 2 == 0 else n - 1 - r)
+        return -1 if r < 0 else (n - 1 - r if n % 2 == 0 else (r + 1) % n)
 
     second = {}
     for r in range(n):

@@ -186,6 +186,16 @@ def test_nccl_btree_and_dtree_shapes() -> None:
     assert tree_shape(8) == (3, 4) and tree_shape(1024) == (10, 4)
 
 
+def test_nccl_dtree_mirrors_even_and_shifts_odd() -> None:
+    """ncclGetDtree's second tree (trees.cc illustrations): for 12 ranks the mirror image
+    (root 11 -> 3), for 13 ranks the btree shifted by one (root 1 -> 9; 9 -> 5, 0). With the
+    two swapped, odd n had a rank
+    that sends 6 flows over both trees instead of 4 (tree_shape's load)."""
+    assert dtree(12)[1][11] == (-1, (3,)) and dtree(12)[1][3] == (11, (1, 7))
+    assert dtree(13)[1][1] == (-1, (9,)) and dtree(13)[1][9] == (1, (0, 5))
+    assert tree_shape(5)[1] == 4
+
+
 def test_step_latency_and_launch_latency() -> None:
     n, B, lat, S, step, launch = 4, 10e9, 1e-6, 4e8, 3e-6, 8.4e-6
     cluster = explicit_cluster("switch", n, A100, B, lat, launch,
@@ -586,24 +596,39 @@ def test_ring_all_reduce_on_a_torus_reaches_its_links_and_auto_takes_it(
     assert select_algorithm("all_reduce", GiB, group_profile(cluster, group)) == "ring"
 
 
-def _nccl_tests_rows() -> list[dict]:
+def _nccl_tests_rows() -> list:
+    """The rows of the validation table; a row with a ``known_deviation`` (its reason) is a
+    strict xfail: it must stay outside 15%, so a model change that reaches it fails here
+    until the row is moved back among the targets."""
     import csv
     from pathlib import Path
     path = Path(__file__).resolve().parent.parent / "sim/data/validation/nccl_tests.csv"
     with path.open() as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    return [pytest.param(r, id="-".join(r[k] for k in ("cluster", "num_gpus", "op", "algo",
+                                                         "size_bytes")),
+                         marks=[pytest.mark.xfail(strict=True, reason=r["known_deviation"])]
+                         if r["known_deviation"] else [])
+            for r in rows]
 
 
-@pytest.mark.parametrize("row", _nccl_tests_rows(),
-                         ids=lambda r: f"{r['cluster']}-{r['num_gpus']}-{r['op']}-{r['algo']}")
-def test_sim_collective_within_15_percent_of_published_nccl_tests(row: dict) -> None:
-    """Every row of the validation table (docs/collectives.md): busbw at the size the
-    published value was read at within 15% of it."""
-    from sim.cli.collective import run_sweep
+def _nccl_tests_cluster(row: dict) -> dict:
     cluster = {"preset": row["cluster"], "num_gpus": int(row["num_gpus"])}
     if row["nics_per_node"]:
         cluster["nics_per_node"] = int(row["nics_per_node"])
-    got = run_sweep(cluster, row["op"], [row["algo"]], [int(row["size_bytes"])])[0]
+    if row["nic_Gbps"]:
+        cluster["nic_Gbps"] = float(row["nic_Gbps"])
+    return cluster
+
+
+@pytest.mark.parametrize("row", _nccl_tests_rows())
+def test_sim_collective_within_15_percent_of_published_nccl_tests(row: dict) -> None:
+    """Every row of the validation table (docs/collectives.md): busbw at the size the
+    published value was read at (64 MiB and above) within 15% of it."""
+    from sim.cli.collective import run_sweep
+    assert int(row["size_bytes"]) >= 64 * 2**20
+    got = run_sweep(_nccl_tests_cluster(row), row["op"], [row["algo"]],
+                    [int(row["size_bytes"])])[0]
     assert got["busbw_GBps"] == pytest.approx(float(row["busbw_GBps"]), rel=0.15)
 
 
