@@ -5,6 +5,7 @@ all-to-all volumes, expert GEMM shapes and memory, and the errors for bad values
 from __future__ import annotations
 
 import pytest
+from test_differential import _compare
 
 from base.errors import ConfigError
 from sim.api import simulate
@@ -82,6 +83,20 @@ def test_expert_grads_reduced_over_the_expert_data_parallel_group() -> None:
     assert {c.group for c in grads} == {(0, 4), (1, 5), (2, 6), (3, 7)}
     assert {c.nbytes for c in grads} == {per_gpu}
     assert not [c for c in _collectives(_data(2)) if "expert grad" in c.name]
+
+
+@pytest.mark.parametrize("par", [
+    {},
+    {"overlap_grad_reduce": True, "grad_bucket_MB": 1.0},
+    {"moe_dispatcher": "flex", "moe_a2a_overlap": True},
+    {"zero_stage": 3},
+])
+def test_fast_paths_equal_reference_paths_with_expert_tp(par: dict) -> None:
+    """ETP 1 under TP 2 with EP groups across TP lanes: the fast lowering and engine paths
+    give the reference's spans, flows and stats at both fidelities."""
+    d = _data(1, **par)
+    d["schedule"] = "1f1b"
+    _compare(d)
 
 
 def test_expert_memory_closed_form() -> None:
