@@ -79,7 +79,7 @@ def lowering_costs(exp: Experiment, costs: Any,
     by ``compute_s``."""
     if not exp.config.parallel.moe_a2a_overlap or not isinstance(costs, TransformerCosts):
         return costs
-    groups = ep_groups(exp.placement, 0, costs.ep)
+    groups = ep_groups(exp.placement, 0, costs.ep, costs.expert_tp)
 
     def a2a_s(seg: CommSeg) -> float:
         timer = (CollectiveTimer.shared(exp.cluster, ALL_TO_ALL_ALGO) if seg.skew[0] == 1.0

@@ -303,6 +303,15 @@ class ParallelConfig(Strict):
     another run layer by layer together, each one's all-to-alls hidden behind the other's
     attention or expert compute; each is exposed by max(0, its time − its partner's)
     (:mod:`sim.a2aoverlap`). Needs expert parallelism."""
+    expert_tp: int | None = Field(None, ge=1)
+    """Expert tensor parallelism (Megatron-core ``--expert-tensor-parallel-size``,
+    ``ModelParallelConfig.expert_tensor_parallel_size``): the MoE layers' routed experts are
+    split over this many GPUs instead of tp; with ep they form each (pp, cp) slice's expert
+    grid (expert TP innermost, then EP, then expert data parallelism, as Megatron-core's
+    expert ``RankGenerator``), so expert_tp·ep divides tp·dp and the experts' gradients are
+    reduced over dp·cp·tp/(expert_tp·ep) GPUs. Default: tp (Megatron's default). With
+    expert_tp != tp: a MoE model, sequence_parallel when tp > 1, and expert_tp·ep a multiple
+    of tp (:mod:`workloads.transformer` ``TransformerCosts.expert_tp``)."""
 
 
 class StatisticCurve(Strict):

@@ -37,7 +37,7 @@ COLUMNS = (
     "overlap_grad_reduce", "overlap_param_gather", "precision",
     "framework", "software", "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
-    "assumed", "citation", "moe_dispatcher", "moe_a2a_overlap")
+    "assumed", "citation", "moe_dispatcher", "moe_a2a_overlap", "expert_tp")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
@@ -49,7 +49,8 @@ REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", 
 
 INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn_hidden_size",
         "vocab_size", "seq_length", "num_gpus", "nics_per_node", "tp", "pp", "dp", "cp", "ep",
-        "vpp", "zero_stage", "micro_batch_size", "global_batch_size", "recompute_num_layers")
+        "vpp", "zero_stage", "micro_batch_size", "global_batch_size", "recompute_num_layers",
+        "expert_tp")
 """Whole-number columns (empty allowed where not :data:`REQUIRED`)."""
 FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
 """Real-number columns; a value given must be positive and finite."""
@@ -63,7 +64,7 @@ STATUSES = ("ok", "oom")
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
                 "tp_comm_overlap": "", "overlap_grad_reduce": "", "overlap_param_gather": "",
-                "moe_dispatcher": "", "moe_a2a_overlap": ""}
+                "moe_dispatcher": "", "moe_a2a_overlap": "", "expert_tp": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -71,7 +72,7 @@ does not (yet) accept is skipped with the schema's error rather than simulated o
 SETTING_SECTIONS = {"parallel_blocks": "model", "nic_Gbps": "cluster",
                     "tp_comm_overlap": "parallel", "overlap_grad_reduce": "parallel",
                     "overlap_param_gather": "parallel", "moe_dispatcher": "parallel",
-                    "moe_a2a_overlap": "parallel"}
+                    "moe_a2a_overlap": "parallel", "expert_tp": "parallel"}
 """The experiment section each of :data:`NEW_SETTINGS` goes to (the rest: ``training``), under
 the column's own name (``nic_Gbps``: ``cluster.nic_Gbps``, a server's per-NIC line rate)."""
 

@@ -135,13 +135,16 @@ def _moe_spec(cfg: MoEConfig, spec: ModelSpec) -> MoESpec:
                    router_num_groups=groups[0], router_group_topk=groups[1])
 
 
-def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int) -> None:
-    """EP splits the experts over ep consecutive DP ranks (Megatron carves EP out of DP)."""
+def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int,
+                           etp: int | None) -> None:
+    """EP splits the experts over ep consecutive DP ranks (Megatron carves EP out of DP);
+    with an expert TP degree ``etp`` of its own, over the expert grid
+    (:func:`_check_expert_tp`)."""
     ep = par.ep
     if model is None or model.moe is None:
         raise ConfigError(f"parallel.ep={ep}: expert parallelism needs a mixture-of-experts "
                           "model (model.moe)")
-    if dp % ep:
+    if etp is None and dp % ep:
         raise ConfigError(f"parallel.ep={ep} does not divide the data-parallel degree dp={dp} "
                           "(EP groups are carved out of DP)")
     if model.moe.num_experts % ep:
@@ -150,6 +153,54 @@ def _check_expert_parallel(par: ParallelConfig, model: ModelSpec | None, dp: int
     if ep > 1 and model.moe.capacity_factor is None and model.moe.routing_imbalance > ep:
         raise ConfigError(f"model.moe.routing_imbalance={model.moe.routing_imbalance:g} exceeds "
                           f"parallel.ep={ep}: the busiest EP rank gets at most every copy")
+
+
+def _expert_tp(par: ParallelConfig, tp: int) -> int | None:
+    """``parallel.expert_tp`` where it differs from tp; None where the experts are split like
+    the attention (left out, or equal: the same experiment)."""
+    return None if par.expert_tp in (None, tp) else par.expert_tp
+
+
+def _check_expert_tp(par: ParallelConfig, model: ModelSpec | None, etp: int, tp: int, dp: int,
+                     cp: int, pp: int) -> None:
+    """Megatron-core's constraints on an expert TP degree other than tp, each with its source
+    (megatron/core at NVIDIA/Megatron-LM d98e8a6), and the simulator's own."""
+    if model is None or model.moe is None:
+        raise ConfigError(f"parallel.expert_tp={etp}: expert tensor parallelism needs a "
+                          "mixture-of-experts model (model.moe)")
+    grid = etp * par.ep
+    if (tp * dp) % grid:
+        # parallel_state.py initialize_model_parallel: "world_size ... is not divisible by
+        # expert_tensor_model_pipeline_parallel size" (ETP x EP x PP); EP stays inside a CP
+        # rank here, so ETP x EP divides each (pp, cp) slice's tp x dp
+        raise ConfigError(f"parallel.expert_tp={etp}: expert_tp*ep = {etp}*{par.ep} does not "
+                          f"divide tp*dp = {tp}*{dp} (the expert grid of each pipeline and CP "
+                          "rank, Megatron-core's world / (ETP x EP x PP))")
+    if grid % tp:
+        raise ConfigError(f"parallel.expert_tp={etp}: expert_tp*ep = {etp}*{par.ep} must be a "
+                          f"multiple of tp={tp} (an expert-data-parallel group then stays on one "
+                          "TP lane; other grids are not modelled)")
+    if tp > 1 and not par.sequence_parallel:
+        # moe_layer.py MoELayer.forward: "During training, performance may degrade if MoE and
+        # tensor parallelism are enabled without also enabling sequence parallelism."
+        raise ConfigError(f"parallel.expert_tp={etp}: needs parallel.sequence_parallel with "
+                          f"tp={tp} > 1 (Megatron-core's MoE layer refuses TP without SP in "
+                          "training)")
+    edp = tp * cp * dp // grid
+    if pp > 1 and not par.placement.endswith("pp") and edp != dp:
+        # parallel_state.py: "When not using pp-last rank ordering, the data parallel size of
+        # the attention and moe layers must be the same"
+        raise ConfigError(f"parallel.expert_tp={etp}: with parallel.placement="
+                          f"{par.placement!r} (pp not outermost) the expert-data-parallel size "
+                          f"tp*cp*dp/(expert_tp*ep) = {edp} must equal dp={dp} (Megatron-core)")
+    f = model.moe.expert_ffn_hidden_size
+    if f % etp:
+        # extensions/transformer_engine.py TEGroupedLinear: divide(output_size, tp_size)
+        raise ConfigError(f"parallel.expert_tp={etp} does not divide "
+                          f"model.moe.expert_ffn_hidden_size={f}")
+    if par.dp_mode != "allreduce":
+        raise ConfigError(f"parallel.expert_tp={etp}: not with parallel.dp_mode="
+                          f"{par.dp_mode!r} (its pushes carry no expert groups)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -453,8 +504,11 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     tp, pp, dp, cp = ((_swarm_layout if par.swarm else _resolve_layout)
                       (cfg, ps_layout_gpus(cfg, cluster.num_gpus)))
     check_dp_modes(cfg, dp)
+    etp = _expert_tp(par, tp)
     if par.ep > 1:
-        _check_expert_parallel(par, model, dp)
+        _check_expert_parallel(par, model, dp, etp)
+    if etp is not None:
+        _check_expert_tp(par, model, etp, tp, dp, cp, pp)
     if cp > 1:
         _check_context_parallel(cfg, model, cp)
     check_attention_kernel(cfg.training.attention, cluster)
@@ -523,6 +577,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  t.fused_norm, overlap_grad_reduce=par.overlap_grad_reduce,
                                  grad_bucket_bytes=par.grad_bucket_MB * MB,
                                  overlap_param_gather=par.overlap_param_gather, cp=cp, ep=par.ep,
+                                 expert_tp=etp,
                                  seq_chunks=sched.seq_chunks,
                                  recompute_num_layers=t.recompute_num_layers,
                                  recompute_every_k_layers=t.recompute_every_k_layers,
@@ -531,7 +586,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  fp8_speedup=fp8_speedup(cluster) if t.precision == "fp8"
                                  else 1.0)
         if par.moe_dispatcher != "alltoall" and par.ep > 1:
-            servers = _ep_servers(cluster, placement, par.ep)
+            servers = _ep_servers(cluster, placement, par.ep, etp)
             moe = model.moe
             assert moe is not None
             expected_units(moe.num_experts, moe.top_k, servers if servers > 1 else par.ep,
@@ -559,9 +614,9 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                       profile)
 
 
-def _ep_servers(cluster: Cluster, placement: Placement, ep: int) -> int:
+def _ep_servers(cluster: Cluster, placement: Placement, ep: int, etp: int | None) -> int:
     """Servers the EP group of GPU 0 spans (every group alike under a regular placement)."""
-    return len({cluster.host_of(g) for g in placement.ep_group(0, ep)})
+    return len({cluster.host_of(g) for g in placement.ep_group(0, ep, etp)})
 
 
 def _no_tp_overlap(model: ModelSpec | None, cluster: Cluster, seq_chunks: int,

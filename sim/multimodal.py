@@ -114,12 +114,14 @@ def _check_layout(cfg: ExperimentConfig, tp: int, pp: int, num_gpus: int
                           f"encoder; use one of {', '.join(multimodal)}")
     for key, value, ok in (("parallel.cp", par.cp, par.cp == 1),
                            ("parallel.ep", par.ep, par.ep == 1),
+                           ("parallel.expert_tp", par.expert_tp, par.expert_tp in (None, tp)),
                            ("parallel.zero_stage", par.zero_stage, par.zero_stage < 3),
                            ("parallel.overlap_grad_reduce", par.overlap_grad_reduce,
                             not par.overlap_grad_reduce)):
         if not ok:
             raise ConfigError(f"{key}={value}: not supported with model.encoder (its pieces "
-                              "are lowered without CP, EP, ZeRO-3 gathers or gradient buckets)")
+                              "are lowered without CP, EP, expert TP, ZeRO-3 gathers or gradient "
+                              "buckets)")
     tp_e = tp if pe.tp is None else pe.tp
     if tp_e not in (1, tp):
         raise ConfigError(f"parallel.encoder.tp={tp_e}: must be 1 or the LLM's tp={tp} (the "

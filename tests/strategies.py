@@ -212,6 +212,9 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
     if ep > 1 and draw(st.booleans()):  # Megatron-core's flex dispatcher, EP overlap
         parallel["moe_dispatcher"] = "flex"
         parallel["moe_a2a_overlap"] = draw(st.booleans())
+    if (ep > 1 and parallel.get("sequence_parallel") and parallel.get("placement", "-pp")
+            .endswith("pp") and draw(st.booleans())):  # Megatron-core's ETP 1 under TP 2
+        parallel["expert_tp"] = 1
     m = draw(st.sampled_from([1, 2, 3, 4, 6, 8]))
     if schedule in ("interleaved", *V_SCHEDULES):
         m = pp * math.ceil(max(m, 2 * pp) / pp)

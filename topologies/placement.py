@@ -8,6 +8,16 @@ adjacent GPU indices, so inside one server) to outermost. The default
 Expert parallelism is carved out of DP (Megatron-LM): an EP group is ep
 consecutive DP ranks. The order may name it, ``tp-cp-ep-dp-pp``, only right
 inside ``dp`` (where it always is); it adds no dimension of its own.
+
+With an expert tensor parallel size e (Megatron-core ``expert_tensor_parallel_size``) the
+MoE layers see each (pp, cp) slice's tp·dp GPUs as their own grid, as Megatron-core's
+expert ``RankGenerator`` does (megatron/core/parallel_state.py ``initialize_model_parallel``:
+``tp=expert_tensor_parallel_size, ep=expert_model_parallel_size, dp=expert_data_parallel_size``
+in the same order, innermost first): the GPU at (tp, dp) has the local index
+L = tp + TP·dp and the expert coordinates (L mod e, L // e mod ep, L // (e·ep)), i.e.
+expert TP rank, EP rank and expert-DP rank (:meth:`Placement.expert_coords`). With e = TP
+the EP groups are the ep consecutive DP ranks above. Megatron-core folds CP into the
+expert grid too; here EP stays inside one CP rank, as it is carved out of DP.
 """
 
 from __future__ import annotations
@@ -78,11 +88,31 @@ class Placement:
     def degree(self, dim: str) -> int:
         return dict(self.sizes)[dim]
 
-    def ep_group(self, gpu: int, ep: int) -> tuple[int, ...]:
-        """The EP group of ``gpu``: the ep consecutive DP ranks around it, same tp, cp, pp."""
-        base = self.coords(gpu)
-        first = base["dp"] - base["dp"] % ep
-        return tuple(self.gpu(**{**base, "dp": first + i}) for i in range(ep))
+    def expert_coords(self, gpu: int, ep: int, etp: int | None = None) -> tuple[int, int, int]:
+        """(expert TP rank, EP rank, expert-DP rank) of ``gpu`` in its (pp, cp) slice's expert
+        grid of ``etp`` (default: the TP degree) x ``ep`` x the rest (module docstring)."""
+        c = self.coords(gpu)
+        e = self.degree("tp") if etp is None else etp
+        local = c["tp"] + self.degree("tp") * c["dp"]
+        return local % e, local // e % ep, local // (e * ep)
+
+    def expert_gpu(self, etp_rank: int, ep_rank: int, edp_rank: int, ep: int,
+                   etp: int | None = None, cp: int = 0, pp: int = 0) -> int:
+        """The GPU at an expert-grid coordinate of slice (pp, cp), inverse of
+        :meth:`expert_coords`."""
+        t = self.degree("tp")
+        e = t if etp is None else etp
+        local = etp_rank + e * (ep_rank + ep * edp_rank)
+        return self.gpu(tp=local % t, cp=cp, dp=local // t, pp=pp)
+
+    def ep_group(self, gpu: int, ep: int, etp: int | None = None) -> tuple[int, ...]:
+        """The EP group of ``gpu``: the ep GPUs of its expert grid that differ only in EP rank
+        (with ``etp`` left out or the TP degree: the ep consecutive DP ranks around it, same
+        tp, cp, pp), by EP rank."""
+        c = self.coords(gpu)
+        e_rank, _, d_rank = self.expert_coords(gpu, ep, etp)
+        return tuple(self.expert_gpu(e_rank, i, d_rank, ep, etp, c["cp"], c["pp"])
+                     for i in range(ep))
 
     def group(self, dim: str, gpu: int) -> tuple[int, ...]:
         """The GPUs that differ from ``gpu`` only along ``dim``, in ring order."""

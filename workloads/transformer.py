@@ -306,6 +306,14 @@ class TransformerCosts:
     """MoE all-to-all overlap (``parallel.moe_a2a_overlap``): the fixed exposed time of each
     of a layer's all-to-alls by name (``dispatch``, ``combine``, ``combine grad``,
     ``dispatch grad``; :mod:`sim.a2aoverlap`); empty: each blocks for its network time."""
+    expert_tp: int | None = None
+    """Expert tensor parallelism e (Megatron-core ``expert_tensor_parallel_size``); None: the
+    attention's tp. The routed experts' weights are split over e GPUs, not tp: each GPU
+    computes n·k·e rows (n = b·s/(cp·tp) its sequence-parallel tokens, gathered over the
+    expert TP group after the all-to-all, ``MoEAlltoAllTokenDispatcher.dispatch_postprocess``)
+    of width f_e/e, and holds E/ep experts' 1/e, their state sharded over the
+    dp·cp·tp/(e·ep) GPUs holding the same shards. The all-to-all volume (n·k·h a GPU) and the
+    activations (n·k·e rows of f_e/e) do not depend on e."""
 
     # ------------------------------------------------------------- shapes
     @property
@@ -319,6 +327,25 @@ class TransformerCosts:
         """GPUs over which ZeRO shards model state: the DP group times the CP group
         (Megatron reduces gradients and shards the distributed optimizer over dp·cp)."""
         return self.dp * self.cp
+
+    @property
+    def _etp(self) -> int:
+        """The experts' TP degree: :attr:`expert_tp`, or tp."""
+        return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
+    def _experts_apart(self) -> bool:
+        """Whether the experts' state is held and reduced apart from the dense state: with
+        ep > 1, or split over an expert TP degree other than tp."""
+        return self.ep > 1 or self._etp != self.tp
+
+    @property
+    def _expert_shards(self) -> int:
+        """GPUs over which ZeRO shards the experts' state: the expert-data-parallel group,
+        dp·cp/ep (dp·cp·tp/(e·ep) with an expert TP degree e of its own)."""
+        if self.expert_tp is None:
+            return self._shards // self.ep
+        return self._shards * self.tp // (self.expert_tp * self.ep)
 
     @property
     def _bsh(self) -> float:
@@ -417,23 +444,32 @@ class TransformerCosts:
         return ComputeSeg("shared experts", sum(d[1] for d in dims), nbytes, gemm_dims=dims)
 
     @property
-    def _expert_rows(self) -> float:
-        """Token copies this GPU's experts compute (and receive) per micro-batch:
+    def _routed_rows(self) -> float:
+        """Token copies routed from the tokens of this GPU's TP group per micro-batch:
         b·s/cp·k·max(c, 1) with a capacity factor; dropless, b·s/cp·k times the routing
         imbalance on the busiest EP rank (:meth:`workloads.models.MoESpec.load_factor`)."""
         moe = self.model.moe
         assert moe is not None
         return self._tokens * moe.top_k * moe.load_factor(self.ep)
 
+    @property
+    def _expert_rows(self) -> float:
+        """Token copies this GPU's experts compute per micro-batch: :attr:`_routed_rows`
+        times e/tp, the expert TP group's gathered share (all of them with e = tp)."""
+        if self.expert_tp is None:
+            return self._routed_rows
+        return self._routed_rows * (self.expert_tp / self.tp)
+
     def _expert_gemms(self) -> ComputeSeg:
         """Router and expert GEMMs of one MoE layer on one GPU (Fedus et al. 2021, sec. 2).
 
-        Router: 2·n·h·E FLOPs on the GPU's n tokens. Experts: each of the n·k·max(c, 1)
-        routed rows passes one expert MLP, 2·rows·h·f_e·(2 or 3 matrices)/t FLOPs (expert
-        TP = t); the E/ep local experts' weights are read once. Shape: rows per local
-        expert, n·k·max(c, 1)·ep/E, against f_e/t.
+        Router: 2·n·h·E FLOPs on the GPU's n tokens. Experts: each of the rows
+        (:attr:`_expert_rows`: n·k·max(c, 1)·e/t) passes one expert MLP,
+        2·rows·h·f_e·(2 or 3 matrices)/e FLOPs (e the expert TP degree, :attr:`_etp`); the
+        E/ep local experts' weights (1/e of each) are read once. Shape: rows per local
+        expert, rows·ep/E, against f_e/e.
         """
-        m, t, n = self.model, self.tp, self._tokens
+        m, t, n = self.model, self._etp, self._tokens
         moe = m.moe
         assert moe is not None
         h, f, mm = m.hidden_size, moe.expert_ffn_hidden_size, m.mlp_matrices
@@ -455,7 +491,7 @@ class TransformerCosts:
 
     @property
     def _dispatched_rows(self) -> float:
-        """Token copies one GPU dispatches per micro-batch: :attr:`_expert_rows`
+        """Token copies one GPU's TP group dispatches per micro-batch: :attr:`_routed_rows`
         (``alltoall``, each routed copy), or with ``flex`` b·s/cp·D times the load factor, D the
         expected distinct destination units (:func:`workloads.moe_dispatch.expected_units`:
         the ep_servers servers when the EP group spans several, else its ep GPUs). As a
@@ -466,7 +502,7 @@ class TransformerCosts:
         moe = self.model.moe
         assert moe is not None
         if self.moe_dispatcher == "alltoall":
-            return self._expert_rows
+            return self._routed_rows
         units = self.ep_servers if self.ep_servers > 1 else self.ep
         return self._tokens * moe.load_factor(self.ep) * expected_units(
             moe.num_experts, moe.top_k, units, moe.router_num_groups, moe.router_group_topk)
@@ -552,8 +588,10 @@ class TransformerCosts:
                                                else 0.0)) * BF16 * self._scores_elements())
         act_bytes = SWIGLU_BYTES if m.gated_mlp else GELU_BYTES
         if m.moe is not None:  # activation on the routed rows (and every token's shared
-            rows = self._expert_rows  # experts), plus permute and unpermute
-            act = (act_bytes * (rows + n * m.moe.shared_experts)
+            # experts), plus permute and unpermute; the rows' f_e/e wide activations are
+            # routed_rows·f_e/t whatever the expert TP degree e
+            rows = self._expert_rows
+            act = (act_bytes * (self._routed_rows + n * m.moe.shared_experts)
                    * m.moe.expert_ffn_hidden_size / t + 2 * 2 * BF16 * rows * m.hidden_size)
         else:
             act = act_bytes * n * m.ffn_hidden_size / t
@@ -720,7 +758,8 @@ class TransformerCosts:
                                             elementwise_bytes=elementwise), "shared experts")
             if "moe_act" in mods and moe is not None:
                 segs.append(ComputeSeg(f"{label} moe act", elementwise_bytes=act_bytes
-                                       * self._expert_rows * moe.expert_ffn_hidden_size / t))
+                                       * self._expert_rows * moe.expert_ffn_hidden_size
+                                       / self._etp))
         if "layernorm" in mods:
             norms = (m.mla is not None) + (m.moe is not None)
             norm = NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES
@@ -902,8 +941,8 @@ class TransformerCosts:
                                                     if backward else 0.0)
         if not per_param:
             return []
-        params = self._layer_params_tp + (self.model.layer_expert_params() / self.tp / self.ep
-                                          if self.ep > 1 else 0.0)
+        params = self._layer_params_tp + (self.model.layer_expert_params() / self._etp
+                                          / self.ep if self._experts_apart else 0.0)
         return [ComputeSeg(f"{name} zero3 copies", elementwise_bytes=per_param * params)]
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
@@ -925,17 +964,18 @@ class TransformerCosts:
     # ------------------------------------------------------------- DP units (buckets, ZeRO-3)
     @property
     def _layer_params_tp(self) -> float:
-        """Parameters of one transformer block on one TP rank (with ep > 1: without the
-        experts, which are reduced apart)."""
+        """Parameters of one transformer block on one TP rank (with the experts apart: without
+        the experts, which are reduced apart)."""
         m = self.model
-        experts = m.layer_expert_params() if self.ep > 1 else 0
+        experts = m.layer_expert_params() if self._experts_apart else 0
         return (m.layer_params() - experts) / self.tp
 
     def _layer_expert_grad_bytes(self) -> float:
-        """One layer's expert gradient bytes on one GPU when ep > 1 (E/ep experts), else 0."""
-        if self.ep == 1:
+        """One layer's expert gradient bytes on one GPU with the experts apart (E/ep experts,
+        split over the expert TP degree), else 0."""
+        if not self._experts_apart:
             return 0.0
-        return BF16 * self.model.layer_expert_params() / self.tp / self.ep
+        return BF16 * self.model.layer_expert_params() / self._etp / self.ep
 
     def _head_gather_bytes(self) -> float:
         """bf16 bytes the head needs gathered: final norm and the h x V output projection
@@ -1264,9 +1304,10 @@ class TransformerCosts:
         return self.seq_chunk(op.seq).p2p_bytes()
 
     def stage_expert_params(self, stage: int) -> float:
-        """Expert parameters of a stage on one GPU: its E/ep experts of each layer, TP-split."""
+        """Expert parameters of a stage on one GPU: its E/ep experts of each layer, split over
+        the expert TP degree."""
         experts = sum(n * c.model.layer_expert_params() for c, n in self._runs(stage))
-        return experts / self.tp / self.ep
+        return experts / self._etp / self.ep
 
     def stage_params(self, stage: int) -> float:
         """Parameters of a stage held by one GPU (a TP rank; its own experts)."""
@@ -1286,13 +1327,14 @@ class TransformerCosts:
         """Gradient bytes of a stage reduced across DP, :attr:`dp_wire_bytes` per element
         (bf16 by default); with ep > 1 the experts' are reduced apart
         (:meth:`expert_grad_bytes`)."""
-        experts = self.stage_expert_params(stage) if self.ep > 1 else 0.0
+        experts = self.stage_expert_params(stage) if self._experts_apart else 0.0
         return self.dp_wire_bytes * (self.stage_params(stage) - experts)
 
     def expert_grad_bytes(self, stage: int) -> float:
         """Expert gradient bytes of a stage, reduced over the expert-data-parallel group
-        (the DP x CP replicas holding the same experts: dp·cp/ep GPUs); 0 unless ep > 1."""
-        return BF16 * self.stage_expert_params(stage) if self.ep > 1 else 0.0
+        (the GPUs holding the same expert shards, :attr:`_expert_shards`); 0 unless the
+        experts are apart."""
+        return BF16 * self.stage_expert_params(stage) if self._experts_apart else 0.0
 
     def bytes_per_param(self, shards: int | None = None) -> float:
         """Model-state bytes per parameter, mixed-precision Adam under ZeRO (Rajbhandari 2020).
@@ -1311,15 +1353,15 @@ class TransformerCosts:
                 and len(self.stage_layers) > 1)
 
     def static_bytes(self, stages: tuple[int, ...]) -> float:
-        """Model state: ZeRO shards dense state over dp·cp and, with ep > 1, expert state
-        over the dp·cp/ep replicas that hold the same experts; with
+        """Model state: ZeRO shards dense state over dp·cp and, with the experts apart, expert
+        state over the GPUs that hold the same expert shards (:attr:`_expert_shards`); with
         :attr:`zero3_unsharded_under_pp`, the stages' whole parameters and gradients too."""
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         dense = sum(self.stage_params(s) for s in stages) - expert
         whole = ((BF16 + self.grad_reduce_bytes) * (dense + expert)
                  if self._unsharded_stages else 0.0)
         return (self.bytes_per_param() * dense
-                + self.bytes_per_param(self._shards // self.ep) * expert + whole)
+                + self.bytes_per_param(self._expert_shards) * expert + whole)
 
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
         """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
@@ -1329,7 +1371,7 @@ class TransformerCosts:
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         n = sum(self.stage_params(s) for s in stages) - expert
         if self.zero_stage >= 1:
-            n = n / self._shards + expert / (self._shards // self.ep)
+            n = n / self._shards + expert / self._expert_shards
         else:
             n += expert
         return ComputeSeg("optimizer", elementwise_bytes=28 * n)

@@ -130,7 +130,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
                       first_forwards(schedule) if gather_ahead else frozenset())
         loop.run(order, index)
         last = loop.last
-    dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)))
+    dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)),
+                        getattr(costs, "expert_tp", None))
     if servers:
         if collapse is not None or zero_stage or piecewise is not None:
             raise ValueError("parameter servers: ZeRO-0 without buckets, not collapsed")

@@ -14,6 +14,7 @@ from workloads.lowering.collapse import Collapse
 from workloads.lowering.groups import (
     dp_groups,
     expert_groups,
+    expert_replicas,
     grad_group,
     rank_expert_groups,
     replica_coords,
@@ -29,7 +30,9 @@ class DataParallel:
     placement: Placement
     collapse: Collapse | None
     ep: int
-    """Expert-parallel degree (1: no expert groups)."""
+    """Expert-parallel degree."""
+    etp: int | None = None
+    """Expert tensor-parallel degree; None: the TP degree."""
 
     @property
     def tp(self) -> int:
@@ -40,6 +43,12 @@ class DataParallel:
     def dp(self) -> int:
         """Size of the gradient group: DP x CP."""
         return len(replica_coords(self.placement))
+
+    @property
+    def expert_replicas(self) -> int:
+        """Size of an expert-data-parallel group: the GPUs holding the same expert shards,
+        DP x CP x TP / (expert TP x EP)."""
+        return expert_replicas(self.placement, self.ep, self.etp)
 
     @property
     def lanes(self) -> int:
@@ -68,16 +77,17 @@ class DataParallel:
     def expert_collective(self, r: int, t: int, deps: Mapping[int, tuple[int, ...]],
                           name: str, op: str, nbytes: float, stage: int = -1
                           ) -> dict[int, int]:
-        """MoE with ep > 1: the experts' collective over each expert-data-parallel group."""
-        placement, collapse, ep = self.placement, self.collapse, self.ep
+        """MoE with its experts apart (ep > 1 or an expert TP of its own): the experts'
+        collective over each expert-data-parallel group of lane ``t``."""
+        placement, collapse, ep, etp = self.placement, self.collapse, self.ep, self.etp
         if collapse is not None:
             rep = placement.gpu(pp=r)
-            groups = rank_expert_groups(placement, r, ep)
+            groups = rank_expert_groups(placement, r, ep, etp)
             return self.b.collective((rep,), {rep: deps[rep]}, kind="dp", name=name, op=op,
                                      nbytes=nbytes, stage=stage,
                                      duration_s=collapse.collective_s(op, groups, nbytes))
         ids: dict[int, int] = {}
-        for group in expert_groups(placement, t, r, ep):
+        for group in expert_groups(placement, t, r, ep, etp):
             ids.update(self.b.collective(group, {g: deps[g] for g in group}, kind="dp",
                                          name=name, op=op, nbytes=nbytes, stage=stage))
         return ids

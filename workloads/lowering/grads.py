@@ -30,7 +30,7 @@ def reduce_gradients(dpar: DataParallel, schedule: Schedule, costs: CostModel,
     ``reduced``: the stages whose gradients are reduced already.
     """
     num_gpus = dpar.placement.num_gpus
-    dp, ep = dpar.dp, dpar.ep
+    dp = dpar.dp
     stages = sorted(final_op, key=lambda s: index[final_op[s]])
     waits: dict[int, list[int]] = {g: [] for g in range(num_gpus)}
     op = grad_op(zero_stage)
@@ -48,7 +48,7 @@ def reduce_gradients(dpar: DataParallel, schedule: Schedule, costs: CostModel,
                 for g, d in deps.items():
                     waits[g].extend(d)
             nbytes = expert_bytes(s) if expert_bytes is not None else 0.0
-            if nbytes > 0 and dp // ep > 1 and s not in reduced:
+            if nbytes > 0 and dpar.expert_replicas > 1 and s not in reduced:
                 ids = dpar.expert_collective(r, t, deps, f"stage{s} expert grad {op}", op,
                                              nbytes, s)
                 for g, i in ids.items():

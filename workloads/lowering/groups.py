@@ -3,7 +3,9 @@
 A pipeline rank's GPUs are its TP groups, one per (cp, dp) replica; gradients are
 reduced over the DP x CP group of each TP lane; MoE all-to-alls run over EP groups of
 ep consecutive DP ranks, and expert gradients over the replicas holding the same
-experts.
+experts. With an expert TP size ``etp`` other than the TP degree the EP and expert-DP
+groups come from each (pp, cp) slice's expert grid (:meth:`Placement.expert_coords`,
+Megatron-core's expert ``RankGenerator``); ``etp`` None is the TP degree.
 """
 
 from __future__ import annotations
@@ -52,28 +54,47 @@ def dp_groups(placement: Placement, r: int) -> Groups:
 
 
 @lru_cache(maxsize=GROUP_CACHE)
-def rank_expert_groups(placement: Placement, r: int, ep: int) -> Groups:
+def rank_expert_groups(placement: Placement, r: int, ep: int, etp: int | None = None
+                       ) -> Groups:
     """The expert gradient groups of every TP lane of pipeline rank ``r``
     (:func:`expert_groups`)."""
     return tuple(grp for t in range(placement.degree("tp"))
-                 for grp in expert_groups(placement, t, r, ep))
+                 for grp in expert_groups(placement, t, r, ep, etp))
+
+
+def expert_replicas(placement: Placement, ep: int, etp: int | None = None) -> int:
+    """Size of an expert-data-parallel group, the GPUs of a pipeline rank holding the same
+    expert shards: DP x CP x TP / (expert TP x EP) (Megatron-core's
+    ``expert_data_parallel_size``, world / (ETP x EP x PP))."""
+    replicas = len(replica_coords(placement))
+    if etp is None:
+        return replicas // ep
+    return replicas * placement.degree("tp") // (etp * ep)
 
 
 @lru_cache(maxsize=GROUP_CACHE)
-def ep_groups(placement: Placement, r: int, ep: int) -> Groups:
-    """Every EP group of pipeline rank ``r``: ep consecutive DP ranks, same tp and cp."""
-    return tuple(placement.ep_group(placement.gpu(tp=t, cp=c, dp=d, pp=r), ep)
-                 for t in range(placement.degree("tp")) for c, d in replica_coords(placement)
-                 if d % ep == 0)
+def ep_groups(placement: Placement, r: int, ep: int, etp: int | None = None) -> Groups:
+    """Every EP group of pipeline rank ``r``, by expert TP rank, CP rank and expert-DP rank
+    (with ``etp`` the TP degree: ep consecutive DP ranks, same tp and cp)."""
+    e = placement.degree("tp") if etp is None else etp
+    edp = placement.degree("tp") * placement.degree("dp") // (e * ep)
+    return tuple(placement.ep_group(placement.expert_gpu(k, 0, d, ep, etp, c, r), ep, etp)
+                 for k in range(e) for c in range(placement.degree("cp")) for d in range(edp))
 
 
 @lru_cache(maxsize=GROUP_CACHE)
-def expert_groups(placement: Placement, t: int, r: int, ep: int) -> Groups:
+def expert_groups(placement: Placement, t: int, r: int, ep: int, etp: int | None = None
+                  ) -> Groups:
     """The groups that reduce expert gradients for TP lane ``t`` of rank ``r``: the DP x CP
-    replicas with the same EP rank (they hold the same experts), by GPU id."""
-    return tuple(tuple(sorted(placement.gpu(tp=t, cp=c, dp=d, pp=r)
-                              for c, d in replica_coords(placement) if d % ep == i))
-                 for i in range(ep))
+    replicas with the same expert TP and EP ranks (they hold the same expert shards), by
+    GPU id, one per EP rank (and expert TP rank on the lane). A group stays on one TP lane
+    while e·ep is a multiple of the TP degree (:func:`sim.experiment` checks it)."""
+    grid: dict[tuple[int, int], list[int]] = {}
+    for c, d in replica_coords(placement):
+        g = placement.gpu(tp=t, cp=c, dp=d, pp=r)
+        k, i, _ = placement.expert_coords(g, ep, etp)
+        grid.setdefault((i, k), []).append(g)
+    return tuple(tuple(sorted(grid[key])) for key in sorted(grid))
 
 
 @lru_cache(maxsize=GROUP_CACHE)

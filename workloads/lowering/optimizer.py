@@ -22,7 +22,7 @@ def optimizer_step(dpar: DataParallel, schedule: Schedule, costs: CostModel,
     ZeRO-1/2 parameter all-gathers after it (none where ``gathered_ahead``: the first
     forwards gather them)."""
     b, placement, collapse = dpar.b, dpar.placement, dpar.collapse
-    dp, ep = dpar.dp, dpar.ep
+    dp = dpar.dp
     expert_bytes = getattr(costs, "expert_grad_bytes", None)
     for r in range(placement.degree("pp")):
         mine = stages_of(schedule, r)
@@ -40,6 +40,6 @@ def optimizer_step(dpar: DataParallel, schedule: Schedule, costs: CostModel,
                 dpar.collective(r, t, {g: (i,) for g, i in opt.items()}, "param all_gather",
                                 "all_gather", nbytes)
                 nbytes = sum(expert_bytes(s) for s in mine) if expert_bytes is not None else 0.0
-                if nbytes > 0 and dp // ep > 1:
+                if nbytes > 0 and dpar.expert_replicas > 1:
                     dpar.expert_collective(r, t, {g: (i,) for g, i in opt.items()},
                                            "expert param all_gather", "all_gather", nbytes)

@@ -25,8 +25,8 @@ from workloads.lowering.groups import (
     ALL_TO_ALL_ALGO,
     dp_groups,
     ep_groups,
+    expert_replicas,
     rank_expert_groups,
-    replica_coords,
     tp_groups,
 )
 from workloads.lowering.opcosts import CostModel
@@ -128,7 +128,8 @@ class PieceLowering:
     sends at once), timed with all ring pairs of the pipeline rank.
 
     MoE (ep > 1): the all-to-alls (``CommSeg(group="ep")``) run over each EP
-    group of ep consecutive DP ranks; with ``overlap_grad_reduce`` the expert
+    group (ep consecutive DP ranks; with an expert TP size of its own, the expert grid's,
+    :func:`ep_groups`); with ``overlap_grad_reduce`` the expert
     gradients fill their own buckets, reduced over the replicas holding the
     same experts (:func:`expert_groups`).
     """
@@ -144,8 +145,10 @@ class PieceLowering:
         self.bucket_bytes = float(getattr(costs, "grad_bucket_bytes", 25e6))
         self.tp = placement.degree("tp")
         self.ep = int(getattr(costs, "ep", 1))
-        self.expert_replicas = len(replica_coords(placement)) // self.ep
-        """GPUs holding the same experts (the expert-data-parallel group size)."""
+        self.etp: int | None = getattr(costs, "expert_tp", None)
+        """Expert TP degree (None: the TP degree)."""
+        self.expert_replicas = expert_replicas(placement, self.ep, self.etp)
+        """GPUs holding the same expert shards (the expert-data-parallel group size)."""
         self.next_op = {op: ops[i + 1] for ops in schedule.rank_ops
                         for i, op in enumerate(ops[:-1])}
         self.cache: dict[tuple[Op, bool], tuple[Piece, ...]] = {}
@@ -321,9 +324,10 @@ class PieceLowering:
 
     def _expert_dp(self, r: int, deps: Mapping[int, tuple[int, ...]], name: str, op: str,
                    nbytes: float, stage: int, mb: int) -> dict[int, int]:
-        """A collective over each expert-data-parallel group of rank ``r`` (MoE, ep > 1)."""
-        return self._dp_groups(r, rank_expert_groups(self.placement, r, self.ep), deps, name,
-                               op, nbytes, stage, mb)
+        """A collective over each expert-data-parallel group of rank ``r`` (MoE, experts
+        apart)."""
+        groups = rank_expert_groups(self.placement, r, self.ep, self.etp)
+        return self._dp_groups(r, groups, deps, name, op, nbytes, stage, mb)
 
     def _emit_body(self, op: Op, key: tuple, piece: Piece, r: int,
                    prev: dict[int, tuple[int, ...]], alloc: float, free: float, total: int,
@@ -347,7 +351,7 @@ class PieceLowering:
             if isinstance(seg, ComputeSeg):
                 seen += 1
             if isinstance(seg, CommSeg) and seg.group == "ep":
-                for group in ep_groups(self.placement, r, self.ep):
+                for group in ep_groups(self.placement, r, self.ep, self.etp):
                     ids = b.collective(group, {g: cur[g] for g in group}, kind=seg.kind,
                                        name=f"{op_name} {seg.label}", op=seg.op,
                                        nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
@@ -423,7 +427,7 @@ class PieceLowering:
             folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
             if folded is None:
                 folded = fold(tuple(run), self.collapse.on(g), tp_groups(self.placement, r),
-                               ep_groups(self.placement, r, self.ep))
+                               ep_groups(self.placement, r, self.ep, self.etp))
                 self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
             n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
             a = alloc if seen == 0 and n_compute else 0.0
