@@ -385,7 +385,7 @@ class TrainingConfig(Strict):
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
     framework: Literal["megatron", "deepspeed", "fsdp", "scaling", "llm-foundry",
-                       "megatron-bridge"] = "megatron"
+                       "megatron-bridge", "llama3"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -394,7 +394,9 @@ class TrainingConfig(Strict):
     it; scaling: Aleph Alpha's, the framework of Hagemann et al.'s sweep; llm-foundry:
     MosaicML's MPT on Composer's FSDP1 (fused bf16 loss, fp32 gradient casts, packed
     attention inputs); megatron-bridge: Megatron-core as Megatron-Bridge's performance
-    scripts launch it (Megatron-LM's behaviour, expandable allocator segments)."""
+    scripts launch it (Megatron-LM's behaviour, expandable allocator segments); llama3: Meta's
+    stack for Llama 3 405B as Dubey et al. 2024, sec. 3.3.2 describe it (embedding and head
+    each in a layer's place on the end stages, fp32 gradient accumulation and reduction)."""
     allocator: Literal["caching", "expandable-segments"] | None = None
     """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
     memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's

@@ -431,7 +431,14 @@ def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
     projection and loss calculation", so those two stages may hold no transformer layer)."""
     given = par.layers_per_stage
     if given is None or given in ("balanced", "auto"):  # see balanced_layers, auto_layers
-        return stage_layers(profile, model.num_layers, num_stages)
+        split = stage_layers(profile, model.num_layers, num_stages)
+        if split[0] == 0 and (par.zero_stage == 3 or par.overlap_grad_reduce):
+            raise ConfigError(f"training.framework={profile.name!r} splits {model.num_layers} "
+                              f"layers over {num_stages} stages as {list(split)}: a first "
+                              "stage without layers is not supported with zero_stage 3 or "
+                              "overlap_grad_reduce (their per-layer gradient units carry the "
+                              "embedding with layer 0)")
+        return split
     if isinstance(given, str):
         raise ConfigError(f"parallel.layers_per_stage={given!r}: give a list of layers per "
                           "stage, e.g. [15, 16, 16, 15], 'balanced' or 'auto'")
@@ -554,7 +561,11 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         if sched.seq_chunks > model.seq_length:
             raise ConfigError(f"training.seq_chunks={sched.seq_chunks} exceeds "
                               f"model.seq_length={model.seq_length} (a chunk needs a token)")
-        if sched.num_stages > model.num_layers + 2 * isinstance(par.layers_per_stage, list):
+        # the end stages may hold no layer where the split is given or puts the embedding and
+        # the head each in a layer's place
+        ends = (isinstance(par.layers_per_stage, list)
+                or profile.stage_split == "ends-as-layers")
+        if sched.num_stages > model.num_layers + 2 * ends:
             raise ConfigError(f"parallel.pp*vpp = {pp}*{par.vpp} = {sched.num_stages} exceeds "
                               f"model.num_layers = {model.num_layers}")
         if model.num_attention_heads % tp:

@@ -616,3 +616,51 @@ def test_deepspeed_all_reduces_the_tied_embeddings_fp32_gradient_between_end_sta
     collapsed = api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
     assert full.stats["step_time_s"] == pytest.approx(collapsed)
     assert collapsed > api.simulate(untied, fidelity="collapsed").stats["step_time_s"]
+
+
+# ------------------------------------------------------------------ Llama 3's stack
+@pytest.mark.parametrize("layers, stages, split", [
+    (126, 128, (0,) + (1,) * 126 + (0,)),  # Llama 3 405B: 16 ranks x 8 one-layer chunks
+    (126, 32, (3,) + (4,) * 30 + (3,)),
+    (126, 16, (7,) + (8,) * 14 + (7,)),
+    (8, 4, (2, 3, 2, 1)),  # 10 places, earlier stages first
+    (1, 2, (1, 0)),
+])
+def test_llama3_puts_the_embedding_and_the_head_each_in_a_layers_place(
+        layers: int, stages: int, split: tuple[int, ...]) -> None:
+    """Dubey et al. 2024, sec. 3.3.2: one transformer layer fewer on the first and the last
+    stage; with one-layer chunks the first holds only the embedding, the last only the head."""
+    from workloads.frameworks import stage_layers
+
+    assert stage_layers(FRAMEWORKS["llama3"], layers, stages) == split
+    assert sum(split) == layers
+
+
+def test_llama3_split_leaves_no_middle_stage_empty_and_no_empty_first_under_zero3() -> None:
+    from workloads.frameworks import stage_layers
+
+    with pytest.raises(ConfigError, match="leaves a stage between them without"):
+        stage_layers(FRAMEWORKS["llama3"], 4, 8)
+    d = _run(framework="llama3")
+    d["model"]["num_layers"] = 6
+    d["parallel"] = {"tp": 2, "pp": 2, "dp": 2, "vpp": 4}
+    d["schedule"] = "interleaved"
+    assert Experiment.from_dict(d).costs.stage_layers == (0, 1, 1, 1, 1, 1, 1, 0)
+    with pytest.raises(ConfigError, match="a first stage without layers is not supported"):
+        Experiment.from_dict(d | {"parallel": d["parallel"] | {"zero_stage": 3}})
+
+
+def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
+    """Dubey et al. 2024, sec. 3.3.2 ("Numerical stability"): fp32 gradient accumulation and
+    fp32 reduce-scatter; FSDP shards the gradients (ZeRO-2), so the fp32 buffer is a shard; the
+    step-end collectives move the fp32 gradients and the bf16 parameters, 3 bytes each on
+    average. Everything else is Megatron-LM's."""
+    mg, ll = FRAMEWORKS["megatron"], FRAMEWORKS["llama3"]
+    assert (ll.grad_buffer_bytes, ll.grad_reduce_bytes, ll.dp_wire_bytes) == (4.0, 4.0, 3.0)
+    differ = {f.name for f in fields(mg) if getattr(mg, f.name) != getattr(ll, f.name)}
+    assert differ == {"name", "summary", "sources", "stage_split", "grad_buffer_bytes",
+                      "grad_reduce_bytes", "dp_wire_bytes"}
+    assert all("Dubey et al. 2024" in ll.source(f) for f in differ - {"name", "summary",
+                                                                       "sources"})
+    costs = apply_framework(_costs(zero_stage=2), ll, 4)
+    assert costs.bytes_per_param(8) == model_state_bytes_per_param(2, 8, 4.0) == 2 + 16 / 8

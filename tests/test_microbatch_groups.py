@@ -112,27 +112,35 @@ def test_compare_drops_the_setting_for_other_schedules() -> None:
     assert schedule_changes(exp, "1f1b")["parallel.microbatch_group_size"] is None
 
 
-def test_llama3_405b_with_the_papers_split_still_does_not_fit() -> None:
-    """Dubey et al. 2024, sec. 3.3.2: one layer fewer on the first and last stage leaves the
-    first chunk with only the embedding, so chunks hold one layer (126 + 2 = 16 ranks x 8
-    chunks). With that split and Megatron's N = pp the 8,192-GPU row peaks lower than as
-    the corpus lays it out (two chunks of 4 layers per rank) but still above the 80 GB
-    H100, before any allocator overhead (README, known gaps)."""
+@pytest.mark.parametrize("index, m", [(0, 32), (1, 16)])
+def test_llama3_405b_rows_fit_but_for_the_allocators_overhead(index: int, m: int) -> None:
+    """Dubey et al. 2024, sec. 3.3.2, as the corpus rows state it (training.framework llama3:
+    the embedding and the head each in a layer's place, so 126 + 2 = 16 ranks x 8 one-layer
+    chunks; FSDP sharding optimizer state and gradients, ZeRO-2). The peak is on pipeline
+    rank 1 (rank 0's first chunk is the embedding alone), which under Megatron's warm-up
+    2(p - r - 1) + (v - 1)N holds 2*14 + 7*16 + 1 = 141 one-layer stashes with 32
+    micro-batches per pipeline and all 8 x 16 = 128 with 16. The peak before the allocator's
+    overhead (model state, stashes, working memory, reserved) is below the H100's 79.3 GiB;
+    the run is out of memory only with the caching allocator's 42% on the dynamic part,
+    fitted on another framework's A100 runs (a known gap, README)."""
+    from sim.calibration import default_profile
     from sim.corpus import CORPUS_DIR, load_source
+    from workloads.schedules import BACKWARD, FORWARD, Op
 
-    row = load_source(CORPUS_DIR / "dubey2024_llama3_405b.csv").rows[0]
-    assert row.run == "llama3-405b-8192gpu-cp1"
-    base = row.experiment()
-    paper = row.experiment()
-    paper["parallel"] |= {"vpp": 8, "layers_per_stage": [0] + [1] * 126 + [0]}
-
-    def raw_peak_gib(d: dict) -> tuple[float, float, bool]:
-        exp = build_experiment(d)
-        res = api.simulate(exp, fidelity="collapsed")
-        raw = max(res.timeline.peak_memory_bytes(exp.placement.gpu(pp=r)) for r in range(16))
-        return raw / 2**30, res.stats["peak_memory_gib"], res.stats["oom"]
-
-    raw_base, peak_base, _ = raw_peak_gib(base)
-    raw_paper, peak_paper, oom = raw_peak_gib(paper)
-    assert raw_paper < raw_base and peak_paper < peak_base
-    assert oom and raw_paper > 79.3  # the H100's capacity (topologies.hardware)
+    row = load_source(CORPUS_DIR / "dubey2024_llama3_405b.csv").rows[index]
+    exp = build_experiment(row.experiment())
+    assert exp.costs.stage_layers == (0,) + (1,) * 126 + (0,)
+    res = api.simulate(exp, fidelity="collapsed")
+    assert res.stats["num_microbatches"] == m
+    raw = [res.timeline.peak_memory_bytes(exp.placement.gpu(pp=r)) for r in range(16)]
+    assert raw.index(max(raw)) == 1
+    gpu = exp.placement.gpu(pp=1)
+    floor = res.timeline.memory_floor_by_gpu[gpu]
+    p, v, r = 16, 8, 1
+    held = min(2 * (p - r - 1) + (v - 1) * p + 1, v * m)
+    chunk = exp.costs.activation_bytes_per_mb(p + r)
+    working = max(exp.costs.transient_bytes(Op(p + r, kind, 0)) for kind in (FORWARD, BACKWARD))
+    assert held * chunk <= raw[1] - floor <= held * chunk + working
+    reserved = default_profile("H100").reserved_bytes
+    assert raw[1] + reserved < exp.cluster.gpu.hbm_capacity_bytes
+    assert res.stats["oom"]

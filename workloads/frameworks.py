@@ -29,7 +29,7 @@ from typing import Any
 from base.errors import ConfigError
 from workloads.costs import split_layers
 
-STAGE_SPLITS = ("even", "uniform-items")
+STAGE_SPLITS = ("even", "uniform-items", "ends-as-layers")
 """How a framework places transformer layers on pipeline stages (:func:`stage_layers`)."""
 
 
@@ -54,8 +54,9 @@ class FrameworkProfile:
     vocab_parallel_loss: bool
     """Loss over vocabulary-parallel logits (True) or over logits gathered on every TP rank."""
     stage_split: str
-    """``even`` (transformer layers as even as possible, embedding and head on top) or
-    ``uniform-items`` (embedding, layers, norm and head as items split uniformly)."""
+    """``even`` (transformer layers as even as possible, embedding and head on top),
+    ``uniform-items`` (embedding, layers, norm and head as items split uniformly) or
+    ``ends-as-layers`` (the embedding and the head each in a transformer layer's place)."""
     sp_saves_gathered_input: bool
     """Under SP the column-parallel GEMMs save their all-gathered input (4·s·b·h a layer)."""
     kept_stage_outputs: int
@@ -266,10 +267,26 @@ def stage_layers(profile: FrameworkProfile, num_layers: int, num_stages: int) ->
     final norm, head) split uniformly over the stages, the first ``(num_layers + 3) mod
     stages`` taking one more; the first stage then holds one transformer layer fewer than its
     share and the last two fewer, e.g. 60 layers on 4 stages: 15, 16, 16, 13. ConfigError if
-    a stage would hold no transformer layer.
+    a stage would hold no transformer layer. ``ends-as-layers`` (Llama 3's, Dubey et al. 2024,
+    sec. 3.3.2: one transformer layer fewer on the first and on the last stage, for the
+    embedding and for the output head and loss): the ``num_layers + 2`` places split as
+    evenly as possible (earlier stages first), less one layer at each end, e.g. 126 layers
+    on 128 stages: 0, 1, ..., 1, 0 (the first stage only the embedding, the last only the
+    head), on 32 stages: 3, 4, ..., 4, 3. ConfigError if a stage between the ends would
+    hold no transformer layer (the end stages may).
     """
     if profile.stage_split == "even" or num_stages == 1:
         return split_layers(num_layers, num_stages)
+    if profile.stage_split == "ends-as-layers":
+        places = list(split_layers(num_layers + 2, num_stages))
+        places[0] -= 1
+        places[-1] -= 1
+        if min(places[1:-1], default=1) < 1 or min(places) < 0:
+            raise ConfigError(f"{num_layers} layers on {num_stages} pipeline stages: framework "
+                              f"{profile.name!r} puts the embedding and the output head each in "
+                              "a layer's place, which leaves a stage between them without a "
+                              f"transformer layer ({places})")
+        return tuple(places)
     base, extra = divmod(num_layers + 3, num_stages)
     items = [base + (1 if s < extra else 0) for s in range(num_stages)]
     layers = [n - (1 if s == 0 else 0) - (2 if s == num_stages - 1 else 0)
