@@ -255,9 +255,11 @@ class ParallelConfig(Strict):
     (``DistributedDataParallelConfig.bucket_size``), i.e. 80 MB up to dp = 40."""
     overlap_param_gather: bool = False
     """All-gather the distributed optimizer's updated parameters under the next step's
-    first forward, layer by layer as each needs them, instead of after the optimizer step
-    (Megatron-LM ``--overlap-param-gather``, which needs ``--overlap-grad-reduce`` and the
-    distributed optimizer: overlap_grad_reduce and zero_stage 1 or 2)."""
+    first forward instead of after the optimizer step (Megatron-LM
+    ``--overlap-param-gather``, which needs ``--overlap-grad-reduce`` and the distributed
+    optimizer: overlap_grad_reduce and zero_stage 1 or 2). As Megatron-core r0.8.0: stage 0
+    layer by layer as its forward reaches them, every other stage whole (one bucket), each
+    rank's gathers one chain dispatched from the step's start."""
     layers_per_stage: list[int] | str | None = None
     """Transformer layers of each pipeline stage (model chunk, pp·vpp of them, in stage
     order), e.g. [15, 16, 16, 15]; default: as even as possible, earlier stages first.

@@ -882,6 +882,10 @@ class TransformerCosts:
         gather = markers and (self.zero_stage == 3
                               or (self.overlap_param_gather and op.kind == FORWARD))
         segs: list[Segment] = []
+        if gather and self.zero_stage != 3 and op.stage > 0:
+            # overlap_param_gather beyond stage 0: one bucket, gathered whole before the op
+            segs.append(self._stage_gather(op.stage))
+            gather = False
         if op.kind == FORWARD:
             for layer in layers:
                 c = self._layer(layer)
@@ -976,6 +980,21 @@ class TransformerCosts:
         if not self._experts_apart:
             return 0.0
         return BF16 * self.model.layer_expert_params() / self._etp / self.ep
+
+    def _stage_gather(self, stage: int) -> ParamGather:
+        """A stage's parameters as one all-gather (``overlap_param_gather`` on every stage but
+        the first): Megatron-core buckets the gradients and parameters of pipeline rank 0's
+        first model chunk only, every other model chunk is one bucket
+        (megatron/core/distributed/distributed_data_parallel.py,
+        ``DistributedDataParallel.__init__``: ``bucket_size = None`` when the pipeline rank is
+        above 0, and ``disable_bucketing=(model_chunk_idx > 0)`` from
+        megatron/training/training.py ``get_model``; core r0.8.0 to main)."""
+        layers = self._stage_layers(stage)
+        nbytes = sum(self._layer(i)._gather_bytes(stage, i) for i in layers)
+        expert = sum(self._layer(i)._layer_expert_grad_bytes() for i in layers)
+        if stage == len(self.stage_layers) - 1:
+            nbytes += self._head_gather_bytes()
+        return ParamGather(f"stage{stage} params", nbytes, expert)
 
     def _head_gather_bytes(self) -> float:
         """bf16 bytes the head needs gathered: final norm and the h x V output projection

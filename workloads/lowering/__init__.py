@@ -20,7 +20,8 @@ A chain of passes (DESIGN.md), one module each:
    (:mod:`.pieces`), parameters gathered one layer ahead;
 5. :mod:`.optimizer`, the optimizer step, then (ZeRO 1/2) the all-gather of updated
    parameters; with ``overlap_param_gather`` that all-gather is each stage's first
-   forward's instead, layer by layer (:mod:`.pieces`, as ZeRO-3's gathers).
+   forward's instead, Megatron-core's way (:mod:`.pieces`): stage 0 layer by layer, every
+   other stage whole, one chain per rank from the step's start.
 
 Passes 2 and 3 run op by op in one loop (the instructions of an op and its sends are
 numbered together); :mod:`.collapse` folds them for one representative GPU per
@@ -45,6 +46,7 @@ from workloads.lowering.optimizer import optimizer_step
 from workloads.lowering.order import (
     final_ops,
     first_forwards,
+    gather_chain,
     positions,
     topological,
     topological_ops,
@@ -106,7 +108,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     # overlap_param_gather: each stage's first forward gathers the parameters layer by layer
     gather_ahead = (bool(getattr(costs, "overlap_param_gather", False)) and zero_stage in (1, 2)
                     and len(replicas) > 1)
-    piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes)
+    piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes,
+                               gather_chain(schedule) if gather_ahead else None)
                  if zero3 or overlap or cp_or_ep or gather_ahead else None)
     # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
     # (and the F ops that wait on several of them) take the op loop

@@ -170,3 +170,19 @@ def first_forwards(schedule: Schedule) -> frozenset[Op]:
             if op.kind == FORWARD and op.stage not in out:
                 out[op.stage] = op
     return frozenset(out.values())
+
+
+def gather_chain(schedule: Schedule) -> dict[Op, Op]:
+    """Per rank, each stage's first forward mapped to the next one in the rank's program
+    order: under ``overlap_param_gather`` a rank's model chunks are one chain of
+    all-gathers, the next chunk's dispatched as the forward reaches the last bucket of the
+    chunk before (Megatron-core r0.8.0 megatron/core/optimizer/distrib_optimizer.py: the
+    all-gather handles are the model chunks' buckets in chunk order,
+    ``_finish_param_sync_helper`` dispatches handle i + 1 as it waits for handle i)."""
+    firsts = first_forwards(schedule)
+    out: dict[Op, Op] = {}
+    for ops in schedule.rank_ops:
+        mine = [op for op in ops if op in firsts]
+        out.update(zip(mine, mine[1:], strict=False))
+    return out
+

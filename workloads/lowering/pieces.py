@@ -114,6 +114,15 @@ class PieceLowering:
     bucket is reduced (all-reduce, or reduce-scatter under ZeRO-1/2) as soon as
     the piece that completes it ends; the remainder goes when the op ends.
 
+    ``overlap_param_gather`` (Megatron-core's distributed optimizer, core r0.8.0
+    megatron/core/optimizer/distrib_optimizer.py): the step's first forward of each stage
+    gathers its parameters bucket by bucket, each all-gather dispatched when the forward
+    waits for the one before (``_finish_param_sync_helper``), the first at the step's start
+    (``zero_grad``); a rank's model chunks are one chain in forward order, so the next
+    chunk's gather (``gather_chain``) is dispatched when the forward reaches the last
+    bucket of the chunk before. Stage 0 is bucketed by layer, every other stage is one
+    bucket (:meth:`~workloads.transformer.TransformerCosts._stage_gather`).
+
     All DP collectives of a GPU share its ``dp`` stream, in issue order (one stream per
     communication kind): a gather queues behind reduce-scatters issued before it, e.g. the
     first layers' gathers of a forward behind the previous backward's last reduce-scatter.
@@ -136,8 +145,11 @@ class PieceLowering:
 
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, zero_stage: int, collapse: Collapse | None,
-                 lanes: Lanes) -> None:
+                 lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None) -> None:
         self.b, self.costs, self.placement = b, costs, placement
+        self.gather_chain = gather_chain or {}
+        """``overlap_param_gather``: per first forward of a stage, the next one on its rank
+        (:func:`~workloads.lowering.order.gather_chain`), whose gather it dispatches."""
         self.collapse = None if collapse is None else with_all_to_all(collapse)
         self.schedule, self.lanes = schedule, lanes
         self.zero3 = zero_stage == 3
@@ -233,6 +245,11 @@ class PieceLowering:
         for g in gpus:
             ends = self.ends.get(g, [])
             deps[g] = (ends[-back],) if len(ends) >= back else ()
+        return self._gather_after(r, op, gather, deps)
+
+    def _gather_after(self, r: int, op: Op, gather: ParamGather,
+                      deps: Mapping[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+        """All-gather ``gather`` (for ``op``) after ``deps``; the ids by GPU."""
         ids = self._dp(r, deps, f"{op} {gather.label} all_gather", "all_gather",
                        gather.nbytes, op.stage, op.mb)
         out = {g: (i,) for g, i in ids.items()}
@@ -241,6 +258,17 @@ class PieceLowering:
                                    "all_gather", gather.expert_nbytes, op.stage, op.mb)
             out = {g: out[g] + (more[g],) for g in out}
         return out
+
+    def _chain(self, r: int, nxt: Op, reached: Mapping[int, tuple[int, ...]],
+               gpus: Sequence[int]) -> None:
+        """Dispatch ``nxt``'s first gather once the forward has ``reached`` the piece whose
+        gather it waits for (Megatron-core's forward pre-hook dispatches the next bucket's
+        all-gather as it waits for this one)."""
+        pieces = self.pieces(nxt, True)
+        first = pieces[0].gather if pieces else None
+        if first is not None:
+            self.prefetched[nxt] = self._gather_after(r, nxt, first,
+                                                      {g: reached[g] for g in gpus})
 
     def _end_piece(self, g: int, end: int) -> None:
         ends = self.ends.setdefault(g, [])
@@ -263,10 +291,15 @@ class PieceLowering:
         ahead = self.prefetched.pop(op, None)
         bucket, n_buckets = 0.0, 0
         expert_bucket, n_expert = 0.0, 0
+        chained = self.gather_chain.get(op) if marked else None
+        last_gather = max((n for n, piece in enumerate(pieces) if piece.gather is not None),
+                          default=-1)
         for n, piece in enumerate(pieces):
             if piece.gather is not None and ahead is None:
                 ahead = self._gather(r, op, piece.gather, gpus, 2)
             gathered, ahead = ahead, None
+            if chained is not None and n == last_gather:
+                self._chain(r, chained, prev, gpus)
             follow = pieces[n + 1].gather if n + 1 < len(pieces) else None
             if follow is not None:
                 ahead = self._gather(r, op, follow, gpus, 1)
