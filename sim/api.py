@@ -33,6 +33,7 @@ from sim.faults import (
 from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
+from sim.fsdpoverlap import lowering_costs as fsdp_lowering_costs
 from sim.tpoverlap import lowering_costs
 from topologies.placement import coordinate_columns, mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
@@ -335,6 +336,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             compute_s_of=None if timers is None else timers.__getitem__)
     costs = lowering_costs(exp, base_time, timer)  # one GPU type (checked by the experiment)
     costs = a2a_lowering_costs(exp, costs, base_time)
+    costs = fsdp_lowering_costs(exp, costs, base_time, timer)
     program = lower(exp.schedule, costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference, servers)
     facts = _facts(exp, fidelity, profile)
