@@ -30,10 +30,10 @@ from sim.export import write_chrome_trace
 from sim.faults import (
     straggler_slowdowns,
 )
+from sim.fsdpoverlap import lowering_costs as fsdp_lowering_costs
 from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
-from sim.fsdpoverlap import lowering_costs as fsdp_lowering_costs
 from sim.tpoverlap import lowering_costs
 from topologies.placement import coordinate_columns, mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
