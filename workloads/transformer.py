@@ -314,6 +314,12 @@ class TransformerCosts:
     of width f_e/e, and holds E/ep experts' 1/e, their state sharded over the
     dp·cp·tp/(e·ep) GPUs holding the same shards. The all-to-all volume (n·k·h a GPU) and the
     activations (n·k·e rows of f_e/e) do not depend on e."""
+    zero3_overlap_s: tuple[float, float] = (0.0, 0.0)
+    """ZeRO-3 (FSDP) collectives beside the compute: the seconds a layer's forward and its
+    backward lose to the SMs that the layer's all-gather (and, backward, reduce-scatter)
+    kernels hold while they overlap it, set by :func:`sim.fsdpoverlap.with_contention` from
+    the device and collective timers; emitted after the layer as a fixed-time compute
+    segment. (0, 0): not modelled."""
 
     # ------------------------------------------------------------- shapes
     @property
@@ -941,13 +947,28 @@ class TransformerCosts:
         as one compute segment; none without ZeRO-3 over more than one shard."""
         if self.zero_stage != 3 or self._shards == 1:
             return []
+        segs: list[Segment] = []
         per_param = self.zero3_gather_copy_bytes + (self.zero3_reduce_copy_bytes
                                                     if backward else 0.0)
-        if not per_param:
-            return []
-        params = self._layer_params_tp + (self.model.layer_expert_params() / self._etp
-                                          / self.ep if self._experts_apart else 0.0)
-        return [ComputeSeg(f"{name} zero3 copies", elementwise_bytes=per_param * params)]
+        if per_param:
+            params = self._layer_params_tp + (self.model.layer_expert_params() / self._etp
+                                              / self.ep if self._experts_apart else 0.0)
+            segs.append(ComputeSeg(f"{name} zero3 copies", elementwise_bytes=per_param * params))
+        contention = self.zero3_overlap_s[1 if backward else 0]
+        if contention:
+            segs.append(ComputeSeg(f"{name} zero3 overlap", duration_s=contention))
+        return segs
+
+    def zero3_layer_work(self) -> tuple[list[Segment], list[Segment], float, float]:
+        """One transformer layer under ZeRO-3, for :mod:`sim.fsdpoverlap`: its forward and
+        backward segments (the first layer of stage 0, backward with its weight gradients and
+        recomputation) and the bytes of the all-gather of its bf16 parameters and of the
+        reduce-scatter of its gradients (whole buffers, as :class:`ParamGather` and
+        :class:`GradReady` carry them, without the embedding the first layer adds)."""
+        c = self._layer(self._stage_layers(0)[0])
+        params = c._layer_params_tp
+        return (c._layer_forward("L"), c._layer_backward("L", weight_grad_deferred=False),
+                BF16 * params, self.grad_reduce_bytes * params)
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
         """A zero-bubble W op layer by layer (head first, then the layers in backward order),
