@@ -388,12 +388,25 @@ class _Run:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
         self.draining = True
         ready, instrs = self.ready, self.program.instructions
+        started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
+        heap = self.heap if self.env is None else None
         while ready:
             i = ready.popleft()
             ins = instrs[i]
             cls = type(ins)
-            if cls is Compute:
-                self._start_compute(i, ins)
+            if cls is Compute:  # its compute, then its blocking communication: one event
+                now = self.now
+                started[i] = now
+                duration = timer(ins)
+                mid[i] = now + duration
+                total = duration + ins.blocking_comm_s
+                if not total > 0:
+                    complete(i)
+                elif heap is not None:  # _after on the own heap, inline
+                    self.events += 1
+                    heappush(heap, (now + total, self.events, complete, i))
+                else:
+                    self._after(total, complete, i)
             elif cls is Send:
                 self._start_send(i, ins)
             else:
@@ -494,21 +507,6 @@ class _Run:
             self._after(0, self._refresh)
 
     # ------------------------------------------------------------------ instructions
-
-    def _start_compute(self, i: int, ins: Compute) -> None:
-        self.started[i] = self.now
-        duration = self.timer(ins)
-        total = duration + ins.blocking_comm_s
-        if total > 0:
-            self._after(total, self._end_compute, (i, duration))
-        else:
-            self._end_compute((i, duration))
-
-    def _end_compute(self, value: tuple[int, float]) -> None:
-        """Compute op ``i`` (of ``duration``, then its blocking communication) is done."""
-        i, duration = value
-        self.mid[i] = self.started[i] + duration
-        self._complete(i)
 
     def _start_send(self, i: int, ins: Send) -> None:
         self.started[i] = self.now
