@@ -235,8 +235,8 @@ class _PlanRun:
 
 
 def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int], array[int]]:
-    """:meth:`_Run._build_dag`'s ``succ``, ``first`` and ``waiting`` from one loop over the
-    instructions (each one's stream predecessor and its deps, flat): the edges in the
+    """:meth:`_Run._build_dag`'s ``succ`` (4-byte ids here), ``first`` and ``waiting`` from one
+    loop over the instructions (each one's stream predecessor and its deps, flat): the edges in the
     order that loop meets them (per instruction its stream edge, then its deps), sorted
     stably by predecessor, are the successor lists in the order the reference fills them."""
     n = len(instrs)
@@ -268,12 +268,16 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
     is_dep[stream] = False
     pred[is_dep] = np.frombuffer(flat, dtype=np.int64)
     del is_dep, stream, flat, at
-    dst = np.repeat(np.arange(n, dtype=np.int64), edges)
-    succ = dst[np.argsort(pred, kind="stable")]
     first = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(pred, minlength=n), out=first[1:])
-    return (array("q", succ.tobytes()), array("q", first.tobytes()),
-            array("i", edges.astype(np.int32).tobytes()))
+    order = np.argsort(pred, kind="stable")
+    del pred  # the temporaries one at a time: their peak is the run's on a large program
+    succ = np.repeat(np.arange(n, dtype=np.int32), edges)[order]  # ids fit: < 2**31
+    del order
+    out = array("i"), array("q"), array("i")
+    for into, values in zip(out, (succ, first, edges.astype(np.int32)), strict=True):
+        into.frombytes(memoryview(values).cast("B"))  # no copy in between
+    return out
 
 
 class _Run:

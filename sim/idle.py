@@ -95,14 +95,21 @@ def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
             key = (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.stream)
             best = last_other.get(key, -1)
             last_other[key] = i
-            if cls is Collective and len(ins.group) > 1:
-                members.setdefault(ins.key, []).append(i)
         best_end = end_s[best] if best >= 0 else -1.0
         for d in ins.deps:
             if end_s[d] > best_end:
                 best, best_end = d, end_s[d]
         cause[i] = best
-    for group in members.values():  # a collective of one is its only member's
+        if cls is Collective and len(ins.group) > 1:  # a collective of one is its member's
+            group = members.setdefault(ins.key, [])
+            group.append(i)
+            if len(group) == len(ins.group):  # its last member: settled (groups are disjoint)
+                del members[ins.key]
+                latest = max(group, key=lambda j: (ready_s[j], -j))
+                for j in group:
+                    start[j] = ready_s[latest]
+                    cause[j] = cause[latest]
+    for group in members.values():  # members missing (not in this program): as they are
         latest = max(group, key=lambda j: (ready_s[j], -j))
         for j in group:
             start[j] = ready_s[latest]
