@@ -26,16 +26,20 @@ MAX_SCHEDULE_OPS = 2_000_000
 """Most ops one step's schedule may hold (all pipeline ranks): about a minute of
 building and lowering, 100 times the largest bundled example (pp·vpp·m·kinds·k)."""
 
-BYTES_PER_INSTRUCTION = 450
+BYTES_PER_INSTRUCTION = 400
 """Memory per lowered instruction through a full-fidelity simulation (the instruction, the
 engine's times and DAG, the statistics' intervals and the idle breakdown's chain sums; the
 timeline's records are made only when read), measured as peak RSS above the interpreter's
-over estimated instructions, issue 22, rounded up: 420 B (LLaMA 7B, TP2 PP4 DP128 on 1,024
-A100, ``benchmarks/scale.py`` case ``full-1024``: 628,736 estimated and 541,696 lowered
-instructions, 324 MiB peak RSS, 72 MiB of it the interpreter's) and 400 B (GPT-3 175B, TP8
-PP8 DP4, 8 micro-batches, on 256 A100: 230,144 estimated, 156 MiB). Before the records
-were deferred and the engine's and idle breakdown's state held in arrays: 800 B (0.77 KB
-for GPT-3 175B on 4,096 A100, 6.4 million instructions, 4.9 GB)."""
+(70 MiB) over estimated instructions, issue 22, on the large runs it bounds, rounded up
+(``python benchmarks/scale.py --only full-1024,175b-1024-full,175b-4096-full``, 2026-12-05):
+400 B (LLaMA 7B, TP2 PP4 DP128 on 1,024 A100, ``full-1024``: 628,736 estimated and 541,696
+lowered instructions, 310 MiB), 375 B (GPT-3 175B, TP8 PP8 DP16 on 1,024 A100: 920,576
+estimated, 399 MiB) and 352 B (the same on 4,096 A100, 16 micro-batches: 7,364,608
+estimated, 2,544 MiB). Small runs take more per instruction (GPT-3 175B on 256 A100: 419 B,
+162 MiB), but they are far from the bound. Before the records were deferred and the engine's
+and idle breakdown's state held in arrays: 800 B (0.77 KB for GPT-3 175B on 4,096 A100, 6.4
+million instructions, 4.9 GB); before the idle breakdown's gaps were split on arrays and its
+peak trimmed: 450 B."""
 
 MAX_PROGRAM_BYTES = 8e9
 """Memory a lowered program may need (instructions times :data:`BYTES_PER_INSTRUCTION`):

@@ -40,6 +40,8 @@ from heapq import heappop, heappush
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from base.collector import gc_paused
 from base.errors import DeadlockError
 from sim.collectives import Transfer
@@ -52,6 +54,7 @@ from workloads.program import (
     Collective,
     ColumnarInstructions,
     Compute,
+    Instruction,
     Program,
     Send,
     columns_of,
@@ -231,6 +234,52 @@ class _PlanRun:
             self.done()
 
 
+def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int], array[int]]:
+    """:meth:`_Run._build_dag`'s ``succ`` (4-byte ids here), ``first`` and ``waiting`` from one
+    loop over the instructions (each one's stream predecessor and its deps, flat): the edges in the
+    order that loop meets them (per instruction its stream edge, then its deps), sorted
+    stably by predecessor, are the successor lists in the order the reference fills them."""
+    n = len(instrs)
+    before = array("q", [-1]) * n  # the stream predecessor, -1: none
+    ndeps = array("q", bytes(8 * n))
+    flat = array("q")  # every instruction's deps, in order
+    last_in: dict[object, int] = {}  # per stream, as _build_dag keys them
+    for ins in instrs:
+        i, deps = ins.id, ins.deps
+        cls = type(ins)
+        key = (ins.gpu if cls is Compute else
+               (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind))
+        prev = last_in.get(key)
+        if prev is not None:
+            before[i] = prev
+        last_in[key] = i
+        if deps:
+            ndeps[i] = len(deps)
+            flat.extend(deps)
+    del last_in
+    prev_of = np.frombuffer(before, dtype=np.int64)
+    has = prev_of >= 0
+    edges = has + np.frombuffer(ndeps, dtype=np.int64)  # predecessors of each instruction
+    at = np.cumsum(edges) - edges  # where its edges begin in the loop's order
+    pred = np.empty(int(edges.sum()), dtype=np.int64)
+    stream = at[has]
+    pred[stream] = prev_of[has]
+    is_dep = np.ones(len(pred), dtype=bool)
+    is_dep[stream] = False
+    pred[is_dep] = np.frombuffer(flat, dtype=np.int64)
+    del is_dep, stream, flat, at
+    first = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pred, minlength=n), out=first[1:])
+    order = np.argsort(pred, kind="stable")
+    del pred  # the temporaries one at a time: their peak is the run's on a large program
+    succ = np.repeat(np.arange(n, dtype=np.int32), edges)[order]  # ids fit: < 2**31
+    del order
+    out = array("i"), array("q"), array("i")
+    for into, values in zip(out, (succ, first, edges.astype(np.int32)), strict=True):
+        into.frombytes(memoryview(values).cast("B"))  # no copy in between
+    return out
+
+
 class _Run:
     """State of one simulation; discarded after :func:`simulate_program` returns."""
 
@@ -303,7 +352,14 @@ class _Run:
         The successors are held compressed (CSR): instruction ``i``'s are
         ``succ[first[i]:first[i + 1]]``, in the order the instructions naming them come
         (a stream successor before the same instruction as a dependent): 8 bytes an edge
-        and an instruction, where a list per instruction took about 90 bytes."""
+        and an instruction, where a list per instruction took about 90 bytes. Two loops
+        over the instructions in the reference; else one, the edges sorted on arrays
+        (:func:`_dag_on_arrays`, the same arrays)."""
+        if self.env is None:
+            self.succ, self.first, self.waiting = _dag_on_arrays(program.instructions)
+            self.finished = bytearray(len(program.instructions))
+            self.completed = 0
+            return
         instrs = program.instructions
         n = len(instrs)
         before = array("q", [-1]) * n  # the stream predecessor, -1: none
@@ -388,12 +444,25 @@ class _Run:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
         self.draining = True
         ready, instrs = self.ready, self.program.instructions
+        started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
+        heap = self.heap if self.env is None else None
         while ready:
             i = ready.popleft()
             ins = instrs[i]
             cls = type(ins)
-            if cls is Compute:
-                self._start_compute(i, ins)
+            if cls is Compute:  # its compute, then its blocking communication: one event
+                now = self.now
+                started[i] = now
+                duration = timer(ins)
+                mid[i] = now + duration
+                total = duration + ins.blocking_comm_s
+                if not total > 0:
+                    complete(i)
+                elif heap is not None:  # _after on the own heap, inline
+                    self.events += 1
+                    heappush(heap, (now + total, self.events, complete, i))
+                else:
+                    self._after(total, complete, i)
             elif cls is Send:
                 self._start_send(i, ins)
             else:
@@ -494,21 +563,6 @@ class _Run:
             self._after(0, self._refresh)
 
     # ------------------------------------------------------------------ instructions
-
-    def _start_compute(self, i: int, ins: Compute) -> None:
-        self.started[i] = self.now
-        duration = self.timer(ins)
-        total = duration + ins.blocking_comm_s
-        if total > 0:
-            self._after(total, self._end_compute, (i, duration))
-        else:
-            self._end_compute((i, duration))
-
-    def _end_compute(self, value: tuple[int, float]) -> None:
-        """Compute op ``i`` (of ``duration``, then its blocking communication) is done."""
-        i, duration = value
-        self.mid[i] = self.started[i] + duration
-        self._complete(i)
 
     def _start_send(self, i: int, ins: Send) -> None:
         self.started[i] = self.now

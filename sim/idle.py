@@ -95,14 +95,21 @@ def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
             key = (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.stream)
             best = last_other.get(key, -1)
             last_other[key] = i
-            if cls is Collective and len(ins.group) > 1:
-                members.setdefault(ins.key, []).append(i)
         best_end = end_s[best] if best >= 0 else -1.0
         for d in ins.deps:
             if end_s[d] > best_end:
                 best, best_end = d, end_s[d]
         cause[i] = best
-    for group in members.values():  # a collective of one is its only member's
+        if cls is Collective and len(ins.group) > 1:  # a collective of one is its member's
+            group = members.setdefault(ins.key, [])
+            group.append(i)
+            if len(group) == len(ins.group):  # its last member: settled (groups are disjoint)
+                del members[ins.key]
+                latest = max(group, key=lambda j: (ready_s[j], -j))
+                for j in group:
+                    start[j] = ready_s[latest]
+                    cause[j] = cause[latest]
+    for group in members.values():  # members missing (not in this program): as they are
         latest = max(group, key=lambda j: (ready_s[j], -j))
         for j in group:
             start[j] = ready_s[latest]
@@ -245,14 +252,16 @@ def idle_breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[f
     """
     with gc_paused():  # many small lists, no cycles
         return _breakdown(program, ready_s, end_s, gpus, _Excess(slowdown or {}, nominal),
-                          window, None if reference else cause)
+                          window, None if reference else cause, reference)
 
 
 def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
                gpus: Sequence[int], slowdown: _Excess,
-               window: tuple[float, float] | None, known: Sequence[int] | None
-               ) -> dict[int, dict[str, float]]:
-    """:func:`idle_breakdown`, with the garbage collector paused by the caller."""
+               window: tuple[float, float] | None, known: Sequence[int] | None,
+               reference: bool = False) -> dict[int, dict[str, float]]:
+    """:func:`idle_breakdown`, with the garbage collector paused by the caller; the gaps
+    split one by one (:func:`_gap_loop`) in the reference, else on arrays
+    (:func:`_gaps_on_arrays`, the same floats)."""
     instrs = program.instructions
     if not len(instrs):
         return {g: dict.fromkeys(IDLE_CAUSES, 0.0) for g in gpus}
@@ -265,10 +274,13 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
         ready_s, end_s = np.asarray(ready_s).tolist(), np.asarray(end_s).tolist()
     start, cause, compute_of = _chains(program, ready_s, end_s)
     cum = _cumulative(program, start, cause, end_s, slowdown)
-    folded = _folded(instrs)
     run_end = max(end_s)
-    last = list(end_s).index(run_end)  # the first instruction to end the run
+    last = end_s.index(run_end)  # the first instruction to end the run
     window = window if window is not None else (0.0, run_end)
+    if not reference:
+        return _gaps_on_arrays(instrs, compute_of, start, cause, end_s, cum, run_end, last,
+                               window, gpus)
+    folded = _folded(instrs)
     zero = [0.0] * len(_PARTS)
 
     def row(i: int) -> Sequence[float]:
@@ -327,6 +339,73 @@ def _gap_loop(ops: Sequence[int], start: Sequence[float], cause: Sequence[int],
                 before = list(before)
                 before[part_of[x]] -= blocking
     return shares
+
+
+_GAPS_AT_ONCE = 1 << 16
+"""Gaps :func:`_gaps_on_arrays` splits in one batch of GPUs (its arrays: ~1 MB a part)."""
+
+
+def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
+                    start: array[float], cause: array[int], end_s: Sequence[float],
+                    cum: array[float], run_end: float, last: int,
+                    window: tuple[float, float], gpus: Sequence[int]
+                    ) -> dict[int, dict[str, float]]:
+    """The per-GPU loop of :func:`_breakdown` (:func:`_gap_loop` on each GPU) on arrays: the
+    gaps of a batch of GPUs, one row each (padded with empty gaps), split at once by
+    :func:`_split_gaps`, the same floating-point operations. ``start``, ``cause`` and
+    ``cum`` as :func:`_chains` and :func:`_cumulative` make them."""
+    matrix = np.frombuffer(cum, dtype=float).reshape(-1, _WIDTH)  # views, not copies
+    begin_of = np.frombuffer(start, dtype=float)
+    cause_of = np.frombuffer(cause, dtype=np.int64)
+    end_of = (np.frombuffer(end_s, dtype=float) if isinstance(end_s, array)
+              else np.asarray(end_s, dtype=float))
+    lo, hi = window
+    out: dict[int, dict[str, float]] = {}
+    batch: list[int] = []
+    gaps = 0
+    for pos, g in enumerate(gpus):
+        batch.append(g)
+        gaps += len(compute_of.get(g, ())) + 1
+        if gaps < _GAPS_AT_ONCE and pos + 1 < len(gpus):
+            continue
+        lists = [compute_of.get(h, []) for h in batch]
+        count = np.array([len(ops) for ops in lists], dtype=np.intp)
+        ops = np.full((len(batch), int(count.max())), -1, dtype=np.intp)
+        folded = np.zeros(ops.shape)
+        part = np.full(ops.shape, _BUBBLE, dtype=np.intp)
+        for row, ids in enumerate(lists):
+            ops[row, :len(ids)] = ids
+            for k, i in enumerate(ids):
+                ins = instrs[i]
+                if ins.blocking_comm_s > 0:
+                    folded[row, k] = ins.blocking_comm_s
+                    part[row, k] = _INDEX.get(ins.blocking_comm_kind, _BUBBLE)
+        rows = np.arange(len(batch))
+        valid = ops >= 0
+        at = np.where(valid, ops, 0)
+        begin = np.where(valid, begin_of[at], 0.0)
+        finish = np.where(valid, end_of[at], 0.0)
+        has = folded > 0
+        cut = np.minimum(folded, finish - begin)  # the blocking communication at its end
+        zero = np.zeros((len(batch), 1))
+        a = np.hstack((zero, np.where(has, finish - np.where(has, cut, 0.0), finish)))
+        b = np.hstack((begin, zero))
+        b[rows, count] = run_end
+        none = np.full((len(batch), 1), -1, dtype=np.intp)
+        after_at = np.hstack((np.where(valid, cause_of[at], -1), none))
+        after_at[rows, count] = last
+        before_at = np.hstack((none, ops))
+        after = matrix[np.maximum(after_at, 0)]
+        after[after_at < 0] = 0.0
+        before = matrix[np.maximum(before_at, 0)]
+        before[before_at < 0] = 0.0
+        g_at, k_at = np.nonzero(has)
+        if len(g_at):
+            before[g_at, k_at + 1, part[g_at, k_at]] -= cut[g_at, k_at]
+        shares = _split_gaps(a, b, after, before, lo, hi)
+        out.update(zip(batch, map(_row, shares.tolist()), strict=True))
+        batch, gaps = [], 0
+    return out
 
 
 def _split_gaps(a: np.ndarray, b: np.ndarray, after: np.ndarray, before: np.ndarray,

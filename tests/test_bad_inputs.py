@@ -164,7 +164,7 @@ def test_reported_inputs_are_refused_up_front(tmp_path: Path, base: dict, key: s
                                               value: Any, argv: list[str], needle: str) -> None:
     data = _with(base, key, value)
     if key == "cluster.num_gpus" and value == 16384:
-        # 32 micro-batches: ~31 million instructions, ~14 GB at sim.budget's 450 B each
+        # 32 micro-batches: ~31 million instructions, ~12 GB at sim.budget's 400 B each
         data = _with(_with(data, "parallel.dp", 2048), "training.global_batch_size", 131072)
     path = _write(tmp_path, data)
     rc, out, err, seconds = run_cli(["run", str(path), "--json", *argv])

@@ -139,3 +139,47 @@ def test_idle_plot_is_written_and_deterministic(tmp_path) -> None:
     no_idle = simulate(build_experiment(synthetic_experiment(1, 2)))
     idle_figure(no_idle, tmp_path / "none.svg")  # nothing to stack: still a figure
     assert (tmp_path / "none.svg").stat().st_size > 0
+
+
+@pytest.mark.parametrize(("fidelity", "straggler"),
+                         [("full", False), ("full", True), ("collapsed", False)])
+def test_gaps_on_arrays_equal_the_gap_loop(fidelity: str, straggler: bool) -> None:
+    """The general path's gaps split on arrays (batches of GPUs) give the floats of the
+    reference's loop over each GPU's gaps: with stragglers, with a collapsed program's
+    blocking communication (no latest predecessors handed over), with and without a
+    window, and in batches of one GPU."""
+    import sim.idle as idle_module
+    from sim.engine import InstructionTimes, simulate_program
+    from sim.idle import idle_breakdown
+
+    exp = load_experiment(EXAMPLE)
+    if straggler:
+        data = exp.config.model_dump(mode="json", exclude_unset=True)
+        data["faults"] = {"stragglers": [{"gpu": 3, "slowdown": 1.3}]}
+        exp = build_experiment(data)
+    result = simulate(exp, fidelity=fidelity)
+    times = InstructionTimes()
+    slowdown = {3: 1.3} if straggler else None
+
+    def timer(ins: object) -> float:
+        base = ins.duration_s if ins.duration_s is not None else 1e-4 + ins.flops * 1e-15
+        return base * (slowdown or {}).get(ins.gpu, 1.0)
+
+    simulate_program(result.program, exp.cluster, timer, times=times)
+    gpus = result.timeline.simulated_gpus
+    end = max(times.end_s)
+    for window in (None, (end / 4, end / 2)):
+        loop = idle_breakdown(result.program, times.ready_s, times.end_s, gpus, slowdown,
+                              window, reference=True)
+        arrays = idle_breakdown(result.program, times.ready_s, times.end_s, gpus, slowdown,
+                                window)
+        assert repr(arrays) == repr(loop)
+        assert sum(loop[gpus[0]].values()) > 0
+    batch = idle_module._GAPS_AT_ONCE
+    try:
+        idle_module._GAPS_AT_ONCE = 1
+        assert repr(idle_breakdown(result.program, times.ready_s, times.end_s, gpus,
+                                   slowdown)) == repr(idle_breakdown(
+            result.program, times.ready_s, times.end_s, gpus, slowdown, reference=True))
+    finally:
+        idle_module._GAPS_AT_ONCE = batch

@@ -170,6 +170,6 @@ def test_jobs_too_large_to_simulate_are_refused() -> None:
     data = {"cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
             "jobs": [_tp_job("a", "0-7"), {**_tp_job("b", "8-15"),
                                            "training": {"global_batch_size": 60_000}}]}
-    # ~20.6 million instructions, ~9.3 GB at sim.budget's 450 B each
+    # ~20.6 million instructions, ~8.2 GB at sim.budget's 400 B each
     with pytest.raises(ConfigError, match="largest is job 'b'"):
         simulate_jobs(build_jobs(data))
