@@ -6,7 +6,7 @@ when its latest predecessor (dependency or stream predecessor) ends, in one pass
 the ids, which this module does on arrays (:class:`~workloads.program.Columns`, those of
 a :class:`~workloads.program.ColumnarInstructions` or of
 :func:`~workloads.program.columns_of`): the only per-instruction Python work
-left is the recurrence itself (a loop over plain lists, :func:`_recurrence`);
+left is the recurrence of the end times (a loop over plain lists, :func:`_ends`);
 durations are timed once per compute signature, stream predecessors, the
 intervals the statistics read, memory peaks and event counts come out of array
 operations. It computes exactly (the same floating-point operations on the
@@ -70,8 +70,8 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     ``timer`` times one compute op of each signature (:attr:`Columns.signatures`): a
     compute timer reads an op's work, never its id, name, dependencies or micro-batch.
     None, having done nothing the caller sees, where the pass cannot run in id order (a
-    negative compute or send duration, a dependency on a later id): the caller then runs
-    the general passes on the instruction objects.
+    negative compute, send or collective duration, a dependency on a later id): the
+    caller then runs the general passes on the instruction objects.
     """
     n = len(columns)
     cls = columns.cls
@@ -86,15 +86,15 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     if deps.size and not (deps < ids[:, None]).all():
         return None
     total = np.where(compute, duration + blocking, columns.fixed_s)
+    if (total < 0).any():  # (a collective's)
+        return None
     gpus_of, gpu, dst = _dense_gpus(columns)
-    ready, end, cause = _recurrence(_stream_predecessors(columns, gpu, dst), deps, total)
-    ready_a = np.array(ready, dtype=float)
-    end_a = np.array(end, dtype=float)
+    ready_a, end, end_a, cause = _recurrence(_stream_predecessors(columns, gpu, dst), deps, total)
     mid = ready_a + duration  # a compute op's compute span ends here, its blocking part after
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
     clock = float(end_a.max()) if n else 0.0
     peaks, floors = _memory(columns, static_bytes, gpus)
-    return ColumnarPass(ready, end, cause,
+    return ColumnarPass(ready_a.tolist(), end, cause.tolist(),
                         _intervals(columns, (gpus_of, gpu, dst), ready_a, mid, end_a),
                         peaks, floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
 
@@ -137,122 +137,125 @@ def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> 
 
 
 def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray
-                ) -> tuple[list[float], list[float], list[int]]:
+                ) -> tuple[np.ndarray, list[float], np.ndarray, np.ndarray]:
     """Ready and end times and latest predecessors, instruction by instruction in id order.
 
     ``ready = max(0, end of each predecessor)``, ``end = ready + total``; the cause is the
     stream predecessor, unless a dependency ended strictly later (the first such of the
-    latest). An absent predecessor (-1) reads ``end[-1]``, a sentinel of -1.0 that never
-    wins. These are the event queue's operations (``start + delay``) on these values.
+    latest). These are the event queue's operations (``start + delay``) on these values.
+    Only the ends take a Python loop (:func:`_ends`); the ready times (a maximum, exact
+    whatever the order) and the causes are read off them on arrays. ``total`` must not be
+    negative (:func:`run_columns` declines such programs). The ready times, the end times
+    as a list and as an array, and the causes.
     """
+    end_s = _ends(prev, deps, total)
+    end = np.array(end_s, dtype=float)
+    ends = np.append(end, -1.0)  # an absent predecessor (-1) reads -1.0, which never wins
+    t = ends[prev]
+    best = prev.copy()
+    for c in range(deps.shape[1]):  # dependencies in order: a strictly later one wins
+        col = np.ascontiguousarray(deps[:, c])
+        if not (col >= 0).any():  # (each instruction's come first: none after it either)
+            break
+        e = ends[col]
+        later = e > t
+        t = np.where(later, e, t)
+        best = np.where(later, col, best)
+    ready = np.where(t < 0.0, 0.0, t)
+    return ready, end_s, end, best
+
+
+def _ends(prev: np.ndarray, deps: np.ndarray, total: np.ndarray) -> list[float]:
+    """The end times of :func:`_recurrence`: each instruction's ``max(0, predecessors' ends)
+    + total``, in id order, appended to a list shifted by one (slot 0: the 0.0 an absent
+    predecessor reads; with no negative total every end is at least 0, so it never changes
+    the maximum). The loop reads its columns as :class:`array.array` (a copy of the bytes:
+    a list of them would cost as much as the loop)."""
     n = len(prev)
-    end = [0.0] * n + [-1.0]
-    ready = [0.0] * n
-    cause = [-1] * n
     if not n:
-        return ready, end[:n], cause
+        return []
     width = deps.shape[1]
     wide = (np.flatnonzero((deps[:, WIDE:] >= 0).any(axis=1)).tolist()
             if width > WIDE else [])
     # the dependency columns in use, of the first WIDE (each instruction's come first)
     k = max((c + 1 for c in range(min(width, WIDE)) if (deps[:, c] >= 0).any()), default=0)
-    used = [deps[:, c] for c in range(k)]
-    columns = [prev.tolist(), *(col.tolist() for col in used)]
-    durations = total.tolist()
-    step = _STEPS[len(used)]
+    columns = [_machine(prev + 1, "q"), *(_machine(deps[:, c] + 1, "q") for c in range(k))]
+    durations = _machine(total, "d")
+    step = _STEPS[k]
+    end = [0.0]
     lo = 0
     for stop in [*wide, n]:
         if stop > lo:
-            whole = lo == 0 and stop == n  # (no copies of the lists)
-            step(range(lo, stop), columns if whole else [col[lo:stop] for col in columns],
-                 durations if whole else durations[lo:stop], end, ready, cause)
+            whole = lo == 0 and stop == n  # (no copies of the columns)
+            step(columns if whole else [col[lo:stop] for col in columns],
+                 durations if whole else durations[lo:stop], end)
         if stop < n:  # an instruction with many dependencies
-            p = columns[0][stop]
-            t, best = end[p], p
-            for d in deps[stop].tolist():
-                e = end[d]
-                if e > t:
-                    t, best = e, d
-            if t < 0.0:
-                t = 0.0
-            ready[stop], cause[stop], end[stop] = t, best, t + durations[stop]
+            end.append(max(end[columns[0][stop]], *(end[d + 1] for d in deps[stop].tolist()))
+                       + durations[stop])
         lo = stop + 1
-    del end[n]
-    return ready, end, cause
+    del end[0]
+    return end
 
 
-def _step0(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
-           ready: list[float], cause: list[int]) -> None:
-    """:func:`_recurrence` over ``ids``, instructions without dependencies."""
-    for i, p, du in zip(ids, cols[0], durations, strict=True):
+def _machine(values: np.ndarray, code: str) -> array:
+    """``values`` as an :class:`array.array` of type ``code`` (one copy of the bytes)."""
+    out = array(code)
+    out.frombytes(np.ascontiguousarray(values, dtype=np.int64 if code == "q" else float)
+                  .tobytes())
+    return out
+
+
+def _step0(cols: list[array], durations: array, end: list[float]) -> None:
+    """:func:`_ends` of instructions without dependencies, appended to ``end``."""
+    append = end.append
+    for p, du in zip(cols[0], durations, strict=True):
+        append(end[p] + du)
+
+
+def _step1(cols: list[array], durations: array, end: list[float]) -> None:
+    """:func:`_ends` of instructions with up to one dependency each."""
+    append = end.append
+    for p, a, du in zip(cols[0], cols[1], durations, strict=True):
         t = end[p]
-        if t < 0.0:  # no predecessor: the sentinel
-            t = 0.0
-        ready[i] = t
-        cause[i] = p
-        end[i] = t + du
-
-
-def _step1(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
-           ready: list[float], cause: list[int]) -> None:
-    """:func:`_recurrence` over ``ids``, up to one dependency each."""
-    for i, p, a, du in zip(ids, cols[0], cols[1], durations, strict=True):
-        t = end[p]
-        best = p
         e = end[a]
         if e > t:
-            t, best = e, a
-        if t < 0.0:
-            t = 0.0
-        ready[i] = t
-        cause[i] = best
-        end[i] = t + du
+            t = e
+        append(t + du)
 
 
-def _step2(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
-           ready: list[float], cause: list[int]) -> None:
-    """:func:`_recurrence` over ``ids``, up to two dependencies each."""
-    for i, p, a, b, du in zip(ids, cols[0], cols[1], cols[2], durations, strict=True):
+def _step2(cols: list[array], durations: array, end: list[float]) -> None:
+    """:func:`_ends` of instructions with up to two dependencies each."""
+    append = end.append
+    for p, a, b, du in zip(cols[0], cols[1], cols[2], durations, strict=True):
         t = end[p]
-        best = p
         e = end[a]
         if e > t:
-            t, best = e, a
+            t = e
         e = end[b]
         if e > t:
-            t, best = e, b
-        if t < 0.0:
-            t = 0.0
-        ready[i] = t
-        cause[i] = best
-        end[i] = t + du
+            t = e
+        append(t + du)
 
 
-def _step3(ids: range, cols: list[list[int]], durations: list[float], end: list[float],
-           ready: list[float], cause: list[int]) -> None:
-    """:func:`_recurrence` over ``ids``, up to three dependencies each."""
-    for i, p, a, b, c, du in zip(ids, cols[0], cols[1], cols[2], cols[3], durations,
-                                 strict=True):
+def _step3(cols: list[array], durations: array, end: list[float]) -> None:
+    """:func:`_ends` of instructions with up to three dependencies each."""
+    append = end.append
+    for p, a, b, c, du in zip(cols[0], cols[1], cols[2], cols[3], durations, strict=True):
         t = end[p]
-        best = p
         e = end[a]
         if e > t:
-            t, best = e, a
+            t = e
         e = end[b]
         if e > t:
-            t, best = e, b
+            t = e
         e = end[c]
         if e > t:
-            t, best = e, c
-        if t < 0.0:
-            t = 0.0
-        ready[i] = t
-        cause[i] = best
-        end[i] = t + du
+            t = e
+        append(t + du)
 
 
 _STEPS = (_step0, _step1, _step2, _step3)
-"""The loop of :func:`_recurrence` by the number of dependency columns in use."""
+"""The loop of :func:`_ends` by the number of dependency columns in use."""
 
 
 def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray],

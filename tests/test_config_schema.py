@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import get_args
 
 import pytest
 import yaml
 from conftest import ROOT
+from pydantic import BaseModel, ConfigDict
 
 from base.errors import ConfigError
+from base.schema import Strict, field_docstrings
 from sim.config import ExperimentConfig, parse_config
 from sim.jobs_config import JobsConfig
 from topologies.config import (
@@ -100,3 +104,49 @@ def test_the_schemas_names_are_the_builders() -> None:
     assert get_args(Topology) == TOPOLOGIES
     assert set(get_args(CollectiveAlgo)) == {AUTO, *ALGORITHMS}
     assert set(CollectivesConfig.model_fields) == set(ALGORITHMS_BY_OP)
+
+
+class _Described(Strict):
+    """Fields with docstrings, one without, a long one."""
+
+    a: int = 0
+    """The a."""
+    b: str = ""
+    c: float = 0.0
+    """Two
+       lines."""
+
+
+class _DescribedByPydantic(BaseModel):
+    """:class:`_Described`, its descriptions read by pydantic as it is defined."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+    a: int = 0
+    """The a."""
+    b: str = ""
+    c: float = 0.0
+    """Two
+       lines."""
+
+
+def test_field_docstrings_are_read_as_pydantic_reads_them_when_a_schema_is_asked_for() -> None:
+    schema = _Described.model_json_schema()
+    plain = _DescribedByPydantic.model_json_schema()
+    assert field_docstrings(_Described) == {"a": "The a.", "c": "Two\nlines."}
+    assert schema["properties"] == plain["properties"]
+    assert ({k: f.description for k, f in _Described.model_fields.items()}
+            == {k: f.description for k, f in _DescribedByPydantic.model_fields.items()})
+    assert _Described(a=2).a == 2  # still validates after the rebuild
+    with pytest.raises(ValueError, match="Extra inputs"):
+        _Described(d=1)
+
+
+def test_a_run_reads_no_docstrings() -> None:
+    """Validating an experiment (as ``sim run`` does) leaves the descriptions unread."""
+    code = ("from sim.config import ExperimentConfig, parse_config\n"
+            "parse_config({'name': 'x', 'model': {'synthetic': {'forward_ms': 1.0, "
+            "'backward_ms': 1.0}}, 'cluster': {'preset': 'dgx-a100-80g', 'num_gpus': 8}})\n"
+            "print(ExperimentConfig.model_fields['name'].description)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "None"

@@ -216,8 +216,8 @@ def test_columnar_pass_equals_the_event_queue(layout: tuple) -> None:
     assert timeline.records_made
 
 
-def _fixed(deps_of_last: tuple[int, ...] = (), late: bool = False, negative: bool = False
-           ) -> Program:
+def _fixed(deps_of_last: tuple[int, ...] = (), late: bool = False, negative: bool = False,
+           negative_collective: bool = False) -> Program:
     """Three GPUs: compute with memory and blocking communication, sends, one-member
     collectives, and a last compute op on GPU 0 waiting on ``deps_of_last``."""
     b = ProgramBuilder()
@@ -230,7 +230,7 @@ def _fixed(deps_of_last: tuple[int, ...] = (), late: bool = False, negative: boo
     t2 = b.collective((2,), {2: (c2,)}, kind="tp", name="c tp", op="all_reduce",
                       nbytes=1.0, duration_s=0.3)[2]
     d1 = b.collective((1,), {1: (c1,)}, kind="dp", name="b dp", op="all_reduce",
-                      nbytes=1.0, duration_s=0.75)[1]
+                      nbytes=1.0, duration_s=-0.75 if negative_collective else 0.75)[1]
     b.compute(0, "opt", "opt", deps_of_last or (c0, s0, c1, s1, c2, t2, d1),
               duration_s=0.5, free_bytes=5.0)
     if late:
@@ -259,13 +259,20 @@ def test_many_dependencies_take_the_general_loop_of_the_pass() -> None:
     assert timeline == reference
 
 
-@pytest.mark.parametrize("case", ["negative", "late"])
+@pytest.mark.parametrize("case", ["negative", "negative collective", "late"])
 def test_the_pass_declines_negative_durations_and_later_dependencies(case: str) -> None:
-    """A negative duration, a dependency on a later id: the array pass does nothing and the
-    event queue runs the program (the result equals that of a plain program)."""
-    program = _as_columns(_fixed(negative=case == "negative", late=case == "late"))
+    """A negative duration (a compute op's, a collective's), a dependency on a later id: the
+    array pass does nothing and the event queue runs the program (the result equals that of
+    a plain program; a negative collective, the queue's error)."""
+    program = _as_columns(_fixed(negative=case == "negative", late=case == "late",
+                                 negative_collective=case == "negative collective"))
     cols = program.instructions.columns
     assert columnar.run_columns(cols, _timer, program.static_bytes, (0, 1, 2)) is None
+    if case == "negative collective":
+        for each in (program, _plain(program)):
+            with pytest.raises(ValueError, match="Negative delay -0.75"):
+                simulate_program(each, _cluster(3), _timer)
+        return
     out = simulate_program(program, _cluster(3), _timer)
     assert program.instructions.built
     assert out == simulate_program(_plain(program), _cluster(3), _timer)
@@ -394,3 +401,32 @@ def test_short_union_against_long_one_equals_the_loops(a: list, b: list) -> None
     if short:
         assert repr(stats_mod._exposed(short, long)) == repr(
             stats_mod._minus(short, long.as_pairs()))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(1, 6), max_size=5),
+                          st.sampled_from([0.0, 0.25, 1 / 3, 1.5, 2.0])), max_size=40))
+def test_recurrence_equals_the_plain_loop(rows: list) -> None:
+    """:func:`sim.columnar._recurrence` (ends in a loop on arrays, ready times and causes read
+    off them; instructions with more than WIDE dependencies among them) against the plain
+    recurrence with its tie rules: the same floats and causes."""
+    n = len(rows)
+    prev = np.array([i - back if back and i - back >= 0 else -1
+                     for i, (back, _, _) in enumerate(rows)], dtype=np.int64)
+    found = [[i - b for b in backs if i - b >= 0] for i, (_, backs, _) in enumerate(rows)]
+    width = max((len(d) for d in found), default=0)
+    deps = np.full((n, width), -1, dtype=np.int64)
+    for i, d in enumerate(found):
+        deps[i, :len(d)] = d
+    total = np.array([x for *_, x in rows], dtype=float)
+    end = [0.0] * n + [-1.0]
+    ready, cause = [0.0] * n, [-1] * n
+    for i in range(n):
+        t, best = end[prev[i]], int(prev[i])
+        for d in found[i]:
+            if end[d] > t:
+                t, best = end[d], d
+        ready[i], cause[i], end[i] = max(t, 0.0), best, max(t, 0.0) + total[i]
+    got_ready, got_end, got_end_a, got_cause = columnar._recurrence(prev, deps, total)
+    assert got_ready.tolist() == ready and got_end == end[:n] == got_end_a.tolist()
+    assert got_cause.tolist() == cause

@@ -17,8 +17,11 @@ from sim.config import parse_config
 from sim.experiment import Experiment
 from topologies.build import CLUSTER_CACHE, _cached, build_cluster
 from topologies.placement import Placement, coordinate_columns
+from workloads.costs import ComputeSeg
 from workloads.lowering.groups import replica_pairs
+from workloads.lowering.opcosts import op_facts
 from workloads.lowering.order import final_ops, topological, topological_ops
+from workloads.memory import op_alloc_free
 from workloads.registry import SCHEDULE_CACHE, SCHEDULES, built_schedule
 from workloads.schedules import (
     BACKWARD,
@@ -150,6 +153,20 @@ def test_equal_cost_models_are_shared_with_their_segments() -> None:
         segs = a.costs.op_segments(op, False, markers)
         assert a.costs.op_segments(op, False, markers) is segs
         assert fresh.op_segments(op, False, markers) == segs
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_op_facts_are_kept_on_the_cost_model_and_equal_fresh_ones(split: bool) -> None:
+    """An op's segments, compute count and memory (:func:`op_facts`) are worked out once per
+    cost model and equal the plain computation on a fresh, equal model."""
+    costs = Experiment.from_dict(GPT).costs
+    fresh = replace(costs)
+    for op in {op._replace(mb=0) for op in topological_ops(built_schedule("1f1b", 4, 8, 1, 1))}:
+        facts = op_facts(costs, op, split)
+        assert op_facts(costs, op, split) is facts
+        segs = fresh.op_segments(op, split)
+        assert facts == (segs, sum(isinstance(x, ComputeSeg) for x in segs),
+                         *op_alloc_free(fresh, op, split))
 
 
 @pytest.mark.parametrize("order", ["tp-cp-dp-pp", "pp-dp-cp-tp", "dp-tp-pp-cp"])

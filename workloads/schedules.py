@@ -27,6 +27,7 @@ Sources: GPipe (Huang et al. 2019); 1F1B / PipeDream-Flush (Narayanan et al.
 from __future__ import annotations
 
 import re
+from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -549,14 +550,19 @@ def list_schedule(
 
 
 def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op],
-                  producers: tuple[list[int], list[int], list[int]]
+                  columns: tuple[np.ndarray, np.ndarray, np.ndarray]
                   ) -> tuple[list[float], list[float | None], list[int]]:
     """:func:`list_schedule` of a schedule without fused groups, its ops' durations given in
     ``order`` and their producers as the columns of :func:`producer_positions`: the same
     passes, op by op. Its intervals as each op's start and end, by position in ``order``
     (the ends with a last slot, None), and the positions of the result's ops, in its
-    order."""
+    order. The loop reads the columns as :class:`array.array` (a copy of the bytes; lists
+    of them would cost a third of the loop)."""
     p, n = schedule.num_ranks, len(order)
+    producers = []
+    for col in columns:
+        producers.append(array("q"))
+        producers[-1].frombytes(np.ascontiguousarray(col, dtype=np.int64).tobytes())
     ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
     starts = [0.0] * n
     bounds = [0]
@@ -692,10 +698,10 @@ def _op_key(schedule: Schedule, stage: np.ndarray, kind: int | np.ndarray, mb: n
 
 def producer_positions(schedule: Schedule, order: Sequence[Op],
                        coded: tuple[np.ndarray, ...] | None = None
-                       ) -> tuple[list[int], list[int], list[int]] | None:
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """For each op of ``order``, the positions in ``order`` of its :func:`op_deps`, in that
     order (``len(order)`` for a producer missing from it), worked out on arrays: three
-    columns, the first, second and third producer of each op, -1 past its last one.
+    integer arrays, the first, second and third producer of each op, -1 past its last one.
 
     None when an op lies outside the schedule's stages, kinds, micro-batches and
     sequence chunks, or repeats, or is a W of a schedule that does not split the
@@ -704,7 +710,7 @@ def producer_positions(schedule: Schedule, order: Sequence[Op],
     """
     n = len(order)
     if not n:
-        return [], [], []
+        return (np.zeros(0, dtype=np.int64),) * 3
     if coded is None:
         coded = _coded(schedule, order)
     if coded is None:
@@ -739,7 +745,7 @@ def producer_positions(schedule: Schedule, order: Sequence[Op],
                             np.where(gap, none, third))
     gap = second < 0
     second, third = np.where(gap, third, second), np.where(gap, none, third)
-    return first.tolist(), second.tolist(), third.tolist()
+    return first, second, third
 
 
 def unit_times(schedule: Schedule) -> Mapping[Op, tuple[float, float]]:
@@ -783,7 +789,7 @@ def _unit_run(schedule: Schedule) -> tuple[tuple[tuple[Op, ...], np.ndarray, np.
     starts, ends, scheduled = _list_unfused(schedule, [1.0] * len(order), order, found)
     at = np.array(scheduled, dtype=np.int64)
     del ends[len(order)]  # the missing producer's slot
-    run = (at, *coded[:4], *(np.array(col, dtype=np.int64) for col in found))
+    run = (at, *coded[:4], *found)
     for a in run:  # kept on a shared schedule
         a.flags.writeable = False
     ops = tuple(map(order.__getitem__, scheduled))

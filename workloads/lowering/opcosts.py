@@ -28,10 +28,17 @@ def op_facts(costs: CostModel, generic: Op, split: bool
              ) -> tuple[tuple[Segment, ...], int, float, float]:
     """An op's segments, how many of them compute, and the bytes it allocates at its start
     and frees at its end (:func:`workloads.memory.op_alloc_free`); the same for every
-    micro-batch (``generic`` has ``mb`` 0)."""
-    segs = costs.op_segments(generic, split)
-    alloc, free = op_alloc_free(costs, generic, split)
-    return segs, sum(isinstance(x, ComputeSeg) for x in segs), alloc, free
+    micro-batch (``generic`` has ``mb`` 0). Worked out once per ``(generic, split)`` and
+    kept on the cost model, as its op segments are (a cost model is frozen; an interned
+    one, :func:`workloads.transformer.interned`, serves the next run with equal costs)."""
+    memo = costs.__dict__.setdefault("_memo_op_facts", {})
+    found = memo.get((generic, split))
+    if found is None:
+        segs = costs.op_segments(generic, split)
+        alloc, free = op_alloc_free(costs, generic, split)
+        found = memo[(generic, split)] = (segs, sum(isinstance(x, ComputeSeg) for x in segs),
+                                          alloc, free)
+    return found
 
 
 def op_p2p_bytes(costs: CostModel, op: Op, whole: float) -> float:
