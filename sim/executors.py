@@ -12,8 +12,10 @@ Three implementations of the small :class:`Executor` interface:
 - :class:`InlineExecutor`: in the calling process, one item at a time (``--workers 1``;
   tests, debugging, benchmarks of the single-process rate).
 - :class:`LocalExecutor`: worker processes of :class:`concurrent.futures.ProcessPoolExecutor`
-  (the default). Workers ignore SIGINT, so Ctrl-C interrupts the sweep (the caller)
-  without a traceback per worker. A worker that dies (killed, out of memory)
+  (the default), forked from the caller on Linux when it runs no other thread (they
+  inherit what it built), else started from a fork server (:func:`_mp_context`).
+  Workers ignore SIGINT, so Ctrl-C interrupts the sweep (the caller) without a
+  traceback per worker. A worker that dies (killed, out of memory)
   breaks the pool and fails every item in flight: the pool is rebuilt and
   they are retried; an item in flight at ``max_breaks`` breaks is then run
   alone, and reported as a :class:`WorkerFailure` only if it breaks the pool
@@ -34,6 +36,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -197,9 +200,22 @@ def _run_in_worker(item: Any, indexed: bool) -> Any:
 
 
 def _mp_context() -> multiprocessing.context.BaseContext:
-    """``forkserver`` where available (workers fork from a clean, single-threaded server),
-    else ``spawn``: never ``fork`` from a parent that runs threads (the progress bar)."""
+    """``fork`` on Linux while this process runs no other thread, else ``forkserver`` where
+    available, else ``spawn``.
+
+    Forking is what lets workers inherit what the caller built before the pool starts (a
+    search's context and enumerated layouts: :func:`sim.search.execution.shared_space`) and
+    the modules it imported, instead of rebuilding them. It is safe only from a
+    single-threaded process: a fork copies the locks other threads hold (the progress
+    bar's monitor, logging, a pool's manager thread) but not the threads that would release
+    them. Hence the check at each pool start: :class:`ProcessPoolExecutor` with ``fork``
+    starts all its workers before its own manager thread, a rebuilt pool starts after the
+    old one's threads are joined, and with any other thread alive (a progress bar) the
+    workers start from a clean, single-threaded fork server instead. macOS lists ``fork``
+    but its system libraries are not fork-safe, so only Linux forks."""
     methods = multiprocessing.get_all_start_methods()
+    if sys.platform == "linux" and "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 

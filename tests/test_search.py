@@ -226,12 +226,76 @@ def test_family_terms_are_computed_once_and_change_no_verdict() -> None:
     assert len(chunks) == len({(lay.tp, lay.cp, lay.ep, lay.pp) for lay in layouts})
     spec = WorkerSpec(ctx.data, None, ctx.global_batch_size, "collapsed", None, True,
                       tuple(sorted(ctx.unsupported.items())),
-                      tuple(sorted(ctx.schedule_vpps.items())))
+                      tuple(ctx.schedule_vpps.items()))
     task = Task(SearchWorker, (spec,))
     one = screen_all(layouts, InlineExecutor(), task, LocalFallback(spec), True)
     two = InlineExecutor()
     two.workers = 2  # the two-phase path, in this process
     assert screen_all(layouts, two, task, LocalFallback(spec), True) == one
+
+
+def test_workers_screen_the_shared_space_or_enumerate_the_same_one() -> None:
+    """Screening chunks carry indices into the search's layouts: a worker that shares them
+    (this process, or forked inside :func:`~sim.search.execution.shared_space`) reads the
+    caller's list; one that does not (a fork server, spawn, Ray) enumerates the space from
+    its spec and gets the same verdicts; a spec that describes another space is refused."""
+    from dataclasses import replace
+
+    from base.errors import SimError
+    from sim.search import SearchWorker, WorkerSpec
+    from sim.search.execution import ScreenChunk, shared_space, space_digest
+
+    ctx = SearchContext.build(SMALL)
+    layouts = list(enumerate_layouts(ctx, PINS_SMALL))
+    spec = WorkerSpec(ctx.data, None, ctx.global_batch_size, "collapsed", None, True,
+                      tuple(sorted(ctx.unsupported.items())),
+                      tuple(ctx.schedule_vpps.items()),
+                      pins=tuple(sorted(PINS_SMALL.items())))
+    chunk = ScreenChunk(tuple(range(len(layouts)))[::-1], space_digest(layouts))
+    alone = SearchWorker(spec)
+    with shared_space(ctx, layouts) as token:
+        shared = SearchWorker(replace(spec, space=token))
+        assert shared.layouts is layouts and shared.context is ctx
+        assert shared(chunk) == alone(chunk)
+    assert alone.layouts == layouts and alone.layouts is not layouts
+    other = SearchWorker(replace(spec, pins=tuple(sorted({**PINS_SMALL, "tp": (1,)}.items()))))
+    with pytest.raises(SimError, match="other layouts"):
+        other(chunk)
+
+
+def _space_is_shared(token: str) -> object:
+    """A worker function: whether this worker process sees the space ``token``."""
+    from sim.search.execution import _SPACES
+
+    return lambda _item: (os.getpid(), token in _SPACES)
+
+
+def test_forked_workers_inherit_the_shared_space_and_threads_prevent_forking() -> None:
+    """On Linux a single-threaded caller forks its workers, which inherit the spaces shared
+    before the pool starts; with another thread alive (a progress bar's monitor) the pool
+    starts from the fork server instead, whose workers enumerate again."""
+    import threading
+
+    from sim.executors import LocalExecutor, Task, _mp_context
+    from sim.search.execution import shared_space
+
+    if sys.platform != "linux":
+        pytest.skip("fork is used on Linux only")
+    ctx = SearchContext.build(SMALL)
+    with shared_space(ctx, []) as token:
+        assert _mp_context().get_start_method() == "fork"
+        with LocalExecutor(2) as executor:
+            seen = [out for _, out in executor.run(Task(_space_is_shared, (token,)), [0] * 4)]
+        assert all(inherited for _, inherited in seen)
+        assert {pid for pid, _ in seen} - {os.getpid()}  # in worker processes
+        stop = threading.Event()
+        thread = threading.Thread(target=stop.wait)
+        thread.start()
+        try:
+            assert _mp_context().get_start_method() in ("forkserver", "spawn")
+        finally:
+            stop.set()
+            thread.join()
 
 
 def test_enumeration_respects_pins() -> None:

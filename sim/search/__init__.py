@@ -33,7 +33,9 @@ cluster and global batch (issue 6). Four steps:
    group's op times and TP collectives are computed by one worker), with several
    workers after a first round that computes each family's model-state terms once
    (:func:`~sim.search.execution.family_chunks`), judging in chunks ahead of the
-   sweep's frontier.
+   sweep's frontier. Screening chunks name layouts by their index in the
+   enumeration: workers forked inside :func:`~sim.search.execution.shared_space`
+   inherit the caller's context and layouts, others enumerate them again.
    Screening is cheap and schedule-free: the average static state per rank
    plus one micro-batch of activations must fit, and a loose step-time bound
    (compute of the first and last pipeline rank, the forward chain before

@@ -3,7 +3,11 @@ screening in chunks spread over an executor (:mod:`sim.executors`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,19 +18,22 @@ from sim.search.bounds import StateTerms, state_family
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.layouts import Layout
 from sim.search.screening import Candidate, Screener
-from sim.search.space import SearchContext
+from sim.search.space import SearchContext, enumerate_layouts
 
 
 @dataclass(frozen=True)
 class ScreenChunk:
     """Work item: screen these layouts (:meth:`Screener.screen`).
 
-    Layouts travel as tuples (:meth:`Layout.values`) (a pickled :class:`Layout`
-    is six times larger), and the verdicts come back as ``(status, reason,
-    memory_bound_gib, tokens_bound)`` tuples (:func:`_compact`): the caller has the
-    layouts already."""
+    Layouts travel as indices into the search's space (:attr:`SearchWorker.layouts`: the
+    enumeration the worker inherited or repeats), and the verdicts come back as
+    ``(status, reason, memory_bound_gib, tokens_bound)`` tuples (:func:`_compact`): the
+    caller has the layouts already."""
 
-    layouts: tuple[tuple[Any, ...], ...]
+    indices: tuple[int, ...]
+    space: str
+    """:func:`space_digest` of the caller's layouts (a worker that enumerates them again
+    checks that its list is the same)."""
     states: tuple[tuple[tuple[Any, ...], StateTerms], ...] = ()
     """The state terms of the families of these layouts, computed beforehand by
     :class:`FamilyChunk` items (none: the worker computes what it needs)."""
@@ -71,9 +78,40 @@ class WorkerSpec:
     """Time collectives in the step bounds (:class:`Screener`)."""
     unsupported: tuple[tuple[str, str], ...]
     schedule_vpps: tuple[tuple[str, tuple[int, ...]], ...]
+    """In the context's (probe) order, which enumeration follows."""
     evaluator: Callable[..., Callable[[Layout], Evaluation]] = Evaluator
     """The simulation factory, called as ``evaluator(data, global_batch_size, fidelity,
     profile, base_dir)``."""
+    pins: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    """The search's pins: the space is ``enumerate_layouts(context, pins)``."""
+    space: str | None = None
+    """The token of the space the caller shared (:func:`shared_space`), if any."""
+
+
+_SPACES: dict[str, tuple[SearchContext, Sequence[Layout]]] = {}
+"""Search spaces shared with this process's workers: token -> (context, layouts). A worker
+forked inside :func:`shared_space` finds its search's entry here (a copy of the parent's);
+one started otherwise (a fork server, spawn, Ray) does not, and enumerates the space."""
+_TOKENS = itertools.count()
+
+
+def space_digest(layouts: Sequence[Layout]) -> str:
+    """A digest of the layout keys in order: two lists with the same digest are the same
+    space, so the same indices name the same layouts."""
+    return hashlib.sha1("\n".join(lay.key for lay in layouts).encode()).hexdigest()
+
+
+@contextmanager
+def shared_space(ctx: SearchContext, layouts: Sequence[Layout]) -> Iterator[str]:
+    """``with shared_space(ctx, layouts) as token``: a search's context and enumerated
+    layouts, available to workers in this process and to those forked from it inside the
+    block (a fork copies :data:`_SPACES`); ``token`` is what a :class:`WorkerSpec` carries."""
+    token = f"{os.getpid()}.{next(_TOKENS)}"
+    _SPACES[token] = (ctx, layouts)
+    try:
+        yield token
+    finally:
+        del _SPACES[token]
 
 
 class SearchWorker:
@@ -81,33 +119,69 @@ class SearchWorker:
     chunks of candidates and simulates layouts, keeping the screener's caches (collective
     times, op times, schedules) and the evaluator's cluster for the worker's lifetime.
 
-    Its context is rebuilt from the :class:`WorkerSpec` without probing the simulator
-    again (the probe results travel in the spec); the screener and the evaluator are
-    built on first use. Every answer is a pure function of the item, so it is the same
-    in whichever worker computes it.
+    Its context and layouts are the caller's where it shared them (:func:`shared_space`:
+    a worker forked after it inherits them), else rebuilt from the :class:`WorkerSpec`;
+    the screener and the evaluator are built on first use. Every answer is a pure
+    function of the item, so it is the same in whichever worker computes it.
     """
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
+        self._ctx: SearchContext | None = None
+        self._layouts: Sequence[Layout] | None = None
+        self._digest: str | None = None
         self._screener: Screener | None = None
         self._evaluate: Callable[[Layout], Evaluation] | None = None
+
+    def _shared(self) -> tuple[SearchContext, Sequence[Layout]] | None:
+        return _SPACES.get(self.spec.space or "")
+
+    @property
+    def context(self) -> SearchContext:
+        """The search's context: the one the caller shared, else rebuilt from the spec
+        without probing the simulator again (the probe results travel in the spec)."""
+        if self._ctx is None:
+            shared, sp = self._shared(), self.spec
+            self._ctx = shared[0] if shared else SearchContext.build(
+                sp.data, sp.base_dir, probed=(dict(sp.unsupported), dict(sp.schedule_vpps)))
+        return self._ctx
+
+    @property
+    def layouts(self) -> Sequence[Layout]:
+        """The search's space, which :class:`ScreenChunk` indices point into: the caller's
+        list when shared (same process, or inherited by a fork), else enumerated again
+        (deterministic: the same context and pins give the same list)."""
+        if self._layouts is None:
+            shared = self._shared()
+            self._layouts = shared[1] if shared else list(
+                enumerate_layouts(self.context, dict(self.spec.pins)))
+        return self._layouts
+
+    @property
+    def digest(self) -> str:
+        """:func:`space_digest` of :attr:`layouts`, computed once."""
+        if self._digest is None:
+            self._digest = space_digest(self.layouts)
+        return self._digest
 
     @property
     def screener(self) -> Screener:
         """The worker's screener, built on first use from the spec."""
         if self._screener is None:
             sp = self.spec
-            ctx = SearchContext.build(sp.data, sp.base_dir,
-                                      probed=(dict(sp.unsupported), dict(sp.schedule_vpps)))
-            self._screener = Screener(ctx, sp.profile, comm=sp.comm,
+            self._screener = Screener(self.context, sp.profile, comm=sp.comm,
                                       collapsed_only=sp.fidelity == "collapsed")
         return self._screener
 
     def __call__(self, item: ScreenChunk | FamilyChunk | JudgeChunk | SimulateOne) -> Any:
         if isinstance(item, ScreenChunk):
+            layouts = self.layouts
+            if self._shared() is None and self.digest != item.space:
+                raise SimError("screening: this worker enumerated other layouts than the "
+                               "search's (the WorkerSpec does not describe its space)")
             self.screener.adopt_state_terms(item.states)
             screen = self.screener.screen
-            return [_compact(screen(Layout(*values))) for values in item.layouts]
+            return [_compact(screen(layouts[i])) for i in item.indices]
         if isinstance(item, FamilyChunk):
             return [self.screener.state_terms(Layout(*values)) for values in item.layouts]
         if isinstance(item, JudgeChunk):
@@ -142,7 +216,8 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
                 local: Callable[[Any], Any], families: bool = False) -> list[Candidate]:
     """Screen every layout, in chunks spread over the executor's workers; the candidates
     come back in the order of ``layouts`` whatever ran them. A chunk whose worker was lost
-    is screened here.
+    is screened here. ``layouts`` must be the space of ``task``'s :class:`WorkerSpec`
+    (the chunks carry indices into it).
 
     ``families`` (screening by family, :func:`~sim.search.bounds.screens_by_family`) and
     more than one worker: first the state terms of every family
@@ -150,14 +225,14 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     (:func:`family_chunks`), then handed to the screening chunks that need them, so that
     no two workers compute the same family's terms."""
     parts = screen_chunks(layouts, executor.workers)
+    digest = space_digest(layouts)
     states: dict[tuple[Any, ...], StateTerms] = {}
     if families and executor.workers > 1:
         states = _family_states(layouts, executor, task, local)
     chunks = []
     for part in parts:
         mine = {f: states[f] for i in part if (f := state_family(layouts[i])) in states}
-        chunks.append(ScreenChunk(tuple(layouts[i].values() for i in part),
-                                  tuple(mine.items())))
+        chunks.append(ScreenChunk(tuple(part), digest, tuple(mine.items())))
     verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
     # handed out last chunk first: the widest TP groups come last, whose collectives make
     # them the costliest, and a costly chunk should not come last

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -158,16 +159,19 @@ def _rank_rows(rows: list[Row]) -> list[Row]:
 
 
 def collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluation],
-                  judged: Mapping[str, Candidate]) -> list[Row]:
-    """One row per candidate, with its simulation result or its verdict, ranked."""
+                  judged: Mapping[str, Candidate], pruned: AbstractSet[str] = frozenset()
+                  ) -> list[Row]:
+    """One row per candidate, with its simulation result or its verdict, ranked. ``pruned``:
+    keys of candidates pruned with their screening verdict (status ``pruned``)."""
     rows = []
     for c in candidates:
-        c = judged.get(c.layout.key, c)
-        ev = results.get(c.layout.key)
+        key = c.layout.key
+        c = judged.get(key, c)
+        ev = results.get(key)
         if ev is not None:
             rows.append(Row(c.layout, ev.status, ev.stats, ev.error, c.memory_bound_gib,
                             c.tokens_bound, elapsed_s=ev.elapsed_s))
         else:
-            rows.append(Row(c.layout, c.status, error=c.reason,
+            rows.append(Row(c.layout, "pruned" if key in pruned else c.status, error=c.reason,
                             memory_bound_gib=c.memory_bound_gib, tokens_bound=c.tokens_bound))
     return _rank_rows(rows)

@@ -25,6 +25,7 @@ from sim.search.execution import (
     WorkerSpec,
     as_evaluation,
     screen_all,
+    shared_space,
 )
 from sim.search.layouts import Layout, Pins, file_key, value_text
 from sim.search.results import SearchResult, collect_rows
@@ -90,32 +91,35 @@ def search(
                           + (f" with --fix {pinned}" if pinned else "")
                           + f" (global batch {ctx.global_batch_size}, "
                           f"{ctx.model.num_attention_heads} heads, {ctx.model.num_layers} layers)")
-    spec = WorkerSpec(ctx.data, str(ctx.base_dir) if ctx.base_dir else None,
-                      ctx.global_batch_size, fidelity, workers_profile, collapsed,
-                      tuple(sorted(ctx.unsupported.items())),
-                      tuple(sorted(ctx.schedule_vpps.items())), evaluator)
-    task = Task(SearchWorker, (spec,))
-    executor = executor or InlineExecutor()
-    local = LocalFallback(spec)
-    candidates = screen_all(layouts, executor, task, local, screens_by_family(ctx))
-    todo = sorted((c for c in candidates if c.status == "ok"),
-                  key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
-    screen_s = time.perf_counter() - start
-    fingerprint = ctx.fingerprint(fidelity, profile)
-    own_store = store is None
-    store = store or ResultStore()
-    done = store.load(fingerprint)
-    resumed = sum(1 for c in todo if c.layout.key in done)
-    sweep = _Sweep(todo, done, store, fingerprint, top, prune, round_size,
-                   progress or (lambda _done, _total: None), local)
-    try:
-        sweep.run(executor, task)
-    finally:
-        if own_store:
-            store.close()
-        else:
-            store.release()  # speculative claims whose results were never wanted
-    rows = collect_rows(candidates, sweep.results, sweep.judged)
+    # before any worker starts, so that forked workers inherit the context and the layouts
+    with shared_space(ctx, layouts) as space:
+        spec = WorkerSpec(ctx.data, str(ctx.base_dir) if ctx.base_dir else None,
+                          ctx.global_batch_size, fidelity, workers_profile, collapsed,
+                          tuple(sorted(ctx.unsupported.items())),
+                          tuple(ctx.schedule_vpps.items()), evaluator,
+                          tuple(sorted((d, tuple(v)) for d, v in pins.items())), space)
+        task = Task(SearchWorker, (spec,))
+        executor = executor or InlineExecutor()
+        local = LocalFallback(spec)
+        candidates = screen_all(layouts, executor, task, local, screens_by_family(ctx))
+        todo = sorted((c for c in candidates if c.status == "ok"),
+                      key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
+        screen_s = time.perf_counter() - start
+        fingerprint = ctx.fingerprint(fidelity, profile)
+        own_store = store is None
+        store = store or ResultStore()
+        done = store.load(fingerprint)
+        resumed = sum(1 for c in todo if c.layout.key in done)
+        sweep = _Sweep(todo, done, store, fingerprint, top, prune, round_size,
+                       progress or (lambda _done, _total: None), local)
+        try:
+            sweep.run(executor, task)
+        finally:
+            if own_store:
+                store.close()
+            else:
+                store.release()  # speculative claims whose results were never wanted
+    rows = collect_rows(candidates, sweep.results, sweep.judged, sweep.stopped)
     counts = Counter(r.status for r in rows)
     return SearchResult(ctx.config.name, ctx.cluster.num_gpus, ctx.global_batch_size, rows,
                         time.perf_counter() - start, len(layouts), ctx.unsupported, pins,
@@ -172,6 +176,9 @@ class _Sweep:
         self.bounds = [0, *range(min(top, n), n, round_size), n]
         self.results: dict[str, Evaluation] = {}
         self.judged: dict[str, Candidate] = {}
+        self.stopped: set[str] = set()
+        """Keys of the layouts pruned at the stop (:meth:`_stop`) without a result: their
+        screening verdicts, with the status ``pruned``."""
         self.verdicts: list[Candidate | None] = [None] * n
         self.spec: dict[int, Evaluation] = {}
         """Speculative results not (yet) wanted, by index into todo."""
@@ -253,12 +260,12 @@ class _Sweep:
     def _stop(self, first: int) -> None:
         """Ordered by the screening bound: no layout from ``first`` on can reach the
         threshold; stored results are still taken."""
-        for c in self.todo[first:]:
-            if c.layout.key in self.done:
-                self.results[c.layout.key] = self.done[c.layout.key]
-            else:
-                self.judged[c.layout.key] = Candidate(c.layout, "pruned", c.reason,
-                                                      c.memory_bound_gib, c.tokens_bound)
+        done = self.done
+        if done:
+            for c in self.todo[first:]:
+                if (key := c.layout.key) in done:
+                    self.results[key] = done[key]
+        self.stopped = {c.layout.key for c in self.todo[first:]} - done.keys()
         self.wasted_judged = sum(1 for v in self.verdicts[first:] if v is not None)
         self.pos = len(self.todo)
         self.finished = len(self.todo)
