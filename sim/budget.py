@@ -86,7 +86,7 @@ def _bucket_instructions(exp: Any) -> tuple[float, float]:
     par, costs = exp.config.parallel, exp.costs
     if not par.overlap_grad_reduce or not hasattr(costs, "grad_bytes"):
         return 0.0, 0.0
-    bucket = par.grad_bucket_MB * 1e6
+    bucket = float(getattr(costs, "grad_bucket_bytes", 25e6))  # as the lowering reads it
     stages = len(exp.schedule.stage_rank)
     expert = getattr(costs, "expert_grad_bytes", None)  # MoE transformers only
     grads = sum(costs.grad_bytes(s) + (expert(s) if expert else 0.0) for s in range(stages))

@@ -249,10 +249,15 @@ class ParallelConfig(Strict):
     counts as data with their source in ``sim/data/tp_overlap.toml``). Needs
     sequence_parallel when tp > 1 (as Megatron-LM); dense attention + MLP layers on one GPU
     type only."""
-    grad_bucket_MB: float = Field(25.0, gt=0)
-    """Bucket size with overlap_grad_reduce, MB of bf16 gradients (1 MB = 1e6 B). Default:
-    PyTorch DDP's ``bucket_cap_mb=25``; Megatron-core's is max(40M, 1M·dp) parameters
-    (``DistributedDataParallelConfig.bucket_size``), i.e. 80 MB up to dp = 40."""
+    grad_bucket_MB: float | None = Field(None, gt=0)
+    """Bucket size with overlap_grad_reduce, MB of gradients (1 MB = 1e6 B). Default None:
+    the rule of ``training.framework``'s profile (``grad_bucket_params`` in
+    workloads/frameworks.toml, :func:`workloads.frameworks.grad_bucket_bytes`): Megatron-LM,
+    Megatron-Bridge and llama3 as Megatron-core, max(40M, 1M·dp) parameters
+    (megatron/core/distributed/distributed_data_parallel.py, ``DistributedDataParallel.__init__``
+    at core_r0.8.0) of the profile's gradient bytes, i.e. 80 MB of bf16 up to dp = 40; a
+    profile without a rule (deepspeed, fsdp, scaling, llm-foundry): PyTorch DDP's
+    ``bucket_cap_mb=25``. A value given here overrides the profile."""
     overlap_param_gather: bool = False
     """All-gather the distributed optimizer's updated parameters under the next step's
     first forward instead of after the optimizer step (Megatron-LM

@@ -38,6 +38,7 @@ from workloads.frameworks import (
     FrameworkProfile,
     apply_framework,
     framework,
+    grad_bucket_bytes,
     stage_layers,
     with_allocator,
 )
@@ -420,6 +421,16 @@ def _check_context_parallel(cfg: ExperimentConfig, model: ModelSpec | None, cp: 
                           "do not compose); use cp: 1 or another schedule")
 
 
+def _grad_bucket_bytes(par: Any, profile: FrameworkProfile, dp: int) -> float:
+    """Gradient bytes per ``overlap_grad_reduce`` bucket: ``parallel.grad_bucket_MB`` where
+    given, else the framework profile's rule (:func:`grad_bucket_bytes`), else PyTorch DDP's
+    default (:attr:`TransformerCosts.grad_bucket_bytes`)."""
+    if par.grad_bucket_MB is not None:
+        return par.grad_bucket_MB * MB
+    rule = grad_bucket_bytes(profile, dp)
+    return TransformerCosts.grad_bucket_bytes if rule is None else rule
+
+
 def _stage_layers(par: ParallelConfig, model: ModelSpec, num_stages: int,
                   profile: FrameworkProfile) -> tuple[int, ...]:
     """``parallel.layers_per_stage`` checked against the stages and layers, or the framework's
@@ -586,7 +597,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
                                  par.zero_stage, t.recompute, t.attention,
                                  t.fused_norm, overlap_grad_reduce=par.overlap_grad_reduce,
-                                 grad_bucket_bytes=par.grad_bucket_MB * MB,
+                                 grad_bucket_bytes=_grad_bucket_bytes(par, profile, dp),
                                  overlap_param_gather=par.overlap_param_gather, cp=cp, ep=par.ep,
                                  expert_tp=etp,
                                  seq_chunks=sched.seq_chunks,

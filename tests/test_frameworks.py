@@ -21,6 +21,7 @@ from workloads.frameworks import (
     STAGE_SPLITS,
     apply_framework,
     fragmentation,
+    grad_bucket_bytes,
     load_allocators,
     load_profiles,
 )
@@ -664,3 +665,42 @@ def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
                                                                        "sources"})
     costs = apply_framework(_costs(zero_stage=2), ll, 4)
     assert costs.bytes_per_param(8) == model_state_bytes_per_param(2, 8, 4.0) == 2 + 16 / 8
+
+
+@pytest.mark.parametrize(("dp", "params"), [(1, 40e6), (8, 40e6), (40, 40e6), (41, 41e6),
+                                            (96, 96e6)])
+def test_megatron_buckets_are_max_40m_1m_dp_parameters(dp: int, params: float) -> None:
+    """Megatron-core's default bucket_size (distributed_data_parallel.py, core_r0.8.0):
+    max(40M, 1M x dp) parameters, of bf16 gradients in Megatron-LM's profile and fp32 in
+    llama3's (grad_reduce_in_fp32)."""
+    assert grad_bucket_bytes(FRAMEWORKS["megatron"], dp) == 2 * params
+    assert grad_bucket_bytes(FRAMEWORKS["megatron-bridge"], dp) == 2 * params
+    assert grad_bucket_bytes(FRAMEWORKS["llama3"], dp) == 4 * params
+
+
+@pytest.mark.parametrize("name", ["deepspeed", "fsdp", "scaling", "llm-foundry"])
+def test_profiles_without_a_bucket_rule_have_none(name: str) -> None:
+    """FSDP reduces per module (ZeRO-3 ignores buckets); the others have no rule of their own."""
+    assert grad_bucket_bytes(FRAMEWORKS[name], 8) is None
+
+
+def test_grad_bucket_mb_overrides_the_profiles_rule() -> None:
+    """parallel.grad_bucket_MB left out: the profile's bucket (Megatron-core's 80 MB at dp 2,
+    PyTorch DDP's 25 MB for a profile without a rule); given: it wins."""
+    def bucket(framework: str, **parallel) -> float:
+        d = _run(framework=framework)
+        d["parallel"] |= {"overlap_grad_reduce": True, **parallel}
+        return Experiment.from_dict(d).costs.grad_bucket_bytes
+
+    assert bucket("megatron") == 80e6
+    assert bucket("deepspeed") == 25e6
+    assert bucket("megatron", grad_bucket_MB=10) == 10e6
+    assert bucket("deepspeed", grad_bucket_MB=10) == 10e6
+
+
+def test_a_profiles_bucket_rule_is_checked() -> None:
+    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match="grad_bucket_params=0"):
+        load_profiles(text + '\n[x]\ninherits = "megatron"\ngrad_bucket_params = 0\n')
+    with pytest.raises(ValueError, match="grad_bucket_params_source"):
+        load_profiles(text + '\n[x]\ninherits = "deepspeed"\ngrad_bucket_params = 5\n')

@@ -100,6 +100,12 @@ class FrameworkProfile:
     """Bytes per element of the tied embedding's gradient all-reduced between the first and
     last pipeline stage after the last backward (0: not emitted):
     ``TransformerCosts.tied_grad_reduce_bytes``."""
+    grad_bucket_params: float | None
+    """Parameters per DP gradient bucket under ``overlap_grad_reduce`` at least (None: the
+    framework's buckets are not modelled by a rule of its own; :func:`grad_bucket_bytes`)."""
+    grad_bucket_params_per_dp: float | None
+    """Parameters per bucket for each DP rank, where that exceeds :attr:`grad_bucket_params`
+    (Megatron-core grows its buckets with the DP size); None: a fixed bucket."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -113,7 +119,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "fragmentation",
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
            "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
-           "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes")
+           "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
+           "grad_bucket_params", "grad_bucket_params_per_dp")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -124,7 +131,7 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 """Fields that are true or false."""
 
 
-_OPTIONAL = ("fragmentation",)
+_OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp")
 """Fields a table may leave out (None), and then their source too."""
 
 
@@ -151,6 +158,13 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if values["allocator"] not in ALLOCATORS:
         raise ValueError(f"frameworks.toml [{name}]: allocator={values['allocator']!r} (one of "
                          f"{', '.join(ALLOCATORS)})")
+    bad = [f for f in ("grad_bucket_params", "grad_bucket_params_per_dp")
+           if values[f] is not None and (isinstance(values[f], bool)
+                                         or not isinstance(values[f], int | float)
+                                         or not 0 < values[f] < float("inf"))]
+    if bad:
+        raise ValueError(f"frameworks.toml [{name}]: "
+                         + ", ".join(f"{f}={values[f]!r}" for f in bad) + " (a number > 0)")
     frag = values["fragmentation"]
     if frag is not None and (isinstance(frag, bool) or not isinstance(frag, int | float)
                              or not 0 <= frag < float("inf")):
@@ -257,6 +271,19 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_accum_bytes=profile.grad_accum_bytes,
                    tied_grad_reduce_bytes=profile.tied_grad_reduce_bytes,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
+
+
+def grad_bucket_bytes(profile: FrameworkProfile, dp: int) -> float | None:
+    """Gradient bytes per DP bucket of ``overlap_grad_reduce`` that ``profile`` uses at data
+    parallel size ``dp``: max(:attr:`~FrameworkProfile.grad_bucket_params`,
+    :attr:`~FrameworkProfile.grad_bucket_params_per_dp` x dp) parameters of
+    :attr:`~FrameworkProfile.grad_reduce_bytes` each (Megatron-core:
+    max(40,000,000, 1,000,000 x dp), i.e. 80 MB of bf16 gradients up to dp = 40); None
+    where the profile has no rule of its own."""
+    if profile.grad_bucket_params is None:
+        return None
+    params = max(profile.grad_bucket_params, (profile.grad_bucket_params_per_dp or 0.0) * dp)
+    return params * profile.grad_reduce_bytes
 
 
 def stage_layers(profile: FrameworkProfile, num_layers: int, num_stages: int) -> tuple[int, ...]:
