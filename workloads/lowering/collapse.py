@@ -131,12 +131,16 @@ class Folded:
         return self.cut(at)
 
 
-def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups = ()) -> float:
+def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups = (),
+           etp_groups: Groups = ()) -> float:
     """A collective's time: its fixed :attr:`CommSeg.duration_s` (TP communication overlap),
-    else timed on every group of its kind at once (``ep_groups`` for an EP one), its unequal
-    volumes timed by :attr:`Collapse.skewed_s` where there is one."""
+    else timed on every group of its kind at once (``ep_groups`` for an EP one,
+    ``etp_groups`` for an expert-TP one), its unequal volumes timed by
+    :attr:`Collapse.skewed_s` where there is one."""
     if seg.duration_s is not None:
         return seg.duration_s
+    if seg.group == "etp":
+        return collapse.collective_s(seg.op, etp_groups, seg.nbytes)
     if seg.group != "ep":
         return collapse.collective_s(seg.op, groups, seg.nbytes)
     if seg.skew[0] != 1.0 and collapse.skewed_s is not None:
@@ -145,11 +149,11 @@ def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups =
 
 
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
-              ep_groups: Groups = ()) -> tuple[CommRun, ...]:
+              ep_groups: Groups = (), etp_groups: Groups = ()) -> tuple[CommRun, ...]:
     runs: list[CommRun] = []
     for seg in segs:
         assert isinstance(seg, CommSeg)
-        t = comm_s(seg, collapse, groups, ep_groups)
+        t = comm_s(seg, collapse, groups, ep_groups, etp_groups)
         if runs and runs[-1].kind == seg.kind:
             prev = runs[-1]
             runs[-1] = CommRun(prev.kind, prev.op, f"{prev.label} + {seg.label}",
@@ -160,7 +164,7 @@ def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
 
 
 def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
-          ep_groups: Groups = ()) -> Block:
+          ep_groups: Groups = (), etp_groups: Groups = ()) -> Block:
     """``segs`` as one compute op: its compute time and the time of the collectives
     among them as blocking communication (of their kind if they have one, else ``tp``).
     With collectives of several kinds, its :attr:`Block.parts`: per kind, the collectives
@@ -179,15 +183,16 @@ def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
                 by_kind[seg.kind] += waiting
                 waiting = []
         by_kind[comm[-1].kind] += waiting
-        parts = tuple(block(by_kind[kind], collapse, groups, ep_groups) for kind in kinds)
+        parts = tuple(block(by_kind[kind], collapse, groups, ep_groups, etp_groups)
+                      for kind in kinds)
     return Block(sum(collapse.compute_s(seg) for seg in work),
-                 sum(comm_s(seg, collapse, groups, ep_groups) for seg in comm),
+                 sum(comm_s(seg, collapse, groups, ep_groups, etp_groups) for seg in comm),
                  kinds[0] if len(kinds) == 1 else "tp",
                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work), parts)
 
 
 def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
-         ep_groups: Groups = ()) -> Folded:
+         ep_groups: Groups = (), etp_groups: Groups = ()) -> Folded:
     """Fold an op's segments for the representative GPU of a collapsed lowering.
 
     The compute segments, with the TP collectives between them, become one
@@ -200,23 +205,23 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
     for this op's closing collective (only the op's consumers do). Every
     collective is timed with all ``groups`` (the TP groups of every DP
     replica of the pipeline rank) running it at once; MoE all-to-alls with all
-    ``ep_groups`` (the rank's EP groups). Where a stream must see one of the
-    collectives between compute segments, :meth:`Folded.split` cuts the compute there
-    (:func:`emit_folded`).
+    ``ep_groups`` (the rank's EP groups), expert-TP collectives with all ``etp_groups``.
+    Where a stream must see one of the collectives between compute segments,
+    :meth:`Folded.split` cuts the compute there (:func:`emit_folded`).
     """
-    eg = ep_groups
+    eg = (ep_groups, etp_groups)
     bounds = compute_bounds(segs)
     if bounds is None:  # no compute: one blocking fold
-        return Folded((), block(segs, collapse, groups, eg), None, (), None, ())
+        return Folded((), block(segs, collapse, groups, *eg), None, (), None, ())
     first, end = bounds
     middle = segs[first:end]
     at = inner_runs(middle)
     head = first_comm = rest = None
     if at:
         i, j = at[0]
-        head = block(middle[:i], collapse, groups, eg)
-        first_comm = comm_runs(middle[i:j], collapse, groups, eg)
-        rest = block(middle[j:], collapse, groups, eg)
+        head = block(middle[:i], collapse, groups, *eg)
+        first_comm = comm_runs(middle[i:j], collapse, groups, *eg)
+        rest = block(middle[j:], collapse, groups, *eg)
     cut = None
     if len(at) > 1:
         @cache
@@ -224,14 +229,14 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
             out: list[Block | tuple[CommRun, ...]] = []
             start = 0
             for i, j in (at[w] for w in which):
-                out += [block(middle[start:i], collapse, groups, eg),
-                        comm_runs(middle[i:j], collapse, groups, eg)]
+                out += [block(middle[start:i], collapse, groups, *eg),
+                        comm_runs(middle[i:j], collapse, groups, *eg)]
                 start = j
-            return (*out, block(middle[start:], collapse, groups, eg))
+            return (*out, block(middle[start:], collapse, groups, *eg))
     kinds = tuple(frozenset(seg.kind for seg in middle[i:j]) for i, j in at)
-    return Folded(comm_runs(segs[:first], collapse, groups, eg),
-                  block(middle, collapse, groups, eg), head, first_comm or (), rest,
-                  comm_runs(segs[end:], collapse, groups, eg), kinds, cut)
+    return Folded(comm_runs(segs[:first], collapse, groups, *eg),
+                  block(middle, collapse, groups, *eg), head, first_comm or (), rest,
+                  comm_runs(segs[end:], collapse, groups, *eg), kinds, cut)
 
 
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:

@@ -23,8 +23,10 @@ from workloads.lowering.collapse import (
 from workloads.lowering.grads import grad_op
 from workloads.lowering.groups import (
     ALL_TO_ALL_ALGO,
+    Groups,
     dp_groups,
     ep_groups,
+    etp_groups,
     expert_replicas,
     rank_expert_groups,
     tp_groups,
@@ -177,6 +179,13 @@ class PieceLowering:
         self.ring_next = {g: placement.gpu(**{**placement.coords(g),
                                               "cp": (placement.coords(g)["cp"] + 1) % cp})
                           for g in range(placement.num_gpus)} if cp > 1 else {}
+
+    def _etp_groups(self, r: int) -> Groups:
+        """The expert-TP groups of pipeline rank ``r`` (:func:`etp_groups`; none without an
+        expert TP degree of its own, whose collectives then run over the TP groups)."""
+        if self.etp is None:
+            return ()
+        return etp_groups(self.placement, r, self.ep, self.etp)
 
     def pieces(self, op: Op, marked: bool) -> tuple[Piece, ...]:
         """``op``'s segments (``marked``: with its DP markers) cut into pieces, cached per
@@ -393,6 +402,15 @@ class PieceLowering:
                     for g in group:
                         cur[g] = (ids[g],)
                 continue
+            if isinstance(seg, CommSeg) and seg.group == "etp":
+                for group in self._etp_groups(r):
+                    ids = b.collective(group, {g: cur[g] for g in group}, kind=seg.kind,
+                                       name=f"{op_name} {seg.label}", op=seg.op,
+                                       nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
+                                       duration_s=seg.duration_s)
+                    for g in group:
+                        cur[g] = (ids[g],)
+                continue
             for tp_group in self.lanes[r]:
                 if isinstance(seg, CommSeg):
                     ids = b.collective(tuple(tp_group), {g: cur[g] for g in tp_group},
@@ -460,7 +478,8 @@ class PieceLowering:
             folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
             if folded is None:
                 folded = fold(tuple(run), self.collapse.on(g), tp_groups(self.placement, r),
-                               ep_groups(self.placement, r, self.ep, self.etp))
+                              ep_groups(self.placement, r, self.ep, self.etp),
+                              self._etp_groups(r))
                 self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
             n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
             a = alloc if seen == 0 and n_compute else 0.0
