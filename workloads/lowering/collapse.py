@@ -9,7 +9,7 @@ of the replicas it stands for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 
@@ -324,16 +324,15 @@ def emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: Block,
 
 
 def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
-                deps: tuple[int, ...], alloc: float, free: float, pending_s: float,
+                deps: tuple[int, ...], alloc: float, free: float, pending: Mapping[str, float],
                 cut: frozenset[str] = frozenset()) -> int:
     """Emit a folded op on GPU ``g``; returns the id of its last instruction.
 
-    ``pending_s`` bounds how long after this op's compute starts an earlier
-    op's closing collective may still occupy the collective stream. In the
-    full lowering the op's first inner collective queues behind it on that
-    stream; when it may (``pending_s`` exceeds the compute before that
-    collective), the op is emitted split (compute, collective, rest) so the
-    collapsed program waits the same way. Otherwise one compute op suffices.
+    ``pending``: per kind, how long after this op's compute starts an earlier op's
+    closing collective may still occupy that kind's stream (:func:`pending_after`). In the
+    full lowering the op's first collective of that kind queues behind it on the stream;
+    when it may (:func:`first_cuts`), the compute is split there (compute, collective,
+    rest) so the collapsed program waits the same way. Otherwise one compute op suffices.
 
     ``cut``: kinds whose last collective between compute segments a later op's leading
     collective must queue behind, as on the full program's stream (:func:`stream_cuts`):
@@ -341,10 +340,7 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
     """
     if folded.leading:
         deps = emit_runs(b, g, op, op_name, folded.leading, deps)
-    head, rest = folded.head, folded.rest
-    first = (head is not None and rest is not None and not folded.leading
-             and pending_s > head.compute_s)
-    parts = folded.split(split_points(folded, first, cut))
+    parts = folded.split(split_points(folded, first_cuts(folded, pending), cut))
     for n, part in enumerate(parts):
         if isinstance(part, Block):
             deps = (emit_block(b, g, op, op_name, part, deps, alloc if n == 0 else 0.0,
@@ -357,13 +353,33 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
     return last
 
 
-def split_points(folded: Folded, first: bool, cut: frozenset[str]) -> tuple[int, ...]:
+def first_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[str]:
+    """Kinds at whose first collective between compute segments :func:`emit_folded` splits
+    ``folded``: those an earlier op's closing collective may still occupy (``pending``)
+    longer than ``folded``'s leading collectives and compute take to reach it. A kind among
+    the leading collectives needs no cut: they queue behind it on its stream, and the
+    rest of the op after them."""
+    leading = {run.kind for run in folded.leading}
+    leading_s = sum(run.duration_s for run in folded.leading)
+    out: set[str] = set()
+    for kind, left in pending.items():
+        w = next((w for w, kinds in enumerate(folded.inner) if kind in kinds), None)
+        if kind in leading or w is None:
+            continue
+        before = folded.head if w == 0 else folded.split((w,))[0]
+        assert isinstance(before, Block)
+        if left - leading_s > before.compute_s:
+            out.add(kind)
+    return frozenset(out)
+
+
+def split_points(folded: Folded, first: frozenset[str], cut: frozenset[str]
+                 ) -> tuple[int, ...]:
     """Where :func:`emit_folded` splits ``folded``'s compute (the ``at`` of
-    :meth:`Folded.split`): at its first run of collectives if ``first``, and at the last
-    run holding each kind of ``cut``."""
+    :meth:`Folded.split`): at the first run of collectives holding each kind of ``first``
+    (:func:`first_cuts`), and at the last run holding each kind of ``cut``."""
     at = {max(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in cut}
-    if first:
-        at.add(0)
+    at |= {min(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in first}
     return tuple(sorted(at))
 
 
@@ -423,16 +439,23 @@ def with_all_to_all(collapse: Collapse) -> Collapse:
     return replace(collapse, collective_s=timed, skewed_s=timed_skew)
 
 
-def pending_after(pending_s: float, folded: Folded) -> float:
-    """How long the rank's last closing collective may still occupy the collective stream
-    once ``folded`` is emitted (the ``pending_s`` of :func:`emit_folded` for the next op):
-    its own closing collectives' time; 0 after any other collective (they queue in
-    order); after pure compute, what was left less that compute's time."""
-    if folded.trailing:
-        return folded.trailing_s
-    if folded.has_comm:
-        return 0.0
-    return max(0.0, pending_s - folded.whole.compute_s)
+def pending_after(pending: Mapping[str, float], folded: Folded, closing: bool = True
+                  ) -> dict[str, float]:
+    """Per kind, how long the rank's last closing collective of that kind may still occupy
+    its stream once ``folded`` is emitted (the ``pending`` of :func:`emit_folded` for the
+    next op): for a kind among its closing collectives, their time up to the end of its
+    last (none unless ``closing``: the rest of the op waits for them); none for another
+    kind it has (they queue in order); for a kind it lacks, what was left less its
+    compute time."""
+    kinds = {run.kind for run in (*folded.leading, *folded.trailing)}.union(*folded.inner)
+    out = {kind: left - folded.whole.compute_s for kind, left in pending.items()
+           if kind not in kinds and left > folded.whole.compute_s}
+    if closing:
+        end = 0.0
+        for run in folded.trailing:
+            end += run.duration_s
+            out[run.kind] = end
+    return out
 
 
 def replica_send_s(collapse: Collapse, placement: Placement,
