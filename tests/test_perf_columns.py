@@ -147,19 +147,19 @@ def _padded(deps: np.ndarray, width: int) -> np.ndarray:
 
 
 def test_split_decisions_on_arrays_equal_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Which folded ops are split (the per-rank pending time of the general loop): on arrays
-    where every op has collectives, op by op otherwise; the same decisions, and the
-    program of the general loop."""
+    """Which folded ops are split (the per-rank, per-kind pending time of the general loop):
+    on arrays where every op has collectives, all of one kind, op by op otherwise; the same
+    decisions, and the program of the general loop."""
     exp = _experiment({"tp": 8, "pp": 4, "dp": 1}, "1f1b", 128)
     seen = []
     real = columnar_lowering._split_ops
 
-    def both(plans, plan_of, rank_at, ranks):  # type: ignore[no-untyped-def]
-        out = real(plans, plan_of, rank_at, ranks)
+    def both(plans, plan_of, rank_at, ranks, kinds):  # type: ignore[no-untyped-def]
+        out = real(plans, plan_of, rank_at, ranks, kinds)
         # a plan without collectives (used by no op) sends it down the op-by-op loop
         pure = Folded((), plans[0].folded.whole, None, (), None, ())
         idle = columnar_lowering._Plan(0, 0, pure, 0.0, 0.0, None, None, stream_use([]))
-        loop = real([*plans, idle], plan_of, rank_at, ranks)
+        loop = real([*plans, idle], plan_of, rank_at, ranks, kinds)
         seen.append((out.tolist(), loop.tolist()))
         return out
 

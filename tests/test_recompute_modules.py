@@ -85,36 +85,41 @@ def _per_token(modules: tuple[str, ...], layer: int) -> float:
 
 def test_what_each_module_drops_from_a_mla_moe_layer() -> None:
     """Per token, bytes, h = 1024, t = 2 with SP, a MoE layer without recomputation: norm
-    and GEMM inputs 2·4·1024/2 = 4096; the two dispatched copies 2·2·1024/2 = 2048; the
-    latents, each kept as the up-projection's input and normalised input,
-    (2 + 2)·384/2 = 768; Q, K, V 2·(768 + 768 + 512)/2 = 2048; the attention output
-    2·512/2 = 512; the SwiGLU intermediates of the 2 routed rows and the shared expert
-    6·512·3/2 = 4608. Total 14080."""
-    assert _per_token((), 2) == 14080
-    assert _per_token(("core_attn",), 2) == 14080  # flash: no score matrix to drop
+    and GEMM inputs 2·4·1024/2 = 4096; the two dispatched copies as the experts' first
+    GEMM keeps them, all-gathered over the expert TP group (e = t = 2; Megatron-core
+    ``MoEAlltoAllTokenDispatcher.dispatch_postprocess`` gathers the received rows before
+    the experts, so each GPU holds e/t of every token's copies, not 1/t),
+    2·2·1024·2/2 = 4096; the latents, each kept as the up-projection's input and
+    normalised input, (2 + 2)·384/2 = 768; Q, K, V 2·(768 + 768 + 512)/2 = 2048; the
+    attention output 2·512/2 = 512; the SwiGLU intermediates of the 2 routed rows and the
+    shared expert 6·512·3/2 = 4608. Total 16128."""
+    assert _per_token((), 2) == 16128
+    assert _per_token(("core_attn",), 2) == 16128  # flash: no score matrix to drop
     # Q, K, V (2048) and the normalised latents; the latents once, the rotary key gathered
-    assert _per_token(("mla_up_proj",), 2) == 14080 - 2048 - 768 + (2 * 384 / 2 + 2 * 32)
+    assert _per_token(("mla_up_proj",), 2) == 16128 - 2048 - 768 + (2 * 384 / 2 + 2 * 32)
     # the down-projections' input and the router's input (1024 each)
-    assert _per_token(("layernorm",), 2) == 14080 - 2048
-    # the dispatched copies and every expert intermediate; the MoE input stays
-    assert _per_token(("moe",), 2) == 14080 - 2048 - 4608
+    assert _per_token(("layernorm",), 2) == 16128 - 2048
+    # the gathered dispatched copies (4096) and every expert intermediate; the MoE input
+    # stays
+    assert _per_token(("moe",), 2) == 16128 - 4096 - 4608
     # the routed rows' activation outputs, 2·512·2/2
-    assert _per_token(("moe_act",), 2) == 14080 - 1024
+    assert _per_token(("moe_act",), 2) == 16128 - 1024
     # the shared expert's intermediates, 6·512/2
-    assert _per_token(("shared_experts",), 2) == 14080 - 1536
-    assert _per_token(("mla_up_proj", "moe"), 2) == 14080 - 2048 - 768 + 448 - 2048 - 4608
+    assert _per_token(("shared_experts",), 2) == 16128 - 1536
+    assert _per_token(("mla_up_proj", "moe"), 2) == 16128 - 2048 - 768 + 448 - 4096 - 4608
 
 
 def test_a_fp8_moe_layer_keeps_the_router_input_in_bf16_and_the_dispatched_copies_in_fp8(
 ) -> None:
     """FP8, per token: norm inputs 4·1024/2 = 2048; the down-projections' input in fp8
     1·1024/2 = 512; the router's input as it is, bf16, 2·1024/2 = 1024; the dispatched
-    copies in fp8, 1·2·1024/2 = 1024; the latents and their fp8 normalised copy
+    copies in fp8, gathered over the expert TP group as in the bf16 layer above
+    (e = t = 2), 1·2·1024·2/2 = 2048; the latents and their fp8 normalised copy
     (2 + 1)·384/2 = 576; Q, K, V 2048 and the attention output 512 (the attention core
     stays bf16); the intermediates with the down-projections' inputs in fp8,
-    (6 - 1)·512·3/2 = 3840. Total 11584."""
+    (6 - 1)·512·3/2 = 3840. Total 12608."""
     fp8 = replace(_costs(MLA_MOE), precision="fp8")
-    assert fp8._layer(2).layer_activation_bytes() == 11584 * TOKENS
+    assert fp8._layer(2).layer_activation_bytes() == 12608 * TOKENS
 
 
 def test_dense_and_moe_modules_act_on_their_own_layers_only() -> None:
@@ -123,7 +128,7 @@ def test_dense_and_moe_modules_act_on_their_own_layers_only() -> None:
     alone, ``moe`` the reverse (Megatron's ``recompute_mlp`` is set only on dense layers)."""
     assert _per_token((), 0) == 13568
     assert _per_token(("mlp",), 0) == 13568 - 1024 - 6144
-    assert _per_token(("mlp",), 2) == 14080
+    assert _per_token(("mlp",), 2) == 16128  # the MoE layer's total, as without modules
     assert _per_token(("moe",), 0) == 13568
     assert _per_token(("layernorm",), 0) == 13568 - 1024  # only MLA's input norm is separate
 
@@ -145,13 +150,26 @@ def test_what_each_module_reruns_in_a_mla_moe_layer() -> None:
     shared = _rerun(("shared_experts",))  # its all-gather, GEMMs, reduce-scatter
     assert [type(s) for s in shared] == [CommSeg, ComputeSeg, CommSeg]
     assert shared[1].flops == 2 * n * h * 3 * 512 / 2
-    moe = _rerun(("moe",))  # router, routed rows, shared expert; ep = 1: no all-to-all
-    assert [type(s) for s in moe] == [CommSeg, ComputeSeg, CommSeg]
-    assert moe[1].flops == (2 * n * h * 8 + 2 * (2 * n) * h * 3 * 512 / 2
+    # ep = 1, no all-to-all: the shared expert's all-gather of the layer input (2·n·h), the
+    # routed copies' all-gather over the expert TP group (e = t: 2·2n·h·e/t), router, routed
+    # rows and shared expert, and the two reduce-scatters in reverse (Megatron-core
+    # core_v0.19.0: SharedExpertMLP.forward gathers under SP; the dispatcher's
+    # dispatch_postprocess / combine_preprocess gather and reduce-scatter over expt_tp
+    # even with ep = 1). The router scores the s/t tokens of the GPU's SP shard
+    # (MoELayer.forward routes hidden_states before the dispatcher gathers any).
+    moe = _rerun(("moe",))
+    assert [type(s) for s in moe] == [CommSeg, CommSeg, ComputeSeg, CommSeg, CommSeg]
+    assert [s.op for s in moe if isinstance(s, CommSeg)] == [
+        "all_gather", "all_gather", "reduce_scatter", "reduce_scatter"]
+    assert [s.nbytes for s in moe if isinstance(s, CommSeg)] == [
+        2 * n * h, 2 * (2 * n) * h * 2 / 2, 2 * (2 * n) * h * 2 / 2, 2 * n * h]
+    assert moe[2].flops == (2 * (n / 2) * h * 8 + 2 * (2 * n) * h * 3 * 512 / 2
                             + 2 * n * h * 3 * 512 / 2)
+    # ep = 2: the all-to-alls outside the expert TP collectives, inside the shared expert's
     ep = replace(_costs(MLA_MOE, ("moe",)), dp=2, ep=2)._layer(2)._module_recompute("L2")
     assert [s.op for s in ep if isinstance(s, CommSeg)] == [
-        "all_gather", "all_to_all", "all_to_all", "reduce_scatter"]
+        "all_gather", "all_to_all", "all_gather", "reduce_scatter", "all_to_all",
+        "reduce_scatter"]
 
 
 def test_module_recompute_trades_memory_for_time_in_a_simulated_step() -> None:

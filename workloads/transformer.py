@@ -469,8 +469,9 @@ class TransformerCosts:
     def _expert_gemms(self) -> ComputeSeg:
         """Router and expert GEMMs of one MoE layer on one GPU (Fedus et al. 2021, sec. 2).
 
-        Router: 2·n·h·E FLOPs on the GPU's n tokens. Experts: each of the rows
-        (:attr:`_expert_rows`: n·k·max(c, 1)·e/t) passes one expert MLP,
+        Router: 2·n·h·E FLOPs on the GPU's n tokens (n/t, its sequence-parallel share, under
+        :attr:`_moe_sp`: Megatron-core routes the tokens before any TP gather). Experts: each
+        of the rows (:attr:`_expert_rows`: n·k·max(c, 1)·e/t) passes one expert MLP,
         2·rows·h·f_e·(2 or 3 matrices)/e FLOPs (e the expert TP degree, :attr:`_etp`); the
         E/ep local experts' weights (1/e of each) are read once. Shape: rows per local
         expert, rows·ep/E, against f_e/e.
@@ -480,7 +481,7 @@ class TransformerCosts:
         assert moe is not None
         h, f, mm = m.hidden_size, moe.expert_ffn_hidden_size, m.mlp_matrices
         rows = self._expert_rows
-        router = _gemm(n, h, moe.num_experts)
+        router = _gemm(n / self._sp_div if self._moe_sp else n, h, moe.num_experts)
         local = moe.num_experts / self.ep
         mid = f * (mm - 1) / t
         per_expert = rows / local  # rows each local expert computes: n·k·max(c, 1)·ep/E
@@ -513,19 +514,60 @@ class TransformerCosts:
         return self._tokens * moe.load_factor(self.ep) * expected_units(
             moe.num_experts, moe.top_k, units, moe.router_num_groups, moe.router_group_topk)
 
+    @property
+    def _moe_sp(self) -> bool:
+        """Whether a MoE layer's MLP is lowered as Megatron-core's all-to-all dispatcher runs
+        it under sequence parallelism (or without TP): no b·s·h gather of the layer's input
+        over the attention TP group (the router runs on the GPU's s/t tokens), the routed
+        copies gathered over the expert TP group after the dispatch instead
+        (:meth:`_expert_tp_gather`). Without SP (tp > 1) the input is whole on every TP rank
+        and the MLP block keeps its all-reduce."""
+        return (self.model.moe is not None and not self.model.parallel_blocks
+                and (self.sequence_parallel or self.tp == 1))
+
+    def _expert_tp_gather(self, seg: ComputeSeg | list[Segment], name: str
+                          ) -> list[Segment]:
+        """The expert TP collectives around a MoE layer's experts (Megatron-core
+        core_v0.19.0, megatron/core/transformer/moe/token_dispatcher.py,
+        ``MoEAlltoAllTokenDispatcher.dispatch_postprocess``: after the all-to-all,
+        ``gather_from_sequence_parallel_region(..., group=self.tp_group,
+        output_split_sizes=...)`` over the ``expt_tp`` group; ``combine_preprocess``: the
+        matching ``reduce_scatter_to_sequence_parallel_region`` before the combine): an
+        all-gather of the received copies over the e GPUs of the expert TP group, and a
+        reduce-scatter of the experts' outputs, b·s/(cp·t)·D·e·h bf16 each (D the copies a
+        token dispatches, :attr:`_dispatched_rows`, capacity or routing imbalance included;
+        the busiest EP rank's group, whose members receive alike). The group is the
+        attention TP group with e = t, the expert grid's ``etp`` group otherwise; with e = 1
+        there is none. The flex dispatcher sends each copy to all e expert-TP ranks of its
+        destination in its TP x EP all-to-all (``_initialize_metadata``); it is taken as the
+        same all-to-all over EP followed by this gather, which delivers the same rows."""
+        body = seg if isinstance(seg, list) else [seg]
+        e = self._etp
+        if e == 1:
+            return body
+        nbytes = BF16 * self._dispatched_rows * e / self._sp_div * self.model.hidden_size
+        group = "tp" if self.expert_tp is None else "etp"
+        return [CommSeg(f"{name} expert all-gather", "tp", "all_gather", nbytes, group=group),
+                *body,
+                CommSeg(f"{name} expert reduce-scatter", "tp", "reduce_scatter", nbytes,
+                        group=group)]
+
     def _moe_body(self, seg: ComputeSeg, name: str, backward: bool) -> list[Segment]:
         """The MLP of a MoE layer: with ep > 1, all-to-all dispatch of the routed token
         copies to their experts' GPUs and all-to-all combine back (backward: the same two
         in reverse), b·s/cp·k·max(c, 1)·h bf16 per GPU each (REFERENCES.md), divided by t
         under sequence parallelism: Megatron-core's all-to-all dispatcher sends only the
-        s/t tokens each TP rank holds, then gathers the received ones over TP.
+        s/t tokens each TP rank holds, then gathers the received ones over the expert TP
+        group (:meth:`_expert_tp_gather`, inside the all-to-alls).
 
         Dropless with a routing imbalance, ``nbytes`` is the busiest rank's volume and
         the others move their own share (:attr:`CommSeg.skew`): towards the busiest in
         the dispatch and the combine's gradient, from it in the combine and the
         dispatch's gradient."""
+        body: list[Segment] = (self._expert_tp_gather(seg, name) if self._moe_sp
+                               else [seg])
         if self.ep == 1:
-            return [seg]
+            return body
         moe = self.model.moe
         assert moe is not None
         nbytes = BF16 * self._dispatched_rows * self.model.hidden_size / self._sp_div
@@ -536,7 +578,7 @@ class TransformerCosts:
         first, second = ("combine grad", "dispatch grad") if backward else ("dispatch", "combine")
         exposed = dict(self.ep_comm_exposed_s)
         return [CommSeg(f"{name} {first}", "ep", "all_to_all", nbytes, group="ep",
-                        duration_s=exposed.get(first), skew=towards), seg,
+                        duration_s=exposed.get(first), skew=towards), *body,
                 CommSeg(f"{name} {second}", "ep", "all_to_all", nbytes, group="ep",
                         duration_s=exposed.get(second), skew=from_busiest)]
 
@@ -679,8 +721,24 @@ class TransformerCosts:
                     *(second if isinstance(second, list) else [second])]
             return self._block(f"{name} layer{suffix}", body)
         a, b = ("mlp", "attn") if backward else ("attn", "mlp")
-        return (self._block(f"{name} {a}{suffix}", first, f"{a}{suffix}")
-                + self._block(f"{name} {b}{suffix}", second, f"{b}{suffix}"))
+        block = {"attn": self._block, "mlp": self._mlp_block}
+        return (block[a](f"{name} {a}{suffix}", first, f"{a}{suffix}")
+                + block[b](f"{name} {b}{suffix}", second, f"{b}{suffix}"))
+
+    def _mlp_block(self, label: str, compute: ComputeSeg | list[Segment],
+                   block: str = "") -> list[Segment]:
+        """A layer's MLP block with its TP collectives: a dense MLP's (:meth:`_block`); a MoE
+        layer's under :attr:`_moe_sp` has none of its own (its experts' are inside,
+        :meth:`_expert_tp_gather`) unless it has shared experts, whose TP-split MLP
+        all-gathers the s/t tokens' input over the attention TP group and reduce-scatters
+        its output (core_v0.19.0 megatron/core/transformer/moe/shared_experts.py
+        ``SharedExpertMLP.forward``: ``gather_from_sequence_parallel_region`` and
+        ``reduce_scatter_to_sequence_parallel_region`` under ``sequence_parallel``), b·s·h
+        bf16 each as a dense MLP's."""
+        moe = self.model.moe
+        if self._moe_sp and moe is not None and not moe.shared_experts:
+            return compute if isinstance(compute, list) else [compute]
+        return self._block(label, compute, block)
 
     def _layer_backward(self, name: str, weight_grad_deferred: bool) -> list[Segment]:
         """Backward of one layer: input gradients, and weight gradients unless deferred to W."""
@@ -746,8 +804,8 @@ class TransformerCosts:
         segs: list[Segment] = []
         if "moe" in mods:
             body = replace(mlp, label=f"{label} mlp", elementwise_bytes=ew_mlp - residual)
-            segs += self._block(f"{label} mlp", self._moe_body(body, f"{label} mlp", False),
-                                "mlp")
+            segs += self._mlp_block(f"{label} mlp",
+                                    self._moe_body(body, f"{label} mlp", False), "mlp")
         elif "mlp" in mods:
             segs += self._block(f"{label} mlp", replace(mlp, label=f"{label} mlp",
                                                         elementwise_bytes=ew_mlp - residual),
@@ -1104,7 +1162,8 @@ class TransformerCosts:
         recomputation keeps only the layer input (2). For GPT (kv = h, f = 4h)
         this is exactly Korthikanti's s·b·h·(10 + 24/t + 5·a·s/(h·t)). MoE: the MLP
         intermediates are per routed row (k·max(c, 1) rows a token, expert inner size),
-        plus the dispatched copies of the MLP input (2·k·max(c, 1)); shared experts keep
+        plus the copies of the MLP input the experts' first GEMM keeps, gathered over the
+        expert TP group after the dispatch (2·k·max(c, 1)·e/t); shared experts keep
         their intermediates for every token. Q, K, V and the attention output are a·d wide
         where the head size d is explicit; under MLA they are the materialised per-head
         queries, keys and values, and the latents are kept too (:meth:`_latent_bytes`).
@@ -1162,7 +1221,8 @@ class TransformerCosts:
             rows = 0.0 if whole else m.moe.top_k * m.moe.load_factor(self.ep)
             shared = 0.0 if whole or "shared_experts" in mods else m.moe.shared_experts
             ratio = m.moe.expert_ffn_hidden_size / m.hidden_size * (rows + shared)
-            replicated += (1 if fp8 else 2) * rows / self._sp_div
+            # the experts' first GEMM keeps its input, the copies gathered over expert TP
+            replicated += (1 if fp8 else 2) * rows * self._etp / self.tp
             if "moe_act" in mods:  # the routed rows' activation output
                 act_out = (1 if fp8 else 2) * m.moe.expert_ffn_hidden_size / m.hidden_size * rows
         if m.mla is not None:

@@ -9,7 +9,7 @@ of the replicas it stands for.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 
@@ -131,12 +131,16 @@ class Folded:
         return self.cut(at)
 
 
-def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups = ()) -> float:
+def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups = (),
+           etp_groups: Groups = ()) -> float:
     """A collective's time: its fixed :attr:`CommSeg.duration_s` (TP communication overlap),
-    else timed on every group of its kind at once (``ep_groups`` for an EP one), its unequal
-    volumes timed by :attr:`Collapse.skewed_s` where there is one."""
+    else timed on every group of its kind at once (``ep_groups`` for an EP one,
+    ``etp_groups`` for an expert-TP one), its unequal volumes timed by
+    :attr:`Collapse.skewed_s` where there is one."""
     if seg.duration_s is not None:
         return seg.duration_s
+    if seg.group == "etp":
+        return collapse.collective_s(seg.op, etp_groups, seg.nbytes)
     if seg.group != "ep":
         return collapse.collective_s(seg.op, groups, seg.nbytes)
     if seg.skew[0] != 1.0 and collapse.skewed_s is not None:
@@ -145,11 +149,11 @@ def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups =
 
 
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
-              ep_groups: Groups = ()) -> tuple[CommRun, ...]:
+              ep_groups: Groups = (), etp_groups: Groups = ()) -> tuple[CommRun, ...]:
     runs: list[CommRun] = []
     for seg in segs:
         assert isinstance(seg, CommSeg)
-        t = comm_s(seg, collapse, groups, ep_groups)
+        t = comm_s(seg, collapse, groups, ep_groups, etp_groups)
         if runs and runs[-1].kind == seg.kind:
             prev = runs[-1]
             runs[-1] = CommRun(prev.kind, prev.op, f"{prev.label} + {seg.label}",
@@ -160,7 +164,7 @@ def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
 
 
 def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
-          ep_groups: Groups = ()) -> Block:
+          ep_groups: Groups = (), etp_groups: Groups = ()) -> Block:
     """``segs`` as one compute op: its compute time and the time of the collectives
     among them as blocking communication (of their kind if they have one, else ``tp``).
     With collectives of several kinds, its :attr:`Block.parts`: per kind, the collectives
@@ -179,15 +183,16 @@ def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
                 by_kind[seg.kind] += waiting
                 waiting = []
         by_kind[comm[-1].kind] += waiting
-        parts = tuple(block(by_kind[kind], collapse, groups, ep_groups) for kind in kinds)
+        parts = tuple(block(by_kind[kind], collapse, groups, ep_groups, etp_groups)
+                      for kind in kinds)
     return Block(sum(collapse.compute_s(seg) for seg in work),
-                 sum(comm_s(seg, collapse, groups, ep_groups) for seg in comm),
+                 sum(comm_s(seg, collapse, groups, ep_groups, etp_groups) for seg in comm),
                  kinds[0] if len(kinds) == 1 else "tp",
                  sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work), parts)
 
 
 def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
-         ep_groups: Groups = ()) -> Folded:
+         ep_groups: Groups = (), etp_groups: Groups = ()) -> Folded:
     """Fold an op's segments for the representative GPU of a collapsed lowering.
 
     The compute segments, with the TP collectives between them, become one
@@ -200,23 +205,23 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
     for this op's closing collective (only the op's consumers do). Every
     collective is timed with all ``groups`` (the TP groups of every DP
     replica of the pipeline rank) running it at once; MoE all-to-alls with all
-    ``ep_groups`` (the rank's EP groups). Where a stream must see one of the
-    collectives between compute segments, :meth:`Folded.split` cuts the compute there
-    (:func:`emit_folded`).
+    ``ep_groups`` (the rank's EP groups), expert-TP collectives with all ``etp_groups``.
+    Where a stream must see one of the collectives between compute segments,
+    :meth:`Folded.split` cuts the compute there (:func:`emit_folded`).
     """
-    eg = ep_groups
+    eg = (ep_groups, etp_groups)
     bounds = compute_bounds(segs)
     if bounds is None:  # no compute: one blocking fold
-        return Folded((), block(segs, collapse, groups, eg), None, (), None, ())
+        return Folded((), block(segs, collapse, groups, *eg), None, (), None, ())
     first, end = bounds
     middle = segs[first:end]
     at = inner_runs(middle)
     head = first_comm = rest = None
     if at:
         i, j = at[0]
-        head = block(middle[:i], collapse, groups, eg)
-        first_comm = comm_runs(middle[i:j], collapse, groups, eg)
-        rest = block(middle[j:], collapse, groups, eg)
+        head = block(middle[:i], collapse, groups, *eg)
+        first_comm = comm_runs(middle[i:j], collapse, groups, *eg)
+        rest = block(middle[j:], collapse, groups, *eg)
     cut = None
     if len(at) > 1:
         @cache
@@ -224,14 +229,14 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
             out: list[Block | tuple[CommRun, ...]] = []
             start = 0
             for i, j in (at[w] for w in which):
-                out += [block(middle[start:i], collapse, groups, eg),
-                        comm_runs(middle[i:j], collapse, groups, eg)]
+                out += [block(middle[start:i], collapse, groups, *eg),
+                        comm_runs(middle[i:j], collapse, groups, *eg)]
                 start = j
-            return (*out, block(middle[start:], collapse, groups, eg))
+            return (*out, block(middle[start:], collapse, groups, *eg))
     kinds = tuple(frozenset(seg.kind for seg in middle[i:j]) for i, j in at)
-    return Folded(comm_runs(segs[:first], collapse, groups, eg),
-                  block(middle, collapse, groups, eg), head, first_comm or (), rest,
-                  comm_runs(segs[end:], collapse, groups, eg), kinds, cut)
+    return Folded(comm_runs(segs[:first], collapse, groups, *eg),
+                  block(middle, collapse, groups, *eg), head, first_comm or (), rest,
+                  comm_runs(segs[end:], collapse, groups, *eg), kinds, cut)
 
 
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:
@@ -319,16 +324,15 @@ def emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: Block,
 
 
 def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
-                deps: tuple[int, ...], alloc: float, free: float, pending_s: float,
+                deps: tuple[int, ...], alloc: float, free: float, pending: Mapping[str, float],
                 cut: frozenset[str] = frozenset()) -> int:
     """Emit a folded op on GPU ``g``; returns the id of its last instruction.
 
-    ``pending_s`` bounds how long after this op's compute starts an earlier
-    op's closing collective may still occupy the collective stream. In the
-    full lowering the op's first inner collective queues behind it on that
-    stream; when it may (``pending_s`` exceeds the compute before that
-    collective), the op is emitted split (compute, collective, rest) so the
-    collapsed program waits the same way. Otherwise one compute op suffices.
+    ``pending``: per kind, how long after this op's compute starts an earlier op's
+    closing collective may still occupy that kind's stream (:func:`pending_after`). In the
+    full lowering the op's first collective of that kind queues behind it on the stream;
+    when it may (:func:`first_cuts`), the compute is split there (compute, collective,
+    rest) so the collapsed program waits the same way. Otherwise one compute op suffices.
 
     ``cut``: kinds whose last collective between compute segments a later op's leading
     collective must queue behind, as on the full program's stream (:func:`stream_cuts`):
@@ -336,10 +340,7 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
     """
     if folded.leading:
         deps = emit_runs(b, g, op, op_name, folded.leading, deps)
-    head, rest = folded.head, folded.rest
-    first = (head is not None and rest is not None and not folded.leading
-             and pending_s > head.compute_s)
-    parts = folded.split(split_points(folded, first, cut))
+    parts = folded.split(split_points(folded, first_cuts(folded, pending), cut))
     for n, part in enumerate(parts):
         if isinstance(part, Block):
             deps = (emit_block(b, g, op, op_name, part, deps, alloc if n == 0 else 0.0,
@@ -352,13 +353,33 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
     return last
 
 
-def split_points(folded: Folded, first: bool, cut: frozenset[str]) -> tuple[int, ...]:
+def first_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[str]:
+    """Kinds at whose first collective between compute segments :func:`emit_folded` splits
+    ``folded``: those an earlier op's closing collective may still occupy (``pending``)
+    longer than ``folded``'s leading collectives and compute take to reach it. A kind among
+    the leading collectives needs no cut: they queue behind it on its stream, and the
+    rest of the op after them."""
+    leading = {run.kind for run in folded.leading}
+    leading_s = sum(run.duration_s for run in folded.leading)
+    out: set[str] = set()
+    for kind, left in pending.items():
+        w = next((w for w, kinds in enumerate(folded.inner) if kind in kinds), None)
+        if kind in leading or w is None:
+            continue
+        before = folded.head if w == 0 else folded.split((w,))[0]
+        assert isinstance(before, Block)
+        if left - leading_s > before.compute_s:
+            out.add(kind)
+    return frozenset(out)
+
+
+def split_points(folded: Folded, first: frozenset[str], cut: frozenset[str]
+                 ) -> tuple[int, ...]:
     """Where :func:`emit_folded` splits ``folded``'s compute (the ``at`` of
-    :meth:`Folded.split`): at its first run of collectives if ``first``, and at the last
-    run holding each kind of ``cut``."""
+    :meth:`Folded.split`): at the first run of collectives holding each kind of ``first``
+    (:func:`first_cuts`), and at the last run holding each kind of ``cut``."""
     at = {max(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in cut}
-    if first:
-        at.add(0)
+    at |= {min(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in first}
     return tuple(sorted(at))
 
 
@@ -418,16 +439,23 @@ def with_all_to_all(collapse: Collapse) -> Collapse:
     return replace(collapse, collective_s=timed, skewed_s=timed_skew)
 
 
-def pending_after(pending_s: float, folded: Folded) -> float:
-    """How long the rank's last closing collective may still occupy the collective stream
-    once ``folded`` is emitted (the ``pending_s`` of :func:`emit_folded` for the next op):
-    its own closing collectives' time; 0 after any other collective (they queue in
-    order); after pure compute, what was left less that compute's time."""
-    if folded.trailing:
-        return folded.trailing_s
-    if folded.has_comm:
-        return 0.0
-    return max(0.0, pending_s - folded.whole.compute_s)
+def pending_after(pending: Mapping[str, float], folded: Folded, closing: bool = True
+                  ) -> dict[str, float]:
+    """Per kind, how long the rank's last closing collective of that kind may still occupy
+    its stream once ``folded`` is emitted (the ``pending`` of :func:`emit_folded` for the
+    next op): for a kind among its closing collectives, their time up to the end of its
+    last (none unless ``closing``: the rest of the op waits for them); none for another
+    kind it has (they queue in order); for a kind it lacks, what was left less its
+    compute time."""
+    kinds = {run.kind for run in (*folded.leading, *folded.trailing)}.union(*folded.inner)
+    out = {kind: left - folded.whole.compute_s for kind, left in pending.items()
+           if kind not in kinds and left > folded.whole.compute_s}
+    if closing:
+        end = 0.0
+        for run in folded.trailing:
+            end += run.duration_s
+            out[run.kind] = end
+    return out
 
 
 def replica_send_s(collapse: Collapse, placement: Placement,

@@ -22,6 +22,7 @@ from workloads.lowering.collapse import (
     Collapse,
     Folded,
     StreamUse,
+    first_cuts,
     fold,
     pending_after,
     replica_send_s,
@@ -122,13 +123,15 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         # not a schedule's ops, or producers missing (lowering takes validated ones)
         cols = [np.asarray(col, dtype=np.int64) for col in
                 producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})]
-    split_op = _split_ops(plans, plan_of, rank_at, len(reps))
     kinds = sorted({kind for p in plans for kind in p.use.kinds})
+    split_op = _split_ops(plans, plan_of, rank_at, len(reps), kinds)
     cut_op = _cut_ops(plans, plan_of, rank_at, cols, kinds)
-    per = 2 << len(kinds)  # variants per plan: split or not, times each set of kinds cut
-    variant = plan_of * per + split_op * (per // 2) + cut_op
+    m = len(kinds)
+    per = 1 << (2 * m)  # variants per plan: each set of kinds split at, times each cut
+    variant = plan_of * per + (split_op << m) + cut_op
     used = np.flatnonzero(np.bincount(variant, minlength=per * len(plans))).tolist()
-    templates = {v: _slots(plans[v // per], bool(v % per >= per // 2),
+    templates = {v: _slots(plans[v // per],
+                           frozenset(kd for b, kd in enumerate(kinds) if v >> (m + b) & 1),
                            frozenset(kd for b, kd in enumerate(kinds) if v >> b & 1))
                  for v in used}
     sizes = np.zeros(per * len(plans), dtype=np.int64)
@@ -179,21 +182,24 @@ class _Plan:
     send: tuple[int, str, float, float] | None
     """(destination GPU, name suffix, duration, bytes) of its pipeline send, if any."""
     split_at: float | None
-    """Where its compute may be split (:func:`emit_folded`): the head's compute time."""
+    """Where its compute may be split (:func:`emit_folded`) with one kind of collective:
+    the head's compute time (None with leading collectives, or none inside)."""
     use: StreamUse
     """How it meets its communication streams (:func:`stream_use`)."""
 
 
 def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
-               ranks: int) -> np.ndarray:
-    """Per op (in lowering order), whether it is emitted split (:func:`emit_folded`): its
-    head's compute is shorter than what the rank's earlier closing collective may still
-    take (``pending``, as the reference op loop keeps it per rank)."""
+               ranks: int, kinds: Sequence[str]) -> np.ndarray:
+    """Per op (in lowering order), the kinds at whose first collective it is split
+    (:func:`first_cuts`), bit ``b`` for ``kinds[b]``: where its compute up to there is
+    shorter than what the rank's earlier closing collective of that kind may still take
+    (``pending``, as the reference op loop keeps it per rank)."""
     n = len(plan_of)
     split_at = np.array([np.nan if p.split_at is None else p.split_at for p in plans])
     if not n or np.isnan(split_at).all():
         return np.zeros(n, dtype=np.int64)
-    if all(p.folded.trailing or p.folded.has_comm for p in plans):
+    if len(kinds) == 1 and all(p.folded.trailing or p.folded.has_comm for p in plans):
+        # one kind: split at its first collective, the head's end
         # after each op, pending is its closing collectives' time (or 0): before an op,
         # that of the rank's previous op
         after = np.array([p.folded.trailing_s if p.folded.trailing else 0.0 for p in plans])
@@ -203,13 +209,14 @@ def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
         before[by_rank[1:][same]] = after[plan_of[by_rank[:-1][same]]]
         at = split_at[plan_of]
         return np.where(np.isnan(at), False, before > np.nan_to_num(at)).astype(np.int64)
-    pending = [0.0] * ranks  # an op of pure compute among them: op by op, as the op loop
+    # several kinds, or an op of pure compute among them: op by op, as the op loop
+    pending: list[dict[str, float]] = [{} for _ in range(ranks)]
+    bit = {kind: 1 << b for b, kind in enumerate(kinds)}
     out = np.zeros(n, dtype=np.int64)
     for k, p in enumerate(plan_of.tolist()):
         plan = plans[p]
         r = plan.rank
-        if plan.split_at is not None and pending[r] > plan.split_at:
-            out[k] = 1
+        out[k] = sum(bit[kind] for kind in first_cuts(plan.folded, pending[r]))
         pending[r] = pending_after(pending[r], plan.folded)
     return out
 
@@ -239,12 +246,12 @@ def _cut_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
     return out
 
 
-def _slots(plan: _Plan, split: bool, cut: frozenset[str]) -> tuple[tuple, ...]:
+def _slots(plan: _Plan, first: frozenset[str], cut: frozenset[str]) -> tuple[tuple, ...]:
     """An op's instructions in order (:func:`emit_folded`, then its send): ``("run",
     CommRun)``, ``("block", Block, alloc, free)`` and ``("send",)``."""
     f = plan.folded
     out: list[tuple] = [("run", run) for run in f.leading]
-    parts = f.split(split_points(f, split, cut))
+    parts = f.split(split_points(f, first, cut))
     for i, part in enumerate(parts):
         if isinstance(part, Block):
             out.append(("block", part, plan.alloc if i == 0 else 0.0,

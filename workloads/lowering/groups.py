@@ -83,6 +83,17 @@ def ep_groups(placement: Placement, r: int, ep: int, etp: int | None = None) -> 
 
 
 @lru_cache(maxsize=GROUP_CACHE)
+def etp_groups(placement: Placement, r: int, ep: int, etp: int) -> Groups:
+    """Every expert-TP group of pipeline rank ``r``: the ``etp`` GPUs of an expert grid that
+    differ only in expert TP rank (Megatron-core's ``expt_tp`` group), by CP, EP and
+    expert-DP rank; with ``etp`` the TP degree, the TP groups."""
+    edp = placement.degree("tp") * placement.degree("dp") // (etp * ep)
+    return tuple(tuple(placement.expert_gpu(k, i, d, ep, etp, c, r) for k in range(etp))
+                 for c in range(placement.degree("cp")) for d in range(edp)
+                 for i in range(ep))
+
+
+@lru_cache(maxsize=GROUP_CACHE)
 def expert_groups(placement: Placement, t: int, r: int, ep: int, etp: int | None = None
                   ) -> Groups:
     """The groups that reduce expert gradients for TP lane ``t`` of rank ``r``: the DP x CP

@@ -64,7 +64,7 @@ class OpLoop:
         self.every_op = zero3 or cp_or_ep
         self.last: dict[tuple[int, int], int] = {}
         self.sent: dict[tuple[int, int], int] = {}
-        self.pending = [0.0] * schedule.num_ranks
+        self.pending: list[dict[str, float]] = [{} for _ in range(schedule.num_ranks)]
         """Per rank, see :func:`~workloads.lowering.collapse.emit_folded`."""
         # an op's work and memory do not depend on its micro-batch index: cached per
         # (stage, kind, sequence chunk)

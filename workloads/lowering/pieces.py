@@ -17,14 +17,17 @@ from workloads.lowering.collapse import (
     StreamUse,
     emit_folded,
     fold,
+    pending_after,
     stream_use,
     with_all_to_all,
 )
 from workloads.lowering.grads import grad_op
 from workloads.lowering.groups import (
     ALL_TO_ALL_ALGO,
+    Groups,
     dp_groups,
     ep_groups,
+    etp_groups,
     expert_replicas,
     rank_expert_groups,
     tp_groups,
@@ -178,6 +181,13 @@ class PieceLowering:
                                               "cp": (placement.coords(g)["cp"] + 1) % cp})
                           for g in range(placement.num_gpus)} if cp > 1 else {}
 
+    def _etp_groups(self, r: int) -> Groups:
+        """The expert-TP groups of pipeline rank ``r`` (:func:`etp_groups`; none without an
+        expert TP degree of its own, whose collectives then run over the TP groups)."""
+        if self.etp is None:
+            return ()
+        return etp_groups(self.placement, r, self.ep, self.etp)
+
     def pieces(self, op: Op, marked: bool) -> tuple[Piece, ...]:
         """``op``'s segments (``marked``: with its DP markers) cut into pieces, cached per
         (stage, kind, sequence chunk)."""
@@ -277,7 +287,7 @@ class PieceLowering:
 
     # ---------------------------------------------------------------- one op
     def emit(self, k: int, op: Op, r: int, prev: dict[int, tuple[int, ...]], alloc: float,
-             free: float, last: dict[tuple[int, int], int], pending: list[float],
+             free: float, last: dict[tuple[int, int], int], pending: list[dict[str, float]],
              marked: bool, cut: frozenset[str] = frozenset()) -> None:
         """Emit ``op`` (position ``k`` of the lowering order) on every simulated GPU of
         rank ``r``, starting after ``prev[g]``; its last instruction goes to ``last``.
@@ -364,7 +374,7 @@ class PieceLowering:
 
     def _emit_body(self, op: Op, key: tuple, piece: Piece, r: int,
                    prev: dict[int, tuple[int, ...]], alloc: float, free: float, total: int,
-                   pending: list[float], is_last: bool,
+                   pending: list[dict[str, float]], is_last: bool,
                    cuts: Mapping[int, frozenset[str]]) -> dict[int, tuple[int, ...]]:
         """A piece's compute, TP collectives and ring attention; each GPU's last instruction.
 
@@ -389,6 +399,15 @@ class PieceLowering:
                                        name=f"{op_name} {seg.label}", op=seg.op,
                                        nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
                                        algo=ALL_TO_ALL_ALGO, skew=seg.skew,
+                                       duration_s=seg.duration_s)
+                    for g in group:
+                        cur[g] = (ids[g],)
+                continue
+            if isinstance(seg, CommSeg) and seg.group == "etp":
+                for group in self._etp_groups(r):
+                    ids = b.collective(group, {g: cur[g] for g in group}, kind=seg.kind,
+                                       name=f"{op_name} {seg.label}", op=seg.op,
+                                       nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
                                        duration_s=seg.duration_s)
                     for g in group:
                         cur[g] = (ids[g],)
@@ -440,7 +459,7 @@ class PieceLowering:
 
     def _emit_collapsed(self, op: Op, key: tuple, piece: Piece, r: int,
                         prev: dict[int, tuple[int, ...]], alloc: float, free: float,
-                        total: int, pending: list[float], is_last: bool,
+                        total: int, pending: list[dict[str, float]], is_last: bool,
                         cuts: Mapping[int, frozenset[str]]) -> dict[int, tuple[int, ...]]:
         """Collapsed: the piece's runs between ring attentions are folded like whole ops
         (:func:`fold`, with the same bookkeeping of the TP stream's closing collective);
@@ -454,13 +473,15 @@ class PieceLowering:
         for i, run in enumerate(runs):
             if isinstance(run[0], RingAttention):
                 deps = self._ring_collapsed(op, run[0], g, r, deps)
-                pending[r] = max(0.0, pending[r] - run[0].steps * self.collapse.on(g).compute_s(
-                    run[0].block))
+                ring_s = run[0].steps * self.collapse.on(g).compute_s(run[0].block)
+                pending[r] = {kind: left - ring_s for kind, left in pending[r].items()
+                              if left > ring_s}
                 continue
             folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
             if folded is None:
                 folded = fold(tuple(run), self.collapse.on(g), tp_groups(self.placement, r),
-                               ep_groups(self.placement, r, self.ep, self.etp))
+                              ep_groups(self.placement, r, self.ep, self.etp),
+                              self._etp_groups(r))
                 self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
             n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
             a = alloc if seen == 0 and n_compute else 0.0
@@ -469,13 +490,7 @@ class PieceLowering:
             end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r],
                               cuts.get(i, frozenset()))
             deps = (end,)
-            final = is_last and i + 1 == len(runs)
-            if folded.trailing:
-                pending[r] = folded.trailing_s if final else 0.0
-            elif folded.has_comm:
-                pending[r] = 0.0
-            else:
-                pending[r] = max(0.0, pending[r] - folded.whole.compute_s)
+            pending[r] = pending_after(pending[r], folded, is_last and i + 1 == len(runs))
         return {g: deps}
 
     def _ring_collapsed(self, op: Op, ring: RingAttention, g: int, r: int,
