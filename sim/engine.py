@@ -234,6 +234,16 @@ class _PlanRun:
             self.done()
 
 
+def _stream_of(ins: Instruction) -> object:
+    """The stream an instruction runs in order on, behind the previous one of that stream:
+    a GPU's compute stream, its send stream to each destination, its collective stream of
+    each kind. The one rule both DAG builders (:func:`_dag_on_arrays`,
+    :meth:`_Run._build_dag`) apply."""
+    cls = type(ins)
+    return (ins.gpu if cls is Compute else
+            (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind))
+
+
 def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int], array[int]]:
     """:meth:`_Run._build_dag`'s ``succ`` (4-byte ids here), ``first`` and ``waiting`` from one
     loop over the instructions (each one's stream predecessor and its deps, flat): the edges in the
@@ -243,12 +253,10 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
     before = array("q", [-1]) * n  # the stream predecessor, -1: none
     ndeps = array("q", bytes(8 * n))
     flat = array("q")  # every instruction's deps, in order
-    last_in: dict[object, int] = {}  # per stream, as _build_dag keys them
+    last_in: dict[object, int] = {}  # per stream (:func:`_stream_of`)
     for ins in instrs:
         i, deps = ins.id, ins.deps
-        cls = type(ins)
-        key = (ins.gpu if cls is Compute else
-               (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind))
+        key = _stream_of(ins)
         prev = last_in.get(key)
         if prev is not None:
             before[i] = prev
@@ -364,13 +372,10 @@ class _Run:
         n = len(instrs)
         before = array("q", [-1]) * n  # the stream predecessor, -1: none
         count = array("q", bytes(8 * (n + 1)))  # successors of each instruction, shifted by one
-        last_in: dict[object, int] = {}  # per stream: the compute one, a send one per dst,
-        # a collective one per kind
+        last_in: dict[object, int] = {}  # per stream (:func:`_stream_of`)
         for ins in instrs:
             i, deps = ins.id, ins.deps
-            cls = type(ins)
-            key = (ins.gpu if cls is Compute else
-                   (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind))
+            key = _stream_of(ins)
             prev = last_in.get(key)
             if prev is not None:
                 before[i] = prev
