@@ -88,7 +88,10 @@ class DeviceProfile:
     def attention_efficiency(self, kernel: str) -> float:
         if kernel == "flash2":
             return self.flash2_efficiency
-        if kernel == "flash1":
+        if kernel in ("flash1", "flash-triton"):
+            # FlashAttention in Triton: Dao 2023 (FlashAttention-2, sec. 4.1) measures
+            # FlashAttention-2 about 2x faster than both FlashAttention and its Triton version in
+            # the backward pass (1.3-1.5x vs about 2x in the forward): FlashAttention-1's class
             return self.flash1_efficiency
         if kernel == "flash3":
             if self.flash3_efficiency is None:

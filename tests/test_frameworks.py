@@ -505,6 +505,25 @@ def test_attention_copies_and_dropout_masks_follow_the_profile() -> None:
         pytest.approx(2 * 2048 * h)
 
 
+def test_flash_triton_has_no_packing_copies_and_is_timed_as_flash1() -> None:
+    """MPT's attn_impl triton hands the padded projections to the Triton kernel: none of
+    flash_attn_fn's unpad/pad copies; its kernel time is FlashAttention-1's (Dao 2023, sec.
+    4.1), so an A100 run with flash-triton takes as long as with flash1 less those copies."""
+    gpt = replace(PRESETS["gpt3-1.3b"], num_layers=8, seq_length=2048)
+    triton = apply_framework(TransformerCosts(gpt, 1, 1, 1, (8,), attention="flash-triton"),
+                             FRAMEWORKS["llm-foundry"], 1)
+    plain = TransformerCosts(gpt, 1, 1, 1, (8,), attention="flash-triton")
+    assert triton._elementwise_forward() == plain._elementwise_forward()
+    profile = api.default_profile("H100")
+    assert profile.attention_efficiency("flash-triton") == profile.attention_efficiency("flash1")
+
+    def step(attention: str) -> float:
+        exp = Experiment.from_dict(_run(framework="llm-foundry", attention=attention))
+        return api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
+
+    assert step("flash2") < step("flash-triton") < step("flash1")
+
+
 @pytest.mark.parametrize("field,value", [("zero3_reduce_copy_bytes", "-1.0"),
                                          ("attention_copy_bytes", "true"),
                                          ("fused_cross_entropy", "1"),

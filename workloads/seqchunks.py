@@ -81,8 +81,9 @@ class ChunkedCosts(Protocol):
                     markers: bool = False) -> tuple[Segment, ...]: ...
 
 
-FLASH_KERNELS = ("flash1", "flash2", "flash3")
-"""The FlashAttention kernels (Dao et al. 2022; Dao 2023; Shah et al. 2024): tiled, no score
+FLASH_KERNELS = ("flash1", "flash2", "flash3", "flash-triton")
+"""The FlashAttention kernels (Dao et al. 2022; Dao 2023; Shah et al. 2024; flash-triton, Tri
+Dao's Triton version of FlashAttention, flash_attn/flash_attn_triton.py): tiled, no score
 matrix in memory, masked blocks skipped under a causal mask."""
 
 

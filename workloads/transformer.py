@@ -124,8 +124,8 @@ class TransformerCosts:
     (torchtitan's op-level checkpointing: every other matmul recomputed,
     :meth:`_op_checkpoint_shares`) or ``full`` (whole layer)."""
     attention: str = "flash2"
-    """``flash2``, ``flash1``, ``flash3`` (Hopper only; the flash kernels skip the causal
-    mask's half of the score matrix and never store it), ``fused`` or ``unfused``."""
+    """``flash2``, ``flash1``, ``flash3`` (Hopper only), ``flash-triton`` (the flash kernels skip
+    the causal mask's half of the score matrix and never store it), ``fused`` or ``unfused``."""
     fused_norm: bool = True
     w_retained_fraction: float = 0.5
     """Share of a micro-batch's activations held from its B until its W (zero-bubble)."""
@@ -262,7 +262,8 @@ class TransformerCosts:
     twice that (:data:`BACKWARD_ELEMENTWISE`): 0 where the kernel reads the GEMM outputs as
     they are; llm-foundry's ``flash_attn_fn`` gathers Q, K and V into a packed (unpadded)
     layout for ``flash_attn_varlen_func`` and scatters the output back
-    (:mod:`workloads.frameworks`)."""
+    (:mod:`workloads.frameworks`). Not applied to ``flash-triton``, whose kernel reads the
+    padded layout (llm-foundry's ``triton_flash_attn_fn`` calls it on the projections)."""
     vocab_parallel_loss_buffers: float = 1.0
     """fp32 b·s·V/t buffers the vocabulary-parallel loss's forward holds at once beside the
     logits it stashes (:meth:`transient_bytes`), with the logits split over t > 1 TP ranks:
@@ -643,8 +644,9 @@ class TransformerCosts:
                    * m.moe.expert_ffn_hidden_size / t + 2 * 2 * BF16 * rows * m.hidden_size)
         else:
             act = act_bytes * n * m.ffn_hidden_size / t
+        # the Triton kernel reads the padded (b, s, h, d) layout as it is: no packing copies
         copies = (self.attention_copy_bytes * n * (m.q_dim + 2 * m.kv_dim + m.attn_out_dim) / t
-                  if self.attention_copy_bytes else 0.0)
+                  if self.attention_copy_bytes and self.attention != "flash-triton" else 0.0)
         cast_attn = cast_mlp = 0.0
         if self.precision == "fp8" and self.fp8_cast_bytes and m.moe is None:
             cast_attn = self.fp8_cast_bytes * n * (h + m.attn_out_dim / t)
