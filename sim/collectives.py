@@ -35,8 +35,9 @@ Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
   shared by its n−1 flows); hierarchical all-to-all (n1 per server, n2 servers)
   α1 + (n1−1)/n1·S/B1 + α2 + (n2−1)/n2·S/B2;
 - broadcast / reduce, pipelined chain (n−1)α + S/B; send α + S/B;
-- NVLS all-reduce 2α_h + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
-  step: REFERENCES' α + S/B);
+- NVLS all-reduce 2α_h + F + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
+  step: REFERENCES' α + S/B; F = NCCL's chunk pipeline filling, (stages − 1) loops of
+  channels × heads × chunk bytes at B, :func:`sim.nvls.fill_s`);
 - double binary tree 2·H·α + L·(S/2)/B with H the trees' height and L the most
   flows any GPU's port carries (exact when one of the two terms vanishes; the
   two trees share links, so it is never contention-free).
@@ -81,6 +82,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from base.errors import ConfigError
+from sim import nvls
 from sim.protocols import (
     PROTOCOL_ALGOS,
     bandwidth_fraction,
@@ -648,7 +650,7 @@ def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
 
 
 def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None,
-          efficiency: float = 1.0) -> None:
+          efficiency: float = 1.0, rate_Bps: float | None = None) -> None:
     """In-switch reduction (NVLink SHARP): members stream up to the NVSwitch, it streams back.
 
     All-reduce: each GPU sends its whole buffer up and receives the whole
@@ -658,6 +660,9 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
     root receives S. Up flows pay one hop latency, down flows two. Each flow
     carries its bytes / ``efficiency``: NVLS runs at that fraction of the NVLink
     rate the links model (the switch's protocol overhead, as bytes on the wire).
+    All-reduce with ``rate_Bps`` (the GPU-NVSwitch link rate) and route latencies: the down
+    flows also wait for NCCL's chunk pipeline to fill (:func:`sim.nvls.fill_s`, at ``rate_Bps`` ×
+    ``efficiency``); without it the plan is the streamed limit.
     """
     if nvswitch is None:
         raise ConfigError(f"nvls needs every rank of the group {tuple(ranks)} on one NVSwitch "
@@ -666,6 +671,8 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
     root = ranks[0]
     known = p.latency is not None
     first = max(p.lat(r, nvswitch) for r in ranks)  # first reduced byte at the switch
+    fill = (nvls.fill_s("nvls", nbytes, n, rate_Bps * efficiency)
+            if op == "all_reduce" and rate_Bps is not None and known else 0.0)
     for r in ranks:
         up = {"all_reduce": nbytes, "reduce_scatter": nbytes, "all_gather": nbytes / n,
               "broadcast": nbytes if r == root else 0.0, "reduce": nbytes}[op]
@@ -676,14 +683,15 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
         if up > 0:
             p.add(r, nvswitch, up, (), 1, p.lat(r, nvswitch) if known else None)
         if down > 0:
-            p.add(nvswitch, r, down, (), 2, first + p.lat(nvswitch, r) if known else None)
+            p.add(nvswitch, r, down, (), 2, first + p.lat(nvswitch, r) + fill if known else None)
 
 
 def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          host_of: Mapping[int, int] | None = None, nvswitch: str | None = None,
          nvls_efficiency: float = 1.0, granularity: str = "step",
          latency: LatencyFn | None = None, wire_fraction: float = 1.0,
-         skew: tuple[float, bool] = (1.0, False)) -> tuple[Transfer, ...]:
+         skew: tuple[float, bool] = (1.0, False),
+         nvls_rate_Bps: float | None = None) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
     ``host_of`` maps each rank to its server (hierarchical needs it; a ring
@@ -702,6 +710,8 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     ``skew``: (routing imbalance, whether the busiest rank sends) of a pairwise
     all-to-all whose ranks move unequal volumes (:func:`_pairwise`); other algorithms
     move the busiest rank's volume from every rank.
+    ``nvls_rate_Bps``: the GPU-NVSwitch link rate, with which an NVLS all-reduce waits for
+    its chunk pipeline to fill (:mod:`sim.nvls`); None: the streamed limit.
     """
     n = len(ranks)
     check(op, algo)
@@ -734,7 +744,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     elif algo == "tree":
         _tree(p, ranks, nbytes, host_of)
     elif algo == "nvls":
-        _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency)
+        _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency, nvls_rate_Bps)
     else:
         p.add(ranks[0], ranks[1], nbytes)
     return tuple(p.transfers)
@@ -824,7 +834,8 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
     if algo == "nvls":
         up = {"all_gather": S / n}.get(op, S)
         down = {"reduce_scatter": S / n}.get(op, S)
-        return max(a + up / B, 2 * a + down / B)
+        fill = nvls.fill_s("nvls", S, n, B) if op == "all_reduce" else 0.0
+        return max(a + up / B, 2 * a + fill + down / B)
     return a + S / B
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from base.errors import ConfigError
+from sim import nvls
 from sim.collectives import (
     ALGORITHMS_BY_OP,
     AUTO,
@@ -173,7 +174,8 @@ def protocol_choices(algo: str, protocol: str) -> tuple[str, ...]:
 
 def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes: float,
              nvswitch: str | None, nvls_efficiency: float, protocol: str,
-             skew: tuple[float, bool] = (1.0, False)) -> tuple[Transfer, ...]:
+             skew: tuple[float, bool] = (1.0, False),
+             nvls_rate_Bps: float | None = None) -> tuple[Transfer, ...]:
     """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
     :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
     inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
@@ -198,7 +200,7 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
 
     return plan(op, algo, order, nbytes, host_of=host_of, nvswitch=nvswitch,
                 nvls_efficiency=nvls_efficiency, granularity=cluster.collective_granularity,
-                latency=latency, wire_fraction=fraction, skew=skew)
+                latency=latency, wire_fraction=fraction, skew=skew, nvls_rate_Bps=nvls_rate_Bps)
 
 
 Line = tuple[float, float]
@@ -212,11 +214,18 @@ class PlanCost:
 
     launch_s: float
     levels: tuple[tuple[Line, ...], ...]
+    pipeline: tuple[str, int, float] | None = None
+    """(algorithm, GPUs per server, rate) of an NVLS chunk pipeline whose fill the plan's
+    lines leave out, as it is not linear in the size (:func:`sim.nvls.fill_s`)."""
 
     def time_s(self, nbytes: float) -> float:
         """The estimate for ``nbytes``."""
-        return self.launch_s + sum(max(a + nbytes * b for a, b in lines)
-                                   for lines in self.levels)
+        fill = 0.0
+        if self.pipeline is not None:
+            algo, members, rate = self.pipeline
+            fill = nvls.fill_s(algo, nbytes, members, rate)
+        return self.launch_s + fill + sum(max(a + nbytes * b for a, b in lines)
+                                          for lines in self.levels)
 
 
 def _envelope(lines: Sequence[Line]) -> tuple[Line, ...]:
@@ -289,9 +298,12 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
         levels.append(level)
         flows.setdefault(level, []).append((step_latency_s(cluster, t),
                                             cluster.route(t.src, t.dst).links, t.nbytes))
+    pipeline = ((algo, profile.n, profile.nvls_bandwidth_Bps * profile.nvls_efficiency)
+                if algo == "nvls" and op == "all_reduce" else None)
     got = profile.costs[key] = PlanCost(
         cluster.collective_launch_s * launch_scale(algo, protocol),
-        tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)))
+        tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)),
+        pipeline)
     if twins is not None and all(cluster.route_is_unique(t.src, t.dst) for t in transfers):
         twins[key] = got
     return got
@@ -418,7 +430,8 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
         protocol = choose(op, algo, nbytes, profile)[1]
     transfers = _plan_on(cluster, op, algo, group, nbytes,
                          profile.nvswitch if profile else None,
-                         profile.nvls_efficiency if profile else 1.0, protocol, skew)
+                         profile.nvls_efficiency if profile else 1.0, protocol, skew,
+                         profile.nvls_bandwidth_Bps if profile else None)
     return CollectivePlan(transfers, cluster.collective_launch_s * launch_scale(algo, protocol),
                           algo, protocol)
 
