@@ -9,17 +9,19 @@ warp groups (scatter into the NVLS buffer, reduce and multicast through the NVSw
 gather out of it: three stages; NVLSTree has four, src/device/all_reduce.h), so the
 collective is a pipeline of stages over loops: it ends ``stages − 1`` loop times after
 the streamed transfer would, the fill and drain of the pipeline, one loop time being the
-time a loop's bytes take at the collective's own rate (the stages run in lock step, tied
-by NCCL's per-connection flow control). A buffer smaller than one loop is one loop of its
-own size. Numbers in ``sim/data/nccl_tuning.toml``, each with its source; nothing here is
-fitted to a measurement.
+time a loop's bytes take at the rate of the pipeline's slowest stage (the stages run in
+lock step, tied by NCCL's per-connection flow control). The plans charge it as that many
+loops of bytes on every flow (:func:`fill_bytes`), so it is paid at the rate each flow
+gets. A buffer smaller than one loop is one loop of its own size. The numbers are in
+``sim/data/nccl_tuning.toml``, each with its source; none is fitted to a measurement.
 
 What this gives on 8 H100 (one loop: 8 MiB below 1 GiB, 16 MiB from 1 GiB on): the fill is
 two loops, 61 µs at 64 MiB (a quarter of the streamed time) and 122 µs at 1 GiB (3%), so
 the busbw rises with the size as nccl-tests shows it and not only through the latency.
 Not modelled: the per-chunk software cost inside a stage (the smaller chunks below 1 GiB
 also lower the steady rate), the NVLS reduce-scatter's and all-gather's pipelines (no
-published run to check them), Blackwell's 24 or 32 channels (Hopper's 16 are used).
+published run to check them), Blackwell's 24 or 32 channels (Hopper's 16 are used), and
+NVLSTree's head count (one per NIC in NCCL; here every GPU of a server).
 """
 
 from __future__ import annotations
@@ -55,12 +57,15 @@ def heads(algo: str, members: int) -> int:
     return min(members, _section(algo)["max_heads"])
 
 
-def chunk_bytes(algo: str, nbytes: float, members: int) -> int:
+def chunk_bytes(algo: str, nbytes: float, members: int, servers: int = 1) -> int:
     """NCCL's chunk for an ``algo`` ("nvls" or "nvls_tree") all-reduce of ``nbytes`` over
-    servers of ``members`` GPUs: the largest, cut while the buffer is below ``factor`` ×
-    concurrent ops × chunk (``calcCollChunking``)."""
+    ``servers`` servers of ``members`` GPUs: the largest (NVLSTree on 4 servers or more:
+    64 KiB), cut while the buffer is below ``factor`` × concurrent ops × chunk
+    (``calcCollChunking``)."""
     sec = _section(algo)
     chunk = sec["chunk_bytes"]
+    if servers >= sec.get("many_servers", servers + 1):
+        chunk = sec["many_servers_chunk_bytes"]
     concurrent = sec["channels"] * heads(algo, members)
     for factor, smaller in sec["chunk_cuts"]:
         if nbytes < factor * concurrent * chunk and chunk > smaller:
@@ -68,16 +73,18 @@ def chunk_bytes(algo: str, nbytes: float, members: int) -> int:
     return chunk
 
 
-def loop_bytes(algo: str, nbytes: float, members: int) -> float:
+def loop_bytes(algo: str, nbytes: float, members: int, servers: int = 1) -> float:
     """Bytes of the buffer one loop of every channel moves (at most the buffer)."""
     sec = _section(algo)
-    loop = sec["channels"] * heads(algo, members) * chunk_bytes(algo, nbytes, members)
+    loop = sec["channels"] * heads(algo, members) * chunk_bytes(algo, nbytes, members, servers)
     return min(float(loop), nbytes)
 
 
-def fill_s(algo: str, nbytes: float, members: int, rate_Bps: float) -> float:
-    """The pipeline's fill and drain: ``stages − 1`` loops at ``rate_Bps`` (the rate at
-    which the collective streams its buffer through one GPU's NVSwitch port)."""
-    if nbytes <= 0 or rate_Bps == float("inf"):
+def fill_bytes(algo: str, nbytes: float, members: int, servers: int = 1) -> float:
+    """The pipeline's fill and drain as bytes: ``stages − 1`` loops, which every flow of the
+    collective carries on top of the buffer, so that the collective ends that many loop
+    times later at whatever rate its slowest stage runs (the NVSwitch ports or, for
+    NVLSTree, the NICs)."""
+    if nbytes <= 0:
         return 0.0
-    return (_section(algo)["stages"] - 1) * loop_bytes(algo, nbytes, members) / rate_Bps
+    return (_section(algo)["stages"] - 1) * loop_bytes(algo, nbytes, members, servers)
