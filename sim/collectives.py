@@ -13,7 +13,7 @@ all-to-all send buffer, the broadcast/reduce buffer, the message of a send):
 ============== ==================================================================
 op             algorithms
 ============== ==================================================================
-all_reduce     ring, tree, halving_doubling, hierarchical, nvls
+all_reduce     ring, tree, halving_doubling, hierarchical, nvls, nvls_tree
 reduce_scatter ring, halving_doubling, hierarchical, nvls
 all_gather     ring, halving_doubling, hierarchical, nvls
 all_to_all     pairwise, hierarchical (intra-server first)
@@ -35,8 +35,13 @@ Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
   shared by its n−1 flows); hierarchical all-to-all (n1 per server, n2 servers)
   α1 + (n1−1)/n1·S/B1 + α2 + (n2−1)/n2·S/B2;
 - broadcast / reduce, pipelined chain (n−1)α + S/B; send α + S/B;
-- NVLS all-reduce 2α_h + S/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
-  step: REFERENCES' α + S/B);
+- NVLS all-reduce 2α_h + (S + F)/B (α_h = GPU-NVSwitch hop, so 2α_h is one GPU-to-GPU
+  step: REFERENCES' α + S/B; F = NCCL's chunk pipeline filling, (stages − 1) loops of
+  channels × heads × chunk bytes, :func:`sim.nvls.fill_bytes`);
+- NVLSTree all-reduce (k GPUs on each of m servers' NVSwitches, α_h and B their hop and
+  NVLS rate, α2 and B2 between servers) max(4α_h + 2Hα2 + S'/B, 2α_h + 2Hα2 +
+  L·S'/(2k·B2)) with (H, L) of the servers' double binary tree and S' = S + F its chunk
+  pipeline's fill;
 - double binary tree 2·H·α + L·(S/2)/B with H the trees' height and L the most
   flows any GPU's port carries (exact when one of the two terms vanishes; the
   two trees share links, so it is never contention-free).
@@ -81,6 +86,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from base.errors import ConfigError
+from sim import nvls
 from sim.protocols import (
     PROTOCOL_ALGOS,
     bandwidth_fraction,
@@ -93,7 +99,7 @@ if TYPE_CHECKING:
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
 ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {
-    "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical", "nvls"),
+    "all_reduce": ("ring", "tree", "halving_doubling", "hierarchical", "nvls", "nvls_tree"),
     "reduce_scatter": ("ring", "halving_doubling", "hierarchical", "nvls"),
     "all_gather": ("ring", "halving_doubling", "hierarchical", "nvls"),
     "all_to_all": ("pairwise", "hierarchical"),
@@ -102,7 +108,8 @@ ALGORITHMS_BY_OP: dict[str, tuple[str, ...]] = {
     "send": ("p2p",),
 }
 """Algorithms implemented per op; the first is the fallback of :func:`select_algorithm`."""
-ALGORITHMS = ("ring", "tree", "halving_doubling", "hierarchical", "pairwise", "nvls", "p2p")
+ALGORITHMS = ("ring", "tree", "halving_doubling", "hierarchical", "pairwise", "nvls", "p2p",
+              "nvls_tree")
 AUTO = "auto"
 GRANULARITIES = ("stream", "step")
 
@@ -607,7 +614,8 @@ def _tree(p: _Plan, ranks: Sequence[int], nbytes: float,
             _stream_tree(p, tree, nbytes / (len(trees) * len(channels)))
 
 
-def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
+def _stream_tree(p: _Plan, tree: Tree, nbytes: float, offset_s: float = 0.0,
+                 offset_steps: int = 0) -> float:
     """One tree's reduction towards the root and broadcast away from it, concurrently, as
     one pipeline: every edge carries ``nbytes`` each way once the pipeline is full, the
     first byte having crossed the tree up to the root and down to the deepest rank
@@ -621,6 +629,9 @@ def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
     hid the fill: a chain of 8 A100 ran a 48 MiB all-reduce faster than the ring although
     NCCL's model gives the chain the ring's bytes, 92% of its bandwidth and the same
     2(k−1) steps (``ncclTopoTuneModel``, src/graph/tuning.cc, :data:`sim.protocols.SOURCE`).
+
+    ``offset_s`` (``offset_steps``): when the tree's first byte is ready at its ranks (NVLSTree:
+    once reduced through the NVSwitch); the tree starts that much later. Returns the fill.
     """
     depth, height = _heights(tree)
     top = max(height.values())
@@ -643,12 +654,15 @@ def _stream_tree(p: _Plan, tree: Tree, nbytes: float) -> None:
     for r, (parent, _children) in tree.items():
         if parent < 0:
             continue
-        p.add(r, parent, nbytes, (), steps=steps, latency_s=fill if known else None)
-        p.add(parent, r, nbytes, (), steps=steps, latency_s=fill if known else None)
+        p.add(r, parent, nbytes, (), steps=steps + offset_steps,
+              latency_s=offset_s + fill if known else None)
+        p.add(parent, r, nbytes, (), steps=steps + offset_steps,
+              latency_s=offset_s + fill if known else None)
+    return fill
 
 
 def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str | None,
-          efficiency: float = 1.0) -> None:
+          efficiency: float = 1.0, pipeline: bool = True) -> None:
     """In-switch reduction (NVLink SHARP): members stream up to the NVSwitch, it streams back.
 
     All-reduce: each GPU sends its whole buffer up and receives the whole
@@ -658,6 +672,8 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
     root receives S. Up flows pay one hop latency, down flows two. Each flow
     carries its bytes / ``efficiency``: NVLS runs at that fraction of the NVLink
     rate the links model (the switch's protocol overhead, as bytes on the wire).
+    All-reduce with ``pipeline``: every flow also carries NCCL's chunk pipeline filling
+    and draining (:func:`sim.nvls.fill_bytes`); without it the plan is the streamed limit.
     """
     if nvswitch is None:
         raise ConfigError(f"nvls needs every rank of the group {tuple(ranks)} on one NVSwitch "
@@ -666,6 +682,8 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
     root = ranks[0]
     known = p.latency is not None
     first = max(p.lat(r, nvswitch) for r in ranks)  # first reduced byte at the switch
+    if op == "all_reduce" and pipeline:
+        nbytes += nvls.fill_bytes("nvls", nbytes, n)
     for r in ranks:
         up = {"all_reduce": nbytes, "reduce_scatter": nbytes, "all_gather": nbytes / n,
               "broadcast": nbytes if r == root else 0.0, "reduce": nbytes}[op]
@@ -679,11 +697,67 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
             p.add(nvswitch, r, down, (), 2, first + p.lat(nvswitch, r) if known else None)
 
 
+def _nvls_tree(p: _Plan, ranks: Sequence[int], nbytes: float,
+               host_of: Mapping[int, int] | None, nvswitch_of: Mapping[int, str | None] | None,
+               efficiency: float = 1.0, pipeline: bool = True) -> None:
+    """NCCL's NVLSTree all-reduce: NVLS inside each server, trees between servers.
+
+    Every member of a server streams its buffer up to the server's NVSwitch, which reduces
+    it (``multimem.ld_reduce``) for the server's heads, one per member: head c holds the
+    server's sum of the c-th of k shares. Head c of every server then all-reduces its
+    share, S/k, over NCCL's double binary tree of the servers (each of the two trees S/2k,
+    through head c's own NIC: the NVLSTree channels of ``src/device/all_reduce.h``), and
+    the heads multicast the result through the NVSwitch to every member (``multimem.st``),
+    each member receiving S. Streamed as one pipeline: the up flows after one GPU-NVSwitch
+    hop; a tree once its heads hold the first reduced byte (up and back down to the head);
+    the multicast once the first byte has crossed the tree, back up to the NVSwitch and
+    down. With ``pipeline`` every flow also carries NCCL's chunk pipeline filling
+    (:func:`sim.nvls.fill_bytes`). NVLS flows carry their bytes / ``efficiency``, as
+    :func:`_nvls`.
+    """
+    blocks = _host_blocks(ranks, host_of)
+    if blocks is None:
+        raise ConfigError(f"nvls_tree needs two or more servers with the same number (> 1) of "
+                          f"contiguous ranks each; group {tuple(ranks)} is not")
+    switch: dict[int, str] = {}
+    for b, members in enumerate(blocks):
+        sws = {nvswitch_of.get(r) if nvswitch_of else None for r in members}
+        sw = sws.pop() if len(sws) == 1 else None
+        if sw is None:
+            raise ConfigError(f"nvls_tree needs every server's ranks on one NVSwitch with "
+                              f"in-network reduction; ranks {tuple(members)} are not")
+        switch[b] = sw
+    k, m = len(blocks[0]), len(blocks)
+    known = p.latency is not None
+    if pipeline:
+        nbytes += nvls.fill_bytes("nvls_tree", nbytes, k, m)
+    wire = nbytes / efficiency
+    first = {b: max(p.lat(r, switch[b]) for r in members) for b, members in enumerate(blocks)}
+    at_head = max(first[b] + p.lat(switch[b], h) for b, members in enumerate(blocks)
+                  for h in members)
+    tree_fill = 0.0
+    for c in range(k):
+        for host_tree in dtree(m):
+            tree = {blocks[h][c]: (blocks[up][c] if up >= 0 else -1,
+                                   tuple(blocks[d][c] for d in down))
+                    for h, (up, down) in host_tree.items()}
+            tree_fill = max(tree_fill, _stream_tree(p, tree, nbytes / (2 * k), at_head, 2))
+    height = 2 * tree_shape(m)[0]
+    back = max(p.lat(h, switch[b]) for b, members in enumerate(blocks) for h in members)
+    for b, members in enumerate(blocks):
+        for r in members:
+            p.add(r, switch[b], wire, (), 1, p.lat(r, switch[b]) if known else None)
+            p.add(switch[b], r, wire, (), 4 + height,
+                  at_head + tree_fill + back + p.lat(switch[b], r) if known else None)
+
+
 def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          host_of: Mapping[int, int] | None = None, nvswitch: str | None = None,
          nvls_efficiency: float = 1.0, granularity: str = "step",
          latency: LatencyFn | None = None, wire_fraction: float = 1.0,
-         skew: tuple[float, bool] = (1.0, False)) -> tuple[Transfer, ...]:
+         skew: tuple[float, bool] = (1.0, False),
+         nvls_pipeline: bool = True,
+         nvswitch_of: Mapping[int, str | None] | None = None) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
     ``host_of`` maps each rank to its server (hierarchical needs it; a ring
@@ -702,6 +776,10 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     ``skew``: (routing imbalance, whether the busiest rank sends) of a pairwise
     all-to-all whose ranks move unequal volumes (:func:`_pairwise`); other algorithms
     move the busiest rank's volume from every rank.
+    ``nvls_pipeline``: NVLS and NVLSTree all-reduces carry their chunk pipeline's fill
+    (:mod:`sim.nvls`); False: the streamed limit.
+    ``nvswitch_of``: each rank's NVSwitch with in-network reduction, or None (NVLSTree
+    needs one per server).
     """
     n = len(ranks)
     check(op, algo)
@@ -734,7 +812,9 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     elif algo == "tree":
         _tree(p, ranks, nbytes, host_of)
     elif algo == "nvls":
-        _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency)
+        _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency, nvls_pipeline)
+    elif algo == "nvls_tree":
+        _nvls_tree(p, ranks, nbytes, host_of, nvswitch_of, nvls_efficiency, nvls_pipeline)
     else:
         p.add(ranks[0], ranks[1], nbytes)
     return tuple(p.transfers)
@@ -812,6 +892,16 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
         B2 = B if bandwidth_inter is None else bandwidth_inter
         return ((a + (n1 - 1) / n1 * S / B if n1 > 1 else 0.0)
                 + (a2 + (n2 - 1) / n2 * S / B2 if n2 > 1 else 0.0))
+    if algo == "nvls_tree":
+        if k < 2 or n % k or n // k < 2:
+            raise ConfigError(f"nvls_tree needs two or more servers of gpus_per_node > 1 GPUs; "
+                              f"got n={n}, gpus_per_node={k}")
+        m = n // k
+        height, load = tree_shape(m)
+        tree = 2 * height * (a if alpha_inter is None else alpha_inter)
+        B2 = B if bandwidth_inter is None else bandwidth_inter
+        S = S + nvls.fill_bytes("nvls_tree", S, k, m)
+        return max(4 * a + tree + S / B, 2 * a + tree + load * S / (2 * k * B2))
     if algo == "tree" and channels:
         m = n // k
         height, load = tree_shape(m)
@@ -824,7 +914,8 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
     if algo == "nvls":
         up = {"all_gather": S / n}.get(op, S)
         down = {"reduce_scatter": S / n}.get(op, S)
-        return max(a + up / B, 2 * a + down / B)
+        fill = nvls.fill_bytes("nvls", S, n) if op == "all_reduce" else 0.0
+        return max(a + (up + fill) / B, 2 * a + (down + fill) / B)
     return a + S / B
 
 

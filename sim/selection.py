@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from base.errors import ConfigError
+from sim import nvls
 from sim.collectives import (
     ALGORITHMS_BY_OP,
     AUTO,
@@ -74,6 +75,9 @@ class GroupProfile:
     ``nvls_efficiency`` attribute, :data:`topologies.presets.NVLS_EFFICIENCY_ATTR`)."""
     ring_channels: int = 1
     """Rings a ring collective runs in parallel over this group (:func:`ring_channels`)."""
+    server_nvswitches: tuple[str, ...] | None = None
+    """Per server of a group spanning several, the NVLS-capable NVSwitch all its members are
+    attached to; None unless every server has one (what NVLSTree needs)."""
     ranks: tuple[int, ...] = ()
     """The group, in the order given."""
     topo: Cluster | None = field(default=None, compare=False, repr=False)
@@ -124,9 +128,27 @@ def group_profile(topo: TopologyView, ranks: Sequence[int]) -> GroupProfile:
     eff = topo.graph.nodes[sw].get(NVLS_EFFICIENCY_ATTR, 1.0) if sw is not None else 1.0
     channels = len(ring_channels(ranks, host_of))
     sites = len({topo.graph.nodes[topo.node(r)].get(SITE_ATTR, 0) for r in ranks})
+    server_sw = _server_nvswitches(topo, members) if channels > 1 else None
+    if server_sw is not None:
+        na, nb = _worst(topo, [(r, s) for m, s in zip(members, server_sw, strict=True)
+                               for r in m])
+        eff = topo.graph.nodes[server_sw[0]].get(NVLS_EFFICIENCY_ATTR, 1.0)
     return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb,
-                        eff, channels, tuple(ranks), topo,  # type: ignore[arg-type]
+                        eff, channels, server_sw, tuple(ranks), topo,  # type: ignore[arg-type]
                         num_sites=sites)
+
+
+def _server_nvswitches(topo: TopologyView, members: Sequence[Sequence[int]]
+                       ) -> tuple[str, ...] | None:
+    """Each server's NVLS-capable NVSwitch, if every server's members share one."""
+    out = []
+    for m in members:
+        sws = {topo.nvswitch_of(r) for r in m}
+        sw = sws.pop() if len(sws) == 1 else None
+        if sw is None or not topo.nvls_capable(sw):
+            return None
+        out.append(sw)
+    return tuple(out)
 
 
 AUTO_EXCLUDED = ("halving_doubling",)
@@ -155,6 +177,8 @@ def candidates(op: str, profile: GroupProfile) -> tuple[str, ...]:
             continue
         if algo == "nvls" and profile.nvswitch is None:
             continue
+        if algo == "nvls_tree" and profile.server_nvswitches is None:
+            continue
         if algo == "hierarchical" and not (profile.num_hosts > 1 and profile.per_host > 1):
             continue
         if algo in WAN_ONLY and profile.num_sites < 2:
@@ -173,12 +197,17 @@ def protocol_choices(algo: str, protocol: str) -> tuple[str, ...]:
 
 def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes: float,
              nvswitch: str | None, nvls_efficiency: float, protocol: str,
-             skew: tuple[float, bool] = (1.0, False)) -> tuple[Transfer, ...]:
+             skew: tuple[float, bool] = (1.0, False),
+             nvls_pipeline: bool = True) -> tuple[Transfer, ...]:
     """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
     :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
     inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
     host_of = ({r: cluster.host_of(r) for r in group}
-               if algo in ("hierarchical", "ring", "tree") else None)
+               if algo in ("hierarchical", "ring", "tree", "nvls_tree") else None)
+    nvswitch_of = None
+    if algo == "nvls_tree":
+        nvswitch_of = {r: sw if sw is not None and cluster.nvls_capable(sw) else None
+                       for r in group for sw in (cluster.nvswitch_of(r),)}
     order = ring_order(cluster, group) if algo in ("ring", "tree") else group
 
     def latency(a: int | str, b: int | str) -> float:
@@ -198,7 +227,8 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
 
     return plan(op, algo, order, nbytes, host_of=host_of, nvswitch=nvswitch,
                 nvls_efficiency=nvls_efficiency, granularity=cluster.collective_granularity,
-                latency=latency, wire_fraction=fraction, skew=skew)
+                latency=latency, wire_fraction=fraction, skew=skew, nvls_pipeline=nvls_pipeline,
+                nvswitch_of=nvswitch_of)
 
 
 Line = tuple[float, float]
@@ -212,9 +242,16 @@ class PlanCost:
 
     launch_s: float
     levels: tuple[tuple[Line, ...], ...]
+    pipeline: tuple[str, int, int] | None = None
+    """(algorithm, GPUs per server, servers) of an NVLS chunk pipeline, whose fill the lines
+    leave out as it is not linear in the size: they are read at the size plus the fill
+    (:func:`sim.nvls.fill_bytes`), the bytes every flow of the plan carries on top."""
 
     def time_s(self, nbytes: float) -> float:
         """The estimate for ``nbytes``."""
+        if self.pipeline is not None:
+            algo, members, servers = self.pipeline
+            nbytes += nvls.fill_bytes(algo, nbytes, members, servers)
         return self.launch_s + sum(max(a + nbytes * b for a, b in lines)
                                    for lines in self.levels)
 
@@ -281,7 +318,7 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
         got = profile.costs[key] = twins[key]
         return got
     transfers = _plan_on(cluster, op, algo, profile.ranks, 1.0, profile.nvswitch,
-                         profile.nvls_efficiency, protocol)
+                         profile.nvls_efficiency, protocol, nvls_pipeline=False)
     levels: list[int] = []
     flows: dict[int, list[tuple[float, tuple[int, ...], float]]] = {}
     for t in transfers:
@@ -289,9 +326,14 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
         levels.append(level)
         flows.setdefault(level, []).append((step_latency_s(cluster, t),
                                             cluster.route(t.src, t.dst).links, t.nbytes))
+    pipeline = None
+    if op == "all_reduce" and algo in ("nvls", "nvls_tree"):
+        members = profile.n if algo == "nvls" else profile.per_host
+        pipeline = (algo, members, profile.num_hosts)
     got = profile.costs[key] = PlanCost(
         cluster.collective_launch_s * launch_scale(algo, protocol),
-        tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)))
+        tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)),
+        pipeline)
     if twins is not None and all(cluster.route_is_unique(t.src, t.dst) for t in transfers):
         twins[key] = got
     return got
@@ -403,8 +445,8 @@ def collective_plan(cluster: Cluster, op: str, algo: str, group: tuple[int, ...]
     algo = cluster.collective_algos.get(op, algo)
     live = len(group) > 1 and nbytes > 0
     profile = None
-    if algo in (AUTO, "nvls") or (live and len(protocol_choices(algo, cluster.collective_protocol))
-                                  > 1):
+    if algo in (AUTO, "nvls", "nvls_tree") or (
+            live and len(protocol_choices(algo, cluster.collective_protocol)) > 1):
         profile = profiles.get(group) if profiles is not None else None
         if profile is None:
             profile = group_profile(cluster, group)

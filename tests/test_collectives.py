@@ -142,14 +142,69 @@ def test_hierarchical_matches_references_formula(granularity: str, op: str, n1: 
                                 "reduce"])
 @pytest.mark.parametrize("n", [2, 4, 8, 72])
 def test_nvls_closed_form(op: str, n: int) -> None:
-    """Up to the NVSwitch and back: all-reduce 2α_h + S/B, where 2α_h is one GPU-GPU step."""
+    """Up to the NVSwitch and back: all-reduce 2α_h + F + S/B, where 2α_h is one GPU-GPU
+    step and F NCCL's chunk pipeline filling: two loops of 16 channels × n heads × 64 KiB
+    (1e9 B is below 64 loops of 128 KiB chunks, src/enqueue.cc) at B."""
     B, hop, S = 450e9, 1.7e-6, 1e9
     cluster = _cluster("switch", n, 50e9, 1e-6, gpus_per_node=n, nvlink_bandwidth_Bps=B,
                        nvlink_latency_s=hop, nvls=True)
     t = _time(cluster, op, "nvls", range(n), S)
     assert t == pytest.approx(alpha_beta_time(op, "nvls", n, S, hop, B), rel=REL)
     if op == "all_reduce":
-        assert t == pytest.approx(2 * hop + S / B, rel=REL)
+        chunk = 65536 if S < 64 * 16 * min(n, 32) * 131072 else 131072
+        assert t == pytest.approx(2 * hop + 2 * min(S, 16 * min(n, 32) * chunk) / B + S / B,
+                                  rel=REL)
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("m", [2, 3, 5])
+@pytest.mark.parametrize("B2", [25e9, 400e9])
+def test_nvls_tree_closed_form(k: int, m: int, B2: float) -> None:
+    """NVLSTree on m servers of k GPUs (one NIC each, a crossbar between): max(4α_h + 2Hα2
+    + S'/B1, 2α_h + 2Hα2 + L·S'/(2k·B2)), S' = S + NCCL's chunk pipeline fill (three
+    loops of 16 channels × k heads × 128 KiB on 2-3 servers, 64 KiB from 4 on, cut below
+    16 and 4 loops' worth: src/enqueue.cc), whether the NICs (25 GB/s) or the NVSwitch
+    ports (400 GB/s NICs) are the bottleneck."""
+    B1, hop, lat, S = 450e9, 1.7e-6, 2.4e-6, 1e9
+    n = k * m
+    cluster = _cluster("switch", n, B2, lat, gpus_per_node=k, nvlink_bandwidth_Bps=B1,
+                       nvlink_latency_s=hop, nvls=True)
+    t = _time(cluster, "all_reduce", "nvls_tree", range(n), S)
+    alpha2 = 4 * lat  # gpu-nic-fabric-nic-gpu
+    assert t == pytest.approx(alpha_beta_time("all_reduce", "nvls_tree", n, S, hop, B1,
+                                              gpus_per_node=k, alpha_inter=alpha2,
+                                              bandwidth_inter=B2), rel=REL)
+    height, load = tree_shape(m)
+    chunk = 131072 if m < 4 else 65536
+    concurrent = 16 * k
+    for factor, smaller in ((16, 131072), (4, 65536), (1, 32768)):
+        if S < factor * concurrent * chunk and chunk > smaller:
+            chunk = smaller
+    S2 = S + 3 * min(S, concurrent * chunk)
+    expected = max(4 * hop + 2 * height * alpha2 + S2 / B1,
+                   2 * hop + 2 * height * alpha2 + load * S2 / (2 * k * B2))
+    assert t == pytest.approx(expected, rel=REL)
+
+
+def test_nvls_tree_is_auto_across_dgx_h100_and_needs_nvls_servers() -> None:
+    """Two DGX H100 (eight 400 Gb/s NICs each): auto takes NVLSTree for a 1 GiB all-reduce
+    (NVLS inside the servers, one tree per NIC between them), as NCCL does, and its busbw
+    exceeds the ring's; it is no candidate inside one server, on A100 (no NVLS) or with
+    one GPU per server, and asking for it there is a ConfigError."""
+    h100 = server_cluster("dgx-h100", 16)
+    group = tuple(range(16))
+    profile = group_profile(h100, group)
+    assert "nvls_tree" in candidates("all_reduce", profile)
+    assert select_algorithm("all_reduce", GiB, profile) == "nvls_tree"
+    busbw = {a: bus_bandwidth("all_reduce", 16, GiB, _time(h100, "all_reduce", a, group,
+                                                           GiB))[1]
+             for a in ("nvls_tree", "ring")}
+    assert busbw["nvls_tree"] > 1.2 * busbw["ring"]
+    a100 = server_cluster("dgx-a100-80g", 16)
+    for cluster, ranks in ((h100, tuple(range(8))), (a100, group), (h100, (0, 8))):
+        assert "nvls_tree" not in candidates("all_reduce", group_profile(cluster, ranks))
+        with pytest.raises(ConfigError, match="nvls_tree"):
+            _time(cluster, "all_reduce", "nvls_tree", ranks, GiB)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13, 16, 32])
@@ -252,10 +307,11 @@ def test_nvls_busbw_exceeds_link_bandwidth() -> None:
     cluster = server_cluster("dgx-h100", 8)
     p = SERVERS["dgx-h100"]
     link = GPUS["H100"].nvlink_bandwidth_Bps * p.nvlink_efficiency
-    t_nvls = _time(cluster, "all_reduce", "nvls", range(8), GiB)
-    t_ring = _time(cluster, "all_reduce", "ring", range(8), GiB)
-    nvls = bus_bandwidth("all_reduce", 8, GiB, t_nvls)[1]
-    ring = bus_bandwidth("all_reduce", 8, GiB, t_ring)[1]
+    S = 8 * GiB  # NVLS's chunk pipeline fills in two 16 MiB loops (sim.nvls): 0.4% here
+    t_nvls = _time(cluster, "all_reduce", "nvls", range(8), S)
+    t_ring = _time(cluster, "all_reduce", "ring", range(8), S)
+    nvls = bus_bandwidth("all_reduce", 8, S, t_nvls)[1]
+    ring = bus_bandwidth("all_reduce", 8, S, t_ring)[1]
     assert ring < link < nvls
     # → 2(n−1)/n · B = 1.75 B for large buffers, B the NVLS rate
     assert nvls > 1.7 * link * p.nvls_efficiency

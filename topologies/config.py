@@ -32,7 +32,7 @@ Topology = Literal["switch", "ring", "full-mesh", "torus2d", "torus3d", "fat-tre
 """Named topologies (:data:`topologies.presets.TOPOLOGIES`)."""
 
 CollectiveAlgo = Literal["auto", "ring", "tree", "halving_doubling", "hierarchical", "pairwise",
-                         "nvls", "p2p"]
+                         "nvls", "p2p", "nvls_tree"]
 """Collective algorithm names; which op each implements is :mod:`sim.collectives`' to say."""
 
 MAX_GPUS = 1 << 17
