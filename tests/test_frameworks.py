@@ -26,7 +26,7 @@ from workloads.frameworks import (
     load_profiles,
 )
 from workloads.memory import model_state_bytes_per_param
-from workloads.models import PRESETS
+from workloads.models import PRESETS, MLASpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 from workloads.transformer import ROPE_BYTES, SWIGLU_BYTES, TransformerCosts
 
@@ -748,3 +748,15 @@ def test_megatron_fuses_rope_and_swiglu_eager_frameworks_do_not() -> None:
     g = TransformerCosts(gpt, 1, 1, 1, (8,))
     assert apply_framework(g, FRAMEWORKS["megatron"], 1)._elementwise_forward() == \
         apply_framework(g, FRAMEWORKS["fsdp"], 1)._elementwise_forward()
+
+
+def test_latent_attention_keeps_its_rope_unfused() -> None:
+    """Megatron-Bridge refuses RoPE fusion with multi-head latent attention
+    (validate_rope_fusion_compatibility): an MLA layer's rotary kernel costs the eager bytes
+    under every framework, a standard one the profile's."""
+    base = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    mla = replace(base, mla=MLASpec(q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64,
+                                    qk_rope_head_dim=32, v_head_dim=64))
+    for model, want in ((base, 4.0), (mla, ROPE_BYTES)):
+        costs = apply_framework(TransformerCosts(model, 1, 1, 1, (8,)), FRAMEWORKS["megatron"], 1)
+        assert costs._rope_bytes == want

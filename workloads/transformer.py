@@ -380,6 +380,15 @@ class TransformerCosts:
         return self._tokens * self.model.hidden_size
 
     @property
+    def _rope_bytes(self) -> float:
+        """HBM bytes per q and k element of the rotary embedding forward: :attr:`rope_bytes`,
+        but the eager :data:`ROPE_BYTES` under multi-head latent attention, whose RoPE is
+        never fused (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/utils/fusions.py
+        ``validate_rope_fusion_compatibility``: apply_rope_fusion "not compatible with
+        multi_latent_attention")."""
+        return ROPE_BYTES if self.model.mla is not None else self.rope_bytes
+
+    @property
     def _flash(self) -> bool:
         return self.attention in FLASH_KERNELS
 
@@ -454,7 +463,7 @@ class TransformerCosts:
         dims = (_gemm(n, q_in, m.q_dim / t), _gemm(n, mla.kv_lora_rank, kv_out))
         nbytes = BF16 * (q_in * m.q_dim / t + mla.kv_lora_rank * kv_out
                          + n * (q_in + mla.kv_lora_rank + m.q_dim / t + kv_out))
-        rope = (self.rope_bytes * n * (m.q_dim + m.kv_dim) / t
+        rope = (self._rope_bytes * n * (m.q_dim + m.kv_dim) / t
                 if m.position_embedding == "rope" else 0.0)
         seg = ComputeSeg(f"{label} mla up", sum(d[1] for d in dims), nbytes,
                          elementwise_bytes=rope, gemm_dims=dims)
@@ -652,7 +661,7 @@ class TransformerCosts:
         h = m.hidden_size
         norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h / self._sp_div
         residual = RESIDUAL_BYTES * n * h / self._sp_div
-        rope = (self.rope_bytes * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
+        rope = (self._rope_bytes * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
                 else 0.0)
         softmax = 0.0 if self._flash else (
             (SOFTMAX_PASSES[self.attention] + (ALIBI_PASSES if m.position_embedding == "alibi"
