@@ -26,9 +26,9 @@ from workloads.frameworks import (
     load_profiles,
 )
 from workloads.memory import model_state_bytes_per_param
-from workloads.models import PRESETS
+from workloads.models import PRESETS, MLASpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
-from workloads.transformer import TransformerCosts
+from workloads.transformer import ROPE_BYTES, SWIGLU_BYTES, TransformerCosts
 
 
 def _run(**training) -> dict:
@@ -457,7 +457,7 @@ def test_zero3_copies_are_memory_bound_work_per_gathered_and_reduced_parameter()
     forward and backward) and casts each gradient into the fp32 reduce-scatter input (6);
     FSDP1 (llm-foundry) gathers in place and casts and pre-divides (14). Nothing without
     ZeRO-3 or without a second shard; the same work with the lowering's markers."""
-    plain = _zero3_costs("megatron")
+    plain = replace(_zero3_costs("megatron"), rope_bytes=ROPE_BYTES, swiglu_bytes=SWIGLU_BYTES)
     params = 8 * plain._layer_params_tp
     fsdp, foundry = _zero3_costs("fsdp"), _zero3_costs("llm-foundry")
     assert _ew(fsdp, FORWARD) - _ew(plain, FORWARD) == pytest.approx(4 * params)
@@ -548,19 +548,19 @@ def test_a_bad_profile_value_is_an_error_naming_it(field: str, value: str) -> No
 
 def test_fp8_casts_are_memory_bound_work_of_fp8_runs_only() -> None:
     """torchao's dynamic scaling (fsdp): 5 bytes an element of each FP8 GEMM's input
-    forward (amax, then cast), twice that backward; nothing in bf16 or under Megatron-LM's
-    fused TransformerEngine casts."""
+    forward (amax, then cast), twice that backward; nothing in bf16."""
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     bf16 = TransformerCosts(m, 1, 1, 1, (8,), precision="fp8", fp8_speedup=2.0)
     fsdp = apply_framework(bf16, FRAMEWORKS["fsdp"], 1)
+    uncast = replace(fsdp, fp8_cast_bytes=0.0)
     n, h = 2048, m.hidden_size
     want = 5 * n * (h + m.attn_out_dim) + 5 * n * (h + m.ffn_hidden_size)
-    assert sum(fsdp._elementwise_forward()) - sum(bf16._elementwise_forward()) == \
+    assert sum(fsdp._elementwise_forward()) - sum(uncast._elementwise_forward()) == \
         pytest.approx(want)
-    assert apply_framework(bf16, FRAMEWORKS["megatron"], 1)._elementwise_forward() == \
-        bf16._elementwise_forward()
+    assert sum(fsdp._backward_elementwise(*fsdp._elementwise_forward())) == \
+        pytest.approx(2 * sum(fsdp._elementwise_forward()))
     plain = replace(fsdp, precision="bf16", fp8_speedup=1.0)
-    assert plain._elementwise_forward() == replace(bf16, precision="bf16",
+    assert plain._elementwise_forward() == replace(uncast, precision="bf16",
                                                    fp8_speedup=1.0)._elementwise_forward()
 
 
@@ -679,7 +679,7 @@ def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
     assert (ll.grad_buffer_bytes, ll.grad_reduce_bytes, ll.dp_wire_bytes) == (4.0, 4.0, 3.0)
     differ = {f.name for f in fields(mg) if getattr(mg, f.name) != getattr(ll, f.name)}
     assert differ == {"name", "summary", "sources", "stage_split", "grad_buffer_bytes",
-                      "grad_reduce_bytes", "dp_wire_bytes"}
+                      "grad_reduce_bytes", "dp_wire_bytes", "rope_bytes", "swiglu_bytes"}
     assert all("Dubey et al. 2024" in ll.source(f) for f in differ - {"name", "summary",
                                                                        "sources"})
     costs = apply_framework(_costs(zero_stage=2), ll, 4)
@@ -723,3 +723,59 @@ def test_a_profiles_bucket_rule_is_checked() -> None:
         load_profiles(text + '\n[x]\ninherits = "megatron"\ngrad_bucket_params = 0\n')
     with pytest.raises(ValueError, match="grad_bucket_params_source"):
         load_profiles(text + '\n[x]\ninherits = "deepspeed"\ngrad_bucket_params = 5\n')
+
+
+def test_megatron_fp8_casts_follow_transformer_engine_layer_spec() -> None:
+    """Megatron-core's TE layer spec: forward, only the output projection's and second MLP
+    GEMM's inputs are cast (4 bytes an element: read bf16, write fp8 and its transpose), the
+    QKV and fc1 inputs leave the norm in fp8; backward, every GEMM's output gradient cast and
+    transposed (4 bytes) and the two norm outputs transposed (2 bytes), not twice the
+    forward."""
+    m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    base = TransformerCosts(m, 1, 2, 1, (8,), precision="fp8", fp8_speedup=2.0)
+    meg = apply_framework(base, FRAMEWORKS["megatron"], 1)
+    plain = replace(meg, fp8_cast_bytes=0.0)
+    n, h, t = 2048, m.hidden_size, 2
+    fwd = [a - b for a, b in zip(meg._elementwise_forward(), plain._elementwise_forward(),
+                                 strict=True)]
+    assert fwd == pytest.approx([4 * n * m.attn_out_dim / t, 4 * n * m.ffn_hidden_size / t])
+    back = meg._backward_elementwise(*meg._elementwise_forward())
+    base_back = plain._backward_elementwise(*plain._elementwise_forward())
+    qkv_out = (m.q_dim + 2 * m.kv_dim) / t
+    want = [4 * n * (qkv_out + h) + 2 * n * h, 4 * n * (2 * m.ffn_hidden_size / t + h) + 2 * n * h]
+    assert [a - b for a, b in zip(back, base_back, strict=True)] == pytest.approx(want)
+    bf16 = apply_framework(replace(base, precision="bf16", fp8_speedup=1.0),
+                           FRAMEWORKS["megatron"], 1)
+    assert bf16._backward_elementwise(*bf16._elementwise_forward()) == pytest.approx(
+        [2 * x for x in bf16._elementwise_forward()])
+
+
+def test_megatron_fuses_rope_and_swiglu_eager_frameworks_do_not() -> None:
+    """Megatron-LM's default apply_rope_fusion and bias_swiglu_fusion: 4 bytes an element of
+    q and k, 6 an ffn element, against the eager 20 and 10 (torchtitan, Hagemann's sweep);
+    a GPT (learned positions, GeLU) model is unchanged."""
+    m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    base = TransformerCosts(m, 1, 1, 1, (8,))
+    meg = apply_framework(base, FRAMEWORKS["megatron"], 1)
+    eager = apply_framework(base, FRAMEWORKS["fsdp"], 1)
+    n = 2048
+    (ma, mm), (ea, em) = meg._elementwise_forward(), eager._elementwise_forward()
+    assert ea - ma == pytest.approx(16 * n * (m.q_dim + m.kv_dim))
+    assert em - mm == pytest.approx(4 * n * m.ffn_hidden_size)
+    assert eager.rope_bytes == ROPE_BYTES and eager.swiglu_bytes == SWIGLU_BYTES
+    gpt = replace(PRESETS["gpt3-175b"], num_layers=8)
+    g = TransformerCosts(gpt, 1, 1, 1, (8,))
+    assert apply_framework(g, FRAMEWORKS["megatron"], 1)._elementwise_forward() == \
+        apply_framework(g, FRAMEWORKS["fsdp"], 1)._elementwise_forward()
+
+
+def test_latent_attention_keeps_its_rope_unfused() -> None:
+    """Megatron-Bridge refuses RoPE fusion with multi-head latent attention
+    (validate_rope_fusion_compatibility): an MLA layer's rotary kernel costs the eager bytes
+    under every framework, a standard one the profile's."""
+    base = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    mla = replace(base, mla=MLASpec(q_lora_rank=256, kv_lora_rank=128, qk_nope_head_dim=64,
+                                    qk_rope_head_dim=32, v_head_dim=64))
+    for model, want in ((base, 4.0), (mla, ROPE_BYTES)):
+        costs = apply_framework(TransformerCosts(model, 1, 1, 1, (8,)), FRAMEWORKS["megatron"], 1)
+        assert costs._rope_bytes == want

@@ -142,11 +142,11 @@ def test_what_each_module_reruns_in_a_mla_moe_layer() -> None:
     n, h = TOKENS, 1024
     (up,) = _rerun(("mla_up_proj",))  # q: 256 -> 768/2, kv: 128 -> 8·(64 + 64)/2
     assert up.flops == 2 * n * (256 * 768 / 2 + 128 * 1024 / 2)
-    assert up.elementwise_bytes == 20 * n * (768 + 640) / 2  # RoPE on q and k
+    assert up.elementwise_bytes == 20 * n * (768 + 640) / 2  # unfused RoPE on q and k (MLA)
     (norms,) = _rerun(("layernorm",))  # two fused norms, read and write, s/t tokens
     assert norms.flops == 0 and norms.elementwise_bytes == 2 * 4 * n * h / 2
-    (act,) = _rerun(("moe_act",))  # SwiGLU over the 2·n routed rows, f_e/t wide
-    assert act.flops == 0 and act.elementwise_bytes == 10 * 2 * n * 512 / 2
+    (act,) = _rerun(("moe_act",))  # fused SwiGLU (6 B) over the 2·n routed rows, f_e/t wide
+    assert act.flops == 0 and act.elementwise_bytes == 6 * 2 * n * 512 / 2
     shared = _rerun(("shared_experts",))  # its all-gather, GEMMs, reduce-scatter
     assert [type(s) for s in shared] == [CommSeg, ComputeSeg, CommSeg]
     assert shared[1].flops == 2 * n * h * 3 * 512 / 2

@@ -86,6 +86,16 @@ class FrameworkProfile:
     fp8_cast_bytes: float
     """HBM bytes per element of each FP8 GEMM's bf16 input that the framework's scaling and
     casting kernels move forward (``precision: fp8``): ``TransformerCosts.fp8_cast_bytes``."""
+    fp8_norm_cast_fused: bool
+    """With ``precision: fp8``: TransformerEngine's casts as Megatron-core's layer spec runs
+    them (the QKV and first MLP GEMMs' inputs leave the norm kernel in fp8, the backward casts
+    each GEMM's output gradient): ``TransformerCosts.fp8_norm_cast_fused``."""
+    rope_bytes: float
+    """HBM bytes per element of q and k that the framework's rotary embedding moves forward:
+    ``TransformerCosts.rope_bytes``."""
+    swiglu_bytes: float
+    """HBM bytes per ffn element that the framework's silu(gate)·up moves forward:
+    ``TransformerCosts.swiglu_bytes``."""
     zero3_unsharded_under_pp: bool
     """ZeRO-3 under PP keeps each stage's parameters and accumulated gradients unsharded
     through the step: ``TransformerCosts.zero3_unsharded_under_pp``."""
@@ -120,14 +130,15 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
            "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
            "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
-           "grad_bucket_params", "grad_bucket_params_per_dp")
+           "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
+           "rope_bytes", "swiglu_bytes")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
-          "tied_grad_reduce_bytes")
+          "tied_grad_reduce_bytes", "rope_bytes", "swiglu_bytes")
 """Fields that are bytes: finite numbers, not negative."""
 _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
-          "zero3_unsharded_under_pp")
+          "zero3_unsharded_under_pp", "fp8_norm_cast_fused")
 """Fields that are true or false."""
 
 
@@ -266,6 +277,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    attention_copy_bytes=profile.attention_copy_bytes,
                    dropout=profile.dropout,
                    fp8_cast_bytes=profile.fp8_cast_bytes,
+                   fp8_norm_cast_fused=profile.fp8_norm_cast_fused,
+                   rope_bytes=profile.rope_bytes, swiglu_bytes=profile.swiglu_bytes,
                    zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
                    vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
                    grad_accum_bytes=profile.grad_accum_bytes,

@@ -82,6 +82,8 @@ FUSED_CROSS_ENTROPY_BYTES = 2.0
 """A fused cross-entropy kernel over the bf16 logits (:attr:`TransformerCosts.fused_cross_entropy`):
 it reads each logit once forward (its fp32 math stays in registers); backward reads it
 again and writes its bf16 gradient (``BACKWARD_ELEMENTWISE`` times this)."""
+FP8_TRANSPOSE_BYTES = 2.0
+"""An fp8 transpose (TransformerEngine's ``fp8_transpose``): read 1 byte, write 1, per element."""
 BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 FLASH_BACKWARD_FACTOR = 2.5
@@ -234,14 +236,34 @@ class TransformerCosts:
     before each gradient reduce-scatter, in the layer's backward: the cast of the bf16
     gradient to the reduction dtype and any pre-division (FSDP1: cast 2 + 4, pre-divide
     4 + 4; FSDP2: a cast copy-in, 2 + 4). Timed as memory-bound work of the backward."""
-    fp8_cast_bytes: float = 0.0
+    fp8_cast_bytes: float = 4.0
     """With ``precision: fp8``: HBM bytes per element of each FP8 GEMM's bf16 activation
     input that the framework's scaling and casting kernels move forward (the inputs of the
     QKV, output, first and second MLP GEMMs on one TP rank); the backward casts the output
     gradients and the inputs again, counted as twice that (:data:`BACKWARD_ELEMENTWISE`).
-    0: the casts are fused into neighbouring kernels (TransformerEngine's LayerNormLinear,
-    as Megatron-LM runs it); torchao's dynamic scaling computes each tensor's amax and then
-    casts it, 2 + 3 bytes (:mod:`workloads.frameworks`)."""
+    0: no cast kernels; torchao's dynamic scaling computes each tensor's amax and then
+    casts it, 2 + 3 bytes (:mod:`workloads.frameworks`). With :attr:`fp8_norm_cast_fused`
+    (Megatron-LM's default) only the output projection's and second MLP GEMM's inputs are
+    cast so, TransformerEngine's cast and transpose, 2 + 1 + 1 bytes."""
+    fp8_norm_cast_fused: bool = True
+    """With ``precision: fp8``: TransformerEngine's casts as Megatron-core's layer spec runs
+    them (:mod:`workloads.frameworks`): the QKV and first MLP GEMMs' inputs leave the fused
+    norm kernel in fp8 (no cast forward; their transposes for the weight gradients,
+    :data:`FP8_TRANSPOSE_BYTES` an element, in the backward), the output projection's and
+    second MLP GEMM's bf16 inputs are cast and transposed forward (:attr:`fp8_cast_bytes` an
+    element), and the backward casts and transposes every FP8 GEMM's output gradient
+    (:attr:`fp8_cast_bytes` an element of the QKV, output, first and second MLP GEMMs'
+    outputs) instead of repeating the forward's casts twice. False: every input cast alike,
+    the backward twice the forward."""
+    rope_bytes: float = 4.0
+    """HBM bytes per element of q and k that the rotary embedding moves forward (RoPE models;
+    the backward twice that): 4 for one fused kernel that reads and writes each element once
+    (Megatron-LM's default ``apply_rope_fusion``, :mod:`workloads.frameworks`),
+    :data:`ROPE_BYTES` eager."""
+    swiglu_bytes: float = 6.0
+    """HBM bytes per ffn element that silu(gate)·up moves forward (gated MLPs; the backward
+    twice that): 6 for one fused kernel that reads gate and up and writes the product
+    (Megatron-LM's default ``bias_swiglu_fusion``), :data:`SWIGLU_BYTES` eager."""
     zero3_unsharded_under_pp: bool = False
     """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
     parameters once and keeps them unsharded (bf16) through the step, and accumulates the
@@ -359,6 +381,15 @@ class TransformerCosts:
         return self._tokens * self.model.hidden_size
 
     @property
+    def _rope_bytes(self) -> float:
+        """HBM bytes per q and k element of the rotary embedding forward: :attr:`rope_bytes`,
+        but the eager :data:`ROPE_BYTES` under multi-head latent attention, whose RoPE is
+        never fused (NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/utils/fusions.py
+        ``validate_rope_fusion_compatibility``: apply_rope_fusion "not compatible with
+        multi_latent_attention")."""
+        return ROPE_BYTES if self.model.mla is not None else self.rope_bytes
+
+    @property
     def _flash(self) -> bool:
         return self.attention in FLASH_KERNELS
 
@@ -433,7 +464,8 @@ class TransformerCosts:
         dims = (_gemm(n, q_in, m.q_dim / t), _gemm(n, mla.kv_lora_rank, kv_out))
         nbytes = BF16 * (q_in * m.q_dim / t + mla.kv_lora_rank * kv_out
                          + n * (q_in + mla.kv_lora_rank + m.q_dim / t + kv_out))
-        rope = ROPE_BYTES * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope" else 0.0
+        rope = (self._rope_bytes * n * (m.q_dim + m.kv_dim) / t
+                if m.position_embedding == "rope" else 0.0)
         seg = ComputeSeg(f"{label} mla up", sum(d[1] for d in dims), nbytes,
                          elementwise_bytes=rope, gemm_dims=dims)
         return _fp8(seg, self.fp8_speedup) if self.precision == "fp8" else seg
@@ -630,12 +662,12 @@ class TransformerCosts:
         h = m.hidden_size
         norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h / self._sp_div
         residual = RESIDUAL_BYTES * n * h / self._sp_div
-        rope = (ROPE_BYTES * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
+        rope = (self._rope_bytes * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
                 else 0.0)
         softmax = 0.0 if self._flash else (
             (SOFTMAX_PASSES[self.attention] + (ALIBI_PASSES if m.position_embedding == "alibi"
                                                else 0.0)) * BF16 * self._scores_elements())
-        act_bytes = SWIGLU_BYTES if m.gated_mlp else GELU_BYTES
+        act_bytes = self.swiglu_bytes if m.gated_mlp else GELU_BYTES
         if m.moe is not None:  # activation on the routed rows (and every token's shared
             # experts), plus permute and unpermute; the rows' f_e/e wide activations are
             # routed_rows·f_e/t whatever the expert TP degree e
@@ -647,12 +679,46 @@ class TransformerCosts:
         # the Triton kernel reads the padded (b, s, h, d) layout as it is: no packing copies
         copies = (self.attention_copy_bytes * n * (m.q_dim + 2 * m.kv_dim + m.attn_out_dim) / t
                   if self.attention_copy_bytes and self.attention != "flash-triton" else 0.0)
-        cast_attn = cast_mlp = 0.0
-        if self.precision == "fp8" and self.fp8_cast_bytes and m.moe is None:
-            cast_attn = self.fp8_cast_bytes * n * (h + m.attn_out_dim / t)
-            cast_mlp = self.fp8_cast_bytes * n * (h + m.ffn_hidden_size / t)
+        cast_attn, cast_mlp = self._fp8_cast_pair()[0]
         return (norm + residual + rope + softmax + copies + cast_attn,
                 norm + residual + act + cast_mlp)
+
+    @_per_instance
+    def _fp8_cast_pair(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """HBM bytes of the FP8 scaling and casting kernels of one dense layer on one TP rank,
+        ((attention block, MLP block) forward, (the same) backward): none without
+        ``precision: fp8``, :attr:`fp8_cast_bytes` or a dense layer.
+
+        Every input cast (:attr:`fp8_norm_cast_fused` False): each of the four GEMMs' inputs
+        forward, the backward twice the forward (:data:`BACKWARD_ELEMENTWISE`).
+        TransformerEngine as Megatron-core's layer spec runs it (True): forward, the output
+        projection's input (o/t an element of a token) and the second MLP GEMM's (f/t);
+        backward, every GEMM's output gradient cast and transposed (QKV (q + 2·kv)/t, output
+        h, first MLP f·(matrices − 1)/t, second MLP h) and the two norm outputs transposed
+        for the weight gradients (h each, :data:`FP8_TRANSPOSE_BYTES`)."""
+        m, t, n = self.model, self.tp, self._tokens
+        if self.precision != "fp8" or not self.fp8_cast_bytes or m.moe is not None:
+            return (0.0, 0.0), (0.0, 0.0)
+        c, h = self.fp8_cast_bytes, m.hidden_size
+        if not self.fp8_norm_cast_fused:
+            fwd = (c * n * (h + m.attn_out_dim / t), c * n * (h + m.ffn_hidden_size / t))
+            return fwd, (BACKWARD_ELEMENTWISE * fwd[0], BACKWARD_ELEMENTWISE * fwd[1])
+        fwd = (c * n * m.attn_out_dim / t, c * n * m.ffn_hidden_size / t)
+        mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
+        bwd = (c * n * ((m.q_dim + 2 * m.kv_dim) / t + h) + FP8_TRANSPOSE_BYTES * n * h,
+               c * n * (mid + h) + FP8_TRANSPOSE_BYTES * n * h)
+        return fwd, bwd
+
+    def _backward_elementwise(self, ew_attn: float, ew_mlp: float) -> tuple[float, float]:
+        """Memory-bound bytes of one layer's backward, (attention block, MLP block), from its
+        forward's: :data:`BACKWARD_ELEMENTWISE` times them, the FP8 casts of
+        :attr:`fp8_norm_cast_fused` replaced by the backward's own (:meth:`_fp8_cast_pair`)."""
+        if not self.fp8_norm_cast_fused:
+            return BACKWARD_ELEMENTWISE * ew_attn, BACKWARD_ELEMENTWISE * ew_mlp
+        (cast_attn, cast_mlp), (back_attn, back_mlp) = self._fp8_cast_pair()
+        return (BACKWARD_ELEMENTWISE * (ew_attn - cast_attn) + back_attn,
+                BACKWARD_ELEMENTWISE * (ew_mlp - cast_mlp) + back_mlp)
+
 
     def tp_overlap_gemms(self) -> dict[str, ComputeSeg]:
         """The forward GEMMs of a layer on one TP rank that TP communication overlap pipelines
@@ -760,12 +826,13 @@ class TransformerCosts:
             rec = fuse_compute([_scaled(attn, "r", attn_share), _scaled(mlp, "r", mlp_share)],
                                f"recompute {name} mm")
             segs += [replace(seg, elementwise_bytes=ew_attn + ew_mlp + softmax) for seg in rec]
+        ew_attn, ew_mlp = self._backward_elementwise(ew_attn, ew_mlp)
         mlp_seg: ComputeSeg | list[Segment] = _scaled(
-            mlp, f"{name} mlp bwd", 1 + wg, elementwise_bytes=BACKWARD_ELEMENTWISE * ew_mlp)
+            mlp, f"{name} mlp bwd", 1 + wg, elementwise_bytes=ew_mlp)
         if self.model.moe is not None:
             mlp_seg = self._moe_body(mlp_seg, f"{name} mlp bwd", backward=True)
         attn_seg = _scaled(attn, f"{name} attn bwd", 1 + wg, attn_flops=core,
-                           elementwise_bytes=BACKWARD_ELEMENTWISE * ew_attn)
+                           elementwise_bytes=ew_attn)
         attn_body: ComputeSeg | list[Segment] = attn_seg
         if self.cp > 1:
             attn_body = self._attention_parts(replace(attn_seg, attn_flops=0.0), core,
@@ -802,7 +869,7 @@ class TransformerCosts:
         attn, mlp = self._gemms()
         ew_mlp = self._elementwise_forward()[1]
         residual = RESIDUAL_BYTES * n * m.hidden_size / self._sp_div
-        act_bytes = SWIGLU_BYTES if m.gated_mlp else GELU_BYTES
+        act_bytes = self.swiglu_bytes if m.gated_mlp else GELU_BYTES
         segs: list[Segment] = []
         if "moe" in mods:
             body = replace(mlp, label=f"{label} mlp", elementwise_bytes=ew_mlp - residual)
