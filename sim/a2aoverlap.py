@@ -9,8 +9,12 @@ the other computes (the DeepSeek-V3 report's overlap of two micro-batches, DeepS
 sec. 3.2.1): the backward's combine gradient under the forward's attention, the forward's
 dispatch under the backward's expert MLP, the backward's dispatch gradient under the
 forward's expert MLP, the forward's combine under the backward's attention. Each all-to-all
-is then exposed only by what its partner compute leaves, max(0, t_a2a − t_partner); the
-lowering runs it for that fixed time (:attr:`TransformerCosts.ep_comm_exposed_s`).
+is then exposed only by what its partner compute leaves; the lowering runs it for that fixed
+time (:attr:`TransformerCosts.ep_comm_exposed_s`). The all-to-all kernels take ``k`` of the
+GPU's ``S`` SMs while they run (DeepEP's, ``sim/data/a2a_overlap.toml``), so a partner of
+``g`` seconds alone runs on the rest meanwhile: the pair takes max(c, g + c·k/S) for an
+all-to-all of ``c`` seconds, and the all-to-all is exposed by max(c − g, c·k/S) (max(0,
+c − g) for a dispatcher whose SMs are not given).
 
 Simplifications: the all-to-all is timed alone on pipeline rank 0's EP groups (the partner's
 own traffic is not on the network); the pipeline's warm-up forwards and cool-down backwards,
@@ -22,18 +26,40 @@ forward's.
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
 from sim.commtime import CollectiveTimer
+from sim.tpoverlap import sm_count
 from workloads.costs import CommSeg, ComputeSeg, Segment
 from workloads.lowering.groups import ALL_TO_ALL_ALGO, ep_groups
 from workloads.transformer import TransformerCosts
 
 if TYPE_CHECKING:
     from sim.experiment import Experiment
+
+DATA_FILE = Path(__file__).parent / "data" / "a2a_overlap.toml"
+"""SMs each MoE dispatcher's all-to-all kernels take, with their source."""
+
+
+@cache
+def dispatcher_sms(dispatcher: str) -> int:
+    """SMs the all-to-all kernels of ``dispatcher`` (``parallel.moe_dispatcher``) run on (0:
+    not given)."""
+    with DATA_FILE.open("rb") as fh:
+        return int(tomllib.load(fh)[dispatcher]["sms"])
+
+
+def sm_share(dispatcher: str, gpu: str) -> float:
+    """k/S: the share of GPU ``gpu``'s SMs the dispatcher's all-to-all kernels take (0 where
+    either count is not known)."""
+    sms = sm_count(gpu)
+    return dispatcher_sms(dispatcher) / sms if sms else 0.0
 
 def _phases(segs: Sequence[Segment], compute_s: Callable[[ComputeSeg], float]
             ) -> tuple[float, float, float, CommSeg]:
@@ -53,15 +79,20 @@ def _phases(segs: Sequence[Segment], compute_s: Callable[[ComputeSeg], float]
 
 
 def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
-              a2a_s: Callable[[CommSeg], float]) -> tuple[tuple[str, float], ...]:
+              a2a_s: Callable[[CommSeg], float], share: float = 0.0
+              ) -> tuple[tuple[str, float], ...]:
     """Exposed seconds of each all-to-all of a MoE layer under the combined 1F1B overlap
-    (module docstring), by the name :attr:`TransformerCosts.ep_comm_exposed_s` keys."""
+    (module docstring), by the name :attr:`TransformerCosts.ep_comm_exposed_s` keys;
+    ``share``: k/S, the SMs the all-to-all kernels take from the partner compute."""
     attn_f, mlp_f, _, dispatch = _phases(costs.moe_layer_segments(False), compute_s)
     _, mlp_b, attn_b, combine_grad = _phases(costs.moe_layer_segments(True), compute_s)
     t_fwd, t_bwd = a2a_s(dispatch), a2a_s(combine_grad)
-    return (("dispatch", max(0.0, t_fwd - mlp_b)), ("combine", max(0.0, t_fwd - attn_b)),
-            ("combine grad", max(0.0, t_bwd - attn_f)),
-            ("dispatch grad", max(0.0, t_bwd - mlp_f)))
+
+    def exposed(c: float, g: float) -> float:
+        return max(0.0, c - g, c * share)
+    return (("dispatch", exposed(t_fwd, mlp_b)), ("combine", exposed(t_fwd, attn_b)),
+            ("combine grad", exposed(t_bwd, attn_f)),
+            ("dispatch grad", exposed(t_bwd, mlp_f)))
 
 
 def check(ep: int, moe: bool) -> None:
@@ -76,7 +107,7 @@ def lowering_costs(exp: Experiment, costs: Any,
     """``costs`` with the all-to-alls' exposed times under ``parallel.moe_a2a_overlap``
     (unchanged without it), each all-to-all timed as the lowering times it (pairwise, its
     dropless imbalance's unequal volumes) alone on pipeline rank 0's EP groups, the compute
-    by ``compute_s``."""
+    by ``compute_s``, the dispatcher's SMs taken from it (:func:`sm_share`)."""
     if not exp.config.parallel.moe_a2a_overlap or not isinstance(costs, TransformerCosts):
         return costs
     groups = ep_groups(exp.placement, 0, costs.ep, costs.expert_tp)
@@ -85,4 +116,5 @@ def lowering_costs(exp: Experiment, costs: Any,
         timer = (CollectiveTimer.shared(exp.cluster, ALL_TO_ALL_ALGO) if seg.skew[0] == 1.0
                  else CollectiveTimer(exp.cluster, ALL_TO_ALL_ALGO, skew=seg.skew))
         return timer(seg.op, groups, seg.nbytes)
-    return replace(costs, ep_comm_exposed_s=exposed_s(costs, compute_s, a2a_s))
+    share = sm_share(costs.moe_dispatcher, exp.cluster.gpu.name)
+    return replace(costs, ep_comm_exposed_s=exposed_s(costs, compute_s, a2a_s, share))

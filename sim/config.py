@@ -252,10 +252,12 @@ class ParallelConfig(Strict):
     grad_bucket_MB: float | None = Field(None, gt=0)
     """Bucket size with overlap_grad_reduce, MB of gradients (1 MB = 1e6 B). Default None:
     the rule of ``training.framework``'s profile (``grad_bucket_params`` in
-    workloads/frameworks.toml, :func:`workloads.frameworks.grad_bucket_bytes`): Megatron-LM,
-    Megatron-Bridge and llama3 as Megatron-core, max(40M, 1M·dp) parameters
+    workloads/frameworks.toml, :func:`workloads.frameworks.grad_bucket_bytes`): Megatron-LM
+    and llama3 as Megatron-core, max(40M, 1M·dp) parameters
     (megatron/core/distributed/distributed_data_parallel.py, ``DistributedDataParallel.__init__``
-    at core_r0.8.0) of the profile's gradient bytes, i.e. 80 MB of bf16 up to dp = 40; a
+    at core_r0.8.0) of the profile's gradient bytes, i.e. 80 MB of bf16 up to dp = 40;
+    Megatron-Bridge 128 Mi parameters (its ``CommOverlapConfig``); under these three only
+    stage 0 is cut into buckets, every later model chunk being one (Megatron-core); a
     profile without a rule (deepspeed, fsdp, scaling, llm-foundry): PyTorch DDP's
     ``bucket_cap_mb=25``. A value given here overrides the profile."""
     overlap_param_gather: bool = False

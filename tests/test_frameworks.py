@@ -106,17 +106,22 @@ def test_fragmentation_is_the_profiles_then_the_allocators_then_the_devices() ->
     assert llm.allocator == "caching" and fragmentation(llm, 0.42) == llm.fragmentation == 0.10
 
 
-def test_megatron_bridge_is_megatron_with_expandable_segments() -> None:
-    """It inherits every field of [megatron] but the allocator (and its source), so the
-    step time is Megatron-LM's and only the peak memory differs."""
+def test_megatron_bridge_is_megatron_with_its_scripts_settings() -> None:
+    """It inherits every field of [megatron] but what its performance scripts and recipes
+    set: the allocator (executors.py), Transformer Engine's fused loss
+    (cross_entropy_loss_fusion, overrides.py) and the 128 Mi-parameter buckets
+    (comm_overlap.py); the fused loss makes the step faster and the peak lower."""
     mg, mb = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-bridge"]
     differ = [f.name for f in fields(mg) if getattr(mg, f.name) != getattr(mb, f.name)]
-    assert set(differ) == {"name", "summary", "allocator", "sources"}
+    assert set(differ) == {"name", "summary", "allocator", "sources", "fused_cross_entropy",
+                           "grad_bucket_params", "grad_bucket_params_per_dp"}
     assert mb.allocator == "expandable-segments" and mg.allocator == "caching"
+    assert mb.fused_cross_entropy and not mg.fused_cross_entropy
     assert "executors.py" in mb.source("allocator")
+    assert "overrides.py" in mb.source("fused_cross_entropy")
     runs = {n: api.simulate(Experiment.from_dict(_run(framework=n)), fidelity="collapsed").stats
             for n in ("megatron", "megatron-bridge")}
-    assert runs["megatron"]["step_time_s"] == runs["megatron-bridge"]["step_time_s"]
+    assert runs["megatron-bridge"]["step_time_s"] < runs["megatron"]["step_time_s"]
     assert runs["megatron-bridge"]["peak_memory_gib"] < runs["megatron"]["peak_memory_gib"]
 
 
@@ -143,16 +148,17 @@ def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
 
 
 def test_training_allocator_overrides_the_frameworks() -> None:
-    """training.allocator: a Megatron-LM run with expandable segments holds what
-    megatron-bridge holds; caching under fsdp takes the device profile's fitted figure; a
+    """training.allocator: a Megatron-LM run with expandable segments holds less than with
+    the caching allocator (its default), megatron-bridge with caching more than with its own
+    expandable segments; caching under llm-foundry takes the device profile's fitted figure; a
     bad value is a ConfigError naming the choices."""
     def peak(**training) -> float:
         exp = Experiment.from_dict(_run(**training))
         return api.simulate(exp, fidelity="collapsed").stats["peak_memory_gib"]
 
-    assert peak(allocator="expandable-segments") == peak(framework="megatron-bridge")
-    assert peak(allocator="caching") == peak()
-    assert peak(framework="megatron-bridge", allocator="caching") == peak()
+    assert peak(allocator="expandable-segments") < peak(allocator="caching") == peak()
+    assert peak(framework="megatron-bridge", allocator="caching") \
+        > peak(framework="megatron-bridge")
     exp = Experiment.from_dict(_run(framework="llm-foundry", allocator="caching"))
     assert fragmentation(exp.framework, 0.42) == 0.42
     assert set(get_args(get_args(TrainingConfig.model_fields["allocator"].annotation)[0])) \
@@ -693,8 +699,33 @@ def test_megatron_buckets_are_max_40m_1m_dp_parameters(dp: int, params: float) -
     max(40M, 1M x dp) parameters, of bf16 gradients in Megatron-LM's profile and fp32 in
     llama3's (grad_reduce_in_fp32)."""
     assert grad_bucket_bytes(FRAMEWORKS["megatron"], dp) == 2 * params
-    assert grad_bucket_bytes(FRAMEWORKS["megatron-bridge"], dp) == 2 * params
     assert grad_bucket_bytes(FRAMEWORKS["llama3"], dp) == 4 * params
+
+
+@pytest.mark.parametrize("dp", [1, 2, 64, 512])
+def test_megatron_bridge_buckets_are_128mi_parameters(dp: int) -> None:
+    """Megatron-Bridge's CommOverlapConfig._get_optimizer_overlap_cfgs
+    (src/megatron/bridge/training/comm_overlap.py) sets bucket_size = 128 * 1024 * 1024
+    parameters with the distributed optimizer at DP > 1, replacing Megatron-core's
+    max(40M, 1M x dp): a fixed bucket of bf16 gradients (the inherited per-DP growth is 0)."""
+    bridge = FRAMEWORKS["megatron-bridge"]
+    assert grad_bucket_bytes(bridge, dp) == 2 * 128 * 1024 * 1024
+    assert "comm_overlap.py" in bridge.source("grad_bucket_params")
+
+
+def test_megatron_profiles_bucket_only_stage_0() -> None:
+    """Megatron-core's DDP buckets only pipeline rank 0's first model chunk
+    (distributed_data_parallel.py, ``DistributedDataParallel.__init__``); the profiles that run
+    Megatron-core say so, the others (PyTorch DDP's buckets, or none) leave it out (False)."""
+    for name in ("megatron", "megatron-bridge", "llama3"):
+        assert FRAMEWORKS[name].grad_buckets_stage0_only
+        assert "distributed_data_parallel.py" in FRAMEWORKS[name].source(
+            "grad_buckets_stage0_only")
+    for name in ("deepspeed", "fsdp", "scaling", "llm-foundry"):
+        assert not FRAMEWORKS[name].grad_buckets_stage0_only
+    costs = apply_framework(_costs(), FRAMEWORKS["megatron"], 4)
+    assert costs.grad_buckets_stage0_only
+    assert not apply_framework(_costs(), FRAMEWORKS["fsdp"], 4).grad_buckets_stage0_only
 
 
 @pytest.mark.parametrize("name", ["deepspeed", "fsdp", "scaling", "llm-foundry"])
@@ -723,6 +754,12 @@ def test_a_profiles_bucket_rule_is_checked() -> None:
         load_profiles(text + '\n[x]\ninherits = "megatron"\ngrad_bucket_params = 0\n')
     with pytest.raises(ValueError, match="grad_bucket_params_source"):
         load_profiles(text + '\n[x]\ninherits = "deepspeed"\ngrad_bucket_params = 5\n')
+    with pytest.raises(ValueError, match="grad_bucket_params_per_dp=-1"):
+        load_profiles(text + '\n[x]\ninherits = "megatron"\ngrad_bucket_params_per_dp = -1\n')
+    with pytest.raises(ValueError, match="grad_buckets_stage0_only=1"):
+        load_profiles(text + '\n[x]\ninherits = "megatron"\ngrad_buckets_stage0_only = 1\n')
+    with pytest.raises(ValueError, match="grad_buckets_stage0_only_source"):
+        load_profiles(text + '\n[x]\ninherits = "deepspeed"\ngrad_buckets_stage0_only = true\n')
 
 
 def test_megatron_fp8_casts_follow_transformer_engine_layer_spec() -> None:

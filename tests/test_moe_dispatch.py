@@ -143,6 +143,39 @@ def test_overlap_exposes_what_the_partner_compute_leaves() -> None:
                        "combine grad": max(0.0, t - 3), "dispatch grad": max(0.0, t - 5)}
 
 
+def test_overlap_takes_the_dispatchers_sms_from_the_partner(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeepEP's kernels run on moe_deepep_num_sms = 20 SMs (Megatron-core
+    transformer_config.py, sim/data/a2a_overlap.toml): an all-to-all of c seconds beside a
+    partner of g slows it to g + c·k/S, so it is exposed by max(c − g, c·k/S); NCCL's
+    all-to-all (no SM count given) by max(0, c − g) as before."""
+    from sim import a2aoverlap
+    from sim.a2aoverlap import sm_share
+    assert sm_share("flex", "H100") == pytest.approx(20 / 132)
+    assert sm_share("flex", "B200") == pytest.approx(20 / 148)
+    assert sm_share("alltoall", "H100") == 0.0
+    costs = build_experiment(_overlap(True)).costs
+    secs = {"moe attn": 3.0, "moe mlp": 5.0, "moe attn bwd": 7.0, "moe mlp bwd": 11.0}
+
+    def compute_s(seg: ComputeSeg) -> float:
+        return secs.get(seg.label, 0.0)
+    k = 0.25
+    for t in (0.0, 4.0, 20.0):
+        got = dict(exposed_s(costs, compute_s, lambda seg, t=t: t, k))
+        assert got == {"dispatch": max(t - 11, k * t), "combine": max(t - 7, k * t),
+                       "combine grad": max(t - 3, k * t), "dispatch grad": max(t - 5, k * t)}
+    d = _data("flex")
+    d["parallel"]["moe_a2a_overlap"] = True
+    d["cluster"]["gpu"] = "H100"
+    exp = build_experiment(d)
+    with_sms = simulate(exp).stats
+    with monkeypatch.context() as m:
+        m.setattr(a2aoverlap, "sm_share", lambda dispatcher, gpu: 0.0)
+        without = simulate(exp).stats
+    assert with_sms["exposed_comm_s"]["ep"] > without["exposed_comm_s"]["ep"]
+    assert with_sms["step_time_s"] > without["step_time_s"]
+
+
 def test_overlap_hides_all_to_all_time_in_the_simulation() -> None:
     off, on = (simulate(build_experiment(_overlap(v))) for v in (False, True))
     assert on.stats["exposed_comm_s"]["ep"] < off.stats["exposed_comm_s"]["ep"]

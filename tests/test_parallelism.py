@@ -9,6 +9,7 @@ with α = 0: all-reduce 2(n − 1)/n · S/B, reduce-scatter and all-gather
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -68,16 +69,25 @@ def layer_grad_bytes(exp: Experiment) -> float:
 # ----------------------------------------------------------------------------- buckets
 
 
+def every_stage_bucketed(exp: Experiment) -> Experiment:
+    """``exp`` with every pipeline stage cut into buckets (PyTorch DDP's way), not only stage 0
+    as Megatron-core's DDP, the default profile's (``grad_buckets_stage0_only``)."""
+    return replace(exp, costs=replace(exp.costs, grad_buckets_stage0_only=False))
+
+
 def test_overlapped_buckets_leave_only_the_last_bucket_exposed() -> None:
     """Middle stage of pp = 3 (layers only, 2 per stage), one layer's gradients per bucket,
-    comm faster than a layer's backward: without overlap the whole stage's all-reduce,
-    2(d − 1)/d · k·G/B, is exposed; with it only the last bucket's, 2(d − 1)/d · G/B."""
+    comm faster than a layer's backward, every stage bucketed: without overlap the whole
+    stage's all-reduce, 2(d − 1)/d · k·G/B, is exposed; with it only the last bucket's,
+    2(d − 1)/d · G/B."""
     base = data(zero_stage=0)
     exp = build_experiment(base)
     g, d, k = layer_grad_bytes(exp), 2, 2
     bucket_MB = g / 1e6
     plain = run(base)
-    over = run(data(zero_stage=0, overlap_grad_reduce=True, grad_bucket_MB=bucket_MB))
+    over = simulate(every_stage_bucketed(build_experiment(
+        data(zero_stage=0, overlap_grad_reduce=True, grad_bucket_MB=bucket_MB))),
+        fidelity="full")
     middle = exp.placement.gpu(pp=1)
     ar = 2 * (d - 1) / d * g / BANDWIDTH_Bps
     assert exposed_dp_s(plain, middle) == pytest.approx(k * ar, rel=1e-9)
@@ -87,6 +97,44 @@ def test_overlapped_buckets_leave_only_the_last_bucket_exposed() -> None:
                if isinstance(i, Collective) and i.kind == "dp" and i.gpu == middle]
     assert [i.nbytes for i in buckets] == pytest.approx([g] * k)
     assert over.stats["step_time_s"] < plain.stats["step_time_s"]
+
+
+def test_megatron_buckets_only_stage_0() -> None:
+    """Megatron-core's DDP buckets only pipeline rank 0's first model chunk:
+    megatron/core/distributed/distributed_data_parallel.py ``DistributedDataParallel.__init__``
+    sets ``self.bucket_size = None`` when ``get_pipeline_model_parallel_rank() > 0`` or
+    ``disable_bucketing`` (megatron/training/training.py ``get_model``:
+    ``disable_bucketing=(model_chunk_idx > 0)``), and a bucket_size of None puts the chunk's
+    parameters in one bucket (param_and_grad_buffer.py), reduced once the chunk's last
+    backward has readied them all. So under the default profile (megatron) stage 0 is
+    reduced layer by layer while every other stage is one collective of all its gradients
+    after its last backward, exposed whole on the middle stage (2(d − 1)/d · k·G/B, as
+    without overlap); with interleaving, rank 0's second chunk too."""
+    exp = build_experiment(data(zero_stage=0, overlap_grad_reduce=True,
+                                grad_bucket_MB=layer_grad_bytes(build_experiment(data())) / 1e6))
+    assert exp.costs.grad_buckets_stage0_only
+    r = simulate(exp, fidelity="full")
+    g, d, k = layer_grad_bytes(exp), 2, 2
+    middle = exp.placement.gpu(pp=1)
+    buckets = [i for i in r.program.instructions
+               if isinstance(i, Collective) and i.kind == "dp" and i.gpu == middle]
+    assert [i.nbytes for i in buckets] == pytest.approx([k * g])
+    assert exposed_dp_s(r, middle) == pytest.approx(2 * (d - 1) / d * k * g / BANDWIDTH_Bps,
+                                                     rel=1e-9)
+    first = [i.nbytes for i in r.program.instructions
+             if isinstance(i, Collective) and i.kind == "dp" and i.gpu == 0]
+    assert len(first) > 1 and max(first) <= g * (1 + 1e-9)  # stage 0: layer by layer
+    stages = {i.name.split(" grad ")[0] for i in r.program.instructions
+              if isinstance(i, Collective) and i.kind == "dp" and i.gpu == 0}
+    assert stages == {"stage0"}
+    inter = build_experiment(data(pp=2, layers=8, m=4, zero_stage=0, overlap_grad_reduce=True,
+                                  grad_bucket_MB=g / 1e6, vpp=2) | {"schedule": "interleaved"})
+    ops = [i for i in simulate(inter, fidelity="full").program.instructions
+           if isinstance(i, Collective) and i.kind == "dp" and i.gpu == 0]
+    rank0_chunk1 = [i for i in ops if i.name.startswith("stage2 ")]
+    assert len(rank0_chunk1) == 1 and rank0_chunk1[0].nbytes == pytest.approx(
+        inter.costs.grad_bytes(2))
+    assert len([i for i in ops if i.name.startswith("stage0 ")]) > 1
 
 
 def test_overlapped_reduce_scatter_under_zero1_and_step_saving() -> None:

@@ -115,7 +115,13 @@ class FrameworkProfile:
     framework's buckets are not modelled by a rule of its own; :func:`grad_bucket_bytes`)."""
     grad_bucket_params_per_dp: float | None
     """Parameters per bucket for each DP rank, where that exceeds :attr:`grad_bucket_params`
-    (Megatron-core grows its buckets with the DP size); None: a fixed bucket."""
+    (Megatron-core grows its buckets with the DP size); None or 0: a fixed bucket (0 lets a
+    table undo what it inherits)."""
+    grad_buckets_stage0_only: bool
+    """Under ``overlap_grad_reduce`` only stage 0 (pipeline rank 0's first model chunk) is cut
+    into buckets; every other stage's gradients are one bucket (Megatron-core); a table may
+    leave it out (False: every stage bucketed, as PyTorch DDP):
+    ``TransformerCosts.grad_buckets_stage0_only``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -131,7 +137,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
            "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
            "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
-           "rope_bytes", "swiglu_bytes")
+           "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -142,8 +148,10 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 """Fields that are true or false."""
 
 
-_OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp")
-"""Fields a table may leave out (None), and then their source too."""
+_OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
+             "grad_buckets_stage0_only")
+"""Fields a table may leave out (None; ``grad_buckets_stage0_only``: False), and then their
+source too."""
 
 
 def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
@@ -157,9 +165,10 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if missing:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
+    values["grad_buckets_stage0_only"] = table.get("grad_buckets_stage0_only", False)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
            or not isinstance(values[f], int | float) or not 0 <= values[f] < float("inf")]
-    bad += [f for f in _FLAGS if not isinstance(values[f], bool)]
+    bad += [f for f in (*_FLAGS, "grad_buckets_stage0_only") if not isinstance(values[f], bool)]
     if bad:
         raise ValueError(f"frameworks.toml [{name}]: "
                          + ", ".join(f"{f}={values[f]!r}" for f in bad)
@@ -172,10 +181,13 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     bad = [f for f in ("grad_bucket_params", "grad_bucket_params_per_dp")
            if values[f] is not None and (isinstance(values[f], bool)
                                          or not isinstance(values[f], int | float)
-                                         or not 0 < values[f] < float("inf"))]
+                                         or not (values[f] >= 0 if f.endswith("_per_dp")
+                                                 else values[f] > 0)
+                                         or values[f] == float("inf"))]
     if bad:
         raise ValueError(f"frameworks.toml [{name}]: "
-                         + ", ".join(f"{f}={values[f]!r}" for f in bad) + " (a number > 0)")
+                         + ", ".join(f"{f}={values[f]!r}" for f in bad)
+                         + " (grad_bucket_params a number > 0, grad_bucket_params_per_dp >= 0)")
     frag = values["fragmentation"]
     if frag is not None and (isinstance(frag, bool) or not isinstance(frag, int | float)
                              or not 0 <= frag < float("inf")):
@@ -283,6 +295,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
                    grad_accum_bytes=profile.grad_accum_bytes,
                    tied_grad_reduce_bytes=profile.tied_grad_reduce_bytes,
+                   grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 

@@ -137,6 +137,12 @@ class TransformerCosts:
     grad_bucket_bytes: float = 25e6
     """Gradient bytes per bucket with ``overlap_grad_reduce`` (PyTorch DDP's
     ``bucket_cap_mb=25`` default)."""
+    grad_buckets_stage0_only: bool = True
+    """With ``overlap_grad_reduce``: only stage 0 (pipeline rank 0's first model chunk) fills
+    buckets of :attr:`grad_bucket_bytes`; every other stage's gradients are one bucket,
+    reduced once its last backward has produced them all (Megatron-core's DDP, the default,
+    :attr:`workloads.frameworks.FrameworkProfile.grad_buckets_stage0_only`). False: every
+    stage is bucketed alike (PyTorch DDP)."""
     overlap_param_gather: bool = False
     """ZeRO-1/2's parameter all-gather issued layer by layer before each layer of the
     step's first forward of a stage (Megatron-LM ``--overlap-param-gather``), not after

@@ -115,7 +115,9 @@ class PieceLowering:
     DDP buckets, Li et al. 2020): in the last backward (or W) of each stage,
     gradients fill buckets of ``grad_bucket_bytes`` in backward order; a full
     bucket is reduced (all-reduce, or reduce-scatter under ZeRO-1/2) as soon as
-    the piece that completes it ends; the remainder goes when the op ends.
+    the piece that completes it ends; the remainder goes when the op ends. With
+    ``grad_buckets_stage0_only`` (Megatron-core's DDP) only stage 0 is bucketed: every
+    other stage is one bucket, reduced when its last backward ends.
 
     ``overlap_param_gather`` (Megatron-core's distributed optimizer, core r0.8.0
     megatron/core/optimizer/distrib_optimizer.py): the step's first forward of each stage
@@ -158,6 +160,8 @@ class PieceLowering:
         self.zero3 = zero_stage == 3
         self.grad_op = grad_op(zero_stage)
         self.bucket_bytes = float(getattr(costs, "grad_bucket_bytes", 25e6))
+        self.stage0_only = bool(getattr(costs, "grad_buckets_stage0_only", False))
+        """Only stage 0 is cut into buckets; every other stage is one (Megatron-core)."""
         self.tp = placement.degree("tp")
         self.ep = int(getattr(costs, "ep", 1))
         self.etp: int | None = getattr(costs, "expert_tp", None)
@@ -301,6 +305,7 @@ class PieceLowering:
         ahead = self.prefetched.pop(op, None)
         bucket, n_buckets = 0.0, 0
         expert_bucket, n_expert = 0.0, 0
+        size = self.bucket_bytes if op.stage == 0 or not self.stage0_only else float("inf")
         chained = self.gather_chain.get(op) if marked else None
         last_gather = max((n for n, piece in enumerate(pieces) if piece.gather is not None),
                           default=-1)
@@ -335,14 +340,14 @@ class PieceLowering:
                                         "reduce_scatter", ready.expert_nbytes, op.stage, op.mb)
                     continue
                 bucket += ready.nbytes
-                while bucket >= self.bucket_bytes:
-                    self._bucket(r, op, prev, self.bucket_bytes, n_buckets)
-                    bucket -= self.bucket_bytes
+                while bucket >= size:
+                    self._bucket(r, op, prev, size, n_buckets)
+                    bucket -= size
                     n_buckets += 1
                 expert_bucket += ready.expert_nbytes if self.expert_replicas > 1 else 0.0
-                while expert_bucket >= self.bucket_bytes:
-                    self._bucket(r, op, prev, self.bucket_bytes, n_expert, expert=True)
-                    expert_bucket -= self.bucket_bytes
+                while expert_bucket >= size:
+                    self._bucket(r, op, prev, size, n_expert, expert=True)
+                    expert_bucket -= size
                     n_expert += 1
         if not self.zero3 and any(piece.ready for piece in pieces):
             if bucket > 0.5:  # bytes: what float sums leave over is not a bucket
