@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from base.machine import machine
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Columns, Compute
 
@@ -38,12 +39,13 @@ more (rare: an optimizer step waiting on many gradient collectives) take a gener
 class ColumnarPass:
     """A program's run without the event queue, worked out on arrays (:func:`run_columns`)."""
 
-    ready_s: list[float]
-    """Per instruction, when its last predecessor completed (when it starts)."""
+    ready_s: array
+    """Per instruction, when its last predecessor completed (when it starts): doubles."""
     end_s: list[float]
-    cause: list[int]
+    cause: array
     """Per instruction, its latest-finishing predecessor (-1: none), stream predecessor
-    first among equals, then the first dependency that ended strictly later."""
+    first among equals, then the first dependency that ended strictly later: int64 (what
+    :mod:`sim.idle` reads as an array without converting a list)."""
     intervals: dict[tuple[int, str], array]
     """As :attr:`sim.engine.InstructionTimes.intervals` (in an order of their own)."""
     peak_bytes: dict[int, float]
@@ -94,7 +96,7 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
     clock = float(end_a.max()) if n else 0.0
     peaks, floors = _memory(columns, static_bytes, gpus)
-    return ColumnarPass(ready_a.tolist(), end, cause.tolist(),
+    return ColumnarPass(machine(ready_a, "d"), end, machine(cause, "q"),
                         _intervals(columns, (gpus_of, gpu, dst), ready_a, mid, end_a),
                         peaks, floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
 
@@ -179,8 +181,8 @@ def _ends(prev: np.ndarray, deps: np.ndarray, total: np.ndarray) -> list[float]:
             if width > WIDE else [])
     # the dependency columns in use, of the first WIDE (each instruction's come first)
     k = max((c + 1 for c in range(min(width, WIDE)) if (deps[:, c] >= 0).any()), default=0)
-    columns = [_machine(prev + 1, "q"), *(_machine(deps[:, c] + 1, "q") for c in range(k))]
-    durations = _machine(total, "d")
+    columns = [machine(prev + 1, "q"), *(machine(deps[:, c] + 1, "q") for c in range(k))]
+    durations = machine(total, "d")
     step = _STEPS[k]
     end = [0.0]
     lo = 0
@@ -195,14 +197,6 @@ def _ends(prev: np.ndarray, deps: np.ndarray, total: np.ndarray) -> list[float]:
         lo = stop + 1
     del end[0]
     return end
-
-
-def _machine(values: np.ndarray, code: str) -> array:
-    """``values`` as an :class:`array.array` of type ``code`` (one copy of the bytes)."""
-    out = array(code)
-    out.frombytes(np.ascontiguousarray(values, dtype=np.int64 if code == "q" else float)
-                  .tobytes())
-    return out
 
 
 def _step0(cols: list[array], durations: array, end: list[float]) -> None:
@@ -305,9 +299,7 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
     out: dict[tuple[int, str], array] = {}
     for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(key)], strict=True):
         k = int(key[lo])
-        values = array("d")
-        values.frombytes(flat[2 * lo:2 * hi].tobytes())
-        out[(int(gpus[k // codes]), kind_names[k % codes])] = values
+        out[(int(gpus[k // codes]), kind_names[k % codes])] = machine(flat[2 * lo:2 * hi], "d")
     return out
 
 

@@ -107,12 +107,12 @@ class InstructionTimes:
     (:mod:`sim.columnar`) or a run on the own heap (:func:`sim.timeline.summaries_of`) worked
     them out without making the spans; None in the reference (the statistics read them from
     the spans)."""
-    cause: list[int] = field(default_factory=list)
+    cause: Sequence[int] = field(default_factory=list)
     """Its latest-finishing predecessor (-1: none), as :mod:`sim.idle` follows chains: the
     stream predecessor, unless a dependency ended strictly later (the first such of the
     latest); every member of a collective takes that of the member that arrived last (the
-    lowest id among equals). Recorded by the queue-free pass (:mod:`sim.columnar`); empty
-    otherwise."""
+    lowest id among equals). Recorded by the queue-free pass (:mod:`sim.columnar`, an
+    ``array("q")``); empty otherwise."""
     arrays: tuple | None = None
     """``(ready_s, end_s)`` as float arrays, where the engine worked them out on arrays (the
     columnar pass, :mod:`sim.columnar`): what :func:`sim.idle.idle_breakdown` reads
@@ -323,7 +323,7 @@ class _Run:
         self.intervals: dict[tuple[int, str], array[float]] | None = None
         """See :attr:`InstructionTimes.intervals` (filled by :meth:`_deferred` and
         :meth:`_summarized`)."""
-        self.cause: list[int] = []
+        self.cause: Sequence[int] = []
         """See :attr:`InstructionTimes.cause` (filled by :meth:`_deferred` only)."""
         self.arrays: tuple | None = None
         """See :attr:`InstructionTimes.arrays` (filled by :meth:`_deferred` only)."""

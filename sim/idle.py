@@ -52,6 +52,7 @@ from operator import sub
 import numpy as np
 
 from base.collector import gc_paused
+from base.machine import machine
 from sim.timeline import COMM_KINDS, IDLE_CAUSES
 from workloads.program import (
     COMPUTE,
@@ -542,8 +543,8 @@ def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:
     groups += [[k] for k in range(len(owns)) if k not in early and starts[k] < n]
     for group in groups:
         lo = min(starts[k] for k in group)
-        values = [_doubles(owns[k][lo:]) for k in group]
-        sums = [_doubles(np.zeros(n + 1)) for _ in group]  # [-1]: the zero before a root
+        values = [machine(owns[k][lo:], "d") for k in group]
+        sums = [machine(np.zeros(n + 1), "d") for _ in group]  # [-1]: the zero before a root
         _SUMS[len(group) - 1](range(lo, n), cause[lo:] if lo else cause, values, sums)
         for k, total in zip(group, sums, strict=True):
             out[k] = np.frombuffer(total, dtype=float)
@@ -588,11 +589,6 @@ _SUMS = (_sums1, _sums2, _sums3, _sums4)
 """The loop of :func:`_chain_sums` by the number of arrays summed together."""
 
 
-def _doubles(values: np.ndarray) -> array:
-    """``values`` (floats) as an :class:`array.array` of doubles (one copy of the bytes)."""
-    out = array("d")
-    out.frombytes(np.ascontiguousarray(values, dtype=float).tobytes())
-    return out
 
 
 def summarize(per_gpu: Mapping[int, Mapping[str, float]]) -> dict:

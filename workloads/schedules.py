@@ -27,7 +27,6 @@ Sources: GPipe (Huang et al. 2019); 1F1B / PipeDream-Flush (Narayanan et al.
 from __future__ import annotations
 
 import re
-from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from base.errors import ScheduleError
+from base.machine import machine
 
 FORWARD = "F"
 BACKWARD = "B"
@@ -559,10 +559,7 @@ def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op]
     order. The loop reads the columns as :class:`array.array` (a copy of the bytes; lists
     of them would cost a third of the loop)."""
     p, n = schedule.num_ranks, len(order)
-    producers = []
-    for col in columns:
-        producers.append(array("q"))
-        producers[-1].frombytes(np.ascontiguousarray(col, dtype=np.int64).tobytes())
+    producers = [machine(col, "q") for col in columns]
     ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
     starts = [0.0] * n
     bounds = [0]

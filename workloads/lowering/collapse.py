@@ -148,12 +148,39 @@ def comm_s(seg: CommSeg, collapse: Collapse, groups: Groups, ep_groups: Groups =
     return collapse.collective_s(seg.op, ep_groups, seg.nbytes)
 
 
+def seg_times(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
+              ep_groups: Groups = (), etp_groups: Groups = ()) -> list[float]:
+    """Each segment's time: a compute segment's by ``collapse.compute_s``, a collective's by
+    :func:`comm_s` (timed once per distinct collective: an op repeats a layer's few), any
+    other 0.0 (:func:`block` and :func:`comm_runs` read none)."""
+    timed: dict[tuple, float] = {}
+    out = []
+    for seg in segs:
+        if isinstance(seg, ComputeSeg):
+            out.append(collapse.compute_s(seg))
+        elif isinstance(seg, CommSeg):
+            key = (seg.duration_s, seg.group, seg.op, seg.nbytes, seg.skew)
+            t = timed.get(key)
+            if t is None:
+                t = timed[key] = comm_s(seg, collapse, groups, ep_groups, etp_groups)
+            out.append(t)
+        else:
+            out.append(0.0)
+    return out
+
+
 def comm_runs(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
               ep_groups: Groups = (), etp_groups: Groups = ()) -> tuple[CommRun, ...]:
+    """Consecutive collectives of one kind among ``segs`` (all collectives), one
+    :class:`CommRun` each."""
+    return _comm_runs(segs, seg_times(segs, collapse, groups, ep_groups, etp_groups))
+
+
+def _comm_runs(segs: Sequence[Segment], times: Sequence[float]) -> tuple[CommRun, ...]:
+    """:func:`comm_runs` with the segments' times given (:func:`seg_times`)."""
     runs: list[CommRun] = []
-    for seg in segs:
+    for seg, t in zip(segs, times, strict=True):
         assert isinstance(seg, CommSeg)
-        t = comm_s(seg, collapse, groups, ep_groups, etp_groups)
         if runs and runs[-1].kind == seg.kind:
             prev = runs[-1]
             runs[-1] = CommRun(prev.kind, prev.op, f"{prev.label} + {seg.label}",
@@ -170,9 +197,17 @@ def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
     With collectives of several kinds, its :attr:`Block.parts`: per kind, the collectives
     of that kind and the compute segments that precede them (the compute after the last
     collective goes with the last part)."""
-    work = [seg for seg in segs if isinstance(seg, ComputeSeg)]
-    comm = [seg for seg in segs if isinstance(seg, CommSeg)]
-    kinds = list(dict.fromkeys(seg.kind for seg in comm))
+    eg = (ep_groups, etp_groups)
+    return _block(segs, seg_times(segs, collapse, groups, *eg), collapse, groups, *eg)
+
+
+def _block(segs: Sequence[Segment], times: Sequence[float], collapse: Collapse,
+           groups: Groups, ep_groups: Groups = (), etp_groups: Groups = ()) -> Block:
+    """:func:`block` with the segments' times given (:func:`seg_times`): the same sums, in
+    the same order."""
+    work = [k for k, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
+    comm = [k for k, seg in enumerate(segs) if isinstance(seg, CommSeg)]
+    kinds = list(dict.fromkeys(segs[k].kind for k in comm))  # type: ignore[union-attr]
     parts: tuple[Block, ...] = ()
     if len(kinds) > 1:
         by_kind: dict[str, list[Segment]] = {kind: [] for kind in kinds}
@@ -182,13 +217,13 @@ def block(segs: Sequence[Segment], collapse: Collapse, groups: Groups,
             if isinstance(seg, CommSeg):
                 by_kind[seg.kind] += waiting
                 waiting = []
-        by_kind[comm[-1].kind] += waiting
+        by_kind[segs[comm[-1]].kind] += waiting  # type: ignore[union-attr]
         parts = tuple(block(by_kind[kind], collapse, groups, ep_groups, etp_groups)
                       for kind in kinds)
-    return Block(sum(collapse.compute_s(seg) for seg in work),
-                 sum(comm_s(seg, collapse, groups, ep_groups, etp_groups) for seg in comm),
+    return Block(sum([times[k] for k in work]), sum([times[k] for k in comm]),
                  kinds[0] if len(kinds) == 1 else "tp",
-                 sum(seg.flops for seg in work), sum(seg.attn_flops for seg in work), parts)
+                 sum([segs[k].flops for k in work]),  # type: ignore[union-attr]
+                 sum([segs[k].attn_flops for k in work]), parts)  # type: ignore[union-attr]
 
 
 def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
@@ -207,21 +242,23 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
     replica of the pipeline rank) running it at once; MoE all-to-alls with all
     ``ep_groups`` (the rank's EP groups), expert-TP collectives with all ``etp_groups``.
     Where a stream must see one of the collectives between compute segments,
-    :meth:`Folded.split` cuts the compute there (:func:`emit_folded`).
+    :meth:`Folded.split` cuts the compute there (:func:`emit_folded`). Each segment is
+    timed once (:func:`seg_times`), its time summed wherever it is folded.
     """
     eg = (ep_groups, etp_groups)
+    times = seg_times(segs, collapse, groups, *eg)
     bounds = compute_bounds(segs)
     if bounds is None:  # no compute: one blocking fold
-        return Folded((), block(segs, collapse, groups, *eg), None, (), None, ())
+        return Folded((), _block(segs, times, collapse, groups, *eg), None, (), None, ())
     first, end = bounds
-    middle = segs[first:end]
+    middle, mid_t = segs[first:end], times[first:end]
     at = inner_runs(middle)
     head = first_comm = rest = None
     if at:
         i, j = at[0]
-        head = block(middle[:i], collapse, groups, *eg)
-        first_comm = comm_runs(middle[i:j], collapse, groups, *eg)
-        rest = block(middle[j:], collapse, groups, *eg)
+        head = _block(middle[:i], mid_t[:i], collapse, groups, *eg)
+        first_comm = _comm_runs(middle[i:j], mid_t[i:j])
+        rest = _block(middle[j:], mid_t[j:], collapse, groups, *eg)
     cut = None
     if len(at) > 1:
         @cache
@@ -229,14 +266,14 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
             out: list[Block | tuple[CommRun, ...]] = []
             start = 0
             for i, j in (at[w] for w in which):
-                out += [block(middle[start:i], collapse, groups, *eg),
-                        comm_runs(middle[i:j], collapse, groups, *eg)]
+                out += [_block(middle[start:i], mid_t[start:i], collapse, groups, *eg),
+                        _comm_runs(middle[i:j], mid_t[i:j])]
                 start = j
-            return (*out, block(middle[start:], collapse, groups, *eg))
+            return (*out, _block(middle[start:], mid_t[start:], collapse, groups, *eg))
     kinds = tuple(frozenset(seg.kind for seg in middle[i:j]) for i, j in at)
-    return Folded(comm_runs(segs[:first], collapse, groups, *eg),
-                  block(middle, collapse, groups, *eg), head, first_comm or (), rest,
-                  comm_runs(segs[end:], collapse, groups, *eg), kinds, cut)
+    return Folded(_comm_runs(segs[:first], times[:first]),
+                  _block(middle, mid_t, collapse, groups, *eg), head, first_comm or (), rest,
+                  _comm_runs(segs[end:], times[end:]), kinds, cut)
 
 
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:
