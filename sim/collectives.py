@@ -628,7 +628,7 @@ def _stream_tree(p: _Plan, tree: Tree, nbytes: float, offset_s: float = 0.0,
     their staggered starts let one tree's bytes use a link while another fills, which
     hid the fill: a chain of 8 A100 ran a 48 MiB all-reduce faster than the ring although
     NCCL's model gives the chain the ring's bytes, 92% of its bandwidth and the same
-    2(k−1) steps (``ncclTopoTuneModel``, src/graph/tuning.cc, :data:`sim.protocols.SOURCE`).
+    2(k−1) steps (``ncclTopoTuneModel``, src/graph/tuning.cc, :func:`sim.protocols.source`).
 
     ``offset_s`` (``offset_steps``): when the tree's first byte is ready at its ranks (NVLSTree:
     once reduced through the NVSwitch); the tree starts that much later. Returns the fill.

@@ -18,12 +18,16 @@ server (NVLink) by ``hwLatencies[NVLINK]``'s, a route between servers by
 bytes / its bandwidth fraction, as bytes on the wire, so the flow simulation and the
 estimate agree. Only ring (with the pipelined broadcast and reduce chains) and tree take
 LL and LL128, as in NCCL; every other algorithm runs Simple. NCCL's per-channel caps
-(``llMaxBws``, ``perChMaxRingLL128Bws``, ...) are not modelled.
+(``llMaxBws``, ``perChMaxRingLL128Bws``, ...) are not modelled. The constants are in
+``sim/data/nccl_tuning.toml`` (``[tuning]``), with their source.
 """
 
 from __future__ import annotations
 
+import functools
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
 from base.errors import ConfigError
 
@@ -32,11 +36,10 @@ PROTOCOLS = ("simple", "ll128", "ll")
 AUTO_PROTOCOL = "auto"
 PROTOCOL_ALGOS = ("ring", "tree")
 """Algorithms that run LL and LL128; the others always run Simple."""
-SOURCE = ("NVIDIA/nccl src/graph/tuning.cc (commit 5067397c): ncclTunerConstantsDefaults "
-          "(baseLatencies, hwLatencies for NVLINK and NET, in µs) and ncclTopoTuneModel's "
-          "refinements: ring LL busBw × 0.5, ring LL128 × 0.92 (120/128), tree all-reduce × "
-          "0.92, and on that tree LL × 1/3.8, tree LL128 × 7/9 on one node, × 120/128 across "
-          "nodes")
+DATA_FILE = Path(__file__).parent / "data" / "nccl_tuning.toml"
+"""NCCL's tuning constants (section ``[tuning]``) with their source (commit hash inside)."""
+NCCL_ORDER = ("ll", "ll128", "simple")
+"""The order of the protocols in :data:`DATA_FILE`'s lists (NCCL's ``NCCL_PROTO_*``)."""
 
 
 @dataclass(frozen=True)
@@ -55,15 +58,34 @@ class ProtocolCosts:
     """Bandwidth relative to the links' rate across servers."""
 
 
-COSTS: dict[tuple[str, str], ProtocolCosts] = {
-    ("ring", "simple"): ProtocolCosts(8.4, 3.4, 14.0, 1.0, 1.0),
-    ("ring", "ll128"): ProtocolCosts(14.0, 1.9, 4.0, 0.92, 0.92),
-    ("ring", "ll"): ProtocolCosts(6.6, 0.6, 2.7, 0.5, 0.5),
-    ("tree", "simple"): ProtocolCosts(8.4, 4.0, 14.0, 0.92, 0.92),
-    ("tree", "ll128"): ProtocolCosts(14.0, 1.25, 8.5, 0.92 * 7 / 9, 0.92 * 120 / 128),
-    ("tree", "ll"): ProtocolCosts(6.8, 0.6, 5.0, 0.92 / 3.8, 0.92 / 3.8),
-}
-"""NCCL's tuning constants per (algorithm, protocol) (:data:`SOURCE`)."""
+@functools.cache
+def _tuning() -> dict:
+    with DATA_FILE.open("rb") as fh:
+        return tomllib.load(fh)["tuning"]
+
+
+def source() -> str:
+    """Where the constants come from: NCCL's file, commit and the refinements used."""
+    return _tuning()["source"]
+
+
+@functools.cache
+def costs(algo: str, protocol: str) -> ProtocolCosts:
+    """NCCL's tuning constants for ``algo`` ("ring" or "tree") under ``protocol``
+    (:func:`source`); a tree's bandwidth is its all-reduce's."""
+    t = _tuning()
+    k = NCCL_ORDER.index(protocol)
+    bw = t["bus_bw"]
+    if algo == "ring":
+        one_node = nodes = bw["ring"][k]
+    else:
+        (n1, d1), (n2, d2) = bw["tree_one_node"][k], bw["tree_nodes"][k]
+        one_node = bw["tree_all_reduce"] * n1 / d1
+        nodes = bw["tree_all_reduce"] * n2 / d2
+    return ProtocolCosts(float(t["base_latency_us"][algo][k]),
+                         float(t["nvlink_latency_us"][algo][k]),
+                         float(t["net_latency_us"][algo][k]),
+                         float(one_node), float(nodes))
 
 
 def check_protocol(protocol: str) -> None:
@@ -83,7 +105,7 @@ def _costs(algo: str, protocol: str) -> tuple[ProtocolCosts, ProtocolCosts]:
     stand for the ring's Simple ones, so a tree under Simple scales its NVLink steps by
     NCCL's 4.0 / 3.4 µs as well."""
     key = algo if algo in PROTOCOL_ALGOS else "ring"
-    return COSTS[(key, protocol)], COSTS[("ring", "simple")]
+    return costs(key, protocol), costs("ring", "simple")
 
 
 def launch_scale(algo: str, protocol: str) -> float:
