@@ -135,6 +135,17 @@ the stashed logits before the layers' backward runs), and the sweep's framework 
 previous micro-batch's bf16 logits in its pipeline buffer (``kept_stage_outputs``, read
 from ``scaling``'s ``ParallelModule``: the last stage never takes its output out of the
 buffer; the ``scaling`` profile, ``workloads/frameworks.toml``).
+
+Memory refitted on 2026-12-05 after the last stage's own bf16 logits were kept through its
+layers' backward (``stage_output_buffered``: scaling's buffer releases a stage output only on
+receiving the next stage's gradient, which the last stage never does): unchanged, 0.42. Of the
+11 runs that ran and are flagged (LLaMA-13B at PP1 with 55-57 GiB of model state; 30B at PP2
+with full recomputation; 65B at TP4-8, PP4-8, no recomputation, the first stage holding p
+micro-batches), two (65B TP8 with 4-sequence micro-batches) need a fragmentation below 0.1,
+and the 13B PP1 ones below 0.29, while the runs that failed and pass (13B PP2 with 8-sequence
+micro-batches, full recomputation and a non-flash attention kernel, whose flash twins ran with
+the same predicted peak) need more than 0.49: no single fragmentation separates them. The
+trade-off (``fit_memory``'s grid): 0.25-0.26 gives 95.1% with 2 flagged runs and 45 missed.
 """
 
 from __future__ import annotations

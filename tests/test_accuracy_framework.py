@@ -122,6 +122,27 @@ def test_last_stage_backward_counts_the_larger_of_its_loss_and_layer_phases() ->
     assert bwd < 2 * layer + 4 * bsv_t
 
 
+def test_buffered_stage_output_stays_through_the_layer_phase() -> None:
+    """scaling's pipeline buffer keeps the last stage's own bf16 logits through its backward
+    (only receiving a next stage's gradient takes them out): the layer phase frees the fp32
+    logits only, 2·b·s·V/t more than Megatron's count; the loss phase is unchanged; the
+    profile sets it whatever the micro-batch count."""
+    model = replace(PRESETS["llama-13b"], vocab_size=32_000)
+    costs = _costs(model=model, recompute="full", attention="unfused")
+    buffered = replace(costs, stage_output_buffered=True)
+    bsv_t = 2 * 2048 * 32_000 / 4
+    layer = replace(costs, recompute="none").layer_activation_bytes()
+    assert buffered.transient_bytes(Op(1, BACKWARD, 0)) == pytest.approx(2 * layer - 4 * bsv_t)
+    assert (buffered.transient_bytes(Op(1, FORWARD, 0))
+            == pytest.approx(costs.transient_bytes(Op(1, FORWARD, 0))))
+    loss_bound = _costs(model=replace(model, vocab_size=128_000))
+    assert (replace(loss_bound, stage_output_buffered=True).transient_bytes(Op(1, BACKWARD, 0))
+            == pytest.approx(loss_bound.transient_bytes(Op(1, BACKWARD, 0))))
+    for m in (1, 8):
+        assert apply_framework(costs, SCALING, m).stage_output_buffered is True
+    assert apply_framework(costs, FRAMEWORKS["megatron"], 8).stage_output_buffered is False
+
+
 def test_kept_stage_outputs_hold_earlier_logits_on_the_last_stage_only() -> None:
     """The framework's pipeline buffers keep the previous micro-batch's bf16 logits on the
     last stage: 2·b·s·V/t more in its forward and backward, nothing on other stages;

@@ -275,8 +275,9 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                     vocab_parallel_loss: bool | None = None) -> Any:
     """``costs`` (a :class:`workloads.transformer.TransformerCosts`) as ``profile`` runs it,
     for a step of ``micro_batches`` micro-batches per pipeline: no earlier logits are kept in
-    a step of one. ``vocab_parallel_loss`` (the experiment's ``training.vocab_parallel_loss``)
-    overrides the profile's when given."""
+    a step of one (a profile that keeps earlier stage outputs keeps the current one through
+    its backward, ``stage_output_buffered``, whatever the count). ``vocab_parallel_loss``
+    (the experiment's ``training.vocab_parallel_loss``) overrides the profile's when given."""
     loss = profile.vocab_parallel_loss if vocab_parallel_loss is None else vocab_parallel_loss
     return replace(costs, dp_wire_bytes=profile.dp_wire_bytes,
                    grad_reduce_bytes=profile.grad_reduce_bytes,
@@ -296,7 +297,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_accum_bytes=profile.grad_accum_bytes,
                    tied_grad_reduce_bytes=profile.tied_grad_reduce_bytes,
                    grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
-                   kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
+                   kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0,
+                   stage_output_buffered=profile.kept_stage_outputs > 0)
 
 
 def grad_bucket_bytes(profile: FrameworkProfile, dp: int) -> float | None:

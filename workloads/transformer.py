@@ -187,6 +187,17 @@ class TransformerCosts:
     gradient does, and the last stage receives none): the logits of micro-batch k stay
     until micro-batch k + 2's forward overwrites them, so while micro-batch k runs, k - 1's
     are held too (1; 0 if the step has a single micro-batch)."""
+    stage_output_buffered: bool = False
+    """The last stage's own bf16 logits stay in the framework's pipeline buffer through the
+    micro-batch's whole backward, so the layers' phase of that backward still holds them
+    (:meth:`transient_bytes`). False: Megatron-LM's loss backward frees them. True for
+    Aleph Alpha's ``scaling``, by the same rule as :attr:`kept_stage_outputs`:
+    ``ParallelModule._execute_backward_pass`` (src/scaling/core/nn/parallel_module/
+    parallel_module.py) runs ``optimizer.backward(loss)`` and leaves
+    ``BufferType.PIPELINE_STAGE_OUTPUT`` in place; only ``_execute_receive_gradients`` takes
+    it out, and ``PipelineScheduleTrain.instructions`` (pipeline_schedule/train.py) issues
+    that on stages with a next pipe rank only; the loss keeps no reference to the bf16 tensor
+    (it saves its fp32 ``log_softmax`` output), so only the buffer holds it."""
     grad_reduce_bytes: float = BF16
     """Bytes per gradient element in the reductions that run during the backward (buckets of
     ``overlap_grad_reduce``, ZeRO-3's per-layer reduce-scatters, and the unreduced gradient a
@@ -1390,7 +1401,8 @@ class TransformerCosts:
         nothing more forward, its bf16 gradient (2·b·s·V/t) backward. With
         :attr:`kept_stage_outputs` the last stage
         also holds that many earlier micro-batches' bf16 logits (2·b·s·V/t bytes each)
-        in both its forward and backward.
+        in both its forward and backward; with :attr:`stage_output_buffered` the loss's
+        backward frees only the fp32 logits, the bf16 ones stay for the layers' phase.
         """
         if op.seq >= 0 and self.seq_chunks > 1:
             return self.seq_chunk(op.seq).transient_bytes(op)
@@ -1412,8 +1424,10 @@ class TransformerCosts:
             return total + buffers * FP32 * logits
         loss = (1 if self.vocab_parallel_loss else 2) * FP32 * logits
         # the loss's backward runs first and frees the stashed logits (bf16 and fp32,
-        # :meth:`activation_bytes_per_mb`) before the layers' backward needs its memory
-        return total + max(loss, layers - (BF16 + FP32) * logits)
+        # :meth:`activation_bytes_per_mb`) before the layers' backward needs its memory;
+        # bf16 ones left in the framework's pipeline buffer stay
+        freed = FP32 if self.stage_output_buffered else BF16 + FP32
+        return total + max(loss, layers - freed * logits)
 
     def activation_bytes_per_mb(self, stage: int) -> float:
         """Activations a stage keeps per in-flight micro-batch (last stage adds the logits).
