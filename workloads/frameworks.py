@@ -100,6 +100,11 @@ class FrameworkProfile:
     """Bytes per element of the tied embedding's gradient all-reduced between the first and
     last pipeline stage after the last backward (0: not emitted):
     ``TransformerCosts.tied_grad_reduce_bytes``."""
+    zero2_reduce_every_microbatch: bool
+    """Under ZeRO-2 the gradients of every micro-batch are reduce-scattered unit by unit as its
+    backward produces them and only the local shard is accumulated (True), instead of being
+    accumulated whole and reduced once after the step's last backward (False):
+    ``TransformerCosts.zero2_reduce_every_microbatch``."""
     grad_bucket_params: float | None
     """Parameters per DP gradient bucket under ``overlap_grad_reduce`` at least (None: the
     framework's buckets are not modelled by a rule of its own; :func:`grad_bucket_bytes`)."""
@@ -120,14 +125,14 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "fused_cross_entropy", "zero3_gather_copy_bytes", "zero3_reduce_copy_bytes",
            "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
            "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
-           "grad_bucket_params", "grad_bucket_params_per_dp")
+           "grad_bucket_params", "grad_bucket_params_per_dp", "zero2_reduce_every_microbatch")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
           "tied_grad_reduce_bytes")
 """Fields that are bytes: finite numbers, not negative."""
 _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
-          "zero3_unsharded_under_pp")
+          "zero3_unsharded_under_pp", "zero2_reduce_every_microbatch")
 """Fields that are true or false."""
 
 
@@ -270,6 +275,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
                    grad_accum_bytes=profile.grad_accum_bytes,
                    tied_grad_reduce_bytes=profile.tied_grad_reduce_bytes,
+                   zero2_reduce_every_microbatch=profile.zero2_reduce_every_microbatch,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0)
 
 

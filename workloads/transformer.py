@@ -314,6 +314,13 @@ class TransformerCosts:
     of width f_e/e, and holds E/ep experts' 1/e, their state sharded over the
     dp·cp·tp/(e·ep) GPUs holding the same shards. The all-to-all volume (n·k·h a GPU) and the
     activations (n·k·e rows of f_e/e) do not depend on e."""
+    zero2_reduce_every_microbatch: bool = False
+    """ZeRO-2 (dp·cp > 1) as PyTorch FSDP and DeepSpeed run it: every micro-batch's backward
+    reduce-scatters each layer's gradients (:attr:`grad_reduce_bytes` an element) as soon as
+    the layer's weight gradients are done, and only the local shard is accumulated (the
+    sharded gradient of :meth:`bytes_per_param`); the backward holds one layer's unreduced
+    gradient until its reduce-scatter (:meth:`transient_bytes`). False: the gradients are
+    reduced once, after the step's last backward (Megatron-LM; :mod:`workloads.frameworks`)."""
     zero3_overlap_s: tuple[float, float] = (0.0, 0.0)
     """ZeRO-3 (FSDP) collectives beside the compute: the seconds a layer's forward and its
     backward lose to the SMs that the layer's all-gather (and, backward, reduce-scatter)
@@ -333,6 +340,12 @@ class TransformerCosts:
         """GPUs over which ZeRO shards model state: the DP group times the CP group
         (Megatron reduces gradients and shards the distributed optimizer over dp·cp)."""
         return self.dp * self.cp
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """Whether each micro-batch's backward reduce-scatters its gradients layer by layer
+        (:attr:`zero2_reduce_every_microbatch` under ZeRO-2 over more than one shard)."""
+        return self.zero2_reduce_every_microbatch and self.zero_stage == 2 and self._shards > 1
 
     @property
     def _etp(self) -> int:
@@ -996,6 +1009,10 @@ class TransformerCosts:
                                    * self.stage_params(op.stage)))
         if not segs:  # a first stage of the embedding alone: its lookup is not timed
             segs.append(ComputeSeg(str(op)))
+            if markers and op.stage == 0 and op.kind == (WEIGHT_GRAD if split_backward
+                                                         else BACKWARD):
+                segs.append(GradReady("embedding grads", self.grad_reduce_bytes
+                                      * self.model.embedding_params() / self.tp))
         return tuple(fuse_compute(segs, str(op)))
 
     def _zero3_copies(self, name: str, backward: bool) -> list[Segment]:
@@ -1137,6 +1154,23 @@ class TransformerCosts:
             units.append(self._head_gather_bytes())
         pairs = max((a + b for a, b in zip(units, units[1:], strict=False)), default=units[0])
         return pairs + (max(grads) if op.kind == BACKWARD else 0.0)
+
+    def unreduced_grad_bytes(self, op: Op) -> float:
+        """With :attr:`reduces_every_microbatch`: what a backward (B or W) holds of its
+        gradients before they are reduce-scattered, on one TP rank: the largest unit's (a
+        layer's; the head's on the last stage; an embedding-only first stage's embedding),
+        whole in the reduction dtype, as :meth:`zero3_working_bytes` counts it under ZeRO-3;
+        else 0."""
+        if not self.reduces_every_microbatch or op.kind not in (BACKWARD, WEIGHT_GRAD):
+            return 0.0
+        layers = self._stage_layers(op.stage)
+        grads = [self._layer(i)._layer_grad_bytes(op.stage, i)
+                 + self._layer(i)._layer_expert_grad_bytes() for i in layers]
+        if op.stage == len(self.stage_layers) - 1:
+            grads.append(self._head_grad_bytes(op.stage))
+        if op.stage == 0 and not layers:
+            grads.append(self.grad_reduce_bytes * self.model.embedding_params() / self.tp)
+        return max(grads, default=0.0)
 
     # ------------------------------------------------------------- memory
     def layer_activation_bytes(self) -> float:
@@ -1321,7 +1355,7 @@ class TransformerCosts:
             return self.seq_chunk(op.seq).transient_bytes(op)
         runs = self._runs(op.stage)
         layer = max(replace(c, recompute="none").layer_activation_bytes() for c, _ in runs)
-        total = self.zero3_working_bytes(op)
+        total = self.zero3_working_bytes(op) + self.unreduced_grad_bytes(op)
         full = any(c.recompute in ("full", "selective-op") for c, _ in runs)
         layers = layer * (2 if full else 1) if op.kind == BACKWARD else 0.0
         if op.stage != len(self.stage_layers) - 1 or op.kind not in (FORWARD, BACKWARD):

@@ -109,7 +109,10 @@ class PieceLowering:
     n+1 waits only for piece n-1 to end, so it overlaps piece n; the first
     piece of the rank's next op is prefetched during the last piece of this
     one); after each piece's backward its gradients are reduce-scattered.
-    Every micro-batch gathers again and reduce-scatters its own gradients.
+    Every micro-batch gathers again and reduce-scatters its own gradients. A ZeRO-2 that
+    reduces every micro-batch (``per_microbatch``: PyTorch FSDP without ``no_sync``,
+    DeepSpeed's stage 2) reduce-scatters the same per-layer units in every backward, with
+    no gathers.
 
     ``overlap_grad_reduce`` (Megatron-LM's ``--overlap-grad-reduce``, PyTorch
     DDP buckets, Li et al. 2020): in the last backward (or W) of each stage,
@@ -148,7 +151,8 @@ class PieceLowering:
 
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, zero_stage: int, collapse: Collapse | None,
-                 lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None) -> None:
+                 lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None,
+                 per_microbatch: bool = False) -> None:
         self.b, self.costs, self.placement = b, costs, placement
         self.gather_chain = gather_chain or {}
         """``overlap_param_gather``: per first forward of a stage, the next one on its rank
@@ -156,6 +160,9 @@ class PieceLowering:
         self.collapse = None if collapse is None else with_all_to_all(collapse)
         self.schedule, self.lanes = schedule, lanes
         self.zero3 = zero_stage == 3
+        self.per_unit = self.zero3 or per_microbatch
+        """Each gradient unit reduce-scattered as its backward finishes it (ZeRO-3, and a ZeRO-2
+        that reduces every micro-batch), not in buckets of the step's last backward."""
         self.grad_op = grad_op(zero_stage)
         self.bucket_bytes = float(getattr(costs, "grad_bucket_bytes", 25e6))
         self.tp = placement.degree("tp")
@@ -327,7 +334,7 @@ class PieceLowering:
                 for g in gpus:
                     self._end_piece(g, prev[g][0])
             for ready in piece.ready:
-                if self.zero3:
+                if self.per_unit:
                     self._dp(r, prev, f"{op} {ready.label} reduce_scatter", "reduce_scatter",
                              ready.nbytes, op.stage, op.mb)
                     if ready.expert_nbytes > 0 and self.expert_replicas > 1:
@@ -344,13 +351,13 @@ class PieceLowering:
                     self._bucket(r, op, prev, self.bucket_bytes, n_expert, expert=True)
                     expert_bucket -= self.bucket_bytes
                     n_expert += 1
-        if not self.zero3 and any(piece.ready for piece in pieces):
+        if not self.per_unit and any(piece.ready for piece in pieces):
             if bucket > 0.5:  # bytes: what float sums leave over is not a bucket
                 self._bucket(r, op, prev, bucket, n_buckets)
             if expert_bucket > 0.5:
                 self._bucket(r, op, prev, expert_bucket, n_expert, expert=True)
             self.reduced.add(op.stage)
-        if self.zero3 and marked:
+        if marked and (self.zero3 or (self.per_unit and any(piece.ready for piece in pieces))):
             self.reduced.add(op.stage)
         for g in gpus:
             last[(k, g)] = prev[g][0]
