@@ -324,7 +324,8 @@ class TransformerCosts:
     zero3_overlap_s: tuple[float, float] = (0.0, 0.0)
     """ZeRO-3 (FSDP) collectives beside the compute: the seconds a layer's forward and its
     backward lose to the SMs that the layer's all-gather (and, backward, reduce-scatter)
-    kernels hold while they overlap it, set by :func:`sim.fsdpoverlap.with_contention` from
+    kernels hold while they overlap it (under a ZeRO-2 that reduces every micro-batch, the
+    backward's reduce-scatter only), set by :func:`sim.fsdpoverlap.with_contention` from
     the device and collective timers; emitted after the layer as a fixed-time compute
     segment. (0, 0): not modelled."""
 
@@ -1019,8 +1020,13 @@ class TransformerCosts:
         """The framework's own memory-bound kernels around a layer's ZeRO-3 collectives
         (:attr:`zero3_gather_copy_bytes` per gathered parameter, forward and backward, and
         :attr:`zero3_reduce_copy_bytes` per parameter before the reduce-scatter, backward),
-        as one compute segment; none without ZeRO-3 over more than one shard."""
+        as one compute segment; none without ZeRO-3 over more than one shard. A ZeRO-2 that
+        reduces every micro-batch has its backward's compute slowed by the layer's
+        reduce-scatter beside it (:attr:`zero3_overlap_s`), and no copies of its own."""
         if self.zero_stage != 3 or self._shards == 1:
+            contention = self.zero3_overlap_s[1] if backward else 0.0
+            if self.reduces_every_microbatch and contention:
+                return [ComputeSeg(f"{name} dp overlap", duration_s=contention)]
             return []
         segs: list[Segment] = []
         per_param = self.zero3_gather_copy_bytes + (self.zero3_reduce_copy_bytes
@@ -1036,11 +1042,14 @@ class TransformerCosts:
 
     def zero3_layer_work(self) -> tuple[list[Segment], list[Segment], float, float]:
         """One transformer layer under ZeRO-3, for :mod:`sim.fsdpoverlap`: its forward and
-        backward segments (the first layer of stage 0, backward with its weight gradients and
-        recomputation) and the bytes of the all-gather of its bf16 parameters and of the
-        reduce-scatter of its gradients (whole buffers, as :class:`ParamGather` and
-        :class:`GradReady` carry them, without the embedding the first layer adds)."""
-        c = self._layer(self._stage_layers(0)[0])
+        backward segments (the first layer of the first stage that holds one, backward with its
+        weight gradients and recomputation) and the bytes of the all-gather of its bf16
+        parameters and of the reduce-scatter of its gradients (whole buffers, as
+        :class:`ParamGather` and :class:`GradReady` carry them, without the embedding the first
+        layer adds)."""
+        first = next(layers for s in range(len(self.stage_layers))
+                     if (layers := self._stage_layers(s)))  # stage 0 may hold none
+        c = self._layer(first[0])
         params = c._layer_params_tp
         return (c._layer_forward("L"), c._layer_backward("L", weight_grad_deferred=False),
                 BF16 * params, self.grad_reduce_bytes * params)
