@@ -662,7 +662,7 @@ def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
     assert ll.zero2_reduce_every_microbatch and not mg.zero2_reduce_every_microbatch
     differ = {f.name for f in fields(mg) if getattr(mg, f.name) != getattr(ll, f.name)}
     assert differ == {"name", "summary", "sources", "stage_split", "grad_buffer_bytes",
-                      "grad_reduce_bytes", "zero2_reduce_every_microbatch"}
+                      "grad_reduce_bytes", "zero2_reduce_every_microbatch", "cp_kv_all_gather"}
     assert "Dubey et al. 2024" in ll.source("dp_wire_bytes")  # Megatron-LM's 2, for its reason
     assert all("Dubey et al. 2024" in ll.source(f) for f in differ - {"name", "summary",
                                                                        "sources"})
@@ -776,3 +776,37 @@ def test_zero2_per_microbatch_reduces_an_embedding_only_first_stage_too() -> Non
     assert [i.name.split(" ", 1)[1] for i in stage0] == ["embedding grads reduce_scatter"] * 4
     assert stage0[0].nbytes == pytest.approx(4.0 * exp.model.embedding_params() / 2)
     assert not [i for i in program.instructions if i.kind == "dp" and "grad reduce" in i.name]
+
+
+def _cp_run(framework_name: str) -> dict:
+    d = _run(framework=framework_name)
+    d["model"]["seq_length"] = 8192
+    d["parallel"] = {"tp": 2, "cp": 2, "pp": 1, "dp": 2, "sequence_parallel": True}
+    return d
+
+
+def test_llama3_context_parallelism_all_gathers_k_and_v_exposed() -> None:
+    """Dubey et al. 2024, sec. 3.3.2: Meta's CP all-gathers the whole sequence's K and V over
+    the CP group before each attention core, its latency exposed (backward: the same gather,
+    then dK and dV reduce-scattered), where Megatron-LM passes them around a ring overlapped
+    with the blocks. The full and the collapsed simulations agree."""
+    from workloads.lowering import lower
+
+    exp = Experiment.from_dict(_cp_run("llama3"))
+    assert exp.costs.cp_kv_all_gather
+    program = lower(exp.schedule, exp.costs, exp.placement, 1)
+    cp = [i for i in program.instructions if i.gpu == 0 and i.kind == "cp"]
+    layers, m = exp.model.num_layers, exp.num_microbatches
+    assert sum(i.op == "all_gather" for i in cp) == 2 * layers * m
+    assert sum(i.op == "reduce_scatter" for i in cp) == layers * m
+    assert all(i.nbytes == pytest.approx(2 * exp.costs._kv_pass_bytes()) for i in cp)
+    assert {i.group for i in cp} == {(0, exp.placement.gpu(tp=0, cp=1, dp=0, pp=0))}
+    megatron = Experiment.from_dict(_cp_run("megatron"))
+    ring = [i for i in lower(megatron.schedule, megatron.costs, megatron.placement, 1)
+            .instructions if i.gpu == 0 and i.kind == "cp"]
+    assert ring and all(i.dst != 0 for i in ring)  # passes to the ring successor
+    full = api.simulate(exp, fidelity="full").stats
+    collapsed = api.simulate(exp, fidelity="collapsed").stats
+    assert collapsed["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-6)
+    assert full["exposed_comm_s"]["cp"] > 0
+    assert api.simulate(megatron).stats["step_time_s"] < full["step_time_s"]

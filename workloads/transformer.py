@@ -314,6 +314,13 @@ class TransformerCosts:
     of width f_e/e, and holds E/ep experts' 1/e, their state sharded over the
     dp·cp·tp/(e·ep) GPUs holding the same shards. The all-to-all volume (n·k·h a GPU) and the
     activations (n·k·e rows of f_e/e) do not depend on e."""
+    cp_kv_all_gather: bool = False
+    """Context parallelism as an all-gather of the whole sequence's K and V over the CP group
+    before each attention core (and, backward, the same gather and a reduce-scatter of dK
+    and dV after it), exposed (Meta's, Dubey et al. 2024, sec. 3.3.2:
+    :attr:`workloads.costs.RingAttention.gathered`). False: Megatron-LM's ring of
+    point-to-point passes, each overlapping the previous block. The gathered K and V (cp
+    times a pass, 64 MiB a layer for Llama 3 405B at CP 16) are not counted as memory."""
     zero2_reduce_every_microbatch: bool = False
     """ZeRO-2 (dp·cp > 1) as PyTorch FSDP and DeepSpeed run it: every micro-batch's backward
     reduce-scatters each layer's gradients (:attr:`grad_reduce_bytes` an element) as soon as
@@ -623,7 +630,8 @@ class TransformerCosts:
     def _attention_parts(self, seg: ComputeSeg, core_flops: float, name: str,
                          backward: bool) -> list[Segment]:
         """The attention block with CP: QKV GEMMs, ring attention core, output projection
-        (reversed in backward, where dK/dV travel with K/V: twice the bytes per pass).
+        (reversed in backward, where dK/dV travel with K/V: twice the bytes per pass); with
+        :attr:`cp_kv_all_gather` the core's K and V are gathered whole instead.
 
         The block's GEMM work is split by FLOPs, (h + 2·kv)/(2h + 2·kv) to the QKV
         projection; its memory-bound kernels go with the QKV part (norm, RoPE)."""
@@ -632,6 +640,10 @@ class TransformerCosts:
         qkv = _scaled(seg, f"{name} qkv", qkv_share, elementwise_bytes=seg.elementwise_bytes)
         proj = _scaled(seg, f"{name} proj", 1 - qkv_share)
         block = ComputeSeg(f"{name} core", attn_flops=core_flops / self.cp)
+        if self.cp_kv_all_gather:
+            ring = RingAttention(f"{name} cp", block, self.cp, self._kv_pass_bytes() * self.cp,
+                                 gathered=True, scatter_grads=backward)
+            return [proj, ring, qkv] if backward else [qkv, ring, proj]
         ring = RingAttention(f"{name} ring", block, self.cp,
                              self._kv_pass_bytes() * (2 if backward else 1))
         return [proj, ring, qkv] if backward else [qkv, ring, proj]
