@@ -1,4 +1,5 @@
-"""ZeRO-3 (FSDP) collectives slow the compute they overlap.
+"""ZeRO-3 (FSDP) collectives, and the per-micro-batch reduce-scatters of a ZeRO-2 that
+reduces every micro-batch (FSDP's, DeepSpeed's), slow the compute they overlap.
 
 FSDP all-gathers each layer's parameters before its forward and backward (prefetched, on a
 communication stream, while the previous layer computes) and reduce-scatters its gradients
@@ -17,7 +18,9 @@ compute lasts about as long as the shorter of the two. It grows with what the co
 cost against the compute: on H100 (3.2x the A100's BF16 peak, 1.5x its NVLink) and across
 servers more than within one. Not modelled: the first layer's embedding in its gather, the
 head's gather, MoE experts' own collectives, ZeRO-1/2 step-end collectives (they overlap
-little compute). The search's screening and ``layers_per_stage: auto`` do not add it.
+little compute). A ZeRO-2 that reduces every micro-batch gathers nothing during the step; its
+backward loses ``s · min(c_rs, g_bwd)`` a layer. The search's screening and
+``layers_per_stage: auto`` do not add it.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def with_contention(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], f
     """``costs`` with :attr:`~TransformerCosts.zero3_overlap_s` set (module doc); unchanged
     unless ZeRO-3 shards over more than one GPU. ``collective_s(op, nbytes)`` times a DP
     collective alone."""
-    if costs.zero_stage != 3 or costs.dp * costs.cp == 1:
+    per_microbatch = costs.reduces_every_microbatch
+    if not per_microbatch and (costs.zero_stage != 3 or costs.dp * costs.cp == 1):
         return costs
     forward, backward, gather_bytes, reduce_bytes = costs.zero3_layer_work()
 
@@ -60,8 +64,10 @@ def with_contention(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], f
         return sum(compute_s(seg) for seg in segs if isinstance(seg, ComputeSeg))
 
     s = compute_slowdown()
-    ag = collective_s("all_gather", gather_bytes)
     rs = collective_s("reduce_scatter", reduce_bytes)
+    if per_microbatch:  # ZeRO-2: no gathers, the backward's reduce-scatter
+        return replace(costs, zero3_overlap_s=(0.0, s * min(rs, work_s(backward))))
+    ag = collective_s("all_gather", gather_bytes)
     return replace(costs, zero3_overlap_s=(s * min(ag, work_s(forward)),
                                            s * min(ag + rs, work_s(backward))))
 

@@ -678,14 +678,18 @@ def test_llama3_split_leaves_no_middle_stage_empty_and_no_empty_first_under_zero
 
 def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
     """Dubey et al. 2024, sec. 3.3.2 ("Numerical stability"): fp32 gradient accumulation and
-    fp32 reduce-scatter; FSDP shards the gradients (ZeRO-2), so the fp32 buffer is a shard; the
-    step-end collectives move the fp32 gradients and the bf16 parameters, 3 bytes each on
-    average. Everything else is Megatron-LM's."""
+    fp32 reduce-scatter; FSDP shards the gradients (ZeRO-2), so the fp32 buffer is a shard,
+    which only reduced gradients can accumulate into: every micro-batch's backward
+    reduce-scatters them, and the step end all-gathers the bf16 parameters only (2 bytes).
+    Everything else is Megatron-LM's."""
     mg, ll = FRAMEWORKS["megatron"], FRAMEWORKS["llama3"]
-    assert (ll.grad_buffer_bytes, ll.grad_reduce_bytes, ll.dp_wire_bytes) == (4.0, 4.0, 3.0)
+    assert (ll.grad_buffer_bytes, ll.grad_reduce_bytes, ll.dp_wire_bytes) == (4.0, 4.0, 2.0)
+    assert ll.zero2_reduce_every_microbatch and not mg.zero2_reduce_every_microbatch
     differ = {f.name for f in fields(mg) if getattr(mg, f.name) != getattr(ll, f.name)}
     assert differ == {"name", "summary", "sources", "stage_split", "grad_buffer_bytes",
-                      "grad_reduce_bytes", "dp_wire_bytes", "rope_bytes", "swiglu_bytes"}
+                      "grad_reduce_bytes", "rope_bytes", "swiglu_bytes",
+                      "zero2_reduce_every_microbatch", "cp_kv_all_gather"}
+    assert "Dubey et al. 2024" in ll.source("dp_wire_bytes")  # Megatron-LM's 2, for its reason
     assert all("Dubey et al. 2024" in ll.source(f) for f in differ - {"name", "summary",
                                                                        "sources"})
     costs = apply_framework(_costs(zero_stage=2), ll, 4)
@@ -816,3 +820,106 @@ def test_latent_attention_keeps_its_rope_unfused() -> None:
     for model, want in ((base, 4.0), (mla, ROPE_BYTES)):
         costs = apply_framework(TransformerCosts(model, 1, 1, 1, (8,)), FRAMEWORKS["megatron"], 1)
         assert costs._rope_bytes == want
+
+
+def _dp_collectives(framework_name: str, **parallel) -> list:
+    """The DP collectives GPU 0 runs in a step of ``_run`` under ZeRO-2 (4 micro-batches)."""
+    from workloads.lowering import lower
+
+    d = _run(framework=framework_name)
+    d["parallel"] |= {"zero_stage": 2, **parallel}
+    exp = Experiment.from_dict(d)
+    program = lower(exp.schedule, exp.costs, exp.placement, 2)
+    return [i for i in program.instructions if i.gpu == 0 and i.kind == "dp"]
+
+
+def test_zero2_of_fsdp_reduce_scatters_every_microbatch_layer_by_layer() -> None:
+    """PyTorch FSDP (llama3's, Dubey et al. 2024, sec. 3.3.2) and DeepSpeed's stage 2 shard the
+    gradients, so each micro-batch's backward reduce-scatters every layer's gradients as it
+    finishes them (fp32 in llama3's profile) and the step end only all-gathers the bf16
+    parameters; Megatron-LM accumulates the whole buffer and reduce-scatters it once."""
+    ll = _dp_collectives("llama3")
+    costs = Experiment.from_dict(_run(framework="llama3")).costs
+    rs = [i for i in ll if i.op == "reduce_scatter"]
+    layers = costs.stage_layers[0]  # stage 0's layers; its first carries the embedding
+    assert len(rs) == 4 * layers and {i.mb for i in rs} == {0, 1, 2, 3}
+    per_layer = 4.0 * (costs.model.layer_params() / 2)
+    assert sorted({i.nbytes for i in rs})[0] == pytest.approx(per_layer)
+    gathers = [i for i in ll if i.op == "all_gather"]
+    assert len(gathers) == 1 and gathers[0].nbytes == pytest.approx(
+        2.0 * costs.stage_params(0))
+    mg = _dp_collectives("megatron")
+    assert [i.op for i in mg] == ["reduce_scatter", "all_gather"]
+    assert mg[0].mb == -1
+    ds = _dp_collectives("deepspeed")
+    assert sum(i.op == "reduce_scatter" for i in ds) == 4 * layers
+
+
+def test_zero2_per_microbatch_reduction_holds_one_unreduced_layer_gradient() -> None:
+    """The backward holds a layer's whole fp32 gradient until its reduce-scatter (as ZeRO-3
+    counts it); the forward holds none, nor does ZeRO-1 or one shard."""
+    costs = apply_framework(_costs(zero_stage=2, stage_layers=(3, 3, 2)), FRAMEWORKS["llama3"],
+                            4)
+    layer = 4.0 * costs.model.layer_params() / 2  # a middle stage: no embedding, no head
+    backward = Op(1, BACKWARD, 0)
+    assert costs.unreduced_grad_bytes(backward) == pytest.approx(layer)
+    assert costs.unreduced_grad_bytes(Op(1, WEIGHT_GRAD, 0)) == pytest.approx(layer)
+    assert costs.unreduced_grad_bytes(Op(1, FORWARD, 0)) == 0.0
+    assert replace(costs, zero_stage=1).unreduced_grad_bytes(backward) == 0.0
+    assert replace(costs, dp=1).unreduced_grad_bytes(backward) == 0.0
+    assert costs.transient_bytes(backward) == pytest.approx(
+        replace(costs, zero2_reduce_every_microbatch=False).transient_bytes(backward) + layer)
+
+
+def test_zero2_per_microbatch_reduces_an_embedding_only_first_stage_too() -> None:
+    """Llama 3's first model chunk holds the embedding alone (ends-as-layers): its backward
+    reduce-scatters the embedding's gradients every micro-batch, nothing is left for the step
+    end."""
+    from workloads.lowering import lower
+
+    d = _run(framework="llama3")
+    d["model"]["num_layers"] = 6
+    d["parallel"] = {"tp": 2, "pp": 2, "dp": 2, "vpp": 4, "zero_stage": 2}
+    d["schedule"] = "interleaved"
+    exp = Experiment.from_dict(d)
+    assert exp.costs.stage_layers[0] == 0
+    program = lower(exp.schedule, exp.costs, exp.placement, 2)
+    stage0 = [i for i in program.instructions
+              if i.gpu == 0 and i.kind == "dp" and i.stage == 0]
+    assert [i.name.split(" ", 1)[1] for i in stage0] == ["embedding grads reduce_scatter"] * 4
+    assert stage0[0].nbytes == pytest.approx(4.0 * exp.model.embedding_params() / 2)
+    assert not [i for i in program.instructions if i.kind == "dp" and "grad reduce" in i.name]
+
+
+def _cp_run(framework_name: str) -> dict:
+    d = _run(framework=framework_name)
+    d["model"]["seq_length"] = 8192
+    d["parallel"] = {"tp": 2, "cp": 2, "pp": 1, "dp": 2, "sequence_parallel": True}
+    return d
+
+
+def test_llama3_context_parallelism_all_gathers_k_and_v_exposed() -> None:
+    """Dubey et al. 2024, sec. 3.3.2: Meta's CP all-gathers the whole sequence's K and V over
+    the CP group before each attention core, its latency exposed (backward: the same gather,
+    then dK and dV reduce-scattered), where Megatron-LM passes them around a ring overlapped
+    with the blocks. The full and the collapsed simulations agree."""
+    from workloads.lowering import lower
+
+    exp = Experiment.from_dict(_cp_run("llama3"))
+    assert exp.costs.cp_kv_all_gather
+    program = lower(exp.schedule, exp.costs, exp.placement, 1)
+    cp = [i for i in program.instructions if i.gpu == 0 and i.kind == "cp"]
+    layers, m = exp.model.num_layers, exp.num_microbatches
+    assert sum(i.op == "all_gather" for i in cp) == 2 * layers * m
+    assert sum(i.op == "reduce_scatter" for i in cp) == layers * m
+    assert all(i.nbytes == pytest.approx(2 * exp.costs._kv_pass_bytes()) for i in cp)
+    assert {i.group for i in cp} == {(0, exp.placement.gpu(tp=0, cp=1, dp=0, pp=0))}
+    megatron = Experiment.from_dict(_cp_run("megatron"))
+    ring = [i for i in lower(megatron.schedule, megatron.costs, megatron.placement, 1)
+            .instructions if i.gpu == 0 and i.kind == "cp"]
+    assert ring and all(i.dst != 0 for i in ring)  # passes to the ring successor
+    full = api.simulate(exp, fidelity="full").stats
+    collapsed = api.simulate(exp, fidelity="collapsed").stats
+    assert collapsed["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-6)
+    assert full["exposed_comm_s"]["cp"] > 0
+    assert api.simulate(megatron).stats["step_time_s"] < full["step_time_s"]

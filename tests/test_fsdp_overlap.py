@@ -86,3 +86,30 @@ def test_step_gains_the_loss_of_every_layer(monkeypatch: pytest.MonkeyPatch) -> 
     added = micro_batches * layers * (fwd + bwd)
     assert result.stats["step_time_s"] - without.stats["step_time_s"] == pytest.approx(
         added, rel=0.05)
+
+
+def test_zero2_reducing_every_microbatch_loses_the_reduce_scatter_in_the_backward() -> None:
+    """A ZeRO-2 that reduce-scatters every micro-batch's gradients (llama3's FSDP) runs one
+    reduce-scatter beside each layer's backward and gathers nothing during the step: backward
+    s·min(c_rs, g_bwd), forward nothing; each layer's backward carries it as a segment."""
+    from sim.experiment import build_experiment
+    from workloads.schedules import BACKWARD, FORWARD, Op
+
+    exp = build_experiment({
+        "name": "z2", "model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 4},
+        "cluster": {"preset": "dgx-h100", "num_gpus": 16},
+        "parallel": {"tp": 8, "pp": 1, "dp": 2, "zero_stage": 2},
+        "training": {"micro_batch_size": 1, "global_batch_size": 8, "framework": "llama3"}})
+    assert exp.costs.reduces_every_microbatch
+    compute_s = _timer(exp)
+    _, backward, _, reduce = exp.costs.zero3_layer_work()
+    g_b = sum(compute_s(x) for x in backward if isinstance(x, ComputeSeg))
+    for c in (1e-4, 10.0):
+        out = with_contention(exp.costs, compute_s, lambda op, nbytes, c=c: c)
+        assert out.zero3_overlap_s == pytest.approx((0.0, compute_slowdown() * min(c, g_b)))
+    out = with_contention(exp.costs, compute_s, lambda op, nbytes: 1e-3)
+    labels = [x.label for x in out.op_segments(Op(0, BACKWARD, 0), False)]
+    assert sum(label.endswith("dp overlap") for label in labels) == 4
+    assert not any("overlap" in x.label for x in out.op_segments(Op(0, FORWARD, 0), False))
+    megatron = replace(exp.costs, zero2_reduce_every_microbatch=False)
+    assert with_contention(megatron, compute_s, lambda op, n: 1.0) is megatron

@@ -170,7 +170,7 @@ PUBLISHED = [
 citation and conversion there), each one a run the simulator considers possible. Llama 3
 405B is not here: as laid out under interleaved 1F1B it does not fit (a known gap, see
 :func:`test_llama3_405b_as_laid_out_does_not_fit_interleaved_1f1b`; as the corpus rows state
-the paper's layout, it fits only before the caching allocator's overhead,
+the paper's layout, its peak before the allocator's overhead reaches the H100's capacity,
 ``tests/test_microbatch_groups.py``). A known gap too: with
 ``training.framework: llm-foundry`` llm-foundry's H100 runs are simulated 1-21% too fast (10%
 on average; these four 6-9%, MFU up to 1.10 times the published) since their Triton attention

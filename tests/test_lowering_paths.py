@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from sim.commtime import CollectiveTimer
 from sim.experiment import build_experiment
 from tests.strategies import collapsible_experiments, experiments
+from workloads.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
 from workloads.lowering import Collapse, lower, topological_ops
 from workloads.program import ColumnarInstructions, columns_of
 from workloads.schedules import Op, list_schedule, unit_times
@@ -42,8 +43,12 @@ def _collapse(exp) -> Collapse:  # type: ignore[no-untyped-def]
 def test_fast_lowering_equals_the_reference(data: dict) -> None:
     parallel = data["parallel"]
     assume(parallel["cp"] == 1 and parallel["ep"] == 1)  # CP and EP ops are pieces
-    # ZeRO-3 and gradient buckets cut ops into pieces: the reference loop only
+    # ZeRO-3, gradient buckets and a ZeRO-2 that reduces every micro-batch cut ops into
+    # pieces: the reference loop only
     parallel["zero_stage"] = min(parallel["zero_stage"], 2)
+    framework = FRAMEWORKS[data["training"].get("framework", DEFAULT_FRAMEWORK)]
+    if framework.zero2_reduce_every_microbatch:
+        parallel["zero_stage"] = min(parallel["zero_stage"], 1)
     parallel["overlap_grad_reduce"] = False
     parallel.pop("grad_bucket_MB", None)
     parallel.pop("overlap_param_gather", None)

@@ -112,17 +112,21 @@ def test_compare_drops_the_setting_for_other_schedules() -> None:
     assert schedule_changes(exp, "1f1b")["parallel.microbatch_group_size"] is None
 
 
-@pytest.mark.parametrize("index, m", [(0, 32), (1, 16)])
-def test_llama3_405b_rows_fit_but_for_the_allocators_overhead(index: int, m: int) -> None:
+@pytest.mark.parametrize("index, m, over", [(0, 32, True), (1, 16, False)])
+def test_llama3_405b_rows_reach_the_capacity_before_the_allocators_overhead(
+        index: int, m: int, over: bool) -> None:
     """Dubey et al. 2024, sec. 3.3.2, as the corpus rows state it (training.framework llama3:
     the embedding and the head each in a layer's place, so 126 + 2 = 16 ranks x 8 one-layer
-    chunks; FSDP sharding optimizer state and gradients, ZeRO-2). The peak is on pipeline
-    rank 1 (rank 0's first chunk is the embedding alone), which under Megatron's warm-up
-    2(p - r - 1) + (v - 1)N holds 2*14 + 7*16 + 1 = 141 one-layer stashes with 32
-    micro-batches per pipeline and all 8 x 16 = 128 with 16. The peak before the allocator's
-    overhead (model state, stashes, working memory, reserved) is below the H100's 79.3 GiB;
-    the run is out of memory only with the caching allocator's 42% on the dynamic part,
-    fitted on another framework's A100 runs (a known gap, README)."""
+    chunks; FSDP sharding optimizer state and gradients, ZeRO-2, each micro-batch's fp32
+    gradients reduce-scattered layer by layer). The peak is on pipeline rank 1 (rank 0's first
+    chunk is the embedding alone), which under Megatron's warm-up 2(p - r - 1) + (v - 1)N
+    holds 2*14 + 7*16 + 1 = 141 one-layer stashes with 32 micro-batches per pipeline and all
+    8 x 16 = 128 with 16, beside the backward's working memory (a layer's activation
+    gradients and its unreduced fp32 weight gradient). Before the allocator's overhead
+    (model state, stashes, working memory, reserved) the 16-micro-batch run is below the
+    H100's 79.3 GiB and the 32-micro-batch run is over it by less than 1%, within what the
+    memory model resolves; with the caching allocator's 42% on the dynamic part, fitted on
+    another framework's A100 runs, both are out of memory (a known gap, README)."""
     from sim.calibration import default_profile
     from sim.corpus import CORPUS_DIR, load_source
     from workloads.schedules import BACKWARD, FORWARD, Op
@@ -142,5 +146,7 @@ def test_llama3_405b_rows_fit_but_for_the_allocators_overhead(index: int, m: int
     working = max(exp.costs.transient_bytes(Op(p + r, kind, 0)) for kind in (FORWARD, BACKWARD))
     assert held * chunk <= raw[1] - floor <= held * chunk + working
     reserved = default_profile("H100").reserved_bytes
-    assert raw[1] + reserved < exp.cluster.gpu.hbm_capacity_bytes
+    capacity = exp.cluster.gpu.hbm_capacity_bytes
+    assert (raw[1] + reserved > capacity) == over
+    assert raw[1] + reserved < 1.01 * capacity
     assert res.stats["oom"]

@@ -128,6 +128,14 @@ class RingAttention:
     steps: int
     nbytes: float
     kind: str = "cp"
+    gathered: bool = False
+    """All-gather context parallelism (Meta's, Dubey et al. 2024, sec. 3.3.2): the whole
+    sequence's K and V (``nbytes`` a GPU, gathered) are all-gathered over the CP group before
+    the ``steps`` blocks, which then run back to back; the gather's latency is "exposed in the
+    critical path". No passes."""
+    scatter_grads: bool = False
+    """With :attr:`gathered`, in the backward: dK and dV (``nbytes``) reduce-scattered over
+    the CP group after the blocks, exposed too."""
 
 
 Marker = ParamGather | GradReady

@@ -110,6 +110,15 @@ class FrameworkProfile:
     """Bytes per element of the tied embedding's gradient all-reduced between the first and
     last pipeline stage after the last backward (0: not emitted):
     ``TransformerCosts.tied_grad_reduce_bytes``."""
+    zero2_reduce_every_microbatch: bool
+    """Under ZeRO-2 the gradients of every micro-batch are reduce-scattered unit by unit as its
+    backward produces them and only the local shard is accumulated (True), instead of being
+    accumulated whole and reduced once after the step's last backward (False):
+    ``TransformerCosts.zero2_reduce_every_microbatch``."""
+    cp_kv_all_gather: bool
+    """Context parallelism all-gathers the whole sequence's K and V before each attention core,
+    exposed (True), instead of Megatron-LM's ring of overlapped passes (False):
+    ``TransformerCosts.cp_kv_all_gather``."""
     grad_bucket_params: float | None
     """Parameters per DP gradient bucket under ``overlap_grad_reduce`` at least (None: the
     framework's buckets are not modelled by a rule of its own; :func:`grad_bucket_bytes`)."""
@@ -137,14 +146,16 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "attention_copy_bytes", "dropout", "fp8_cast_bytes", "zero3_unsharded_under_pp",
            "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
            "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
-           "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only")
+           "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
+           "zero2_reduce_every_microbatch", "cp_kv_all_gather")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
           "tied_grad_reduce_bytes", "rope_bytes", "swiglu_bytes")
 """Fields that are bytes: finite numbers, not negative."""
 _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
-          "zero3_unsharded_under_pp", "fp8_norm_cast_fused")
+          "zero3_unsharded_under_pp", "fp8_norm_cast_fused", "zero2_reduce_every_microbatch",
+          "cp_kv_all_gather")
 """Fields that are true or false."""
 
 
@@ -297,6 +308,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_accum_bytes=profile.grad_accum_bytes,
                    tied_grad_reduce_bytes=profile.tied_grad_reduce_bytes,
                    grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
+                   zero2_reduce_every_microbatch=profile.zero2_reduce_every_microbatch,
+                   cp_kv_all_gather=profile.cp_kv_all_gather,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0,
                    stage_output_buffered=profile.kept_stage_outputs > 0)
 

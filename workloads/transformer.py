@@ -354,10 +354,25 @@ class TransformerCosts:
     of width f_e/e, and holds E/ep experts' 1/e, their state sharded over the
     dp·cp·tp/(e·ep) GPUs holding the same shards. The all-to-all volume (n·k·h a GPU) and the
     activations (n·k·e rows of f_e/e) do not depend on e."""
+    cp_kv_all_gather: bool = False
+    """Context parallelism as an all-gather of the whole sequence's K and V over the CP group
+    before each attention core (and, backward, the same gather and a reduce-scatter of dK
+    and dV after it), exposed (Meta's, Dubey et al. 2024, sec. 3.3.2:
+    :attr:`workloads.costs.RingAttention.gathered`). False: Megatron-LM's ring of
+    point-to-point passes, each overlapping the previous block. The gathered K and V (cp
+    times a pass, 64 MiB a layer for Llama 3 405B at CP 16) are not counted as memory."""
+    zero2_reduce_every_microbatch: bool = False
+    """ZeRO-2 (dp·cp > 1) as PyTorch FSDP and DeepSpeed run it: every micro-batch's backward
+    reduce-scatters each layer's gradients (:attr:`grad_reduce_bytes` an element) as soon as
+    the layer's weight gradients are done, and only the local shard is accumulated (the
+    sharded gradient of :meth:`bytes_per_param`); the backward holds one layer's unreduced
+    gradient until its reduce-scatter (:meth:`transient_bytes`). False: the gradients are
+    reduced once, after the step's last backward (Megatron-LM; :mod:`workloads.frameworks`)."""
     zero3_overlap_s: tuple[float, float] = (0.0, 0.0)
     """ZeRO-3 (FSDP) collectives beside the compute: the seconds a layer's forward and its
     backward lose to the SMs that the layer's all-gather (and, backward, reduce-scatter)
-    kernels hold while they overlap it, set by :func:`sim.fsdpoverlap.with_contention` from
+    kernels hold while they overlap it (under a ZeRO-2 that reduces every micro-batch, the
+    backward's reduce-scatter only), set by :func:`sim.fsdpoverlap.with_contention` from
     the device and collective timers; emitted after the layer as a fixed-time compute
     segment. (0, 0): not modelled."""
 
@@ -373,6 +388,12 @@ class TransformerCosts:
         """GPUs over which ZeRO shards model state: the DP group times the CP group
         (Megatron reduces gradients and shards the distributed optimizer over dp·cp)."""
         return self.dp * self.cp
+
+    @property
+    def reduces_every_microbatch(self) -> bool:
+        """Whether each micro-batch's backward reduce-scatters its gradients layer by layer
+        (:attr:`zero2_reduce_every_microbatch` under ZeRO-2 over more than one shard)."""
+        return self.zero2_reduce_every_microbatch and self.zero_stage == 2 and self._shards > 1
 
     @property
     def _etp(self) -> int:
@@ -659,7 +680,8 @@ class TransformerCosts:
     def _attention_parts(self, seg: ComputeSeg, core_flops: float, name: str,
                          backward: bool) -> list[Segment]:
         """The attention block with CP: QKV GEMMs, ring attention core, output projection
-        (reversed in backward, where dK/dV travel with K/V: twice the bytes per pass).
+        (reversed in backward, where dK/dV travel with K/V: twice the bytes per pass); with
+        :attr:`cp_kv_all_gather` the core's K and V are gathered whole instead.
 
         The block's GEMM work is split by FLOPs, (h + 2·kv)/(2h + 2·kv) to the QKV
         projection; its memory-bound kernels go with the QKV part (norm, RoPE)."""
@@ -668,6 +690,10 @@ class TransformerCosts:
         qkv = _scaled(seg, f"{name} qkv", qkv_share, elementwise_bytes=seg.elementwise_bytes)
         proj = _scaled(seg, f"{name} proj", 1 - qkv_share)
         block = ComputeSeg(f"{name} core", attn_flops=core_flops / self.cp)
+        if self.cp_kv_all_gather:
+            ring = RingAttention(f"{name} cp", block, self.cp, self._kv_pass_bytes() * self.cp,
+                                 gathered=True, scatter_grads=backward)
+            return [proj, ring, qkv] if backward else [qkv, ring, proj]
         ring = RingAttention(f"{name} ring", block, self.cp,
                              self._kv_pass_bytes() * (2 if backward else 1))
         return [proj, ring, qkv] if backward else [qkv, ring, proj]
@@ -1082,14 +1108,23 @@ class TransformerCosts:
                                    * self.stage_params(op.stage)))
         if not segs:  # a first stage of the embedding alone: its lookup is not timed
             segs.append(ComputeSeg(str(op)))
+            if markers and op.stage == 0 and op.kind == (WEIGHT_GRAD if split_backward
+                                                         else BACKWARD):
+                segs.append(GradReady("embedding grads", self.grad_reduce_bytes
+                                      * self.model.embedding_params() / self.tp))
         return tuple(fuse_compute(segs, str(op)))
 
     def _zero3_copies(self, name: str, backward: bool) -> list[Segment]:
         """The framework's own memory-bound kernels around a layer's ZeRO-3 collectives
         (:attr:`zero3_gather_copy_bytes` per gathered parameter, forward and backward, and
         :attr:`zero3_reduce_copy_bytes` per parameter before the reduce-scatter, backward),
-        as one compute segment; none without ZeRO-3 over more than one shard."""
+        as one compute segment; none without ZeRO-3 over more than one shard. A ZeRO-2 that
+        reduces every micro-batch has its backward's compute slowed by the layer's
+        reduce-scatter beside it (:attr:`zero3_overlap_s`), and no copies of its own."""
         if self.zero_stage != 3 or self._shards == 1:
+            contention = self.zero3_overlap_s[1] if backward else 0.0
+            if self.reduces_every_microbatch and contention:
+                return [ComputeSeg(f"{name} dp overlap", duration_s=contention)]
             return []
         segs: list[Segment] = []
         per_param = self.zero3_gather_copy_bytes + (self.zero3_reduce_copy_bytes
@@ -1105,11 +1140,14 @@ class TransformerCosts:
 
     def zero3_layer_work(self) -> tuple[list[Segment], list[Segment], float, float]:
         """One transformer layer under ZeRO-3, for :mod:`sim.fsdpoverlap`: its forward and
-        backward segments (the first layer of stage 0, backward with its weight gradients and
-        recomputation) and the bytes of the all-gather of its bf16 parameters and of the
-        reduce-scatter of its gradients (whole buffers, as :class:`ParamGather` and
-        :class:`GradReady` carry them, without the embedding the first layer adds)."""
-        c = self._layer(self._stage_layers(0)[0])
+        backward segments (the first layer of the first stage that holds one, backward with its
+        weight gradients and recomputation) and the bytes of the all-gather of its bf16
+        parameters and of the reduce-scatter of its gradients (whole buffers, as
+        :class:`ParamGather` and :class:`GradReady` carry them, without the embedding the first
+        layer adds)."""
+        first = next(layers for s in range(len(self.stage_layers))
+                     if (layers := self._stage_layers(s)))  # stage 0 may hold none
+        c = self._layer(first[0])
         params = c._layer_params_tp
         return (c._layer_forward("L"), c._layer_backward("L", weight_grad_deferred=False),
                 BF16 * params, self.grad_reduce_bytes * params)
@@ -1223,6 +1261,23 @@ class TransformerCosts:
             units.append(self._head_gather_bytes())
         pairs = max((a + b for a, b in zip(units, units[1:], strict=False)), default=units[0])
         return pairs + (max(grads) if op.kind == BACKWARD else 0.0)
+
+    def unreduced_grad_bytes(self, op: Op) -> float:
+        """With :attr:`reduces_every_microbatch`: what a backward (B or W) holds of its
+        gradients before they are reduce-scattered, on one TP rank: the largest unit's (a
+        layer's; the head's on the last stage; an embedding-only first stage's embedding),
+        whole in the reduction dtype, as :meth:`zero3_working_bytes` counts it under ZeRO-3;
+        else 0."""
+        if not self.reduces_every_microbatch or op.kind not in (BACKWARD, WEIGHT_GRAD):
+            return 0.0
+        layers = self._stage_layers(op.stage)
+        grads = [self._layer(i)._layer_grad_bytes(op.stage, i)
+                 + self._layer(i)._layer_expert_grad_bytes() for i in layers]
+        if op.stage == len(self.stage_layers) - 1:
+            grads.append(self._head_grad_bytes(op.stage))
+        if op.stage == 0 and not layers:
+            grads.append(self.grad_reduce_bytes * self.model.embedding_params() / self.tp)
+        return max(grads, default=0.0)
 
     # ------------------------------------------------------------- memory
     def layer_activation_bytes(self) -> float:
@@ -1408,7 +1463,7 @@ class TransformerCosts:
             return self.seq_chunk(op.seq).transient_bytes(op)
         runs = self._runs(op.stage)
         layer = max(replace(c, recompute="none").layer_activation_bytes() for c, _ in runs)
-        total = self.zero3_working_bytes(op)
+        total = self.zero3_working_bytes(op) + self.unreduced_grad_bytes(op)
         full = any(c.recompute in ("full", "selective-op") for c, _ in runs)
         layers = layer * (2 if full else 1) if op.kind == BACKWARD else 0.0
         if op.stage != len(self.stage_layers) - 1 or op.kind not in (FORWARD, BACKWARD):

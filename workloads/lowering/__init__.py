@@ -16,8 +16,9 @@ A chain of passes (DESIGN.md), one module each:
    pipeline rank where the framework does it; :mod:`.grads`, DP/ZeRO gradients: after
    the last backward of each stage, the gradient collective over the DP x CP group
    (all-reduce, or reduce-scatter under ZeRO >= 1); with ``overlap_grad_reduce`` in
-   buckets during that backward and under ZeRO-3 per layer, overlapped with the ops
-   (:mod:`.pieces`), parameters gathered one layer ahead;
+   buckets during that backward, under ZeRO-3 per layer, overlapped with the ops
+   (:mod:`.pieces`), parameters gathered one layer ahead, and per layer in every backward
+   under a ZeRO-2 that reduces every micro-batch (FSDP's, DeepSpeed's);
 5. :mod:`.optimizer`, the optimizer step, then (ZeRO 1/2) the all-gather of updated
    parameters; with ``overlap_param_gather`` that all-gather is each stage's first
    forward's instead, Megatron-core's way (:mod:`.pieces`): stage 0 layer by layer, every
@@ -108,9 +109,12 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     # overlap_param_gather: each stage's first forward gathers the parameters layer by layer
     gather_ahead = (bool(getattr(costs, "overlap_param_gather", False)) and zero_stage in (1, 2)
                     and len(replicas) > 1)
+    # ZeRO-2 as FSDP and DeepSpeed run it: every backward reduce-scatters layer by layer
+    per_microbatch = (bool(getattr(costs, "reduces_every_microbatch", False)) and zero_stage == 2
+                      and len(replicas) > 1)
     piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes,
-                               gather_chain(schedule) if gather_ahead else None)
-                 if zero3 or overlap or cp_or_ep or gather_ahead else None)
+                               gather_chain(schedule) if gather_ahead else None, per_microbatch)
+                 if zero3 or overlap or cp_or_ep or gather_ahead or per_microbatch else None)
     # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
     # (and the F ops that wait on several of them) take the op loop
     fast = (not reference and collapse is not None and piecewise is None and not schedule.fused
@@ -130,7 +134,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         index = {op: k for k, op in enumerate(order)}
         loop = OpLoop(b, schedule, costs, placement, collapse, lanes, piecewise,
                       set(final_op.values()), zero3, overlap, cp_or_ep,
-                      first_forwards(schedule) if gather_ahead else frozenset())
+                      first_forwards(schedule) if gather_ahead else frozenset(), per_microbatch)
         loop.run(order, index)
         last = loop.last
     dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)),

@@ -34,7 +34,7 @@ from workloads.lowering.pipeline import (
     pipeline_sends,
 )
 from workloads.program import ProgramBuilder
-from workloads.schedules import Op, Schedule, schedule_deps
+from workloads.schedules import BACKWARD, WEIGHT_GRAD, Op, Schedule, schedule_deps
 
 Facts = tuple[tuple[Segment, ...], int, float, float]
 """An op's segments, how many compute, bytes allocated at its start and freed at its end
@@ -51,16 +51,19 @@ class OpLoop:
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, collapse: Collapse | None, lanes: Lanes,
                  piecewise: PieceLowering | None, final_ops: Collection[Op], zero3: bool,
-                 overlap: bool, cp_or_ep: bool, gathering: Collection[Op] = ()) -> None:
+                 overlap: bool, cp_or_ep: bool, gathering: Collection[Op] = (),
+                 per_microbatch: bool = False) -> None:
         self.b, self.schedule, self.costs = b, schedule, costs
         self.placement, self.collapse, self.lanes = placement, collapse, lanes
         self.piecewise = piecewise
         """Lowers every op under ZeRO-3 (``zero3``: its parameter gathers) or with CP or EP
         (``cp_or_ep``), else (``overlap``: the gradient buckets) the final ops only, and
-        the ``gathering`` ops (each stage's first forward under ``overlap_param_gather``)."""
+        the ``gathering`` ops (each stage's first forward under ``overlap_param_gather``);
+        with ``per_microbatch`` (a ZeRO-2 that reduces every micro-batch) every backward."""
         self.final_ops = final_ops
         self.gathering = gathering
         self.zero3, self.overlap = zero3, overlap
+        self.per_microbatch = per_microbatch
         self.every_op = zero3 or cp_or_ep
         self.last: dict[tuple[int, int], int] = {}
         self.sent: dict[tuple[int, int], int] = {}
@@ -99,7 +102,8 @@ class OpLoop:
             sends = (pipeline_sends(schedule, group, r, index, self.collapse, self.placement,
                                     self.send_s, p2p, self.feature_p2p)
                      if op == group[-1] else [])
-            if piecewise is not None and (every_op or op in final_ops or op in self.gathering):
+            if piecewise is not None and (every_op or op in final_ops or op in self.gathering
+                                          or self._reduces(op)):
                 self._pieces(k, op, r, local, facts, sends)
             elif self.collapse is not None:
                 self._folded(k, op, generic, r, local, facts, sends)
@@ -118,7 +122,7 @@ class OpLoop:
             generic = Op(op.stage, op.kind, 0, op.seq)
             marked = None
             if piecewise is not None and (self.every_op or op in self.final_ops
-                                          or op in self.gathering):
+                                          or op in self.gathering or self._reduces(op)):
                 marked = self._marked(op)
             use = uses.get((generic, marked))
             if use is None:
@@ -137,10 +141,17 @@ class OpLoop:
             rows.append((k, r, use, latest))
         return stream_cuts(rows)
 
+    def _reduces(self, op: Op) -> bool:
+        """Whether ``op`` reduce-scatters the gradients it completes itself: a backward (B or
+        W) under a ZeRO-2 that reduces every micro-batch."""
+        return self.per_microbatch and op.kind in (BACKWARD, WEIGHT_GRAD)
+
     def _marked(self, op: Op) -> bool:
         """Whether ``op`` is lowered with its DP markers: every op under ZeRO-3, the final
-        ops with gradient buckets, the ops that gather the step's parameters."""
-        return self.zero3 or (self.overlap and op in self.final_ops) or op in self.gathering
+        ops with gradient buckets, every backward under a ZeRO-2 that reduces every
+        micro-batch, the ops that gather the step's parameters."""
+        return (self.zero3 or (self.overlap and op in self.final_ops) or self._reduces(op)
+                or op in self.gathering)
 
     def _deps(self, g: int, local: Sequence[tuple[int, bool]]) -> tuple[int, ...]:
         """What op's first instruction on GPU ``g`` waits for: per producer (its position,

@@ -109,7 +109,10 @@ class PieceLowering:
     n+1 waits only for piece n-1 to end, so it overlaps piece n; the first
     piece of the rank's next op is prefetched during the last piece of this
     one); after each piece's backward its gradients are reduce-scattered.
-    Every micro-batch gathers again and reduce-scatters its own gradients.
+    Every micro-batch gathers again and reduce-scatters its own gradients. A ZeRO-2 that
+    reduces every micro-batch (``per_microbatch``: PyTorch FSDP without ``no_sync``,
+    DeepSpeed's stage 2) reduce-scatters the same per-layer units in every backward, with
+    no gathers.
 
     ``overlap_grad_reduce`` (Megatron-LM's ``--overlap-grad-reduce``, PyTorch
     DDP buckets, Li et al. 2020): in the last backward (or W) of each stage,
@@ -150,7 +153,8 @@ class PieceLowering:
 
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, zero_stage: int, collapse: Collapse | None,
-                 lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None) -> None:
+                 lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None,
+                 per_microbatch: bool = False) -> None:
         self.b, self.costs, self.placement = b, costs, placement
         self.gather_chain = gather_chain or {}
         """``overlap_param_gather``: per first forward of a stage, the next one on its rank
@@ -158,6 +162,9 @@ class PieceLowering:
         self.collapse = None if collapse is None else with_all_to_all(collapse)
         self.schedule, self.lanes = schedule, lanes
         self.zero3 = zero_stage == 3
+        self.per_unit = self.zero3 or per_microbatch
+        """Each gradient unit reduce-scattered as its backward finishes it (ZeRO-3, and a ZeRO-2
+        that reduces every micro-batch), not in buckets of the step's last backward."""
         self.grad_op = grad_op(zero_stage)
         self.bucket_bytes = float(getattr(costs, "grad_bucket_bytes", 25e6))
         self.stage0_only = bool(getattr(costs, "grad_buckets_stage0_only", False))
@@ -180,6 +187,10 @@ class PieceLowering:
         """Per GPU, its last DP collective issued during the ops."""
         self.reduced: set[int] = set()
         """Stages whose gradients were reduced during their ops (none left for the step end)."""
+        self.cp_group: dict[int, tuple[int, ...]] = {}
+        """All-gather CP: each GPU's CP group (:meth:`_cp_group`)."""
+        self.cp_groups: dict[int, tuple[tuple[int, ...], ...]] = {}
+        """All-gather CP: each pipeline rank's CP groups (:meth:`_cp_groups`)."""
         cp = placement.degree("cp")
         self.ring_next = {g: placement.gpu(**{**placement.coords(g),
                                               "cp": (placement.coords(g)["cp"] + 1) % cp})
@@ -332,7 +343,7 @@ class PieceLowering:
                 for g in gpus:
                     self._end_piece(g, prev[g][0])
             for ready in piece.ready:
-                if self.zero3:
+                if self.per_unit:
                     self._dp(r, prev, f"{op} {ready.label} reduce_scatter", "reduce_scatter",
                              ready.nbytes, op.stage, op.mb)
                     if ready.expert_nbytes > 0 and self.expert_replicas > 1:
@@ -349,13 +360,13 @@ class PieceLowering:
                     self._bucket(r, op, prev, size, n_expert, expert=True)
                     expert_bucket -= size
                     n_expert += 1
-        if not self.zero3 and any(piece.ready for piece in pieces):
+        if not self.per_unit and any(piece.ready for piece in pieces):
             if bucket > 0.5:  # bytes: what float sums leave over is not a bucket
                 self._bucket(r, op, prev, bucket, n_buckets)
             if expert_bucket > 0.5:
                 self._bucket(r, op, prev, expert_bucket, n_expert, expert=True)
             self.reduced.add(op.stage)
-        if self.zero3 and marked:
+        if marked and (self.zero3 or (self.per_unit and any(piece.ready for piece in pieces))):
             self.reduced.add(op.stage)
         for g in gpus:
             last[(k, g)] = prev[g][0]
@@ -437,11 +448,51 @@ class PieceLowering:
                     cur[g] = (ids[g],)
         return cur
 
+    def _cp_group(self, g: int) -> tuple[int, ...]:
+        """The CP group of GPU ``g``, in CP order (worked out once per GPU)."""
+        group = self.cp_group.get(g)
+        if group is None:
+            coords = self.placement.coords(g)
+            group = self.cp_group[g] = tuple(self.placement.gpu(**{**coords, "cp": c})
+                                             for c in range(self.placement.degree("cp")))
+        return group
+
+    def _cp_groups(self, r: int) -> tuple[tuple[int, ...], ...]:
+        """The CP groups of pipeline rank ``r`` (worked out once per rank)."""
+        groups = self.cp_groups.get(r)
+        if groups is None:
+            groups = self.cp_groups[r] = tuple(dict.fromkeys(
+                self._cp_group(x) for group in tp_groups(self.placement, r) for x in group))
+        return groups
+
+    def _cp_collective_full(self, op: Op, ring: RingAttention, cur: dict[int, tuple[int, ...]],
+                            name: str, kind_op: str) -> dict[int, tuple[int, ...]]:
+        """``kind_op`` over the CP group of every GPU in ``cur`` (all-gather CP)."""
+        out = dict(cur)
+        for group in dict.fromkeys(self._cp_group(g) for g in cur):
+            ids = self.b.collective(group, {x: cur[x] for x in group}, kind=ring.kind,
+                                    name=f"{op} {ring.label} {name}", op=kind_op,
+                                    nbytes=ring.nbytes, stage=op.stage, mb=op.mb)
+            out.update({x: (ids[x],) for x in group})
+        return out
+
     def _ring_full(self, op: Op, ring: RingAttention, cur: dict[int, tuple[int, ...]]
                    ) -> dict[int, tuple[int, ...]]:
         """Ring attention on every GPU of the rank: block j waits for the pass that brought
-        its K/V; the pass of block j + 1 leaves once block j's K/V arrived."""
+        its K/V; the pass of block j + 1 leaves once block j's K/V arrived. All-gather CP
+        (``ring.gathered``): the gather, the blocks, in the backward the reduce-scatter."""
         b, blk = self.b, ring.block
+        if ring.gathered:
+            cur = self._cp_collective_full(op, ring, cur, "all_gather", "all_gather")
+            for _ in range(ring.steps):
+                for g in cur:
+                    cur[g] = (b.compute(g, op.kind, blk.label, cur[g], flops=blk.flops,
+                                        hbm_bytes=blk.hbm_bytes, attn_flops=blk.attn_flops,
+                                        elementwise_bytes=blk.elementwise_bytes,
+                                        gemm_dims=blk.gemm_dims, stage=op.stage, mb=op.mb),)
+            if ring.scatter_grads:
+                cur = self._cp_collective_full(op, ring, cur, "reduce_scatter", "reduce_scatter")
+            return cur
         start = dict(cur)
         recv: dict[int, int] = {}
         for j in range(ring.steps):
@@ -477,8 +528,7 @@ class PieceLowering:
         seen = piece.compute_before
         for i, run in enumerate(runs):
             if isinstance(run[0], RingAttention):
-                deps = self._ring_collapsed(op, run[0], g, r, deps)
-                ring_s = run[0].steps * self.collapse.on(g).compute_s(run[0].block)
+                deps, ring_s = self._ring_collapsed(op, run[0], g, r, deps)
                 pending[r] = {kind: left - ring_s for kind, left in pending[r].items()
                               if left > ring_s}
                 continue
@@ -499,9 +549,14 @@ class PieceLowering:
         return {g: deps}
 
     def _ring_collapsed(self, op: Op, ring: RingAttention, g: int, r: int,
-                        deps: tuple[int, ...]) -> tuple[int, ...]:
+                        deps: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
+        """The ring (or the all-gather CP) on the representative GPU ``g``, each collective
+        timed with all of rank ``r``'s CP groups at once; its last instruction and the time
+        it takes alone."""
         assert self.collapse is not None
         p = self.placement
+        if ring.gathered:
+            return self._gathered_collapsed(op, ring, g, r, deps)
         pairs = tuple((x, self.ring_next[x]) for group in tp_groups(p, r) for x in group)
         pass_s = self.collapse.collective_s("send", pairs, ring.nbytes)
         block_s = self.collapse.on(g).compute_s(ring.block)
@@ -516,4 +571,31 @@ class PieceLowering:
             deps = (self.b.compute(g, op.kind, blk.label, deps + ((sent,) if j >= 1 else ()),
                                    duration_s=block_s, flops=blk.flops,
                                    attn_flops=blk.attn_flops, stage=op.stage, mb=op.mb),)
-        return deps
+        return deps, ring.steps * block_s
+
+    def _gathered_collapsed(self, op: Op, ring: RingAttention, g: int, r: int,
+                            deps: tuple[int, ...]) -> tuple[tuple[int, ...], float]:
+        """All-gather CP on the representative GPU: the gather, the blocks, in the backward
+        the reduce-scatter (:meth:`_ring_collapsed`)."""
+        assert self.collapse is not None
+        groups = self._cp_groups(r)
+        block_s = self.collapse.on(g).compute_s(ring.block)
+        blk = ring.block
+        times = {kind_op: self.collapse.collective_s(kind_op, groups, ring.nbytes)
+                 for kind_op in ("all_gather", "reduce_scatter")[:1 + ring.scatter_grads]}
+
+        def collective(kind_op: str, after: tuple[int, ...]) -> tuple[int, ...]:
+            return (self.b.collective((g,), {g: after}, kind=ring.kind,
+                                      name=f"{op} {ring.label} {kind_op}", op=kind_op,
+                                      nbytes=ring.nbytes, stage=op.stage, mb=op.mb,
+                                      duration_s=times[kind_op])[g],)
+
+        deps = collective("all_gather", deps)
+        for _ in range(ring.steps):
+            deps = (self.b.compute(g, op.kind, blk.label, deps, duration_s=block_s,
+                                   flops=blk.flops, attn_flops=blk.attn_flops,
+                                   stage=op.stage, mb=op.mb),)
+        if ring.scatter_grads:
+            deps = collective("reduce_scatter", deps)
+        total = ring.steps * block_s + sum(times.values())
+        return deps, total
