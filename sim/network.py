@@ -223,7 +223,14 @@ class FlowNetwork:
             finite = self._finite[links] = tuple([link for link in links if cap[link] < math.inf])
         nbytes = float(nbytes)
         self._flows[flow_id] = _Flow(links, nbytes, finite, 0.0, math.inf, nbytes, now)
-        self._attach(flow_id, finite)
+        on_link = self._on_link  # _attach, inline (once per flow)
+        for link in finite:
+            users = on_link.get(link)
+            if users is None:
+                on_link[link] = {flow_id: None}
+            else:
+                users[flow_id] = None
+        self._touched.append(flow_id)
         self._dirty = True
 
     def _attach(self, fid: int, finite: tuple[int, ...]) -> None:
@@ -328,13 +335,19 @@ class FlowNetwork:
             if flow is not None and flow.end_s == end:
                 due.add(fid)
         done = sorted(due)
-        carried = self.bytes_on_link
+        carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
         for fid in done:
-            flow = self._flows.pop(fid)
+            flow = flows.pop(fid)
             nbytes = flow.nbytes
             for link in flow.links:
                 carried[link] = carried.get(link, 0.0) + nbytes
-            self._detach(fid, flow.finite)
+            for link in flow.finite:  # _detach, inline (once per flow)
+                users = on_link[link]
+                del users[fid]
+                if users:  # a link left without flows has none to re-rate
+                    touched.append(link)
+                else:
+                    del on_link[link]
         if done or self._dirty:
             self._rerate(now)
             self._dirty = False
