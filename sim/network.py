@@ -56,16 +56,22 @@ def max_min_rates(
     share, and remove their share from every link they cross. Flows that cross
     only infinite-capacity links (or none) get an infinite rate.
     """
+    return _filled({fid: tuple([link for link in links if math.isfinite(capacity_Bps[link])])
+                    for fid, links in flows.items()}, capacity_Bps)
+
+
+def _filled(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
+            ) -> dict[int, float]:
+    """:func:`max_min_rates` of flows given by the finite-capacity links they cross."""
     rates: dict[int, float] = {}
     users: dict[int, list[int]] = {}
     for fid, links in flows.items():
         for link in links:
-            if math.isfinite(capacity_Bps[link]):
-                on = users.get(link)
-                if on is None:
-                    users[link] = [fid]
-                else:
-                    on.append(fid)
+            on = users.get(link)
+            if on is None:
+                users[link] = [fid]
+            else:
+                on.append(fid)
     if not users:
         return dict.fromkeys(flows, math.inf)
     # the first round of filling, on its own: it often freezes every flow (all bottlenecked
@@ -153,7 +159,8 @@ class FlowNetwork:
 
     def _component(self) -> dict[int, tuple[int, ...]]:
         """The flows whose max-min rates may have changed: every flow connected, through
-        shared finite links, to a flow started or ended since the last re-rating."""
+        shared finite links, to a flow started or ended since the last re-rating; each with
+        its finite-capacity links."""
         flows, on_link = self._flows, self._on_link
         comp: dict[int, tuple[int, ...]] = {}
         seen_links: set[int] = set()
@@ -161,7 +168,7 @@ class FlowNetwork:
         for fid in self._touched:
             flow = flows.get(fid)
             if flow is not None and fid not in comp:
-                comp[fid] = flow.links
+                comp[fid] = flow.finite
                 stack.extend(flow.finite)
         # links already seen when pushed are skipped when popped: the same visiting order
         # as filtering them out at the push
@@ -172,9 +179,8 @@ class FlowNetwork:
             seen_links.add(link)
             for fid in on_link.get(link, ()):
                 if fid not in comp:
-                    flow = flows[fid]
-                    comp[fid] = flow.links
-                    stack.extend(flow.finite)
+                    finite = comp[fid] = flows[fid].finite
+                    stack.extend(finite)
         self._touched.clear()
         self._touched_links.clear()
         return comp
@@ -183,7 +189,7 @@ class FlowNetwork:
         """Re-rate the touched component; a flow whose rate changes settles the bytes it
         moved at its old rate up to ``now`` and gets a new end time."""
         comp = self._component()
-        rates = max_min_rates(comp, self.capacity_Bps) if comp else {}
+        rates = _filled(comp, self.capacity_Bps) if comp else {}
         self.recomputations += 1
         self.rerated_flows += len(comp)
         self._now = now
