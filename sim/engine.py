@@ -214,8 +214,17 @@ class _PlanRun:
             self.run._after(lat, self._delayed, group)
 
     def _delayed(self, group: list[int]) -> None:
+        """The start delay of transfers ``group`` has passed: each one's flow (:meth:`_flow`,
+        inline: once per transfer)."""
+        plan, run, arrive = self.plan, self.run, self.arrive
+        links_of, nbytes_of, ends = plan.links, plan.nbytes, plan.ends
         for k in group:
-            self._flow(k)
+            links = links_of[k] if plan.epochs[k] == run.epoch else plan.links_of(k, run)
+            nbytes = nbytes_of[k]
+            if nbytes > 0 and links:
+                run._flow(links, nbytes, arrive, k, ends[k])
+            else:
+                arrive(k)
 
     def _flow(self, k: int) -> None:
         plan, run = self.plan, self.run
@@ -645,11 +654,14 @@ class _Run:
     def _arrive(self, i: int, ins: Collective) -> None:
         """A member reaches collective ``ins``; the last one to arrive starts it."""
         self.started[i] = self.now
-        members = self.members.setdefault(ins.key, [])
-        members.append(i)
+        key = ins.key
+        members = self.members.get(key)
+        if members is None:
+            members = self.members[key] = [i]
+        else:
+            members.append(i)
         if len(members) < len(ins.group):
             return
-        key = ins.key
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_collective, key)
         else:
