@@ -386,9 +386,6 @@ class _Run:
         self.completed = 0
         self.ready: deque[int] = deque()
         self.draining = False
-        self._complete_cb = self._complete
-        """:meth:`_complete`, bound once: a compute op's end on the own heap is told by it
-        (:meth:`_loop`)."""
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -462,9 +459,10 @@ class _Run:
     def _loop(self) -> None:
         """Process the own heap's events in order until none is left (SimPy's ``run()``).
 
-        A compute op's end (the commonest event) completes it here, as :meth:`_complete`
-        would, without the call."""
-        heap, complete, ready = self.heap, self._complete_cb, self.ready
+        A compute op's end (the commonest event, pushed with the function :meth:`_complete`
+        as its mark, not bound to the run: :meth:`_drain`) completes it here, as
+        :meth:`_complete` would, without the call."""
+        heap, complete, ready = self.heap, _Run._complete, self.ready
         finished, ended, waiting = self.finished, self.ended, self.waiting
         succ, first = self.succ, self.first
         done = 0
@@ -504,7 +502,7 @@ class _Run:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
         self.draining = True
         ready, instrs = self.ready, self.program.instructions
-        started, mid, timer, complete = self.started, self.mid, self.timer, self._complete_cb
+        started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
         heap = self.heap if self.env is None else None
         while ready:
             i = ready.popleft()
@@ -520,7 +518,7 @@ class _Run:
                     complete(i)
                 elif heap is not None:  # _after on the own heap, inline
                     self.events += 1
-                    heappush(heap, (now + total, self.events, complete, i))
+                    heappush(heap, (now + total, self.events, _Run._complete, i))  # _loop
                 else:
                     self._after(total, complete, i)
             elif cls is Send:

@@ -82,9 +82,10 @@ def _filled(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
     first: dict[int, float] = {}
     for link, r in ratio.items():
         if r <= within:
-            first.update(dict.fromkeys(users[link], share))
+            for fid in users[link]:
+                first[fid] = share
     if len(first) == len(flows) or (len(first) < len(flows) and all(
-            fid in first or not any(link in users for link in flows[fid]) for fid in flows)):
+            fid in first or not flows[fid] for fid in flows)):  # no finite link: not in users
         for fid in flows:
             first.setdefault(fid, math.inf)
         return first

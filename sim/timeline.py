@@ -436,7 +436,10 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
                 waiting, start = [i], ready_s[i]
             if kind in comm_kinds:
                 for j in waiting:
-                    own = lane((instrs[j][1], kind))
+                    key = (instrs[j][1], kind)
+                    own = intervals.get(key)  # lane(key), inline (once per member)
+                    if own is None:
+                        own = intervals[key] = array("d")
                     own.append(start)
                     own.append(end_s[j])
     return Summaries(intervals, dict(sorted(peaks.items())), dict(sorted(floors.items())),
