@@ -125,9 +125,13 @@ class _CompiledPlan:
     ``route``: the run's routes (link indices into the run's cluster); ``epoch``: the
     run's routing epoch they were taken in. A link failure in the middle of the run starts
     a new epoch, and a transfer started after it takes its route again (:meth:`links_of`;
-    its start delay, the plan's latency, is kept)."""
+    its start delay, the plan's latency, is kept). ``now`` and ``later``: the roots (the
+    transfers without dependencies) as :meth:`_PlanRun._start` starts them, worked out
+    once: those without delay in order, then per delay (in order of first occurrence) its
+    roots in order."""
 
-    __slots__ = ("deps", "dependents", "ends", "epochs", "latency", "links", "nbytes", "roots")
+    __slots__ = ("deps", "dependents", "ends", "epochs", "latency", "later", "links", "nbytes",
+                 "now", "roots")
 
     def __init__(self, cluster: Cluster, steps: tuple[Transfer, ...],
                  route: Callable[[Endpoint, Endpoint], Route] | None = None,
@@ -144,6 +148,12 @@ class _CompiledPlan:
         self.links = [route(s.src, s.dst).links for s in steps]
         self.nbytes = [s.nbytes for s in steps]
         self.roots = [i for i, s in enumerate(steps) if not s.deps]
+        self.now = [k for k in self.roots if not self.latency[k] > 0]
+        later: dict[float, list[int]] = {}
+        for k in self.roots:
+            if self.latency[k] > 0:
+                later.setdefault(self.latency[k], []).append(k)
+        self.later = list(later.items())
 
     def links_of(self, k: int, run: _Run) -> tuple[int, ...]:
         """Transfer ``k``'s links, taken again if links failed since they were taken."""
@@ -160,21 +170,31 @@ class _PlanRun:
     bytes as a flow. Transfers that become ready together with the same delay
     share one SimPy event (they would start at the same instant anyway).
     Arrivals are drained from a queue, so long zero-time chains do not recurse.
+    ``done(arg)`` after the last arrival.
     """
 
-    __slots__ = ("draining", "done", "left", "plan", "queue", "run", "waiting")
+    __slots__ = ("arg", "done", "draining", "left", "plan", "queue", "run", "waiting")
 
-    def __init__(self, run: _Run, plan: _CompiledPlan, done: Callable[[], None]) -> None:
+    def __init__(self, run: _Run, plan: _CompiledPlan, done: Callable[[int], None],
+                 arg: int) -> None:
         self.run = run
         self.plan = plan
         self.done = done
-        self.waiting = list(plan.deps)
+        self.arg = arg
+        self.waiting: list[int] | None = None
+        """Unarrived dependencies per transfer, copied from the plan at the first arrival
+        that releases a dependent."""
         self.left = len(plan.deps)
-        self.queue: deque[int] = deque()
+        self.queue: deque[int] | None = None
         self.draining = False
 
     def begin(self) -> None:
-        self._start(self.plan.roots)
+        """Start the roots: those without delay now, the others one event per delay."""
+        plan, run = self.plan, self.run
+        for k in plan.now:
+            self._flow(k)
+        for lat, group in plan.later:
+            run._after(lat, self._delayed, group)
 
     def _start(self, ready: list[int]) -> None:
         """Start transfers that just became ready: now if without delay, else grouped by delay."""
@@ -194,8 +214,17 @@ class _PlanRun:
             self.run._after(lat, self._delayed, group)
 
     def _delayed(self, group: list[int]) -> None:
+        """The start delay of transfers ``group`` has passed: each one's flow (:meth:`_flow`,
+        inline: once per transfer)."""
+        plan, run, arrive = self.plan, self.run, self.arrive
+        links_of, nbytes_of, ends = plan.links, plan.nbytes, plan.ends
         for k in group:
-            self._flow(k)
+            links = links_of[k] if plan.epochs[k] == run.epoch else plan.links_of(k, run)
+            nbytes = nbytes_of[k]
+            if nbytes > 0 and links:
+                run._flow(links, nbytes, arrive, k, ends[k])
+            else:
+                arrive(k)
 
     def _flow(self, k: int) -> None:
         plan, run = self.plan, self.run
@@ -207,18 +236,22 @@ class _PlanRun:
             self.arrive(k)
 
     def arrive(self, i: int) -> None:
-        """Transfer ``i`` has arrived: release its dependents; ``done()`` after the last."""
+        """Transfer ``i`` has arrived: release its dependents; ``done(arg)`` after the last."""
         if not self.draining and not self.plan.dependents[i]:  # a leaf: nothing to release
             self.left -= 1
             if self.left == 0:
-                self.done()
+                self.done(self.arg)
             return
         queue = self.queue
+        if queue is None:
+            queue = self.queue = deque()
+            self.waiting = list(self.plan.deps)
         queue.append(i)
         if self.draining:
             return
         self.draining = True
         waiting, dependents = self.waiting, self.plan.dependents
+        assert waiting is not None
         while queue:
             j = queue.popleft()
             self.left -= 1
@@ -231,7 +264,7 @@ class _PlanRun:
                 self._start(ready)
         self.draining = False
         if self.left == 0:
-            self.done()
+            self.done(self.arg)
 
 
 def _stream_of(ins: Instruction) -> object:
@@ -424,12 +457,32 @@ class _Run:
         callback(event.value)
 
     def _loop(self) -> None:
-        """Process the own heap's events in order until none is left (SimPy's ``run()``)."""
-        heap = self.heap
+        """Process the own heap's events in order until none is left (SimPy's ``run()``).
+
+        A compute op's end (the commonest event, pushed with the function :meth:`_complete`
+        as its mark, not bound to the run: :meth:`_drain`) completes it here, as
+        :meth:`_complete` would, without the call."""
+        heap, complete, ready = self.heap, _Run._complete, self.ready
+        finished, ended, waiting = self.finished, self.ended, self.waiting
+        succ, first = self.succ, self.first
+        done = 0
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
-            callback(value)
+            if callback is complete:
+                finished[value] = 1
+                done += 1
+                ended[value] = at
+                for j in succ[first[value]:first[value + 1]]:
+                    left = waiting[j] - 1
+                    waiting[j] = left
+                    if not left:
+                        ready.append(j)
+                if ready:
+                    self._drain()
+            else:
+                callback(value)
+        self.completed += done
 
     def _complete(self, i: int) -> None:
         """Instruction ``i`` is done: release its successors; start those now free."""
@@ -465,7 +518,7 @@ class _Run:
                     complete(i)
                 elif heap is not None:  # _after on the own heap, inline
                     self.events += 1
-                    heappush(heap, (now + total, self.events, complete, i))
+                    heappush(heap, (now + total, self.events, _Run._complete, i))  # _loop
                 else:
                     self._after(total, complete, i)
             elif cls is Send:
@@ -599,11 +652,14 @@ class _Run:
     def _arrive(self, i: int, ins: Collective) -> None:
         """A member reaches collective ``ins``; the last one to arrive starts it."""
         self.started[i] = self.now
-        members = self.members.setdefault(ins.key, [])
-        members.append(i)
+        key = ins.key
+        members = self.members.get(key)
+        if members is None:
+            members = self.members[key] = [i]
+        else:
+            members.append(i)
         if len(members) < len(ins.group):
             return
-        key = ins.key
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_collective, key)
         else:
@@ -618,7 +674,7 @@ class _Run:
         key, plan = value
         steps = plan.transfers
         if steps:
-            self._run_plan(steps, lambda: self._finish_collective(key))
+            self._run_plan(steps, self._finish_collective, key)
         else:
             self._finish_collective(key)
 
@@ -639,13 +695,15 @@ class _Run:
                                                        ins.skew)
         return steps
 
-    def _run_plan(self, steps: tuple[Transfer, ...], done: Callable[[], None]) -> None:
-        """Run a plan's transfers as their dependencies arrive; call ``done()`` after the last."""
+    def _run_plan(self, steps: tuple[Transfer, ...], done: Callable[[int], None],
+                  arg: int) -> None:
+        """Run a plan's transfers as their dependencies arrive; call ``done(arg)`` after the
+        last."""
         compiled = self._compiled.get(id(steps))
         if compiled is None:
             compiled = self._compiled[id(steps)] = _CompiledPlan(self.topology, steps,
                                                                  self.route, self.epoch)
-        _PlanRun(self, compiled, done).begin()
+        _PlanRun(self, compiled, done, arg).begin()
 
     # ------------------------------------------------------------------ run
 

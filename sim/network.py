@@ -56,16 +56,22 @@ def max_min_rates(
     share, and remove their share from every link they cross. Flows that cross
     only infinite-capacity links (or none) get an infinite rate.
     """
+    return _filled({fid: tuple([link for link in links if math.isfinite(capacity_Bps[link])])
+                    for fid, links in flows.items()}, capacity_Bps)
+
+
+def _filled(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
+            ) -> dict[int, float]:
+    """:func:`max_min_rates` of flows given by the finite-capacity links they cross."""
     rates: dict[int, float] = {}
     users: dict[int, list[int]] = {}
     for fid, links in flows.items():
         for link in links:
-            if math.isfinite(capacity_Bps[link]):
-                on = users.get(link)
-                if on is None:
-                    users[link] = [fid]
-                else:
-                    on.append(fid)
+            on = users.get(link)
+            if on is None:
+                users[link] = [fid]
+            else:
+                on.append(fid)
     if not users:
         return dict.fromkeys(flows, math.inf)
     # the first round of filling, on its own: it often freezes every flow (all bottlenecked
@@ -76,9 +82,10 @@ def max_min_rates(
     first: dict[int, float] = {}
     for link, r in ratio.items():
         if r <= within:
-            first.update(dict.fromkeys(users[link], share))
+            for fid in users[link]:
+                first[fid] = share
     if len(first) == len(flows) or (len(first) < len(flows) and all(
-            fid in first or not any(link in users for link in flows[fid]) for fid in flows)):
+            fid in first or not flows[fid] for fid in flows)):  # no finite link: not in users
         for fid in flows:
             first.setdefault(fid, math.inf)
         return first
@@ -153,7 +160,8 @@ class FlowNetwork:
 
     def _component(self) -> dict[int, tuple[int, ...]]:
         """The flows whose max-min rates may have changed: every flow connected, through
-        shared finite links, to a flow started or ended since the last re-rating."""
+        shared finite links, to a flow started or ended since the last re-rating; each with
+        its finite-capacity links."""
         flows, on_link = self._flows, self._on_link
         comp: dict[int, tuple[int, ...]] = {}
         seen_links: set[int] = set()
@@ -161,7 +169,7 @@ class FlowNetwork:
         for fid in self._touched:
             flow = flows.get(fid)
             if flow is not None and fid not in comp:
-                comp[fid] = flow.links
+                comp[fid] = flow.finite
                 stack.extend(flow.finite)
         # links already seen when pushed are skipped when popped: the same visiting order
         # as filtering them out at the push
@@ -172,9 +180,8 @@ class FlowNetwork:
             seen_links.add(link)
             for fid in on_link.get(link, ()):
                 if fid not in comp:
-                    flow = flows[fid]
-                    comp[fid] = flow.links
-                    stack.extend(flow.finite)
+                    finite = comp[fid] = flows[fid].finite
+                    stack.extend(finite)
         self._touched.clear()
         self._touched_links.clear()
         return comp
@@ -183,7 +190,7 @@ class FlowNetwork:
         """Re-rate the touched component; a flow whose rate changes settles the bytes it
         moved at its old rate up to ``now`` and gets a new end time."""
         comp = self._component()
-        rates = max_min_rates(comp, self.capacity_Bps) if comp else {}
+        rates = _filled(comp, self.capacity_Bps) if comp else {}
         self.recomputations += 1
         self.rerated_flows += len(comp)
         self._now = now
@@ -223,7 +230,14 @@ class FlowNetwork:
             finite = self._finite[links] = tuple([link for link in links if cap[link] < math.inf])
         nbytes = float(nbytes)
         self._flows[flow_id] = _Flow(links, nbytes, finite, 0.0, math.inf, nbytes, now)
-        self._attach(flow_id, finite)
+        on_link = self._on_link  # _attach, inline (once per flow)
+        for link in finite:
+            users = on_link.get(link)
+            if users is None:
+                on_link[link] = {flow_id: None}
+            else:
+                users[flow_id] = None
+        self._touched.append(flow_id)
         self._dirty = True
 
     def _attach(self, fid: int, finite: tuple[int, ...]) -> None:
@@ -328,13 +342,19 @@ class FlowNetwork:
             if flow is not None and flow.end_s == end:
                 due.add(fid)
         done = sorted(due)
-        carried = self.bytes_on_link
+        carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
         for fid in done:
-            flow = self._flows.pop(fid)
+            flow = flows.pop(fid)
             nbytes = flow.nbytes
             for link in flow.links:
                 carried[link] = carried.get(link, 0.0) + nbytes
-            self._detach(fid, flow.finite)
+            for link in flow.finite:  # _detach, inline (once per flow)
+                users = on_link[link]
+                del users[fid]
+                if users:  # a link left without flows has none to re-rate
+                    touched.append(link)
+                else:
+                    del on_link[link]
         if done or self._dirty:
             self._rerate(now)
             self._dirty = False

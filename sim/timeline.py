@@ -385,6 +385,7 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
             out = intervals[key] = array("d")
         return out
 
+    compute_lane: dict[int, array] = {}  # per GPU, its compute stream's lane (of intervals)
     for ins in instrs:
         cls = type(ins)
         if cls is Compute:
@@ -398,7 +399,9 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
                 if free:
                     mem_now[g] -= free
                     _sample(peaks, floors, g, mem_now[g])
-            stream = lane((g, COMPUTE_STREAM))
+            stream = compute_lane.get(g)
+            if stream is None:
+                stream = compute_lane[g] = lane((g, COMPUTE_STREAM))
             stream.append(t)
             stream.append(mid)
             if kind in comm_kinds:  # as span_intervals would count it (no compute kind is)
@@ -418,14 +421,25 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
                     own.append(t)
                     own.append(stop)
         else:
-            i, kind = ins[0], ins[2]
-            arrived = _arrived(members, i, ins[7], ins[9], ready_s)
-            if arrived is None:
-                continue
-            waiting, start = arrived
+            i, kind, group = ins[0], ins[2], ins[7]
+            if len(group) > 1:  # _arrived, inline (once per member)
+                waiting = members.get(ins[9])
+                if waiting is None:
+                    members[ins[9]] = [i]
+                    continue
+                waiting.append(i)
+                if len(waiting) < len(group):
+                    continue
+                del members[ins[9]]
+                start = max([ready_s[j] for j in waiting])
+            else:
+                waiting, start = [i], ready_s[i]
             if kind in comm_kinds:
                 for j in waiting:
-                    own = lane((instrs[j].gpu, kind))
+                    key = (instrs[j][1], kind)
+                    own = intervals.get(key)  # lane(key), inline (once per member)
+                    if own is None:
+                        own = intervals[key] = array("d")
                     own.append(start)
                     own.append(end_s[j])
     return Summaries(intervals, dict(sorted(peaks.items())), dict(sorted(floors.items())),
