@@ -791,6 +791,32 @@ def test_megatron_fp8_casts_follow_transformer_engine_layer_spec() -> None:
         [2 * x for x in bf16._elementwise_forward()])
 
 
+def test_megatron_fp8_casts_every_moe_mlp_gemm_input() -> None:
+    """A MoE layer's MLP block in FP8 casts every GEMM input forward and every output
+    gradient backward (4 bytes an element): Megatron-core's MoE spec has a standalone
+    pre_mlp_layernorm (megatron/core/models/gpt/gpt_layer_specs.py), so the routed rows reach
+    TEGroupedMLP's GroupedLinear (moe/experts.py) in bf16, and the shared experts'
+    TEColumnParallelLinear (moe/shared_experts.py) likewise; the attention block's casts are a
+    dense layer's."""
+    mix = replace(PRESETS["mixtral-8x7b"], num_layers=4, seq_length=2048)
+    m = replace(mix, moe=replace(mix.moe, shared_experts=1))
+    base = TransformerCosts(m, 1, 2, 2, (4,), sequence_parallel=True, ep=2,
+                            precision="fp8", fp8_speedup=2.0)
+    meg = apply_framework(base, FRAMEWORKS["megatron"], 1)
+    plain = replace(meg, fp8_cast_bytes=0.0)
+    n, h, t, f, k = 2048, m.hidden_size, 2, m.moe.expert_ffn_hidden_size, m.moe.top_k
+    routed = n * k
+    fwd = [a - b for a, b in zip(meg._elementwise_forward(), plain._elementwise_forward(),
+                                 strict=True)]
+    rows = routed  # gathered over the expert TP group (e = t): all the group's copies
+    assert fwd == pytest.approx([4 * n * m.attn_out_dim / t,
+                                 4 * (rows * h + routed * f / t + n * (h + f / t))])
+    back = meg._backward_elementwise(*meg._elementwise_forward())
+    base_back = plain._backward_elementwise(*plain._elementwise_forward())
+    assert back[1] - base_back[1] == pytest.approx(
+        4 * (routed * 2 * f / t + rows * h + n * (2 * f / t + h)))
+
+
 def test_megatron_fuses_rope_and_swiglu_eager_frameworks_do_not() -> None:
     """Megatron-LM's default apply_rope_fusion and bias_swiglu_fusion: 4 bytes an element of
     q and k, 6 an ffn element, against the eager 20 and 10 (torchtitan, Hagemann's sweep);

@@ -738,18 +738,49 @@ class TransformerCosts:
         projection's input (o/t an element of a token) and the second MLP GEMM's (f/t);
         backward, every GEMM's output gradient cast and transposed (QKV (q + 2·kv)/t, output
         h, first MLP f·(matrices − 1)/t, second MLP h) and the two norm outputs transposed
-        for the weight gradients (h each, :data:`FP8_TRANSPOSE_BYTES`)."""
+        for the weight gradients (h each, :data:`FP8_TRANSPOSE_BYTES`).
+
+        A MoE layer's attention block is a dense layer's; its MLP block is
+        :meth:`_moe_fp8_casts`."""
         m, t, n = self.model, self.tp, self._tokens
-        if self.precision != "fp8" or not self.fp8_cast_bytes or m.moe is not None:
+        if self.precision != "fp8" or not self.fp8_cast_bytes:
             return (0.0, 0.0), (0.0, 0.0)
         c, h = self.fp8_cast_bytes, m.hidden_size
         if not self.fp8_norm_cast_fused:
             fwd = (c * n * (h + m.attn_out_dim / t), c * n * (h + m.ffn_hidden_size / t))
-            return fwd, (BACKWARD_ELEMENTWISE * fwd[0], BACKWARD_ELEMENTWISE * fwd[1])
-        fwd = (c * n * m.attn_out_dim / t, c * n * m.ffn_hidden_size / t)
-        mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
-        bwd = (c * n * ((m.q_dim + 2 * m.kv_dim) / t + h) + FP8_TRANSPOSE_BYTES * n * h,
-               c * n * (mid + h) + FP8_TRANSPOSE_BYTES * n * h)
+            bwd = (BACKWARD_ELEMENTWISE * fwd[0], BACKWARD_ELEMENTWISE * fwd[1])
+        else:
+            mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
+            fwd = (c * n * m.attn_out_dim / t, c * n * m.ffn_hidden_size / t)
+            bwd = (c * n * ((m.q_dim + 2 * m.kv_dim) / t + h) + FP8_TRANSPOSE_BYTES * n * h,
+                   c * n * (mid + h) + FP8_TRANSPOSE_BYTES * n * h)
+        if m.moe is None:
+            return fwd, bwd
+        moe_fwd, moe_bwd = self._moe_fp8_casts()
+        return (fwd[0], moe_fwd), (bwd[0], moe_bwd)
+
+    def _moe_fp8_casts(self) -> tuple[float, float]:
+        """HBM bytes of the FP8 casts of one MoE layer's MLP block on one GPU, (forward,
+        backward), :attr:`fp8_cast_bytes` an element whether or not
+        :attr:`fp8_norm_cast_fused`: no GEMM input of the block leaves a fused norm kernel.
+        Megatron-core's MoE layer spec gives the block a standalone ``pre_mlp_layernorm``
+        (megatron/core/models/gpt/gpt_layer_specs.py, ``pre_mlp_layernorm=
+        backend.layer_norm() if num_experts else IdentityOp``), the router and the token
+        dispatch run between it and the experts, whose ``TEGroupedMLP``
+        (megatron/core/transformer/moe/experts.py) runs TransformerEngine's ``GroupedLinear``
+        on the permuted bf16 rows, and the shared experts are ``TEColumnParallelLinear`` /
+        ``TERowParallelLinear`` on the gathered tokens (shared_experts.py): forward, every
+        GEMM's input is cast and transposed (the routed rows' h and f_e/t, :attr:`_expert_rows`
+        and :attr:`_routed_rows` as :meth:`_elementwise_forward` counts them; every token's
+        h and f_s/t); backward, every GEMM's output gradient (h and f·(matrices − 1)/t)."""
+        m, t, n = self.model, self.tp, self._tokens
+        moe = m.moe
+        assert moe is not None
+        c, h, f = self.fp8_cast_bytes, m.hidden_size, moe.expert_ffn_hidden_size
+        rows, routed, glu = self._expert_rows, self._routed_rows, m.mlp_matrices - 1
+        fs = moe.shared_experts * f
+        fwd = c * (rows * h + routed * f / t + n * (h + fs / t) * (fs > 0))
+        bwd = c * (routed * f * glu / t + rows * h + n * (fs * glu / t + h) * (fs > 0))
         return fwd, bwd
 
     def _backward_elementwise(self, ew_attn: float, ew_mlp: float) -> tuple[float, float]:
