@@ -121,7 +121,7 @@ def test_llama3_405b_rows_fit_but_for_the_allocators_overhead(index: int, m: int
     2(p - r - 1) + (v - 1)N holds 2*14 + 7*16 + 1 = 141 one-layer stashes with 32
     micro-batches per pipeline and all 8 x 16 = 128 with 16. The peak before the allocator's
     overhead (model state, stashes, working memory, reserved) is below the H100's 79.3 GiB;
-    the run is out of memory only with the caching allocator's 42% on the dynamic part,
+    the run is out of memory only with the caching allocator's fitted 24% on the dynamic part,
     fitted on another framework's A100 runs (a known gap, README)."""
     from sim.calibration import default_profile
     from sim.corpus import CORPUS_DIR, load_source
