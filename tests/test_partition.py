@@ -85,7 +85,7 @@ def test_auto_respects_the_memory_limit() -> None:
     1F1B; the WAN would have it take more layers than fit, so it takes as many as fit,
     and the simulated peak memory is within capacity."""
     exp = load_experiment(WAN).with_changes({
-        "model.preset": "gpt3-6.7b", "training.micro_batch_size": 4,
+        "model.preset": "gpt3-6.7b", "training.micro_batch_size": 8,
         "training.global_batch_size": 64, "cluster.preset": "dgx-a100-40g"})
     split = exp.costs.stage_layers
     fits = _memory_fits(exp.costs, exp.schedule, exp.placement, exp.cluster)

@@ -96,6 +96,9 @@ class FrameworkProfile:
     swiglu_bytes: float
     """HBM bytes per ffn element that the framework's silu(gate)·up moves forward:
     ``TransformerCosts.swiglu_bytes``."""
+    swiglu_stash_bytes: float
+    """Bytes per ffn element a gated MLP keeps for the backward, from silu(gate)·up to the down
+    projection's input: ``TransformerCosts.swiglu_stash_bytes``."""
     zero3_unsharded_under_pp: bool
     """ZeRO-3 under PP keeps each stage's parameters and accumulated gradients unsharded
     through the step: ``TransformerCosts.zero3_unsharded_under_pp``."""
@@ -147,11 +150,12 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
            "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
-           "zero2_reduce_every_microbatch", "cp_kv_all_gather")
+           "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
-          "tied_grad_reduce_bytes", "rope_bytes", "swiglu_bytes")
+          "tied_grad_reduce_bytes", "rope_bytes", "swiglu_bytes",
+          "swiglu_stash_bytes")
 """Fields that are bytes: finite numbers, not negative."""
 _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy", "dropout",
           "zero3_unsharded_under_pp", "fp8_norm_cast_fused", "zero2_reduce_every_microbatch",
@@ -303,6 +307,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    fp8_cast_bytes=profile.fp8_cast_bytes,
                    fp8_norm_cast_fused=profile.fp8_norm_cast_fused,
                    rope_bytes=profile.rope_bytes, swiglu_bytes=profile.swiglu_bytes,
+                   swiglu_stash_bytes=profile.swiglu_stash_bytes,
                    zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
                    vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
                    grad_accum_bytes=profile.grad_accum_bytes,

@@ -281,6 +281,12 @@ class TransformerCosts:
     """HBM bytes per ffn element that silu(gate)·up moves forward (gated MLPs; the backward
     twice that): 6 for one fused kernel that reads gate and up and writes the product
     (Megatron-LM's default ``bias_swiglu_fusion``), :data:`SWIGLU_BYTES` eager."""
+    swiglu_stash_bytes: float = 6.0
+    """Bytes per ffn element a gated MLP (SwiGLU, GeGLU) keeps for its backward between its
+    first and its down projection, the down projection's input included
+    (:meth:`layer_activation_bytes`): 6 for a fused kernel that saves only its input, gate and
+    up (Megatron-LM's ``bias_swiglu_fusion``), and the product (2 + 2 + 2); 8 eager
+    ``silu(gate) * up``, whose autograd also saves silu(gate), the multiply's operand."""
     zero3_unsharded_under_pp: bool = False
     """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
     parameters once and keeps them unsharded (bf16) through the step, and accumulates the
@@ -1328,7 +1334,8 @@ class TransformerCosts:
         output, 4·f/h; SwiGLU: the gate and up projections' outputs and their
         product silu(gate)·up, the input of the down projection, 6·f/h: the
         backward of silu(g)·u needs g and u only, silu(g) is recomputed from g
-        inside the fused kernel, as Megatron-LM's swiglu saves just its input). Score
+        inside the fused kernel, as Megatron-LM's swiglu saves just its input;
+        :attr:`swiglu_stash_bytes`·f/h in all, 8·f/h eager, which keeps silu(g) too). Score
         matrix 5·a·s/h (Korthikanti's softmax, dropout mask and output) unless
         the attention kernel is flash or attention is recomputed. Full
         recomputation keeps only the layer input (2). For GPT (kv = h, f = 4h)
@@ -1399,7 +1406,7 @@ class TransformerCosts:
                 act_out = (1 if fp8 else 2) * m.moe.expert_ffn_hidden_size / m.hidden_size * rows
         if m.mla is not None:
             replicated += self._latent_bytes(mods) / m.hidden_size
-        mlp = (6 if m.gated_mlp else 4) * ratio - act_out
+        mlp = (self.swiglu_stash_bytes if m.gated_mlp else 4) * ratio - act_out
         if fp8:  # the down projection's input (2 of the 6 or 4) in fp8
             mlp -= ratio
         qkv = 0.0 if "mla_up_proj" in mods else 2 * (m.q_dim + 2 * m.kv_dim) / m.hidden_size
