@@ -180,8 +180,9 @@ _TIME_FIT = (
     "benchmarks/calibrate.py --cache ({date}): bounded least squares on the relative "
     "step-time error of {rows}, linearised around the defaults by finite differences"
 )
-_MEMORY_FIT = ("fragmentation of dynamic memory: grid search on the OOM labels of all 964 runs; "
-               "reserved bytes from documented sizes")
+_MEMORY_FIT = ("fragmentation of dynamic memory: grid search on the OOM labels of all 964 runs "
+               "for the fewest runs that ran flagged out of memory at an accuracy of at least "
+               "95% (issue 19); reserved bytes from documented sizes")
 
 
 def _fitted(fit: dict[str, Any], power: float = 2.0) -> DeviceProfile:
