@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "workloads" / "examples" / "gpt-1.3b-pp4.yaml"
@@ -32,3 +35,14 @@ def assert_golden(path: Path, text: str) -> None:
         path.write_text(text)
     assert path.exists(), f"missing {path}; run with UPDATE_GOLDEN=1 to create it"
     assert path.read_text() == text
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """A fresh copy of ``benchmarks/<name>.py`` (benchmarks is not a package), registered in
+    ``sys.modules`` so that its dataclasses resolve their annotations."""
+    path = ROOT / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

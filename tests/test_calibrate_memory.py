@@ -1,23 +1,13 @@
 """benchmarks/calibrate.py's memory fit: issue 19's criterion on synthetic sweeps."""
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import load_benchmark
 
 GiB = 2**30
 
-
-def _calibrate():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate.py"
-    spec = importlib.util.spec_from_file_location("calibrate_memory_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CAL = _calibrate()
+CAL = load_benchmark("calibrate")
 FREE = CAL.CAPACITY / GiB - 1.0 - 10.0
 """Dynamic GiB that fit beside a 10 GiB static state and 1 GiB reserved."""
 

@@ -3,12 +3,12 @@ bounded least squares that fits it (benchmarks/calibrate.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 from sim.calibration import A100_HAGEMANN
 from sim.device import DeviceProfile, compute_time_s
@@ -17,14 +17,6 @@ from workloads.transformer import _gemm
 
 PEAK = 312e12
 DIMS = (100.0, 700.0, 2048.0, 5441.0, 13237.0)
-
-
-def _calibrate():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "calibrate.py"
-    spec = importlib.util.spec_from_file_location("calibrate_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_without_the_steep_term_the_one_term_curve_is_kept_bit_for_bit() -> None:
@@ -85,7 +77,7 @@ def test_fitted_a100_curve_rises_saturates_and_keeps_thin_shards_slow() -> None:
 
 
 def test_profile_round_trips_through_the_fit_vector() -> None:
-    cal = _calibrate()
+    cal = load_benchmark("calibrate")
     base = DeviceProfile(gemm_half_dim=128.0, gemm_shape_power=3.0)
     x = cal.to_x(A100_HAGEMANN)
     back = cal.from_x(x, base, "")
@@ -100,7 +92,7 @@ def test_bounded_fit_is_the_exact_minimum() -> None:
     """The fit meets the KKT conditions of the box-constrained least squares: zero gradient
     on free constants, pointing out of the box on constants at a bound; unconstrained, it
     recovers an exact linear model."""
-    cal = _calibrate()
+    cal = load_benchmark("calibrate")
     rng = np.random.default_rng(7)
     n, k = 60, 7
     bnds = cal.bounds(3.0)
@@ -134,7 +126,7 @@ def test_bounded_fit_is_the_exact_minimum() -> None:
 def test_l1_fit_is_the_weighted_median_in_one_dimension() -> None:
     """Σ |c_i·x − d_i| is least at the median of d_i/c_i weighted by |c_i|: the fit of the
     MAPE (``--loss l1``) finds it, while least squares gives the weighted mean."""
-    cal = _calibrate()
+    cal = load_benchmark("calibrate")
     rng = np.random.default_rng(11)
     n = 41
     measured = rng.uniform(5.0, 10.0, n)
@@ -162,7 +154,7 @@ def test_calibrate_refuses_sensitivities_of_another_nic_count(
     another NIC count is refused, not silently reused; with the matching one it fits."""
     import sys
 
-    cal = _calibrate()
+    cal = load_benchmark("calibrate")
     cache = tmp_path / "sens.npz"
     ok = 401  # the sweep's successful runs
     rng = np.random.default_rng(3)

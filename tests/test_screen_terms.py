@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import load_benchmark
 
 from sim.validate import Row
-
-
-def _screen_terms():
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "screen_terms.py"
-    spec = importlib.util.spec_from_file_location("screen_terms_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass resolves annotations through it
-    spec.loader.exec_module(module)
-    return module
 
 
 def _synthetic_sweep(st, planted: float):
@@ -51,7 +39,7 @@ def _synthetic_sweep(st, planted: float):
 
 @pytest.mark.parametrize("planted", [0.0, 0.02])
 def test_a_planted_slot_cost_is_recovered_and_explains_every_run(planted: float) -> None:
-    st = _screen_terms()
+    st = load_benchmark("screen_terms")
     rows, facts, T0, A, x0, bounds = _synthetic_sweep(st, planted)
     found = st.screen("slots", rows, facts, T0, A, x0, bounds)
     assert found["coef"] == pytest.approx(planted, abs=1e-9)
