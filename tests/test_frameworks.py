@@ -300,6 +300,22 @@ def test_recompute_num_layers_reaches_the_simulation() -> None:
     assert base.stats["peak_memory_gib"] < part.stats["peak_memory_gib"]
 
 
+def test_partial_recomputation_runs_on_an_end_stage_without_layers() -> None:
+    """Found by the strategies' draws: llama3's ``ends-as-layers`` split can leave an end
+    model chunk without a transformer layer (here the last); with ``recompute_num_layers`` those
+    stages' transient memory took the max over no layer runs (a ValueError)."""
+    exp = Experiment.from_dict({
+        "name": "ends", "schedule": "zb-v", "cluster": {"preset": "ideal", "num_gpus": 2},
+        "model": {"num_layers": 4, "hidden_size": 16, "num_attention_heads": 1,
+                  "ffn_hidden_size": 32, "vocab_size": 256, "seq_length": 16},
+        "parallel": {"tp": 1, "pp": 2, "dp": 1, "vpp": 2},
+        "training": {"num_microbatches": 4, "recompute": "selective", "framework": "llama3",
+                     "recompute_num_layers": 0}})
+    assert exp.costs.stage_layers == (1, 2, 1, 0)  # 4 + 2 places as 2, 2, 1, 1
+    for fidelity in ("full", "collapsed"):
+        assert api.simulate(exp, fidelity=fidelity).stats["peak_memory_gib"] > 0
+
+
 # ------------------------------------------------------------------ precision
 def test_fp8_halves_the_layers_gemm_time_only() -> None:
     """FP8 tensor cores run twice the dense BF16 rate on H100 (datasheet): the layers' GEMM

@@ -1042,9 +1042,11 @@ class TransformerCosts:
 
     def _runs(self, stage: int) -> list[tuple[TransformerCosts, int]]:
         """A stage's layers as ``(costs, count)`` runs of alike layers (one for a uniform
-        model), in stage order of their first layer."""
+        model, and one of count 0 for a stage without layers, as ``ends-as-layers`` splits
+        allow), in stage order of their first layer."""
         k = self.model.first_dense_layers
-        if not k and self.recompute_num_layers is None and self.recompute_every_k_layers is None:
+        if (not k and self.recompute_num_layers is None and self.recompute_every_k_layers is None
+                or not self.stage_layers[stage]):  # uniform, or an end stage of no layer
             return [(self, self.stage_layers[stage])]
         first: dict[tuple[bool, bool], int] = {}
         count: dict[tuple[bool, bool], int] = {}
