@@ -699,13 +699,14 @@ def _nvls(p: _Plan, op: str, ranks: Sequence[int], nbytes: float, nvswitch: str 
 
 def _nvls_tree(p: _Plan, ranks: Sequence[int], nbytes: float,
                host_of: Mapping[int, int] | None, nvswitch_of: Mapping[int, str | None] | None,
-               efficiency: float = 1.0, pipeline: bool = True) -> None:
+               efficiency: float = 1.0, pipeline: bool = True, nics: int | None = None) -> None:
     """NCCL's NVLSTree all-reduce: NVLS inside each server, trees between servers.
 
     Every member of a server streams its buffer up to the server's NVSwitch, which reduces
-    it (``multimem.ld_reduce``) for the server's heads, one per member: head c holds the
-    server's sum of the c-th of k shares. Head c of every server then all-reduces its
-    share, S/k, over NCCL's double binary tree of the servers (each of the two trees S/2k,
+    it (``multimem.ld_reduce``) for the server's h heads, one per NIC (``nics``, default one
+    per member; :func:`sim.nvls.heads`), head c being the first member its NIC serves: it
+    holds the server's sum of the c-th of h shares. Head c of every server then all-reduces
+    its share, S/h, over NCCL's double binary tree of the servers (each of the two trees S/2h,
     through head c's own NIC: the NVLSTree channels of ``src/device/all_reduce.h``), and
     the heads multicast the result through the NVSwitch to every member (``multimem.st``),
     each member receiving S. Streamed as one pipeline: the up flows after one GPU-NVSwitch
@@ -729,21 +730,24 @@ def _nvls_tree(p: _Plan, ranks: Sequence[int], nbytes: float,
         switch[b] = sw
     k, m = len(blocks[0]), len(blocks)
     known = p.latency is not None
+    h = nvls.heads("nvls_tree", k, nics)
+    head_of = [c * (k // h) for c in range(h)]
     if pipeline:
-        nbytes += nvls.fill_bytes("nvls_tree", nbytes, k, m)
+        nbytes += nvls.fill_bytes("nvls_tree", nbytes, k, m, nics)
     wire = nbytes / efficiency
     first = {b: max(p.lat(r, switch[b]) for r in members) for b, members in enumerate(blocks)}
-    at_head = max(first[b] + p.lat(switch[b], h) for b, members in enumerate(blocks)
-                  for h in members)
+    at_head = max(first[b] + p.lat(switch[b], members[c]) for b, members in enumerate(blocks)
+                  for c in head_of)
     tree_fill = 0.0
-    for c in range(k):
+    for c in head_of:
         for host_tree in dtree(m):
-            tree = {blocks[h][c]: (blocks[up][c] if up >= 0 else -1,
+            tree = {blocks[x][c]: (blocks[up][c] if up >= 0 else -1,
                                    tuple(blocks[d][c] for d in down))
-                    for h, (up, down) in host_tree.items()}
-            tree_fill = max(tree_fill, _stream_tree(p, tree, nbytes / (2 * k), at_head, 2))
+                    for x, (up, down) in host_tree.items()}
+            tree_fill = max(tree_fill, _stream_tree(p, tree, nbytes / (2 * h), at_head, 2))
     height = 2 * tree_shape(m)[0]
-    back = max(p.lat(h, switch[b]) for b, members in enumerate(blocks) for h in members)
+    back = max(p.lat(members[c], switch[b]) for b, members in enumerate(blocks)
+               for c in head_of)
     for b, members in enumerate(blocks):
         for r in members:
             p.add(r, switch[b], wire, (), 1, p.lat(r, switch[b]) if known else None)
@@ -757,7 +761,8 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
          latency: LatencyFn | None = None, wire_fraction: float = 1.0,
          skew: tuple[float, bool] = (1.0, False),
          nvls_pipeline: bool = True,
-         nvswitch_of: Mapping[int, str | None] | None = None) -> tuple[Transfer, ...]:
+         nvswitch_of: Mapping[int, str | None] | None = None,
+         nics: int | None = None) -> tuple[Transfer, ...]:
     """Decompose collective ``op`` over ``ranks`` (ring order) of an ``nbytes`` buffer.
 
     ``host_of`` maps each rank to its server (hierarchical needs it; a ring
@@ -779,7 +784,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     ``nvls_pipeline``: NVLS and NVLSTree all-reduces carry their chunk pipeline's fill
     (:mod:`sim.nvls`); False: the streamed limit.
     ``nvswitch_of``: each rank's NVSwitch with in-network reduction, or None (NVLSTree
-    needs one per server).
+    needs one per server); ``nics``: NICs per server, NVLSTree's heads (None: one per GPU).
     """
     n = len(ranks)
     check(op, algo)
@@ -814,7 +819,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
     elif algo == "nvls":
         _nvls(p, op, ranks, nbytes, nvswitch, nvls_efficiency, nvls_pipeline)
     elif algo == "nvls_tree":
-        _nvls_tree(p, ranks, nbytes, host_of, nvswitch_of, nvls_efficiency, nvls_pipeline)
+        _nvls_tree(p, ranks, nbytes, host_of, nvswitch_of, nvls_efficiency, nvls_pipeline, nics)
     else:
         p.add(ranks[0], ranks[1], nbytes)
     return tuple(p.transfers)
@@ -823,7 +828,7 @@ def plan(op: str, algo: str, ranks: Sequence[int], nbytes: float, *,
 def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, bandwidth: float,
                     *, gpus_per_node: int = 1, alpha_inter: float | None = None,
                     bandwidth_inter: float | None = None, protocol: str = "simple",
-                    inter_node: bool = False) -> float:
+                    inter_node: bool = False, nics_per_node: int | None = None) -> float:
     """Time of a collective in the α-β model without contention (module docstring).
 
     ``alpha`` is the latency of one transfer (GPU to GPU; for NVLS, GPU to
@@ -838,7 +843,9 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
     ``protocol`` (ring and tree; :mod:`sim.protocols`): latencies scale by its ratio to
     Simple (``alpha`` as a route inside a server unless ``inter_node``, ``alpha_inter``
     as one between servers) and bandwidths by its fraction (across servers with
-    ``inter_node`` or channels). Launch latency is not included.
+    ``inter_node`` or channels). NVLSTree: ``bandwidth_inter`` per NIC, one tree head per
+    NIC (``nics_per_node``, default one per GPU; :func:`sim.nvls.heads`). Launch latency is
+    not included.
     """
     check(op, algo)
     S, a, B = nbytes, alpha, bandwidth
@@ -900,8 +907,9 @@ def alpha_beta_time(op: str, algo: str, n: int, nbytes: float, alpha: float, ban
         height, load = tree_shape(m)
         tree = 2 * height * (a if alpha_inter is None else alpha_inter)
         B2 = B if bandwidth_inter is None else bandwidth_inter
-        S = S + nvls.fill_bytes("nvls_tree", S, k, m)
-        return max(4 * a + tree + S / B, 2 * a + tree + load * S / (2 * k * B2))
+        h = nvls.heads("nvls_tree", k, nics_per_node)
+        S = S + nvls.fill_bytes("nvls_tree", S, k, m, nics_per_node)
+        return max(4 * a + tree + S / B, 2 * a + tree + load * S / (2 * h * B2))
     if algo == "tree" and channels:
         m = n // k
         height, load = tree_shape(m)

@@ -204,10 +204,11 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
     inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
     host_of = ({r: cluster.host_of(r) for r in group}
                if algo in ("hierarchical", "ring", "tree", "nvls_tree") else None)
-    nvswitch_of = None
+    nvswitch_of = nics = None
     if algo == "nvls_tree":
         nvswitch_of = {r: sw if sw is not None and cluster.nvls_capable(sw) else None
                        for r in group for sw in (cluster.nvswitch_of(r),)}
+        nics = nics_per_host(cluster, cluster.host_of(group[0]))
     order = ring_order(cluster, group) if algo in ("ring", "tree") else group
 
     def latency(a: int | str, b: int | str) -> float:
@@ -228,7 +229,15 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
     return plan(op, algo, order, nbytes, host_of=host_of, nvswitch=nvswitch,
                 nvls_efficiency=nvls_efficiency, granularity=cluster.collective_granularity,
                 latency=latency, wire_fraction=fraction, skew=skew, nvls_pipeline=nvls_pipeline,
-                nvswitch_of=nvswitch_of)
+                nvswitch_of=nvswitch_of, nics=nics)
+
+
+def nics_per_host(cluster: Cluster, host: int) -> int | None:
+    """NICs of server ``host`` (NVLSTree's heads, :func:`sim.nvls.heads`), None if it has
+    none in the graph."""
+    count = sum(1 for _, d in cluster.graph.nodes(data=True)
+                if d.get("kind") == "nic" and d.get("host") == host)
+    return count or None
 
 
 Line = tuple[float, float]
@@ -242,16 +251,16 @@ class PlanCost:
 
     launch_s: float
     levels: tuple[tuple[Line, ...], ...]
-    pipeline: tuple[str, int, int] | None = None
-    """(algorithm, GPUs per server, servers) of an NVLS chunk pipeline, whose fill the lines
-    leave out as it is not linear in the size: they are read at the size plus the fill
-    (:func:`sim.nvls.fill_bytes`), the bytes every flow of the plan carries on top."""
+    pipeline: tuple[str, int, int, int | None] | None = None
+    """(algorithm, GPUs per server, servers, NICs per server) of an NVLS chunk pipeline, whose
+    fill the lines leave out as it is not linear in the size: they are read at the size plus
+    the fill (:func:`sim.nvls.fill_bytes`), the bytes every flow of the plan carries on top."""
 
     def time_s(self, nbytes: float) -> float:
         """The estimate for ``nbytes``."""
         if self.pipeline is not None:
-            algo, members, servers = self.pipeline
-            nbytes += nvls.fill_bytes(algo, nbytes, members, servers)
+            algo, members, servers, nics = self.pipeline
+            nbytes += nvls.fill_bytes(algo, nbytes, members, servers, nics)
         return self.launch_s + sum(max(a + nbytes * b for a, b in lines)
                                    for lines in self.levels)
 
@@ -329,7 +338,9 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
     pipeline = None
     if op == "all_reduce" and algo in ("nvls", "nvls_tree"):
         members = profile.n if algo == "nvls" else profile.per_host
-        pipeline = (algo, members, profile.num_hosts)
+        nics = (None if algo == "nvls"
+                else nics_per_host(cluster, cluster.host_of(profile.ranks[0])))
+        pipeline = (algo, members, profile.num_hosts, nics)
     got = profile.costs[key] = PlanCost(
         cluster.collective_launch_s * launch_scale(algo, protocol),
         tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)),

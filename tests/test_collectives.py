@@ -159,30 +159,33 @@ def test_nvls_closed_form(op: str, n: int) -> None:
 @pytest.mark.parametrize("k", [2, 4, 8])
 @pytest.mark.parametrize("m", [2, 3, 5])
 @pytest.mark.parametrize("B2", [25e9, 400e9])
-def test_nvls_tree_closed_form(k: int, m: int, B2: float) -> None:
-    """NVLSTree on m servers of k GPUs (one NIC each, a crossbar between): max(4α_h + 2Hα2
-    + S'/B1, 2α_h + 2Hα2 + L·S'/(2k·B2)), S' = S + NCCL's chunk pipeline fill (three
-    loops of 16 channels × k heads × 128 KiB on 2-3 servers, 64 KiB from 4 on, cut below
-    16 and 4 loops' worth: src/enqueue.cc), whether the NICs (25 GB/s) or the NVSwitch
-    ports (400 GB/s NICs) are the bottleneck."""
+@pytest.mark.parametrize("share", [1, 2])
+def test_nvls_tree_closed_form(k: int, m: int, B2: float, share: int) -> None:
+    """NVLSTree on m servers of k GPUs (k/share NICs each, a crossbar between), one head per
+    NIC as NCCL's search makes them (src/graph/search.cc, ncclTopoSearchRecNet: an NVLS
+    graph takes one head per NIC, its localGpu, while nChannels < netCount): h = k/share
+    heads, max(4α_h + 2Hα2 + S'/B1, 2α_h + 2Hα2 + L·S'/(2h·B2)), S' = S + NCCL's chunk
+    pipeline fill (three loops of 16 channels × h heads × 128 KiB on 2-3 servers, 64 KiB
+    from 4 on, cut below 32, 16 and 4 loops' worth: src/enqueue.cc), whether the NICs
+    (25 GB/s) or the NVSwitch ports (400 GB/s NICs) are the bottleneck."""
     B1, hop, lat, S = 450e9, 1.7e-6, 2.4e-6, 1e9
-    n = k * m
+    n, h = k * m, k // share
     cluster = _cluster("switch", n, B2, lat, gpus_per_node=k, nvlink_bandwidth_Bps=B1,
-                       nvlink_latency_s=hop, nvls=True)
+                       nvlink_latency_s=hop, nvls=True, nics_per_node=h)
     t = _time(cluster, "all_reduce", "nvls_tree", range(n), S)
-    alpha2 = 4 * lat  # gpu-nic-fabric-nic-gpu
+    alpha2 = 4 * lat  # gpu-nic-fabric-nic-gpu (with shared NICs: gpu-pcie-nic, 0 s PCIe-NIC)
     assert t == pytest.approx(alpha_beta_time("all_reduce", "nvls_tree", n, S, hop, B1,
                                               gpus_per_node=k, alpha_inter=alpha2,
-                                              bandwidth_inter=B2), rel=REL)
+                                              bandwidth_inter=B2, nics_per_node=h), rel=REL)
     height, load = tree_shape(m)
     chunk = 131072 if m < 4 else 65536
-    concurrent = 16 * k
-    for factor, smaller in ((16, 131072), (4, 65536), (1, 32768)):
+    concurrent = 16 * h
+    for factor, smaller in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
         if S < factor * concurrent * chunk and chunk > smaller:
             chunk = smaller
     S2 = S + 3 * min(S, concurrent * chunk)
     expected = max(4 * hop + 2 * height * alpha2 + S2 / B1,
-                   2 * hop + 2 * height * alpha2 + load * S2 / (2 * k * B2))
+                   2 * hop + 2 * height * alpha2 + load * S2 / (2 * h * B2))
     assert t == pytest.approx(expected, rel=REL)
 
 

@@ -201,12 +201,14 @@ def explicit_graph(
     nvls: bool = False,
     dims: Sequence[int] = (),
     fabric: Fabric | None = None,
+    nics_per_node: int | None = None,
 ) -> nx.DiGraph:
     """The graph of a named topology with uniform links of ``link_bandwidth_Bps``.
 
     ``switch``, ``fat-tree``, ``rail-optimized`` and ``dragonfly`` are fabrics:
     with ``gpus_per_node`` > 1 the GPUs sit in NVSwitch servers (NVLink at
-    ``nvlink_bandwidth_Bps``) with one NIC per GPU on the fabric, else each GPU
+    ``nvlink_bandwidth_Bps``) with one NIC per GPU on the fabric (``nics_per_node``: that
+    many, shared), else each GPU
     is its own fabric endpoint. ``fabric`` supplies the fabric's shape
     parameters (its kind, bandwidth and latency are taken from here).
     ``ring``, ``full-mesh`` and the tori link GPUs directly (``dims``: torus
@@ -234,7 +236,8 @@ def explicit_graph(
             raise TopologyError("gpus_per_node > 1 needs an NVLink bandwidth")
         return graphs.nvswitch_cluster(num_gpus, gpus_per_node, nvlink_bandwidth_Bps,
                                        nvlink_latency_s, link_bandwidth_Bps, link_latency_s,
-                                       link_latency_s, nvls=nvls, fabric=f)
+                                       link_latency_s, nvls=nvls, fabric=f,
+                                       nics_per_node=nics_per_node)
     if topology == "switch":
         return graphs.switch(num_gpus, link_bandwidth_Bps, link_latency_s)
     return graphs.gpu_fabric(num_gpus, f)
