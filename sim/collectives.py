@@ -40,8 +40,9 @@ Thakur, Rabenseifner & Gropp 2005; Patarasuk & Yuan 2009), returned by
   channels × heads × chunk bytes, :func:`sim.nvls.fill_bytes`);
 - NVLSTree all-reduce (k GPUs on each of m servers' NVSwitches, α_h and B their hop and
   NVLS rate, α2 and B2 between servers) max(4α_h + 2Hα2 + S'/B, 2α_h + 2Hα2 +
-  L·S'/(2k·B2)) with (H, L) of the servers' double binary tree and S' = S + F its chunk
-  pipeline's fill;
+  L·S'/(2h·B2)) with h = min(NICs, k, 32) heads a server (one per NIC, NCCL's
+  ``ncclTopoSearchRecNet``), (H, L) of the servers' double binary tree and S' = S + F its
+  chunk pipeline's fill;
 - double binary tree 2·H·α + L·(S/2)/B with H the trees' height and L the most
   flows any GPU's port carries (exact when one of the two terms vanishes; the
   two trees share links, so it is never contention-free).
