@@ -277,16 +277,15 @@ def _stream_of(ins: Instruction) -> object:
             (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind))
 
 
-def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int], array[int]]:
-    """:meth:`_Run._build_dag`'s ``succ`` (4-byte ids here), ``first`` and ``waiting`` from one
-    loop over the instructions (each one's stream predecessor and its deps, flat): the edges in the
-    order that loop meets them (per instruction its stream edge, then its deps), sorted
-    stably by predecessor, are the successor lists in the order the reference fills them."""
+def _predecessors(instrs: Sequence[Instruction]) -> tuple[array[int], array[int], array[int]]:
+    """Per instruction its stream predecessor (-1: none; the instruction before it on its
+    stream, :func:`_stream_of`) and its number of deps, and every instruction's deps in
+    order, flat: one loop over the instructions, what both DAG builders start from."""
     n = len(instrs)
-    before = array("q", [-1]) * n  # the stream predecessor, -1: none
+    before = array("q", [-1]) * n
     ndeps = array("q", bytes(8 * n))
-    flat = array("q")  # every instruction's deps, in order
-    last_in: dict[object, int] = {}  # per stream (:func:`_stream_of`)
+    flat = array("q")
+    last_in: dict[object, int] = {}  # per stream
     for ins in instrs:
         i, deps = ins.id, ins.deps
         key = _stream_of(ins)
@@ -297,7 +296,16 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
         if deps:
             ndeps[i] = len(deps)
             flat.extend(deps)
-    del last_in
+    return before, ndeps, flat
+
+
+def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int], array[int]]:
+    """:meth:`_Run._build_dag`'s ``succ`` (4-byte ids here), ``first`` and ``waiting`` from one
+    loop over the instructions (each one's stream predecessor and its deps, flat): the edges in the
+    order that loop meets them (per instruction its stream edge, then its deps), sorted
+    stably by predecessor, are the successor lists in the order the reference fills them."""
+    n = len(instrs)
+    before, ndeps, flat = _predecessors(instrs)
     prev_of = np.frombuffer(before, dtype=np.int64)
     has = prev_of >= 0
     edges = has + np.frombuffer(ndeps, dtype=np.int64)  # predecessors of each instruction
@@ -393,8 +401,9 @@ class _Run:
         The successors are held compressed (CSR): instruction ``i``'s are
         ``succ[first[i]:first[i + 1]]``, in the order the instructions naming them come
         (a stream successor before the same instruction as a dependent): 8 bytes an edge
-        and an instruction, where a list per instruction took about 90 bytes. Two loops
-        over the instructions in the reference; else one, the edges sorted on arrays
+        and an instruction, where a list per instruction took about 90 bytes. Both start
+        from one loop over the instructions (:func:`_predecessors`); the reference then fills
+        the lists in two more, the fast path sorts the edges on arrays
         (:func:`_dag_on_arrays`, the same arrays)."""
         if self.env is None:
             self.succ, self.first, self.waiting = _dag_on_arrays(program.instructions)
@@ -403,18 +412,13 @@ class _Run:
             return
         instrs = program.instructions
         n = len(instrs)
-        before = array("q", [-1]) * n  # the stream predecessor, -1: none
+        before = _predecessors(instrs)[0]  # the stream predecessor, -1: none
         count = array("q", bytes(8 * (n + 1)))  # successors of each instruction, shifted by one
-        last_in: dict[object, int] = {}  # per stream (:func:`_stream_of`)
         for ins in instrs:
-            i, deps = ins.id, ins.deps
-            key = _stream_of(ins)
-            prev = last_in.get(key)
-            if prev is not None:
-                before[i] = prev
+            prev = before[ins.id]
+            if prev >= 0:
                 count[prev + 1] += 1
-            last_in[key] = i
-            for d in deps:
+            for d in ins.deps:
                 count[d + 1] += 1
         first = array("q", accumulate(count))
         fill = first[:n]  # the next free slot of each instruction's successors
