@@ -202,7 +202,10 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
              nvls_pipeline: bool = True) -> tuple[Transfer, ...]:
     """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
     :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
-    inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
+    inside a server or between servers) and its bandwidth fraction as bytes on the wire.
+    ``nvls_pipeline``: NVLS's chunk-pipeline fill and, on a transport that fixes the buffer,
+    the Simple tree's (:func:`tree_pipeline`) in the bytes; False: neither (:func:`plan_cost`
+    adds them at the size)."""
     host_of = ({r: cluster.host_of(r) for r in group}
                if algo in ("hierarchical", "ring", "tree", "nvls_tree") else None)
     nvswitch_of = nics = None

@@ -218,6 +218,8 @@ def test_a3_mega_runs_nccl_as_googles_tcpxo_environment_does() -> None:
     from sim.selection import choose
     two = server_cluster("a3-mega", 16)
     assert two.collective_protocol == "simple"
+    assert CollectiveSettings(protocol="ll").cluster_kwargs(0.0, "simple")[
+        "collective_protocol"] == "ll"  # the file's own choice wins
     profile = group_profile(two, tuple(range(16)))
     assert candidates("all_reduce", profile) == ("ring", "tree")
     assert protocol_choices("tree", two.collective_protocol) == ("simple",)
