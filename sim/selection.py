@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from base.errors import ConfigError
-from sim import nvls
+from sim import nvls, transports, treepipe
 from sim.collectives import (
     ALGORITHMS_BY_OP,
     AUTO,
@@ -29,6 +29,7 @@ from sim.collectives import (
     plan,
     ring_channels,
     ring_order,
+    tree_channels,
 )
 from sim.protocols import (
     AUTO_PROTOCOL,
@@ -201,7 +202,10 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
              nvls_pipeline: bool = True) -> tuple[Transfer, ...]:
     """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
     :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
-    inside a server or between servers) and its bandwidth fraction as bytes on the wire."""
+    inside a server or between servers) and its bandwidth fraction as bytes on the wire.
+    ``nvls_pipeline``: NVLS's chunk-pipeline fill and, on a transport that fixes the buffer,
+    the Simple tree's (:func:`tree_pipeline`) in the bytes; False: neither (:func:`plan_cost`
+    adds them at the size)."""
     host_of = ({r: cluster.host_of(r) for r in group}
                if algo in ("hierarchical", "ring", "tree", "nvls_tree") else None)
     nvswitch_of = nics = None
@@ -210,6 +214,10 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
                        for r in group for sw in (cluster.nvswitch_of(r),)}
         nics = nics_per_host(cluster, cluster.host_of(group[0]))
     order = ring_order(cluster, group) if algo in ("ring", "tree") else group
+    if algo == "tree" and op == "all_reduce" and protocol == "simple" and nvls_pipeline:
+        pipe = tree_pipeline(cluster, order, host_of)
+        if pipe is not None:
+            nbytes += treepipe.fill_bytes(nbytes, *pipe)
 
     def latency(a: int | str, b: int | str) -> float:
         return cluster.route(a, b).latency_s
@@ -232,6 +240,21 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
                 nvswitch_of=nvswitch_of, nics=nics)
 
 
+def tree_pipeline(cluster: Cluster, order: Sequence[int],
+                  host_of: Mapping[int, int] | None) -> tuple[int, int] | None:
+    """(NCCL's tree depth, bytes of one loop: a chunk on every tree of
+    :func:`tree_channels`) of a tree all-reduce under Simple over ``order``, on servers
+    whose transport fixes ``NCCL_BUFFSIZE`` (:mod:`sim.transports`); None elsewhere (the
+    streamed tree, :mod:`sim.treepipe`)."""
+    hosts = {cluster.host_of(r) for r in order}
+    name = transports.transport_of(cluster, hosts)
+    if name is None:
+        return None
+    trees = sum(len(c) for c in tree_channels(order, host_of))
+    return (treepipe.depth(len(order) // len(hosts), len(hosts)),
+            trees * treepipe.chunk_bytes(transports.buffsize(name)))
+
+
 def nics_per_host(cluster: Cluster, host: int) -> int | None:
     """NICs of server ``host`` (NVLSTree's heads, :func:`sim.nvls.heads`), None if it has
     none in the graph."""
@@ -252,15 +275,18 @@ class PlanCost:
     launch_s: float
     levels: tuple[tuple[Line, ...], ...]
     pipeline: tuple[str, int, int, int | None] | None = None
-    """(algorithm, GPUs per server, servers, NICs per server) of an NVLS chunk pipeline, whose
-    fill the lines leave out as it is not linear in the size: they are read at the size plus
-    the fill (:func:`sim.nvls.fill_bytes`), the bytes every flow of the plan carries on top."""
+    """(algorithm, GPUs per server, servers, NICs per server) of an NVLS chunk pipeline, or
+    ("tree", depth, loop bytes, None) of a tree's (:func:`tree_pipeline`), whose fill the
+    lines leave out as it is not linear in the size: they are read at the size plus the fill
+    (:func:`sim.nvls.fill_bytes`, :func:`sim.treepipe.fill_bytes`), the bytes every flow of
+    the plan carries on top."""
 
     def time_s(self, nbytes: float) -> float:
         """The estimate for ``nbytes``."""
         if self.pipeline is not None:
             algo, members, servers, nics = self.pipeline
-            nbytes += nvls.fill_bytes(algo, nbytes, members, servers, nics)
+            nbytes += (treepipe.fill_bytes(nbytes, members, servers) if algo == "tree"
+                       else nvls.fill_bytes(algo, nbytes, members, servers, nics))
         return self.launch_s + sum(max(a + nbytes * b for a, b in lines)
                                    for lines in self.levels)
 
@@ -341,6 +367,11 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
         nics = (None if algo == "nvls"
                 else nics_per_host(cluster, cluster.host_of(profile.ranks[0])))
         pipeline = (algo, members, profile.num_hosts, nics)
+    if op == "all_reduce" and algo == "tree" and protocol == "simple":
+        host_of = {r: cluster.host_of(r) for r in profile.ranks}
+        pipe = tree_pipeline(cluster, ring_order(cluster, profile.ranks), host_of)
+        if pipe is not None:
+            pipeline = ("tree", *pipe, None)
     got = profile.costs[key] = PlanCost(
         cluster.collective_launch_s * launch_scale(algo, protocol),
         tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)),
@@ -392,6 +423,9 @@ def choose(op: str, algo: str, nbytes: float, profile: GroupProfile) -> tuple[st
         options = candidates(op, profile)
         if profile.n <= 2:
             options = options[:1]
+        tuned = _tuner_choice(op, nbytes, profile)
+        if tuned in options:
+            options = (tuned,)
     else:
         options = (algo,)
     best: tuple[str, str, float] | None = None
@@ -402,6 +436,17 @@ def choose(op: str, algo: str, nbytes: float, profile: GroupProfile) -> tuple[st
                 best = (a, proto, t)
     assert best is not None
     return best
+
+
+def _tuner_choice(op: str, nbytes: float, profile: GroupProfile) -> str | None:
+    """The algorithm the tuner plugin of the group's transport takes, if one of its rules
+    matches (:func:`sim.transports.tuner_algorithm`): NCCL then skips its cost model."""
+    if profile.topo is None or not profile.per_host:
+        return None
+    name = transports.transport_of(profile.topo, set(profile.host_of.values()))
+    if name is None:
+        return None
+    return transports.tuner_algorithm(name, op, profile.num_hosts, profile.per_host, nbytes)
 
 
 def estimate(op: str, algo: str, nbytes: float, profile: GroupProfile) -> float:

@@ -210,6 +210,69 @@ def test_nvls_tree_is_auto_across_dgx_h100_and_needs_nvls_servers() -> None:
             _time(cluster, "all_reduce", "nvls_tree", ranks, GiB)
 
 
+def test_a3_mega_runs_nccl_as_googles_tcpxo_environment_does() -> None:
+    """Two A3 Mega VMs (GPUDirect-TCPXO): Simple only (NCCL_PROTO=Simple), no NVLS or
+    NVLSTree (NCCL_NVLS_ENABLE=0), and Google's tuner takes the tree for all-reduce at every
+    size, also at 64 MiB where the cost model would take the ring; on four VMs the tuner's
+    rule stops at 2 MiB and the cost model chooses again."""
+    from sim.selection import choose
+    two = server_cluster("a3-mega", 16)
+    assert two.collective_protocol == "simple"
+    assert CollectiveSettings(protocol="ll").cluster_kwargs(0.0, "simple")[
+        "collective_protocol"] == "ll"  # the file's own choice wins
+    profile = group_profile(two, tuple(range(16)))
+    assert candidates("all_reduce", profile) == ("ring", "tree")
+    assert protocol_choices("tree", two.collective_protocol) == ("simple",)
+    size = 64 * 2**20
+    assert plan_cost("all_reduce", "ring", "simple", profile).time_s(size) < plan_cost(
+        "all_reduce", "tree", "simple", profile).time_s(size)
+    assert choose("all_reduce", "auto", size, profile)[:2] == ("tree", "simple")
+    assert select_algorithm("all_gather", size, profile) == "ring"
+    four = group_profile(server_cluster("a3-mega", 32), tuple(range(32)))
+    assert select_algorithm("all_reduce", 2**20, four) == "tree"
+    assert select_algorithm("all_reduce", GiB, four) == "ring"
+
+
+def test_transport_tuner_rules() -> None:
+    """Google's A3 Mega tuner rules as data: two VMs of 8 GPUs, all-reduce, any size; 3-6
+    VMs below 2 MiB; nothing for fewer GPUs a VM, other ops or 7 VMs and more."""
+    from sim.transports import buffsize, tuner_algorithm
+    assert buffsize("tcpxo") == 8 * 2**20
+    assert tuner_algorithm("tcpxo", "all_reduce", 2, 8, 8 * GiB) == "tree"
+    assert tuner_algorithm("tcpxo", "all_reduce", 6, 8, 2**21 - 1) == "tree"
+    assert tuner_algorithm("tcpxo", "all_reduce", 6, 8, 2**21) is None
+    assert tuner_algorithm("tcpxo", "all_reduce", 7, 8, 1.0) is None
+    assert tuner_algorithm("tcpxo", "all_reduce", 2, 4, 1.0) is None
+    assert tuner_algorithm("tcpxo", "all_gather", 2, 8, 1.0) is None
+
+
+def test_tree_chunk_pipeline_on_a_transport_that_fixes_the_buffer() -> None:
+    """On A3 Mega (NCCL_BUFFSIZE 8 MiB: 1 MiB chunks) every tree of a Simple tree
+    all-reduce carries NCCL's depth (7 + log2 2 = 8) chunks on top of its share, 16 trees
+    over two VMs; the estimate auto uses is the simulated time; on InfiniBand servers (the
+    buffer not fixed) the tree stays the streamed limit."""
+    from sim import treepipe
+    from sim.commtime import CollectiveTimer
+    from sim.selection import collective_plan, tree_pipeline
+    assert (treepipe.depth(8, 2), treepipe.depth(8, 5), treepipe.depth(8, 1)) == (8, 9, 7)
+    assert treepipe.chunk_bytes(8 * 2**20) == 2**20
+    assert treepipe.fill_bytes(2**30, 8, 16 * 2**20) == 8 * 16 * 2**20
+    assert treepipe.fill_bytes(2**20, 8, 16 * 2**20) == 8 * 2**20
+    cluster = server_cluster("a3-mega", 16)
+    group = tuple(range(16))
+    S = 64 * 2**20
+    fill = 8 * 16 * 2**20
+    got = collective_plan(cluster, "all_reduce", "tree", group, S)
+    wire = bandwidth_fraction("tree", "simple", True)
+    assert max(t.nbytes for t in got.transfers) == pytest.approx((S + fill) / 16 / wire)
+    profile = group_profile(cluster, group)
+    for size in (S, GiB):
+        assert plan_cost("all_reduce", "tree", "simple", profile).time_s(size) == pytest.approx(
+            CollectiveTimer(cluster, "tree")("all_reduce", (group,), size), rel=1e-9)
+    h100 = server_cluster("dgx-h100", 16)
+    assert tree_pipeline(h100, group, {r: h100.host_of(r) for r in group}) is None
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13, 16, 32])
 def test_double_binary_tree_closed_form_terms(n: int) -> None:
     """2·H·α + L·(S/2)/(f·B): exact with no latency (bandwidth term, single-port switch) and

@@ -158,13 +158,15 @@ def _uniform_cluster(c: PresetCluster | TopologyCluster) -> Cluster:
                   for _ in range(sites)]
         name = c.preset if c.topology is None else f"{c.preset}/{c.topology}"
         gpu, per_node, launch = GPUS[server.gpu], server.gpus_per_node, server.collective_launch_s
+        protocol = server.protocol
     else:
         gpu = gpu_spec(c.gpu or DEFAULT_GPU)
         graphs = [_explicit_graph(c, gpu, n) for _ in range(sites)]
         name, per_node, launch = f"{c.topology}{c.num_gpus}", c.gpus_per_node or 1, 0.0
+        protocol = None
     graph, name = _join_sites(c, graphs, name)
     return Cluster(name, graph, gpu, min(per_node, n),
-                   **_collective_settings(c).cluster_kwargs(launch))
+                   **_collective_settings(c).cluster_kwargs(launch, protocol))
 
 
 def _runs(types: tuple[str, ...]) -> list[tuple[str, int]]:

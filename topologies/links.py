@@ -50,10 +50,16 @@ LINKS: dict[str, LinkEfficiency] = {
                              "public nccl-tests figure recorded", verified=False),
     "roce-400g": LinkEfficiency(48.5 / 50, _NDR + " (said of a RoCE cluster of H100 servers "
                                 "with 8x 400 Gb/s ConnectX-7: the same NIC at the same rate)"),
+    "tcpxo-200g": LinkEfficiency(187.48 / 200, "Google Cloud's A3 Mega bootcamp (saltysoup/"
+                                 "a3-bootcamp-ce, Day1/pretraining-with-nemo-on-slurm/README.md): "
+                                 "all_gather_perf on two a3-megagpu-8g VMs (8 NICs of 200 Gb/s "
+                                 "each on GPUDirect-TCPXO), ring busbw 187.48 GB/s at 8 GiB, which "
+                                 "on two servers is 8 x the per-NIC rate; the guide itself says "
+                                 "~180 GB/s, 1440 of the VM's 1600 Gb/s"),
     "pcie-gen5-host": LinkEfficiency(28 / 64, "8 GPUs on PCIe Gen5 x16 (64 GB/s per "
                                      "direction) through the CPU, no NVLink: all_reduce busbw "
                                      "28 GB/s, which the NCCL maintainer calls the CPU and "
                                      "memory's limit, not the link's (NVIDIA/nccl issue 1639)"),
 }
 """Link generations by name: NVLink 3/4/5, NVLink SHARP, InfiniBand HDR/NDR/XDR, RoCE at
-400 Gb/s, and PCIe Gen5 through a host bridge."""
+400 Gb/s, Google's GPUDirect-TCPXO at 200 Gb/s, and PCIe Gen5 through a host bridge."""

@@ -36,6 +36,8 @@ from topologies.links import LINKS
 US = 1e-6
 NVLS_EFFICIENCY_ATTR = "nvls_efficiency"
 """NVSwitch node attribute: :attr:`ServerPreset.nvls_efficiency` (absent: 1.0)."""
+TRANSPORT_ATTR = "transport"
+"""NIC node attribute: :attr:`ServerPreset.transport` (absent: InfiniBand or RoCE)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,25 @@ class ServerPreset:
     source: str = ""
     efficiency_source: str = ""
     """Where the efficiencies come from."""
+    protocol: str | None = None
+    """The NCCL protocol the servers' network transport requires (``NCCL_PROTO``), which
+    ring and tree collectives run under unless the cluster sets ``collective_protocol``;
+    None: NCCL's choice per size."""
+    transport: str | None = None
+    """The NICs' transport where it is not InfiniBand or RoCE (``tcpxo``: Google's
+    GPUDirect-TCPXO), whose NCCL settings (its fixed ``NCCL_BUFFSIZE``, its tuner's rules)
+    are in ``sim/data/nccl_tuning.toml`` under ``[transport.NAME]``; a NIC attribute of the
+    graph (:data:`TRANSPORT_ATTR`)."""
+
+
+TCPXO_NIC_HOP_S = 10.85 * US
+"""GPUDirect-TCPXO's per-message cost at each end of a route between VMs, in place of the
+1 µs PCIe hop of InfiniBand servers. No published latency of the transport was found; this
+is read from the one log of two A3 Mega VMs (lessizzmore/create-a3mega-ztan-fork, file
+ztan-NCCL-test-result, all_reduce_perf -g 1 under Google's tuner: the tree under Simple),
+whose all-reduces of 8 B to 256 B take 122-124 µs: the tree crosses between the VMs twice
+(up to the root and back down), four NIC hops, and with NCCL's launch and NVLink steps
+(79.6 µs here) four hops of 10.85 µs give 123 µs."""
 
 
 def _source(*links: str) -> str:
@@ -109,6 +130,24 @@ SERVERS: dict[str, ServerPreset] = {
     "dgx-b200": ServerPreset("B200", 8, 400e9 / 8, nvls=True,
                              source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB",
                              **_fractions("nvlink5", "ib-ndr", "nvls5")),
+    "a3-mega": ServerPreset("H100", 8, 200e9 / 8, nic_hop_latency_s=TCPXO_NIC_HOP_S,
+                            protocol="simple", transport="tcpxo",
+                            source="Google Cloud a3-megagpu-8g VM: 8x H100 80GB on NVLink 4 "
+                                   "(NVSwitch), 8 GPU NICs of 200 Gb/s on GPUDirect-TCPXO (1600 "
+                                   "Gb/s a VM: Google's A3 bootcamp, saltysoup/a3-bootcamp-ce); "
+                                   "NCCL "
+                                   "as Google's TCPXO environment runs it: NCCL_PROTO=Simple "
+                                   "('TCPX only supports Simple protocol'), NCCL_NVLS_ENABLE=0 "
+                                   "(no NVLS or NVLSTree, so nvls is off here although the "
+                                   "NVSwitch has it), NCCL_ALGO=Ring,Tree, NCCL_BUFFSIZE=8388608 "
+                                   "(apple/axlearn, axlearn/cloud/gcp/jobset_utils.py, 'The "
+                                   "NCCL_FASTRAK config cannot be changed', after Google's "
+                                   "AI-Hypercomputer/gpu-recipes; the same variables in Google's "
+                                   "cluster-toolkit and GKE TCPXO recipes). Google's tuner "
+                                   "(a3plus_tuner_config.textproto; apple/axlearn, axlearn/cloud/"
+                                   "gcp/nccl/a3_mega/tuner_config.txtpb) runs all-reduce on two "
+                                   "VMs as Tree/Simple, the other collectives as Ring/Simple",
+                            **_fractions("nvlink4", "tcpxo-200g")),
     "gb200-nvl72": ServerPreset("GB200", 72, 400e9 / 8, nvls=True,
                                 source="GB200 NVL72 rack: 72 Blackwell GPUs in one NVLink5 "
                                        "domain (18 NVSwitch chips, one node here), one 400 Gb/s "
@@ -141,12 +180,17 @@ class CollectiveSettings:
     protocol: str = "auto"
     """NCCL protocol of ring and tree collectives (``auto``: per size)."""
 
-    def cluster_kwargs(self, default_launch_s: float) -> dict:
+    def cluster_kwargs(self, default_launch_s: float,
+                       default_protocol: str | None = None) -> dict:
+        """The Cluster's keywords; ``default_protocol``: the servers' transport's
+        (:attr:`ServerPreset.protocol`), which ``auto`` gives way to."""
+        protocol = (default_protocol if self.protocol == "auto" and default_protocol
+                    else self.protocol)
         return {"collective_launch_s": default_launch_s if self.launch_s is None
                 else self.launch_s,
                 "collective_step_s": self.step_s, "collective_algos": dict(self.algos),
                 "collective_granularity": self.granularity, "ecmp": self.ecmp,
-                "collective_protocol": self.protocol}
+                "collective_protocol": protocol}
 
 
 def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
@@ -166,6 +210,10 @@ def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
         for _, d in g.nodes(data=True):
             if d.get("kind") == "nvswitch":
                 d[NVLS_EFFICIENCY_ATTR] = p.nvls_efficiency
+    if p.transport is not None:
+        for _, d in g.nodes(data=True):
+            if d.get("kind") == "nic":
+                d[TRANSPORT_ATTR] = p.transport
     return g
 
 
@@ -181,7 +229,7 @@ def server_cluster(name: str, num_gpus: int, fabric: Fabric | None = None,
     c = collectives or CollectiveSettings()
     g = server_graph(name, num_gpus, fabric, nics_per_node)
     return Cluster(name, g, GPUS[p.gpu], min(p.gpus_per_node, num_gpus),
-                   **c.cluster_kwargs(p.collective_launch_s))
+                   **c.cluster_kwargs(p.collective_launch_s, p.protocol))
 
 
 def ideal_cluster(num_gpus: int) -> Cluster:
