@@ -991,3 +991,23 @@ def test_llama3_context_parallelism_all_gathers_k_and_v_exposed() -> None:
     assert collapsed["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-6)
     assert full["exposed_comm_s"]["cp"] > 0
     assert api.simulate(megatron).stats["step_time_s"] < full["step_time_s"]
+
+
+def test_llama3_context_parallel_gathered_kv_is_working_memory() -> None:
+    """Transformer Engine's all-gather CP (AttnFuncWithCPAndKVAllGather, after Dubey et al.
+    2024, sec. 3.3.2) saves the local K and V and gathers them again in the backward: the
+    whole sequence's K and V are held while a layer's attention runs (forward: K and V;
+    backward: K, V, dK and dV), never stashed; Megatron-LM's ring holds none of it."""
+    from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
+
+    exp = Experiment.from_dict(_cp_run("llama3"))
+    c, cp = exp.costs, 2
+    whole = cp * c._kv_pass_bytes()
+    assert c.cp_gathered_bytes(Op(0, FORWARD, 0)) == pytest.approx(whole)
+    assert c.cp_gathered_bytes(Op(0, BACKWARD, 0)) == pytest.approx(2 * whole)
+    assert c.cp_gathered_bytes(Op(0, WEIGHT_GRAD, 0)) == 0.0
+    megatron = Experiment.from_dict(_cp_run("megatron")).costs
+    assert megatron.cp_gathered_bytes(Op(0, BACKWARD, 0)) == 0.0
+    assert (c.transient_bytes(Op(0, FORWARD, 0)) - megatron.transient_bytes(Op(0, FORWARD, 0))
+            == pytest.approx(whole))
+    assert c.activation_bytes_per_mb(0) == pytest.approx(megatron.activation_bytes_per_mb(0))
