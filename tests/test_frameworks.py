@@ -991,3 +991,48 @@ def test_llama3_context_parallelism_all_gathers_k_and_v_exposed() -> None:
     assert collapsed["step_time_s"] == pytest.approx(full["step_time_s"], rel=1e-6)
     assert full["exposed_comm_s"]["cp"] > 0
     assert api.simulate(megatron).stats["step_time_s"] < full["step_time_s"]
+
+
+def test_llama3_context_parallel_gathered_kv_is_working_memory() -> None:
+    """Transformer Engine's all-gather CP (AttnFuncWithCPAndKVAllGather, after Dubey et al.
+    2024, sec. 3.3.2) saves the local K and V and gathers them again in the backward: the
+    whole sequence's K and V are held while a layer's attention runs (forward: K and V;
+    backward: K, V, dK and dV), never stashed; Megatron-LM's ring holds none of it."""
+    exp = Experiment.from_dict(_cp_run("llama3"))
+    c, cp = exp.costs, 2
+    whole = cp * c._kv_pass_bytes()
+    assert c.cp_gathered_bytes(Op(0, FORWARD, 0)) == pytest.approx(whole)
+    assert c.cp_gathered_bytes(Op(0, BACKWARD, 0)) == pytest.approx(2 * whole)
+    assert c.cp_gathered_bytes(Op(0, WEIGHT_GRAD, 0)) == 0.0
+    megatron = Experiment.from_dict(_cp_run("megatron")).costs
+    assert megatron.cp_gathered_bytes(Op(0, BACKWARD, 0)) == 0.0
+    assert (c.transient_bytes(Op(0, FORWARD, 0)) - megatron.transient_bytes(Op(0, FORWARD, 0))
+            == pytest.approx(whole))
+    assert c.activation_bytes_per_mb(0) == pytest.approx(megatron.activation_bytes_per_mb(0))
+
+
+def test_llama3_405b_table4_layout_stashes_as_pytorch_interleaved_1f1b() -> None:
+    """The Llama 3 405B row at 8,192 GPUs (Dubey et al. 2024, table 4: TP8 PP16, 32
+    micro-batches a pipeline; V = 8 one-layer chunks, the first only the embedding, sec.
+    3.3.2): pipeline rank r holds at most 2(p - r - 1) + (V - 1)N + 1 chunk forwards, the
+    warm-up of Megatron-core and of PyTorch's ScheduleInterleaved1F1B alike
+    (torch/distributed/pipelining/schedules.py _get_warmup_ops: (n_local_stages - 1) x
+    microbatches_per_round + 2 (pp - 1 - rank), N = 16), plus the steady state's one: rank 1,
+    with a layer in every chunk, 141 one-layer stashes; rank 0, whose first chunk stashes
+    nothing, 7 x 16 = 112."""
+    from sim.corpus import CORPUS_DIR, load_source
+    from workloads.memory import in_flight
+
+    rows = load_source(CORPUS_DIR / "dubey2024_llama3_405b.csv").rows
+    exp = Experiment.from_dict(next(r for r in rows if r.run.startswith("llama3-405b-8192"))
+                               .experiment())
+    c, s = exp.costs, exp.schedule
+    p, v, n = 16, 8, 16
+    assert c.stage_layers == (0,) + (1,) * 126 + (0,)
+    for r, layers in ((1, 141), (0, 112)):
+        ops = s.rank_ops[r]
+        stages = tuple(sorted({o.stage for o in ops}))
+        live = in_flight(ops, stages, False, c.w_retained_fraction)[:, :-1]
+        assert live.sum(axis=1).max() == 2 * (p - r - 1) + (v - 1) * n + 1
+        held = [c.stage_layers[st] for st in stages]
+        assert (live @ held).max() == layers

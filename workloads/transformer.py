@@ -366,7 +366,8 @@ class TransformerCosts:
     and dV after it), exposed (Meta's, Dubey et al. 2024, sec. 3.3.2:
     :attr:`workloads.costs.RingAttention.gathered`). False: Megatron-LM's ring of
     point-to-point passes, each overlapping the previous block. The gathered K and V (cp
-    times a pass, 64 MiB a layer for Llama 3 405B at CP 16) are not counted as memory."""
+    times a pass, 64 MiB a layer for Llama 3 405B at CP 16) are working memory of the
+    attention, not stashed (:meth:`cp_gathered_bytes`)."""
     zero2_reduce_every_microbatch: bool = False
     """ZeRO-2 (dp·cp > 1) as PyTorch FSDP and DeepSpeed run it: every micro-batch's backward
     reduce-scatters each layer's gradients (:attr:`grad_reduce_bytes` an element) as soon as
@@ -1487,7 +1488,8 @@ class TransformerCosts:
         beside it (Megatron's fused vocabulary-parallel loss computes the gradient
         in place of its saved softmax).
         ZeRO-3: the gathered parameters and unreduced gradients
-        (:meth:`zero3_working_bytes`). A sequence chunk's are its chunk's (:meth:`seq_chunk`).
+        (:meth:`zero3_working_bytes`). Meta's all-gather CP: the gathered K and V
+        (:meth:`cp_gathered_bytes`). A sequence chunk's are its chunk's (:meth:`seq_chunk`).
 
         The last stage's backward runs in two phases: the loss's backward (its buffers
         above, beside the stashed logits) and then the layers' (their working memory,
@@ -1503,7 +1505,8 @@ class TransformerCosts:
             return self.seq_chunk(op.seq).transient_bytes(op)
         runs = self._runs(op.stage)
         layer = max(replace(c, recompute="none").layer_activation_bytes() for c, _ in runs)
-        total = self.zero3_working_bytes(op) + self.unreduced_grad_bytes(op)
+        total = (self.zero3_working_bytes(op) + self.unreduced_grad_bytes(op)
+                 + self.cp_gathered_bytes(op))
         full = any(c.recompute in ("full", "selective-op") for c, _ in runs)
         layers = layer * (2 if full else 1) if op.kind == BACKWARD else 0.0
         if op.stage != len(self.stage_layers) - 1 or op.kind not in (FORWARD, BACKWARD):
@@ -1523,6 +1526,23 @@ class TransformerCosts:
         # bf16 ones left in the framework's pipeline buffer stay
         freed = FP32 if self.stage_output_buffered else BF16 + FP32
         return total + max(loss, layers - freed * logits)
+
+    def cp_gathered_bytes(self, op: Op) -> float:
+        """With :attr:`cp_kv_all_gather` (cp > 1): the whole sequence's K and V that one
+        layer's attention holds while it runs, on one TP rank, bf16: cp times a pass
+        (:meth:`_kv_pass_bytes`) in a forward, twice that in a backward, which gathers K and
+        V again and accumulates dK and dV over the whole sequence before reduce-scattering
+        them. Transformer Engine's implementation of Dubey et al. 2024's CP
+        (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+        ``AttnFuncWithCPAndKVAllGather``, which cites their sec. 3.3.2) saves only the local
+        K and V for the backward (``ctx.save_for_backward(q, k, v, ...)``) and gathers them
+        again there (``k_ag, _ = gather_along_first_dim(k, ctx.cp_group)``) into full-length
+        ``dk``, ``dv`` buffers: working memory of one layer at a time, no stash. 0 for a
+        stage without layers, a ``W`` op, or Megatron-LM's ring."""
+        if (not self.cp_kv_all_gather or self.cp == 1 or op.kind not in (FORWARD, BACKWARD)
+                or not self._stage_layers(op.stage)):
+            return 0.0
+        return self.cp * self._kv_pass_bytes() * (2 if op.kind == BACKWARD else 1)
 
     def activation_bytes_per_mb(self, stage: int) -> float:
         """Activations a stage keeps per in-flight micro-batch (last stage adds the logits).
