@@ -37,7 +37,8 @@ COLUMNS = (
     "overlap_grad_reduce", "overlap_param_gather", "precision",
     "framework", "software", "status",
     "published_metric", "published_value", "step_time_s", "peak_memory_gib", "conversion",
-    "assumed", "citation", "moe_dispatcher", "moe_a2a_overlap", "expert_tp")
+    "assumed", "citation", "moe_dispatcher", "moe_a2a_overlap", "expert_tp",
+    "layers_per_stage")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
@@ -54,6 +55,8 @@ INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn
 """Whole-number columns (empty allowed where not :data:`REQUIRED`)."""
 FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
 """Real-number columns; a value given must be positive and finite."""
+LISTS = ("layers_per_stage",)
+"""Columns of whole numbers separated by spaces (``1 2 2 1``: a list in the experiment)."""
 BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm",
          "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_a2a_overlap")
 """``true``/``false`` columns (empty: the preset's or the schema's default)."""
@@ -64,7 +67,8 @@ STATUSES = ("ok", "oom")
 NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks": "false",
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
                 "tp_comm_overlap": "", "overlap_grad_reduce": "", "overlap_param_gather": "",
-                "moe_dispatcher": "", "moe_a2a_overlap": "", "expert_tp": ""}
+                "moe_dispatcher": "", "moe_a2a_overlap": "", "expert_tp": "",
+                "layers_per_stage": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -72,7 +76,8 @@ does not (yet) accept is skipped with the schema's error rather than simulated o
 SETTING_SECTIONS = {"parallel_blocks": "model", "nic_Gbps": "cluster",
                     "tp_comm_overlap": "parallel", "overlap_grad_reduce": "parallel",
                     "overlap_param_gather": "parallel", "moe_dispatcher": "parallel",
-                    "moe_a2a_overlap": "parallel", "expert_tp": "parallel"}
+                    "moe_a2a_overlap": "parallel", "expert_tp": "parallel",
+                    "layers_per_stage": "parallel"}
 """The experiment section each of :data:`NEW_SETTINGS` goes to (the rest: ``training``), under
 the column's own name (``nic_Gbps``: ``cluster.nic_Gbps``, a server's per-NIC line rate)."""
 
@@ -81,11 +86,13 @@ MODULES_PREFIX = "modules:"
 a and b (``training.recompute: selective`` with ``training.recompute_modules: [a, b]``)."""
 
 
-def _typed(column: str, text: str) -> bool | int | float | str:
+def _typed(column: str, text: str) -> bool | int | float | str | list[int]:
     """A column's text as its experiment value: :data:`BOOLS` ``true``/``false``, :data:`INTS`
-    and :data:`FLOATS` numbers, the rest as written."""
+    and :data:`FLOATS` numbers, :data:`LISTS` lists of whole numbers, the rest as written."""
     if column in BOOLS:
         return text == "true"
+    if column in LISTS:
+        return [int(x) for x in text.split()]
     if column in INTS:
         return int(text)
     return float(text) if column in FLOATS else text
@@ -251,6 +258,9 @@ def _check(path: Path, i: int, rec: dict) -> CorpusRow:
                 x = math.nan
             if not (math.isfinite(x) and x > 0):
                 raise ConfigError(f"{where}: {k}={rec[k]!r} is not a positive, finite number")
+    for k in LISTS:
+        if not all(x.isdigit() for x in rec[k].split()):
+            raise ConfigError(f"{where}: {k}={rec[k]!r} is not whole numbers separated by spaces")
     bad = [f"{k}={rec[k]!r}" for k in BOOLS if rec[k] not in ("", "true", "false")]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)}: expected true or false")

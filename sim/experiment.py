@@ -96,6 +96,10 @@ def build_model(cfg: ModelConfig, base_dir: Path | None = None) -> ModelSpec | N
     if spec.first_dense_layers >= spec.num_layers:
         raise ConfigError(f"model.num_layers={spec.num_layers}: the model's first "
                           f"{spec.first_dense_layers} layers are dense; it needs more layers")
+    if spec.mtp_layers >= spec.num_layers:
+        raise ConfigError(f"model.num_layers={spec.num_layers}: the model's last "
+                          f"{spec.mtp_layers} layers are multi-token prediction modules; it "
+                          f"needs more layers")
     _check_spec(spec, "model" if cfg.hf_config is None else
                 f"model.hf_config={cfg.hf_config!r}:")
     derived_head = spec.kv_channels is None and spec.mla is None  # d = h/a

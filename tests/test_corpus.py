@@ -165,6 +165,8 @@ def _write(path: Path, rows: list[dict]) -> Path:
     ({"tp": "0"}, "tp='0' is not a positive whole number"),
     ({"status": "maybe"}, "status='maybe'"),
     ({"sequence_parallel": "yes"}, "sequence_parallel='yes'"),
+    ({"layers_per_stage": "4,4"}, "layers_per_stage='4,4' is not whole numbers separated"),
+    ({"layers_per_stage": "4 -1"}, "layers_per_stage='4 -1'"),
 ])
 def test_malformed_corpus_rows_are_config_errors_naming_row_and_column(
         tmp_path: Path, changes: dict, needle: str) -> None:
@@ -211,6 +213,9 @@ def test_new_settings_reach_the_experiment_only_where_they_differ_from_the_defau
     assert gather["parallel"]["overlap_param_gather"] is True
     with pytest.raises(ConfigError, match="overlap_grad_reduce='yes'"):
         load_source(_write(tmp_path / "g.csv", [_fixture_row(overlap_grad_reduce="yes")]))
+    assert "layers_per_stage" not in plain["parallel"]
+    split = load_source(_write(tmp_path / "i.csv", [_fixture_row(layers_per_stage="3 5")]))
+    assert split.rows[0].experiment()["parallel"]["layers_per_stage"] == [3, 5]
 
 
 def test_a_model_naming_a_shipped_hf_config_reaches_the_experiment(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from sim.cli.run import summary_table
 from sim.experiment import build_experiment
 from sim.search import Evaluator, Screener, SearchContext
 from sim.search.space import enumerate_layouts
+from workloads.costs import ComputeSeg
 from workloads.hf_config import SUPPORTED, load_hf_config
 from workloads.models import PRESETS
 from workloads.schedules import BACKWARD, FORWARD, Op
@@ -135,12 +136,14 @@ def _costs(spec, **kw) -> TransformerCosts:
 def test_cost_model_flops_follow_the_parameters(fixture: str, seq: int) -> None:
     """Forward GEMM FLOPs of a step are 2 per active weight and token (the head included,
     embedding lookup and norms not), within the biases and norms: explicit head size, GeGLU,
-    MLA's projections, shared experts and dense first layers all reach the cost model."""
+    MLA's projections, shared experts and dense first layers all reach the cost model; each
+    multi-token prediction module passes the head once more, after its 2h x h projection."""
     spec = load_hf_config(FIX / f"{fixture}.json", seq)
     fwd = _costs(spec).op_segments(Op(0, FORWARD, 0), split_backward=False)
     gemm = sum(seg.flops for seg in fwd)
-    weights = spec.active_params() - spec.vocab_size * spec.hidden_size \
-        + spec.vocab_size * spec.hidden_size * spec.tied_embeddings
+    v, h = spec.vocab_size, spec.hidden_size
+    weights = spec.active_params() - v * h + v * h * spec.tied_embeddings \
+        + spec.mtp_layers * (v * h + 2 * h * h)
     assert gemm / (2 * seq) == pytest.approx(weights, rel=2e-3)
     core = sum(seg.attn_flops for seg in fwd)
     assert core == pytest.approx(spec.num_layers * 4 * seq ** 2 * spec.core_width / 2)
@@ -303,6 +306,38 @@ def test_summary_states_total_and_active_parameters(tmp_path: Path) -> None:
                                 "per", "token"]
 
 
+def test_multi_token_prediction_runs_on_the_last_stage() -> None:
+    """DeepSeek-V3's MTP module (its last block): the last pipeline stage runs the output head
+    and the loss once more, and its 2h x h input projection, in FP8 with the layers; it keeps
+    the second loss's logits and a copy of the input embedding (Megatron-core builds one on
+    the MTP stage). No other stage changes."""
+    spec = load_hf_config(FIX / "deepseek-v3.json", 4096)
+    assert spec.mtp_layers == 1
+    costs = TransformerCosts(spec, micro_batch_size=1, tp=2, dp=8, ep=8,
+                             stage_layers=(31, 31), precision="fp8", fp8_speedup=2.0)
+    plain = replace(costs, model=replace(spec, mtp_layers=0))
+    v, h, n = spec.vocab_size, spec.hidden_size, 4096
+
+    def work(c: TransformerCosts, stage: int, kind: str) -> tuple[float, float]:
+        segs = [s for s in c.op_segments(Op(stage, kind, 0), False) if isinstance(s, ComputeSeg)]
+        return sum(s.flops for s in segs), sum(s.elementwise_bytes for s in segs)
+
+    head = 2 * n * h * v / 2  # bf16, vocabulary-parallel over t = 2
+    proj = 2 * n * 2 * h * h / 2 / 2.0  # FP8 at twice the rate
+    assert work(costs, 1, FORWARD)[0] - work(plain, 1, FORWARD)[0] == pytest.approx(head + proj)
+    assert work(costs, 1, BACKWARD)[0] - work(plain, 1, BACKWARD)[0] == pytest.approx(
+        2 * (head + proj))
+    assert work(costs, 1, FORWARD)[1] > work(plain, 1, FORWARD)[1]  # its loss and norms
+    for kind in (FORWARD, BACKWARD):
+        assert work(costs, 0, kind) == work(plain, 0, kind)
+    assert costs.stage_params(1) - plain.stage_params(1) == pytest.approx(v * h / 2)
+    assert costs.stage_params(0) == plain.stage_params(0)
+    assert costs.activation_bytes_per_mb(1) - plain.activation_bytes_per_mb(1) == \
+        pytest.approx((2 + 4) * n * v / 2)
+    one_stage = replace(costs, stage_layers=(62,))  # the embedding itself, no copy
+    assert one_stage.stage_params(0) == replace(plain, stage_layers=(62,)).stage_params(0)
+
+
 def test_overrides_keep_the_import_honest(tmp_path: Path) -> None:
     """model.moe over an import keeps its shared experts; cutting the layers below the dense
     ones is refused."""
@@ -312,4 +347,10 @@ def test_overrides_keep_the_import_honest(tmp_path: Path) -> None:
     assert moe is not None and moe.shared_experts == 1 and moe.capacity_factor == 1.25
     data["model"]["num_layers"] = 2
     with pytest.raises(ConfigError, match="model.num_layers=2: the model's first 2 layers"):
+        build_experiment(data)
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_DEEPSEEK,
+                                                      "first_k_dense_replace": 0}))
+    data["model"]["num_layers"] = 1
+    with pytest.raises(ConfigError, match="model.num_layers=1: the model's last 1 layers are "
+                                          "multi-token prediction modules"):
         build_experiment(data)

@@ -16,11 +16,11 @@ as a LLaMA. No network access and no ``transformers`` dependency.
 - ``deepseek_v3``: multi-head latent attention, ``n_routed_experts`` experts of
   ``moe_intermediate_size`` (``num_experts_per_tok`` per token) and ``n_shared_experts``
   shared ones in every layer past the first ``first_k_dense_replace`` dense layers. The
-  multi-token prediction modules (``num_nextn_predict_layers`` = D) are approximated by a
-  documented rule: each is simulated as one more MoE transformer block after the last
-  layer (its block dominates its parameters and FLOPs); its 2h x h projection and two
-  norms (0.1 B parameters) and its second pass through the shared output head (2·h·V
-  FLOPs a token, about 2.5% of DeepSeek-V3's model FLOPs) are not.
+  multi-token prediction modules (``num_nextn_predict_layers`` = D) are D more MoE
+  transformer blocks after the last layer (``ModelSpec.mtp_layers``), whose 2h x h input
+  projections, norms and passes through the shared output head and loss the last pipeline
+  stage runs beside the main head (2·h·V FLOPs a token each, about 2.5% of DeepSeek-V3's
+  model FLOPs, all on that stage).
 - ``gpt2``: GeLU, LayerNorm with biases, learned positions (``n_positions`` rows), tied
   head; ``gpt_neox``: the same with rotary positions, an untied head and parallel attention
   and MLP blocks unless ``use_parallel_residual`` is false (transformers' GPTNeoXConfig
@@ -143,7 +143,7 @@ def _llama_family(c: _Config, kind: str, name: str, seq_length: int) -> ModelSpe
 
 def _deepseek_v3(c: _Config, name: str, seq_length: int) -> ModelSpec:
     """DeepSeek-V3 (DeepSeek-AI 2024): MLA, shared and routed experts, dense first layers,
-    multi-token prediction modules as extra MoE blocks (module docstring)."""
+    multi-token prediction modules as extra MoE blocks with their heads (module docstring)."""
     if c.cfg.get("moe_layer_freq", 1) != 1:
         raise c.error(f"moe_layer_freq={c.cfg['moe_layer_freq']!r}: only MoE in every layer "
                       "past first_k_dense_replace (1) is read")
@@ -190,6 +190,7 @@ def _deepseek_v3(c: _Config, name: str, seq_length: int) -> ModelSpec:
                     qk_rope_head_dim=c.count("qk_rope_head_dim"),
                     v_head_dim=c.count("v_head_dim")),
         first_dense_layers=dense,
+        mtp_layers=mtp,
     )
 
 

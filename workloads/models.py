@@ -140,6 +140,11 @@ class ModelSpec:
     first_dense_layers: int = 0
     """A MoE model's first layers whose MLP is dense, of ``ffn_hidden_size`` (DeepSeek-V3's
     ``first_k_dense_replace``); the per-layer methods take :meth:`layer_spec`."""
+    mtp_layers: int = 0
+    """D, multi-token prediction modules (DeepSeek-AI 2024, sec. 2.2; DeepSeek-V3's
+    ``num_nextn_predict_layers``): the last D of :attr:`num_layers`, each a transformer block
+    with, on the last pipeline stage, its own input projection and pass through the shared
+    output head and loss (:meth:`workloads.transformer.TransformerCosts._head`)."""
 
     def layer_spec(self, layer: int) -> ModelSpec:
         """The uniform spec of transformer block ``layer`` (0-based): dense for the first

@@ -997,18 +997,44 @@ class TransformerCosts:
         return self._layer_forward(label)
 
     def _head(self, backward: bool, weight_grad_deferred: bool = False) -> ComputeSeg:
-        """Final norm, output projection (vocabulary-parallel) and cross entropy."""
+        """Final norm, output projection (vocabulary-parallel) and cross entropy; with D
+        multi-token prediction modules (:attr:`workloads.models.ModelSpec.mtp_layers`) the
+        projection and the loss run 1 + D times, beside the modules' input work
+        (:meth:`_mtp_inputs`)."""
         m, t, n = self.model, self.tp, self._tokens
-        logits = _gemm(n, m.hidden_size, m.vocab_size / t)  # vocabulary-parallel
-        weights = BF16 * m.hidden_size * m.vocab_size / t
-        ce = ((FUSED_CROSS_ENTROPY_BYTES if self.fused_cross_entropy else CROSS_ENTROPY_BYTES)
-              * n * m.vocab_size / self._vocab_div)
+        passes = 1 + m.mtp_layers
+        logits = _gemm(n, m.hidden_size, m.vocab_size / t, count=passes)  # vocabulary-parallel
+        weights = passes * BF16 * m.hidden_size * m.vocab_size / t
+        ce = passes * ((FUSED_CROSS_ENTROPY_BYTES if self.fused_cross_entropy
+                        else CROSS_ENTROPY_BYTES) * n * m.vocab_size / self._vocab_div)
         fwd = ComputeSeg("logits+loss", logits[1], weights, elementwise_bytes=ce,
                          gemm_dims=(logits,))
+        if m.mtp_layers:
+            fwd = fuse_compute([fwd, self._mtp_inputs()], "logits+loss")[0]
         if not backward:
             return fwd
         wg = 0.0 if weight_grad_deferred else 1.0
-        return _scaled(fwd, "logits bwd", 1 + wg, elementwise_bytes=BACKWARD_ELEMENTWISE * ce)
+        return _scaled(fwd, "logits bwd", 1 + wg,
+                       elementwise_bytes=BACKWARD_ELEMENTWISE * fwd.elementwise_bytes)
+
+    def _mtp_inputs(self) -> ComputeSeg:
+        """Forward work of the D multi-token prediction modules beyond their transformer
+        blocks on one TP rank, as Megatron-core runs each (core_v0.14.0,
+        megatron/core/transformer/multi_token_prediction.py ``MultiTokenPredictionLayer``:
+        ``enorm`` of the shifted tokens' embeddings and ``hnorm`` of the hidden states, their
+        concatenation through ``eh_proj``, a column-parallel 2h x h linear under the same FP8
+        context as the layers, and ``final_layernorm`` before the shared head,
+        megatron/core/models/gpt/gpt_model.py ``_postprocess``, which runs ``output_layer`` and
+        the loss again for each module: :meth:`_head`). The embedding lookup and eh_proj's
+        TP gathers (b·s·2h and b·s·h bf16) are not timed."""
+        m, t, n = self.model, self.tp, self._tokens
+        h, d = m.hidden_size, m.mtp_layers
+        proj = _gemm(n, 2 * h, h / t, count=d)
+        norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h
+        seg = ComputeSeg("mtp inputs", proj[1], BF16 * d * (2 * h * h / t + n * (2 * h + h / t)),
+                         elementwise_bytes=3 * d * norm / self._sp_div,
+                         gemm_dims=(proj,))
+        return _fp8(seg, self.fp8_speedup) if self.precision == "fp8" else seg
 
     def _stage_layers(self, stage: int) -> range:
         start = sum(self.stage_layers[:stage])
@@ -1253,12 +1279,23 @@ class TransformerCosts:
 
     def _head_grad_bytes(self, stage: int) -> float:
         """Gradient bytes of the last stage beyond its layers and embedding: final norm,
-        output projection, and the tied embedding copy a pipelined last stage keeps."""
+        output projection, and the embedding copy a pipelined last stage keeps
+        (:attr:`_last_stage_embedding`)."""
         m, t = self.model, self.tp
         n = m.head_params() / t
-        if m.tied_embeddings and len(self.stage_layers) > 1:
+        if self._last_stage_embedding:
             n += m.vocab_size * m.hidden_size / t
         return self.grad_reduce_bytes * n
+
+    @property
+    def _last_stage_embedding(self) -> bool:
+        """Whether a pipelined last stage keeps a copy of the input embedding: tied to its
+        output head, or read by its multi-token prediction modules (Megatron-core builds the
+        embedding on the stage that runs them, core_v0.14.0 megatron/core/models/gpt/
+        gpt_model.py ``GPTModel.__init__``: ``if self.pre_process or self.mtp_process``, its
+        gradient shared with stage 0's as a tied embedding's)."""
+        return len(self.stage_layers) > 1 and (self.model.tied_embeddings
+                                               or self.model.mtp_layers > 0)
 
     def _layer_grad_bytes(self, stage: int, layer: int) -> float:
         """Gradient bytes ready after ``layer``'s backward; the first layer of stage 0 also
@@ -1550,12 +1587,14 @@ class TransformerCosts:
         The last stage holds bf16 logits and their fp32 copy for the loss,
         6·b·s·V/t bytes, until its backward (6·b·s·V without the vocabulary-parallel
         loss: the gathered logits); with :attr:`fused_cross_entropy` only the bf16 logits,
-        2·b·s·V/t.
+        2·b·s·V/t; the same again for each multi-token prediction module's loss
+        (:attr:`workloads.models.ModelSpec.mtp_layers`).
         """
         total = sum(n * c.layer_activation_bytes() for c, n in self._runs(stage))
         if stage == len(self.stage_layers) - 1:
             kept = BF16 if self.fused_cross_entropy else BF16 + FP32
-            total += kept * self._tokens * self.model.vocab_size / self._vocab_div
+            passes = 1 + self.model.mtp_layers  # each multi-token prediction loss keeps its own
+            total += passes * kept * self._tokens * self.model.vocab_size / self._vocab_div
         return total
 
     def tied_grad_bytes(self) -> float:
@@ -1623,7 +1662,7 @@ class TransformerCosts:
             n += m.embedding_params() / t
         if stage == len(self.stage_layers) - 1:
             n += m.head_params() / t
-            if m.tied_embeddings and len(self.stage_layers) > 1:
+            if self._last_stage_embedding:
                 n += m.vocab_size * m.hidden_size / t
         return n
 
