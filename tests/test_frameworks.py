@@ -550,7 +550,8 @@ def test_flash_triton_has_no_packing_copies_and_is_timed_as_flash1() -> None:
 @pytest.mark.parametrize("field,value", [("zero3_reduce_copy_bytes", "-1.0"),
                                          ("attention_copy_bytes", "true"),
                                          ("fused_cross_entropy", "1"),
-                                         ("dropout", "\"no\"")])
+                                         ("dropout", "\"no\""),
+                                         ("optimizer_bytes", "0")])
 def test_a_bad_profile_value_is_an_error_naming_it(field: str, value: str) -> None:
     """frameworks.toml is checked on load: bytes are numbers >= 0, flags true or false, and
     every field has its value and its source."""
@@ -1036,3 +1037,17 @@ def test_llama3_405b_table4_layout_stashes_as_pytorch_interleaved_1f1b() -> None
         assert live.sum(axis=1).max() == 2 * (p - r - 1) + (v - 1) * n + 1
         held = [c.stage_layers[st] for st in stages]
         assert (live @ held).max() == layers
+
+
+def test_llm_foundry_optimizer_is_composers_eager_adamw_and_fsdp_gradient_clipping() -> None:
+    """Composer's DecoupledAdamW, one eager op at a time on fp32 shards (80 bytes a parameter)
+    and FSDP's clip_grad_norm_ (12): 92 bytes a parameter of the shard; a profile without
+    the field keeps the cost model's fused AdamW (28)."""
+    plain = _costs(tp=1, dp=8, stage_layers=(8,), zero_stage=3)
+    foundry = apply_framework(plain, FRAMEWORKS["llm-foundry"], 1)
+    mega = apply_framework(plain, FRAMEWORKS["megatron"], 1)
+    shard = sum(plain.stage_params(s) for s in (0,)) / 8
+    assert plain.optimizer_segment((0,)).elementwise_bytes == pytest.approx(28 * shard)
+    assert mega.optimizer_segment((0,)).elementwise_bytes == pytest.approx(28 * shard)
+    assert foundry.optimizer_segment((0,)).elementwise_bytes == pytest.approx(92 * shard)
+    assert FRAMEWORKS["fsdp"].optimizer_bytes is None

@@ -134,6 +134,10 @@ class FrameworkProfile:
     into buckets; every other stage's gradients are one bucket (Megatron-core); a table may
     leave it out (False: every stage bucketed, as PyTorch DDP):
     ``TransformerCosts.grad_buckets_stage0_only``."""
+    optimizer_bytes: float | None
+    """HBM bytes per parameter (of the GPU's shard) that the step-end optimizer and what the
+    framework runs beside it move: ``TransformerCosts.optimizer_bytes`` (None: the cost
+    model's fused AdamW, 28; a table may leave it out)."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -150,7 +154,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
            "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
-           "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes")
+           "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
+           "optimizer_bytes")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -164,7 +169,7 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 
 
 _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
-             "grad_buckets_stage0_only")
+             "grad_buckets_stage0_only", "optimizer_bytes")
 """Fields a table may leave out (None; ``grad_buckets_stage0_only``: False), and then their
 source too."""
 
@@ -207,6 +212,10 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if frag is not None and (isinstance(frag, bool) or not isinstance(frag, int | float)
                              or not 0 <= frag < float("inf")):
         raise ValueError(f"frameworks.toml [{name}]: fragmentation={frag!r} (a number >= 0)")
+    opt = values["optimizer_bytes"]
+    if opt is not None and (isinstance(opt, bool) or not isinstance(opt, int | float)
+                            or not 0 < opt < float("inf")):
+        raise ValueError(f"frameworks.toml [{name}]: optimizer_bytes={opt!r} (a number > 0)")
     return FrameworkProfile(name=name, summary=table["summary"],
                             sources=tuple((f, table[f"{f}_source"]) for f in _FIELDS
                                           if f"{f}_source" in table),
@@ -315,6 +324,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
                    zero2_reduce_every_microbatch=profile.zero2_reduce_every_microbatch,
                    cp_kv_all_gather=profile.cp_kv_all_gather,
+                   **({} if profile.optimizer_bytes is None
+                      else {"optimizer_bytes": profile.optimizer_bytes}),
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0,
                    stage_output_buffered=profile.kept_stage_outputs > 0)
 

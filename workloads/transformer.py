@@ -324,6 +324,10 @@ class TransformerCosts:
     gradient-accumulation fusion into ``main_grad``); DeepSpeed's BF16_Optimizer casts each
     bf16 gradient to fp32 and adds it into its fp32 buffer, 2 + 4 + 4 + 4 + 4
     (:mod:`workloads.frameworks`)."""
+    optimizer_bytes: float = 28.0
+    """HBM bytes per parameter of the GPU's shard that the step-end optimizer moves
+    (:meth:`optimizer_segment`): 28 for a fused AdamW; a framework's eager optimizer and
+    what it runs beside it (gradient clipping) move more (:mod:`workloads.frameworks`)."""
     tied_grad_reduce_bytes: float = 0.0
     """Bytes per element of the tied embedding's gradient in the all-reduce between the
     first and the last pipeline stage that hold its two copies (:meth:`tied_grad_bytes`,
@@ -1709,7 +1713,7 @@ class TransformerCosts:
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
         """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
         fp32 master weight, m and v (12 B), and writes master, m, v and the bf16 weight
-        (14 B): 28 bytes.
+        (14 B): 28 bytes (:attr:`optimizer_bytes`, a framework's own where its profile says).
         """
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         n = sum(self.stage_params(s) for s in stages) - expert
@@ -1717,7 +1721,7 @@ class TransformerCosts:
             n = n / self._shards + expert / self._expert_shards
         else:
             n += expert
-        return ComputeSeg("optimizer", elementwise_bytes=28 * n)
+        return ComputeSeg("optimizer", elementwise_bytes=self.optimizer_bytes * n)
 
 
 TP_OVERLAP_GEMMS: dict[str, tuple[str, str]] = {
