@@ -204,9 +204,10 @@ def _cumulative(program: Program, start: Sequence[float], cause: Sequence[int],
 
 def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
                 part: array[int], blocked: Mapping[int, tuple[float, int]]
-                ) -> np.ndarray | None:
+                ) -> tuple[np.ndarray, list[int]] | None:
     """:func:`_cumulative` without stragglers, on arrays: the same floats, as a matrix of
-    ``n + 1`` rows of :data:`_WIDTH` (the last one zero, the sum before a root).
+    ``n + 1`` rows (the last one zero, the sum before a root) of the parts that any
+    instruction adds to (:data:`_PARTS` indices, the second item; the others are zero).
 
     The chains form a forest (``cause``: each instruction's parent); a row is its parent's
     plus its own span in its part (``part``; a compute op's blocking communication,
@@ -231,7 +232,16 @@ def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
         ids = np.fromiter(blocked, dtype=np.intp, count=len(blocked))
         seconds[ids] = [s for s, _ in blocked.values()]
         at_part[ids] = [p for _, p in blocked.values()]
-    cum = np.zeros((n + 1, _WIDTH))
+    # only the parts some instruction adds to (bubble always): the others stay zero, and a
+    # zero part changes no gap's split (:func:`_split_gaps`)
+    used = sorted({_BUBBLE, *np.flatnonzero(np.bincount(own, minlength=_WIDTH)).tolist(),
+                   *(p for _, p in blocked.values())})
+    column = np.zeros(_WIDTH, dtype=np.int8)
+    column[used] = np.arange(len(used))
+    own = column[own]
+    if blocked:
+        at_part = column[at_part]
+    cum = np.zeros((n + 1, len(used)))
     level = kids[first[n]:first[n + 1]]
     seen = 0
     while len(level):
@@ -253,7 +263,7 @@ def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
         if not total:
             break
         level = kids[np.repeat(begin - (np.cumsum(count) - count), count) + np.arange(total)]
-    return cum if seen == n else None
+    return (cum, used) if seen == n else None
 
 
 def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
@@ -338,16 +348,19 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     if isinstance(ready_s, np.ndarray) or isinstance(end_s, np.ndarray):  # floats, not scalars
         ready_s, end_s = np.asarray(ready_s).tolist(), np.asarray(end_s).tolist()
     start, cause, compute_of, part, blocked = _chains(program, ready_s, end_s)
-    cum = None if reference or slowdown else _chain_rows(start, cause, end_s, part, blocked)
+    rows = None if reference or slowdown else _chain_rows(start, cause, end_s, part, blocked)
     del part, blocked
-    if cum is None:
+    if rows is None:
         cum = _cumulative(program, start, cause, end_s, slowdown)
+        matrix, used = np.frombuffer(cum, dtype=float).reshape(-1, _WIDTH), list(range(_WIDTH))
+    else:
+        matrix, used = rows
     run_end = max(end_s)
     last = end_s.index(run_end)  # the first instruction to end the run
     window = window if window is not None else (0.0, run_end)
     if not reference:
-        return _gaps_on_arrays(instrs, compute_of, start, cause, end_s, cum, run_end, last,
-                               window, gpus)
+        return _gaps_on_arrays(instrs, compute_of, start, cause, end_s, matrix, used, run_end,
+                               last, window, gpus)
     folded = _folded(instrs)
     zero = [0.0] * len(_PARTS)
 
@@ -415,14 +428,17 @@ _GAPS_AT_ONCE = 1 << 16
 
 def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
                     start: array[float], cause: array[int], end_s: Sequence[float],
-                    cum: array[float], run_end: float, last: int,
+                    matrix: np.ndarray, used: Sequence[int], run_end: float, last: int,
                     window: tuple[float, float], gpus: Sequence[int]
                     ) -> dict[int, dict[str, float]]:
     """The per-GPU loop of :func:`_breakdown` (:func:`_gap_loop` on each GPU) on arrays: the
     gaps of a batch of GPUs, one row each (padded with empty gaps), split at once by
-    :func:`_split_gaps`, the same floating-point operations. ``start``, ``cause`` and
-    ``cum`` as :func:`_chains` and :func:`_cumulative` make them."""
-    matrix = np.frombuffer(cum, dtype=float).reshape(-1, _WIDTH)  # views, not copies
+    :func:`_split_gaps`, the same floating-point operations. ``start`` and ``cause`` as
+    :func:`_chains` makes them; ``matrix``: per instruction a row of the chain sums of
+    the parts ``used`` (:data:`_PARTS` indices; the others are zero), as
+    :func:`_chain_rows` makes them, or every part's (:func:`_cumulative`)."""
+    column = np.zeros(_WIDTH, dtype=np.intp)
+    column[list(used)] = np.arange(len(used))
     begin_of = np.frombuffer(start, dtype=float)
     cause_of = np.frombuffer(cause, dtype=np.int64)
     end_of = (np.frombuffer(end_s, dtype=float) if isinstance(end_s, array)
@@ -469,8 +485,9 @@ def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
         before[before_at < 0] = 0.0
         g_at, k_at = np.nonzero(has)
         if len(g_at):
-            before[g_at, k_at + 1, part[g_at, k_at]] -= cut[g_at, k_at]
-        shares = _split_gaps(a, b, after, before, lo, hi)
+            before[g_at, k_at + 1, column[part[g_at, k_at]]] -= cut[g_at, k_at]
+        shares = np.zeros((len(batch), _WIDTH))
+        shares[:, used] = _split_gaps(a, b, after, before, lo, hi, int(column[_BUBBLE]))
         out.update(zip(batch, map(_row, shares.tolist()), strict=True))
         batch, gaps = [], 0
     return out
