@@ -96,13 +96,18 @@ def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
         i = ins.id
         cls = type(ins)
         if cls is Compute:
-            best = last_compute.get(ins.gpu, -1)
-            last_compute[ins.gpu] = i
-            compute.setdefault(ins.gpu, []).append(i)
+            g = ins.gpu
+            best = last_compute.get(g, -1)
+            last_compute[g] = i
+            ops = compute.get(g)
+            if ops is None:
+                compute[g] = [i]
+            else:
+                ops.append(i)
             if ins.blocking_comm_s > 0:
                 blocked[i] = (ins.blocking_comm_s, index(ins.blocking_comm_kind, _BUBBLE))
-        else:
-            key = (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.stream)
+        else:  # a collective's stream is its kind (Collective.stream, without the call)
+            key = (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind)
             best = last_other.get(key, -1)
             last_other[key] = i
             part[i] = index(ins.kind, _BUBBLE)
