@@ -75,12 +75,19 @@ _WIDTH = len(_PARTS)
 
 
 def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
-            ) -> tuple[array[float], array[int], dict[int, list[int]]]:
+            ) -> tuple[array[float], array[int], dict[int, list[int]], array[int],
+                       dict[int, tuple[float, int]]]:
     """Per instruction: start of its span and its latest-finishing predecessor (-1: none);
-    and per GPU, its compute ops in program order."""
+    per GPU, its compute ops in program order; per instruction the part (:data:`_PARTS`)
+    its span adds to (a compute op's nominal part, ``bubble``, less its blocking
+    communication: :func:`_add_own`), and the compute ops with blocking communication
+    (its seconds and part), what :func:`_chain_rows` reads."""
     instrs = program.instructions
     start = array("d", ready_s[:len(instrs)])  # doubles, not float objects: memory
     cause = array("q", [-1]) * len(instrs)
+    part = array("b", [_BUBBLE]) * len(instrs)
+    blocked: dict[int, tuple[float, int]] = {}
+    index = _INDEX.get
     last_compute: dict[int, int] = {}  # per GPU, the latest instruction of its compute stream
     last_other: dict[tuple[int, object], int] = {}  # per (GPU, dst) or (GPU, kind): sends,
     members: dict[int, list[int]] = {}  # collectives (keys as the engine's streams)
@@ -89,13 +96,21 @@ def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
         i = ins.id
         cls = type(ins)
         if cls is Compute:
-            best = last_compute.get(ins.gpu, -1)
-            last_compute[ins.gpu] = i
-            compute.setdefault(ins.gpu, []).append(i)
-        else:
-            key = (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.stream)
+            g = ins.gpu
+            best = last_compute.get(g, -1)
+            last_compute[g] = i
+            ops = compute.get(g)
+            if ops is None:
+                compute[g] = [i]
+            else:
+                ops.append(i)
+            if ins.blocking_comm_s > 0:
+                blocked[i] = (ins.blocking_comm_s, index(ins.blocking_comm_kind, _BUBBLE))
+        else:  # a collective's stream is its kind (Collective.stream, without the call)
+            key = (ins.gpu, ins.dst) if cls is Send else (ins.gpu, ins.kind)
             best = last_other.get(key, -1)
             last_other[key] = i
+            part[i] = index(ins.kind, _BUBBLE)
         best_end = end_s[best] if best >= 0 else -1.0
         for d in ins.deps:
             if end_s[d] > best_end:
@@ -115,7 +130,7 @@ def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
         for j in group:
             start[j] = ready_s[latest]
             cause[j] = cause[latest]
-    return start, cause, compute
+    return start, cause, compute, part, blocked
 
 
 class _Excess:
@@ -190,6 +205,70 @@ def _cumulative(program: Program, start: Sequence[float], cause: Sequence[int],
         cum[i * _WIDTH:(i + 1) * _WIDTH] = row
         done[i] = 1
     return cum
+
+
+def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
+                part: array[int], blocked: Mapping[int, tuple[float, int]]
+                ) -> tuple[np.ndarray, list[int]] | None:
+    """:func:`_cumulative` without stragglers, on arrays: the same floats, as a matrix of
+    ``n + 1`` rows (the last one zero, the sum before a root) of the parts that any
+    instruction adds to (:data:`_PARTS` indices, the second item; the others are zero).
+
+    The chains form a forest (``cause``: each instruction's parent); a row is its parent's
+    plus its own span in its part (``part``; a compute op's blocking communication,
+    ``blocked``, first in that kind's part, the rest of its span in ``bubble``): one
+    addition per part, as the loop makes it. So the rows are summed a level of the forest
+    at a time (breadth first from the roots: a few array operations per level, and the
+    chains are as long as the step's critical path, not as the program), in any order
+    within a level. None where ``cause`` is not a forest (the loop then decides)."""
+    n = len(cause)
+    parent = np.frombuffer(cause, dtype=np.int64)
+    up = np.where(parent < 0, n, parent).astype(np.int32)  # n: the zero row before a root
+    # the children grouped by parent (the roots, under n, last) and where each parent's begin
+    first = np.zeros(n + 2, dtype=np.int32)
+    np.cumsum(np.bincount(up, minlength=n + 1), out=first[1:])
+    kids = np.argsort(up, kind="stable").astype(np.int32)
+    begin_of = np.frombuffer(start, dtype=float)
+    end_of = (np.frombuffer(end_s, dtype=float) if isinstance(end_s, array)
+              else np.asarray(end_s, dtype=float))
+    own = np.frombuffer(part, dtype=np.int8)
+    if blocked:  # a compute op's blocking communication (its seconds, its part), else 0
+        seconds, at_part = np.zeros(n), np.zeros(n, dtype=np.int8)
+        ids = np.fromiter(blocked, dtype=np.intp, count=len(blocked))
+        seconds[ids] = [s for s, _ in blocked.values()]
+        at_part[ids] = [p for _, p in blocked.values()]
+    # only the parts some instruction adds to (bubble always): the others stay zero, and a
+    # zero part changes no gap's split (:func:`_split_gaps`)
+    used = sorted({_BUBBLE, *np.flatnonzero(np.bincount(own, minlength=_WIDTH)).tolist(),
+                   *(p for _, p in blocked.values())})
+    column = np.zeros(_WIDTH, dtype=np.int8)
+    column[used] = np.arange(len(used))
+    own = column[own]
+    if blocked:
+        at_part = column[at_part]
+    cum = np.zeros((n + 1, len(used)))
+    level = kids[first[n]:first[n + 1]]
+    seen = 0
+    while len(level):
+        seen += len(level)
+        rows = cum[up[level]]
+        at = np.arange(len(level))
+        span = end_of[level] - begin_of[level]
+        if blocked:
+            mine = np.flatnonzero(seconds[level] > 0)
+            if len(mine):  # as the loop: min(blocking, span) to its part, then the rest
+                cut = np.minimum(seconds[level[mine]], span[mine])
+                rows[mine, at_part[level[mine]]] += cut
+                span[mine] -= cut
+        rows[at, own[level]] += span
+        cum[level] = rows
+        begin, end = first[level], first[level + 1]
+        count = end - begin
+        total = int(count.sum())
+        if not total:
+            break
+        level = kids[np.repeat(begin - (np.cumsum(count) - count), count) + np.arange(total)]
+    return (cum, used) if seen == n else None
 
 
 def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
@@ -273,14 +352,20 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
             return out
     if isinstance(ready_s, np.ndarray) or isinstance(end_s, np.ndarray):  # floats, not scalars
         ready_s, end_s = np.asarray(ready_s).tolist(), np.asarray(end_s).tolist()
-    start, cause, compute_of = _chains(program, ready_s, end_s)
-    cum = _cumulative(program, start, cause, end_s, slowdown)
+    start, cause, compute_of, part, blocked = _chains(program, ready_s, end_s)
+    rows = None if reference or slowdown else _chain_rows(start, cause, end_s, part, blocked)
+    del part, blocked
+    if rows is None:
+        cum = _cumulative(program, start, cause, end_s, slowdown)
+        matrix, used = np.frombuffer(cum, dtype=float).reshape(-1, _WIDTH), list(range(_WIDTH))
+    else:
+        matrix, used = rows
     run_end = max(end_s)
     last = end_s.index(run_end)  # the first instruction to end the run
     window = window if window is not None else (0.0, run_end)
     if not reference:
-        return _gaps_on_arrays(instrs, compute_of, start, cause, end_s, cum, run_end, last,
-                               window, gpus)
+        return _gaps_on_arrays(instrs, compute_of, start, cause, end_s, matrix, used, run_end,
+                               last, window, gpus)
     folded = _folded(instrs)
     zero = [0.0] * len(_PARTS)
 
@@ -348,14 +433,17 @@ _GAPS_AT_ONCE = 1 << 16
 
 def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
                     start: array[float], cause: array[int], end_s: Sequence[float],
-                    cum: array[float], run_end: float, last: int,
+                    matrix: np.ndarray, used: Sequence[int], run_end: float, last: int,
                     window: tuple[float, float], gpus: Sequence[int]
                     ) -> dict[int, dict[str, float]]:
     """The per-GPU loop of :func:`_breakdown` (:func:`_gap_loop` on each GPU) on arrays: the
     gaps of a batch of GPUs, one row each (padded with empty gaps), split at once by
-    :func:`_split_gaps`, the same floating-point operations. ``start``, ``cause`` and
-    ``cum`` as :func:`_chains` and :func:`_cumulative` make them."""
-    matrix = np.frombuffer(cum, dtype=float).reshape(-1, _WIDTH)  # views, not copies
+    :func:`_split_gaps`, the same floating-point operations. ``start`` and ``cause`` as
+    :func:`_chains` makes them; ``matrix``: per instruction a row of the chain sums of
+    the parts ``used`` (:data:`_PARTS` indices; the others are zero), as
+    :func:`_chain_rows` makes them, or every part's (:func:`_cumulative`)."""
+    column = np.zeros(_WIDTH, dtype=np.intp)
+    column[list(used)] = np.arange(len(used))
     begin_of = np.frombuffer(start, dtype=float)
     cause_of = np.frombuffer(cause, dtype=np.int64)
     end_of = (np.frombuffer(end_s, dtype=float) if isinstance(end_s, array)
@@ -402,8 +490,9 @@ def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
         before[before_at < 0] = 0.0
         g_at, k_at = np.nonzero(has)
         if len(g_at):
-            before[g_at, k_at + 1, part[g_at, k_at]] -= cut[g_at, k_at]
-        shares = _split_gaps(a, b, after, before, lo, hi)
+            before[g_at, k_at + 1, column[part[g_at, k_at]]] -= cut[g_at, k_at]
+        shares = np.zeros((len(batch), _WIDTH))
+        shares[:, used] = _split_gaps(a, b, after, before, lo, hi, int(column[_BUBBLE]))
         out.update(zip(batch, map(_row, shares.tolist()), strict=True))
         batch, gaps = [], 0
     return out

@@ -183,3 +183,35 @@ def test_gaps_on_arrays_equal_the_gap_loop(fidelity: str, straggler: bool) -> No
             result.program, times.ready_s, times.end_s, gpus, slowdown, reference=True))
     finally:
         idle_module._GAPS_AT_ONCE = batch
+
+
+@pytest.mark.parametrize("fidelity", ["full", "collapsed"])
+def test_chain_rows_equal_the_cumulative_loop(fidelity: str) -> None:
+    """The array path's chain sums, a level of the chain forest at a time, are the loop's
+    (:func:`sim.idle._cumulative`) bit for bit in every part they keep, and every other
+    part is zero there: a full run's collectives settled to their last member, a
+    collapsed one's blocking communication (cut to its span) in its own part."""
+    import numpy as np
+
+    import sim.idle as idle_module
+    from sim.engine import InstructionTimes, simulate_program
+
+    exp = load_experiment(EXAMPLE)
+    program = simulate(exp, fidelity=fidelity).program
+    times = InstructionTimes()
+    simulate_program(program, exp.cluster, lambda ins: ins.duration_s or 1e-4 + ins.flops * 1e-15,
+                     times=times)
+    start, cause, _, part, blocked = idle_module._chains(program, times.ready_s, times.end_s)
+    assert bool(blocked) == (fidelity == "collapsed")
+    rows = idle_module._chain_rows(start, cause, times.end_s, part, blocked)
+    assert rows is not None
+    matrix, used = rows
+    loop = np.frombuffer(idle_module._cumulative(program, start, cause, times.end_s,
+                                                 idle_module._Excess({})), dtype=float)
+    loop = loop.reshape(-1, idle_module._WIDTH)
+    assert matrix.shape == (len(program.instructions) + 1, len(used))
+    assert (matrix[-1] == 0).all()
+    assert matrix[:-1].tobytes() == np.ascontiguousarray(loop[:, used]).tobytes()
+    others = [p for p in range(idle_module._WIDTH) if p not in used]
+    assert not loop[:, others].any()
+    assert matrix[:, used.index(idle_module._BUBBLE)].max() > 0

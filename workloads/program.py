@@ -169,16 +169,27 @@ class ProgramBuilder:
         self.instructions.append(Compute(i, gpu, kind, name, deps, **kw))
         return i
 
+    @staticmethod
+    def work(**kw) -> tuple:
+        """A compute op's fields after ``deps`` (keywords as :class:`Compute` takes them), what
+        :meth:`compute_each` adds ops of: worked out once for ops added many times."""
+        return Compute(0, 0, "", "", (), **kw)[5:]
+
     def compute_each(self, gpus: Sequence[int], kind: str, name: str,
-                     deps: Mapping[int, tuple[int, ...]], **kw) -> dict[int, int]:
+                     deps: Mapping[int, tuple[int, ...]], work: tuple | None = None,
+                     **kw) -> dict[int, int]:
         """The same compute op once on each of ``gpus`` (after ``deps[gpu]`` there), as
-        :meth:`compute` would add them one by one; returns {gpu: instruction id}."""
-        work = Compute(0, 0, kind, name, (), **kw)[5:]  # the fields after deps
-        new, instrs, first = tuple.__new__, self.instructions, self.first_id
+        :meth:`compute` would add them one by one; returns {gpu: instruction id}. Its
+        fields after ``deps``: ``work`` (:meth:`work`), else the keywords."""
+        if work is None:
+            work = self.work(**kw)
+        new, append = tuple.__new__, self.instructions.append
         ids = {}
+        i = self.next_id
         for gpu in gpus:
-            ids[gpu] = i = first + len(instrs)
-            instrs.append(new(Compute, (i, gpu, kind, name, deps[gpu], *work)))
+            ids[gpu] = i
+            append(new(Compute, (i, gpu, kind, name, deps[gpu], *work)))
+            i += 1
         return ids
 
     def send(self, gpu: int, dst: int, nbytes: float, kind: str, name: str,
@@ -194,12 +205,14 @@ class ProgramBuilder:
         key = self.new_key()
         algo = self.default_algo if algo is None else algo
         rest = Collective(0, 0, kind, name, (), op, algo, group, nbytes, key, **kw)[10:]
-        new, instrs, first = tuple.__new__, self.instructions, self.first_id
+        new, append, deps_of = tuple.__new__, self.instructions.append, deps.get
         ids = {}
+        i = self.next_id
         for gpu in group:
-            ids[gpu] = i = first + len(instrs)
-            instrs.append(new(Collective, (i, gpu, kind, name, deps.get(gpu, ()), op, algo,
-                                           group, nbytes, key, *rest)))
+            ids[gpu] = i
+            append(new(Collective, (i, gpu, kind, name, deps_of(gpu, ()), op, algo, group,
+                                    nbytes, key, *rest)))
+            i += 1
         return ids
 
     def build(self) -> tuple[Instruction, ...]:

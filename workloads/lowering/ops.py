@@ -194,27 +194,30 @@ class OpLoop:
         b, last = self.b, self.last
         segs, n_compute, alloc, free = facts
         op_name = str(op)
-        comm_names = {i: f"{op_name} {seg.label}" for i, seg in enumerate(segs)
-                      if isinstance(seg, CommSeg)}
+        # per segment what every replica's copy shares: a collective's name, a compute op's
+        # label and its fields after deps (ProgramBuilder.work)
+        shared: list[tuple[str, tuple | None]] = []
+        seen_compute = 0
+        for seg in segs:
+            if isinstance(seg, CommSeg):
+                shared.append((f"{op_name} {seg.label}", None))
+                continue
+            seen_compute += 1
+            shared.append((op_name if seen_compute == 1 else seg.label, b.work(
+                flops=seg.flops, hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
+                attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
+                elementwise_bytes=seg.elementwise_bytes, stage=op.stage, mb=op.mb,
+                alloc_bytes=alloc if seen_compute == 1 else 0.0,
+                free_bytes=free if seen_compute == n_compute else 0.0)))
         for d, gpus in enumerate(self.lanes[r]):
             prev = {g: self._deps(g, local) for g in gpus}
-            seen_compute = 0
-            for i, seg in enumerate(segs):
-                if isinstance(seg, CommSeg):
-                    ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=comm_names[i],
+            for seg, (name, work) in zip(segs, shared, strict=True):
+                if work is None:
+                    ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=name,
                                        op=seg.op, nbytes=seg.nbytes, stage=op.stage, mb=op.mb,
                                        duration_s=seg.duration_s)
                 else:
-                    seen_compute += 1
-                    a_bytes = alloc if seen_compute == 1 else 0.0
-                    f_bytes = free if seen_compute == n_compute else 0.0
-                    label = op_name if seen_compute == 1 else seg.label
-                    ids = b.compute_each(gpus, op.kind, label, prev, flops=seg.flops,
-                                         hbm_bytes=seg.hbm_bytes, duration_s=seg.duration_s,
-                                         attn_flops=seg.attn_flops, gemm_dims=seg.gemm_dims,
-                                         elementwise_bytes=seg.elementwise_bytes,
-                                         stage=op.stage, mb=op.mb, alloc_bytes=a_bytes,
-                                         free_bytes=f_bytes)
+                    ids = b.compute_each(gpus, op.kind, name, prev, work)
                 prev = {g: (ids[g],) for g in gpus}
             if segs:
                 for g in gpus:
