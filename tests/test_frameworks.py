@@ -605,6 +605,14 @@ def test_torchtitan_keeps_a_pipelined_stage_unsharded_through_the_step() -> None
         replace(flat, zero3_unsharded_under_pp=False).static_bytes((0,)))
 
 
+def _forward_work(c: TransformerCosts, stage: int) -> list:
+    """A forward's segments less the partitioned-message gathers (``pipe ...``), each compute
+    segment as its work (its label follows the segment before it)."""
+    return [(g.flops, g.hbm_bytes, g.elementwise_bytes) if isinstance(g, ComputeSeg) else g
+            for g in c.op_segments(Op(stage, FORWARD, 0), False)
+            if not g.label.startswith("pipe ")]
+
+
 def test_deepspeed_accumulates_each_micro_batchs_gradients_in_fp32() -> None:
     """DeepSpeed's BF16_Optimizer.update_hp_grads after every micro-batch's backward: 18
     bytes a parameter of the stage (cast to fp32, add into the fp32 buffer), one memory-bound
@@ -618,8 +626,7 @@ def test_deepspeed_accumulates_each_micro_batchs_gradients_in_fp32() -> None:
         assert extra.elementwise_bytes == pytest.approx(18 * plain.stage_params(stage))
         assert extra.flops == 0.0
         assert plain.op_segments(Op(stage, BACKWARD, 0), False)[-1].label != "grad accumulation"
-        assert ds.op_segments(Op(stage, FORWARD, 0), False) == \
-            plain.op_segments(Op(stage, FORWARD, 0), False)
+        assert _forward_work(ds, stage) == _forward_work(plain, stage)
     def moved(c: TransformerCosts, kind: str) -> float:
         return sum(s.elementwise_bytes for s in c.op_segments(Op(1, kind, 0), True)
                    if isinstance(s, ComputeSeg))
@@ -923,7 +930,7 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
     MLP keeps its intermediates (not under full recomputation)."""
     assert {n: FRAMEWORKS[n].swiglu_stash_bytes for n in FRAMEWORKS} == {
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
-        "scaling": 8.0, "llm-foundry": 8.0}
+        "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))
