@@ -24,6 +24,7 @@ from workloads.frameworks import (
     grad_bucket_bytes,
     load_allocators,
     load_profiles,
+    stage_layers,
 )
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import PRESETS, MLASpec
@@ -605,6 +606,14 @@ def test_torchtitan_keeps_a_pipelined_stage_unsharded_through_the_step() -> None
         replace(flat, zero3_unsharded_under_pp=False).static_bytes((0,)))
 
 
+def _forward_work(c: TransformerCosts, stage: int) -> list:
+    """A forward's segments less the partitioned-message gathers (``pipe ...``), each compute
+    segment as its work (its label follows the segment before it)."""
+    return [(g.flops, g.hbm_bytes, g.elementwise_bytes) if isinstance(g, ComputeSeg) else g
+            for g in c.op_segments(Op(stage, FORWARD, 0), False)
+            if not g.label.startswith("pipe ")]
+
+
 def test_deepspeed_accumulates_each_micro_batchs_gradients_in_fp32() -> None:
     """DeepSpeed's BF16_Optimizer.update_hp_grads after every micro-batch's backward: 18
     bytes a parameter of the stage (cast to fp32, add into the fp32 buffer), one memory-bound
@@ -618,8 +627,7 @@ def test_deepspeed_accumulates_each_micro_batchs_gradients_in_fp32() -> None:
         assert extra.elementwise_bytes == pytest.approx(18 * plain.stage_params(stage))
         assert extra.flops == 0.0
         assert plain.op_segments(Op(stage, BACKWARD, 0), False)[-1].label != "grad accumulation"
-        assert ds.op_segments(Op(stage, FORWARD, 0), False) == \
-            plain.op_segments(Op(stage, FORWARD, 0), False)
+        assert _forward_work(ds, stage) == _forward_work(plain, stage)
     def moved(c: TransformerCosts, kind: str) -> float:
         return sum(s.elementwise_bytes for s in c.op_segments(Op(1, kind, 0), True)
                    if isinstance(s, ComputeSeg))
@@ -660,6 +668,67 @@ def test_deepspeed_all_reduces_the_tied_embeddings_fp32_gradient_between_end_sta
     collapsed = api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
     assert full.stats["step_time_s"] == pytest.approx(collapsed)
     assert collapsed > api.simulate(untied, fidelity="collapsed").stats["step_time_s"]
+
+
+def test_deepspeed_pipeline_sends_block_their_sender() -> None:
+    """DeepSpeed's p2p.send (dist.send, or a two-rank broadcast, without async_op) in the
+    engine's instruction stream: the sender's next op waits for each message to arrive, a
+    zero-time ``pp wait`` after its sends; the step is slower than with Megatron-LM's sends
+    beside the compute, the same full and collapsed, and the flag is the only difference."""
+    exp = _tied_run("deepspeed")
+    assert exp.costs.pp_send_blocking and not _tied_run("megatron").costs.pp_send_blocking
+    assert {n for n, p in FRAMEWORKS.items() if p.pp_send_blocking} == {"deepspeed",
+                                                                        "bigscience"}
+    free = replace(exp, costs=replace(exp.costs, pp_send_blocking=False))
+    full = api.simulate(exp, fidelity="full")
+    waits = [s for s in full.timeline.spans if s.name.endswith("pp wait")]
+    sends = [s for s in full.timeline.spans if s.stream.startswith("send>")]
+    assert waits and len(waits) == len(sends)  # one message per op and sending GPU here
+    for w in waits:
+        assert w.end_s == w.start_s
+        assert any(s.gpu == w.gpu and s.end_s == pytest.approx(w.end_s) for s in sends)
+    assert not any(s.name.endswith("pp wait") for s in
+                   api.simulate(free, fidelity="full").timeline.spans)
+    blocked = api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
+    assert full.stats["step_time_s"] == pytest.approx(blocked)
+    assert blocked > api.simulate(free, fidelity="collapsed").stats["step_time_s"]
+
+
+def test_deepspeed_all_gathers_its_partitioned_pipeline_messages_over_tp() -> None:
+    """DeepSpeed's PartitionedTensor.full(): a forward after the first stage gathers its
+    input, a backward before the last its received gradient and its own output, each the
+    whole b·s·h bf16 tensor over the TP group; nothing at t = 1 or under Megatron-LM."""
+    plain = _costs(stage_layers=split_layers(8, 3))
+    ds = apply_framework(plain, FRAMEWORKS["deepspeed"], 8)
+    whole = 2 * 2048 * plain.model.hidden_size
+
+    def gathers(c: TransformerCosts, op: Op) -> list[str]:
+        segs = [g for g in c.op_segments(op, False) if isinstance(g, CommSeg)
+                and g.label.startswith("pipe ")]
+        assert all(g.op == "all_gather" and g.kind == "tp" and g.nbytes == whole for g in segs)
+        return [g.label for g in segs]
+
+    assert gathers(ds, Op(0, FORWARD, 0)) == []
+    assert gathers(ds, Op(1, FORWARD, 0)) == gathers(ds, Op(2, FORWARD, 0)) == \
+        ["pipe input all-gather"]
+    assert gathers(ds, Op(0, BACKWARD, 0)) == gathers(ds, Op(1, BACKWARD, 0)) == \
+        ["pipe output all-gather", "pipe grad all-gather"]
+    assert gathers(ds, Op(2, BACKWARD, 0)) == []
+    assert not any(gathers(plain, Op(s, k, 0)) for s in range(3) for k in (FORWARD, BACKWARD))
+    one = apply_framework(_costs(tp=1, stage_layers=split_layers(8, 3)), FRAMEWORKS["deepspeed"],
+                          8)
+    assert gathers(one, Op(1, FORWARD, 0)) == []
+
+
+def test_bigscience_is_deepspeed_with_blooms_pipeline_split() -> None:
+    """BLOOM-176B's --pp-partition-method 'type:transformer|embedding': DeepSpeed balances
+    the 70 transformer layers and the two tied embeddings (input, head) over 12 stages, so
+    the end stages hold 5 layers beside them; every other field is [deepspeed]'s."""
+    ds, bloom = FRAMEWORKS["deepspeed"], FRAMEWORKS["bigscience"]
+    assert replace(bloom, name="deepspeed", summary=ds.summary, stage_split=ds.stage_split,
+                   sources=ds.sources) == ds
+    assert stage_layers(bloom, 70, 12) == (5,) + (6,) * 10 + (5,)
+    assert stage_layers(ds, 70, 12) == (6,) * 10 + (5, 5)
 
 
 # ------------------------------------------------------------------ Llama 3's stack
@@ -862,7 +931,7 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
     MLP keeps its intermediates (not under full recomputation)."""
     assert {n: FRAMEWORKS[n].swiglu_stash_bytes for n in FRAMEWORKS} == {
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
-        "scaling": 8.0, "llm-foundry": 8.0}
+        "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))

@@ -15,6 +15,8 @@ runs the general loop; the lowering order is the unit-duration run's.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -54,9 +56,12 @@ def test_fast_lowering_equals_the_reference(data: dict) -> None:
     parallel.pop("overlap_param_gather", None)
     exp = build_experiment(data)
     # fused groups and a multimodal schedule's encoder ops take the op loop (the latter
-    # tested in tests/test_multimodal.py)
+    # tested in tests/test_multimodal.py), and so do pipeline sends that block their sender
+    # (DeepSpeed's, tests/test_frameworks.py): compared here without that wait
     assume(not exp.schedule.fused and exp.schedule.encoder is None)
-    args = (exp.schedule, exp.costs, exp.placement, parallel["zero_stage"], _collapse(exp))
+    costs = replace(exp.costs, pp_send_blocking=False) if framework.pp_send_blocking \
+        else exp.costs
+    args = (exp.schedule, costs, exp.placement, parallel["zero_stage"], _collapse(exp))
     fast, ref = lower(*args), lower(*args, reference=True)
     assert isinstance(fast.instructions, ColumnarInstructions)  # the fast path ran
     assert not isinstance(ref.instructions, ColumnarInstructions)

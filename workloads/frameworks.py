@@ -138,6 +138,14 @@ class FrameworkProfile:
     """HBM bytes per parameter (of the GPU's shard) that the step-end optimizer and what the
     framework runs beside it move: ``TransformerCosts.optimizer_bytes`` (None: the cost
     model's fused AdamW, 28; a table may leave it out)."""
+    pp_send_blocking: bool
+    """Each pipeline send blocks the sender's compute stream until it has arrived (DeepSpeed's
+    ``p2p.send`` in its instruction stream); a table may leave it out (False: sends beside
+    the compute): ``TransformerCosts.pp_send_blocking``."""
+    pp_partition_gathers: bool
+    """Pipeline messages travel as 1/t partitions that each TP rank all-gathers before use
+    (DeepSpeed's ``PartitionedTensor``); a table may leave it out (False: not counted):
+    ``TransformerCosts.pp_partition_gathers``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -155,7 +163,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
            "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
-           "optimizer_bytes")
+           "optimizer_bytes", "pp_send_blocking", "pp_partition_gathers")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -169,9 +177,15 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 
 
 _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
-             "grad_buckets_stage0_only", "optimizer_bytes")
-"""Fields a table may leave out (None; ``grad_buckets_stage0_only``: False), and then their
-source too."""
+             "grad_buckets_stage0_only", "optimizer_bytes", "pp_send_blocking",
+             "pp_partition_gathers")
+"""Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
+flags ``grad_buckets_stage0_only``, ``pp_send_blocking`` and ``pp_partition_gathers``: False),
+and then their source too."""
+
+
+_OPTIONAL_FLAGS = ("grad_buckets_stage0_only", "pp_send_blocking", "pp_partition_gathers")
+"""The flags among :data:`_OPTIONAL`."""
 
 
 def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
@@ -185,10 +199,11 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if missing:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
-    values["grad_buckets_stage0_only"] = table.get("grad_buckets_stage0_only", False)
+    for flag in _OPTIONAL_FLAGS:
+        values[flag] = table.get(flag, False)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
            or not isinstance(values[f], int | float) or not 0 <= values[f] < float("inf")]
-    bad += [f for f in (*_FLAGS, "grad_buckets_stage0_only") if not isinstance(values[f], bool)]
+    bad += [f for f in (*_FLAGS, *_OPTIONAL_FLAGS) if not isinstance(values[f], bool)]
     if bad:
         raise ValueError(f"frameworks.toml [{name}]: "
                          + ", ".join(f"{f}={values[f]!r}" for f in bad)
@@ -326,6 +341,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    cp_kv_all_gather=profile.cp_kv_all_gather,
                    **({} if profile.optimizer_bytes is None
                       else {"optimizer_bytes": profile.optimizer_bytes}),
+                   pp_send_blocking=profile.pp_send_blocking,
+                   pp_partition_gathers=profile.pp_partition_gathers,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0,
                    stage_output_buffered=profile.kept_stage_outputs > 0)
 

@@ -333,6 +333,19 @@ class TransformerCosts:
     first and the last pipeline stage that hold its two copies (:meth:`tied_grad_bytes`,
     :mod:`workloads.lowering.tied`): 4 for DeepSpeed's fp32 copy under its bf16 optimizer.
     0: not emitted (:mod:`workloads.frameworks`)."""
+    pp_send_blocking: bool = False
+    """Each pipeline send blocks its sender's compute stream until the message has arrived
+    (:mod:`workloads.lowering.pipeline`): DeepSpeed's pipeline engine sends with
+    ``dist.send`` in its instruction stream, which the next instruction waits on. False:
+    sends run on their own stream beside the compute (Megatron-LM's batched ``isend``)
+    (:mod:`workloads.frameworks`)."""
+    pp_partition_gathers: bool = False
+    """Each TP rank sends and receives 1/t of a stage's activation or gradient and
+    all-gathers it over its TP group before use (:meth:`_partition_gathers`): a
+    non-first stage's forward gathers its input, a non-last stage's backward gathers the
+    gradient it received and its own output again (DeepSpeed's ``PartitionedTensor.full()``
+    in ``_exec_forward_pass`` and ``_exec_backward_pass``). False: not counted
+    (:mod:`workloads.frameworks`)."""
     tp_comm_exposed_s: tuple[tuple[str, float], ...] = ()
     """TP communication overlap (``parallel.tp_comm_overlap``): the time each sequence-
     parallel collective of a layer adds beside its block's compute once pipelined with the
@@ -1118,6 +1131,21 @@ class TransformerCosts:
             segs = memo[key] = self._op_segments(op, split_backward, markers)
         return segs
 
+    def _partition_gathers(self, op: Op, last: bool) -> list[Segment]:
+        """The TP all-gathers of partitioned pipeline messages an op starts with
+        (:attr:`pp_partition_gathers`, t > 1): a forward after the first stage gathers its
+        input; a backward before the last stage gathers the received gradient and restores
+        its own output for autograd (b·s·h bf16 elements each, the whole tensor)."""
+        if not self.pp_partition_gathers or self.tp == 1:
+            return []
+        nbytes = BF16 * self._bsh
+        if op.kind == FORWARD and op.stage > 0:
+            return [CommSeg("pipe input all-gather", "tp", "all_gather", nbytes)]
+        if op.kind == BACKWARD and not last:
+            return [CommSeg("pipe output all-gather", "tp", "all_gather", nbytes),
+                    CommSeg("pipe grad all-gather", "tp", "all_gather", nbytes)]
+        return []
+
     def _op_segments(self, op: Op, split_backward: bool, markers: bool
                      ) -> tuple[Segment, ...]:
         """:meth:`op_segments`, worked out."""
@@ -1127,7 +1155,7 @@ class TransformerCosts:
         layers = self._stage_layers(op.stage)
         gather = markers and (self.zero_stage == 3
                               or (self.overlap_param_gather and op.kind == FORWARD))
-        segs: list[Segment] = []
+        segs: list[Segment] = self._partition_gathers(op, last)
         if gather and self.zero_stage != 3 and op.stage > 0:
             # overlap_param_gather beyond stage 0: one bucket, gathered whole before the op
             segs.append(self._stage_gather(op.stage))

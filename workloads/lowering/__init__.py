@@ -118,7 +118,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
     # (and the F ops that wait on several of them) take the op loop
     fast = (not reference and collapse is not None and piecewise is None and not schedule.fused
-            and schedule.encoder is None)
+            and schedule.encoder is None and not getattr(costs, "pp_send_blocking", False))
     order, fields = topological(schedule, fields=fast)
     head = None
     if fast and order and fields is not None and fields[1].min() >= 0:  # F, B, W only

@@ -74,6 +74,9 @@ class OpLoop:
         self.facts: dict[Op, Facts] = {}
         self.folds: dict[Op, Folded] = {}
         self.send_s: dict[tuple[int, int, float], float] = {}
+        self.blocking = bool(getattr(costs, "pp_send_blocking", False))
+        """Pipeline sends block their sender
+        (:func:`~workloads.lowering.pipeline.wait_for_sends`)."""
         self.whole_p2p = costs.p2p_bytes()
         feature_p2p = getattr(costs, "feature_p2p_bytes", None)
         self.feature_p2p = 0.0 if feature_p2p is None else float(feature_p2p())
@@ -168,7 +171,7 @@ class OpLoop:
         self.piecewise.emit(k, op, r, prev, alloc, free, self.last, self.pending,
                             marked=self._marked(op),
                             cut=self.cuts.get(k, frozenset()))
-        emit_sends(self.b, sends, self.lanes, r, k, self.last, self.sent)
+        emit_sends(self.b, sends, self.lanes, r, k, self.last, self.sent, self.blocking)
 
     def _folded(self, k: int, op: Op, generic: Op, r: int, local: Sequence[tuple[int, bool]],
                 facts: Facts, sends: Sequence[PipeSend]) -> None:
@@ -184,7 +187,8 @@ class OpLoop:
                                         alloc, free, self.pending[r],
                                         self.cuts.get(k, frozenset()))
         self.pending[r] = pending_after(self.pending[r], folded)
-        emit_replica_sends(self.b, sends, self.lanes, r, 0, k, self.last, self.sent)
+        emit_replica_sends(self.b, sends, self.lanes, r, 0, k, self.last, self.sent,
+                           self.blocking)
 
     def _full(self, k: int, op: Op, r: int, local: Sequence[tuple[int, bool]], facts: Facts,
               sends: Sequence[PipeSend]) -> None:
@@ -222,4 +226,4 @@ class OpLoop:
             if segs:
                 for g in gpus:
                     last[(k, g)] = prev[g][0]
-            emit_replica_sends(b, sends, self.lanes, r, d, k, last, self.sent)
+            emit_replica_sends(b, sends, self.lanes, r, d, k, last, self.sent, self.blocking)

@@ -1,6 +1,9 @@
 """Pass 2, pipeline send/recv: after an op whose consumer stage lives on another pipeline
 rank, a send of its output (activations forward, gradients backward) from every
-simulated GPU to its peer there; the consumer waits for the send's arrival.
+simulated GPU to its peer there; the consumer waits for the send's arrival. Where sends
+block (``pp_send_blocking``, DeepSpeed's pipeline engine), the sender's compute stream
+waits for them too: a zero-time ``pp wait`` instruction after them, which later ops there
+follow.
 """
 
 from __future__ import annotations
@@ -82,26 +85,52 @@ def pipeline_sends(schedule: Schedule, group: Sequence[Op], r: int, index: Mappi
 
 
 def emit_sends(b: ProgramBuilder, sends: Sequence[PipeSend], lanes: Lanes, r: int, k: int,
-               last: Mapping[tuple[int, int], int], sent: dict[tuple[int, int], int]) -> None:
+               last: dict[tuple[int, int], int], sent: dict[tuple[int, int], int],
+               blocking: bool = False) -> None:
     """Each pipeline send of op ``order[k]``, from every simulated lane of rank ``r``, each
     after the instruction completing the op there (``last``); ``sent[(j, dst)]``: the send
-    that delivers op ``order[j]``'s output to GPU ``dst``."""
+    that delivers op ``order[j]``'s output to GPU ``dst``. ``blocking``: then the sender
+    waits for them (:func:`wait_for_sends`)."""
+    mine: dict[int, list[int]] = {}
     for j, member, cr, name, fixed, nbytes in sends:
         for d, gpus in enumerate(lanes[r]):
             for t, g in enumerate(gpus):
                 dst = lanes[cr][d][t]
                 sent[(j, dst)] = b.send(g, dst, nbytes, "pp", name, (last[(k, g)],),
                                         stage=member.stage, mb=member.mb, duration_s=fixed)
+                mine.setdefault(g, []).append(sent[(j, dst)])
+    if blocking and sends:
+        for g, ids in mine.items():
+            last[(k, g)] = wait_for_sends(b, g, sends[-1][1], tuple(ids))
 
 
 def emit_replica_sends(b: ProgramBuilder, sends: Sequence[PipeSend], lanes: Lanes, r: int,
-                       d: int, k: int, last: Mapping[tuple[int, int], int],
-                       sent: dict[tuple[int, int], int]) -> None:
+                       d: int, k: int, last: dict[tuple[int, int], int],
+                       sent: dict[tuple[int, int], int], blocking: bool = False) -> None:
     """:func:`emit_sends` from replica ``d``'s lanes only (the full lowering sends each
     replica's messages right after that replica's part of the op)."""
     gpus = lanes[r][d]
+    mine: dict[int, list[int]] = {g: [] for g in gpus}
     for j, member, cr, name, fixed, nbytes in sends:
         dst_lane = lanes[cr][d]
         for t, g in enumerate(gpus):
-            sent[(j, dst_lane[t])] = b.send(g, dst_lane[t], nbytes, "pp", name, (last[(k, g)],),
-                                            stage=member.stage, mb=member.mb, duration_s=fixed)
+            i = b.send(g, dst_lane[t], nbytes, "pp", name, (last[(k, g)],),
+                       stage=member.stage, mb=member.mb, duration_s=fixed)
+            sent[(j, dst_lane[t])] = i
+            mine[g].append(i)
+    if blocking and sends:
+        member = sends[-1][1]
+        for g in gpus:
+            last[(k, g)] = wait_for_sends(b, g, member, tuple(mine[g]))
+
+
+def wait_for_sends(b: ProgramBuilder, g: int, member: Op, send_ids: tuple[int, ...]) -> int:
+    """A blocking send's wait on GPU ``g``: a zero-time compute instruction after its sends
+    ``send_ids`` of ``member``'s output; it becomes what completes the op there, so the
+    GPU's next op, and everything that follows the op, waits for the messages to arrive.
+    DeepSpeed's ``deepspeed/runtime/pipe/p2p.py`` ``send`` (v0.6.5) calls ``dist.send``
+    without ``async_op``, which the NCCL backend makes the current stream wait on, and
+    ``PipelineEngine._exec_schedule`` runs ``SendActivation`` and ``SendGrad`` in line with
+    the forward and backward passes."""
+    return b.compute(g, member.kind, f"{member} pp wait", send_ids, duration_s=0.0,
+                     stage=member.stage, mb=member.mb)
