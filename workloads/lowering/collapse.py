@@ -425,7 +425,10 @@ def window_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[int]:
     other kinds at which :func:`emit_folded` also splits ``folded``, so that an earlier op's
     closing collective still on its stream (``pending``) overlaps the same compute as in
     the full program: each run that starts before that collective may end and before the
-    op's first collective of its kind (which queues behind it: :func:`first_cuts`).
+    op's first collective of its kind (which queues behind it: :func:`first_cuts`). The
+    compute starts after the op's leading collectives, which queue behind the pending ones
+    of their kinds (an op that leads with a TP all-gather starts after the closing TP
+    collective and whatever closed the op before it).
 
     Folded, a block runs all of its compute first and its blocking communication after
     it; in the full program the compute stops at each collective. A closing TP all-reduce
@@ -435,14 +438,15 @@ def window_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[int]:
     are all of the pending kind (the dense layers' TP) has no such run: only
     :func:`first_cuts` applies."""
     leading = {run.kind for run in folded.leading}
-    left_s = sum(run.duration_s for run in folded.leading)
+    # the compute starts after the leading collectives, each queued behind its kind's
+    # pending one
+    start_s = max([sum(run.duration_s for run in folded.leading),
+                   *(left for kind, left in pending.items() if kind in leading)])
     out: set[int] = set()
     for kind, left in pending.items():
-        if kind in leading:  # the op starts after it
-            continue
         end = next((w for w, kinds in enumerate(folded.inner) if kind in kinds),
                    len(folded.inner))
-        out.update(w for w in range(end) if folded.inner_at[w] < left - left_s)
+        out.update(w for w in range(end) if folded.inner_at[w] < left - start_s)
     return frozenset(out)
 
 
