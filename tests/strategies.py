@@ -6,6 +6,7 @@ small dense and mixture-of-experts transformers (few layers, small hidden sizes)
 every schedule of the registry (:data:`workloads.registry.SCHEDULES`; the multimodal
 ones mostly with an encoder, synthetic or a tiny ViT, and its own layout), even and
 uneven ``layers_per_stage``, TP with and without SP, CP, EP, ZeRO 0-3, recomputation,
+every framework profile (:data:`workloads.frameworks.FRAMEWORKS`),
 micro-batch sizes and counts, on the ideal cluster, DGX servers and explicit
 topologies. With ``collapsible=False`` some also carry what breaks the symmetry the
 collapsed fidelity relies on (and so forces fidelity full): stragglers, mixed GPU types
@@ -29,6 +30,7 @@ from hypothesis import strategies as st
 from base.errors import ConfigError
 from sim.experiment import Experiment, build_experiment
 from sim.faults import mid_step_link_changes
+from workloads.frameworks import FRAMEWORKS
 from workloads.registry import SCHEDULES as REGISTRY
 
 SCHEDULES = tuple(REGISTRY)
@@ -237,8 +239,7 @@ def _experiment(draw: st.DrawFn, collapsible: bool, schedule: str | None) -> dic
     mixed = not collapsible and num_gpus >= 2 and draw(st.sampled_from([False, False, True]))
     cluster = draw(_cluster(num_gpus, mixed))
     if not synthetic:  # the framework profiles, precision and partial recomputation
-        training["framework"] = draw(st.sampled_from(["megatron", "deepspeed", "fsdp",
-                                                      "scaling"]))
+        training["framework"] = draw(st.sampled_from(tuple(FRAMEWORKS)))
         fp8_ok = cluster.get("preset") in ("ideal", "dgx-h100")
         training["precision"] = draw(st.sampled_from(["bf16", "fp16", "fp8"] if fp8_ok
                                                      else ["bf16", "fp16"]))

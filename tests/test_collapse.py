@@ -199,8 +199,14 @@ def cp_experiment(tp: int, cp: int, pp: int, dp: int, schedule: str = "1f1b", vp
     (1, 4, 1, 2, "1f1b", 1, {"zero_stage": 0}, EXACT),
     (2, 2, 2, 1, "zb-h1", 1, {"sequence_parallel": True}, EXACT),
     # Megatron-core reduces each later chunk's gradients as one bucket after its last
-    # backward; in the full program the CP ring's two ranks then reach the next pass apart
-    # (as on the earlier code with grad_bucket_MB 1000): the step 0.15% apart
+    # backward, so rank 1's whole-stage reduce-scatter (over the DP x CP group, GPUs 4-7
+    # in a ring 4>5>6>7) runs beside the ring passes of its other chunk's backward. With
+    # CP inside DP (the default placement) the pass 4>5 shares its link with the ring's
+    # step 4>5: both slower in the full program, neither collapsed (it times each kind
+    # alone), the step 0.15 % apart. With DP inside CP the CP pairs (4, 6), (5, 7) use
+    # links the ring does not: exact.
+    (1, 2, 2, 2, "interleaved", 2, {"overlap_grad_reduce": True,
+                                    "placement": "tp-dp-cp-pp"}, EXACT),
     (1, 2, 2, 2, "interleaved", 2, {"overlap_grad_reduce": True}, 5e-3),
 ])
 def test_exact_context_parallel_on_a_full_mesh(tp: int, cp: int, pp: int, dp: int,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
+from itertools import accumulate
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, Segment
@@ -108,6 +109,10 @@ class Folded:
     cut: Callable[[tuple[int, ...]], tuple[Block | tuple[CommRun, ...], ...]] | None = \
         field(default=None, compare=False, repr=False)
     """:meth:`split` beyond the first run of ``inner`` (None: ``inner`` has one run at most)."""
+    inner_at: tuple[float, ...] = ()
+    """When each run of ``inner`` starts, from the op's first compute segment on: the time of
+    the compute segments and collectives before it (as in the full program, where nothing
+    holds them back)."""
     trailing_s: float = 0.0
     """Their total time."""
     has_comm: bool = False
@@ -271,9 +276,11 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
                 start = j
             return (*out, _block(middle[start:], mid_t[start:], collapse, groups, *eg))
     kinds = tuple(frozenset(seg.kind for seg in middle[i:j]) for i, j in at)
+    elapsed = (0.0, *accumulate(mid_t))
     return Folded(_comm_runs(segs[:first], times[:first]),
                   _block(middle, mid_t, collapse, groups, *eg), head, first_comm or (), rest,
-                  _comm_runs(segs[end:], times[end:]), kinds, cut)
+                  _comm_runs(segs[end:], times[end:]), kinds, cut,
+                  tuple(elapsed[i] for i, _ in at))
 
 
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:
@@ -373,11 +380,14 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
 
     ``cut``: kinds whose last collective between compute segments a later op's leading
     collective must queue behind, as on the full program's stream (:func:`stream_cuts`):
-    the compute is split there too, that collective an instruction on its stream.
+    the compute is split there too, that collective an instruction on its stream. And it
+    is split at the collectives of other kinds that start while the earlier op's closing
+    collective may still run (:func:`window_cuts`), so that one overlaps the same compute.
     """
     if folded.leading:
         deps = emit_runs(b, g, op, op_name, folded.leading, deps)
-    parts = folded.split(split_points(folded, first_cuts(folded, pending), cut))
+    parts = folded.split(split_points(folded, first_cuts(folded, pending), cut,
+                                      window_cuts(folded, pending)))
     for n, part in enumerate(parts):
         if isinstance(part, Block):
             deps = (emit_block(b, g, op, op_name, part, deps, alloc if n == 0 else 0.0,
@@ -410,14 +420,45 @@ def first_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[str]:
     return frozenset(out)
 
 
-def split_points(folded: Folded, first: frozenset[str], cut: frozenset[str]
-                 ) -> tuple[int, ...]:
+def window_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[int]:
+    """Runs of collectives between compute segments (indices into :attr:`Folded.inner`) of
+    other kinds at which :func:`emit_folded` also splits ``folded``, so that an earlier op's
+    closing collective still on its stream (``pending``) overlaps the same compute as in
+    the full program: each run that starts before that collective may end and before the
+    op's first collective of its kind (which queues behind it: :func:`first_cuts`). The
+    compute starts after the op's leading collectives, which queue behind the pending ones
+    of their kinds (an op that leads with a TP all-gather starts after the closing TP
+    collective and whatever closed the op before it).
+
+    Folded, a block runs all of its compute first and its blocking communication after
+    it; in the full program the compute stops at each collective. A closing TP all-reduce
+    beside an op whose compute waits for an EP all-to-all early on (MoE) is exposed while
+    the all-to-all runs: unsplit, the folded op would hide it behind compute that in the
+    full program comes later (and the TP exposure would differ). An op whose collectives
+    are all of the pending kind (the dense layers' TP) has no such run: only
+    :func:`first_cuts` applies."""
+    leading = {run.kind for run in folded.leading}
+    # the compute starts after the leading collectives, each queued behind its kind's
+    # pending one
+    start_s = max([sum(run.duration_s for run in folded.leading),
+                   *(left for kind, left in pending.items() if kind in leading)])
+    out: set[int] = set()
+    for kind, left in pending.items():
+        end = next((w for w, kinds in enumerate(folded.inner) if kind in kinds),
+                   len(folded.inner))
+        out.update(w for w in range(end) if folded.inner_at[w] < left - start_s)
+    return frozenset(out)
+
+
+def split_points(folded: Folded, first: frozenset[str], cut: frozenset[str],
+                 window: frozenset[int] = frozenset()) -> tuple[int, ...]:
     """Where :func:`emit_folded` splits ``folded``'s compute (the ``at`` of
     :meth:`Folded.split`): at the first run of collectives holding each kind of ``first``
-    (:func:`first_cuts`), and at the last run holding each kind of ``cut``."""
+    (:func:`first_cuts`), at the last run holding each kind of ``cut`` and at the runs
+    ``window`` (:func:`window_cuts`)."""
     at = {max(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in cut}
     at |= {min(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in first}
-    return tuple(sorted(at))
+    return tuple(sorted(at | window))
 
 
 def stream_cuts(ops: Sequence[tuple[int, int, StreamUse, int]]) -> dict[int, frozenset[str]]:
