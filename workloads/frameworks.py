@@ -134,6 +134,12 @@ class FrameworkProfile:
     into buckets; every other stage's gradients are one bucket (Megatron-core); a table may
     leave it out (False: every stage bucketed, as PyTorch DDP):
     ``TransformerCosts.grad_buckets_stage0_only``."""
+    tp_overlap_sm_margin: bool
+    """Under ``parallel.tp_comm_overlap`` Transformer Engine launches the pipelined and bulk
+    overlaps' GEMMs on the SMs their communication kernels leave (``set_sm_margin``, TE
+    2.x's default; the methods' ``sm_margin`` in ``sim/data/tp_overlap.toml``); False: every
+    GEMM on all SMs (TE 1.x's default, ``set_sm_margin`` 0): :mod:`sim.tpoverlap`. A table
+    may leave it out (True)."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -150,7 +156,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "vocab_parallel_loss_buffers", "grad_accum_bytes", "tied_grad_reduce_bytes",
            "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
-           "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes")
+           "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
+           "tp_overlap_sm_margin")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -164,9 +171,9 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 
 
 _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
-             "grad_buckets_stage0_only")
-"""Fields a table may leave out (None; ``grad_buckets_stage0_only``: False), and then their
-source too."""
+             "grad_buckets_stage0_only", "tp_overlap_sm_margin")
+"""Fields a table may leave out (None; ``grad_buckets_stage0_only``: False;
+``tp_overlap_sm_margin``: True), and then their source too."""
 
 
 def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
@@ -181,9 +188,11 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
     values["grad_buckets_stage0_only"] = table.get("grad_buckets_stage0_only", False)
+    values["tp_overlap_sm_margin"] = table.get("tp_overlap_sm_margin", True)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
            or not isinstance(values[f], int | float) or not 0 <= values[f] < float("inf")]
-    bad += [f for f in (*_FLAGS, "grad_buckets_stage0_only") if not isinstance(values[f], bool)]
+    bad += [f for f in (*_FLAGS, "grad_buckets_stage0_only", "tp_overlap_sm_margin")
+            if not isinstance(values[f], bool)]
     if bad:
         raise ValueError(f"frameworks.toml [{name}]: "
                          + ", ".join(f"{f}={values[f]!r}" for f in bad)
@@ -273,7 +282,7 @@ def _load() -> dict[str, FrameworkProfile]:
 
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, scaling, llm-foundry,
-megatron-bridge."""
+megatron-bridge, llama3, megatron-core-r0.8."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
