@@ -397,7 +397,8 @@ class TrainingConfig(Strict):
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
     framework: Literal["megatron", "deepspeed", "fsdp", "scaling", "llm-foundry",
-                       "megatron-bridge", "llama3", "bigscience"] = "megatron"
+                       "megatron-bridge", "llama3", "bigscience",
+                       "megatron-core-r0.8"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -410,7 +411,9 @@ class TrainingConfig(Strict):
     stack for Llama 3 405B as Dubey et al. 2024, sec. 3.3.2 describe it (embedding and head
     each in a layer's place on the end stages, fp32 gradient accumulation and reduction);
     bigscience: deepspeed's, with BLOOM-176B's pipeline split (``--pp-partition-method
-    'type:transformer|embedding'``: the embedding and the head each in a layer's place)."""
+    'type:transformer|embedding'``: the embedding and the head each in a layer's place);
+    megatron-core-r0.8: Megatron-core r0.8.0 on Transformer Engine 1.x (Megatron-LM's
+    behaviour, TP-overlap GEMMs on every SM: no userbuffers SM margin)."""
     allocator: Literal["caching", "expandable-segments"] | None = None
     """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
     memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's

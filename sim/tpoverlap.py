@@ -22,6 +22,10 @@ margin of ``k`` of the GPU's ``S`` SMs, else ``g' = g``), in
   ``(n − 1)·max(c/(n − 1), g'/n) + g'/n``;
 * ``bulk``: both whole at once, ``max(c, g')``.
 
+Whether the pipelined and bulk GEMMs take the SM margin is the framework's
+(:attr:`workloads.frameworks.FrameworkProfile.tp_overlap_sm_margin`): Transformer Engine 2.x
+sets it by default, 1.x (Megatron-core r0.8.0's) launches every GEMM on all SMs.
+
 A pipelined GEMM runs as ``n`` chunks of ``1/n`` of its rows, issued round-robin on
 ``k`` compute streams (:func:`compute_streams`), so that ``min(k, n)`` consecutive chunks
 run at once: ``n / min(k, n)`` groups, each at the efficiency the device model gives a
@@ -125,12 +129,13 @@ def pipelined_s(method: Method, comm_s: float, gemm_s: float, tp: int, sms: int)
 
 
 def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
-              collective_s: Callable[[str, float], float], sms: int
+              collective_s: Callable[[str, float], float], sms: int, sm_margin: bool = True
               ) -> tuple[tuple[str, float], ...]:
     """What each sequence-parallel collective of a layer adds beside its block's compute
     when pipelined with its GEMM: ``pipelined_s − g`` (module doc), by the collective's
     name in :data:`~workloads.transformer.TP_OVERLAP_GEMMS`. ``collective_s(op, nbytes)``
-    times a TP collective alone."""
+    times a TP collective alone; ``sm_margin`` False launches every GEMM on all SMs
+    whatever its method's ``sm_margin`` (Transformer Engine 1.x)."""
     gemms = costs.tp_overlap_gemms()
     nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
         * costs.model.hidden_size
@@ -138,6 +143,8 @@ def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
     for name, (gemm, layer) in TP_OVERLAP_GEMMS.items():
         op = "all_gather" if name.endswith("all-gather") else "reduce_scatter"
         method = method_of(layer)
+        if not sm_margin:
+            method = replace(method, sm_margin=False)
         n = chunks(method, costs.tp)
         groups = n / min(compute_streams(), n)  # chunks running at once share the GPU
         g_chunks = groups * compute_s(chunked(gemms[gemm], groups))
@@ -173,17 +180,21 @@ def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
         return exp.costs
     groups = tp_groups(exp.placement, 0)
     return with_overlap(exp.costs, exp.cluster.gpu.name, compute_s,
-                        lambda op, nbytes: timer(op, groups, nbytes))
+                        lambda op, nbytes: timer(op, groups, nbytes),
+                        exp.framework.tp_overlap_sm_margin)
 
 
 def with_overlap(costs: TransformerCosts, gpu: str,
                  compute_s: Callable[[ComputeSeg], float],
-                 collective_s: Callable[[str, float], float]) -> TransformerCosts:
+                 collective_s: Callable[[str, float], float],
+                 sm_margin: bool = True) -> TransformerCosts:
     """``costs`` with :attr:`~TransformerCosts.tp_comm_exposed_s` set (no change without
-    TP or sequence parallelism: there is nothing to overlap)."""
+    TP or sequence parallelism: there is nothing to overlap); ``sm_margin``: the
+    framework's (:func:`exposed_s`)."""
     if costs.tp == 1 or not costs.sequence_parallel:
         return costs
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30
-    return replace(costs, tp_comm_exposed_s=exposed_s(costs, compute_s, collective_s, sms))
+    return replace(costs, tp_comm_exposed_s=exposed_s(costs, compute_s, collective_s, sms,
+                                                      sm_margin))

@@ -148,6 +148,20 @@ def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
         load_allocators('[x]\nsummary = "s"\nfragmentation = "a"\nfragmentation_source = "s"\n')
 
 
+def test_megatron_core_r08_is_megatron_on_transformer_engine_1x() -> None:
+    """megatron-core-r0.8 differs from megatron only in TE 1.x's userbuffers SM margin (none),
+    a flag a table may leave out (True) and must give as true or false."""
+    mg, old = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-core-r0.8"]
+    assert mg.tp_overlap_sm_margin and not old.tp_overlap_sm_margin
+    assert "set_sm_margin" in old.source("tp_overlap_sm_margin")
+    assert replace(old, name=mg.name, summary=mg.summary, sources=mg.sources,
+                   tp_overlap_sm_margin=True) == mg
+    assert FRAMEWORKS["deepspeed"].tp_overlap_sm_margin
+    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
+    with pytest.raises(ValueError, match="tp_overlap_sm_margin=0"):
+        load_profiles(text + '\n[x]\ninherits = "megatron"\ntp_overlap_sm_margin = 0\n')
+
+
 def test_training_allocator_overrides_the_frameworks() -> None:
     """training.allocator: a Megatron-LM run with expandable segments holds less than with
     the caching allocator (its default), megatron-bridge with caching more than with its own
@@ -931,7 +945,8 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
     MLP keeps its intermediates (not under full recomputation)."""
     assert {n: FRAMEWORKS[n].swiglu_stash_bytes for n in FRAMEWORKS} == {
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
-        "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0}
+        "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
+        "megatron-core-r0.8": 6.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))

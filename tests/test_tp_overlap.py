@@ -93,6 +93,34 @@ def test_chunks_on_concurrent_streams_run_as_groups() -> None:
             pipelined_s(method, timer(op, groups, nbytes), g, 8, 132) - compute_s(gemm))
 
 
+def test_transformer_engine_1x_keeps_every_sm_for_the_gemms() -> None:
+    """training.framework megatron-core-r0.8 (TE 1.x: set_sm_margin 0 for every method) times
+    the pipelined and bulk pairs with the GEMM on all 132 SMs, so each of their collectives
+    adds less than under Megatron-LM's TE 2.x margin; the ring exchanges, which take no
+    margin under either, add the same."""
+    profile = default_profile("H100")
+    exposed = {}
+    for fw in ("megatron", "megatron-core-r0.8"):
+        data = _exp(True, tp=8) | {"cluster": {"preset": "dgx-h100", "num_gpus": 8},
+                                   "training": {"micro_batch_size": 1, "num_microbatches": 1,
+                                                "framework": fw}}
+        exp = build_experiment(data)
+
+        def compute_s(seg: ComputeSeg, exp=exp) -> float:
+            return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
+                                  seg.attn_flops, seg.elementwise_bytes, "flash2",
+                                  seg.gemm_dims)
+
+        exposed[fw] = dict(lowering_costs(exp, compute_s,
+                                          CollectiveTimer(exp.cluster)).tp_comm_exposed_s)
+    te2, te1 = exposed["megatron"], exposed["megatron-core-r0.8"]
+    for name, (_, layer) in TP_OVERLAP_GEMMS.items():
+        if method_of(layer).sm_margin:
+            assert te1[name] < te2[name], name
+        else:
+            assert te1[name] == pytest.approx(te2[name]), name
+
+
 def _exp(overlap: bool, tp: int = 4, **parallel) -> dict:
     return {"name": "ov", "model": {"preset": "llama2-13b", "num_layers": 4, "seq_length": 4096},
             "cluster": {"preset": "dgx-h100", "num_gpus": tp},

@@ -146,6 +146,12 @@ class FrameworkProfile:
     """Pipeline messages travel as 1/t partitions that each TP rank all-gathers before use
     (DeepSpeed's ``PartitionedTensor``); a table may leave it out (False: not counted):
     ``TransformerCosts.pp_partition_gathers``."""
+    tp_overlap_sm_margin: bool
+    """Under ``parallel.tp_comm_overlap`` Transformer Engine launches the pipelined and bulk
+    overlaps' GEMMs on the SMs their communication kernels leave (``set_sm_margin``, TE
+    2.x's default; the methods' ``sm_margin`` in ``sim/data/tp_overlap.toml``); False: every
+    GEMM on all SMs (TE 1.x's default, ``set_sm_margin`` 0): :mod:`sim.tpoverlap`. A table
+    may leave it out (True)."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
 
@@ -163,7 +169,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "grad_bucket_params", "grad_bucket_params_per_dp", "fp8_norm_cast_fused",
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
            "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
-           "optimizer_bytes", "pp_send_blocking", "pp_partition_gathers")
+           "optimizer_bytes", "pp_send_blocking", "pp_partition_gathers",
+           "tp_overlap_sm_margin")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -178,14 +185,14 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 
 _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "grad_buckets_stage0_only", "optimizer_bytes", "pp_send_blocking",
-             "pp_partition_gathers")
+             "pp_partition_gathers", "tp_overlap_sm_margin")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
-flags ``grad_buckets_stage0_only``, ``pp_send_blocking`` and ``pp_partition_gathers``: False),
-and then their source too."""
+flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
 
-_OPTIONAL_FLAGS = ("grad_buckets_stage0_only", "pp_send_blocking", "pp_partition_gathers")
-"""The flags among :data:`_OPTIONAL`."""
+_OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
+                   "pp_partition_gathers": False, "tp_overlap_sm_margin": True}
+"""The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
 def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
@@ -199,8 +206,8 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if missing:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
-    for flag in _OPTIONAL_FLAGS:
-        values[flag] = table.get(flag, False)
+    for flag, default in _OPTIONAL_FLAGS.items():
+        values[flag] = table.get(flag, default)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
            or not isinstance(values[f], int | float) or not 0 <= values[f] < float("inf")]
     bad += [f for f in (*_FLAGS, *_OPTIONAL_FLAGS) if not isinstance(values[f], bool)]
@@ -297,7 +304,7 @@ def _load() -> dict[str, FrameworkProfile]:
 
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, scaling, llm-foundry,
-megatron-bridge."""
+megatron-bridge, llama3, megatron-core-r0.8."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
