@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from base.errors import TopologyError
-from topologies.digraph import DiGraph, relabeled
+from topologies.digraph import DiGraph
 from topologies.graphs import gpu_node
 from topologies.hardware import GPUSpec
 
@@ -642,7 +642,7 @@ class Cluster:
                 attrs = graph.nodes[name]
                 attrs["kind"] = "other-gpu"
                 del attrs["rank"]
-        graph = relabeled(graph, mapping)
+        graph = graph.relabeled(mapping)
         for i in range(len(gpus)):
             graph.nodes[gpu_node(i)]["rank"] = i
         specs = [self.gpu_of(g) for g in gpus]

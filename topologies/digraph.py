@@ -173,18 +173,17 @@ class DiGraph:
     def copy(self) -> DiGraph:
         """A mutable copy: the same nodes and edges in the same order, each attribute dict
         copied (one level deep)."""
-        return relabeled(self, {})
+        return self.relabeled({})
 
-
-def relabeled(graph: Any, mapping: Mapping[Node, Node]) -> DiGraph:
-    """A mutable copy of ``graph`` (a :class:`DiGraph`, or a networkx one) with node ``n``
-    named ``mapping.get(n, n)``, in the same order (as ``networkx.relabel_nodes(graph,
-    mapping, copy=True)`` orders them), each attribute dict copied (one level deep)."""
-    get = mapping.get
-    g = DiGraph()
-    g.graph.update(graph.graph)
-    for n, attrs in graph.nodes(data=True):
-        g.add_node(get(n, n), **attrs)
-    for u, v, attrs in graph.edges(data=True):
-        g.add_edge(get(u, u), get(v, v), **attrs)
-    return g
+    def relabeled(self, mapping: Mapping[Node, Node]) -> DiGraph:
+        """A mutable copy with node ``n`` named ``mapping.get(n, n)`` (in the same order, as
+        ``networkx.relabel_nodes(graph, mapping, copy=True)`` orders them)."""
+        get = mapping.get
+        g = DiGraph()
+        g.graph.update(self.graph)
+        for n, attrs in self._node.items():
+            g.add_node(get(n, n), **attrs)
+        for u, out in self._succ.items():
+            for v, attrs in out.items():
+                g.add_edge(get(u, u), get(v, v), **attrs)
+        return g
