@@ -95,7 +95,7 @@ from sim.protocols import (
 )
 
 if TYPE_CHECKING:
-    from topologies.digraph import DiGraph
+    import networkx as nx
 
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "reduce", "send")
@@ -939,7 +939,7 @@ class TopologyView(Protocol):
     def node(self, endpoint: int | str) -> str: ...
     def bottleneck_Bps(self, route: object) -> float: ...
     @property
-    def graph(self) -> DiGraph: ...
+    def graph(self) -> nx.DiGraph: ...
 
 
 def bus_bandwidth(op: str, n: int, nbytes: float, time_s: float) -> tuple[float, float]:

@@ -7,7 +7,6 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "workloads" / "examples" / "gpt-1.3b-pp4.yaml"
@@ -47,15 +46,3 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def as_networkx(graph: Any) -> Any:
-    """A :class:`networkx.DiGraph` copy of a cluster graph (:mod:`topologies.digraph`), for
-    networkx's algorithms as references: the same nodes, edges and attributes, in order."""
-    import networkx as nx
-
-    g = nx.DiGraph()
-    g.graph.update(graph.graph)
-    g.add_nodes_from((n, dict(attrs)) for n, attrs in graph.nodes(data=True))
-    g.add_edges_from((u, v, dict(attrs)) for u, v, attrs in graph.edges(data=True))
-    return g

@@ -15,7 +15,6 @@ import zlib
 
 import networkx as nx
 import pytest
-from conftest import as_networkx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +23,6 @@ from sim.commtime import _are_disjoint_replicas, replicas_makespan_s
 from sim.network import makespan_s
 from topologies import graphs
 from topologies.cluster import Cluster, _Router
-from topologies.digraph import DiGraph
 from topologies.graphs import Fabric, gpu_node
 from topologies.hardware import GPUS
 from topologies.presets import server_graph
@@ -51,7 +49,7 @@ def reference_path(g: nx.DiGraph, src: int | str, dst: int | str, ecmp: str) -> 
     return prefix
 
 
-def _sites() -> DiGraph:
+def _sites() -> nx.DiGraph:
     return graphs.multi_site([graphs.fat_tree(16, 1e9, 0.0, gpus_per_leaf=4),
                               graphs.switch(6, 1e9, 0.0)], 1e8, 1e-3)
 
@@ -84,13 +82,12 @@ TOPOLOGIES = {
 def test_gpu_routes_match_the_reference(topology: str, ecmp: str) -> None:
     g = TOPOLOGIES[topology]()
     c = Cluster(topology, g, H100, 1, ecmp=ecmp)
-    ref = as_networkx(g)
     n = c.num_gpus
     pairs = [(s, d) for s in range(n) for d in range(n) if s != d]
     step = max(1, len(pairs) // 400)
     for s, d in pairs[::step]:
         path = c.path(s, d)
-        assert path == reference_path(ref, s, d, ecmp), (s, d)
+        assert path == reference_path(g, s, d, ecmp), (s, d)
         route = c.route(s, d)
         assert [c.links[i] for i in route.links] == list(zip(path, path[1:], strict=False))
         assert route.latency_s == pytest.approx(
@@ -102,12 +99,11 @@ def test_node_routes_match_the_reference(topology: str) -> None:
     """Routes between switches, NICs and NVSwitches (in-network reduction endpoints)."""
     g = TOPOLOGIES[topology]()
     c = Cluster(topology, g, H100, 1)
-    ref = as_networkx(g)
     nodes = sorted(g.nodes)
     for s in nodes[::5]:
         for d in nodes[::3]:
             if s != d:
-                assert c.path(s, d) == reference_path(ref, s, d, "dst-mod-k"), (s, d)
+                assert c.path(s, d) == reference_path(g, s, d, "dst-mod-k"), (s, d)
 
 
 @pytest.mark.parametrize("topology", sorted(TOPOLOGIES))
@@ -119,7 +115,7 @@ def test_router_distances_are_exact(topology: str) -> None:
     router = _Router(succ, pred)
     nodes = sorted(g.nodes)[::2]
     for s in nodes:
-        truth = nx.single_source_shortest_path_length(as_networkx(g), s)
+        truth = nx.single_source_shortest_path_length(g, s)
         for d in nodes:
             assert router.distance(s, d) == truth[d]
             assert router.distance(s, d, truth[d] - 1) == float("inf")

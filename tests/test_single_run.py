@@ -5,13 +5,11 @@ all shared read-only, in bounded caches, and giving the results of fresh ones.""
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import replace
 
+import networkx as nx
 import pytest
-from conftest import EXAMPLE, ROOT
 
 from sim.api import simulate
 from sim.commtime import CollectiveTimer
@@ -72,7 +70,7 @@ def test_experiments_share_the_cluster_and_its_graph_is_frozen() -> None:
     a, b = Experiment.from_dict(GPT), Experiment.from_dict({**GPT, "name": "u"})
     assert a.cluster is b.cluster
     assert _cached.cache_info().maxsize == CLUSTER_CACHE
-    with pytest.raises(TypeError, match="frozen"):
+    with pytest.raises(nx.NetworkXError):
         a.cluster.graph.add_edge("x", "y")
     changed = a.cluster.with_link_changes({(0, "host0/nvswitch"): 0.5})
     assert changed is not a.cluster and changed.memo == {}
@@ -184,14 +182,3 @@ def test_placement_tables_equal_the_coordinates(order: str) -> None:
         assert replica_pairs(pl, src, dst) == tuple(
             (pl.gpu(tp=u, cp=c, dp=e, pp=src), pl.gpu(tp=u, cp=c, dp=e, pp=dst))
             for c in range(2) for e in range(3) for u in range(2))
-
-
-def test_a_collapsed_run_does_not_import_networkx() -> None:
-    """A collapsed ``sim run`` builds its cluster graph without networkx
-    (:mod:`topologies.digraph`): its import was ~0.1 s of every run (issue 22)."""
-    code = ("import sys; from sim.cli import main; "
-            f"main(['run', {str(EXAMPLE)!r}, '--json', '--fidelity', 'collapsed']); "
-            "print('networkx' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         check=True).stdout.strip().splitlines()[-1]
-    assert out == "False"

@@ -1,4 +1,4 @@
-"""WHERE it runs: cluster graphs (:mod:`topologies.digraph`), GPU and link specs, rank placement.
+"""WHERE it runs: cluster graphs (networkx), GPU and link specs, rank placement.
 
 Pure: nothing in this package imports SimPy or matplotlib.
 """

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+import networkx as nx
+
 from base.collector import gc_paused
 from base.errors import ConfigError, TopologyError
 from topologies.cluster import Cluster
@@ -25,7 +27,6 @@ from topologies.config import (
     ServerFabric,
     TopologyCluster,
 )
-from topologies.digraph import DiGraph
 from topologies.graphs import Fabric, multi_site
 from topologies.hardware import GPUS, GPUSpec, gpu_spec
 from topologies.presets import (
@@ -54,7 +55,7 @@ def build_cluster(c: ClusterConfig) -> Cluster:
 
     Built once per description and shared (with its caches of routes and of what layers
     above derive from it, :attr:`Cluster.memo`) by every experiment on it: its graph is
-    frozen (:meth:`~topologies.digraph.DiGraph.freeze`), and a changed cluster is a new object
+    frozen (:func:`networkx.freeze`), and a changed cluster is a new object
     (:meth:`Cluster.with_link_changes`, :meth:`Cluster.subset`). A description that does
     not hash (a list inside) is built each time."""
     try:
@@ -81,7 +82,7 @@ def _cached(c: ClusterConfig) -> Cluster:
     """:func:`build_cluster` of a hashable description, its graph frozen."""
     with gc_paused():  # the graph's many small dicts hold no cycles worth a scan
         cluster = _built(c)
-    cluster.graph.freeze()
+    nx.freeze(cluster.graph)
     return cluster
 
 
@@ -126,7 +127,7 @@ def _server_fabric(c: ServerFabric) -> Fabric | None:
                    latency_s=None if c.link_latency_us is None else c.link_latency_us * 1e-6)
 
 
-def _explicit_graph(c: ExplicitLinks, gpu: GPUSpec, num_gpus: int) -> DiGraph:
+def _explicit_graph(c: ExplicitLinks, gpu: GPUSpec, num_gpus: int) -> nx.DiGraph:
     """One site of ``num_gpus`` GPUs of an explicit topology (NVLink: ``gpu``'s unless
     given)."""
     nvlink = (c.nvlink_bandwidth_GBps * 1e9 if c.nvlink_bandwidth_GBps
@@ -138,7 +139,7 @@ def _explicit_graph(c: ExplicitLinks, gpu: GPUSpec, num_gpus: int) -> DiGraph:
         nvls=bool(c.nvls), dims=tuple(c.dims or ()), fabric=_fabric(c))
 
 
-def _join_sites(c: Networked, graphs: list[DiGraph], name: str) -> tuple[DiGraph, str]:
+def _join_sites(c: Networked, graphs: list[nx.DiGraph], name: str) -> tuple[nx.DiGraph, str]:
     """The sites' graphs joined by WAN links (one site: its graph), and the cluster name."""
     if len(graphs) == 1:
         return graphs[0], name
@@ -178,7 +179,7 @@ def _runs(types: tuple[str, ...]) -> list[tuple[str, int]]:
 
 
 def _mixed_site(c: PresetNodesCluster | GpuNodesCluster, types: tuple[str, ...]
-                ) -> DiGraph:
+                ) -> nx.DiGraph:
     """The graph of one site of a mixed cluster: its servers' ``types`` in rank order."""
     per_node = c.server_size()
     if isinstance(c, PresetNodesCluster):

@@ -44,8 +44,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import networkx as nx
+
 from base.errors import TopologyError
-from topologies.digraph import DiGraph
 from topologies.graphs import gpu_node
 from topologies.hardware import GPUSpec
 
@@ -268,7 +269,7 @@ class Cluster:
     def __init__(
         self,
         name: str,
-        graph: DiGraph,
+        graph: nx.DiGraph,
         gpu: GPUSpec,
         gpus_per_node: int,
         collective_launch_s: float = 0.0,
@@ -616,7 +617,7 @@ class Cluster:
                 graph.edges[link]["bandwidth_Bps"] *= factor
         return self._with_graph(graph, gone)
 
-    def _with_graph(self, graph: DiGraph, gone: set[Link]) -> Cluster:
+    def _with_graph(self, graph: nx.DiGraph, gone: set[Link]) -> Cluster:
         """A cluster like this one on ``graph`` (a changed copy of this one's) with the links
         ``gone`` removed from it and added to :attr:`failed_links`."""
         graph.remove_edges_from(gone)
@@ -642,7 +643,7 @@ class Cluster:
                 attrs = graph.nodes[name]
                 attrs["kind"] = "other-gpu"
                 del attrs["rank"]
-        graph = graph.relabeled(mapping)
+        graph = nx.relabel_nodes(graph, mapping, copy=True)
         for i in range(len(gpus)):
             graph.nodes[gpu_node(i)]["rank"] = i
         specs = [self.gpu_of(g) for g in gpus]

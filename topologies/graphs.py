@@ -1,6 +1,6 @@
 """Pure generators of cluster graphs.
 
-A cluster graph is a :class:`topologies.digraph.DiGraph`. Nodes carry ``kind`` (``gpu``,
+A cluster graph is a :class:`networkx.DiGraph`. Nodes carry ``kind`` (``gpu``,
 ``nvswitch``, ``nic``, ``switch``); GPU nodes also carry ``rank`` (global GPU
 index) and ``host`` (server index). Every physical link appears as two directed
 edges, each with its own ``bandwidth_Bps`` (per direction) and ``latency_s``
@@ -58,8 +58,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import networkx as nx
+
 from base.errors import TopologyError
-from topologies.digraph import DiGraph
 
 FABRICS = ("crossbar", "fat-tree", "rail-optimized", "dragonfly")
 """Scale-out fabrics that :func:`attach_fabric` can build."""
@@ -90,7 +91,7 @@ def pcie_node(host: int, local: int) -> str:
     return f"host{host}/pcie{local}"
 
 
-def _link(g: DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float) -> None:
+def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float) -> None:
     if not bandwidth_Bps > 0:
         raise TopologyError(f"link {u}-{v}: bandwidth {bandwidth_Bps} B/s must be > 0")
     if latency_s < 0:
@@ -99,7 +100,7 @@ def _link(g: DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float) ->
     g.add_edge(v, u, bandwidth_Bps=bandwidth_Bps, latency_s=latency_s)
 
 
-def _add_gpus(g: DiGraph, n: int, gpus_per_host: int) -> None:
+def _add_gpus(g: nx.DiGraph, n: int, gpus_per_host: int) -> None:
     for r in range(n):
         g.add_node(gpu_node(r), kind="gpu", rank=r, host=r // gpus_per_host)
 
@@ -109,11 +110,11 @@ def _check_count(name: str, value: int, minimum: int = 1) -> None:
         raise TopologyError(f"{name} must be >= {minimum}, got {value}")
 
 
-def switch(n: int, bandwidth_Bps: float, latency_s: float) -> DiGraph:
+def switch(n: int, bandwidth_Bps: float, latency_s: float) -> nx.DiGraph:
     """n GPUs on one non-blocking switch; a GPU-to-GPU path has 2 hops."""
     if n < 1:
         raise TopologyError(f"switch topology needs num_gpus >= 1, got {n}")
-    g = DiGraph(name=f"switch{n}")
+    g = nx.DiGraph(name=f"switch{n}")
     _add_gpus(g, n, gpus_per_host=1)
     g.add_node("switch", kind="switch", tier=1)
     for r in range(n):
@@ -121,11 +122,11 @@ def switch(n: int, bandwidth_Bps: float, latency_s: float) -> DiGraph:
     return g
 
 
-def ring(n: int, bandwidth_Bps: float, latency_s: float) -> DiGraph:
+def ring(n: int, bandwidth_Bps: float, latency_s: float) -> nx.DiGraph:
     """n GPUs in a bidirectional ring: GPU i linked to GPU (i + 1) mod n."""
     if n < 2:
         raise TopologyError(f"ring topology needs num_gpus >= 2, got {n}")
-    g = DiGraph(name=f"ring{n}")
+    g = nx.DiGraph(name=f"ring{n}")
     _add_gpus(g, n, gpus_per_host=1)
     for r in range(n):
         nxt = (r + 1) % n
@@ -134,14 +135,14 @@ def ring(n: int, bandwidth_Bps: float, latency_s: float) -> DiGraph:
     return g
 
 
-def full_mesh(n: int, bandwidth_Bps: float, latency_s: float) -> DiGraph:
+def full_mesh(n: int, bandwidth_Bps: float, latency_s: float) -> nx.DiGraph:
     """n GPUs, each pair joined by its own link (e.g. 8 MI300X on Infinity Fabric).
 
     Every GPU pair has a private link in each direction, so any plan in which no
     two concurrent transfers join the same ordered pair is contention-free.
     """
     _check_count("full-mesh num_gpus", n)
-    g = DiGraph(name=f"mesh{n}")
+    g = nx.DiGraph(name=f"mesh{n}")
     _add_gpus(g, n, gpus_per_host=1)
     for a in range(n):
         for b in range(a + 1, n):
@@ -149,7 +150,7 @@ def full_mesh(n: int, bandwidth_Bps: float, latency_s: float) -> DiGraph:
     return g
 
 
-def torus(dims: Sequence[int], bandwidth_Bps: float, latency_s: float) -> DiGraph:
+def torus(dims: Sequence[int], bandwidth_Bps: float, latency_s: float) -> nx.DiGraph:
     """A k_1 x k_2 x ... torus of GPUs (direct network, as TPU pods): wrap-around links per axis.
 
     GPU rank = mixed-radix coordinate, first axis fastest. Along an axis of size
@@ -159,7 +160,7 @@ def torus(dims: Sequence[int], bandwidth_Bps: float, latency_s: float) -> DiGrap
     if not dims or any(k < 1 for k in dims):
         raise TopologyError(f"torus dims must be positive integers, got {list(dims)}")
     n = math.prod(dims)
-    g = DiGraph(name="torus" + "x".join(map(str, dims)))
+    g = nx.DiGraph(name="torus" + "x".join(map(str, dims)))
     _add_gpus(g, n, gpus_per_host=1)
     for r in range(n):
         coord, rest = [], r
@@ -236,18 +237,18 @@ class Fabric:
         return round(u)
 
 
-def _switch_node(g: DiGraph, name: str, tier: int, **attrs: object) -> str:
+def _switch_node(g: nx.DiGraph, name: str, tier: int, **attrs: object) -> str:
     g.add_node(name, kind="switch", tier=tier, **attrs)
     return name
 
 
-def _attach_crossbar(g: DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
+def _attach_crossbar(g: nx.DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
     _switch_node(g, "fabric", 1)
     for ep in endpoints:
         _link(g, ep, "fabric", f.bandwidth_Bps, f.latency_s)
 
 
-def _attach_fat_tree(g: DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
+def _attach_fat_tree(g: nx.DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
     d = min(f.gpus_per_leaf, len(endpoints))
     num_leaves = math.ceil(len(endpoints) / d)
     pod_leaves = f.leaves_per_pod or f.gpus_per_leaf
@@ -278,7 +279,7 @@ def _attach_fat_tree(g: DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
                     _link(g, agg, core, f.bandwidth_Bps, f.latency_s)
 
 
-def _attach_rail_optimized(g: DiGraph, hosts: Sequence[Sequence[str]], f: Fabric) -> None:
+def _attach_rail_optimized(g: nx.DiGraph, hosts: Sequence[Sequence[str]], f: Fabric) -> None:
     rails = len(hosts[0])
     h = min(f.gpus_per_leaf, len(hosts))
     units = math.ceil(len(hosts) / h)
@@ -297,7 +298,7 @@ def _attach_rail_optimized(g: DiGraph, hosts: Sequence[Sequence[str]], f: Fabric
             _link(g, leaf, spine, f.bandwidth_Bps, f.latency_s)
 
 
-def _attach_dragonfly(g: DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
+def _attach_dragonfly(g: nx.DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
     a, p, h = f.routers_per_group, f.gpus_per_router, f.global_links_per_router
     groups = math.ceil(len(endpoints) / (a * p))
     if groups - 1 > a * h:
@@ -321,7 +322,7 @@ def _attach_dragonfly(g: DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
             _link(g, routers[q1][r1], routers[q2][r2], gb, gl)
 
 
-def attach_fabric(g: DiGraph, hosts: Sequence[Sequence[str]], fabric: Fabric) -> None:
+def attach_fabric(g: nx.DiGraph, hosts: Sequence[Sequence[str]], fabric: Fabric) -> None:
     """Add ``fabric``'s switches to ``g`` and link the endpoints of ``hosts`` to it.
 
     ``hosts[h]`` lists server h's fabric endpoints (its NICs, or the GPU itself)
@@ -340,10 +341,10 @@ def attach_fabric(g: DiGraph, hosts: Sequence[Sequence[str]], fabric: Fabric) ->
         _attach_dragonfly(g, flat, fabric)
 
 
-def gpu_fabric(n: int, fabric: Fabric) -> DiGraph:
+def gpu_fabric(n: int, fabric: Fabric) -> nx.DiGraph:
     """n GPUs attached directly to ``fabric`` (one GPU per host, no NVLink)."""
     _check_count(f"{fabric.kind} num_gpus", n)
-    g = DiGraph(name=f"{fabric.kind}{n}")
+    g = nx.DiGraph(name=f"{fabric.kind}{n}")
     _add_gpus(g, n, gpus_per_host=1)
     attach_fabric(g, [[gpu_node(r)] for r in range(n)], fabric)
     return g
@@ -351,7 +352,7 @@ def gpu_fabric(n: int, fabric: Fabric) -> DiGraph:
 
 def fat_tree(n: int, bandwidth_Bps: float, latency_s: float, *, gpus_per_leaf: int = 32,
              oversubscription: float = 1.0, tiers: int = 2,
-             leaves_per_pod: int | None = None) -> DiGraph:
+             leaves_per_pod: int | None = None) -> nx.DiGraph:
     """n GPUs on a two- or three-tier fat-tree (folded Clos) with uniform links."""
     return gpu_fabric(n, Fabric("fat-tree", bandwidth_Bps, latency_s, tiers, gpus_per_leaf,
                                 oversubscription, leaves_per_pod))
@@ -360,7 +361,7 @@ def fat_tree(n: int, bandwidth_Bps: float, latency_s: float, *, gpus_per_leaf: i
 def dragonfly(n: int, bandwidth_Bps: float, latency_s: float, *, routers_per_group: int,
               gpus_per_router: int, global_links_per_router: int,
               global_bandwidth_Bps: float | None = None,
-              global_latency_s: float | None = None) -> DiGraph:
+              global_latency_s: float | None = None) -> nx.DiGraph:
     """n GPUs on a dragonfly (Kim, Dally, Scott & Abts, ISCA 2008)."""
     return gpu_fabric(n, Fabric("dragonfly", bandwidth_Bps, latency_s,
                                 routers_per_group=routers_per_group,
@@ -382,7 +383,7 @@ def nvswitch_cluster(
     nvls: bool = False,
     fabric: Fabric | None = None,
     nics_per_node: int | None = None,
-) -> DiGraph:
+) -> nx.DiGraph:
     """DGX-style servers: GPUs on one NVSwitch per server, NICs, a scale-out fabric.
 
     Intra-server path: gpu -> nvswitch -> gpu (2 NVLink hops). Inter-server path:
@@ -407,7 +408,7 @@ def nvswitch_cluster(
         raise TopologyError(f"nics_per_node={nics} must divide the {per_node} GPUs per node")
     share = per_node // nics
     hosts = num_gpus // per_node
-    g = DiGraph(name=f"nvswitch{hosts}x{per_node}")
+    g = nx.DiGraph(name=f"nvswitch{hosts}x{per_node}")
     _add_gpus(g, num_gpus, per_node)
     endpoints: list[list[str]] = []
     for h in range(hosts):
@@ -437,7 +438,7 @@ def nvswitch_cluster(
     return g
 
 
-def multi_site(sites: Sequence[DiGraph], wan_Bps: float, wan_latency_s: float) -> DiGraph:
+def multi_site(sites: Sequence[nx.DiGraph], wan_Bps: float, wan_latency_s: float) -> nx.DiGraph:
     """Join site graphs by wide-area links: geo-distributed training.
 
     Each site gets a gateway router linked to every switch of the site's highest
@@ -448,7 +449,7 @@ def multi_site(sites: Sequence[DiGraph], wan_Bps: float, wan_latency_s: float) -
     """
     if len(sites) < 1:
         raise TopologyError("multi-site topology needs at least one site")
-    g = DiGraph(name="sites" + "+".join(str(s.graph.get("name", "")) for s in sites))
+    g = nx.DiGraph(name="sites" + "+".join(str(s.graph.get("name", "")) for s in sites))
     rank_off = host_off = 0
     gateways = []
     for i, site in enumerate(sites):
@@ -488,6 +489,6 @@ def multi_site(sites: Sequence[DiGraph], wan_Bps: float, wan_latency_s: float) -
     return g
 
 
-def ideal(n: int) -> DiGraph:
+def ideal(n: int) -> nx.DiGraph:
     """Infinitely fast, latency-free switch (for schedule studies)."""
     return switch(n, math.inf, 0.0)

@@ -24,10 +24,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import networkx as nx
+
 from base.errors import TopologyError
 from topologies import graphs
 from topologies.cluster import Cluster
-from topologies.digraph import DiGraph
 from topologies.graphs import Fabric
 from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec
 from topologies.links import LINKS
@@ -149,7 +150,7 @@ class CollectiveSettings:
 
 
 def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
-                 nics_per_node: int | None = None, nic_Bps: float | None = None) -> DiGraph:
+                 nics_per_node: int | None = None, nic_Bps: float | None = None) -> nx.DiGraph:
     """The graph of ``num_gpus`` GPUs of server preset ``name`` on ``fabric``, with
     ``nics_per_node`` of the preset's NICs per server (default: one per GPU), each of line
     rate ``nic_Bps`` per direction (default: the preset's; NCCL's efficiency on it kept)."""
@@ -201,7 +202,7 @@ def explicit_graph(
     dims: Sequence[int] = (),
     fabric: Fabric | None = None,
     nics_per_node: int | None = None,
-) -> DiGraph:
+) -> nx.DiGraph:
     """The graph of a named topology with uniform links of ``link_bandwidth_Bps``.
 
     ``switch``, ``fat-tree``, ``rail-optimized`` and ``dragonfly`` are fabrics:
@@ -262,7 +263,7 @@ def explicit_cluster(
                    **c.cluster_kwargs(collective_launch_s))
 
 
-def cluster_from_graph(name: str, graph: DiGraph, gpu: GPUSpec, gpus_per_node: int = 1,
+def cluster_from_graph(name: str, graph: nx.DiGraph, gpu: GPUSpec, gpus_per_node: int = 1,
                        collectives: CollectiveSettings | None = None) -> Cluster:
     """A cluster on a caller-built graph, validated: GPU nodes with ranks 0..n-1 and hosts,
     every link with a positive ``bandwidth_Bps`` and a non-negative ``latency_s``, and the
@@ -311,7 +312,7 @@ class ServerLinks:
                    p.nvls, p.nvls_efficiency)
 
 
-def set_server_links(graph: DiGraph, per_host: Sequence[ServerLinks], *,
+def set_server_links(graph: nx.DiGraph, per_host: Sequence[ServerLinks], *,
                      nic_fabric_links: bool = True) -> None:
     """Set each server's links in place from ``per_host[host]`` (hosts as the ``host``
     attribute of :mod:`topologies.graphs` numbers them, so a multi-site graph works too).
@@ -357,7 +358,7 @@ def expand_groups(groups: Sequence[tuple[GPUSpec, int]], gpus_per_node: int
 
 
 def mixed_server_graph(groups: Sequence[tuple[str, int]], fabric: Fabric | None = None
-                       ) -> DiGraph:
+                       ) -> nx.DiGraph:
     """Servers of several presets on one fabric: ``groups`` lists ``(preset, servers)`` in
     rank order. The presets must have the same GPUs per server. The fabric runs at the
     fastest preset's NIC rate (or ``fabric``'s bandwidth); each server's NVLink, NICs,
