@@ -52,7 +52,6 @@ from operator import sub
 import numpy as np
 
 from base.collector import gc_paused
-from base.machine import machine
 from sim.timeline import COMM_KINDS, IDLE_CAUSES
 from workloads.program import (
     COMPUTE,
@@ -616,66 +615,47 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
 
 def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:
     """Per array of ``owns`` and instruction, the sum of that array along the instruction's
-    chain, added one by one from the root (``cause[i] < i``; -1 for a root): an array of
-    shape ``(len(owns), n + 1)`` whose last column is zero (the sum before a root).
+    chain, added one by one from the root (``cause[i]``: the one before it, -1 for a root):
+    an array of shape ``(len(owns), n + 1)`` whose last column is zero (the sum before a
+    root).
 
-    A sum stays zero up to the first instruction whose own value is not (a chain runs to
-    earlier ids): each array is summed from there on. Arrays that start in the first
-    half go four at a time through one loop over the instructions, the others alone; on
-    arrays of doubles (:class:`array.array`: this loop reads and writes them faster than
-    lists)."""
-    n = len(cause)
-    out = np.zeros((len(owns), n + 1))
-    starts = [int(np.argmax(own != 0)) if own.any() else n for own in owns]
-    early = [k for k in range(len(owns)) if starts[k] < n // 2]
-    groups = [early[i:i + 4] for i in range(0, len(early), 4)]
-    groups += [[k] for k in range(len(owns)) if k not in early and starts[k] < n]
-    for group in groups:
-        lo = min(starts[k] for k in group)
-        values = [machine(owns[k][lo:], "d") for k in group]
-        sums = [machine(np.zeros(n + 1), "d") for _ in group]  # [-1]: the zero before a root
-        _SUMS[len(group) - 1](range(lo, n), cause[lo:] if lo else cause, values, sums)
-        for k, total in zip(group, sums, strict=True):
-            out[k] = np.frombuffer(total, dtype=float)
-    return out
-
-
-def _sums1(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
-    """:func:`_chain_sums` of one array over ``ids``."""
-    (s0,) = sums
-    for i, c, x0 in zip(ids, cause, *values, strict=True):
-        s0[i] = s0[c] + x0
+    Worked out a level of the chains' tree at a time (:func:`_levels`): each level's sums
+    are their causes' (a level up, done) plus their own values, the additions a loop from
+    the roots makes, on rows of all arrays at once. ~2,700 levels of 392,000 instructions
+    in Megatron 1T: 60 ms, where a loop over the instructions took 140."""
+    n, k = len(cause), len(owns)
+    out = np.zeros((n + 1, k))
+    if not n:
+        return out.T
+    up = np.asarray(cause, dtype=np.intp)
+    up = np.where(up < 0, n, up)  # a root's cause: the zero row
+    order, bounds = _levels(up)
+    values = np.stack(owns, axis=1)
+    lo = 0
+    for hi in bounds:
+        rows = order[lo:hi]
+        out[rows] = out[up[rows]] + values[rows]
+        lo = hi
+    return out.T
 
 
-def _sums2(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
-    """:func:`_chain_sums` of two arrays over ``ids``."""
-    s0, s1 = sums
-    for i, c, x0, x1 in zip(ids, cause, *values, strict=True):
-        s0[i] = s0[c] + x0
-        s1[i] = s1[c] + x1
-
-
-def _sums3(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
-    """:func:`_chain_sums` of three arrays over ``ids``."""
-    s0, s1, s2 = sums
-    for i, c, x0, x1, x2 in zip(ids, cause, *values, strict=True):
-        s0[i] = s0[c] + x0
-        s1[i] = s1[c] + x1
-        s2[i] = s2[c] + x2
-
-
-def _sums4(ids: range, cause: Sequence[int], values: list[array], sums: list[array]) -> None:
-    """:func:`_chain_sums` of four arrays over ``ids``."""
-    s0, s1, s2, s3 = sums
-    for i, c, x0, x1, x2, x3 in zip(ids, cause, *values, strict=True):
-        s0[i] = s0[c] + x0
-        s1[i] = s1[c] + x1
-        s2[i] = s2[c] + x2
-        s3[i] = s3[c] + x3
-
-
-_SUMS = (_sums1, _sums2, _sums3, _sums4)
-"""The loop of :func:`_chain_sums` by the number of arrays summed together."""
+def _levels(up: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """The nodes of a forest (``up[i]``: the parent of node ``i``, ``len(up)`` for a root)
+    grouped by depth: their order (by depth, stable) and where each depth's group ends.
+    The depths by pointer jumping (each step doubles how far a node's pointer reaches and
+    adds the hops it skips: exact on integers, ~log2(depth) steps on arrays)."""
+    n = len(up)
+    jump = np.append(up, n)
+    depth = np.append(up < n, False).astype(np.intp)  # hops to jump[i]
+    for _ in range(n.bit_length()):  # a depth below n needs fewer steps than its bits
+        if not (jump < n).any():
+            break
+        depth += depth[jump]
+        jump = jump[jump]
+    depth = depth[:n]
+    small = int(depth.max()) <= np.iinfo(np.uint16).max  # a radix sort on small keys
+    order = np.argsort(depth.astype(np.uint16) if small else depth, kind="stable")
+    return order, np.cumsum(np.bincount(depth)).tolist()
 
 
 

@@ -367,8 +367,8 @@ def test_idle_declines_blocking_communication_of_an_unknown_kind() -> None:
                           st.sampled_from([0.0, 0.25, 1 / 3, 1.5])), min_size=1, max_size=40),
        st.integers(0, 3))
 def test_chain_sums_equal_a_plain_loop(rows: list, late: int) -> None:
-    """Sums along chains (up to four arrays in one loop, late starters alone) against the
-    plain recurrence, the same floats."""
+    """Sums along chains (a level of the chains at a time, five arrays, one a late starter)
+    against the plain recurrence, the same floats."""
     n = len(rows)
     cause = [-1 if i == 0 or back == 0 else i - 1 - (back - 1) % i
              for i, (back, _, _) in enumerate(rows)]
