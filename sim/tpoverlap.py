@@ -110,7 +110,7 @@ def chunked(gemm: ComputeSeg, n: float) -> ComputeSeg:
     """One of ``n`` row chunks of ``gemm`` (``n`` need not be whole: a group of chunks
     running at once): ``1/n`` of its FLOPs, at the size the device model's efficiency
     curve sees shrunk by ``n^(1/3)`` (the cube side of M·K·N,
-    :func:`workloads.transformer._gemm`)."""
+    :func:`workloads.kernels.gemm`)."""
     dims = tuple((d / n ** (1 / 3), f / n) for d, f in gemm.gemm_dims)
     return replace(gemm, flops=gemm.flops / n, hbm_bytes=gemm.hbm_bytes / n, gemm_dims=dims)
 

@@ -27,10 +27,8 @@ Sources:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache, wraps
-from typing import Any, TypeVar
+from functools import lru_cache
 
 from workloads.costs import (
     BF16,
@@ -42,6 +40,7 @@ from workloads.costs import (
     Segment,
     fuse_compute,
 )
+from workloads.kernels import gemm, on_fp8, per_instance, scaled
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import ModelSpec
 from workloads.moe_dispatch import expected_units
@@ -88,25 +87,6 @@ BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 FLASH_BACKWARD_FACTOR = 2.5
 """FlashAttention-2 backward FLOPs / forward FLOPs (recomputes QK^T; Dao 2023)."""
-
-
-_T = TypeVar("_T")
-
-
-def _per_instance(method: Callable[[Any], _T]) -> Callable[[Any], _T]:
-    """Keep a no-argument method's result on its instance (a frozen cost model never
-    changes, and ``replace`` makes a new one): one layer's GEMMs are asked for once per
-    layer of every op, the same answer each time. The entry lives in the instance's
-    ``__dict__``, outside the fields that equality, hashing and ``replace`` read."""
-    name = f"_memo_{method.__name__}"
-
-    @wraps(method)
-    def cached(self: Any) -> _T:
-        memo = self.__dict__
-        if name not in memo:
-            memo[name] = method(self)
-        return memo[name]
-    return cached
 
 
 @dataclass(frozen=True)
@@ -466,7 +446,7 @@ class TransformerCosts:
         return self.tp if self.sequence_parallel else 1
 
     # ------------------------------------------------------------- forward work of one layer
-    @_per_instance
+    @per_instance
     def _gemms(self) -> tuple[ComputeSeg, ComputeSeg]:
         """Forward GEMM work of the attention block and the MLP block on one TP rank."""
         m, t, n = self.model, self.tp, self._tokens
@@ -476,7 +456,7 @@ class TransformerCosts:
             attn = self._mla_gemms()
         else:
             qkv_out = m.q_dim + 2 * kv
-            qkv, proj = _gemm(n, h, qkv_out / t), _gemm(n, o / t, h)  # column-, row-parallel
+            qkv, proj = gemm(n, h, qkv_out / t), gemm(n, o / t, h)  # column-, row-parallel
             attn_flops = qkv[1] + proj[1]  # 2·n·h·(a·d + 2·kv + a·d)/t
             attn_bytes = BF16 * ((h * qkv_out + o * h) / t
                                  + n * (h + 2 * qkv_out / t + o / t + h))
@@ -485,12 +465,12 @@ class TransformerCosts:
             mlp = self._expert_gemms()
         else:
             mid = f * (m.mlp_matrices - 1) / t  # fc1 outputs: f/t (GeLU), gate and up 2·f/t
-            fc1, fc2 = _gemm(n, h, mid), _gemm(n, f / t, h)
+            fc1, fc2 = gemm(n, h, mid), gemm(n, f / t, h)
             mlp_flops = fc1[1] + fc2[1]  # 2·n·h·f·(2 or 3)/t
             mlp_bytes = BF16 * (h * f * m.mlp_matrices / t + n * (h + 2 * mid + 2 * f / t + h))
             mlp = ComputeSeg("mlp", mlp_flops, mlp_bytes, gemm_dims=(fc1, fc2))
         if self.precision == "fp8":
-            return _fp8(attn, self.fp8_speedup), _fp8(mlp, self.fp8_speedup)
+            return on_fp8(attn, self.fp8_speedup), on_fp8(mlp, self.fp8_speedup)
         return attn, mlp
 
     def _mla_gemms(self) -> ComputeSeg:
@@ -503,9 +483,9 @@ class TransformerCosts:
         assert mla is not None
         q_in = mla.q_lora_rank or h
         down_out = (mla.q_lora_rank or 0) + mla.kv_lora_rank + mla.qk_rope_head_dim
-        up = [_gemm(n, q_in, m.q_dim / t),
-              _gemm(n, mla.kv_lora_rank, a * (mla.qk_nope_head_dim + mla.v_head_dim) / t)]
-        dims = (_gemm(n, h, down_out), *up, _gemm(n, m.attn_out_dim / t, h))
+        up = [gemm(n, q_in, m.q_dim / t),
+              gemm(n, mla.kv_lora_rank, a * (mla.qk_nope_head_dim + mla.v_head_dim) / t)]
+        dims = (gemm(n, h, down_out), *up, gemm(n, m.attn_out_dim / t, h))
         weights = (h * down_out + q_in * m.q_dim / t + mla.kv_lora_rank * a
                    * (mla.qk_nope_head_dim + mla.v_head_dim) / t + m.attn_out_dim * h / t)
         acts = n * (h + 2 * down_out + 2 * (m.q_dim + 2 * m.kv_dim) / t
@@ -523,14 +503,14 @@ class TransformerCosts:
         assert mla is not None
         q_in = mla.q_lora_rank or m.hidden_size
         kv_out = a * (mla.qk_nope_head_dim + mla.v_head_dim) / t
-        dims = (_gemm(n, q_in, m.q_dim / t), _gemm(n, mla.kv_lora_rank, kv_out))
+        dims = (gemm(n, q_in, m.q_dim / t), gemm(n, mla.kv_lora_rank, kv_out))
         nbytes = BF16 * (q_in * m.q_dim / t + mla.kv_lora_rank * kv_out
                          + n * (q_in + mla.kv_lora_rank + m.q_dim / t + kv_out))
         rope = (self._rope_bytes * n * (m.q_dim + m.kv_dim) / t
                 if m.position_embedding == "rope" else 0.0)
         seg = ComputeSeg(f"{label} mla up", sum(d[1] for d in dims), nbytes,
                          elementwise_bytes=rope, gemm_dims=dims)
-        return _fp8(seg, self.fp8_speedup) if self.precision == "fp8" else seg
+        return on_fp8(seg, self.fp8_speedup) if self.precision == "fp8" else seg
 
     def _shared_expert_gemms(self) -> ComputeSeg:
         """The shared experts' GEMMs of one MoE layer on one TP rank: every token passes one
@@ -540,7 +520,7 @@ class TransformerCosts:
         assert moe is not None and moe.shared_experts
         h, mm = m.hidden_size, m.mlp_matrices
         fs = moe.shared_experts * moe.expert_ffn_hidden_size
-        dims = (_gemm(n, h, fs * (mm - 1) / t), _gemm(n, fs / t, h))
+        dims = (gemm(n, h, fs * (mm - 1) / t), gemm(n, fs / t, h))
         nbytes = BF16 * (h * fs * mm / t + n * (h + 2 * fs * (mm - 1) / t + 2 * fs / t + h))
         return ComputeSeg("shared experts", sum(d[1] for d in dims), nbytes, gemm_dims=dims)
 
@@ -576,12 +556,12 @@ class TransformerCosts:
         assert moe is not None
         h, f, mm = m.hidden_size, moe.expert_ffn_hidden_size, m.mlp_matrices
         rows = self._expert_rows
-        router = _gemm(n / self._sp_div if self._moe_sp else n, h, moe.num_experts)
+        router = gemm(n / self._sp_div if self._moe_sp else n, h, moe.num_experts)
         local = moe.num_experts / self.ep
         mid = f * (mm - 1) / t
         per_expert = rows / local  # rows each local expert computes: n·k·max(c, 1)·ep/E
-        fc1 = _gemm(per_expert, h, mid, count=local)
-        fc2 = _gemm(per_expert, f / t, h, count=local)
+        fc1 = gemm(per_expert, h, mid, count=local)
+        fc2 = gemm(per_expert, f / t, h, count=local)
         nbytes = BF16 * (local * h * f * mm / t + h * moe.num_experts
                          + rows * (h + 2 * mid + 2 * f / t + h))
         dims = (router, fc1, fc2)
@@ -683,7 +663,7 @@ class TransformerCosts:
         return (moe_layer._layer_backward("moe", False) if backward
                 else moe_layer._layer_forward("moe"))
 
-    @_per_instance
+    @per_instance
     def _core_forward_flops(self) -> float:
         """Attention-core FLOPs the kernel executes forward (causal flash: half of 4·b·s²·h/t),
         divided by cp: the load-balanced split gives every CP rank the same causal share. A
@@ -711,8 +691,8 @@ class TransformerCosts:
         projection; its memory-bound kernels go with the QKV part (norm, RoPE)."""
         m = self.model
         qkv_share = (m.q_dim + 2 * m.kv_dim) / (m.q_dim + 2 * m.kv_dim + m.attn_out_dim)
-        qkv = _scaled(seg, f"{name} qkv", qkv_share, elementwise_bytes=seg.elementwise_bytes)
-        proj = _scaled(seg, f"{name} proj", 1 - qkv_share)
+        qkv = scaled(seg, f"{name} qkv", qkv_share, elementwise_bytes=seg.elementwise_bytes)
+        proj = scaled(seg, f"{name} proj", 1 - qkv_share)
         block = ComputeSeg(f"{name} core", attn_flops=core_flops / self.cp)
         if self.cp_kv_all_gather:
             ring = RingAttention(f"{name} cp", block, self.cp, self._kv_pass_bytes() * self.cp,
@@ -722,7 +702,7 @@ class TransformerCosts:
                              self._kv_pass_bytes() * (2 if backward else 1))
         return [proj, ring, qkv] if backward else [qkv, ring, proj]
 
-    @_per_instance
+    @per_instance
     def _elementwise_forward(self) -> tuple[float, float]:
         """Bytes of memory-bound kernels of one layer forward: (attention block, MLP block)."""
         m, t, n = self.model, self.tp, self._tokens
@@ -750,7 +730,7 @@ class TransformerCosts:
         return (norm + residual + rope + softmax + copies + cast_attn,
                 norm + residual + act + cast_mlp)
 
-    @_per_instance
+    @per_instance
     def _fp8_cast_pair(self) -> tuple[tuple[float, float], tuple[float, float]]:
         """HBM bytes of the FP8 scaling and casting kernels of one dense layer on one TP rank,
         ((attention block, MLP block) forward, (the same) backward): none without
@@ -824,13 +804,13 @@ class TransformerCosts:
         (a backward's input- or weight-gradient GEMM does the same work)."""
         m, t, n = self.model, self.tp, self._tokens
         mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
-        shapes = {"qkv": _gemm(n, m.hidden_size, (m.q_dim + 2 * m.kv_dim) / t),
-                  "proj": _gemm(n, m.attn_out_dim / t, m.hidden_size),
-                  "fc1": _gemm(n, m.hidden_size, mid),
-                  "fc2": _gemm(n, m.ffn_hidden_size / t, m.hidden_size)}
+        shapes = {"qkv": gemm(n, m.hidden_size, (m.q_dim + 2 * m.kv_dim) / t),
+                  "proj": gemm(n, m.attn_out_dim / t, m.hidden_size),
+                  "fc1": gemm(n, m.hidden_size, mid),
+                  "fc2": gemm(n, m.ffn_hidden_size / t, m.hidden_size)}
         out = {name: ComputeSeg(name, dims[1], gemm_dims=(dims,)) for name, dims in shapes.items()}
         if self.precision == "fp8":
-            return {name: _fp8(seg, self.fp8_speedup) for name, seg in out.items()}
+            return {name: on_fp8(seg, self.fp8_speedup) for name, seg in out.items()}
         return out
 
     # ------------------------------------------------------------- segments
@@ -921,15 +901,15 @@ class TransformerCosts:
             attn_share, mlp_share, _ = self._op_checkpoint_shares()
             softmax = 0.0 if self._flash else (
                 SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
-            rec = fuse_compute([_scaled(attn, "r", attn_share), _scaled(mlp, "r", mlp_share)],
+            rec = fuse_compute([scaled(attn, "r", attn_share), scaled(mlp, "r", mlp_share)],
                                f"recompute {name} mm")
             segs += [replace(seg, elementwise_bytes=ew_attn + ew_mlp + softmax) for seg in rec]
         ew_attn, ew_mlp = self._backward_elementwise(ew_attn, ew_mlp)
-        mlp_seg: ComputeSeg | list[Segment] = _scaled(
+        mlp_seg: ComputeSeg | list[Segment] = scaled(
             mlp, f"{name} mlp bwd", 1 + wg, elementwise_bytes=ew_mlp)
         if self.model.moe is not None:
             mlp_seg = self._moe_body(mlp_seg, f"{name} mlp bwd", backward=True)
-        attn_seg = _scaled(attn, f"{name} attn bwd", 1 + wg, attn_flops=core,
+        attn_seg = scaled(attn, f"{name} attn bwd", 1 + wg, attn_flops=core,
                            elementwise_bytes=ew_attn)
         attn_body: ComputeSeg | list[Segment] = attn_seg
         if self.cp > 1:
@@ -982,7 +962,7 @@ class TransformerCosts:
             if "shared_experts" in mods and moe is not None:
                 shared = self._shared_expert_gemms()
                 if self.precision == "fp8":
-                    shared = _fp8(shared, self.fp8_speedup)
+                    shared = on_fp8(shared, self.fp8_speedup)
                 elementwise = act_bytes * n * moe.shared_experts * moe.expert_ffn_hidden_size / t
                 segs += self._block(f"{label} shared experts",
                                     replace(shared, label=f"{label} shared experts",
@@ -1020,7 +1000,7 @@ class TransformerCosts:
         (:meth:`_mtp_inputs`)."""
         m, t, n = self.model, self.tp, self._tokens
         passes = 1 + m.mtp_layers
-        logits = _gemm(n, m.hidden_size, m.vocab_size / t, count=passes)  # vocabulary-parallel
+        logits = gemm(n, m.hidden_size, m.vocab_size / t, count=passes)  # vocabulary-parallel
         weights = passes * BF16 * m.hidden_size * m.vocab_size / t
         ce = passes * ((FUSED_CROSS_ENTROPY_BYTES if self.fused_cross_entropy
                         else CROSS_ENTROPY_BYTES) * n * m.vocab_size / self._vocab_div)
@@ -1031,7 +1011,7 @@ class TransformerCosts:
         if not backward:
             return fwd
         wg = 0.0 if weight_grad_deferred else 1.0
-        return _scaled(fwd, "logits bwd", 1 + wg,
+        return scaled(fwd, "logits bwd", 1 + wg,
                        elementwise_bytes=BACKWARD_ELEMENTWISE * fwd.elementwise_bytes)
 
     def _mtp_inputs(self) -> ComputeSeg:
@@ -1046,12 +1026,12 @@ class TransformerCosts:
         TP gathers (b·s·2h and b·s·h bf16) are not timed."""
         m, t, n = self.model, self.tp, self._tokens
         h, d = m.hidden_size, m.mtp_layers
-        proj = _gemm(n, 2 * h, h / t, count=d)
+        proj = gemm(n, 2 * h, h / t, count=d)
         norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h
         seg = ComputeSeg("mtp inputs", proj[1], BF16 * d * (2 * h * h / t + n * (2 * h + h / t)),
                          elementwise_bytes=3 * d * norm / self._sp_div,
                          gemm_dims=(proj,))
-        return _fp8(seg, self.fp8_speedup) if self.precision == "fp8" else seg
+        return on_fp8(seg, self.fp8_speedup) if self.precision == "fp8" else seg
 
     def _stage_layers(self, stage: int) -> range:
         start = sum(self.stage_layers[:stage])
@@ -1119,8 +1099,9 @@ class TransformerCosts:
         lowering turns them into DP collectives;
         without markers (the default) the list is the same work, fused.
         A Seq1F1B sequence chunk (``op.seq >= 0``) costs its chunk's work (:meth:`seq_chunk`).
-        Worked out once per arguments and kept on the instance, like :func:`_per_instance`
-        (a frozen cost model never changes; the segments are immutable); an interned cost
+        Worked out once per arguments and kept on the instance, like
+        :func:`workloads.kernels.per_instance` (a frozen cost model never changes; the
+        segments are immutable); an interned cost
         model (:func:`interned`) keeps them for the next experiment with the same costs (a
         sweep's, a search's, a repeated run).
         """
@@ -1197,9 +1178,9 @@ class TransformerCosts:
         else:
             for c, k in self._runs(op.stage):
                 attn, mlp = c._gemms()
-                segs += [_scaled(attn, "weight grads", k), _scaled(mlp, "weight grads", k)]
+                segs += [scaled(attn, "weight grads", k), scaled(mlp, "weight grads", k)]
             if last:
-                segs.append(_scaled(self._head(backward=False), "weight grads", 1,
+                segs.append(scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
         if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
             segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
@@ -1255,13 +1236,13 @@ class TransformerCosts:
         each followed by its :class:`~workloads.costs.GradReady`."""
         segs: list[Segment] = []
         if last:
-            segs += [_scaled(self._head(backward=False), "weight grads", 1,
+            segs += [scaled(self._head(backward=False), "weight grads", 1,
                              elementwise_bytes=0.0),
                      GradReady("head grads", self._head_grad_bytes(stage))]
         for layer in reversed(layers):
             c = self._layer(layer)
             attn, mlp = c._gemms()
-            segs += [_scaled(attn, "weight grads", 1), _scaled(mlp, "weight grads", 1),
+            segs += [scaled(attn, "weight grads", 1), scaled(mlp, "weight grads", 1),
                      GradReady(f"L{layer} grads", c._layer_grad_bytes(stage, layer),
                                c._layer_expert_grad_bytes())]
         return segs
@@ -1770,32 +1751,6 @@ the backward the gathered output gradient feeds the FC2 / proj input-gradient GE
 FC1 / QKV input gradient is reduce-scattered behind that layer's weight-gradient GEMM."""
 
 
-def _gemm(m: float, k: float, n: float, count: float = 1.0) -> tuple[float, float]:
-    """``(shape dimension, FLOPs)`` of ``count`` GEMMs of an M x K input by a K x N weight.
-
-    FLOPs 2·M·K·N each. The dimension the device model's efficiency curve
-    (:meth:`sim.device.DeviceProfile.gemm_efficiency_at`, 1/η(d) = (1 + d½/d + (d₂/d)^p)/η)
-    sees is the side of the cube of equal work, (M·K·N)^(1/3):
-    a GEMM runs below peak when it is small overall (few output tiles for the
-    SMs, a short main loop over K), not because one of its sides is shorter than
-    the others (a 2048 x 5120 x 5120 GEMM fills an A100's 108 SMs several times
-    over). The cube side is symmetric in M, K and N, so a layer's two backward
-    GEMMs (input gradient N x K, weight gradient K x M against M x N) see the
-    forward's dimension, and the token count M (micro-batch x sequence) enters
-    only as one factor of three: a thin TP shard (K or N = h/t) with few tokens
-    is slow, many tokens against a whole weight matrix are not.
-    """
-    return (m * k * n) ** (1 / 3), 2.0 * m * k * n * count
-
-
-def _fp8(seg: ComputeSeg, speedup: float) -> ComputeSeg:
-    """``seg``'s GEMMs on FP8 tensor cores, ``speedup`` times the bf16 rate: FLOPs in
-    bf16-equivalent units (divided by it) for the device model, which times GEMMs against
-    the bf16 peak; the shape dimensions the efficiency curve sees are unchanged."""
-    return replace(seg, flops=seg.flops / speedup,
-                   gemm_dims=tuple((d, f / speedup) for d, f in seg.gemm_dims))
-
-
 COSTS_CACHE = 32
 """Cost models :func:`interned` keeps (the least recently used go first)."""
 
@@ -1803,16 +1758,9 @@ COSTS_CACHE = 32
 @lru_cache(maxsize=COSTS_CACHE)
 def interned(costs: TransformerCosts) -> TransformerCosts:
     """The first cost model equal to ``costs`` still kept (else ``costs``, kept from now on):
-    what its instance memos hold (:func:`_per_instance`, :meth:`TransformerCosts.op_segments`)
-    then serves every experiment with the same costs, as the cluster and the schedule do
-    (:func:`topologies.build.build_cluster`, :func:`workloads.registry.built_schedule`).
+    what its instance memos hold (:func:`workloads.kernels.per_instance`,
+    :meth:`TransformerCosts.op_segments`) then serves every experiment with the same costs,
+    as the cluster and the schedule do (:func:`topologies.build.build_cluster`,
+    :func:`workloads.registry.built_schedule`).
     Equal cost models give the same answers: every method reads the fields alone."""
     return costs
-
-
-def _scaled(seg: ComputeSeg, label: str, factor: float, **fields: float) -> ComputeSeg:
-    """``seg``'s GEMM work times ``factor`` under a new label, other fields as given."""
-    return replace(seg, label=label, flops=seg.flops * factor, hbm_bytes=seg.hbm_bytes * factor,
-                   gemm_dims=tuple((d, f * factor) for d, f in seg.gemm_dims),
-                   attn_flops=fields.get("attn_flops", 0.0),
-                   elementwise_bytes=fields.get("elementwise_bytes", 0.0))
