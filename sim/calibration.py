@@ -10,7 +10,7 @@ in the fit; the batched-matmul attention (0.85) sits at its upper bound in both 
 
 Refitted on 2026-12-03 after four model corrections (issue 5): GEMMs timed at their
 real M x K x N shapes (the efficiency curve sees the cube side (M·K·N)^(1/3),
-:func:`workloads.transformer._gemm`, instead of min(tokens, h/t)); SwiGLU stashing
+:func:`workloads.kernels.gemm`, instead of min(tokens, h/t)); SwiGLU stashing
 6·f/h and the cross-entropy buffer counted once; fragmentation on dynamic memory only;
 the sweep's loss over gathered logits and eager RMSNorm's fp32 saved input
 (the ``scaling`` profile of :mod:`workloads.frameworks`,

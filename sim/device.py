@@ -71,7 +71,7 @@ class DeviceProfile:
     def gemm_efficiency_at(self, dim: float) -> float:
         """η(d) = gemm_efficiency · d / (d + d½ + d · (d₂/d)^p), i.e. 1/η(d) =
         (1 + d½/d + (d₂/d)^p) / gemm_efficiency, for a GEMM of dimension d (the cube side
-        (M·K·N)^(1/3), :func:`workloads.transformer._gemm`)."""
+        (M·K·N)^(1/3), :func:`workloads.kernels.gemm`)."""
         steep = dim * (self.gemm_half_dim2 / dim) ** self.gemm_shape_power \
             if self.gemm_half_dim2 else 0.0
         return self.gemm_efficiency * dim / (dim + self.gemm_half_dim + steep)

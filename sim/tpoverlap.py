@@ -6,7 +6,7 @@ reduce-scatter of a layer into chunks and pipeline them with the GEMM next to it
 all-gather before the QKV and FC1 GEMMs, the reduce-scatter after proj and FC2, and in the
 backward the output-gradient all-gather before the FC2 / proj input-gradient GEMM and the
 input-gradient reduce-scatter behind the FC1 / QKV weight-gradient GEMM
-(:data:`workloads.transformer.TP_OVERLAP_GEMMS`). What each does, its chunks and the SMs its
+(:data:`workloads.layer_work.TP_OVERLAP_GEMMS`). What each does, its chunks and the SMs its
 communication takes from the GEMM are data (``sim/data/tp_overlap.toml``, with their source).
 
 A pair of a collective taking ``c`` seconds alone and a GEMM taking ``g`` runs, with the
@@ -52,8 +52,9 @@ from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
 from workloads.costs import BF16, ComputeSeg
+from workloads.layer_work import TP_OVERLAP_GEMMS
 from workloads.lowering.groups import tp_groups
-from workloads.transformer import TP_OVERLAP_GEMMS, TransformerCosts
+from workloads.transformer import TransformerCosts
 
 if TYPE_CHECKING:
     from sim.experiment import Experiment
@@ -110,7 +111,7 @@ def chunked(gemm: ComputeSeg, n: float) -> ComputeSeg:
     """One of ``n`` row chunks of ``gemm`` (``n`` need not be whole: a group of chunks
     running at once): ``1/n`` of its FLOPs, at the size the device model's efficiency
     curve sees shrunk by ``n^(1/3)`` (the cube side of M·K·N,
-    :func:`workloads.transformer._gemm`)."""
+    :func:`workloads.kernels.gemm`)."""
     dims = tuple((d / n ** (1 / 3), f / n) for d, f in gemm.gemm_dims)
     return replace(gemm, flops=gemm.flops / n, hbm_bytes=gemm.hbm_bytes / n, gemm_dims=dims)
 
@@ -133,7 +134,7 @@ def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
               ) -> tuple[tuple[str, float], ...]:
     """What each sequence-parallel collective of a layer adds beside its block's compute
     when pipelined with its GEMM: ``pipelined_s − g`` (module doc), by the collective's
-    name in :data:`~workloads.transformer.TP_OVERLAP_GEMMS`. ``collective_s(op, nbytes)``
+    name in :data:`~workloads.layer_work.TP_OVERLAP_GEMMS`. ``collective_s(op, nbytes)``
     times a TP collective alone; ``sm_margin`` False launches every GEMM on all SMs
     whatever its method's ``sm_margin`` (Transformer Engine 1.x)."""
     gemms = costs.tp_overlap_gemms()

@@ -13,7 +13,7 @@ from conftest import load_benchmark
 from sim.calibration import A100_HAGEMANN
 from sim.device import DeviceProfile, compute_time_s
 from topologies.hardware import GPUS
-from workloads.transformer import _gemm
+from workloads.kernels import gemm
 
 PEAK = 312e12
 DIMS = (100.0, 700.0, 2048.0, 5441.0, 13237.0)
@@ -40,11 +40,11 @@ def test_power_3_costs_a_fixed_time_per_gemm() -> None:
     p = DeviceProfile(gemm_efficiency=0.72, gemm_half_dim2=2600.0, gemm_shape_power=3.0)
     fixed = 2 * 2600.0 ** 3 / (PEAK * 0.72)
     for d in DIMS:
-        dim, flops = _gemm(d, d, d)
+        dim, flops = gemm(d, d, d)
         extra = p.gemm_time_s(flops, ((dim, flops),), PEAK) - flops / (PEAK * 0.72)
         assert extra == pytest.approx(fixed, rel=1e-9)
     # count GEMMs of one shape: the fixed cost is paid by each
-    dim, flops = _gemm(3000.0, 3000.0, 3000.0, count=4)
+    dim, flops = gemm(3000.0, 3000.0, 3000.0, count=4)
     extra = p.gemm_time_s(flops, ((dim, flops),), PEAK) - flops / (PEAK * 0.72)
     assert extra == pytest.approx(4 * fixed, rel=1e-9)
 
@@ -54,7 +54,7 @@ def test_power_2_costs_grow_with_the_gemm_side() -> None:
     p = DeviceProfile(gemm_efficiency=0.8, gemm_half_dim2=2000.0, gemm_shape_power=2.0)
 
     def extra(d: float) -> float:
-        dim, flops = _gemm(d, d, d)
+        dim, flops = gemm(d, d, d)
         return p.gemm_time_s(flops, ((dim, flops),), PEAK) - flops / (PEAK * 0.8)
 
     assert extra(6000.0) / extra(3000.0) == pytest.approx(2.0, rel=1e-9)
@@ -66,8 +66,8 @@ def test_fitted_a100_curve_rises_saturates_and_keeps_thin_shards_slow() -> None:
     assert etas == sorted(etas) and etas[-1] < p.gemm_efficiency
     assert etas[-1] == pytest.approx(p.gemm_efficiency, rel=1e-5)
     # LLaMA-13B's QKV GEMM at 2048 tokens: a TP8 shard runs well below the TP1 GEMM
-    tp1, _ = _gemm(2048, 5120, 3 * 5120)
-    tp8, _ = _gemm(2048, 5120, 3 * 5120 / 8)
+    tp1, _ = gemm(2048, 5120, 3 * 5120)
+    tp8, _ = gemm(2048, 5120, 3 * 5120 / 8)
     assert p.gemm_efficiency_at(tp8) < 0.8 * p.gemm_efficiency_at(tp1)
     # the curve reaches compute_time_s: one GEMM alone, no bytes
     gpu = GPUS["A100-80GB"]

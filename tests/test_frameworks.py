@@ -15,6 +15,7 @@ from sim.config import TrainingConfig
 from sim.experiment import Experiment
 from topologies.hardware import GPUS
 from workloads.costs import CommSeg, ComputeSeg, split_layers
+from workloads.elementwise import ROPE_BYTES, SWIGLU_BYTES
 from workloads.frameworks import (
     ALLOCATORS,
     FRAMEWORKS,
@@ -29,7 +30,7 @@ from workloads.frameworks import (
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import PRESETS, MLASpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
-from workloads.transformer import ROPE_BYTES, SWIGLU_BYTES, TransformerCosts
+from workloads.transformer import TransformerCosts
 
 
 def _run(**training) -> dict:

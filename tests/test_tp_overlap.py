@@ -24,9 +24,9 @@ from sim.tpoverlap import (
     sm_count,
 )
 from workloads.costs import ComputeSeg
+from workloads.layer_work import TP_OVERLAP_GEMMS
 from workloads.lowering.groups import tp_groups
 from workloads.program import Collective
-from workloads.transformer import TP_OVERLAP_GEMMS
 
 PIPE = Method("pipeline", 4, 16, True)
 RING = Method("ring_exchange", 0, 1, False)

@@ -1,0 +1,143 @@
+"""Memory-bound kernels of the transformer cost model: HBM bytes per element. Pure.
+
+The bytes each memory-bound kernel of a layer moves (read + write) per element, per forward
+pass (the constants below), and what one layer's kernels move on one TP rank, the
+framework's FP8 casts included (:class:`ElementwiseWork`).
+"""
+
+from __future__ import annotations
+
+from workloads.costs import BF16
+from workloads.kernels import per_instance
+
+# Bytes moved per element by memory-bound kernels (read + write), per forward pass.
+NORM_FUSED_BYTES = 4.0
+"""Fused RMSNorm/LayerNorm kernel: read x, write y (bf16)."""
+NORM_UNFUSED_BYTES = 36.0
+"""PyTorch eager RMSNorm: cast to fp32, square, mean, rsqrt-multiply, weight, cast back."""
+RESIDUAL_BYTES = 6.0
+"""Residual add: read two bf16 tensors, write one."""
+ROPE_BYTES = 20.0
+"""Eager rotary embedding on q and k: rotate-half (slice, negate, concat), two mults, add."""
+ALIBI_PASSES = 2.0
+"""Passes over the b·a·s² score matrix (bf16) that adding ALiBi's bias costs non-flash
+attention (read and write; FlashAttention-2 adds it inside the kernel, ``alibi_slopes``)."""
+SWIGLU_BYTES = 10.0
+"""silu(gate) * up: read gate, write silu, read silu and up, write product (per ffn element)."""
+GELU_BYTES = 4.0
+"""GeLU: read, write (per ffn element)."""
+SOFTMAX_PASSES = {"unfused": 8.0, "fused": 2.0}
+"""Passes over the b·a·s² score matrix (bf16) of non-flash attention: scale, mask, softmax."""
+CROSS_ENTROPY_BYTES = 16.0
+"""Vocabulary-parallel cross entropy over fp32 logits: max, exp-sum, gather, gradient."""
+FUSED_CROSS_ENTROPY_BYTES = 2.0
+"""A fused cross-entropy kernel over the bf16 logits
+(:attr:`workloads.transformer.TransformerCosts.fused_cross_entropy`): it reads each logit once
+forward (its fp32 math stays in registers); backward reads it again and writes its bf16
+gradient (``BACKWARD_ELEMENTWISE`` times this)."""
+FP8_TRANSPOSE_BYTES = 2.0
+"""An fp8 transpose (TransformerEngine's ``fp8_transpose``): read 1 byte, write 1, per element."""
+BACKWARD_ELEMENTWISE = 2.0
+"""Backward of a memory-bound kernel moves about twice its forward bytes."""
+
+
+class ElementwiseWork:
+    """The memory-bound kernels of a :class:`~workloads.transformer.TransformerCosts`'s layer
+    (a mixin of it): norms, residual adds, rotary embedding, a non-flash attention's softmax
+    passes, the MLP activation, MoE permutes, attention layout copies and the FP8 scaling and
+    casting kernels, forward and backward."""
+
+    @per_instance
+    def _elementwise_forward(self) -> tuple[float, float]:
+        """Bytes of memory-bound kernels of one layer forward: (attention block, MLP block)."""
+        m, t, n = self.model, self.tp, self._tokens
+        h = m.hidden_size
+        norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h / self._sp_div
+        residual = RESIDUAL_BYTES * n * h / self._sp_div
+        rope = (self._rope_bytes * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
+                else 0.0)
+        softmax = 0.0 if self._flash else (
+            (SOFTMAX_PASSES[self.attention] + (ALIBI_PASSES if m.position_embedding == "alibi"
+                                               else 0.0)) * BF16 * self._scores_elements())
+        act_bytes = self.swiglu_bytes if m.gated_mlp else GELU_BYTES
+        if m.moe is not None:  # activation on the routed rows (and every token's shared
+            # experts), plus permute and unpermute; the rows' f_e/e wide activations are
+            # routed_rows·f_e/t whatever the expert TP degree e
+            rows = self._expert_rows
+            act = (act_bytes * (self._routed_rows + n * m.moe.shared_experts)
+                   * m.moe.expert_ffn_hidden_size / t + 2 * 2 * BF16 * rows * m.hidden_size)
+        else:
+            act = act_bytes * n * m.ffn_hidden_size / t
+        # the Triton kernel reads the padded (b, s, h, d) layout as it is: no packing copies
+        copies = (self.attention_copy_bytes * n * (m.q_dim + 2 * m.kv_dim + m.attn_out_dim) / t
+                  if self.attention_copy_bytes and self.attention != "flash-triton" else 0.0)
+        cast_attn, cast_mlp = self._fp8_cast_pair()[0]
+        return (norm + residual + rope + softmax + copies + cast_attn,
+                norm + residual + act + cast_mlp)
+
+    @per_instance
+    def _fp8_cast_pair(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """HBM bytes of the FP8 scaling and casting kernels of one dense layer on one TP rank,
+        ((attention block, MLP block) forward, (the same) backward): none without
+        ``precision: fp8``, :attr:`fp8_cast_bytes` or a dense layer.
+
+        Every input cast (:attr:`fp8_norm_cast_fused` False): each of the four GEMMs' inputs
+        forward, the backward twice the forward (:data:`BACKWARD_ELEMENTWISE`).
+        TransformerEngine as Megatron-core's layer spec runs it (True): forward, the output
+        projection's input (o/t an element of a token) and the second MLP GEMM's (f/t);
+        backward, every GEMM's output gradient cast and transposed (QKV (q + 2·kv)/t, output
+        h, first MLP f·(matrices − 1)/t, second MLP h) and the two norm outputs transposed
+        for the weight gradients (h each, :data:`FP8_TRANSPOSE_BYTES`).
+
+        A MoE layer's attention block is a dense layer's; its MLP block is
+        :meth:`_moe_fp8_casts`."""
+        m, t, n = self.model, self.tp, self._tokens
+        if self.precision != "fp8" or not self.fp8_cast_bytes:
+            return (0.0, 0.0), (0.0, 0.0)
+        c, h = self.fp8_cast_bytes, m.hidden_size
+        if not self.fp8_norm_cast_fused:
+            fwd = (c * n * (h + m.attn_out_dim / t), c * n * (h + m.ffn_hidden_size / t))
+            bwd = (BACKWARD_ELEMENTWISE * fwd[0], BACKWARD_ELEMENTWISE * fwd[1])
+        else:
+            mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
+            fwd = (c * n * m.attn_out_dim / t, c * n * m.ffn_hidden_size / t)
+            bwd = (c * n * ((m.q_dim + 2 * m.kv_dim) / t + h) + FP8_TRANSPOSE_BYTES * n * h,
+                   c * n * (mid + h) + FP8_TRANSPOSE_BYTES * n * h)
+        if m.moe is None:
+            return fwd, bwd
+        moe_fwd, moe_bwd = self._moe_fp8_casts()
+        return (fwd[0], moe_fwd), (bwd[0], moe_bwd)
+
+    def _moe_fp8_casts(self) -> tuple[float, float]:
+        """HBM bytes of the FP8 casts of one MoE layer's MLP block on one GPU, (forward,
+        backward), :attr:`fp8_cast_bytes` an element whether or not
+        :attr:`fp8_norm_cast_fused`: no GEMM input of the block leaves a fused norm kernel.
+        Megatron-core's MoE layer spec gives the block a standalone ``pre_mlp_layernorm``
+        (megatron/core/models/gpt/gpt_layer_specs.py, ``pre_mlp_layernorm=
+        backend.layer_norm() if num_experts else IdentityOp``), the router and the token
+        dispatch run between it and the experts, whose ``TEGroupedMLP``
+        (megatron/core/transformer/moe/experts.py) runs TransformerEngine's ``GroupedLinear``
+        on the permuted bf16 rows, and the shared experts are ``TEColumnParallelLinear`` /
+        ``TERowParallelLinear`` on the gathered tokens (shared_experts.py): forward, every
+        GEMM's input is cast and transposed (the routed rows' h and f_e/t, :attr:`_expert_rows`
+        and :attr:`_routed_rows` as :meth:`_elementwise_forward` counts them; every token's
+        h and f_s/t); backward, every GEMM's output gradient (h and f·(matrices − 1)/t)."""
+        m, t, n = self.model, self.tp, self._tokens
+        moe = m.moe
+        assert moe is not None
+        c, h, f = self.fp8_cast_bytes, m.hidden_size, moe.expert_ffn_hidden_size
+        rows, routed, glu = self._expert_rows, self._routed_rows, m.mlp_matrices - 1
+        fs = moe.shared_experts * f
+        fwd = c * (rows * h + routed * f / t + n * (h + fs / t) * (fs > 0))
+        bwd = c * (routed * f * glu / t + rows * h + n * (fs * glu / t + h) * (fs > 0))
+        return fwd, bwd
+
+    def _backward_elementwise(self, ew_attn: float, ew_mlp: float) -> tuple[float, float]:
+        """Memory-bound bytes of one layer's backward, (attention block, MLP block), from its
+        forward's: :data:`BACKWARD_ELEMENTWISE` times them, the FP8 casts of
+        :attr:`fp8_norm_cast_fused` replaced by the backward's own (:meth:`_fp8_cast_pair`)."""
+        if not self.fp8_norm_cast_fused:
+            return BACKWARD_ELEMENTWISE * ew_attn, BACKWARD_ELEMENTWISE * ew_mlp
+        (cast_attn, cast_mlp), (back_attn, back_mlp) = self._fp8_cast_pair()
+        return (BACKWARD_ELEMENTWISE * (ew_attn - cast_attn) + back_attn,
+                BACKWARD_ELEMENTWISE * (ew_mlp - cast_mlp) + back_mlp)

@@ -1,0 +1,265 @@
+"""Model state of the transformer cost model: parameters, gradients, ZeRO, optimizer. Pure.
+
+What each GPU holds of the parameters, gradients and optimizer state of its pipeline stages,
+and what data parallelism moves of them: the gradient bytes a layer (or the head, or the
+embedding) has ready for its reduction, the parameters ZeRO-3 gathers before it, a stage's
+gradients for the step-end reduction, and the optimizer's memory-bound update.
+
+Sources:
+- Model states: mixed-precision Adam, 16 bytes per parameter, ZeRO-1/2/3 sharding,
+  Rajbhandari et al. 2020 sec. 3.1; ZeRO-3's gathered working set, sec. 5.3.
+"""
+
+from __future__ import annotations
+
+from workloads.costs import BF16, ComputeSeg, ParamGather, Segment
+from workloads.memory import model_state_bytes_per_param
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
+
+
+class ModelState:
+    """Model state of a :class:`~workloads.transformer.TransformerCosts` (a mixin of it):
+    the parameters and gradients of its stages and layers on one GPU, the DP units that
+    gradient buckets and ZeRO-3 gather and reduce, ZeRO's sharded state and working set, the
+    framework's copies around ZeRO-3's collectives, and the optimizer step."""
+
+    @property
+    def _layer_params_tp(self) -> float:
+        """Parameters of one transformer block on one TP rank (with the experts apart: without
+        the experts, which are reduced apart)."""
+        m = self.model
+        experts = m.layer_expert_params() if self._experts_apart else 0
+        return (m.layer_params() - experts) / self.tp
+
+    def _layer_expert_grad_bytes(self) -> float:
+        """One layer's expert gradient bytes on one GPU with the experts apart (E/ep experts,
+        split over the expert TP degree), else 0."""
+        if not self._experts_apart:
+            return 0.0
+        return BF16 * self.model.layer_expert_params() / self._etp / self.ep
+
+    def _stage_gather(self, stage: int) -> ParamGather:
+        """A stage's parameters as one all-gather (``overlap_param_gather`` on every stage but
+        the first): Megatron-core buckets the gradients and parameters of pipeline rank 0's
+        first model chunk only, every other model chunk is one bucket
+        (megatron/core/distributed/distributed_data_parallel.py,
+        ``DistributedDataParallel.__init__``: ``bucket_size = None`` when the pipeline rank is
+        above 0, and ``disable_bucketing=(model_chunk_idx > 0)`` from
+        megatron/training/training.py ``get_model``; core r0.8.0 to main)."""
+        layers = self._stage_layers(stage)
+        nbytes = sum(self._layer(i)._gather_bytes(stage, i) for i in layers)
+        expert = sum(self._layer(i)._layer_expert_grad_bytes() for i in layers)
+        if stage == len(self.stage_layers) - 1:
+            nbytes += self._head_gather_bytes()
+        return ParamGather(f"stage{stage} params", nbytes, expert)
+
+    def _head_gather_bytes(self) -> float:
+        """bf16 bytes the head needs gathered: final norm and the h x V output projection
+        (the embedding matrix itself when tied), on one TP rank."""
+        m = self.model
+        return BF16 * (m.norm_params + m.vocab_size * m.hidden_size) / self.tp
+
+    def _gather_bytes(self, stage: int, layer: int) -> float:
+        """Forward gather before ``layer``: its parameters, with the input embedding (and
+        learned positions) before the first layer of stage 0."""
+        extra = self.model.embedding_params() / self.tp if layer == 0 and stage == 0 else 0.0
+        return BF16 * (self._layer_params_tp + extra)
+
+    def _head_grad_bytes(self, stage: int) -> float:
+        """Gradient bytes of the last stage beyond its layers and embedding: final norm,
+        output projection, and the embedding copy a pipelined last stage keeps
+        (:attr:`_last_stage_embedding`)."""
+        m, t = self.model, self.tp
+        n = m.head_params() / t
+        if self._last_stage_embedding:
+            n += m.vocab_size * m.hidden_size / t
+        return self.grad_reduce_bytes * n
+
+    @property
+    def _last_stage_embedding(self) -> bool:
+        """Whether a pipelined last stage keeps a copy of the input embedding: tied to its
+        output head, or read by its multi-token prediction modules (Megatron-core builds the
+        embedding on the stage that runs them, core_v0.14.0 megatron/core/models/gpt/
+        gpt_model.py ``GPTModel.__init__``: ``if self.pre_process or self.mtp_process``, its
+        gradient shared with stage 0's as a tied embedding's)."""
+        return len(self.stage_layers) > 1 and (self.model.tied_embeddings
+                                               or self.model.mtp_layers > 0)
+
+    def _layer_grad_bytes(self, stage: int, layer: int) -> float:
+        """Gradient bytes ready after ``layer``'s backward; the first layer of stage 0 also
+        carries the embedding's (its backward is a scatter-add, not timed);
+        :attr:`grad_reduce_bytes` per element."""
+        extra = self.model.embedding_params() / self.tp if layer == 0 and stage == 0 else 0.0
+        return self.grad_reduce_bytes * (self._layer_params_tp + extra)
+
+    def zero3_working_bytes(self, op: Op) -> float:
+        """Gathered ZeRO-3 state an op holds while it runs, on one TP rank (bf16).
+
+        Parameters are gathered one unit (layer, embedding, head) ahead of use
+        and freed after it (Rajbhandari et al. 2020, sec. 5.3), so at most two
+        consecutive units are whole at once: F and B hold the largest sum of two
+        consecutive gather units; B and W also hold one unit's whole gradient
+        until its reduce-scatter (the largest). Uniform layers, no embedding or
+        head on the stage: F = 2·P, B = 3·P, W = P with P = 2·layer_params/t.
+        The backward gathers no embedding (its gradient is a scatter-add). None
+        without DP (nothing is sharded).
+        """
+        if self.zero_stage != 3 or self._shards == 1 or op.kind not in (FORWARD, BACKWARD,
+                                                                    WEIGHT_GRAD):
+            return 0.0
+        if self._unsharded_stages:
+            return 0.0
+        last = op.stage == len(self.stage_layers) - 1
+        layers = self._stage_layers(op.stage)
+        # ep > 1: this GPU's experts, gathered apart
+        each = [self._layer(i) for i in layers]
+        grads = [c._layer_grad_bytes(op.stage, i) + c._layer_expert_grad_bytes()
+                 for c, i in zip(each, layers, strict=True)]
+        if last:
+            grads.append(self._head_grad_bytes(op.stage))
+        if op.kind == WEIGHT_GRAD:
+            return max(grads)
+        units = [(c._gather_bytes(op.stage, i) if op.kind == FORWARD
+                  else BF16 * c._layer_params_tp) + c._layer_expert_grad_bytes()
+                 for c, i in zip(each, layers, strict=True)]
+        if last:
+            units.append(self._head_gather_bytes())
+        pairs = max((a + b for a, b in zip(units, units[1:], strict=False)), default=units[0])
+        return pairs + (max(grads) if op.kind == BACKWARD else 0.0)
+
+    def unreduced_grad_bytes(self, op: Op) -> float:
+        """With :attr:`reduces_every_microbatch`: what a backward (B or W) holds of its
+        gradients before they are reduce-scattered, on one TP rank: the largest unit's (a
+        layer's; the head's on the last stage; an embedding-only first stage's embedding),
+        whole in the reduction dtype, as :meth:`zero3_working_bytes` counts it under ZeRO-3;
+        else 0."""
+        if not self.reduces_every_microbatch or op.kind not in (BACKWARD, WEIGHT_GRAD):
+            return 0.0
+        layers = self._stage_layers(op.stage)
+        grads = [self._layer(i)._layer_grad_bytes(op.stage, i)
+                 + self._layer(i)._layer_expert_grad_bytes() for i in layers]
+        if op.stage == len(self.stage_layers) - 1:
+            grads.append(self._head_grad_bytes(op.stage))
+        if op.stage == 0 and not layers:
+            grads.append(self.grad_reduce_bytes * self.model.embedding_params() / self.tp)
+        return max(grads, default=0.0)
+
+    def _zero3_copies(self, name: str, backward: bool) -> list[Segment]:
+        """The framework's own memory-bound kernels around a layer's ZeRO-3 collectives
+        (:attr:`zero3_gather_copy_bytes` per gathered parameter, forward and backward, and
+        :attr:`zero3_reduce_copy_bytes` per parameter before the reduce-scatter, backward),
+        as one compute segment; none without ZeRO-3 over more than one shard. A ZeRO-2 that
+        reduces every micro-batch has its backward's compute slowed by the layer's
+        reduce-scatter beside it (:attr:`zero3_overlap_s`), and no copies of its own."""
+        if self.zero_stage != 3 or self._shards == 1:
+            contention = self.zero3_overlap_s[1] if backward else 0.0
+            if self.reduces_every_microbatch and contention:
+                return [ComputeSeg(f"{name} dp overlap", duration_s=contention)]
+            return []
+        segs: list[Segment] = []
+        per_param = self.zero3_gather_copy_bytes + (self.zero3_reduce_copy_bytes
+                                                    if backward else 0.0)
+        if per_param:
+            params = self._layer_params_tp + (self.model.layer_expert_params() / self._etp
+                                              / self.ep if self._experts_apart else 0.0)
+            segs.append(ComputeSeg(f"{name} zero3 copies", elementwise_bytes=per_param * params))
+        contention = self.zero3_overlap_s[1 if backward else 0]
+        if contention:
+            segs.append(ComputeSeg(f"{name} zero3 overlap", duration_s=contention))
+        return segs
+
+    def zero3_layer_work(self) -> tuple[list[Segment], list[Segment], float, float]:
+        """One transformer layer under ZeRO-3, for :mod:`sim.fsdpoverlap`: its forward and
+        backward segments (the first layer of the first stage that holds one, backward with its
+        weight gradients and recomputation) and the bytes of the all-gather of its bf16
+        parameters and of the reduce-scatter of its gradients (whole buffers, as
+        :class:`ParamGather` and :class:`GradReady` carry them, without the embedding the first
+        layer adds)."""
+        first = next(layers for s in range(len(self.stage_layers))
+                     if (layers := self._stage_layers(s)))  # stage 0 may hold none
+        c = self._layer(first[0])
+        params = c._layer_params_tp
+        return (c._layer_forward("L"), c._layer_backward("L", weight_grad_deferred=False),
+                BF16 * params, self.grad_reduce_bytes * params)
+
+    def stage_expert_params(self, stage: int) -> float:
+        """Expert parameters of a stage on one GPU: its E/ep experts of each layer, split over
+        the expert TP degree."""
+        experts = sum(n * c.model.layer_expert_params() for c, n in self._runs(stage))
+        return experts / self._etp / self.ep
+
+    def stage_params(self, stage: int) -> float:
+        """Parameters of a stage held by one GPU (a TP rank; its own experts)."""
+        m, t = self.model, self.tp
+        dense = sum(k * (c.model.layer_params() - c.model.layer_expert_params())
+                    for c, k in self._runs(stage))
+        n = dense / t + self.stage_expert_params(stage)
+        if stage == 0:
+            n += m.embedding_params() / t
+        if stage == len(self.stage_layers) - 1:
+            n += m.head_params() / t
+            if self._last_stage_embedding:
+                n += m.vocab_size * m.hidden_size / t
+        return n
+
+    def grad_bytes(self, stage: int) -> float:
+        """Gradient bytes of a stage reduced across DP, :attr:`dp_wire_bytes` per element
+        (bf16 by default); with ep > 1 the experts' are reduced apart
+        (:meth:`expert_grad_bytes`)."""
+        experts = self.stage_expert_params(stage) if self._experts_apart else 0.0
+        return self.dp_wire_bytes * (self.stage_params(stage) - experts)
+
+    def expert_grad_bytes(self, stage: int) -> float:
+        """Expert gradient bytes of a stage, reduced over the expert-data-parallel group
+        (the GPUs holding the same expert shards, :attr:`_expert_shards`); 0 unless the
+        experts are apart."""
+        return BF16 * self.stage_expert_params(stage) if self._experts_apart else 0.0
+
+    def tied_grad_bytes(self) -> float:
+        """Bytes one GPU all-reduces for the tied embedding between the first and last
+        pipeline stage (its V x h / t gradient at :attr:`tied_grad_reduce_bytes` an
+        element); 0 for untied embeddings or one stage."""
+        m = self.model
+        if not m.tied_embeddings or len(self.stage_layers) == 1:
+            return 0.0
+        return self.tied_grad_reduce_bytes * m.vocab_size * m.hidden_size / self.tp
+
+    def bytes_per_param(self, shards: int | None = None) -> float:
+        """Model-state bytes per parameter, mixed-precision Adam under ZeRO (Rajbhandari 2020).
+
+        :func:`workloads.memory.model_state_bytes_per_param` over d = dp·cp replicas.
+        """
+        return model_state_bytes_per_param(self.zero_stage,
+                                           self._shards if shards is None else shards,
+                                           self.grad_buffer_bytes)
+
+    @property
+    def _unsharded_stages(self) -> bool:
+        """Whether the stages' parameters and gradients are held whole through the step
+        (:attr:`zero3_unsharded_under_pp`, with ZeRO-3 over several shards and PP)."""
+        return (self.zero3_unsharded_under_pp and self.zero_stage == 3 and self._shards > 1
+                and len(self.stage_layers) > 1)
+
+    def static_bytes(self, stages: tuple[int, ...]) -> float:
+        """Model state: ZeRO shards dense state over dp·cp and, with the experts apart, expert
+        state over the GPUs that hold the same expert shards (:attr:`_expert_shards`); with
+        :attr:`zero3_unsharded_under_pp`, the stages' whole parameters and gradients too."""
+        expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
+        dense = sum(self.stage_params(s) for s in stages) - expert
+        whole = ((BF16 + self.grad_reduce_bytes) * (dense + expert)
+                 if self._unsharded_stages else 0.0)
+        return (self.bytes_per_param() * dense
+                + self.bytes_per_param(self._expert_shards) * expert + whole)
+
+    def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
+        """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
+        fp32 master weight, m and v (12 B), and writes master, m, v and the bf16 weight
+        (14 B): 28 bytes (:attr:`optimizer_bytes`, a framework's own where its profile says).
+        """
+        expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
+        n = sum(self.stage_params(s) for s in stages) - expert
+        if self.zero_stage >= 1:
+            n = n / self._shards + expert / self._expert_shards
+        else:
+            n += expert
+        return ComputeSeg("optimizer", elementwise_bytes=self.optimizer_bytes * n)

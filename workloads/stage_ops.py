@@ -1,0 +1,249 @@
+"""A pipeline op of the transformer cost model: a stage's layers, its segments. Pure.
+
+Turns one pipeline op (F, B or W of a stage, or of one Seq1F1B sequence chunk) into the
+work its GPUs do, layer by layer, from the per-layer work of :mod:`workloads.transformer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from workloads.costs import (
+    BF16,
+    CommSeg,
+    ComputeSeg,
+    GradReady,
+    ParamGather,
+    Segment,
+    fuse_compute,
+)
+from workloads.kernels import scaled
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
+from workloads.seqchunks import WHOLE_WINDOW, bounds_of
+
+if TYPE_CHECKING:
+    from workloads.transformer import TransformerCosts
+
+
+class StageOps:
+    """A pipeline op's work under a :class:`~workloads.transformer.TransformerCosts` (a
+    mixin of it): a stage's layers and their runs of alike layers, which of them recompute,
+    an op's segments in execution order (with the DP markers the lowering turns into
+    collectives), the messages between stages, and Seq1F1B's sequence chunks."""
+
+    def _stage_layers(self, stage: int) -> range:
+        start = sum(self.stage_layers[:stage])
+        return range(start, start + self.stage_layers[stage])
+
+    def _recomputed(self, layer: int) -> bool:
+        """Whether ``recompute`` applies to transformer block ``layer``: it is among the first
+        :attr:`recompute_num_layers` of its stage (all of them when that is None), or it is
+        every :attr:`recompute_every_k_layers`-th layer of the model."""
+        if self.recompute_every_k_layers is not None:
+            return (layer + 1) % self.recompute_every_k_layers == 0
+        if self.recompute_num_layers is None:
+            return True
+        start = 0
+        for n in self.stage_layers:
+            if layer < start + n:
+                return layer - start < self.recompute_num_layers
+            start += n
+        return False
+
+    def _layer(self, layer: int) -> TransformerCosts:
+        """The costs of transformer block ``layer``: ``self`` unless the model's first layers
+        are dense (:meth:`workloads.models.ModelSpec.layer_spec`) or only some layers are
+        recomputed (:attr:`recompute_num_layers`; the block's costs then say whether it is)."""
+        c = self
+        if self.model.first_dense_layers:
+            c = replace(c, model=self.model.layer_spec(layer))
+        if self.recompute_num_layers is not None or self.recompute_every_k_layers is not None:
+            c = replace(c, recompute_num_layers=None, recompute_every_k_layers=None,
+                        recompute=self.recompute if self._recomputed(layer) else "none")
+        return c
+
+    def _runs(self, stage: int) -> list[tuple[TransformerCosts, int]]:
+        """A stage's layers as ``(costs, count)`` runs of alike layers (one for a uniform
+        model, and one of count 0 for a stage without layers, as ``ends-as-layers`` splits
+        allow), in stage order of their first layer."""
+        k = self.model.first_dense_layers
+        if (not k and self.recompute_num_layers is None and self.recompute_every_k_layers is None
+                or not self.stage_layers[stage]):  # uniform, or an end stage of no layer
+            return [(self, self.stage_layers[stage])]
+        first: dict[tuple[bool, bool], int] = {}
+        count: dict[tuple[bool, bool], int] = {}
+        for i in self._stage_layers(stage):
+            kind = (i < k, self._recomputed(i))
+            first.setdefault(kind, i)
+            count[kind] = count.get(kind, 0) + 1
+        return [(self._layer(first[kind]), count[kind]) for kind in first]
+
+    def stage_dense_layers(self, stage: int) -> int:
+        """How many of a stage's layers are a MoE model's dense first layers (0 for a uniform
+        model): with the stage's layer count, what its ops' work depends on (search caches)."""
+        k = self.model.first_dense_layers
+        return sum(1 for i in self._stage_layers(stage) if i < k) if k else 0
+
+    def op_segments(self, op: Op, split_backward: bool,
+                    markers: bool = False) -> tuple[Segment, ...]:
+        """The op's compute and TP collectives, in execution order, on one TP rank.
+
+        With ``markers`` the list also holds :class:`~workloads.costs.GradReady`
+        after each layer's weight gradients (and the head's, and the
+        embedding's at the end of stage 0's backward) and, under ZeRO-3,
+        :class:`~workloads.costs.ParamGather` before each layer's forward and
+        input-gradient compute (with :attr:`overlap_param_gather`, before each layer's
+        forward only: the lowering marks a stage's first forward of the step). The
+        lowering turns them into DP collectives;
+        without markers (the default) the list is the same work, fused.
+        A Seq1F1B sequence chunk (``op.seq >= 0``) costs its chunk's work (:meth:`seq_chunk`).
+        Worked out once per arguments and kept on the instance, like
+        :func:`workloads.kernels.per_instance` (a frozen cost model never changes; the
+        segments are immutable); an interned cost model
+        (:func:`workloads.transformer.interned`) keeps them for the next experiment with the
+        same costs (a sweep's, a search's, a repeated run).
+        """
+        memo = self.__dict__.setdefault("_memo_op_segments", {})
+        key = (op, split_backward, markers)
+        segs = memo.get(key)
+        if segs is None:
+            segs = memo[key] = self._op_segments(op, split_backward, markers)
+        return segs
+
+    def _partition_gathers(self, op: Op, last: bool) -> list[Segment]:
+        """The TP all-gathers of partitioned pipeline messages an op starts with
+        (:attr:`pp_partition_gathers`, t > 1): a forward after the first stage gathers its
+        input; a backward before the last stage gathers the received gradient and restores
+        its own output for autograd (b·s·h bf16 elements each, the whole tensor)."""
+        if not self.pp_partition_gathers or self.tp == 1:
+            return []
+        nbytes = BF16 * self._bsh
+        if op.kind == FORWARD and op.stage > 0:
+            return [CommSeg("pipe input all-gather", "tp", "all_gather", nbytes)]
+        if op.kind == BACKWARD and not last:
+            return [CommSeg("pipe output all-gather", "tp", "all_gather", nbytes),
+                    CommSeg("pipe grad all-gather", "tp", "all_gather", nbytes)]
+        return []
+
+    def _op_segments(self, op: Op, split_backward: bool, markers: bool
+                     ) -> tuple[Segment, ...]:
+        """:meth:`op_segments`, worked out."""
+        if op.seq >= 0 and self.seq_chunks > 1:
+            return self.seq_chunk(op.seq).op_segments(op, split_backward, markers)
+        last = op.stage == len(self.stage_layers) - 1
+        layers = self._stage_layers(op.stage)
+        gather = markers and (self.zero_stage == 3
+                              or (self.overlap_param_gather and op.kind == FORWARD))
+        segs: list[Segment] = self._partition_gathers(op, last)
+        if gather and self.zero_stage != 3 and op.stage > 0:
+            # overlap_param_gather beyond stage 0: one bucket, gathered whole before the op
+            segs.append(self._stage_gather(op.stage))
+            gather = False
+        if op.kind == FORWARD:
+            for layer in layers:
+                c = self._layer(layer)
+                if gather:
+                    segs.append(ParamGather(f"L{layer} params",
+                                            c._gather_bytes(op.stage, layer),
+                                            c._layer_expert_grad_bytes()))
+                segs += c._layer_forward(f"L{layer}")
+                segs += c._zero3_copies(f"L{layer}", backward=False)
+            if last:
+                if gather:
+                    segs.append(ParamGather("head params", self._head_gather_bytes()))
+                segs.append(self._head(backward=False))
+        elif op.kind == BACKWARD:
+            ready = markers and not split_backward
+            if last:
+                if gather:
+                    segs.append(ParamGather("head params", self._head_gather_bytes()))
+                segs.append(self._head(backward=True, weight_grad_deferred=split_backward))
+                if ready:
+                    segs.append(GradReady("head grads", self._head_grad_bytes(op.stage)))
+            for layer in reversed(layers):
+                c = self._layer(layer)
+                if gather:
+                    segs.append(ParamGather(f"L{layer} params", BF16 * c._layer_params_tp,
+                                            c._layer_expert_grad_bytes()))
+                segs += c._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
+                segs += c._zero3_copies(f"L{layer}", backward=True)
+                if ready:
+                    segs.append(GradReady(f"L{layer} grads",
+                                          c._layer_grad_bytes(op.stage, layer),
+                                          c._layer_expert_grad_bytes()))
+        elif markers:
+            segs += self._weight_grads_marked(op.stage, layers, last)
+        else:
+            for c, k in self._runs(op.stage):
+                attn, mlp = c._gemms()
+                segs += [scaled(attn, "weight grads", k), scaled(mlp, "weight grads", k)]
+            if last:
+                segs.append(scaled(self._head(backward=False), "weight grads", 1,
+                                    elementwise_bytes=0.0))
+        if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
+            segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
+                                   * self.stage_params(op.stage)))
+        if not segs:  # a first stage of the embedding alone: its lookup is not timed
+            segs.append(ComputeSeg(str(op)))
+            if markers and op.stage == 0 and op.kind == (WEIGHT_GRAD if split_backward
+                                                         else BACKWARD):
+                segs.append(GradReady("embedding grads", self.grad_reduce_bytes
+                                      * self.model.embedding_params() / self.tp))
+        return tuple(fuse_compute(segs, str(op)))
+
+    def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
+        """A zero-bubble W op layer by layer (head first, then the layers in backward order),
+        each followed by its :class:`~workloads.costs.GradReady`."""
+        segs: list[Segment] = []
+        if last:
+            segs += [scaled(self._head(backward=False), "weight grads", 1,
+                             elementwise_bytes=0.0),
+                     GradReady("head grads", self._head_grad_bytes(stage))]
+        for layer in reversed(layers):
+            c = self._layer(layer)
+            attn, mlp = c._gemms()
+            segs += [scaled(attn, "weight grads", 1), scaled(mlp, "weight grads", 1),
+                     GradReady(f"L{layer} grads", c._layer_grad_bytes(stage, layer),
+                               c._layer_expert_grad_bytes())]
+        return segs
+
+    def p2p_bytes(self) -> float:
+        """Activation (or its gradient) between stages, per TP rank.
+
+        Megatron's scatter/gather optimisation sends 1/t of it (Narayanan et al.
+        2021, sec. 4.1); with SP it is already split.
+        """
+        return BF16 * self._bsh / self.tp
+
+    # ------------------------------------------------------------- Seq1F1B sequence chunks
+    def seq_bounds(self) -> tuple[float, ...]:
+        """Boundaries ``0 = x_0 < ... < x_k = 1`` of the ``k`` sequence chunks, fractions of the
+        sequence, placed for equal FLOPs (:func:`workloads.seqchunks.bounds_of`)."""
+        return bounds_of(replace(self, seq_chunks=1, seq_window=WHOLE_WINDOW), self.seq_chunks)
+
+    def seq_chunk(self, c: int) -> TransformerCosts:
+        """The costs of sequence chunk ``c`` of every micro-batch (Sun et al. 2024, sec. 3).
+
+        Its tokens ``[x_c, x_{c+1})`` size the GEMMs (and the shapes the device model
+        sees), memory-bound kernels, TP/SP collectives, pipeline messages, stashed
+        activations (its keys and values among them) and working memory; its queries
+        attend to keys ``[0, x_{c+1})`` (:func:`workloads.seqchunks.window_attention_share`).
+        """
+        x = self.seq_bounds()
+        return replace(self, seq_chunks=1, seq_window=(x[c], x[c + 1]))
+
+    def seq_chunk_share(self, op: Op) -> float:
+        """Share of its stage's stashed activations per micro-batch that ``op``'s sequence
+        chunk stashes (the lowering allocates it at the chunk's forward and frees it at its
+        backward, which runs after every later chunk's: the key/value memory they keep)."""
+        if op.seq < 0 or self.seq_chunks == 1:
+            return 1.0
+        return (self.seq_chunk(op.seq).activation_bytes_per_mb(op.stage)
+                / self.activation_bytes_per_mb(op.stage))
+
+    def seq_p2p_bytes(self, op: Op) -> float:
+        """Pipeline message of ``op``'s sequence chunk (activation or gradient), per TP rank."""
+        if op.seq < 0 or self.seq_chunks == 1:
+            return self.p2p_bytes()
+        return self.seq_chunk(op.seq).p2p_bytes()
