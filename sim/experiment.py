@@ -25,6 +25,7 @@ from sim.config import (
 )
 from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
+from sim.gpu_profiles import ratios_for
 from sim.multimodal import attach_encoder
 from sim.partition import auto_layers, rank_time_model
 from sim.tpoverlap import check as check_tp_overlap
@@ -387,11 +388,19 @@ def check_attention_kernel(attention: str, cluster: Cluster) -> None:
 
 
 def fp8_speedup(cluster: Cluster) -> float:
-    """Dense FP8 over dense BF16 peak of the cluster's GPUs (the slowest ratio on a mixed
-    cluster; the ideal GPU counts as 2, the ratio of every FP8 GPU's datasheet)."""
-    ratios = [g.peak_fp8_flops / g.peak_bf16_flops for g in cluster.gpu_types
-              if g.name != IDEAL_GPU.name and g.peak_fp8_flops]
+    """FP8 over BF16 GEMM rate of the cluster's GPUs: dense FP8 over dense BF16 peak times
+    the FP8 GEMMs' fraction of peak over the BF16 GEMMs' (:attr:`KernelRatios.fp8_gemm
+    <sim.gpu_profiles.KernelRatios.fp8_gemm>`, 0.952 on Hopper). The slowest on a mixed
+    cluster; the ideal GPU counts as 2, the peak ratio of every FP8 GPU's datasheet."""
+    ratios = [g.peak_fp8_flops / g.peak_bf16_flops * _fp8_gemm_ratio(g.name)
+              for g in cluster.gpu_types if g.name != IDEAL_GPU.name and g.peak_fp8_flops]
     return min(ratios, default=2.0)
+
+
+def _fp8_gemm_ratio(gpu_name: str) -> float:
+    """A GPU preset's FP8 GEMM fraction of peak over its BF16 one (1 without ratios)."""
+    ratios = ratios_for(gpu_name)
+    return 1.0 if ratios is None else ratios.fp8_gemm
 
 
 def check_precision(precision: str, cluster: Cluster) -> None:

@@ -17,10 +17,12 @@ conservative rule, stated in :data:`INFERRED_RULE`, and :class:`KernelRatios` sa
 ratios were measured and which inferred.
 
 Sources: each number sits beside its source in the data files of :mod:`sim.profiles`, one
-per GPU generation. GEMM: Bekman's table of the maximum achievable BF16 matmul throughput
-(a fraction of the peak the table states, which for the MI300X is 1300 TFLOP/s against the
-datasheet's 1,307 in :mod:`topologies.hardware`; ``cdna3.toml``). FlashAttention-2: the best
-utilisation its authors report on each GPU (Dao 2023 on A100, Shah et al. 2024 on H100);
+per GPU generation. FP8 GEMMs: their fraction of the FP8 peak as a ratio to the BF16 GEMMs'
+fraction of the BF16 peak, from Transformer Engine's GEMM benchmark on the GH100 die
+(:attr:`KernelRatios.fp8_gemm`). GEMM: Bekman's table of the maximum achievable BF16 matmul
+throughput (a fraction of the peak the table states, which for the MI300X is 1300 TFLOP/s
+against the datasheet's 1,307 in :mod:`topologies.hardware`; ``cdna3.toml``). FlashAttention-2:
+the best utilisation its authors report on each GPU (Dao 2023 on A100, Shah et al. 2024 on H100);
 FlashAttention-3 on H100 as a multiple of FA2 (Shah et al. 2024).
 
 Checked against published whole runs on H100 (BF16 MFU, ``tests/test_gpu_profiles.py``):
@@ -86,6 +88,10 @@ class KernelRatios:
     """A multiplier on every GEMM's time fitted jointly on the validation corpus's runs on this
     GPU generation (``[<GPU>.corpus_fit]`` of its data file, :func:`sim.loso.fit_generation`);
     1 where none was fitted."""
+    fp8_gemm: float = 1.0
+    """FP8 GEMMs' fraction of the FP8 peak over BF16 GEMMs' fraction of the BF16 peak
+    (``[<GPU>.fp8_matmul]``, :func:`sim.experiment.fp8_speedup`); without a measurement the
+    H100's (:data:`INFERRED_RULE`)."""
 
 
 def _ratios(table: dict[str, Any], ratios: dict[str, KernelRatios]) -> KernelRatios:
@@ -94,21 +100,23 @@ def _ratios(table: dict[str, Any], ratios: dict[str, KernelRatios]) -> KernelRat
     ``same_as``: another GPU's ratios (the same die). A measured ``flash2`` (and ``flash3``):
     both flash ratios from it, FA1 taking FA2's. Without one, the flash ratios are the
     matmul ratio capped by the H100's (:data:`INFERRED_RULE`). Batched matmuls of non-flash
-    attention take the matmul ratio."""
+    attention take the matmul ratio. FP8 GEMMs: ``fp8_matmul``'s ratio, else the H100's."""
     tags = {"measured": tuple(table["measured"]), "inferred": tuple(table["inferred"]),
             "source": table["summary"]}
     if "same_as" in table:
         return replace(ratios[table["same_as"]], **tags)
     gemm = fraction(table["matmul"]) / A100_MATMUL_FRACTION
     fitted = table.get("corpus_fit", {}).get("gemm_time", 1.0)
+    fp8 = (table["fp8_matmul"]["over_bf16"] if "fp8_matmul" in table
+           else ratios["H100"].fp8_gemm)
     if "flash2" not in table:
         flash = min(gemm, ratios["H100"].flash2)
         return KernelRatios(gemm=gemm, flash2=flash, flash1=flash, bmm_attention=gemm,
-                            corpus_gemm_time=fitted, **tags)
+                            corpus_gemm_time=fitted, fp8_gemm=fp8, **tags)
     flash2 = table["flash2"]["fraction"] / A100_FLASH2_FRACTION
     flash3 = flash2 * table["flash3"]["over_flash2"] if "flash3" in table else None
     return KernelRatios(gemm=gemm, flash2=flash2, flash1=flash2, bmm_attention=gemm,
-                        flash3=flash3, corpus_gemm_time=fitted, **tags)
+                        flash3=flash3, corpus_gemm_time=fitted, fp8_gemm=fp8, **tags)
 
 
 def _all_ratios() -> dict[str, KernelRatios]:

@@ -333,13 +333,16 @@ def test_partial_recomputation_runs_on_an_end_stage_without_layers() -> None:
 
 
 # ------------------------------------------------------------------ precision
-def test_fp8_halves_the_layers_gemm_time_only() -> None:
-    """FP8 tensor cores run twice the dense BF16 rate on H100 (datasheet): the layers' GEMM
-    FLOPs reach the device model halved; attention cores and the output head do not move."""
+def test_fp8_speeds_up_the_layers_gemms_only() -> None:
+    """FP8 tensor cores have twice the dense BF16 peak on H100 (datasheet) and FP8 GEMMs reach
+    0.952 of BF16's fraction of it (Transformer Engine's benchmark, hopper.toml): the layers'
+    GEMM FLOPs reach the device model divided by 1.90; attention cores and the output head do
+    not move."""
     bf16, fp8 = (Experiment.from_dict(_run(precision=p)).costs for p in ("bf16", "fp8"))
     k = fp8.fp8_speedup
-    assert k == GPUS["H100"].peak_fp8_flops / GPUS["H100"].peak_bf16_flops == pytest.approx(2.0,
-                                                                                          rel=1e-3)
+    peaks = GPUS["H100"].peak_fp8_flops / GPUS["H100"].peak_bf16_flops
+    assert peaks == pytest.approx(2.0, rel=1e-3)
+    assert k == pytest.approx(peaks * 0.952) == pytest.approx(31.968 / 16.785, rel=1e-3)
     a16, m16 = bf16._gemms()
     a8, m8 = fp8._gemms()
     assert a8.flops == pytest.approx(a16.flops / k) and m8.flops == pytest.approx(m16.flops / k)

@@ -75,6 +75,25 @@ def test_later_generations_are_capped_by_the_h100() -> None:
     assert "earlier generation" in INFERRED_RULE
 
 
+def test_fp8_gemms_reach_the_measured_fraction_of_bf16s() -> None:
+    """Transformer Engine's GEMM benchmark on an H200 NVL (the H100's die), kernels only:
+    31.968 ms of BF16 GEMMs per layer against 16.785 ms in FP8, 1.90x of the peaks' 2x; the
+    H100's variants share it, and no later GPU is assumed to do better (INFERRED_RULE)."""
+    te = 31.968 / 16.785 / 2
+    for name in ("H100", "H200", "H100-PCIe", "H800", "H100-96GB"):
+        assert RATIOS[name].fp8_gemm == pytest.approx(te, abs=5e-4), name
+    assert "fp8_gemm" in RATIOS["H200"].measured and "fp8_gemm" in RATIOS["H100"].inferred
+    for name in ("B200", "GB200", "MI300X"):
+        assert RATIOS[name].fp8_gemm <= RATIOS["H100"].fp8_gemm
+        assert "fp8_gemm" in RATIOS[name].inferred
+    for preset, gpu in (("dgx-h100", "H100"), ("dgx-b200", "B200")):
+        run = {"model": {"preset": "llama3-8b", "seq_length": 2048, "num_layers": 2},
+               "cluster": {"preset": preset, "num_gpus": 8}, "parallel": {"dp": 8},
+               "training": {"micro_batch_size": 1, "global_batch_size": 8, "precision": "fp8"}}
+        assert Experiment.from_dict(run).costs.fp8_speedup == pytest.approx(
+            GPUS[gpu].peak_fp8_flops / GPUS[gpu].peak_bf16_flops * RATIOS[gpu].fp8_gemm)
+
+
 def test_every_gpu_states_what_is_measured() -> None:
     """Every GPU's matmul ratio is measured on it, or it is a variant of a measured die
     (``same_as``: the H100's PCIe, NVL, H800 and 96 GB parts) that says its ratios are
