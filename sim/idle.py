@@ -217,16 +217,16 @@ def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
     plus its own span in its part (``part``; a compute op's blocking communication,
     ``blocked``, first in that kind's part, the rest of its span in ``bubble``): one
     addition per part, as the loop makes it. So the rows are summed a level of the forest
-    at a time (breadth first from the roots: a few array operations per level, and the
-    chains are as long as the step's critical path, not as the program), in any order
-    within a level. None where ``cause`` is not a forest (the loop then decides)."""
+    at a time (:func:`_levels`: a few array operations per level, and the chains are as
+    long as the step's critical path, not as the program), in any order within a level.
+    None where ``cause`` is not a forest (the loop then decides)."""
     n = len(cause)
     parent = np.frombuffer(cause, dtype=np.int64)
     up = np.where(parent < 0, n, parent).astype(np.int32)  # n: the zero row before a root
-    # the children grouped by parent (the roots, under n, last) and where each parent's begin
-    first = np.zeros(n + 2, dtype=np.int32)
-    np.cumsum(np.bincount(up, minlength=n + 1), out=first[1:])
-    kids = np.argsort(up, kind="stable").astype(np.int32)
+    levels = _levels(up)
+    if levels is None:
+        return None
+    order, bounds = levels
     begin_of = np.frombuffer(start, dtype=float)
     end_of = (np.frombuffer(end_s, dtype=float) if isinstance(end_s, array)
               else np.asarray(end_s, dtype=float))
@@ -246,10 +246,10 @@ def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
     if blocked:
         at_part = column[at_part]
     cum = np.zeros((n + 1, len(used)))
-    level = kids[first[n]:first[n + 1]]
-    seen = 0
-    while len(level):
-        seen += len(level)
+    lo = 0
+    for hi in bounds:
+        level = order[lo:hi]
+        lo = hi
         rows = cum[up[level]]
         at = np.arange(len(level))
         span = end_of[level] - begin_of[level]
@@ -261,13 +261,7 @@ def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
                 span[mine] -= cut
         rows[at, own[level]] += span
         cum[level] = rows
-        begin, end = first[level], first[level + 1]
-        count = end - begin
-        total = int(count.sum())
-        if not total:
-            break
-        level = kids[np.repeat(begin - (np.cumsum(count) - count), count) + np.arange(total)]
-    return (cum, used) if seen == n else None
+    return cum, used
 
 
 def _fill_chain(i: int, instrs: Sequence[object], start: Sequence[float],
@@ -629,7 +623,10 @@ def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:
         return out.T
     up = np.asarray(cause, dtype=np.intp)
     up = np.where(up < 0, n, up)  # a root's cause: the zero row
-    order, bounds = _levels(up)
+    levels = _levels(up)
+    if levels is None:
+        raise ValueError("the chains' causes form a cycle")
+    order, bounds = levels
     values = np.stack(owns, axis=1)
     lo = 0
     for hi in bounds:
@@ -639,19 +636,24 @@ def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:
     return out.T
 
 
-def _levels(up: np.ndarray) -> tuple[np.ndarray, list[int]]:
+def _levels(up: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
     """The nodes of a forest (``up[i]``: the parent of node ``i``, ``len(up)`` for a root)
-    grouped by depth: their order (by depth, stable) and where each depth's group ends.
-    The depths by pointer jumping (each step doubles how far a node's pointer reaches and
-    adds the hops it skips: exact on integers, ~log2(depth) steps on arrays)."""
+    grouped by depth: their order (by depth, stable) and where each depth's group ends;
+    None where ``up`` has a cycle. The depths by pointer jumping (each step doubles how far
+    a node's pointer reaches and adds the hops it skips: exact on integers, ~log2(depth)
+    steps on arrays; 32-bit where the nodes allow, as full runs have millions)."""
     n = len(up)
-    jump = np.append(up, n)
-    depth = np.append(up < n, False).astype(np.intp)  # hops to jump[i]
+    kind = np.int32 if n < np.iinfo(np.int32).max else np.intp
+    jump = np.append(up, n).astype(kind)
+    depth = np.append(up < n, False).astype(kind)  # hops to jump[i]
     for _ in range(n.bit_length()):  # a depth below n needs fewer steps than its bits
         if not (jump < n).any():
             break
         depth += depth[jump]
         jump = jump[jump]
+    if (jump < n).any():  # a pointer that never reaches a root: a cycle
+        return None
+    del jump
     depth = depth[:n]
     small = int(depth.max()) <= np.iinfo(np.uint16).max  # a radix sort on small keys
     order = np.argsort(depth.astype(np.uint16) if small else depth, kind="stable")

@@ -215,3 +215,18 @@ def test_chain_rows_equal_the_cumulative_loop(fidelity: str) -> None:
     others = [p for p in range(idle_module._WIDTH) if p not in used]
     assert not loop[:, others].any()
     assert matrix[:, used.index(idle_module._BUBBLE)].max() > 0
+
+
+def test_levels_group_a_forest_by_depth_and_refuse_a_cycle() -> None:
+    """:func:`sim.idle._levels`, the one level order both chain-sum fast paths use: every
+    node after its parent, grouped by depth (roots first, each group in id order), and None
+    where the parents form a cycle (the callers then keep the loop or refuse)."""
+    import numpy as np
+
+    import sim.idle as idle_module
+
+    # 0 and 3 roots (parent 6 = len); 1 <- 0, 2 <- 1, 4 <- 3, 5 <- 1
+    order, bounds = idle_module._levels(np.array([6, 0, 1, 6, 3, 1]))
+    assert order.tolist() == [0, 3, 1, 4, 2, 5]
+    assert bounds == [2, 4, 6]
+    assert idle_module._levels(np.array([1, 2, 0, 4])) is None  # 0 -> 1 -> 2 -> 0
