@@ -258,9 +258,7 @@ def tree_pipeline(cluster: Cluster, order: Sequence[int],
 def nics_per_host(cluster: Cluster, host: int) -> int | None:
     """NICs of server ``host`` (NVLSTree's heads, :func:`sim.nvls.heads`), None if it has
     none in the graph."""
-    count = sum(1 for _, d in cluster.graph.nodes(data=True)
-                if d.get("kind") == "nic" and d.get("host") == host)
-    return count or None
+    return len(cluster.nics_of(host)) or None
 
 
 Line = tuple[float, float]

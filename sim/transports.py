@@ -31,13 +31,7 @@ def _data() -> dict:
 def transport_of(cluster: Cluster, hosts: set[int] | frozenset[int]) -> str | None:
     """The transport of the NICs of servers ``hosts`` if they all share one named
     transport, else None (InfiniBand or RoCE, or a mix)."""
-    key = ("nic transports",)
-    of_host = cluster.memo.get(key)
-    if of_host is None:
-        of_host = cluster.memo[key] = {
-            d.get("host"): d.get(TRANSPORT_ATTR)
-            for _, d in cluster.graph.nodes(data=True) if d.get("kind") == "nic"}
-    names = {of_host.get(h) for h in hosts}  # type: ignore[union-attr]
+    names = {d.get(TRANSPORT_ATTR) for h in hosts for d in cluster.nics_of(h) or ({},)}
     return names.pop() if len(names) == 1 else None
 
 

@@ -222,6 +222,8 @@ def test_servers_with_fewer_nics_share_them(nics: int) -> None:
     g = server_graph("dgx-a100-80g", 16, nics_per_node=nics)
     assert kinds(g) == {"gpu": 16, "nvswitch": 2, "nic": 2 * nics, "pcie": 16, "switch": 1}
     c = server_cluster("dgx-a100-80g", 16, nics_per_node=nics)
+    assert [len(c.nics_of(h)) for h in (0, 1, 2)] == [nics, nics, 0]
+    assert {d["host"] for h in (0, 1) for d in c.nics_of(h)} == {0, 1}
     for src, dst in ((0, 7), (3, 4)):
         assert [c.link_name(i) for i in c.route(src, dst).links] == [
             f"gpu{src}->host0/nvswitch", f"host0/nvswitch->gpu{dst}"]

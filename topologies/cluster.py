@@ -348,6 +348,7 @@ class Cluster:
         """When a list, every :meth:`route` call appends its ``(src, dst)`` (cached or not):
         :mod:`sim.commtime` uses it to learn which routes a timing consulted."""
         self._host_classes: tuple[int, ...] | None | bool = False
+        self._nics: dict[int, tuple[Mapping[str, object], ...]] | None = None
         self.memo: dict[object, object] = {}
         """Derived values that layers above keep per cluster (:func:`sim.collectives.
         plan_cost` shares estimates between twin groups here); a changed cluster (failed
@@ -395,6 +396,17 @@ class Cluster:
             if self.graph.nodes[v].get("kind") == "nvswitch":
                 return v
         return None
+
+    def nics_of(self, host: int) -> tuple[Mapping[str, object], ...]:
+        """The attributes of server ``host``'s scale-out NICs (nodes of kind ``nic``), in
+        graph order; () for a server without any. One pass over the graph per cluster."""
+        if self._nics is None:
+            table: dict[int, list[Mapping[str, object]]] = {}
+            for _, d in self.graph.nodes(data=True):
+                if d.get("kind") == "nic":
+                    table.setdefault(d.get("host"), []).append(d)
+            self._nics = {h: tuple(nics) for h, nics in table.items()}
+        return self._nics.get(host, ())
 
     def nvls_capable(self, node: str) -> bool:
         """Whether ``node`` is an NVSwitch that reduces in-network (NVLink SHARP)."""
