@@ -115,5 +115,13 @@ def tp_groups(placement: Placement, r: int) -> tuple[tuple[int, ...], ...]:
                  for c, d in replica_coords(placement))
 
 
+@lru_cache(maxsize=GROUP_CACHE)
+def cp_groups(placement: Placement, r: int) -> tuple[tuple[int, ...], ...]:
+    """Every CP group of pipeline rank ``r`` (one per (tp, dp) lane), in the order the GPUs
+    of :func:`tp_groups` first meet them."""
+    return tuple(dict.fromkeys(placement.group("cp", x)
+                               for group in tp_groups(placement, r) for x in group))
+
+
 ALL_TO_ALL_ALGO = "pairwise"
 """MoE all-to-alls: the one all-to-all algorithm (NCCL's pairwise exchange)."""

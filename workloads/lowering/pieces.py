@@ -25,6 +25,7 @@ from workloads.lowering.grads import grad_op
 from workloads.lowering.groups import (
     ALL_TO_ALL_ALGO,
     Groups,
+    cp_groups,
     dp_groups,
     ep_groups,
     etp_groups,
@@ -188,9 +189,7 @@ class PieceLowering:
         self.reduced: set[int] = set()
         """Stages whose gradients were reduced during their ops (none left for the step end)."""
         self.cp_group: dict[int, tuple[int, ...]] = {}
-        """All-gather CP: each GPU's CP group (:meth:`_cp_group`)."""
-        self.cp_groups: dict[int, tuple[tuple[int, ...], ...]] = {}
-        """All-gather CP: each pipeline rank's CP groups (:meth:`_cp_groups`)."""
+        """All-gather CP: each GPU's CP group (``placement.group("cp", g)``, kept)."""
         cp = placement.degree("cp")
         self.ring_next = {g: placement.gpu(**{**placement.coords(g),
                                               "cp": (placement.coords(g)["cp"] + 1) % cp})
@@ -452,18 +451,8 @@ class PieceLowering:
         """The CP group of GPU ``g``, in CP order (worked out once per GPU)."""
         group = self.cp_group.get(g)
         if group is None:
-            coords = self.placement.coords(g)
-            group = self.cp_group[g] = tuple(self.placement.gpu(**{**coords, "cp": c})
-                                             for c in range(self.placement.degree("cp")))
+            group = self.cp_group[g] = self.placement.group("cp", g)
         return group
-
-    def _cp_groups(self, r: int) -> tuple[tuple[int, ...], ...]:
-        """The CP groups of pipeline rank ``r`` (worked out once per rank)."""
-        groups = self.cp_groups.get(r)
-        if groups is None:
-            groups = self.cp_groups[r] = tuple(dict.fromkeys(
-                self._cp_group(x) for group in tp_groups(self.placement, r) for x in group))
-        return groups
 
     def _cp_collective_full(self, op: Op, ring: RingAttention, cur: dict[int, tuple[int, ...]],
                             name: str, kind_op: str) -> dict[int, tuple[int, ...]]:
@@ -578,7 +567,7 @@ class PieceLowering:
         """All-gather CP on the representative GPU: the gather, the blocks, in the backward
         the reduce-scatter (:meth:`_ring_collapsed`)."""
         assert self.collapse is not None
-        groups = self._cp_groups(r)
+        groups = cp_groups(self.placement, r)
         block_s = self.collapse.on(g).compute_s(ring.block)
         blk = ring.block
         times = {kind_op: self.collapse.collective_s(kind_op, groups, ring.nbytes)
