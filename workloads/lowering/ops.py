@@ -89,7 +89,6 @@ class OpLoop:
         """Lower ``order`` (the lowering order; ``index``: each op's position in it)."""
         schedule, owner = self.schedule, self.schedule.stage_rank
         groups_of = schedule.groups if order else {}
-        piecewise, every_op, final_ops = self.piecewise, self.every_op, self.final_ops
         if self.collapse is not None:
             self.cuts = self._stream_cuts(order, index)
         for k, op in enumerate(order):
@@ -105,8 +104,7 @@ class OpLoop:
             sends = (pipeline_sends(schedule, group, r, index, self.collapse, self.placement,
                                     self.send_s, p2p, self.feature_p2p)
                      if op == group[-1] else [])
-            if piecewise is not None and (every_op or op in final_ops or op in self.gathering
-                                          or self._reduces(op)):
+            if self._piecewise(op):
                 self._pieces(k, op, r, local, facts, sends)
             elif self.collapse is not None:
                 self._folded(k, op, generic, r, local, facts, sends)
@@ -124,8 +122,7 @@ class OpLoop:
             r = owner[op.stage]
             generic = Op(op.stage, op.kind, 0, op.seq)
             marked = None
-            if piecewise is not None and (self.every_op or op in self.final_ops
-                                          or op in self.gathering or self._reduces(op)):
+            if self._piecewise(op):
                 marked = self._marked(op)
             use = uses.get((generic, marked))
             if use is None:
@@ -143,6 +140,11 @@ class OpLoop:
                           if owner[dep.stage] == r), default=-1)
             rows.append((k, r, use, latest))
         return stream_cuts(rows)
+
+    def _piecewise(self, op: Op) -> bool:
+        """Whether ``op`` is lowered piece by piece (:attr:`piecewise`, which says which)."""
+        return self.piecewise is not None and (
+            self.every_op or op in self.final_ops or op in self.gathering or self._reduces(op))
 
     def _reduces(self, op: Op) -> bool:
         """Whether ``op`` reduce-scatters the gradients it completes itself: a backward (B or
