@@ -152,6 +152,27 @@ ran flagged at an OOM accuracy of at least 95%, then the accuracy) after ``scali
 stash was read from its source (``swiglu_stash_bytes`` 8, eager ``silu(x) * gate``, not the
 fused kernel's 6): 0.24, 96.4%, 4 runs that ran flagged (the 13B PP1 pair and two 65B TP8
 runs), 31 that failed passed, 7 best-layout hits.
+
+The four, term by term (2026-12-05; static state, peak dynamic memory before the overhead, and
+1 GiB reserved, against 79.3 GiB): rows 0 and 1 (13B, TP1 PP1 DP32, micro-batch 1) hold 57.0
+GiB of ZeRO-1 state (14.0B parameters x (2 + 2 + 12/32) bytes; the MFU column gives the same
+N) and 18.6 GiB dynamic (40 layers x 0.367 GiB with scaling's eager SwiGLU, 1.5 GiB of bf16
+logits and fp32 log-probabilities, 2.4 GiB of loss backward and the buffered previous logits):
+76.6 GiB, so any overhead above 14.3% flags them; rows 846 and 851 (65B, TP8 PP4 DP2 and TP8
+PP8 DP1, micro-batch 4, no SP) hold 20.1 and 17.0 GiB of state and 59.2 dynamic (4 and 8
+micro-batches in flight on the first stage x 20 and 10 layers x 0.73 GiB, 68% of it the
+norm and GEMM inputs that TP without SP keeps whole): 80.2 GiB with no overhead at all, and
+77.2. The grid: 0.14 (the most that passes the 13B pair) gives 94.0% with 56 failed runs
+passed; 95% needs at least 0.20, which flags the pair; no single overhead does both. Neither
+scaling's source nor PyTorch's allocator gives another figure: scaling's 1F1B
+(pipeline_schedule/train.py, DeepSpeed's TrainSchedule step mapping) keeps p - r micro-batches
+in flight, as modelled, and its buffers and ZeRO-1 state are counted as read; the caching
+allocator's retry (release_cached_blocks, then cudaMalloc again, before raising) returns only
+wholly free segments, which the fitted overhead already stands for, and retries would show as
+slower steps, while rows 846 and 851 are 10-13% faster than predicted. Those two contradict
+the sheets' own out-of-memory records (docs/REFERENCES.md, "The validation data": the same
+layouts at a larger DP ran out of memory on 128 GPUs) and their step times fit sequence
+parallelism; they are kept as published.
 """
 
 from __future__ import annotations
