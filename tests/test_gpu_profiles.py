@@ -165,6 +165,44 @@ def test_flash3_outside_hopper_is_a_config_error_and_cp_accepts_it() -> None:
     assert api.simulate(exp).stats["step_time_s"] > 0
 
 
+CUDNN_OVER_FA2_H100 = (1 + 2.5) / (1 / 484 + 2.5 / 465) / ((1 + 2.5) / (1 / 298 + 2.5 / 291))
+"""cuDNN's fused attention over FlashAttention-2 on H100 at head dimension 128, sequence 2k:
+a causal forward (484 vs 298 TFLOP/s) and its backward (2.5 times its FLOPs, 465 vs 291),
+Shah et al. 2024 (FlashAttention-3), figs. 5 and 6."""
+
+
+def test_cudnn_attention_is_the_papers_speedup_on_h100_and_fa2_elsewhere() -> None:
+    """Transformer Engine runs cuDNN's fused attention on Hopper and flash-attn elsewhere: the
+    ``cudnn`` kind is 1.6x FA2 on the H100 (and its die's variants), FA2 where no measurement
+    of it exists (A100, Blackwell, MI300X)."""
+    assert CUDNN_OVER_FA2_H100 == pytest.approx(1.6, abs=0.01)
+    for gpu in ("H100", "H200", "H800", "H100-96GB"):
+        p = default_profile(gpu)
+        assert p.cudnn_efficiency == pytest.approx(p.flash2_efficiency * 1.6, rel=1e-12)
+        assert p.attention_efficiency("cudnn") == p.cudnn_efficiency
+        assert ("cudnn" in ratios_for(gpu).measured) == (gpu == "H100")
+        assert p.flash2_efficiency < p.attention_efficiency("cudnn") < 1.0
+    for gpu in ("A100-80GB", "B200", "MI300X"):
+        p = default_profile(gpu)
+        assert p.cudnn_efficiency is None
+        assert p.attention_efficiency("cudnn") == p.attention_efficiency("flash2")
+
+
+def test_cudnn_changes_only_the_attention_cores_time() -> None:
+    """The same work and memory as FA2 (a tiled flash kernel: FLASH_KERNELS), faster on H100
+    by the measured ratio only; on A100 the same step."""
+    from workloads.seqchunks import FLASH_KERNELS
+
+    assert "cudnn" in FLASH_KERNELS
+    runs = {k: api.simulate(Experiment.from_dict(_flash_run(k))) for k in ("flash2", "cudnn")}
+    assert (runs["cudnn"].stats["peak_memory_gib"]
+            == pytest.approx(runs["flash2"].stats["peak_memory_gib"], rel=1e-12))
+    assert runs["cudnn"].stats["step_time_s"] < runs["flash2"].stats["step_time_s"]
+    a100 = {k: api.simulate(Experiment.from_dict(_flash_run(k, "dgx-a100-80g"))).stats
+            for k in ("flash2", "cudnn")}
+    assert a100["cudnn"] == a100["flash2"]
+
+
 # ---------------------------------------------------------------- whole runs on H100, BF16
 def llama3_405b(gpus: int) -> dict:
     """Llama 3 405B pre-training (Dubey et al. 2024, sec. 3.3.2 and table 4): TP8, PP16, DP the
