@@ -203,6 +203,21 @@ def test_cudnn_changes_only_the_attention_cores_time() -> None:
     assert a100["cudnn"] == a100["flash2"]
 
 
+def test_megatron_h100_rows_run_te_fused_attention() -> None:
+    """The corpus's Megatron-Core, NeMo and Megatron-Bridge rows run Transformer Engine's
+    DotProductAttention, which selects cuDNN's fused attention on Hopper; the llm-foundry,
+    torchtitan and Llama 3 rows do not run TE attention and keep their own kernels."""
+    from sim.corpus import CORPUS_DIR, load_source
+
+    def kinds(name: str) -> set[str]:
+        return {r.get("attention") for r in load_source(CORPUS_DIR / f"{name}.csv").rows}
+
+    for name in ("megatron_core_h100_weak", "nemo2412_fp8", "megatron_bridge_perf"):
+        assert kinds(name) == {"cudnn"}, name
+    assert kinds("torchtitan_llama31") == {"flash2"}
+    assert "cudnn" not in kinds("llmfoundry_mpt") | kinds("dubey2024_llama3_405b")
+
+
 # ---------------------------------------------------------------- whole runs on H100, BF16
 def llama3_405b(gpus: int) -> dict:
     """Llama 3 405B pre-training (Dubey et al. 2024, sec. 3.3.2 and table 4): TP8, PP16, DP the
