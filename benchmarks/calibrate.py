@@ -67,7 +67,7 @@ def from_x(x: np.ndarray, base: DeviceProfile, source: str) -> DeviceProfile:
         bmm_attention_efficiency=1 / x[5], elementwise_efficiency=1 / x[6], source=source)
 
 
-ATTENTION_COLUMNS = {"1/flash2": ("flash2",), "1/flash1": ("flash1", "flash-triton"),
+ATTENTION_COLUMNS = {"1/flash2": ("flash2", "cudnn"), "1/flash1": ("flash1", "flash-triton"),
                      "1/bmm": ("fused", "unfused")}
 """The attention kernels whose time each attention efficiency sets (sim.device)."""
 

@@ -381,11 +381,13 @@ class TrainingConfig(Strict):
     selective-op (torchtitan's op-level selective checkpointing: the attention output and
     every other matmul's output kept, the rest recomputed) or full (each layer's forward
     rerun in its backward)."""
-    attention: Literal["flash2", "flash1", "flash3", "flash-triton", "fused",
+    attention: Literal["flash2", "flash1", "flash3", "flash-triton", "cudnn", "fused",
                        "unfused"] = "flash2"
     """Attention kernel: FlashAttention-2/-1/-3 (3 on Hopper GPUs only), flash-triton
     (FlashAttention in Triton, MPT's ``attn_impl: triton``: timed as FlashAttention-1,
-    :meth:`sim.device.DeviceProfile.attention_efficiency`), fused or unfused."""
+    :meth:`sim.device.DeviceProfile.attention_efficiency`), cudnn (cuDNN's fused flash
+    attention, Transformer Engine's DotProductAttention on Hopper; timed as FlashAttention-2
+    on GPUs without a measurement of it, where TE runs flash-attn), fused or unfused."""
     fused_norm: bool = True
     """Fused normalisation kernels (one memory pass instead of several)."""
     vocab_parallel_loss: bool | None = None

@@ -307,6 +307,8 @@ def scaled_profile(profile: DeviceProfile, scales: TimeScales) -> DeviceProfile:
         flash1_efficiency=profile.flash1_efficiency / b,
         flash3_efficiency=(None if profile.flash3_efficiency is None
                            else profile.flash3_efficiency / b),
+        cudnn_efficiency=(None if profile.cudnn_efficiency is None
+                          else profile.cudnn_efficiency / b),
         bmm_attention_efficiency=profile.bmm_attention_efficiency / b)
 
 

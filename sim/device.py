@@ -55,6 +55,11 @@ class DeviceProfile:
     flash3_efficiency: float | None = None
     """FlashAttention-3 (Shah et al. 2024), which needs Hopper's asynchronous tensor cores
     and TMA: None on every GPU it does not run on (:mod:`sim.gpu_profiles`)."""
+    cudnn_efficiency: float | None = None
+    """cuDNN's fused flash attention, the kernel Transformer Engine's DotProductAttention
+    selects on Hopper (Megatron-Core, NeMo): None where it has no measurement of its own,
+    and the kind is then timed as FlashAttention-2 (what TE runs on Ampere,
+    :mod:`sim.gpu_profiles`)."""
     bmm_attention_efficiency: float = 0.50
     """Batched matmuls of non-flash (``fused``/``unfused``) attention."""
     hbm_efficiency: float = 0.85
@@ -93,6 +98,9 @@ class DeviceProfile:
             # FlashAttention-2 about 2x faster than both FlashAttention and its Triton version in
             # the backward pass (1.3-1.5x vs about 2x in the forward): FlashAttention-1's class
             return self.flash1_efficiency
+        if kernel == "cudnn":
+            return (self.flash2_efficiency if self.cudnn_efficiency is None
+                    else self.cudnn_efficiency)
         if kernel == "flash3":
             if self.flash3_efficiency is None:
                 raise ConfigError("training.attention='flash3': FlashAttention-3 runs on Hopper "

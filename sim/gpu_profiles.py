@@ -23,7 +23,8 @@ fraction of the BF16 peak, from Transformer Engine's GEMM benchmark on the GH100
 throughput (a fraction of the peak the table states, which for the MI300X is 1300 TFLOP/s
 against the datasheet's 1,307 in :mod:`topologies.hardware`; ``cdna3.toml``). FlashAttention-2:
 the best utilisation its authors report on each GPU (Dao 2023 on A100, Shah et al. 2024 on H100);
-FlashAttention-3 on H100 as a multiple of FA2 (Shah et al. 2024).
+FlashAttention-3 and cuDNN's fused attention (what Transformer Engine runs on Hopper) on H100
+as multiples of FA2 (Shah et al. 2024).
 
 Checked against published whole runs on H100 (BF16 MFU, ``tests/test_gpu_profiles.py``):
 Llama 3 405B (Dubey et al. 2024, table 4; TP8 PP16, sequence 8192, interleaved with two
@@ -84,6 +85,10 @@ class KernelRatios:
     flash3: float | None = None
     """η_flash3(X) / η_flash2(A100) (there is no FA3 on A100, so it is scaled from the A100
     fit's FA2); None where FlashAttention-3 does not run (it needs Hopper: H100, H200)."""
+    cudnn: float | None = None
+    """η_cudnn(X) / η_flash2(A100): cuDNN's fused attention, which Transformer Engine runs on
+    Hopper; None where not measured (the kind is then timed as FlashAttention-2, which TE
+    selects on other GPUs: :attr:`sim.device.DeviceProfile.cudnn_efficiency`)."""
     corpus_gemm_time: float = 1.0
     """A multiplier on every GEMM's time fitted jointly on the validation corpus's runs on this
     GPU generation (``[<GPU>.corpus_fit]`` of its data file, :func:`sim.loso.fit_generation`);
@@ -115,8 +120,10 @@ def _ratios(table: dict[str, Any], ratios: dict[str, KernelRatios]) -> KernelRat
                             corpus_gemm_time=fitted, fp8_gemm=fp8, **tags)
     flash2 = table["flash2"]["fraction"] / A100_FLASH2_FRACTION
     flash3 = flash2 * table["flash3"]["over_flash2"] if "flash3" in table else None
+    cudnn = flash2 * table["cudnn"]["over_flash2"] if "cudnn" in table else None
     return KernelRatios(gemm=gemm, flash2=flash2, flash1=flash2, bmm_attention=gemm,
-                        flash3=flash3, corpus_gemm_time=fitted, fp8_gemm=fp8, **tags)
+                        flash3=flash3, cudnn=cudnn, corpus_gemm_time=fitted, fp8_gemm=fp8,
+                        **tags)
 
 
 def _all_ratios() -> dict[str, KernelRatios]:
@@ -160,6 +167,8 @@ def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> 
         bmm_attention_efficiency=base.bmm_attention_efficiency * ratios.bmm_attention,
         flash3_efficiency=(None if ratios.flash3 is None
                            else base.flash2_efficiency * ratios.flash3),
+        cudnn_efficiency=(None if ratios.cudnn is None
+                          else base.flash2_efficiency * ratios.cudnn),
         source=(f"{gpu_name}: A100 fit x published ratios (sim.gpu_profiles); measured on "
                 f"{gpu_name}: {', '.join(ratios.measured)}; inferred: "
                 f"{', '.join(ratios.inferred)}. {ratios.source}. "

@@ -8,7 +8,7 @@ predict the held-out one.
 What is refitted, and how, kept cheap enough for ``sim validate`` (same method as
 ``benchmarks/calibrate.py``, fewer columns): two time scales (:data:`sim.corpus.TimeScales`),
 a on every GEMM's time (1/η_gemm, the shape curve kept) and b on every attention kernel's
-(1/η of FlashAttention 1-3 and the batched-matmul attention), applied to every GPU's
+(1/η of FlashAttention 1-3, cuDNN's and the batched-matmul attention), applied to every GPU's
 shipped profile alike (the other GPUs' profiles are the A100 fit carried over by published
 ratios, :mod:`sim.gpu_profiles`, so a refit of the A100 constants moves them all). A run's
 step time is linear in a and b while its critical path holds, so T(a, b) = T₀ + A·(a − 1,

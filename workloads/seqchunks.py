@@ -81,10 +81,11 @@ class ChunkedCosts(Protocol):
                     markers: bool = False) -> tuple[Segment, ...]: ...
 
 
-FLASH_KERNELS = ("flash1", "flash2", "flash3", "flash-triton")
+FLASH_KERNELS = ("flash1", "flash2", "flash3", "flash-triton", "cudnn")
 """The FlashAttention kernels (Dao et al. 2022; Dao 2023; Shah et al. 2024; flash-triton, Tri
-Dao's Triton version of FlashAttention, flash_attn/flash_attn_triton.py): tiled, no score
-matrix in memory, masked blocks skipped under a causal mask."""
+Dao's Triton version of FlashAttention, flash_attn/flash_attn_triton.py; cudnn, cuDNN's fused
+flash attention behind Transformer Engine): tiled, no score matrix in memory, masked blocks
+skipped under a causal mask."""
 
 
 def causal_kernel(attention: str) -> bool:

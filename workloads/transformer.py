@@ -55,8 +55,9 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     (torchtitan's op-level checkpointing: every other matmul recomputed,
     :meth:`_op_checkpoint_shares`) or ``full`` (whole layer)."""
     attention: str = "flash2"
-    """``flash2``, ``flash1``, ``flash3`` (Hopper only), ``flash-triton`` (the flash kernels skip
-    the causal mask's half of the score matrix and never store it), ``fused`` or ``unfused``."""
+    """``flash2``, ``flash1``, ``flash3`` (Hopper only), ``flash-triton``, ``cudnn`` (the flash
+    kernels skip the causal mask's half of the score matrix and never store it), ``fused`` or
+    ``unfused``."""
     fused_norm: bool = True
     w_retained_fraction: float = 0.5
     """Share of a micro-batch's activations held from its B until its W (zero-bubble)."""
