@@ -81,8 +81,9 @@ def part_times(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float]
     """The GPU time of each of :data:`PARTS` in one MoE layer of ``costs``, forward and
     backward: attention, the compute outside the expert body (recomputation included); shared
     experts, their GEMMs (three times their forward in the two passes: the input and weight
-    gradients); routed experts, the expert body less the shared experts, with the EP
-    all-to-alls (``comm_s``: their time as the lowering runs them)."""
+    gradients; and their rerun under ``recompute_modules`` shared_experts); routed experts,
+    the expert body less the shared experts, with the EP all-to-alls (``comm_s``: their time
+    as the lowering runs them)."""
     m = costs.model.layer_spec(costs.model.first_dense_layers)
     layer = replace(costs, model=m)
     moe = m.moe
@@ -93,7 +94,9 @@ def part_times(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float]
         attn = experts = 0.0
         for seg in segs:
             if isinstance(seg, ComputeSeg):
-                if _is_expert(seg):
+                if seg.label.endswith(" shared experts"):  # recomputed (shared_experts)
+                    shared += compute_s(seg)
+                elif _is_expert(seg):
                     experts += compute_s(seg)
                 else:
                     attn += compute_s(seg)
