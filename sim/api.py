@@ -31,6 +31,7 @@ from sim.faults import (
     straggler_slowdowns,
 )
 from sim.fsdpoverlap import lowering_costs as fsdp_lowering_costs
+from sim.hostwait import lowering_costs as host_lowering_costs
 from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
@@ -336,6 +337,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                             compute_s_of=None if timers is None else timers.__getitem__)
     costs = lowering_costs(exp, base_time, timer)  # one GPU type (checked by the experiment)
     costs = a2a_lowering_costs(exp, costs, base_time)
+    costs = host_lowering_costs(exp, costs, base_time)
     costs = fsdp_lowering_costs(exp, costs, base_time, timer)
     program = lower(exp.schedule, costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference, servers)

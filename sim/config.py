@@ -422,6 +422,15 @@ class TrainingConfig(Strict):
     fitted fragmentation) or expandable-segments (``PYTORCH_CUDA_ALLOC_CONF=
     expandable_segments:True``: 10%). Default: the framework's (and its own figure, where its
     profile sets one)."""
+    cuda_graph_scope: list[Literal["attn", "moe_router", "moe_preprocess"]] = Field(
+        default_factory=list)
+    """Parts of each MoE layer captured in CUDA graphs and replayed without the CPU issuing
+    their kernels (Megatron-core ``--cuda-graph-impl transformer_engine --cuda-graph-scope``):
+    attn (attention), moe_router (the router, and the shared experts), moe_preprocess (the
+    dispatch's metadata; with moe_router). Read where the framework synchronises the host per
+    MoE layer (``moe_host_sync``, :mod:`sim.hostwait`): the attention part counts as captured
+    with all three, the shared experts with moe_router; the routed experts never (dropless).
+    Default: none."""
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     """Training precision: bf16 or fp16 (same tensor-core rate and bytes), or fp8 (the
     layers' GEMMs on FP8 tensor cores, Hopper or newer, and their saved inputs in fp8)."""
@@ -466,6 +475,18 @@ class TrainingConfig(Strict):
     batch_policy: BatchPolicyConfig | None = None
     """An adaptive global batch over ``sim run --steps N`` (Lau et al. 2025), instead of a
     fixed ``global_batch_schedule`` (:mod:`sim.batch_policy`)."""
+
+    @field_validator("cuda_graph_scope")
+    @classmethod
+    def _graph_scope(cls, scope: list[str]) -> list[str]:
+        """Each part once; moe_preprocess only with moe_router (Megatron-core's rule)."""
+        if len(set(scope)) != len(scope):
+            raise invalid(f"training.cuda_graph_scope={scope!r}: a part named twice")
+        if "moe_preprocess" in scope and "moe_router" not in scope:
+            raise invalid(f"training.cuda_graph_scope={scope!r}: moe_preprocess must be used "
+                          "with moe_router (Megatron-core captures the EP preprocess with the "
+                          "router)")
+        return scope
 
 
 class ExperimentConfig(Strict):

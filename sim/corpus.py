@@ -41,6 +41,11 @@ COLUMNS = (
     "layers_per_stage")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
+OPTIONAL_COLUMNS = ("cuda_graph_scope",)
+"""Columns a corpus CSV may add after :data:`COLUMNS`, in this order (a file whose runs all
+leave them empty need not have them): ``cuda_graph_scope``, the parts of each MoE layer the
+run captured in CUDA graphs, ``+``-separated (``training.cuda_graph_scope``)."""
+
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
             "sequence_parallel", "zero_stage", "schedule", "micro_batch_size",
             "global_batch_size", "recompute", "attention", "precision", "framework", "software",
@@ -163,6 +168,8 @@ class CorpusRow:
         if v["recompute"].startswith(MODULES_PREFIX):  # Megatron-core's recompute_modules
             training["recompute"] = "selective"
             training["recompute_modules"] = v["recompute"][len(MODULES_PREFIX):].split("+")
+        if v["cuda_graph_scope"]:
+            training["cuda_graph_scope"] = v["cuda_graph_scope"].split("+")
         sections = {"model": model, "cluster": cluster, "parallel": parallel,
                     "training": training}
         for key, default in NEW_SETTINGS.items():
@@ -200,13 +207,15 @@ class Source:
 
 
 def is_corpus_file(path: Path) -> bool:
-    """Whether ``path`` is a CSV whose header is :data:`COLUMNS`."""
+    """Whether ``path`` is a CSV whose header is :data:`COLUMNS` (and any leading part of
+    :data:`OPTIONAL_COLUMNS` after them)."""
     try:
         with path.open(newline="", encoding="utf-8") as fh:
             header = next(csv.reader(fh), None)
     except (OSError, UnicodeDecodeError, csv.Error):
         return False
-    return header is not None and tuple(header) == COLUMNS
+    return header is not None and any(
+        tuple(header) == COLUMNS + OPTIONAL_COLUMNS[:k] for k in range(len(OPTIONAL_COLUMNS) + 1))
 
 
 def corpus_files(directory: Path = CORPUS_DIR) -> list[Path]:
@@ -267,7 +276,8 @@ def _check(path: Path, i: int, rec: dict) -> CorpusRow:
     if rec["status"] not in STATUSES:
         raise ConfigError(f"{where}: status={rec['status']!r}: expected one of "
                           f"{', '.join(STATUSES)}")
-    return CorpusRow(path.stem, i, tuple((k, rec[k].strip()) for k in COLUMNS))
+    return CorpusRow(path.stem, i, tuple((k, (rec.get(k) or "").strip())
+                                         for k in COLUMNS + OPTIONAL_COLUMNS))
 
 
 def load_corpus(directory: Path = CORPUS_DIR) -> list[Source]:

@@ -111,12 +111,15 @@ def test_fragmentation_is_the_profiles_then_the_allocators_then_the_devices() ->
 def test_megatron_bridge_is_megatron_with_its_scripts_settings() -> None:
     """It inherits every field of [megatron] but what its performance scripts and recipes
     set: the allocator (executors.py), Transformer Engine's fused loss
-    (cross_entropy_loss_fusion, overrides.py) and the 128 Mi-parameter buckets
-    (comm_overlap.py); the fused loss makes the step faster and the peak lower."""
+    (cross_entropy_loss_fusion, overrides.py), the 128 Mi-parameter buckets
+    (comm_overlap.py) and the host waits of its MoE layers, whose host times were measured
+    on Megatron-core's DeepSeek-V3 (sim/hostwait.py); the fused loss makes the step faster
+    and the peak lower."""
     mg, mb = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-bridge"]
     differ = [f.name for f in fields(mg) if getattr(mg, f.name) != getattr(mb, f.name)]
     assert set(differ) == {"name", "summary", "allocator", "sources", "fused_cross_entropy",
-                           "grad_bucket_params", "grad_bucket_params_per_dp"}
+                           "grad_bucket_params", "grad_bucket_params_per_dp", "moe_host_sync"}
+    assert mb.moe_host_sync and not mg.moe_host_sync
     assert mb.allocator == "expandable-segments" and mg.allocator == "caching"
     assert mb.fused_cross_entropy and not mg.fused_cross_entropy
     assert "executors.py" in mb.source("allocator")

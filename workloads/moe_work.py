@@ -147,9 +147,13 @@ class MoEWork:
         Dropless with a routing imbalance, ``nbytes`` is the busiest rank's volume and
         the others move their own share (:attr:`CommSeg.skew`): towards the busiest in
         the dispatch and the combine's gradient, from it in the combine and the
-        dispatch's gradient."""
+        dispatch's gradient. A host wait (:attr:`moe_host_wait_s`, not in a recomputed
+        forward) opens the expert body, after the dispatch: where the host synchronises."""
         body: list[Segment] = (self._expert_tp_gather(seg, name) if self._moe_sp
                                else [seg])
+        wait = self.moe_host_wait_s[1 if backward else 0]
+        if wait > 0.0 and not name.startswith("recompute"):
+            body = [ComputeSeg(f"{name} host wait", duration_s=wait), *body]
         if self.ep == 1:
             return body
         moe = self.model.moe

@@ -299,6 +299,11 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     """MoE all-to-all overlap (``parallel.moe_a2a_overlap``): the fixed exposed time of each
     of a layer's all-to-alls by name (``dispatch``, ``combine``, ``combine grad``,
     ``dispatch grad``; :mod:`sim.a2aoverlap`); empty: each blocks for its network time."""
+    moe_host_wait_s: tuple[float, float] = (0.0, 0.0)
+    """Seconds each MoE layer's forward and backward wait for the CPU to issue their kernels
+    (:mod:`sim.hostwait`: a framework that synchronises the host once per MoE layer, the
+    parts of the layer not captured in CUDA graphs); run as a fixed ``host wait`` segment
+    after the layer's dispatch (forward) or before its expert body (backward). (0, 0): none."""
     expert_tp: int | None = None
     """Expert tensor parallelism e (Megatron-core ``expert_tensor_parallel_size``); None: the
     attention's tp. The routed experts' weights are split over e GPUs, not tp: each GPU
