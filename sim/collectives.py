@@ -60,9 +60,9 @@ tree is one flow per tree edge and direction, the reduction towards the root
 and the broadcast away from it running concurrently, every one starting when
 the pipeline is full (2Hα: the first byte up to the root and down to the
 deepest rank, :func:`_stream_tree`); NVLS is n flows up to the NVSwitch and n
-down from it (α_h, 2α_h). On servers whose transport fixes NCCL's buffer (GPUDirect-TCPXO)
-:mod:`sim.selection` adds the Simple tree's chunk-pipeline fill to the buffer
-(:mod:`sim.treepipe`); the closed forms here are the streamed limit.
+down from it (α_h, 2α_h). :mod:`sim.selection` adds the Simple tree's chunk-pipeline fill
+to the buffer (:mod:`sim.treepipe`: a step of the buffer a transport fixes, else of NCCL's
+default 4 MiB); the closed forms here are the streamed limit.
 Under contention a streamed flow is shared max-min over its whole lifetime
 (NCCL's flow control would instead throttle a ring to its slowest link).
 ``granularity="step"`` instead expands ring phases into one transfer per step,

@@ -203,8 +203,8 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
     """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
     :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
     inside a server or between servers) and its bandwidth fraction as bytes on the wire.
-    ``nvls_pipeline``: NVLS's chunk-pipeline fill and, on a transport that fixes the buffer,
-    the Simple tree's (:func:`tree_pipeline`) in the bytes; False: neither (:func:`plan_cost`
+    ``nvls_pipeline``: NVLS's chunk-pipeline fill and the Simple tree's
+    (:func:`tree_pipeline`) in the bytes; False: neither (:func:`plan_cost`
     adds them at the size)."""
     host_of = ({r: cluster.host_of(r) for r in group}
                if algo in ("hierarchical", "ring", "tree", "nvls_tree") else None)
@@ -215,9 +215,7 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
         nics = nics_per_host(cluster, cluster.host_of(group[0]))
     order = ring_order(cluster, group) if algo in ("ring", "tree") else group
     if algo == "tree" and op == "all_reduce" and protocol == "simple" and nvls_pipeline:
-        pipe = tree_pipeline(cluster, order, host_of)
-        if pipe is not None:
-            nbytes += treepipe.fill_bytes(nbytes, *pipe)
+        nbytes += treepipe.fill_bytes(nbytes, *tree_pipeline(cluster, order, host_of))
 
     def latency(a: int | str, b: int | str) -> float:
         return cluster.route(a, b).latency_s
@@ -241,18 +239,17 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
 
 
 def tree_pipeline(cluster: Cluster, order: Sequence[int],
-                  host_of: Mapping[int, int] | None) -> tuple[int, int] | None:
+                  host_of: Mapping[int, int] | None) -> tuple[int, int]:
     """(NCCL's tree depth, bytes of one loop: a chunk on every tree of
-    :func:`tree_channels`) of a tree all-reduce under Simple over ``order``, on servers
-    whose transport fixes ``NCCL_BUFFSIZE`` (:mod:`sim.transports`); None elsewhere (the
-    streamed tree, :mod:`sim.treepipe`)."""
+    :func:`tree_channels`) of a tree all-reduce under Simple over ``order``: the chunk is a
+    step of the ``NCCL_BUFFSIZE`` the servers' transport fixes (:mod:`sim.transports`), else
+    of NCCL's default buffer (InfiniBand, RoCE, NVLink; :func:`sim.treepipe.buffsize`)."""
     hosts = {cluster.host_of(r) for r in order}
     name = transports.transport_of(cluster, hosts)
-    if name is None:
-        return None
     trees = sum(len(c) for c in tree_channels(order, host_of))
+    buff = treepipe.buffsize() if name is None else transports.buffsize(name)
     return (treepipe.depth(len(order) // len(hosts), len(hosts)),
-            trees * treepipe.chunk_bytes(transports.buffsize(name)))
+            trees * treepipe.chunk_bytes(buff))
 
 
 def nics_per_host(cluster: Cluster, host: int) -> int | None:
@@ -367,9 +364,8 @@ def plan_cost(op: str, algo: str, protocol: str, profile: GroupProfile) -> PlanC
         pipeline = (algo, members, profile.num_hosts, nics)
     if op == "all_reduce" and algo == "tree" and protocol == "simple":
         host_of = {r: cluster.host_of(r) for r in profile.ranks}
-        pipe = tree_pipeline(cluster, ring_order(cluster, profile.ranks), host_of)
-        if pipe is not None:
-            pipeline = ("tree", *pipe, None)
+        pipeline = ("tree", *tree_pipeline(cluster, ring_order(cluster, profile.ranks),
+                                           host_of), None)
     got = profile.costs[key] = PlanCost(
         cluster.collective_launch_s * launch_scale(algo, protocol),
         tuple(_level_lines(flows[k], cluster.link_bandwidth_Bps) for k in sorted(flows)),

@@ -11,10 +11,12 @@ carry about half their steady load (``sim/data/nccl_tuning.toml``, ``[tree]``, w
 why). The plans add it to the buffer, so every tree carries ``depth`` chunks more and the
 fill is paid at whatever rate the trees get.
 
-Where it applies: servers whose transport fixes ``NCCL_BUFFSIZE`` (:mod:`sim.transports`;
-Google's GPUDirect-TCPXO, 8 MiB: 1 MiB chunks).
-Elsewhere the tree is the streamed limit: NCCL's version, hence its chunk rule, and the
-buffer size of the runs the other presets were checked against are not stated.
+Where it applies: every tree all-reduce under Simple. The chunk is a step of the buffer:
+the ``NCCL_BUFFSIZE`` a transport fixes (:mod:`sim.transports`; Google's GPUDirect-TCPXO,
+8 MiB: 1 MiB chunks), else NCCL's default, 4 MiB (:func:`buffsize`; 512 KiB chunks on
+InfiniBand, RoCE and inside a server). The chunk rule is NCCL's from v2.20 on (the version
+of the tuning model, ``[tuning]``); before it, NCCL halved the chunk of a buffer under
+depth x 8 loops, which made the fill at most about an eighth of the buffer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from sim.nvls import DATA_FILE
 def _data() -> dict:
     with DATA_FILE.open("rb") as fh:
         return tomllib.load(fh)["tree"]
+
+
+def buffsize() -> int:
+    """NCCL's default ``NCCL_BUFFSIZE`` for the Simple protocol (``[tree]`` ``buffsize``)."""
+    return int(_data()["buffsize"])
 
 
 def chunk_bytes(buffsize: int) -> int:

@@ -250,7 +250,7 @@ def test_tree_chunk_pipeline_on_a_transport_that_fixes_the_buffer() -> None:
     """On A3 Mega (NCCL_BUFFSIZE 8 MiB: 1 MiB chunks) every tree of a Simple tree
     all-reduce carries NCCL's depth (7 + log2 2 = 8) chunks on top of its share, 16 trees
     over two VMs; the estimate auto uses is the simulated time; on InfiniBand servers (the
-    buffer not fixed) the tree stays the streamed limit."""
+    buffer not fixed) the chunk is a step of NCCL's default 4 MiB buffer, 512 KiB."""
     from sim import treepipe
     from sim.commtime import CollectiveTimer
     from sim.selection import collective_plan, tree_pipeline
@@ -270,22 +270,49 @@ def test_tree_chunk_pipeline_on_a_transport_that_fixes_the_buffer() -> None:
         assert plan_cost("all_reduce", "tree", "simple", profile).time_s(size) == pytest.approx(
             CollectiveTimer(cluster, "tree")("all_reduce", (group,), size), rel=1e-9)
     h100 = server_cluster("dgx-h100", 16)
-    assert tree_pipeline(h100, group, {r: h100.host_of(r) for r in group}) is None
+    assert tree_pipeline(h100, group, {r: h100.host_of(r) for r in group}) == (8, 16 * 2**19)
+
+
+def test_infiniband_tree_pays_the_fill_of_nccls_default_buffer() -> None:
+    """NCCL's tree pipeline is the algorithm's, not the transport's: on InfiniBand servers
+    (no NCCL_BUFFSIZE fixed) a Simple tree all-reduce carries depth (7 + log2 2 = 8) chunks
+    of a 512 KiB step (NCCL's default 4 MiB buffer, src/init.cc DEFAULT_BUFFSIZE) on each of
+    its 16 trees over two DGX H100s; under LL128 (lines forwarded as their flags arrive) it
+    carries none. The estimate auto uses is the simulated time."""
+    from sim import treepipe
+    from sim.commtime import CollectiveTimer
+    from sim.selection import collective_plan
+    assert treepipe.buffsize() == 4 * 2**20 and treepipe.chunk_bytes(treepipe.buffsize()) == 2**19
+    S, fill = 64 * 2**20, 8 * 16 * 2**19
+    group = tuple(range(16))
+    for proto, extra in (("simple", fill), ("ll128", 0.0)):
+        cluster = server_cluster("dgx-h100", 16, collectives=CollectiveSettings(protocol=proto))
+        got = collective_plan(cluster, "all_reduce", "tree", group, S)
+        wire = bandwidth_fraction("tree", proto, True)
+        assert max(t.nbytes for t in got.transfers) == pytest.approx((S + extra) / 16 / wire)
+        profile = group_profile(cluster, group)
+        for size in (S, GiB):
+            assert plan_cost("all_reduce", "tree", proto, profile).time_s(size) == pytest.approx(
+                CollectiveTimer(cluster, "tree")("all_reduce", (group,), size), rel=1e-9)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 13, 16, 32])
 def test_double_binary_tree_closed_form_terms(n: int) -> None:
     """2·H·α + L·(S/2)/(f·B): exact with no latency (bandwidth term, single-port switch) and
     with infinite bandwidth (latency term); in between it bounds the flow-level time. f is
-    the tree's Simple fraction of the links' rate (NCCL's 0.92, sim.protocols)."""
+    the tree's Simple fraction of the links' rate (NCCL's 0.92, sim.protocols). S is the
+    buffer plus the chunk pipeline's fill (sim.treepipe: depth log2 n loops of a 512 KiB
+    chunk on each of the two trees, NCCL's default buffer)."""
+    from sim import treepipe
     height, load = tree_shape(n)
     B, lat, S = 25e9, 1e-6, 1e8
+    S += treepipe.fill_bytes(S, (n).bit_length() - 1, 2 * 2**19)
     f = bandwidth_fraction("tree", "simple", True)
-    bw_only = _time(_cluster("switch", n, B, 0.0), "all_reduce", "tree", range(n), S)
+    bw_only = _time(_cluster("switch", n, B, 0.0), "all_reduce", "tree", range(n), 1e8)
     assert bw_only == pytest.approx(load * (S / 2) / (f * B), rel=REL)
-    lat_only = _time(_cluster("switch", n, math.inf, lat), "all_reduce", "tree", range(n), S)
+    lat_only = _time(_cluster("switch", n, math.inf, lat), "all_reduce", "tree", range(n), 1e8)
     assert lat_only == pytest.approx(2 * height * 2 * lat, rel=REL)
-    both = _time(_cluster("switch", n, B, lat), "all_reduce", "tree", range(n), S)
+    both = _time(_cluster("switch", n, B, lat), "all_reduce", "tree", range(n), 1e8)
     assert max(bw_only, lat_only) <= both * (1 + REL)
     assert both <= alpha_beta_time("all_reduce", "tree", n, S, 2 * lat, B) * (1 + REL)
 
@@ -562,18 +589,22 @@ def test_one_server_tree_pays_its_pipeline_fill_as_nccl_models_it() -> None:
     are 3.4) and 92% of the ring's bandwidth over the same bytes (ncclTopoTuneModel), so
     it never beats the ring under Simple: 48 MiB, a TP all-reduce of GPT-3 175B, took the
     chains, whose staggered starts hid their fill, and 17x the ring's CPU at full fidelity.
-    Simulated, the chains end at fill + bytes, the closed form."""
+    Simulated, the chains end at fill + bytes, the closed form, the bytes with the chunk
+    pipeline's fill (sim.treepipe: depth 7 loops of a 512 KiB chunk on each of the 8
+    chains, 28 MiB)."""
     n, S = 8, 48 * 2**20
     cluster = server_cluster("dgx-a100-80g", n)
     ring = _time(cluster, "all_reduce", "ring", range(n), S)
     tree = _time(cluster, "all_reduce", "tree", range(n), S)
     auto = _time(cluster, "all_reduce", "auto", range(n), S)
     assert auto == ring < tree
+    simple = server_cluster("dgx-a100-80g", n, collectives=CollectiveSettings(protocol="simple"))
+    tree = _time(simple, "all_reduce", "tree", range(n), S)
     alpha, bw = cluster.route(0, 1).latency_s, cluster.bottleneck_Bps(cluster.route(0, 1))
     fill = 2 * (n - 1) * alpha * 4.0 / 3.4
     f = bandwidth_fraction("tree", "simple", False)
     assert tree == pytest.approx(cluster.collective_launch_s + fill
-                                 + 2 * (n - 1) / n * S / (bw * f), rel=REL)
+                                 + 2 * (n - 1) / n * (S + 7 * 8 * 2**19) / (bw * f), rel=REL)
 
 
 def test_sim_run_uses_cluster_collective_overrides() -> None:

@@ -153,17 +153,41 @@ def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
 
 
 def test_megatron_core_r08_is_megatron_on_transformer_engine_1x() -> None:
-    """megatron-core-r0.8 differs from megatron only in TE 1.x's userbuffers SM margin (none),
-    a flag a table may leave out (True) and must give as true or false."""
+    """megatron-core-r0.8 differs from megatron in TE 1.x's userbuffers SM margin (none),
+    a flag a table may leave out (True) and must give as true or false, and in the fp32
+    gradients r0.8's arguments.py forces under --bf16 (4-byte buckets and buffer, 3 bytes
+    in each step-end collective, the optimizer reading 4-byte gradients)."""
     mg, old = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-core-r0.8"]
     assert mg.tp_overlap_sm_margin and not old.tp_overlap_sm_margin
     assert "set_sm_margin" in old.source("tp_overlap_sm_margin")
     assert replace(old, name=mg.name, summary=mg.summary, sources=mg.sources,
-                   tp_overlap_sm_margin=True) == mg
+                   tp_overlap_sm_margin=True, grad_reduce_bytes=2.0, grad_buffer_bytes=2.0,
+                   dp_wire_bytes=2.0, optimizer_bytes=None) == mg
     assert FRAMEWORKS["deepspeed"].tp_overlap_sm_margin
     text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
     with pytest.raises(ValueError, match="tp_overlap_sm_margin=0"):
         load_profiles(text + '\n[x]\ninherits = "megatron"\ntp_overlap_sm_margin = 0\n')
+
+
+def test_megatron_core_r08_reduces_fp32_gradients() -> None:
+    """Under --bf16, Megatron-LM r0.8's validate_args sets accumulate_allreduce_grads_in_fp32,
+    so DDP keeps and reduce-scatters fp32 gradients: the buckets of overlap_grad_reduce hold
+    max(40M, 1M x dp) parameters of 4 bytes, the distributed optimizer's state is the README's
+    6 + 12/d bytes a parameter, and the parameter all-gather stays bf16 (3 bytes a parameter
+    in each of the two step-end collectives)."""
+    old = FRAMEWORKS["megatron-core-r0.8"]
+    assert (old.grad_reduce_bytes, old.grad_buffer_bytes, old.dp_wire_bytes) == (4.0, 4.0, 3.0)
+    assert "accumulate_allreduce_grads_in_fp32 = True" in old.source("grad_reduce_bytes")
+    assert grad_bucket_bytes(old, 48) == 48_000_000 * 4
+    assert grad_bucket_bytes(FRAMEWORKS["megatron"], 48) == 48_000_000 * 2
+    assert model_state_bytes_per_param(1, 48, old.grad_buffer_bytes) == pytest.approx(6 + 12 / 48)
+    m = replace(PRESETS["gpt3-175b"], num_layers=8)
+    base = TransformerCosts(m, 1, 8, 1, (8,))
+    new, bf16 = (apply_framework(base, FRAMEWORKS[n], 1) for n in ("megatron-core-r0.8",
+                                                                   "megatron"))
+    assert new.grad_bytes(0) == pytest.approx(1.5 * bf16.grad_bytes(0))
+    assert new._layer_grad_bytes(0, 1) == pytest.approx(2 * bf16._layer_grad_bytes(0, 1))
+    assert new._gather_bytes(0, 1) == bf16._gather_bytes(0, 1)
 
 
 def test_training_allocator_overrides_the_frameworks() -> None:
