@@ -712,6 +712,64 @@ def test_deepspeed_pipeline_sends_block_their_sender() -> None:
     assert blocked > api.simulate(free, fidelity="collapsed").stats["step_time_s"]
 
 
+def _deepspeed_steps_by_hand(p: int, m: int) -> dict[Op, int]:
+    """deepspeed/runtime/pipe/schedule.py TrainSchedule._step_to_micro_batch (v0.3.0 to
+    v0.6.5), written out: stage s, step t; forward when t and s have the same parity."""
+    steps = {}
+    for s in range(p):
+        for t in range(2 * (m + p - 1)):
+            if t % 2 == s % 2:
+                i, op_kind = (t // 2 if t % 2 == 0 else (t - 1) // 2) - s // 2, FORWARD
+            elif t % 2 == 0:
+                i, op_kind = t // 2 - p + (s + 1) // 2, BACKWARD
+            else:
+                i, op_kind = (t - 1) // 2 - p + 1 + s // 2, BACKWARD
+            if 0 <= i < m:
+                steps[Op(s, op_kind, i)] = t
+    return steps
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (3, 5), (4, 2), (5, 8), (12, 1)])
+def test_deepspeed_steps_are_its_train_schedule(p: int, m: int) -> None:
+    """Each op's step is the one DeepSpeed's TrainSchedule runs it in, and the steps give
+    each rank's 1F1B order; other schedules have none."""
+    from workloads.lowering.order import topological_ops
+    from workloads.lowering.pipeline import deepspeed_order, deepspeed_steps
+    from workloads.registry import built_schedule
+
+    sched = built_schedule("1f1b", p, m, 1, 1)
+    steps = deepspeed_steps(sched)
+    assert steps == _deepspeed_steps_by_hand(p, m)
+    order = deepspeed_order(topological_ops(sched), steps)
+    assert [op for op in order if op.stage == 1] == list(sched.rank_ops[1])
+    assert deepspeed_steps(built_schedule("gpipe", 3, 5, 1, 1)) is None
+    assert deepspeed_steps(built_schedule("interleaved", 4, 8, 2, 1)) is None
+
+
+def test_deepspeed_pipeline_messages_are_rendezvous() -> None:
+    """DeepSpeed's blocking send and recv in TrainSchedule's instruction order: a message
+    leaves only once its receiver has reached the recv, after its own previous op, and the
+    receiver waits for it (``pp recv``) before its next op; the same step full and
+    collapsed."""
+    exp = _tied_run("deepspeed")
+    full = api.simulate(exp, fidelity="full")
+    spans = full.timeline.spans
+    sends = [s for s in spans if s.stream.startswith("send>")]
+    recvs = [s for s in spans if s.name.endswith("pp recv")]
+    assert sends and len(recvs) == len(sends)
+    computes = [s for s in spans if s.stream == "compute" and s.duration_s > 0]
+    for s in sends:
+        dst = int(s.stream[len("send>"):])
+        before = [c.end_s for c in computes if c.gpu == dst and c.end_s <= s.start_s + 1e-12]
+        # the receiver's own work before the message: no compute of dst overlaps it
+        assert not any(c.gpu == dst and c.start_s < s.end_s - 1e-12 and c.end_s > s.start_s
+                       + 1e-12 for c in computes)
+        assert any(r.gpu == dst and r.end_s == pytest.approx(s.end_s) for r in recvs)
+        assert before or s.stage == 0
+    collapsed = api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
+    assert full.stats["step_time_s"] == pytest.approx(collapsed)
+
+
 def test_deepspeed_all_gathers_its_partitioned_pipeline_messages_over_tp() -> None:
     """DeepSpeed's PartitionedTensor.full(): a forward after the first stage gathers its
     input, a backward before the last its received gradient and its own output, each the
