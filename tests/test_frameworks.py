@@ -63,16 +63,16 @@ def test_megatron_profile_is_the_cost_model_without_a_profile() -> None:
     assert Experiment.from_dict(_run()).framework.name == "megatron"
 
 
-def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_fp32() -> None:
+def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_bf16() -> None:
     """DeepSpeed's bf16 optimizer: an unsharded fp32 gradient buffer, 2 + 4 + 12/d bytes a
-    parameter under ZeRO-1 (Megatron-LM: 2 + 2 + 12/d), and 5 bytes a parameter in each
-    step-end collective (fp32 all-reduce, bf16 all-gather)."""
+    parameter under ZeRO-1 (Megatron-LM: 2 + 2 + 12/d), and 3 bytes a parameter in each
+    step-end collective (the fp32 gradients all-reduced as bf16, bf16 all-gather)."""
     ds = Experiment.from_dict(_run(framework="deepspeed")).costs
     mg = Experiment.from_dict(_run()).costs
     assert ds.bytes_per_param() == pytest.approx(6 + 12 / 2)
     assert mg.bytes_per_param() == pytest.approx(4 + 12 / 2)
     for stage in (0, 1):
-        assert ds.grad_bytes(stage) == pytest.approx(2.5 * mg.grad_bytes(stage))
+        assert ds.grad_bytes(stage) == pytest.approx(1.5 * mg.grad_bytes(stage))
     assert model_state_bytes_per_param(3, 4, 4.0) == pytest.approx(18 / 4)
 
 
@@ -1197,3 +1197,12 @@ def test_llm_foundry_optimizer_is_composers_eager_adamw_and_fsdp_gradient_clippi
     assert mega.optimizer_segment((0,)).elementwise_bytes == pytest.approx(28 * shard)
     assert foundry.optimizer_segment((0,)).elementwise_bytes == pytest.approx(92 * shard)
     assert FRAMEWORKS["fsdp"].optimizer_bytes is None
+
+
+def test_deepspeed_all_reduces_its_fp32_gradients_as_bf16() -> None:
+    """DeepSpeed's allreduce_bucket casts the BF16_Optimizer's fp32 gradients to
+    communication_data_type, bf16 for a bf16 run that sets none: a 2 + 2 byte ring, then the
+    2-byte parameter all-gather, 3 bytes in each of the step end's two collectives (the
+    Megatron-DeepSpeed profiles share it)."""
+    assert FRAMEWORKS["deepspeed"].dp_wire_bytes == FRAMEWORKS["bigscience"].dp_wire_bytes == 3.0
+    assert "communication_data_type" in FRAMEWORKS["deepspeed"].source("dp_wire_bytes")
