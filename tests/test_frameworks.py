@@ -1206,3 +1206,32 @@ def test_deepspeed_all_reduces_its_fp32_gradients_as_bf16() -> None:
     Megatron-DeepSpeed profiles share it)."""
     assert FRAMEWORKS["deepspeed"].dp_wire_bytes == FRAMEWORKS["bigscience"].dp_wire_bytes == 3.0
     assert "communication_data_type" in FRAMEWORKS["deepspeed"].source("dp_wire_bytes")
+
+
+def test_non_flash_attention_drops_out_its_probabilities() -> None:
+    """Megatron-LM's ParallelAttention runs torch dropout (p = 0.1 by default) on the b·a·s²
+    probabilities after its fused softmax: 5 bytes an element forward (read, write, mask)
+    and 5 backward, on a GPT-style (LayerNorm) model with dropout and non-flash attention
+    only; the step of such a model grows with it."""
+    from workloads.elementwise import ATTENTION_DROPOUT_BYTES, BACKWARD_ELEMENTWISE
+
+    gpt = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048, norm="layernorm")
+
+    def costs(**kw) -> TransformerCosts:
+        base = dict(micro_batch_size=1, tp=2, dp=2, stage_layers=split_layers(8, 2),
+                    attention="fused")
+        base.update(kw)
+        return TransformerCosts(gpt, **base)
+
+    fused, off = costs(), costs(dropout=False)
+    scores = 1 * gpt.num_attention_heads * 2048 ** 2 / 2
+    fwd, off_fwd = fused._elementwise_forward()[0], off._elementwise_forward()[0]
+    assert fwd - off_fwd == pytest.approx(ATTENTION_DROPOUT_BYTES * scores)
+    bwd = fused._backward_elementwise(*fused._elementwise_forward())[0]
+    off_bwd = off._backward_elementwise(*off._elementwise_forward())[0]
+    assert bwd - off_bwd == pytest.approx(5.0 * scores)  # not BACKWARD_ELEMENTWISE times 5
+    assert BACKWARD_ELEMENTWISE * ATTENTION_DROPOUT_BYTES != 5.0
+    assert costs(attention="flash2")._attention_dropout_bytes() == 0.0
+    rms = TransformerCosts(replace(gpt, norm="rmsnorm"), micro_batch_size=1, tp=2, dp=2,
+                           stage_layers=split_layers(8, 2), attention="fused")
+    assert rms._attention_dropout_bytes() == 0.0
