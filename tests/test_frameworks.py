@@ -63,16 +63,16 @@ def test_megatron_profile_is_the_cost_model_without_a_profile() -> None:
     assert Experiment.from_dict(_run()).framework.name == "megatron"
 
 
-def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_fp32() -> None:
+def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_bf16() -> None:
     """DeepSpeed's bf16 optimizer: an unsharded fp32 gradient buffer, 2 + 4 + 12/d bytes a
-    parameter under ZeRO-1 (Megatron-LM: 2 + 2 + 12/d), and 5 bytes a parameter in each
-    step-end collective (fp32 all-reduce, bf16 all-gather)."""
+    parameter under ZeRO-1 (Megatron-LM: 2 + 2 + 12/d), and 3 bytes a parameter in each
+    step-end collective (the fp32 gradients all-reduced as bf16, bf16 all-gather)."""
     ds = Experiment.from_dict(_run(framework="deepspeed")).costs
     mg = Experiment.from_dict(_run()).costs
     assert ds.bytes_per_param() == pytest.approx(6 + 12 / 2)
     assert mg.bytes_per_param() == pytest.approx(4 + 12 / 2)
     for stage in (0, 1):
-        assert ds.grad_bytes(stage) == pytest.approx(2.5 * mg.grad_bytes(stage))
+        assert ds.grad_bytes(stage) == pytest.approx(1.5 * mg.grad_bytes(stage))
     assert model_state_bytes_per_param(3, 4, 4.0) == pytest.approx(18 / 4)
 
 
@@ -739,6 +739,64 @@ def test_deepspeed_pipeline_sends_block_their_sender() -> None:
     assert blocked > api.simulate(free, fidelity="collapsed").stats["step_time_s"]
 
 
+def _deepspeed_steps_by_hand(p: int, m: int) -> dict[Op, int]:
+    """deepspeed/runtime/pipe/schedule.py TrainSchedule._step_to_micro_batch (v0.3.0 to
+    v0.6.5), written out: stage s, step t; forward when t and s have the same parity."""
+    steps = {}
+    for s in range(p):
+        for t in range(2 * (m + p - 1)):
+            if t % 2 == s % 2:
+                i, op_kind = (t // 2 if t % 2 == 0 else (t - 1) // 2) - s // 2, FORWARD
+            elif t % 2 == 0:
+                i, op_kind = t // 2 - p + (s + 1) // 2, BACKWARD
+            else:
+                i, op_kind = (t - 1) // 2 - p + 1 + s // 2, BACKWARD
+            if 0 <= i < m:
+                steps[Op(s, op_kind, i)] = t
+    return steps
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (3, 5), (4, 2), (5, 8), (12, 1)])
+def test_deepspeed_steps_are_its_train_schedule(p: int, m: int) -> None:
+    """Each op's step is the one DeepSpeed's TrainSchedule runs it in, and the steps give
+    each rank's 1F1B order; other schedules have none."""
+    from workloads.lowering.order import topological_ops
+    from workloads.lowering.pipeline import deepspeed_order, deepspeed_steps
+    from workloads.registry import built_schedule
+
+    sched = built_schedule("1f1b", p, m, 1, 1)
+    steps = deepspeed_steps(sched)
+    assert steps == _deepspeed_steps_by_hand(p, m)
+    order = deepspeed_order(topological_ops(sched), steps)
+    assert [op for op in order if op.stage == 1] == list(sched.rank_ops[1])
+    assert deepspeed_steps(built_schedule("gpipe", 3, 5, 1, 1)) is None
+    assert deepspeed_steps(built_schedule("interleaved", 4, 8, 2, 1)) is None
+
+
+def test_deepspeed_pipeline_messages_are_rendezvous() -> None:
+    """DeepSpeed's blocking send and recv in TrainSchedule's instruction order: a message
+    leaves only once its receiver has reached the recv, after its own previous op, and the
+    receiver waits for it (``pp recv``) before its next op; the same step full and
+    collapsed."""
+    exp = _tied_run("deepspeed")
+    full = api.simulate(exp, fidelity="full")
+    spans = full.timeline.spans
+    sends = [s for s in spans if s.stream.startswith("send>")]
+    recvs = [s for s in spans if s.name.endswith("pp recv")]
+    assert sends and len(recvs) == len(sends)
+    computes = [s for s in spans if s.stream == "compute" and s.duration_s > 0]
+    for s in sends:
+        dst = int(s.stream[len("send>"):])
+        before = [c.end_s for c in computes if c.gpu == dst and c.end_s <= s.start_s + 1e-12]
+        # the receiver's own work before the message: no compute of dst overlaps it
+        assert not any(c.gpu == dst and c.start_s < s.end_s - 1e-12 and c.end_s > s.start_s
+                       + 1e-12 for c in computes)
+        assert any(r.gpu == dst and r.end_s == pytest.approx(s.end_s) for r in recvs)
+        assert before or s.stage == 0
+    collapsed = api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
+    assert full.stats["step_time_s"] == pytest.approx(collapsed)
+
+
 def test_deepspeed_all_gathers_its_partitioned_pipeline_messages_over_tp() -> None:
     """DeepSpeed's PartitionedTensor.full(): a forward after the first stage gathers its
     input, a backward before the last its received gradient and its own output, each the
@@ -1170,3 +1228,41 @@ def test_llm_foundry_optimizer_is_composers_eager_adamw_and_fsdp_gradient_clippi
     assert mega.optimizer_segment((0,)).elementwise_bytes == pytest.approx(28 * shard)
     assert foundry.optimizer_segment((0,)).elementwise_bytes == pytest.approx(92 * shard)
     assert FRAMEWORKS["fsdp"].optimizer_bytes is None
+
+
+def test_deepspeed_all_reduces_its_fp32_gradients_as_bf16() -> None:
+    """DeepSpeed's allreduce_bucket casts the BF16_Optimizer's fp32 gradients to
+    communication_data_type, bf16 for a bf16 run that sets none: a 2 + 2 byte ring, then the
+    2-byte parameter all-gather, 3 bytes in each of the step end's two collectives (the
+    Megatron-DeepSpeed profiles share it)."""
+    assert FRAMEWORKS["deepspeed"].dp_wire_bytes == FRAMEWORKS["bigscience"].dp_wire_bytes == 3.0
+    assert "communication_data_type" in FRAMEWORKS["deepspeed"].source("dp_wire_bytes")
+
+
+def test_non_flash_attention_drops_out_its_probabilities() -> None:
+    """Megatron-LM's ParallelAttention runs torch dropout (p = 0.1 by default) on the b·a·s²
+    probabilities after its fused softmax: 5 bytes an element forward (read, write, mask)
+    and 5 backward, on a GPT-style (LayerNorm) model with dropout and non-flash attention
+    only; the step of such a model grows with it."""
+    from workloads.elementwise import ATTENTION_DROPOUT_BYTES, BACKWARD_ELEMENTWISE
+
+    gpt = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048, norm="layernorm")
+
+    def costs(**kw) -> TransformerCosts:
+        base = dict(micro_batch_size=1, tp=2, dp=2, stage_layers=split_layers(8, 2),
+                    attention="fused")
+        base.update(kw)
+        return TransformerCosts(gpt, **base)
+
+    fused, off = costs(), costs(dropout=False)
+    scores = 1 * gpt.num_attention_heads * 2048 ** 2 / 2
+    fwd, off_fwd = fused._elementwise_forward()[0], off._elementwise_forward()[0]
+    assert fwd - off_fwd == pytest.approx(ATTENTION_DROPOUT_BYTES * scores)
+    bwd = fused._backward_elementwise(*fused._elementwise_forward())[0]
+    off_bwd = off._backward_elementwise(*off._elementwise_forward())[0]
+    assert bwd - off_bwd == pytest.approx(5.0 * scores)  # not BACKWARD_ELEMENTWISE times 5
+    assert BACKWARD_ELEMENTWISE * ATTENTION_DROPOUT_BYTES != 5.0
+    assert costs(attention="flash2")._attention_dropout_bytes() == 0.0
+    rms = TransformerCosts(replace(gpt, norm="rmsnorm"), micro_batch_size=1, tp=2, dp=2,
+                           stage_layers=split_layers(8, 2), attention="fused")
+    assert rms._attention_dropout_bytes() == 0.0

@@ -439,3 +439,7 @@ def test_link_efficiencies_are_data_with_sources() -> None:
     assert h100.nvlink_efficiency == LINKS["nvlink4"].fraction
     assert SERVERS["dgx-a100-80g"].nic_efficiency == LINKS["ib-hdr"].fraction
     assert "nccl-tests issue 267" in h100.efficiency_source
+    # Jean Zay's Omni-Path: the busbw bigscience measured through one HFI, 39.87 of 100 Gb/s
+    jz = SERVERS["jean-zay-a100"]
+    assert jz.nic_efficiency == LINKS["opa-100"].fraction == pytest.approx(0.3987)
+    assert jz.nic_Bps == 100e9 / 8 and jz.gpu == "A100-80GB"

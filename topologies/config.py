@@ -282,9 +282,9 @@ class PresetCluster(ServerFabric):
     USED_WITH = "a server cluster.preset"
 
     preset: str
-    """A server preset: dgx-a100-80g, dgx-a100-40g, dgx-h100, dgx-h200, hgx-h800,
-    grand-teton-h100, a3-mega (Google Cloud, GPUDirect-TCPXO), dgx-b200, gb200-nvl72
-    (:data:`topologies.presets.SERVERS`)."""
+    """A server preset: dgx-a100-80g, dgx-a100-40g, jean-zay-a100 (Omni-Path), dgx-h100,
+    dgx-h200, hgx-h800, grand-teton-h100, a3-mega (Google Cloud, GPUDirect-TCPXO), dgx-b200,
+    gb200-nvl72 (:data:`topologies.presets.SERVERS`)."""
     nics_per_node: int | None = Field(None, gt=0)
     """The servers' scale-out NICs (default: the preset's, one per GPU), each shared by
     gpus_per_node / nics_per_node GPUs, e.g. 2 for servers with two HDR ports instead of

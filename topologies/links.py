@@ -56,10 +56,20 @@ LINKS: dict[str, LinkEfficiency] = {
                                  "each on GPUDirect-TCPXO), ring busbw 187.48 GB/s at 8 GiB, which "
                                  "on two servers is 8 x the per-NIC rate; the guide itself says "
                                  "~180 GB/s, 1440 of the VM's 1600 Gb/s"),
+    "opa-100": LinkEfficiency(39.87 / 100, "Intel Omni-Path (100 Gb/s) under NCCL 2.10.3's "
+                              "IB verbs on the hfi1 HFIs: bigscience-workshop/bigscience "
+                              "experiments/bandwidth/all_reduce_bench-a100-n4.txt (commit "
+                              "358e3c8, 2022-01-28), all_reduce_bench.py over 4 GB of fp32 on "
+                              "4 Jean Zay A100 80GB servers (4 ranks each), both ring channels "
+                              "through one HFI of each server (NET/IB/1), busbw 39.87 Gb/s "
+                              "(1.505 s), the HFI's throughput; experiments/bandwidth/README.md: "
+                              "'an issue with nccl that doesn't fully utilize Intel OPA full "
+                              "bandwidth'"),
     "pcie-gen5-host": LinkEfficiency(28 / 64, "8 GPUs on PCIe Gen5 x16 (64 GB/s per "
                                      "direction) through the CPU, no NVLink: all_reduce busbw "
                                      "28 GB/s, which the NCCL maintainer calls the CPU and "
                                      "memory's limit, not the link's (NVIDIA/nccl issue 1639)"),
 }
 """Link generations by name: NVLink 3/4/5, NVLink SHARP, InfiniBand HDR/NDR/XDR, RoCE at
-400 Gb/s, Google's GPUDirect-TCPXO at 200 Gb/s, and PCIe Gen5 through a host bridge."""
+400 Gb/s, Google's GPUDirect-TCPXO at 200 Gb/s, Intel Omni-Path at 100 Gb/s, and PCIe Gen5
+through a host bridge."""

@@ -111,6 +111,13 @@ SERVERS: dict[str, ServerPreset] = {
     "dgx-a100-40g": ServerPreset("A100-40GB", 8, 200e9 / 8,
                                  source="DGX A100: 8x A100-40GB, NVSwitch, 8x 200 Gb/s HDR IB",
                                  **_fractions("nvlink3", "ib-hdr")),
+    "jean-zay-a100": ServerPreset("A100-80GB", 8, 100e9 / 8,
+                                  source="Jean Zay's gpu_p5 servers (IDRIS), where BLOOM-176B "
+                                         "trained: 8x A100 80GB on NVLink, 4 Omni-Path 100 Gb/s "
+                                         "links a server (bigscience-workshop/bigscience "
+                                         "train/tr11-176B-ml/README.md, Hardware; give "
+                                         "nics_per_node: 4)",
+                                  **_fractions("nvlink3", "opa-100")),
     "dgx-h100": ServerPreset("H100", 8, 400e9 / 8, nvls=True,
                              source="DGX H100: 8x H100 SXM, NVSwitch, 8x 400 Gb/s NDR IB",
                              **_fractions("nvlink4", "ib-ndr", "nvls4")),

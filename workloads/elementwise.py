@@ -28,6 +28,16 @@ GELU_BYTES = 4.0
 """GeLU: read, write (per ffn element)."""
 SOFTMAX_PASSES = {"unfused": 8.0, "fused": 2.0}
 """Passes over the b·a·s² score matrix (bf16) of non-flash attention: scale, mask, softmax."""
+ATTENTION_DROPOUT_BYTES = 5.0
+"""Non-flash attention's dropout on the b·a·s² probabilities, bytes an element forward:
+Megatron-LM's ParallelAttention (megatron/model/transformer.py, 2021; CoreAttention later, and
+Megatron-DeepSpeed's copy) runs ``attention_probs = self.attention_dropout(attention_probs)``
+after its fused scale-mask-softmax, which does not drop out itself, with --attention-dropout
+0.1 by default (megatron/arguments.py); PyTorch's CUDA dropout (``_fused_dropout``, PyTorch
+1.8-1.11) reads the bf16 probabilities (2), writes them (2) and a bool mask (1). FlashAttention
+drops out inside its kernel."""
+ATTENTION_DROPOUT_BACKWARD_BYTES = 5.0
+"""Its backward (``_masked_scale``): reads the gradient (2) and the mask (1), writes (2)."""
 CROSS_ENTROPY_BYTES = 16.0
 """Vocabulary-parallel cross entropy over fp32 logits: max, exp-sum, gather, gradient."""
 FUSED_CROSS_ENTROPY_BYTES = 2.0
@@ -58,7 +68,8 @@ class ElementwiseWork:
                 else 0.0)
         softmax = 0.0 if self._flash else (
             (SOFTMAX_PASSES[self.attention] + (ALIBI_PASSES if m.position_embedding == "alibi"
-                                               else 0.0)) * BF16 * self._scores_elements())
+                                               else 0.0)) * BF16 * self._scores_elements()
+            + self._attention_dropout_bytes())
         act_bytes = self.swiglu_bytes if m.gated_mlp else GELU_BYTES
         if m.moe is not None:  # activation on the routed rows (and every token's shared
             # experts), plus permute and unpermute; the rows' f_e/e wide activations are
@@ -132,12 +143,24 @@ class ElementwiseWork:
         bwd = c * (routed * f * glu / t + rows * h + n * (fs * glu / t + h) * (fs > 0))
         return fwd, bwd
 
+    def _attention_dropout_bytes(self) -> float:
+        """HBM bytes of non-flash attention's dropout on one layer's probabilities forward
+        (:data:`ATTENTION_DROPOUT_BYTES`): where the layers apply dropout (:attr:`dropout`,
+        counted for GPT-style LayerNorm models, as their masks are), 0 under FlashAttention."""
+        if self._flash or not self.dropout or self.model.norm != "layernorm":
+            return 0.0
+        return ATTENTION_DROPOUT_BYTES * self._scores_elements()
+
     def _backward_elementwise(self, ew_attn: float, ew_mlp: float) -> tuple[float, float]:
         """Memory-bound bytes of one layer's backward, (attention block, MLP block), from its
         forward's: :data:`BACKWARD_ELEMENTWISE` times them, the FP8 casts of
-        :attr:`fp8_norm_cast_fused` replaced by the backward's own (:meth:`_fp8_cast_pair`)."""
+        :attr:`fp8_norm_cast_fused` replaced by the backward's own (:meth:`_fp8_cast_pair`)
+        and the attention dropout's by its own (:data:`ATTENTION_DROPOUT_BACKWARD_BYTES`)."""
+        drop = self._attention_dropout_bytes()
+        ew_attn = (BACKWARD_ELEMENTWISE * (ew_attn - drop)
+                   + drop * ATTENTION_DROPOUT_BACKWARD_BYTES / ATTENTION_DROPOUT_BYTES)
         if not self.fp8_norm_cast_fused:
-            return BACKWARD_ELEMENTWISE * ew_attn, BACKWARD_ELEMENTWISE * ew_mlp
+            return ew_attn, BACKWARD_ELEMENTWISE * ew_mlp
         (cast_attn, cast_mlp), (back_attn, back_mlp) = self._fp8_cast_pair()
-        return (BACKWARD_ELEMENTWISE * (ew_attn - cast_attn) + back_attn,
+        return (ew_attn - BACKWARD_ELEMENTWISE * cast_attn + back_attn,
                 BACKWARD_ELEMENTWISE * (ew_mlp - cast_mlp) + back_mlp)

@@ -54,6 +54,7 @@ from workloads.lowering.order import (
 )
 from workloads.lowering.paramserver import push_pull
 from workloads.lowering.pieces import PieceLowering
+from workloads.lowering.pipeline import deepspeed_order, deepspeed_steps
 from workloads.lowering.tied import reduce_tied_gradients
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import Schedule
@@ -131,6 +132,9 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
                 for op in final_op.values()}
         b = ProgramBuilder(head.size, head.keys)  # the step end follows the op loop's part
     else:
+        steps = deepspeed_steps(schedule) if getattr(costs, "pp_send_blocking", False) else None
+        if steps is not None:  # DeepSpeed's engine runs its steps in turn
+            order = deepspeed_order(order, steps)
         index = {op: k for k, op in enumerate(order)}
         loop = OpLoop(b, schedule, costs, placement, collapse, lanes, piecewise,
                       set(final_op.values()), zero3, overlap, cp_or_ep,

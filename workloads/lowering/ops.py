@@ -29,6 +29,8 @@ from workloads.lowering.pieces import PieceLowering
 from workloads.lowering.pipeline import (
     Lanes,
     PipeSend,
+    deepspeed_steps,
+    emit_rendezvous,
     emit_replica_sends,
     emit_sends,
     pipeline_sends,
@@ -77,6 +79,15 @@ class OpLoop:
         self.blocking = bool(getattr(costs, "pp_send_blocking", False))
         """Pipeline sends block their sender
         (:func:`~workloads.lowering.pipeline.wait_for_sends`)."""
+        self.steps = deepspeed_steps(schedule) if self.blocking else None
+        """Blocking sends on DeepSpeed's 1F1B: each op's DeepSpeed step
+        (:func:`~workloads.lowering.pipeline.deepspeed_steps`); the ops come in step order
+        (:func:`~workloads.lowering.pipeline.deepspeed_order`) and each step's messages are
+        rendezvous of their sender and receiver
+        (:func:`~workloads.lowering.pipeline.emit_rendezvous`). None: sends block their
+        sender only."""
+        self.chain: dict[int, int] = {}
+        """With :attr:`steps`: each GPU's latest instruction."""
         self.whole_p2p = costs.p2p_bytes()
         feature_p2p = getattr(costs, "feature_p2p_bytes", None)
         self.feature_p2p = 0.0 if feature_p2p is None else float(feature_p2p())
@@ -91,8 +102,15 @@ class OpLoop:
         groups_of = schedule.groups if order else {}
         if self.collapse is not None:
             self.cuts = self._stream_cuts(order, index)
+        steps, step = self.steps, -1
+        deferred: list[tuple[int, int, PipeSend]] = []
         for k, op in enumerate(order):
             r = owner[op.stage]
+            if steps is not None and steps[op] != step:
+                step = steps[op]
+                emit_rendezvous(self.b, deferred, self.lanes, self.chain, self.last,
+                                self.sent)
+                deferred = []
             generic = Op(op.stage, op.kind, 0, op.seq)
             p2p = op_p2p_bytes(self.costs, generic, self.whole_p2p)
             facts = self.facts.get(generic)
@@ -104,12 +122,20 @@ class OpLoop:
             sends = (pipeline_sends(schedule, group, r, index, self.collapse, self.placement,
                                     self.send_s, p2p, self.feature_p2p)
                      if op == group[-1] else [])
+            if steps is not None:
+                deferred.extend((k, r, send) for send in sends)
+                sends = []
             if self._piecewise(op):
                 self._pieces(k, op, r, local, facts, sends)
             elif self.collapse is not None:
                 self._folded(k, op, generic, r, local, facts, sends)
             else:
                 self._full(k, op, r, local, facts, sends)
+            if steps is not None:
+                for lane in self.lanes[r]:
+                    for g in lane:
+                        self.chain[g] = self.last[(k, g)]
+        emit_rendezvous(self.b, deferred, self.lanes, self.chain, self.last, self.sent)
 
     def _stream_cuts(self, order: Sequence[Op], index: Mapping[Op, int]
                      ) -> dict[int, frozenset[str]]:

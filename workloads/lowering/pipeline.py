@@ -134,3 +134,70 @@ def wait_for_sends(b: ProgramBuilder, g: int, member: Op, send_ids: tuple[int, .
     the forward and backward passes."""
     return b.compute(g, member.kind, f"{member} pp wait", send_ids, duration_s=0.0,
                      stage=member.stage, mb=member.mb)
+
+
+def deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
+    """Each op's step in DeepSpeed's ``TrainSchedule`` (``deepspeed/runtime/pipe/schedule.py``,
+    v0.3.0 to v0.6.5): with p stages and m micro-batches a step of stage s is a forward
+    step or a backward step by the parity of step and stage, ``F(s, i)`` runs in step
+    ``2i + s`` and ``B(s, i)`` in step ``2i + 2p - 1 - s`` (``_step_to_micro_batch``);
+    the output of an op of step t is sent in step t + 1, where its consumer receives it.
+    None where ``schedule`` is not that order: one stage per rank, F and B only, and each
+    rank's ops in the order of their steps (Megatron's 1F1B, which DeepSpeed's steps give)."""
+    p = schedule.num_stages
+    if (schedule.num_ranks != p or schedule.split_backward or schedule.fused
+            or schedule.seq_chunks != 1 or schedule.encoder is not None
+            or any(schedule.stage_rank[s] != s for s in range(p))):
+        return None
+    steps: dict[Op, int] = {}
+    for ops in schedule.rank_ops:
+        previous = -1
+        for op in ops:
+            if op.kind == FORWARD:
+                t = 2 * op.mb + op.stage
+            elif op.kind == BACKWARD:
+                t = 2 * op.mb + 2 * p - 1 - op.stage
+            else:
+                return None
+            if t <= previous:
+                return None
+            steps[op] = previous = t
+    return steps
+
+
+def deepspeed_order(order: Sequence[Op], steps: Mapping[Op, int]) -> tuple[Op, ...]:
+    """``order`` sorted by DeepSpeed step (:func:`deepspeed_steps`; stable, so the ops of
+    one step keep their order): a topological order too, since an op's producers run in
+    earlier steps."""
+    return tuple(sorted(order, key=steps.__getitem__))
+
+
+def emit_rendezvous(b: ProgramBuilder, sends: Sequence[tuple[int, int, PipeSend]],
+                    lanes: Lanes, chain: dict[int, int], last: dict[tuple[int, int], int],
+                    sent: dict[tuple[int, int], int]) -> None:
+    """The pipeline messages of one DeepSpeed step, each a rendezvous of two blocking
+    calls: ``sends`` are (position of the producing op, its rank, the message) for the ops
+    of the previous step, activations first (``deepspeed/runtime/pipe/schedule.py``
+    TrainSchedule, v0.3.0 to v0.6.5: a backward step sends the activation of its stage's last
+    forward and then receives a gradient, a forward step receives an activation and then
+    sends its last backward's gradient: the pair of neighbouring stages talking in a step
+    runs them in the same order). A message leaves when both its sender and its receiver
+    have reached it, after everything each of them issued before (``chain[g]``: the
+    latest instruction of GPU ``g``): ``deepspeed/runtime/pipe/p2p.py`` ``send`` and
+    ``recv`` are blocking ``dist.send``/``dist.recv`` (v0.6.5) or ``dist.broadcast`` over
+    the two stages' group (v0.3.0 to v0.5.x), and NCCL moves a point-to-point message
+    only once both sides have posted it. Both GPUs then wait for it to arrive: a zero-time
+    ``pp wait`` on the sender, ``pp recv`` on the receiver, which their next instructions
+    follow."""
+    ordered = sorted(sends, key=lambda s: (s[2][1].kind != FORWARD, s[0]))
+    for k, r, (j, member, cr, name, fixed, nbytes) in ordered:
+        for d, gpus in enumerate(lanes[r]):
+            for t, g in enumerate(gpus):
+                dst = lanes[cr][d][t]
+                deps = tuple(chain[x] for x in (g, dst) if x in chain)
+                i = b.send(g, dst, nbytes, "pp", name, deps, stage=member.stage,
+                           mb=member.mb, duration_s=fixed)
+                chain[g] = last[(k, g)] = wait_for_sends(b, g, member, (i,))
+                chain[dst] = sent[(j, dst)] = b.compute(
+                    dst, member.kind, f"{member} pp recv", (i,), duration_s=0.0,
+                    stage=member.stage, mb=member.mb)
