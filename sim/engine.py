@@ -319,11 +319,8 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
     n = len(instrs)
     columns = stream_columns(instrs)
     if columns is None:
-        before, ndeps, flat = _predecessors(instrs)
-        columns = StreamColumns(np.empty(0), np.empty(0), np.frombuffer(before, dtype=np.int64),
-                                np.frombuffer(ndeps, dtype=np.int64),
-                                np.frombuffer(flat, dtype=np.int64), [])
-        del before, ndeps, flat
+        columns = StreamColumns(*(np.frombuffer(values, dtype=np.int64)
+                                  for values in _predecessors(instrs)))
     pred, edges, _ = edges_of(columns)
     del columns
     first = np.zeros(n + 1, dtype=np.int64)
@@ -526,7 +523,7 @@ class _Run:
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
         self.draining = True
-        ready, instrs = self.ready, self.program.instructions
+        ready, instrs, members = self.ready, self.program.instructions, self.members
         started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
         heap = self.heap if self.env is None else None
         while ready:
@@ -556,8 +553,15 @@ class _Run:
                     self._after(total, complete, i)
             elif cls is Send:
                 self._start_send(i, ins)
-            else:
-                self._arrive(i, ins)
+            else:  # a member reaches a collective (_arrive, inline up to the last one)
+                started[i] = self.now
+                waiting = members.get(ins.key)
+                if waiting is None:
+                    members[ins.key] = waiting = [i]
+                else:
+                    waiting.append(i)
+                if len(waiting) >= len(ins.group):
+                    self._arrived(ins)
         self.draining = False
 
     # ------------------------------------------------------------------ network
@@ -682,17 +686,9 @@ class _Run:
     def _end_send(self, value: tuple[int, Send]) -> None:
         self._complete(value[0])
 
-    def _arrive(self, i: int, ins: Collective) -> None:
-        """A member reaches collective ``ins``; the last one to arrive starts it."""
-        self.started[i] = self.now
+    def _arrived(self, ins: Collective) -> None:
+        """The last member has reached collective ``ins``: it starts."""
         key = ins.key
-        members = self.members.get(key)
-        if members is None:
-            members = self.members[key] = [i]
-        else:
-            members.append(i)
-        if len(members) < len(ins.group):
-            return
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_collective, key)
         else:

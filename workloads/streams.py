@@ -2,8 +2,8 @@
 breakdown's per-instruction passes over a full-fidelity program, on arrays.
 
 A full lowering holds its instructions as named tuples (:mod:`workloads.program`); the
-engine's DAG build (:func:`sim.engine._dag_on_arrays`) and the idle breakdown's chains
-(:func:`sim.idle._chains_on_arrays`) read a few fields of each. Here those fields are taken
+engine's DAG build (:func:`sim.engine._dag_on_arrays`) reads a few fields of each. Here
+those fields are taken
 from all instructions at once by ``map`` over ``operator`` getters (no Python step per
 instruction) and the stream rule (:func:`sim.engine._stream_of`: a GPU's compute stream,
 its send stream to each destination, its collective stream of each kind) is applied by
@@ -27,29 +27,25 @@ _CLASS = {Compute: COMPUTE, Send: SEND, Collective: COLLECTIVE}
 _ID, _GPU, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 """Fields every instruction class has at the same place: id, GPU; and the third (a compute
 op's or collective's kind, a send's destination: what names its stream besides the GPU)."""
-_DEPS, _KIND = attrgetter("deps"), attrgetter("kind")
+_DEPS = attrgetter("deps")
 
 
 class StreamColumns(NamedTuple):
-    """Per instruction (indexed by id): its class, GPU, stream predecessor and deps."""
+    """Per instruction (indexed by id): its stream predecessor and its deps (int64 arrays)."""
 
-    cls: np.ndarray
-    """:data:`~workloads.program.COMPUTE`, ``SEND`` or ``COLLECTIVE`` (int8)."""
-    gpu: np.ndarray
     before: np.ndarray
-    """The instruction before it on its stream; -1: none (int64)."""
+    """The instruction before it on its stream; -1: none."""
     ndeps: np.ndarray
-    """How many deps (int64)."""
+    """How many deps."""
     flat: np.ndarray
-    """Every instruction's deps in order, one after another (int64)."""
-    kinds: list
-    """Each one's ``kind`` (the objects)."""
+    """Every instruction's deps in order, one after another."""
 
 
-def stream_columns(instrs: Sequence, kinds: bool = False) -> StreamColumns | None:
-    """The :class:`StreamColumns` of ``instrs`` (their ``kinds`` only if ``kinds``, else an
-    empty list); None where an instruction is of another class or its id is not its
-    position (the loop then decides)."""
+def stream_columns(instrs: Sequence) -> StreamColumns | None:
+    """The :class:`StreamColumns` of ``instrs``; None where an instruction is of another
+    class or its id is not its position (the loop then decides). The temporaries are
+    released one at a time (a 4-byte GPU and a code per instruction, the stream keys, their
+    order): on a large program their peak is the DAG build's."""
     n = len(instrs)
     if not n:
         return None
@@ -59,26 +55,25 @@ def stream_columns(instrs: Sequence, kinds: bool = False) -> StreamColumns | Non
         cls = np.fromiter(map(_CLASS.__getitem__, map(type, instrs)), np.int8, n)
     except KeyError:
         return None
-    gpu = np.fromiter(map(_GPU, instrs), np.int64, n)
     third = list(map(_THIRD, instrs))
     codes = {value: k for k, value in enumerate(set(third))}  # equal values, equal codes
-    sub = np.fromiter(map(codes.__getitem__, third), np.int64, n)
+    key = np.fromiter(map(codes.__getitem__, third), np.int64, n)
     del third
-    sub[cls == COMPUTE] = 0  # a compute op's stream is its GPU's, whatever its kind
-    key = (gpu * 3 + cls) * len(codes) + sub
-    del sub
+    key[cls == COMPUTE] = 0  # a compute op's stream is its GPU's, whatever its kind
+    gpu = np.fromiter(map(_GPU, instrs), np.int32, n)
+    key += (gpu.astype(np.int64) * 3 + cls) * len(codes)  # (GPU, class, kind or destination)
+    del gpu, cls
     order = np.argsort(key, kind="stable")  # per stream, its instructions in id order
-    same = key[order[1:]] == key[order[:-1]]
+    key = key[order]
+    same = np.flatnonzero(key[1:] == key[:-1])  # order[k + 1] follows order[k] on its stream
     del key
     before = np.full(n, -1, dtype=np.int64)
-    before[order[1:][same]] = order[:-1][same]
+    before[order[same + 1]] = order[same]
     del order, same
     deps = list(map(_DEPS, instrs))
     ndeps = np.fromiter(map(len, deps), np.int64, n)
     flat = np.fromiter(chain.from_iterable(deps), np.int64, int(ndeps.sum()))
-    del deps
-    return StreamColumns(cls, gpu, before, ndeps, flat,
-                         list(map(_KIND, instrs)) if kinds else [])
+    return StreamColumns(before, ndeps, flat)
 
 
 def edges_of(columns: StreamColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
