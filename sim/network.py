@@ -112,6 +112,35 @@ def _filled(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
     return rates
 
 
+def _alone(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
+           ) -> dict[int, float]:
+    """:func:`_filled` of flows that share no link (each finite link crosses one of them):
+    the same rates, without the per-link tables. Alone on its links, a flow's
+    bottleneck ratio is its smallest capacity, and the filling's rounds take those in
+    increasing order: a round's share is the smallest left, and every flow whose smallest
+    lies within the tie tolerance of it freezes at it."""
+    smallest: dict[int, float] = {}
+    for fid, links in flows.items():
+        if len(links) > 1 and len(set(links)) < len(links):  # a link twice: it shares
+            return _filled(flows, capacity_Bps)
+        least = math.inf
+        for link in links:
+            c = float(capacity_Bps[link])
+            if c < least:
+                least = c
+        smallest[fid] = least
+    values = sorted(set(smallest.values()))
+    share_of = {math.inf: math.inf}  # a flow on no finite link
+    k = 0
+    while k < len(values) and values[k] < math.inf:
+        share = values[k]
+        within = share * (1 + _REL_EPS)
+        while k < len(values) and values[k] <= within:
+            share_of[values[k]] = share
+            k += 1
+    return {fid: share_of[least] for fid, least in smallest.items()}
+
+
 class FlowNetwork:
     """Active flows and their max-min fair rates over time.
 
@@ -141,6 +170,9 @@ class FlowNetwork:
         self._touched_links: list[int] = []
         self._now = 0.0
         self._dirty = False
+        self._shared = False
+        """Whether the last component (:meth:`_component`) had a link carrying two flows or
+        more: re-rated by :func:`_filled`, else by :func:`_alone`."""
         self._ends: list[tuple[float, int]] = []
         """(end time, flow id) of every active flow; entries whose flow ended or changed
         rate since are stale and skipped (lazy deletion)."""
@@ -161,10 +193,12 @@ class FlowNetwork:
     def _component(self) -> dict[int, tuple[int, ...]]:
         """The flows whose max-min rates may have changed: every flow connected, through
         shared finite links, to a flow started or ended since the last re-rating; each with
-        its finite-capacity links."""
+        its finite-capacity links. :attr:`_shared`: whether a link of them carries more
+        than one."""
         flows, on_link = self._flows, self._on_link
         comp: dict[int, tuple[int, ...]] = {}
         seen_links: set[int] = set()
+        shared = False
         stack = list(self._touched_links)
         for fid in self._touched:
             flow = flows.get(fid)
@@ -178,19 +212,24 @@ class FlowNetwork:
             if link in seen_links:
                 continue
             seen_links.add(link)
-            for fid in on_link.get(link, ()):
+            users = on_link.get(link, ())
+            if len(users) > 1:
+                shared = True
+            for fid in users:
                 if fid not in comp:
                     finite = comp[fid] = flows[fid].finite
                     stack.extend(finite)
         self._touched.clear()
         self._touched_links.clear()
+        self._shared = shared
         return comp
 
     def _rerate(self, now: float) -> None:
         """Re-rate the touched component; a flow whose rate changes settles the bytes it
         moved at its old rate up to ``now`` and gets a new end time."""
         comp = self._component()
-        rates = _filled(comp, self.capacity_Bps) if comp else {}
+        rates = ((_filled if self._shared else _alone)(comp, self.capacity_Bps) if comp
+                 else {})
         self.recomputations += 1
         self.rerated_flows += len(comp)
         self._now = now

@@ -126,3 +126,25 @@ def test_batched_compute_ends_equal_the_event_queue(program: Program) -> None:
                      counters.flows, counters.rate_recomputations, counters.rerated_flows,
                      counters.bytes_on_link))
     assert runs[0] == runs[1]
+
+
+CAPACITIES = [1e9, 1e9 * (1 + 5e-13), 1e9 * (1 + 2e-12), 2e9, 3.5e9, 0.0]
+"""Link bandwidths with ties, near-ties inside and just outside the 1e-12 tolerance."""
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=3), max_size=12),
+       st.lists(st.sampled_from(CAPACITIES), min_size=48, max_size=48))
+def test_flows_alone_on_their_links_get_the_filling_rates(routes: list[list[int]],
+                                                          caps: list[float]) -> None:
+    """:func:`sim.network._alone` (flows that share no link) gives :func:`_filled`'s rates
+    bit for bit: smallest capacities with ties inside and outside the tolerance, flows on
+    no finite link, a route crossing a link twice (it shares: the filling decides)."""
+    from sim.network import _alone, _filled
+
+    flows, used = {}, 0
+    for fid, route in enumerate(routes):
+        links = tuple(used + k for k in route)  # disjoint across flows, repeats within
+        used += 4
+        flows[fid * 7] = links
+    assert _alone(flows, caps) == _filled(flows, caps)
