@@ -173,9 +173,10 @@ class FlowNetwork:
         self._shared = False
         """Whether the last component (:meth:`_component`) had a link carrying two flows or
         more: re-rated by :func:`_filled`, else by :func:`_alone`."""
-        self._ends: list[tuple[float, int]] = []
-        """(end time, flow id) of every active flow; entries whose flow ended or changed
-        rate since are stale and skipped (lazy deletion)."""
+        self._ends: list[tuple[float, int, list[int]]] = []
+        """(end time, first flow id, flow ids) of every active flow: the flows one
+        re-rating gave the same end, one after another, share an entry; a flow that ended or
+        changed rate since is stale there and skipped (lazy deletion)."""
         self.bytes_on_link: dict[int, float] = {}
         """Bytes carried by each link (index) by the flows that have ended; absent: none."""
         self.recomputations = 0
@@ -234,6 +235,8 @@ class FlowNetwork:
         self.rerated_flows += len(comp)
         self._now = now
         flows, ends, push, inf = self._flows, self._ends, heapq.heappush, math.inf
+        group: list[int] = []
+        at = None  # the end of the flows in group, the latest entry
         for fid, rate in rates.items():
             flow = flows[fid]
             old = flow.rate_Bps
@@ -252,7 +255,11 @@ class FlowNetwork:
                 end = flow.end_s = now
             else:
                 end = flow.end_s = now + left / rate
-            push(ends, (end, fid))
+            if end == at:  # another flow of the latest entry's end: one entry (a TP ring's)
+                group.append(fid)
+            else:
+                group, at = [fid], end
+                push(ends, (end, fid, group))
 
     def start(self, now: float, flow_id: int, links: tuple[int, ...], nbytes: float) -> None:
         """A flow of ``nbytes`` over ``links`` begins transmitting at ``now``.
@@ -310,11 +317,12 @@ class FlowNetwork:
         """Time the earliest active flow ends at current rates (inf if none)."""
         ends, flows = self._ends, self._flows
         while ends:
-            end, fid = ends[0]
-            flow = flows.get(fid)
-            if flow is not None and flow.end_s == end:
-                return end
-            heapq.heappop(ends)  # stale: the flow ended or changed rate
+            end, _, group = ends[0]
+            for fid in group:
+                flow = flows.get(fid)
+                if flow is not None and flow.end_s == end:
+                    return end
+            heapq.heappop(ends)  # stale: its flows ended or changed rate
         return math.inf
 
     def set_capacity(self, now: float, capacity_Bps: Mapping[int, float]) -> None:
@@ -376,10 +384,11 @@ class FlowNetwork:
         ends, flows = self._ends, self._flows
         due: set[int] = set()
         while ends and ends[0][0] <= limit:
-            end, fid = heapq.heappop(ends)
-            flow = flows.get(fid)
-            if flow is not None and flow.end_s == end:
-                due.add(fid)
+            end, _, group = heapq.heappop(ends)
+            for fid in group:
+                flow = flows.get(fid)
+                if flow is not None and flow.end_s == end:
+                    due.add(fid)
         done = sorted(due)
         carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
         for fid in done:
