@@ -59,6 +59,7 @@ from workloads.program import (
     Send,
     columns_of,
 )
+from workloads.streams import StreamColumns, edges_of, stream_columns
 
 if TYPE_CHECKING:
     import simpy
@@ -218,11 +219,20 @@ class _PlanRun:
         inline: once per transfer)."""
         plan, run, arrive = self.plan, self.run, self.arrive
         links_of, nbytes_of, ends = plan.links, plan.nbytes, plan.ends
+        start, flow_done, now = run.net.start, run.flow_done, run.now
         for k in group:
             links = links_of[k] if plan.epochs[k] == run.epoch else plan.links_of(k, run)
             nbytes = nbytes_of[k]
-            if nbytes > 0 and links:
-                run._flow(links, nbytes, arrive, k, ends[k])
+            if nbytes > 0 and links:  # _Run._flow, inline
+                fid = run.flows
+                run.flows = fid + 1
+                flow_done[fid] = (arrive, k)
+                if run.flow_ends is not None:
+                    run.flow_ends[fid] = ends[k]
+                start(now, fid, links, nbytes)
+                if not run.refresh_pending:
+                    run.refresh_pending = True
+                    run._after(0, run._refresh)
             else:
                 arrive(k)
 
@@ -300,23 +310,19 @@ def _predecessors(instrs: Sequence[Instruction]) -> tuple[array[int], array[int]
 
 
 def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int], array[int]]:
-    """:meth:`_Run._build_dag`'s ``succ`` (4-byte ids here), ``first`` and ``waiting`` from one
-    loop over the instructions (each one's stream predecessor and its deps, flat): the edges in the
-    order that loop meets them (per instruction its stream edge, then its deps), sorted
-    stably by predecessor, are the successor lists in the order the reference fills them."""
+    """:meth:`_Run._build_dag`'s ``succ`` (4-byte ids here), ``first`` and ``waiting`` from
+    each instruction's stream predecessor and deps, read as columns
+    (:func:`workloads.streams.stream_columns`, else from the loop :func:`_predecessors`): the
+    edges in the order that loop meets them (per instruction its stream edge, then its deps),
+    sorted stably by predecessor, are the successor lists in the order the reference fills
+    them."""
     n = len(instrs)
-    before, ndeps, flat = _predecessors(instrs)
-    prev_of = np.frombuffer(before, dtype=np.int64)
-    has = prev_of >= 0
-    edges = has + np.frombuffer(ndeps, dtype=np.int64)  # predecessors of each instruction
-    at = np.cumsum(edges) - edges  # where its edges begin in the loop's order
-    pred = np.empty(int(edges.sum()), dtype=np.int64)
-    stream = at[has]
-    pred[stream] = prev_of[has]
-    is_dep = np.ones(len(pred), dtype=bool)
-    is_dep[stream] = False
-    pred[is_dep] = np.frombuffer(flat, dtype=np.int64)
-    del is_dep, stream, flat, at
+    columns = stream_columns(instrs)
+    if columns is None:
+        columns = StreamColumns(*(np.frombuffer(values, dtype=np.int64)
+                                  for values in _predecessors(instrs)))
+    pred, edges, _ = edges_of(columns)
+    del columns
     first = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(pred, minlength=n), out=first[1:])
     order = np.argsort(pred, kind="stable")
@@ -394,6 +400,12 @@ class _Run:
         self.completed = 0
         self.ready: deque[int] = deque()
         self.draining = False
+        self.batch: list[int] | None = None
+        """The compute ops whose ends the latest heap entry holds, while it is the latest
+        event scheduled and not yet popped (:meth:`_loop`); ``batch_seq``: the event's number
+        of the last one of them, ``batch_at`` their end."""
+        self.batch_seq = -1
+        self.batch_at = -1.0
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -463,9 +475,12 @@ class _Run:
     def _loop(self) -> None:
         """Process the own heap's events in order until none is left (SimPy's ``run()``).
 
-        A compute op's end (the commonest event, pushed with the function :meth:`_complete`
-        as its mark, not bound to the run: :meth:`_drain`) completes it here, as
-        :meth:`_complete` would, without the call."""
+        Compute ops' ends (the commonest events, pushed with the function :meth:`_complete`
+        as their mark, not bound to the run: :meth:`_drain`) complete them here, as
+        :meth:`_complete` would, without the call: those pushed one after another for the
+        same instant share one entry (a list of ids), which holds the places in SimPy's
+        order of that many events in a row (nothing can come between them), and completes
+        them in that order."""
         heap, complete, ready = self.heap, _Run._complete, self.ready
         finished, ended, waiting = self.finished, self.ended, self.waiting
         succ, first = self.succ, self.first
@@ -474,16 +489,19 @@ class _Run:
             at, _, callback, value = heappop(heap)
             self.now = at
             if callback is complete:
-                finished[value] = 1
-                done += 1
-                ended[value] = at
-                for j in succ[first[value]:first[value + 1]]:
-                    left = waiting[j] - 1
-                    waiting[j] = left
-                    if not left:
-                        ready.append(j)
-                if ready:
-                    self._drain()
+                if value is self.batch:
+                    self.batch = None  # popped: later ends at this instant start a new entry
+                for i in value:
+                    finished[i] = 1
+                    done += 1
+                    ended[i] = at
+                    for j in succ[first[i]:first[i + 1]]:
+                        left = waiting[j] - 1
+                        waiting[j] = left
+                        if not left:
+                            ready.append(j)
+                    if ready:
+                        self._drain()
             else:
                 callback(value)
         self.completed += done
@@ -505,7 +523,7 @@ class _Run:
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
         self.draining = True
-        ready, instrs = self.ready, self.program.instructions
+        ready, instrs, members = self.ready, self.program.instructions, self.members
         started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
         heap = self.heap if self.env is None else None
         while ready:
@@ -521,14 +539,29 @@ class _Run:
                 if not total > 0:
                     complete(i)
                 elif heap is not None:  # _after on the own heap, inline
+                    at = now + total
+                    batch = self.batch
+                    if batch is not None and self.batch_seq == self.events and self.batch_at == at:
+                        batch.append(i)  # the next event in SimPy's order: the same entry
+                    else:
+                        self.batch = batch = [i]
+                        self.batch_at = at
+                        heappush(heap, (at, self.events + 1, _Run._complete, batch))  # _loop
                     self.events += 1
-                    heappush(heap, (now + total, self.events, _Run._complete, i))  # _loop
+                    self.batch_seq = self.events
                 else:
                     self._after(total, complete, i)
             elif cls is Send:
                 self._start_send(i, ins)
-            else:
-                self._arrive(i, ins)
+            else:  # a member reaches a collective (_arrive, inline up to the last one)
+                started[i] = self.now
+                waiting = members.get(ins.key)
+                if waiting is None:
+                    members[ins.key] = waiting = [i]
+                else:
+                    waiting.append(i)
+                if len(waiting) >= len(ins.group):
+                    self._arrived(ins)
         self.draining = False
 
     # ------------------------------------------------------------------ network
@@ -653,17 +686,9 @@ class _Run:
     def _end_send(self, value: tuple[int, Send]) -> None:
         self._complete(value[0])
 
-    def _arrive(self, i: int, ins: Collective) -> None:
-        """A member reaches collective ``ins``; the last one to arrive starts it."""
-        self.started[i] = self.now
+    def _arrived(self, ins: Collective) -> None:
+        """The last member has reached collective ``ins``: it starts."""
         key = ins.key
-        members = self.members.get(key)
-        if members is None:
-            members = self.members[key] = [i]
-        else:
-            members.append(i)
-        if len(members) < len(ins.group):
-            return
         if ins.duration_s is not None:  # precomputed (collapsed simulation)
             self._after(ins.duration_s, self._end_collective, key)
         else:
@@ -686,8 +711,22 @@ class _Run:
         self._finish_collective(key)
 
     def _finish_collective(self, key: int) -> None:
-        for i in self.members.pop(key):
-            self._complete(i)
+        """Collective ``key`` is done: each member completes in turn (:meth:`_complete`,
+        inline)."""
+        members = self.members.pop(key)
+        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
+        succ, first, now = self.succ, self.first, self.now
+        for i in members:
+            finished[i] = 1
+            ended[i] = now
+            for j in succ[first[i]:first[i + 1]]:
+                left = waiting[j] - 1
+                waiting[j] = left
+                if not left:
+                    ready.append(j)
+            if ready and not self.draining:
+                self._drain()
+        self.completed += len(members)
 
     def _collective_plan(self, ins: Collective) -> CollectivePlan:
         """The plan of ``ins`` (:func:`collective_plan`), cached per run."""

@@ -347,7 +347,7 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
         ready_s, end_s = np.asarray(ready_s).tolist(), np.asarray(end_s).tolist()
     start, cause, compute_of, part, blocked = _chains(program, ready_s, end_s)
     rows = None if reference or slowdown else _chain_rows(start, cause, end_s, part, blocked)
-    del part, blocked
+    del part
     if rows is None:
         cum = _cumulative(program, start, cause, end_s, slowdown)
         matrix, used = np.frombuffer(cum, dtype=float).reshape(-1, _WIDTH), list(range(_WIDTH))
@@ -357,7 +357,7 @@ def _breakdown(program: Program, ready_s: Sequence[float], end_s: Sequence[float
     last = end_s.index(run_end)  # the first instruction to end the run
     window = window if window is not None else (0.0, run_end)
     if not reference:
-        return _gaps_on_arrays(instrs, compute_of, start, cause, end_s, matrix, used, run_end,
+        return _gaps_on_arrays(blocked, compute_of, start, cause, end_s, matrix, used, run_end,
                                last, window, gpus)
     folded = _folded(instrs)
     zero = [0.0] * len(_PARTS)
@@ -424,7 +424,8 @@ _GAPS_AT_ONCE = 1 << 16
 """Gaps :func:`_gaps_on_arrays` splits in one batch of GPUs (its arrays: ~1 MB a part)."""
 
 
-def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
+def _gaps_on_arrays(blocked: Mapping[int, tuple[float, int]],
+                    compute_of: Mapping[int, list[int]],
                     start: array[float], cause: array[int], end_s: Sequence[float],
                     matrix: np.ndarray, used: Sequence[int], run_end: float, last: int,
                     window: tuple[float, float], gpus: Sequence[int]
@@ -434,7 +435,9 @@ def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
     :func:`_split_gaps`, the same floating-point operations. ``start`` and ``cause`` as
     :func:`_chains` makes them; ``matrix``: per instruction a row of the chain sums of
     the parts ``used`` (:data:`_PARTS` indices; the others are zero), as
-    :func:`_chain_rows` makes them, or every part's (:func:`_cumulative`)."""
+    :func:`_chain_rows` makes them, or every part's (:func:`_cumulative`); ``blocked``: the
+    compute ops with blocking communication (its seconds, its part), as :func:`_chains`
+    makes it."""
     column = np.zeros(_WIDTH, dtype=np.intp)
     column[list(used)] = np.arange(len(used))
     begin_of = np.frombuffer(start, dtype=float)
@@ -457,11 +460,11 @@ def _gaps_on_arrays(instrs: Sequence, compute_of: Mapping[int, list[int]],
         part = np.full(ops.shape, _BUBBLE, dtype=np.intp)
         for row, ids in enumerate(lists):
             ops[row, :len(ids)] = ids
-            for k, i in enumerate(ids):
-                ins = instrs[i]
-                if ins.blocking_comm_s > 0:
-                    folded[row, k] = ins.blocking_comm_s
-                    part[row, k] = _INDEX.get(ins.blocking_comm_kind, _BUBBLE)
+            if blocked:
+                for k, i in enumerate(ids):
+                    cut = blocked.get(i)
+                    if cut is not None:  # a compute op's blocking communication
+                        folded[row, k], part[row, k] = cut
         rows = np.arange(len(batch))
         valid = ops >= 0
         at = np.where(valid, ops, 0)

@@ -112,6 +112,35 @@ def _filled(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
     return rates
 
 
+def _alone(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
+           ) -> dict[int, float]:
+    """:func:`_filled` of flows that share no link (each finite link crosses one of them):
+    the same rates, without the per-link tables. Alone on its links, a flow's
+    bottleneck ratio is its smallest capacity, and the filling's rounds take those in
+    increasing order: a round's share is the smallest left, and every flow whose smallest
+    lies within the tie tolerance of it freezes at it."""
+    smallest: dict[int, float] = {}
+    for fid, links in flows.items():
+        if len(links) > 1 and len(set(links)) < len(links):  # a link twice: it shares
+            return _filled(flows, capacity_Bps)
+        least = math.inf
+        for link in links:
+            c = float(capacity_Bps[link])
+            if c < least:
+                least = c
+        smallest[fid] = least
+    values = sorted(set(smallest.values()))
+    share_of = {math.inf: math.inf}  # a flow on no finite link
+    k = 0
+    while k < len(values) and values[k] < math.inf:
+        share = values[k]
+        within = share * (1 + _REL_EPS)
+        while k < len(values) and values[k] <= within:
+            share_of[values[k]] = share
+            k += 1
+    return {fid: share_of[least] for fid, least in smallest.items()}
+
+
 class FlowNetwork:
     """Active flows and their max-min fair rates over time.
 
@@ -141,9 +170,13 @@ class FlowNetwork:
         self._touched_links: list[int] = []
         self._now = 0.0
         self._dirty = False
-        self._ends: list[tuple[float, int]] = []
-        """(end time, flow id) of every active flow; entries whose flow ended or changed
-        rate since are stale and skipped (lazy deletion)."""
+        self._shared = False
+        """Whether the last component (:meth:`_component`) had a link carrying two flows or
+        more: re-rated by :func:`_filled`, else by :func:`_alone`."""
+        self._ends: list[tuple[float, int, list[int]]] = []
+        """(end time, first flow id, flow ids) of every active flow: the flows one
+        re-rating gave the same end, one after another, share an entry; a flow that ended or
+        changed rate since is stale there and skipped (lazy deletion)."""
         self.bytes_on_link: dict[int, float] = {}
         """Bytes carried by each link (index) by the flows that have ended; absent: none."""
         self.recomputations = 0
@@ -161,10 +194,12 @@ class FlowNetwork:
     def _component(self) -> dict[int, tuple[int, ...]]:
         """The flows whose max-min rates may have changed: every flow connected, through
         shared finite links, to a flow started or ended since the last re-rating; each with
-        its finite-capacity links."""
+        its finite-capacity links. :attr:`_shared`: whether a link of them carries more
+        than one."""
         flows, on_link = self._flows, self._on_link
         comp: dict[int, tuple[int, ...]] = {}
         seen_links: set[int] = set()
+        shared = False
         stack = list(self._touched_links)
         for fid in self._touched:
             flow = flows.get(fid)
@@ -178,23 +213,30 @@ class FlowNetwork:
             if link in seen_links:
                 continue
             seen_links.add(link)
-            for fid in on_link.get(link, ()):
+            users = on_link.get(link, ())
+            if len(users) > 1:
+                shared = True
+            for fid in users:
                 if fid not in comp:
                     finite = comp[fid] = flows[fid].finite
                     stack.extend(finite)
         self._touched.clear()
         self._touched_links.clear()
+        self._shared = shared
         return comp
 
     def _rerate(self, now: float) -> None:
         """Re-rate the touched component; a flow whose rate changes settles the bytes it
         moved at its old rate up to ``now`` and gets a new end time."""
         comp = self._component()
-        rates = _filled(comp, self.capacity_Bps) if comp else {}
+        rates = ((_filled if self._shared else _alone)(comp, self.capacity_Bps) if comp
+                 else {})
         self.recomputations += 1
         self.rerated_flows += len(comp)
         self._now = now
         flows, ends, push, inf = self._flows, self._ends, heapq.heappush, math.inf
+        group: list[int] = []
+        at = None  # the end of the flows in group, the latest entry
         for fid, rate in rates.items():
             flow = flows[fid]
             old = flow.rate_Bps
@@ -213,7 +255,11 @@ class FlowNetwork:
                 end = flow.end_s = now
             else:
                 end = flow.end_s = now + left / rate
-            push(ends, (end, fid))
+            if end == at:  # another flow of the latest entry's end: one entry (a TP ring's)
+                group.append(fid)
+            else:
+                group, at = [fid], end
+                push(ends, (end, fid, group))
 
     def start(self, now: float, flow_id: int, links: tuple[int, ...], nbytes: float) -> None:
         """A flow of ``nbytes`` over ``links`` begins transmitting at ``now``.
@@ -230,7 +276,14 @@ class FlowNetwork:
             finite = self._finite[links] = tuple([link for link in links if cap[link] < math.inf])
         nbytes = float(nbytes)
         self._flows[flow_id] = _Flow(links, nbytes, finite, 0.0, math.inf, nbytes, now)
-        self._attach(flow_id, finite)
+        on_link = self._on_link  # _attach, inline (once per flow)
+        for link in finite:
+            users = on_link.get(link)
+            if users is None:
+                on_link[link] = {flow_id: None}
+            else:
+                users[flow_id] = None
+        self._touched.append(flow_id)
         self._dirty = True
 
     def _attach(self, fid: int, finite: tuple[int, ...]) -> None:
@@ -264,11 +317,12 @@ class FlowNetwork:
         """Time the earliest active flow ends at current rates (inf if none)."""
         ends, flows = self._ends, self._flows
         while ends:
-            end, fid = ends[0]
-            flow = flows.get(fid)
-            if flow is not None and flow.end_s == end:
-                return end
-            heapq.heappop(ends)  # stale: the flow ended or changed rate
+            end, _, group = ends[0]
+            for fid in group:
+                flow = flows.get(fid)
+                if flow is not None and flow.end_s == end:
+                    return end
+            heapq.heappop(ends)  # stale: its flows ended or changed rate
         return math.inf
 
     def set_capacity(self, now: float, capacity_Bps: Mapping[int, float]) -> None:
@@ -330,10 +384,11 @@ class FlowNetwork:
         ends, flows = self._ends, self._flows
         due: set[int] = set()
         while ends and ends[0][0] <= limit:
-            end, fid = heapq.heappop(ends)
-            flow = flows.get(fid)
-            if flow is not None and flow.end_s == end:
-                due.add(fid)
+            end, _, group = heapq.heappop(ends)
+            for fid in group:
+                flow = flows.get(fid)
+                if flow is not None and flow.end_s == end:
+                    due.add(fid)
         done = sorted(due)
         carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
         for fid in done:
