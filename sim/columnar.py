@@ -299,13 +299,17 @@ def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
     event queue's records sum them, one change after the other."""
     alloc, free = columns.alloc_bytes, columns.free_bytes
     is_compute = columns.cls == COMPUTE
-    a_at = np.flatnonzero(is_compute & (alloc != 0))
-    f_at = np.flatnonzero(is_compute & (free != 0))
-    g = np.concatenate((columns.gpu[a_at], columns.gpu[f_at]))
-    order = np.concatenate((2 * a_at, 2 * f_at + 1))
-    delta = np.concatenate((alloc[a_at], -free[f_at]))  # x - f is x + (-f), exactly
-    sort = np.lexsort((order, g))
-    g, delta = g[sort], delta[sort]
+    # the changes in id order, an op's allocation before its free (event 2i, 2i + 1),
+    # then grouped by GPU (a stable sort: each GPU's in that order)
+    changes = np.zeros(2 * len(alloc), dtype=bool)
+    changes[0::2] = is_compute & (alloc != 0)
+    changes[1::2] = is_compute & (free != 0)
+    event = np.flatnonzero(changes)
+    at = event >> 1
+    g = columns.gpu.take(at)
+    delta = np.where(event & 1, -free.take(at), alloc.take(at))  # x - f is x + (-f), exactly
+    sort = grouped(g, int(g.max()) + 1 if len(g) else 1)
+    g, delta = g.take(sort), delta.take(sort)
     cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
     runs = {int(g[lo]): delta[lo:hi] for lo, hi in zip([0, *cuts.tolist()],
                                                       [*cuts.tolist(), len(g)], strict=True)
