@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from base.machine import machine
+from sim.intervalcols import IntervalColumns, grouped
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Columns, Compute
 
@@ -46,8 +47,9 @@ class ColumnarPass:
     """Per instruction, its latest-finishing predecessor (-1: none), stream predecessor
     first among equals, then the first dependency that ended strictly later: int64 (what
     :mod:`sim.idle` reads as an array without converting a list)."""
-    intervals: dict[tuple[int, str], array]
-    """As :attr:`sim.engine.InstructionTimes.intervals` (in an order of their own)."""
+    intervals: IntervalColumns
+    """As :attr:`sim.engine.InstructionTimes.intervals` (in an order of their own), as
+    columns."""
     peak_bytes: dict[int, float]
     """Per GPU with memory samples, its largest allocated bytes."""
     floor_bytes: dict[int, float]
@@ -114,12 +116,6 @@ def _dense_gpus(columns: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.where(sends, dense[np.where(sends, columns.dst, 0)], -1))
 
 
-def _grouped(key: np.ndarray, bound: int) -> np.ndarray:
-    """The stable sort of integer keys ``0 <= key < bound`` (a radix sort on small keys)."""
-    small = bound <= np.iinfo(np.uint16).max + 1
-    return np.argsort(key.astype(np.uint16) if small else key, kind="stable")
-
-
 def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Per instruction, the previous instruction of its stream (-1: none): a GPU's compute
     stream, its send stream to each destination, its collective stream of each kind
@@ -131,7 +127,7 @@ def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> 
     sub = np.where(cls == SEND, dst, np.where(cls == COLLECTIVE, columns.kind, 0))
     width = int(max(sub.max(), 0)) + 1
     key = (gpu * 3 + cls) * width + sub
-    order = _grouped(key, (int(gpu.max()) + 1) * 3 * width)
+    order = grouped(key, (int(gpu.max()) + 1) * 3 * width)
     prev = np.full(n, -1, dtype=np.int64)
     same = key[order[1:]] == key[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
@@ -254,14 +250,15 @@ _STEPS = (_step0, _step1, _step2, _step3)
 
 def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray],
                start: np.ndarray, mid: np.ndarray, end: np.ndarray
-               ) -> dict[tuple[int, str], array]:
-    """The intervals of the spans, per (GPU, stream or kind).
+               ) -> IntervalColumns:
+    """The intervals of the spans, per (GPU, stream or kind) (as columns, grouped when read).
 
     Compute ops give ``[start, mid]`` on ``(GPU, "compute")`` (and on their kind, were it a
     communication kind), their blocking communication ``[mid, end]`` on its kind; sends
     ``[start, end]`` on their kind at both ends; collectives on theirs. The same intervals
     per key as the spans give them, in another (deterministic) order: what reads
-    them takes their union (:data:`sim.stats.Intervals`).
+    them takes their union (:data:`sim.stats.Intervals`; :func:`sim.stats.compute_stats`
+    reads the columns, :mod:`sim.intervalcols`).
     """
     names = columns.names
     comm = np.array([name in COMM_KINDS for name in names] + [False], dtype=bool)
@@ -288,19 +285,10 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
     add(other, gpu, kind, start, end)
     add(other & sends, dst, kind, start, end)
     if not parts:
-        return {}
+        return IntervalColumns(gpus, kind_names, np.zeros(0, dtype=np.intp), np.zeros(0),
+                               np.zeros(0))
     key, a, b = (np.concatenate(x) for x in zip(*parts, strict=True))
-    # grouped by key, each group in the order above (a stable sort: radix on small keys)
-    sort = _grouped(key, len(gpus) * codes)
-    key = key[sort]
-    flat = np.empty(2 * len(a))
-    flat[0::2], flat[1::2] = a[sort], b[sort]
-    cuts = np.flatnonzero(key[1:] != key[:-1]) + 1
-    out: dict[tuple[int, str], array] = {}
-    for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(key)], strict=True):
-        k = int(key[lo])
-        out[(int(gpus[k // codes]), kind_names[k % codes])] = machine(flat[2 * lo:2 * hi], "d")
-    return out
+    return IntervalColumns(gpus, kind_names, key, a, b)
 
 
 def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
@@ -311,13 +299,17 @@ def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
     event queue's records sum them, one change after the other."""
     alloc, free = columns.alloc_bytes, columns.free_bytes
     is_compute = columns.cls == COMPUTE
-    a_at = np.flatnonzero(is_compute & (alloc != 0))
-    f_at = np.flatnonzero(is_compute & (free != 0))
-    g = np.concatenate((columns.gpu[a_at], columns.gpu[f_at]))
-    order = np.concatenate((2 * a_at, 2 * f_at + 1))
-    delta = np.concatenate((alloc[a_at], -free[f_at]))  # x - f is x + (-f), exactly
-    sort = np.lexsort((order, g))
-    g, delta = g[sort], delta[sort]
+    # the changes in id order, an op's allocation before its free (event 2i, 2i + 1),
+    # then grouped by GPU (a stable sort: each GPU's in that order)
+    changes = np.zeros(2 * len(alloc), dtype=bool)
+    changes[0::2] = is_compute & (alloc != 0)
+    changes[1::2] = is_compute & (free != 0)
+    event = np.flatnonzero(changes)
+    at = event >> 1
+    g = columns.gpu.take(at)
+    delta = np.where(event & 1, -free.take(at), alloc.take(at))  # x - f is x + (-f), exactly
+    sort = grouped(g, int(g.max()) + 1 if len(g) else 1)
+    g, delta = g.take(sort), delta.take(sort)
     cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
     runs = {int(g[lo]): delta[lo:hi] for lo, hi in zip([0, *cuts.tolist()],
                                                       [*cuts.tolist(), len(g)], strict=True)

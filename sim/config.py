@@ -730,6 +730,12 @@ def read_yaml(path: str | Path) -> Any:
         raise ConfigError(f"file {str(p)!r} is not valid YAML{where}: {problem}") from None
 
 
+def is_jobs_file(data: Any) -> bool:
+    """Whether a parsed input file is a multi-job file (it has a top-level ``jobs:``,
+    :mod:`sim.jobs`)."""
+    return isinstance(data, dict) and "jobs" in data
+
+
 def set_dotted(data: dict, dotted: str, value: Any) -> dict:
     """Return a copy of nested ``data`` with ``a.b.c`` set to ``value`` (None removes it)."""
     out = dict(data)

@@ -81,11 +81,6 @@ class JobSet:
         return replace(self, jobs=kept)
 
 
-def is_jobs_file(data: Any) -> bool:
-    """Whether a parsed input file is a multi-job file (it has a top-level ``jobs:``)."""
-    return isinstance(data, dict) and "jobs" in data
-
-
 def build_jobs(data: Any, base_dir: Path | None = None) -> JobSet:
     """Validate a parsed multi-job file and build its jobs; ConfigError naming the job
     (``jobs[i] (name): ...``) for an invalid one, and naming both jobs where two share

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from base.collector import gc_paused
+from sim.intervalcols import IntervalColumns
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline
 from topologies.hardware import GiB
 from workloads.memory import device_bytes, oom
@@ -184,6 +185,24 @@ def _union_flat(flat: Sequence[float], window: tuple[float, float] | None
     return _Merged(starts, ends)
 
 
+def _union_columns(intervals: Intervals, item: tuple[int, str],
+                   window: tuple[float, float] | None) -> _Merged | list[tuple[float, float]]:
+    """:func:`_union_flat` of ``intervals[item]`` (none where absent); read as the starts and
+    ends of :class:`~sim.intervalcols.IntervalColumns` where they are such (the same values,
+    in the same order, without the flat list)."""
+    if not isinstance(intervals, IntervalColumns):
+        return _union_flat(intervals.get(item, ()), window)
+    both = intervals.starts_ends(item)
+    if both is None:
+        return []
+    starts, ends = both
+    if len(starts) <= SMALL:
+        return _union(_clipped(zip(starts.tolist(), ends.tolist(), strict=True), window))
+    if window is not None:
+        starts, ends = np.maximum(starts, window[0]), np.minimum(ends, window[1])
+    return _Merged(starts, ends)
+
+
 def _union_length(u: _Merged | list[tuple[float, float]]) -> float:
     return u.length if isinstance(u, _Merged) else _length(u)
 
@@ -251,15 +270,14 @@ def _compute_stats(timeline: Timeline, facts: RunFacts,
     step = timeline.end_s if window is None else window[1] - window[0]
     if intervals is None:
         intervals = span_intervals(timeline.spans)
-    none: tuple[float, ...] = ()
-    busy = {g: _union_flat(intervals.get((g, COMPUTE_STREAM), none), window) for g in gpus}
+    busy = {g: _union_columns(intervals, (g, COMPUTE_STREAM), window) for g in gpus}
     idle = [step - _union_length(b) for b in busy.values()]
     bubble = sum(idle) / (len(gpus) * step) if step > 0 else 0.0
     exposed = {}
     for kind in COMM_KINDS:
         total = 0.0
         for g in gpus:
-            comm = _union_flat(intervals.get((g, kind), none), window)
+            comm = _union_columns(intervals, (g, kind), window)
             total += _exposed(comm, busy[g]) if comm else 0.0
         exposed[kind] = total / len(gpus)
     peaks = _peak_memory(timeline, gpus, facts)

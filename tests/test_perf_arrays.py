@@ -103,6 +103,51 @@ def test_recorded_intervals_give_the_stats_of_the_timeline(fidelity: str, monkey
     assert repr(result.stats["bubble_fraction"]) in outs[0]
 
 
+_COLLAPSED: list = []
+
+
+def _collapsed_run() -> tuple:
+    """A collapsed run's timeline and facts, once for the tests that swap its intervals."""
+    if not _COLLAPSED:
+        result = simulate(_experiment(), fidelity="collapsed")
+        _COLLAPSED.append((result.timeline, _facts(result)))
+    return _COLLAPSED[0]
+
+
+_NAMES = ("F", "tp", "pp", "dp", "compute")
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(0, 60),
+                               st.integers(-4, 60)), max_size=150),
+       window=st.sampled_from([None, (1 / 3, 5.0), (2.0, 2.5)]),
+       small=st.sampled_from([10**9, 4, 0]))
+def test_interval_columns_give_the_stats_of_the_flat_lists(rows: list, window, small: int
+                                                           ) -> None:
+    """:class:`sim.intervalcols.IntervalColumns` (what the queue-free pass hands the
+    statistics) read by key as slices against the same intervals as flat lists (the
+    reference, :func:`sim.stats._union_flat`): the same stats, by the loops or the arrays;
+    as a mapping, the same flat lists."""
+    from sim.intervalcols import IntervalColumns
+
+    timeline, facts = _collapsed_run()
+    gpus = np.array(sorted({*timeline.simulated_gpus, 999}))
+    key = np.array([g * len(_NAMES) + c for g, c, _, _ in rows], dtype=np.intp)
+    start = np.array([a / 8 for _, _, a, _ in rows])
+    end = np.array([a / 8 + d / 3 for _, _, a, d in rows])
+    cols = IntervalColumns(gpus, _NAMES, key, start, end)
+    flat: dict = {}
+    for (g, c, _, _), a, b in zip(rows, start.tolist(), end.tolist(), strict=True):
+        flat.setdefault((int(gpus[g]), _NAMES[c]), []).extend((a, b))
+    assert {k: list(v) for k, v in cols.items()} == flat
+    before, stats_mod.SMALL = stats_mod.SMALL, small
+    try:
+        assert repr(compute_stats(timeline, facts, window, cols)) == repr(
+            compute_stats(timeline, facts, window, flat))
+    finally:
+        stats_mod.SMALL = before
+
+
 def _timer(exp: Experiment):  # the api's compute timer of a homogeneous cluster
     from sim.calibration import default_profile
     from sim.device import compute_time_s

@@ -152,26 +152,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # importing the simulator (its config models above all) and building the experiment
     # make many long-lived objects and little garbage: the collector's scans of them were
     # 60 ms of Megatron 1T's `sim run` (base.collector)
+    # (multi-step runs, jobs files and figures import their modules when asked for: a
+    # step's `sim run --json` needs none of them)
     with gc_paused():
         from sim.api import simulate
-        from sim.cli.figures import write_figures
-        from sim.config import read_yaml
+        from sim.config import is_jobs_file, read_yaml
         from sim.experiment import build_experiment
-        from sim.faults_run import RunResult, simulate_run
-        from sim.jobs import build_jobs, is_jobs_file
 
         out = check_output_dir(args.out) if args.out else None  # fails before simulating
         data = read_yaml(args.file)
         exp = None if is_jobs_file(data) else build_experiment(data, Path(args.file).parent)
     if exp is None:
+        from sim.jobs import build_jobs
+
         return _run_jobs(args, build_jobs(data, Path(args.file).parent), out)
     gpus = _trace_gpus(args.trace_gpus, exp)
     if args.steps is not None:
+        from sim.faults_run import simulate_run
+
         result = simulate_run(exp, args.steps, fidelity=args.fidelity)
     else:
         result = simulate(exp, fidelity=args.fidelity)
     if out is not None:
-        step = result.results[0] if isinstance(result, RunResult) else result
+        from sim.cli.figures import write_figures
+
+        # a multi-step run's figures are its first step's (sim.faults_run.RunResult)
+        step = result.results[0] if args.steps is not None else result
         with outputs() as files:  # stats.json renamed into place last
             paths = result.write(out, files, args.trace, gpus)
             if not args.no_plot:

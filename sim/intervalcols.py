@@ -1,0 +1,74 @@
+"""The spans' intervals as columns (a collapsed run's), grouped by key.
+
+:func:`sim.columnar.run_columns` hands the statistics its intervals as three columns sorted
+by key (per interval its key, start and end), not as a flat list per key:
+:class:`IntervalColumns`. :func:`sim.stats.compute_stats` reads each key's starts and ends
+as slices of those columns (:meth:`IntervalColumns.starts_ends`), the values of the flat
+lists in their order, without making the lists. Read as a mapping, an
+:class:`IntervalColumns` is the :data:`sim.stats.Intervals` of the same spans, made on
+first use. Pure (no SimPy, no matplotlib).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from base.machine import machine
+
+
+def grouped(key: np.ndarray, bound: int) -> np.ndarray:
+    """The stable sort of integer keys ``0 <= key < bound`` (a radix sort on small keys)."""
+    small = bound <= np.iinfo(np.uint16).max + 1
+    return np.argsort(key.astype(np.uint16) if small else key, kind="stable")
+
+
+class IntervalColumns(Mapping):
+    """Intervals as columns: per interval ``key`` (``g * len(names) + code``: the GPU
+    ``gpus[g]`` and the stream or kind ``names[code]``), ``start`` and ``end``, grouped by
+    key here (a stable sort: each key's intervals in their order given).
+
+    As a mapping, per ``(GPU, name)`` a flat ``[start, end, ...]`` :class:`array.array` of
+    its intervals (:data:`sim.stats.Intervals`), made on first use."""
+
+    def __init__(self, gpus: np.ndarray, names: Sequence[str], key: np.ndarray,
+                 start: np.ndarray, end: np.ndarray) -> None:
+        codes = len(names)
+        sort = grouped(key, len(gpus) * codes)
+        key = key.take(sort)
+        self.start, self.end = start.take(sort), end.take(sort)
+        self._at: dict[tuple[int, str], tuple[int, int]] = {}
+        if len(key):
+            cuts = (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
+            gpu_list = gpus.tolist()
+            for lo, hi, k in zip([0, *cuts], [*cuts, len(key)], key.take([0, *cuts]).tolist(),
+                                 strict=True):
+                self._at[(int(gpu_list[k // codes]), names[k % codes])] = (lo, hi)
+        self._lists: dict[tuple[int, str], array] = {}
+
+    def starts_ends(self, item: tuple[int, str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The starts and ends of the intervals of ``item`` (views), None for none."""
+        at = self._at.get(item)
+        if at is None:
+            return None
+        lo, hi = at
+        return self.start[lo:hi], self.end[lo:hi]
+
+    def __getitem__(self, item: tuple[int, str]) -> array:
+        flat = self._lists.get(item)
+        if flat is None:
+            starts, ends = self.starts_ends(item) or (None, None)
+            if starts is None:
+                raise KeyError(item)
+            both = np.empty(2 * len(starts))
+            both[0::2], both[1::2] = starts, ends
+            flat = self._lists[item] = machine(both, "d")
+        return flat
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return iter(self._at)
+
+    def __len__(self) -> int:
+        return len(self._at)
