@@ -19,11 +19,11 @@ bounds of ``benchmarks/calibrate.py``), solved exactly (:func:`bounded_lstsq`). 
 held-out source is predicted by the linearisation. A third scale, c, multiplies the GEMM
 times of Hopper GPUs only (:data:`FITTED_GENERATION`): what the corpus alone would set
 (:func:`fit_generation`, ``corpus_fit`` of ``sim validate --json``; ``[H100.corpus_fit]``
-in ``sim/profiles/hopper.toml`` says why it is not applied); a Hopper run's step time moves
-with c as with a, so its sensitivity costs no simulation. Leave-one-source-out holds c at
-the shipped value: refitted beside a and b on 2026-12-05 it made every held-out source's
-error larger (the sources that want slower Hopper GEMMs and those that want faster ones
-disagree; README, accuracy across sources). Hagemann's sweep enters with every
+in ``sim/profiles/hopper.toml`` ships it, or 1 and why not); a Hopper run's step time moves
+with c as with a, so its sensitivity costs no simulation. Where one is shipped,
+leave-one-source-out refits c in every fold as :func:`fit_generation` fits it, without the
+held-out source, before a and b (a held-out Hopper source is never in its own c); where none
+is (1, fitted on nothing), the folds hold it there. Hagemann's sweep enters with every
 :data:`HAGEMANN_STRIDE`-th successful run (its sensitivities are the expensive part), and
 its own leave-one-source-out error is measured on those runs. Memory constants are not
 refitted: step times do not depend on them.
@@ -124,32 +124,59 @@ def fit_scales(data: FitData, train: np.ndarray, box: Box) -> tuple[float, ...]:
     return tuple(float(1.0 + xi) for xi in x)
 
 
-def leave_one_source_out(data: FitData, box=None) -> dict[str, dict]:
-    """Per source with runs in ``data``: a and b fitted on every other source, c held at the
-    shipped value (``scales``), and the held-out source's MAPE under them (``loso_mape``,
-    linearised); None where no other source has runs."""
+def leave_one_source_out(data: FitData, box=None, refit_generation: bool | None = None
+                         ) -> dict[str, dict]:
+    """Per source with runs in ``data``: a and b fitted on every other source, and the
+    held-out source's MAPE under them (``loso_mape``, linearised); None where no other source
+    has runs.
+
+    c, the Hopper GEMM multiplier: with ``refit_generation`` (the default where
+    ``[H100.corpus_fit]`` ships one, :data:`sim.gpu_profiles.RATIOS`) it is refitted in every
+    fold as :func:`fit_generation` fits the shipped one, on the other sources' Hopper runs
+    (Hagemann's sweep aside, a and b held at the A100 fit), so a held-out Hopper source is
+    not in its own c (none of them: c back at 1, unfitted), and a and b are then fitted with
+    c held there (``scales``' ``hopper_gemm_time``: the fold's total multiplier). Without
+    it, c is held at the shipped value (which then is 1, fitted on nothing)."""
+    from sim.gpu_profiles import RATIOS
+
     box = box or bounds()
-    box = (box[0], box[1], (1.0, 1.0))
+    shipped = RATIOS["H100"].corpus_gemm_time
+    if refit_generation is None:
+        refit_generation = shipped != 1.0
     out = {}
     src = np.array(data.sources)
+    sweep = src == HAGEMANN
+    hopper = data.sens[:, 2] != 0
     for name in sorted(set(data.sources)):
         held = src == name
         train = ~held
         if not train.any():
             out[name] = {"loso_mape": None, "scales": None, "runs": int(held.sum())}
             continue
-        a, b, c = fit_scales(data, train, box)
+        c = 1.0
+        if refit_generation:
+            corpus = train & ~sweep
+            c = (fit_scales(data, corpus, ((1.0, 1.0), (1.0, 1.0), box[2]))[2]
+                 if (corpus & hopper).any() else 1.0 / shipped)
+        a, b, _ = fit_scales(data, train, (box[0], box[1], (c, c)))
         pred = data.base[held] + data.sens[held] @ np.array([a - 1.0, b - 1.0, c - 1.0])
         mape = float(np.mean(np.abs(pred / data.measured[held] - 1.0)))
-        out[name] = {"loso_mape": mape, "scales": {"gemm_time": a, "attention_time": b},
-                     "runs": int(held.sum())}
+        scales = {"gemm_time": a, "attention_time": b}
+        if refit_generation:
+            scales["hopper_gemm_time"] = shipped * c
+        out[name] = {"loso_mape": mape, "scales": scales, "runs": int(held.sum())}
     return out
 
 
 def fit_generation(data: FitData, box: Box | None = None) -> dict:
     """The corpus's own constant: c fitted on every source but Hagemann's sweep (each
     weighing the same), a and b held at the A100 fit (1). ``gemm_time`` is the total
-    multiplier (the shipped one times the refit), what ``[H100.corpus_fit]`` ships."""
+    multiplier (the shipped one times the refit), what ``[H100.corpus_fit]`` ships.
+
+    ``held_out``: the shipped pipeline's own leave-one-source-out, per Hopper source: c
+    fitted the same way without it (``gemm_time``; None where no other source has Hopper
+    runs) and the source's MAPE and mean signed error under that c (``mape``, ``signed``)
+    and under none (``unfitted_mape``, ``unfitted_signed``: GEMM times x 1), linearised."""
     from sim.gpu_profiles import RATIOS
 
     box = box or bounds()
@@ -161,9 +188,25 @@ def fit_generation(data: FitData, box: Box | None = None) -> dict:
                 "runs": 0}
     held = ((1.0, 1.0), (1.0, 1.0), box[2])
     c = fit_scales(data, train, held)[2]
+    src = np.array(data.sources)
+    names = sorted({s for s, h in zip(data.sources, hopper, strict=True) if h})
+
+    def errors(mask: np.ndarray, rel: float) -> tuple[float, float]:
+        err = (data.base[mask] + data.sens[mask, 2] * (rel - 1.0)) / data.measured[mask] - 1.0
+        return float(np.mean(np.abs(err))), float(np.mean(err))
+
+    held_out = {}
+    for name in names:
+        mine = src == name
+        others = train & ~mine
+        fold = fit_scales(data, others, held)[2] if (others & hopper).any() else None
+        mape, signed = errors(mine, fold) if fold is not None else (None, None)
+        unfitted = errors(mine, 1.0 / shipped)
+        held_out[name] = {"gemm_time": None if fold is None else shipped * fold,
+                          "mape": mape, "signed": signed,
+                          "unfitted_mape": unfitted[0], "unfitted_signed": unfitted[1]}
     return {"generation": FITTED_GENERATION, "gemm_time": shipped * c, "shipped": shipped,
-            "runs": int(hopper.sum()),
-            "sources": sorted({s for s, h in zip(data.sources, hopper, strict=True) if h})}
+            "runs": int(hopper.sum()), "sources": names, "held_out": held_out}
 
 
 def _step_time(job: tuple) -> float:

@@ -331,14 +331,41 @@ def test_each_training_source_weighs_the_same() -> None:
 
 
 def test_loso_holds_the_hopper_gemm_scale() -> None:
-    """c is not refitted per fold: two Hopper sources whose GEMMs take 1.2 times as long are
-    each predicted from a and b alone, which the A100 sources hold at 1, so both miss."""
+    """Without the per-fold refit, c is held: two Hopper sources whose GEMMs take 1.2 times as
+    long are each predicted from a and b alone, which the A100 sources hold at 1, so both
+    miss."""
     data = _fit_data({"x": (1.0, 1.0), "y": (1.0, 1.0), "h1": (1.0, 1.0, 1.2),
                       "h2": (1.0, 1.0, 1.2)})
-    folds = leave_one_source_out(data, BOX)
+    folds = leave_one_source_out(data, BOX, refit_generation=False)
     assert set(folds["h1"]["scales"]) == {"gemm_time", "attention_time"}
     assert folds["h1"]["loso_mape"] > 0.05 and folds["h2"]["loso_mape"] > 0.05
     assert folds["h1"]["scales"]["gemm_time"] > 1.0  # a takes what it can of h2's slowness
+
+
+def test_loso_refits_the_hopper_gemm_scale_without_the_held_out_source() -> None:
+    """With c shipped, each fold refits it as fit_generation does, on the other sources'
+    Hopper runs only: two Hopper sources that agree predict each other; one that disagrees
+    is predicted by the other's c (not its own), and a Hopper source alone has no c but 1."""
+    from sim.gpu_profiles import RATIOS
+
+    shipped = RATIOS["H100"].corpus_gemm_time
+    agree = leave_one_source_out(_fit_data({"x": (1.0, 1.0), "y": (1.0, 1.0),
+                                            "h1": (1.0, 1.0, 1.2), "h2": (1.0, 1.0, 1.2)}),
+                                 BOX, refit_generation=True)
+    for name in ("h1", "h2"):
+        assert agree[name]["loso_mape"] == pytest.approx(0.0, abs=1e-9)
+        assert agree[name]["scales"]["hopper_gemm_time"] == pytest.approx(1.2 * shipped)
+        assert agree[name]["scales"]["gemm_time"] == pytest.approx(1.0)
+    disagree = leave_one_source_out(_fit_data({"x": (1.0, 1.0), "y": (1.0, 1.0),
+                                               "h1": (1.0, 1.0, 1.2), "h2": (1.0, 1.0, 1.0)}),
+                                    BOX, refit_generation=True)
+    assert disagree["h1"]["scales"]["hopper_gemm_time"] == pytest.approx(shipped)
+    assert disagree["h2"]["scales"]["hopper_gemm_time"] == pytest.approx(1.2 * shipped)
+    assert disagree["h1"]["loso_mape"] > 0.05 and disagree["h2"]["loso_mape"] > 0.05
+    alone = leave_one_source_out(_fit_data({"x": (1.0, 1.0), "y": (1.0, 1.0),
+                                            "h": (1.0, 1.0, 1.2)}), BOX, refit_generation=True)
+    assert alone["h"]["scales"]["hopper_gemm_time"] == pytest.approx(1.0)
+    assert alone["h"]["loso_mape"] > 0.05
 
 
 def test_fit_generation_fits_c_on_the_corpus_alone() -> None:
@@ -354,6 +381,26 @@ def test_fit_generation_fits_c_on_the_corpus_alone() -> None:
     assert fit["shipped"] == shipped and fit["runs"] == 6 and fit["sources"] == ["h1", "h2"]
     assert 1.15 * shipped < fit["gemm_time"] < 1.25 * shipped
     assert fit_generation(_fit_data({"x": (1.0, 1.0)}), BOX)["gemm_time"] is None
+
+
+def test_fit_generation_holds_each_hopper_source_out_of_its_own_c() -> None:
+    """``held_out``: each Hopper source predicted by the c of the others alone; a source with
+    no other Hopper source has no such c."""
+    from sim.gpu_profiles import RATIOS
+    from sim.loso import fit_generation
+
+    shipped = RATIOS["H100"].corpus_gemm_time
+    fit = fit_generation(_fit_data({"h1": (1.0, 1.0, 1.2), "h2": (1.0, 1.0, 1.2),
+                                    "h3": (1.0, 1.0, 1.0), "x": (1.0, 1.0)}), BOX)
+    assert set(fit["held_out"]) == {"h1", "h2", "h3"}
+    h3 = fit["held_out"]["h3"]
+    assert h3["gemm_time"] == pytest.approx(1.2 * shipped)  # h1 and h2 alone
+    assert h3["signed"] > 0.05 and h3["mape"] == pytest.approx(h3["signed"])
+    h1 = fit["held_out"]["h1"]
+    assert 1.0 * shipped < h1["gemm_time"] < 1.2 * shipped  # h2 and h3
+    assert h1["signed"] < 0 and h1["unfitted_signed"] < h1["signed"]
+    alone = fit_generation(_fit_data({"h": (1.0, 1.0, 1.2), "x": (1.0, 1.0)}), BOX)
+    assert alone["held_out"]["h"]["gemm_time"] is None and alone["held_out"]["h"]["mape"] is None
 
 
 def test_a_single_source_has_no_loso() -> None:
