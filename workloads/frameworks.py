@@ -375,8 +375,9 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
                    zero2_reduce_every_microbatch=profile.zero2_reduce_every_microbatch,
                    cp_kv_all_gather=profile.cp_kv_all_gather,
-                   **({} if profile.optimizer_bytes is None
-                      else {"optimizer_bytes": profile.optimizer_bytes}),
+                   optimizer_bytes=(type(costs).__dataclass_fields__["optimizer_bytes"].default
+                                    if profile.optimizer_bytes is None
+                                    else profile.optimizer_bytes),
                    pp_send_blocking=profile.pp_send_blocking,
                    pp_partition_gathers=profile.pp_partition_gathers,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0,
