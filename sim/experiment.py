@@ -565,7 +565,8 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                           "needs a transformer model, parallel.overlap_grad_reduce: true and "
                           f"zero_stage 1 or 2 (got {par.zero_stage})")
     m, gbs = _num_microbatches(cfg, dp)
-    profile = with_allocator(framework(cfg.training.framework), cfg.training.allocator)
+    profile = with_allocator(framework(cfg.training.framework, cfg.training.precision),
+                             cfg.training.allocator)
     sched = _build_schedule(cfg, pp, m, base_dir)
     placement = Placement.from_order(par.placement, tp=tp, cp=cp, dp=dp, pp=pp)
     costs: CostModel

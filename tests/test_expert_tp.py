@@ -101,7 +101,8 @@ def test_fast_paths_equal_reference_paths_with_expert_tp(par: dict) -> None:
 
 def test_expert_memory_closed_form() -> None:
     """Per GPU: E/ep experts of each layer split over ETP (twice as many with ETP 1 as with
-    ETP = TP = 2), their fp32 state sharded over the expert-DP group (2 GPUs vs 1)."""
+    ETP = TP = 2), their fp32 state sharded over the expert-DP group (2 GPUs vs 1); the
+    gradient buffer is Megatron-LM's fp32 one under --bf16 (4 bytes a parameter)."""
     one, two = build_experiment(_data(1)).costs, build_experiment(_data(2)).costs
     experts = 2 * (E / 4) * 3 * H * F
     assert one.stage_expert_params(0) == pytest.approx(experts)
@@ -110,8 +111,9 @@ def test_expert_memory_closed_form() -> None:
     assert one.stage_params(0) - one.stage_expert_params(0) == pytest.approx(dense)
     bpp = model_state_bytes_per_param
     for costs, etp, shards in ((one, 1, 2), (two, 2, 1)):
+        assert costs.grad_buffer_bytes == 4.0
         assert costs.static_bytes((0,)) == pytest.approx(
-            bpp(1, 4, 2) * dense + bpp(1, shards, 2) * experts / etp)
+            bpp(1, 4, 4) * dense + bpp(1, shards, 4) * experts / etp)
 
 
 def test_expert_gemm_shapes_closed_form() -> None:

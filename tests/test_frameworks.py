@@ -22,6 +22,7 @@ from workloads.frameworks import (
     STAGE_SPLITS,
     apply_framework,
     fragmentation,
+    framework,
     grad_bucket_bytes,
     load_allocators,
     load_profiles,
@@ -56,23 +57,69 @@ def test_every_profile_field_has_its_source_and_the_schema_lists_every_profile()
         assert profile.summary
 
 
-def test_megatron_profile_is_the_cost_model_without_a_profile() -> None:
-    """The default framework changes nothing: the cost model's defaults are Megatron-LM's."""
+def test_megatron_profile_is_the_cost_model_without_a_profile_but_for_its_fp32_gradients(
+        ) -> None:
+    """The default framework changes only the gradients' dtype: Megatron-LM forces their
+    accumulation and reduction into fp32 under --bf16 (megatron/training/arguments.py
+    validate_args): a 4-byte grad buffer and bucket reductions, 3 bytes a parameter in each
+    step-end collective (fp32 reduce-scatter, bf16 all-gather), a 4-byte gradient read by the
+    optimizer; under fp16 nothing forces fp32 and the profile is the cost model's defaults."""
     plain = _costs()
-    assert apply_framework(plain, FRAMEWORKS["megatron"], 8) == plain
+    mg = FRAMEWORKS["megatron"]
+    assert apply_framework(plain, mg, 8) == replace(
+        plain, dp_wire_bytes=3.0, grad_reduce_bytes=4.0, grad_buffer_bytes=4.0,
+        optimizer_bytes=30.0)
+    assert framework("megatron", "bf16") is mg and framework("megatron", "fp8") is mg
+    fp16 = framework("megatron", "fp16")
+    assert apply_framework(plain, fp16, 8) == plain
+    assert "--grad-reduce-in-bf16" in mg.source("dp_wire_bytes")
     assert Experiment.from_dict(_run()).framework.name == "megatron"
+    assert Experiment.from_dict(_run(precision="fp16")).framework == fp16
+    assert Experiment.from_dict(_run(precision="fp16")).costs.grad_reduce_bytes == 2.0
+
+
+def test_an_fp16_sub_table_replaces_only_its_fields_and_is_inherited() -> None:
+    """[<name>.fp16] overrides the fields it gives under training.precision fp16, a table
+    that inherits the profile inherits it, and a sub-table with an unknown key is refused."""
+    text = """
+[a]
+summary = "a"
+%s
+[a.fp16]
+dp_wire_bytes = 7.0
+dp_wire_bytes_source = "fp16's own wire bytes, as some framework's source says, forty+"
+[b]
+inherits = "a"
+summary = "b"
+"""
+    base = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
+    body = base[base.index("[megatron]\n") + len("[megatron]\n"):base.index("[megatron.fp16]")]
+    body = body[body.index("dp_wire_bytes"):]
+    profiles = load_profiles(text % body)
+    a, b = profiles["a"], profiles["b"]
+    assert a.dp_wire_bytes == 3.0 and a.under_fp16 is not None
+    assert a.under_fp16 == replace(a, dp_wire_bytes=7.0, sources=a.under_fp16.sources,
+                                   under_fp16=None)
+    assert b.under_fp16 is not None and b.under_fp16.dp_wire_bytes == 7.0
+    with pytest.raises(ValueError, match=r"\[a.fp16\]"):
+        load_profiles(text.replace("dp_wire_bytes = 7.0", "dp_wire_bites = 7.0") % body)
 
 
 def test_deepspeed_keeps_fp32_gradients_and_reduces_them_in_bf16() -> None:
     """DeepSpeed's bf16 optimizer: an unsharded fp32 gradient buffer, 2 + 4 + 12/d bytes a
-    parameter under ZeRO-1 (Megatron-LM: 2 + 2 + 12/d), and 3 bytes a parameter in each
-    step-end collective (the fp32 gradients all-reduced as bf16, bf16 all-gather)."""
+    parameter under ZeRO-1 (Megatron-LM's fp32 buffer under --bf16 the same, its fp16 one
+    under --fp16 2 + 2 + 12/d), and 3 bytes a parameter in each step-end collective (the fp32
+    gradients all-reduced as bf16, bf16 all-gather; Megatron-LM's fp32 reduce-scatter and bf16
+    all-gather alike)."""
     ds = Experiment.from_dict(_run(framework="deepspeed")).costs
     mg = Experiment.from_dict(_run()).costs
+    fp16 = Experiment.from_dict(_run(precision="fp16")).costs
     assert ds.bytes_per_param() == pytest.approx(6 + 12 / 2)
-    assert mg.bytes_per_param() == pytest.approx(4 + 12 / 2)
+    assert mg.bytes_per_param() == pytest.approx(6 + 12 / 2)
+    assert fp16.bytes_per_param() == pytest.approx(4 + 12 / 2)
     for stage in (0, 1):
-        assert ds.grad_bytes(stage) == pytest.approx(1.5 * mg.grad_bytes(stage))
+        assert ds.grad_bytes(stage) == pytest.approx(1.5 * fp16.grad_bytes(stage))
+        assert ds.grad_bytes(stage) == pytest.approx(mg.grad_bytes(stage))
     assert model_state_bytes_per_param(3, 4, 4.0) == pytest.approx(18 / 4)
 
 
@@ -113,12 +160,18 @@ def test_megatron_bridge_is_megatron_with_its_scripts_settings() -> None:
     set: the allocator (executors.py), Transformer Engine's fused loss
     (cross_entropy_loss_fusion, overrides.py), the 128 Mi-parameter buckets
     (comm_overlap.py) and the host waits of its MoE layers, whose host times were measured
-    on Megatron-core's DeepSeek-V3 (sim/hostwait.py); the fused loss makes the step faster
-    and the peak lower."""
+    on Megatron-core's DeepSeek-V3 (sim/hostwait.py), and the bf16 gradients of
+    grad_reduce_in_fp32 = False (every performance config's common settings; Megatron-LM
+    reduces fp32 ones under --bf16); the fused loss makes the step faster and the peak lower."""
     mg, mb = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-bridge"]
     differ = [f.name for f in fields(mg) if getattr(mg, f.name) != getattr(mb, f.name)]
     assert set(differ) == {"name", "summary", "allocator", "sources", "fused_cross_entropy",
-                           "grad_bucket_params", "grad_bucket_params_per_dp", "moe_host_sync"}
+                           "grad_bucket_params", "grad_bucket_params_per_dp", "moe_host_sync",
+                           "dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes",
+                           "optimizer_bytes", "under_fp16"}
+    assert (mb.grad_reduce_bytes, mb.grad_buffer_bytes, mb.dp_wire_bytes,
+            mb.optimizer_bytes) == (2.0, 2.0, 2.0, 28.0)
+    assert "cfg.ddp.grad_reduce_in_fp32 = False" in mb.source("dp_wire_bytes")
     assert mb.moe_host_sync and not mg.moe_host_sync
     assert mb.allocator == "expandable-segments" and mg.allocator == "caching"
     assert mb.fused_cross_entropy and not mg.fused_cross_entropy
@@ -154,15 +207,13 @@ def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
 
 def test_megatron_core_r08_is_megatron_on_transformer_engine_1x() -> None:
     """megatron-core-r0.8 differs from megatron in TE 1.x's userbuffers SM margin (none),
-    a flag a table may leave out (True) and must give as true or false, and in the fp32
-    gradients r0.8's arguments.py forces under --bf16 (4-byte buckets and buffer, 3 bytes
-    in each step-end collective, the optimizer reading 4-byte gradients)."""
+    a flag a table may leave out (True) and must give as true or false; both reduce the fp32
+    gradients arguments.py forces under --bf16 (r0.8 and main alike)."""
     mg, old = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-core-r0.8"]
     assert mg.tp_overlap_sm_margin and not old.tp_overlap_sm_margin
     assert "set_sm_margin" in old.source("tp_overlap_sm_margin")
     assert replace(old, name=mg.name, summary=mg.summary, sources=mg.sources,
-                   tp_overlap_sm_margin=True, grad_reduce_bytes=2.0, grad_buffer_bytes=2.0,
-                   dp_wire_bytes=2.0, optimizer_bytes=None) == mg
+                   tp_overlap_sm_margin=True, under_fp16=mg.under_fp16) == mg
     assert FRAMEWORKS["deepspeed"].tp_overlap_sm_margin
     text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
     with pytest.raises(ValueError, match="tp_overlap_sm_margin=0"):
@@ -179,12 +230,12 @@ def test_megatron_core_r08_reduces_fp32_gradients() -> None:
     assert (old.grad_reduce_bytes, old.grad_buffer_bytes, old.dp_wire_bytes) == (4.0, 4.0, 3.0)
     assert "accumulate_allreduce_grads_in_fp32 = True" in old.source("grad_reduce_bytes")
     assert grad_bucket_bytes(old, 48) == 48_000_000 * 4
-    assert grad_bucket_bytes(FRAMEWORKS["megatron"], 48) == 48_000_000 * 2
+    assert grad_bucket_bytes(framework("megatron", "fp16"), 48) == 48_000_000 * 2
     assert model_state_bytes_per_param(1, 48, old.grad_buffer_bytes) == pytest.approx(6 + 12 / 48)
     m = replace(PRESETS["gpt3-175b"], num_layers=8)
     base = TransformerCosts(m, 1, 8, 1, (8,))
-    new, bf16 = (apply_framework(base, FRAMEWORKS[n], 1) for n in ("megatron-core-r0.8",
-                                                                   "megatron"))
+    new, bf16 = (apply_framework(base, p, 1) for p in (FRAMEWORKS["megatron-core-r0.8"],
+                                                       FRAMEWORKS["megatron-bridge"]))
     assert new.grad_bytes(0) == pytest.approx(1.5 * bf16.grad_bytes(0))
     assert new._layer_grad_bytes(0, 1) == pytest.approx(2 * bf16._layer_grad_bytes(0, 1))
     assert new._gather_bytes(0, 1) == bf16._gather_bytes(0, 1)
@@ -303,7 +354,7 @@ def test_fsdp_reduces_gradients_in_fp32() -> None:
     data = _run()
     data["parallel"] = {"tp": 1, "pp": 1, "dp": 8, "zero_stage": 3}
     fsdp = Experiment.from_dict({**data, "training": {**data["training"], "framework": "fsdp"}})
-    mg = Experiment.from_dict(data)
+    mg = Experiment.from_dict({**data, "training": {**data["training"], "precision": "fp16"}})
     assert fsdp.costs._layer_grad_bytes(0, 3) == pytest.approx(2 * mg.costs._layer_grad_bytes(0, 3))
 
 
@@ -392,13 +443,19 @@ def test_fp8_saves_the_gemm_inputs_in_one_byte() -> None:
 
 
 def test_fp8_outside_hopper_is_a_config_error_and_fp16_is_bf16() -> None:
+    """fp16 runs as bf16 (the same rate and bytes) under a framework without an fp16 sub-table;
+    Megatron-LM's fp16 gradients (2 bytes, its fp32 ones only under --bf16) hold less."""
     data = _run(precision="fp8")
     data["cluster"] = {"preset": "dgx-a100-80g", "num_gpus": 8}
     with pytest.raises(ConfigError, match="precision='fp8'.*not on A100-80GB"):
         Experiment.from_dict(data)
-    a = api.simulate(Experiment.from_dict(_run(precision="fp16")), fidelity="collapsed").stats
-    b = api.simulate(Experiment.from_dict(_run()), fidelity="collapsed").stats
+
+    def stats(**training) -> dict:
+        return api.simulate(Experiment.from_dict(_run(**training)), fidelity="collapsed").stats
+
+    a, b = stats(precision="fp16", framework="deepspeed"), stats(framework="deepspeed")
     assert (a["step_time_s"], a["peak_memory_gib"]) == (b["step_time_s"], b["peak_memory_gib"])
+    assert stats(precision="fp16")["peak_memory_gib"] < stats()["peak_memory_gib"]
 
 
 # ------------------------------------------------------------------ model settings
@@ -876,16 +933,17 @@ def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
     assert (ll.grad_buffer_bytes, ll.grad_reduce_bytes, ll.dp_wire_bytes) == (4.0, 4.0, 2.0)
     assert ll.zero2_reduce_every_microbatch and not mg.zero2_reduce_every_microbatch
     differ = {f.name for f in fields(mg) if getattr(mg, f.name) != getattr(ll, f.name)}
-    assert differ == {"name", "summary", "sources", "stage_split", "grad_buffer_bytes",
-                      "grad_reduce_bytes", "rope_bytes",
-                      "zero2_reduce_every_microbatch", "cp_kv_all_gather"}
-    assert "Dubey et al. 2024" in ll.source("dp_wire_bytes")  # Megatron-LM's 2, for its reason
+    assert differ == {"name", "summary", "sources", "stage_split", "dp_wire_bytes",
+                      "rope_bytes", "zero2_reduce_every_microbatch", "cp_kv_all_gather",
+                      "under_fp16"}
+    assert "Dubey et al. 2024" in ll.source("grad_buffer_bytes")  # Megatron-LM's 4, for its reason
+    assert "Dubey et al. 2024" in ll.source("dp_wire_bytes")
     # Megatron-LM's fused SwiGLU, timed as it is stashed, for the paper's reason: an eager
     # one's stash would not fit its 8K-token runs without activation checkpointing
     assert ll.swiglu_bytes == ll.swiglu_stash_bytes == mg.swiglu_bytes == 6.0
     assert "Dubey et al. 2024" in ll.source("swiglu_bytes")
     assert all("Dubey et al. 2024" in ll.source(f) for f in differ - {"name", "summary",
-                                                                       "sources"})
+                                                                       "sources", "under_fp16"})
     costs = apply_framework(_costs(zero_stage=2), ll, 4)
     assert costs.bytes_per_param(8) == model_state_bytes_per_param(2, 8, 4.0) == 2 + 16 / 8
 
@@ -894,9 +952,10 @@ def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
                                             (96, 96e6)])
 def test_megatron_buckets_are_max_40m_1m_dp_parameters(dp: int, params: float) -> None:
     """Megatron-core's default bucket_size (distributed_data_parallel.py, core_r0.8.0):
-    max(40M, 1M x dp) parameters, of bf16 gradients in Megatron-LM's profile and fp32 in
-    llama3's (grad_reduce_in_fp32)."""
-    assert grad_bucket_bytes(FRAMEWORKS["megatron"], dp) == 2 * params
+    max(40M, 1M x dp) parameters, of fp32 gradients in Megatron-LM's profile under --bf16
+    (accumulate_allreduce_grads_in_fp32) and in llama3's, of fp16 ones under --fp16."""
+    assert grad_bucket_bytes(FRAMEWORKS["megatron"], dp) == 4 * params
+    assert grad_bucket_bytes(framework("megatron", "fp16"), dp) == 2 * params
     assert grad_bucket_bytes(FRAMEWORKS["llama3"], dp) == 4 * params
 
 
@@ -933,14 +992,15 @@ def test_profiles_without_a_bucket_rule_have_none(name: str) -> None:
 
 
 def test_grad_bucket_mb_overrides_the_profiles_rule() -> None:
-    """parallel.grad_bucket_MB left out: the profile's bucket (Megatron-core's 80 MB at dp 2,
-    PyTorch DDP's 25 MB for a profile without a rule); given: it wins."""
+    """parallel.grad_bucket_MB left out: the profile's bucket (Megatron-core's 40M fp32
+    gradients, 160 MB, at dp 2, PyTorch DDP's 25 MB for a profile without a rule); given: it
+    wins."""
     def bucket(framework: str, **parallel) -> float:
         d = _run(framework=framework)
         d["parallel"] |= {"overlap_grad_reduce": True, **parallel}
         return Experiment.from_dict(d).costs.grad_bucket_bytes
 
-    assert bucket("megatron") == 80e6
+    assert bucket("megatron") == 160e6
     assert bucket("deepspeed") == 25e6
     assert bucket("megatron", grad_bucket_MB=10) == 10e6
     assert bucket("deepspeed", grad_bucket_MB=10) == 10e6
@@ -1219,13 +1279,14 @@ def test_llama3_405b_table4_layout_stashes_as_pytorch_interleaved_1f1b() -> None
 def test_llm_foundry_optimizer_is_composers_eager_adamw_and_fsdp_gradient_clipping() -> None:
     """Composer's DecoupledAdamW, one eager op at a time on fp32 shards (80 bytes a parameter)
     and FSDP's clip_grad_norm_ (12): 92 bytes a parameter of the shard; a profile without
-    the field keeps the cost model's fused AdamW (28)."""
+    the field keeps the cost model's fused AdamW (28), Megatron-LM's reads fp32 gradients
+    under --bf16 (30)."""
     plain = _costs(tp=1, dp=8, stage_layers=(8,), zero_stage=3)
     foundry = apply_framework(plain, FRAMEWORKS["llm-foundry"], 1)
     mega = apply_framework(plain, FRAMEWORKS["megatron"], 1)
     shard = sum(plain.stage_params(s) for s in (0,)) / 8
     assert plain.optimizer_segment((0,)).elementwise_bytes == pytest.approx(28 * shard)
-    assert mega.optimizer_segment((0,)).elementwise_bytes == pytest.approx(28 * shard)
+    assert mega.optimizer_segment((0,)).elementwise_bytes == pytest.approx(30 * shard)
     assert foundry.optimizer_segment((0,)).elementwise_bytes == pytest.approx(92 * shard)
     assert FRAMEWORKS["fsdp"].optimizer_bytes is None
 

@@ -18,7 +18,10 @@ from workloads.program import Collective
 BASE = {"name": "pg", "model": {"preset": "llama2-13b", "num_layers": 4, "seq_length": 2048},
         "cluster": {"preset": "dgx-h100", "num_gpus": 16},
         "parallel": {"tp": 2, "pp": 2, "sequence_parallel": True, "overlap_grad_reduce": True},
-        "training": {"micro_batch_size": 1, "num_microbatches": 4}}
+        "training": {"micro_batch_size": 1, "num_microbatches": 4, "precision": "fp16"}}
+"""fp16: Megatron-LM's 2-byte gradients, so the step-end all-gather (dp_wire_bytes) moves the
+parameters' 2 bytes as the per-layer gathers do (under bf16 the profile's 3 averages the fp32
+reduce-scatter and the bf16 all-gather of its two step-end collectives)."""
 
 
 def _exp(**parallel) -> dict:

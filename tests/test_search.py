@@ -749,12 +749,15 @@ HAGEMANN_SPACE = ("tp=1|2|4|8,pp=1|2|4|8|16,mbs=1|2|4|8,recompute=none|full,sche
 def _hagemann(model: str, seq: int, gpus: int) -> dict:
     """One group of the sweep with the sweep framework's loss over gathered logits (the rest
     of its profile, ``training.framework: scaling``, makes micro-batch 2 win the 13B 2k-token
-    group: TP1 PP2 mbs 2)."""
+    group: TP1 PP2 mbs 2), and its 2-byte gradient buffer and bucket reductions (scaling's
+    grad_buffer_bytes and grad_reduce_bytes): Megatron-LM's profile has them under fp16 only
+    (its --bf16 forces fp32 gradients, which also make micro-batch 2 win that group)."""
     return {"name": f"{model}-{seq}-{gpus}",
             "model": {"preset": model, "seq_length": seq, "vocab_size": 128_000},
             "cluster": {"preset": "dgx-a100-80g", "num_gpus": gpus},
             "training": {"global_batch_size": 4_194_304 // seq, "attention": "flash2",
-                         "fused_norm": True, "vocab_parallel_loss": False}}
+                         "fused_norm": True, "vocab_parallel_loss": False,
+                         "precision": "fp16"}}
 
 
 @cache

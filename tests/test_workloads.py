@@ -81,14 +81,20 @@ def test_single_gpu_has_no_bubble_and_no_communication() -> None:
 
 
 def test_memory_model_zero_stages_and_activations() -> None:
-    """Static bytes follow ZeRO's 16 / 4+12/d / 2+14/d bytes per parameter."""
-    exp0 = build_experiment(_exp(zero_stage=0))
-    exp1 = build_experiment(_exp(zero_stage=1))
-    exp2 = build_experiment(_exp(zero_stage=2))
+    """Static bytes follow ZeRO's 16 / 4+12/d / 2+14/d bytes per parameter with 2-byte
+    gradients (Megatron-LM's under fp16), 18 / 6+12/d with its fp32 ones under bf16."""
+    def exp(zero: int, precision: str = "fp16"):
+        d = _exp(zero_stage=zero)
+        d["training"] = d["training"] | {"precision": precision}
+        return build_experiment(d)
+
+    exp0, exp1, exp2 = exp(0), exp(1), exp(2)
     n = exp0.costs.stage_params(0)
     assert exp0.costs.static_bytes((0,)) == pytest.approx(16 * n)
     assert exp1.costs.static_bytes((0,)) == pytest.approx((4 + 12 / 2) * n)
     assert exp2.costs.static_bytes((0,)) == pytest.approx((2 + 14 / 2) * n)
+    assert exp(0, "bf16").costs.static_bytes((0,)) == pytest.approx(18 * n)
+    assert exp(1, "bf16").costs.static_bytes((0,)) == pytest.approx((6 + 12 / 2) * n)
 
 
 def test_activation_memory_korthikanti() -> None:

@@ -160,6 +160,10 @@ class FrameworkProfile:
     ``TransformerCosts.moe_host_wait_s``."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
+    under_fp16: FrameworkProfile | None = None
+    """The same framework under ``training.precision: fp16`` where that changes a field (the
+    table's ``[<name>.fp16]`` sub-table: Megatron-LM reduces fp32 gradients under --bf16 but
+    fp16 ones under --fp16); None: the same under every precision (:func:`framework`)."""
 
     def source(self, field: str) -> str:
         """Where ``field``'s value comes from."""
@@ -265,10 +269,23 @@ def _inherited(name: str, tables: dict[str, dict[str, Any]], seen: tuple[str, ..
     return {**_inherited(parent, tables, (*seen, name)), **table}
 
 
+def _with_fp16(name: str, table: dict[str, Any]) -> FrameworkProfile:
+    """The profile of ``table`` and, where it has an ``fp16`` sub-table (its fields and their
+    sources under ``training.precision: fp16``), the one with those fields replaced."""
+    sub = table.pop("fp16", None)
+    profile = _profile(name, table)
+    if sub is None:
+        return profile
+    if not isinstance(sub, dict) or any(k.removesuffix("_source") not in _FIELDS for k in sub):
+        raise ValueError(f"frameworks.toml [{name}.fp16]: only fields of a profile and their "
+                         f"sources")
+    return replace(profile, under_fp16=_profile(name, {**table, **sub}))
+
+
 def load_profiles(text: str) -> dict[str, FrameworkProfile]:
     """The profiles of a ``frameworks.toml`` text, by name (ValueError for a bad one)."""
     tables = tomllib.loads(text)
-    return {name: _profile(name, _inherited(name, tables)) for name in tables}
+    return {name: _with_fp16(name, _inherited(name, tables)) for name in tables}
 
 
 @dataclass(frozen=True)
@@ -316,12 +333,17 @@ megatron-bridge, llama3, megatron-core-r0.8."""
 DEFAULT_FRAMEWORK = "megatron"
 
 
-def framework(name: str) -> FrameworkProfile:
-    """The profile called ``name``; ConfigError listing the choices otherwise."""
+def framework(name: str, precision: str | None = None) -> FrameworkProfile:
+    """The profile called ``name`` (as it runs under ``precision`` where its table has an
+    ``fp16`` sub-table and ``precision`` is fp16, :attr:`FrameworkProfile.under_fp16`);
+    ConfigError listing the choices otherwise."""
     if name not in FRAMEWORKS:
         raise ConfigError(f"training.framework={name!r}: unknown framework; choose one of "
                           f"{', '.join(FRAMEWORKS)}")
-    return FRAMEWORKS[name]
+    profile = FRAMEWORKS[name]
+    if precision == "fp16" and profile.under_fp16 is not None:
+        return profile.under_fp16
+    return profile
 
 
 def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
@@ -353,8 +375,9 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
                    zero2_reduce_every_microbatch=profile.zero2_reduce_every_microbatch,
                    cp_kv_all_gather=profile.cp_kv_all_gather,
-                   **({} if profile.optimizer_bytes is None
-                      else {"optimizer_bytes": profile.optimizer_bytes}),
+                   optimizer_bytes=(type(costs).__dataclass_fields__["optimizer_bytes"].default
+                                    if profile.optimizer_bytes is None
+                                    else profile.optimizer_bytes),
                    pp_send_blocking=profile.pp_send_blocking,
                    pp_partition_gathers=profile.pp_partition_gathers,
                    kept_stage_outputs=profile.kept_stage_outputs if micro_batches >= 2 else 0,
@@ -366,7 +389,7 @@ def grad_bucket_bytes(profile: FrameworkProfile, dp: int) -> float | None:
     parallel size ``dp``: max(:attr:`~FrameworkProfile.grad_bucket_params`,
     :attr:`~FrameworkProfile.grad_bucket_params_per_dp` x dp) parameters of
     :attr:`~FrameworkProfile.grad_reduce_bytes` each (Megatron-core:
-    max(40,000,000, 1,000,000 x dp), i.e. 80 MB of bf16 gradients up to dp = 40); None
+    max(40,000,000, 1,000,000 x dp), i.e. 160 MB of fp32 gradients up to dp = 40); None
     where the profile has no rule of its own."""
     if profile.grad_bucket_params is None:
         return None

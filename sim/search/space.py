@@ -137,7 +137,7 @@ class SearchContext:
     @property
     def framework(self) -> FrameworkProfile:
         """The experiment's training framework (``training.framework``)."""
-        return framework(self.config.training.framework)
+        return framework(self.config.training.framework, self.config.training.precision)
 
     def costs_for(self, layout: Layout, num_stages: int) -> TransformerCosts:
         """The cost model of ``layout`` (as :func:`sim.experiment.build_experiment` makes it:
