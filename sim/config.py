@@ -400,7 +400,7 @@ class TrainingConfig(Strict):
     ignore it."""
     framework: Literal["megatron", "deepspeed", "fsdp", "scaling", "llm-foundry",
                        "megatron-bridge", "llama3", "bigscience",
-                       "megatron-core-r0.8"] = "megatron"
+                       "megatron-core-r0.8", "nemo-launcher"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -415,7 +415,9 @@ class TrainingConfig(Strict):
     bigscience: deepspeed's, with BLOOM-176B's pipeline split (``--pp-partition-method
     'type:transformer|embedding'``: the embedding and the head each in a layer's place);
     megatron-core-r0.8: Megatron-core r0.8.0 on Transformer Engine 1.x (Megatron-LM's
-    behaviour, TP-overlap GEMMs on every SM: no userbuffers SM margin)."""
+    behaviour, TP-overlap GEMMs on every SM: no userbuffers SM margin); nemo-launcher: NeMo 1
+    as NeMo-Framework-Launcher's H100 performance examples run it (Megatron-LM's behaviour,
+    gradients synchronised as bf16: ``grad_sync_dtype=bf16``)."""
     allocator: Literal["caching", "expandable-segments"] | None = None
     """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
     memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's

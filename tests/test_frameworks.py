@@ -241,6 +241,25 @@ def test_megatron_core_r08_reduces_fp32_gradients() -> None:
     assert new._gather_bytes(0, 1) == bf16._gather_bytes(0, 1)
 
 
+def test_nemo_launcher_synchronises_bf16_gradients() -> None:
+    """NeMo-Framework-Launcher's H100 performance examples pass
+    ``optim.grad_sync_dtype=bf16`` to apex's DistributedFusedAdam: a bf16 gradient buffer
+    and bucket, 2 bytes a parameter in each step-end collective, where Megatron-LM's own
+    default under bf16 (the megatron profile) keeps and reduces fp32 gradients; every other
+    field is megatron's."""
+    nemo, mg = FRAMEWORKS["nemo-launcher"], FRAMEWORKS["megatron"]
+    assert (nemo.grad_reduce_bytes, nemo.grad_buffer_bytes, nemo.dp_wire_bytes) == (2.0, 2.0, 2.0)
+    assert (mg.grad_reduce_bytes, mg.grad_buffer_bytes, mg.dp_wire_bytes) == (4.0, 4.0, 3.0)
+    assert "grad_sync_dtype=bf16" in nemo.source("dp_wire_bytes")
+    assert nemo.swiglu_stash_bytes == mg.swiglu_stash_bytes
+    assert nemo.vocab_parallel_loss == mg.vocab_parallel_loss
+    m = replace(PRESETS["gpt3-175b"], num_layers=8)
+    base = TransformerCosts(m, 1, 8, 1, (8,))
+    fp32, bf16 = (apply_framework(base, FRAMEWORKS[n], 1) for n in ("megatron", "nemo-launcher"))
+    assert fp32.grad_bytes(0) == pytest.approx(1.5 * bf16.grad_bytes(0))
+    assert fp32._layer_grad_bytes(0, 1) == pytest.approx(2 * bf16._layer_grad_bytes(0, 1))
+
+
 def test_training_allocator_overrides_the_frameworks() -> None:
     """training.allocator: a Megatron-LM run with expandable segments holds less than with
     the caching allocator (its default), megatron-bridge with caching more than with its own
@@ -1099,7 +1118,7 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
     assert {n: FRAMEWORKS[n].swiglu_stash_bytes for n in FRAMEWORKS} == {
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
         "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
-        "megatron-core-r0.8": 6.0}
+        "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))

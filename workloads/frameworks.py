@@ -328,7 +328,7 @@ def _load() -> dict[str, FrameworkProfile]:
 
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, scaling, llm-foundry,
-megatron-bridge, llama3, megatron-core-r0.8."""
+megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
