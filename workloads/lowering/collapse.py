@@ -454,9 +454,20 @@ def split_points(folded: Folded, first: frozenset[str], cut: frozenset[str],
                  window: frozenset[int] = frozenset()) -> tuple[int, ...]:
     """Where :func:`emit_folded` splits ``folded``'s compute (the ``at`` of
     :meth:`Folded.split`): at the first run of collectives holding each kind of ``first``
-    (:func:`first_cuts`), at the last run holding each kind of ``cut`` and at the runs
-    ``window`` (:func:`window_cuts`)."""
-    at = {max(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in cut}
+    (:func:`first_cuts`), at the last run holding each kind of ``cut`` and every run after
+    it, and at the runs ``window`` (:func:`window_cuts`).
+
+    A kind of ``cut`` is one a later op leads with, not waiting for this op
+    (:func:`stream_cuts`): in the full program that leading collective starts once this
+    op's last collective of its kind ends, and runs beside the rest of this op, whose
+    compute stops at each collective of another kind (a MoE layer's EP all-to-alls after
+    its last TP collective). Folded, the rest would run all of its compute before its
+    blocking communication, and the leading collective would overlap compute that in the
+    full program comes later (a different exposure of its kind): so the rest is split at
+    each of its runs too."""
+    n = len(folded.inner)
+    at = {w for kind in cut
+          for w in range(max(w for w, kinds in enumerate(folded.inner) if kind in kinds), n)}
     at |= {min(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in first}
     return tuple(sorted(at | window))
 
