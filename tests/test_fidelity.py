@@ -46,7 +46,14 @@ fidelities differ only where the full simulation has traffic the timer did not s
   collectives that start meanwhile (:func:`workloads.lowering.collapse.first_cuts`, and
   :func:`~workloads.lowering.collapse.window_cuts` for an EP all-to-all before the op's
   first TP collective: once 0.17 us of TP exposure apart,
-  :func:`test_closing_tp_collective_beside_a_folded_all_to_all_is_exposed_alike`); the
+  :func:`test_closing_tp_collective_beside_a_folded_all_to_all_is_exposed_alike`); and
+  a later op's leading TP collective that waits for no part of a folded op overlaps the
+  same compute too, the fold being split at every collective after its last TP one
+  (:func:`~workloads.lowering.collapse.split_points`; 0.08 us apart once,
+  :func:`test_leading_tp_collective_beside_a_folded_all_to_all_is_exposed_alike`), the
+  op's leading collectives taken to start as early as their stream frees, before the op
+  is issued where the earlier op's last one of their kind was folded (0.04 us apart once,
+  :func:`test_leading_all_to_all_started_early_beside_a_closing_tp_collective`); the
   exposure by kind keeps the tolerance ``C`` where ``O = 0``.
 
 * **replicas on different routes.** A collapsed run times each collective and message
@@ -418,6 +425,76 @@ def test_closing_tp_collective_beside_a_folded_all_to_all_is_exposed_alike() -> 
             "training": {"micro_batch_size": 1, "num_microbatches": 2, "fused_norm": False,
                          "vocab_parallel_loss": False},
             "schedule": "gpipe"}
+    full, col, bound, overlap, _, spread = run_both(data, mesh=True)
+    assert bound == overlap == spread == 0.0
+    step = full["step_time_s"]
+    for kind, a in full["exposed_comm_s"].items():
+        assert _close(col["exposed_comm_s"][kind], a, step, 0.0), kind
+    assert full["exposed_comm_s"]["tp"] > 0
+
+
+def test_leading_tp_collective_beside_a_folded_all_to_all_is_exposed_alike() -> None:
+    """Found by a new framework profile's draws (a Megatron MoE, tp 2 pp 2 dp 2 ep 2, SP, one
+    expert-TP rank, gpipe; the flex dispatcher and its overlap were drawn too, and matter
+    not): on the last pipeline rank the second micro-batch's forward leads
+    with a TP all-gather that waits only for its input, and runs beside the first one's rest
+    after its last TP collective: the expert MLP, the combine all-to-all, the logits and
+    loss. Folded, that rest ran all its compute (0.223 us) before the combine, so the
+    all-gather hid behind compute that in the full program comes after the combine (0.061
+    us): TP exposure 64.2674 against 64.3485 us, nothing contending (``C = 0``). A stream cut
+    (:func:`workloads.lowering.collapse.stream_cuts`) now splits the fold at every run of
+    collectives after it too (:func:`~workloads.lowering.collapse.split_points`): exact."""
+    data = {"name": "drawn",
+            "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
+                      "num_kv_heads": 1, "ffn_hidden_size": 64, "vocab_size": 256,
+                      "seq_length": 32, "ffn_type": "gelu", "norm": "layernorm",
+                      "tied_embeddings": False, "position_embedding": "learned",
+                      "moe": {"num_experts": 2, "top_k": 1}},
+            "cluster": {"preset": "ideal", "num_gpus": 8},
+            "parallel": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "zero_stage": 0,
+                         "overlap_grad_reduce": False, "sequence_parallel": True,
+                         "moe_dispatcher": "flex", "moe_a2a_overlap": True, "expert_tp": 1},
+            "training": {"micro_batch_size": 1, "num_microbatches": 2, "recompute": "none",
+                         "attention": "flash2", "fused_norm": False,
+                         "vocab_parallel_loss": False, "framework": "megatron",
+                         "precision": "bf16"},
+            "schedule": "gpipe"}
+    full, col, bound, overlap, _, spread = run_both(data, mesh=True)
+    assert bound == overlap == spread == 0.0
+    step = full["step_time_s"]
+    for kind, a in full["exposed_comm_s"].items():
+        assert _close(col["exposed_comm_s"][kind], a, step, 0.0), kind
+    assert full["exposed_comm_s"]["tp"] > 0
+
+
+def test_leading_all_to_all_started_early_beside_a_closing_tp_collective() -> None:
+    """Found next in the same draws (zb-v, vpp 2, a Megatron MoE, tp 2 pp 2 dp 2 ep 2): on
+    the last pipeline rank a backward leads with an EP all-to-all that starts 8.13 us before
+    the previous backward ends, that one's last all-to-all (folded) having ended then. Its
+    compute then runs beside the previous backward's closing TP reduce-scatter, and its
+    next all-to-all runs ahead of its TP all-gather, which queues behind the
+    reduce-scatter. Collapsed, the op was taken to start its leading all-to-all when
+    issued, its compute after the reduce-scatter: not split, it hid 0.088 us more of the
+    reduce-scatter (TP exposure 322.266 against 322.310 us, ``C = 0``). A kind whose last
+    collective was folded now has a negative pending time
+    (:func:`workloads.lowering.collapse.pending_after`), from which the leading
+    collectives may start (:func:`~workloads.lowering.collapse.first_cuts`,
+    :func:`~workloads.lowering.collapse.window_cuts`): exact."""
+    data = {"name": "drawn",
+            "model": {"num_layers": 5, "hidden_size": 32, "num_attention_heads": 2,
+                      "num_kv_heads": 1, "ffn_hidden_size": 64, "vocab_size": 256,
+                      "seq_length": 32, "ffn_type": "gelu", "norm": "layernorm",
+                      "tied_embeddings": False, "position_embedding": "learned",
+                      "moe": {"num_experts": 2, "top_k": 1}},
+            "cluster": {"preset": "ideal", "num_gpus": 8},
+            "parallel": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "vpp": 2, "zero_stage": 0,
+                         "overlap_grad_reduce": False, "sequence_parallel": True,
+                         "moe_dispatcher": "flex", "moe_a2a_overlap": True, "expert_tp": 1},
+            "training": {"micro_batch_size": 1, "num_microbatches": 4, "recompute": "none",
+                         "attention": "flash2", "fused_norm": False,
+                         "vocab_parallel_loss": False, "framework": "llama3",
+                         "precision": "bf16"},
+            "schedule": "zb-v"}
     full, col, bound, overlap, _, spread = run_both(data, mesh=True)
     assert bound == overlap == spread == 0.0
     step = full["step_time_s"]

@@ -113,6 +113,10 @@ class Folded:
     """When each run of ``inner`` starts, from the op's first compute segment on: the time of
     the compute segments and collectives before it (as in the full program, where nothing
     holds them back)."""
+    inner_left: tuple[tuple[str, float], ...] = ()
+    """Per kind of :attr:`inner`, how long before the end of the op's compute (its blocking
+    communication included) its last collective there ends, as in the full program where
+    nothing holds them back."""
     trailing_s: float = 0.0
     """Their total time."""
     has_comm: bool = False
@@ -280,7 +284,9 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
     return Folded(_comm_runs(segs[:first], times[:first]),
                   _block(middle, mid_t, collapse, groups, *eg), head, first_comm or (), rest,
                   _comm_runs(segs[end:], times[end:]), kinds, cut,
-                  tuple(elapsed[i] for i, _ in at))
+                  tuple(elapsed[i] for i, _ in at),
+                  tuple({seg.kind: elapsed[-1] - elapsed[k + 1] for k, seg in enumerate(middle)
+                         if isinstance(seg, CommSeg)}.items()))
 
 
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:
@@ -407,9 +413,14 @@ def first_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[str]:
     the leading collectives needs no cut: they queue behind it on its stream, and the
     rest of the op after them."""
     leading = {run.kind for run in folded.leading}
-    leading_s = sum(run.duration_s for run in folded.leading)
+    # the leading collectives may start before this op is issued (a negative pending:
+    # :func:`pending_after`)
+    early = min([0.0, *(left for kind, left in pending.items() if kind in leading)])
+    leading_s = early + sum(run.duration_s for run in folded.leading)
     out: set[str] = set()
     for kind, left in pending.items():
+        if left <= 0:
+            continue
         w = next((w for w, kinds in enumerate(folded.inner) if kind in kinds), None)
         if kind in leading or w is None:
             continue
@@ -439,11 +450,16 @@ def window_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[int]:
     :func:`first_cuts` applies."""
     leading = {run.kind for run in folded.leading}
     # the compute starts after the leading collectives, each queued behind its kind's
-    # pending one
-    start_s = max([sum(run.duration_s for run in folded.leading),
+    # pending one; they may start before this op is issued where the earlier op's last
+    # collective of their kind was folded and ended before its compute (a negative
+    # pending: :func:`pending_after`)
+    early = min([0.0, *(left for kind, left in pending.items() if kind in leading)])
+    start_s = max([early + sum(run.duration_s for run in folded.leading),
                    *(left for kind, left in pending.items() if kind in leading)])
     out: set[int] = set()
     for kind, left in pending.items():
+        if left <= 0:
+            continue
         end = next((w for w, kinds in enumerate(folded.inner) if kind in kinds),
                    len(folded.inner))
         out.update(w for w in range(end) if folded.inner_at[w] < left - start_s)
@@ -454,9 +470,20 @@ def split_points(folded: Folded, first: frozenset[str], cut: frozenset[str],
                  window: frozenset[int] = frozenset()) -> tuple[int, ...]:
     """Where :func:`emit_folded` splits ``folded``'s compute (the ``at`` of
     :meth:`Folded.split`): at the first run of collectives holding each kind of ``first``
-    (:func:`first_cuts`), at the last run holding each kind of ``cut`` and at the runs
-    ``window`` (:func:`window_cuts`)."""
-    at = {max(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in cut}
+    (:func:`first_cuts`), at the last run holding each kind of ``cut`` and every run after
+    it, and at the runs ``window`` (:func:`window_cuts`).
+
+    A kind of ``cut`` is one a later op leads with, not waiting for this op
+    (:func:`stream_cuts`): in the full program that leading collective starts once this
+    op's last collective of its kind ends, and runs beside the rest of this op, whose
+    compute stops at each collective of another kind (a MoE layer's EP all-to-alls after
+    its last TP collective). Folded, the rest would run all of its compute before its
+    blocking communication, and the leading collective would overlap compute that in the
+    full program comes later (a different exposure of its kind): so the rest is split at
+    each of its runs too."""
+    n = len(folded.inner)
+    at = {w for kind in cut
+          for w in range(max(w for w, kinds in enumerate(folded.inner) if kind in kinds), n)}
     at |= {min(w for w, kinds in enumerate(folded.inner) if kind in kinds) for kind in first}
     return tuple(sorted(at | window))
 
@@ -524,10 +551,16 @@ def pending_after(pending: Mapping[str, float], folded: Folded, closing: bool = 
     next op): for a kind among its closing collectives, their time up to the end of its
     last (none unless ``closing``: the rest of the op waits for them); none for another
     kind it has (they queue in order); for a kind it lacks, what was left less its
-    compute time."""
+    compute time. For a kind whose last collective of the op is folded between its compute
+    segments, how long before the op's end it ended, negative (:func:`window_cuts`: a
+    later op's leading collective of that kind may start then)."""
     kinds = {run.kind for run in (*folded.leading, *folded.trailing)}.union(*folded.inner)
     out = {kind: left - folded.whole.compute_s for kind, left in pending.items()
            if kind not in kinds and left > folded.whole.compute_s}
+    trailing = {run.kind for run in folded.trailing}
+    for kind, before in folded.inner_left:
+        if kind not in trailing and before > 0:
+            out[kind] = -before
     if closing:
         end = 0.0
         for run in folded.trailing:
