@@ -433,6 +433,34 @@ def test_closing_tp_collective_beside_a_folded_all_to_all_is_exposed_alike() -> 
     assert full["exposed_comm_s"]["tp"] > 0
 
 
+def _assert_moe_draw_exact(num_layers: int, vpp: int, num_microbatches: int, framework: str,
+                           schedule: str) -> None:
+    """A drawn MoE case (tp 2 pp 2 dp 2 ep 2, SP, one expert-TP rank, the flex dispatcher
+    with its overlap, on the mesh) where nothing contends: every kind's exposure exact, and
+    some TP exposure to compare."""
+    data = {"name": "drawn",
+            "model": {"num_layers": num_layers, "hidden_size": 32, "num_attention_heads": 2,
+                      "num_kv_heads": 1, "ffn_hidden_size": 64, "vocab_size": 256,
+                      "seq_length": 32, "ffn_type": "gelu", "norm": "layernorm",
+                      "tied_embeddings": False, "position_embedding": "learned",
+                      "moe": {"num_experts": 2, "top_k": 1}},
+            "cluster": {"preset": "ideal", "num_gpus": 8},
+            "parallel": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "vpp": vpp, "zero_stage": 0,
+                         "overlap_grad_reduce": False, "sequence_parallel": True,
+                         "moe_dispatcher": "flex", "moe_a2a_overlap": True, "expert_tp": 1},
+            "training": {"micro_batch_size": 1, "num_microbatches": num_microbatches,
+                         "recompute": "none", "attention": "flash2", "fused_norm": False,
+                         "vocab_parallel_loss": False, "framework": framework,
+                         "precision": "bf16"},
+            "schedule": schedule}
+    full, col, bound, overlap, _, spread = run_both(data, mesh=True)
+    assert bound == overlap == spread == 0.0
+    step = full["step_time_s"]
+    for kind, a in full["exposed_comm_s"].items():
+        assert _close(col["exposed_comm_s"][kind], a, step, 0.0), kind
+    assert full["exposed_comm_s"]["tp"] > 0
+
+
 def test_leading_tp_collective_beside_a_folded_all_to_all_is_exposed_alike() -> None:
     """Found by a new framework profile's draws (a Megatron MoE, tp 2 pp 2 dp 2 ep 2, SP, one
     expert-TP rank, gpipe; the flex dispatcher and its overlap were drawn too, and matter
@@ -444,27 +472,8 @@ def test_leading_tp_collective_beside_a_folded_all_to_all_is_exposed_alike() -> 
     us): TP exposure 64.2674 against 64.3485 us, nothing contending (``C = 0``). A stream cut
     (:func:`workloads.lowering.collapse.stream_cuts`) now splits the fold at every run of
     collectives after it too (:func:`~workloads.lowering.collapse.split_points`): exact."""
-    data = {"name": "drawn",
-            "model": {"num_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
-                      "num_kv_heads": 1, "ffn_hidden_size": 64, "vocab_size": 256,
-                      "seq_length": 32, "ffn_type": "gelu", "norm": "layernorm",
-                      "tied_embeddings": False, "position_embedding": "learned",
-                      "moe": {"num_experts": 2, "top_k": 1}},
-            "cluster": {"preset": "ideal", "num_gpus": 8},
-            "parallel": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "zero_stage": 0,
-                         "overlap_grad_reduce": False, "sequence_parallel": True,
-                         "moe_dispatcher": "flex", "moe_a2a_overlap": True, "expert_tp": 1},
-            "training": {"micro_batch_size": 1, "num_microbatches": 2, "recompute": "none",
-                         "attention": "flash2", "fused_norm": False,
-                         "vocab_parallel_loss": False, "framework": "megatron",
-                         "precision": "bf16"},
-            "schedule": "gpipe"}
-    full, col, bound, overlap, _, spread = run_both(data, mesh=True)
-    assert bound == overlap == spread == 0.0
-    step = full["step_time_s"]
-    for kind, a in full["exposed_comm_s"].items():
-        assert _close(col["exposed_comm_s"][kind], a, step, 0.0), kind
-    assert full["exposed_comm_s"]["tp"] > 0
+    _assert_moe_draw_exact(num_layers=2, vpp=1, num_microbatches=2, framework="megatron",
+                           schedule="gpipe")
 
 
 def test_leading_all_to_all_started_early_beside_a_closing_tp_collective() -> None:
@@ -480,27 +489,8 @@ def test_leading_all_to_all_started_early_beside_a_closing_tp_collective() -> No
     (:func:`workloads.lowering.collapse.pending_after`), from which the leading
     collectives may start (:func:`~workloads.lowering.collapse.first_cuts`,
     :func:`~workloads.lowering.collapse.window_cuts`): exact."""
-    data = {"name": "drawn",
-            "model": {"num_layers": 5, "hidden_size": 32, "num_attention_heads": 2,
-                      "num_kv_heads": 1, "ffn_hidden_size": 64, "vocab_size": 256,
-                      "seq_length": 32, "ffn_type": "gelu", "norm": "layernorm",
-                      "tied_embeddings": False, "position_embedding": "learned",
-                      "moe": {"num_experts": 2, "top_k": 1}},
-            "cluster": {"preset": "ideal", "num_gpus": 8},
-            "parallel": {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "vpp": 2, "zero_stage": 0,
-                         "overlap_grad_reduce": False, "sequence_parallel": True,
-                         "moe_dispatcher": "flex", "moe_a2a_overlap": True, "expert_tp": 1},
-            "training": {"micro_batch_size": 1, "num_microbatches": 4, "recompute": "none",
-                         "attention": "flash2", "fused_norm": False,
-                         "vocab_parallel_loss": False, "framework": "llama3",
-                         "precision": "bf16"},
-            "schedule": "zb-v"}
-    full, col, bound, overlap, _, spread = run_both(data, mesh=True)
-    assert bound == overlap == spread == 0.0
-    step = full["step_time_s"]
-    for kind, a in full["exposed_comm_s"].items():
-        assert _close(col["exposed_comm_s"][kind], a, step, 0.0), kind
-    assert full["exposed_comm_s"]["tp"] > 0
+    _assert_moe_draw_exact(num_layers=5, vpp=2, num_microbatches=4, framework="llama3",
+                           schedule="zb-v")
 
 
 def test_replicas_sharing_links_are_held_to_their_spread_together() -> None:
