@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from test_search import KILL_PINS, PINS_SMALL, SMALL, _db_keys, _interrupt, _small, _write
+from test_search import (
+    KILL_PINS,
+    PINS_SMALL,
+    SMALL,
+    _db_keys,
+    _interrupt,
+    _small,
+    _write,
+    default_sigint,
+)
 
 from base.errors import ConfigError
 from sim.executors import (
@@ -164,7 +173,8 @@ def _search_on_two_workers(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sim", "search", str(exp), "--db", str(db), "--json",
          "--workers", "2", "--exhaustive", "--fix", KILL_PINS],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint)
     return proc, db
 
 

@@ -683,12 +683,20 @@ KILL_PINS = "pp=2|4,tp=1|2,recompute=none|full,zero=1,mbs=1|2,sp=false"
 polling cannot miss the sweep's middle (40 could all finish before the signal)."""
 
 
+def default_sigint() -> None:
+    """A ``preexec_fn``: Ctrl-C's default disposition in the child, whatever the test run's
+    (a shell running the suite as a background job without job control ignores SIGINT, and
+    an ignored signal stays ignored across exec, so ``sim search`` would never see it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(exp: Path, db: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-m", "sim", "search", str(exp), "--db", str(db), "--json",
          "--workers", "1", "--exhaustive", "--fix", KILL_PINS],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=default_sigint)
 
 
 def _db_keys(db: Path) -> set[str]:
