@@ -476,49 +476,45 @@ class _Run:
         """Process the own heap's events in order until none is left (SimPy's ``run()``).
 
         Compute ops' ends (the commonest events, pushed with the function :meth:`_complete`
-        as their mark, not bound to the run: :meth:`_drain`) complete them here, as
-        :meth:`_complete` would, without the call: those pushed one after another for the
-        same instant share one entry (a list of ids), which holds the places in SimPy's
-        order of that many events in a row (nothing can come between them), and completes
-        them in that order."""
-        heap, complete, ready = self.heap, _Run._complete, self.ready
-        finished, ended, waiting = self.finished, self.ended, self.waiting
-        succ, first = self.succ, self.first
-        done = 0
+        as their mark, not bound to the run: :meth:`_drain`) complete here, a heap entry at a
+        time (:meth:`_release`): those pushed one after another for the same instant share
+        one entry (a list of ids), which holds the places in SimPy's order of that many
+        events in a row (nothing can come between them), and completes them in that
+        order."""
+        heap, complete, release = self.heap, _Run._complete, self._release
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
             if callback is complete:
                 if value is self.batch:
                     self.batch = None  # popped: later ends at this instant start a new entry
-                for i in value:
-                    finished[i] = 1
-                    done += 1
-                    ended[i] = at
-                    for j in succ[first[i]:first[i + 1]]:
-                        left = waiting[j] - 1
-                        waiting[j] = left
-                        if not left:
-                            ready.append(j)
-                    if ready:
-                        self._drain()
+                release(value)
             else:
                 callback(value)
-        self.completed += done
 
     def _complete(self, i: int) -> None:
         """Instruction ``i`` is done: release its successors; start those now free."""
-        self.finished[i] = 1
-        self.completed += 1
-        self.ended[i] = self.now
-        waiting, ready, first = self.waiting, self.ready, self.first
-        for j in self.succ[first[i]:first[i + 1]]:
-            left = waiting[j] - 1
-            waiting[j] = left
-            if not left:
-                ready.append(j)
-        if ready and not self.draining:
-            self._drain()
+        self._release((i,))
+
+    def _release(self, ids: list[int] | tuple[int, ...]) -> None:
+        """Instructions ``ids`` are done, now, in this order: each releases its successors,
+        and those it frees start before the next completes (as SimPy runs that many
+        completions in a row). The one completion step of :meth:`_complete`, a heap entry
+        of compute ends (:meth:`_loop`) and a collective's members
+        (:meth:`_finish_collective`)."""
+        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
+        succ, first, now = self.succ, self.first, self.now
+        for i in ids:
+            finished[i] = 1
+            ended[i] = now
+            for j in succ[first[i]:first[i + 1]]:
+                left = waiting[j] - 1
+                waiting[j] = left
+                if not left:
+                    ready.append(j)
+            if ready and not self.draining:
+                self._drain()
+        self.completed += len(ids)
 
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
@@ -711,22 +707,8 @@ class _Run:
         self._finish_collective(key)
 
     def _finish_collective(self, key: int) -> None:
-        """Collective ``key`` is done: each member completes in turn (:meth:`_complete`,
-        inline)."""
-        members = self.members.pop(key)
-        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
-        succ, first, now = self.succ, self.first, self.now
-        for i in members:
-            finished[i] = 1
-            ended[i] = now
-            for j in succ[first[i]:first[i + 1]]:
-                left = waiting[j] - 1
-                waiting[j] = left
-                if not left:
-                    ready.append(j)
-            if ready and not self.draining:
-                self._drain()
-        self.completed += len(members)
+        """Collective ``key`` is done: each member completes in turn (:meth:`_release`)."""
+        self._release(self.members.pop(key))
 
     def _collective_plan(self, ins: Collective) -> CollectivePlan:
         """The plan of ``ins`` (:func:`collective_plan`), cached per run."""
