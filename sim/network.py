@@ -276,14 +276,7 @@ class FlowNetwork:
             finite = self._finite[links] = tuple([link for link in links if cap[link] < math.inf])
         nbytes = float(nbytes)
         self._flows[flow_id] = _Flow(links, nbytes, finite, 0.0, math.inf, nbytes, now)
-        on_link = self._on_link  # _attach, inline (once per flow)
-        for link in finite:
-            users = on_link.get(link)
-            if users is None:
-                on_link[link] = {flow_id: None}
-            else:
-                users[flow_id] = None
-        self._touched.append(flow_id)
+        self._attach(flow_id, finite)
         self._dirty = True
 
     def _attach(self, fid: int, finite: tuple[int, ...]) -> None:
