@@ -138,7 +138,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         index = {op: k for k, op in enumerate(order)}
         loop = OpLoop(b, schedule, costs, placement, collapse, lanes, piecewise,
                       set(final_op.values()), zero3, overlap, cp_or_ep,
-                      first_forwards(schedule) if gather_ahead else frozenset(), per_microbatch)
+                      first_forwards(schedule) if gather_ahead else frozenset(), per_microbatch,
+                      steps)
         loop.run(order, index)
         last = loop.last
     dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)),

@@ -29,7 +29,6 @@ from workloads.lowering.pieces import PieceLowering
 from workloads.lowering.pipeline import (
     Lanes,
     PipeSend,
-    deepspeed_steps,
     emit_rendezvous,
     emit_replica_sends,
     emit_sends,
@@ -54,7 +53,7 @@ class OpLoop:
                  placement: Placement, collapse: Collapse | None, lanes: Lanes,
                  piecewise: PieceLowering | None, final_ops: Collection[Op], zero3: bool,
                  overlap: bool, cp_or_ep: bool, gathering: Collection[Op] = (),
-                 per_microbatch: bool = False) -> None:
+                 per_microbatch: bool = False, steps: Mapping[Op, int] | None = None) -> None:
         self.b, self.schedule, self.costs = b, schedule, costs
         self.placement, self.collapse, self.lanes = placement, collapse, lanes
         self.piecewise = piecewise
@@ -79,9 +78,10 @@ class OpLoop:
         self.blocking = bool(getattr(costs, "pp_send_blocking", False))
         """Pipeline sends block their sender
         (:func:`~workloads.lowering.pipeline.wait_for_sends`)."""
-        self.steps = deepspeed_steps(schedule) if self.blocking else None
+        self.steps = steps if self.blocking else None
         """Blocking sends on DeepSpeed's 1F1B: each op's DeepSpeed step
-        (:func:`~workloads.lowering.pipeline.deepspeed_steps`); the ops come in step order
+        (:func:`~workloads.lowering.pipeline.deepspeed_steps`, the caller's, which orders the
+        ops by it); the ops come in step order
         (:func:`~workloads.lowering.pipeline.deepspeed_order`) and each step's messages are
         rendezvous of their sender and receiver
         (:func:`~workloads.lowering.pipeline.emit_rendezvous`). None: sends block their
