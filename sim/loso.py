@@ -146,7 +146,6 @@ def leave_one_source_out(data: FitData, box=None, refit_generation: bool | None 
     out = {}
     src = np.array(data.sources)
     sweep = src == HAGEMANN
-    hopper = data.sens[:, 2] != 0
     for name in sorted(set(data.sources)):
         held = src == name
         train = ~held
@@ -155,9 +154,8 @@ def leave_one_source_out(data: FitData, box=None, refit_generation: bool | None 
             continue
         c = 1.0
         if refit_generation:
-            corpus = train & ~sweep
-            c = (fit_scales(data, corpus, ((1.0, 1.0), (1.0, 1.0), box[2]))[2]
-                 if (corpus & hopper).any() else 1.0 / shipped)
+            fold = _generation_scale(data, train & ~sweep, box)
+            c = 1.0 / shipped if fold is None else fold
         a, b, _ = fit_scales(data, train, (box[0], box[1], (c, c)))
         pred = data.base[held] + data.sens[held] @ np.array([a - 1.0, b - 1.0, c - 1.0])
         mape = float(np.mean(np.abs(pred / data.measured[held] - 1.0)))
@@ -166,6 +164,16 @@ def leave_one_source_out(data: FitData, box=None, refit_generation: bool | None 
             scales["hopper_gemm_time"] = shipped * c
         out[name] = {"loso_mape": mape, "scales": scales, "runs": int(held.sum())}
     return out
+
+
+def _generation_scale(data: FitData, train: np.ndarray, box: Box) -> float | None:
+    """c, the Hopper GEMM multiplier relative to the shipped one, fitted on the runs
+    ``train`` selects with a and b held at the A100 fit (1); None where none of them runs on
+    Hopper. The one fit of :func:`fit_generation`, its ``held_out`` folds and the folds of
+    :func:`leave_one_source_out`."""
+    if not (train & (data.sens[:, 2] != 0)).any():
+        return None
+    return fit_scales(data, train, ((1.0, 1.0), (1.0, 1.0), box[2]))[2]
 
 
 def fit_generation(data: FitData, box: Box | None = None) -> dict:
@@ -186,8 +194,7 @@ def fit_generation(data: FitData, box: Box | None = None) -> dict:
     if not hopper.any():
         return {"generation": FITTED_GENERATION, "gemm_time": None, "shipped": shipped,
                 "runs": 0}
-    held = ((1.0, 1.0), (1.0, 1.0), box[2])
-    c = fit_scales(data, train, held)[2]
+    c = _generation_scale(data, train, box)
     src = np.array(data.sources)
     names = sorted({s for s, h in zip(data.sources, hopper, strict=True) if h})
 
@@ -199,7 +206,7 @@ def fit_generation(data: FitData, box: Box | None = None) -> dict:
     for name in names:
         mine = src == name
         others = train & ~mine
-        fold = fit_scales(data, others, held)[2] if (others & hopper).any() else None
+        fold = _generation_scale(data, others, box)
         mape, signed = errors(mine, fold) if fold is not None else (None, None)
         unfitted = errors(mine, 1.0 / shipped)
         held_out[name] = {"gemm_time": None if fold is None else shipped * fold,
