@@ -174,15 +174,12 @@ def span_intervals(spans: Iterable[Span]) -> dict[tuple[int, str], list[float]]:
 
 def _union_flat(flat: Sequence[float], window: tuple[float, float] | None
                 ) -> _Merged | list[tuple[float, float]]:
-    """The union of flat ``[start, end, ...]`` intervals cut to ``window``: by :func:`_union`
-    for a few, else as :class:`_Merged` (the same floats)."""
+    """The union of flat ``[start, end, ...]`` intervals cut to ``window``
+    (:func:`_union_pairs`)."""
     if len(flat) <= 2 * SMALL:
-        return _union(_clipped(zip(flat[0::2], flat[1::2], strict=True), window))
+        return _union_pairs(flat[0::2], flat[1::2], window)
     both = np.asarray(flat, dtype=float)  # an array("d") without a copy
-    starts, ends = both[0::2], both[1::2]
-    if window is not None:
-        starts, ends = np.maximum(starts, window[0]), np.minimum(ends, window[1])
-    return _Merged(starts, ends)
+    return _union_pairs(both[0::2], both[1::2], window)
 
 
 def _union_columns(intervals: Intervals, item: tuple[int, str],
@@ -197,7 +194,17 @@ def _union_columns(intervals: Intervals, item: tuple[int, str],
         return []
     starts, ends = both
     if len(starts) <= SMALL:
-        return _union(_clipped(zip(starts.tolist(), ends.tolist(), strict=True), window))
+        return _union_pairs(starts.tolist(), ends.tolist(), window)
+    return _union_pairs(starts, ends, window)
+
+
+def _union_pairs(starts: Sequence[float], ends: Sequence[float],
+                 window: tuple[float, float] | None) -> _Merged | list[tuple[float, float]]:
+    """The union of the intervals ``starts[k]``-``ends[k]`` cut to ``window``: by
+    :func:`_union` for a few (given as sequences of floats), else (given as arrays) as
+    :class:`_Merged` (the same floats)."""
+    if len(starts) <= SMALL:
+        return _union(_clipped(zip(starts, ends, strict=True), window))
     if window is not None:
         starts, ends = np.maximum(starts, window[0]), np.minimum(ends, window[1])
     return _Merged(starts, ends)
