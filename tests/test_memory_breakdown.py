@@ -114,3 +114,12 @@ def test_sweep_report_lists_the_contradicted_pairs():
     report = sweep_source_report(preds, "sweep", None)
     assert report["contradicted"] == [{"ran": 0, "oom": 1}]
     assert report["false_oom"] == 1
+
+
+def test_sources_table_names_the_contradicted_rows():
+    from sim.cli.validate import sources_table
+
+    report = sweep_source_report([Prediction(r, 1.0, 90.0, True)
+                                  for r in (_row(0, "ok", 2), _row(1, "oom", 4))], "sweep", None)
+    text = sources_table([report])
+    assert "sweep: rows 0 ran" in text and "(rows 1;" in text
