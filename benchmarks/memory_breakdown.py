@@ -9,7 +9,8 @@ micro-batches in flight (per local model chunk: how many, and the bytes one keep
 working memory of the op that starts there (split into the unreduced gradients of a ZeRO-2
 that reduces every micro-batch, ZeRO-3's gathered units, the all-gather CP's K and V, and
 the rest: a layer's backward, the loss's buffers), the allocator's overhead on the dynamic
-part and the reserved memory, against the GPU's capacity.
+part and the reserved memory, against the GPU's capacity. ``--fragmentation-scan`` prints the
+sweep's OOM verdicts under other allocator fragmentations instead (docs/memory-gaps.md).
 
 It walks each rank's program order as the engine allocates (:func:`workloads.memory.in_flight`),
 as the layout search's bounds do; :func:`breakdown` agrees with ``sim run``'s
@@ -126,13 +127,47 @@ def table(run: str, ranks: list[RankMemory]) -> str:
     return "\n".join(lines)
 
 
+def fragmentation_scan(workers: int = 2) -> str:
+    """Hagemann et al.'s sweep under each allocator fragmentation from 0.10 to 0.26: OOM
+    accuracy, the runs that ran flagged out of memory, the runs that did not fit predicted to
+    fit; the shipped A100 profile otherwise (as ``sim validate``), reserved memory and capacity
+    as shipped. ``benchmarks/calibrate.py`` fits the fragmentation on the same counts."""
+    from sim.calibration import A100_HAGEMANN, MEMORY_RESERVED_GIB
+    from sim.validate import HAGEMANN_SWEEP, load_rows, predict
+    from topologies.hardware import GPUS
+    from topologies.presets import SERVERS
+    from workloads.memory import device_bytes, oom
+
+    capacity = GPUS[SERVERS["dgx-a100-80g"].gpu].hbm_capacity_bytes
+    preds = predict(load_rows(HAGEMANN_SWEEP), A100_HAGEMANN, workers)
+    lines = ["frag  OOM accuracy  ran but flagged (rows)         did not fit, predicted to fit"]
+    for frag in [x / 100 for x in range(10, 27)]:
+        flagged = [oom(max(device_bytes(st, dy, frag, MEMORY_RESERVED_GIB * GiB)
+                           for st, dy in p.memory_parts), capacity) for p in preds]
+        acc = sum(f == (p.row.status == "oom") for f, p in zip(flagged, preds, strict=True))
+        false = [p.row.index for f, p in zip(flagged, preds, strict=True)
+                 if f and p.row.status == "ok"]
+        missed = sum(not f and p.row.status == "oom" for f, p in zip(flagged, preds, strict=True))
+        lines.append(f"{frag:4.2f}  {acc / len(preds):12.2%}  {len(false):2d} "
+                     f"{str(false):27s}  {missed:3d}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", help="a corpus CSV, e.g. "
+    parser.add_argument("source", nargs="?", help="a corpus CSV, e.g. "
                         "sim/data/validation/dubey2024_llama3_405b.csv")
     parser.add_argument("runs", nargs="*", help="only these runs (the run column)")
+    parser.add_argument("--fragmentation-scan", action="store_true",
+                        help="instead: the sweep's OOM verdicts under fragmentations 0.10-0.26 "
+                        "(about a minute on 2 cores)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    if args.fragmentation_scan:
+        print(fragmentation_scan())
+        return
+    if args.source is None:
+        parser.error("a source CSV, or --fragmentation-scan")
     from sim.corpus import is_corpus_file, load_source
     from sim.experiment import build_experiment
     from sim.validate import load_rows
