@@ -289,20 +289,43 @@ def evaluate(preds: Sequence[Prediction]) -> dict:
     }
 
 
+_SAME_GPU_WORK = ("model", "seq_length", "tp", "pp", "micro_batch_size", "recompute", "attention",
+                  "fused_norm", "sequence_parallel")
+"""The fields of a sweep run that fix what one GPU holds, but for the DP degree."""
+
+
+def contradicted(rows: Sequence[Row]) -> list[tuple[int, int]]:
+    """Pairs (ran, out of memory) of sweep rows that no memory model can both get right: the
+    second was recorded out of memory although it differs from the first, which ran, only in
+    a larger DP degree, so every one of its GPUs holds no more. The sweep's runs are ZeRO-1
+    (:meth:`Row.experiment`): more DP replicas shard the optimizer state finer and, the global
+    batch fixed, leave fewer micro-batches a pipeline, never more in flight; the weights,
+    gradients and each micro-batch's activations on a GPU are the same. Row indices, sorted."""
+    by_work: dict[tuple, list[Row]] = {}
+    for r in rows:
+        by_work.setdefault(tuple(getattr(r, k) for k in _SAME_GPU_WORK), []).append(r)
+    pairs = [(a.index, b.index) for same in by_work.values() for a in same if a.status == "ok"
+             for b in same if b.status == "oom" and b.dp > a.dp]
+    return sorted(pairs)
+
+
 def sweep_source_report(preds: Sequence[Prediction], name: str, loso_mape: float | None) -> dict:
     """The sweep's entry in ``sim validate --json``'s ``sources`` (the keys of
     :func:`sim.corpus.source_report`): runs compared (ran or out of memory), step-time errors
     of those that ran, how many that ran are predicted out of memory, its leave-one-source-out
-    MAPE."""
+    MAPE; and ``contradicted``: the pairs of rows the sweep records against each other
+    (:func:`contradicted`), as ``{"ran": i, "oom": j}``."""
     from sim.corpus import error_figures
     from topologies.presets import SERVERS
 
     ok = [p for p in preds if p.row.status == "ok"]
+    pairs = contradicted([p.row for p in preds])
     return {"name": name, "framework": SOFTWARE, "gpu": SERVERS[CLUSTER_PRESET].gpu,
             "runs": len(preds),
             **error_figures([p.step_time_s / p.row.step_time_s - 1 for p in ok]),
             "false_oom": sum(p.oom for p in ok), "loso_mape": loso_mape,
-            "rows_in_file": len(preds), "skipped": []}
+            "rows_in_file": len(preds), "skipped": [],
+            "contradicted": [{"ran": a, "oom": b} for a, b in pairs]}
 
 
 def write_csv(preds: Sequence[Prediction], path: Path) -> None:

@@ -62,7 +62,8 @@ def _pct(x: float | None, spec: str = "6.1f") -> str:
 
 def sources_table(sources: list[dict]) -> str:
     """One line per source: runs simulated (of the file's), MAPE, mean signed and largest
-    error, false OOM verdicts, leave-one-source-out MAPE; then the skipped rows' reasons."""
+    error, false OOM verdicts, leave-one-source-out MAPE; then the skipped rows' reasons and
+    the rows a source contradicts itself on (``contradicted``)."""
     lines = [f"{'source':<30} {'runs':>9} {'MAPE':>7} {'signed':>7} {'max':>7} "
              f"{'false OOM':>9} {'LOSO':>7}"]
     skipped = []
@@ -76,6 +77,13 @@ def sources_table(sources: list[dict]) -> str:
                     f"skipped: {r}" for r in reasons]
     if skipped:
         lines += ["", "rows not simulated (settings the schema does not accept):", *skipped]
+    for s in sources:
+        if s.get("contradicted"):
+            ran = ", ".join(str(p["ran"]) for p in s["contradicted"])
+            oom = ", ".join(str(p["oom"]) for p in s["contradicted"])
+            lines += ["", f"{s['name']}: rows {ran} ran, but the source records the same per-GPU "
+                      f"layouts out of memory on more DP replicas (rows {oom}; "
+                      "docs/memory-gaps.md)"]
     return "\n".join(lines)
 
 

@@ -1,0 +1,186 @@
+"""Benchmark: a run's predicted peak memory, term by term (issue 19, false OOM verdicts).
+
+``python benchmarks/memory_breakdown.py SOURCE.csv [RUN ...]`` prints, for each row of a
+corpus source (``sim/data/validation/*.csv``; only the named runs if any are given; for
+Hagemann et al.'s sweep, ``hagemann2023_sweep.csv``, the runs are row numbers) and each
+pipeline rank, what the memory model charges at that rank's peak: the model state (weights,
+gradients, optimizer state, :meth:`ModelState.static_bytes`), the stashed activations of the
+micro-batches in flight (per local model chunk: how many, and the bytes one keeps), the
+working memory of the op that starts there (split into the unreduced gradients of a ZeRO-2
+that reduces every micro-batch, ZeRO-3's gathered units, the all-gather CP's K and V, and
+the rest: a layer's backward, the loss's buffers), the allocator's overhead on the dynamic
+part and the reserved memory, against the GPU's capacity. ``--fragmentation-scan`` prints the
+sweep's OOM verdicts under other allocator fragmentations instead (docs/memory-gaps.md).
+
+It walks each rank's program order as the engine allocates (:func:`workloads.memory.in_flight`),
+as the layout search's bounds do; :func:`breakdown` agrees with ``sim run``'s
+``peak_memory_per_stage_gib`` (``tests/test_memory_breakdown.py``). Not a timed test: it
+prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """What the memory model charges one pipeline rank at its peak, in bytes."""
+
+    rank: int
+    static: float
+    """Model state: weights, gradients, optimizer state of the rank's chunks."""
+    in_flight: tuple[tuple[int, float, float], ...]
+    """Per local chunk at the peak: (stage, micro-batches in flight, bytes one stashes)."""
+    op: str
+    """The op that starts at the peak, e.g. ``1B0`` (stage 1, backward)."""
+    unreduced_grads: float
+    """Of the op's working memory: gradients held whole until their reduce-scatter."""
+    zero3_gathered: float
+    """Of the op's working memory: ZeRO-3's gathered parameters and unit gradients."""
+    cp_kv: float
+    """Of the op's working memory: the all-gather CP's gathered K and V."""
+    other_working: float
+    """The rest of the op's working memory: a layer's backward, the loss's buffers."""
+    fragmentation: float
+    reserved: float
+    capacity: float
+
+    @property
+    def stash(self) -> float:
+        return sum(n * b for _, n, b in self.in_flight)
+
+    @property
+    def working(self) -> float:
+        return self.unreduced_grads + self.zero3_gathered + self.cp_kv + self.other_working
+
+    @property
+    def dynamic(self) -> float:
+        return self.stash + self.working
+
+    @property
+    def allocator(self) -> float:
+        return self.dynamic * self.fragmentation
+
+    @property
+    def peak(self) -> float:
+        return self.static + self.dynamic + self.allocator + self.reserved
+
+
+def breakdown(exp) -> list[RankMemory]:
+    """Each pipeline rank's peak, term by term, for a built experiment
+    (:class:`sim.experiment.Experiment`) with the shipped device profile of its GPU."""
+    from sim.calibration import default_profile
+    from workloads import memory
+    from workloads.frameworks import fragmentation
+    from workloads.schedules import Op
+
+    costs, sched = exp.costs, exp.schedule
+    profile = default_profile(exp.cluster.gpu.name)
+    frag = fragmentation(exp.framework, profile.fragmentation)
+    out = []
+    for r, ops in enumerate(sched.rank_ops):
+        stages = tuple(s for s, owner in enumerate(sched.stage_rank) if owner == r)
+        rows = memory.in_flight(ops, stages, sched.split_backward, costs.w_retained_fraction)
+        act = np.array([costs.activation_bytes_per_mb(s) for s in stages])
+        slots = rows[:, -1].astype(int)
+        work = {k: costs.transient_bytes(Op(k // 3, "FBW"[k % 3], 0))
+                for k in np.unique(slots).tolist()}
+        dynamic = rows[:, :-1] @ act + np.array([work[k] for k in slots.tolist()])
+        i = int(np.argmax(dynamic))
+        k = int(slots[i])
+        op = Op(k // 3, "FBW"[k % 3], 0)
+        unreduced, z3, cp = (costs.unreduced_grad_bytes(op), costs.zero3_working_bytes(op),
+                             costs.cp_gathered_bytes(op))
+        out.append(RankMemory(
+            r, costs.static_bytes(stages),
+            tuple((s, int(n), float(a)) for s, n, a in zip(stages, rows[i, :-1], act,
+                                                             strict=True)),
+            f"{op.stage}{op.kind}", unreduced, z3, cp, work[k] - unreduced - z3 - cp, frag,
+            profile.reserved_bytes, exp.cluster.gpu.hbm_capacity_bytes))
+    return out
+
+
+def table(run: str, ranks: list[RankMemory]) -> str:
+    """One run's breakdown as text, GiB, one line a rank."""
+    head = (f"{run}\n  rank  static   stash (chunks x mbs, GiB/mb)          op    grads  z3   "
+            f"cp   other  alloc  resv   peak / capacity")
+    lines = [head]
+    for m in ranks:
+        held = [(n, b) for _, n, b in m.in_flight if n]
+        sizes = sorted({round(b / GiB, 3) for _, b in held})
+        count = sum(n for n, _ in held)
+        stash = f"{m.stash / GiB:6.2f} ({count} x {'/'.join(map(str, sizes)) or '-'})"
+        lines.append(
+            f"  {m.rank:4d}  {m.static / GiB:6.2f}  {stash:36s}  {m.op:5s} "
+            f"{m.unreduced_grads / GiB:5.2f} {m.zero3_gathered / GiB:4.2f} {m.cp_kv / GiB:4.2f} "
+            f"{m.other_working / GiB:5.2f}  {m.allocator / GiB:5.2f}  {m.reserved / GiB:4.2f}"
+            f"   {m.peak / GiB:6.2f} / {m.capacity / GiB:.2f}")
+    return "\n".join(lines)
+
+
+def fragmentation_scan(workers: int = 2) -> str:
+    """Hagemann et al.'s sweep under each allocator fragmentation from 0.10 to 0.26: OOM
+    accuracy, the runs that ran flagged out of memory, the runs that did not fit predicted to
+    fit; the shipped A100 profile otherwise (as ``sim validate``), reserved memory and capacity
+    as shipped. ``benchmarks/calibrate.py`` fits the fragmentation on the same counts."""
+    from sim.calibration import A100_HAGEMANN, MEMORY_RESERVED_GIB
+    from sim.validate import HAGEMANN_SWEEP, load_rows, predict
+    from topologies.hardware import GPUS
+    from topologies.presets import SERVERS
+    from workloads.memory import device_bytes, oom
+
+    capacity = GPUS[SERVERS["dgx-a100-80g"].gpu].hbm_capacity_bytes
+    preds = predict(load_rows(HAGEMANN_SWEEP), A100_HAGEMANN, workers)
+    lines = ["frag  OOM accuracy  ran but flagged (rows)         did not fit, predicted to fit"]
+    for frag in [x / 100 for x in range(10, 27)]:
+        flagged = [oom(max(device_bytes(st, dy, frag, MEMORY_RESERVED_GIB * GiB)
+                           for st, dy in p.memory_parts), capacity) for p in preds]
+        acc = sum(f == (p.row.status == "oom") for f, p in zip(flagged, preds, strict=True))
+        false = [p.row.index for f, p in zip(flagged, preds, strict=True)
+                 if f and p.row.status == "ok"]
+        missed = sum(not f and p.row.status == "oom" for f, p in zip(flagged, preds, strict=True))
+        lines.append(f"{frag:4.2f}  {acc / len(preds):12.2%}  {len(false):2d} "
+                     f"{str(false):27s}  {missed:3d}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", nargs="?", help="a corpus CSV, e.g. "
+                        "sim/data/validation/dubey2024_llama3_405b.csv")
+    parser.add_argument("runs", nargs="*", help="only these runs (the run column)")
+    parser.add_argument("--fragmentation-scan", action="store_true",
+                        help="instead: the sweep's OOM verdicts under fragmentations 0.10-0.26 "
+                        "(about a minute on 2 cores)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    if args.fragmentation_scan:
+        print(fragmentation_scan())
+        return
+    if args.source is None:
+        parser.error("a source CSV, or --fragmentation-scan")
+    from sim.corpus import is_corpus_file, load_source
+    from sim.experiment import build_experiment
+    from sim.validate import load_rows
+
+    if is_corpus_file(Path(args.source)):
+        runs = [(row.run, row.experiment()) for row in load_source(args.source).rows]
+    else:  # the sweep: its rows by number
+        runs = [(str(row.index), row.experiment()) for row in load_rows(args.source)]
+    for run, data in runs:
+        if args.runs and run not in args.runs:
+            continue
+        print(table(run, breakdown(build_experiment(data))))
+
+
+if __name__ == "__main__":
+    main()
