@@ -378,7 +378,7 @@ def routing_loads(n: int, imbalance: float) -> tuple[float, ...]:
     below 0; all 1 for ``imbalance`` = 1.
 
     The shape is drawn, seeded (:data:`ROUTING_SEED`): n standard normal draws (a rank's
-    load under random routing is near-Gaussian, the README's note on the imbalance)
+    load under random routing is near-Gaussian, docs/collectives.md's note on the imbalance)
     centred and scaled so that the largest is ``imbalance``; where that would leave a
     rank below zero (large imbalances), mixed with the two-level loads (the busiest at
     ``imbalance``, the others sharing the rest equally) just enough to keep every load

@@ -303,7 +303,7 @@ the paper's layout, its peak before the allocator's overhead reaches the H100's 
 on average; these four 6-9%, MFU up to 1.10 times the published) since their Triton attention
 is simulated as run (``flash-triton``), 9-21% before (MFU up to 1.27 times), its A100 runs
 within 11%, while the Megatron-based H100 sources are 3-9% fast on average on Transformer
-Engine's cuDNN attention (README, accuracy across sources; ``sim/profiles/hopper.toml``,
+Engine's cuDNN attention (docs/accuracy.md, accuracy across sources; ``sim/profiles/hopper.toml``,
 ``[H100.corpus_fit]``). The test keeps
 the gap from growing or turning into pessimism unnoticed.
 Not here because it takes 10-20 s: Llama 3's 16,384-GPU TP8 CP16 PP16 row at sequence 131,072

@@ -126,7 +126,7 @@ def test_llama3_405b_rows_reach_the_capacity_before_the_allocators_overhead(
     (model state, stashes, working memory, reserved) the 16-micro-batch run is below the
     H100's 79.3 GiB and the 32-micro-batch run is over it by less than 1%, within what the
     memory model resolves; with the caching allocator's 24% on the dynamic part, fitted on
-    another framework's A100 runs, both are out of memory (a known gap, README)."""
+    another framework's A100 runs, both are out of memory (a known gap, docs/accuracy.md)."""
     from sim.calibration import default_profile
     from sim.corpus import CORPUS_DIR, load_source
     from workloads.schedules import BACKWARD, FORWARD, Op

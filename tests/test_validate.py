@@ -29,7 +29,7 @@ def test_row_experiment_reproduces_the_sheets_model_flops() -> None:
     On the 2k-token rows the median ratio is 1 to 0.1% and 95% of rows agree to 0.5%
     (a few sheet rows disagree with their own step time). At 8k the sheets' MFU is
     about 1.8% above 6N + 12·l·h·s with a 512-sequence batch, so their accounting or
-    batch differs there (noted in the README); step times, which are validated, are
+    batch differs there (noted in docs/accuracy.md); step times, which are validated, are
     unaffected.
     """
     import csv
