@@ -120,6 +120,9 @@ def test_final_ops_equal_the_plain_loop(name: str) -> None:
         except Exception:  # noqa: BLE001, S112 - arguments the schedule refuses
             continue
         assert list(final_ops(sched).items()) == list(_final_ops_loop(sched).items())
+        assert final_ops(sched) is final_ops(sched)  # kept on the schedule, read-only
+        with pytest.raises(TypeError):
+            final_ops(sched)[0] = None  # type: ignore[index]
         tried += 1
     assert tried > 0
 
