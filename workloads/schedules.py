@@ -808,13 +808,15 @@ def _unit_run(schedule: Schedule) -> tuple[tuple[tuple[Op, ...], np.ndarray, np.
         spans = np.array(list(times.values()), dtype=float).reshape(len(times), 2)
         return (tuple(times), spans[:, 0], spans[:, 1]), None
     starts, ends, scheduled = _list_unfused(schedule, [1.0] * len(order), order, found)
-    at = np.array(scheduled, dtype=np.int64)
+    n = len(order)
+    at = np.fromiter(scheduled, dtype=np.int64, count=n)  # (fromiter: faster than np.array)
     del ends[len(order)]  # the missing producer's slot
     run = (at, *coded[:4], *found)
     for a in run:  # kept on a shared schedule
         a.flags.writeable = False
     ops = tuple(map(order.__getitem__, scheduled))
-    return (ops, np.array(starts, dtype=float)[at], np.array(ends, dtype=float)[at]), run
+    return (ops, np.fromiter(starts, dtype=float, count=n)[at],
+            np.fromiter(ends, dtype=float, count=n)[at]), run
 
 
 def unit_order(schedule: Schedule) -> tuple[np.ndarray, ...] | None:
