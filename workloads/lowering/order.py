@@ -51,17 +51,17 @@ def topological(schedule: Schedule, fields: bool = False
         for a in arrays or ():
             if a is not None:
                 a.flags.writeable = False
-        found = schedule.__dict__[key] = (tuple(order), arrays)  # as cached_property
+        found = schedule.__dict__[key] = (order, arrays)  # as cached_property
     return found
 
 
 def _topological(schedule: Schedule, fields: bool
-                 ) -> tuple[list[Op], tuple[np.ndarray | None, ...] | None]:
+                 ) -> tuple[tuple[Op, ...], tuple[np.ndarray | None, ...] | None]:
     """:func:`topological`, worked out."""
     ops, start, end = unit_spans(schedule)
     n = len(ops)
     if not n:
-        return [], (*(np.zeros(0, np.int64),) * 3, None) if fields else None
+        return (), (*(np.zeros(0, np.int64),) * 3, None) if fields else None
     # sorted by (end, rank, start), ties in the symbolic run's order: a stable sort on keys
     # read into arrays (the ranks through the stages) instead of a key tuple per op
     coded = unit_order(schedule) if fields else None
@@ -74,13 +74,35 @@ def _topological(schedule: Schedule, fields: bool
     else:
         stage = np.fromiter(map(itemgetter(0), ops), np.int64, n)
     ranks = np.asarray(schedule.stage_rank, dtype=np.int64)[stage]
-    perm = np.lexsort((start, ranks, end))
-    order = list(map(ops.__getitem__, perm.tolist()))
+    perm = unit_sort(start, ranks, end, schedule.num_ranks)
+    # the ops in that order, gathered in C (an itemgetter of the positions; one op alone
+    # is its own result)
+    order = itemgetter(*perm.tolist())(ops) if n > 1 else (ops[0],)
     if not fields:
         return order, None
     if kinds is None:
         kinds = kind_codes(ops)
     return order, (stage[perm], kinds[perm], seq[perm], None if at is None else at[perm])
+
+
+def unit_sort(start: np.ndarray, ranks: np.ndarray, end: np.ndarray, num_ranks: int
+              ) -> np.ndarray:
+    """The stable sort of the symbolic run's ops by (end, rank, start):
+    ``np.lexsort((start, ranks, end))`` (the reference), as one stable sort of one integer
+    key where the times are whole numbers (a unit-duration run's are) small enough for the
+    key to be exact; the same permutation (``tests/test_single_run.py``). Megatron 1T's
+    131,072 ops: 5.5 -> 1.6 ms."""
+    if len(start):
+        high = float(max(end.max(), start.max()))
+        lows = min(end.min(), start.min())
+        if (lows >= 0 and high < 1 << 20 and num_ranks < 1 << 20
+                and ranks.min() >= 0 and ranks.max() < num_ranks
+                and np.array_equal(start, np.floor(start))
+                and np.array_equal(end, np.floor(end))):
+            width = int(high) + 1  # start < width, rank < num_ranks, both 2**20 at most
+            key = (end.astype(np.int64) * num_ranks + ranks) * width + start.astype(np.int64)
+            return np.argsort(key, kind="stable")
+    return np.lexsort((start, ranks, end))
 
 
 def kind_codes(ops: Sequence[Op]) -> np.ndarray:
