@@ -671,13 +671,59 @@ def _sum_levels(rows: np.ndarray, parent: np.ndarray, bounds: Sequence[int]) -> 
 def _levels(up: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
     """The nodes of a forest (``up[i]``: the parent of node ``i``, ``len(up)`` for a root)
     grouped by depth: their order (by depth, stable) and where each depth's group ends;
-    None where ``up`` has a cycle. The depths by pointer jumping (each step doubles how far
-    a node's pointer reaches and adds the hops it skips: exact on integers, ~log2(depth)
-    steps on arrays; 32-bit where the nodes allow, as full runs have millions)."""
+    None where ``up`` has a cycle. The depths by pointer jumping (:func:`_depths`: exact on
+    integers, ~log2(depth) steps on arrays; 32-bit where the nodes allow, as full runs have
+    millions)."""
+    depth = _depths(up)
+    if depth is None:
+        return None
+    small = int(depth.max()) <= np.iinfo(np.uint16).max  # a radix sort on small keys
+    order = np.argsort(depth.astype(np.uint16) if small else depth, kind="stable")
+    return order, np.cumsum(np.bincount(depth)).tolist()
+
+
+
+
+def _depths(up: np.ndarray) -> np.ndarray | None:
+    """Each node's depth in the forest ``up`` (hops to its root; ``up[i] = len(up)``: a
+    root), None where ``up`` has a cycle: :func:`_depths_by_jumping` on the forest of the
+    runs of nodes each the parent of the next (``up[i] == i - 1``; two thirds of Megatron
+    1T's 392,000 instructions continue the chain of the one before them). A run's depths are
+    its head's plus the offsets; its head's parent is a node of another run, a hop of that
+    node's offset + 1 below that run's head. The same integers, the jumps on a third of the
+    nodes (1T: 18-22 -> 12 ms; 18,000 instructions of GPT-3 175B: 0.28 -> 0.22 ms)."""
+    n = len(up)
+    kind = np.int32 if n < np.iinfo(np.int32).max else np.intp
+    up = up.astype(kind, copy=False)
+    node = np.arange(n, dtype=kind)
+    head = np.empty(n, dtype=bool)
+    head[:1] = True  # node 0's parent is never -1
+    np.not_equal(up[1:], node[:-1], out=head[1:])
+    heads = np.flatnonzero(head).astype(kind)
+    run = np.cumsum(head, dtype=kind)
+    run -= 1  # each node's run
+    parent = up.take(heads)
+    root = parent >= n
+    above = np.where(root, 0, parent)
+    at = run.take(above)
+    found = _depths_by_jumping(np.where(root, len(heads), at),
+                               np.where(root, 0, above - heads.take(at) + 1))
+    if found is None:
+        return None
+    return np.repeat(found - heads, np.diff(np.append(heads, n))) + node
+
+
+def _depths_by_jumping(up: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray | None:
+    """Each node's depth in the forest ``up`` (``up[i] = len(up)``: a root), the sum of the
+    ``weight`` of each node on its way up (its hop to its parent; 1 where None), by pointer
+    jumping: each step doubles how far a node's pointer reaches and adds what it skips,
+    exact on integers, ~log2(depth) steps on arrays; None where ``up`` has a cycle. The
+    reference of :func:`_depths` (``tests/test_idle.py``)."""
     n = len(up)
     kind = np.int32 if n < np.iinfo(np.int32).max else np.intp
     jump = np.append(up, n).astype(kind)
-    depth = np.append(up < n, False).astype(kind)  # hops to jump[i]
+    depth = (np.append(up < n, False).astype(kind) if weight is None
+             else np.append(np.where(up < n, weight, 0), 0).astype(kind))  # to jump[i]
     for _ in range(n.bit_length()):  # a depth below n needs fewer steps than its bits
         if jump.min() >= n:  # (every pointer at the root)
             break
@@ -685,13 +731,7 @@ def _levels(up: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
         jump = jump.take(jump)
     if jump.min() < n:  # a pointer that never reaches a root: a cycle
         return None
-    del jump
-    depth = depth[:n]
-    small = int(depth.max()) <= np.iinfo(np.uint16).max  # a radix sort on small keys
-    order = np.argsort(depth.astype(np.uint16) if small else depth, kind="stable")
-    return order, np.cumsum(np.bincount(depth)).tolist()
-
-
+    return depth[:n]
 
 
 def summarize(per_gpu: Mapping[int, Mapping[str, float]]) -> dict:

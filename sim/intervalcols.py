@@ -37,15 +37,18 @@ class IntervalColumns(Mapping):
                  start: np.ndarray, end: np.ndarray) -> None:
         codes = len(names)
         sort = grouped(key, len(gpus) * codes)
-        key = key.take(sort)
         self.start, self.end = start.take(sort), end.take(sort)
         self._at: dict[tuple[int, str], tuple[int, int]] = {}
         if len(key):
-            cuts = (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
+            # each key's slice of the grouped columns from the keys' counts (the sorted keys
+            # are their runs), not from the keys gathered in that order and compared
+            counts = np.bincount(key)
+            present = np.flatnonzero(counts)
+            hi = np.cumsum(counts).take(present)
             gpu_list = gpus.tolist()
-            for lo, hi, k in zip([0, *cuts], [*cuts, len(key)], key.take([0, *cuts]).tolist(),
-                                 strict=True):
-                self._at[(int(gpu_list[k // codes]), names[k % codes])] = (lo, hi)
+            for k, lo, end_at in zip(present.tolist(), (hi - counts.take(present)).tolist(),
+                                     hi.tolist(), strict=True):
+                self._at[(int(gpu_list[k // codes]), names[k % codes])] = (lo, end_at)
         self._lists: dict[tuple[int, str], array] = {}
 
     def starts_ends(self, item: tuple[int, str]) -> tuple[np.ndarray, np.ndarray] | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from conftest import EXAMPLE, synthetic_experiment
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.api import load_experiment, simulate
 from sim.cli.figures import idle_figure, write_figures
@@ -230,3 +232,26 @@ def test_levels_group_a_forest_by_depth_and_refuse_a_cycle() -> None:
     assert order.tolist() == [0, 3, 1, 4, 2, 5]
     assert bounds == [2, 4, 6]
     assert idle_module._levels(np.array([1, 2, 0, 4])) is None  # 0 -> 1 -> 2 -> 0
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 1 << 30)), max_size=60))
+def test_depths_by_runs_equal_the_pointer_jumping(nodes: list[tuple[bool, int]]) -> None:
+    """:func:`sim.idle._depths` (the jumps on the runs of nodes each the parent of the next)
+    gives the depths of :func:`sim.idle._depths_by_jumping` (the reference, every node), and
+    None for the same cycles; drawn forests mostly of runs, with roots, jumps back and
+    forward, and cycles."""
+    import numpy as np
+
+    import sim.idle as idle_module
+
+    n = len(nodes)
+    # a run continues (parent i - 1) or the node's parent is any node or the root (n)
+    up = np.array([i - 1 if chain and i else pick % (n + 1) for i, (chain, pick)
+                   in enumerate(nodes)], dtype=np.intp)
+    fast, reference = idle_module._depths(up), idle_module._depths_by_jumping(up)
+    assert (fast is None) == (reference is None)
+    if reference is not None:
+        assert fast.dtype == reference.dtype and fast.tolist() == reference.tolist()
+        assert idle_module._depths_by_jumping(up, np.ones(n, dtype=np.intp)).tolist() == \
+            reference.tolist()

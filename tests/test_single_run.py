@@ -9,7 +9,10 @@ from collections import Counter
 from dataclasses import replace
 
 import networkx as nx
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.api import simulate
 from sim.commtime import CollectiveTimer
@@ -20,7 +23,7 @@ from topologies.placement import Placement, coordinate_columns
 from workloads.costs import ComputeSeg
 from workloads.lowering.groups import replica_pairs
 from workloads.lowering.opcosts import op_facts
-from workloads.lowering.order import final_ops, topological, topological_ops
+from workloads.lowering.order import final_ops, topological, topological_ops, unit_sort
 from workloads.memory import op_alloc_free
 from workloads.registry import SCHEDULE_CACHE, SCHEDULES, built_schedule
 from workloads.schedules import (
@@ -120,6 +123,9 @@ def test_final_ops_equal_the_plain_loop(name: str) -> None:
         except Exception:  # noqa: BLE001, S112 - arguments the schedule refuses
             continue
         assert list(final_ops(sched).items()) == list(_final_ops_loop(sched).items())
+        assert final_ops(sched) is final_ops(sched)  # kept on the schedule, read-only
+        with pytest.raises(TypeError):
+            final_ops(sched)[0] = None  # type: ignore[index]
         tried += 1
     assert tried > 0
 
@@ -182,3 +188,34 @@ def test_placement_tables_equal_the_coordinates(order: str) -> None:
         assert replica_pairs(pl, src, dst) == tuple(
             (pl.gpu(tp=u, cp=c, dp=e, pp=src), pl.gpu(tp=u, cp=c, dp=e, pp=dst))
             for c in range(2) for e in range(3) for u in range(2))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5), st.integers(0, 40),
+                          st.sampled_from([0.0, 0.0, 0.0, 0.5, -1.0])), max_size=40))
+def test_unit_sort_is_the_lexsort(rows: list[tuple[int, int, int, float]]) -> None:
+    """:func:`workloads.lowering.order.unit_sort` (one integer key where the times are whole
+    numbers) orders as its reference, ``np.lexsort((start, ranks, end))``: drawn times with
+    ties, some not whole or negative (then it is the lexsort itself)."""
+    start = np.array([float(s) + (bump if k == 0 else 0.0) for k, (s, _, _, bump)
+                      in enumerate(rows)])
+    ranks = np.array([r for _, r, _, _ in rows], dtype=np.int64)
+    end = np.array([float(e) for _, _, e, _ in rows])
+    got = unit_sort(start, ranks, end, 6)
+    assert got.tolist() == np.lexsort((start, ranks, end)).tolist()
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_topological_order_is_the_lexsort_of_the_symbolic_run(name: str) -> None:
+    """The topological order (:func:`topological`, one key sort and a gather of the ops) is
+    the symbolic run's ops sorted by (end, rank, start) with ``np.lexsort``, the reference."""
+    for p, m, v in itertools.product((1, 2, 4), (1, 3, 8), (1, 2)):
+        try:
+            sched = SCHEDULES[name](p, m, v, 2)
+        except Exception:  # noqa: BLE001, S112 - arguments the schedule refuses
+            continue
+        ops, start, end = unit_spans(sched)
+        ranks = np.asarray(sched.stage_rank)[[op.stage for op in ops]]
+        want = [ops[k] for k in np.lexsort((start, ranks, end)).tolist()]
+        assert list(topological(sched)[0]) == want
+        assert list(topological(sched, fields=True)[0]) == want

@@ -655,13 +655,20 @@ def _coded(schedule: Schedule, order: Sequence[Op]
     an op lies outside the schedule's stages, kinds, micro-batches and sequence chunks,
     or is a W of a schedule that does not split the backward."""
     n = len(order)
-    S, M = schedule.num_stages, schedule.num_microbatches
-    k = schedule.seq_chunks
-    K = k if k > 1 else 1
     stage = np.fromiter(map(itemgetter(0), order), np.int64, n)
     kind = np.fromiter(map(_KIND_CODE.get, map(itemgetter(1), order), repeat(-1)), np.int64, n)
     mb = np.fromiter(map(itemgetter(2), order), np.int64, n)
     seq = np.fromiter(map(itemgetter(3), order), np.int64, n)
+    return _code_arrays(schedule, stage, kind, mb, seq)
+
+
+def _code_arrays(schedule: Schedule, stage: np.ndarray, kind: np.ndarray, mb: np.ndarray,
+                 seq: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """:func:`_coded` of ops given as their stage, kind code, micro-batch and sequence field
+    (non-empty arrays)."""
+    S, M = schedule.num_stages, schedule.num_microbatches
+    k = schedule.seq_chunks
+    K = k if k > 1 else 1
     chunk = seq if k > 1 else seq - WHOLE
     if (stage.min() < 0 or stage.max() >= S or kind.min() < 0
             or kind.max() >= (3 if schedule.split_backward else 2) or mb.min() < 0
@@ -684,6 +691,23 @@ def _rank_coded(schedule: Schedule, order: Sequence[Op] | None = None
             a.flags.writeable = False
         schedule.__dict__["_rank_coded"] = coded  # a frozen instance's cache, as cached_property
     return schedule.__dict__["_rank_coded"]
+
+
+def with_coded(schedule: Schedule, stage: np.ndarray, kind: np.ndarray, mb: np.ndarray,
+               seq: np.ndarray) -> Schedule:
+    """``schedule``, keeping :func:`_rank_coded` of its ops as a builder that knows them as
+    arrays gives them (the stage, kind code, micro-batch and sequence field of each op in
+    rank order), instead of reading them off the ops: 131,072 ops of Megatron 1T's
+    interleaved schedule cost ~19 ms that way, ~1 ms this way. The builder's arrays must
+    be those of its ops (``tests/test_schedules_coded.py`` holds each such builder to
+    :func:`_coded`); validation then checks the ops through them, as it would."""
+    if schedule.fused or not len(stage):
+        return schedule
+    coded = _code_arrays(schedule, stage, kind, mb, seq)
+    for a in coded or ():
+        a.flags.writeable = False
+    schedule.__dict__["_rank_coded"] = coded  # a frozen instance's cache, as cached_property
+    return schedule
 
 
 def _op_key(schedule: Schedule, stage: np.ndarray, kind: int | np.ndarray, mb: np.ndarray,
@@ -784,13 +808,15 @@ def _unit_run(schedule: Schedule) -> tuple[tuple[tuple[Op, ...], np.ndarray, np.
         spans = np.array(list(times.values()), dtype=float).reshape(len(times), 2)
         return (tuple(times), spans[:, 0], spans[:, 1]), None
     starts, ends, scheduled = _list_unfused(schedule, [1.0] * len(order), order, found)
-    at = np.array(scheduled, dtype=np.int64)
+    n = len(order)
+    at = np.fromiter(scheduled, dtype=np.int64, count=n)  # (fromiter: faster than np.array)
     del ends[len(order)]  # the missing producer's slot
     run = (at, *coded[:4], *found)
     for a in run:  # kept on a shared schedule
         a.flags.writeable = False
     ops = tuple(map(order.__getitem__, scheduled))
-    return (ops, np.array(starts, dtype=float)[at], np.array(ends, dtype=float)[at]), run
+    return (ops, np.fromiter(starts, dtype=float, count=n)[at],
+            np.fromiter(ends, dtype=float, count=n)[at]), run
 
 
 def unit_order(schedule: Schedule) -> tuple[np.ndarray, ...] | None:
@@ -905,6 +931,7 @@ def one_f_one_b(p: int, m: int, window: int = 1) -> Schedule:
     """
     _check_pm("1f1b", p, m)
     ranks = []
+    mb, kind = [], []  # the same ops as arrays (with_coded)
     for r in range(p):  # ops built by _op: without the named tuple's Python-level __new__
         warmup = min(window * (p - r - 1), m)
         ops: list[Op] = [_op((r, FORWARD, i, WHOLE)) for i in range(warmup)]
@@ -913,7 +940,16 @@ def one_f_one_b(p: int, m: int, window: int = 1) -> Schedule:
             ops.append(_op((r, BACKWARD, i, WHOLE)))
         ops.extend(_op((r, BACKWARD, i, WHOLE)) for i in range(m - warmup, m))
         ranks.append(tuple(ops))
-    return Schedule("1f1b", m, _plain_stage_rank(p), tuple(ranks), notes="Narayanan et al. 2021")
+        steady = m - warmup
+        pairs = np.empty((steady, 2), dtype=np.int64)
+        pairs[:, 0], pairs[:, 1] = np.arange(warmup, m), np.arange(steady)
+        mb += [np.arange(warmup), pairs.ravel(), np.arange(steady, m)]
+        kind += [np.zeros(warmup, np.int64), np.tile(np.array([0, 1], np.int64), steady),
+                 np.ones(warmup, np.int64)]
+    return with_coded(
+        Schedule("1f1b", m, _plain_stage_rank(p), tuple(ranks), notes="Narayanan et al. 2021"),
+        np.repeat(np.arange(p, dtype=np.int64), 2 * m), np.concatenate(kind), np.concatenate(mb),
+        np.full(2 * m * p, WHOLE, dtype=np.int64))
 
 
 def from_text(

@@ -32,6 +32,8 @@ from dataclasses import replace
 from fractions import Fraction
 from itertools import repeat
 
+import numpy as np
+
 from base.errors import ScheduleError
 from workloads.memory import stash_fractions
 from workloads.schedules import (
@@ -44,6 +46,7 @@ from workloads.schedules import (
     _op,
     list_schedule,
     one_f_one_b,
+    with_coded,
 )
 
 __all__ = [
@@ -193,6 +196,13 @@ def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Sc
     fwd_base = [chunk * p for _, chunk in forward_order]  # stage of rank 0's chunk
     bwd_base = [(v - 1 - chunk) * p for _, chunk in forward_order]
     ranks = []
+    # the same ops as arrays (workloads.schedules.with_coded): each rank's ops as positions
+    # in its forwards then backwards (``at``), their stages less the rank, micro-batches
+    # and kinds
+    both_base = np.array(fwd_base + bwd_base, dtype=np.int64)
+    both_mb = np.array(mbs + mbs, dtype=np.int64)
+    at = np.empty(2 * total, dtype=np.int64)
+    stage, mb, kind = [], [], []
     for r in range(p):
         warmup = min(2 * (p - r - 1) + (v - 1) * groups[0], total)
         # Op(stage, kind, mb) built without the named tuple's Python-level __new__
@@ -207,13 +217,21 @@ def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Sc
         ops[warmup + 1:warmup + 2 * steady:2] = bwd[:steady]
         ops[warmup + 2 * steady:] = bwd[steady:]
         ranks.append(tuple(ops))
-    return Schedule(
+        at[:warmup] = np.arange(warmup)
+        at[warmup:warmup + 2 * steady:2] = np.arange(warmup, total)
+        at[warmup + 1:warmup + 2 * steady:2] = np.arange(total, total + steady)
+        at[warmup + 2 * steady:] = np.arange(total + steady, 2 * total)
+        stage.append(both_base[at] + r)
+        mb.append(both_mb[at])
+        kind.append(at >= total)
+    return with_coded(Schedule(
         "interleaved",
         m,
         tuple(s % p for s in range(p * v)),
         tuple(ranks),
         notes=f"Narayanan et al. 2021; v={v}; micro-batch groups {list(groups)}",
-    )
+    ), np.concatenate(stage), np.concatenate(kind).astype(np.int64), np.concatenate(mb),
+        np.full(2 * total * p, WHOLE, dtype=np.int64))
 
 
 # ----------------------------------------------------------------------------- Zero Bubble

@@ -364,7 +364,7 @@ class ColumnarOps:
 
         def laid(values: np.ndarray, rest: np.ndarray) -> np.ndarray:
             out = np.empty(n + m, dtype=values.dtype)
-            np.take(values, row, out=out[:n])
+            out[:n] = values.take(row)  # (np.take into out= buffers its result: slower)
             out[n:] = rest
             return out
 
