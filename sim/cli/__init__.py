@@ -78,38 +78,12 @@ def command() -> int:
     (``gc.freeze``) before the interpreter exits. Its exit-time collection would otherwise
     walk and free all of them one by one, a fifth of a large run's CPU time (0.36 s of
     Megatron 1T's 1.9 s), where the process's end returns the memory at once; outputs are
-    complete (written, closed and renamed) before :func:`main` returns. Then
-    :func:`_exit_now` ends the process without tearing the interpreter down. Not in
-    :func:`main`: a caller that goes on (the tests) keeps its collector."""
+    complete (written, closed and renamed) before :func:`main` returns, and the standard
+    streams are flushed at exit as before. Not in :func:`main`: a caller that goes on
+    (the tests) keeps its collector."""
     code = main()
     gc.freeze()
-    _exit_now(code)
-    return code  # (where _exit_now leaves the exit to the interpreter)
-
-
-def _exit_now(code: int) -> None:
-    """End the process with status ``code`` as the interpreter's exit would, without its
-    teardown: the exit functions run (``atexit``: logging's shutdown, finalizers, those of
-    libraries), the standard streams are flushed, then ``os._exit``. What it skips is
-    freeing every object left one by one as the modules are cleared (Megatron 1T's `sim
-    run --json`: ~40 ms of its ~1 s of CPU, the schedule's ops, the program's columns, the
-    run's lists); the process's end returns that memory at once. Returns (the interpreter
-    then exits as usual) where something else still runs (another thread) or a stream
-    cannot be flushed (a closed pipe: the interpreter reports it as before)."""
-    import atexit
-    import os
-    import threading
-
-    if threading.active_count() > 1:
-        return
-    atexit._run_exitfuncs()  # (the interpreter's own call at exit; they run once)
-    try:
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None and not stream.closed:
-                stream.flush()
-    except (OSError, ValueError):
-        return
-    os._exit(code)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover
