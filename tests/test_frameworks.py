@@ -954,7 +954,7 @@ def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
     differ = {f.name for f in fields(mg) if getattr(mg, f.name) != getattr(ll, f.name)}
     assert differ == {"name", "summary", "sources", "stage_split", "dp_wire_bytes",
                       "rope_bytes", "zero2_reduce_every_microbatch", "cp_kv_all_gather",
-                      "under_fp16"}
+                      "cp_ring_merge", "under_fp16"}
     assert "Dubey et al. 2024" in ll.source("grad_buffer_bytes")  # Megatron-LM's 4, for its reason
     assert "Dubey et al. 2024" in ll.source("dp_wire_bytes")
     # Megatron-LM's fused SwiGLU, timed as it is stashed, for the paper's reason: an eager
@@ -1266,6 +1266,43 @@ def test_llama3_context_parallel_gathered_kv_is_working_memory() -> None:
     assert (c.transient_bytes(Op(0, FORWARD, 0)) - megatron.transient_bytes(Op(0, FORWARD, 0))
             == pytest.approx(whole))
     assert c.activation_bytes_per_mb(0) == pytest.approx(megatron.activation_bytes_per_mb(0))
+
+
+def test_te_ring_attention_merge_bytes_as_read_from_transformer_engine() -> None:
+    """Transformer Engine's ring attention (AttnFuncWithCP, TE v1.8; AttnFuncWithCPAndKVP2P,
+    v2.7) copies and merges around its attention kernels: at CP 2 with the causal split, on
+    one GPU for one layer (Q query, O output, K key+value elements of the local chunk):
+    forward cat(K, V) 4K, the output's first merge 4O, the later step's half copies
+    (K + Q)/1 on average and its merge 0.75 x 6 O; backward the K/V copy 4K, the half copies
+    K + Q + 2O, dQ 4Q + 4.5Q, cat(dK, dV) 4K + 3K and their sum 4K + 4.5K. Counted where the
+    profile runs TE's ring (Megatron-LM and the stacks on it), not for the all-gather CP of
+    Meta's stack, not without CP; they land on the ring's attention blocks."""
+    exp = Experiment.from_dict(_cp_run("megatron"))
+    c = exp.costs
+    assert c.cp_ring_merge
+    m, t, n = c.model, c.tp, c._tokens
+    q, o, k = n * m.q_dim / t, n * m.attn_out_dim / t, 2 * n * m.kv_dim / t
+    assert c.cp_ring_merge_bytes(False) == pytest.approx(4 * k + 4 * o + (k + q) + 4.5 * o)
+    assert c.cp_ring_merge_bytes(True) == pytest.approx(
+        4 * k + (k + q + 2 * o) + (4 * q + 4.5 * q) + (4 * k + 3 * k) + (4 * k + 4.5 * k))
+    ring = [s for s in exp.costs.op_segments(Op(0, BACKWARD, 0), False, False)
+            if type(s).__name__ == "RingAttention"]
+    assert ring and all(r.block.elementwise_bytes * r.steps
+                        == pytest.approx(c.cp_ring_merge_bytes(True)) for r in ring)
+    for name in ("megatron-bridge", "nemo-launcher", "megatron-core-r0.8"):
+        assert FRAMEWORKS[name].cp_ring_merge
+    for name in ("llama3", "fsdp", "deepspeed", "scaling", "llm-foundry"):
+        assert not FRAMEWORKS[name].cp_ring_merge
+    assert "AttnFuncWithCP" in FRAMEWORKS["megatron"].source("cp_ring_merge")
+    without = replace(c, cp_ring_merge=False)
+    assert without.cp_ring_merge_bytes(True) == without.cp_ring_merge_bytes(False) == 0.0
+    no_cp = Experiment.from_dict(_run(framework="megatron")).costs
+    assert no_cp.cp == 1 and no_cp.cp_ring_merge_bytes(True) == 0.0
+    # memory-bound work on the step: the same run is slower with it, at both fidelities
+    bare = replace(exp, costs=without)
+    for fidelity in ("full", "collapsed"):
+        assert (api.simulate(exp, fidelity=fidelity).stats["step_time_s"]
+                > api.simulate(bare, fidelity=fidelity).stats["step_time_s"])
 
 
 def test_llama3_405b_table4_layout_stashes_as_pytorch_interleaved_1f1b() -> None:

@@ -152,6 +152,10 @@ class FrameworkProfile:
     2.x's default; the methods' ``sm_margin`` in ``sim/data/tp_overlap.toml``); False: every
     GEMM on all SMs (TE 1.x's default, ``set_sm_margin`` 0): :mod:`sim.tpoverlap`. A table
     may leave it out (True)."""
+    cp_ring_merge: bool
+    """Its context parallelism is Transformer Engine's ring attention (``cp_comm_type``
+    p2p), whose copies and merges around the attention kernels move HBM bytes a layer
+    (``TransformerCosts.cp_ring_merge``); a table may leave it out (False: not counted)."""
     moe_host_sync: bool
     """Its dropless MoE layers synchronise the host with the GPU once per layer and run
     eagerly outside the parts ``training.cuda_graph_scope`` captures, so a layer waits for the
@@ -180,7 +184,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
            "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
            "optimizer_bytes", "pp_send_blocking", "pp_partition_gathers",
-           "tp_overlap_sm_margin", "moe_host_sync")
+           "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -195,14 +199,14 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 
 _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "grad_buckets_stage0_only", "optimizer_bytes", "pp_send_blocking",
-             "pp_partition_gathers", "tp_overlap_sm_margin", "moe_host_sync")
+             "pp_partition_gathers", "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
 
 _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "pp_partition_gathers": False, "tp_overlap_sm_margin": True,
-                   "moe_host_sync": False}
+                   "moe_host_sync": False, "cp_ring_merge": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -375,6 +379,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
                    zero2_reduce_every_microbatch=profile.zero2_reduce_every_microbatch,
                    cp_kv_all_gather=profile.cp_kv_all_gather,
+                   cp_ring_merge=profile.cp_ring_merge,
                    optimizer_bytes=(type(costs).__dataclass_fields__["optimizer_bytes"].default
                                     if profile.optimizer_bytes is None
                                     else profile.optimizer_bytes),

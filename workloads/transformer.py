@@ -313,6 +313,13 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     dp·cp·tp/(e·ep) GPUs holding the same shards. The all-to-all volume (n·k·h a GPU) and the
     activations (n·k·e rows of f_e/e) do not depend on e."""
     cp_kv_all_gather: bool = False
+    cp_ring_merge: bool = True
+    """With cp > 1 and the ring (not :attr:`cp_kv_all_gather`): the copies and merges
+    Transformer Engine's ring attention runs around its attention kernels (concatenating K
+    and V, the halves of the causal split made contiguous, each step's output merged by its
+    softmax statistics, dQ and dK/dV accumulated over the steps), their HBM bytes on each
+    step's attention block (:meth:`cp_ring_merge_bytes`; Megatron-LM's CP, the default).
+    False: none counted (a framework whose CP is not TE's ring, :mod:`workloads.frameworks`)."""
     """Context parallelism as an all-gather of the whole sequence's K and V over the CP group
     before each attention core (and, backward, the same gather and a reduce-scatter of dK
     and dV after it), exposed (Meta's, Dubey et al. 2024, sec. 3.3.2:
