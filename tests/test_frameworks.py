@@ -68,10 +68,11 @@ def test_megatron_profile_is_the_cost_model_without_a_profile_but_for_its_fp32_g
     mg = FRAMEWORKS["megatron"]
     assert apply_framework(plain, mg, 8) == replace(
         plain, dp_wire_bytes=3.0, grad_reduce_bytes=4.0, grad_buffer_bytes=4.0,
-        optimizer_bytes=30.0)
+        optimizer_bytes=30.0, embedding_grad_bytes=12.0)
     assert framework("megatron", "bf16") is mg and framework("megatron", "fp8") is mg
     fp16 = framework("megatron", "fp16")
-    assert apply_framework(plain, fp16, 8) == plain
+    # the dense embedding gradient, which the cost model leaves out, added into fp16 main_grad
+    assert apply_framework(plain, fp16, 8) == replace(plain, embedding_grad_bytes=8.0)
     assert "--grad-reduce-in-bf16" in mg.source("dp_wire_bytes")
     assert Experiment.from_dict(_run()).framework.name == "megatron"
     assert Experiment.from_dict(_run(precision="fp16")).framework == fp16
@@ -162,13 +163,14 @@ def test_megatron_bridge_is_megatron_with_its_scripts_settings() -> None:
     (comm_overlap.py) and the host waits of its MoE layers, whose host times were measured
     on Megatron-core's DeepSeek-V3 (sim/hostwait.py), and the bf16 gradients of
     grad_reduce_in_fp32 = False (every performance config's common settings; Megatron-LM
-    reduces fp32 ones under --bf16); the fused loss makes the step faster and the peak lower."""
+    reduces fp32 ones under --bf16), into which the embedding's dense gradient is added (8
+    bytes a parameter, not 12); the fused loss makes the step faster and the peak lower."""
     mg, mb = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-bridge"]
     differ = [f.name for f in fields(mg) if getattr(mg, f.name) != getattr(mb, f.name)]
     assert set(differ) == {"name", "summary", "allocator", "sources", "fused_cross_entropy",
                            "grad_bucket_params", "grad_bucket_params_per_dp", "moe_host_sync",
                            "dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes",
-                           "optimizer_bytes", "under_fp16"}
+                           "optimizer_bytes", "embedding_grad_bytes", "under_fp16"}
     assert (mb.grad_reduce_bytes, mb.grad_buffer_bytes, mb.dp_wire_bytes,
             mb.optimizer_bytes) == (2.0, 2.0, 2.0, 28.0)
     assert "cfg.ddp.grad_reduce_in_fp32 = False" in mb.source("dp_wire_bytes")
@@ -602,7 +604,8 @@ def test_zero3_copies_are_memory_bound_work_per_gathered_and_reduced_parameter()
     forward and backward) and casts each gradient into the fp32 reduce-scatter input (6);
     FSDP1 (llm-foundry) gathers in place and casts and pre-divides (14). Nothing without
     ZeRO-3 or without a second shard; the same work with the lowering's markers."""
-    plain = replace(_zero3_costs("megatron"), rope_bytes=ROPE_BYTES, swiglu_bytes=SWIGLU_BYTES)
+    plain = replace(_zero3_costs("megatron"), rope_bytes=ROPE_BYTES, swiglu_bytes=SWIGLU_BYTES,
+                    embedding_grad_bytes=0.0)  # Megatron-LM's embedding gradient, not FSDP's
     params = 8 * plain._layer_params_tp
     fsdp, foundry = _zero3_costs("fsdp"), _zero3_costs("llm-foundry")
     assert _ew(fsdp, FORWARD) - _ew(plain, FORWARD) == pytest.approx(4 * params)
@@ -1266,6 +1269,34 @@ def test_llama3_context_parallel_gathered_kv_is_working_memory() -> None:
     assert (c.transient_bytes(Op(0, FORWARD, 0)) - megatron.transient_bytes(Op(0, FORWARD, 0))
             == pytest.approx(whole))
     assert c.activation_bytes_per_mb(0) == pytest.approx(megatron.activation_bytes_per_mb(0))
+
+
+@pytest.mark.parametrize(("name", "per_param"), [("megatron", 12.0), ("nemo-launcher", 8.0),
+                                               ("megatron-bridge", 8.0), ("fsdp", 0.0)])
+def test_embedding_dense_gradient_on_the_first_stage_each_micro_batch(name: str,
+                                                                      per_param: float) -> None:
+    """Megatron-core's VocabParallelEmbedding looks tokens up with F.embedding, whose dense
+    backward writes a zeroed V/t x h gradient (2 bytes an element), which the DDP hook adds into
+    main_grad at every micro-batch (fp32: read 4 + 2, write 4; a bf16 buffer: 2 + 2 + 2): one
+    memory-bound segment on the first stage's backward (its W op when the backward is split),
+    none forward or on later stages; not counted for a framework that leaves it out."""
+    exp = Experiment.from_dict(_run(framework=name))
+    c = exp.costs
+    assert c.embedding_grad_bytes == per_param
+
+    def embed(op: Op, split: bool = False) -> float:
+        segs = [s for s in c._op_segments(op, split, False) if isinstance(s, ComputeSeg)]
+        fused = sum(s.elementwise_bytes for s in segs)
+        return fused - sum(s.elementwise_bytes for s in replace(
+            c, embedding_grad_bytes=0.0)._op_segments(op, split, False)
+            if isinstance(s, ComputeSeg))
+
+    want = per_param * c.model.embedding_params() / c.tp
+    assert want == 0.0 or want > 1e8
+    assert embed(Op(0, BACKWARD, 0)) == pytest.approx(want)
+    assert embed(Op(0, WEIGHT_GRAD, 0), split=True) == pytest.approx(want)
+    assert embed(Op(0, BACKWARD, 0), split=True) == 0.0
+    assert embed(Op(0, FORWARD, 0)) == embed(Op(1, BACKWARD, 0)) == 0.0
 
 
 def test_te_ring_attention_merge_bytes_as_read_from_transformer_engine() -> None:

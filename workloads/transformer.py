@@ -254,6 +254,12 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     gradient-accumulation fusion into ``main_grad``); DeepSpeed's BF16_Optimizer casts each
     bf16 gradient to fp32 and adds it into its fp32 buffer, 2 + 4 + 4 + 4 + 4
     (:mod:`workloads.frameworks`)."""
+    embedding_grad_bytes: float = 0.0
+    """HBM bytes per parameter of the input embedding (one TP rank's shard) that each
+    micro-batch's backward on the first stage moves outside the GEMMs: PyTorch's dense
+    embedding backward and the framework's accumulation of it (one memory-bound segment
+    beside the grad accumulation's). 0: not counted; Megatron-LM's 12 with its fp32
+    ``main_grad`` (:mod:`workloads.frameworks`)."""
     optimizer_bytes: float = 28.0
     """HBM bytes per parameter of the GPU's shard that the step-end optimizer moves
     (:meth:`optimizer_segment`): 28 for a fused AdamW; a framework's eager optimizer and
