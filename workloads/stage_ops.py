@@ -195,8 +195,10 @@ class StageOps:
                                                          else BACKWARD):
                 segs.append(GradReady("embedding grads", self.grad_reduce_bytes
                                       * self.model.embedding_params() / self.tp))
-        else:
-            segs += embed
+        elif embed:  # before the last GradReady (L0's holds the embedding's gradient)
+            ready_at = [i for i, seg in enumerate(segs) if isinstance(seg, GradReady)]
+            at = ready_at[-1] if ready_at else len(segs)
+            segs[at:at] = embed
         return tuple(fuse_compute(segs, str(op)))
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
