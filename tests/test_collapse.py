@@ -203,11 +203,13 @@ def cp_experiment(tp: int, cp: int, pp: int, dp: int, schedule: str = "1f1b", vp
     # in a ring 4>5>6>7) runs beside the ring passes of its other chunk's backward. With
     # CP inside DP (the default placement) the pass 4>5 shares its link with the ring's
     # step 4>5: both slower in the full program, neither collapsed (it times each kind
-    # alone), the step 0.15 % apart. With DP inside CP the CP pairs (4, 6), (5, 7) use
+    # alone), the step 0.3 % apart (0.15 % before the first stage's backward counted the
+    # embedding's dense gradient, which lengthens the time the two share; the bubble ratio,
+    # relative to its 0.55, 0.9 %). With DP inside CP the CP pairs (4, 6), (5, 7) use
     # links the ring does not: exact.
     (1, 2, 2, 2, "interleaved", 2, {"overlap_grad_reduce": True,
                                     "placement": "tp-dp-cp-pp"}, EXACT),
-    (1, 2, 2, 2, "interleaved", 2, {"overlap_grad_reduce": True}, 5e-3),
+    (1, 2, 2, 2, "interleaved", 2, {"overlap_grad_reduce": True}, 1e-2),
 ])
 def test_exact_context_parallel_on_a_full_mesh(tp: int, cp: int, pp: int, dp: int,
                                                schedule: str, vpp: int,

@@ -68,10 +68,11 @@ def test_megatron_profile_is_the_cost_model_without_a_profile_but_for_its_fp32_g
     mg = FRAMEWORKS["megatron"]
     assert apply_framework(plain, mg, 8) == replace(
         plain, dp_wire_bytes=3.0, grad_reduce_bytes=4.0, grad_buffer_bytes=4.0,
-        optimizer_bytes=30.0)
+        optimizer_bytes=30.0, embedding_grad_bytes=12.0)
     assert framework("megatron", "bf16") is mg and framework("megatron", "fp8") is mg
     fp16 = framework("megatron", "fp16")
-    assert apply_framework(plain, fp16, 8) == plain
+    # the dense embedding gradient, which the cost model leaves out, added into fp16 main_grad
+    assert apply_framework(plain, fp16, 8) == replace(plain, embedding_grad_bytes=8.0)
     assert "--grad-reduce-in-bf16" in mg.source("dp_wire_bytes")
     assert Experiment.from_dict(_run()).framework.name == "megatron"
     assert Experiment.from_dict(_run(precision="fp16")).framework == fp16
@@ -162,13 +163,14 @@ def test_megatron_bridge_is_megatron_with_its_scripts_settings() -> None:
     (comm_overlap.py) and the host waits of its MoE layers, whose host times were measured
     on Megatron-core's DeepSeek-V3 (sim/hostwait.py), and the bf16 gradients of
     grad_reduce_in_fp32 = False (every performance config's common settings; Megatron-LM
-    reduces fp32 ones under --bf16); the fused loss makes the step faster and the peak lower."""
+    reduces fp32 ones under --bf16), into which the embedding's dense gradient is added (8
+    bytes a parameter, not 12); the fused loss makes the step faster and the peak lower."""
     mg, mb = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-bridge"]
     differ = [f.name for f in fields(mg) if getattr(mg, f.name) != getattr(mb, f.name)]
     assert set(differ) == {"name", "summary", "allocator", "sources", "fused_cross_entropy",
                            "grad_bucket_params", "grad_bucket_params_per_dp", "moe_host_sync",
                            "dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes",
-                           "optimizer_bytes", "under_fp16"}
+                           "optimizer_bytes", "embedding_grad_bytes", "under_fp16"}
     assert (mb.grad_reduce_bytes, mb.grad_buffer_bytes, mb.dp_wire_bytes,
             mb.optimizer_bytes) == (2.0, 2.0, 2.0, 28.0)
     assert "cfg.ddp.grad_reduce_in_fp32 = False" in mb.source("dp_wire_bytes")
@@ -602,7 +604,8 @@ def test_zero3_copies_are_memory_bound_work_per_gathered_and_reduced_parameter()
     forward and backward) and casts each gradient into the fp32 reduce-scatter input (6);
     FSDP1 (llm-foundry) gathers in place and casts and pre-divides (14). Nothing without
     ZeRO-3 or without a second shard; the same work with the lowering's markers."""
-    plain = replace(_zero3_costs("megatron"), rope_bytes=ROPE_BYTES, swiglu_bytes=SWIGLU_BYTES)
+    plain = replace(_zero3_costs("megatron"), rope_bytes=ROPE_BYTES, swiglu_bytes=SWIGLU_BYTES,
+                    embedding_grad_bytes=0.0)  # Megatron-LM's embedding gradient, not FSDP's
     params = 8 * plain._layer_params_tp
     fsdp, foundry = _zero3_costs("fsdp"), _zero3_costs("llm-foundry")
     assert _ew(fsdp, FORWARD) - _ew(plain, FORWARD) == pytest.approx(4 * params)
@@ -954,7 +957,7 @@ def test_llama3_accumulates_and_reduces_gradients_in_fp32() -> None:
     differ = {f.name for f in fields(mg) if getattr(mg, f.name) != getattr(ll, f.name)}
     assert differ == {"name", "summary", "sources", "stage_split", "dp_wire_bytes",
                       "rope_bytes", "zero2_reduce_every_microbatch", "cp_kv_all_gather",
-                      "under_fp16"}
+                      "cp_ring_merge", "under_fp16"}
     assert "Dubey et al. 2024" in ll.source("grad_buffer_bytes")  # Megatron-LM's 4, for its reason
     assert "Dubey et al. 2024" in ll.source("dp_wire_bytes")
     # Megatron-LM's fused SwiGLU, timed as it is stashed, for the paper's reason: an eager
@@ -1266,6 +1269,71 @@ def test_llama3_context_parallel_gathered_kv_is_working_memory() -> None:
     assert (c.transient_bytes(Op(0, FORWARD, 0)) - megatron.transient_bytes(Op(0, FORWARD, 0))
             == pytest.approx(whole))
     assert c.activation_bytes_per_mb(0) == pytest.approx(megatron.activation_bytes_per_mb(0))
+
+
+@pytest.mark.parametrize(("name", "per_param"), [("megatron", 12.0), ("nemo-launcher", 8.0),
+                                               ("megatron-bridge", 8.0), ("fsdp", 0.0)])
+def test_embedding_dense_gradient_on_the_first_stage_each_micro_batch(name: str,
+                                                                      per_param: float) -> None:
+    """Megatron-core's VocabParallelEmbedding looks tokens up with F.embedding, whose dense
+    backward writes a zeroed V/t x h gradient (2 bytes an element), which the DDP hook adds into
+    main_grad at every micro-batch (fp32: read 4 + 2, write 4; a bf16 buffer: 2 + 2 + 2): one
+    memory-bound segment on the first stage's backward (its W op when the backward is split),
+    none forward or on later stages; not counted for a framework that leaves it out."""
+    exp = Experiment.from_dict(_run(framework=name))
+    c = exp.costs
+    assert c.embedding_grad_bytes == per_param
+
+    def embed(op: Op, split: bool = False) -> float:
+        segs = [s for s in c._op_segments(op, split, False) if isinstance(s, ComputeSeg)]
+        fused = sum(s.elementwise_bytes for s in segs)
+        return fused - sum(s.elementwise_bytes for s in replace(
+            c, embedding_grad_bytes=0.0)._op_segments(op, split, False)
+            if isinstance(s, ComputeSeg))
+
+    want = per_param * c.model.embedding_params() / c.tp
+    assert want == 0.0 or want > 1e8
+    assert embed(Op(0, BACKWARD, 0)) == pytest.approx(want)
+    assert embed(Op(0, WEIGHT_GRAD, 0), split=True) == pytest.approx(want)
+    assert embed(Op(0, BACKWARD, 0), split=True) == 0.0
+    assert embed(Op(0, FORWARD, 0)) == embed(Op(1, BACKWARD, 0)) == 0.0
+
+
+def test_te_ring_attention_merge_bytes_as_read_from_transformer_engine() -> None:
+    """Transformer Engine's ring attention (AttnFuncWithCP, TE v1.8; AttnFuncWithCPAndKVP2P,
+    v2.7) copies and merges around its attention kernels: at CP 2 with the causal split, on
+    one GPU for one layer (Q query, O output, K key+value elements of the local chunk):
+    forward cat(K, V) 4K, the output's first merge 4O, the later step's half copies
+    (K + Q)/1 on average and its merge 0.75 x 6 O; backward the K/V copy 4K, the half copies
+    K + Q + 2O, dQ 4Q + 4.5Q, cat(dK, dV) 4K + 3K and their sum 4K + 4.5K. Counted where the
+    profile runs TE's ring (Megatron-LM and the stacks on it), not for the all-gather CP of
+    Meta's stack, not without CP; they land on the ring's attention blocks."""
+    exp = Experiment.from_dict(_cp_run("megatron"))
+    c = exp.costs
+    assert c.cp_ring_merge
+    m, t, n = c.model, c.tp, c._tokens
+    q, o, k = n * m.q_dim / t, n * m.attn_out_dim / t, 2 * n * m.kv_dim / t
+    assert c.cp_ring_merge_bytes(False) == pytest.approx(4 * k + 4 * o + (k + q) + 4.5 * o)
+    assert c.cp_ring_merge_bytes(True) == pytest.approx(
+        4 * k + (k + q + 2 * o) + (4 * q + 4.5 * q) + (4 * k + 3 * k) + (4 * k + 4.5 * k))
+    ring = [s for s in exp.costs.op_segments(Op(0, BACKWARD, 0), False, False)
+            if type(s).__name__ == "RingAttention"]
+    assert ring and all(r.block.elementwise_bytes * r.steps
+                        == pytest.approx(c.cp_ring_merge_bytes(True)) for r in ring)
+    for name in ("megatron-bridge", "nemo-launcher", "megatron-core-r0.8"):
+        assert FRAMEWORKS[name].cp_ring_merge
+    for name in ("llama3", "fsdp", "deepspeed", "scaling", "llm-foundry"):
+        assert not FRAMEWORKS[name].cp_ring_merge
+    assert "AttnFuncWithCP" in FRAMEWORKS["megatron"].source("cp_ring_merge")
+    without = replace(c, cp_ring_merge=False)
+    assert without.cp_ring_merge_bytes(True) == without.cp_ring_merge_bytes(False) == 0.0
+    no_cp = Experiment.from_dict(_run(framework="megatron")).costs
+    assert no_cp.cp == 1 and no_cp.cp_ring_merge_bytes(True) == 0.0
+    # memory-bound work on the step: the same run is slower with it, at both fidelities
+    bare = replace(exp, costs=without)
+    for fidelity in ("full", "collapsed"):
+        assert (api.simulate(exp, fidelity=fidelity).stats["step_time_s"]
+                > api.simulate(bare, fidelity=fidelity).stats["step_time_s"])
 
 
 def test_llama3_405b_table4_layout_stashes_as_pytorch_interleaved_1f1b() -> None:

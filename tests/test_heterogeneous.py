@@ -83,7 +83,9 @@ def test_slow_last_stage_sets_the_step_by_the_closed_form() -> None:
     assert exp.costs.stage_layers == (6, 6, 6, 6)
     costs = stage_costs(exp)
     t = [f + b for f, b, _ in costs]
-    assert t[3] > 2.5 * t[0] and t[0] == t[1] == t[2]  # the A100 stage is the bottleneck
+    # the A100 stage is the bottleneck; stage 0's backward adds the embedding's dense gradient
+    # into main_grad (Megatron-LM's embedding_grad_bytes, workloads/frameworks.toml)
+    assert t[3] > 2.5 * t[0] and t[0] > t[1] == t[2]
     m = 8
     closed = sum(t) + (m - 1) * max(t) + costs[0][2]
     stats = simulate(exp).stats
@@ -110,7 +112,16 @@ def a100_fit_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("a100_fit_everywhere")
-def test_balanced_split_reaches_its_closed_form() -> None:
+def test_balanced_split_reaches_its_closed_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the closed form's regime (stage 0 alone the slowest): without the embedding's dense
+    # gradient that Megatron-LM's stage 0 adds into main_grad each micro-batch
+    # (embedding_grad_bytes), which moves one layer off stage 0, (7, 8, 8, 1), and makes the
+    # middle stages the slowest (test_balanced_split_is_the_best_integer_split keeps it)
+    from dataclasses import replace
+
+    from workloads.frameworks import FRAMEWORKS
+    monkeypatch.setitem(FRAMEWORKS, "megatron",
+                        replace(FRAMEWORKS["megatron"], embedding_grad_bytes=None))
     even = simulate(build_experiment(pipeline(H3_A1))).stats["step_time_s"]
     exp = build_experiment(pipeline(H3_A1, layers_per_stage="balanced"))
     # the A100 keeps one layer (and the output head), the H100s share the rest

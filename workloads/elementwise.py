@@ -49,6 +49,19 @@ FP8_TRANSPOSE_BYTES = 2.0
 """An fp8 transpose (TransformerEngine's ``fp8_transpose``): read 1 byte, write 1, per element."""
 BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
+CP_RING_COPY_BYTES = 4.0
+"""A bf16 copy inside Transformer Engine's ring attention (``torch.cat``, ``.contiguous()``,
+``copy_``): read 2 bytes, write 2, per element."""
+CP_RING_ADD_BYTES = 6.0
+"""A bf16 accumulation inside it (``out.add_(out_per_step * exp(lse_step - lse))``,
+``dq.add_(dq_)``, ``dkv.add_(dkv_)``; jit-fused): read both operands, write one, per element."""
+CP_RING_CAUSAL_SHARE = 0.75
+"""Share of a rank's local queries (or of the received K/V chunk) a ring step after the first
+touches, the mean over the ranks of the load-balanced causal split: a step either runs all
+the rank's queries against the first half of the received chunk (``i <= rank`` forward) or
+the second half of its queries against the whole chunk (``i > rank``), one of each kind on
+average over the ranks, and the step's merge covers the whole output in the first case and
+its second half in the other."""
 
 
 class ElementwiseWork:
@@ -142,6 +155,43 @@ class ElementwiseWork:
         fwd = c * (rows * h + routed * f / t + n * (h + fs / t) * (fs > 0))
         bwd = c * (routed * f * glu / t + rows * h + n * (fs * glu / t + h) * (fs > 0))
         return fwd, bwd
+
+    def cp_ring_merge_bytes(self, backward: bool) -> float:
+        """HBM bytes of the memory-bound kernels Transformer Engine's ring attention runs
+        around its attention kernels on one GPU for one layer (all ``cp`` steps together),
+        with :attr:`cp_ring_merge` and ``cp > 1`` (0 otherwise).
+
+        Read from ``AttnFuncWithCP`` in transformer_engine/pytorch/attention.py (TE v1.8) and
+        ``AttnFuncWithCPAndKVP2P`` in
+        transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+        (v2.7), ``sbhd``/``bshd`` layouts with the causal load-balanced split, Q the rank's
+        local query elements (n·q/t), O its output elements (n·o/t), K its key and value
+        elements (2·n·kv/t), c = cp. Forward: K and V concatenated into the first pass's
+        buffer (``torch.cat``, 4 bytes a K element); every later step copies the half it
+        uses contiguous (the received chunk's first K/V half or the second query half:
+        K + Q bytes a step on average, :data:`CP_RING_CAUSAL_SHARE`'s mean); the outputs
+        merged by their softmax statistics after the steps (``flash_attn_fwd_out_correction``;
+        v2.7's ``_init`` writes the first step's 4 bytes an O element, then 6 a step over
+        0.75 of O; v1.8 zero-fills and adds the first step too, 4 bytes an element more,
+        not counted). Backward: K and V copied into the pass buffer (4K); every later step
+        copies its K/V half or its query, output and output-gradient halves (K + Q + 2·O);
+        the dQ of every step copied (first) or added into the rank's dQ (4Q + 4.5Q a later
+        step), its dK and dV concatenated (``torch.cat((dk_, dv_))``, 4K + 3K a later step)
+        and added into the travelling dK/dV (4K + 4.5K a later step). The softmax
+        statistics' corrections (a 1/d-sized fp32 tensor) are left out. The attention
+        kernels themselves (and their reads of Q, K, V, O, dO) are in ``attn_flops``."""
+        if not self.cp_ring_merge or self.cp == 1:
+            return 0.0
+        m, t, n, c = self.model, self.tp, self._tokens, self.cp
+        q, o, k = n * m.q_dim / t, n * m.attn_out_dim / t, 2 * n * m.kv_dim / t
+        copy, add, share = CP_RING_COPY_BYTES, CP_RING_ADD_BYTES, CP_RING_CAUSAL_SHARE
+        later = c - 1
+        if not backward:
+            return copy * k + copy * o + later * ((k + q) * copy / 4 + share * add * o)
+        halves = (k + q + 2 * o) * copy / 4  # half of one half-tensor copy each
+        dq = copy * q + later * share * add * q
+        dkv = copy * k + later * share * copy * k + copy * k + later * share * add * k
+        return copy * k + later * halves + dq + dkv
 
     def _attention_dropout_bytes(self) -> float:
         """HBM bytes of non-flash attention's dropout on one layer's probabilities forward

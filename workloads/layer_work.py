@@ -144,6 +144,9 @@ class LayerWork:
             ring = RingAttention(f"{name} cp", block, self.cp, self._kv_pass_bytes() * self.cp,
                                  gathered=True, scatter_grads=backward)
             return [proj, ring, qkv] if backward else [qkv, ring, proj]
+        merge = self.cp_ring_merge_bytes(backward)
+        if merge:
+            block = replace(block, elementwise_bytes=merge / self.cp)
         ring = RingAttention(f"{name} ring", block, self.cp,
                              self._kv_pass_bytes() * (2 if backward else 1))
         return [proj, ring, qkv] if backward else [qkv, ring, proj]

@@ -184,12 +184,21 @@ class StageOps:
         if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
             segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
                                    * self.stage_params(op.stage)))
+        embed = ([ComputeSeg("embedding grad", elementwise_bytes=self.embedding_grad_bytes
+                             * self.model.embedding_params() / self.tp)]
+                 if self.embedding_grad_bytes and op.stage == 0
+                 and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD) else [])
         if not segs:  # a first stage of the embedding alone: its lookup is not timed
             segs.append(ComputeSeg(str(op)))
+            segs += embed
             if markers and op.stage == 0 and op.kind == (WEIGHT_GRAD if split_backward
                                                          else BACKWARD):
                 segs.append(GradReady("embedding grads", self.grad_reduce_bytes
                                       * self.model.embedding_params() / self.tp))
+        elif embed:  # before the last GradReady (L0's holds the embedding's gradient)
+            ready_at = [i for i, seg in enumerate(segs) if isinstance(seg, GradReady)]
+            at = ready_at[-1] if ready_at else len(segs)
+            segs[at:at] = embed
         return tuple(fuse_compute(segs, str(op)))
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:

@@ -254,6 +254,12 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     gradient-accumulation fusion into ``main_grad``); DeepSpeed's BF16_Optimizer casts each
     bf16 gradient to fp32 and adds it into its fp32 buffer, 2 + 4 + 4 + 4 + 4
     (:mod:`workloads.frameworks`)."""
+    embedding_grad_bytes: float = 0.0
+    """HBM bytes per parameter of the input embedding (one TP rank's shard) that each
+    micro-batch's backward on the first stage moves outside the GEMMs: PyTorch's dense
+    embedding backward and the framework's accumulation of it (one memory-bound segment
+    beside the grad accumulation's). 0: not counted; Megatron-LM's 12 with its fp32
+    ``main_grad`` (:mod:`workloads.frameworks`)."""
     optimizer_bytes: float = 28.0
     """HBM bytes per parameter of the GPU's shard that the step-end optimizer moves
     (:meth:`optimizer_segment`): 28 for a fused AdamW; a framework's eager optimizer and
@@ -313,6 +319,13 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     dp·cp·tp/(e·ep) GPUs holding the same shards. The all-to-all volume (n·k·h a GPU) and the
     activations (n·k·e rows of f_e/e) do not depend on e."""
     cp_kv_all_gather: bool = False
+    cp_ring_merge: bool = True
+    """With cp > 1 and the ring (not :attr:`cp_kv_all_gather`): the copies and merges
+    Transformer Engine's ring attention runs around its attention kernels (concatenating K
+    and V, the halves of the causal split made contiguous, each step's output merged by its
+    softmax statistics, dQ and dK/dV accumulated over the steps), their HBM bytes on each
+    step's attention block (:meth:`cp_ring_merge_bytes`; Megatron-LM's CP, the default).
+    False: none counted (a framework whose CP is not TE's ring, :mod:`workloads.frameworks`)."""
     """Context parallelism as an all-gather of the whole sequence's K and V over the CP group
     before each attention core (and, backward, the same gather and a reduce-scatter of dK
     and dV after it), exposed (Meta's, Dubey et al. 2024, sec. 3.3.2:

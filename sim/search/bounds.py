@@ -294,7 +294,7 @@ class Bounds:
         """
         last = stage == len(costs.stage_layers) - 1
         key = (*_work_shape(costs), costs.stage_layers[stage], costs.stage_dense_layers(stage),
-               last, kind, split, types)
+               stage == 0, last, kind, split, types)  # stage 0: the embedding's gradient
         hit = self._op_cache.get(key)
         if hit is not None:
             return hit
@@ -375,8 +375,8 @@ class Bounds:
         """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r
         (``one``: see :meth:`_collective_s`)."""
         key = ("op", *_work_shape(costs), costs.stage_layers[stage],
-               costs.stage_dense_layers(stage), stage == len(costs.stage_layers) - 1, kind,
-               split, layout.dp, layout.pp, r, one)
+               costs.stage_dense_layers(stage), stage == 0, stage == len(costs.stage_layers) - 1,
+               kind, split, layout.dp, layout.pp, r, one)
         t = self._comm.get(key)
         if t is None:
             comms = self._op_time(costs, stage, kind, split)[1]
@@ -717,7 +717,8 @@ class Bounds:
             chain = [0.0]
             alike: dict[tuple[Any, ...], tuple[float, float]] = {}
             for s in range(n):  # stages alike in what _op_time's key holds: timed once
-                like = (costs.stage_layers[s], costs.stage_dense_layers(s), s == n - 1, of[s])
+                like = (costs.stage_layers[s], costs.stage_dense_layers(s), s == 0, s == n - 1,
+                        of[s])
                 times = alike.get(like)
                 if times is None:
                     times = alike[like] = (
