@@ -50,6 +50,7 @@ from sim.network import FlowNetwork
 from sim.selection import CollectivePlan, GroupProfile, collective_plan, step_latency_s
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
+from workloads.packed import PackedInstructions
 from workloads.program import (
     Collective,
     ColumnarInstructions,
@@ -522,10 +523,27 @@ class _Run:
         ready, instrs, members = self.ready, self.program.instructions, self.members
         started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
         heap = self.heap if self.env is None else None
+        packed = isinstance(instrs, PackedInstructions)
+        templates, tpl = (instrs.templates, instrs.tpl) if packed else (None, None)
         while ready:
             i = ready.popleft()
-            ins = instrs[i]
-            cls = type(ins)
+            if packed:  # the class and shared fields from the template; the object if needed
+                cls, _, rest = templates[tpl[i]]  # type: ignore[index]
+                if cls is Collective:
+                    started[i] = self.now  # a member arrives (below, without the object)
+                    key = rest[4]
+                    waiting = members.get(key)
+                    if waiting is None:
+                        members[key] = waiting = [i]
+                    else:
+                        waiting.append(i)
+                    if len(waiting) >= len(rest[2]):
+                        self._arrived(instrs[i])
+                    continue
+                ins = instrs._make(i)  # type: ignore[union-attr]
+            else:
+                ins = instrs[i]
+                cls = type(ins)
             if cls is Compute:  # its compute, then its blocking communication: one event
                 now = self.now
                 started[i] = now
