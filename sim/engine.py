@@ -407,6 +407,13 @@ class _Run:
         of the last one of them, ``batch_at`` their end."""
         self.batch_seq = -1
         self.batch_at = -1.0
+        self.by_work = bool(getattr(timer, "by_work", False))
+        """Whether ``timer`` reads only a compute op's fields after its deps (its work, as
+        :meth:`workloads.program.ProgramBuilder.work` holds them): a packed program's ops of
+        one template then take one call (:attr:`durations`)."""
+        instrs = program.instructions
+        self.durations: list[float | None] = (
+            [None] * len(instrs.templates) if isinstance(instrs, PackedInstructions) else [])
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -525,6 +532,7 @@ class _Run:
         heap = self.heap if self.env is None else None
         packed = isinstance(instrs, PackedInstructions)
         templates, tpl = (instrs.templates, instrs.tpl) if packed else (None, None)
+        by_work, durations = self.by_work, self.durations
         while ready:
             i = ready.popleft()
             if packed:  # the class and shared fields from the template; the object if needed
@@ -540,16 +548,26 @@ class _Run:
                     if len(waiting) >= len(rest[2]):
                         self._arrived(instrs[i])
                     continue
-                ins = instrs._make(i)  # type: ignore[union-attr]
+                if cls is Compute:
+                    t = tpl[i]  # type: ignore[index]
+                    duration = durations[t] if by_work else None  # once per template
+                    if duration is None:
+                        duration = timer(instrs._make(i))  # type: ignore[union-attr]
+                        if by_work:
+                            durations[t] = duration
+                    blocking = rest[6]  # blocking_comm_s
+                else:
+                    ins = instrs._make(i)  # type: ignore[union-attr]
             else:
                 ins = instrs[i]
                 cls = type(ins)
+                if cls is Compute:
+                    duration, blocking = timer(ins), ins.blocking_comm_s
             if cls is Compute:  # its compute, then its blocking communication: one event
                 now = self.now
                 started[i] = now
-                duration = timer(ins)
                 mid[i] = now + duration
-                total = duration + ins.blocking_comm_s
+                total = duration + blocking
                 if not total > 0:
                     complete(i)
                 elif heap is not None:  # _after on the own heap, inline

@@ -9,11 +9,14 @@ tuple made per instruction. The same results as the loops over the objects, step
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Summaries, _sample
 from workloads.packed import PackedInstructions
 from workloads.program import Collective, Compute, Program, Send
+from workloads.streams import stream_columns
 
 _COMPUTE, _SEND, _COLLECTIVE = 0, 1, 2
 
@@ -110,72 +113,75 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
 
 
 def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
-           index: dict, bubble: int
+           index: Callable[[str, int], int], bubble: int
            ) -> tuple[array[float], array[int], dict[int, list[int]], array[int],
                       dict[int, tuple[float, int]]]:
-    """:func:`sim.idle._chains` of a packed program (``index``: a part's index by name,
-    ``bubble``: the bubble's)."""
+    """:func:`sim.idle._chains` of a packed program on arrays (``index``: a part's index by
+    name or ``bubble``, the bubble's): each instruction's cause is its stream predecessor
+    (:func:`workloads.streams.stream_columns`, the engine's stream rule) unless a dependency
+    ended strictly later, then the first of the latest; a collective's members (one template
+    each, :class:`~workloads.packed.PackedBuilder`) take the start and cause of the member
+    ready last (the lowest id among equals), where all of them are in the program."""
     instrs = program.instructions
     assert isinstance(instrs, PackedInstructions)
     n = len(instrs)
-    infos = []  # per template: class, stream (beside the GPU), part, blocking, group, key
-    for cls, head, rest in instrs.templates:
-        if cls is Compute:
-            blocking = rest[6]
-            infos.append((_COMPUTE, None, bubble,
-                          (blocking, index(rest[7], bubble)) if blocking > 0 else None, 0, 0))
-        elif cls is Send:
-            infos.append((_SEND, head[0], index(head[2], bubble), None, 0, 0))
-        else:
-            assert cls is Collective
-            infos.append((_COLLECTIVE, head[0], index(head[0], bubble), None, len(rest[2]),
-                          rest[4]))
-    start = array("d", ready_s[:n])
-    cause = array("q", [-1]) * n
-    part = array("b", [bubble]) * n
+    templates = instrs.templates
+    cls_of = np.fromiter((_COMPUTE if t[0] is Compute else _SEND if t[0] is Send
+                          else _COLLECTIVE for t in templates), np.int8, len(templates))
+    part_of = np.fromiter((bubble if cls is Compute else index(head[2] if cls is Send
+                                                             else head[0], bubble)
+                           for cls, head, _ in templates), np.int8, len(templates))
+    size_of = np.fromiter((len(rest[2]) if cls is Collective else 0
+                           for cls, _, rest in templates), np.int64, len(templates))
+    tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
+    ready = np.asarray(ready_s[:n], dtype=float)
+    end = np.asarray(end_s, dtype=float)
+    columns = stream_columns(instrs)
+    assert columns is not None
+    before, ndeps, flat = columns
+    cause = before.copy()
+    best_end = np.where(before >= 0, end[np.maximum(before, 0)], -1.0)
+    if len(flat):
+        has = ndeps > 0
+        at = (np.cumsum(ndeps) - ndeps)[has]
+        dep_end = end[flat]
+        latest = np.maximum.reduceat(dep_end, at)  # per instruction with deps
+        owner = np.repeat(np.arange(len(at)), ndeps[has])
+        hits = np.flatnonzero(dep_end == latest[owner])
+        _, firsts = np.unique(owner[hits], return_index=True)  # the first of the latest
+        chosen = flat[hits[firsts]]
+        with_deps = np.flatnonzero(has)
+        later = latest > best_end[with_deps]
+        cause[with_deps[later]] = chosen[later]
+        del dep_end, owner, hits, firsts, chosen
+    start = ready.copy()
+    size = size_of[tpl]
+    shared = np.flatnonzero(size > 1)
+    if len(shared):
+        groups = tpl[shared]
+        order = np.lexsort((shared, -ready[shared], groups))  # per group the latest first
+        groups, members = groups[order], shared[order]
+        heads = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        counts = np.diff(np.r_[heads, len(groups)])
+        lead = np.repeat(members[heads], counts)
+        start[members] = ready[lead]
+        whole = np.repeat(counts == size_of[groups[heads]], counts)
+        cause[members[whole]] = cause[lead[whole]]
+    compute = np.flatnonzero(cls_of[tpl] == _COMPUTE)
+    gpu = np.frombuffer(instrs.gpu, dtype=np.int32)[compute]
+    by_gpu = np.argsort(gpu, kind="stable")
+    sorted_gpu = gpu[by_gpu]
+    cuts = np.flatnonzero(sorted_gpu[1:] != sorted_gpu[:-1]) + 1
+    runs = np.split(compute[by_gpu], cuts)
+    firsts = [int(run[0]) for run in runs]
+    compute_of = {int(instrs.gpu[f]): run.tolist()
+                  for f, run in sorted(zip(firsts, runs, strict=True), key=lambda x: x[0])}
     blocked: dict[int, tuple[float, int]] = {}
-    last_compute: dict[int, int] = {}
-    last_other: dict[tuple[int, object], int] = {}
-    members: dict[int, list[int]] = {}
-    compute: dict[int, list[int]] = {}
-    deps, first = instrs.deps, instrs.first
-    at = 0
-    for i, (g, t) in enumerate(zip(instrs.gpu, instrs.tpl, strict=True)):
-        cls, stream, own, block, size, key = infos[t]
-        if cls == _COMPUTE:
-            best = last_compute.get(g, -1)
-            last_compute[g] = i
-            ops = compute.get(g)
-            if ops is None:
-                compute[g] = [i]
-            else:
-                ops.append(i)
-            if block is not None:
-                blocked[i] = block
-        else:
-            other = (g, stream)
-            best = last_other.get(other, -1)
-            last_other[other] = i
-            part[i] = own
-        best_end = end_s[best] if best >= 0 else -1.0
-        stop = first[i + 1]
-        if stop > at:
-            for d in deps[at:stop]:
-                if end_s[d] > best_end:
-                    best, best_end = d, end_s[d]
-            at = stop
-        cause[i] = best
-        if size > 1:
-            group = members.setdefault(key, [])
-            group.append(i)
-            if len(group) == size:
-                del members[key]
-                latest = max(group, key=lambda j: (ready_s[j], -j))
-                for j in group:
-                    start[j] = ready_s[latest]
-                    cause[j] = cause[latest]
-    for group in members.values():  # members missing (not in this program): as they are
-        latest = max(group, key=lambda j: (ready_s[j], -j))
-        for j in group:
-            start[j] = ready_s[latest]
-    return start, cause, compute, part, blocked
+    blocking_of = {t: (rest[6], index(rest[7], bubble))
+                   for t, (cls, _, rest) in enumerate(templates)
+                   if cls is Compute and rest[6] > 0}
+    if blocking_of:
+        for i in np.flatnonzero(np.isin(tpl, list(blocking_of))).tolist():
+            blocked[i] = blocking_of[int(tpl[i])]
+    return (array("d", start.tobytes()), array("q", cause.astype(np.int64).tobytes()),
+            compute_of, array("b", part_of[tpl].tobytes()), blocked)

@@ -7,12 +7,14 @@ on the columns against the loops over the objects), on random experiments.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from strategies import SCHEDULES, experiments, link_changes
 
 import workloads.lowering as lowering
-from sim import api
+from sim import api, idle
 from sim.api import simulate
 from sim.experiment import build_experiment
 from workloads.packed import PackedBuilder, PackedInstructions
@@ -59,6 +61,14 @@ def test_packed_program_runs_as_the_tuples(schedule: str) -> None:
         if a is not None and b is not None:
             for x, y in zip(a, b, strict=True):
                 assert x.tolist() == y.tolist()
+        # the idle breakdown's chains on arrays against the loop, on made-up times with ties
+        n = len(theirs)
+        ready = [float((i * 31) % 11) for i in range(n)]
+        end = [r + float((i * 7919) % 13) for i, r in enumerate(ready)]
+        if packed.steps == 1:
+            plain_program = dataclasses.replace(packed.program, instructions=theirs)
+            assert idle._chains(packed.program, ready, end) == idle._chains(plain_program,
+                                                                             ready, end)
         assert api.stats_json(packed.stats) == api.stats_json(plain.stats)
         for what in ("spans", "flows", "memory", "collectives", "peak_memory_by_gpu"):
             assert getattr(packed.timeline, what) == getattr(plain.timeline, what), what
