@@ -134,39 +134,50 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
     size_of = np.fromiter((len(rest[2]) if cls is Collective else 0
                            for cls, _, rest in templates), np.int64, len(templates))
     tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
-    ready = np.asarray(ready_s[:n], dtype=float)
-    end = np.asarray(end_s, dtype=float)
+    ready, end = _doubles(ready_s, n), _doubles(end_s, len(end_s))
     columns = stream_columns(instrs)
     assert columns is not None
     before, ndeps, flat = columns
-    cause = before.copy()
-    best_end = np.where(before >= 0, end[np.maximum(before, 0)], -1.0)
+    del columns
+    cause = before  # then each instruction's own (the temporaries one at a time: memory)
+    best_end = end[np.maximum(before, 0)]
+    best_end[before < 0] = -1.0
     if len(flat):
         has = ndeps > 0
-        at = (np.cumsum(ndeps) - ndeps)[has]
+        with_deps = np.flatnonzero(has)
+        at = np.cumsum(ndeps)
+        at -= ndeps
+        owner = np.repeat(np.arange(len(with_deps), dtype=np.int32), ndeps[has])
+        del has, ndeps
+        at = at[with_deps]
         dep_end = end[flat]
         latest = np.maximum.reduceat(dep_end, at)  # per instruction with deps
-        owner = np.repeat(np.arange(len(at)), ndeps[has])
+        del at
         hits = np.flatnonzero(dep_end == latest[owner])
-        _, firsts = np.unique(owner[hits], return_index=True)  # the first of the latest
-        chosen = flat[hits[firsts]]
-        with_deps = np.flatnonzero(has)
+        del dep_end
+        owners = owner[hits]
+        del owner
+        firsts = hits[np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])]  # first latest
+        del hits, owners
         later = latest > best_end[with_deps]
-        cause[with_deps[later]] = chosen[later]
-        del dep_end, owner, hits, firsts, chosen
+        cause[with_deps[later]] = flat[firsts[later]]
+        del latest, firsts, later, with_deps
+    del best_end, flat
     start = ready.copy()
-    size = size_of[tpl]
-    shared = np.flatnonzero(size > 1)
+    shared = np.flatnonzero((size_of > 1)[tpl])
     if len(shared):
         groups = tpl[shared]
         order = np.lexsort((shared, -ready[shared], groups))  # per group the latest first
         groups, members = groups[order], shared[order]
+        del order
         heads = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
         counts = np.diff(np.r_[heads, len(groups)])
         lead = np.repeat(members[heads], counts)
         start[members] = ready[lead]
         whole = np.repeat(counts == size_of[groups[heads]], counts)
         cause[members[whole]] = cause[lead[whole]]
+        del groups, members, lead, whole
+    del shared
     compute = np.flatnonzero(cls_of[tpl] == _COMPUTE)
     gpu = np.frombuffer(instrs.gpu, dtype=np.int32)[compute]
     by_gpu = np.argsort(gpu, kind="stable")
@@ -183,5 +194,12 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
     if blocking_of:
         for i in np.flatnonzero(np.isin(tpl, list(blocking_of))).tolist():
             blocked[i] = blocking_of[int(tpl[i])]
-    return (array("d", start.tobytes()), array("q", cause.astype(np.int64).tobytes()),
-            compute_of, array("b", part_of[tpl].tobytes()), blocked)
+    return (array("d", start.tobytes()), array("q", cause.tobytes()), compute_of,
+            array("b", part_of[tpl].tobytes()), blocked)
+
+
+def _doubles(values: Sequence[float], n: int) -> np.ndarray:
+    """The first ``n`` of ``values`` as float64 (a view of an ``array("d")``'s buffer)."""
+    if isinstance(values, array) and values.typecode == "d":
+        return np.frombuffer(values, dtype=float)[:n]
+    return np.asarray(values[:n], dtype=float)
