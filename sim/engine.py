@@ -318,6 +318,10 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
     sorted stably by predecessor, are the successor lists in the order the reference fills
     them."""
     n = len(instrs)
+    if isinstance(instrs, PackedInstructions):  # the same arrays with smaller temporaries
+        from sim.packedpass import dag
+
+        return dag(instrs)
     columns = stream_columns(instrs)
     if columns is None:
         columns = StreamColumns(*(np.frombuffer(values, dtype=np.int64)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from strategies import SCHEDULES, experiments, link_changes
 
 import workloads.lowering as lowering
-from sim import api, idle
+from sim import api, engine, idle, packedpass
 from sim.api import simulate
 from sim.experiment import build_experiment
 from workloads.packed import PackedBuilder, PackedInstructions
@@ -61,6 +61,8 @@ def test_packed_program_runs_as_the_tuples(schedule: str) -> None:
         if a is not None and b is not None:
             for x, y in zip(a, b, strict=True):
                 assert x.tolist() == y.tolist()
+        if isinstance(ours, PackedInstructions):  # the DAG with its smaller temporaries
+            assert packedpass.dag(ours) == engine._dag_on_arrays(theirs)
         # the idle breakdown's chains on arrays against the loop, on made-up times with ties
         n = len(theirs)
         ready = [float((i * 31) % 11) for i in range(n)]
