@@ -411,13 +411,15 @@ class _Run:
         of the last one of them, ``batch_at`` their end."""
         self.batch_seq = -1
         self.batch_at = -1.0
-        self.by_work = bool(getattr(timer, "by_work", False))
-        """Whether ``timer`` reads only a compute op's fields after its deps (its work, as
-        :meth:`workloads.program.ProgramBuilder.work` holds them): a packed program's ops of
-        one template then take one call (:attr:`durations`)."""
         instrs = program.instructions
-        self.durations: list[float | None] = (
-            [None] * len(instrs.templates) if isinstance(instrs, PackedInstructions) else [])
+        by_work = bool(getattr(timer, "by_work", False))
+        self.packed: tuple = ((instrs.templates, instrs.tpl, by_work,
+                               [None] * len(instrs.templates))
+                              if isinstance(instrs, PackedInstructions) else (None,) * 4)
+        """A packed program's (templates, template per instruction, ``by_work``, durations):
+        ``by_work``, whether ``timer`` reads only a compute op's fields after its deps (its
+        work, as :meth:`workloads.program.ProgramBuilder.work` holds them), its ops of one
+        template then timed once (the durations, per template); (None,) * 4: not packed."""
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -534,9 +536,8 @@ class _Run:
         ready, instrs, members = self.ready, self.program.instructions, self.members
         started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
         heap = self.heap if self.env is None else None
-        packed = isinstance(instrs, PackedInstructions)
-        templates, tpl = (instrs.templates, instrs.tpl) if packed else (None, None)
-        by_work, durations = self.by_work, self.durations
+        templates, tpl, by_work, durations = self.packed
+        packed = templates is not None
         while ready:
             i = ready.popleft()
             if packed:  # the class and shared fields from the template; the object if needed

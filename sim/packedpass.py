@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Summaries, _sample
+from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Summaries
 from workloads.packed import PackedInstructions
 from workloads.program import Collective, Compute, Program, Send
 from workloads.streams import stream_columns
@@ -23,93 +23,142 @@ _COMPUTE, _SEND, _COLLECTIVE = 0, 1, 2
 
 def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
               end_s: Sequence[float]) -> Summaries:
-    """:func:`sim.timeline.summaries_of` of a packed program."""
+    """:func:`sim.timeline.summaries_of` of a packed program, on arrays. The loop appends each
+    interval to its lane (GPU, stream) as it meets an instruction (a collective's members' at
+    its last member, in id order): here every interval is a record (its lane, the id that
+    appends it and its place among that id's appends), and each lane's records sorted by the
+    last two are its list, the lanes in the order of their first record (the dict's). The
+    memory samples are each GPU's running sums, the same additions in the same order."""
     instrs = program.instructions
     assert isinstance(instrs, PackedInstructions)
+    n = len(instrs)
     gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
             else program.simulated_gpus)
-    comm_kinds = frozenset(COMM_KINDS)
-    infos = []  # per template what the loop reads (Compute fields after deps: rest[k - 5])
-    for cls, head, rest in instrs.templates:
+    names = (COMPUTE_STREAM, *COMM_KINDS)
+    code = {name: k for k, name in enumerate(names)}  # a lane: GPU * len(names) + code
+    width = len(names)
+    templates = instrs.templates
+    t = len(templates)
+    t_cls = np.empty(t, dtype=np.int8)
+    t_kind = np.full(t, -1, dtype=np.int64)  # a comm kind's code, -1: none
+    t_comm = np.full(t, -1, dtype=np.int64)  # a compute op's blocking comm's, -1: none
+    t_third = np.zeros(t, dtype=np.int64)  # a send's destination, a collective's size
+    t_alloc, t_free = np.zeros(t), np.zeros(t)
+    for k, (cls, head, rest) in enumerate(templates):
         if cls is Compute:
-            kind = head[0]
-            blocking, comm = rest[6], rest[7]
-            infos.append((_COMPUTE, kind if kind in comm_kinds else None,
-                          comm if blocking > 0 and comm in comm_kinds else None,
-                          rest[8], rest[9]))
+            t_cls[k] = _COMPUTE
+            kind, comm = head[0], rest[7]
+            if rest[6] > 0 and comm in COMM_KINDS:
+                t_comm[k] = code[comm]
+            t_alloc[k], t_free[k] = rest[8], rest[9]
         elif cls is Send:
-            kind = head[2]
-            infos.append((_SEND, kind if kind in comm_kinds else None, head[0], 0.0, 0.0))
+            t_cls[k], kind, t_third[k] = _SEND, head[2], head[0]
         else:
-            kind = head[0]
-            infos.append((_COLLECTIVE, kind if kind in comm_kinds else None, len(rest[2]),
-                          rest[4], 0.0))
+            t_cls[k], kind, t_third[k] = _COLLECTIVE, head[0], len(rest[2])
+        if kind in COMM_KINDS:
+            t_kind[k] = code[kind]
+    tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
+    gpu = np.frombuffer(instrs.gpu, dtype=np.int32).astype(np.int64)
+    ready, mid, end = _doubles(ready_s, n), _doubles(mid_s, n), _doubles(end_s, n)
+    cls = t_cls[tpl]
+    lanes, ids, subs, lows, highs = [], [], [], [], []
+
+    def record(lane: np.ndarray, at: np.ndarray, sub: np.ndarray | int, low: np.ndarray,
+               high: np.ndarray) -> None:
+        lanes.append(lane)
+        ids.append(at)
+        subs.append(np.broadcast_to(np.int64(sub), at.shape) if isinstance(sub, int) else sub)
+        lows.append(low)
+        highs.append(high)
+
+    compute = np.flatnonzero(cls == _COMPUTE)
+    g = gpu[compute]
+    record(g * width, compute, 0, ready[compute], mid[compute])
+    for which, sub, low, high in ((t_kind, 1, ready, mid), (t_comm, 2, mid, end)):
+        lane = which[tpl[compute]]
+        keep = lane >= 0
+        if keep.any():
+            at = compute[keep]
+            record(g[keep] * width + lane[keep], at, sub, low[at], high[at])
+    sends = np.flatnonzero(cls == _SEND)
+    lane = t_kind[tpl[sends]]
+    keep = lane >= 0
+    at, lane = sends[keep], lane[keep]
+    for sub, ends in enumerate((gpu[at], t_third[tpl[at]])):
+        record(ends * width + lane, at, sub, ready[at], end[at])
+    collective = np.flatnonzero((cls == _COLLECTIVE) & (t_kind[tpl] >= 0))
+    size = t_third[tpl[collective]]
+    alone = collective[size <= 1]
+    record(gpu[alone] * width + t_kind[tpl[alone]], alone, 0, ready[alone], end[alone])
+    shared = collective[size > 1]  # a collective's members: consecutive ids, one template
+    if len(shared):
+        group = tpl[shared]
+        heads = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        counts = np.diff(np.r_[heads, len(shared)])
+        whole = np.repeat(counts == t_third[group[heads]], counts)
+        last = np.repeat(shared[heads + counts - 1], counts)  # what appends them
+        latest = np.repeat(np.maximum.reduceat(ready[shared], heads), counts)
+        place = np.arange(len(shared)) - np.repeat(heads, counts)
+        at = shared[whole]
+        record(gpu[at] * width + t_kind[tpl[at]], last[whole], place[whole], latest[whole],
+               end[at])
+    del cls, compute, g, sends, collective
+    lane, at, sub = np.concatenate(lanes), np.concatenate(ids), np.concatenate(subs)
+    order = np.lexsort((sub, at, lane))
+    for done in (lanes, ids, subs):
+        done.clear()
+    pairs = np.empty((len(order), 2))
+    pairs[:, 0] = np.concatenate(lows)[order]
+    pairs[:, 1] = np.concatenate(highs)[order]
+    lows.clear()
+    highs.clear()
+    lane, at, sub = lane[order], at[order], sub[order]
+    del order
+    starts = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]]) if len(lane) else lane
+    stops = np.r_[starts[1:], len(lane)]
+    first = np.lexsort((sub[starts], at[starts]))  # the lanes in the order of their first
     intervals: dict[tuple[int, str], array] = {}
-    mem_now = list(program.static_bytes)
-    peaks = {g: mem_now[g] for g in gpus}
+    for k in first.tolist():
+        x, y = int(starts[k]), int(stops[k])
+        which = int(lane[x])
+        intervals[(which // width, names[which % width])] = array("d", pairs[x:y].tobytes())
+    del pairs, lane, at, sub
+    peaks, floors = _memory(program, gpus, gpu, tpl, t_alloc, t_free)
+    return Summaries(intervals, peaks, floors, max(end_s, default=0.0))
+
+
+def _memory(program: Program, gpus: Sequence[int], gpu: np.ndarray, tpl: np.ndarray,
+            t_alloc: np.ndarray, t_free: np.ndarray
+            ) -> tuple[dict[int, float], dict[int, float]]:
+    """Each GPU's memory peak and floor (:func:`sim.timeline._sample`): its static bytes, then
+    per compute op in order its allocation added and its release taken, each a sample."""
+    static = program.static_bytes
+    peaks = {g: static[g] for g in gpus}
     floors = dict(peaks)
-    members: dict[int, list[int]] = {}
-    gpu_of = instrs.gpu
-
-    def lane(key: tuple[int, str]) -> array:
-        out = intervals.get(key)
-        if out is None:
-            out = intervals[key] = array("d")
-        return out
-
-    compute_lane: dict[int, array] = {}
-    for i, (g, t) in enumerate(zip(gpu_of, instrs.tpl, strict=True)):
-        cls, kind, third, alloc, free = infos[t]
-        if cls == _COMPUTE:
-            start, mid = ready_s[i], mid_s[i]
-            if alloc or free:
-                if alloc:
-                    mem_now[g] += alloc
-                    _sample(peaks, floors, g, mem_now[g])
-                if free:
-                    mem_now[g] -= free
-                    _sample(peaks, floors, g, mem_now[g])
-            stream = compute_lane.get(g)
-            if stream is None:
-                stream = compute_lane[g] = lane((g, COMPUTE_STREAM))
-            stream.append(start)
-            stream.append(mid)
-            if kind is not None:
-                own = lane((g, kind))
-                own.append(start)
-                own.append(mid)
-            if third is not None:
-                own = lane((g, third))
-                own.append(mid)
-                own.append(end_s[i])
-        elif cls == _SEND:
-            if kind is not None:
-                start, stop = ready_s[i], end_s[i]
-                for gpu in (g, third):
-                    own = lane((gpu, kind))
-                    own.append(start)
-                    own.append(stop)
-        else:
-            if third > 1:
-                key = alloc
-                waiting = members.get(key)
-                if waiting is None:
-                    members[key] = [i]
-                    continue
-                waiting.append(i)
-                if len(waiting) < third:
-                    continue
-                del members[key]
-                start = max([ready_s[j] for j in waiting])
+    alloc, free = t_alloc[tpl], t_free[tpl]
+    moves = np.flatnonzero((alloc != 0) | (free != 0))
+    if len(moves):
+        delta = np.stack((alloc[moves], -free[moves]), axis=1).ravel()
+        sample = np.stack((alloc[moves] != 0, free[moves] != 0), axis=1).ravel()
+        owner = np.repeat(gpu[moves], 2)
+        del alloc, free
+        by_gpu = np.argsort(owner, kind="stable")
+        owner, delta, sample = owner[by_gpu], delta[by_gpu], sample[by_gpu]
+        cuts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True])
+        for x, y in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            g = int(owner[x])
+            taken = sample[x:y]
+            if not taken.any():
+                continue
+            base = static[g]
+            sums = np.cumsum(np.r_[base, delta[x:y][taken]])[1:]
+            # (x - f equals x + (-f); a skipped zero adds nothing): the loop's sums
+            high, low = float(sums.max()), float(sums.min())
+            if g in peaks:
+                peaks[g], floors[g] = max(peaks[g], high), min(floors[g], low)
             else:
-                waiting, start = [i], ready_s[i]
-            if kind is not None:
-                for j in waiting:
-                    own = lane((gpu_of[j], kind))
-                    own.append(start)
-                    own.append(end_s[j])
-    return Summaries(intervals, dict(sorted(peaks.items())), dict(sorted(floors.items())),
-                     max(end_s, default=0.0))
+                peaks[g], floors[g] = high, low
+    return dict(sorted(peaks.items())), dict(sorted(floors.items()))
 
 
 def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],

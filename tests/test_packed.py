@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from strategies import SCHEDULES, experiments, link_changes
 
 import workloads.lowering as lowering
-from sim import api, engine, idle, packedpass
+from sim import api, engine, idle, packedpass, timeline
 from sim.api import simulate
 from sim.experiment import build_experiment
 from workloads.packed import PackedBuilder, PackedInstructions
@@ -71,6 +71,11 @@ def test_packed_program_runs_as_the_tuples(schedule: str) -> None:
             plain_program = dataclasses.replace(packed.program, instructions=theirs)
             assert idle._chains(packed.program, ready, end) == idle._chains(plain_program,
                                                                              ready, end)
+            mid = [r + float((i * 17) % 5) for i, r in enumerate(ready)]
+            ours_sum = timeline.summaries_of(packed.program, ready, mid, end)
+            theirs_sum = timeline.summaries_of(plain_program, ready, mid, end)
+            assert list(ours_sum.intervals.items()) == list(theirs_sum.intervals.items())
+            assert ours_sum == theirs_sum
         assert api.stats_json(packed.stats) == api.stats_json(plain.stats)
         for what in ("spans", "flows", "memory", "collectives", "peak_memory_by_gpu"):
             assert getattr(packed.timeline, what) == getattr(plain.timeline, what), what
