@@ -188,6 +188,42 @@ class PackedBuilder(ProgramBuilder):
             i += 1
         return ids
 
+    def chain(self, gpus: Sequence[int], deps: Mapping[int, tuple[int, ...]],
+              steps: Sequence[tuple[str, str, tuple | None, dict]]) -> int:
+        """An op's segments on the TP lanes ``gpus``, one after another (each GPU's copy of a
+        segment waits for its copy of the one before; the first for ``deps[gpu]``), as
+        :meth:`compute_each` and :meth:`collective` add them segment by segment; ``steps``:
+        per segment (kind, name, its shared work (:meth:`ProgramBuilder.work`), or None for a
+        collective over ``gpus`` with :meth:`collective`'s keywords). Returns the id of the
+        last segment's copy on ``gpus[0]`` (the others' follow it)."""
+        gpu, tpl, first, flat = self._gpu, self._tpl, self._first, self._deps
+        width, start = len(gpus), len(tpl)
+        group = tuple(gpus)
+        for kind, name, work, kw in steps:
+            if work is None:
+                key = self.new_key()
+                algo = kw.get("algo") or self.default_algo
+                rest = Collective(0, 0, kind, name, (), kw["op"], algo, group, kw["nbytes"],
+                                  key, **{k: v for k, v in kw.items()
+                                          if k not in ("op", "nbytes", "algo")})[5:]
+                t = self._template((Collective, (kind, name), rest))
+            else:
+                at = (kind, name, id(work))
+                t = self._work.get(at)
+                if t is None:
+                    t = self._work[at] = self._template((Compute, (kind, name), work))
+            tpl.extend([t] * width)
+        segments = len(steps)
+        gpu.extend(group * segments)
+        for g in gpus:
+            flat.extend(deps[g])
+            first.append(len(flat))
+        if segments > 1:  # the k-th copy of a segment waits for the k-th of the one before
+            at = len(flat)
+            flat.extend(range(start, start + width * (segments - 1)))
+            first.extend(range(at + 1, at + 1 + width * (segments - 1)))
+        return start + width * (segments - 1)
+
     def build(self) -> PackedInstructions:  # type: ignore[override]
         self._work.clear()
         return PackedInstructions(self._gpu, self._tpl, self._first, self._deps,

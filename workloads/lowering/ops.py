@@ -241,8 +241,21 @@ class OpLoop:
                 elementwise_bytes=seg.elementwise_bytes, stage=op.stage, mb=op.mb,
                 alloc_bytes=alloc if seen_compute == 1 else 0.0,
                 free_bytes=free if seen_compute == n_compute else 0.0)))
+        chain = getattr(b, "chain", None)  # a packed builder adds the segments at once
+        steps = [(seg.kind if work is None else op.kind, name, work,
+                  {} if work is not None else
+                  {"op": seg.op, "nbytes": seg.nbytes, "stage": op.stage, "mb": op.mb,
+                   "duration_s": seg.duration_s})
+                 for seg, (name, work) in zip(segs, shared, strict=True)]
         for d, gpus in enumerate(self.lanes[r]):
             prev = {g: self._deps(g, local) for g in gpus}
+            if chain is not None and segs:
+                end = chain(gpus, prev, steps)
+                for t, g in enumerate(gpus):
+                    last[(k, g)] = end + t
+                emit_replica_sends(b, sends, self.lanes, r, d, k, last, self.sent,
+                                   self.blocking)
+                continue
             for seg, (name, work) in zip(segs, shared, strict=True):
                 if work is None:
                     ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=name,
