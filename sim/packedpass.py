@@ -22,8 +22,9 @@ _COMPUTE, _SEND, _COLLECTIVE = 0, 1, 2
 
 
 def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
-              end_s: Sequence[float]) -> Summaries:
-    """:func:`sim.timeline.summaries_of` of a packed program, on arrays. The loop appends each
+              end_s: Sequence[float]) -> Summaries | None:
+    """:func:`sim.timeline.summaries_of` of a packed program, on arrays (None where a record's
+    key would not fit 62 bits: the loop then). The loop appends each
     interval to its lane (GPU, stream) as it meets an instruction (a collective's members' at
     its last member, in id order): here every interval is a record (its lane, the id that
     appends it and its place among that id's appends), and each lane's records sorted by the
@@ -61,13 +62,21 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
     gpu = np.frombuffer(instrs.gpu, dtype=np.int32).astype(np.int64)
     ready, mid, end = _doubles(ready_s, n), _doubles(mid_s, n), _doubles(end_s, n)
     cls = t_cls[tpl]
-    lanes, ids, subs, lows, highs = [], [], [], [], []
+    # a record's key: (lane, the id appending it, its place), one int64 (the order of the
+    # three); its interval's ends beside it
+    places = max(3, int(t_third[t_cls == _COLLECTIVE].max(initial=0)))
+    if (program.num_gpus * width + 1) * (n + 1) * places >= 2**62:
+        return None
+    keys: list[np.ndarray] = []
+    lows: list[np.ndarray] = []
+    highs: list[np.ndarray] = []
 
     def record(lane: np.ndarray, at: np.ndarray, sub: np.ndarray | int, low: np.ndarray,
                high: np.ndarray) -> None:
-        lanes.append(lane)
-        ids.append(at)
-        subs.append(np.broadcast_to(np.int64(sub), at.shape) if isinstance(sub, int) else sub)
+        key = lane * (n * places)
+        key += at * places
+        key += sub
+        keys.append(key)
         lows.append(low)
         highs.append(high)
 
@@ -103,26 +112,26 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
         record(gpu[at] * width + t_kind[tpl[at]], last[whole], place[whole], latest[whole],
                end[at])
     del cls, compute, g, sends, collective
-    lane, at, sub = np.concatenate(lanes), np.concatenate(ids), np.concatenate(subs)
-    order = np.lexsort((sub, at, lane))
-    for done in (lanes, ids, subs):
-        done.clear()
+    key = np.concatenate(keys)
+    keys.clear()
+    order = np.argsort(key)  # the keys are distinct
+    key = key[order]
     pairs = np.empty((len(order), 2))
     pairs[:, 0] = np.concatenate(lows)[order]
-    pairs[:, 1] = np.concatenate(highs)[order]
     lows.clear()
+    pairs[:, 1] = np.concatenate(highs)[order]
     highs.clear()
-    lane, at, sub = lane[order], at[order], sub[order]
     del order
+    lane = key // (n * places)
     starts = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]]) if len(lane) else lane
     stops = np.r_[starts[1:], len(lane)]
-    first = np.lexsort((sub[starts], at[starts]))  # the lanes in the order of their first
+    first = np.argsort(key[starts] % (n * places))  # the lanes in the order of their first
     intervals: dict[tuple[int, str], array] = {}
     for k in first.tolist():
         x, y = int(starts[k]), int(stops[k])
         which = int(lane[x])
         intervals[(which // width, names[which % width])] = array("d", pairs[x:y].tobytes())
-    del pairs, lane, at, sub
+    del pairs, lane, key
     peaks, floors = _memory(program, gpus, gpu, tpl, t_alloc, t_free)
     return Summaries(intervals, peaks, floors, max(end_s, default=0.0))
 
@@ -163,9 +172,10 @@ def _memory(program: Program, gpus: Sequence[int], gpu: np.ndarray, tpl: np.ndar
 
 def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
            index: Callable[[str, int], int], bubble: int
-           ) -> tuple[array[float], array[int], dict[int, list[int]], array[int],
+           ) -> tuple[array[float], array[int], dict[int, np.ndarray], array[int],
                       dict[int, tuple[float, int]]]:
-    """:func:`sim.idle._chains` of a packed program on arrays (``index``: a part's index by
+    """:func:`sim.idle._chains` of a packed program on arrays (each GPU's compute ops an
+    int64 array, not a list) (``index``: a part's index by
     name or ``bubble``, the bubble's): each instruction's cause is its stream predecessor
     (:func:`workloads.streams.stream_columns`, the engine's stream rule) unless a dependency
     ended strictly later, then the first of the latest; a collective's members (one template
@@ -234,7 +244,7 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
     cuts = np.flatnonzero(sorted_gpu[1:] != sorted_gpu[:-1]) + 1
     runs = np.split(compute[by_gpu], cuts)
     firsts = [int(run[0]) for run in runs]
-    compute_of = {int(instrs.gpu[f]): run.tolist()
+    compute_of = {int(instrs.gpu[f]): run  # views of one array: 8 bytes an op, no int objects
                   for f, run in sorted(zip(firsts, runs, strict=True), key=lambda x: x[0])}
     blocked: dict[int, tuple[float, int]] = {}
     blocking_of = {t: (rest[6], index(rest[7], bubble))

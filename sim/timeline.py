@@ -373,7 +373,9 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
     if isinstance(program.instructions, PackedInstructions):  # the same loop on its columns
         from sim.packedpass import summaries
 
-        return summaries(program, ready_s, mid_s, end_s)
+        packed = summaries(program, ready_s, mid_s, end_s)
+        if packed is not None:
+            return packed
     gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
             else program.simulated_gpus)
     comm_kinds = frozenset(COMM_KINDS)
