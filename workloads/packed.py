@@ -188,24 +188,30 @@ class PackedBuilder(ProgramBuilder):
             i += 1
         return ids
 
+    @staticmethod
+    def collective_step(kind: str, name: str, op: str, nbytes: float, algo: str | None = None,
+                        **kw) -> tuple[str, str, None, tuple]:
+        """A collective segment of :meth:`chain`, with :meth:`collective`'s keywords: its
+        fields after the key worked out once (the same as :class:`Collective` makes them)."""
+        tail = Collective(0, 0, kind, name, (), op, "", (), nbytes, 0, **kw)[10:]
+        return kind, name, None, (op, algo, nbytes, tail)
+
     def chain(self, gpus: Sequence[int], deps: Mapping[int, tuple[int, ...]],
-              steps: Sequence[tuple[str, str, tuple | None, dict]]) -> int:
+              steps: Sequence[tuple[str, str, tuple | None, tuple | None]]) -> int:
         """An op's segments on the TP lanes ``gpus``, one after another (each GPU's copy of a
         segment waits for its copy of the one before; the first for ``deps[gpu]``), as
         :meth:`compute_each` and :meth:`collective` add them segment by segment; ``steps``:
-        per segment (kind, name, its shared work (:meth:`ProgramBuilder.work`), or None for a
-        collective over ``gpus`` with :meth:`collective`'s keywords). Returns the id of the
+        per segment (kind, name, its shared work (:meth:`ProgramBuilder.work`), None), or a
+        collective over ``gpus`` (:meth:`collective_step`). Returns the id of the
         last segment's copy on ``gpus[0]`` (the others' follow it)."""
         gpu, tpl, first, flat = self._gpu, self._tpl, self._first, self._deps
         width, start = len(gpus), len(tpl)
         group = tuple(gpus)
-        for kind, name, work, kw in steps:
+        for kind, name, work, shape in steps:
             if work is None:
-                key = self.new_key()
-                algo = kw.get("algo") or self.default_algo
-                rest = Collective(0, 0, kind, name, (), kw["op"], algo, group, kw["nbytes"],
-                                  key, **{k: v for k, v in kw.items()
-                                          if k not in ("op", "nbytes", "algo")})[5:]
+                op, algo, nbytes, tail = shape
+                rest = (op, self.default_algo if algo is None else algo, group, nbytes,
+                        self.new_key(), *tail)
                 t = self._template((Collective, (kind, name), rest))
             else:
                 at = (kind, name, id(work))

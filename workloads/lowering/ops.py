@@ -242,11 +242,11 @@ class OpLoop:
                 alloc_bytes=alloc if seen_compute == 1 else 0.0,
                 free_bytes=free if seen_compute == n_compute else 0.0)))
         chain = getattr(b, "chain", None)  # a packed builder adds the segments at once
-        steps = [(seg.kind if work is None else op.kind, name, work,
-                  {} if work is not None else
-                  {"op": seg.op, "nbytes": seg.nbytes, "stage": op.stage, "mb": op.mb,
-                   "duration_s": seg.duration_s})
-                 for seg, (name, work) in zip(segs, shared, strict=True)]
+        steps = [] if chain is None else [
+            (op.kind, name, work, None) if work is not None else
+            b.collective_step(seg.kind, name, seg.op, seg.nbytes, stage=op.stage,  # type: ignore
+                              mb=op.mb, duration_s=seg.duration_s)
+            for seg, (name, work) in zip(segs, shared, strict=True)]
         for d, gpus in enumerate(self.lanes[r]):
             prev = {g: self._deps(g, local) for g in gpus}
             if chain is not None and segs:
