@@ -28,11 +28,14 @@ uncollapsed 1,024-GPU step; under 60 s). Not a timed test: it prints a table.
 
 The rows ``175b-4096-full`` and ``405b-16384-full`` are issue 22's full-fidelity targets
 (≥ 500,000 engine events/s; GPT-3 175B on 4,096 GPUs in ≤ 30 s CPU and ≤ 2 GiB; LLaMA 3
-405B on 16,384 GPUs in ≤ 8 GiB; README, "Full fidelity"): the 175B row takes about 49 s of
-CPU and 2.4 GiB (not reached: the engine's per-member and per-flow work, then the passes over
-the instruction objects); the
+405B on 16,384 GPUs in ≤ 8 GiB; README, "Full fidelity"): the 175B row took 36.8 s of CPU
+and 2,469 MiB before the full lowering emitted a packed program (docs/full-fidelity.md) and
+30.0 s and 1,314 MiB after, medians of three interleaved runs each at load average 2-3
+(the memory target reached, the CPU one only just: the engine's per-member and per-flow
+work is ~80% of it); the
 405B row (estimated at 19.7 million instructions at :mod:`sim.budget`'s 400 B each, 7.9 GB)
-completed in 6,634 MiB and 236 s of CPU (17.1 million instructions; reached).
+completed in 6,634 MiB and 236 s of CPU (17.1 million instructions; reached), and in 3,106 MiB
+and 139 s of CPU with the packed program (one run, not side by side).
 """
 
 from __future__ import annotations

@@ -296,6 +296,8 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                                             item.gemm_dims)
         return t
 
+    base_time.by_work = True  # type: ignore[attr-defined]  # see sim.engine._Run.by_work
+
     def rank_time(item: Compute) -> float:
         return timers[item.gpu](item)  # type: ignore[index]
 

@@ -47,9 +47,11 @@ from base.errors import DeadlockError
 from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.network import FlowNetwork
-from sim.selection import CollectivePlan, GroupProfile, collective_plan, step_latency_s
+from sim.plans import _CompiledPlan, _PlanRun
+from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
+from workloads.packed import PackedInstructions
 from workloads.program import (
     Collective,
     ColumnarInstructions,
@@ -120,163 +122,6 @@ class InstructionTimes:
     without converting the lists; None otherwise."""
 
 
-class _CompiledPlan:
-    """A plan's transfers resolved once per run: routes, start delays and dependency lists.
-
-    ``route``: the run's routes (link indices into the run's cluster); ``epoch``: the
-    run's routing epoch they were taken in. A link failure in the middle of the run starts
-    a new epoch, and a transfer started after it takes its route again (:meth:`links_of`;
-    its start delay, the plan's latency, is kept). ``now`` and ``later``: the roots (the
-    transfers without dependencies) as :meth:`_PlanRun._start` starts them, worked out
-    once: those without delay in order, then per delay (in order of first occurrence) its
-    roots in order."""
-
-    __slots__ = ("deps", "dependents", "ends", "epochs", "latency", "later", "links", "nbytes",
-                 "now", "roots")
-
-    def __init__(self, cluster: Cluster, steps: tuple[Transfer, ...],
-                 route: Callable[[Endpoint, Endpoint], Route] | None = None,
-                 epoch: int = 0) -> None:
-        route = route or cluster.route
-        self.ends = [(s.src, s.dst) for s in steps]
-        self.epochs = [epoch] * len(steps)
-        self.deps = [len(s.deps) for s in steps]
-        self.dependents: list[list[int]] = [[] for _ in steps]
-        for i, s in enumerate(steps):
-            for d in s.deps:
-                self.dependents[d].append(i)
-        self.latency = [step_latency_s(cluster, s) for s in steps]
-        self.links = [route(s.src, s.dst).links for s in steps]
-        self.nbytes = [s.nbytes for s in steps]
-        self.roots = [i for i, s in enumerate(steps) if not s.deps]
-        self.now = [k for k in self.roots if not self.latency[k] > 0]
-        later: dict[float, list[int]] = {}
-        for k in self.roots:
-            if self.latency[k] > 0:
-                later.setdefault(self.latency[k], []).append(k)
-        self.later = list(later.items())
-
-    def links_of(self, k: int, run: _Run) -> tuple[int, ...]:
-        """Transfer ``k``'s links, taken again if links failed since they were taken."""
-        if self.epochs[k] != run.epoch:
-            self.links[k] = run.route(*self.ends[k]).links
-            self.epochs[k] = run.epoch
-        return self.links[k]
-
-
-class _PlanRun:
-    """One execution of a compiled plan: transfers start as their dependencies arrive.
-
-    A transfer waits its start delay (:func:`step_latency_s`), then moves its
-    bytes as a flow. Transfers that become ready together with the same delay
-    share one SimPy event (they would start at the same instant anyway).
-    Arrivals are drained from a queue, so long zero-time chains do not recurse.
-    ``done(arg)`` after the last arrival.
-    """
-
-    __slots__ = ("arg", "done", "draining", "left", "plan", "queue", "run", "waiting")
-
-    def __init__(self, run: _Run, plan: _CompiledPlan, done: Callable[[int], None],
-                 arg: int) -> None:
-        self.run = run
-        self.plan = plan
-        self.done = done
-        self.arg = arg
-        self.waiting: list[int] | None = None
-        """Unarrived dependencies per transfer, copied from the plan at the first arrival
-        that releases a dependent."""
-        self.left = len(plan.deps)
-        self.queue: deque[int] | None = None
-        self.draining = False
-
-    def begin(self) -> None:
-        """Start the roots: those without delay now, the others one event per delay."""
-        plan, run = self.plan, self.run
-        for k in plan.now:
-            self._flow(k)
-        for lat, group in plan.later:
-            run._after(lat, self._delayed, group)
-
-    def _start(self, ready: list[int]) -> None:
-        """Start transfers that just became ready: now if without delay, else grouped by delay."""
-        latency = self.plan.latency
-        later: dict[float, list[int]] = {}
-        for k in ready:
-            lat = latency[k]
-            if lat > 0:
-                group = later.get(lat)
-                if group is None:
-                    later[lat] = [k]
-                else:
-                    group.append(k)
-            else:
-                self._flow(k)
-        for lat, group in later.items():
-            self.run._after(lat, self._delayed, group)
-
-    def _delayed(self, group: list[int]) -> None:
-        """The start delay of transfers ``group`` has passed: each one's flow (:meth:`_flow`,
-        inline: once per transfer)."""
-        plan, run, arrive = self.plan, self.run, self.arrive
-        links_of, nbytes_of, ends = plan.links, plan.nbytes, plan.ends
-        start, flow_done, now = run.net.start, run.flow_done, run.now
-        for k in group:
-            links = links_of[k] if plan.epochs[k] == run.epoch else plan.links_of(k, run)
-            nbytes = nbytes_of[k]
-            if nbytes > 0 and links:  # _Run._flow, inline
-                fid = run.flows
-                run.flows = fid + 1
-                flow_done[fid] = (arrive, k)
-                if run.flow_ends is not None:
-                    run.flow_ends[fid] = ends[k]
-                start(now, fid, links, nbytes)
-                if not run.refresh_pending:
-                    run.refresh_pending = True
-                    run._after(0, run._refresh)
-            else:
-                arrive(k)
-
-    def _flow(self, k: int) -> None:
-        plan, run = self.plan, self.run
-        links = plan.links[k] if plan.epochs[k] == run.epoch else plan.links_of(k, run)
-        nbytes = plan.nbytes[k]
-        if nbytes > 0 and links:
-            run._flow(links, nbytes, self.arrive, k, plan.ends[k])
-        else:
-            self.arrive(k)
-
-    def arrive(self, i: int) -> None:
-        """Transfer ``i`` has arrived: release its dependents; ``done(arg)`` after the last."""
-        if not self.draining and not self.plan.dependents[i]:  # a leaf: nothing to release
-            self.left -= 1
-            if self.left == 0:
-                self.done(self.arg)
-            return
-        queue = self.queue
-        if queue is None:
-            queue = self.queue = deque()
-            self.waiting = list(self.plan.deps)
-        queue.append(i)
-        if self.draining:
-            return
-        self.draining = True
-        waiting, dependents = self.waiting, self.plan.dependents
-        assert waiting is not None
-        while queue:
-            j = queue.popleft()
-            self.left -= 1
-            ready = []
-            for k in dependents[j]:
-                waiting[k] -= 1
-                if waiting[k] == 0:
-                    ready.append(k)
-            if ready:
-                self._start(ready)
-        self.draining = False
-        if self.left == 0:
-            self.done(self.arg)
-
-
 def _stream_of(ins: Instruction) -> object:
     """The stream an instruction runs in order on, behind the previous one of that stream:
     a GPU's compute stream, its send stream to each destination, its collective stream of
@@ -317,6 +162,10 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
     sorted stably by predecessor, are the successor lists in the order the reference fills
     them."""
     n = len(instrs)
+    if isinstance(instrs, PackedInstructions):  # the same arrays with smaller temporaries
+        from sim.packedpass import dag
+
+        return dag(instrs)
     columns = stream_columns(instrs)
     if columns is None:
         columns = StreamColumns(*(np.frombuffer(values, dtype=np.int64)
@@ -406,6 +255,15 @@ class _Run:
         of the last one of them, ``batch_at`` their end."""
         self.batch_seq = -1
         self.batch_at = -1.0
+        instrs = program.instructions
+        by_work = bool(getattr(timer, "by_work", False))
+        self.packed: tuple = ((instrs.templates, instrs.tpl, by_work,
+                               [None] * len(instrs.templates))
+                              if isinstance(instrs, PackedInstructions) else (None,) * 4)
+        """A packed program's (templates, template per instruction, ``by_work``, durations):
+        ``by_work``, whether ``timer`` reads only a compute op's fields after its deps (its
+        work, as :meth:`workloads.program.ProgramBuilder.work` holds them), its ops of one
+        template then timed once (the durations, per template); (None,) * 4: not packed."""
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -522,16 +380,43 @@ class _Run:
         ready, instrs, members = self.ready, self.program.instructions, self.members
         started, mid, timer, complete = self.started, self.mid, self.timer, self._complete
         heap = self.heap if self.env is None else None
+        templates, tpl, by_work, durations = self.packed
+        packed = templates is not None
         while ready:
             i = ready.popleft()
-            ins = instrs[i]
-            cls = type(ins)
+            if packed:  # the class and shared fields from the template; the object if needed
+                cls, _, rest = templates[tpl[i]]  # type: ignore[index]
+                if cls is Collective:
+                    started[i] = self.now  # a member arrives (below, without the object)
+                    key = rest[4]
+                    waiting = members.get(key)
+                    if waiting is None:
+                        members[key] = waiting = [i]
+                    else:
+                        waiting.append(i)
+                    if len(waiting) >= len(rest[2]):
+                        self._arrived(instrs[i])
+                    continue
+                if cls is Compute:
+                    t = tpl[i]  # type: ignore[index]
+                    duration = durations[t] if by_work else None  # once per template
+                    if duration is None:
+                        duration = timer(instrs._make(i))  # type: ignore[union-attr]
+                        if by_work:
+                            durations[t] = duration
+                    blocking = rest[6]  # blocking_comm_s
+                else:
+                    ins = instrs._make(i)  # type: ignore[union-attr]
+            else:
+                ins = instrs[i]
+                cls = type(ins)
+                if cls is Compute:
+                    duration, blocking = timer(ins), ins.blocking_comm_s
             if cls is Compute:  # its compute, then its blocking communication: one event
                 now = self.now
                 started[i] = now
-                duration = timer(ins)
                 mid[i] = now + duration
-                total = duration + ins.blocking_comm_s
+                total = duration + blocking
                 if not total > 0:
                     complete(i)
                 elif heap is not None:  # _after on the own heap, inline

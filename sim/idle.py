@@ -53,6 +53,7 @@ import numpy as np
 
 from base.collector import gc_paused
 from sim.timeline import COMM_KINDS, IDLE_CAUSES
+from workloads.packed import PackedInstructions
 from workloads.program import (
     COMPUTE,
     Collective,
@@ -82,6 +83,10 @@ def _chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float]
     communication: :func:`_add_own`), and the compute ops with blocking communication
     (its seconds and part), what :func:`_chain_rows` reads."""
     instrs = program.instructions
+    if isinstance(instrs, PackedInstructions):  # the same loop on the packed columns
+        from sim.packedpass import chains
+
+        return chains(program, ready_s, end_s, _INDEX.get, _BUBBLE)
     start = array("d", ready_s[:len(instrs)])  # doubles, not float objects: memory
     cause = array("q", [-1]) * len(instrs)
     part = array("b", [_BUBBLE]) * len(instrs)

@@ -15,6 +15,7 @@ from itertools import groupby
 from operator import itemgetter
 from typing import NamedTuple
 
+from workloads.packed import PackedInstructions
 from workloads.program import Compute, Program, Send
 
 COMPUTE_STREAM = "compute"
@@ -369,6 +370,12 @@ def summaries_of(program: Program, ready_s: Sequence[float], mid_s: Sequence[flo
     one pass over the instructions and without a record: each span's interval (as
     :func:`sim.stats.span_intervals` reads it from the spans), the memory samples' peaks and
     floors by the same running sums (``tests/test_engine_records.py`` compares them)."""
+    if isinstance(program.instructions, PackedInstructions):  # the same loop on its columns
+        from sim.packedpass import summaries
+
+        packed = summaries(program, ready_s, mid_s, end_s)
+        if packed is not None:
+            return packed
     gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
             else program.simulated_gpus)
     comm_kinds = frozenset(COMM_KINDS)

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from workloads.packed import PackedInstructions
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Collective, Compute, Send
 
 _CLASS = {Compute: COMPUTE, Send: SEND, Collective: COLLECTIVE}
@@ -49,6 +50,8 @@ def stream_columns(instrs: Sequence) -> StreamColumns | None:
     n = len(instrs)
     if not n:
         return None
+    if isinstance(instrs, PackedInstructions):
+        return _packed_columns(instrs)
     if not np.array_equal(np.fromiter(map(_ID, instrs), np.int64, n), np.arange(n)):
         return None
     try:
@@ -73,6 +76,31 @@ def stream_columns(instrs: Sequence) -> StreamColumns | None:
     deps = list(map(_DEPS, instrs))
     ndeps = np.fromiter(map(len, deps), np.int64, n)
     flat = np.fromiter(chain.from_iterable(deps), np.int64, int(ndeps.sum()))
+    return StreamColumns(before, ndeps, flat)
+
+
+def _packed_columns(instrs: PackedInstructions) -> StreamColumns:
+    """:func:`stream_columns` of a packed program: its class and third field per template,
+    its GPUs and deps already columns."""
+    templates = instrs.templates
+    cls_of = np.fromiter((_CLASS[t[0]] for t in templates), np.int8, len(templates))
+    third = [head[0] for _, head, _ in templates]  # kind, or a send's destination
+    codes = {value: k for k, value in enumerate(set(third))}
+    third_of = np.fromiter(map(codes.__getitem__, third), np.int64, len(templates))
+    third_of[cls_of == COMPUTE] = 0
+    del third
+    tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
+    key = (np.frombuffer(instrs.gpu, dtype=np.int32).astype(np.int64) * 3
+           + cls_of[tpl]) * len(codes) + third_of[tpl]
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    same = np.flatnonzero(key[1:] == key[:-1])
+    del key
+    before = np.full(len(tpl), -1, dtype=np.int64)
+    before[order[same + 1]] = order[same]
+    del order, same
+    ndeps = np.diff(np.frombuffer(instrs.first, dtype=np.int64))
+    flat = np.frombuffer(instrs.deps, dtype=np.int32).astype(np.int64)
     return StreamColumns(before, ndeps, flat)
 
 

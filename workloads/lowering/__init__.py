@@ -56,6 +56,7 @@ from workloads.lowering.paramserver import push_pull
 from workloads.lowering.pieces import PieceLowering
 from workloads.lowering.pipeline import deepspeed_order, deepspeed_steps
 from workloads.lowering.tied import reduce_tied_gradients
+from workloads.packed import PackedBuilder
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import Schedule
 
@@ -102,7 +103,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     # (cp, dp) coordinate)
     lanes = [[[placement.gpu(tp=t, cp=c, dp=d, pp=r) for t in range(tp_lanes)]
               for c, d in lane_replicas] for r in range(pp)]
-    b = ProgramBuilder()
+    # a full program packed (workloads.packed): ~20 bytes an instruction, not ~250
+    b = ProgramBuilder() if collapse is not None or reference else PackedBuilder()
     final_op = final_ops(schedule)
     zero3 = zero_stage == 3 and len(replicas) > 1
     overlap = bool(getattr(costs, "overlap_grad_reduce", False)) and len(replicas) > 1

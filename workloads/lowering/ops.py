@@ -241,8 +241,21 @@ class OpLoop:
                 elementwise_bytes=seg.elementwise_bytes, stage=op.stage, mb=op.mb,
                 alloc_bytes=alloc if seen_compute == 1 else 0.0,
                 free_bytes=free if seen_compute == n_compute else 0.0)))
+        chain = getattr(b, "chain", None)  # a packed builder adds the segments at once
+        steps = [] if chain is None else [
+            (op.kind, name, work, None) if work is not None else
+            b.collective_step(seg.kind, name, seg.op, seg.nbytes, stage=op.stage,  # type: ignore
+                              mb=op.mb, duration_s=seg.duration_s)
+            for seg, (name, work) in zip(segs, shared, strict=True)]
         for d, gpus in enumerate(self.lanes[r]):
             prev = {g: self._deps(g, local) for g in gpus}
+            if chain is not None and segs:
+                end = chain(gpus, prev, steps)
+                for t, g in enumerate(gpus):
+                    last[(k, g)] = end + t
+                emit_replica_sends(b, sends, self.lanes, r, d, k, last, self.sent,
+                                   self.blocking)
+                continue
             for seg, (name, work) in zip(segs, shared, strict=True):
                 if work is None:
                     ids = b.collective(tuple(gpus), prev, kind=seg.kind, name=name,

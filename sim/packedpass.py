@@ -1,0 +1,302 @@
+"""The passes over every instruction of a run on the engine's own heap, for a packed program
+(:mod:`workloads.packed`): the statistics' summaries (:func:`sim.timeline.summaries_of`) and
+the idle breakdown's chains (:func:`sim.idle._chains`) read each instruction's GPU, deps
+and the few fields they need of its template (worked out once per template), not a named
+tuple made per instruction. The same results as the loops over the objects, step for step
+(``tests/test_packed.py``).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Summaries
+from workloads.packed import PackedInstructions
+from workloads.program import Collective, Compute, Program, Send
+from workloads.streams import stream_columns
+
+_COMPUTE, _SEND, _COLLECTIVE = 0, 1, 2
+
+
+def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
+              end_s: Sequence[float]) -> Summaries | None:
+    """:func:`sim.timeline.summaries_of` of a packed program, on arrays (None where a record's
+    key would not fit 62 bits: the loop then). The loop appends each
+    interval to its lane (GPU, stream) as it meets an instruction (a collective's members' at
+    its last member, in id order): here every interval is a record (its lane, the id that
+    appends it and its place among that id's appends), and each lane's records sorted by the
+    last two are its list, the lanes in the order of their first record (the dict's). The
+    memory samples are each GPU's running sums, the same additions in the same order."""
+    instrs = program.instructions
+    assert isinstance(instrs, PackedInstructions)
+    n = len(instrs)
+    gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
+            else program.simulated_gpus)
+    names = (COMPUTE_STREAM, *COMM_KINDS)
+    code = {name: k for k, name in enumerate(names)}  # a lane: GPU * len(names) + code
+    width = len(names)
+    templates = instrs.templates
+    t = len(templates)
+    t_cls = np.empty(t, dtype=np.int8)
+    t_kind = np.full(t, -1, dtype=np.int64)  # a comm kind's code, -1: none
+    t_comm = np.full(t, -1, dtype=np.int64)  # a compute op's blocking comm's, -1: none
+    t_third = np.zeros(t, dtype=np.int64)  # a send's destination, a collective's size
+    t_alloc, t_free = np.zeros(t), np.zeros(t)
+    for k, (cls, head, rest) in enumerate(templates):
+        if cls is Compute:
+            t_cls[k] = _COMPUTE
+            kind, comm = head[0], rest[7]
+            if rest[6] > 0 and comm in COMM_KINDS:
+                t_comm[k] = code[comm]
+            t_alloc[k], t_free[k] = rest[8], rest[9]
+        elif cls is Send:
+            t_cls[k], kind, t_third[k] = _SEND, head[2], head[0]
+        else:
+            t_cls[k], kind, t_third[k] = _COLLECTIVE, head[0], len(rest[2])
+        if kind in COMM_KINDS:
+            t_kind[k] = code[kind]
+    tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
+    gpu = np.frombuffer(instrs.gpu, dtype=np.int32).astype(np.int64)
+    ready, mid, end = _doubles(ready_s, n), _doubles(mid_s, n), _doubles(end_s, n)
+    cls = t_cls[tpl]
+    # a record's key: (lane, the id appending it, its place), one int64 (the order of the
+    # three); its interval's ends beside it
+    places = max(3, int(t_third[t_cls == _COLLECTIVE].max(initial=0)))
+    if (program.num_gpus * width + 1) * (n + 1) * places >= 2**62:
+        return None
+    keys: list[np.ndarray] = []
+    lows: list[np.ndarray] = []
+    highs: list[np.ndarray] = []
+
+    def record(lane: np.ndarray, at: np.ndarray, sub: np.ndarray | int, low: np.ndarray,
+               high: np.ndarray) -> None:
+        key = lane * (n * places)
+        key += at * places
+        key += sub
+        keys.append(key)
+        lows.append(low)
+        highs.append(high)
+
+    compute = np.flatnonzero(cls == _COMPUTE)
+    g = gpu[compute]
+    record(g * width, compute, 0, ready[compute], mid[compute])
+    for which, sub, low, high in ((t_kind, 1, ready, mid), (t_comm, 2, mid, end)):
+        lane = which[tpl[compute]]
+        keep = lane >= 0
+        if keep.any():
+            at = compute[keep]
+            record(g[keep] * width + lane[keep], at, sub, low[at], high[at])
+    sends = np.flatnonzero(cls == _SEND)
+    lane = t_kind[tpl[sends]]
+    keep = lane >= 0
+    at, lane = sends[keep], lane[keep]
+    for sub, ends in enumerate((gpu[at], t_third[tpl[at]])):
+        record(ends * width + lane, at, sub, ready[at], end[at])
+    collective = np.flatnonzero((cls == _COLLECTIVE) & (t_kind[tpl] >= 0))
+    size = t_third[tpl[collective]]
+    alone = collective[size <= 1]
+    record(gpu[alone] * width + t_kind[tpl[alone]], alone, 0, ready[alone], end[alone])
+    shared = collective[size > 1]  # a collective's members: consecutive ids, one template
+    if len(shared):
+        group = tpl[shared]
+        heads = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        counts = np.diff(np.r_[heads, len(shared)])
+        whole = np.repeat(counts == t_third[group[heads]], counts)
+        last = np.repeat(shared[heads + counts - 1], counts)  # what appends them
+        latest = np.repeat(np.maximum.reduceat(ready[shared], heads), counts)
+        place = np.arange(len(shared)) - np.repeat(heads, counts)
+        at = shared[whole]
+        record(gpu[at] * width + t_kind[tpl[at]], last[whole], place[whole], latest[whole],
+               end[at])
+    del cls, compute, g, sends, collective
+    key = np.concatenate(keys)
+    keys.clear()
+    order = np.argsort(key)  # the keys are distinct
+    key = key[order]
+    pairs = np.empty((len(order), 2))
+    pairs[:, 0] = np.concatenate(lows)[order]
+    lows.clear()
+    pairs[:, 1] = np.concatenate(highs)[order]
+    highs.clear()
+    del order
+    lane = key // (n * places)
+    starts = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]]) if len(lane) else lane
+    stops = np.r_[starts[1:], len(lane)]
+    first = np.argsort(key[starts] % (n * places))  # the lanes in the order of their first
+    intervals: dict[tuple[int, str], array] = {}
+    for k in first.tolist():
+        x, y = int(starts[k]), int(stops[k])
+        which = int(lane[x])
+        intervals[(which // width, names[which % width])] = array("d", pairs[x:y].tobytes())
+    del pairs, lane, key
+    peaks, floors = _memory(program, gpus, gpu, tpl, t_alloc, t_free)
+    return Summaries(intervals, peaks, floors, max(end_s, default=0.0))
+
+
+def _memory(program: Program, gpus: Sequence[int], gpu: np.ndarray, tpl: np.ndarray,
+            t_alloc: np.ndarray, t_free: np.ndarray
+            ) -> tuple[dict[int, float], dict[int, float]]:
+    """Each GPU's memory peak and floor (:func:`sim.timeline._sample`): its static bytes, then
+    per compute op in order its allocation added and its release taken, each a sample."""
+    static = program.static_bytes
+    peaks = {g: static[g] for g in gpus}
+    floors = dict(peaks)
+    alloc, free = t_alloc[tpl], t_free[tpl]
+    moves = np.flatnonzero((alloc != 0) | (free != 0))
+    if len(moves):
+        delta = np.stack((alloc[moves], -free[moves]), axis=1).ravel()
+        sample = np.stack((alloc[moves] != 0, free[moves] != 0), axis=1).ravel()
+        owner = np.repeat(gpu[moves], 2)
+        del alloc, free
+        by_gpu = np.argsort(owner, kind="stable")
+        owner, delta, sample = owner[by_gpu], delta[by_gpu], sample[by_gpu]
+        cuts = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1], True])
+        for x, y in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            g = int(owner[x])
+            taken = sample[x:y]
+            if not taken.any():
+                continue
+            base = static[g]
+            sums = np.cumsum(np.r_[base, delta[x:y][taken]])[1:]
+            # (x - f equals x + (-f); a skipped zero adds nothing): the loop's sums
+            high, low = float(sums.max()), float(sums.min())
+            if g in peaks:
+                peaks[g], floors[g] = max(peaks[g], high), min(floors[g], low)
+            else:
+                peaks[g], floors[g] = high, low
+    return dict(sorted(peaks.items())), dict(sorted(floors.items()))
+
+
+def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
+           index: Callable[[str, int], int], bubble: int
+           ) -> tuple[array[float], array[int], dict[int, np.ndarray], array[int],
+                      dict[int, tuple[float, int]]]:
+    """:func:`sim.idle._chains` of a packed program on arrays (each GPU's compute ops an
+    int64 array, not a list) (``index``: a part's index by
+    name or ``bubble``, the bubble's): each instruction's cause is its stream predecessor
+    (:func:`workloads.streams.stream_columns`, the engine's stream rule) unless a dependency
+    ended strictly later, then the first of the latest; a collective's members (one template
+    each, :class:`~workloads.packed.PackedBuilder`) take the start and cause of the member
+    ready last (the lowest id among equals), where all of them are in the program."""
+    instrs = program.instructions
+    assert isinstance(instrs, PackedInstructions)
+    n = len(instrs)
+    templates = instrs.templates
+    cls_of = np.fromiter((_COMPUTE if t[0] is Compute else _SEND if t[0] is Send
+                          else _COLLECTIVE for t in templates), np.int8, len(templates))
+    part_of = np.fromiter((bubble if cls is Compute else index(head[2] if cls is Send
+                                                             else head[0], bubble)
+                           for cls, head, _ in templates), np.int8, len(templates))
+    size_of = np.fromiter((len(rest[2]) if cls is Collective else 0
+                           for cls, _, rest in templates), np.int64, len(templates))
+    tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
+    ready, end = _doubles(ready_s, n), _doubles(end_s, len(end_s))
+    columns = stream_columns(instrs)
+    assert columns is not None
+    before, ndeps, flat = columns
+    del columns
+    cause = before  # then each instruction's own (the temporaries one at a time: memory)
+    best_end = end[np.maximum(before, 0)]
+    best_end[before < 0] = -1.0
+    if len(flat):
+        has = ndeps > 0
+        with_deps = np.flatnonzero(has)
+        at = np.cumsum(ndeps)
+        at -= ndeps
+        owner = np.repeat(np.arange(len(with_deps), dtype=np.int32), ndeps[has])
+        del has, ndeps
+        at = at[with_deps]
+        dep_end = end[flat]
+        latest = np.maximum.reduceat(dep_end, at)  # per instruction with deps
+        del at
+        hits = np.flatnonzero(dep_end == latest[owner])
+        del dep_end
+        owners = owner[hits]
+        del owner
+        firsts = hits[np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])]  # first latest
+        del hits, owners
+        later = latest > best_end[with_deps]
+        cause[with_deps[later]] = flat[firsts[later]]
+        del latest, firsts, later, with_deps
+    del best_end, flat
+    start = ready.copy()
+    shared = np.flatnonzero((size_of > 1)[tpl])
+    if len(shared):
+        groups = tpl[shared]
+        order = np.lexsort((shared, -ready[shared], groups))  # per group the latest first
+        groups, members = groups[order], shared[order]
+        del order
+        heads = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+        counts = np.diff(np.r_[heads, len(groups)])
+        lead = np.repeat(members[heads], counts)
+        start[members] = ready[lead]
+        whole = np.repeat(counts == size_of[groups[heads]], counts)
+        cause[members[whole]] = cause[lead[whole]]
+        del groups, members, lead, whole
+    del shared
+    compute = np.flatnonzero(cls_of[tpl] == _COMPUTE)
+    gpu = np.frombuffer(instrs.gpu, dtype=np.int32)[compute]
+    by_gpu = np.argsort(gpu, kind="stable")
+    sorted_gpu = gpu[by_gpu]
+    cuts = np.flatnonzero(sorted_gpu[1:] != sorted_gpu[:-1]) + 1
+    runs = np.split(compute[by_gpu], cuts)
+    firsts = [int(run[0]) for run in runs]
+    compute_of = {int(instrs.gpu[f]): run  # views of one array: 8 bytes an op, no int objects
+                  for f, run in sorted(zip(firsts, runs, strict=True), key=lambda x: x[0])}
+    blocked: dict[int, tuple[float, int]] = {}
+    blocking_of = {t: (rest[6], index(rest[7], bubble))
+                   for t, (cls, _, rest) in enumerate(templates)
+                   if cls is Compute and rest[6] > 0}
+    if blocking_of:
+        for i in np.flatnonzero(np.isin(tpl, list(blocking_of))).tolist():
+            blocked[i] = blocking_of[int(tpl[i])]
+    return (array("d", start.tobytes()), array("q", cause.tobytes()), compute_of,
+            array("b", part_of[tpl].tobytes()), blocked)
+
+
+def _doubles(values: Sequence[float], n: int) -> np.ndarray:
+    """The first ``n`` of ``values`` as float64 (a view of an ``array("d")``'s buffer)."""
+    if isinstance(values, array) and values.typecode == "d":
+        return np.frombuffer(values, dtype=float)[:n]
+    return np.asarray(values[:n], dtype=float)
+
+
+def dag(instrs: PackedInstructions) -> tuple[array[int], array[int], array[int]]:
+    """:func:`sim.engine._dag_on_arrays` of a packed program, with 4-byte temporaries where
+    they fit (its peak is a large run's): per instruction its stream predecessor's edge,
+    then its deps in order, sorted stably by predecessor."""
+    n = len(instrs)
+    columns = stream_columns(instrs)
+    assert columns is not None
+    before = columns.before.astype(np.int32)
+    del columns
+    first_dep = np.frombuffer(instrs.first, dtype=np.int64)
+    ndeps = np.diff(first_dep).astype(np.int32)
+    has = before >= 0
+    edges = ndeps + has  # per instruction: its waiting count
+    del ndeps
+    at = np.cumsum(edges, dtype=np.int64)
+    total = int(at[-1]) if n else 0
+    at -= edges
+    pred = np.empty(total, dtype=np.int32)
+    stream = at[has]
+    pred[stream] = before[has]
+    del before, has, at
+    is_dep = np.ones(total, dtype=bool)
+    is_dep[stream] = False
+    del stream
+    pred[is_dep] = np.frombuffer(instrs.deps, dtype=np.int32)
+    del is_dep
+    first = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pred, minlength=n), out=first[1:])
+    order = np.argsort(pred, kind="stable")
+    del pred
+    succ = np.repeat(np.arange(n, dtype=np.int32), edges)[order]
+    del order
+    out = array("i"), array("q"), array("i")
+    for into, values in zip(out, (succ, first, edges), strict=True):
+        into.frombytes(memoryview(values).cast("B"))
+    return out
