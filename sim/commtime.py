@@ -31,8 +31,9 @@ summed duration of the transfers whose links another call's transfers also use.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from base.collector import gc_paused
 from sim.engine import simulate_program
@@ -137,6 +138,26 @@ class CollectiveTimer:
             timer = cluster.memo[key] = cls(cluster, algo)
         assert isinstance(timer, cls)
         return timer
+
+    @property
+    def size(self) -> int:
+        """Timings cached so far (:meth:`timings_since` counts from it)."""
+        return len(self._cache)
+
+    def timings_since(self, start: int) -> tuple[tuple[tuple, float], ...]:
+        """The ``(key, seconds)`` timings cached after the first ``start`` (in the order they
+        were cached; none is ever dropped), for another process's timer of the same cluster
+        (:meth:`adopt`)."""
+        return tuple(itertools.islice(self._cache.items(), start, None))
+
+    def adopt(self, timings: Iterable[tuple[tuple, float]]) -> None:
+        """Take timings another timer of the same cluster, algorithm and skew computed
+        (:meth:`timings_since`): each is a pure function of its key and the cluster, the
+        float this timer would compute (with or without reuse, :meth:`_translate`), so
+        taking it changes no result, only who times what. Keys cached here are kept."""
+        cache = self._cache
+        for key, seconds in timings:
+            cache.setdefault(key, seconds)
 
     def __call__(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         key = (op, groups, nbytes)

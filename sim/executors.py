@@ -137,6 +137,12 @@ class _Indexed:
     task: Task
 
 
+def is_indexed(task: Task | _Indexed) -> bool:
+    """Whether ``task``'s items travel as ``(index, item)`` pairs (:meth:`Executor.run`), for
+    an executor that wraps another and its items."""
+    return isinstance(task, _Indexed)
+
+
 def _unwrap(task: Task | _Indexed) -> tuple[Task, bool]:
     """(The task the workers build, whether items are ``(index, item)`` pairs)."""
     return (task.task, True) if isinstance(task, _Indexed) else (task, False)

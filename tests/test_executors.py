@@ -105,6 +105,7 @@ class _Recording(LocalExecutor):
             item = feed()
             if item is not None:
                 inner = item[1] if isinstance(item, tuple) else item
+                inner = getattr(inner, "item", inner)  # a TimingRelay's wrapping (Relayed)
                 self.kinds.append(type(inner).__name__)
             return item
 

@@ -298,6 +298,59 @@ def test_forked_workers_inherit_the_shared_space_and_threads_prevent_forking() -
             thread.join()
 
 
+def test_an_adopted_timing_is_the_timers_own_float() -> None:
+    """:meth:`CollectiveTimer.adopt`: a timer given another timer's timings of the same
+    cluster answers them without timing (the floats it would compute)."""
+    from sim.commtime import CollectiveTimer
+
+    cluster = SearchContext.build(SMALL).cluster
+    first = CollectiveTimer(cluster)
+    calls = [("all_reduce", ((0, 1, 2, 3), (8, 9, 10, 11)), 1e8),
+             ("send", ((0, 8), (1, 9)), 3e7), ("all_gather", ((0, 8),), 5e6)]
+    times = [first(*c) for c in calls]
+    assert first.size == 3 and first.timings_since(1) == first.timings_since(0)[1:]
+    fresh = CollectiveTimer(cluster)
+    assert [fresh(*c) for c in calls] == times  # pure: a fresh timer, the same floats
+    other = CollectiveTimer(cluster)
+    other.adopt(first.timings_since(0))
+
+    def refuse(*_args: object) -> float:
+        raise AssertionError("timed an adopted collective again")
+
+    other._timed = refuse  # type: ignore[method-assign]
+    assert [other(*c) for c in calls] == times and other.size == 3
+
+
+def _relay_worker() -> object:
+    """A worker function for :class:`TimingRelay`: answers ``item * 2``, reports the timing
+    ``((item,), item / 10)`` and remembers every timing it was handed."""
+    from sim.search.execution import Relayed
+
+    held: dict[tuple, float] = {}
+
+    def fn(wrapped: Relayed) -> Relayed:
+        held.update(wrapped.timings)
+        return Relayed((wrapped.item * 2, sorted(held)), (((wrapped.item,), wrapped.item / 10),),
+                       wrapped.upto, 1)
+
+    return fn
+
+
+def test_a_timing_relay_hands_each_answer_s_timings_to_later_items() -> None:
+    """:class:`TimingRelay`: the caller sees plain items and answers; the timings an answer
+    reports travel with the items sent after it (to whichever worker takes them)."""
+    from sim.executors import InlineExecutor, Task
+    from sim.search.execution import TimingRelay
+
+    inner = InlineExecutor()
+    inner.workers = 2
+    relay = TimingRelay(inner)
+    got = dict(relay.run(Task(_relay_worker), [1, 2, 3]))
+    assert {i: a for i, (a, _) in got.items()} == {0: 2, 1: 4, 2: 6}
+    assert got[2][1] == [(1,), (2,)]  # the third item carried the first two answers' timings
+    assert relay.log == [((1,), 0.1), ((2,), 0.2), ((3,), 0.3)]
+
+
 def test_enumeration_respects_pins() -> None:
     ctx = SearchContext.build(_data())
     pins = parse_pins(["tp=2|4,pp=2,mbs=1,schedule=interleaved|zb-v,recompute=none"])

@@ -11,9 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from base.collector import gc_paused
 from base.errors import SimError
+from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile
-from sim.executors import Executor, Task, WorkerFailure
+from sim.executors import Executor, Feed, Task, WorkerFailure, is_indexed
 from sim.search.bounds import StateTerms, state_family
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.layouts import Layout
@@ -62,6 +64,84 @@ class SimulateOne:
     """Work item: simulate this layout (the evaluator)."""
 
     layout: Layout
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """An item or an answer with collective timings attached (:class:`TimingRelay`).
+
+    To a worker: ``item``, the timings other workers reported that this one may lack
+    (``timings``), and ``upto``, the length of the relay's log once this worker has
+    them. From a worker: its answer (``item``), the timings it computed for it, its
+    process id and how much of the log it holds (``upto``)."""
+
+    item: Any
+    timings: tuple[tuple[tuple, float], ...] = ()
+    upto: int = 0
+    pid: int = 0
+
+
+class TimingRelay(Executor):
+    """``executor`` with each worker's new collective timings handed to the others.
+
+    Every worker of a search times collectives on its own copy of the cluster's shared
+    timer (:meth:`sim.commtime.CollectiveTimer.shared`); without this, a timing one
+    worker computed is computed again by another that needs it (the sends between stages
+    and the DP groups that several layouts' simulations and bounds share). Answers
+    come back with the timings their worker computed (:class:`Relayed`); the relay
+    logs them, and each item it sends carries the part of the log that the worker
+    which has absorbed least of it lacks (it cannot know which worker takes the
+    item; a worker past that point skips what it has). A timing is a pure function
+    of its key and the cluster (:meth:`~sim.commtime.CollectiveTimer.adopt`), so
+    answers are the same floats with or without the relay, whoever times what."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.inner = executor
+        self.name = executor.name
+        self.workers = executor.workers
+        self.log: list[tuple[tuple, float]] = []
+        self._known: set[tuple] = set()
+        self._seen: dict[int, int] = {}
+        """Worker process id -> log entries it holds (the latest ``workers`` reporters)."""
+
+    def _floor(self) -> int:
+        seen = self._seen
+        return min(seen.values()) if len(seen) >= self.workers else 0
+
+    def _wrap(self, item: Any) -> Relayed:
+        start = self._floor()
+        return Relayed(item, tuple(self.log[start:]), len(self.log))
+
+    def _take(self, answer: Any) -> Any:
+        if not isinstance(answer, Relayed):
+            return answer  # a lost worker (WorkerFailure)
+        known, log = self._known, self.log
+        for entry in answer.timings:
+            if entry[0] not in known:
+                known.add(entry[0])
+                log.append(entry)
+        seen = self._seen
+        seen.pop(answer.pid, None)
+        seen[answer.pid] = answer.upto
+        while len(seen) > self.workers:  # a worker replaced after a pool break
+            del seen[next(iter(seen))]
+        return answer.item
+
+    def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
+        indexed = is_indexed(task)
+
+        def wrapped() -> Any:
+            item = feed()
+            if item is None:
+                return None
+            return (item[0], self._wrap(item[1])) if indexed else self._wrap(item)
+
+        for item, outcome in self.inner.stream(task, wrapped):
+            original = (item[0], item[1].item) if indexed else item.item
+            yield original, self._take(outcome)
+
+    def worker_cpu_each(self) -> list[float] | None:
+        return self.inner.worker_cpu_each()
 
 
 @dataclass(frozen=True)
@@ -132,6 +212,8 @@ class SearchWorker:
         self._digest: str | None = None
         self._screener: Screener | None = None
         self._evaluate: Callable[[Layout], Evaluation] | None = None
+        self._absorbed = 0
+        """Entries of a :class:`TimingRelay`'s log this worker holds."""
 
     def _shared(self) -> tuple[SearchContext, Sequence[Layout]] | None:
         return _SPACES.get(self.spec.space or "")
@@ -173,7 +255,15 @@ class SearchWorker:
                                       collapsed_only=sp.fidelity == "collapsed")
         return self._screener
 
-    def __call__(self, item: ScreenChunk | FamilyChunk | JudgeChunk | SimulateOne) -> Any:
+    def __call__(self, item: Relayed | ScreenChunk | FamilyChunk | JudgeChunk | SimulateOne
+                 ) -> Any:
+        if isinstance(item, Relayed):  # from a TimingRelay: take the timings, report ours
+            timer = CollectiveTimer.shared(self.context.cluster)
+            timer.adopt(item.timings)
+            self._absorbed = max(self._absorbed, item.upto)
+            start = timer.size
+            answer = self(item.item)
+            return Relayed(answer, timer.timings_since(start), self._absorbed, os.getpid())
         if isinstance(item, ScreenChunk):
             layouts = self.layouts
             if self._shared() is None and self.digest != item.space:
@@ -245,8 +335,9 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     missing = sum(1 for v in verdicts if v is None)
     if missing:  # the chunks cover every layout: this is a bug, not a user error
         raise SimError(f"screening lost {missing} of {len(layouts)} layouts")
-    return [Candidate(lay, *verdict)  # type: ignore[misc]  # none is None: checked above
-            for lay, verdict in zip(layouts, verdicts, strict=True)]
+    with gc_paused():  # 90,000 long-lived objects: the collector's scans would cost half
+        return [Candidate(lay, *verdict)  # type: ignore[misc]  # none is None: checked above
+                for lay, verdict in zip(layouts, verdicts, strict=True)]
 
 
 def _family_states(layouts: Sequence[Layout], executor: Executor, task: Task,
@@ -301,11 +392,12 @@ def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     if workers <= 1 or n == 0:
         return [list(range(n))] if n else []
     size = max(SCREEN_CHUNK_MIN, -(-n // (SCREEN_CHUNKS_PER_WORKER * workers)))
-    order = sorted(range(n), key=lambda i: (_screen_group(layouts[i]), i))
+    keys = [_screen_group(lay) for lay in layouts]
+    order = sorted(range(n), key=keys.__getitem__)  # stable: by group, then index
     groups: list[tuple[int, int]] = []  # [start, end) positions in order
     start = 0
     for k in range(1, n + 1):
-        if k == n or _screen_group(layouts[order[k]]) != _screen_group(layouts[order[start]]):
+        if k == n or keys[order[k]] != keys[order[start]]:
             groups.append((start, k))
             start = k
     spans: list[tuple[int, int]] = []

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from base.collector import gc_paused
 from base.errors import ConfigError, SimError
 from sim.api import AUTO_FULL_MAX_GPUS, FIDELITIES
 from sim.calibration import default_profile
@@ -22,6 +23,7 @@ from sim.search.execution import (
     LocalFallback,
     SearchWorker,
     SimulateOne,
+    TimingRelay,
     WorkerSpec,
     as_evaluation,
     screen_all,
@@ -83,7 +85,8 @@ def search(
     workers_profile = given if ctx.cluster.heterogeneous else profile
     collapsed = fidelity == "collapsed" or (
         fidelity == "auto" and ctx.cluster.num_gpus > AUTO_FULL_MAX_GPUS)
-    layouts = list(enumerate_layouts(ctx, pins))
+    with gc_paused():  # many long-lived objects, no cycles: the collector's scans are waste
+        layouts = list(enumerate_layouts(ctx, pins))
     if not layouts:
         pinned = ", ".join(f"{file_key(d)}={'|'.join(map(value_text, v))}"
                            for d, v in pins.items())
@@ -100,16 +103,19 @@ def search(
                           tuple(sorted((d, tuple(v)) for d, v in pins.items())), space)
         task = Task(SearchWorker, (spec,))
         executor = executor or InlineExecutor()
+        if executor.workers > 1:  # workers hand each other their collective timings
+            executor = TimingRelay(executor)
         local = LocalFallback(spec)
         candidates = screen_all(layouts, executor, task, local, screens_by_family(ctx))
-        todo = sorted((c for c in candidates if c.status == "ok"),
-                      key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
+        with gc_paused():
+            todo = sorted((c for c in candidates if c.status == "ok"),
+                          key=lambda c: (-(c.tokens_bound or 0.0), c.layout.key))
         screen_s = time.perf_counter() - start
         fingerprint = ctx.fingerprint(fidelity, profile)
         own_store = store is None
         store = store or ResultStore()
         done = store.load(fingerprint)
-        resumed = sum(1 for c in todo if c.layout.key in done)
+        resumed = sum(1 for c in todo if c.layout.key in done) if done else 0
         sweep = _Sweep(todo, done, store, fingerprint, top, prune, round_size,
                        progress or (lambda _done, _total: None), local)
         try:
@@ -119,7 +125,8 @@ def search(
                 store.close()
             else:
                 store.release()  # speculative claims whose results were never wanted
-    rows = collect_rows(candidates, sweep.results, sweep.judged, sweep.stopped)
+    with gc_paused():
+        rows = collect_rows(candidates, sweep.results, sweep.judged, sweep.stopped)
     counts = Counter(r.status for r in rows)
     return SearchResult(ctx.config.name, ctx.cluster.num_gpus, ctx.global_batch_size, rows,
                         time.perf_counter() - start, len(layouts), ctx.unsupported, pins,
@@ -196,7 +203,8 @@ class _Sweep:
         self._known, self._known_at = 0.0, 0
         """K-th best of all results so far (a lower bound of every later round's threshold),
         and the number of results it was computed from."""
-        self._index = {c.layout.key: i for i, c in enumerate(todo)}
+        self._index: dict[str, int] = {}
+        """Key -> index into todo of the layouts handed out to simulate (:meth:`_simulate`)."""
         self.others: list[int] = []
         """Indices the serial order simulates that another search holds the claim on."""
         self._next_poll = 0.0
@@ -336,12 +344,12 @@ class _Sweep:
             mine = self._poll_others()
             self.advance()  # results that arrived may decide the frontier
             if mine is not None:
-                return SimulateOne(todo[mine].layout)
+                return self._simulate(mine)
         while self.need:
             i = self.need.pop(0)
             if self._claim(i):
                 self.sent.add(i)
-                return SimulateOne(todo[i].layout)
+                return self._simulate(i)
             if i in self.waiting:  # another search holds it: its result is awaited
                 self.others.append(i)
             else:
@@ -363,8 +371,14 @@ class _Sweep:
                     and self._claim(i)):
                 self.sent.add(i)
                 self.speculated += 1
-                return SimulateOne(todo[i].layout)
+                return self._simulate(i)
         return self._judge_chunk(far)
+
+    def _simulate(self, i: int) -> SimulateOne:
+        """The work item that simulates ``todo[i]`` (its index is found again by key)."""
+        layout = self.todo[i].layout
+        self._index[layout.key] = i
+        return SimulateOne(layout)
 
     def _judge_chunk(self, end: int) -> JudgeChunk | None:
         """The next up to :data:`JUDGE_CHUNK` candidates not judged yet, before ``end``."""
