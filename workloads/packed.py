@@ -138,6 +138,24 @@ class PackedBuilder(ProgramBuilder):
         self._first.append(len(self._deps))
         return i
 
+    def _add_each(self, gpus: Sequence[int], t: int, deps: Mapping[int, tuple[int, ...]],
+                  missing: tuple[int, ...] | None = None) -> dict[int, int]:
+        """One instruction of template ``t`` on each GPU of ``gpus``, in order, after
+        ``deps[gpu]`` there (a GPU ``deps`` lacks: an error, or ``missing`` where given);
+        returns each GPU's instruction id."""
+        gpu, tpl, first, flat = self._gpu, self._tpl, self._first, self._deps
+        get = deps.get
+        ids = {}
+        i = len(tpl)
+        for g in gpus:
+            ids[g] = i
+            gpu.append(g)
+            tpl.append(t)
+            flat.extend(deps[g] if missing is None else get(g, missing))
+            first.append(len(flat))
+            i += 1
+        return ids
+
     def compute(self, gpu: int, kind: str, name: str, deps: tuple[int, ...], **kw) -> int:
         return self._add(gpu, self._template((Compute, (kind, name), self.work(**kw))), deps)
 
@@ -152,17 +170,7 @@ class PackedBuilder(ProgramBuilder):
             t = self._work.get(key)
             if t is None:
                 t = self._work[key] = self._template((Compute, (kind, name), work))
-        gpu, tpl, first, flat = self._gpu, self._tpl, self._first, self._deps
-        ids = {}
-        i = len(tpl)
-        for g in gpus:
-            ids[g] = i
-            gpu.append(g)
-            tpl.append(t)
-            flat.extend(deps[g])
-            first.append(len(flat))
-            i += 1
-        return ids
+        return self._add_each(gpus, t, deps)
 
     def send(self, gpu: int, dst: int, nbytes: float, kind: str, name: str,
              deps: tuple[int, ...], **kw) -> int:
@@ -176,17 +184,7 @@ class PackedBuilder(ProgramBuilder):
         algo = self.default_algo if algo is None else algo
         rest = Collective(0, 0, kind, name, (), op, algo, group, nbytes, key, **kw)[5:]
         t = self._template((Collective, (kind, name), rest))
-        gpu, tpl, first, flat = self._gpu, self._tpl, self._first, self._deps
-        ids = {}
-        i = len(tpl)
-        for g in group:
-            ids[g] = i
-            gpu.append(g)
-            tpl.append(t)
-            flat.extend(deps.get(g, ()))
-            first.append(len(flat))
-            i += 1
-        return ids
+        return self._add_each(group, t, deps, missing=())
 
     @staticmethod
     def collective_step(kind: str, name: str, op: str, nbytes: float, algo: str | None = None,
