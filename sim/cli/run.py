@@ -259,7 +259,8 @@ def register(subparsers: Any) -> None:
     run.add_argument("--trace-gpus", type=gpu_list, default="all", metavar="GPUS",
                      help="with --out: only these GPUs in the trace: all (default), pipeline "
                      "(one GPU per pipeline stage, tp0 dp0) or ranks like 0,7,8-15")
-    run.add_argument("--no-plot", action="store_true", help="with --out, skip the figures (timeline.png, idle.png)")
+    run.add_argument("--no-plot", action="store_true",
+                     help="with --out, skip the figures (timeline.png, idle.png)")
     run.add_argument("--steps", type=int, metavar="N",
                      help="simulate N training steps: adds time_to_train_s, goodput and "
                      "lost_work_s; the file's training.global_batch_schedule and faults "
