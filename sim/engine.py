@@ -51,7 +51,12 @@ from sim.plans import _CompiledPlan, _PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
-from workloads.packed import PackedInstructions
+from workloads.packed import (
+    COLLECTIVE_GROUP,
+    COLLECTIVE_KEY,
+    COMPUTE_BLOCKING_S,
+    PackedInstructions,
+)
 from workloads.program import (
     Collective,
     ColumnarInstructions,
@@ -382,19 +387,20 @@ class _Run:
         heap = self.heap if self.env is None else None
         templates, tpl, by_work, durations = self.packed
         packed = templates is not None
+        key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
         while ready:
             i = ready.popleft()
             if packed:  # the class and shared fields from the template; the object if needed
                 cls, _, rest = templates[tpl[i]]  # type: ignore[index]
                 if cls is Collective:
                     started[i] = self.now  # a member arrives (below, without the object)
-                    key = rest[4]
+                    key = rest[key_at]
                     waiting = members.get(key)
                     if waiting is None:
                         members[key] = waiting = [i]
                     else:
                         waiting.append(i)
-                    if len(waiting) >= len(rest[2]):
+                    if len(waiting) >= len(rest[group_at]):
                         self._arrived(instrs[i])
                     continue
                 if cls is Compute:
@@ -404,7 +410,7 @@ class _Run:
                         duration = timer(instrs._make(i))  # type: ignore[union-attr]
                         if by_work:
                             durations[t] = duration
-                    blocking = rest[6]  # blocking_comm_s
+                    blocking = rest[blocking_at]
                 else:
                     ins = instrs._make(i)  # type: ignore[union-attr]
             else:

@@ -687,8 +687,6 @@ def _levels(up: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
     return order, np.cumsum(np.bincount(depth)).tolist()
 
 
-
-
 def _depths(up: np.ndarray) -> np.ndarray | None:
     """Each node's depth in the forest ``up`` (hops to its root; ``up[i] = len(up)``: a
     root), None where ``up`` has a cycle: :func:`_depths_by_jumping` on the forest of the

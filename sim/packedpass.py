@@ -14,11 +14,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Summaries
-from workloads.packed import PackedInstructions
-from workloads.program import Collective, Compute, Program, Send
+from workloads.packed import (
+    COLLECTIVE_GROUP,
+    COMPUTE_ALLOC,
+    COMPUTE_BLOCKING_KIND,
+    COMPUTE_BLOCKING_S,
+    COMPUTE_FREE,
+    PackedInstructions,
+    template_classes,
+)
+from workloads.program import COLLECTIVE, COMPUTE, SEND, Collective, Compute, Program, Send
 from workloads.streams import stream_columns
-
-_COMPUTE, _SEND, _COLLECTIVE = 0, 1, 2
 
 
 def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
@@ -40,22 +46,21 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
     width = len(names)
     templates = instrs.templates
     t = len(templates)
-    t_cls = np.empty(t, dtype=np.int8)
+    t_cls = template_classes(templates)
     t_kind = np.full(t, -1, dtype=np.int64)  # a comm kind's code, -1: none
     t_comm = np.full(t, -1, dtype=np.int64)  # a compute op's blocking comm's, -1: none
     t_third = np.zeros(t, dtype=np.int64)  # a send's destination, a collective's size
     t_alloc, t_free = np.zeros(t), np.zeros(t)
     for k, (cls, head, rest) in enumerate(templates):
         if cls is Compute:
-            t_cls[k] = _COMPUTE
-            kind, comm = head[0], rest[7]
-            if rest[6] > 0 and comm in COMM_KINDS:
+            kind, comm = head[0], rest[COMPUTE_BLOCKING_KIND]
+            if rest[COMPUTE_BLOCKING_S] > 0 and comm in COMM_KINDS:
                 t_comm[k] = code[comm]
-            t_alloc[k], t_free[k] = rest[8], rest[9]
-        elif cls is Send:
-            t_cls[k], kind, t_third[k] = _SEND, head[2], head[0]
+            t_alloc[k], t_free[k] = rest[COMPUTE_ALLOC], rest[COMPUTE_FREE]
+        elif cls is Send:  # head: (dst, nbytes, kind, name)
+            kind, t_third[k] = head[2], head[0]
         else:
-            t_cls[k], kind, t_third[k] = _COLLECTIVE, head[0], len(rest[2])
+            kind, t_third[k] = head[0], len(rest[COLLECTIVE_GROUP])
         if kind in COMM_KINDS:
             t_kind[k] = code[kind]
     tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
@@ -64,7 +69,7 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
     cls = t_cls[tpl]
     # a record's key: (lane, the id appending it, its place), one int64 (the order of the
     # three); its interval's ends beside it
-    places = max(3, int(t_third[t_cls == _COLLECTIVE].max(initial=0)))
+    places = max(3, int(t_third[t_cls == COLLECTIVE].max(initial=0)))
     if (program.num_gpus * width + 1) * (n + 1) * places >= 2**62:
         return None
     keys: list[np.ndarray] = []
@@ -80,7 +85,7 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
         lows.append(low)
         highs.append(high)
 
-    compute = np.flatnonzero(cls == _COMPUTE)
+    compute = np.flatnonzero(cls == COMPUTE)
     g = gpu[compute]
     record(g * width, compute, 0, ready[compute], mid[compute])
     for which, sub, low, high in ((t_kind, 1, ready, mid), (t_comm, 2, mid, end)):
@@ -89,13 +94,13 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
         if keep.any():
             at = compute[keep]
             record(g[keep] * width + lane[keep], at, sub, low[at], high[at])
-    sends = np.flatnonzero(cls == _SEND)
+    sends = np.flatnonzero(cls == SEND)
     lane = t_kind[tpl[sends]]
     keep = lane >= 0
     at, lane = sends[keep], lane[keep]
     for sub, ends in enumerate((gpu[at], t_third[tpl[at]])):
         record(ends * width + lane, at, sub, ready[at], end[at])
-    collective = np.flatnonzero((cls == _COLLECTIVE) & (t_kind[tpl] >= 0))
+    collective = np.flatnonzero((cls == COLLECTIVE) & (t_kind[tpl] >= 0))
     size = t_third[tpl[collective]]
     alone = collective[size <= 1]
     record(gpu[alone] * width + t_kind[tpl[alone]], alone, 0, ready[alone], end[alone])
@@ -185,12 +190,11 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
     assert isinstance(instrs, PackedInstructions)
     n = len(instrs)
     templates = instrs.templates
-    cls_of = np.fromiter((_COMPUTE if t[0] is Compute else _SEND if t[0] is Send
-                          else _COLLECTIVE for t in templates), np.int8, len(templates))
+    cls_of = template_classes(templates)
     part_of = np.fromiter((bubble if cls is Compute else index(head[2] if cls is Send
                                                              else head[0], bubble)
                            for cls, head, _ in templates), np.int8, len(templates))
-    size_of = np.fromiter((len(rest[2]) if cls is Collective else 0
+    size_of = np.fromiter((len(rest[COLLECTIVE_GROUP]) if cls is Collective else 0
                            for cls, _, rest in templates), np.int64, len(templates))
     tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
     ready, end = _doubles(ready_s, n), _doubles(end_s, len(end_s))
@@ -237,7 +241,7 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
         cause[members[whole]] = cause[lead[whole]]
         del groups, members, lead, whole
     del shared
-    compute = np.flatnonzero(cls_of[tpl] == _COMPUTE)
+    compute = np.flatnonzero(cls_of[tpl] == COMPUTE)
     gpu = np.frombuffer(instrs.gpu, dtype=np.int32)[compute]
     by_gpu = np.argsort(gpu, kind="stable")
     sorted_gpu = gpu[by_gpu]
@@ -247,9 +251,9 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
     compute_of = {int(instrs.gpu[f]): run  # views of one array: 8 bytes an op, no int objects
                   for f, run in sorted(zip(firsts, runs, strict=True), key=lambda x: x[0])}
     blocked: dict[int, tuple[float, int]] = {}
-    blocking_of = {t: (rest[6], index(rest[7], bubble))
+    blocking_of = {t: (rest[COMPUTE_BLOCKING_S], index(rest[COMPUTE_BLOCKING_KIND], bubble))
                    for t, (cls, _, rest) in enumerate(templates)
-                   if cls is Compute and rest[6] > 0}
+                   if cls is Compute and rest[COMPUTE_BLOCKING_S] > 0}
     if blocking_of:
         for i in np.flatnonzero(np.isin(tpl, list(blocking_of))).tolist():
             blocked[i] = blocking_of[int(tpl[i])]

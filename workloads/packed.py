@@ -25,9 +25,40 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import overload
 
-from workloads.program import Collective, Compute, Instruction, ProgramBuilder, Send
+import numpy as np
+
+from workloads.program import (
+    CLASS_CODE,
+    Collective,
+    Compute,
+    Instruction,
+    ProgramBuilder,
+    Send,
+)
 
 _new = tuple.__new__
+
+
+def _rest(cls: type, field: str) -> int:
+    """Where ``field`` of an instruction of ``cls`` sits in its template's ``rest`` (the
+    fields after its deps)."""
+    return cls._fields.index(field) - cls._fields.index("deps") - 1  # type: ignore[attr-defined]
+
+
+COMPUTE_BLOCKING_S = _rest(Compute, "blocking_comm_s")
+COMPUTE_BLOCKING_KIND = _rest(Compute, "blocking_comm_kind")
+COMPUTE_ALLOC = _rest(Compute, "alloc_bytes")
+COMPUTE_FREE = _rest(Compute, "free_bytes")
+COLLECTIVE_GROUP = _rest(Collective, "group")
+COLLECTIVE_KEY = _rest(Collective, "key")
+"""Positions of the fields the passes over a packed program read in a template's ``rest``,
+from the named tuples' field order (a template's ``head`` is its fields between the GPU and
+the deps: a send's ``(dst, nbytes, kind, name)``, the others' ``(kind, name)``)."""
+
+def template_classes(templates: Sequence[tuple]) -> np.ndarray:
+    """Each template's class as :data:`workloads.program.COMPUTE`, ``SEND`` or
+    ``COLLECTIVE`` (int8)."""
+    return np.fromiter((CLASS_CODE[t[0]] for t in templates), np.int8, len(templates))
 
 
 class PackedInstructions(Sequence):
@@ -129,6 +160,15 @@ class PackedBuilder(ProgramBuilder):
         self._templates.append(template)
         return len(self._templates) - 1
 
+    def _shared_template(self, kind: str, name: str, work: tuple) -> int:
+        """The one template of a compute op whose copies share ``work`` (the template keeps
+        ``work``, so its id stays unique while the builder lives)."""
+        key = (kind, name, id(work))
+        t = self._work.get(key)
+        if t is None:
+            t = self._work[key] = self._template((Compute, (kind, name), work))
+        return t
+
     def _add(self, gpu: int, t: int, deps: Sequence[int]) -> int:
         i = len(self._tpl)
         self._gpu.append(gpu)
@@ -162,14 +202,8 @@ class PackedBuilder(ProgramBuilder):
     def compute_each(self, gpus: Sequence[int], kind: str, name: str,
                      deps: Mapping[int, tuple[int, ...]], work: tuple | None = None,
                      **kw) -> dict[int, int]:
-        if work is None:
-            work = self.work(**kw)
-            t = self._template((Compute, (kind, name), work))
-        else:  # shared by the op's copies: one template (it keeps ``work``, so its id holds)
-            key = (kind, name, id(work))
-            t = self._work.get(key)
-            if t is None:
-                t = self._work[key] = self._template((Compute, (kind, name), work))
+        t = (self._template((Compute, (kind, name), self.work(**kw))) if work is None
+             else self._shared_template(kind, name, work))
         return self._add_each(gpus, t, deps)
 
     def send(self, gpu: int, dst: int, nbytes: float, kind: str, name: str,
@@ -212,10 +246,7 @@ class PackedBuilder(ProgramBuilder):
                         self.new_key(), *tail)
                 t = self._template((Collective, (kind, name), rest))
             else:
-                at = (kind, name, id(work))
-                t = self._work.get(at)
-                if t is None:
-                    t = self._work[at] = self._template((Compute, (kind, name), work))
+                t = self._shared_template(kind, name, work)
             tpl.extend([t] * width)
         segments = len(steps)
         gpu.extend(group * segments)

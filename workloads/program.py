@@ -221,6 +221,8 @@ class ProgramBuilder:
 
 COMPUTE, SEND, COLLECTIVE = 0, 1, 2
 """Instruction classes, as :attr:`Columns.cls` codes them."""
+CLASS_CODE = {Compute: COMPUTE, Send: SEND, Collective: COLLECTIVE}
+"""Each instruction class's code."""
 
 
 @dataclass(frozen=True, eq=False)

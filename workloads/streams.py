@@ -21,10 +21,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from workloads.packed import PackedInstructions
-from workloads.program import COLLECTIVE, COMPUTE, SEND, Collective, Compute, Send
+from workloads.packed import PackedInstructions, template_classes
+from workloads.program import CLASS_CODE, COMPUTE
 
-_CLASS = {Compute: COMPUTE, Send: SEND, Collective: COLLECTIVE}
 _ID, _GPU, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 """Fields every instruction class has at the same place: id, GPU; and the third (a compute
 op's or collective's kind, a send's destination: what names its stream besides the GPU)."""
@@ -55,7 +54,7 @@ def stream_columns(instrs: Sequence) -> StreamColumns | None:
     if not np.array_equal(np.fromiter(map(_ID, instrs), np.int64, n), np.arange(n)):
         return None
     try:
-        cls = np.fromiter(map(_CLASS.__getitem__, map(type, instrs)), np.int8, n)
+        cls = np.fromiter(map(CLASS_CODE.__getitem__, map(type, instrs)), np.int8, n)
     except KeyError:
         return None
     third = list(map(_THIRD, instrs))
@@ -83,7 +82,7 @@ def _packed_columns(instrs: PackedInstructions) -> StreamColumns:
     """:func:`stream_columns` of a packed program: its class and third field per template,
     its GPUs and deps already columns."""
     templates = instrs.templates
-    cls_of = np.fromiter((_CLASS[t[0]] for t in templates), np.int8, len(templates))
+    cls_of = template_classes(templates)
     third = [head[0] for _, head, _ in templates]  # kind, or a send's destination
     codes = {value: k for k, value in enumerate(set(third))}
     third_of = np.fromiter(map(codes.__getitem__, third), np.int64, len(templates))
