@@ -62,6 +62,14 @@ def _work_shape(costs: TransformerCosts) -> tuple[Any, ...]:
             getattr(costs, "cp", 1), getattr(costs, "ep", 1))
 
 
+def _op_stage_key(costs: TransformerCosts, stage: int) -> tuple[Any, ...]:
+    """What an op's compute and TP collectives read of its stage: its layer count, its dense
+    layers, whether it is the first (the embedding's gradient) and whether the last (the
+    head); stages alike in these share cache entries."""
+    return (costs.stage_layers[stage], costs.stage_dense_layers(stage), stage == 0,
+            stage == len(costs.stage_layers) - 1)
+
+
 def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
     """What the model state (:meth:`TransformerCosts.static_bytes`) and the optimizer step
     depend on: parameters per GPU and how ZeRO shards them, not the micro-batch, SP or
@@ -292,9 +300,7 @@ class Bounds:
         (:func:`workloads.lowering._fold`); the leading and trailing ones run on
         their own stream and are left out (a bound may only leave work out).
         """
-        last = stage == len(costs.stage_layers) - 1
-        key = (*_work_shape(costs), costs.stage_layers[stage], costs.stage_dense_layers(stage),
-               stage == 0, last, kind, split, types)  # stage 0: the embedding's gradient
+        key = (*_work_shape(costs), *_op_stage_key(costs, stage), kind, split, types)
         hit = self._op_cache.get(key)
         if hit is not None:
             return hit
@@ -374,9 +380,8 @@ class Bounds:
                    layout: Layout, r: int, one: bool = False) -> float:
         """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r
         (``one``: see :meth:`_collective_s`)."""
-        key = ("op", *_work_shape(costs), costs.stage_layers[stage],
-               costs.stage_dense_layers(stage), stage == 0, stage == len(costs.stage_layers) - 1,
-               kind, split, layout.dp, layout.pp, r, one)
+        key = ("op", *_work_shape(costs), *_op_stage_key(costs, stage), kind, split, layout.dp,
+               layout.pp, r, one)
         t = self._comm.get(key)
         if t is None:
             comms = self._op_time(costs, stage, kind, split)[1]
@@ -717,8 +722,7 @@ class Bounds:
             chain = [0.0]
             alike: dict[tuple[Any, ...], tuple[float, float]] = {}
             for s in range(n):  # stages alike in what _op_time's key holds: timed once
-                like = (costs.stage_layers[s], costs.stage_dense_layers(s), s == 0, s == n - 1,
-                        of[s])
+                like = (*_op_stage_key(costs, s), of[s])
                 times = alike.get(like)
                 if times is None:
                     times = alike[like] = (
