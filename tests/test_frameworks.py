@@ -611,7 +611,7 @@ def test_zero3_copies_are_memory_bound_work_per_gathered_and_reduced_parameter()
     assert _ew(fsdp, FORWARD) - _ew(plain, FORWARD) == pytest.approx(4 * params)
     assert _ew(fsdp, BACKWARD) - _ew(plain, BACKWARD) == pytest.approx((4 + 6) * params)
     one_layer = replace(foundry, attention_copy_bytes=0.0, dropout=True,
-                        fused_cross_entropy=False)
+                        fused_cross_entropy=False, bias_grad_bytes=0.0, qkv_split_grad_bytes=0.0)
     assert _ew(one_layer, BACKWARD) - _ew(plain, BACKWARD) == pytest.approx(14 * params)
     for other in (replace(fsdp, zero_stage=1), replace(fsdp, dp=1)):
         assert _ew(other, BACKWARD) == pytest.approx(_ew(replace(plain, zero_stage=other.zero_stage,
@@ -619,6 +619,42 @@ def test_zero3_copies_are_memory_bound_work_per_gathered_and_reduced_parameter()
     marked = fsdp.op_segments(Op(0, BACKWARD, 0), False, markers=True)
     assert sum(s.elementwise_bytes for s in marked if isinstance(s, ComputeSeg)) == \
         pytest.approx(_ew(fsdp, BACKWARD))
+
+
+def test_llm_foundry_bias_and_qkv_split_gradients_are_backward_only_bytes() -> None:
+    """MPT's biased linears (no_bias False) reduce each output gradient over the tokens (2
+    bytes an output element: QKV 3h, proj h, fc1 f, fc2 h) and the backward of its
+    qkv.split concatenates dq, dk, dv (4 bytes a QKV element), in every backward, none
+    forward; a model without biases (RMSNorm) keeps only the split's; FP8 (Transformer
+    Engine's fused bias gradient) drops the bias part; the other profiles leave both out."""
+    foundry = FRAMEWORKS["llm-foundry"]
+    assert (foundry.bias_grad_bytes, foundry.qkv_split_grad_bytes) == (2.0, 4.0)
+    assert "no_bias" in foundry.source("bias_grad_bytes")
+    assert "split_with_sizes_backward" in foundry.source("qkv_split_grad_bytes")
+    assert all(FRAMEWORKS[n].bias_grad_bytes is None and FRAMEWORKS[n].qkv_split_grad_bytes is None
+               for n in FRAMEWORKS if n != "llm-foundry")
+    gpt = replace(_costs(tp=1, dp=1, stage_layers=(8,)),
+                  model=replace(PRESETS["gpt3-1.3b"], num_layers=8, seq_length=2048))
+    with_grads = apply_framework(gpt, foundry, 1)
+    without = replace(with_grads, bias_grad_bytes=0.0, qkv_split_grad_bytes=0.0)
+    m = gpt.model
+    n = with_grads._tokens
+    per_layer = 2.0 * n * (3 * m.hidden_size + m.hidden_size + m.ffn_hidden_size
+                           + m.hidden_size) + 4.0 * n * 3 * m.hidden_size
+    assert _ew(with_grads, FORWARD) == pytest.approx(_ew(without, FORWARD))
+    assert _ew(with_grads, BACKWARD) - _ew(without, BACKWARD) == pytest.approx(8 * per_layer)
+    fp8 = replace(with_grads, precision="fp8")
+    assert _ew(fp8, BACKWARD) - _ew(replace(fp8, qkv_split_grad_bytes=0.0), BACKWARD) == \
+        pytest.approx(8 * 4.0 * n * 3 * m.hidden_size)
+    assert _ew(fp8, BACKWARD) - _ew(replace(without, precision="fp8"), BACKWARD) == \
+        pytest.approx(8 * 4.0 * n * 3 * m.hidden_size)
+    llama = apply_framework(_costs(tp=1, dp=1, stage_layers=(8,)), foundry, 1)
+    lm = llama.model
+    assert lm.norm == "rmsnorm"
+    split = 4.0 * llama._tokens * (lm.q_dim + 2 * lm.kv_dim)
+    assert _ew(llama, BACKWARD) - _ew(replace(llama, bias_grad_bytes=0.0,
+                                              qkv_split_grad_bytes=0.0), BACKWARD) == \
+        pytest.approx(8 * split)
 
 
 def test_llm_foundry_fused_loss_keeps_only_the_bf16_logits() -> None:

@@ -201,16 +201,39 @@ class ElementwiseWork:
             return 0.0
         return ATTENTION_DROPOUT_BYTES * self._scores_elements()
 
+    @per_instance
+    def _linear_grad_bytes(self) -> tuple[float, float]:
+        """HBM bytes of one layer's backward, (attention block, MLP block), that its linear
+        layers' bias gradients (:attr:`bias_grad_bytes` an output element of each biased
+        linear) and the QKV split's backward (:attr:`qkv_split_grad_bytes` an element of the
+        fused QKV output) move beside the GEMMs; (0, 0) for a MoE layer (not read for
+        one). The row-parallel outputs' biases are whole on every TP rank (h a token). Under
+        ``precision: fp8`` no bias gradient is counted: the FP8 linears are Transformer
+        Engine's, whose backward reduces the bias inside its cast-and-transpose kernel of the
+        output gradient (``fp8_cast_transpose_bgrad_fused``), counted in :attr:`fp8_cast_bytes`."""
+        m, t, n = self.model, self.tp, self._tokens
+        bias = 0.0 if self.precision == "fp8" else self.bias_grad_bytes
+        if m.moe is not None or not (bias or self.qkv_split_grad_bytes):
+            return 0.0, 0.0
+        qkv = n * (m.q_dim + 2 * m.kv_dim) / t
+        attn = self.qkv_split_grad_bytes * qkv
+        if m.norm == "layernorm":  # GPT style: every linear has its bias
+            attn += bias * (qkv + n * m.hidden_size)
+            return attn, bias * n * (m.ffn_hidden_size * (m.mlp_matrices - 1) / t + m.hidden_size)
+        return attn + (bias * qkv if m.qkv_bias else 0.0), 0.0
+
     def _backward_elementwise(self, ew_attn: float, ew_mlp: float) -> tuple[float, float]:
         """Memory-bound bytes of one layer's backward, (attention block, MLP block), from its
         forward's: :data:`BACKWARD_ELEMENTWISE` times them, the FP8 casts of
         :attr:`fp8_norm_cast_fused` replaced by the backward's own (:meth:`_fp8_cast_pair`)
-        and the attention dropout's by its own (:data:`ATTENTION_DROPOUT_BACKWARD_BYTES`)."""
+        and the attention dropout's by its own (:data:`ATTENTION_DROPOUT_BACKWARD_BYTES`),
+        plus the backward-only bytes of the linear layers (:meth:`_linear_grad_bytes`)."""
         drop = self._attention_dropout_bytes()
+        grad_attn, grad_mlp = self._linear_grad_bytes()
         ew_attn = (BACKWARD_ELEMENTWISE * (ew_attn - drop)
                    + drop * ATTENTION_DROPOUT_BACKWARD_BYTES / ATTENTION_DROPOUT_BYTES)
         if not self.fp8_norm_cast_fused:
-            return ew_attn, BACKWARD_ELEMENTWISE * ew_mlp
+            return ew_attn + grad_attn, BACKWARD_ELEMENTWISE * ew_mlp + grad_mlp
         (cast_attn, cast_mlp), (back_attn, back_mlp) = self._fp8_cast_pair()
-        return (ew_attn - BACKWARD_ELEMENTWISE * cast_attn + back_attn,
-                BACKWARD_ELEMENTWISE * (ew_mlp - cast_mlp) + back_mlp)
+        return (ew_attn - BACKWARD_ELEMENTWISE * cast_attn + back_attn + grad_attn,
+                BACKWARD_ELEMENTWISE * (ew_mlp - cast_mlp) + back_mlp + grad_mlp)

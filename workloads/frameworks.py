@@ -157,6 +157,14 @@ class FrameworkProfile:
     backward moves each micro-batch outside the GEMMs: PyTorch's dense embedding gradient and
     its accumulation into the gradient buffer (``TransformerCosts.embedding_grad_bytes``); a
     table may leave it out (None: not counted)."""
+    bias_grad_bytes: float | None
+    """HBM bytes per element of each biased linear layer's output that the backward's bias
+    gradient moves outside the GEMMs (a reduction of the output gradient over the tokens):
+    ``TransformerCosts.bias_grad_bytes``; a table may leave it out (None: not counted)."""
+    qkv_split_grad_bytes: float | None
+    """HBM bytes per element of the fused QKV projection's output that the backward of its
+    split into Q, K and V moves (the three gradients concatenated into one):
+    ``TransformerCosts.qkv_split_grad_bytes``; a table may leave it out (None: not counted)."""
     cp_ring_merge: bool
     """Its context parallelism is Transformer Engine's ring attention (``cp_comm_type``
     p2p), whose copies and merges around the attention kernels move HBM bytes a layer
@@ -189,7 +197,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
            "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
            "optimizer_bytes", "pp_send_blocking", "pp_partition_gathers",
-           "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes")
+           "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes",
+           "bias_grad_bytes", "qkv_split_grad_bytes")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -205,7 +214,7 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "grad_buckets_stage0_only", "optimizer_bytes", "pp_send_blocking",
              "pp_partition_gathers", "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge",
-             "embedding_grad_bytes")
+             "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -255,10 +264,11 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if frag is not None and (isinstance(frag, bool) or not isinstance(frag, int | float)
                              or not 0 <= frag < float("inf")):
         raise ValueError(f"frameworks.toml [{name}]: fragmentation={frag!r} (a number >= 0)")
-    emb = values["embedding_grad_bytes"]
-    if emb is not None and (isinstance(emb, bool) or not isinstance(emb, int | float)
-                            or not 0 <= emb < float("inf")):
-        raise ValueError(f"frameworks.toml [{name}]: embedding_grad_bytes={emb!r} (a number >= 0)")
+    for f in ("embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes"):
+        v = values[f]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not 0 <= v < float("inf")):
+            raise ValueError(f"frameworks.toml [{name}]: {f}={v!r} (a number >= 0)")
     opt = values["optimizer_bytes"]
     if opt is not None and (isinstance(opt, bool) or not isinstance(opt, int | float)
                             or not 0 < opt < float("inf")):
@@ -391,6 +401,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    cp_kv_all_gather=profile.cp_kv_all_gather,
                    cp_ring_merge=profile.cp_ring_merge,
                    embedding_grad_bytes=profile.embedding_grad_bytes or 0.0,
+                   bias_grad_bytes=profile.bias_grad_bytes or 0.0,
+                   qkv_split_grad_bytes=profile.qkv_split_grad_bytes or 0.0,
                    optimizer_bytes=(type(costs).__dataclass_fields__["optimizer_bytes"].default
                                     if profile.optimizer_bytes is None
                                     else profile.optimizer_bytes),

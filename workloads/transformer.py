@@ -260,6 +260,20 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     embedding backward and the framework's accumulation of it (one memory-bound segment
     beside the grad accumulation's). 0: not counted; Megatron-LM's 12 with its fp32
     ``main_grad`` (:mod:`workloads.frameworks`)."""
+    bias_grad_bytes: float = 0.0
+    """HBM bytes per element of each biased linear layer's output (a layer's QKV and output
+    projections and its MLP's linears, where the model has their biases: all of them in a
+    LayerNorm model, the QKV projection's under ``qkv_bias``) that the backward's bias gradient
+    moves outside the GEMMs, in the backward of the layer's block (:meth:`_backward_elementwise`).
+    0: not counted (fused into the GEMMs' epilogue or the activation's backward); eager
+    PyTorch's ``nn.Linear`` reduces the full output gradient over the tokens, 2 (a read of the
+    bf16 gradient) (:mod:`workloads.frameworks`)."""
+    qkv_split_grad_bytes: float = 0.0
+    """HBM bytes per element of the fused QKV projection's output (q + 2·kv over t, a token)
+    that the backward of splitting it into Q, K and V moves: 0 where the attention kernel's
+    gradients are written into one buffer; PyTorch's ``split`` backward concatenates the
+    three separate gradients into a new tensor, 4 (read and write bf16)
+    (:mod:`workloads.frameworks`)."""
     optimizer_bytes: float = 28.0
     """HBM bytes per parameter of the GPU's shard that the step-end optimizer moves
     (:meth:`optimizer_segment`): 28 for a fused AdamW; a framework's eager optimizer and
