@@ -130,26 +130,31 @@ OOM_ACCURACY_TARGET = 0.95
 
 
 def fit_memory(preds, reserved_gib: float = MEMORY_RESERVED_GIB,
-               target: float = OOM_ACCURACY_TARGET) -> tuple[float, float, float]:
+               target: float = OOM_ACCURACY_TARGET,
+               not_counted: frozenset[int] = frozenset()) -> tuple[float, float, float]:
     """(accuracy, reserved bytes, fragmentation) for issue 19's criterion, "no run that its
     source reports as having run is flagged oom; Hagemann OOM accuracy ≥ 95%": of the
     fragmentations 0.00-0.50 whose OOM accuracy on all runs reaches ``target``, the one with
-    the fewest false OOM (runs that ran, flagged out of memory), ties to the higher accuracy,
-    then to the smaller fragmentation; where none reaches ``target``, the most accurate (then
-    the smallest). The reserved bytes are fixed (sim.calibration.MEMORY_RESERVED_GIB, from
-    documented sizes).
+    the fewest false OOM (runs that ran, flagged out of memory, but for the rows indexed in
+    ``not_counted``: those that ran in a pair the sweep contradicts itself on,
+    sim.validate.contradicted_ran, as ``sim validate``'s ``false_oom``), ties to the higher
+    accuracy, then to the smaller fragmentation; where none reaches ``target``, the most
+    accurate (then the smallest). The reserved bytes are fixed
+    (sim.calibration.MEMORY_RESERVED_GIB, from documented sizes).
 
     A run is predicted out of memory when some GPU's static state + (1 + fragmentation)
     x its peak dynamic memory + reserved exceeds the capacity (workloads.memory, as
     sim.stats counts it)."""
     parts = [(np.array(p.memory_parts), p.row.status == "oom") for p in preds]
+    counted = [getattr(p.row, "index", None) not in not_counted for p in preds]
     reserved = reserved_gib * GiB
 
     def rank(frag: float) -> tuple[bool, int, float, float]:
         flagged = [oom(device_bytes(m[:, 0], m[:, 1], frag, reserved).max(), CAPACITY)
                    for m, _ in parts]
         acc = sum(f == was for f, (_, was) in zip(flagged, parts, strict=True)) / len(parts)
-        false_oom = sum(f and not was for f, (_, was) in zip(flagged, parts, strict=True))
+        false_oom = sum(f and not was and c
+                        for f, (_, was), c in zip(flagged, parts, counted, strict=True))
         if acc < target - 1e-12:  # below the floor: ranked after every frag above it
             return (False, 0, acc, -frag)
         return (True, -false_oom, acc, -frag)
@@ -243,7 +248,8 @@ def main() -> None:
     x_all = results["all"][0]
     profile = from_x(x_all, base, "")
     preds = predict(rows, profile, args.workers)
-    acc, reserved, frag = fit_memory(preds)
+    acc, reserved, frag = fit_memory(preds,
+                                     not_counted=validate.contradicted_ran([p.row for p in preds]))
     print(f"memory: oom accuracy {acc:.4f}, reserved {reserved / GiB:.2f} GiB, "
           f"fragmentation {frag:.2f}")
     date = time.strftime("%Y-%m-%d")

@@ -309,23 +309,38 @@ def contradicted(rows: Sequence[Row]) -> list[tuple[int, int]]:
     return sorted(pairs)
 
 
+def contradicted_ran(rows: Sequence[Row]) -> frozenset[int]:
+    """Indices of the rows that ran in a :func:`contradicted` pair: left out of ``false_oom``
+    (a model that flags such a row gets its twin, recorded out of memory with no more memory
+    a GPU, right; no model gets both), reported under ``contradicted`` instead."""
+    return frozenset(a for a, _ in contradicted(rows))
+
+
 def sweep_source_report(preds: Sequence[Prediction], name: str, loso_mape: float | None) -> dict:
     """The sweep's entry in ``sim validate --json``'s ``sources`` (the keys of
     :func:`sim.corpus.source_report`): runs compared (ran or out of memory), step-time errors
-    of those that ran, how many that ran are predicted out of memory, its leave-one-source-out
-    MAPE; and ``contradicted``: the pairs of rows the sweep records against each other
-    (:func:`contradicted`), as ``{"ran": i, "oom": j}``."""
+    of those that ran, how many that ran are predicted out of memory (``false_oom``, not
+    counting the rows that ran in a contradicted pair), its leave-one-source-out MAPE; and
+    ``contradicted``: the pairs of rows the sweep records against each other
+    (:func:`contradicted`), as ``{"ran": i, "oom": j, "ran_predicted_oom": bool,
+    "oom_predicted_oom": bool}``, with ``false_oom_contradicted``, how many of their rows that
+    ran are predicted out of memory (docs/accuracy.md, "Contradicted rows")."""
     from sim.corpus import error_figures
     from topologies.presets import SERVERS
 
     ok = [p for p in preds if p.row.status == "ok"]
     pairs = contradicted([p.row for p in preds])
+    twins = frozenset(a for a, _ in pairs)
+    flagged = {p.row.index: bool(p.oom) for p in preds}
     return {"name": name, "framework": SOFTWARE, "gpu": SERVERS[CLUSTER_PRESET].gpu,
             "runs": len(preds),
             **error_figures([p.step_time_s / p.row.step_time_s - 1 for p in ok]),
-            "false_oom": sum(p.oom for p in ok), "loso_mape": loso_mape,
+            "false_oom": sum(bool(p.oom) for p in ok if p.row.index not in twins),
+            "loso_mape": loso_mape,
             "rows_in_file": len(preds), "skipped": [],
-            "contradicted": [{"ran": a, "oom": b} for a, b in pairs]}
+            "contradicted": [{"ran": a, "oom": b, "ran_predicted_oom": flagged[a],
+                              "oom_predicted_oom": flagged[b]} for a, b in pairs],
+            "false_oom_contradicted": sum(flagged[a] for a in twins)}
 
 
 def write_csv(preds: Sequence[Prediction], path: Path) -> None:

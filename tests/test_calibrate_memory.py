@@ -43,3 +43,14 @@ def test_below_95_percent_the_flagged_run_is_accepted_at_the_best_accuracy() -> 
 def test_where_no_fragmentation_reaches_the_floor_the_most_accurate_smallest_is_taken() -> None:
     acc, _, frag = CAL.fit_memory(_sweep(40), reserved_gib=1.0, target=0.99)
     assert (frag, acc) == (0.30, pytest.approx(42 / 43))
+
+
+def test_rows_of_a_contradicted_pair_do_not_count_as_false_oom() -> None:
+    # as the first test, but the run that ran and is flagged from f = 0.10 is the ran row of
+    # a pair the sweep contradicts (sim.validate.contradicted_ran): f = 0.30 now has no
+    # false OOM counted and the higher accuracy (42/43)
+    sweep = _sweep(40)
+    sweep[40] = SimpleNamespace(memory_parts=sweep[40].memory_parts,
+                                row=SimpleNamespace(status="ok", index=7))
+    acc, _, frag = CAL.fit_memory(sweep, reserved_gib=1.0, not_counted=frozenset({7}))
+    assert (frag, acc) == (0.30, pytest.approx(42 / 43))

@@ -12,7 +12,14 @@ from sim.api import simulate
 from sim.calibration import default_profile
 from sim.corpus import CORPUS_DIR, load_source
 from sim.experiment import build_experiment
-from sim.validate import Prediction, Row, contradicted, load_rows, sweep_source_report
+from sim.validate import (
+    Prediction,
+    Row,
+    contradicted,
+    contradicted_ran,
+    load_rows,
+    sweep_source_report,
+)
 from tests.conftest import load_benchmark
 
 GiB = 2**30
@@ -112,8 +119,18 @@ def test_sweep_report_lists_the_contradicted_pairs():
     rows = [_row(0, "ok", 2), _row(1, "oom", 4)]
     preds = [Prediction(r, 1.0, 90.0, True) for r in rows]
     report = sweep_source_report(preds, "sweep", None)
-    assert report["contradicted"] == [{"ran": 0, "oom": 1}]
-    assert report["false_oom"] == 1
+    assert report["contradicted"] == [{"ran": 0, "oom": 1, "ran_predicted_oom": True,
+                                       "oom_predicted_oom": True}]
+    # the row that ran in a contradicted pair is reported there, not as a false OOM
+    assert report["false_oom"] == 0 and report["false_oom_contradicted"] == 1
+
+
+def test_false_oom_still_counts_rows_that_ran_outside_a_contradicted_pair():
+    rows = [_row(0, "ok", 2), _row(1, "oom", 4), _row(2, "ok", 2, mbs=2)]
+    preds = [Prediction(r, 1.0, 90.0, True) for r in rows]
+    report = sweep_source_report(preds, "sweep", None)
+    assert (report["false_oom"], report["false_oom_contradicted"]) == (1, 1)
+    assert contradicted_ran(rows) == frozenset({0})
 
 
 def test_sources_table_names_the_contradicted_rows():
@@ -123,3 +140,4 @@ def test_sources_table_names_the_contradicted_rows():
                                   for r in (_row(0, "ok", 2), _row(1, "oom", 4))], "sweep", None)
     text = sources_table([report])
     assert "sweep: rows 0 ran" in text and "(rows 1;" in text
+    assert "not counted in its false OOM (predicted out of memory: 0)" in text
