@@ -23,11 +23,10 @@ from workloads.lowering.collapse import (
     Folded,
     StreamUse,
     first_cuts,
-    fold,
+    folded_use,
     pending_after,
     replica_send_s,
     split_points,
-    stream_use,
 )
 from workloads.lowering.groups import Groups, tp_groups
 from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
@@ -102,8 +101,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         segs, _, alloc, free = op_facts(costs, generic, split)
         if r not in groups:
             groups[r] = tp_groups(placement, r)
-        folded = fold(segs, collapse.on(g), groups[r])
-        use = stream_use([segs])
+        folded, use = folded_use(segs, collapse.on(g), groups[r])
         consumer = consumer_stage(generic, S)
         p2p = op_p2p_bytes(costs, generic, whole_p2p)
         send = None
