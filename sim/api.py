@@ -99,11 +99,14 @@ def _not_finite(value: Any, path: str) -> str | None:
 def stats_json(stats: Mapping[str, Any]) -> str:
     """``stats`` as JSON text (indent 2, a final newline); ConfigError naming the statistic
     if one is NaN or infinite (inputs out of range: JSON has no such numbers)."""
-    bad = _not_finite(dict(stats), "stats")
-    if bad:
-        raise ConfigError(f"{bad} is not a finite number; an input is out of the range this "
-                          "simulator computes")
-    return json.dumps(stats, indent=2, allow_nan=False) + "\n"
+    try:
+        return json.dumps(stats, indent=2, allow_nan=False) + "\n"
+    except ValueError:  # the encoder refuses NaN and infinities: name the first
+        bad = _not_finite(dict(stats), "stats")
+        if not bad:
+            raise
+    raise ConfigError(f"{bad} is not a finite number; an input is out of the range this "
+                      "simulator computes")
 
 
 TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
