@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
 from sim.tpoverlap import lowering_costs
+from topologies.hardware import GPUSpec
 from topologies.placement import coordinate_columns, mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
 from workloads.frameworks import fragmentation
@@ -97,11 +99,14 @@ def _not_finite(value: Any, path: str) -> str | None:
 def stats_json(stats: Mapping[str, Any]) -> str:
     """``stats`` as JSON text (indent 2, a final newline); ConfigError naming the statistic
     if one is NaN or infinite (inputs out of range: JSON has no such numbers)."""
-    bad = _not_finite(dict(stats), "stats")
-    if bad:
-        raise ConfigError(f"{bad} is not a finite number; an input is out of the range this "
-                          "simulator computes")
-    return json.dumps(stats, indent=2, allow_nan=False) + "\n"
+    try:
+        return json.dumps(stats, indent=2, allow_nan=False) + "\n"
+    except ValueError:  # the encoder refuses NaN and infinities: name the first
+        bad = _not_finite(dict(stats), "stats")
+        if not bad:
+            raise
+    raise ConfigError(f"{bad} is not a finite number; an input is out of the range this "
+                      "simulator computes")
 
 
 TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", "none": None}
@@ -205,6 +210,53 @@ def _fastest_type_time(timers: Sequence[Callable[[Compute], float]] | None
     return lambda op: min(timer(op) for timer in types)
 
 
+WORK_TIMERS = 16
+"""(GPU, profile, attention kernel) triples whose :func:`work_timer` is kept."""
+
+WORK_SIGNATURES = 1 << 16
+"""Work signatures a :func:`work_timer` remembers (it starts over past this many)."""
+
+
+def work_timer(gpu: GPUSpec, profile: DeviceProfile, kernel: str
+               ) -> Callable[[Compute | ComputeSeg], float]:
+    """A compute op's (or segment's) time on ``gpu`` with ``profile`` and attention
+    ``kernel``: its fixed ``duration_s``, else :func:`~sim.device.compute_time_s` of its work,
+    remembered per work signature (a full program repeats each op on every replica). One
+    timer per triple, kept across calls (:data:`WORK_TIMERS`): the same function object for
+    the same device, so what is remembered by timer (the collapsed lowering's folds,
+    :func:`workloads.lowering.collapse.folded_use`) is shared by the layouts a search or a
+    sweep simulates on it. A fresh one where the profile cannot be hashed."""
+    try:
+        return _work_timer(gpu, profile, kernel)
+    except TypeError:  # an unhashable profile (a user's, with a list in it)
+        return _work_timer.__wrapped__(gpu, profile, kernel)
+
+
+@lru_cache(maxsize=WORK_TIMERS)
+def _work_timer(gpu: GPUSpec, profile: DeviceProfile, kernel: str
+                ) -> Callable[[Compute | ComputeSeg], float]:
+    """:func:`work_timer`, one per triple."""
+    timed: dict[tuple, float] = {}
+    """Per work signature, its time."""
+
+    def base_time(item: Compute | ComputeSeg) -> float:
+        if item.duration_s is not None:
+            return item.duration_s
+        key = (item.flops, item.hbm_bytes, item.attn_flops, item.elementwise_bytes,
+               item.gemm_dims)
+        t = timed.get(key)
+        if t is None:
+            if len(timed) >= WORK_SIGNATURES:
+                timed.clear()
+            t = timed[key] = compute_time_s(gpu, profile, item.flops, item.hbm_bytes,
+                                            item.attn_flops, item.elementwise_bytes, kernel,
+                                            item.gemm_dims)
+        return t
+
+    base_time.by_work = True  # type: ignore[attr-defined]  # see sim.engine._Run.by_work
+    return base_time
+
+
 def simulate(exp: Experiment, profile: DeviceProfile | None = None,
              fidelity: str = "auto", steps: int | None = None,
              link_changes: Sequence[tuple[float, Mapping[int, float]]] = (),
@@ -281,22 +333,9 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                           "make replicas differ, so one GPU per pipeline rank cannot stand for "
                           "all; use fidelity full (or auto)")
 
-    timed: dict[tuple, float] = {}
-    """Per work signature, its time: a full program repeats each op on every replica."""
-
-    def base_time(item: Compute | ComputeSeg) -> float:
-        if item.duration_s is not None:
-            return item.duration_s
-        key = (item.flops, item.hbm_bytes, item.attn_flops, item.elementwise_bytes,
-               item.gemm_dims)
-        t = timed.get(key)
-        if t is None:
-            t = timed[key] = compute_time_s(gpu, profile, item.flops, item.hbm_bytes,
-                                            item.attn_flops, item.elementwise_bytes, kernel,
-                                            item.gemm_dims)
-        return t
-
-    base_time.by_work = True  # type: ignore[attr-defined]  # see sim.engine._Run.by_work
+    # the reference times with a timer of its own, as it times collectives (nothing kept)
+    base_time = (_work_timer.__wrapped__(gpu, profile, kernel) if reference
+                 else work_timer(gpu, profile, kernel))
 
     def rank_time(item: Compute) -> float:
         return timers[item.gpu](item)  # type: ignore[index]

@@ -97,7 +97,7 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     mid = ready_a + duration  # a compute op's compute span ends here, its blocking part after
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
     clock = float(end_a.max()) if n else 0.0
-    peaks, floors = _memory(columns, static_bytes, gpus)
+    peaks, floors = _memory(columns, static_bytes, gpus, (gpus_of, gpu))
     return ColumnarPass(machine(ready_a, "d"), end, machine(cause, "q"),
                         _intervals(columns, (gpus_of, gpu, dst), ready_a, mid, end_a),
                         peaks, floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
@@ -296,12 +296,15 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
     return IntervalColumns(gpus, kind_names, key, a, b)
 
 
-def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
-            ) -> tuple[dict[int, float], dict[int, float]]:
+def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int],
+            dense: tuple[np.ndarray, np.ndarray]) -> tuple[dict[int, float], dict[int, float]]:
     """Per GPU, the largest and smallest of its memory samples: the static one at time 0
     (GPUs in ``gpus``), then, in id order of its compute ops, the bytes after each
     allocation (at the op's start) and after each free (at its end); the bytes as the
-    event queue's records sum them, one change after the other."""
+    event queue's records sum them, one change after the other. ``dense``: the GPUs the
+    instructions involve and each instruction's GPU as an index into them
+    (:func:`_dense_gpus`), whose order is the GPUs'."""
+    gpus_of, gpu_at = dense
     alloc, free = columns.alloc_bytes, columns.free_bytes
     is_compute = columns.cls == COMPUTE
     # the changes in id order, an op's allocation before its free (event 2i, 2i + 1),
@@ -311,13 +314,13 @@ def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
     changes[1::2] = is_compute & (free != 0)
     event = np.flatnonzero(changes)
     at = event >> 1
-    g = columns.gpu.take(at)
+    g = gpu_at.take(at)  # (dense: a one-pass radix sort where they fit a byte)
     delta = np.where(event & 1, -free.take(at), alloc.take(at))  # x - f is x + (-f), exactly
-    sort = grouped(g, int(g.max()) + 1 if len(g) else 1)
+    sort = grouped(g, len(gpus_of))
     g, delta = g.take(sort), delta.take(sort)
     cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
-    runs = {int(g[lo]): delta[lo:hi] for lo, hi in zip([0, *cuts.tolist()],
-                                                      [*cuts.tolist(), len(g)], strict=True)
+    runs = {int(gpus_of[g[lo]]): delta[lo:hi]
+            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(g)], strict=True)
             if hi > lo}
     peaks: dict[int, float] = {}
     floors: dict[int, float] = {}

@@ -52,6 +52,7 @@ from operator import sub
 import numpy as np
 
 from base.collector import gc_paused
+from sim.intervalcols import grouped
 from sim.timeline import COMM_KINDS, IDLE_CAUSES
 from workloads.packed import PackedInstructions
 from workloads.program import (
@@ -580,7 +581,7 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     # per GPU a row of its compute ops in program order, padded with n (no op)
     ids = np.flatnonzero(compute)
     gpu = columns.gpu[ids]
-    by_gpu = np.argsort(gpu, kind="stable")
+    by_gpu = grouped(gpu, int(gpu.max()) + 1 if len(gpu) else 1)
     ids, gpu = ids[by_gpu], gpu[by_gpu]
     cuts = np.flatnonzero(gpu[1:] != gpu[:-1]) + 1
     compute_of = {int(gpu[a]): ids[a:b]

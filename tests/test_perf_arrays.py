@@ -148,6 +148,26 @@ def test_interval_columns_give_the_stats_of_the_flat_lists(rows: list, window, s
         stats_mod.SMALL = before
 
 
+@settings(max_examples=200, deadline=None)
+@given(bound=st.sampled_from([1, 3, 256, 257, 300, 816, 5000, 65536, 65537, 1 << 20]),
+       distinct=st.integers(1, 400), size=st.integers(0, 3000), seed=st.integers(0, 2**32 - 1))
+def test_radix_sorts_of_small_keys_equal_the_stable_sort(bound: int, distinct: int, size: int,
+                                                         seed: int) -> None:
+    """:func:`sim.intervalcols.grouped` (one byte pass, keys numbered densely first, two
+    byte passes, or the sort itself) and the lowering's sort of pipeline ranks
+    (:func:`workloads.lowering.columnar._by_rank`) give the permutation of numpy's stable
+    sort of the keys as int64 (the reference)."""
+    from sim.intervalcols import grouped
+    from workloads.lowering.columnar import _by_rank
+
+    rng = np.random.default_rng(seed)
+    values = rng.choice(bound, size=min(distinct, bound), replace=False)
+    key = rng.choice(values, size=size).astype(np.int64)
+    reference = np.argsort(key, kind="stable")
+    assert np.array_equal(grouped(key, bound), reference)
+    assert np.array_equal(_by_rank(key), reference)
+
+
 def _timer(exp: Experiment):  # the api's compute timer of a homogeneous cluster
     from sim.calibration import default_profile
     from sim.device import compute_time_s

@@ -34,6 +34,23 @@ def per_instance(method: Callable[[Any], _T]) -> Callable[[Any], _T]:
     return cached
 
 
+def per_instance_by(method: Callable[..., _T]) -> Callable[..., _T]:
+    """:func:`per_instance` for a method of hashable positional arguments: its result kept
+    on the instance per argument tuple (a stage's parameters are asked for by the gradient
+    collectives, the optimizer and the static memory of every layout on the cost model)."""
+    name = f"_memo_{method.__name__}"
+
+    @wraps(method)
+    def cached(self: Any, *args: Any) -> _T:
+        memo = self.__dict__.get(name)
+        if memo is None:
+            memo = self.__dict__[name] = {}
+        if args not in memo:
+            memo[args] = method(self, *args)
+        return memo[args]
+    return cached
+
+
 def gemm(m: float, k: float, n: float, count: float = 1.0) -> tuple[float, float]:
     """``(shape dimension, FLOPs)`` of ``count`` GEMMs of an M x K input by a K x N weight.
 

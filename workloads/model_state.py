@@ -13,6 +13,7 @@ Sources:
 from __future__ import annotations
 
 from workloads.costs import BF16, ComputeSeg, ParamGather, Segment
+from workloads.kernels import per_instance_by
 from workloads.memory import model_state_bytes_per_param
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 
@@ -182,12 +183,14 @@ class ModelState:
         return (c._layer_forward("L"), c._layer_backward("L", weight_grad_deferred=False),
                 BF16 * params, self.grad_reduce_bytes * params)
 
+    @per_instance_by
     def stage_expert_params(self, stage: int) -> float:
         """Expert parameters of a stage on one GPU: its E/ep experts of each layer, split over
         the expert TP degree."""
         experts = sum(n * c.model.layer_expert_params() for c, n in self._runs(stage))
         return experts / self._etp / self.ep
 
+    @per_instance_by
     def stage_params(self, stage: int) -> float:
         """Parameters of a stage held by one GPU (a TP rank; its own experts)."""
         m, t = self.model, self.tp
@@ -240,6 +243,7 @@ class ModelState:
         return (self.zero3_unsharded_under_pp and self.zero_stage == 3 and self._shards > 1
                 and len(self.stage_layers) > 1)
 
+    @per_instance_by
     def static_bytes(self, stages: tuple[int, ...]) -> float:
         """Model state: ZeRO shards dense state over dp·cp and, with the experts apart, expert
         state over the GPUs that hold the same expert shards (:attr:`_expert_shards`); with
@@ -251,6 +255,7 @@ class ModelState:
         return (self.bytes_per_param() * dense
                 + self.bytes_per_param(self._expert_shards) * expert + whole)
 
+    @per_instance_by
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:
         """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
         fp32 master weight, m and v (12 B), and writes master, m, v and the bf16 weight

@@ -289,6 +289,41 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
                          if isinstance(seg, CommSeg)}.items()))
 
 
+FOLD_CACHE = 4096
+"""Folds :func:`folded_use` keeps (it starts over past this many)."""
+
+_FOLDS: dict[tuple, tuple[tuple[Segment, ...], Folded, StreamUse]] = {}
+"""Per (id of the segments, collapse, groups): the segments, their fold and stream use."""
+
+
+def folded_use(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups
+               ) -> tuple[Folded, StreamUse]:
+    """:func:`fold` of ``segs`` with ``collapse`` on ``groups``, and :func:`stream_use` of
+    them, remembered across calls (the collapsed fast path's,
+    :func:`workloads.lowering.columnar.lower_collapsed`).
+
+    Both are pure in their arguments: a fold reads the segments, the timers of ``collapse``
+    (compared by identity: :func:`sim.api.work_timer` and
+    :meth:`sim.commtime.CollectiveTimer.shared` hand out one per device and cluster) and the
+    groups. The segments are an interned cost model's (the same tuple for the same op, by
+    :func:`workloads.transformer.interned`), so they are looked up by identity, the entry
+    holding them (an id is not reused while they live). What it saves is the fold's Python
+    work, ~70 us an op's (stage, kind) on GPT-3 175B: every layout of a search or a sweep
+    that shares a rank's op segments, its TP groups and the device (another micro-batch
+    count or schedule of the same layout, or the same layout again) folds them once.
+    ``tests/test_lowering_paths.py`` holds its programs to the reference op loop's with
+    the folds remembered."""
+    key = (id(segs), collapse, groups)
+    hit = _FOLDS.get(key)
+    if hit is not None and hit[0] is segs:
+        return hit[1], hit[2]
+    folded, use = fold(segs, collapse, groups), stream_use([segs])
+    if len(_FOLDS) >= FOLD_CACHE:
+        _FOLDS.clear()
+    _FOLDS[key] = (segs, folded, use)
+    return folded, use
+
+
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:
     """Where an op's compute runs in ``segs``, from its first compute segment to past its
     last (None without any): what :func:`fold` folds into one compute op."""

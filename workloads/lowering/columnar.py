@@ -23,11 +23,10 @@ from workloads.lowering.collapse import (
     Folded,
     StreamUse,
     first_cuts,
-    fold,
+    folded_use,
     pending_after,
     replica_send_s,
     split_points,
-    stream_use,
 )
 from workloads.lowering.groups import Groups, tp_groups
 from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
@@ -102,8 +101,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         segs, _, alloc, free = op_facts(costs, generic, split)
         if r not in groups:
             groups[r] = tp_groups(placement, r)
-        folded = fold(segs, collapse.on(g), groups[r])
-        use = stream_use([segs])
+        folded, use = folded_use(segs, collapse.on(g), groups[r])
         consumer = consumer_stage(generic, S)
         p2p = op_p2p_bytes(costs, generic, whole_p2p)
         send = None
@@ -188,6 +186,14 @@ class _Plan:
     """How it meets its communication streams (:func:`stream_use`)."""
 
 
+def _by_rank(rank: np.ndarray) -> np.ndarray:
+    """The stable sort of pipeline ranks (positions grouped by rank, each rank's in order):
+    a radix sort on 16-bit keys where the ranks fit (numpy's stable sort of int64 is a
+    merge sort: 0.59 -> 0.08 ms for GPT-3 175B's 6,144 ops), the same permutation."""
+    small = not len(rank) or int(rank.max()) <= np.iinfo(np.uint16).max
+    return np.argsort(rank.astype(np.uint16) if small else rank, kind="stable")
+
+
 def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
                ranks: int, kinds: Sequence[str]) -> np.ndarray:
     """Per op (in lowering order), the kinds at whose first collective it is split
@@ -203,7 +209,7 @@ def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
         # after each op, pending is its closing collectives' time (or 0): before an op,
         # that of the rank's previous op
         after = np.array([p.folded.trailing_s if p.folded.trailing else 0.0 for p in plans])
-        by_rank = np.argsort(rank_at, kind="stable")
+        by_rank = _by_rank(rank_at)
         before = np.zeros(n)
         same = rank_at[by_rank[1:]] == rank_at[by_rank[:-1]]
         before[by_rank[1:][same]] = after[plan_of[by_rank[:-1][same]]]
@@ -238,7 +244,7 @@ def _cut_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
         leads = np.array([kind in p.use.leading for p in plans], dtype=bool)[plan_of]
         folded = np.array([kind in p.use.folded_last for p in plans], dtype=bool)[plan_of]
         at = np.flatnonzero(uses)
-        at = at[np.argsort(rank_at[at], kind="stable")]  # per rank, in lowering order
+        at = at[_by_rank(rank_at[at])]  # per rank, in lowering order
         before, after = at[:-1], at[1:]
         hit = ((rank_at[before] == rank_at[after]) & leads[after] & folded[before]
                & (latest[after] < before))

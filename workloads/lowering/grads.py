@@ -7,6 +7,7 @@ same experts. Stages whose gradients were reduced during their ops (buckets of
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Collection, Mapping
 
 from workloads.lowering.dataparallel import DataParallel
@@ -29,10 +30,10 @@ def reduce_gradients(dpar: DataParallel, schedule: Schedule, costs: CostModel,
     ``last[(index[op], g)]`` is the instruction that completes ``op`` on GPU ``g``;
     ``reduced``: the stages whose gradients are reduced already.
     """
-    num_gpus = dpar.placement.num_gpus
     dp = dpar.dp
     stages = sorted(final_op, key=lambda s: index[final_op[s]])
-    waits: dict[int, list[int]] = {g: [] for g in range(num_gpus)}
+    # per GPU on first use (a collapsed step has a GPU per pipeline rank, of thousands)
+    waits: dict[int, list[int]] = defaultdict(list)
     op = grad_op(zero_stage)
     expert_bytes = getattr(costs, "expert_grad_bytes", None)
     for s in stages:
