@@ -108,6 +108,17 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     ``torch.nn.functional.linear`` on the gathered tensor), 4·s·b·h bytes a layer that are
     not split by t. False: Megatron-LM's SP (Korthikanti et al. 2022, sec. 4.2.2) saves
     the local s/t shard and all-gathers it again in the backward."""
+    sp_regather_input: bool = True
+    """With sequence parallelism, the backward's all-gather of each column-parallel GEMM's
+    saved s/t input shard (the QKV and first MLP GEMMs of a dense layer) for its weight
+    gradient is timed: launched beside the input-gradient GEMM (Transformer Engine's
+    ``LayerNormLinear`` / ``LayerNormMLP`` backward, ``gather_along_first_dim(ln_out,
+    async_op=True)``; its userbuffers ``qkv_dgrad`` / ``fc1_dgrad`` bulk overlap under TP
+    communication overlap), each adds what it runs beyond that GEMM
+    (:func:`sim.tpoverlap.with_overlap`, ``attn bwd input all-gather`` and ``mlp bwd input
+    all-gather`` in :attr:`tp_comm_exposed_s`). False: not counted (a framework that saves
+    the gathered input, :attr:`sp_saves_gathered_input`, has no second gather;
+    :mod:`workloads.frameworks`)."""
     kept_stage_outputs: int = 0
     """Earlier micro-batches' bf16 logits the framework still holds on the last stage
     (:meth:`transient_bytes`). 0: Megatron-LM frees a stage's output once its backward has
