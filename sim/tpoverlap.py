@@ -175,11 +175,14 @@ def regather_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg]
     input-gradient GEMM it runs with (:data:`~workloads.layer_work.SP_REGATHER_GEMMS`):
     ``pair − g``, the pair as Transformer Engine's userbuffers method for that GEMM under
     TP communication overlap (``overlap``), else NCCL's all-gather beside it
-    (:data:`NCCL_BESIDE`); none where :func:`regathers` is False."""
+    (:data:`NCCL_BESIDE`); none where :func:`regathers` is False. The shard is the bf16
+    norm output, or under ``precision: fp8`` its fp8 cast, which is what Transformer Engine
+    saves (as :meth:`~TransformerCosts.layer_activation_bytes` counts it)."""
     if not regathers(costs):
         return ()
     gemms = costs.tp_overlap_gemms()
-    nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
+    saved = 1.0 if costs.precision == "fp8" else BF16  # TE saves ln_out cast to fp8
+    nbytes = saved * costs.micro_batch_size * costs.model.seq_length / costs.cp \
         * costs.model.hidden_size
     out = []
     for name, (gemm, layer) in SP_REGATHER_GEMMS.items():
