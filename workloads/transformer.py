@@ -170,6 +170,13 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     """Dense FP8 over dense BF16 tensor-core peak of the GPUs (2 on every FP8 GPU of
     :mod:`topologies.hardware`), with ``precision: fp8``: GEMM FLOPs reach the device model
     in bf16-equivalent units, divided by it."""
+    fp8_current_scaling: bool = False
+    """With ``precision: fp8``: per-tensor current scaling (``training.precision:
+    fp8-current``, Transformer Engine 2.x's ``Float8CurrentScaling``): every cast reads its
+    bf16 input once more for its amax first (``FP8_AMAX_BYTES``), and under
+    :attr:`fp8_norm_cast_fused` the norm writes bf16 and its amax, which one more pass
+    quantizes (``FP8_NORM_QUANTIZE_BYTES``, :mod:`workloads.elementwise`). False: delayed
+    scaling (each scale from the tensor's amax history)."""
     seq_chunks: int = 1
     """k, sequence chunks per micro-batch (Seq1F1B); ops with ``op.seq >= 0`` cost one chunk
     (:meth:`seq_chunk`, boundaries from :mod:`workloads.seqchunks`)."""
