@@ -163,15 +163,9 @@ def regathers(costs: TransformerCosts) -> bool:
     """Whether ``costs``' backward all-gathers its column-parallel GEMMs' saved inputs again
     (:attr:`~TransformerCosts.sp_regather_input` under TP with sequence parallelism, on the
     dense attention + MLP layers :data:`~workloads.layer_work.SP_REGATHER_GEMMS` names)."""
-    return costs.sp_regather_input and _dense_sequence_parallel(costs)
-
-
-def _dense_sequence_parallel(costs: TransformerCosts) -> bool:
-    """TP with sequence parallelism on dense attention + MLP layers (no MoE, MLA or parallel
-    blocks, whose backward collectives these pairs do not describe)."""
     m = costs.model
-    return (costs.tp > 1 and costs.sequence_parallel and m.moe is None and m.mla is None
-            and not m.parallel_blocks)
+    return (costs.sp_regather_input and costs.tp > 1 and costs.sequence_parallel
+            and m.moe is None and m.mla is None and not m.parallel_blocks)
 
 
 def regather_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
@@ -206,7 +200,8 @@ def reduces_beside(costs: TransformerCosts) -> bool:
     beside its weight-gradient GEMM without userbuffers
     (:attr:`~TransformerCosts.sp_async_grad_reduce_scatter`, on the same layers as
     :func:`regathers`)."""
-    return costs.sp_async_grad_reduce_scatter and _dense_sequence_parallel(costs)
+    return costs.sp_async_grad_reduce_scatter and regathers(replace(costs,
+                                                                    sp_regather_input=True))
 
 
 def async_reduce_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
