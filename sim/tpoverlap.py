@@ -195,36 +195,6 @@ def regather_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg]
     return tuple(out)
 
 
-def reduces_beside(costs: TransformerCosts) -> bool:
-    """Whether ``costs``' backward reduce-scatters each column-parallel GEMM's input gradient
-    beside its weight-gradient GEMM without userbuffers
-    (:attr:`~TransformerCosts.sp_async_grad_reduce_scatter`, on the same layers as
-    :func:`regathers`)."""
-    return costs.sp_async_grad_reduce_scatter and regathers(replace(costs,
-                                                                    sp_regather_input=True))
-
-
-def async_reduce_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
-                           collective_s: Callable[[str, float], float]
-                           ) -> tuple[tuple[str, float], ...]:
-    """Without TP communication overlap, what each block's backward reduce-scatter of the
-    QKV / FC1 input gradient adds beside the weight-gradient GEMM NCCL runs it with
-    (``attn bwd reduce-scatter`` and ``mlp bwd reduce-scatter`` of
-    :data:`~workloads.layer_work.TP_OVERLAP_GEMMS`, :data:`NCCL_BESIDE`: ``max(c, g) − g``);
-    none where :func:`reduces_beside` is False."""
-    if not reduces_beside(costs):
-        return ()
-    gemms = costs.tp_overlap_gemms()
-    nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
-        * costs.model.hidden_size
-    out = []
-    for name in ("attn bwd reduce-scatter", "mlp bwd reduce-scatter"):
-        g = compute_s(gemms[TP_OVERLAP_GEMMS[name][0]])
-        out.append((name, pipelined_s(NCCL_BESIDE, collective_s("reduce_scatter", nbytes), g,
-                                      costs.tp, 1 << 30) - g))
-    return tuple(out)
-
-
 def check(gpu: str, tp: int, sequence_parallel: bool, why_not: str | None) -> None:
     """ConfigError where ``parallel.tp_comm_overlap`` cannot apply: Megatron's own rule
     (megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap can happen
@@ -253,7 +223,7 @@ def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
     if not isinstance(costs, TransformerCosts):
         return costs
     overlap = exp.config.parallel.tp_comm_overlap
-    if not overlap and not regathers(costs) and not reduces_beside(costs):
+    if not overlap and not regathers(costs):
         return costs
     groups = tp_groups(exp.placement, 0)
     return with_overlap(costs, exp.cluster.gpu.name, compute_s,
@@ -269,14 +239,12 @@ def with_overlap(costs: TransformerCosts, gpu: str,
     TP or sequence parallelism: there is nothing to overlap); ``sm_margin``: the
     framework's (:func:`exposed_s`); ``overlap``: TP communication overlap on (the layer's
     SP collectives pipelined with their GEMMs), else only the second all-gathers of
-    :func:`regather_exposed_s` and the reduce-scatters NCCL runs beside the weight gradients
-    (:func:`async_reduce_exposed_s`)."""
+    :func:`regather_exposed_s`."""
     if costs.tp == 1 or not costs.sequence_parallel:
         return costs
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30
-    pairs = (exposed_s(costs, compute_s, collective_s, sms, sm_margin) if overlap
-             else async_reduce_exposed_s(costs, compute_s, collective_s))
+    pairs = exposed_s(costs, compute_s, collective_s, sms, sm_margin) if overlap else ()
     pairs += regather_exposed_s(costs, compute_s, collective_s, sms, overlap, sm_margin)
     return replace(costs, tp_comm_exposed_s=pairs)
