@@ -433,9 +433,13 @@ class TrainingConfig(Strict):
     MoE layer (``moe_host_sync``, :mod:`sim.hostwait`): the attention part counts as captured
     with all three, the shared experts with moe_router; the routed experts never (dropless).
     Default: none."""
-    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    precision: Literal["bf16", "fp16", "fp8", "fp8-current"] = "bf16"
     """Training precision: bf16 or fp16 (same tensor-core rate and bytes), or fp8 (the
-    layers' GEMMs on FP8 tensor cores, Hopper or newer, and their saved inputs in fp8)."""
+    layers' GEMMs on FP8 tensor cores, Hopper or newer, and their saved inputs in fp8) with
+    delayed scaling (each tensor's scale from its amax history, Transformer Engine's
+    ``DelayedScaling``); ``fp8-current``: the same with per-tensor current scaling (TE's
+    ``Float8CurrentScaling``, Megatron-core ``--fp8-recipe tensorwise``, Megatron-Bridge's
+    ``fp8_cs``), whose casts first read their input for its amax."""
     recompute_num_layers: int | None = Field(None, ge=0)
     """Partial recomputation: ``recompute`` applies to the first this-many layers of each
     pipeline stage (model chunk), the rest stash everything (Megatron-LM's

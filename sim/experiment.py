@@ -406,12 +406,12 @@ def _fp8_gemm_ratio(gpu_name: str) -> float:
 def check_precision(precision: str, cluster: Cluster) -> None:
     """ConfigError unless every GPU of ``cluster`` has FP8 tensor cores when ``precision``
     is fp8 (Hopper and newer, MI300X; not the A100)."""
-    if precision != "fp8":
+    if not precision.startswith("fp8"):
         return
     others = [g.name for g in cluster.gpu_types if g.name != IDEAL_GPU.name
               and not g.peak_fp8_flops]
     if others:
-        raise ConfigError(f"training.precision='fp8': FP8 tensor cores are on Hopper GPUs "
+        raise ConfigError(f"training.precision={precision!r}: FP8 tensor cores are on Hopper GPUs "
                           f"(H100, H200) and newer, not on {', '.join(others)}; use bf16")
 
 
@@ -618,9 +618,11 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  recompute_num_layers=t.recompute_num_layers,
                                  recompute_every_k_layers=t.recompute_every_k_layers,
                                  recompute_modules=modules,
-                                 precision=t.precision,
-                                 fp8_speedup=fp8_speedup(cluster) if t.precision == "fp8"
-                                 else 1.0)
+                                 precision="fp8" if t.precision.startswith("fp8")
+                                 else t.precision,
+                                 fp8_current_scaling=t.precision == "fp8-current",
+                                 fp8_speedup=fp8_speedup(cluster)
+                                 if t.precision.startswith("fp8") else 1.0)
         if par.moe_dispatcher != "alltoall" and par.ep > 1:
             servers = _ep_servers(cluster, placement, par.ep, etp)
             moe = model.moe

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
 from workloads.costs import BF16, ComputeSeg
-from workloads.layer_work import TP_OVERLAP_GEMMS
+from workloads.layer_work import SP_REGATHER_GEMMS, TP_OVERLAP_GEMMS
 from workloads.lowering.groups import tp_groups
 from workloads.transformer import TransformerCosts
 
@@ -154,6 +154,47 @@ def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
     return tuple(out)
 
 
+NCCL_BESIDE = Method("bulk", 1, 0, False)
+"""A TP collective launched asynchronously beside a GEMM without userbuffers (NCCL on its own
+stream, the GEMM on every SM): both whole at once, ``max(c, g)``."""
+
+
+def regathers(costs: TransformerCosts) -> bool:
+    """Whether ``costs``' backward all-gathers its column-parallel GEMMs' saved inputs again
+    (:attr:`~TransformerCosts.sp_regather_input` under TP with sequence parallelism, on the
+    dense attention + MLP layers :data:`~workloads.layer_work.SP_REGATHER_GEMMS` names)."""
+    m = costs.model
+    return (costs.sp_regather_input and costs.tp > 1 and costs.sequence_parallel
+            and m.moe is None and m.mla is None and not m.parallel_blocks)
+
+
+def regather_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
+                       collective_s: Callable[[str, float], float], sms: int, overlap: bool,
+                       sm_margin: bool = True) -> tuple[tuple[str, float], ...]:
+    """What the backward's second all-gather of each saved GEMM input adds beside the
+    input-gradient GEMM it runs with (:data:`~workloads.layer_work.SP_REGATHER_GEMMS`):
+    ``pair − g``, the pair as Transformer Engine's userbuffers method for that GEMM under
+    TP communication overlap (``overlap``), else NCCL's all-gather beside it
+    (:data:`NCCL_BESIDE`); none where :func:`regathers` is False. The shard is the bf16
+    norm output, or under ``precision: fp8`` its fp8 cast, which is what Transformer Engine
+    saves (as :meth:`~TransformerCosts.layer_activation_bytes` counts it)."""
+    if not regathers(costs):
+        return ()
+    gemms = costs.tp_overlap_gemms()
+    saved = 1.0 if costs.precision == "fp8" else BF16  # TE saves ln_out cast to fp8
+    nbytes = saved * costs.micro_batch_size * costs.model.seq_length / costs.cp \
+        * costs.model.hidden_size
+    out = []
+    for name, (gemm, layer) in SP_REGATHER_GEMMS.items():
+        method = method_of(layer) if overlap else NCCL_BESIDE
+        if not sm_margin:
+            method = replace(method, sm_margin=False)
+        g = compute_s(gemms[gemm])
+        pair = pipelined_s(method, collective_s("all_gather", nbytes), g, costs.tp, sms)
+        out.append((name, pair - g))
+    return tuple(out)
+
+
 def check(gpu: str, tp: int, sequence_parallel: bool, why_not: str | None) -> None:
     """ConfigError where ``parallel.tp_comm_overlap`` cannot apply: Megatron's own rule
     (megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap can happen
@@ -173,29 +214,37 @@ def check(gpu: str, tp: int, sequence_parallel: bool, why_not: str | None) -> No
 
 def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
                    timer: Callable[[str, tuple[tuple[int, ...], ...], float], float]) -> Any:
-    """The costs ``exp`` is lowered with: its own, or under ``parallel.tp_comm_overlap``
-    with the exposed times of its TP collectives (:func:`with_overlap`), the collectives
-    timed by ``timer`` (a :class:`~sim.commtime.CollectiveTimer`) on pipeline rank 0's TP
-    groups and the GEMMs by ``compute_s``."""
-    if not exp.config.parallel.tp_comm_overlap or not isinstance(exp.costs, TransformerCosts):
-        return exp.costs
+    """The costs ``exp`` is lowered with: its own, or under ``parallel.tp_comm_overlap`` (or
+    with the backward's second all-gathers of :func:`regathers`) with the exposed times of
+    its TP collectives (:func:`with_overlap`), the collectives timed by ``timer`` (a
+    :class:`~sim.commtime.CollectiveTimer`) on pipeline rank 0's TP groups and the GEMMs by
+    ``compute_s``."""
+    costs = exp.costs
+    if not isinstance(costs, TransformerCosts):
+        return costs
+    overlap = exp.config.parallel.tp_comm_overlap
+    if not overlap and not regathers(costs):
+        return costs
     groups = tp_groups(exp.placement, 0)
-    return with_overlap(exp.costs, exp.cluster.gpu.name, compute_s,
+    return with_overlap(costs, exp.cluster.gpu.name, compute_s,
                         lambda op, nbytes: timer(op, groups, nbytes),
-                        exp.framework.tp_overlap_sm_margin)
+                        exp.framework.tp_overlap_sm_margin, overlap)
 
 
 def with_overlap(costs: TransformerCosts, gpu: str,
                  compute_s: Callable[[ComputeSeg], float],
                  collective_s: Callable[[str, float], float],
-                 sm_margin: bool = True) -> TransformerCosts:
+                 sm_margin: bool = True, overlap: bool = True) -> TransformerCosts:
     """``costs`` with :attr:`~TransformerCosts.tp_comm_exposed_s` set (no change without
     TP or sequence parallelism: there is nothing to overlap); ``sm_margin``: the
-    framework's (:func:`exposed_s`)."""
+    framework's (:func:`exposed_s`); ``overlap``: TP communication overlap on (the layer's
+    SP collectives pipelined with their GEMMs), else only the second all-gathers of
+    :func:`regather_exposed_s`."""
     if costs.tp == 1 or not costs.sequence_parallel:
         return costs
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30
-    return replace(costs, tp_comm_exposed_s=exposed_s(costs, compute_s, collective_s, sms,
-                                                      sm_margin))
+    pairs = exposed_s(costs, compute_s, collective_s, sms, sm_margin) if overlap else ()
+    pairs += regather_exposed_s(costs, compute_s, collective_s, sms, overlap, sm_margin)
+    return replace(costs, tp_comm_exposed_s=pairs)

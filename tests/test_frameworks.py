@@ -1103,6 +1103,38 @@ def test_megatron_fp8_casts_follow_transformer_engine_layer_spec() -> None:
         [2 * x for x in bf16._elementwise_forward()])
 
 
+def test_fp8_current_scaling_reads_each_cast_input_for_its_amax() -> None:
+    """``precision: fp8-current`` (Transformer Engine 2.x's Float8CurrentScaling): the same
+    FP8 GEMMs and stash as delayed scaling, but every cast reads its bf16 input once more for
+    the amax (2 bytes an element more) and each norm output, which the norm kernel can no
+    longer scale, is quantized by one more pass (3 bytes an element of the norm's s/t
+    tokens under SP); on A100 it is refused as fp8 is."""
+    m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
+    base = TransformerCosts(m, 1, 2, 1, (8,), sequence_parallel=True, precision="fp8",
+                            fp8_speedup=2.0)
+    delayed = apply_framework(base, FRAMEWORKS["megatron"], 1)
+    current = replace(delayed, fp8_current_scaling=True)
+    n, h, t = 2048, m.hidden_size, 2
+    fwd = [a - b for a, b in zip(current._elementwise_forward(), delayed._elementwise_forward(),
+                                 strict=True)]
+    assert fwd == pytest.approx([2 * n * m.attn_out_dim / t + 3 * n * h / t,
+                                 2 * n * m.ffn_hidden_size / t + 3 * n * h / t])
+    back = [a - b for a, b in zip(
+        current._backward_elementwise(*current._elementwise_forward()),
+        delayed._backward_elementwise(*delayed._elementwise_forward()), strict=True)]
+    qkv_out = (m.q_dim + 2 * m.kv_dim) / t
+    assert back == pytest.approx([2 * n * (qkv_out + h), 2 * n * (2 * m.ffn_hidden_size / t + h)])
+    assert current._gemms() == delayed._gemms()
+    assert current.layer_activation_bytes() == delayed.layer_activation_bytes()
+    exp = Experiment.from_dict(_run(precision="fp8-current"))
+    assert exp.costs.precision == "fp8" and exp.costs.fp8_current_scaling
+    assert not Experiment.from_dict(_run(precision="fp8")).costs.fp8_current_scaling
+    data = _run(precision="fp8-current")
+    data["cluster"] = {"preset": "dgx-a100-80g", "num_gpus": 8}
+    with pytest.raises(ConfigError, match="precision='fp8-current'.*not on A100-80GB"):
+        Experiment.from_dict(data)
+
+
 def test_megatron_fp8_casts_every_moe_mlp_gemm_input() -> None:
     """A MoE layer's MLP block in FP8 casts every GEMM input forward and every output
     gradient backward (4 bytes an element): Megatron-core's MoE spec has a standalone

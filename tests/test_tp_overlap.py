@@ -15,6 +15,7 @@ from sim.device import compute_time_s
 from sim.experiment import build_experiment
 from sim.tpoverlap import (
     DATA_FILE,
+    NCCL_BESIDE,
     Method,
     chunked,
     compute_streams,
@@ -24,7 +25,7 @@ from sim.tpoverlap import (
     sm_count,
 )
 from workloads.costs import ComputeSeg
-from workloads.layer_work import TP_OVERLAP_GEMMS
+from workloads.layer_work import SP_REGATHER_GEMMS, TP_OVERLAP_GEMMS
 from workloads.lowering.groups import tp_groups
 from workloads.program import Collective
 
@@ -121,6 +122,42 @@ def test_transformer_engine_1x_keeps_every_sm_for_the_gemms() -> None:
             assert te1[name] == pytest.approx(te2[name]), name
 
 
+def test_backward_gathers_saved_inputs_again_beside_the_dgrad_gemm() -> None:
+    """Megatron's sequence parallelism saves the QKV and FC1 GEMMs' s/t input shards and
+    all-gathers them again in the backward beside the input-gradient GEMM: each adds
+    max(c, g) - g (NCCL beside it) or TE's bulk pair (userbuffers), two a layer; a framework
+    that saves the gathered input (the sweep's ``scaling``) has none, nor has a run without
+    sequence parallelism."""
+    profile = default_profile("H100")
+    for overlap in (False, True):
+        exp = build_experiment(_exp(overlap, tp=8) | {"cluster": {"preset": "dgx-h100",
+                                                                  "num_gpus": 8}})
+
+        def compute_s(seg: ComputeSeg, exp=exp) -> float:
+            return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
+                                  seg.attn_flops, seg.elementwise_bytes, "flash2",
+                                  seg.gemm_dims)
+
+        timer = CollectiveTimer(exp.cluster)
+        c = timer("all_gather", tp_groups(exp.placement, 0), 2 * 4096 * 5120)
+        exposed = dict(lowering_costs(exp, compute_s, timer).tp_comm_exposed_s)
+        gemms = exp.costs.tp_overlap_gemms()
+        for name, (gemm, layer) in SP_REGATHER_GEMMS.items():
+            g = compute_s(gemms[gemm])
+            method = method_of(layer) if overlap else NCCL_BESIDE
+            assert exposed[name] == pytest.approx(pipelined_s(method, c, g, 8, 132) - g)
+            assert exposed[name] >= 0
+        names = [i.name for i in api.simulate(exp).program.instructions
+                 if isinstance(i, Collective) and "input all-gather" in i.name and i.gpu == 0]
+        assert len(names) == 2 * 4  # two a layer, one micro-batch, four layers
+    for changes in ({"training": {"micro_batch_size": 1, "num_microbatches": 1,
+                                  "framework": "scaling"}},
+                    {"parallel": {"tp": 4, "sequence_parallel": False}}):
+        exp = build_experiment(_exp(False) | changes)
+        assert not any("input all-gather" in i.name for i in api.simulate(exp).program.instructions
+                       if isinstance(i, Collective))
+
+
 def _exp(overlap: bool, tp: int = 4, **parallel) -> dict:
     return {"name": "ov", "model": {"preset": "llama2-13b", "num_layers": 4, "seq_length": 4096},
             "cluster": {"preset": "dgx-h100", "num_gpus": tp},
@@ -147,10 +184,13 @@ def test_step_is_the_blocking_step_less_what_the_pipelines_hide(fidelity: str) -
                               seg.attn_flops, seg.elementwise_bytes, "flash2", seg.gemm_dims)
 
     exposed = dict(lowering_costs(ov_exp, compute_s, timer).tp_comm_exposed_s)
-    assert set(exposed) == set(TP_OVERLAP_GEMMS)
+    blocking = dict(lowering_costs(base_exp, compute_s, timer).tp_comm_exposed_s)
+    assert set(exposed) == set(TP_OVERLAP_GEMMS) | set(SP_REGATHER_GEMMS)
+    assert set(blocking) == set(SP_REGATHER_GEMMS)  # the second all-gathers beside NCCL
     nbytes = 2 * 4096 * 5120
     hidden = 4 * sum(timer("all_gather" if name.endswith("all-gather") else "reduce_scatter",
-                           groups, nbytes) - e for name, e in exposed.items())
+                           groups, nbytes) - exposed[name] for name in TP_OVERLAP_GEMMS)
+    hidden += 4 * sum(blocking[name] - exposed[name] for name in SP_REGATHER_GEMMS)
     assert hidden > 0
     assert ov.stats["step_time_s"] == pytest.approx(base.stats["step_time_s"] - hidden,
                                                     rel=1e-6)
@@ -163,7 +203,8 @@ def test_full_and_collapsed_agree_and_default_is_unchanged() -> None:
     assert api.simulate(exp, fidelity="collapsed").stats["step_time_s"] == pytest.approx(
         full, rel=1e-9)
     off = build_experiment(_exp(False))
-    assert all(i.duration_s is None for i in api.simulate(off).program.instructions
+    assert all((i.duration_s is None) != ("input all-gather" in i.name)
+               for i in api.simulate(off).program.instructions
                if isinstance(i, Collective) and i.kind == "tp")
 
 

@@ -45,6 +45,17 @@ FUSED_CROSS_ENTROPY_BYTES = 2.0
 (:attr:`workloads.transformer.TransformerCosts.fused_cross_entropy`): it reads each logit once
 forward (its fp32 math stays in registers); backward reads it again and writes its bf16
 gradient (``BACKWARD_ELEMENTWISE`` times this)."""
+FP8_AMAX_BYTES = 2.0
+"""Per-tensor current scaling's amax pass before each cast (Transformer Engine 2.x
+``Float8CurrentScalingQuantizer::quantize``, transformer_engine/pytorch/csrc/quantizer.cpp:
+``nvte_compute_amax`` over the bf16 input, then the scale, then ``nvte_quantize_v2``): one more
+read of the bf16 element, 2 bytes."""
+FP8_NORM_QUANTIZE_BYTES = 3.0
+"""Current scaling after a norm: Transformer Engine 2.x's ``layernorm_fwd`` / ``rmsnorm_fwd``
+(transformer_engine/pytorch/csrc/extensions/normalization.cpp, v2.8) cannot scale inside the
+norm kernel without the amax, so it writes the bf16 output with its amax
+(``FUSED_NORM_AMAX_FP8``) and ``quantize_with_amax`` casts it: read 2, write 1 an element
+beyond the norm's own bytes."""
 FP8_TRANSPOSE_BYTES = 2.0
 """An fp8 transpose (TransformerEngine's ``fp8_transpose``): read 1 byte, write 1, per element."""
 BACKWARD_ELEMENTWISE = 2.0
@@ -108,29 +119,40 @@ class ElementwiseWork:
         Every input cast (:attr:`fp8_norm_cast_fused` False): each of the four GEMMs' inputs
         forward, the backward twice the forward (:data:`BACKWARD_ELEMENTWISE`).
         TransformerEngine as Megatron-core's layer spec runs it (True): forward, the output
-        projection's input (o/t an element of a token) and the second MLP GEMM's (f/t);
+        projection's input (o/t an element of a token) and the second MLP GEMM's (f/t), and
+        under :attr:`fp8_current_scaling` the two norm outputs' quantize pass
+        (:data:`FP8_NORM_QUANTIZE_BYTES`, on the norm's s/t tokens under SP);
         backward, every GEMM's output gradient cast and transposed (QKV (q + 2·kv)/t, output
         h, first MLP f·(matrices − 1)/t, second MLP h) and the two norm outputs transposed
         for the weight gradients (h each, :data:`FP8_TRANSPOSE_BYTES`).
 
-        A MoE layer's attention block is a dense layer's; its MLP block is
-        :meth:`_moe_fp8_casts`."""
+        Each cast moves :attr:`_fp8_cast_element_bytes` an element. A MoE layer's attention
+        block is a dense layer's; its MLP block is :meth:`_moe_fp8_casts`."""
         m, t, n = self.model, self.tp, self._tokens
         if self.precision != "fp8" or not self.fp8_cast_bytes:
             return (0.0, 0.0), (0.0, 0.0)
-        c, h = self.fp8_cast_bytes, m.hidden_size
+        c, h = self._fp8_cast_element_bytes, m.hidden_size
         if not self.fp8_norm_cast_fused:
             fwd = (c * n * (h + m.attn_out_dim / t), c * n * (h + m.ffn_hidden_size / t))
             bwd = (BACKWARD_ELEMENTWISE * fwd[0], BACKWARD_ELEMENTWISE * fwd[1])
         else:
             mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
-            fwd = (c * n * m.attn_out_dim / t, c * n * m.ffn_hidden_size / t)
+            normed = (FP8_NORM_QUANTIZE_BYTES * n * h / self._sp_div
+                      if self.fp8_current_scaling else 0.0)
+            fwd = (c * n * m.attn_out_dim / t + normed, c * n * m.ffn_hidden_size / t + normed)
             bwd = (c * n * ((m.q_dim + 2 * m.kv_dim) / t + h) + FP8_TRANSPOSE_BYTES * n * h,
                    c * n * (mid + h) + FP8_TRANSPOSE_BYTES * n * h)
         if m.moe is None:
             return fwd, bwd
         moe_fwd, moe_bwd = self._moe_fp8_casts()
         return (fwd[0], moe_fwd), (bwd[0], moe_bwd)
+
+    @property
+    def _fp8_cast_element_bytes(self) -> float:
+        """HBM bytes of one standalone FP8 cast an element: :attr:`fp8_cast_bytes`, plus
+        current scaling's amax pass (:data:`FP8_AMAX_BYTES`) under
+        :attr:`fp8_current_scaling`."""
+        return self.fp8_cast_bytes + (FP8_AMAX_BYTES if self.fp8_current_scaling else 0.0)
 
     def _moe_fp8_casts(self) -> tuple[float, float]:
         """HBM bytes of the FP8 casts of one MoE layer's MLP block on one GPU, (forward,
@@ -149,7 +171,7 @@ class ElementwiseWork:
         m, t, n = self.model, self.tp, self._tokens
         moe = m.moe
         assert moe is not None
-        c, h, f = self.fp8_cast_bytes, m.hidden_size, moe.expert_ffn_hidden_size
+        c, h, f = self._fp8_cast_element_bytes, m.hidden_size, moe.expert_ffn_hidden_size
         rows, routed, glu = self._expert_rows, self._routed_rows, m.mlp_matrices - 1
         fs = moe.shared_experts * f
         fwd = c * (rows * h + routed * f / t + n * (h + fs / t) * (fs > 0))

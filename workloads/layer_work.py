@@ -174,7 +174,9 @@ class LayerWork:
         (Korthikanti et al. 2022, sec. 4.2.2): all-gather the sequence-split
         input, compute, reduce-scatter the output; the same bytes on the wire.
         ``block`` (``attn``, ``mlp bwd``, ...) names the collectives in
-        :attr:`tp_comm_exposed_s`; one found there gets its fixed exposed time.
+        :attr:`tp_comm_exposed_s`; one found there gets its fixed exposed time, and a
+        backward block found there with an ``input all-gather`` (:data:`SP_REGATHER_GEMMS`)
+        also its input's second all-gather, with that entry's time.
         """
         body = compute if isinstance(compute, list) else [compute]
         if self.tp == 1:
@@ -183,8 +185,11 @@ class LayerWork:
         if self.sequence_parallel:
             exposed = dict(self.tp_comm_exposed_s)
             ag, rs = f"{block} all-gather", f"{block} reduce-scatter"
+            regather = f"{block} input all-gather"
+            again = ([CommSeg(f"{label} input all-gather", "tp", "all_gather", nbytes,
+                              duration_s=exposed[regather])] if regather in exposed else [])
             return [CommSeg(f"{label} all-gather", "tp", "all_gather", nbytes,
-                            duration_s=exposed.get(ag)), *body,
+                            duration_s=exposed.get(ag)), *body, *again,
                     CommSeg(f"{label} reduce-scatter", "tp", "reduce_scatter", nbytes,
                             duration_s=exposed.get(rs))]
         return [*body, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes)]
@@ -402,3 +407,15 @@ name for that overlap (``transformer_engine/pytorch/module/base.py`` ``initializ
 forward all-gathers feed the QKV and FC1 GEMMs, the reduce-scatters drain proj and FC2; in
 the backward the gathered output gradient feeds the FC2 / proj input-gradient GEMM and the
 FC1 / QKV input gradient is reduce-scattered behind that layer's weight-gradient GEMM."""
+
+SP_REGATHER_GEMMS: dict[str, tuple[str, str]] = {
+    "attn bwd input all-gather": ("qkv", "qkv_dgrad"),
+    "mlp bwd input all-gather": ("fc1", "fc1_dgrad"),
+}
+"""The backward's second all-gather in each block of a dense layer under sequence
+parallelism (:attr:`TransformerCosts.sp_regather_input`): the QKV and FC1 GEMMs saved their
+s/t input shard (the norm's output), and their weight gradients need it whole again. It runs
+beside that GEMM's input-gradient GEMM, Transformer Engine's ``qkv_dgrad`` / ``fc1_dgrad``
+(transformer_engine/pytorch/module/layernorm_linear.py and layernorm_mlp.py: ``ub_bulk_dgrad``
+under userbuffers, else ``gather_along_first_dim(ln_out, ..., async_op=True)`` before the
+dgrad GEMM and its ``wait()`` after)."""

@@ -108,6 +108,17 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     ``torch.nn.functional.linear`` on the gathered tensor), 4·s·b·h bytes a layer that are
     not split by t. False: Megatron-LM's SP (Korthikanti et al. 2022, sec. 4.2.2) saves
     the local s/t shard and all-gathers it again in the backward."""
+    sp_regather_input: bool = True
+    """With sequence parallelism, the backward's all-gather of each column-parallel GEMM's
+    saved s/t input shard (the QKV and first MLP GEMMs of a dense layer) for its weight
+    gradient is timed: launched beside the input-gradient GEMM (Transformer Engine's
+    ``LayerNormLinear`` / ``LayerNormMLP`` backward, ``gather_along_first_dim(ln_out,
+    async_op=True)``; its userbuffers ``qkv_dgrad`` / ``fc1_dgrad`` bulk overlap under TP
+    communication overlap), each adds what it runs beyond that GEMM
+    (:func:`sim.tpoverlap.with_overlap`, ``attn bwd input all-gather`` and ``mlp bwd input
+    all-gather`` in :attr:`tp_comm_exposed_s`). False: not counted (a framework that saves
+    the gathered input, :attr:`sp_saves_gathered_input`, has no second gather;
+    :mod:`workloads.frameworks`)."""
     kept_stage_outputs: int = 0
     """Earlier micro-batches' bf16 logits the framework still holds on the last stage
     (:meth:`transient_bytes`). 0: Megatron-LM frees a stage's output once its backward has
@@ -159,6 +170,13 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     """Dense FP8 over dense BF16 tensor-core peak of the GPUs (2 on every FP8 GPU of
     :mod:`topologies.hardware`), with ``precision: fp8``: GEMM FLOPs reach the device model
     in bf16-equivalent units, divided by it."""
+    fp8_current_scaling: bool = False
+    """With ``precision: fp8``: per-tensor current scaling (``training.precision:
+    fp8-current``, Transformer Engine 2.x's ``Float8CurrentScaling``): every cast reads its
+    bf16 input once more for its amax first (``FP8_AMAX_BYTES``), and under
+    :attr:`fp8_norm_cast_fused` the norm writes bf16 and its amax, which one more pass
+    quantizes (``FP8_NORM_QUANTIZE_BYTES``, :mod:`workloads.elementwise`). False: delayed
+    scaling (each scale from the tensor's amax history)."""
     seq_chunks: int = 1
     """k, sequence chunks per micro-batch (Seq1F1B); ops with ``op.seq >= 0`` cost one chunk
     (:meth:`seq_chunk`, boundaries from :mod:`workloads.seqchunks`)."""
