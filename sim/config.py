@@ -596,11 +596,20 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
         return f"unknown key {key!r}{hint}"
     if err["type"] == "missing":
         return f"{key}: required key is missing"
+    if err["type"] == "model_type":  # a section given as something other than a mapping
+        given = err.get("input")
+        empty = " (an empty section: leave it out for its defaults)" if given is None else ""
+        return f"{key}: input should be a mapping of keys, got {_value_text(given)}{empty}"
     msg = err["msg"][0].lower() + err["msg"][1:]
-    shown = repr(err.get("input"))
+    return f"{key}: {msg}, got {_value_text(err.get('input'))}"
+
+
+def _value_text(value: Any) -> str:
+    """``value`` as an error line shows it: its repr, cut at :data:`MAX_SHOWN`."""
+    shown = repr(value)
     if len(shown) > MAX_SHOWN:
         shown = shown[:MAX_SHOWN - 3] + "..."
-    return f"{key}: {msg}, got {shown}"
+    return shown
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -608,8 +617,12 @@ M = TypeVar("M", bound=BaseModel)
 
 def validated(root: type[M], data: Any) -> M:
     """``data`` (a parsed file) validated as ``root``; ConfigError naming key and value."""
+    if data is None:
+        raise ConfigError("the experiment is empty; it needs at least 'model:' and 'cluster:' "
+                          "(README.md, 'The experiment file')")
     if not isinstance(data, dict):
-        raise ConfigError(f"the experiment must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(f"the experiment must be a mapping of keys, got a "
+                          f"{type(data).__name__}: {_value_text(data)}")
     try:
         return root.model_validate(data)
     except ValidationError as exc:
