@@ -187,3 +187,20 @@ def test_fixed_unknown_option_points_at_the_sub_command_help() -> None:
     assert "'sim compare --help'" in line, line
     line = one_error_line(*run_cli(["run", "a.yaml", "b.yaml"]))
     assert "unrecognized arguments: b.yaml" in line and "'sim run --help'" in line, line
+
+
+@pytest.mark.parametrize(("files", "needles"), [
+    ({}, ["holds no corpus CSV", "run,model,num_layers", "it holds no CSV"]),
+    ({"x.csv": "a,b\n1,2\n"}, ["holds no corpus CSV", "its CSVs (x.csv) have another header"]),
+], ids=["empty-dir", "foreign-csv"])
+def test_fixed_validate_corpus_directory_without_a_source(tmp_path: Path, files: dict,
+                                                          needles: list[str]) -> None:
+    """Fixed: ``sim validate --corpus DIR`` on a directory with no corpus CSV (a wrong path,
+    a CSV of another kind) validated the sweep alone and exited 0, as if DIR had been read."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    line = one_error_line(*run_cli(["validate", "--corpus", str(tmp_path), "--limit", "1",
+                                    "--no-progress", "--no-cross-validation"]))
+    assert f"--corpus: {str(tmp_path)!r}" in line
+    for needle in needles:
+        assert needle in line, (needle, line)
