@@ -204,3 +204,22 @@ def test_fixed_validate_corpus_directory_without_a_source(tmp_path: Path, files:
     assert f"--corpus: {str(tmp_path)!r}" in line
     for needle in needles:
         assert needle in line, (needle, line)
+
+
+@pytest.mark.parametrize(("node", "needles"), [
+    ("leaf9", ["no node 'leaf9'", "leaf0..leaf3", "spine0..spine1", "gpu0..gpu7"]),
+    ("spin0", ["no node 'spin0'", "did you mean 'spine0'?"]),
+], ids=["number-out-of-range", "misspelled"])
+def test_fixed_link_fault_on_a_missing_node_lists_the_nodes(tmp_path: Path, node: str,
+                                                            needles: list[str]) -> None:
+    """Fixed: a fault's ``link`` naming a node the cluster lacks said only ``no node
+    'leaf9'``; the node names (``leaf0``, ``host0/nic3``, ...) are documented nowhere else,
+    so the line now lists them by pattern, with the closest name for a misspelling."""
+    data = yaml.safe_load((EXAMPLES / "faults-link-fat-tree.yaml").read_text(encoding="utf-8"))
+    data["faults"]["link_faults"][0]["link"][0] = node
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    line = one_error_line(*run_cli(["run", str(path), "--json", "--steps", "3"]))
+    assert "faults.link_faults[0]" in line
+    for needle in needles:
+        assert needle in line, (needle, line)
