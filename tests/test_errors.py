@@ -223,3 +223,12 @@ def test_fixed_link_fault_on_a_missing_node_lists_the_nodes(tmp_path: Path, node
     assert "faults.link_faults[0]" in line
     for needle in needles:
         assert needle in line, (needle, line)
+
+
+def test_fixed_search_on_a_jobs_file_says_jobs_not_synthetic() -> None:
+    """Fixed: ``sim search two-jobs-shared-fabric.yaml`` said the file's model was a synthetic
+    one (it has no top-level model); ``sim compare`` already named the jobs."""
+    line = one_error_line(*run_cli(["search", str(EXAMPLES / "two-jobs-shared-fabric.yaml"),
+                                    "--no-progress"]))
+    assert line.startswith("error: jobs: ") and "'sim run'" in line, line
+    assert "synthetic" not in line, line
