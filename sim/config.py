@@ -582,6 +582,18 @@ MAX_SHOWN = 80
 named, not printed)."""
 
 
+def _sections_with(root: type[BaseModel], name: str, holder: type[BaseModel] | None
+                   ) -> list[str]:
+    """The sections of ``root`` (``parallel``, ``training``, ...) other than ``holder`` with a
+    key ``name``: where a key given in the wrong place (``tp`` at the top level) belongs."""
+    found = []
+    for section, field in root.model_fields.items():
+        models = [m for m in _models_in(field.annotation).values() if m is not holder]
+        if any(name in m.model_fields for m in models):
+            found.append(section)
+    return found
+
+
 def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     err = exc.errors()[0]
     if err["type"] == INVALID:
@@ -591,7 +603,10 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
     if err["type"] == "extra_forbidden":
         known = list(holder.model_fields) if holder is not None else []
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        elsewhere = _sections_with(root, str(loc[-1]), holder)
         hint = f" (did you mean {close[0]!r}?)" if close else (
+            f" (it belongs in the {' or '.join(f'{s}:' for s in elsewhere)} section, as "
+            f"{' or '.join(f'{s}.{loc[-1]}' for s in elsewhere)})" if elsewhere else
             f" (known keys: {', '.join(known)})" if known else "")
         return f"unknown key {key!r}{hint}"
     if err["type"] == "missing":

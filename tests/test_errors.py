@@ -232,3 +232,22 @@ def test_fixed_search_on_a_jobs_file_says_jobs_not_synthetic() -> None:
                                     "--no-progress"]))
     assert line.startswith("error: jobs: ") and "'sim run'" in line, line
     assert "synthetic" not in line, line
+
+
+@pytest.mark.parametrize(("data", "needle"), [
+    ({k: v for k, v in BASE.items() if k != "parallel"} | {"tp": 2, "pp": 4},
+     "unknown key 'tp' (it belongs in the parallel: section, as parallel.tp)"),
+    (_with(model__micro_batch_size=2),
+     "unknown key 'model.micro_batch_size' (it belongs in the training: section, as "
+     "training.micro_batch_size)"),
+    (BASE | {"encoder": {"preset": "vit-b-16"}},
+     "(it belongs in the model: or parallel: section, as model.encoder or parallel.encoder)"),
+], ids=["tp-at-top-level", "mbs-under-model", "encoder-at-top-level"])
+def test_fixed_key_in_the_wrong_section_names_its_section(tmp_path: Path, data: dict,
+                                                          needle: str) -> None:
+    """Fixed: ``tp: 2`` at the top level (``parallel:`` forgotten) listed the top-level keys,
+    which do not include tp; now the line names the section the key belongs in."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    line = one_error_line(*run_cli(["run", str(path), "--json"]))
+    assert needle in line, line
