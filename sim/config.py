@@ -586,6 +586,18 @@ MAX_SHOWN = 80
 named, not printed)."""
 
 
+def _sections_with(root: type[BaseModel], name: str, holder: type[BaseModel] | None
+                   ) -> list[str]:
+    """The sections of ``root`` (``parallel``, ``training``, ...) other than ``holder`` with a
+    key ``name``: where a key given in the wrong place (``tp`` at the top level) belongs."""
+    found = []
+    for section, field in root.model_fields.items():
+        models = [m for m in _models_in(field.annotation).values() if m is not holder]
+        if any(name in m.model_fields for m in models):
+            found.append(section)
+    return found
+
+
 def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str:
     err = exc.errors()[0]
     if err["type"] == INVALID:
@@ -595,16 +607,28 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
     if err["type"] == "extra_forbidden":
         known = list(holder.model_fields) if holder is not None else []
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        elsewhere = _sections_with(root, str(loc[-1]), holder)
         hint = f" (did you mean {close[0]!r}?)" if close else (
+            f" (it belongs in the {' or '.join(f'{s}:' for s in elsewhere)} section, as "
+            f"{' or '.join(f'{s}.{loc[-1]}' for s in elsewhere)})" if elsewhere else
             f" (known keys: {', '.join(known)})" if known else "")
         return f"unknown key {key!r}{hint}"
     if err["type"] == "missing":
         return f"{key}: required key is missing"
+    if err["type"] == "model_type":  # a section given as something other than a mapping
+        given = err.get("input")
+        empty = " (an empty section: leave it out for its defaults)" if given is None else ""
+        return f"{key}: input should be a mapping of keys, got {_value_text(given)}{empty}"
     msg = err["msg"][0].lower() + err["msg"][1:]
-    shown = repr(err.get("input"))
+    return f"{key}: {msg}, got {_value_text(err.get('input'))}"
+
+
+def _value_text(value: Any) -> str:
+    """``value`` as an error line shows it: its repr, cut at :data:`MAX_SHOWN`."""
+    shown = repr(value)
     if len(shown) > MAX_SHOWN:
         shown = shown[:MAX_SHOWN - 3] + "..."
-    return f"{key}: {msg}, got {shown}"
+    return shown
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -612,8 +636,12 @@ M = TypeVar("M", bound=BaseModel)
 
 def validated(root: type[M], data: Any) -> M:
     """``data`` (a parsed file) validated as ``root``; ConfigError naming key and value."""
+    if data is None:
+        raise ConfigError("the experiment is empty; it needs at least 'model:' and 'cluster:' "
+                          "(README.md, 'The experiment file')")
     if not isinstance(data, dict):
-        raise ConfigError(f"the experiment must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(f"the experiment must be a mapping of keys, got a "
+                          f"{type(data).__name__}: {_value_text(data)}")
     try:
         return root.model_validate(data)
     except ValidationError as exc:

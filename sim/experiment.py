@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import heapq
 import math
 from dataclasses import dataclass, fields, is_dataclass, replace
@@ -328,6 +329,21 @@ def _num_microbatches(cfg: ExperimentConfig, dp: int) -> tuple[int, int]:
     return t.num_microbatches, t.num_microbatches * per_step
 
 
+def _unknown_schedule(name: str, path: Path) -> str:
+    """The error for a ``schedule`` that is neither a built-in name nor a file: a name with a
+    path separator or a suffix is taken for a missing file (and where it was looked for is
+    said), anything else for a misspelled schedule (with the closest built-in one)."""
+    names = ", ".join(SCHEDULES)
+    if "/" in name or "\\" in name or Path(name).suffix:
+        where = f"{name!r}" if path == Path(name) else f"{name!r} or {str(path)!r}"
+        return (f"schedule: schedule file {name!r} does not exist (looked for {where}); "
+                f"give an existing file or one of {names}")
+    close = difflib.get_close_matches(name, list(SCHEDULES), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"schedule: unknown schedule {name!r}{hint}; choose one of {names} or give a " \
+        "schedule file path"
+
+
 def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | None
                     ) -> schedules.Schedule:
     name, v = cfg.schedule, cfg.parallel.vpp
@@ -358,8 +374,7 @@ def _build_schedule(cfg: ExperimentConfig, pp: int, m: int, base_dir: Path | Non
         if base_dir is not None and not path.is_absolute() and not path.exists():
             path = base_dir / path
         if not path.is_file():
-            raise ConfigError(f"schedule: unknown schedule {name!r}; choose one of "
-                              f"{', '.join(SCHEDULES)} or give a schedule file path")
+            raise ConfigError(_unknown_schedule(name, path))
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:

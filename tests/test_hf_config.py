@@ -4,13 +4,15 @@ counts (tests/fixtures/hf/README.md names each config's source), refusals."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from base.errors import ConfigError
-from sim.api import simulate
+from sim.api import load_experiment, simulate
 from sim.cli.run import summary_table
 from sim.experiment import build_experiment
 from sim.search import Evaluator, Screener, SearchContext
@@ -354,3 +356,24 @@ def test_overrides_keep_the_import_honest(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="model.num_layers=1: the model's last 1 layers are "
                                           "multi-token prediction modules"):
         build_experiment(data)
+
+
+def test_the_documented_example_loads_from_the_repository_root(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """docs/experiment.md "Hugging Face configs": its YAML block, written anywhere, loads with
+    the path taken from the current directory (the repository root), and a path that exists
+    only beside the experiment file is taken from there."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "experiment.md").read_text(encoding="utf-8")
+    section = text[text.index("## Hugging Face configs"):text.index("## Custom schedule files")]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block is not None
+    (tmp_path / "exp.yaml").write_text(block.group(1), encoding="utf-8")
+    monkeypatch.chdir(root)
+    exp = load_experiment(tmp_path / "exp.yaml")
+    assert exp.model.num_layers == 32 and exp.model.seq_length == 4096
+    data = yaml.safe_load(block.group(1))
+    data["model"]["hf_config"] = "cfg.json"  # beside the experiment file only
+    (tmp_path / "cfg.json").write_text((FIX / "llama2-7b.json").read_text(), encoding="utf-8")
+    (tmp_path / "exp2.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    assert load_experiment(tmp_path / "exp2.yaml").model.num_layers == 32

@@ -38,7 +38,9 @@ one up; a uniform cluster stores none and answers ``gpu`` for every rank.
 
 from __future__ import annotations
 
+import difflib
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +60,29 @@ Endpoint = int | str
 
 Link = tuple[str, str]
 """A directed link by its end nodes' names, ``(from, to)``."""
+
+
+def node_hint(name: str, graph: nx.Graph) -> str:
+    """What a misnamed node could have been, for a fault's ``link``: the graph's names by
+    pattern (``gpu0..gpu15``, ``host{n}/nic{n}`` x 16, ...) and, for a name of no pattern
+    the graph has, the closest node name."""
+    names: dict[str, list[str]] = {}
+    for node in graph:
+        names.setdefault(re.sub(r"\d+", "{n}", str(node)), []).append(str(node))
+    shown = []
+    for key, group in sorted(names.items()):
+        if len(group) == 1:
+            shown.append(group[0])
+        elif key.count("{n}") == 1:
+            numbers = [int(re.findall(r"\d+", g)[0]) for g in group]
+            shown.append(f"{key.format(n=min(numbers))}..{key.format(n=max(numbers))}")
+        else:
+            shown.append(f"{key} x {len(group)}")
+    known = ", ".join(shown)
+    if re.sub(r"\d+", "{n}", name) in names:
+        return f" (nodes: {known})"
+    close = difflib.get_close_matches(name, [str(n) for n in graph], n=1)
+    return f" (did you mean {close[0]!r}? nodes: {known})" if close else f" (nodes: {known})"
 
 
 @dataclass(frozen=True)
@@ -416,7 +441,8 @@ class Cluster:
         """Graph node of an endpoint: ``gpu{rank}`` for an int, the name itself for a str."""
         if isinstance(endpoint, str):
             if endpoint not in self.graph:
-                raise TopologyError(f"cluster {self.name}: no node {endpoint!r}")
+                raise TopologyError(f"cluster {self.name}: no node {endpoint!r}"
+                                    f"{node_hint(endpoint, self.graph)}")
             return endpoint
         if not 0 <= endpoint < self.num_gpus:
             raise TopologyError(f"cluster {self.name}: no GPU {endpoint} "

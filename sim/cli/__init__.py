@@ -52,12 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.register(sub)
+    parser.set_defaults(parsers=sub.choices)
     return parser
+
+
+def _parsed(argv: Sequence[str] | None) -> argparse.Namespace:
+    """``argv`` parsed; an option the sub-command does not take is reported with that
+    sub-command's ``--help`` (``sim compare --fidelity``), not the top level's."""
+    args, extras = build_parser().parse_known_args(argv)
+    if extras:
+        args.parsers[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``sim`` with ``argv``; returns the exit status (2 for any invalid input)."""
-    args = build_parser().parse_args(argv)
+    args = _parsed(argv)
     try:
         return args.func(args)
     except SimError as exc:

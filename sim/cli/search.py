@@ -85,7 +85,11 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
     data = read_yaml(args.file)
     if not isinstance(data, dict):
-        raise ConfigError(f"file {args.file!r}: the experiment must be a mapping of keys")
+        raise ConfigError(f"file {args.file!r}: the experiment must be a mapping of keys, "
+                          f"got {'an empty file' if data is None else type(data).__name__}")
+    if "jobs" in data:  # not 'needs a transformer model': the jobs' models are not read
+        raise ConfigError("jobs: a file of several jobs is simulated by 'sim run' (sim.jobs); "
+                          "sim search takes one experiment (model, cluster, parallel, training)")
     pins = pins_from_file(data) if args.pin_from_file else {}
     pins.update(parse_pins(args.fix))
     out = check_output_dir(args.out) if args.out else None  # fails before searching

@@ -154,12 +154,19 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _corpus(args: argparse.Namespace) -> list:
     """The corpus sources to validate: those of ``--corpus DIR``, else the shipped corpus
     unless ``--data`` names one sweep CSV (then none)."""
-    from sim.corpus import CORPUS_DIR, load_corpus
+    from sim.corpus import COLUMNS, CORPUS_DIR, corpus_files, load_corpus
 
     if args.corpus:
         directory = Path(args.corpus)
         if not directory.is_dir():
             raise ConfigError(f"--corpus: {args.corpus!r} is not a directory")
+        if not corpus_files(directory):  # a wrong directory would validate the sweep alone
+            others = sorted(p.name for p in directory.glob("*.csv"))
+            found = (f"its CSVs ({', '.join(others[:5])}{', ...' if len(others) > 5 else ''}) "
+                     "have another header" if others else "it holds no CSV")
+            raise ConfigError(f"--corpus: {args.corpus!r} holds no corpus CSV (a header "
+                              f"starting {','.join(COLUMNS[:4])},...; {found}); e.g. copy one "
+                              "of sim/data/validation/*.csv there")
         return load_corpus(directory)
     return [] if args.data else load_corpus(CORPUS_DIR)
 

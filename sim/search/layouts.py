@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -167,6 +168,17 @@ Pins = Mapping[str, tuple[Any, ...]]
 """Allowed values per pinned dimension."""
 
 
+def _bad_pin(part: str, name: str, has_value: bool) -> str:
+    """The error for a ``--fix`` part that is not KEY=VALUE with a known KEY: what was
+    given, the closest accepted name and every accepted one (short forms included)."""
+    short = [SHORT_NAMES.get(d, d) for d in DIMS] + ["placement"]
+    close = difflib.get_close_matches(name, list(ALIASES), n=1) if has_value else []
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    what = f"unknown key {name!r}{hint}; expected" if has_value else "expected"
+    return (f"--fix {part!r}: {what} KEY=VALUE with KEY one of {', '.join(short)} or its "
+            f"file key ({', '.join([*CONFIG_KEYS.values(), PLACEMENT_KEY])})")
+
+
 def parse_pins(specs: Iterable[str]) -> dict[str, tuple[Any, ...]]:
     """Parse ``--fix`` arguments: ``"parallel.tp=8,schedule=1f1b"``, ``"mbs=1|2"``.
 
@@ -181,8 +193,7 @@ def parse_pins(specs: Iterable[str]) -> dict[str, tuple[Any, ...]]:
             name, eq, values = part.partition("=")
             dim = ALIASES.get(name.strip())
             if not eq or dim is None:
-                raise ConfigError(f"--fix {part!r}: expected KEY=VALUE with KEY one of "
-                                  f"{', '.join([*CONFIG_KEYS.values(), PLACEMENT_KEY])}")
+                raise ConfigError(_bad_pin(part, name.strip(), bool(eq)))
             parsed = tuple(dict.fromkeys(_parse_value(dim, v) for v in values.split("|")))
             if dim in pins:  # pinned again: keep the values both allow
                 both = tuple(v for v in pins[dim] if v in parsed)
