@@ -33,7 +33,8 @@ and 2,469 MiB before the full lowering emitted a packed program (docs/full-fidel
 30.0 s and 1,314 MiB after, medians of three interleaved runs each at load average 2-3
 (the memory target reached, the CPU one only just: the engine's per-member and per-flow
 work is ~80% of it); the
-405B row (estimated at 19.7 million instructions at :mod:`sim.budget`'s 400 B each, 7.9 GB)
+405B row (estimated at 19.7 million instructions at :mod:`sim.budget`'s then 400 B each,
+7.9 GB; 5.9 GB at the 300 B a packed instruction it charges now, ``sim/data/budget.toml``)
 completed in 6,634 MiB and 236 s of CPU (17.1 million instructions; reached), and in 3,106 MiB
 and 139 s of CPU with the packed program (one run, not side by side).
 """

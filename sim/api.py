@@ -363,12 +363,12 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     if fidelity == "auto":
         must = bool(slowdown or mixed or link_changes or servers)
         fidelity = "full" if exp.cluster.num_gpus <= AUTO_FULL_MAX_GPUS or must else "collapsed"
-        if fidelity == "full" and not must and not work.fits("full"):
+        if fidelity == "full" and not must and not work.fits("full", packs=not reference):
             fidelity = "collapsed"
             note = (f"fidelity auto: full would create about "
                     f"{work.instructions('full')[0]:,.0f} instructions, "
                     f"more than {budget.MAX_PROGRAM_BYTES / 1e9:g} GB; simulated collapsed")
-    work.check(fidelity)
+    work.check(fidelity, packs=not reference)
     collapse = None
     timer = collective_timer or (CollectiveTimer(exp.cluster) if reference
                                  else CollectiveTimer.shared(exp.cluster))

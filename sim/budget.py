@@ -9,41 +9,60 @@ program lowered) and refused with the estimate and the key that drives it:
 * :data:`MAX_SCHEDULE_OPS` bounds the ops of one step's pipeline schedule
   (:func:`check_schedule_ops`, when the experiment is built);
 * :data:`MAX_PROGRAM_BYTES` bounds the lowered program, estimated as instructions
-  (:func:`estimate`) times :data:`BYTES_PER_INSTRUCTION` (:meth:`Estimate.check`, before
-  lowering); ``fidelity: auto`` falls back to ``collapsed`` where full would not fit.
+  (:func:`estimate`) times the bytes per instruction of the representation the run will
+  hold them in (:meth:`Estimate.charge`: packed or named tuples, ZeRO-3 apart; measured,
+  ``sim/data/budget.toml``; :meth:`Estimate.check`, before lowering); ``fidelity: auto``
+  falls back to ``collapsed`` where full would not fit.
 """
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError
 from workloads.costs import RingAttention
+from workloads.lowering.groups import replica_coords
 from workloads.schedules import Op
 
 MAX_SCHEDULE_OPS = 2_000_000
 """Most ops one step's schedule may hold (all pipeline ranks): about a minute of
 building and lowering, 100 times the largest bundled example (pp·vpp·m·kinds·k)."""
 
-BYTES_PER_INSTRUCTION = 400
-"""Memory per lowered instruction through a full-fidelity simulation (the instruction, the
-engine's times and DAG, the statistics' intervals and the idle breakdown's chain sums; the
-timeline's records are made only when read), measured as peak RSS above the interpreter's
-(70 MiB) over estimated instructions, issue 22, on the large runs it bounds, rounded up
-(``python benchmarks/scale.py --only full-1024,175b-1024-full,175b-4096-full``, 2026-12-05):
-400 B (LLaMA 7B, TP2 PP4 DP128 on 1,024 A100, ``full-1024``: 628,736 estimated and 541,696
-lowered instructions, 310 MiB), 375 B (GPT-3 175B, TP8 PP8 DP16 on 1,024 A100: 920,576
-estimated, 399 MiB) and 352 B (the same on 4,096 A100, 16 micro-batches: 7,364,608
-estimated, 2,544 MiB). Small runs take more per instruction (GPT-3 175B on 256 A100: 419 B,
-162 MiB), but they are far from the bound. Before the records were deferred and the engine's
-and idle breakdown's state held in arrays: 800 B (0.77 KB for GPT-3 175B on 4,096 A100, 6.4
-million instructions, 4.9 GB); before the idle breakdown's gaps were split on arrays and its
-peak trimmed: 450 B."""
+DATA_FILE = Path(__file__).parent / "data" / "budget.toml"
+"""The bytes charged per instruction of each representation, with the runs that measured
+them and the command (``benchmarks/budget.py``)."""
+
+REPRESENTATIONS = ("packed", "tuples")
+"""How a lowered program is held through the simulation: ``packed``, one full-fidelity
+step (:class:`workloads.packed.PackedBuilder`'s columns); ``tuples``, the program as named
+tuples (several steps copied by :func:`workloads.multistep.repeat_program`, local SGD's
+step without DP, the reference path, the merged jobs of :mod:`sim.jobs`, a collapsed
+program)."""
+
+
+def _charges(key: str) -> dict[str, int]:
+    with DATA_FILE.open("rb") as fh:
+        data = tomllib.load(fh)
+    return {rep: int(data[rep][key]) for rep in REPRESENTATIONS}
+
+
+BYTES_PER_INSTRUCTION: dict[str, int] = _charges("bytes_per_instruction")
+"""Memory per estimated instruction through a full-fidelity simulation (the instruction, the
+engine's times, DAG and flows, the statistics' intervals and the idle breakdown's chain
+sums; the timeline's records are made only when read), per representation: peak RSS above
+the RSS before the simulation over estimated instructions, the largest measured, rounded up
+(``sim/data/budget.toml``, which lists the runs)."""
+
+ZERO3_BYTES_PER_INSTRUCTION: dict[str, int] = _charges("zero3_bytes_per_instruction")
+"""The same for ZeRO-3 across replicas, measured apart: its per-layer gathers and
+reduce-scatters take about twice the memory per estimated instruction."""
 
 MAX_PROGRAM_BYTES = 8e9
 """Memory a lowered program may need (instructions times :data:`BYTES_PER_INSTRUCTION`):
-8 GB, what a laptop can give; about 8 million instructions."""
+8 GB, what a laptop can give."""
 
 KINDS_PER_OP = 3
 """Schedule ops per stage and micro-batch at most: F, B and W (zero-bubble splits)."""
@@ -107,6 +126,12 @@ class Estimate:
     num_gpus: int
     num_microbatches: int
     steps: int
+    zero3: bool = False
+    """ZeRO-3 across more than one replica (:data:`ZERO3_BYTES_PER_INSTRUCTION`)."""
+    copies: bool = False
+    """The run also simulates a copy of its program as named tuples: local SGD's step
+    without DP communication (:func:`workloads.multistep.without_dp`), beside the step
+    with it."""
 
     def instructions(self, fidelity: str) -> tuple[float, str]:
         """About how many instructions lowering at ``fidelity`` (``full`` or ``collapsed``)
@@ -121,25 +146,48 @@ class Estimate:
             key = f"training micro-batches={self.num_microbatches}"
         return total, key
 
-    def fits(self, fidelity: str) -> bool:
-        """Whether the lowered program stays within :data:`MAX_PROGRAM_BYTES`."""
-        return self.instructions(fidelity)[0] * BYTES_PER_INSTRUCTION <= MAX_PROGRAM_BYTES
+    def representation(self, fidelity: str, packs: bool = True) -> str:
+        """How the run holds its program (:data:`REPRESENTATIONS`): packed for one step
+        lowered in full where the caller ``packs`` (not the reference lowering, not
+        :mod:`sim.jobs`' merged program), named tuples otherwise."""
+        return "packed" if fidelity == "full" and self.steps == 1 and packs else "tuples"
 
-    def check(self, fidelity: str) -> None:
+    def charge(self, fidelity: str, packs: bool = True) -> int:
+        """Bytes per estimated instruction: those of the run's representation
+        (:data:`BYTES_PER_INSTRUCTION`, :data:`ZERO3_BYTES_PER_INSTRUCTION`), and those of
+        named tuples again where the run also simulates a copy (:attr:`copies`)."""
+        table = ZERO3_BYTES_PER_INSTRUCTION if self.zero3 else BYTES_PER_INSTRUCTION
+        copy = table["tuples"] if self.copies else 0
+        return table[self.representation(fidelity, packs)] + copy
+
+    def bytes(self, fidelity: str, packs: bool = True) -> tuple[float, float, str]:
+        """Instructions at ``fidelity``, the memory they take through the run
+        (:meth:`charge` each) and the key that drives them (:meth:`instructions`)."""
+        n, key = self.instructions(fidelity)
+        return n, n * self.charge(fidelity, packs), key
+
+    def fits(self, fidelity: str, packs: bool = True) -> bool:
+        """Whether the lowered program stays within :data:`MAX_PROGRAM_BYTES`."""
+        return self.bytes(fidelity, packs)[1] <= MAX_PROGRAM_BYTES
+
+    def check(self, fidelity: str, packs: bool = True) -> None:
         """ConfigError naming the key that drives the estimate unless the lowered program
         stays within :data:`MAX_PROGRAM_BYTES`."""
-        n, key = self.instructions(fidelity)
-        need = n * BYTES_PER_INSTRUCTION
+        n, need, key = self.bytes(fidelity, packs)
         if need > MAX_PROGRAM_BYTES:
             hint = "; use fidelity collapsed" if fidelity == "full" else ""
             raise ConfigError(f"{key}: the simulation would create about {n:,.0f} instructions "
-                              f"(~{need / 1e9:,.1f} GB at {BYTES_PER_INSTRUCTION} B each), more "
-                              f"than the {MAX_PROGRAM_BYTES / 1e9:g} GB a run may use{hint}")
+                              f"(~{need / 1e9:,.1f} GB at {self.charge(fidelity, packs)} B "
+                              f"each), more than the {MAX_PROGRAM_BYTES / 1e9:g} GB a run may "
+                              f"use{hint}")
 
 
 def estimate(exp: Any, steps: int = 1) -> Estimate:
     """The :class:`Estimate` of ``steps`` steps of ``exp`` (one pass over its schedule)."""
     pp = exp.placement.degree("pp")
     buckets, bucket = _bucket_instructions(exp)
+    replicas = len(replica_coords(exp.placement))
+    zero3 = exp.config.parallel.zero_stage == 3 and replicas > 1
+    local_sgd = exp.config.training.sync_every > 1 and replicas > 1
     return Estimate(_op_instructions(exp) / pp, buckets, bucket, pp, exp.cluster.num_gpus,
-                    exp.num_microbatches, steps)
+                    exp.num_microbatches, steps, zero3, local_sgd)

@@ -47,7 +47,7 @@ from base.errors import DeadlockError
 from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.network import FlowNetwork
-from sim.plans import _CompiledPlan, _PlanRun
+from sim.plans import CompiledPlan, PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
@@ -235,7 +235,7 @@ class _Run:
         self.refresh_pending = False
         self._plans: dict[tuple, CollectivePlan] = {}
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
-        self._compiled: dict[int, _CompiledPlan] = {}
+        self._compiled: dict[int, CompiledPlan] = {}
         """Per plan (by identity; plans live in ``_plans``), what running it needs."""
         self.members: dict[int, list[int]] = {}
         """Collectives in progress: key -> the members arrived."""
@@ -617,9 +617,9 @@ class _Run:
         last."""
         compiled = self._compiled.get(id(steps))
         if compiled is None:
-            compiled = self._compiled[id(steps)] = _CompiledPlan(self.topology, steps,
+            compiled = self._compiled[id(steps)] = CompiledPlan(self.topology, steps,
                                                                  self.route, self.epoch)
-        _PlanRun(self, compiled, done, arg).begin()
+        PlanRun(self, compiled, done, arg).begin()
 
     # ------------------------------------------------------------------ run
 

@@ -200,13 +200,15 @@ def _link_utilisation(cluster: Cluster, bytes_on_link: dict[int, float], span_s:
 
 def _check_budget(jobset: JobSet, steps: Sequence[int]) -> None:
     """ConfigError naming the largest job unless the merged program stays within
-    :data:`sim.budget.MAX_PROGRAM_BYTES` (every job at full fidelity)."""
-    sizes = [budget.estimate(job.experiment, n).instructions("full")[0]
+    :data:`sim.budget.MAX_PROGRAM_BYTES` (every job at full fidelity, its instructions
+    merged into one program of named tuples)."""
+    sizes = [budget.estimate(job.experiment, n).bytes("full", packs=False)
              for job, n in zip(jobset.jobs, steps, strict=True)]
-    need = sum(sizes) * budget.BYTES_PER_INSTRUCTION
+    need = sum(size for _, size, _ in sizes)
     if need > budget.MAX_PROGRAM_BYTES:
-        largest = jobset.jobs[sizes.index(max(sizes))].name
-        raise ConfigError(f"jobs: together they would create about {sum(sizes):,.0f} "
+        largest = jobset.jobs[max(range(len(sizes)), key=lambda j: sizes[j][1])].name
+        raise ConfigError(f"jobs: together they would create about "
+                          f"{sum(n for n, _, _ in sizes):,.0f} "
                           f"instructions (~{need / 1e9:,.1f} GB), more than the "
                           f"{budget.MAX_PROGRAM_BYTES / 1e9:g} GB a run may use; the largest "
                           f"is job {largest!r} (fewer GPUs or micro-batches)")

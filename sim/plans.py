@@ -1,6 +1,6 @@
 """A collective plan's transfers as the engine runs them (:mod:`sim.engine`): resolved once per
-run (:class:`_CompiledPlan`), and each execution starting its transfers as their dependencies
-arrive (:class:`_PlanRun`)."""
+run (:class:`CompiledPlan`), and each execution starting its transfers as their dependencies
+arrive (:class:`PlanRun`)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ if TYPE_CHECKING:
     from sim.engine import _Run
 
 
-class _CompiledPlan:
+class CompiledPlan:
     """A plan's transfers resolved once per run: routes, start delays and dependency lists.
 
     ``route``: the run's routes (link indices into the run's cluster); ``epoch``: the
     run's routing epoch they were taken in. A link failure in the middle of the run starts
     a new epoch, and a transfer started after it takes its route again (:meth:`links_of`;
     its start delay, the plan's latency, is kept). ``now`` and ``later``: the roots (the
-    transfers without dependencies) as :meth:`_PlanRun._start` starts them, worked out
+    transfers without dependencies) as :meth:`PlanRun._start` starts them, worked out
     once: those without delay in order, then per delay (in order of first occurrence) its
     roots in order."""
 
@@ -60,7 +60,7 @@ class _CompiledPlan:
         return self.links[k]
 
 
-class _PlanRun:
+class PlanRun:
     """One execution of a compiled plan: transfers start as their dependencies arrive.
 
     A transfer waits its start delay (:func:`step_latency_s`), then moves its
@@ -72,7 +72,7 @@ class _PlanRun:
 
     __slots__ = ("arg", "done", "draining", "left", "plan", "queue", "run", "waiting")
 
-    def __init__(self, run: _Run, plan: _CompiledPlan, done: Callable[[int], None],
+    def __init__(self, run: _Run, plan: CompiledPlan, done: Callable[[int], None],
                  arg: int) -> None:
         self.run = run
         self.plan = plan

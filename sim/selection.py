@@ -19,17 +19,14 @@ from typing import TYPE_CHECKING
 
 from base.errors import ConfigError
 from sim import nvls, transports, treepipe
+from sim.channels import TopologyView, ring_channels, ring_order, tree_channels
 from sim.collectives import (
     ALGORITHMS_BY_OP,
     AUTO,
     OPS,
-    TopologyView,
     Transfer,
     check,
     plan,
-    ring_channels,
-    ring_order,
-    tree_channels,
 )
 from sim.protocols import (
     AUTO_PROTOCOL,
@@ -160,7 +157,7 @@ WAN_ONLY = ("hierarchical",)
 """Chosen by ``auto`` only for a group that spans sites (:attr:`GroupProfile.num_sites`).
 Inside one site the frameworks call NCCL, which has no hierarchical (Horovod's three
 phases; intra-server first) all-reduce, reduce-scatter, all-gather or all-to-all: it
-crosses servers with one ring channel per NIC (:func:`sim.collectives.ring_channels`) and
+crosses servers with one ring channel per NIC (:func:`sim.channels.ring_channels`) and
 runs all-to-all as pairwise sends. Hierarchical moves fewer bytes through the NICs when a
 group has several ranks per server (a ring exports (n-1)/n of the data per server and
 channel, hierarchical (m-1)/m with m servers), so taking it there made a run faster than

@@ -12,7 +12,7 @@ PURE = [
     "workloads.schedules", "workloads.costs", "workloads.lowering", "workloads.models",
     "workloads.program", "topologies.graphs", "topologies.cluster", "topologies.presets",
     "topologies.placement", "topologies.hardware", "topologies.config", "topologies.build",
-    "sim.collectives", "sim.network",
+    "sim.collectives", "sim.channels", "sim.network",
     "sim.stats", "sim.export", "sim.device", "sim.config", "sim.experiment", "sim.timeline",
     "workloads.multistep", "sim.idle", "sim.faults", "sim.faults_config", "workloads.seqchunks",
     "workloads.memory", "workloads.registry", "base.errors", "base.outputs", "base.schema",

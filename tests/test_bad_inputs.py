@@ -164,8 +164,9 @@ def test_reported_inputs_are_refused_up_front(tmp_path: Path, base: dict, key: s
                                               value: Any, argv: list[str], needle: str) -> None:
     data = _with(base, key, value)
     if key == "cluster.num_gpus" and value == 16384:
-        # 32 micro-batches: ~31 million instructions, ~12 GB at sim.budget's 400 B each
-        data = _with(_with(data, "parallel.dp", 2048), "training.global_batch_size", 131072)
+        # 64 micro-batches: ~62 million instructions, ~18.6 GB at sim.budget's 300 B a
+        # packed instruction (32 micro-batches, ~31 million, would fit at 7.8 GB)
+        data = _with(_with(data, "parallel.dp", 2048), "training.global_batch_size", 262144)
     path = _write(tmp_path, data)
     rc, out, err, seconds = run_cli(["run", str(path), "--json", *argv])
     assert_clean(rc, out, err, seconds, f"{key}={value}")

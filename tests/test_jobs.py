@@ -13,6 +13,7 @@ import yaml
 from conftest import ROOT
 
 from base.errors import ConfigError
+from sim import budget
 from sim.api import simulate
 from sim.experiment import build_experiment
 from sim.jobs import build_jobs, load_jobs, simulate_jobs
@@ -170,6 +171,12 @@ def test_jobs_too_large_to_simulate_are_refused() -> None:
     data = {"cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
             "jobs": [_tp_job("a", "0-7"), {**_tp_job("b", "8-15"),
                                            "training": {"global_batch_size": 60_000}}]}
-    # ~20.6 million instructions, ~8.2 GB at sim.budget's 400 B each
-    with pytest.raises(ConfigError, match="largest is job 'b'"):
-        simulate_jobs(build_jobs(data))
+    jobs = build_jobs(data)
+    # ~20.6 million instructions merged into one program of named tuples: ~10.3 GB at
+    # sim.budget's 500 B each; one packed step of them (300 B each) would fit
+    n, need, _ = budget.estimate(jobs.jobs[1].experiment).bytes("full", packs=False)
+    assert need > budget.MAX_PROGRAM_BYTES >= budget.estimate(jobs.jobs[1].experiment).bytes(
+        "full")[1] + budget.estimate(jobs.jobs[0].experiment).bytes("full")[1]
+    with pytest.raises(ConfigError, match=r"~10\.\d GB\), more than the 8 GB a run may use; "
+                                          "the largest is job 'b'"):
+        simulate_jobs(jobs)

@@ -9,6 +9,7 @@ Every ``import`` counts, also those inside functions and under ``TYPE_CHECKING``
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,19 @@ def violations(path: Path) -> list[str]:
 def test_every_import_looks_down() -> None:
     bad = [v for path in project_modules() for v in violations(path)]
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_the_layers_cover_every_package() -> None:
+    """Every top-level package of the tree (and of ``pyproject.toml``'s list) has a layer,
+    so :func:`test_every_import_looks_down` reads all of them; ``tests/test_structure.py``
+    walks the same packages."""
+    from test_structure import PACKAGES
+
+    on_disk = {p.parent.name for p in ROOT.glob("*/__init__.py")}
+    listed = set(re.findall(r'"(\w+)\*"', (ROOT / "pyproject.toml").read_text(encoding="utf-8")))
+    tops = {name.split(".")[0] for name in LAYERS}
+    assert on_disk == listed == tops == set(PACKAGES), (on_disk, listed, tops, PACKAGES)
+    assert {p.relative_to(ROOT).parts[0] for p in project_modules()} == tops
 
 
 def test_base_imports_nothing_of_the_project() -> None:
