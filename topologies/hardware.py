@@ -49,6 +49,14 @@ class GPUSpec:
     peak_fp8_flops: float | None = None
     """Dense FP8 tensor-core peak, FLOP/s (same datasheet); None on GPUs without FP8 tensor
     cores (A100)."""
+    power_limit_w: float | None = None
+    """The board power limit the GPU runs under, W; None: its TDP, the datasheet's peaks
+    (:func:`topologies.power.capped` sets it, with :attr:`compute_fraction`)."""
+    compute_fraction: float = 1.0
+    """Tensor-core throughput under :attr:`power_limit_w` over that at the TDP (1.0 uncapped;
+    :func:`topologies.power.throughput_fraction`): what the device model multiplies into the
+    peaks of compute-bound kernels. The peaks above stay the datasheet's, so MFU is against
+    them."""
 
     @property
     def hbm_capacity_gib(self) -> float:
@@ -108,6 +116,9 @@ GPUS: dict[str, GPUSpec] = {
     )
 }
 """GPU presets by name."""
+
+DEFAULT_GPU = "A100-80GB"
+"""The GPU of an explicit topology that names none."""
 
 IDEAL_GPU = GPUSpec("ideal", float("inf"), float("inf"), float("inf"), float("inf"),
                     "infinitely fast, for schedule studies with the synthetic model")
