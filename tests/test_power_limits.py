@@ -104,7 +104,7 @@ def test_a_capped_step_is_slower_but_not_by_more_than_the_compute_factor():
 @pytest.mark.parametrize(("cluster", "words"), [
     ({"preset": "dgx-h100", "gpu_power_limit_w": 150}, ("150 W", "below", "200 W", "200-700")),
     ({"preset": "dgx-h100", "gpu_power_limit_w": 800}, ("800 W", "above", "TDP 700 W")),
-    ({"preset": "dgx-a100-80g", "gpu_power_limit_w": 300}, ("A100-80GB", "H100")),
+    ({"preset": "dgx-a100-80g", "gpu_power_limit_w": 300}, ("A100-80GB", "TDP 400 W", "H100")),
     ({"topology": "switch", "link_bandwidth_GBps": 50, "gpu": "h800",
       "gpu_power_limit_w": 100}, ("H800", "100 W", "200 W")),
     ({"nodes": [{"preset": "dgx-h100", "count": 1}], "gpu_power_limit_w": 701},
@@ -120,10 +120,13 @@ def test_limits_outside_the_range_are_refused_naming_both_sides(cluster, words):
         assert word in message
 
 
-def test_every_capable_gpu_has_a_range_within_its_datasheet():
+def test_every_gpu_has_its_datasheet_tdp_and_capable_ones_a_range_up_to_it():
+    for spec in GPUS.values():
+        assert spec.tdp_w and f"{spec.tdp_w:,.0f} W" in spec.source.replace("1.2 kW", "1,200 W"), \
+            spec.name
     for name in capable_gpus():
         rng = power_range(name)
-        assert name in GPUS and 0 < rng.min_w < rng.tdp_w and rng.source
+        assert name in GPUS and 0 < rng.min_w < rng.tdp_w == GPUS[name].tdp_w and rng.source
         assert rng.points[-1] == (rng.tdp_w, 1.0)
 
 

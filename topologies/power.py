@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from importlib.resources import files
 
-from topologies.hardware import GPUSpec
+from topologies.hardware import GPUS, GPUSpec
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class PowerRange:
     min_w: float
     """The lowest limit the board accepts (NVML's minimum power limit), W."""
     tdp_w: float
-    """The board's TDP, its highest settable limit, W: the throughput of the datasheet peak."""
+    """The board's TDP, its highest settable limit, W (:attr:`GPUSpec.tdp_w
+    <topologies.hardware.GPUSpec.tdp_w>`, the datasheet's): where the peaks hold."""
     points: tuple[tuple[float, float], ...]
     """(power limit W, throughput fraction of that at the TDP), ascending in power."""
     source: str
@@ -58,8 +59,8 @@ def power_range(gpu_name: str) -> PowerRange | None:
         if gpu_name in table["gpus"]:
             lim = table["limits"][gpu_name]
             points = tuple(sorted((float(p), float(r)) for p, r in table["points"]))
-            return PowerRange(gpu_name, die, float(lim["min_w"]), float(lim["tdp_w"]), points,
-                              f"{lim['source']}; throughput: {table['points_source']}")
+            return PowerRange(gpu_name, die, float(lim["min_w"]), float(GPUS[gpu_name].tdp_w),
+                              points, f"{lim['source']}; throughput: {table['points_source']}")
     return None
 
 
@@ -89,8 +90,9 @@ def capped(spec: GPUSpec, limit_w: float | None) -> GPUSpec:
         return spec
     rng = power_range(spec.name)
     if rng is None:
+        tdp = "" if spec.tdp_w is None else f" (TDP {spec.tdp_w:g} W)"
         raise ValueError(f"no published throughput-versus-power-limit relation for GPU "
-                         f"{spec.name!r}; a power limit can be set on "
+                         f"{spec.name!r}{tdp}; a power limit can be set on "
                          f"{', '.join(capable_gpus())}")
     if limit_w < rng.min_w:
         raise ValueError(f"{limit_w:g} W is below the {spec.name}'s minimum power limit "
