@@ -2,8 +2,8 @@
 
 The data, each number beside its source, are in ``power_limits.toml``: per GPU die, the
 products' rated dense tensor throughput at their power limits (``points``), and per GPU preset
-the range of limits it accepts, [min_w, tdp_w]. A power limit P gives the GPU's compute-bound
-kernels (GEMMs, attention, FP8 GEMMs) the fraction
+the lowest limit it accepts (the highest is its datasheet TDP, ``GPUSpec.tdp_w``). A limit P
+gives the GPU's compute-bound kernels (GEMMs, attention, FP8 GEMMs) the fraction
 
     r(P) = r_i · (P / P_i)^α_i,   α_i = ln(r_{i+1} / r_i) / ln(P_{i+1} / P_i),
 
