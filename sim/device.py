@@ -120,8 +120,12 @@ def compute_time_s(
     attention_kernel: str = "flash2",
     gemm_dims: tuple[tuple[float, float], ...] = (),
 ) -> float:
-    """Time of a run of kernels doing the given work on ``gpu``."""
-    peak, hbm = gpu.peak_bf16_flops, gpu.hbm_bandwidth_Bps
+    """Time of a run of kernels doing the given work on ``gpu``.
+
+    Under a power limit (:attr:`GPUSpec.compute_fraction <topologies.hardware.GPUSpec.
+    compute_fraction>` below 1, :mod:`topologies.power`) the compute-bound classes, GEMMs and
+    attention, run at that fraction of the peak; the memory-bound ones keep the HBM rate."""
+    peak, hbm = gpu.peak_bf16_flops * gpu.compute_fraction, gpu.hbm_bandwidth_Bps
     t = 0.0
     if flops or hbm_bytes:
         t = max(profile.gemm_time_s(flops, gemm_dims, peak),

@@ -28,7 +28,8 @@ from topologies.config import (
     TopologyCluster,
 )
 from topologies.graphs import Fabric, multi_site
-from topologies.hardware import GPUS, GPUSpec, gpu_spec
+from topologies.hardware import DEFAULT_GPU, GPUS, GPUSpec, gpu_spec
+from topologies.power import capped
 from topologies.presets import (
     FABRIC_OF_TOPOLOGY,
     SERVERS,
@@ -40,10 +41,6 @@ from topologies.presets import (
     server_graph,
     set_server_links,
 )
-
-DEFAULT_GPU = "A100-80GB"
-"""The GPU of an explicit topology that names none."""
-
 
 CLUSTER_CACHE = 4
 """Clusters :func:`build_cluster` keeps, by description (the least recently used go
@@ -157,10 +154,11 @@ def _uniform_cluster(c: PresetCluster | TopologyCluster) -> Cluster:
         graphs = [server_graph(c.preset, n, _server_fabric(c), c.nics_per_node, nic)
                   for _ in range(sites)]
         name = c.preset if c.topology is None else f"{c.preset}/{c.topology}"
-        gpu, per_node, launch = GPUS[server.gpu], server.gpus_per_node, server.collective_launch_s
+        gpu = _power_capped(GPUS[server.gpu], c.gpu_power_limit_w, server.gpu_power_limit_w)
+        per_node, launch = server.gpus_per_node, server.collective_launch_s
         protocol = server.protocol
     else:
-        gpu = gpu_spec(c.gpu or DEFAULT_GPU)
+        gpu = _power_capped(gpu_spec(c.gpu or DEFAULT_GPU), c.gpu_power_limit_w)
         graphs = [_explicit_graph(c, gpu, n) for _ in range(sites)]
         name, per_node, launch = f"{c.topology}{c.num_gpus}", c.gpus_per_node or 1, 0.0
         protocol = None
@@ -204,10 +202,24 @@ def _mixed_cluster(c: PresetNodesCluster | GpuNodesCluster) -> Cluster:
         if c.topology is not None:
             name = f"{name}/{c.topology}"
         launch = SERVERS[types[0]].collective_launch_s
-        gpus = tuple(GPUS[SERVERS[t].gpu] for t in types for _ in range(per_node))
+        specs = {t: _power_capped(GPUS[SERVERS[t].gpu], c.gpu_power_limit_w,
+                                  SERVERS[t].gpu_power_limit_w) for t in dict.fromkeys(types)}
     else:
         name, launch = f"{c.topology}{c.num_gpus}", 0.0
-        gpus = tuple(gpu_spec(t) for t in types for _ in range(per_node))
+        specs = {t: _power_capped(gpu_spec(t), c.gpu_power_limit_w) for t in dict.fromkeys(types)}
+    gpus = tuple(specs[t] for t in types for _ in range(per_node))
     graph, name = _join_sites(c, graphs, name)
     return Cluster(name, graph, gpus[0], per_node,
                    **_collective_settings(c).cluster_kwargs(launch), gpus=gpus)
+
+
+def _power_capped(gpu: GPUSpec, limit_w: float | None, preset_w: float | None = None
+                  ) -> GPUSpec:
+    """``gpu`` under ``cluster.gpu_power_limit_w``, else under its server preset's limit
+    (:attr:`~topologies.presets.ServerPreset.gpu_power_limit_w`), else uncapped. The config
+    checked the cluster's limit against every GPU's range (:mod:`topologies.power`)."""
+    limit = limit_w if limit_w is not None else preset_w
+    try:
+        return capped(gpu, limit)
+    except ValueError as exc:
+        raise ConfigError(f"cluster.gpu_power_limit_w={limit!r}: {exc}") from None

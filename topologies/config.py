@@ -24,7 +24,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
 
 from base.schema import INVALID, Strict, invalid
-from topologies.hardware import gpu_spec
+from topologies.hardware import DEFAULT_GPU, gpu_spec
+from topologies.power import capped
 from topologies.presets import FABRIC_OF_TOPOLOGY, PRESET_NAMES, SERVERS, TOPOLOGIES
 
 Topology = Literal["switch", "ring", "full-mesh", "torus2d", "torus3d", "fat-tree",
@@ -191,6 +192,24 @@ class Networked(_Kind):
     """Per WAN link and direction, 1 Mb = 1e6 bit; required with sites > 1."""
     wan_latency_ms: float | None = Field(None, ge=0)
     """Per WAN link; required with sites > 1."""
+    gpu_power_limit_w: float | None = Field(None, gt=0)
+    """Board power limit of every GPU, W (``nvidia-smi -pl``), between the GPU's minimum
+    limit and its TDP (``topologies/power_limits.toml``; H100 SXM variants: 200-700 W);
+    default: the server preset's stated limit (``grand-teton-h100``: 500 W), else the TDP.
+    Below the TDP, GEMMs and attention run at the published throughput fraction of that
+    limit (:mod:`topologies.power`); memory-bound kernels keep their rate."""
+
+    def check_power_limit(self, gpus: tuple[str, ...]) -> None:
+        """Raise unless :attr:`gpu_power_limit_w` is within the range of each GPU of
+        ``gpus`` (names, case-insensitive), naming the limit and the range."""
+        if self.gpu_power_limit_w is None:
+            return
+        for name in dict.fromkeys(gpu_spec(g).name for g in gpus):
+            try:
+                capped(gpu_spec(name), self.gpu_power_limit_w)
+            except ValueError as exc:
+                raise invalid(f"cluster.gpu_power_limit_w={self.gpu_power_limit_w:g}: "
+                              f"{exc}") from None
 
     @model_validator(mode="after")
     def _shape_and_sites(self) -> Networked:
@@ -325,6 +344,7 @@ class PresetCluster(ServerFabric):
             raise invalid(f"cluster.sites={sites} does not divide "
                           f"cluster.num_gpus={self.num_gpus}")
         self.check_wan()
+        self.check_power_limit((SERVERS[self.preset].gpu,))
         return self
 
 
@@ -356,6 +376,7 @@ class TopologyCluster(ExplicitLinks):
             except KeyError as exc:
                 raise invalid(f"cluster.gpu: {exc.args[0]}") from None
         self.check_wan()
+        self.check_power_limit((self.gpu or DEFAULT_GPU,))
         return self
 
 
@@ -407,7 +428,12 @@ class _Nodes(Networked):
             raise invalid(f"cluster.sites={sites} does not divide the {servers} servers of "
                           "cluster.nodes")
         self.check_wan()
+        self.check_power_limit(tuple(self.group_gpu(g) for g in self.nodes))
         return self
+
+    def group_gpu(self, group: NodeGroupConfig) -> str:
+        """The GPU type of ``group``'s servers."""
+        return SERVERS[group.preset].gpu if group.preset else str(group.gpu)
 
     def check_group(self, k: int, group: NodeGroupConfig) -> None:
         """Raise unless group ``k``'s type is known."""

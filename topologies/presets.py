@@ -72,6 +72,12 @@ class ServerPreset:
     """The NCCL protocol the servers' network transport requires (``NCCL_PROTO``), which
     ring and tree collectives run under unless the cluster sets ``collective_protocol``;
     None: NCCL's choice per size."""
+    gpu_power_limit_w: float | None = None
+    """The board power limit the servers' GPUs run under where their owner states one below
+    the TDP (:mod:`topologies.power`); None: the TDP. ``cluster.gpu_power_limit_w`` overrides
+    it."""
+    gpu_power_limit_source: str = ""
+    """Where :attr:`gpu_power_limit_w` is stated."""
     transport: str | None = None
     """The NICs' transport where it is not InfiniBand or RoCE (``tcpxo``: Google's
     GPUDirect-TCPXO), whose NCCL settings (its fixed ``NCCL_BUFFSIZE``, its tuner's rules)
@@ -133,6 +139,11 @@ SERVERS: dict[str, ServerPreset] = {
                                      source="Meta Grand Teton: 8x H100 96GB on NVLink, 400 Gb/s "
                                             "RDMA per GPU (pytorch/torchtitan benchmarks/"
                                             "llama3_h100_202412_torchtitan.md)",
+                                     gpu_power_limit_w=500.0,
+                                     gpu_power_limit_source="pytorch/torchtitan benchmarks/"
+                                     "llama3_h100_202412_torchtitan.md, Hardware: \"We used the "
+                                     "default 500W power limit, although tuning it up to 700W "
+                                     "TDP can potentially provide further speedups\"",
                                      **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "dgx-b200": ServerPreset("B200", 8, 400e9 / 8, nvls=True,
                              source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB",
