@@ -95,7 +95,8 @@ def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
 
 StateTerms = tuple[float, tuple[tuple[float, float | None, float | None], ...]]
 """Static bytes of all stages, and per screened pipeline rank (optimizer step, ZeRO's
-parameter all-gather or None, ZeRO-3's DP stream per micro-batch or None)."""
+parameter all-gather or None, ZeRO-3's DP stream per micro-batch or None); no ranks
+where the model state alone cannot fit (:meth:`Bounds._state_terms`)."""
 
 
 def state_family(layout: Layout) -> tuple[Any, ...]:
@@ -704,7 +705,10 @@ class Bounds:
         if static is None:
             static = self._static[key] = costs.static_bytes(stages)
         stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
-        if stage_rank is None:
+        if stage_rank is None or not self._fits(self._gib(static / layout.pp, 0.0)):
+            # the second: the model state alone does not fit, so no layout of the family
+            # passes the quick memory bound (activations only add to it) and its step
+            # terms (optimizer, DP collectives) are never read
             return static, ()
         split = layout.schedule in self._split_schedules()
         types = self.rank_types(layout)
