@@ -111,6 +111,38 @@ class StageOps:
             segs = memo[key] = self._op_segments(op, split_backward, markers)
         return segs
 
+    def op_work(self, op: Op, split_backward: bool) -> tuple[Segment, ...]:
+        """:meth:`op_segments` without markers and with its layers' segments unnamed (empty
+        labels): the same segments, field for field, but their labels, built from one
+        layer's segments per cost model instead of one per layer (what the search's bounds
+        read: the work and the collectives, not the names; a test checks the equality).
+        Kept on the instance like :meth:`op_segments`."""
+        memo = self.__dict__.setdefault("_memo_op_segments", {})
+        key = (op, split_backward, "work")
+        segs = memo.get(key)
+        if segs is None:
+            segs = memo[key] = self._op_segments(op, split_backward, False, labels=False)
+        return segs
+
+    def _layer_segments(self, layer: int, backward: bool, deferred: bool, labels: bool
+                        ) -> list[Segment] | tuple[Segment, ...]:
+        """Transformer block ``layer``'s segments in an op without markers: its forward (or
+        backward) and its ZeRO-3 copies; unnamed (``labels`` false) they are the same for
+        every layer of one cost model (:meth:`_layer`), so worked out once and kept on it."""
+        c = self._layer(layer)
+        if labels:
+            name = f"L{layer}"
+            return ((c._layer_backward(name, weight_grad_deferred=deferred) if backward
+                     else c._layer_forward(name)) + c._zero3_copies(name, backward=backward))
+        memo = c.__dict__.setdefault("_memo_layer_work", {})
+        key = (backward, deferred)
+        segs = memo.get(key)
+        if segs is None:
+            segs = memo[key] = tuple(
+                (c._layer_backward("", weight_grad_deferred=deferred) if backward
+                 else c._layer_forward("")) + c._zero3_copies("", backward=backward))
+        return segs
+
     def _partition_gathers(self, op: Op, last: bool) -> list[Segment]:
         """The TP all-gathers of partitioned pipeline messages an op starts with
         (:attr:`pp_partition_gathers`, t > 1): a forward after the first stage gathers its
@@ -126,11 +158,14 @@ class StageOps:
                     CommSeg("pipe grad all-gather", "tp", "all_gather", nbytes)]
         return []
 
-    def _op_segments(self, op: Op, split_backward: bool, markers: bool
+    def _op_segments(self, op: Op, split_backward: bool, markers: bool, labels: bool = True
                      ) -> tuple[Segment, ...]:
-        """:meth:`op_segments`, worked out."""
+        """:meth:`op_segments`, worked out (``labels`` false, without markers:
+        :meth:`op_work`)."""
         if op.seq >= 0 and self.seq_chunks > 1:
-            return self.seq_chunk(op.seq).op_segments(op, split_backward, markers)
+            chunk = self.seq_chunk(op.seq)
+            return (chunk.op_segments(op, split_backward, markers) if labels
+                    else chunk.op_work(op, split_backward))
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
         gather = markers and (self.zero_stage == 3
@@ -140,7 +175,12 @@ class StageOps:
             # overlap_param_gather beyond stage 0: one bucket, gathered whole before the op
             segs.append(self._stage_gather(op.stage))
             gather = False
-        if op.kind == FORWARD:
+        if op.kind == FORWARD and not markers:
+            for layer in layers:
+                segs += self._layer_segments(layer, False, False, labels)
+            if last:
+                segs.append(self._head(backward=False))
+        elif op.kind == FORWARD:
             for layer in layers:
                 c = self._layer(layer)
                 if gather:
@@ -162,6 +202,9 @@ class StageOps:
                 if ready:
                     segs.append(GradReady("head grads", self._head_grad_bytes(op.stage)))
             for layer in reversed(layers):
+                if not markers:
+                    segs += self._layer_segments(layer, True, split_backward, labels)
+                    continue
                 c = self._layer(layer)
                 if gather:
                     segs.append(ParamGather(f"L{layer} params", BF16 * c._layer_params_tp,

@@ -70,6 +70,21 @@ def _op_stage_key(costs: TransformerCosts, stage: int) -> tuple[Any, ...]:
             stage == len(costs.stage_layers) - 1)
 
 
+def _op_key(costs: TransformerCosts, stage: int, kind: str, split: bool) -> tuple[Any, ...]:
+    """What one op's compute and TP collectives (:meth:`TransformerCosts.op_segments`
+    without markers) read: :func:`_work_shape`, :func:`_op_stage_key`, the op's kind and
+    whether the backward is split. A forward reads neither whether the backward is split
+    nor, without partitioned pipeline gathers (whose input all-gather only a forward after
+    the first stage runs), whether its stage is the first: such forwards share entries
+    (a test checks the independence)."""
+    layers, dense, first, last = _op_stage_key(costs, stage)
+    if kind == FORWARD:
+        split = False
+        if not (getattr(costs, "pp_partition_gathers", False) and costs.tp > 1):
+            first = False
+    return (*_work_shape(costs), layers, dense, first, last, kind, split)
+
+
 def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
     """What the model state (:meth:`TransformerCosts.static_bytes`) and the optimizer step
     depend on: parameters per GPU and how ZeRO shards them, not the micro-batch, SP or
@@ -80,7 +95,8 @@ def _state_shape(costs: TransformerCosts) -> tuple[Any, ...]:
 
 StateTerms = tuple[float, tuple[tuple[float, float | None, float | None], ...]]
 """Static bytes of all stages, and per screened pipeline rank (optimizer step, ZeRO's
-parameter all-gather or None, ZeRO-3's DP stream per micro-batch or None)."""
+parameter all-gather or None, ZeRO-3's DP stream per micro-batch or None); no ranks
+where the model state alone cannot fit (:meth:`Bounds._state_terms`)."""
 
 
 def state_family(layout: Layout) -> tuple[Any, ...]:
@@ -300,12 +316,12 @@ class Bounds:
         (:func:`workloads.lowering._fold`); the leading and trailing ones run on
         their own stream and are left out (a bound may only leave work out).
         """
-        key = (*_work_shape(costs), *_op_stage_key(costs, stage), kind, split, types)
+        key = (*_op_key(costs, stage, kind, split), types)
         hit = self._op_cache.get(key)
         if hit is not None:
             return hit
         kernel = costs.attention
-        segs = costs.op_segments(Op(stage, kind, 0), split)
+        segs = costs.op_work(Op(stage, kind, 0), split)  # op_segments, unnamed layers
         at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
         work: list[tuple[ComputeSeg, int]] = []
         comms = []
@@ -380,13 +396,15 @@ class Bounds:
                    layout: Layout, r: int, one: bool = False) -> float:
         """The TP collectives a collapsed simulation folds into one op of ``stage`` on rank r
         (``one``: see :meth:`_collective_s`)."""
-        key = ("op", *_work_shape(costs), *_op_stage_key(costs, stage), kind, split, layout.dp,
-               layout.pp, r, one)
+        key = ("op", *_op_key(costs, stage, kind, split), layout.dp, layout.pp, r, one)
         t = self._comm.get(key)
         if t is None:
             comms = self._op_time(costs, stage, kind, split)[1]
-            t = self._comm[key] = sum(self._collective_s("tp", layout, r, op, nbytes, one)
-                                      for op, nbytes in comms)
+            each: dict[tuple[str, float], float] = {}  # an op's layers repeat the same few
+            for c in comms:
+                if c not in each:
+                    each[c] = self._collective_s("tp", layout, r, c[0], c[1], one)
+            t = self._comm[key] = sum(each[c] for c in comms)  # in order: the same float
         return t
 
     def _table(self, layout: Layout, costs: TransformerCosts, plan: Plan) -> list[float]:
@@ -687,7 +705,10 @@ class Bounds:
         if static is None:
             static = self._static[key] = costs.static_bytes(stages)
         stage_rank = self._stage_rank(layout.schedule, layout.pp, layout.vpp)
-        if stage_rank is None:
+        if stage_rank is None or not self._fits(self._gib(static / layout.pp, 0.0)):
+            # the second: the model state alone does not fit, so no layout of the family
+            # passes the quick memory bound (activations only add to it) and its step
+            # terms (optimizer, DP collectives) are never read
             return static, ()
         split = layout.schedule in self._split_schedules()
         types = self.rank_types(layout)
