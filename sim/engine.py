@@ -52,12 +52,20 @@ from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
 from workloads.packed import (
+    COLLECTIVE_ALGO,
+    COLLECTIVE_DURATION_S,
     COLLECTIVE_GROUP,
     COLLECTIVE_KEY,
+    COLLECTIVE_NBYTES,
+    COLLECTIVE_OP,
+    COLLECTIVE_SKEW,
     COMPUTE_BLOCKING_S,
     PackedInstructions,
 )
 from workloads.program import (
+    CLASS_CODE,
+    COLLECTIVE,
+    COMPUTE,
     Collective,
     ColumnarInstructions,
     Compute,
@@ -260,6 +268,9 @@ class _Run:
         of the last one of them, ``batch_at`` their end."""
         self.batch_seq = -1
         self.batch_at = -1.0
+        self._tables: tuple | None = None
+        """Per template of a packed program, what :meth:`_start_ready` reads
+        (:meth:`_packed_tables`); made at the first start."""
         instrs = program.instructions
         by_work = bool(getattr(timer, "by_work", False))
         self.packed: tuple = ((instrs.templates, instrs.tpl, by_work,
@@ -269,6 +280,8 @@ class _Run:
         ``by_work``, whether ``timer`` reads only a compute op's fields after its deps (its
         work, as :meth:`workloads.program.ProgramBuilder.work` holds them), its ops of one
         template then timed once (the durations, per template); (None,) * 4: not packed."""
+        if self.env is None and self.packed[0] is not None:  # the own heap's fast path
+            self._release = self._release_packed  # type: ignore[method-assign]
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -378,6 +391,125 @@ class _Run:
             if ready and not self.draining:
                 self._drain()
         self.completed += len(ids)
+
+    def _release_packed(self, ids: list[int] | tuple[int, ...]) -> None:
+        """:meth:`_release` and :meth:`_drain` in one, for a packed program on the own heap:
+        the same completions and starts in the same order (each completion's successors
+        released, then every instruction ready started before the next completes; nested
+        completions while starting, as a zero-time op's, only release), with the drain's
+        state set up once per call instead of once per completion, and an instruction's
+        class, compute time and collective fields read from per-template tables instead of
+        its template tuple each time (its object made only for a send, or for a timer that
+        reads more than the work). The reference is :meth:`_release` with :meth:`_drain`
+        (SimPy's queue, and a plain program on the own heap): ``tests/test_packed.py`` and
+        ``tests/test_differential.py`` run both."""
+        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
+        succ, first, now = self.succ, self.first, self.now
+        if self.draining:  # a completion while starting (zero-time): release only
+            for i in ids:
+                finished[i] = 1
+                ended[i] = now
+                for j in succ[first[i]:first[i + 1]]:
+                    left = waiting[j] - 1
+                    waiting[j] = left
+                    if not left:
+                        ready.append(j)
+            self.completed += len(ids)
+            return
+        self.draining = True
+        self._start_ready(ids)
+        self.draining = False
+        self.completed += len(ids)
+
+    def _start_ready(self, ids: Sequence[int]) -> None:
+        """:meth:`_release_packed`'s loop: complete ``ids`` in turn, each followed by starting
+        every instruction then ready (the drain, :meth:`_drain`'s packed branch)."""
+        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
+        succ, first, now = self.succ, self.first, self.now
+        instrs, members, started, mid = self.program.instructions, self.members, self.started, \
+            self.mid
+        timer, complete, heap = self.timer, self._complete, self.heap
+        tables = self._tables
+        if tables is None:
+            tables = self._tables = self._packed_tables()
+        code, rests, timed = tables
+        by_work = self.packed[2]
+        tpl = self.packed[1]
+        key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
+        popleft, append = ready.popleft, ready.append
+        for i in ids:
+            finished[i] = 1
+            ended[i] = now
+            for j in succ[first[i]:first[i + 1]]:
+                left = waiting[j] - 1
+                waiting[j] = left
+                if not left:
+                    append(j)
+            while ready:
+                i = popleft()
+                t = tpl[i]
+                c = code[t]
+                if c == COMPUTE:
+                    pair = timed[t] if by_work else None  # once per template
+                    if pair is None:
+                        duration = timer(instrs._make(i))
+                        pair = (duration, duration + rests[t][blocking_at])
+                        if by_work:
+                            timed[t] = pair
+                    duration, total = pair
+                    started[i] = now
+                    mid[i] = now + duration
+                    if not total > 0:
+                        complete(i)
+                        continue
+                    at = now + total  # _after on the own heap, inline
+                    batch = self.batch
+                    events = self.events
+                    if batch is not None and self.batch_seq == events and self.batch_at == at:
+                        batch.append(i)  # the next event in SimPy's order: the same entry
+                    else:
+                        self.batch = batch = [i]
+                        self.batch_at = at
+                        heappush(heap, (at, events + 1, _Run._complete, batch))  # _loop
+                    self.events = self.batch_seq = events + 1
+                elif c == COLLECTIVE:  # a member arrives (without the object)
+                    started[i] = now
+                    rest = rests[t]
+                    key = rest[key_at]
+                    arrived = members.get(key)
+                    if arrived is None:
+                        members[key] = arrived = [i]
+                    else:
+                        arrived.append(i)
+                    if len(arrived) >= len(rest[group_at]):
+                        self._arrived_packed(rest, key)
+                else:
+                    self._start_send(i, instrs._make(i))
+
+    def _packed_tables(self) -> tuple[bytes, list[tuple], list[tuple[float, float] | None]]:
+        """Per template of a packed program: its class code, its ``rest`` (the fields after
+        the deps), and a compute op's (duration, duration + blocking communication) once
+        timed (where ``by_work``)."""
+        templates = self.packed[0]
+        code = bytes(CLASS_CODE[cls] for cls, _, _ in templates)
+        return code, [rest for _, _, rest in templates], [None] * len(templates)
+
+    def _arrived_packed(self, rest: tuple, key: int) -> None:
+        """:meth:`_arrived` for a packed program's collective, from its template's ``rest``."""
+        duration = rest[COLLECTIVE_DURATION_S]
+        if duration is not None:  # precomputed (collapsed simulation)
+            self._after(duration, self._end_collective, key)
+            return
+        spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
+                rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
+        plan = self._plans.get(spec)
+        if plan is None:
+            plan = self._plans[spec] = collective_plan(self.topology, *spec[:4], self._profiles,
+                                                       spec[4])
+        if plan.launch_s > 0:
+            self._after(plan.launch_s, self._launched, (key, plan))
+        else:
+            self._launched((key, plan))
 
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
