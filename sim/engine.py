@@ -46,6 +46,7 @@ from base.collector import gc_paused
 from base.errors import DeadlockError
 from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
+from sim.fastnet import FastFlowNetwork
 from sim.network import FlowNetwork
 from sim.plans import _CompiledPlan, _PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
@@ -215,7 +216,9 @@ class _Run:
         self.program = program
         self.cluster = cluster
         self.timer = timer
-        self.net = FlowNetwork(cluster.link_bandwidth_Bps)
+        self.net = (FlowNetwork if reference else FastFlowNetwork)(cluster.link_bandwidth_Bps)
+        """The flow network: the reference's on SimPy's queue, its fast path
+        (:class:`sim.fastnet.FastFlowNetwork`, the same rates) on the own heap."""
         self.route: Callable[[Endpoint, Endpoint], Route] = cluster.route
         """Routes as link indices into ``cluster.links`` (those of
         :class:`~topologies.cluster.Rerouted` after a link failure)."""
