@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import defaultdict
 from collections.abc import Mapping
 
-from sim.network import _REL_EPS, FlowNetwork, _filled, _Flow
+from sim.network import _REL_EPS, FlowNetwork, _filled
 
-_new_flow = _Flow.__new__
+_new_flow = object.__new__
 
 
 class FastFlowNetwork(FlowNetwork):
@@ -41,17 +42,22 @@ class FastFlowNetwork(FlowNetwork):
         super().__init__(capacity_Bps)
         self._joined = False
         """Whether a flow started since the last re-rating joined a link other flows cross."""
+        self.bytes_on_link: defaultdict[int, float] = defaultdict(float)
         self._least: dict[tuple[int, ...], float | None] = {}
         """Per route's finite links, its smallest capacity; None: it crosses a link twice."""
 
     def start(self, now: float, flow_id: int, links: tuple[int, ...], nbytes: float) -> None:
         self._now = now
+        least_of = self._least
         finite = self._finite.get(links)
         if finite is None:
             cap = self.capacity_Bps
             finite = self._finite[links] = tuple([link for link in links if cap[link] < math.inf])
+        least = least_of.get(finite, -1.0)
+        if least == -1.0:
+            least = least_of[finite] = _least(finite, self.capacity_Bps)
         nbytes = float(nbytes)
-        flow = _new_flow(_Flow)
+        flow = _new_flow(_FastFlow)
         flow.links = links
         flow.remaining_bytes = nbytes
         flow.finite = finite
@@ -59,6 +65,7 @@ class FastFlowNetwork(FlowNetwork):
         flow.end_s = math.inf
         flow.nbytes = nbytes
         flow.since_s = now
+        flow.least = least
         self._flows[flow_id] = flow
         on_link = self._on_link
         for link in finite:  # _attach, inline
@@ -80,28 +87,41 @@ class FastFlowNetwork(FlowNetwork):
         self._joined = True
         super().set_capacity(now, capacity_Bps)
 
+    def reroute(self, now: float, new_links: Mapping[int, tuple[int, ...]]) -> None:
+        super().reroute(now, new_links)
+        for fid in new_links:
+            flow = self._flows[fid]
+            flow.least = _least(flow.finite, self.capacity_Bps)
+
     def _rerate(self, now: float) -> None:
-        if self._joined or self._touched_links:
+        touched = self._touched
+        if self._joined or self._touched_links or len(set(touched)) < len(touched):
             self._joined = False
             super()._rerate(now)
             return
         flows = self._flows
-        comp: dict[int, _Flow] = {}
-        for fid in self._touched:
-            flow = flows.get(fid)
-            if flow is not None:
-                comp[fid] = flow
-        self._touched.clear()
+        comp = [(fid, flow) for fid in touched if (flow := flows.get(fid)) is not None]
+        touched.clear()
         self._shared = False
-        rates = self._alone_rates(comp)
         self.recomputations += 1
         self.rerated_flows += len(comp)
         self._now = now
+        if not comp:
+            return
+        values = {flow.least for _, flow in comp}
+        if None in values:  # a route crossing a link twice: it shares
+            rates = _filled({fid: flow.finite for fid, flow in comp}, self.capacity_Bps)
+            share_of = None
+        elif len(values) == 1:  # every flow's smallest capacity the same: its share
+            least = values.pop()
+            share_of = {least: least}
+        else:
+            share_of = _shares(values)
         ends, push, inf = self._ends, heapq.heappush, math.inf
         group: list[int] = []
         at = None  # the end of the flows in group, the latest entry
-        for fid, flow in comp.items():  # the reference's loop (FlowNetwork._rerate)
-            rate = rates[fid]
+        for fid, flow in comp:  # the reference's loop (FlowNetwork._rerate)
+            rate = share_of[flow.least] if share_of is not None else rates[fid]
             old = flow.rate_Bps
             if rate == old:
                 continue
@@ -123,31 +143,64 @@ class FastFlowNetwork(FlowNetwork):
                 group, at = [fid], end
                 push(ends, (end, fid, group))
 
-    def _alone_rates(self, comp: dict[int, _Flow]) -> dict[int, float]:
-        """:func:`sim.network._alone` of flows each alone on its links, the smallest capacity
-        of each route looked up (worked out at its first use)."""
-        least_of, cap = self._least, self.capacity_Bps
-        smallest: dict[int, float] = {}
-        for fid, flow in comp.items():
-            finite = flow.finite
-            least = least_of.get(finite, -1.0)
-            if least == -1.0:
-                least = least_of[finite] = _least(finite, cap)
-            if least is None:  # a link twice: it shares
-                return _filled({f: fl.finite for f, fl in comp.items()}, cap)
-            smallest[fid] = least
-        values = sorted(set(smallest.values()))
-        if len(values) == 1:  # one share (or none finite): every flow's
-            return dict.fromkeys(smallest, values[0])
-        share_of = {math.inf: math.inf}
-        k = 0
-        while k < len(values) and values[k] < math.inf:
-            share = values[k]
-            within = share * (1 + _REL_EPS)
-            while k < len(values) and values[k] <= within:
-                share_of[values[k]] = share
-                k += 1
-        return {fid: share_of[least] for fid, least in smallest.items()}
+    def finish_due(self, now: float) -> list[int]:
+        """:meth:`FlowNetwork.finish_due`: the same flows, bytes and re-rating; the bytes
+        each link carried added in the same order (:attr:`bytes_on_link` is a
+        ``defaultdict``: ``0.0 + x`` is ``x``)."""
+        limit = now + abs(now) * _REL_EPS
+        ends, flows = self._ends, self._flows
+        due: set[int] = set()
+        while ends and ends[0][0] <= limit:
+            end, _, group = heapq.heappop(ends)
+            for fid in group:
+                flow = flows.get(fid)
+                if flow is not None and flow.end_s == end:
+                    due.add(fid)
+        done = sorted(due)
+        carried, on_link, touched = self.bytes_on_link, self._on_link, self._touched_links
+        pop = flows.pop
+        for fid in done:
+            flow = pop(fid)
+            nbytes = flow.nbytes
+            for link in flow.links:
+                carried[link] += nbytes
+            for link in flow.finite:
+                users = on_link[link]
+                del users[fid]
+                if users:
+                    touched.append(link)
+                else:
+                    del on_link[link]
+        if done or self._dirty:
+            self._rerate(now)
+            self._dirty = False
+        else:
+            self._now = now
+        return done
+
+
+class _FastFlow:
+    """A flow of :class:`FastFlowNetwork`: :class:`sim.network._Flow`'s fields, and the
+    smallest capacity of its route (:func:`_least`)."""
+
+    __slots__ = ("end_s", "finite", "least", "links", "nbytes", "rate_Bps", "remaining_bytes",
+                 "since_s")
+
+
+def _shares(values: set[float]) -> dict[float, float]:
+    """Per smallest capacity of a lone flow's route, its max-min share: the rounds of
+    :func:`sim.network._alone` (capacities within the tie tolerance of a round's share take
+    it)."""
+    ordered = sorted(values)
+    share_of = {math.inf: math.inf}
+    k = 0
+    while k < len(ordered) and ordered[k] < math.inf:
+        share = ordered[k]
+        within = share * (1 + _REL_EPS)
+        while k < len(ordered) and ordered[k] <= within:
+            share_of[ordered[k]] = share
+            k += 1
+    return share_of
 
 
 def _least(finite: tuple[int, ...], capacity_Bps: tuple[float, ...]) -> float | None:
