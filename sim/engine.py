@@ -48,7 +48,7 @@ from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.fastnet import FastFlowNetwork
 from sim.network import FlowNetwork
-from sim.plans import _CompiledPlan, _PlanRun
+from sim.plans import _BundledPlanRun, _CompiledPlan, _PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
@@ -217,6 +217,14 @@ class _Run:
         self.cluster = cluster
         self.timer = timer
         self.net = (FlowNetwork if reference else FastFlowNetwork)(cluster.link_bandwidth_Bps)
+        self.bundling = not reference
+        """Whether a flat collective plan's transfers may start as one bundle of flows
+        (:class:`sim.plans._BundledPlanRun`): on the own heap, while no link changes."""
+        self._finish_due = (self.net.finish_due if reference
+                            else self.net.finish_due_items)  # type: ignore[attr-defined]
+        """What a wake-up finishes: flows by id, a bundle as its first flow (one completion)."""
+        if not reference:
+            self.net.on_split = self._unbundled  # type: ignore[attr-defined]
         """The flow network: the reference's on SimPy's queue, its fast path
         (:class:`sim.fastnet.FastFlowNetwork`, the same rates) on the own heap."""
         self.route: Callable[[Endpoint, Endpoint], Route] = cluster.route
@@ -611,7 +619,7 @@ class _Run:
         if version != self.wake_version:
             return
         self.wake_at = -1.0
-        done = self.net.finish_due(self.now)
+        done = self._finish_due(self.now)
         flow_done, ends = self.flow_done, self.flow_ends
         for fid in done:
             if ends is not None:
@@ -624,6 +632,7 @@ class _Run:
         """From ``at_s`` on, links (by index) carry new bandwidths, flows in flight re-rated
         (:meth:`sim.network.FlowNetwork.set_capacity`); a bandwidth of 0 is a failure
         (:meth:`_fail_links`)."""
+        self.bundling = False  # flows in flight may be rerouted or re-rated one by one
         if any(bps == 0 for bps in capacity_Bps.values()) and self.flow_ends is None:
             self.flow_ends = {}
         self._after(at_s, self._change_links, capacity_Bps)
@@ -664,6 +673,12 @@ class _Run:
         moves = {fid: rerouted.route(*ends[fid]).links for fid in self.net.crossing(failed)}
         if moves:
             self.net.reroute(self.now, moves)
+
+    def _unbundled(self, first: int) -> None:
+        """A bundle of flows (:class:`sim.plans._BundledPlanRun`) became its flows: each one's
+        arrival as if they had started one by one."""
+        on_done, group = self.flow_done[first]
+        on_done.__self__.unbundled(first, group)  # type: ignore[attr-defined]
 
     def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[int], None],
               arg: int, ends: tuple[Endpoint, Endpoint]) -> None:
@@ -754,7 +769,7 @@ class _Run:
         if compiled is None:
             compiled = self._compiled[id(steps)] = _CompiledPlan(self.topology, steps,
                                                                  self.route, self.epoch)
-        _PlanRun(self, compiled, done, arg).begin()
+        (_PlanRun if self.env is not None else _BundledPlanRun)(self, compiled, done, arg).begin()
 
     # ------------------------------------------------------------------ run
 

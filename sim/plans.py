@@ -27,8 +27,8 @@ class _CompiledPlan:
     once: those without delay in order, then per delay (in order of first occurrence) its
     roots in order."""
 
-    __slots__ = ("deps", "dependents", "ends", "epochs", "latency", "later", "links", "nbytes",
-                 "now", "roots")
+    __slots__ = ("deps", "dependents", "ends", "epochs", "flat", "latency", "later", "links",
+                 "nbytes", "now", "roots", "routes")
 
     def __init__(self, cluster: Cluster, steps: tuple[Transfer, ...],
                  route: Callable[[Endpoint, Endpoint], Route] | None = None,
@@ -51,6 +51,13 @@ class _CompiledPlan:
             if self.latency[k] > 0:
                 later.setdefault(self.latency[k], []).append(k)
         self.later = list(later.items())
+        self.flat = (len(self.later) == 1 and not self.now and len(set(self.nbytes)) == 1
+                     and self.nbytes[0] > 0 and all(self.links))
+        """Whether every transfer starts together, after one delay, with no dependency and
+        none depending on it, each of the same bytes over a route: the plan ends when the
+        last of them arrives (:class:`_BundledPlanRun`)."""
+        self.routes: tuple[tuple[int, ...], ...] | None = None
+        """A flat plan's routes in the order its transfers start, once a bundle needed them."""
 
     def links_of(self, k: int, run: _Run) -> tuple[int, ...]:
         """Transfer ``k``'s links, taken again if links failed since they were taken."""
@@ -171,3 +178,44 @@ class _PlanRun:
         self.draining = False
         if self.left == 0:
             self.done(self.arg)
+
+
+class _BundledPlanRun(_PlanRun):
+    """:class:`_PlanRun` on the engine's own heap and its fast network
+    (:class:`sim.fastnet.FastFlowNetwork`): a flat plan's transfers (:attr:`_CompiledPlan.flat`)
+    start as one bundle of flows where their timing is provably that of one flow
+    (:meth:`~sim.fastnet.FastFlowNetwork.start_bundle`), and its one completion ends the
+    plan: the same flows (ids, bytes, rates, ends) and the same completion as their arrivals
+    one by one, the last of which ends the plan (none releases a transfer). Otherwise, and
+    once links change during the run (``run.bundling`` false), :class:`_PlanRun`'s. Its
+    reference is :class:`_PlanRun` on SimPy's queue (``tests/test_differential.py``)."""
+
+    __slots__ = ()
+
+    def _delayed(self, group: list[int]) -> None:
+        plan, run = self.plan, self.run
+        if plan.flat and run.bundling and len(group) == len(plan.deps):
+            fid = run.flows
+            routes = plan.routes
+            if routes is None:
+                routes = plan.routes = tuple([plan.links[k] for k in group])
+            if run.net.start_bundle(run.now, fid, routes,  # type: ignore[attr-defined]
+                                    plan.nbytes[0]):
+                run.flows = fid + len(group)
+                run.flow_done[fid] = (self.bundle_done, group)
+                if not run.refresh_pending:
+                    run.refresh_pending = True
+                    run._after(0, run._refresh)
+                return
+        super()._delayed(group)
+
+    def bundle_done(self, group: list[int]) -> None:
+        """The bundle of transfers ``group`` has arrived: the plan is done."""
+        self.done(self.arg)
+
+    def unbundled(self, first: int, group: list[int]) -> None:
+        """The bundle of transfers ``group`` (flows ``first``, ``first + 1``, ...) became its
+        flows: each arrives on its own, as if started one by one."""
+        flow_done = self.run.flow_done
+        for k, t in enumerate(group):
+            flow_done[first + k] = (self.arrive, t)
