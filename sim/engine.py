@@ -48,7 +48,7 @@ from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.fastnet import FastFlowNetwork
 from sim.network import FlowNetwork
-from sim.plans import _BundledPlanRun, _CompiledPlan, _PlanRun
+from sim.plans import _CompiledPlan, _PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
@@ -219,7 +219,7 @@ class _Run:
         self.net = (FlowNetwork if reference else FastFlowNetwork)(cluster.link_bandwidth_Bps)
         self.bundling = not reference
         """Whether a flat collective plan's transfers may start as one bundle of flows
-        (:class:`sim.plans._BundledPlanRun`): on the own heap, while no link changes."""
+        (:meth:`_bundle_start`): on the own heap, while no link changes."""
         self._finish_due = (self.net.finish_due if reference
                             else self.net.finish_due_items)  # type: ignore[attr-defined]
         """What a wake-up finishes: flows by id, a bundle as its first flow (one completion)."""
@@ -518,9 +518,63 @@ class _Run:
             plan = self._plans[spec] = collective_plan(self.topology, *spec[:4], self._profiles,
                                                        spec[4])
         if plan.launch_s > 0:
-            self._after(plan.launch_s, self._launched, (key, plan))
+            self._after(plan.launch_s, self._launched_own, (key, plan))
         else:
-            self._launched((key, plan))
+            self._launched_own((key, plan))
+
+    def _launched_own(self, value: tuple[int, CollectivePlan]) -> None:
+        """:meth:`_launched` on the own heap: a flat plan (:attr:`_CompiledPlan.flat`: every
+        transfer starts together after one delay, none depending on another, each of the
+        same bytes over a route) schedules the start of its transfers as :class:`_PlanRun`
+        would (one event, after the delay), without the run's object, and they start as
+        one bundle of flows where their timing is provably that of one flow
+        (:meth:`_bundle_start`); any other plan runs as in :meth:`_launched`."""
+        key, plan = value
+        steps = plan.transfers
+        if not steps:
+            self._finish_collective(key)
+            return
+        compiled = self._compiled.get(id(steps))
+        if compiled is None:
+            compiled = self._compiled[id(steps)] = _CompiledPlan(self.topology, steps,
+                                                                 self.route, self.epoch)
+        if compiled.flat and self.bundling:
+            self._after(compiled.later[0][0], self._bundle_start, (compiled, key))
+        else:
+            _PlanRun(self, compiled, self._finish_collective, key).begin()
+
+    def _bundle_start(self, value: tuple[_CompiledPlan, int]) -> None:
+        """A flat plan's delay has passed: its transfers start, as one bundle of flows
+        (:meth:`sim.fastnet.FastFlowNetwork.start_bundle`) whose one completion ends the
+        collective (the last of their arrivals one by one would: none releases a transfer,
+        and no other flow's id lies among theirs), or else one by one
+        (:meth:`_PlanRun._delayed`). The same flows (ids, bytes, rates, ends) either way."""
+        compiled, key = value
+        group = compiled.later[0][1]
+        routes = compiled.routes
+        if routes is None:
+            routes = compiled.routes = tuple([compiled.links[k] for k in group])
+        fid = self.flows
+        if self.bundling and self.net.start_bundle(  # type: ignore[attr-defined]
+                self.now, fid, routes, compiled.nbytes[0]):
+            self.flows = fid + len(group)
+            self.flow_done[fid] = (self._bundle_done, value)
+            if not self.refresh_pending:
+                self.refresh_pending = True
+                self._after(0, self._refresh)
+        else:
+            _PlanRun(self, compiled, self._finish_collective, key)._delayed(group)
+
+    def _bundle_done(self, value: tuple[_CompiledPlan, int]) -> None:
+        self._finish_collective(value[1])
+
+    def _unbundled(self, first: int) -> None:
+        """A bundle of flows (:meth:`_bundle_start`) became its flows: each one's arrival as
+        if they had started one by one (a run of the plan counting them down)."""
+        compiled, key = self.flow_done[first][1]
+        run = _PlanRun(self, compiled, self._finish_collective, key)
+        for k, t in enumerate(compiled.later[0][1]):
+            self.flow_done[first + k] = (run.arrive, t)
 
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
@@ -674,12 +728,6 @@ class _Run:
         if moves:
             self.net.reroute(self.now, moves)
 
-    def _unbundled(self, first: int) -> None:
-        """A bundle of flows (:class:`sim.plans._BundledPlanRun`) became its flows: each one's
-        arrival as if they had started one by one."""
-        on_done, group = self.flow_done[first]
-        on_done.__self__.unbundled(first, group)  # type: ignore[attr-defined]
-
     def _flow(self, links: tuple[int, ...], nbytes: float, on_done: Callable[[int], None],
               arg: int, ends: tuple[Endpoint, Endpoint]) -> None:
         """Start a fair-shared flow from ``ends[0]`` to ``ends[1]`` over ``links`` now;
@@ -769,7 +817,7 @@ class _Run:
         if compiled is None:
             compiled = self._compiled[id(steps)] = _CompiledPlan(self.topology, steps,
                                                                  self.route, self.epoch)
-        (_PlanRun if self.env is not None else _BundledPlanRun)(self, compiled, done, arg).begin()
+        _PlanRun(self, compiled, done, arg).begin()
 
     # ------------------------------------------------------------------ run
 

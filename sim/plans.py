@@ -55,7 +55,7 @@ class _CompiledPlan:
                      and self.nbytes[0] > 0 and all(self.links))
         """Whether every transfer starts together, after one delay, with no dependency and
         none depending on it, each of the same bytes over a route: the plan ends when the
-        last of them arrives (:class:`_BundledPlanRun`)."""
+        last of them arrives (:meth:`sim.engine._Run._bundle_start`)."""
         self.routes: tuple[tuple[int, ...], ...] | None = None
         """A flat plan's routes in the order its transfers start, once a bundle needed them."""
 
@@ -179,43 +179,3 @@ class _PlanRun:
         if self.left == 0:
             self.done(self.arg)
 
-
-class _BundledPlanRun(_PlanRun):
-    """:class:`_PlanRun` on the engine's own heap and its fast network
-    (:class:`sim.fastnet.FastFlowNetwork`): a flat plan's transfers (:attr:`_CompiledPlan.flat`)
-    start as one bundle of flows where their timing is provably that of one flow
-    (:meth:`~sim.fastnet.FastFlowNetwork.start_bundle`), and its one completion ends the
-    plan: the same flows (ids, bytes, rates, ends) and the same completion as their arrivals
-    one by one, the last of which ends the plan (none releases a transfer). Otherwise, and
-    once links change during the run (``run.bundling`` false), :class:`_PlanRun`'s. Its
-    reference is :class:`_PlanRun` on SimPy's queue (``tests/test_differential.py``)."""
-
-    __slots__ = ()
-
-    def _delayed(self, group: list[int]) -> None:
-        plan, run = self.plan, self.run
-        if plan.flat and run.bundling and len(group) == len(plan.deps):
-            fid = run.flows
-            routes = plan.routes
-            if routes is None:
-                routes = plan.routes = tuple([plan.links[k] for k in group])
-            if run.net.start_bundle(run.now, fid, routes,  # type: ignore[attr-defined]
-                                    plan.nbytes[0]):
-                run.flows = fid + len(group)
-                run.flow_done[fid] = (self.bundle_done, group)
-                if not run.refresh_pending:
-                    run.refresh_pending = True
-                    run._after(0, run._refresh)
-                return
-        super()._delayed(group)
-
-    def bundle_done(self, group: list[int]) -> None:
-        """The bundle of transfers ``group`` has arrived: the plan is done."""
-        self.done(self.arg)
-
-    def unbundled(self, first: int, group: list[int]) -> None:
-        """The bundle of transfers ``group`` (flows ``first``, ``first + 1``, ...) became its
-        flows: each arrives on its own, as if started one by one."""
-        flow_done = self.run.flow_done
-        for k, t in enumerate(group):
-            flow_done[first + k] = (self.arrive, t)
