@@ -217,6 +217,8 @@ class _Run:
         self.cluster = cluster
         self.timer = timer
         self.net = (FlowNetwork if reference else FastFlowNetwork)(cluster.link_bandwidth_Bps)
+        """The flow network: the reference's on SimPy's queue, its fast path
+        (:class:`sim.fastnet.FastFlowNetwork`, the same rates) on the own heap."""
         self.bundling = not reference
         """Whether a flat collective plan's transfers may start as one bundle of flows
         (:meth:`_bundle_start`): on the own heap, while no link changes."""
@@ -225,8 +227,6 @@ class _Run:
         """What a wake-up finishes: flows by id, a bundle as its first flow (one completion)."""
         if not reference:
             self.net.on_split = self._unbundled  # type: ignore[attr-defined]
-        """The flow network: the reference's on SimPy's queue, its fast path
-        (:class:`sim.fastnet.FastFlowNetwork`, the same rates) on the own heap."""
         self.route: Callable[[Endpoint, Endpoint], Route] = cluster.route
         """Routes as link indices into ``cluster.links`` (those of
         :class:`~topologies.cluster.Rerouted` after a link failure)."""
