@@ -443,7 +443,8 @@ class _Run:
         tables = self._tables
         if tables is None:
             tables = self._tables = self._packed_tables()
-        code, rests, timed = tables
+        code, timed = tables
+        templates = self.packed[0]
         by_work = self.packed[2]
         tpl = self.packed[1]
         key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
@@ -464,7 +465,7 @@ class _Run:
                     pair = timed[t] if by_work else None  # once per template
                     if pair is None:
                         duration = timer(instrs._make(i))
-                        pair = (duration, duration + rests[t][blocking_at])
+                        pair = (duration, duration + templates[t][2][blocking_at])
                         if by_work:
                             timed[t] = pair
                     duration, total = pair
@@ -485,7 +486,7 @@ class _Run:
                     self.events = self.batch_seq = events + 1
                 elif c == COLLECTIVE:  # a member arrives (without the object)
                     started[i] = now
-                    rest = rests[t]
+                    rest = templates[t][2]
                     key = rest[key_at]
                     arrived = members.get(key)
                     if arrived is None:
@@ -497,13 +498,13 @@ class _Run:
                 else:
                     self._start_send(i, instrs._make(i))
 
-    def _packed_tables(self) -> tuple[bytes, list[tuple], list[tuple[float, float] | None]]:
-        """Per template of a packed program: its class code, its ``rest`` (the fields after
-        the deps), and a compute op's (duration, duration + blocking communication) once
-        timed (where ``by_work``)."""
+    def _packed_tables(self) -> tuple[bytes, list[tuple[float, float] | None]]:
+        """Per template of a packed program: its class code and a compute op's (duration,
+        duration + blocking communication) once timed (where ``by_work``): 9 bytes a
+        template (a collective's members share one; a large run has millions)."""
         templates = self.packed[0]
         code = bytes(CLASS_CODE[cls] for cls, _, _ in templates)
-        return code, [rest for _, _, rest in templates], [None] * len(templates)
+        return code, [None] * len(templates)
 
     def _arrived_packed(self, rest: tuple, key: int) -> None:
         """:meth:`_arrived` for a packed program's collective, from its template's ``rest``."""
