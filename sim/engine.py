@@ -845,6 +845,7 @@ class _Run:
             self.env.run()
         self._check_finished(self.now)
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
+        self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
         if self.env is not None:  # the reference makes the records at once
             return timeline_of(self.program, self.started, self.mid, self.ended)
         return self._summarized()
