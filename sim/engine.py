@@ -46,18 +46,27 @@ from base.collector import gc_paused
 from base.errors import DeadlockError
 from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
+from sim.fastnet import FastFlowNetwork
 from sim.network import FlowNetwork
 from sim.plans import CompiledPlan, PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
 from workloads.packed import (
+    COLLECTIVE_ALGO,
+    COLLECTIVE_DURATION_S,
     COLLECTIVE_GROUP,
     COLLECTIVE_KEY,
+    COLLECTIVE_NBYTES,
+    COLLECTIVE_OP,
+    COLLECTIVE_SKEW,
     COMPUTE_BLOCKING_S,
     PackedInstructions,
 )
 from workloads.program import (
+    CLASS_CODE,
+    COLLECTIVE,
+    COMPUTE,
     Collective,
     ColumnarInstructions,
     Compute,
@@ -207,7 +216,17 @@ class _Run:
         self.program = program
         self.cluster = cluster
         self.timer = timer
-        self.net = FlowNetwork(cluster.link_bandwidth_Bps)
+        self.net = (FlowNetwork if reference else FastFlowNetwork)(cluster.link_bandwidth_Bps)
+        """The flow network: the reference's on SimPy's queue, its fast path
+        (:class:`sim.fastnet.FastFlowNetwork`, the same rates) on the own heap."""
+        self.bundling = not reference
+        """Whether a flat collective plan's transfers may start as one bundle of flows
+        (:meth:`_bundle_start`): on the own heap, while no link changes."""
+        self._finish_due = (self.net.finish_due if reference
+                            else self.net.finish_due_items)  # type: ignore[attr-defined]
+        """What a wake-up finishes: flows by id, a bundle as its first flow (one completion)."""
+        if not reference:
+            self.net.on_split = self._unbundled  # type: ignore[attr-defined]
         self.route: Callable[[Endpoint, Endpoint], Route] = cluster.route
         """Routes as link indices into ``cluster.links`` (those of
         :class:`~topologies.cluster.Rerouted` after a link failure)."""
@@ -260,6 +279,9 @@ class _Run:
         of the last one of them, ``batch_at`` their end."""
         self.batch_seq = -1
         self.batch_at = -1.0
+        self._tables: tuple | None = None
+        """Per template of a packed program, what :meth:`_start_ready` reads
+        (:meth:`_packed_tables`); made at the first start."""
         instrs = program.instructions
         by_work = bool(getattr(timer, "by_work", False))
         self.packed: tuple = ((instrs.templates, instrs.tpl, by_work,
@@ -269,6 +291,8 @@ class _Run:
         ``by_work``, whether ``timer`` reads only a compute op's fields after its deps (its
         work, as :meth:`workloads.program.ProgramBuilder.work` holds them), its ops of one
         template then timed once (the durations, per template); (None,) * 4: not packed."""
+        if self.env is None and self.packed[0] is not None:  # the own heap's fast path
+            self._release = self._release_packed  # type: ignore[method-assign]
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -379,6 +403,180 @@ class _Run:
                 self._drain()
         self.completed += len(ids)
 
+    def _release_packed(self, ids: list[int] | tuple[int, ...]) -> None:
+        """:meth:`_release` and :meth:`_drain` in one, for a packed program on the own heap:
+        the same completions and starts in the same order (each completion's successors
+        released, then every instruction ready started before the next completes; nested
+        completions while starting, as a zero-time op's, only release), with the drain's
+        state set up once per call instead of once per completion, and an instruction's
+        class, compute time and collective fields read from per-template tables instead of
+        its template tuple each time (its object made only for a send, or for a timer that
+        reads more than the work). The reference is :meth:`_release` with :meth:`_drain`
+        (SimPy's queue, and a plain program on the own heap): ``tests/test_packed.py`` and
+        ``tests/test_differential.py`` run both."""
+        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
+        succ, first, now = self.succ, self.first, self.now
+        if self.draining:  # a completion while starting (zero-time): release only
+            for i in ids:
+                finished[i] = 1
+                ended[i] = now
+                for j in succ[first[i]:first[i + 1]]:
+                    left = waiting[j] - 1
+                    waiting[j] = left
+                    if not left:
+                        ready.append(j)
+            self.completed += len(ids)
+            return
+        self.draining = True
+        self._start_ready(ids)
+        self.draining = False
+        self.completed += len(ids)
+
+    def _start_ready(self, ids: Sequence[int]) -> None:
+        """:meth:`_release_packed`'s loop: complete ``ids`` in turn, each followed by starting
+        every instruction then ready (the drain, :meth:`_drain`'s packed branch)."""
+        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
+        succ, first, now = self.succ, self.first, self.now
+        instrs, members, started, mid = self.program.instructions, self.members, self.started, \
+            self.mid
+        timer, complete, heap = self.timer, self._complete, self.heap
+        tables = self._tables
+        if tables is None:
+            tables = self._tables = self._packed_tables()
+        code, timed = tables
+        templates = self.packed[0]
+        by_work = self.packed[2]
+        tpl = self.packed[1]
+        key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
+        popleft, append = ready.popleft, ready.append
+        for i in ids:
+            finished[i] = 1
+            ended[i] = now
+            for j in succ[first[i]:first[i + 1]]:
+                left = waiting[j] - 1
+                waiting[j] = left
+                if not left:
+                    append(j)
+            while ready:
+                i = popleft()
+                t = tpl[i]
+                c = code[t]
+                if c == COMPUTE:
+                    pair = timed[t] if by_work else None  # once per template
+                    if pair is None:
+                        duration = timer(instrs._make(i))
+                        pair = (duration, duration + templates[t][2][blocking_at])
+                        if by_work:
+                            timed[t] = pair
+                    duration, total = pair
+                    started[i] = now
+                    mid[i] = now + duration
+                    if not total > 0:
+                        complete(i)
+                        continue
+                    at = now + total  # _after on the own heap, inline
+                    batch = self.batch
+                    events = self.events
+                    if batch is not None and self.batch_seq == events and self.batch_at == at:
+                        batch.append(i)  # the next event in SimPy's order: the same entry
+                    else:
+                        self.batch = batch = [i]
+                        self.batch_at = at
+                        heappush(heap, (at, events + 1, _Run._complete, batch))  # _loop
+                    self.events = self.batch_seq = events + 1
+                elif c == COLLECTIVE:  # a member arrives (without the object)
+                    started[i] = now
+                    rest = templates[t][2]
+                    key = rest[key_at]
+                    arrived = members.get(key)
+                    if arrived is None:
+                        members[key] = arrived = [i]
+                    else:
+                        arrived.append(i)
+                    if len(arrived) >= len(rest[group_at]):
+                        self._arrived_packed(rest, key)
+                else:
+                    self._start_send(i, instrs._make(i))
+
+    def _packed_tables(self) -> tuple[bytes, list[tuple[float, float] | None]]:
+        """Per template of a packed program: its class code and a compute op's (duration,
+        duration + blocking communication) once timed (where ``by_work``): 9 bytes a
+        template (a collective's members share one; a large run has millions)."""
+        templates = self.packed[0]
+        code = bytes(CLASS_CODE[cls] for cls, _, _ in templates)
+        return code, [None] * len(templates)
+
+    def _arrived_packed(self, rest: tuple, key: int) -> None:
+        """:meth:`_arrived` for a packed program's collective, from its template's ``rest``."""
+        duration = rest[COLLECTIVE_DURATION_S]
+        if duration is not None:  # precomputed (collapsed simulation)
+            self._after(duration, self._end_collective, key)
+            return
+        spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
+                rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
+        plan = self._plans.get(spec)
+        if plan is None:
+            plan = self._plans[spec] = collective_plan(self.topology, *spec[:4], self._profiles,
+                                                       spec[4])
+        if plan.launch_s > 0:
+            self._after(plan.launch_s, self._launched_own, (key, plan))
+        else:
+            self._launched_own((key, plan))
+
+    def _launched_own(self, value: tuple[int, CollectivePlan]) -> None:
+        """:meth:`_launched` on the own heap: a flat plan (:attr:`CompiledPlan.flat`: every
+        transfer starts together after one delay, none depending on another, each of the
+        same bytes over a route) schedules the start of its transfers as :class:`PlanRun`
+        would (one event, after the delay), without the run's object, and they start as
+        one bundle of flows where their timing is provably that of one flow
+        (:meth:`_bundle_start`); any other plan runs as in :meth:`_launched`."""
+        key, plan = value
+        steps = plan.transfers
+        if not steps:
+            self._finish_collective(key)
+            return
+        compiled = self._compiled.get(id(steps))
+        if compiled is None:
+            compiled = self._compiled[id(steps)] = CompiledPlan(self.topology, steps,
+                                                                 self.route, self.epoch)
+        if compiled.flat and self.bundling:
+            self._after(compiled.later[0][0], self._bundle_start, (compiled, key))
+        else:
+            PlanRun(self, compiled, self._finish_collective, key).begin()
+
+    def _bundle_start(self, value: tuple[CompiledPlan, int]) -> None:
+        """A flat plan's delay has passed: its transfers start, as one bundle of flows
+        (:meth:`sim.fastnet.FastFlowNetwork.start_bundle`) whose one completion ends the
+        collective (the last of their arrivals one by one would: none releases a transfer,
+        and no other flow's id lies among theirs), or else one by one
+        (:meth:`PlanRun._delayed`). The same flows (ids, bytes, rates, ends) either way."""
+        compiled, key = value
+        group = compiled.later[0][1]
+        routes = compiled.routes
+        if routes is None:
+            routes = compiled.routes = tuple([compiled.links[k] for k in group])
+        fid = self.flows
+        if self.bundling and self.net.start_bundle(  # type: ignore[attr-defined]
+                self.now, fid, routes, compiled.nbytes[0]):
+            self.flows = fid + len(group)
+            self.flow_done[fid] = (self._bundle_done, value)
+            if not self.refresh_pending:
+                self.refresh_pending = True
+                self._after(0, self._refresh)
+        else:
+            PlanRun(self, compiled, self._finish_collective, key)._delayed(group)
+
+    def _bundle_done(self, value: tuple[CompiledPlan, int]) -> None:
+        self._finish_collective(value[1])
+
+    def _unbundled(self, first: int) -> None:
+        """A bundle of flows (:meth:`_bundle_start`) became its flows: each one's arrival as
+        if they had started one by one (a run of the plan counting them down)."""
+        compiled, key = self.flow_done[first][1]
+        run = PlanRun(self, compiled, self._finish_collective, key)
+        for k, t in enumerate(compiled.later[0][1]):
+            self.flow_done[first + k] = (run.arrive, t)
+
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
         self.draining = True
@@ -476,7 +674,7 @@ class _Run:
         if version != self.wake_version:
             return
         self.wake_at = -1.0
-        done = self.net.finish_due(self.now)
+        done = self._finish_due(self.now)
         flow_done, ends = self.flow_done, self.flow_ends
         for fid in done:
             if ends is not None:
@@ -489,6 +687,7 @@ class _Run:
         """From ``at_s`` on, links (by index) carry new bandwidths, flows in flight re-rated
         (:meth:`sim.network.FlowNetwork.set_capacity`); a bandwidth of 0 is a failure
         (:meth:`_fail_links`)."""
+        self.bundling = False  # flows in flight may be rerouted or re-rated one by one
         if any(bps == 0 for bps in capacity_Bps.values()) and self.flow_ends is None:
             self.flow_ends = {}
         self._after(at_s, self._change_links, capacity_Bps)
@@ -646,6 +845,7 @@ class _Run:
             self.env.run()
         self._check_finished(self.now)
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
+        self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
         if self.env is not None:  # the reference makes the records at once
             return timeline_of(self.program, self.started, self.mid, self.ended)
         return self._summarized()

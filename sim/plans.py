@@ -27,8 +27,8 @@ class CompiledPlan:
     once: those without delay in order, then per delay (in order of first occurrence) its
     roots in order."""
 
-    __slots__ = ("deps", "dependents", "ends", "epochs", "latency", "later", "links", "nbytes",
-                 "now", "roots")
+    __slots__ = ("deps", "dependents", "ends", "epochs", "flat", "latency", "later", "links",
+                 "nbytes", "now", "roots", "routes")
 
     def __init__(self, cluster: Cluster, steps: tuple[Transfer, ...],
                  route: Callable[[Endpoint, Endpoint], Route] | None = None,
@@ -51,6 +51,13 @@ class CompiledPlan:
             if self.latency[k] > 0:
                 later.setdefault(self.latency[k], []).append(k)
         self.later = list(later.items())
+        self.flat = (len(self.later) == 1 and not self.now and len(set(self.nbytes)) == 1
+                     and self.nbytes[0] > 0 and all(self.links))
+        """Whether every transfer starts together, after one delay, with no dependency and
+        none depending on it, each of the same bytes over a route: the plan ends when the
+        last of them arrives (:meth:`sim.engine._Run._bundle_start`)."""
+        self.routes: tuple[tuple[int, ...], ...] | None = None
+        """A flat plan's routes in the order its transfers start, once a bundle needed them."""
 
     def links_of(self, k: int, run: _Run) -> tuple[int, ...]:
         """Transfer ``k``'s links, taken again if links failed since they were taken."""
@@ -171,3 +178,4 @@ class PlanRun:
         self.draining = False
         if self.left == 0:
             self.done(self.arg)
+

@@ -51,6 +51,11 @@ COMPUTE_ALLOC = _rest(Compute, "alloc_bytes")
 COMPUTE_FREE = _rest(Compute, "free_bytes")
 COLLECTIVE_GROUP = _rest(Collective, "group")
 COLLECTIVE_KEY = _rest(Collective, "key")
+COLLECTIVE_OP = _rest(Collective, "op")
+COLLECTIVE_ALGO = _rest(Collective, "algo")
+COLLECTIVE_NBYTES = _rest(Collective, "nbytes")
+COLLECTIVE_SKEW = _rest(Collective, "skew")
+COLLECTIVE_DURATION_S = _rest(Collective, "duration_s")
 """Positions of the fields the passes over a packed program read in a template's ``rest``,
 from the named tuples' field order (a template's ``head`` is its fields between the GPU and
 the deps: a send's ``(dst, nbytes, kind, name)``, the others' ``(kind, name)``)."""
