@@ -839,11 +839,19 @@ class _Run:
         self._build_dag(self.program)
         self.ready.extend(i for i, w in enumerate(self.waiting) if not w)
         self._drain()
-        if self.env is None:
-            self._loop()
-        else:
-            self.env.run()
-        self._check_finished(self.now)
+        try:
+            if self.env is None:
+                self._loop()
+            else:
+                self.env.run()
+            self._check_finished(self.now)
+        finally:
+            # the fast network's split hook and the packed release bound on the instance
+            # point back at this run: cycles that, made under gc_paused, only a full
+            # collection would free, and with them the whole run's state
+            if isinstance(self.net, FastFlowNetwork):
+                self.net.on_split = None
+            self.__dict__.pop("_release", None)
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
         self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
         if self.env is not None:  # the reference makes the records at once
