@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import sys
 from pathlib import Path
@@ -10,6 +12,28 @@ from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "workloads" / "examples" / "gpt-1.3b-pp4.yaml"
+
+SMALL_EXPERIMENT = {
+    "name": "t",
+    "model": {"preset": "gpt3-1.3b", "seq_length": 2048},
+    "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
+    "parallel": {"tp": 2, "pp": 4, "dp": 2},
+    "training": {"micro_batch_size": 2, "global_batch_size": 64},
+}
+"""A small valid experiment the bad-input tests break one key at a time (copy it first)."""
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """``sim ARGV`` in process through :func:`sim.cli.main`: exit status, stdout, stderr."""
+    from sim.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(argv)
+        except SystemExit as exc:  # argparse's usage errors
+            rc = int(exc.code or 0)
+    return rc, out.getvalue(), err.getvalue()
 
 
 def synthetic_experiment(p: int, m: int, schedule: str = "1f1b", *, forward_ms: float = 1.0,

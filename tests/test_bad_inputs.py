@@ -9,8 +9,6 @@ given twice. Every case runs in process through :func:`sim.cli.main`.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import tempfile
@@ -24,21 +22,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.api import load_experiment
-from sim.cli import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_EXPERIMENT
+from tests.conftest import run_cli as cli
 
 EXAMPLES = ROOT / "workloads" / "examples"
 SECONDS = 10.0
 """Each case must end within this many CPU seconds (a few alone). CPU time, not wall time:
 on a shared test machine the wall clock measures the other jobs' load as well."""
 
-BASE = {
-    "name": "t",
-    "model": {"preset": "gpt3-1.3b", "seq_length": 2048},
-    "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
-    "parallel": {"tp": 2, "pp": 4, "dp": 2},
-    "training": {"micro_batch_size": 2, "global_batch_size": 64},
-}
+BASE = SMALL_EXPERIMENT
 SYNTHETIC = {
     "model": {"synthetic": {"forward_ms": 1.0, "backward_ms": 2.0}},
     "cluster": {"preset": "ideal", "num_gpus": 4},
@@ -50,14 +42,9 @@ FAILURES = {"mtbf_hours": 1.0, "checkpoint_interval_steps": 10}
 
 def run_cli(argv: list[str]) -> tuple[int, str, str, float]:
     """``sim ARGV`` in process: exit status, stdout, stderr and CPU seconds taken."""
-    out, err = io.StringIO(), io.StringIO()
     start = time.process_time()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:  # argparse's usage errors
-            rc = int(exc.code or 0)
-    return rc, out.getvalue(), err.getvalue(), time.process_time() - start
+    rc, out, err = cli(argv)
+    return rc, out, err, time.process_time() - start
 
 
 def _reject_constant(name: str) -> None:

@@ -9,8 +9,6 @@ Every case runs in process through :func:`sim.cli.main`, and none simulates anyt
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -18,29 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from sim.cli import main
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_EXPERIMENT, run_cli
 
 EXAMPLES = ROOT / "workloads" / "examples"
 HF = ROOT / "sim" / "data" / "validation" / "hf_configs" / "deepseek-v3.json"
-BASE = {
-    "name": "t",
-    "model": {"preset": "gpt3-1.3b", "seq_length": 2048},
-    "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
-    "parallel": {"tp": 2, "pp": 4, "dp": 2},
-    "training": {"micro_batch_size": 2, "global_batch_size": 64},
-}
-
-
-def run_cli(argv: list[str]) -> tuple[int, str, str]:
-    """``sim ARGV`` in process: exit status, stdout and stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as exc:  # argparse's usage errors
-            rc = int(exc.code or 0)
-    return rc, out.getvalue(), err.getvalue()
+BASE = SMALL_EXPERIMENT
 
 
 def one_error_line(rc: int, out: str, err: str) -> str:
