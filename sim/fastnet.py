@@ -300,19 +300,12 @@ class FastFlowNetwork(FlowNetwork):
             if bundles and fid in bundles:  # its flows in turn, as finished one by one
                 del bundles[fid]
                 sizes[fid] = len(flow.routes)
-                for link in flow.flat:  # each flow's links in turn
-                    carried[link] += nbytes
-                for link in flow.used:
-                    users = on_link[link]
-                    del users[fid]
-                    if users:
-                        touched.append(link)
-                    else:
-                        del on_link[link]
-                continue
-            for link in flow.links:
+                crossed, held = flow.flat, flow.used  # each flow's links in turn
+            else:
+                crossed, held = flow.links, flow.finite
+            for link in crossed:
                 carried[link] += nbytes
-            for link in flow.finite:
+            for link in held:
                 users = on_link[link]
                 del users[fid]
                 if users:
