@@ -414,18 +414,8 @@ class _Run:
         reads more than the work). The reference is :meth:`_release` with :meth:`_drain`
         (SimPy's queue, and a plain program on the own heap): ``tests/test_packed.py`` and
         ``tests/test_differential.py`` run both."""
-        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
-        succ, first, now = self.succ, self.first, self.now
-        if self.draining:  # a completion while starting (zero-time): release only
-            for i in ids:
-                finished[i] = 1
-                ended[i] = now
-                for j in succ[first[i]:first[i + 1]]:
-                    left = waiting[j] - 1
-                    waiting[j] = left
-                    if not left:
-                        ready.append(j)
-            self.completed += len(ids)
+        if self.draining:  # a completion while starting (zero-time): release only, which
+            _Run._release(self, ids)  # is what the reference does while draining
             return
         self.draining = True
         self._start_ready(ids)
