@@ -10,7 +10,10 @@ working memory of the op that starts there (split into the unreduced gradients o
 that reduces every micro-batch, ZeRO-3's gathered units, the all-gather CP's K and V, and
 the rest: a layer's backward, the loss's buffers), the allocator's overhead on the dynamic
 part and the reserved memory, against the GPU's capacity. ``--fragmentation-scan`` prints the
-sweep's OOM verdicts under other allocator fragmentations instead (docs/memory-gaps.md).
+sweep's OOM verdicts under other allocator fragmentations instead (docs/memory-gaps.md);
+``--allocator-split-scan`` under separate overheads on the stash and on the working memory,
+and under a constant plus a fraction (whether the sweep's labels allow an overhead that spares
+the stashed activations; docs/memory-gaps.md, "Where the allocator overhead falls").
 
 It walks each rank's program order as the engine allocates (:func:`workloads.memory.in_flight`),
 as the layout search's bounds do; :func:`breakdown` agrees with ``sim run``'s
@@ -75,18 +78,15 @@ class RankMemory:
         return self.static + self.dynamic + self.allocator + self.reserved
 
 
-def breakdown(exp) -> list[RankMemory]:
-    """Each pipeline rank's peak, term by term, for a built experiment
-    (:class:`sim.experiment.Experiment`) with the shipped device profile of its GPU."""
-    from sim.calibration import default_profile
+def rank_points(exp):
+    """Per pipeline rank: (its stages, the :func:`workloads.memory.in_flight` rows, the bytes
+    one micro-batch stashes per local stage, each row's op slot, the working memory per slot).
+    Every moment an op starts on the rank, for :func:`breakdown` (the peak's terms) and
+    :func:`split_points` (all moments, stash and working memory apart)."""
     from workloads import memory
-    from workloads.frameworks import fragmentation
     from workloads.schedules import Op
 
     costs, sched = exp.costs, exp.schedule
-    profile = default_profile(exp.cluster.gpu.name)
-    frag = fragmentation(exp.framework, profile.fragmentation)
-    out = []
     for r, ops in enumerate(sched.rank_ops):
         stages = tuple(s for s, owner in enumerate(sched.stage_rank) if owner == r)
         rows = memory.in_flight(ops, stages, sched.split_backward, costs.w_retained_fraction)
@@ -94,6 +94,32 @@ def breakdown(exp) -> list[RankMemory]:
         slots = rows[:, -1].astype(int)
         work = {k: costs.transient_bytes(Op(k // 3, "FBW"[k % 3], 0))
                 for k in np.unique(slots).tolist()}
+        yield stages, rows, act, slots, work
+
+
+def split_points(exp) -> list[tuple[float, np.ndarray, np.ndarray]]:
+    """Per pipeline rank: (static bytes, stash bytes, working bytes) at every moment an op
+    starts; ``static + stash + working`` is :func:`breakdown`'s dynamic memory before the
+    allocator's overhead, its maximum the peak's."""
+    out = []
+    for stages, rows, act, slots, work in rank_points(exp):
+        out.append((float(exp.costs.static_bytes(stages)), rows[:, :-1] @ act,
+                    np.array([work[k] for k in slots.tolist()], dtype=float)))
+    return out
+
+
+def breakdown(exp) -> list[RankMemory]:
+    """Each pipeline rank's peak, term by term, for a built experiment
+    (:class:`sim.experiment.Experiment`) with the shipped device profile of its GPU."""
+    from sim.calibration import default_profile
+    from workloads.frameworks import fragmentation
+    from workloads.schedules import Op
+
+    costs = exp.costs
+    profile = default_profile(exp.cluster.gpu.name)
+    frag = fragmentation(exp.framework, profile.fragmentation)
+    out = []
+    for r, (stages, rows, act, slots, work) in enumerate(rank_points(exp)):
         dynamic = rows[:, :-1] @ act + np.array([work[k] for k in slots.tolist()])
         i = int(np.argmax(dynamic))
         k = int(slots[i])
@@ -153,6 +179,62 @@ def fragmentation_scan(workers: int = 2) -> str:
     return "\n".join(lines)
 
 
+SPLIT_GRID = ((0.0, 0.24), (0.10, 0.24), (0.14, 0.24), (0.20, 0.24), (0.24, 0.0),
+              (0.24, 0.24), (0.24, 0.5), (0.24, 1.0), (0.0, 1.0), (0.0, 2.0), (0.14, 1.0))
+"""(Overhead on the stash, overhead on the working memory) pairs ``--allocator-split-scan``
+prints; (0.24, 0.24) is the shipped model."""
+CONSTANT_GRID = ((0.0, 0.24), (1.0, 0.20), (2.0, 0.14), (2.0, 0.20), (3.0, 0.10), (3.0, 0.16),
+                 (4.0, 0.14), (5.0, 0.14), (6.0, 0.12))
+"""(Constant overhead in GiB, fraction of the dynamic memory) pairs it prints."""
+
+
+def split_verdicts(points, statuses, stash_frac: float, work_frac: float,
+                   constant_gib: float, reserved: float, capacity: float):
+    """(OOM accuracy, rows that ran and are flagged, rows that failed and pass) of the runs
+    ``points`` (:func:`split_points` of each) with ``stash_frac`` of the stash, ``work_frac``
+    of the working memory and ``constant_gib`` GiB as the allocator's overhead."""
+    flagged = []
+    for ranks in points:
+        peak = max(float(np.max(st + s * (1 + stash_frac) + w * (1 + work_frac)))
+                   for st, s, w in ranks)
+        flagged.append(peak + constant_gib * GiB + reserved > capacity)
+    acc = sum(f == (st == "oom") for f, st in zip(flagged, statuses, strict=True))
+    false = [i for i, (f, st) in enumerate(zip(flagged, statuses, strict=True))
+             if f and st == "ok"]
+    missed = sum(not f and st == "oom" for f, st in zip(flagged, statuses, strict=True))
+    return acc / len(points), false, missed
+
+
+def allocator_split_scan() -> str:
+    """Hagemann et al.'s sweep with the allocator's overhead split: a fraction on the stashed
+    activations apart from one on the working memory (an allocator that reuses the stash's
+    same-sized blocks without waste would charge the first little), and a constant in GiB
+    beside one fraction of the dynamic memory. Reserved memory and capacity as shipped; row
+    numbers of the sweep (846 and 851 are the pair it contradicts, sim.validate.contradicted)."""
+    from sim.calibration import MEMORY_RESERVED_GIB
+    from sim.experiment import build_experiment
+    from sim.validate import HAGEMANN_SWEEP, load_rows
+    from topologies.hardware import GPUS
+    from topologies.presets import SERVERS
+
+    capacity = GPUS[SERVERS["dgx-a100-80g"].gpu].hbm_capacity_bytes
+    reserved = MEMORY_RESERVED_GIB * GiB
+    rows = [r for r in load_rows(HAGEMANN_SWEEP) if r.status in ("ok", "oom")]  # as predict
+    points = [split_points(build_experiment(row.experiment())) for row in rows]
+    statuses = [row.status for row in rows]
+    index = [row.index for row in rows]
+    lines = ["stash  working  const  OOM accuracy  ran but flagged (rows)         "
+             "did not fit, predicted to fit"]
+    grid = [(s, w, 0.0) for s, w in SPLIT_GRID] + [(f, f, c) for c, f in CONSTANT_GRID]
+    for s, w, c in grid:
+        acc, false, missed = split_verdicts(points, statuses, s, w, c, reserved, capacity)
+        shown = [index[i] for i in false]
+        listed = str(shown[:6])[:-1] + (", ...]" if len(shown) > 6 else "]")
+        lines.append(f"{s:5.2f}  {w:7.2f}  {c:5.1f}  {acc:12.2%}  {len(false):2d} "
+                     f"{listed:27s}  {missed:3d}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", nargs="?", help="a corpus CSV, e.g. "
@@ -161,10 +243,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fragmentation-scan", action="store_true",
                         help="instead: the sweep's OOM verdicts under fragmentations 0.10-0.26 "
                         "(about a minute on 2 cores)")
+    parser.add_argument("--allocator-split-scan", action="store_true",
+                        help="instead: the sweep's OOM verdicts with separate overheads on the "
+                        "stash and the working memory, and a constant beside a fraction")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.fragmentation_scan:
         print(fragmentation_scan())
+        return
+    if args.allocator_split_scan:
+        print(allocator_split_scan())
         return
     if args.source is None:
         parser.error("a source CSV, or --fragmentation-scan")
