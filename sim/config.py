@@ -398,7 +398,7 @@ class TrainingConfig(Strict):
     seq_chunks: int = Field(4, ge=1)
     """k, sequence chunks per micro-batch for schedule ``seq1f1b`` (Sun et al. 2024); others
     ignore it."""
-    framework: Literal["megatron", "deepspeed", "fsdp", "scaling", "llm-foundry",
+    framework: Literal["megatron", "deepspeed", "fsdp", "fsdp-compile", "scaling", "llm-foundry",
                        "megatron-bridge", "llama3", "bigscience",
                        "megatron-core-r0.8", "nemo-launcher"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
@@ -406,7 +406,10 @@ class TrainingConfig(Strict):
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
     backward, allocator fragmentation. megatron: Megatron-LM (and NeMo); deepspeed:
     Megatron-DeepSpeed with DeepSpeed's bf16 ZeRO-1; fsdp: PyTorch FSDP2 as torchtitan runs
-    it; scaling: Aleph Alpha's, the framework of Hagemann et al.'s sweep; llm-foundry:
+    it; fsdp-compile: the same with every transformer block under torch.compile (torchtitan's
+    ``--training.compile``: Inductor's fused SwiGLU, residual-and-norm and Float8 casts, and
+    the backward's stash its partitioner chooses; ``fused_norm: false`` is refused with it);
+    scaling: Aleph Alpha's, the framework of Hagemann et al.'s sweep; llm-foundry:
     MosaicML's MPT on Composer's FSDP1 (fused bf16 loss, fp32 gradient casts, packed
     attention inputs); megatron-bridge: Megatron-core as Megatron-Bridge's performance
     scripts launch it (Megatron-LM's behaviour, expandable allocator segments); llama3: Meta's

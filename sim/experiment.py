@@ -582,6 +582,11 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     m, gbs = _num_microbatches(cfg, dp)
     profile = with_allocator(framework(cfg.training.framework, cfg.training.precision),
                              cfg.training.allocator)
+    if profile.torch_compile and not cfg.training.fused_norm:
+        raise ConfigError(f"training.fused_norm=false with training.framework="
+                          f"{profile.name!r}: its blocks run under torch.compile, whose norm is "
+                          "one fused Inductor kernel; leave fused_norm true (its default) or "
+                          "take the eager framework ('fsdp')")
     sched = _build_schedule(cfg, pp, m, base_dir)
     placement = Placement.from_order(par.placement, tp=tp, cp=cp, dp=dp, pp=pp)
     costs: CostModel

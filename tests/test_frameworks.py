@@ -1183,12 +1183,13 @@ def test_megatron_fuses_rope_and_swiglu_eager_frameworks_do_not() -> None:
 def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() -> None:
     """Megatron-LM's fused swiglu saves its input (gate and up) and the down projection the
     product: 6 bytes an ffn element; eager silu(gate) * up (scaling's mlp.py, torchtitan)
-    also keeps silu(gate), the multiply's saved operand: 8. Only a gated MLP's stash moves
+    also keeps silu(gate), the multiply's saved operand: 8; torchtitan compiled keeps gate and
+    up only, 4 (tests/test_compile.py). Only a gated MLP's stash moves
     (a GeLU model keeps fc1's and GeLU's outputs, 4, in every framework), and only where the
     MLP keeps its intermediates (not under full recomputation)."""
     assert {n: FRAMEWORKS[n].swiglu_stash_bytes for n in FRAMEWORKS} == {
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
-        "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
+        "fsdp-compile": 4.0, "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
         "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):

@@ -40,7 +40,9 @@ class ActivationMemory:
         product silu(gate)·up, the input of the down projection, 6·f/h: the
         backward of silu(g)·u needs g and u only, silu(g) is recomputed from g
         inside the fused kernel, as Megatron-LM's swiglu saves just its input;
-        :attr:`swiglu_stash_bytes`·f/h in all, 8·f/h eager, which keeps silu(g) too). Score
+        :attr:`swiglu_stash_bytes`·f/h in all, 8·f/h eager, which keeps silu(g) too; 4·f/h
+        compiled, gate and up, from which the backward recomputes the product:
+        :attr:`swiglu_saves_product`). Score
         matrix 5·a·s/h (Korthikanti's softmax, dropout mask and output) unless
         the attention kernel is flash or attention is recomputed. Full
         recomputation keeps only the layer input (2). For GPT (kv = h, f = 4h)
@@ -58,7 +60,8 @@ class ActivationMemory:
         layer input, which is kept once (2 instead of 4). FP8 (:attr:`precision`): the QKV
         and first MLP GEMMs keep their inputs in fp8 (TransformerEngine's LayerNormLinear and
         LayerNormMLP save ``ln_out`` cast to fp8), 2 instead of 4, and the down projection
-        its input (the GeLU output or silu(gate)·up, 2·f/h) in fp8, half of it; the
+        its input (the GeLU output or silu(gate)·up, 2·f/h) in fp8, half of it (none where it
+        is recomputed, :attr:`swiglu_saves_product`); the
         attention output stays bf16 (the flash kernel keeps it for its own backward). A MoE
         layer under FP8 keeps its MLP input in bf16 (the router saves it as it is,
         megatron/core/transformer/moe/moe_utils.py ``RouterGatingLinearFunction``, and the
@@ -112,8 +115,8 @@ class ActivationMemory:
         if m.mla is not None:
             replicated += self._latent_bytes(mods) / m.hidden_size
         mlp = (self.swiglu_stash_bytes if m.gated_mlp else 4) * ratio - act_out
-        if fp8:  # the down projection's input (2 of the 6 or 4) in fp8
-            mlp -= ratio
+        if fp8 and (self.swiglu_saves_product or not m.gated_mlp):
+            mlp -= ratio  # the down projection's input (2 of the 6 or 4) in fp8
         qkv = 0.0 if "mla_up_proj" in mods else 2 * (m.q_dim + 2 * m.kv_dim) / m.hidden_size
         split = (qkv + 2 * m.attn_out_dim / m.hidden_size + mlp) / t
         scores = 0.0

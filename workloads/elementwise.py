@@ -88,6 +88,9 @@ class ElementwiseWork:
         h = m.hidden_size
         norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h / self._sp_div
         residual = RESIDUAL_BYTES * n * h / self._sp_div
+        # the attention block's sum not read back by the MLP block's norm, fused with it
+        fused_read = (BF16 * n * h / self._sp_div
+                      if self.residual_norm_fused and not m.parallel_blocks else 0.0)
         rope = (self._rope_bytes * n * (m.q_dim + m.kv_dim) / t if m.position_embedding == "rope"
                 else 0.0)
         softmax = 0.0 if self._flash else (
@@ -108,7 +111,7 @@ class ElementwiseWork:
                   if self.attention_copy_bytes and self.attention != "flash-triton" else 0.0)
         cast_attn, cast_mlp = self._fp8_cast_pair()[0]
         return (norm + residual + rope + softmax + copies + cast_attn,
-                norm + residual + act + cast_mlp)
+                norm - fused_read + residual + act + cast_mlp)
 
     @per_instance
     def _fp8_cast_pair(self) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -126,6 +129,12 @@ class ElementwiseWork:
         h, first MLP f·(matrices − 1)/t, second MLP h) and the two norm outputs transposed
         for the weight gradients (h each, :data:`FP8_TRANSPOSE_BYTES`).
 
+        Compiled (:attr:`fp8_casts_compiled`, the norm not fused with the casts): forward,
+        each GEMM's input once (QKV h, output o/t, first MLP h, second MLP f/t: the QKV and
+        first MLP GEMMs' shared inputs cast once, Inductor's common-subexpression
+        elimination); backward, every GEMM's output gradient (as Transformer Engine's, without
+        the transposes, whose column-major copies the forward casts wrote).
+
         Each cast moves :attr:`_fp8_cast_element_bytes` an element. A MoE layer's attention
         block is a dense layer's; its MLP block is :meth:`_moe_fp8_casts`."""
         m, t, n = self.model, self.tp, self._tokens
@@ -135,6 +144,9 @@ class ElementwiseWork:
         if not self.fp8_norm_cast_fused:
             fwd = (c * n * (h + m.attn_out_dim / t), c * n * (h + m.ffn_hidden_size / t))
             bwd = (BACKWARD_ELEMENTWISE * fwd[0], BACKWARD_ELEMENTWISE * fwd[1])
+            if self.fp8_casts_compiled:
+                mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
+                bwd = (c * n * ((m.q_dim + 2 * m.kv_dim) / t + h), c * n * (mid + h))
         else:
             mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
             normed = (FP8_NORM_QUANTIZE_BYTES * n * h / self._sp_div
@@ -247,14 +259,15 @@ class ElementwiseWork:
     def _backward_elementwise(self, ew_attn: float, ew_mlp: float) -> tuple[float, float]:
         """Memory-bound bytes of one layer's backward, (attention block, MLP block), from its
         forward's: :data:`BACKWARD_ELEMENTWISE` times them, the FP8 casts of
-        :attr:`fp8_norm_cast_fused` replaced by the backward's own (:meth:`_fp8_cast_pair`)
+        :attr:`fp8_norm_cast_fused` or :attr:`fp8_casts_compiled` replaced by the backward's
+        own (:meth:`_fp8_cast_pair`)
         and the attention dropout's by its own (:data:`ATTENTION_DROPOUT_BACKWARD_BYTES`),
         plus the backward-only bytes of the linear layers (:meth:`_linear_grad_bytes`)."""
         drop = self._attention_dropout_bytes()
         grad_attn, grad_mlp = self._linear_grad_bytes()
         ew_attn = (BACKWARD_ELEMENTWISE * (ew_attn - drop)
                    + drop * ATTENTION_DROPOUT_BACKWARD_BYTES / ATTENTION_DROPOUT_BYTES)
-        if not self.fp8_norm_cast_fused:
+        if not (self.fp8_norm_cast_fused or self.fp8_casts_compiled):
             return ew_attn + grad_attn, BACKWARD_ELEMENTWISE * ew_mlp + grad_mlp
         (cast_attn, cast_mlp), (back_attn, back_mlp) = self._fp8_cast_pair()
         return (ew_attn - BACKWARD_ELEMENTWISE * cast_attn + back_attn + grad_attn,

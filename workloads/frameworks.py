@@ -179,6 +179,27 @@ class FrameworkProfile:
     """Under sequence parallelism the backward of each column-parallel GEMM all-gathers its
     saved s/t input shard again for the weight gradient, beside the input-gradient GEMM
     (``TransformerCosts.sp_regather_input``); a table may leave it out (False: not timed)."""
+    fp8_casts_compiled: bool
+    """With ``precision: fp8``: the FP8 scaling casts as torch.compile's Inductor generates
+    them for torchao's dynamic scaling: each tensor's amax fused into the kernel that
+    produces it, each GEMM input cast once forward into its row- and column-major fp8
+    copies (the latter for the weight gradient), the backward casting each GEMM's output
+    gradient only (``TransformerCosts.fp8_casts_compiled``); a table may leave it out
+    (False)."""
+    swiglu_saves_product: bool
+    """The down projection keeps its input, silu(gate)·up, for its weight gradient (in fp8
+    under ``precision: fp8``), as :attr:`swiglu_stash_bytes` counts it; False: the compiled
+    graph recomputes it from the gate and up projections the backward keeps anyway
+    (``TransformerCosts.swiglu_saves_product``); a table may leave it out (True)."""
+    residual_norm_fused: bool
+    """The attention block's residual add is fused with the MLP block's norm into one kernel
+    (the sum is written once and not read back): ``TransformerCosts.residual_norm_fused``;
+    a table may leave it out (False)."""
+    torch_compile: bool
+    """The framework runs each transformer block under ``torch.compile`` (torchtitan's
+    ``--training.compile``), whose fusions the profile's byte fields count; its norm is one
+    fused Inductor kernel, so ``training.fused_norm: false`` is refused with it. A table may
+    leave it out (False: eager, or the framework's own kernels)."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
     under_fp16: FrameworkProfile | None = None
@@ -202,7 +223,9 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
            "optimizer_bytes", "pp_send_blocking", "pp_partition_gathers",
            "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes",
-           "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input")
+           "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
+           "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
+           "torch_compile")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -219,14 +242,17 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "grad_buckets_stage0_only", "optimizer_bytes", "pp_send_blocking",
              "pp_partition_gathers", "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge",
              "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
-             "sp_regather_input")
+             "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
+             "residual_norm_fused", "torch_compile")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
 
 _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "pp_partition_gathers": False, "tp_overlap_sm_margin": True,
-                   "moe_host_sync": False, "cp_ring_merge": False, "sp_regather_input": False}
+                   "moe_host_sync": False, "cp_ring_merge": False, "sp_regather_input": False,
+                   "fp8_casts_compiled": False, "swiglu_saves_product": True,
+                   "residual_norm_fused": False, "torch_compile": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -356,8 +382,8 @@ def _load() -> dict[str, FrameworkProfile]:
 
 
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
-"""Profiles by name: megatron (the default), deepspeed, fsdp, scaling, llm-foundry,
-megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher."""
+"""Profiles by name: megatron (the default), deepspeed, fsdp, fsdp-compile, scaling,
+llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -406,6 +432,9 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    cp_kv_all_gather=profile.cp_kv_all_gather,
                    cp_ring_merge=profile.cp_ring_merge,
                    sp_regather_input=profile.sp_regather_input,
+                   fp8_casts_compiled=profile.fp8_casts_compiled,
+                   swiglu_saves_product=profile.swiglu_saves_product,
+                   residual_norm_fused=profile.residual_norm_fused,
                    embedding_grad_bytes=profile.embedding_grad_bytes or 0.0,
                    bias_grad_bytes=profile.bias_grad_bytes or 0.0,
                    qkv_split_grad_bytes=profile.qkv_split_grad_bytes or 0.0,

@@ -235,6 +235,28 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     (:meth:`layer_activation_bytes`): 6 for a fused kernel that saves only its input, gate and
     up (Megatron-LM's ``bias_swiglu_fusion``), and the product (2 + 2 + 2); 8 eager
     ``silu(gate) * up``, whose autograd also saves silu(gate), the multiply's operand."""
+    swiglu_saves_product: bool = True
+    """The down projection keeps its input, silu(gate)·up, for its weight gradient, as part of
+    :attr:`swiglu_stash_bytes` (in fp8 under ``precision: fp8``,
+    :meth:`layer_activation_bytes`). False: a compiled graph's partitioner recomputes it in
+    the backward from the gate and up projections, which it keeps anyway
+    (:mod:`workloads.frameworks`, ``[fsdp.compile]``): :attr:`swiglu_stash_bytes` is then
+    gate and up alone, under every precision."""
+    residual_norm_fused: bool = False
+    """The attention block's residual add and the MLP block's norm run as one kernel that
+    writes the sum and the normalised tensor without reading the sum back
+    (:meth:`_elementwise_forward`: :data:`workloads.costs.BF16` a token's h elements less in
+    the MLP block), as Inductor fuses them inside one compiled transformer block
+    (:mod:`workloads.frameworks`). False: two kernels (Megatron-LM's fused norm reads the
+    residual's output)."""
+    fp8_casts_compiled: bool = False
+    """With ``precision: fp8`` (and not :attr:`fp8_norm_cast_fused`): torchao's dynamic
+    scaling as torch.compile's Inductor generates it (:meth:`_fp8_cast_pair`): each tensor's
+    amax is fused into the kernel that produces the tensor, and one cast kernel of
+    :attr:`fp8_cast_bytes` an element writes its row- and column-major fp8 copies; forward,
+    every FP8 GEMM's input is cast once, backward every FP8 GEMM's output gradient (the
+    inputs' column-major copies for the weight gradients were written forward). False: the
+    eager casts, the backward twice the forward."""
     zero3_unsharded_under_pp: bool = False
     """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
     parameters once and keeps them unsharded (bf16) through the step, and accumulates the
