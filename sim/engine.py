@@ -47,6 +47,7 @@ from base.errors import DeadlockError
 from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.fastnet import FastFlowNetwork
+from sim.lanes import lane_blocks
 from sim.network import FlowNetwork
 from sim.plans import CompiledPlan, PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
@@ -100,6 +101,9 @@ class EngineCounters:
     """Flows re-rated, summed over recomputations."""
     bytes_on_link: dict[int, float] = field(default_factory=dict)
     """Bytes each link (index into ``cluster.links``) carried over the run; absent: none."""
+    stepped: int = 0
+    """Blocks of lanes completed in one step (:meth:`_Run._stepper`): how the own heap ran,
+    not what it simulated (the rest is the same with none)."""
 
 
 @dataclass
@@ -201,6 +205,10 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
 class _Run:
     """State of one simulation; discarded after :func:`simulate_program` returns."""
 
+    stepping = True
+    """Whether blocks of lanes may complete in one step (:meth:`_stepper`) on the own heap;
+    False: one by one, its reference (``tests/test_lanes.py`` runs both)."""
+
     def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer,
                  reference: bool = False) -> None:
         self.env: simpy.Environment | None = None
@@ -291,6 +299,11 @@ class _Run:
         ``by_work``, whether ``timer`` reads only a compute op's fields after its deps (its
         work, as :meth:`workloads.program.ProgramBuilder.work` holds them), its ops of one
         template then timed once (the durations, per template); (None,) * 4: not packed."""
+        self.lanes = bytearray(len(instrs))
+        """Per instruction of a packed program, ``L`` where a block of ``L`` lanes begins there
+        (:func:`sim.lanes.lane_blocks`), else 0; made with the DAG."""
+        self.stepped = 0
+        """Blocks of lanes completed in one step (:meth:`_stepper`)."""
         if self.env is None and self.packed[0] is not None:  # the own heap's fast path
             self._release = self._release_packed  # type: ignore[method-assign]
 
@@ -308,6 +321,8 @@ class _Run:
             self.succ, self.first, self.waiting = _dag_on_arrays(program.instructions)
             self.finished = bytearray(len(program.instructions))
             self.completed = 0
+            if self.packed[0] is not None and self.stepping:
+                self.lanes = lane_blocks(self.packed[1], self.succ, self.first)
             return
         instrs = program.instructions
         n = len(instrs)
@@ -424,29 +439,33 @@ class _Run:
 
     def _start_ready(self, ids: Sequence[int]) -> None:
         """:meth:`_release_packed`'s loop: complete ``ids`` in turn, each followed by starting
-        every instruction then ready (the drain, :meth:`_drain`'s packed branch)."""
-        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
-        succ, first, now = self.succ, self.first, self.now
-        instrs, members, started, mid = self.program.instructions, self.members, self.started, \
-            self.mid
-        timer, complete, heap = self.timer, self._complete, self.heap
-        tables = self._tables
-        if tables is None:
-            tables = self._tables = self._packed_tables()
-        code, timed = tables
-        templates = self.packed[0]
-        by_work = self.packed[2]
-        tpl = self.packed[1]
+        every instruction then ready (the drain, :meth:`_drain`'s packed branch); a block of
+        lanes (:mod:`sim.lanes`) in a row in ``ids`` completes in one step where it can
+        (:meth:`_stepper`), with the same effects."""
+        state = self._tables
+        if state is None:
+            state = self._tables = self._packed_tables()
+        (finished, ended, waiting, ready, succ, first, instrs, members, started, mid, timer,
+         heap, code, timed, templates, by_work, tpl, lanes, stepped) = state
+        now, complete = self.now, self._complete
         key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
         popleft, append = ready.popleft, ready.append
-        for i in ids:
-            finished[i] = 1
-            ended[i] = now
-            for j in succ[first[i]:first[i + 1]]:
-                left = waiting[j] - 1
-                waiting[j] = left
-                if not left:
-                    append(j)
+        count = len(ids)
+        p = 0
+        while p < count:
+            i = ids[p]
+            size = lanes[i]
+            if size and ids[p:p + size] == list(range(i, i + size)) and stepped(i, size, now):
+                p += size  # the block's lanes completed and their successors started
+            else:
+                p += 1
+                finished[i] = 1
+                ended[i] = now
+                for j in succ[first[i]:first[i + 1]]:
+                    left = waiting[j] - 1
+                    waiting[j] = left
+                    if not left:
+                        append(j)
             while ready:
                 i = popleft()
                 t = tpl[i]
@@ -488,13 +507,112 @@ class _Run:
                 else:
                     self._start_send(i, instrs._make(i))
 
-    def _packed_tables(self) -> tuple[bytes, list[tuple[float, float] | None]]:
-        """Per template of a packed program: its class code and a compute op's (duration,
-        duration + blocking communication) once timed (where ``by_work``): 9 bytes a
-        template (a collective's members share one; a large run has millions)."""
-        templates = self.packed[0]
+    def _packed_tables(self) -> tuple:
+        """What :meth:`_start_ready` reads, bound once per run: the run's arrays and, per
+        template of a packed program, its class code and a compute op's (duration, duration
+        + blocking communication) once timed (where ``by_work``): 9 bytes a template (a
+        collective's members share one; a large run has millions); and the step of a block
+        of lanes (:meth:`_stepper`)."""
+        templates, tpl, by_work, _ = self.packed
         code = bytes(CLASS_CODE[cls] for cls, _, _ in templates)
-        return code, [None] * len(templates)
+        timed: list[tuple[float, float] | None] = [None] * len(templates)
+        return (self.finished, self.ended, self.waiting, self.ready, self.succ, self.first,
+                self.program.instructions, self.members, self.started, self.mid, self.timer,
+                self.heap, code, timed, templates, by_work, tpl, self.lanes,
+                self._stepper(code, timed))
+
+    def _stepper(self, code: bytes, timed: list) -> Callable[[int, int, float], bool]:
+        """``step(b, size, now)``: complete lanes ``b`` ... ``b + size - 1`` (a block of
+        :func:`sim.lanes.lane_blocks`: each lane's successors are lane 0's shifted by its
+        place) in one step, with what completing them one after another, each followed by
+        starting what it freed (:meth:`_start_ready`), does: the same counters, times,
+        members, heap entry and event numbers. Only where that is provably so: every
+        successor block's counters equal across lanes (so each lane frees the same places),
+        at most one of them freed, and that one a compute op of positive time timed by its
+        work alone (the same start, duration and end on each lane, its ends the next events
+        of one heap entry), or a collective's members whose last arrival is the block's last
+        lane. False, with nothing done: complete them one by one. The run's arrays are bound
+        once (a closure)."""
+        succ, waiting, first, finished = self.succ, self.waiting, self.first, self.finished
+        ended, started, mid, members, heap = self.ended, self.started, self.mid, self.members, \
+            self.heap
+        templates, tpl, by_work, _ = self.packed
+        timer, instrs, arrived_packed = self.timer, self.program.instructions, \
+            self._arrived_packed
+        fills: dict[tuple[int, int], array[int]] = {}  # (counter, size) -> size copies
+        ones = {size: b"\x01" * size for size in range(1, 256)}
+        run = self
+
+        def step(b: int, size: int, now: float) -> bool:
+            heads = succ[first[b]:first[b + 1]]
+            freed = -1
+            for s in heads:
+                w = waiting[s]
+                if waiting[s:s + size].count(w) != size:
+                    return False
+                if w == 1:
+                    if freed >= 0:
+                        return False  # two freed per lane: their starts interleave
+                    freed = s
+            if freed >= 0:
+                t = tpl[freed]
+                c = code[t]
+                if c == COMPUTE:
+                    if not by_work:
+                        return False  # the timer reads the GPU: lanes may differ
+                    pair = timed[t]
+                    if pair is None:
+                        duration = timer(instrs._make(freed))
+                        pair = timed[t] = (duration,
+                                           duration + templates[t][2][COMPUTE_BLOCKING_S])
+                    duration, total = pair
+                    if not total > 0:
+                        return False
+                elif c == COLLECTIVE:
+                    rest = templates[t][2]
+                    key = rest[COLLECTIVE_KEY]
+                    arrived = members.get(key)
+                    need = len(rest[COLLECTIVE_GROUP])
+                    if (len(arrived) if arrived is not None else 0) + size - 1 >= need:
+                        return False  # it would start before the block's last lane
+                else:
+                    return False
+            run.stepped += 1
+            end = b + size
+            finished[b:end] = ones[size]
+            stamp = array("d", [now]) * size
+            ended[b:end] = stamp
+            for s in heads:
+                left = waiting[s] - 1, size
+                fill = fills.get(left)
+                if fill is None:
+                    fill = fills[left] = array("i", [left[0]]) * size
+                waiting[s:s + size] = fill
+            if freed < 0:
+                return True
+            end = freed + size
+            started[freed:end] = stamp
+            if c == COMPUTE:
+                mid[freed:end] = array("d", [now + duration]) * size
+                at = now + total  # _start_ready's heap entry, for the lanes in turn
+                batch, events = run.batch, run.events
+                if batch is not None and run.batch_seq == events and run.batch_at == at:
+                    batch.extend(range(freed, end))
+                else:
+                    run.batch = batch = list(range(freed, end))
+                    run.batch_at = at
+                    heappush(heap, (at, events + 1, _Run._complete, batch))
+                run.events = run.batch_seq = events + size
+            else:
+                if arrived is None:
+                    members[key] = arrived = list(range(freed, end))
+                else:
+                    arrived.extend(range(freed, end))
+                if len(arrived) >= need:
+                    arrived_packed(rest, key)
+            return True
+
+        return step
 
     def _arrived_packed(self, rest: tuple, key: int) -> None:
         """:meth:`_arrived` for a packed program's collective, from its template's ``rest``."""
@@ -842,8 +960,9 @@ class _Run:
             if isinstance(self.net, FastFlowNetwork):
                 self.net.on_split = None
             self.__dict__.pop("_release", None)
+            self._tables = None  # its step too; 9 bytes a template, at the summaries' peak
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
-        self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
+        self.lanes = bytearray()
         if self.env is not None:  # the reference makes the records at once
             return timeline_of(self.program, self.started, self.mid, self.ended)
         return self._summarized()
@@ -921,6 +1040,7 @@ class _Run:
         out.rate_recomputations = self.net.recomputations
         out.rerated_flows = self.net.rerated_flows
         out.bytes_on_link = dict(self.net.bytes_on_link)
+        out.stepped = self.stepped
 
 
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
