@@ -261,6 +261,9 @@ class _Run:
         self.wake_at = -1.0
         self.refresh_pending = False
         self._plans: dict[tuple, CollectivePlan] = {}
+        self._plan_of: dict[int, CollectivePlan] = {}
+        """Per packed collective template (by the identity of its fields after the deps, held
+        by the program for the run), its plan in ``_plans``."""
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
         self._compiled: dict[int, CompiledPlan] = {}
         """Per plan (by identity; plans live in ``_plans``), what running it needs."""
@@ -539,16 +542,21 @@ class _Run:
         templates, tpl, by_work, _ = self.packed
         timer, instrs, arrived_packed = self.timer, self.program.instructions, \
             self._arrived_packed
-        fills: dict[tuple[int, int], array[int]] = {}  # (counter, size) -> size copies
+        fills: dict[int, list[array[int]]] = {}  # per size, per counter: size copies of it
         ones = {size: b"\x01" * size for size in range(1, 256)}
+        stamps: dict[int, array[float]] = {}  # per size, size copies of the time stamped
+        stamped = [-1.0]  # that time
         run = self
 
         def step(b: int, size: int, now: float) -> bool:
             heads = succ[first[b]:first[b + 1]]
+            fill = fills.get(size)
+            if fill is None:
+                fill = fills[size] = [array("i", [w]) * size for w in range(8)]
             freed = -1
             for s in heads:
                 w = waiting[s]
-                if waiting[s:s + size].count(w) != size:
+                if not 0 < w < 8 or waiting[s:s + size] != fill[w]:
                     return False
                 if w == 1:
                     if freed >= 0:
@@ -580,14 +588,15 @@ class _Run:
             run.stepped += 1
             end = b + size
             finished[b:end] = ones[size]
-            stamp = array("d", [now]) * size
+            if stamped[0] != now:
+                stamps.clear()
+                stamped[0] = now
+            stamp = stamps.get(size)
+            if stamp is None:
+                stamp = stamps[size] = array("d", [now]) * size
             ended[b:end] = stamp
             for s in heads:
-                left = waiting[s] - 1, size
-                fill = fills.get(left)
-                if fill is None:
-                    fill = fills[left] = array("i", [left[0]]) * size
-                waiting[s:s + size] = fill
+                waiting[s:s + size] = fill[waiting[s] - 1]
             if freed < 0:
                 return True
             end = freed + size
@@ -620,14 +629,19 @@ class _Run:
         if duration is not None:  # precomputed (collapsed simulation)
             self._after(duration, self._end_collective, key)
             return
-        spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
-                rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
-        plan = self._plans.get(spec)
+        plan = self._plan_of.get(id(rest))
         if plan is None:
-            plan = self._plans[spec] = collective_plan(self.topology, *spec[:4], self._profiles,
-                                                       spec[4])
-        if plan.launch_s > 0:
-            self._after(plan.launch_s, self._launched_own, (key, plan))
+            spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
+                    rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
+            plan = self._plans.get(spec)
+            if plan is None:
+                plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
+                                                           self._profiles, spec[4])
+            self._plan_of[id(rest)] = plan
+        if plan.launch_s > 0:  # _after on the own heap, inline
+            self.events = events = self.events + 1
+            heappush(self.heap, (self.now + plan.launch_s, events, self._launched_own,
+                                 (key, plan)))
         else:
             self._launched_own((key, plan))
 
@@ -647,8 +661,10 @@ class _Run:
         if compiled is None:
             compiled = self._compiled[id(steps)] = CompiledPlan(self.topology, steps,
                                                                  self.route, self.epoch)
-        if compiled.flat and self.bundling:
-            self._after(compiled.later[0][0], self._bundle_start, (compiled, key))
+        if compiled.flat and self.bundling:  # _after on the own heap, inline (a delay > 0)
+            self.events = events = self.events + 1
+            heappush(self.heap, (self.now + compiled.later[0][0], events, self._bundle_start,
+                                 (compiled, key)))
         else:
             PlanRun(self, compiled, self._finish_collective, key).begin()
 
@@ -675,7 +691,7 @@ class _Run:
             PlanRun(self, compiled, self._finish_collective, key)._delayed(group)
 
     def _bundle_done(self, value: tuple[CompiledPlan, int]) -> None:
-        self._finish_collective(value[1])
+        self._release(self.members.pop(value[1]))  # _finish_collective, inline
 
     def _unbundled(self, first: int) -> None:
         """A bundle of flows (:meth:`_bundle_start`) became its flows: each one's arrival as
@@ -829,6 +845,7 @@ class _Run:
         self.route, self.topology = rerouted.route, rerouted.cluster
         self.epoch += 1
         self._plans.clear()
+        self._plan_of.clear()
         self._profiles.clear()
         self._compiled.clear()
         ends = self.flow_ends
