@@ -290,6 +290,12 @@ class _Run:
         of the last one of them, ``batch_at`` their end."""
         self.batch_seq = -1
         self.batch_at = -1.0
+        self.calls: tuple[Callable[[object], None], list] | None = None
+        """Likewise for the collectives' launches and bundle starts (:meth:`_after_own`): the
+        latest heap entry's callback and its values, while it is the latest event scheduled
+        and not yet popped; ``calls_seq`` and ``calls_at`` as ``batch_seq`` and ``batch_at``."""
+        self.calls_seq = -1
+        self.calls_at = -1.0
         self._tables: tuple | None = None
         """Per template of a packed program, what :meth:`_start_ready` reads
         (:meth:`_packed_tables`); made at the first start."""
@@ -386,7 +392,7 @@ class _Run:
         one entry (a list of ids), which holds the places in SimPy's order of that many
         events in a row (nothing can come between them), and completes them in that
         order."""
-        heap, complete, release = self.heap, _Run._complete, self._release
+        heap, complete, release, each = self.heap, _Run._complete, self._release, _Run._each
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
@@ -394,8 +400,37 @@ class _Run:
                 if value is self.batch:
                     self.batch = None  # popped: later ends at this instant start a new entry
                 release(value)
+            elif callback is each:  # several events of one callback in a row (_after_own)
+                if value is self.calls:
+                    self.calls = None
+                callback, values = value
+                for value in values:
+                    callback(value)
             else:
                 callback(value)
+
+    def _each(self, value: object) -> None:
+        """The mark of a heap entry of several events of one callback (:meth:`_after_own`)."""
+        raise AssertionError("handled by _loop")
+
+    def _after_own(self, delay: float, callback: Callable[[object], None],
+                   value: object) -> None:
+        """:meth:`_after` on the own heap (``delay`` >= 0), an event that follows the latest
+        one scheduled, for the same instant and callback, sharing its heap entry (as compute
+        ends do, :meth:`_loop`): those events are processed one after another, in the order
+        they were scheduled, nothing between them (no other event has a place among theirs:
+        their numbers are consecutive, and one scheduled while they run comes after them)."""
+        at = self.now + delay
+        events = self.events
+        calls = self.calls
+        if (calls is not None and self.calls_seq == events and self.calls_at == at
+                and calls[0] == callback):
+            calls[1].append(value)
+        else:
+            self.calls = calls = (callback, [value])
+            self.calls_at = at
+            heappush(self.heap, (at, events + 1, _Run._each, calls))
+        self.events = self.calls_seq = events + 1
 
     def _complete(self, i: int) -> None:
         """Instruction ``i`` is done: release its successors; start those now free."""
@@ -638,10 +673,8 @@ class _Run:
                 plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
                                                            self._profiles, spec[4])
             self._plan_of[id(rest)] = plan
-        if plan.launch_s > 0:  # _after on the own heap, inline
-            self.events = events = self.events + 1
-            heappush(self.heap, (self.now + plan.launch_s, events, self._launched_own,
-                                 (key, plan)))
+        if plan.launch_s > 0:
+            self._after_own(plan.launch_s, self._launched_own, (key, plan))
         else:
             self._launched_own((key, plan))
 
@@ -661,10 +694,8 @@ class _Run:
         if compiled is None:
             compiled = self._compiled[id(steps)] = CompiledPlan(self.topology, steps,
                                                                  self.route, self.epoch)
-        if compiled.flat and self.bundling:  # _after on the own heap, inline (a delay > 0)
-            self.events = events = self.events + 1
-            heappush(self.heap, (self.now + compiled.later[0][0], events, self._bundle_start,
-                                 (compiled, key)))
+        if compiled.flat and self.bundling:
+            self._after_own(compiled.later[0][0], self._bundle_start, (compiled, key))
         else:
             PlanRun(self, compiled, self._finish_collective, key).begin()
 
