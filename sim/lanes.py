@@ -61,6 +61,27 @@ def lane_blocks_reference(tpl: array, succ: array, first: array) -> bytearray:
     return out
 
 
+_CHUNK = 1 << 16
+"""Instructions :func:`lane_blocks` checks at a time."""
+
+
+def _follows(t: np.ndarray, s: np.ndarray, f: np.ndarray, deg: np.ndarray, lo: int,
+             hi: int) -> np.ndarray:
+    """Whether each lane ``lo`` ... ``hi - 1`` (``lo >= 1``) is the one before it shifted by one
+    (:func:`lane_blocks_reference`'s ``follows``)."""
+    d = deg[lo:hi]
+    out = (t[lo:hi] == t[lo - 1:hi - 1]) & (d == deg[lo - 1:hi - 1]) & (d <= MAX_HEADS)
+    if not len(s):
+        return out
+    last = len(s) - 1
+    for e in range(min(int(d.max()), MAX_HEADS)):
+        head = s[np.minimum(f[lo - 1:hi] + e, last)]
+        kind = t[head[1:]]
+        same = (head[1:] == head[:-1] + 1) & (kind == t[head[1:] - 1])
+        out &= same | (d <= e)
+    return out
+
+
 def lane_blocks(tpl: array, succ: array, first: array) -> bytearray:
     """:func:`lane_blocks_reference` on arrays (the same bytes): the successors' ``e``-th
     column, one ``e`` at a time."""
@@ -73,14 +94,9 @@ def lane_blocks(tpl: array, succ: array, first: array) -> bytearray:
     f = np.frombuffer(first, dtype=np.int64)
     deg = np.diff(f)
     follows = np.zeros(n, dtype=bool)
-    follows[1:] = (t[1:] == t[:-1]) & (deg[1:] == deg[:-1]) & (deg[1:] <= MAX_HEADS)
-    last = max(len(s) - 1, 0)
-    for e in range(min(int(deg.max()), MAX_HEADS)):
-        head = s[np.minimum(f[:-1] + e, last)] if len(s) else np.zeros(n, dtype=np.int32)
-        kind = t[head]
-        same = (head[1:] == head[:-1] + 1) & (kind[1:] == t[head[1:] - 1])
-        follows[1:] &= same | (deg[1:] <= e)
-        del head, kind, same
+    for lo in range(1, n, _CHUNK):  # a slice at a time: its temporaries stay in the cache
+        hi = min(lo + _CHUNK, n)
+        follows[lo:hi] = _follows(t, s, f, deg, lo, hi)
     # runs of following lanes, cut every MAX_LANES
     starts = np.flatnonzero(~follows)
     del follows
@@ -93,6 +109,7 @@ def lane_blocks(tpl: array, succ: array, first: array) -> bytearray:
     keep = (lengths >= 2) & (deg[starts] <= MAX_HEADS)
     starts, lengths = starts[keep], lengths[keep]
     # the successor blocks apart from one another and from the block, in ascending order
+    last = max(len(s) - 1, 0)
     apart = np.ones(len(starts), dtype=bool)
     d = deg[starts]
     before = None
