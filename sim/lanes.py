@@ -65,12 +65,12 @@ _CHUNK = 1 << 16
 """Instructions :func:`lane_blocks` checks at a time."""
 
 
-def _follows(t: np.ndarray, s: np.ndarray, f: np.ndarray, deg: np.ndarray, lo: int,
-             hi: int) -> np.ndarray:
+def _follows(t: np.ndarray, s: np.ndarray, f: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """Whether each lane ``lo`` ... ``hi - 1`` (``lo >= 1``) is the one before it shifted by one
     (:func:`lane_blocks_reference`'s ``follows``)."""
-    d = deg[lo:hi]
-    out = (t[lo:hi] == t[lo - 1:hi - 1]) & (d == deg[lo - 1:hi - 1]) & (d <= MAX_HEADS)
+    deg = np.diff(f[lo - 1:hi + 1])
+    d = deg[1:]
+    out = (t[lo:hi] == t[lo - 1:hi - 1]) & (d == deg[:-1]) & (d <= MAX_HEADS)
     if not len(s):
         return out
     last = len(s) - 1
@@ -92,11 +92,10 @@ def lane_blocks(tpl: array, succ: array, first: array) -> bytearray:
     t = np.frombuffer(tpl, dtype=np.int32)
     s = np.frombuffer(succ, dtype=np.int32)
     f = np.frombuffer(first, dtype=np.int64)
-    deg = np.diff(f)
     follows = np.zeros(n, dtype=bool)
     for lo in range(1, n, _CHUNK):  # a slice at a time: its temporaries stay in the cache
         hi = min(lo + _CHUNK, n)
-        follows[lo:hi] = _follows(t, s, f, deg, lo, hi)
+        follows[lo:hi] = _follows(t, s, f, lo, hi)
     # runs of following lanes, cut every MAX_LANES
     starts = np.flatnonzero(~follows)
     del follows
@@ -106,12 +105,12 @@ def lane_blocks(tpl: array, succ: array, first: array) -> bytearray:
         starts = np.repeat(starts, pieces) + MAX_LANES * (
             np.arange(pieces.sum()) - np.repeat(np.cumsum(pieces) - pieces, pieces))
         lengths = np.diff(np.append(starts, n))
-    keep = (lengths >= 2) & (deg[starts] <= MAX_HEADS)
-    starts, lengths = starts[keep], lengths[keep]
+    d = f[starts + 1] - f[starts]
+    keep = (lengths >= 2) & (d <= MAX_HEADS)
+    starts, lengths, d = starts[keep], lengths[keep], d[keep]
     # the successor blocks apart from one another and from the block, in ascending order
     last = max(len(s) - 1, 0)
     apart = np.ones(len(starts), dtype=bool)
-    d = deg[starts]
     before = None
     for e in range(min(int(d.max()), MAX_HEADS) if len(d) else 0):
         has = d > e
@@ -120,7 +119,5 @@ def lane_blocks(tpl: array, succ: array, first: array) -> bytearray:
         if before is not None:
             apart &= ~has | (head - before >= lengths)
         before = head
-    block = np.zeros(n, dtype=np.uint8)
-    block[starts[apart]] = lengths[apart]
-    out[:] = block.tobytes()
+    np.frombuffer(out, dtype=np.uint8)[starts[apart]] = lengths[apart]
     return out
