@@ -34,7 +34,8 @@ and 2,469 MiB before the full lowering emitted a packed program (docs/full-fidel
 (the memory target reached, the CPU one only just: the engine's per-member and per-flow
 work is ~80% of it), and 30.9 -> 21.1 s of CPU (engine 25.5 -> 15.5 s, 159,993 -> 263,935
 events/s, 1,366 -> 1,317 MiB) with the engine's own-heap fast paths (medians of three
-interleaved runs on an idle machine, docs/full-fidelity.md); the
+interleaved runs on an idle machine, docs/full-fidelity.md), and fewer engine seconds again with
+TP lanes stepped as one (docs/full-fidelity.md, "TP lanes stepped as one"); the
 405B row (estimated at 19.7 million instructions at :mod:`sim.budget`'s then 400 B each,
 7.9 GB; 5.9 GB at the 300 B a packed instruction it charges now, ``sim/data/budget.toml``)
 completed in 6,634 MiB and 236 s of CPU (17.1 million instructions; reached), and in 3,106 MiB

@@ -47,6 +47,7 @@ from base.errors import DeadlockError
 from sim.collectives import Transfer
 from sim.columnar import ColumnarPass, run_columns
 from sim.fastnet import FastFlowNetwork
+from sim.lanes import lane_blocks
 from sim.network import FlowNetwork
 from sim.plans import CompiledPlan, PlanRun
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
@@ -100,6 +101,9 @@ class EngineCounters:
     """Flows re-rated, summed over recomputations."""
     bytes_on_link: dict[int, float] = field(default_factory=dict)
     """Bytes each link (index into ``cluster.links``) carried over the run; absent: none."""
+    stepped: int = 0
+    """Blocks of lanes completed in one step (:meth:`_Run._stepper`): how the own heap ran,
+    not what it simulated (the rest is the same with none)."""
 
 
 @dataclass
@@ -201,6 +205,10 @@ def _dag_on_arrays(instrs: Sequence[Instruction]) -> tuple[array[int], array[int
 class _Run:
     """State of one simulation; discarded after :func:`simulate_program` returns."""
 
+    stepping = True
+    """Whether blocks of lanes may complete in one step (:meth:`_stepper`) on the own heap;
+    False: one by one, its reference (``tests/test_lanes.py`` runs both)."""
+
     def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer,
                  reference: bool = False) -> None:
         self.env: simpy.Environment | None = None
@@ -253,6 +261,9 @@ class _Run:
         self.wake_at = -1.0
         self.refresh_pending = False
         self._plans: dict[tuple, CollectivePlan] = {}
+        self._plan_of: dict[int, CollectivePlan] = {}
+        """Per packed collective template (by the identity of its fields after the deps, held
+        by the program for the run), its plan in ``_plans``."""
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
         self._compiled: dict[int, CompiledPlan] = {}
         """Per plan (by identity; plans live in ``_plans``), what running it needs."""
@@ -279,6 +290,12 @@ class _Run:
         of the last one of them, ``batch_at`` their end."""
         self.batch_seq = -1
         self.batch_at = -1.0
+        self.calls: tuple[Callable[[object], None], list] | None = None
+        """Likewise for the collectives' launches and bundle starts (:meth:`_after_own`): the
+        latest heap entry's callback and its values, while it is the latest event scheduled
+        and not yet popped; ``calls_seq`` and ``calls_at`` as ``batch_seq`` and ``batch_at``."""
+        self.calls_seq = -1
+        self.calls_at = -1.0
         self._tables: tuple | None = None
         """Per template of a packed program, what :meth:`_start_ready` reads
         (:meth:`_packed_tables`); made at the first start."""
@@ -291,6 +308,11 @@ class _Run:
         ``by_work``, whether ``timer`` reads only a compute op's fields after its deps (its
         work, as :meth:`workloads.program.ProgramBuilder.work` holds them), its ops of one
         template then timed once (the durations, per template); (None,) * 4: not packed."""
+        self.lanes = bytearray(len(instrs))
+        """Per instruction of a packed program, ``L`` where a block of ``L`` lanes begins there
+        (:func:`sim.lanes.lane_blocks`), else 0; made with the DAG."""
+        self.stepped = 0
+        """Blocks of lanes completed in one step (:meth:`_stepper`)."""
         if self.env is None and self.packed[0] is not None:  # the own heap's fast path
             self._release = self._release_packed  # type: ignore[method-assign]
 
@@ -308,6 +330,8 @@ class _Run:
             self.succ, self.first, self.waiting = _dag_on_arrays(program.instructions)
             self.finished = bytearray(len(program.instructions))
             self.completed = 0
+            if self.packed[0] is not None and self.stepping:
+                self.lanes = lane_blocks(self.packed[1], self.succ, self.first)
             return
         instrs = program.instructions
         n = len(instrs)
@@ -368,7 +392,7 @@ class _Run:
         one entry (a list of ids), which holds the places in SimPy's order of that many
         events in a row (nothing can come between them), and completes them in that
         order."""
-        heap, complete, release = self.heap, _Run._complete, self._release
+        heap, complete, release, each = self.heap, _Run._complete, self._release, _Run._each
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
@@ -376,8 +400,37 @@ class _Run:
                 if value is self.batch:
                     self.batch = None  # popped: later ends at this instant start a new entry
                 release(value)
+            elif callback is each:  # several events of one callback in a row (_after_own)
+                if value is self.calls:
+                    self.calls = None
+                callback, values = value
+                for value in values:
+                    callback(value)
             else:
                 callback(value)
+
+    def _each(self, value: object) -> None:
+        """The mark of a heap entry of several events of one callback (:meth:`_after_own`)."""
+        raise AssertionError("handled by _loop")
+
+    def _after_own(self, delay: float, callback: Callable[[object], None],
+                   value: object) -> None:
+        """:meth:`_after` on the own heap (``delay`` >= 0), an event that follows the latest
+        one scheduled, for the same instant and callback, sharing its heap entry (as compute
+        ends do, :meth:`_loop`): those events are processed one after another, in the order
+        they were scheduled, nothing between them (no other event has a place among theirs:
+        their numbers are consecutive, and one scheduled while they run comes after them)."""
+        at = self.now + delay
+        events = self.events
+        calls = self.calls
+        if (calls is not None and self.calls_seq == events and self.calls_at == at
+                and calls[0] == callback):
+            calls[1].append(value)
+        else:
+            self.calls = calls = (callback, [value])
+            self.calls_at = at
+            heappush(self.heap, (at, events + 1, _Run._each, calls))
+        self.events = self.calls_seq = events + 1
 
     def _complete(self, i: int) -> None:
         """Instruction ``i`` is done: release its successors; start those now free."""
@@ -424,29 +477,33 @@ class _Run:
 
     def _start_ready(self, ids: Sequence[int]) -> None:
         """:meth:`_release_packed`'s loop: complete ``ids`` in turn, each followed by starting
-        every instruction then ready (the drain, :meth:`_drain`'s packed branch)."""
-        finished, ended, waiting, ready = self.finished, self.ended, self.waiting, self.ready
-        succ, first, now = self.succ, self.first, self.now
-        instrs, members, started, mid = self.program.instructions, self.members, self.started, \
-            self.mid
-        timer, complete, heap = self.timer, self._complete, self.heap
-        tables = self._tables
-        if tables is None:
-            tables = self._tables = self._packed_tables()
-        code, timed = tables
-        templates = self.packed[0]
-        by_work = self.packed[2]
-        tpl = self.packed[1]
+        every instruction then ready (the drain, :meth:`_drain`'s packed branch); a block of
+        lanes (:mod:`sim.lanes`) in a row in ``ids`` completes in one step where it can
+        (:meth:`_stepper`), with the same effects."""
+        state = self._tables
+        if state is None:
+            state = self._tables = self._packed_tables()
+        (finished, ended, waiting, ready, succ, first, instrs, members, started, mid, timer,
+         heap, code, timed, templates, by_work, tpl, lanes, stepped) = state
+        now, complete = self.now, self._complete
         key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
         popleft, append = ready.popleft, ready.append
-        for i in ids:
-            finished[i] = 1
-            ended[i] = now
-            for j in succ[first[i]:first[i + 1]]:
-                left = waiting[j] - 1
-                waiting[j] = left
-                if not left:
-                    append(j)
+        count = len(ids)
+        p = 0
+        while p < count:
+            i = ids[p]
+            size = lanes[i]
+            if size and ids[p:p + size] == list(range(i, i + size)) and stepped(i, size, now):
+                p += size  # the block's lanes completed and their successors started
+            else:
+                p += 1
+                finished[i] = 1
+                ended[i] = now
+                for j in succ[first[i]:first[i + 1]]:
+                    left = waiting[j] - 1
+                    waiting[j] = left
+                    if not left:
+                        append(j)
             while ready:
                 i = popleft()
                 t = tpl[i]
@@ -488,13 +545,118 @@ class _Run:
                 else:
                     self._start_send(i, instrs._make(i))
 
-    def _packed_tables(self) -> tuple[bytes, list[tuple[float, float] | None]]:
-        """Per template of a packed program: its class code and a compute op's (duration,
-        duration + blocking communication) once timed (where ``by_work``): 9 bytes a
-        template (a collective's members share one; a large run has millions)."""
-        templates = self.packed[0]
+    def _packed_tables(self) -> tuple:
+        """What :meth:`_start_ready` reads, bound once per run: the run's arrays and, per
+        template of a packed program, its class code and a compute op's (duration, duration
+        + blocking communication) once timed (where ``by_work``): 9 bytes a template (a
+        collective's members share one; a large run has millions); and the step of a block
+        of lanes (:meth:`_stepper`)."""
+        templates, tpl, by_work, _ = self.packed
         code = bytes(CLASS_CODE[cls] for cls, _, _ in templates)
-        return code, [None] * len(templates)
+        timed: list[tuple[float, float] | None] = [None] * len(templates)
+        return (self.finished, self.ended, self.waiting, self.ready, self.succ, self.first,
+                self.program.instructions, self.members, self.started, self.mid, self.timer,
+                self.heap, code, timed, templates, by_work, tpl, self.lanes,
+                self._stepper(code, timed))
+
+    def _stepper(self, code: bytes, timed: list) -> Callable[[int, int, float], bool]:
+        """``step(b, size, now)``: complete lanes ``b`` ... ``b + size - 1`` (a block of
+        :func:`sim.lanes.lane_blocks`: each lane's successors are lane 0's shifted by its
+        place) in one step, with what completing them one after another, each followed by
+        starting what it freed (:meth:`_start_ready`), does: the same counters, times,
+        members, heap entry and event numbers. Only where that is provably so: every
+        successor block's counters equal across lanes (so each lane frees the same places),
+        at most one of them freed, and that one a compute op of positive time timed by its
+        work alone (the same start, duration and end on each lane, its ends the next events
+        of one heap entry), or a collective's members whose last arrival is the block's last
+        lane. False, with nothing done: complete them one by one. The run's arrays are bound
+        once (a closure)."""
+        succ, waiting, first, finished = self.succ, self.waiting, self.first, self.finished
+        ended, started, mid, members, heap = self.ended, self.started, self.mid, self.members, \
+            self.heap
+        templates, tpl, by_work, _ = self.packed
+        timer, instrs, arrived_packed = self.timer, self.program.instructions, \
+            self._arrived_packed
+        fills: dict[int, list[array[int]]] = {}  # per size, per counter: size copies of it
+        ones = {size: b"\x01" * size for size in range(1, 256)}
+        stamps: dict[int, array[float]] = {}  # per size, size copies of the time stamped
+        stamped = [-1.0]  # that time
+        run = self
+
+        def step(b: int, size: int, now: float) -> bool:
+            heads = succ[first[b]:first[b + 1]]
+            fill = fills.get(size)
+            if fill is None:
+                fill = fills[size] = [array("i", [w]) * size for w in range(8)]
+            freed = -1
+            for s in heads:
+                w = waiting[s]
+                if not 0 < w < 8 or waiting[s:s + size] != fill[w]:
+                    return False
+                if w == 1:
+                    if freed >= 0:
+                        return False  # two freed per lane: their starts interleave
+                    freed = s
+            if freed >= 0:
+                t = tpl[freed]
+                c = code[t]
+                if c == COMPUTE:
+                    if not by_work:
+                        return False  # the timer reads the GPU: lanes may differ
+                    pair = timed[t]
+                    if pair is None:
+                        duration = timer(instrs._make(freed))
+                        pair = timed[t] = (duration,
+                                           duration + templates[t][2][COMPUTE_BLOCKING_S])
+                    duration, total = pair
+                    if not total > 0:
+                        return False
+                elif c == COLLECTIVE:
+                    rest = templates[t][2]
+                    key = rest[COLLECTIVE_KEY]
+                    arrived = members.get(key)
+                    need = len(rest[COLLECTIVE_GROUP])
+                    if (len(arrived) if arrived is not None else 0) + size - 1 >= need:
+                        return False  # it would start before the block's last lane
+                else:
+                    return False
+            run.stepped += 1
+            end = b + size
+            finished[b:end] = ones[size]
+            if stamped[0] != now:
+                stamps.clear()
+                stamped[0] = now
+            stamp = stamps.get(size)
+            if stamp is None:
+                stamp = stamps[size] = array("d", [now]) * size
+            ended[b:end] = stamp
+            for s in heads:
+                waiting[s:s + size] = fill[waiting[s] - 1]
+            if freed < 0:
+                return True
+            end = freed + size
+            started[freed:end] = stamp
+            if c == COMPUTE:
+                mid[freed:end] = array("d", [now + duration]) * size
+                at = now + total  # _start_ready's heap entry, for the lanes in turn
+                batch, events = run.batch, run.events
+                if batch is not None and run.batch_seq == events and run.batch_at == at:
+                    batch.extend(range(freed, end))
+                else:
+                    run.batch = batch = list(range(freed, end))
+                    run.batch_at = at
+                    heappush(heap, (at, events + 1, _Run._complete, batch))
+                run.events = run.batch_seq = events + size
+            else:
+                if arrived is None:
+                    members[key] = arrived = list(range(freed, end))
+                else:
+                    arrived.extend(range(freed, end))
+                if len(arrived) >= need:
+                    arrived_packed(rest, key)
+            return True
+
+        return step
 
     def _arrived_packed(self, rest: tuple, key: int) -> None:
         """:meth:`_arrived` for a packed program's collective, from its template's ``rest``."""
@@ -502,14 +664,17 @@ class _Run:
         if duration is not None:  # precomputed (collapsed simulation)
             self._after(duration, self._end_collective, key)
             return
-        spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
-                rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
-        plan = self._plans.get(spec)
+        plan = self._plan_of.get(id(rest))
         if plan is None:
-            plan = self._plans[spec] = collective_plan(self.topology, *spec[:4], self._profiles,
-                                                       spec[4])
+            spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
+                    rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
+            plan = self._plans.get(spec)
+            if plan is None:
+                plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
+                                                           self._profiles, spec[4])
+            self._plan_of[id(rest)] = plan
         if plan.launch_s > 0:
-            self._after(plan.launch_s, self._launched_own, (key, plan))
+            self._after_own(plan.launch_s, self._launched_own, (key, plan))
         else:
             self._launched_own((key, plan))
 
@@ -530,7 +695,7 @@ class _Run:
             compiled = self._compiled[id(steps)] = CompiledPlan(self.topology, steps,
                                                                  self.route, self.epoch)
         if compiled.flat and self.bundling:
-            self._after(compiled.later[0][0], self._bundle_start, (compiled, key))
+            self._after_own(compiled.later[0][0], self._bundle_start, (compiled, key))
         else:
             PlanRun(self, compiled, self._finish_collective, key).begin()
 
@@ -557,7 +722,7 @@ class _Run:
             PlanRun(self, compiled, self._finish_collective, key)._delayed(group)
 
     def _bundle_done(self, value: tuple[CompiledPlan, int]) -> None:
-        self._finish_collective(value[1])
+        self._release(self.members.pop(value[1]))  # _finish_collective, inline
 
     def _unbundled(self, first: int) -> None:
         """A bundle of flows (:meth:`_bundle_start`) became its flows: each one's arrival as
@@ -711,6 +876,7 @@ class _Run:
         self.route, self.topology = rerouted.route, rerouted.cluster
         self.epoch += 1
         self._plans.clear()
+        self._plan_of.clear()
         self._profiles.clear()
         self._compiled.clear()
         ends = self.flow_ends
@@ -842,8 +1008,9 @@ class _Run:
             if isinstance(self.net, FastFlowNetwork):
                 self.net.on_split = None
             self.__dict__.pop("_release", None)
+            self._tables = None  # its step too; 9 bytes a template, at the summaries' peak
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
-        self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
+        self.lanes = bytearray()
         if self.env is not None:  # the reference makes the records at once
             return timeline_of(self.program, self.started, self.mid, self.ended)
         return self._summarized()
@@ -921,6 +1088,7 @@ class _Run:
         out.rate_recomputations = self.net.recomputations
         out.rerated_flows = self.net.rerated_flows
         out.bytes_on_link = dict(self.net.bytes_on_link)
+        out.stepped = self.stepped
 
 
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,

@@ -49,6 +49,10 @@ class FastFlowNetwork(FlowNetwork):
         """Per bundle's routes, what :meth:`start_bundle` reads (:meth:`_shape`)."""
         self._bundles: dict[int, _Bundle] = {}
         """Active bundles (:meth:`start_bundle`) by their first flow's id."""
+        self._held: set[int] = set()
+        """The finite links the active bundles cross, each by one bundle alone: held here, not
+        in ``_on_link``, until a flow joins one of them (then every bundle becomes its flows,
+        :meth:`_split`, which lists them there)."""
         self.on_split: Callable[[int], None] | None = None
         """Called with a bundle's first flow id when it becomes its flows (:meth:`_split`)."""
         self._finished_sizes: dict[int, int] = {}
@@ -65,6 +69,8 @@ class FastFlowNetwork(FlowNetwork):
         if finite is None:
             cap = self.capacity_Bps
             finite = self._finite[links] = tuple([link for link in links if cap[link] < math.inf])
+        if self._held and not self._held.isdisjoint(finite):
+            self._split()  # it joins a bundle's link: the flows, as the re-rating would make
         least = least_of.get(finite, -1.0)
         if least == -1.0:
             least = least_of[finite] = _least(finite, self.capacity_Bps)
@@ -109,10 +115,9 @@ class FastFlowNetwork(FlowNetwork):
         if shape is None:
             return False
         finites, used, flat, least = shape
-        on_link = self._on_link
-        for link in used:
-            if link in on_link:
-                return False
+        held = self._held
+        if not (self._on_link.keys().isdisjoint(used) and held.isdisjoint(used)):
+            return False
         self._now = now
         nbytes = float(nbytes)
         flow = _new_flow(_Bundle)
@@ -129,8 +134,7 @@ class FastFlowNetwork(FlowNetwork):
         flow.flat = flat
         flow.used = used
         self._flows[first_id] = self._bundles[first_id] = flow
-        for link in used:
-            on_link[link] = {first_id: None}
+        held.update(used)
         self._touched.append(first_id)
         self._dirty = True
         return True
@@ -179,10 +183,8 @@ class FastFlowNetwork(FlowNetwork):
                 flow.since_s = bundle.since_s
                 flow.least = bundle.least
                 flows[fid] = flow
-                if k:
-                    for link in finite:
-                        on_link[link] = {(fid if u == first_id else u): None
-                                         for u in on_link[link]}
+                for link in finite:
+                    on_link[link] = {fid: None}
             if bundle.end_s < math.inf:
                 heapq.heappush(self._ends, (bundle.end_s, first_id, ids))
             if first_id in touched:
@@ -191,6 +193,7 @@ class FastFlowNetwork(FlowNetwork):
             if self.on_split is not None:
                 self.on_split(first_id)
         bundles.clear()
+        self._held.clear()
 
     def crossing(self, links: Iterable[int]) -> list[int]:
         self._split()
@@ -300,12 +303,13 @@ class FastFlowNetwork(FlowNetwork):
             if bundles and fid in bundles:  # its flows in turn, as finished one by one
                 del bundles[fid]
                 sizes[fid] = len(flow.routes)
-                crossed, held = flow.flat, flow.used  # each flow's links in turn
-            else:
-                crossed, held = flow.links, flow.finite
-            for link in crossed:
+                for link in flow.flat:  # each flow's links in turn
+                    carried[link] += nbytes
+                self._held.difference_update(flow.used)  # none shares them (else split)
+                continue
+            for link in flow.links:
                 carried[link] += nbytes
-            for link in held:
+            for link in flow.finite:
                 users = on_link[link]
                 del users[fid]
                 if users:
@@ -324,12 +328,12 @@ class FastFlowNetwork(FlowNetwork):
         """The flows in flight by id, a bundle's each on its own (as :meth:`_split` makes
         them; the network is left as it is): what the reference holds."""
         saved = (dict(self._flows), {link: dict(users) for link, users in self._on_link.items()},
-                 list(self._touched), list(self._ends), dict(self._bundles))
+                 list(self._touched), list(self._ends), dict(self._bundles), set(self._held))
         self._split()
         flows = dict(self._flows)
         on_link = {link: list(users) for link, users in self._on_link.items()}
-        self._flows, self._on_link, self._touched, self._ends, self._bundles = (
-            saved[0], saved[1], saved[2], saved[3], saved[4])
+        self._flows, self._on_link, self._touched, self._ends, self._bundles, self._held = (
+            saved[0], saved[1], saved[2], saved[3], saved[4], saved[5])
         heapq.heapify(self._ends)
         return flows, on_link  # type: ignore[return-value]
 
