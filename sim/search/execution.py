@@ -317,11 +317,13 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     parts = screen_chunks(layouts, executor.workers)
     digest = space_digest(layouts)
     states: dict[tuple[Any, ...], StateTerms] = {}
+    family: list[tuple[Any, ...]] = []
     if families and executor.workers > 1:
-        states = _family_states(layouts, executor, task, local)
+        family = [state_family(lay) for lay in layouts]  # once: both loops below read it
+        states = _family_states(layouts, family, executor, task, local)
     chunks = []
     for part in parts:
-        mine = {f: states[f] for i in part if (f := state_family(layouts[i])) in states}
+        mine = {f: states[f] for i in part if (f := family[i]) in states} if states else {}
         chunks.append(ScreenChunk(tuple(part), digest, tuple(mine.items())))
     verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
     # handed out last chunk first: the widest TP groups come last, whose collectives make
@@ -340,13 +342,15 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
                 for lay, verdict in zip(layouts, verdicts, strict=True)]
 
 
-def _family_states(layouts: Sequence[Layout], executor: Executor, task: Task,
-                   local: Callable[[Any], Any]) -> dict[tuple[Any, ...], StateTerms]:
-    """The state terms of every family of ``layouts`` that has them, computed on the
-    executor's workers in :func:`family_chunks`."""
+def _family_states(layouts: Sequence[Layout], family: Sequence[tuple[Any, ...]],
+                   executor: Executor, task: Task, local: Callable[[Any], Any]
+                   ) -> dict[tuple[Any, ...], StateTerms]:
+    """The state terms of every family of ``layouts`` that has them (``family[i]``: the
+    :func:`~sim.search.bounds.state_family` of ``layouts[i]``), computed on the executor's
+    workers in :func:`family_chunks`."""
     first: dict[tuple[Any, ...], Layout] = {}
-    for lay in layouts:
-        first.setdefault(state_family(lay), lay)
+    for f, lay in zip(family, layouts, strict=True):
+        first.setdefault(f, lay)
     parts = family_chunks(list(first.values()))
     chunks = [FamilyChunk(tuple(lay.values() for lay in part)) for part in parts]
     states: dict[tuple[Any, ...], StateTerms] = {}

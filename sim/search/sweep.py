@@ -134,7 +134,7 @@ def search(
                         sweep.speculated, sweep.discarded, sweep.wasted_judged)
 
 
-JUDGE_CHUNK = 8
+JUDGE_CHUNK = 16
 """Candidates per judging work item."""
 LOOKAHEAD = 64
 """How far past the sweep's frontier candidates are judged before any speculation."""
