@@ -379,6 +379,14 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     backward's reduce-scatter only), set by :func:`sim.fsdpoverlap.with_contention` from
     the device and collective timers; emitted after the layer as a fixed-time compute
     segment. (0, 0): not modelled."""
+    dp_overlap_s: tuple[float, float] = (0.0, 0.0)
+    """Megatron's overlapped DP collectives beside the compute (ZeRO < 3): the seconds a
+    layer's forward loses to its ``overlap_param_gather`` all-gather in the step's first
+    forward of a stage, and a layer's backward to its gradients' bucketed reduction
+    (``overlap_grad_reduce``) in the step's last backward, on the stages cut into buckets
+    layer by layer (:attr:`grad_buckets_stage0_only`); set by
+    :func:`sim.fsdpoverlap.with_contention`, emitted after the layer in those (marked) ops
+    as a fixed-time compute segment. (0, 0): not modelled."""
 
     # ------------------------------------------------------------- shapes
     @property
