@@ -12,9 +12,9 @@ communication takes from the GEMM are data (``sim/data/tp_overlap.toml``, with t
 A pair of a collective taking ``c`` seconds alone and a GEMM taking ``g`` runs, with the
 GEMM slowed by the communication beside it by :mod:`sim.contention`'s rule
 (:func:`contended_s`: on the SMs the communication leaves it, ``g' = g·S/(S − k)``, when TE
-sets an SM margin of ``k`` of the GPU's ``S`` SMs; ``g' = g + min(c, g)·k/(S − k)`` when the
-GEMM is launched on every SM beside kernels holding ``k``, TE 1.x; ``g' = g`` beside the
-copy-engine ring exchange; ``g + 0.189·min(c, g)`` beside NCCL without userbuffers), in
+sets an SM margin of ``k`` of the GPU's ``S`` SMs; ``g' = g`` beside the copy-engine ring
+exchange, and where TE 1.x launches the GEMM on every SM (not charged, :func:`contended_s`);
+``g + 0.189·min(c, g)`` beside NCCL without userbuffers), in
 (:func:`pipelined_s`):
 
 * ``pipeline`` (``n`` chunks, the reduce-scatter after the GEMM):
@@ -167,16 +167,18 @@ contention share ``s`` (:func:`contended_s`)."""
 def contended_s(method: Method, comm_s: float, gemm_s: float, sms: int) -> float:
     """The GEMM's seconds beside its collective by :mod:`sim.contention`'s rule: launched on
     the ``sms − k`` SMs the userbuffers kernels leave it (``sm_margin``), ``g·S/(S − k)``;
-    on every SM beside kernels holding ``k`` of them (Transformer Engine 1.x), slowed by
-    ``k/(S − k)`` while they overlap, ``g + min(c, g)·k/(S − k)``; beside a copy-engine ring
-    exchange, ``g``; beside NCCL (:data:`NCCL_BESIDE`), ``g + charge(c, g)``."""
+    beside a copy-engine ring exchange, ``g``; beside NCCL (:data:`NCCL_BESIDE`), ``g +
+    charge(c, g)``. On every SM beside kernels holding ``k`` of them (Transformer Engine 1.x,
+    no margin) the rule would give ``g + min(c, g)·k/(S − k)``; tried and not shipped (it
+    moves Megatron-Core r0.8.0's H100 rows further from their measurements,
+    docs/contention.md): ``g``."""
     if method.name == "nccl":
         return gemm_s + charge("sp_nccl_beside", comm_s, gemm_s)
     if mechanism(f"tp_{method.name}") != "sm_kernels" or not method.sms:
         return gemm_s
     if method.sm_margin:
         return gemm_s * sms / (sms - method.sms)
-    return gemm_s + min(comm_s, gemm_s) * method.sms / (sms - method.sms)
+    return gemm_s  # TE 1.x: not charged (docs/contention.md, tried: corpus 5.74% -> 5.82%)
 
 
 def regathers(costs: TransformerCosts) -> bool:
