@@ -119,14 +119,15 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     all-gather`` in :attr:`tp_comm_exposed_s`). False: not counted (a framework that saves
     the gathered input, :attr:`sp_saves_gathered_input`, has no second gather;
     :mod:`workloads.frameworks`)."""
-    sp_async_grad_reduce_scatter: bool = True
+    sp_async_grad_reduce_scatter: bool = False
     """With sequence parallelism and without TP communication overlap, the backward's
     reduce-scatter of the QKV and first MLP GEMMs' input gradient runs beside their weight
     gradient GEMM (Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication.backward``
     and Transformer Engine's ``LayerNormLinear`` backward: ``reduce_scatter(..., async_op=
     True)`` after the dgrad GEMM, waited on after the wgrad GEMM), and adds only what it runs
-    beyond it (:func:`sim.tpoverlap.async_reduce_exposed_s`). False: it blocks
-    (:mod:`workloads.frameworks`)."""
+    beyond it, slowed by NCCL's kernels (:func:`sim.tpoverlap.async_reduce_exposed_s`).
+    False (the default and every shipped profile's: measured against the corpus and not
+    shipped, docs/contention.md): it blocks (:mod:`workloads.frameworks`)."""
     kept_stage_outputs: int = 0
     """Earlier micro-batches' bf16 logits the framework still holds on the last stage
     (:meth:`transient_bytes`). 0: Megatron-LM frees a stage's output once its backward has
