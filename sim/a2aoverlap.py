@@ -13,8 +13,9 @@ is then exposed only by what its partner compute leaves; the lowering runs it fo
 time (:attr:`TransformerCosts.ep_comm_exposed_s`). The all-to-all kernels take ``k`` of the
 GPU's ``S`` SMs while they run (DeepEP's, ``sim/data/a2a_overlap.toml``), so a partner of
 ``g`` seconds alone runs on the rest meanwhile: the pair takes max(c, g + c·k/S) for an
-all-to-all of ``c`` seconds, and the all-to-all is exposed by max(c − g, c·k/S) (max(0,
-c − g) for a dispatcher whose SMs are not given).
+all-to-all of ``c`` seconds, and the all-to-all is exposed by max(c − g, c·k/S); NCCL's
+all-to-all dispatcher takes the share :mod:`sim.contention` gives NCCL's kernels (18.9%)
+for k/S.
 
 Simplifications: the all-to-all is timed alone on pipeline rank 0's EP groups (the partner's
 own traffic is not on the network); the pipeline's warm-up forwards and cool-down backwards,
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
 from sim.commtime import CollectiveTimer
+from sim.contention import mechanism, share
 from sim.tpoverlap import sm_count
 from workloads.costs import CommSeg, ComputeSeg, Segment
 from workloads.lowering.groups import ALL_TO_ALL_ALGO, ep_groups
@@ -57,7 +59,10 @@ def dispatcher_sms(dispatcher: str) -> int:
 
 def sm_share(dispatcher: str, gpu: str) -> float:
     """k/S: the share of GPU ``gpu``'s SMs the dispatcher's all-to-all kernels take (0 where
-    either count is not known)."""
+    either count is not known); for NCCL's all-to-all (``moe_alltoall`` in
+    :mod:`sim.contention`'s table), NCCL's measured contention share."""
+    if mechanism(f"moe_{dispatcher}") == "nccl":
+        return share(f"moe_{dispatcher}")
     sms = sm_count(gpu)
     return dispatcher_sms(dispatcher) / sms if sms else 0.0
 

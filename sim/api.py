@@ -23,6 +23,7 @@ from sim import budget
 from sim.a2aoverlap import lowering_costs as a2a_lowering_costs
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
+from sim.cpoverlap import lowering_costs as cp_lowering_costs
 from sim.device import DeviceProfile, compute_time_s, rank_timers
 from sim.dpmodes import cycle_stats, ps_servers, stale_steps, steps_overlap
 from sim.engine import InstructionTimes, simulate_program
@@ -380,6 +381,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     costs = a2a_lowering_costs(exp, costs, base_time)
     costs = host_lowering_costs(exp, costs, base_time)
     costs = fsdp_lowering_costs(exp, costs, base_time, timer)
+    costs = cp_lowering_costs(exp, costs, base_time, timer)
     program = lower(exp.schedule, costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference, servers)
     facts = _facts(exp, fidelity, profile)

@@ -10,8 +10,11 @@ input-gradient reduce-scatter behind the FC1 / QKV weight-gradient GEMM
 communication takes from the GEMM are data (``sim/data/tp_overlap.toml``, with their source).
 
 A pair of a collective taking ``c`` seconds alone and a GEMM taking ``g`` runs, with the
-GEMM on the SMs the communication leaves it (``g' = g·S/(S − k)`` when TE sets an SM
-margin of ``k`` of the GPU's ``S`` SMs, else ``g' = g``), in
+GEMM slowed by the communication beside it by :mod:`sim.contention`'s rule
+(:func:`contended_s`: on the SMs the communication leaves it, ``g' = g·S/(S − k)``, when TE
+sets an SM margin of ``k`` of the GPU's ``S`` SMs; ``g' = g`` beside the copy-engine ring
+exchange, and where TE 1.x launches the GEMM on every SM (not charged, :func:`contended_s`);
+``g + 0.189·min(c, g)`` beside NCCL without userbuffers), in
 (:func:`pipelined_s`):
 
 * ``pipeline`` (``n`` chunks, the reduce-scatter after the GEMM):
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
+from sim.contention import charge, mechanism
 from workloads.costs import BF16, ComputeSeg
 from workloads.layer_work import SP_REGATHER_GEMMS, TP_OVERLAP_GEMMS
 from workloads.lowering.groups import tp_groups
@@ -119,9 +123,9 @@ def chunked(gemm: ComputeSeg, n: float) -> ComputeSeg:
 def pipelined_s(method: Method, comm_s: float, gemm_s: float, tp: int, sms: int) -> float:
     """Seconds of a GEMM (``gemm_s``: its chunks, on every SM) and its collective (``comm_s``
     alone) run overlapped by ``method`` on a GPU of ``sms`` SMs in a TP group of ``tp``
-    (module doc)."""
-    g = gemm_s * (sms / (sms - method.sms) if method.sm_margin else 1.0)
-    if method.name == "bulk":
+    (module doc), the GEMM slowed by the collective beside it (:func:`contended_s`)."""
+    g = contended_s(method, comm_s, gemm_s, sms)
+    if method.name in ("bulk", "nccl"):
         return max(comm_s, g)
     n = chunks(method, tp)
     if method.name == "ring_exchange":
@@ -154,9 +158,27 @@ def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
     return tuple(out)
 
 
-NCCL_BESIDE = Method("bulk", 1, 0, False)
+NCCL_BESIDE = Method("nccl", 1, 0, False)
 """A TP collective launched asynchronously beside a GEMM without userbuffers (NCCL on its own
-stream, the GEMM on every SM): both whole at once, ``max(c, g)``."""
+stream, the GEMM on every SM): both whole at once, ``max(c, g + s·min(c, g))`` with NCCL's
+contention share ``s`` (:func:`contended_s`)."""
+
+
+def contended_s(method: Method, comm_s: float, gemm_s: float, sms: int) -> float:
+    """The GEMM's seconds beside its collective by :mod:`sim.contention`'s rule: launched on
+    the ``sms − k`` SMs the userbuffers kernels leave it (``sm_margin``), ``g·S/(S − k)``;
+    beside a copy-engine ring exchange, ``g``; beside NCCL (:data:`NCCL_BESIDE`), ``g +
+    charge(c, g)``. On every SM beside kernels holding ``k`` of them (Transformer Engine 1.x,
+    no margin) the rule would give ``g + min(c, g)·k/(S − k)``; tried and not shipped (it
+    moves Megatron-Core r0.8.0's H100 rows further from their measurements,
+    docs/contention.md): ``g``."""
+    if method.name == "nccl":
+        return gemm_s + charge("sp_nccl_beside", comm_s, gemm_s)
+    if mechanism(f"tp_{method.name}") != "sm_kernels" or not method.sms:
+        return gemm_s
+    if method.sm_margin:
+        return gemm_s * sms / (sms - method.sms)
+    return gemm_s  # TE 1.x: not charged (docs/contention.md, tried: corpus 5.74% -> 5.82%)
 
 
 def regathers(costs: TransformerCosts) -> bool:
@@ -195,6 +217,37 @@ def regather_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg]
     return tuple(out)
 
 
+def reduces_beside(costs: TransformerCosts) -> bool:
+    """Whether ``costs``' backward reduce-scatters each column-parallel GEMM's input gradient
+    beside its weight-gradient GEMM without userbuffers
+    (:attr:`~TransformerCosts.sp_async_grad_reduce_scatter`, on the same layers as
+    :func:`regathers`)."""
+    return costs.sp_async_grad_reduce_scatter and regathers(replace(costs,
+                                                                    sp_regather_input=True))
+
+
+def async_reduce_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
+                           collective_s: Callable[[str, float], float]
+                           ) -> tuple[tuple[str, float], ...]:
+    """Without TP communication overlap, what each block's backward reduce-scatter of the
+    QKV / FC1 input gradient adds beside the weight-gradient GEMM NCCL runs it with
+    (``attn bwd reduce-scatter`` and ``mlp bwd reduce-scatter`` of
+    :data:`~workloads.layer_work.TP_OVERLAP_GEMMS`, :data:`NCCL_BESIDE`: ``max(c, g + s·min(c,
+    g)) − g``);
+    none where :func:`reduces_beside` is False."""
+    if not reduces_beside(costs):
+        return ()
+    gemms = costs.tp_overlap_gemms()
+    nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
+        * costs.model.hidden_size
+    out = []
+    for name in ("attn bwd reduce-scatter", "mlp bwd reduce-scatter"):
+        g = compute_s(gemms[TP_OVERLAP_GEMMS[name][0]])
+        out.append((name, pipelined_s(NCCL_BESIDE, collective_s("reduce_scatter", nbytes), g,
+                                      costs.tp, 1 << 30) - g))
+    return tuple(out)
+
+
 def check(gpu: str, tp: int, sequence_parallel: bool, why_not: str | None) -> None:
     """ConfigError where ``parallel.tp_comm_overlap`` cannot apply: Megatron's own rule
     (megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap can happen
@@ -223,7 +276,7 @@ def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
     if not isinstance(costs, TransformerCosts):
         return costs
     overlap = exp.config.parallel.tp_comm_overlap
-    if not overlap and not regathers(costs):
+    if not overlap and not regathers(costs) and not reduces_beside(costs):
         return costs
     groups = tp_groups(exp.placement, 0)
     return with_overlap(costs, exp.cluster.gpu.name, compute_s,
@@ -239,12 +292,14 @@ def with_overlap(costs: TransformerCosts, gpu: str,
     TP or sequence parallelism: there is nothing to overlap); ``sm_margin``: the
     framework's (:func:`exposed_s`); ``overlap``: TP communication overlap on (the layer's
     SP collectives pipelined with their GEMMs), else only the second all-gathers of
-    :func:`regather_exposed_s`."""
+    :func:`regather_exposed_s` and the reduce-scatters NCCL runs beside the weight gradients
+    (:func:`async_reduce_exposed_s`)."""
     if costs.tp == 1 or not costs.sequence_parallel:
         return costs
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30
-    pairs = exposed_s(costs, compute_s, collective_s, sms, sm_margin) if overlap else ()
+    pairs = (exposed_s(costs, compute_s, collective_s, sms, sm_margin) if overlap
+             else async_reduce_exposed_s(costs, compute_s, collective_s))
     pairs += regather_exposed_s(costs, compute_s, collective_s, sms, overlap, sm_margin)
     return replace(costs, tp_comm_exposed_s=pairs)

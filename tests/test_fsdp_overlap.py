@@ -11,8 +11,9 @@ import pytest
 from sim import api
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
+from sim.contention import DATA_FILE, compute_slowdown
 from sim.device import compute_time_s
-from sim.fsdpoverlap import DATA_FILE, compute_slowdown, lowering_costs, with_contention
+from sim.fsdpoverlap import lowering_costs, with_contention
 from workloads.costs import ComputeSeg
 from workloads.lowering.groups import dp_groups
 from workloads.program import Compute

@@ -822,9 +822,14 @@ def _hagemann(model: str, seq: int, gpus: int) -> dict:
 
 
 @cache
-def _best(group: tuple[str, int, int], extra: str = "") -> tuple[Layout, float]:
-    """(layout, tokens/s) of the best layout of a group in the paper's space (+ pins)."""
-    result = search(_hagemann(*group), pins=parse_pins([HAGEMANN_SPACE + extra]), top=1)
+def _best(group: tuple[str, int, int], extra: str = "", framework: str | None = None
+          ) -> tuple[Layout, float]:
+    """(layout, tokens/s) of the best layout of a group in the paper's space (+ pins), with
+    the stand-in profile or ``framework``."""
+    exp = _hagemann(*group)
+    if framework is not None:
+        exp["training"]["framework"] = framework
+    result = search(exp, pins=parse_pins([HAGEMANN_SPACE + extra]), top=1)
     assert result.best is not None
     return result.best.layout, result.best.figure("tokens_per_s")
 
@@ -865,8 +870,13 @@ def test_hagemann_sequence_parallelism_matters_only_for_large_models_and_long_se
         ) -> None:
     """SP's gain (best with SP allowed over best without): below 3% for 13B and 30B at 2k
     tokens (measured: -0.3%, -0.8%), above 5% for 30B at 8k tokens (measured: +11%); 13B at
-    8k tokens, the next test."""
-    gain = {g: _best(g)[1] / _best(g, ",sp=false")[1] - 1 for g in (G13_2K, G30_2K, G30_8K)}
+    8k tokens, the next test. With the sweep's own framework (``scaling``), whose sequence
+    parallelism keeps the gathered input for the backward (``sp_saves_gathered_input``): the
+    stand-in Megatron profile all-gathers it again beside the dgrad GEMM, whose compute NCCL's
+    kernels now slow (sim.contention), a cost the measured stack did not have (30B 8k: +8.3%
+    with scaling, +5.0% with the stand-in, +5.4% before the contention charge)."""
+    gain = {g: _best(g, framework="scaling")[1] / _best(g, ",sp=false", "scaling")[1] - 1
+            for g in (G13_2K, G30_2K, G30_8K)}
     assert max(gain[G13_2K], gain[G30_2K]) < 0.03, gain
     assert gain[G30_8K] > 0.05, gain
 

@@ -4,6 +4,7 @@ pipelined pair's closed forms, the step they give end to end, and the settings r
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 
 import pytest
 
@@ -125,7 +126,8 @@ def test_transformer_engine_1x_keeps_every_sm_for_the_gemms() -> None:
 def test_backward_gathers_saved_inputs_again_beside_the_dgrad_gemm() -> None:
     """Megatron's sequence parallelism saves the QKV and FC1 GEMMs' s/t input shards and
     all-gathers them again in the backward beside the input-gradient GEMM: each adds
-    max(c, g) - g (NCCL beside it) or TE's bulk pair (userbuffers), two a layer; a framework
+    max(c, g + 0.189·min(c, g)) - g (NCCL beside it, slowing it:
+    sim.contention) or TE's bulk pair (userbuffers), two a layer; a framework
     that saves the gathered input (the sweep's ``scaling``) has none, nor has a run without
     sequence parallelism."""
     profile = default_profile("H100")
@@ -250,3 +252,35 @@ def test_search_refuses_it() -> None:
     data["training"] = {"micro_batch_size": 1, "global_batch_size": 16}
     with pytest.raises(ConfigError, match="sim search does not search with it"):
         SearchContext.build(data)
+
+
+def test_async_input_gradient_reduce_scatter_beside_the_wgrad_gemm_when_turned_on() -> None:
+    """``sp_async_grad_reduce_scatter`` (off in every shipped profile: docs/contention.md):
+    without userbuffers the QKV / FC1 input gradient's reduce-scatter runs beside the
+    weight-gradient GEMM, slowing it by NCCL's share (sim.contention): it adds
+    max(c, g + s·min(c, g)) - g, more than zero."""
+    from sim.contention import compute_slowdown
+    from sim.tpoverlap import with_overlap
+
+    exp = build_experiment(_exp(False, tp=8) | {"cluster": {"preset": "dgx-h100",
+                                                            "num_gpus": 8}})
+    assert not exp.costs.sp_async_grad_reduce_scatter  # the megatron profile's: off
+    profile = default_profile("H100")
+
+    def compute_s(seg: ComputeSeg) -> float:
+        return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
+                              seg.attn_flops, seg.elementwise_bytes, "flash2", seg.gemm_dims)
+
+    timer = CollectiveTimer(exp.cluster)
+    groups = tp_groups(exp.placement, 0)
+    costs = replace(exp.costs, sp_async_grad_reduce_scatter=True)
+    exposed = dict(with_overlap(costs, "H100", compute_s,
+                                lambda op, nbytes: timer(op, groups, nbytes),
+                                overlap=False).tp_comm_exposed_s)
+    r = timer("reduce_scatter", groups, 2 * 4096 * 5120)
+    gemms = costs.tp_overlap_gemms()
+    s = compute_slowdown()
+    for name in ("attn bwd reduce-scatter", "mlp bwd reduce-scatter"):
+        g = compute_s(gemms[TP_OVERLAP_GEMMS[name][0]])
+        assert exposed[name] == pytest.approx(max(r, g + s * min(r, g)) - g)
+        assert exposed[name] > 0

@@ -175,6 +175,11 @@ class FrameworkProfile:
     CPU to issue its kernels wherever that takes longer than the GPU runs them
     (:mod:`sim.hostwait`); a table may leave it out (False: the CPU is taken to keep ahead):
     ``TransformerCosts.moe_host_wait_s``."""
+    sp_async_grad_reduce_scatter: bool
+    """Under sequence parallelism without userbuffers the backward reduce-scatters each
+    column-parallel GEMM's input gradient beside its weight-gradient GEMM
+    (``TransformerCosts.sp_async_grad_reduce_scatter``); a table may leave it out (False: it
+    blocks)."""
     sp_regather_input: bool
     """Under sequence parallelism the backward of each column-parallel GEMM all-gathers its
     saved s/t input shard again for the weight gradient, beside the input-gradient GEMM
@@ -225,7 +230,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes",
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
-           "torch_compile")
+           "torch_compile", "sp_async_grad_reduce_scatter")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -243,7 +248,7 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "pp_partition_gathers", "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge",
              "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
-             "residual_norm_fused", "torch_compile")
+             "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -252,7 +257,8 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "pp_partition_gathers": False, "tp_overlap_sm_margin": True,
                    "moe_host_sync": False, "cp_ring_merge": False, "sp_regather_input": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
-                   "residual_norm_fused": False, "torch_compile": False}
+                   "residual_norm_fused": False, "torch_compile": False,
+                   "sp_async_grad_reduce_scatter": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -435,6 +441,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    fp8_casts_compiled=profile.fp8_casts_compiled,
                    swiglu_saves_product=profile.swiglu_saves_product,
                    residual_norm_fused=profile.residual_norm_fused,
+                   sp_async_grad_reduce_scatter=profile.sp_async_grad_reduce_scatter,
                    embedding_grad_bytes=profile.embedding_grad_bytes or 0.0,
                    bias_grad_bytes=profile.bias_grad_bytes or 0.0,
                    qkv_split_grad_bytes=profile.qkv_split_grad_bytes or 0.0,

@@ -149,7 +149,11 @@ class LayerWork:
             block = replace(block, elementwise_bytes=merge / self.cp)
         ring = RingAttention(f"{name} ring", block, self.cp,
                              self._kv_pass_bytes() * (2 if backward else 1))
-        return [proj, ring, qkv] if backward else [qkv, ring, proj]
+        contention = self.cp_overlap_s[1 if backward else 0]
+        core: list[Segment] = [ring]
+        if contention:  # the passes' kernels beside the blocks (sim.cpoverlap)
+            core.append(ComputeSeg(f"{name} cp overlap", duration_s=contention))
+        return [proj, *core, qkv] if backward else [qkv, *core, proj]
 
     def tp_overlap_gemms(self) -> dict[str, ComputeSeg]:
         """The forward GEMMs of a layer on one TP rank that TP communication overlap pipelines

@@ -169,6 +169,20 @@ class ModelState:
             segs.append(ComputeSeg(f"{name} zero3 overlap", duration_s=contention))
         return segs
 
+    def _bucketed(self, stage: int) -> bool:
+        """Whether ``stage``'s last backward reduces its gradients bucket by bucket beside its
+        layers (``overlap_grad_reduce`` under ZeRO < 3 on a stage cut into buckets:
+        every stage, or stage 0 alone with :attr:`grad_buckets_stage0_only`)."""
+        return (self.overlap_grad_reduce and self.zero_stage != 3
+                and not self.reduces_every_microbatch
+                and (stage == 0 or not self.grad_buckets_stage0_only))
+
+    def _dp_overlap(self, name: str, backward: bool) -> list[Segment]:
+        """The compute a layer loses to Megatron's overlapped DP collective beside it
+        (:attr:`dp_overlap_s`), as one fixed-time compute segment; none where it is 0."""
+        contention = self.dp_overlap_s[1 if backward else 0]
+        return [ComputeSeg(f"{name} dp overlap", duration_s=contention)] if contention else []
+
     def zero3_layer_work(self) -> tuple[list[Segment], list[Segment], float, float]:
         """One transformer layer under ZeRO-3, for :mod:`sim.fsdpoverlap`: its forward and
         backward segments (the first layer of the first stage that holds one, backward with its

@@ -189,6 +189,8 @@ class StageOps:
                                             c._layer_expert_grad_bytes()))
                 segs += c._layer_forward(f"L{layer}")
                 segs += c._zero3_copies(f"L{layer}", backward=False)
+                if gather:
+                    segs += c._dp_overlap(f"L{layer}", backward=False)
             if last:
                 if gather:
                     segs.append(ParamGather("head params", self._head_gather_bytes()))
@@ -211,6 +213,8 @@ class StageOps:
                                             c._layer_expert_grad_bytes()))
                 segs += c._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
                 segs += c._zero3_copies(f"L{layer}", backward=True)
+                if ready and self._bucketed(op.stage):
+                    segs += c._dp_overlap(f"L{layer}", backward=True)
                 if ready:
                     segs.append(GradReady(f"L{layer} grads",
                                           c._layer_grad_bytes(op.stage, layer),

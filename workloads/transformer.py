@@ -119,6 +119,15 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     all-gather`` in :attr:`tp_comm_exposed_s`). False: not counted (a framework that saves
     the gathered input, :attr:`sp_saves_gathered_input`, has no second gather;
     :mod:`workloads.frameworks`)."""
+    sp_async_grad_reduce_scatter: bool = False
+    """With sequence parallelism and without TP communication overlap, the backward's
+    reduce-scatter of the QKV and first MLP GEMMs' input gradient runs beside their weight
+    gradient GEMM (Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication.backward``
+    and Transformer Engine's ``LayerNormLinear`` backward: ``reduce_scatter(..., async_op=
+    True)`` after the dgrad GEMM, waited on after the wgrad GEMM), and adds only what it runs
+    beyond it, slowed by NCCL's kernels (:func:`sim.tpoverlap.async_reduce_exposed_s`).
+    False (the default and every shipped profile's: measured against the corpus and not
+    shipped, docs/contention.md): it blocks (:mod:`workloads.frameworks`)."""
     kept_stage_outputs: int = 0
     """Earlier micro-batches' bf16 logits the framework still holds on the last stage
     (:meth:`transient_bytes`). 0: Megatron-LM frees a stage's output once its backward has
@@ -401,6 +410,19 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     backward's reduce-scatter only), set by :func:`sim.fsdpoverlap.with_contention` from
     the device and collective timers; emitted after the layer as a fixed-time compute
     segment. (0, 0): not modelled."""
+    cp_overlap_s: tuple[float, float] = (0.0, 0.0)
+    """Ring context parallelism's passes beside the attention blocks: the seconds a layer's
+    ring attention loses, forward and backward, to the NCCL point-to-point kernels of its
+    ``cp − 1`` passes, set by :func:`sim.cpoverlap.lowering_costs`; emitted after the ring
+    as a fixed-time compute segment. (0, 0): not modelled."""
+    dp_overlap_s: tuple[float, float] = (0.0, 0.0)
+    """Megatron's overlapped DP collectives beside the compute (ZeRO < 3): the seconds a
+    layer's forward loses to its ``overlap_param_gather`` all-gather in the step's first
+    forward of a stage, and a layer's backward to its gradients' bucketed reduction
+    (``overlap_grad_reduce``) in the step's last backward, on the stages cut into buckets
+    layer by layer (:attr:`grad_buckets_stage0_only`); set by
+    :func:`sim.fsdpoverlap.with_contention`, emitted after the layer in those (marked) ops
+    as a fixed-time compute segment. (0, 0): not modelled."""
 
     # ------------------------------------------------------------- shapes
     @property
