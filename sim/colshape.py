@@ -43,10 +43,13 @@ class Shape:
     it (:meth:`derived`). Read-only arrays: a shape is shared by the programs of equal
     structure."""
 
-    def __init__(self, columns: Columns) -> None:
+    def __init__(self, columns: Columns, masks: tuple[np.ndarray, ...] | None) -> None:
         self.names = columns.names
         self.arrays = tuple(_frozen(getattr(columns, f)) for f in _STRUCTURE)
-        self.masks = _masks(columns)
+        self.masks = masks or ()
+        self.kept = masks is not None
+        """Whether it is kept across calls (else it serves one program's passes only, and
+        a pass need not lay out what only later calls would reuse)."""
         self._derived: dict[Hashable, Any] = {}
 
     def same(self, columns: Columns, masks: tuple[np.ndarray, ...]) -> bool:
@@ -90,6 +93,9 @@ def shape_of(columns: Columns) -> Shape:
     shape = _of.get(columns)
     if shape is not None:
         return shape
+    if len(columns) > KEPT_MAX_INSTRUCTIONS:
+        shape = _of[columns] = Shape(columns, None)
+        return shape
     masks = _masks(columns)
     for k, kept in enumerate(_kept):
         if kept.same(columns, masks):
@@ -97,10 +103,9 @@ def shape_of(columns: Columns) -> Shape:
                 _kept.insert(0, _kept.pop(k))
             break
     else:
-        kept = Shape(columns)
-        if len(columns) <= KEPT_MAX_INSTRUCTIONS:
-            _kept.insert(0, kept)
-            del _kept[KEPT:]
+        kept = Shape(columns, masks)
+        _kept.insert(0, kept)
+        del _kept[KEPT:]
     _of[columns] = kept
     return kept
 

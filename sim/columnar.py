@@ -88,7 +88,8 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     blocking = columns.blocking_s
     if (duration < 0).any() or (blocking < 0).any() or (columns.fixed_s[cls == SEND] < 0).any():
         return None
-    plan = shape_of(columns).derived(("pass", tuple(gpus)), lambda: _plan(columns, gpus))
+    shape = shape_of(columns)
+    plan = shape.derived(("pass", tuple(gpus)), lambda: _plan(columns, gpus, shape.kept))
     if not plan.in_order:
         return None
     total = np.where(compute, duration + blocking, columns.fixed_s)
@@ -99,9 +100,10 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
     clock = float(end_a.max()) if n else 0.0
     peaks, floors = _memory_of(plan.memory, columns, static_bytes)
-    return ColumnarPass(machine(ready_a, "d"), end, machine(cause, "q"),
-                        plan.intervals.of(ready_a, mid, end_a), peaks, floors, events,
-                        clock if clock > 0 else 0.0, ready_a, end_a, mid)
+    intervals = (plan.intervals.of(ready_a, mid, end_a) if plan.intervals is not None
+                 else _intervals(columns, plan.dense, ready_a, mid, end_a))
+    return ColumnarPass(machine(ready_a, "d"), end, machine(cause, "q"), intervals, peaks,
+                        floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
 
 
 @dataclass(frozen=True)
@@ -118,13 +120,18 @@ class _Plan:
     deps: list[np.ndarray]
     """The dependency columns :func:`_recurrence` reads (contiguous), up to the last one
     in use."""
-    intervals: _IntervalPlan
+    dense: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """The GPUs as dense indices (:func:`_dense_gpus`)."""
+    intervals: _IntervalPlan | None
+    """None for a shape not kept (:attr:`sim.colshape.Shape.kept`): laid out as they are
+    made (:func:`_intervals`), not for later calls."""
     memory: _MemoryPlan
 
 
-def _plan(columns: Columns, gpus: Sequence[int]) -> _Plan:
+def _plan(columns: Columns, gpus: Sequence[int], kept: bool = True) -> _Plan:
     """The :class:`_Plan` of ``columns`` (``gpus``: those with a static memory sample): the
-    functions the pass ran on every call before its shape kept their results."""
+    functions the pass ran on every call before its shape kept their results (``kept``:
+    whether it is kept across calls)."""
     n = len(columns)
     deps = columns.deps
     ids = np.arange(n, dtype=np.int64)
@@ -138,7 +145,8 @@ def _plan(columns: Columns, gpus: Sequence[int]) -> _Plan:
             break
         dep_cols.append(col)
     return _Plan(in_order, prev, _ends_plan(prev, deps) if in_order else ([], 0, []),
-                 dep_cols, _interval_plan(columns, (gpus_of, gpu, dst)),
+                 dep_cols, (gpus_of, gpu, dst),
+                 _interval_plan(columns, (gpus_of, gpu, dst)) if kept else None,
                  _memory_plan(columns, gpus, (gpus_of, gpu)))
 
 

@@ -47,10 +47,19 @@ SETTINGS = settings(max_examples=40, derandomize=True, deadline=None,
 @SETTINGS
 @given(collapsible_experiments())
 def test_a_kept_shape_gives_the_bytes_of_a_new_one(data: dict) -> None:
-    """Stats JSON and trace of a collapsed run: cold, then warm (its shape kept), equal."""
+    """Stats JSON and trace of a collapsed run: cold, then warm (its shape kept), and with
+    a shape not kept (as a program above :data:`sim.colshape.KEPT_MAX_INSTRUCTIONS` gets),
+    equal."""
     colshape.clear()
     cold = _everything(data)
     assert _everything(data) == cold
+    limit = colshape.KEPT_MAX_INSTRUCTIONS
+    colshape.KEPT_MAX_INSTRUCTIONS = 0
+    try:
+        colshape.clear()
+        assert _everything(data) == cold
+    finally:
+        colshape.KEPT_MAX_INSTRUCTIONS = limit
 
 
 @SETTINGS
