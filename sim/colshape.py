@@ -26,7 +26,7 @@ import numpy as np
 
 from workloads.program import Columns
 
-KEPT = 4
+KEPT = 2
 """Shapes kept across calls (the latest first)."""
 
 KEPT_MAX_INSTRUCTIONS = 1 << 18

@@ -150,7 +150,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     return layout
 
 
-_LAID = EqualMemo(max_elements=1 << 18)
+_LAID = EqualMemo(size=2, max_elements=1 << 18)
 """:func:`_laid_out` of the last few structures (a repeat, or the same layout with other
 costs, lays out the same ids and dependencies)."""
 
@@ -359,7 +359,7 @@ def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
                       np.array(free, dtype=float))
 
 
-_STRUCTURES = EqualMemo(max_elements=1 << 18)
+_STRUCTURES = EqualMemo(size=2, max_elements=1 << 18)
 """:func:`_structure_with` of the last few structures."""
 
 
