@@ -61,7 +61,10 @@ class Shape:
 
     def derived(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """What ``make`` derives (kept under ``key``: what it derives from the structure
-        alone, and from ``key``), made on first use."""
+        alone, and from ``key``), made on first use; made every time on a shape not kept
+        (what a pass derives is freed after it, as its own temporaries)."""
+        if not self.kept:
+            return make()
         found = self._derived.get(key)
         if found is None:
             found = self._derived[key] = make()
@@ -94,8 +97,7 @@ def shape_of(columns: Columns) -> Shape:
     if shape is not None:
         return shape
     if len(columns) > KEPT_MAX_INSTRUCTIONS:
-        shape = _of[columns] = Shape(columns, None)
-        return shape
+        return Shape(columns, None)
     masks = _masks(columns)
     for k, kept in enumerate(_kept):
         if kept.same(columns, masks):
