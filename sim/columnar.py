@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from base.machine import machine
+from sim.colshape import shape_of
 from sim.intervalcols import IntervalColumns, grouped
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Columns, Compute
@@ -75,7 +76,9 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     compute timer reads an op's work, never its id, name, dependencies or micro-batch.
     None, having done nothing the caller sees, where the pass cannot run in id order (a
     negative compute, send or collective duration, a dependency on a later id): the
-    caller then runs the general passes on the instruction objects.
+    caller then runs the general passes on the instruction objects. What depends on the
+    program's structure alone (:class:`_Plan`) is kept on its shape
+    (:func:`sim.colshape.shape_of`), made by :func:`_plan` on first use.
     """
     n = len(columns)
     cls = columns.cls
@@ -85,22 +88,66 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     blocking = columns.blocking_s
     if (duration < 0).any() or (blocking < 0).any() or (columns.fixed_s[cls == SEND] < 0).any():
         return None
-    ids = np.arange(n, dtype=np.int64)
-    deps = columns.deps
-    if deps.size and not (deps < ids[:, None]).all():
+    shape = shape_of(columns)
+    plan = shape.derived(("pass", tuple(gpus)), lambda: _plan(columns, gpus, shape.kept))
+    if not plan.in_order:
         return None
     total = np.where(compute, duration + blocking, columns.fixed_s)
     if (total < 0).any():  # (a collective's)
         return None
-    gpus_of, gpu, dst = _dense_gpus(columns)
-    ready_a, end, end_a, cause = _recurrence(_stream_predecessors(columns, gpu, dst), deps, total)
+    ready_a, end, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
     mid = ready_a + duration  # a compute op's compute span ends here, its blocking part after
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
     clock = float(end_a.max()) if n else 0.0
-    peaks, floors = _memory(columns, static_bytes, gpus, (gpus_of, gpu))
-    return ColumnarPass(machine(ready_a, "d"), end, machine(cause, "q"),
-                        _intervals(columns, (gpus_of, gpu, dst), ready_a, mid, end_a),
-                        peaks, floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
+    peaks, floors = _memory_of(plan.memory, columns, static_bytes)
+    intervals = (plan.intervals.of(ready_a, mid, end_a) if plan.intervals is not None
+                 else _intervals(columns, plan.dense, ready_a, mid, end_a))
+    return ColumnarPass(machine(ready_a, "d"), end, machine(cause, "q"), intervals, peaks,
+                        floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What :func:`run_columns` derives from a program's structure alone (its shape,
+    :mod:`sim.colshape`): made by :func:`_plan`, read by every run of that shape."""
+
+    in_order: bool
+    """Every dependency on an earlier id (else the pass declines)."""
+    prev: np.ndarray
+    """Per instruction, its stream predecessor (:func:`_stream_predecessors`)."""
+    ends: tuple[list[int], int, list[array]]
+    """The loop's columns (:func:`_ends_plan`)."""
+    deps: list[np.ndarray]
+    """The dependency columns :func:`_recurrence` reads (contiguous), up to the last one
+    in use."""
+    dense: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """The GPUs as dense indices (:func:`_dense_gpus`)."""
+    intervals: _IntervalPlan | None
+    """None for a shape not kept (:attr:`sim.colshape.Shape.kept`): laid out as they are
+    made (:func:`_intervals`), not for later calls."""
+    memory: _MemoryPlan
+
+
+def _plan(columns: Columns, gpus: Sequence[int], kept: bool = True) -> _Plan:
+    """The :class:`_Plan` of ``columns`` (``gpus``: those with a static memory sample): the
+    functions the pass ran on every call before its shape kept their results (``kept``:
+    whether it is kept across calls)."""
+    n = len(columns)
+    deps = columns.deps
+    ids = np.arange(n, dtype=np.int64)
+    in_order = not deps.size or bool((deps < ids[:, None]).all())
+    gpus_of, gpu, dst = _dense_gpus(columns)
+    prev = _stream_predecessors(columns, gpu, dst) if in_order else ids
+    dep_cols = []
+    for c in range(deps.shape[1]):  # each instruction's come first: none after a column unused
+        col = np.ascontiguousarray(deps[:, c])
+        if not (col >= 0).any():
+            break
+        dep_cols.append(col)
+    return _Plan(in_order, prev, _ends_plan(prev, deps) if in_order else ([], 0, []),
+                 dep_cols, (gpus_of, gpu, dst),
+                 _interval_plan(columns, (gpus_of, gpu, dst)) if kept else None,
+                 _memory_plan(columns, gpus, (gpus_of, gpu)))
 
 
 def _dense_gpus(columns: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -139,7 +186,8 @@ def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> 
     return prev
 
 
-def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray
+def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
+                plan: _Plan | None = None
                 ) -> tuple[np.ndarray, list[float], np.ndarray, np.ndarray]:
     """Ready and end times and latest predecessors, instruction by instruction in id order.
 
@@ -148,17 +196,22 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray
     latest). These are the event queue's operations (``start + delay``) on these values.
     Only the ends take a Python loop (:func:`_ends`); the ready times (a maximum, exact
     whatever the order) and the causes are read off them on arrays. ``total`` must not be
-    negative (:func:`run_columns` declines such programs). The ready times, the end times
-    as a list and as an array, and the causes.
+    negative (:func:`run_columns` declines such programs). ``plan``: what :func:`_plan`
+    derived from ``prev`` and ``deps`` (None: derived here). The ready times, the end
+    times as a list and as an array, and the causes.
     """
-    end_s = _ends(prev, deps, total)
+    if plan is None:
+        end_s = _ends(prev, deps, total)
+        dep_cols = [np.ascontiguousarray(deps[:, c]) for c in range(deps.shape[1])]
+    else:
+        end_s = _ends_with(plan.ends, deps, total)
+        dep_cols = plan.deps
     end = np.fromiter(end_s, dtype=float, count=len(end_s))  # (np.array: 7.1 -> 5.3 ms, 1T)
     ends = np.append(end, -1.0)  # an absent predecessor (-1) reads -1.0, which never wins
     t = ends[prev]
     best = prev.copy()
-    for c in range(deps.shape[1]):  # dependencies in order: a strictly later one wins
-        col = np.ascontiguousarray(deps[:, c])
-        if not (col >= 0).any():  # (each instruction's come first: none after it either)
+    for col in dep_cols:  # dependencies in order: a strictly later one wins
+        if plan is None and not (col >= 0).any():  # (each instruction's come first)
             break
         e = ends[col]
         later = e > t
@@ -173,16 +226,30 @@ def _ends(prev: np.ndarray, deps: np.ndarray, total: np.ndarray) -> list[float]:
     + total``, in id order, appended to a list shifted by one (slot 0: the 0.0 an absent
     predecessor reads; with no negative total every end is at least 0, so it never changes
     the maximum). The loop reads its columns as :class:`array.array` (a copy of the bytes:
-    a list of them would cost as much as the loop)."""
-    n = len(prev)
-    if not n:
-        return []
+    a list of them would cost as much as the loop), laid out by :func:`_ends_plan`."""
+    return _ends_with(_ends_plan(prev, deps), deps, total)
+
+
+def _ends_plan(prev: np.ndarray, deps: np.ndarray) -> tuple[list[int], int, list[array]]:
+    """What the loop of :func:`_ends` reads besides the durations: the instructions with
+    more than :data:`WIDE` dependencies, the dependency columns in use of the first
+    :data:`WIDE`, and the stream predecessors and those columns shifted by one as
+    :class:`array.array`."""
     width = deps.shape[1]
     wide = (np.flatnonzero((deps[:, WIDE:] >= 0).any(axis=1)).tolist()
             if width > WIDE else [])
     # the dependency columns in use, of the first WIDE (each instruction's come first)
     k = max((c + 1 for c in range(min(width, WIDE)) if (deps[:, c] >= 0).any()), default=0)
-    columns = [machine(prev + 1, "q"), *(machine(deps[:, c] + 1, "q") for c in range(k))]
+    return wide, k, [machine(prev + 1, "q"), *(machine(deps[:, c] + 1, "q") for c in range(k))]
+
+
+def _ends_with(plan: tuple[list[int], int, list[array]], deps: np.ndarray,
+               total: np.ndarray) -> list[float]:
+    """:func:`_ends` with its columns laid out (:func:`_ends_plan`)."""
+    wide, k, columns = plan
+    n = len(total)
+    if not n:
+        return []
     durations = machine(total, "d")
     step = _STEPS[k]
     end = [0.0]
@@ -322,9 +389,15 @@ def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
     runs = {int(gpus_of[g[lo]]): delta[lo:hi]
             for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(g)], strict=True)
             if hi > lo}
+    return _peaks(runs, set(gpus), static_bytes)
+
+
+def _peaks(runs: dict[int, np.ndarray], shown: set[int] | frozenset[int],
+           static_bytes: Sequence[float]) -> tuple[dict[int, float], dict[int, float]]:
+    """Per GPU, the largest and smallest of its samples: its static bytes (GPUs in
+    ``shown``) and, one after the other, its changes ``runs``."""
     peaks: dict[int, float] = {}
     floors: dict[int, float] = {}
-    shown = set(gpus)
     for gpu in sorted(shown | runs.keys()):
         changes = runs.get(gpu)
         static = float(static_bytes[gpu])
@@ -338,3 +411,77 @@ def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int]
             if not len(samples) or static <= floors[gpu]:
                 floors[gpu] = static_bytes[gpu]
     return peaks, floors
+
+
+@dataclass(frozen=True)
+class _IntervalPlan:
+    """:func:`_intervals` of a program's structure: per interval, grouped by key, where its
+    start and end are read from (an index into the ready, mid and end times laid end to
+    end), and the grouped columns' slices per key."""
+
+    gpus: np.ndarray
+    names: tuple[str, ...]
+    start_at: np.ndarray
+    end_at: np.ndarray
+    slices: dict[tuple[int, str], tuple[int, int]]
+
+    def of(self, start: np.ndarray, mid: np.ndarray, end: np.ndarray) -> IntervalColumns:
+        """The intervals of a run with these times: those of :func:`_intervals`."""
+        times = np.concatenate((start, mid, end))
+        return IntervalColumns.laid_out(self.gpus, self.names, times.take(self.start_at),
+                                        times.take(self.end_at), self.slices)
+
+
+def _interval_plan(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray]
+                   ) -> _IntervalPlan:
+    """The :class:`_IntervalPlan` of ``columns``: :func:`_intervals` on the times' positions
+    (the ready, mid and end times laid end to end), whose keys do not read the times."""
+    n = len(columns)
+    at = np.arange(3 * n, dtype=np.int64)
+    found = _intervals(columns, dense, at[:n], at[n:2 * n], at[2 * n:])
+    return _IntervalPlan(found.gpus, found.names, found.start.astype(np.int64),
+                         found.end.astype(np.int64), dict(found.slices))
+
+
+@dataclass(frozen=True)
+class _MemoryPlan:
+    """:func:`_memory` of a program's structure: its memory changes grouped by GPU (each
+    GPU's in order), per change its instruction and whether it is a free, and per GPU its
+    slice; the GPUs with a static sample."""
+
+    at: np.ndarray
+    frees: np.ndarray
+    runs: tuple[tuple[int, int, int], ...]
+    """(GPU, first change, end) per GPU with changes."""
+    shown: frozenset[int]
+
+
+def _memory_plan(columns: Columns, gpus: Sequence[int], dense: tuple[np.ndarray, np.ndarray]
+                 ) -> _MemoryPlan:
+    """The :class:`_MemoryPlan` of ``columns``: the order of :func:`_memory`'s changes,
+    which reads only where the bytes are non-zero."""
+    gpus_of, gpu_at = dense
+    is_compute = columns.cls == COMPUTE
+    changes = np.zeros(2 * len(columns), dtype=bool)
+    changes[0::2] = is_compute & (columns.alloc_bytes != 0)
+    changes[1::2] = is_compute & (columns.free_bytes != 0)
+    event = np.flatnonzero(changes)
+    at = event >> 1
+    g = gpu_at.take(at)
+    sort = grouped(g, len(gpus_of))
+    g = g.take(sort)
+    cuts = np.flatnonzero(g[1:] != g[:-1]) + 1
+    runs = tuple((int(gpus_of[g[lo]]), lo, hi)
+                 for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(g)], strict=True)
+                 if hi > lo)
+    return _MemoryPlan(at.take(sort), (event & 1).take(sort).astype(bool), runs,
+                       frozenset(gpus))
+
+
+def _memory_of(plan: _MemoryPlan, columns: Columns, static_bytes: Sequence[float]
+               ) -> tuple[dict[int, float], dict[int, float]]:
+    """:func:`_memory` with the changes' order laid out (:func:`_memory_plan`): the same
+    floats."""
+    at = plan.at
+    delta = np.where(plan.frees, -columns.free_bytes.take(at), columns.alloc_bytes.take(at))
+    return _peaks({gpu: delta[lo:hi] for gpu, lo, hi in plan.runs}, plan.shown, static_bytes)

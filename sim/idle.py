@@ -47,11 +47,13 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
+from dataclasses import dataclass
 from operator import sub
 
 import numpy as np
 
 from base.collector import gc_paused
+from sim.colshape import shape_of
 from sim.intervalcols import grouped
 from sim.timeline import COMM_KINDS, IDLE_CAUSES
 from workloads.packed import PackedInstructions
@@ -537,25 +539,104 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     :func:`_level_plan` and read through each instruction's row). The gaps of all GPUs
     are split at once (:func:`_split_gaps`, one row of gaps per GPU). None (the caller
     takes the general path) where a compute op's blocking communication is of a kind
-    outside :data:`_PARTS`: it then adds to ``bubble`` twice.
+    outside :data:`_PARTS`: it then adds to ``bubble`` twice. What depends on the
+    program's structure alone (:class:`_IdlePlan`) is kept on its shape
+    (:func:`sim.colshape.shape_of`), made by :func:`_idle_plan` on first use.
     """
+    plan = shape_of(columns).derived(("idle", tuple(gpus)), lambda: _idle_plan(columns, gpus))
+    if plan.declined:
+        return None
+    n = len(columns)
+    start = np.asarray(ready_s, dtype=float)
+    end = np.asarray(end_s, dtype=float)
+    causes = np.asarray(cause, dtype=np.intp)
+    span = end - start
+    blocking = np.minimum(columns.blocking_s, span)
+    # what each instruction adds to its part (a compute op's nominal part is bubble); a
+    # blocked compute op adds its blocking communication to that kind's part too
+    amount = np.where(plan.blocked, span - blocking, span)
+    # per instruction a row of what it adds to each part used (the owns of _chain_sums: its
+    # amount in its part, a blocked op's blocking communication in that kind's, 0.0 elsewhere),
+    # the rows in the level order of the chains; summed there in place (row n: zero)
+    at, order, parent, bounds = _level_plan(cause)
+    rows_of = np.arange(n)
+    matrix = np.zeros((n + 1, len(plan.used)))
+    matrix[rows_of, plan.column_of.take(order)] = amount.take(order)
+    mine = np.flatnonzero(plan.blocked.take(order))
+    matrix[mine, plan.comm_column_of.take(order.take(mine))] = blocking.take(order.take(mine))
+    _sum_levels(matrix, parent, bounds)
+    run_end = float(end.max())
+    last = int(np.argmax(end == run_end))  # the first instruction to end the run
+    lo, hi = window if window is not None else (0.0, run_end)
+    ops, count_a, has = plan.ops, plan.count, plan.has
+    rows = np.arange(len(gpus))
+
+    def padded(values: np.ndarray, fill: float = 0.0) -> np.ndarray:
+        return np.append(values, fill)[ops]
+
+    begin, finish = padded(start), padded(end)
+    folded = padded(np.where(plan.blocked, columns.blocking_s, 0.0))
+    cut = np.minimum(folded, finish - begin)  # blocking communication at a compute op's end
+    zero = np.zeros((len(gpus), 1))
+    a = np.hstack((zero, np.where(has, finish - np.where(has, cut, 0.0), finish)))
+    b = np.hstack((begin, zero))
+    b[rows, count_a] = run_end
+    after_at = np.hstack((np.append(np.where(causes < 0, n, causes), n)[ops],
+                          np.full((len(gpus), 1), n)))
+    after_at[rows, count_a] = last
+    after = matrix.take(at.take(after_at), axis=0)  # (GPU, gap, part)
+    before = matrix.take(at.take(plan.before_at), axis=0)
+    g_at, k_at = plan.blocked_at
+    if len(g_at):
+        before[g_at, k_at + 1, plan.blocked_part] -= cut[g_at, k_at]
+    found = _split_gaps(a, b, after, before, lo, hi, plan.bubble)
+    shares = np.zeros((len(gpus), len(_PARTS)))
+    shares[:, plan.used] = found
+    return {g: _row(row) for g, row in zip(gpus, shares.tolist(), strict=True)}
+
+
+@dataclass(frozen=True)
+class _IdlePlan:
+    """What :func:`_columnar` derives from a program's structure alone (its shape,
+    :mod:`sim.colshape`): made by :func:`_idle_plan`."""
+
+    declined: bool
+    """A compute op's blocking communication of a kind outside :data:`_PARTS`."""
+    blocked: np.ndarray
+    """The compute ops with blocking communication."""
+    used: list[int]
+    """The parts any instruction adds to (bubble always)."""
+    column_of: np.ndarray
+    """Per instruction, the column (of :attr:`used`) of its part."""
+    comm_column_of: np.ndarray
+    """Per instruction, the column of its blocking communication's part (bubble's for
+    none)."""
+    bubble: int
+    """Bubble's column."""
+    ops: np.ndarray
+    """Per GPU a row of its compute ops in program order, padded with ``n`` (no op)."""
+    count: np.ndarray
+    """Per GPU, its compute ops."""
+    has: np.ndarray
+    """Per GPU and compute op (:attr:`ops`), whether it has blocking communication."""
+    before_at: np.ndarray
+    """Per GPU and gap, the instruction before it (``n``: none)."""
+    blocked_at: tuple[np.ndarray, np.ndarray]
+    """Where :attr:`has` is true (GPU, position)."""
+    blocked_part: np.ndarray
+    """There, the column of its blocking communication's part."""
+
+
+def _idle_plan(columns: Columns, gpus: Sequence[int]) -> _IdlePlan:
+    """The :class:`_IdlePlan` of ``columns`` for ``gpus``: what :func:`_columnar` computed
+    from the structure on every call before its shape kept it."""
     n = len(columns)
     index = np.array([_INDEX.get(name, _BUBBLE) for name in columns.names] + [_BUBBLE],
                      dtype=np.intp)
     compute = columns.cls == COMPUTE
     blocked = compute & (columns.blocking_s > 0)
     comm_part = index[columns.comm]
-    if (comm_part[blocked] == _BUBBLE).any():
-        return None
-    start = np.asarray(ready_s, dtype=float)
-    end = np.asarray(end_s, dtype=float)
-    causes = np.asarray(cause, dtype=np.intp)
-    span = end - start
-    blocking = np.minimum(columns.blocking_s, span)
-    # each instruction's part (a compute op's nominal part is bubble) and what it adds there;
-    # a blocked compute op adds its blocking communication to that kind's part too
     part = np.where(compute, _BUBBLE, index[columns.kind])
-    amount = np.where(blocked, span - blocking, span)
     # the parts any instruction adds to (bubble always): the others' chain sums are zero,
     # and a zero part changes no gap's split (+0.0 in each sum), so they are left out
     present = np.zeros(len(_PARTS), dtype=bool)
@@ -565,19 +646,6 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     used = np.flatnonzero(present).tolist()
     column = np.full(len(_PARTS), -1, dtype=np.intp)
     column[used] = np.arange(len(used))
-    # per instruction a row of what it adds to each part used (the owns of _chain_sums: its
-    # amount in its part, a blocked op's blocking communication in that kind's, 0.0 elsewhere),
-    # the rows in the level order of the chains; summed there in place (row n: zero)
-    at, order, parent, bounds = _level_plan(cause)
-    rows_of = np.arange(n)
-    matrix = np.zeros((n + 1, len(used)))
-    matrix[rows_of, column.take(part.take(order))] = amount.take(order)
-    mine = np.flatnonzero(blocked.take(order))
-    matrix[mine, column.take(comm_part.take(order.take(mine)))] = blocking.take(order.take(mine))
-    _sum_levels(matrix, parent, bounds)
-    run_end = float(end.max())
-    last = int(np.argmax(end == run_end))  # the first instruction to end the run
-    lo, hi = window if window is not None else (0.0, run_end)
     # per GPU a row of its compute ops in program order, padded with n (no op)
     ids = np.flatnonzero(compute)
     gpu = columns.gpu[ids]
@@ -590,33 +658,13 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     ops = np.full((len(gpus), max(count, default=0)), n, dtype=np.intp)
     for row, g in enumerate(gpus):
         ops[row, :count[row]] = compute_of.get(g, ())
-    rows = np.arange(len(gpus))
-    count_a = np.array(count, dtype=np.intp)
-
-    def padded(values: np.ndarray, fill: float = 0.0) -> np.ndarray:
-        return np.append(values, fill)[ops]
-
-    begin, finish = padded(start), padded(end)
-    folded = padded(np.where(blocked, columns.blocking_s, 0.0))
-    has = folded > 0
-    cut = np.minimum(folded, finish - begin)  # blocking communication at a compute op's end
-    zero = np.zeros((len(gpus), 1))
-    a = np.hstack((zero, np.where(has, finish - np.where(has, cut, 0.0), finish)))
-    b = np.hstack((begin, zero))
-    b[rows, count_a] = run_end
-    after_at = np.hstack((np.append(np.where(causes < 0, n, causes), n)[ops],
-                          np.full((len(gpus), 1), n)))
-    after_at[rows, count_a] = last
-    after = matrix.take(at.take(after_at), axis=0)  # (GPU, gap, part)
-    before = matrix.take(at.take(np.hstack((np.full((len(gpus), 1), n), ops))), axis=0)
+    has = np.append(blocked, False)[ops]
     g_at, k_at = np.nonzero(has)
-    if len(g_at):
-        at_part = column[np.append(comm_part, _BUBBLE)[ops[g_at, k_at]]]
-        before[g_at, k_at + 1, at_part] -= cut[g_at, k_at]
-    found = _split_gaps(a, b, after, before, lo, hi, int(column[_BUBBLE]))
-    shares = np.zeros((len(gpus), len(_PARTS)))
-    shares[:, used] = found
-    return {g: _row(row) for g, row in zip(gpus, shares.tolist(), strict=True)}
+    return _IdlePlan(bool((comm_part[blocked] == _BUBBLE).any()), blocked, used,
+                     column.take(part), column.take(comm_part), int(column[_BUBBLE]), ops,
+                     np.array(count, dtype=np.intp), has,
+                     np.hstack((np.full((len(gpus), 1), n), ops)), (g_at, k_at),
+                     column[np.append(comm_part, _BUBBLE)[ops[g_at, k_at]]])
 
 
 def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:

@@ -49,6 +49,7 @@ class IntervalColumns(Mapping):
     def __init__(self, gpus: np.ndarray, names: Sequence[str], key: np.ndarray,
                  start: np.ndarray, end: np.ndarray) -> None:
         codes = len(names)
+        self.gpus, self.names = gpus, tuple(names)
         sort = grouped(key, len(gpus) * codes)
         self.start, self.end = start.take(sort), end.take(sort)
         self._at: dict[tuple[int, str], tuple[int, int]] = {}
@@ -63,6 +64,25 @@ class IntervalColumns(Mapping):
                                      hi.tolist(), strict=True):
                 self._at[(int(gpu_list[k // codes]), names[k % codes])] = (lo, end_at)
         self._lists: dict[tuple[int, str], array] = {}
+
+    @classmethod
+    def laid_out(cls, gpus: np.ndarray, names: Sequence[str], start: np.ndarray,
+                 end: np.ndarray, slices: Mapping[tuple[int, str], tuple[int, int]]
+                 ) -> IntervalColumns:
+        """Intervals already grouped by key: ``start`` and ``end`` as :attr:`start` and
+        :attr:`end` of an instance of the same intervals, and its :attr:`slices` (shared,
+        read only)."""
+        self = cls.__new__(cls)
+        self.gpus, self.names = gpus, tuple(names)
+        self.start, self.end = start, end
+        self._at = slices  # type: ignore[assignment]
+        self._lists = {}
+        return self
+
+    @property
+    def slices(self) -> Mapping[tuple[int, str], tuple[int, int]]:
+        """Per ``(GPU, name)`` with intervals, its slice of :attr:`start` and :attr:`end`."""
+        return self._at
 
     def starts_ends(self, item: tuple[int, str]) -> tuple[np.ndarray, np.ndarray] | None:
         """The starts and ends of the intervals of ``item`` (views), None for none."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from base.equalmemo import EqualMemo
 from topologies.placement import Placement
 from workloads.lowering.collapse import (
     Block,
@@ -138,10 +139,36 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     for v in used:
         sizes[v], starts[v] = len(templates[v]), len(rows)
         rows.extend((plans[v // per], slot) for slot in templates[v])
+    table = _slot_table(rows)
+    has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
+    offset, done, ext, row, op_kind, first_id, sig_rows, sig_of_row, keys = _LAID.get(
+        (variant, sizes, starts, has_send, *cols, rank_at, kind, table.cls),
+        lambda: _laid_out(variant, sizes, starts, has_send, cols, rank_at, kind, table.cls))
+    layout = ColumnarOps(order, plans, templates, variant, per, offset, ext, algo, done, keys)
+    layout.parts = (table, row, op_kind, sig_of_row,
+                    tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
+    return layout
+
+
+_LAID = EqualMemo(size=2, max_elements=1 << 18)
+""":func:`_laid_out` of the last few structures (a repeat, or the same layout with other
+costs, lays out the same ids and dependencies)."""
+
+
+def _laid_out(variant: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
+              has_send: np.ndarray, cols: Sequence[np.ndarray], rank_at: np.ndarray,
+              kind: np.ndarray, slot_cls: np.ndarray) -> tuple:
+    """The ids and dependencies of :func:`lower_collapsed`'s ops, from their structure
+    alone: per op (its template ``variant``, each template's size and first slot row, whether
+    it ends with a send, its producers' positions ``cols``, its rank and kind code) its first
+    id, the instruction completing it, what its first instruction waits for (what
+    completes or delivers each producer); per instruction its slot row and op kind; per slot
+    row its first instance and its signature (compute rows with an instance: ``slot_cls``),
+    and the collectives' count."""
+    n = len(variant)
     count = sizes[variant]
     offset = np.cumsum(count) - count  # each op's first id
     total = int(count.sum())
-    has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
     done = offset + count - 1 - has_send  # the instruction completing each op
     arrived = np.where(has_send, offset + count - 1, 0)  # the send delivering its output
     ext = np.full((n, 3), -1, dtype=np.int64)  # what completes or delivers each producer
@@ -153,19 +180,16 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     op_of = np.repeat(np.arange(n), count)
     ids = np.arange(total, dtype=np.int64)
     row = starts[variant[op_of]] + (ids - offset[op_of])
-    table = _slot_table(rows)
     # compute timers read no id, name, dependency or micro-batch: one signature per slot row,
     # its representative the slot's first instance
-    first_id = np.full(len(rows), total, dtype=np.int64)
+    first_id = np.full(len(slot_cls), total, dtype=np.int64)
     np.minimum.at(first_id, row, ids)
-    sig_rows = [j for j in range(len(rows)) if table.cls[j] == COMPUTE and first_id[j] < total]
-    sig_of_row = np.full(len(rows), -1, dtype=np.int64)
-    sig_of_row[sig_rows] = np.arange(len(sig_rows))
-    layout = ColumnarOps(order, plans, templates, variant, per, offset, ext, algo, done,
-                        int(np.count_nonzero(table.cls[row] == COLLECTIVE)))
-    layout.parts = (table, row, kind[op_of], sig_of_row,
-                    tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
-    return layout
+    sig_rows = tuple(j for j in range(len(slot_cls))
+                     if slot_cls[j] == COMPUTE and first_id[j] < total)
+    sig_of_row = np.full(len(slot_cls), -1, dtype=np.int64)
+    sig_of_row[list(sig_rows)] = np.arange(len(sig_rows))
+    return (offset, done, ext, row, kind[op_of], first_id, sig_rows, sig_of_row,
+            int(np.count_nonzero(slot_cls[row] == COLLECTIVE)))
 
 
 @dataclass(frozen=True)
@@ -335,6 +359,41 @@ def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
                       np.array(free, dtype=float))
 
 
+_STRUCTURES = EqualMemo(size=2, max_elements=1 << 18)
+""":func:`_structure_with` of the last few structures."""
+
+
+def _structure_with(table: _SlotTable, row: np.ndarray, op_kind: np.ndarray,
+                    offset: np.ndarray, ext: np.ndarray, tail: Columns) -> tuple:
+    """The structure of :meth:`ColumnarOps.columns_with`'s columns (names, ``cls``, ``gpu``,
+    ``kind``, ``dst``, ``comm``, ``deps``) and the tail's codes renumbered: from the slot
+    table's, each instruction's slot row and op kind, each op's first id and producers,
+    and the tail's structure."""
+    n, m = len(row), len(tail)
+    names = (*table.names, *(x for x in tail.names if x not in table.names))
+    code = {x: k for k, x in enumerate(names)}
+    remap = np.array([code[x] for x in tail.names] + [-1], dtype=np.int64)
+
+    def laid(values: np.ndarray, rest: np.ndarray) -> np.ndarray:
+        out = np.empty(n + m, dtype=values.dtype)
+        out[:n] = values.take(row)
+        out[n:] = rest
+        return out
+
+    kind = laid(table.kind, remap[tail.kind])
+    compute = kind[:n] < 0
+    kind[:n][compute] = op_kind[compute]
+    width = max(3, tail.deps.shape[1])
+    deps = np.full((n + m, width), -1, dtype=np.int64)
+    deps[offset, :3] = ext  # an op's first instruction: its producers
+    later = np.ones(n, dtype=bool)
+    later[offset] = False
+    deps[:n, 0][later] = np.flatnonzero(later) - 1  # the others: the one before
+    deps[n:, :tail.deps.shape[1]] = tail.deps
+    return (names, laid(table.cls, tail.cls), laid(table.gpu, tail.gpu), kind,
+            laid(table.dst, tail.dst), laid(table.comm, remap[tail.comm]), deps, remap)
+
+
 class ColumnarOps:
     """The op loop of a collapsed lowering on arrays (:func:`lower_collapsed`): its
     :class:`Columns`, and its instructions as objects on demand (:meth:`build`)."""
@@ -361,12 +420,15 @@ class ColumnarOps:
 
     def columns_with(self, tail: Columns) -> Columns:
         """The columns of this part's instructions followed by ``tail``'s (the step end,
-        whose ids follow): laid out at their final size at once."""
+        whose ids follow): laid out at their final size at once, the structure's
+        (:func:`_structure_with`) kept for the last few structures."""
         table, row, op_kind, sig_of_row, signatures = self.parts
         n, m = len(row), len(tail)
-        names = (*table.names, *(x for x in tail.names if x not in table.names))
-        code = {x: k for k, x in enumerate(names)}
-        remap = np.array([code[x] for x in tail.names] + [-1], dtype=np.int64)
+        names, cls, gpu, kind, dst, comm, deps, remap = _STRUCTURES.get(
+            (table.names, table.cls, table.gpu, table.kind, table.dst, table.comm, row,
+             op_kind, self.offset, self.ext, tail.names, tail.cls, tail.gpu, tail.kind,
+             tail.dst, tail.comm, tail.deps),
+            lambda: _structure_with(table, row, op_kind, self.offset, self.ext, tail))
 
         def laid(values: np.ndarray, rest: np.ndarray) -> np.ndarray:
             out = np.empty(n + m, dtype=values.dtype)
@@ -374,20 +436,8 @@ class ColumnarOps:
             out[n:] = rest
             return out
 
-        kind = laid(table.kind, remap[tail.kind])
-        compute = kind[:n] < 0
-        kind[:n][compute] = op_kind[compute]
-        width = max(3, tail.deps.shape[1])
-        deps = np.full((n + m, width), -1, dtype=np.int64)
-        deps[self.offset, :3] = self.ext  # an op's first instruction: its producers
-        later = np.ones(n, dtype=bool)
-        later[self.offset] = False
-        deps[:n, 0][later] = np.flatnonzero(later) - 1  # the others: the one before
-        deps[n:, :tail.deps.shape[1]] = tail.deps
-        return Columns(names, laid(table.cls, tail.cls), laid(table.gpu, tail.gpu), kind,
-                       laid(table.dst, tail.dst), deps, laid(table.fixed_s, tail.fixed_s),
-                       laid(table.blocking_s, tail.blocking_s),
-                       laid(table.comm, remap[tail.comm]),
+        return Columns(names, cls, gpu, kind, dst, deps, laid(table.fixed_s, tail.fixed_s),
+                       laid(table.blocking_s, tail.blocking_s), comm,
                        laid(table.alloc, tail.alloc_bytes), laid(table.free, tail.free_bytes),
                        laid(sig_of_row, np.where(tail.signature >= 0,
                                                  tail.signature + len(signatures), -1)),

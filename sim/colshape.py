@@ -1,0 +1,118 @@
+"""The shape of a columnar program: what its passes derive from its structure alone.
+
+The queue-free engine pass (:mod:`sim.columnar`) and the idle breakdown (:func:`sim.idle.
+_columnar`) derive from a program's columns much that depends only on its structure
+(which instruction is what, on which GPU, of which kind, waiting for which others, where
+a compute op blocks or allocates): the GPUs as dense indices, the stream predecessors, the
+loop's dependency columns, the intervals' keys and their grouping, the memory changes'
+order, each GPU's compute ops. None of it reads a time, so a program of the same
+structure with other costs (a repeat, a sweep of GPU, bandwidth or sequence length over
+one layout, the same layout in another search) derives the same arrays.
+
+:func:`shape_of` gives a program's :class:`Shape`: the same object for equal structures
+(compared field by field, exactly, against the few kept), on which the passes keep what
+they derived (:meth:`Shape.derived`, each computed by the pass's own function on first
+use: that function is the reference, and ``tests/test_colshape.py`` holds a warm shape's
+results to a cold one's). Pure.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+
+from workloads.program import Columns
+
+KEPT = 2
+"""Shapes kept across calls (the latest first)."""
+
+KEPT_MAX_INSTRUCTIONS = 1 << 18
+"""Programs larger than this get a shape of their own, not kept across calls (a single
+large run gains nothing from it, and its arrays would stay in memory)."""
+
+_STRUCTURE = ("cls", "gpu", "kind", "dst", "deps", "comm")
+"""The :class:`Columns` fields a shape is made of as they are (besides ``names``)."""
+
+
+class Shape:
+    """A program's structure (:data:`_STRUCTURE`, ``names``, and where ``blocking_s``,
+    ``alloc_bytes`` and ``free_bytes`` are positive or non-zero) and what passes derived from
+    it (:meth:`derived`). Read-only arrays: a shape is shared by the programs of equal
+    structure."""
+
+    def __init__(self, columns: Columns, masks: tuple[np.ndarray, ...] | None) -> None:
+        self.names = columns.names
+        self.arrays = tuple(_frozen(getattr(columns, f)) for f in _STRUCTURE)
+        self.masks = masks or ()
+        self.kept = masks is not None
+        """Whether it is kept across calls (else it serves one program's passes only, and
+        a pass need not lay out what only later calls would reuse)."""
+        self._derived: dict[Hashable, Any] = {}
+
+    def same(self, columns: Columns, masks: tuple[np.ndarray, ...]) -> bool:
+        """Whether ``columns`` (with ``masks``, :func:`_masks`) has this structure, exactly."""
+        return (columns.names == self.names
+                and all(_equal(getattr(columns, f), a)
+                        for f, a in zip(_STRUCTURE, self.arrays, strict=True))
+                and all(_equal(m, a) for m, a in zip(masks, self.masks, strict=True)))
+
+    def derived(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """What ``make`` derives (kept under ``key``: what it derives from the structure
+        alone, and from ``key``), made on first use; made every time on a shape not kept
+        (what a pass derives is freed after it, as its own temporaries)."""
+        if not self.kept:
+            return make()
+        found = self._derived.get(key)
+        if found is None:
+            found = self._derived[key] = make()
+        return found
+
+
+def _frozen(values: np.ndarray) -> np.ndarray:
+    values.flags.writeable = False  # a column is never written after it is laid out
+    return values
+
+
+def _masks(columns: Columns) -> tuple[np.ndarray, ...]:
+    """Where a compute op blocks on communication, allocates and frees."""
+    return (columns.blocking_s > 0, columns.alloc_bytes != 0, columns.free_bytes != 0)
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and bool((a == b).all()))
+
+
+_kept: list[Shape] = []
+_of: weakref.WeakKeyDictionary[Columns, Shape] = weakref.WeakKeyDictionary()
+
+
+def shape_of(columns: Columns) -> Shape:
+    """The :class:`Shape` of ``columns``: the one made for them before (the engine's pass
+    and the idle breakdown read the same columns), else a kept one of the same structure,
+    else a new one (kept where the program is small enough, :data:`KEPT_MAX_INSTRUCTIONS`)."""
+    shape = _of.get(columns)
+    if shape is not None:
+        return shape
+    if len(columns) > KEPT_MAX_INSTRUCTIONS:
+        return Shape(columns, None)
+    masks = _masks(columns)
+    for k, kept in enumerate(_kept):
+        if kept.same(columns, masks):
+            if k:
+                _kept.insert(0, _kept.pop(k))
+            break
+    else:
+        kept = Shape(columns, masks)
+        _kept.insert(0, kept)
+        del _kept[KEPT:]
+    _of[columns] = kept
+    return kept
+
+
+def clear() -> None:
+    """Forget the kept shapes (tests: a cold start)."""
+    _kept.clear()
+    _of.clear()
