@@ -34,3 +34,37 @@ def test_a_run_leaves_no_cyclic_garbage(fidelity: str) -> None:
         gc.set_debug(0)
         gc.garbage.clear()
     assert left == []
+
+
+def test_a_cluster_the_cache_lets_go_is_freed_and_stays_usable() -> None:
+    """Past :data:`~topologies.build.CLUSTER_CACHE` clusters, the least recently used is
+    released (:meth:`topologies.cluster.Cluster.release`): no cycle keeps it (its memo's
+    shared collective timer, networkx's cached views of its graph), and an experiment that
+    still holds it simulates as before."""
+    from topologies.build import _CLUSTERS, CLUSTER_CACHE
+
+    def experiment(num_gpus: int):
+        return build_experiment({**SMALL_EXPERIMENT, "name": f"c{num_gpus}",
+                                 "cluster": {**SMALL_EXPERIMENT["cluster"],
+                                             "num_gpus": num_gpus},
+                                 "parallel": {"tp": 2, "pp": 4, "dp": num_gpus // 8},
+                                 "training": {"micro_batch_size": 1,
+                                              "global_batch_size": num_gpus}})
+
+    first = experiment(16)
+    before = simulate(first, fidelity="collapsed").stats
+    first.cluster.graph.edges  # noqa: B018  # networkx's cached view, pointing back at the graph
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for k in range(CLUSTER_CACHE + 1):
+            simulate(experiment(32 << k), fidelity="collapsed")
+        assert first.cluster not in _CLUSTERS.values()
+        again = simulate(first, fidelity="collapsed").stats
+        gc.collect()
+        left = sorted({type(o).__qualname__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
+    assert again == before
