@@ -995,21 +995,13 @@ class _Run:
         self._build_dag(self.program)
         self.ready.extend(i for i, w in enumerate(self.waiting) if not w)
         self._drain()
-        try:
-            if self.env is None:
-                self._loop()
-            else:
-                self.env.run()
-            self._check_finished(self.now)
-        finally:
-            # the fast network's split hook and the packed release bound on the instance
-            # point back at this run: cycles that, made under gc_paused, only a full
-            # collection would free, and with them the whole run's state
-            if isinstance(self.net, FastFlowNetwork):
-                self.net.on_split = None
-            self.__dict__.pop("_release", None)
-            self._tables = None  # its step too; 9 bytes a template, at the summaries' peak
+        if self.env is None:
+            self._loop()
+        else:
+            self.env.run()
+        self._check_finished(self.now)
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
+        self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
         self.lanes = bytearray()
         if self.env is not None:  # the reference makes the records at once
             return timeline_of(self.program, self.started, self.mid, self.ended)
@@ -1081,6 +1073,18 @@ class _Run:
         more = f" (+{len(stalled) - 12} more)" if len(stalled) > 12 else ""
         raise DeadlockError(f"simulation stalled at t={now:.6g}s: {shown}{more}")
 
+    def close(self) -> None:
+        """Break the run's reference cycles, whichever way it ended: the fast network's split
+        hook and the packed release bound on the instance point back at the run. Made under
+        :func:`~base.collector.gc_paused`, which moves what it made to the oldest generation,
+        such a cycle lives until a full collection, and with it the whole run's state (its
+        program, network, times): a process simulating many programs (``sim validate``'s
+        workers, a search's) then grew by every run's state until one came (docs/status.md,
+        worker memory)."""
+        if isinstance(self.net, FastFlowNetwork):
+            self.net.on_split = None
+        self.__dict__.pop("_release", None)
+
     def counters(self, out: EngineCounters) -> None:
         out.events = self.events
         out.instructions = len(self.program.instructions)
@@ -1132,3 +1136,4 @@ def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
         finally:
             if counters is not None:
                 run.counters(counters)
+            run.close()

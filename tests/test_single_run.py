@@ -18,7 +18,7 @@ from sim.api import simulate
 from sim.commtime import CollectiveTimer
 from sim.config import parse_config
 from sim.experiment import Experiment
-from topologies.build import CLUSTER_CACHE, _cached, build_cluster
+from topologies.build import _CLUSTERS, CLUSTER_CACHE, build_cluster
 from topologies.placement import Placement, coordinate_columns
 from workloads.costs import ComputeSeg
 from workloads.lowering.groups import replica_pairs
@@ -72,7 +72,7 @@ def test_a_schedule_is_built_once_and_shared_read_only() -> None:
 def test_experiments_share_the_cluster_and_its_graph_is_frozen() -> None:
     a, b = Experiment.from_dict(GPT), Experiment.from_dict({**GPT, "name": "u"})
     assert a.cluster is b.cluster
-    assert _cached.cache_info().maxsize == CLUSTER_CACHE
+    assert a.cluster in _CLUSTERS.values() and len(_CLUSTERS) <= CLUSTER_CACHE
     with pytest.raises(nx.NetworkXError):
         a.cluster.graph.add_edge("x", "y")
     changed = a.cluster.with_link_changes({(0, "host0/nvswitch"): 0.5})

@@ -8,8 +8,8 @@ tell (a fabric too small for its shape, NICs that do not divide a server's GPUs)
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
-from functools import lru_cache
 
 import networkx as nx
 
@@ -44,7 +44,11 @@ from topologies.presets import (
 
 CLUSTER_CACHE = 4
 """Clusters :func:`build_cluster` keeps, by description (the least recently used go
-first): a 16,384-GPU one with its routes holds some hundred MB."""
+first, and released, :meth:`~topologies.cluster.Cluster.release`): a 16,384-GPU one with
+its routes holds some hundred MB."""
+
+_CLUSTERS: OrderedDict[ClusterConfig, Cluster] = OrderedDict()
+"""The kept clusters, least recently used first."""
 
 
 def build_cluster(c: ClusterConfig) -> Cluster:
@@ -74,12 +78,21 @@ def _built(c: ClusterConfig) -> Cluster:
         raise ConfigError(f"cluster: {exc}") from None
 
 
-@lru_cache(maxsize=CLUSTER_CACHE)
 def _cached(c: ClusterConfig) -> Cluster:
-    """:func:`build_cluster` of a hashable description, its graph frozen."""
+    """:func:`build_cluster` of a hashable description, its graph frozen, kept
+    (:data:`CLUSTER_CACHE`); the one it lets go is released
+    (:meth:`~topologies.cluster.Cluster.release`: its cycles broken, freed when its last
+    user drops it)."""
+    cluster = _CLUSTERS.get(c)
+    if cluster is not None:
+        _CLUSTERS.move_to_end(c)
+        return cluster
     with gc_paused():  # the graph's many small dicts hold no cycles worth a scan
         cluster = _built(c)
     nx.freeze(cluster.graph)
+    _CLUSTERS[c] = cluster
+    if len(_CLUSTERS) > CLUSTER_CACHE:
+        _CLUSTERS.popitem(last=False)[1].release()
     return cluster
 
 

@@ -629,6 +629,23 @@ class Cluster:
             raise TopologyError(self._no_link_message((u, v)))
         return (u, v)
 
+    def release(self) -> None:
+        """Drop what ties this cluster into reference cycles, as its cache lets it go
+        (:func:`topologies.build.build_cluster`): the derived values in :attr:`memo` (a
+        shared collective timer points back at the cluster, :meth:`sim.commtime.
+        CollectiveTimer.shared`) and the graph's cached views that point back at the graph
+        (networkx's ``edges`` and ``degree`` views, ``functools.cached_property``).
+        Reference counting then frees the cluster once nothing else holds it; only a full
+        collection would otherwise, and the engine's pauses (:func:`base.collector.gc_paused`)
+        leave those rare, so a process that went through many clusters (``sim validate``'s
+        workers) kept every one. Both are rebuilt on use: the cluster stays usable, with the
+        same answers (the memo holds pure functions of the cluster)."""
+        self.memo.clear()
+        graph = self.graph
+        for name, value in list(vars(graph).items()):
+            if getattr(value, "_graph", None) is graph:
+                del vars(graph)[name]
+
     def with_link_changes(self, degraded: Mapping[tuple[Endpoint, Endpoint], float] | None = None,
                           failed: Iterable[Sequence[Endpoint]] = (), *,
                           both_directions: bool = True) -> Cluster:

@@ -290,17 +290,16 @@ def fold(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
 
 
 FOLD_CACHE = 4096
-"""Folds :func:`folded_use` keeps (it starts over past this many)."""
-
-_FOLDS: dict[tuple, tuple[tuple[Segment, ...], Folded, StreamUse]] = {}
-"""Per (id of the segments, collapse, groups): the segments, their fold and stream use."""
+"""Folds :func:`folded_use` keeps in one memo (it starts over past this many)."""
 
 
-def folded_use(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups
+def folded_use(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
+               memo: dict[tuple, tuple[tuple[Segment, ...], Folded, StreamUse]]
                ) -> tuple[Folded, StreamUse]:
     """:func:`fold` of ``segs`` with ``collapse`` on ``groups``, and :func:`stream_use` of
-    them, remembered across calls (the collapsed fast path's,
-    :func:`workloads.lowering.columnar.lower_collapsed`).
+    them, remembered in ``memo`` (the collapsed fast path's,
+    :func:`workloads.lowering.columnar.lower_collapsed`, passes the cost model's own, the
+    one its op segments live in: :func:`workloads.lowering.opcosts.op_facts`).
 
     Both are pure in their arguments: a fold reads the segments, the timers of ``collapse``
     (compared by identity: :func:`sim.api.work_timer` and
@@ -311,16 +310,20 @@ def folded_use(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups
     work, ~70 us an op's (stage, kind) on GPT-3 175B: every layout of a search or a sweep
     that shares a rank's op segments, its TP groups and the device (another micro-batch
     count or schedule of the same layout, or the same layout again) folds them once.
-    ``tests/test_lowering_paths.py`` holds its programs to the reference op loop's with
-    the folds remembered."""
+    Kept on the cost model, the folds go with it when its cache lets it go: a fold of
+    segments no kept cost model holds can never be asked for again (an equal cost model
+    made afresh makes new segments), and a process-wide memo kept such dead folds, with
+    the clusters their timers time on, until it started over (docs/status.md, worker
+    memory). ``tests/test_lowering_paths.py`` holds its programs to the reference op
+    loop's with the folds remembered."""
     key = (id(segs), collapse, groups)
-    hit = _FOLDS.get(key)
+    hit = memo.get(key)
     if hit is not None and hit[0] is segs:
         return hit[1], hit[2]
     folded, use = fold(segs, collapse, groups), stream_use([segs])
-    if len(_FOLDS) >= FOLD_CACHE:
-        _FOLDS.clear()
-    _FOLDS[key] = (segs, folded, use)
+    if len(memo) >= FOLD_CACHE:
+        memo.clear()
+    memo[key] = (segs, folded, use)
     return folded, use
 
 

@@ -95,6 +95,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     plan_of = number[triple]
     plans: list[_Plan] = []
     groups: dict[int, Groups] = {}  # per rank, its TP groups
+    folds = costs.__dict__.setdefault("_memo_folds", {})  # kept with its op segments
     for k in used_at.tolist():
         st, kd, _, sq = order[k]
         r, g = owner[st], reps[owner[st]]
@@ -102,7 +103,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         segs, _, alloc, free = op_facts(costs, generic, split)
         if r not in groups:
             groups[r] = tp_groups(placement, r)
-        folded, use = folded_use(segs, collapse.on(g), groups[r])
+        folded, use = folded_use(segs, collapse.on(g), groups[r], folds)
         consumer = consumer_stage(generic, S)
         p2p = op_p2p_bytes(costs, generic, whole_p2p)
         send = None
