@@ -138,7 +138,9 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
         intervals[(which // width, names[which % width])] = array("d", pairs[x:y].tobytes())
     del pairs, lane, key
     peaks, floors = _memory(program, gpus, gpu, tpl, t_alloc, t_free)
-    return Summaries(intervals, peaks, floors, max(end_s, default=0.0))
+    every = _doubles(end_s, len(end_s))  # max(end_s, default=0.0): the same value (ends
+    clock = float(every.max()) if len(every) else 0.0  # >= 0, no NaN), without a Python step
+    return Summaries(intervals, peaks, floors, clock)
 
 
 def _memory(program: Program, gpus: Sequence[int], gpu: np.ndarray, tpl: np.ndarray,
