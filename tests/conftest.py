@@ -70,3 +70,20 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def segment_timer(exp):
+    """``compute_s(seg)``: a cost segment's time on ``exp``'s GPU with its default device
+    profile, as the lowering times it (a segment with a fixed duration takes that)."""
+    from sim.calibration import default_profile
+    from sim.device import compute_time_s
+
+    profile = default_profile(exp.cluster.gpu.name)
+
+    def compute_s(seg) -> float:
+        if seg.duration_s is not None:
+            return seg.duration_s
+        return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
+                              seg.attn_flops, seg.elementwise_bytes,
+                              exp.config.training.attention, seg.gemm_dims)
+    return compute_s

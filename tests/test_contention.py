@@ -9,32 +9,19 @@ import tomllib
 from dataclasses import replace
 
 import pytest
+from conftest import segment_timer
 
 from sim import api
 from sim.a2aoverlap import sm_share
-from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.contention import DATA_FILE, charge, compute_slowdown, mechanism, share
 from sim.cpoverlap import lowering_costs as cp_lowering_costs
 from sim.cpoverlap import ring_overlap_s
-from sim.device import compute_time_s
 from sim.experiment import build_experiment
 from sim.fsdpoverlap import with_contention
 from workloads.costs import ComputeSeg, RingAttention
 from workloads.program import Compute
 from workloads.schedules import BACKWARD, FORWARD, Op
-
-
-def _timer(exp):
-    profile = default_profile(exp.cluster.gpu.name)
-
-    def compute_s(seg: ComputeSeg) -> float:
-        if seg.duration_s is not None:
-            return seg.duration_s
-        return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
-                              seg.attn_flops, seg.elementwise_bytes,
-                              exp.config.training.attention, seg.gemm_dims)
-    return compute_s
 
 
 def test_every_overlapped_collective_has_a_mechanism_with_its_source() -> None:
@@ -69,7 +56,7 @@ def test_megatron_buckets_charge_the_last_backward_and_the_first_forward_only() 
     0 under Megatron-core's DDP) loses s·min(c_rs, g_bwd); overlap_param_gather: each layer
     of stage 0's first forward s·min(c_ag, g_fwd); no other op, and nothing without them."""
     exp = build_experiment(_megatron())
-    compute_s = _timer(exp)
+    compute_s = segment_timer(exp)
     forward, backward, _, _ = exp.costs.zero3_layer_work()
     g_f = sum(compute_s(x) for x in forward if isinstance(x, ComputeSeg))
     g_b = sum(compute_s(x) for x in backward if isinstance(x, ComputeSeg))
@@ -121,7 +108,7 @@ def test_ring_passes_charge_the_attention_blocks_beside_them() -> None:
     has no passes and no charge."""
     exp = build_experiment(_cp())
     assert not exp.costs.cp_kv_all_gather
-    compute_s = _timer(exp)
+    compute_s = segment_timer(exp)
     s = compute_slowdown()
     fwd, bwd = ring_overlap_s(exp.costs, compute_s, lambda nbytes: nbytes * 1e-12)
     forward, backward, _, _ = exp.costs.zero3_layer_work()

@@ -7,12 +7,11 @@ import tomllib
 from dataclasses import replace
 
 import pytest
+from conftest import segment_timer
 
 from sim import api
-from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.contention import DATA_FILE, compute_slowdown
-from sim.device import compute_time_s
 from sim.fsdpoverlap import lowering_costs, with_contention
 from workloads.costs import ComputeSeg
 from workloads.lowering.groups import dp_groups
@@ -20,17 +19,6 @@ from workloads.program import Compute
 
 EXAMPLE = "workloads/examples/llama3-8b-fsdp-torchtitan.yaml"
 
-
-def _timer(exp):
-    profile = default_profile(exp.cluster.gpu.name)
-
-    def compute_s(seg: ComputeSeg) -> float:
-        if seg.duration_s is not None:
-            return seg.duration_s
-        return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
-                              seg.attn_flops, seg.elementwise_bytes,
-                              exp.config.training.attention, seg.gemm_dims)
-    return compute_s
 
 
 def test_data_has_its_source() -> None:
@@ -44,7 +32,7 @@ def test_loss_is_the_slowdown_times_the_shorter_of_collective_and_compute() -> N
     """Forward: s·min(c_ag, g_fwd); backward: s·min(c_ag + c_rs, g_bwd); a collective longer
     than the compute slows only the compute's length."""
     exp = api.load_experiment(EXAMPLE)
-    compute_s = _timer(exp)
+    compute_s = segment_timer(exp)
     s = compute_slowdown()
     forward, backward, gather, reduce = exp.costs.zero3_layer_work()
     g_f = sum(compute_s(x) for x in forward if isinstance(x, ComputeSeg))
@@ -63,7 +51,7 @@ def test_loss_is_the_slowdown_times_the_shorter_of_collective_and_compute() -> N
 
 def test_only_zero3_over_several_shards() -> None:
     exp = api.load_experiment(EXAMPLE)
-    compute_s = _timer(exp)
+    compute_s = segment_timer(exp)
     for costs in (replace(exp.costs, zero_stage=1), replace(exp.costs, dp=1)):
         assert with_contention(costs, compute_s, lambda op, n: 1.0) is costs
 
@@ -72,7 +60,7 @@ def test_step_gains_the_loss_of_every_layer(monkeypatch: pytest.MonkeyPatch) -> 
     """Each layer's forward and backward carry one fixed-time segment of the loss; the step
     is longer by their sum (the collectives stay hidden behind the compute)."""
     exp = api.load_experiment(EXAMPLE)
-    fwd, bwd = lowering_costs(exp, exp.costs, _timer(exp),
+    fwd, bwd = lowering_costs(exp, exp.costs, segment_timer(exp),
                               CollectiveTimer(exp.cluster)).zero3_overlap_s
     result = api.simulate(exp, fidelity="full")
     ops = [i for i in result.program.instructions
@@ -102,7 +90,7 @@ def test_zero2_reducing_every_microbatch_loses_the_reduce_scatter_in_the_backwar
         "parallel": {"tp": 8, "pp": 1, "dp": 2, "zero_stage": 2},
         "training": {"micro_batch_size": 1, "global_batch_size": 8, "framework": "llama3"}})
     assert exp.costs.reduces_every_microbatch
-    compute_s = _timer(exp)
+    compute_s = segment_timer(exp)
     _, backward, _, reduce = exp.costs.zero3_layer_work()
     g_b = sum(compute_s(x) for x in backward if isinstance(x, ComputeSeg))
     for c in (1e-4, 10.0):
