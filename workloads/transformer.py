@@ -249,7 +249,7 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     :attr:`swiglu_stash_bytes` (in fp8 under ``precision: fp8``,
     :meth:`layer_activation_bytes`). False: a compiled graph's partitioner recomputes it in
     the backward from the gate and up projections, which it keeps anyway
-    (:mod:`workloads.frameworks`, ``[fsdp.compile]``): :attr:`swiglu_stash_bytes` is then
+    (:mod:`workloads.frameworks`, ``[fsdp-compile]``): :attr:`swiglu_stash_bytes` is then
     gate and up alone, under every precision."""
     residual_norm_fused: bool = False
     """The attention block's residual add and the MLP block's norm run as one kernel that
