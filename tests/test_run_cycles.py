@@ -11,28 +11,39 @@ collector.
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
+from conftest import SMALL_EXPERIMENT
 
 from sim.api import simulate
 from sim.experiment import build_experiment
-from tests.conftest import SMALL_EXPERIMENT
+
+
+@contextmanager
+def cyclic_garbage() -> Iterator[list[str]]:
+    """Collect first, then yield a list that on exit holds the type names of every object
+    the cyclic collector found unreachable inside the block (``gc.DEBUG_SAVEALL``)."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    left: list[str] = []
+    try:
+        yield left
+        gc.collect()
+        left.extend(sorted({type(o).__qualname__ for o in gc.garbage}))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
 
 
 @pytest.mark.parametrize("fidelity", ["collapsed", "full"])
 def test_a_run_leaves_no_cyclic_garbage(fidelity: str) -> None:
     simulate(build_experiment(SMALL_EXPERIMENT), fidelity=fidelity)  # the caches filled
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    with cyclic_garbage() as left:
         result = simulate(build_experiment(SMALL_EXPERIMENT), fidelity=fidelity)
         assert result.timeline.spans  # the deferred records made too
         del result
-        gc.collect()
-        left = sorted({type(o).__qualname__ for o in gc.garbage})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
     assert left == []
 
 
@@ -54,17 +65,10 @@ def test_a_cluster_the_cache_lets_go_is_freed_and_stays_usable() -> None:
     first = experiment(16)
     before = simulate(first, fidelity="collapsed").stats
     first.cluster.graph.edges  # noqa: B018  # networkx's cached view, pointing back at the graph
-    gc.collect()
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
+    with cyclic_garbage() as left:
         for k in range(CLUSTER_CACHE + 1):
             simulate(experiment(32 << k), fidelity="collapsed")
         assert first.cluster not in _CLUSTERS.values()
         again = simulate(first, fidelity="collapsed").stats
-        gc.collect()
-        left = sorted({type(o).__qualname__ for o in gc.garbage})
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
     assert left == []
     assert again == before

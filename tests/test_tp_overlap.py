@@ -7,12 +7,11 @@ import tomllib
 from dataclasses import replace
 
 import pytest
+from conftest import segment_timer
 
 from base.errors import ConfigError
 from sim import api
-from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
-from sim.device import compute_time_s
 from sim.experiment import build_experiment
 from sim.tpoverlap import (
     DATA_FILE,
@@ -25,7 +24,6 @@ from sim.tpoverlap import (
     pipelined_s,
     sm_count,
 )
-from workloads.costs import ComputeSeg
 from workloads.layer_work import SP_REGATHER_GEMMS, TP_OVERLAP_GEMMS
 from workloads.lowering.groups import tp_groups
 from workloads.program import Collective
@@ -75,12 +73,8 @@ def test_chunks_on_concurrent_streams_run_as_groups() -> None:
     as 4/3; a group is slower per FLOP than the whole GEMM and faster than a lone chunk."""
     exp = build_experiment(_exp(True, tp=8) | {"cluster": {"preset": "dgx-h100",
                                                            "num_gpus": 8}})
-    profile = default_profile("H100")
 
-    def compute_s(seg: ComputeSeg) -> float:
-        return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
-                              seg.attn_flops, seg.elementwise_bytes, "flash2", seg.gemm_dims)
-
+    compute_s = segment_timer(exp)
     timer = CollectiveTimer(exp.cluster)
     groups = tp_groups(exp.placement, 0)
     exposed = dict(lowering_costs(exp, compute_s, timer).tp_comm_exposed_s)
@@ -100,7 +94,6 @@ def test_transformer_engine_1x_keeps_every_sm_for_the_gemms() -> None:
     the pipelined and bulk pairs with the GEMM on all 132 SMs, so each of their collectives
     adds less than under Megatron-LM's TE 2.x margin; the ring exchanges, which take no
     margin under either, add the same."""
-    profile = default_profile("H100")
     exposed = {}
     for fw in ("megatron", "megatron-core-r0.8"):
         data = _exp(True, tp=8) | {"cluster": {"preset": "dgx-h100", "num_gpus": 8},
@@ -108,11 +101,7 @@ def test_transformer_engine_1x_keeps_every_sm_for_the_gemms() -> None:
                                                 "framework": fw}}
         exp = build_experiment(data)
 
-        def compute_s(seg: ComputeSeg, exp=exp) -> float:
-            return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
-                                  seg.attn_flops, seg.elementwise_bytes, "flash2",
-                                  seg.gemm_dims)
-
+        compute_s = segment_timer(exp)
         exposed[fw] = dict(lowering_costs(exp, compute_s,
                                           CollectiveTimer(exp.cluster)).tp_comm_exposed_s)
     te2, te1 = exposed["megatron"], exposed["megatron-core-r0.8"]
@@ -130,16 +119,11 @@ def test_backward_gathers_saved_inputs_again_beside_the_dgrad_gemm() -> None:
     sim.contention) or TE's bulk pair (userbuffers), two a layer; a framework
     that saves the gathered input (the sweep's ``scaling``) has none, nor has a run without
     sequence parallelism."""
-    profile = default_profile("H100")
     for overlap in (False, True):
         exp = build_experiment(_exp(overlap, tp=8) | {"cluster": {"preset": "dgx-h100",
                                                                   "num_gpus": 8}})
 
-        def compute_s(seg: ComputeSeg, exp=exp) -> float:
-            return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
-                                  seg.attn_flops, seg.elementwise_bytes, "flash2",
-                                  seg.gemm_dims)
-
+        compute_s = segment_timer(exp)
         timer = CollectiveTimer(exp.cluster)
         c = timer("all_gather", tp_groups(exp.placement, 0), 2 * 4096 * 5120)
         exposed = dict(lowering_costs(exp, compute_s, timer).tp_comm_exposed_s)
@@ -179,12 +163,8 @@ def test_step_is_the_blocking_step_less_what_the_pipelines_hide(fidelity: str) -
     ov = api.simulate(ov_exp, fidelity=fidelity)
     timer = CollectiveTimer(ov_exp.cluster)
     groups = tp_groups(ov_exp.placement, 0)
-    profile = default_profile("H100")
 
-    def compute_s(seg: ComputeSeg) -> float:
-        return compute_time_s(ov_exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
-                              seg.attn_flops, seg.elementwise_bytes, "flash2", seg.gemm_dims)
-
+    compute_s = segment_timer(ov_exp)
     exposed = dict(lowering_costs(ov_exp, compute_s, timer).tp_comm_exposed_s)
     blocking = dict(lowering_costs(base_exp, compute_s, timer).tp_comm_exposed_s)
     assert set(exposed) == set(TP_OVERLAP_GEMMS) | set(SP_REGATHER_GEMMS)
@@ -265,12 +245,8 @@ def test_async_input_gradient_reduce_scatter_beside_the_wgrad_gemm_when_turned_o
     exp = build_experiment(_exp(False, tp=8) | {"cluster": {"preset": "dgx-h100",
                                                             "num_gpus": 8}})
     assert not exp.costs.sp_async_grad_reduce_scatter  # the megatron profile's: off
-    profile = default_profile("H100")
 
-    def compute_s(seg: ComputeSeg) -> float:
-        return compute_time_s(exp.cluster.gpu, profile, seg.flops, seg.hbm_bytes,
-                              seg.attn_flops, seg.elementwise_bytes, "flash2", seg.gemm_dims)
-
+    compute_s = segment_timer(exp)
     timer = CollectiveTimer(exp.cluster)
     groups = tp_groups(exp.placement, 0)
     costs = replace(exp.costs, sp_async_grad_reduce_scatter=True)
