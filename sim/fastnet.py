@@ -310,7 +310,9 @@ class FastFlowNetwork(FlowNetwork):
             for link in flow.links:
                 carried[link] += nbytes
             for link in flow.finite:
-                users = on_link[link]
+                users = on_link.get(link)
+                if users is None or fid not in users:
+                    continue  # a link the route crosses twice: left at its first crossing
                 del users[fid]
                 if users:
                     touched.append(link)

@@ -294,7 +294,9 @@ class FlowNetwork:
         """Flow ``fid`` no longer crosses ``finite``; re-rate the flows left on them."""
         on_link, touched = self._on_link, self._touched_links
         for link in finite:
-            users = on_link[link]
+            users = on_link.get(link)
+            if users is None or fid not in users:
+                continue  # a link the route crosses twice: left at its first crossing
             del users[fid]
             if not users:
                 del on_link[link]
@@ -390,7 +392,9 @@ class FlowNetwork:
             for link in flow.links:
                 carried[link] = carried.get(link, 0.0) + nbytes
             for link in flow.finite:  # _detach, inline (once per flow)
-                users = on_link[link]
+                users = on_link.get(link)
+                if users is None or fid not in users:
+                    continue  # a link the route crosses twice: left at its first crossing
                 del users[fid]
                 if users:  # a link left without flows has none to re-rate
                     touched.append(link)

@@ -31,8 +31,10 @@ def _state(net: FlowNetwork) -> tuple:
             net.next_end_s(), net.active)
 
 
-_route = st.lists(st.integers(0, LINKS - 1), min_size=0, max_size=4, unique=True)
-"""A route: links it crosses once each (the reference's finish and reroute assume it)."""
+_route = st.one_of(st.lists(st.integers(0, LINKS - 1), min_size=0, max_size=4, unique=True),
+                   st.lists(st.integers(0, LINKS - 1), min_size=2, max_size=4))
+"""A route: links it crosses once each, or one that may cross a link twice (it shares that
+link with itself)."""
 _step = st.one_of(
     st.tuples(st.just("start"), st.lists(st.tuples(_route, st.sampled_from(
         [1.0, 3.0, 1e6, 2.5e8, 7.0e9])), min_size=1, max_size=6)),

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from sim.collectives import plan
 from sim.engine import simulate_program
-from sim.network import max_min_rates
+from sim.fastnet import FastFlowNetwork
+from sim.network import FlowNetwork, max_min_rates
 from topologies.hardware import GPUS
 from topologies.presets import CollectiveSettings, explicit_cluster
 from workloads.program import Program, ProgramBuilder
@@ -121,3 +122,15 @@ def test_plan_shapes() -> None:
     assert len(steps) == 2 * 3 * 4
     assert all(s.nbytes == 2.0 for s in steps)
     assert plan("all_reduce", "ring", (5,), 8.0) == ()
+
+
+def test_route_crossing_a_link_twice_shares_it_with_itself() -> None:
+    """A flow crossing link 0 twice takes half of it (max-min with itself), ends, and leaves
+    both crossings' bytes on the link; the network used to fail removing it (KeyError)."""
+    for net in (FlowNetwork([10.0, 10.0]), FastFlowNetwork([10.0, 10.0])):
+        net.start(0.0, 1, (0, 1, 0), 100.0)
+        net.refresh(0.0)
+        assert net.next_end_s() == 20.0
+        assert net.finish_due(20.0) == [1]
+        assert dict(net.bytes_on_link) == {0: 200.0, 1: 100.0}
+        assert net.active == 0
