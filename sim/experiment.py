@@ -661,6 +661,10 @@ def build_experiment(data: Any, base_dir: Path | None = None,
     if par.moe_a2a_overlap:
         check_a2a_overlap(par.ep, model is not None and model.moe is not None)
     if par.tp_comm_overlap:
+        if profile.tp_overlap == "none":
+            raise ConfigError(f"parallel.tp_comm_overlap: training.framework={profile.name!r} "
+                              "cannot overlap its TP collectives (torchtitan: 'Async TP requires "
+                              "--training.compile'); use training.framework: fsdp-compile")
         check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
             model, cluster, sched.seq_chunks, cfg.model.encoder is not None))
     if cfg.model.encoder is not None:

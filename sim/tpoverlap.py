@@ -42,6 +42,15 @@ saved input the backward repeats for the weight gradient (TE's bulk ``qkv_dgrad`
 ``fc1_dgrad``; the simulator does not count that collective), HBM contention between
 the copies and the GEMM. The search's screening and ``layers_per_stage: auto`` keep
 timing these collectives as blocking.
+
+PyTorch's async TP (a framework whose :attr:`~workloads.frameworks.FrameworkProfile.tp_overlap`
+is ``symmetric-memory``: torchtitan's ``enable_async_tensor_parallel`` under torch.compile)
+overlaps only the collectives Inductor's ``_micro_pipeline_tp`` pass fuses with a matmul
+(``[symmetric_memory]`` of the data file, with its source): each as a ring exchange of ``tp``
+chunk GEMMs beside copy-engine copies (``fused_all_gather_matmul`` /
+``fused_matmul_reduce_scatter``, the formula above), a fused reduce-scatter followed by the
+local sum of the ``tp`` partials it received (:func:`symm_mem_reduce_bytes`, memory-bound);
+the others stay NCCL collectives, timed as without overlap.
 """
 
 from __future__ import annotations
@@ -95,6 +104,25 @@ def method_of(layer: str) -> Method:
     return Method(name, int(m["splits"]), int(m["sms"]), bool(m["sm_margin"]))
 
 
+def symm_mem_method(layer: str) -> Method | None:
+    """The overlap PyTorch's async TP gives Transformer Engine's GEMM ``layer`` (e.g.
+    ``proj_fprop``): a ring exchange where Inductor's ``_micro_pipeline_tp`` pass fuses its
+    collective with it, None where the collective stays an NCCL one."""
+    name = _data()["symmetric_memory"]["layers"].get(layer)
+    if name is None:
+        return None
+    m = _data()["methods"][name]
+    return Method(name, int(m["splits"]), int(m["sms"]), bool(m["sm_margin"]))
+
+
+def symm_mem_reduce_bytes(nbytes: float, tp: int) -> float:
+    """HBM bytes of the local reduction after a fused matmul-reduce-scatter of a ``nbytes``
+    bf16 output on ``tp`` GPUs: the stacked partials read (``nbytes``, ``tp`` chunks of
+    ``nbytes/tp``) and their sum written (``nbytes/tp``), ``[symmetric_memory]`` of the data
+    file."""
+    return nbytes * (1 + 1 / tp) if _data()["symmetric_memory"]["reduce_after_copy"] else 0.0
+
+
 def sm_count(gpu: str) -> int | None:
     """Streaming multiprocessors of GPU preset ``gpu`` (None: no entry)."""
     value = _data()["sms"].get(gpu)
@@ -134,28 +162,49 @@ def pipelined_s(method: Method, comm_s: float, gemm_s: float, tp: int, sms: int)
 
 
 def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
-              collective_s: Callable[[str, float], float], sms: int, sm_margin: bool = True
-              ) -> tuple[tuple[str, float], ...]:
+              collective_s: Callable[[str, float], float], sms: int, sm_margin: bool = True,
+              kind: str = "userbuffers") -> tuple[tuple[str, float], ...]:
     """What each sequence-parallel collective of a layer adds beside its block's compute
     when pipelined with its GEMM: ``pipelined_s − g`` (module doc), by the collective's
     name in :data:`~workloads.layer_work.TP_OVERLAP_GEMMS`. ``collective_s(op, nbytes)``
     times a TP collective alone; ``sm_margin`` False launches every GEMM on all SMs
-    whatever its method's ``sm_margin`` (Transformer Engine 1.x)."""
+    whatever its method's ``sm_margin`` (Transformer Engine 1.x). ``kind``
+    ``symmetric-memory``: PyTorch's async TP (module doc), whose unfused collectives are
+    left out (timed on the network as without overlap) and whose fused reduce-scatters add
+    their local reduction (:func:`symm_mem_reduce_bytes`)."""
     gemms = costs.tp_overlap_gemms()
     nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
         * costs.model.hidden_size
+    symm = kind == "symmetric-memory"
     out = []
     for name, (gemm, layer) in TP_OVERLAP_GEMMS.items():
         op = "all_gather" if name.endswith("all-gather") else "reduce_scatter"
-        method = method_of(layer)
+        method = symm_mem_method(layer) if symm else method_of(layer)
+        if method is None:
+            continue
         if not sm_margin:
             method = replace(method, sm_margin=False)
         n = chunks(method, costs.tp)
-        groups = n / min(compute_streams(), n)  # chunks running at once share the GPU
+        streams = SYMM_MEM_STREAMS if symm else compute_streams()
+        groups = n / min(streams, n)  # chunks running at once share the GPU
         g_chunks = groups * compute_s(chunked(gemms[gemm], groups))
-        pair = pipelined_s(method, collective_s(op, nbytes), g_chunks, costs.tp, sms)
+        moved = nbytes if op == "reduce_scatter" else nbytes / BF16 * costs._tp_gather_bytes
+        pair = pipelined_s(method, collective_s(op, moved), g_chunks, costs.tp, sms)
+        if symm and op == "reduce_scatter":
+            pair += compute_s(ComputeSeg(f"{name} sum", elementwise_bytes=symm_mem_reduce_bytes(
+                nbytes, costs.tp)))
         out.append((name, pair - compute_s(gemms[gemm])))
     return tuple(out)
+
+
+SYMM_MEM_STREAMS = 2
+"""CUDA streams PyTorch's async TP issues its chunk GEMMs on: the current stream and the
+process group's backend stream, alternating chunk by chunk (``step % 2``) so that two
+consecutive chunks' GEMMs (and copies) can run at once
+(torch/distributed/_symmetric_memory/__init__.py ``_pipelined_all_gather_and_consume`` and
+``_pipelined_produce_and_all2all``: "In addition to computation/communication overlapping,
+the strategy allows for computation/computation overlapping, greatly reducing quantization
+inefficiency")."""
 
 
 NCCL_BESIDE = Method("nccl", 1, 0, False)
@@ -281,13 +330,14 @@ def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
     groups = tp_groups(exp.placement, 0)
     return with_overlap(costs, exp.cluster.gpu.name, compute_s,
                         lambda op, nbytes: timer(op, groups, nbytes),
-                        exp.framework.tp_overlap_sm_margin, overlap)
+                        exp.framework.tp_overlap_sm_margin, overlap, exp.framework.tp_overlap)
 
 
 def with_overlap(costs: TransformerCosts, gpu: str,
                  compute_s: Callable[[ComputeSeg], float],
                  collective_s: Callable[[str, float], float],
-                 sm_margin: bool = True, overlap: bool = True) -> TransformerCosts:
+                 sm_margin: bool = True, overlap: bool = True,
+                 kind: str = "userbuffers") -> TransformerCosts:
     """``costs`` with :attr:`~TransformerCosts.tp_comm_exposed_s` set (no change without
     TP or sequence parallelism: there is nothing to overlap); ``sm_margin``: the
     framework's (:func:`exposed_s`); ``overlap``: TP communication overlap on (the layer's
@@ -299,7 +349,8 @@ def with_overlap(costs: TransformerCosts, gpu: str,
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30
-    pairs = (exposed_s(costs, compute_s, collective_s, sms, sm_margin) if overlap
+    pairs = (exposed_s(costs, compute_s, collective_s, sms, sm_margin, kind) if overlap
              else async_reduce_exposed_s(costs, compute_s, collective_s))
-    pairs += regather_exposed_s(costs, compute_s, collective_s, sms, overlap, sm_margin)
+    pairs += regather_exposed_s(costs, compute_s, collective_s, sms,
+                                overlap and kind == "userbuffers", sm_margin)
     return replace(costs, tp_comm_exposed_s=pairs)

@@ -18,8 +18,9 @@ from workloads.models import PRESETS
 from workloads.transformer import TransformerCosts
 
 COMPILED = ("swiglu_bytes", "swiglu_stash_bytes", "swiglu_saves_product",
-            "residual_norm_fused", "fp8_casts_compiled", "torch_compile")
-"""The fields ``[fsdp-compile]`` changes from ``[fsdp]``."""
+            "residual_norm_fused", "fp8_casts_compiled", "torch_compile", "tp_overlap")
+"""The fields ``[fsdp-compile]`` changes from ``[fsdp]`` (``tp_overlap``: async TP needs
+torch.compile, tests/test_async_tp.py)."""
 
 
 def _costs(tp: int = 1, **kw) -> TransformerCosts:

@@ -30,6 +30,9 @@ from base.errors import ConfigError
 from workloads.costs import split_layers
 
 STAGE_SPLITS = ("even", "uniform-items", "ends-as-layers")
+TP_OVERLAPS = ("userbuffers", "symmetric-memory", "none")
+"""How a framework overlaps its TP collectives with their GEMMs under
+``parallel.tp_comm_overlap`` (:attr:`FrameworkProfile.tp_overlap`, :mod:`sim.tpoverlap`)."""
 """How a framework places transformer layers on pipeline stages (:func:`stage_layers`)."""
 
 
@@ -152,6 +155,17 @@ class FrameworkProfile:
     2.x's default; the methods' ``sm_margin`` in ``sim/data/tp_overlap.toml``); False: every
     GEMM on all SMs (TE 1.x's default, ``set_sm_margin`` 0): :mod:`sim.tpoverlap`. A table
     may leave it out (True)."""
+    tp_overlap: str
+    """What ``parallel.tp_comm_overlap`` runs (:data:`TP_OVERLAPS`): ``userbuffers``,
+    Transformer Engine's chunked GEMM + collective overlap; ``symmetric-memory``, PyTorch's
+    async TP (Inductor's ``_micro_pipeline_tp`` pass: the all-gather / reduce-scatter
+    matmul patterns it matches become per-rank chunk GEMMs beside copy-engine p2p copies
+    through symmetric memory, the rest stay NCCL collectives); ``none``, the framework
+    cannot overlap them (a ConfigError). A table may leave it out (``userbuffers``):
+    :mod:`sim.tpoverlap`."""
+    tp_all_gather_fp8: bool
+    """Under ``precision: fp8`` its TP all-gathers move the fp8 cast of the gathered tensor
+    (``TransformerCosts.tp_all_gather_fp8``); a table may leave it out (False: bf16)."""
     embedding_grad_bytes: float | None
     """HBM bytes per input-embedding parameter (of a TP rank's shard) its first stage's
     backward moves each micro-batch outside the GEMMs: PyTorch's dense embedding gradient and
@@ -230,7 +244,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes",
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
-           "torch_compile", "sp_async_grad_reduce_scatter")
+           "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -248,7 +262,8 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "pp_partition_gathers", "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge",
              "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
-             "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter")
+             "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
+             "tp_overlap", "tp_all_gather_fp8")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -258,7 +273,7 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "moe_host_sync": False, "cp_ring_merge": False, "sp_regather_input": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
                    "residual_norm_fused": False, "torch_compile": False,
-                   "sp_async_grad_reduce_scatter": False}
+                   "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -273,6 +288,7 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if missing:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
+    values["tp_overlap"] = table.get("tp_overlap", "userbuffers")
     for flag, default in _OPTIONAL_FLAGS.items():
         values[flag] = table.get(flag, default)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
@@ -284,6 +300,9 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
                          + " (bytes: a number >= 0; flags: true or false)")
     if values["stage_split"] not in STAGE_SPLITS:
         raise ValueError(f"frameworks.toml [{name}]: stage_split={values['stage_split']!r}")
+    if values["tp_overlap"] not in TP_OVERLAPS:
+        raise ValueError(f"frameworks.toml [{name}]: tp_overlap={values['tp_overlap']!r} (one "
+                         f"of {', '.join(TP_OVERLAPS)})")
     if values["allocator"] not in ALLOCATORS:
         raise ValueError(f"frameworks.toml [{name}]: allocator={values['allocator']!r} (one of "
                          f"{', '.join(ALLOCATORS)})")
@@ -442,6 +461,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    swiglu_saves_product=profile.swiglu_saves_product,
                    residual_norm_fused=profile.residual_norm_fused,
                    sp_async_grad_reduce_scatter=profile.sp_async_grad_reduce_scatter,
+                   tp_all_gather_fp8=profile.tp_all_gather_fp8,
                    embedding_grad_bytes=profile.embedding_grad_bytes or 0.0,
                    bias_grad_bytes=profile.bias_grad_bytes or 0.0,
                    qkv_split_grad_bytes=profile.qkv_split_grad_bytes or 0.0,

@@ -192,8 +192,9 @@ class LayerWork:
             regather = f"{block} input all-gather"
             again = ([CommSeg(f"{label} input all-gather", "tp", "all_gather", nbytes,
                               duration_s=exposed[regather])] if regather in exposed else [])
-            return [CommSeg(f"{label} all-gather", "tp", "all_gather", nbytes,
-                            duration_s=exposed.get(ag)), *body, *again,
+            return [CommSeg(f"{label} all-gather", "tp", "all_gather",
+                            self._tp_gather_bytes * self._bsh, duration_s=exposed.get(ag)),
+                    *body, *again,
                     CommSeg(f"{label} reduce-scatter", "tp", "reduce_scatter", nbytes,
                             duration_s=exposed.get(rs))]
         return [*body, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes)]

@@ -119,6 +119,12 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     all-gather`` in :attr:`tp_comm_exposed_s`). False: not counted (a framework that saves
     the gathered input, :attr:`sp_saves_gathered_input`, has no second gather;
     :mod:`workloads.frameworks`)."""
+    tp_all_gather_fp8: bool = False
+    """Under ``precision: fp8``, the TP all-gathers of a layer (the sequence-parallel input
+    before the QKV and first MLP GEMMs, and the backward's all-gather of the output gradient
+    before the output projection's and second MLP GEMM's) move the fp8 cast, 1 byte an
+    element, not bf16: torchao's Float8 tensor parallelism casts before it gathers
+    (:mod:`workloads.frameworks`). The reduce-scatters stay bf16."""
     sp_async_grad_reduce_scatter: bool = False
     """With sequence parallelism and without TP communication overlap, the backward's
     reduce-scatter of the QKV and first MLP GEMMs' input gradient runs beside their weight
@@ -461,6 +467,12 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
         if self.expert_tp is None:
             return self._shards // self.ep
         return self._shards * self.tp // (self.expert_tp * self.ep)
+
+    @property
+    def _tp_gather_bytes(self) -> float:
+        """Bytes an element of a layer's TP all-gathers: 1 under ``precision: fp8`` with
+        :attr:`tp_all_gather_fp8`, else bf16's 2."""
+        return 1.0 if self.tp_all_gather_fp8 and self.precision == "fp8" else BF16
 
     @property
     def _bsh(self) -> float:
