@@ -132,6 +132,38 @@ def test_each_step_time_follows_from_the_published_metric(source: str) -> None:
         assert row.step_time_s == pytest.approx(expected, rel=1e-5), (source, row.run)
 
 
+def test_every_corpus_file_is_listed_in_the_validation_readme() -> None:
+    """sim/data/validation/README.md's table names every shipped source, with its run count."""
+    readme = (CORPUS_DIR / "README.md").read_text(encoding="utf-8")
+    for path in corpus_files(CORPUS_DIR):
+        line = next((x for x in readme.splitlines() if x.startswith(f"| `{path.name}` |")), None)
+        assert line is not None, path.name
+        runs = int(line.split("|")[-3].strip())
+        assert runs == len(load_source(path).rows), path.name
+
+
+def test_korthikanti_rows_pair_full_and_selective_recompute_on_one_layout() -> None:
+    """Korthikanti et al. 2022 table 5: each model twice on one layout (DP 1), full recompute
+    without SP and selective recompute with SP; the selective rows' times give Megatron-LM's
+    README MFU (at 2e90a34: 41.5, 51.4, 56.0, 56.3%) by 72 B s l h^2 (1 + s/(6h) + V/(12 l h))
+    over 312 teraFLOP/s per A100, within the table's rounding."""
+    rows = load_source(CORPUS_DIR / "korthikanti2022_megatron.csv").rows
+    layout = ("num_layers", "hidden_size", "num_gpus", "tp", "pp", "vpp", "micro_batch_size",
+              "global_batch_size")
+    full = {r.get("num_layers"): r for r in rows if r.get("recompute") == "full"}
+    sel = {r.get("num_layers"): r for r in rows if r.get("recompute") == "selective"}
+    assert full.keys() == sel.keys() and len(full) == 4
+    mfu = {"48": 0.415, "96": 0.514, "105": 0.560, "128": 0.563}
+    for layers, row in sel.items():
+        assert [row.get(k) for k in layout] == [full[layers].get(k) for k in layout]
+        assert row.get("dp") == "1" and row.get("sequence_parallel") == "true"
+        assert full[layers].get("sequence_parallel") == "false"
+        assert full[layers].step_time_s > row.step_time_s
+        flops = _megatron_flops(row, "tflops_per_gpu_megatron")
+        achieved = flops / (row.step_time_s * int(row.get("num_gpus")) * 312e12)
+        assert achieved == pytest.approx(mfu[layers], abs=0.0025), layers
+
+
 # ---------------------------------------------------------------- loading and mapping
 def _fixture_row(**changes: str) -> dict:
     """A small run (GPT-3 1.3B on one DGX A100) in corpus form; the step time is made up."""

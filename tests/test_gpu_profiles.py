@@ -261,7 +261,8 @@ def test_cudnn_changes_only_the_attention_cores_time() -> None:
 def test_megatron_h100_rows_run_te_fused_attention() -> None:
     """The corpus's Megatron-Core, NeMo and Megatron-Bridge rows run Transformer Engine's
     DotProductAttention, which selects cuDNN's fused attention on Hopper; the llm-foundry,
-    torchtitan and Llama 3 rows do not run TE attention and keep their own kernels."""
+    torchtitan and Llama 3 rows do not run TE attention and keep their own kernels; MLPerf's
+    2023 GPT-3 rows ran TE versions that took flash-attn."""
     from sim.corpus import CORPUS_DIR, load_source
 
     def kinds(name: str) -> set[str]:
@@ -271,6 +272,11 @@ def test_megatron_h100_rows_run_te_fused_attention() -> None:
         assert kinds(name) == {"cudnn"}, name
     assert kinds("torchtitan_llama31") == {"flash2"}
     assert "cudnn" not in kinds("llmfoundry_mpt") | kinds("dubey2024_llama3_405b")
+    # MLPerf's 2023 GPT-3 runs predate that choice: Transformer Engine release_v0.8 calls
+    # flash-attn 1's flash_attn_unpadded_func, and TE 09ba842 (v3.1) takes flash-attn before
+    # FusedAttention when both are available
+    assert kinds("mlperf_training_v30_gpt3") == {"flash1"}
+    assert kinds("mlperf_training_v31_gpt3") == {"flash2"}
 
 
 # ---------------------------------------------------------------- whole runs on H100, BF16
