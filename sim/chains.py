@@ -41,8 +41,11 @@ class Forest:
 
     @classmethod
     def of(cls, cause: np.ndarray) -> Forest:
-        """The forest of ``cause`` (copied and made read-only). ValueError on a cycle."""
-        kept = np.array(cause, dtype=np.int64)
+        """The forest of ``cause`` (copied and made read-only, unless it is a read-only int64
+        array owning its data: shared). ValueError on a cycle."""
+        shared = (isinstance(cause, np.ndarray) and cause.dtype == np.int64
+                  and cause.flags.owndata and not cause.flags.writeable)
+        kept = cause if shared else np.array(cause, dtype=np.int64)
         at, order, parent, bounds = level_plan(kept)
         for values in (kept, at, order, parent):
             values.flags.writeable = False
@@ -92,18 +95,24 @@ class Hint:
             self.trusted = True
             return
         self.trusted = self.cause is None
-        self.cause = np.array(cause, dtype=np.int64)
-        self.cause.flags.writeable = False
-        self.forest = None
+        kept = np.array(cause, dtype=np.int64)
+        kept.flags.writeable = False
+        self.cause, self.forest = kept, None
 
     def forest_of(self, cause: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                     list[int]]:
-        """:func:`level_plan` of ``cause``, kept where they are the latest run's causes."""
-        if self.cause is not None and (cause is self.cause or _equal(cause, self.cause)):
-            if self.forest is None:
-                self.forest = Forest.of(self.cause)
-            return self.forest.layout()
-        return level_plan(cause)
+        """:func:`level_plan` of ``cause``, kept where they are the latest run's causes (the
+        layout handed out is always that of a forest made from causes equal to ``cause``,
+        whatever another thread records meanwhile)."""
+        forest = self.forest
+        if forest is not None and (cause is forest.cause or _equal(cause, forest.cause)):
+            return forest.layout()
+        latest = self.cause
+        if latest is None or not (cause is latest or _equal(cause, latest)):
+            return level_plan(cause)
+        forest = Forest.of(latest)
+        self.forest = forest
+        return forest.layout()
 
 
 def _forest_or_none(cause: np.ndarray) -> Forest | None:
