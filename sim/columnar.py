@@ -6,7 +6,9 @@ when its latest predecessor (dependency or stream predecessor) ends, in one pass
 the ids, which this module does on arrays (:class:`~workloads.program.Columns`, those of
 a :class:`~workloads.program.ColumnarInstructions` or of
 :func:`~workloads.program.columns_of`): the only per-instruction Python work
-left is the recurrence of the end times (a loop over plain lists, :func:`_ends`);
+left is the recurrence of the end times (a loop over plain lists, :func:`_ends`; a
+program whose structure ran before sums the times along that run's chains of latest
+predecessors instead, where they hold again: :func:`_recurrence_along`);
 durations are timed once per compute signature, stream predecessors, the
 intervals the statistics read, memory peaks and event counts come out of array
 operations. It computes exactly (the same floating-point operations on the
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from base.machine import machine
+from sim.chains import Forest, Hint
 from sim.colshape import shape_of
 from sim.intervalcols import IntervalColumns, grouped
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM
@@ -43,7 +46,8 @@ class ColumnarPass:
 
     ready_s: array
     """Per instruction, when its last predecessor completed (when it starts): doubles."""
-    end_s: list[float]
+    end_s: array
+    """Per instruction, when it completes: doubles."""
     cause: array
     """Per instruction, its latest-finishing predecessor (-1: none), stream predecessor
     first among equals, then the first dependency that ended strictly later: int64 (what
@@ -78,7 +82,9 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     negative compute, send or collective duration, a dependency on a later id): the
     caller then runs the general passes on the instruction objects. What depends on the
     program's structure alone (:class:`_Plan`) is kept on its shape
-    (:func:`sim.colshape.shape_of`), made by :func:`_plan` on first use.
+    (:func:`sim.colshape.shape_of`), made by :func:`_plan` on first use; so are the latest
+    run's latest predecessors (:class:`sim.chains.Hint`), along which the end times are
+    summed where they hold again (:func:`_recurrence_along`), else by the loop.
     """
     n = len(columns)
     cls = columns.cls
@@ -95,14 +101,26 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     total = np.where(compute, duration + blocking, columns.fixed_s)
     if (total < 0).any():  # (a collective's)
         return None
-    ready_a, end, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
+    # the chains of the latest run of this structure, where they held then: the end times
+    # summed along them, if every latest predecessor agrees (else the loop)
+    hint = shape.derived(("chains",), Hint) if shape.kept else None
+    guess = hint.guess() if hint is not None else None
+    found = (_recurrence_along(guess, total, plan.prev, plan.deps) if guess is not None
+             else None)
+    if found is None:
+        ready_a, _, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
+    else:
+        ready_a, end_a, cause = found
+    if hint is not None:
+        hint.saw(cause)
     mid = ready_a + duration  # a compute op's compute span ends here, its blocking part after
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
     clock = float(end_a.max()) if n else 0.0
     peaks, floors = _memory_of(plan.memory, columns, static_bytes)
     intervals = (plan.intervals.of(ready_a, mid, end_a) if plan.intervals is not None
                  else _intervals(columns, plan.dense, ready_a, mid, end_a))
-    return ColumnarPass(machine(ready_a, "d"), end, machine(cause, "q"), intervals, peaks,
+    return ColumnarPass(machine(ready_a, "d"), machine(end_a, "d"), machine(cause, "q"),
+                        intervals, peaks,
                         floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
 
 
@@ -202,23 +220,60 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
     """
     if plan is None:
         end_s = _ends(prev, deps, total)
-        dep_cols = [np.ascontiguousarray(deps[:, c]) for c in range(deps.shape[1])]
+        dep_cols = []
+        for c in range(deps.shape[1]):  # (each instruction's come first)
+            col = np.ascontiguousarray(deps[:, c])
+            if not (col >= 0).any():
+                break
+            dep_cols.append(col)
     else:
         end_s = _ends_with(plan.ends, deps, total)
         dep_cols = plan.deps
     end = np.fromiter(end_s, dtype=float, count=len(end_s))  # (np.array: 7.1 -> 5.3 ms, 1T)
+    ready, best = _latest(prev, dep_cols, end)
+    return ready, end_s, end, best
+
+
+def _recurrence_along(forest: Forest, total: np.ndarray, prev: np.ndarray,
+                      dep_cols: list[np.ndarray]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """:func:`_recurrence` (its ready times, end times as an array and causes) where the
+    latest predecessors are ``forest``'s, else None (nothing changed).
+
+    With each instruction's latest predecessor known, its end is that one's end plus its
+    ``total`` (``0.0 + total`` for none): the loop's addition, so the end times are the
+    sums of ``total`` along the chains, summed a level of the forest at a time
+    (:meth:`sim.chains.Forest.sums`). They are the loop's exactly where the latest
+    predecessors by those times, picked as :func:`_recurrence` picks them (the
+    comparisons the loop makes, in its order), are the forest's for every instruction: in
+    id order, each instruction's predecessors then have the loop's ends (dependencies on
+    earlier ids only, :attr:`_Plan.in_order`), and its end is the largest of theirs plus
+    its total. Any other outcome returns None; the caller runs the loop. ``prev``,
+    ``dep_cols``: the stream predecessors and the dependency columns in use
+    (:attr:`_Plan.prev`, :attr:`_Plan.deps`)."""
+    if len(forest.cause) != len(total):
+        return None
+    end = forest.sums(total)
+    ready, best = _latest(prev, dep_cols, end)
+    if not np.array_equal(best, forest.cause):
+        return None
+    return ready, end, forest.cause
+
+
+def _latest(prev: np.ndarray, dep_cols: list[np.ndarray], end: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Per instruction, its ready time (the latest end of its predecessors, 0 for none) and
+    latest predecessor (-1: none): the stream predecessor, unless a dependency ended
+    strictly later (the first such of the latest), in the order of the loop's comparisons."""
     ends = np.append(end, -1.0)  # an absent predecessor (-1) reads -1.0, which never wins
     t = ends[prev]
     best = prev.copy()
     for col in dep_cols:  # dependencies in order: a strictly later one wins
-        if plan is None and not (col >= 0).any():  # (each instruction's come first)
-            break
         e = ends[col]
         later = e > t
         t = np.where(later, e, t)
         best = np.where(later, col, best)
-    ready = np.where(t < 0.0, 0.0, t)
-    return ready, end_s, end, best
+    return np.where(t < 0.0, 0.0, t), best
 
 
 def _ends(prev: np.ndarray, deps: np.ndarray, total: np.ndarray) -> list[float]:

@@ -53,6 +53,7 @@ from operator import sub
 import numpy as np
 
 from base.collector import gc_paused
+from sim.chains import Hint, level_plan, levels, sum_levels
 from sim.colshape import shape_of
 from sim.intervalcols import grouped
 from sim.timeline import COMM_KINDS, IDLE_CAUSES
@@ -225,16 +226,17 @@ def _chain_rows(start: array[float], cause: array[int], end_s: Sequence[float],
     plus its own span in its part (``part``; a compute op's blocking communication,
     ``blocked``, first in that kind's part, the rest of its span in ``bubble``): one
     addition per part, as the loop makes it. So the rows are summed a level of the forest
-    at a time (:func:`_levels`: a few array operations per level, and the chains are as
-    long as the step's critical path, not as the program), in any order within a level.
+    at a time (:func:`sim.chains.levels`: a few array operations per level, and the chains
+    are as long as the step's critical path, not as the program), in any order within a
+    level.
     None where ``cause`` is not a forest (the loop then decides)."""
     n = len(cause)
     parent = np.frombuffer(cause, dtype=np.int64)
     up = np.where(parent < 0, n, parent).astype(np.int32)  # n: the zero row before a root
-    levels = _levels(up)
-    if levels is None:
+    found = levels(up)
+    if found is None:
         return None
-    order, bounds = levels
+    order, bounds = found
     begin_of = np.frombuffer(start, dtype=float)
     end_of = (np.frombuffer(end_s, dtype=float) if isinstance(end_s, array)
               else np.asarray(end_s, dtype=float))
@@ -536,7 +538,7 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     (a send or collective to its kind's, a compute op to ``bubble``, less its blocking
     communication, which goes to that kind's): the chain sums of a part are a running
     sum along the chains (:func:`_chain_sums`, here on rows laid out by
-    :func:`_level_plan` and read through each instruction's row). The gaps of all GPUs
+    :func:`sim.chains.level_plan` and read through each instruction's row). The gaps of all GPUs
     are split at once (:func:`_split_gaps`, one row of gaps per GPU). None (the caller
     takes the general path) where a compute op's blocking communication is of a kind
     outside :data:`_PARTS`: it then adds to ``bubble`` twice. What depends on the
@@ -557,14 +559,16 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     amount = np.where(plan.blocked, span - blocking, span)
     # per instruction a row of what it adds to each part used (the owns of _chain_sums: its
     # amount in its part, a blocked op's blocking communication in that kind's, 0.0 elsewhere),
-    # the rows in the level order of the chains; summed there in place (row n: zero)
-    at, order, parent, bounds = _level_plan(cause)
+    # the rows in the level order of the chains (their layout kept with the causes, where
+    # they are the latest run's of this shape: sim.chains.Hint); summed there in place (row
+    # n: zero)
+    at, order, parent, bounds = shape_of(columns).derived(("chains",), Hint).forest_of(causes)
     rows_of = np.arange(n)
     matrix = np.zeros((n + 1, len(plan.used)))
     matrix[rows_of, plan.column_of.take(order)] = amount.take(order)
     mine = np.flatnonzero(plan.blocked.take(order))
     matrix[mine, plan.comm_column_of.take(order.take(mine))] = blocking.take(order.take(mine))
-    _sum_levels(matrix, parent, bounds)
+    sum_levels(matrix, parent, bounds)
     run_end = float(end.max())
     last = int(np.argmax(end == run_end))  # the first instruction to end the run
     lo, hi = window if window is not None else (0.0, run_end)
@@ -673,8 +677,9 @@ def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:
     an array of shape ``(len(owns), n + 1)`` whose last column is zero (the sum before a
     root).
 
-    Worked out a level of the chains' tree at a time (:func:`_level_plan`,
-    :func:`_sum_levels`): each level's sums are their causes' (a level up, done) plus their
+    Worked out a level of the chains' tree at a time (:func:`sim.chains.level_plan`,
+    :func:`sim.chains.sum_levels`): each level's sums are their causes' (a level up, done)
+    plus their
     own values, the additions a loop from the roots makes, on rows of all arrays at once;
     the rows laid out level by level, so that a level is a slice and only the parents'
     rows are gathered. ~2,700 levels of 392,000 instructions in Megatron 1T: 60 ms with
@@ -683,107 +688,11 @@ def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:
     n, k = len(cause), len(owns)
     if not n:
         return np.zeros((k, 1))
-    at, _, parent, bounds = _level_plan(cause)
+    at, _, parent, bounds = level_plan(cause)
     sums = np.zeros((n + 1, k))
     sums[at[:n]] = np.stack(owns, axis=1)
-    _sum_levels(sums, parent, bounds)
+    sum_levels(sums, parent, bounds)
     return sums[at].T
-
-
-def _level_plan(cause: Sequence[int]
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
-    """The chains' tree (``cause[i]``: the parent of ``i``, -1 for a root) laid out a level at
-    a time (:func:`_levels`) for :func:`_sum_levels`: per instruction its row in that layout
-    (``at``, ``n + 1`` long: ``at[n] = n``, the zero row before a root), per row its
-    instruction (``order``, the inverse of ``at``) and its parent's row (a level up), and where
-    each level's rows end. ValueError on a cycle."""
-    n = len(cause)
-    up = np.asarray(cause, dtype=np.intp)
-    up = np.where(up < 0, n, up)  # a root's cause: the zero row
-    levels = _levels(up)
-    if levels is None:
-        raise ValueError("the chains' causes form a cycle")
-    order, bounds = levels
-    at = np.empty(n + 1, dtype=np.intp)
-    at[order] = np.arange(n)
-    at[n] = n
-    return at, order, at.take(up.take(order)), bounds
-
-
-def _sum_levels(rows: np.ndarray, parent: np.ndarray, bounds: Sequence[int]) -> None:
-    """Add to each row of ``rows`` (laid out by :func:`_level_plan`; the last one zero) its
-    parent's, a level at a time from the roots, in place: each row becomes the sum of its
-    chain's values added one by one from the root (``parent + own``: the loop's additions,
-    on the rows of a level at once)."""
-    lo = 0
-    for hi in bounds:
-        level = rows[lo:hi]
-        np.add(rows.take(parent[lo:hi], axis=0), level, out=level)
-        lo = hi
-
-
-def _levels(up: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
-    """The nodes of a forest (``up[i]``: the parent of node ``i``, ``len(up)`` for a root)
-    grouped by depth: their order (by depth, stable) and where each depth's group ends;
-    None where ``up`` has a cycle. The depths by pointer jumping (:func:`_depths`: exact on
-    integers, ~log2(depth) steps on arrays; 32-bit where the nodes allow, as full runs have
-    millions)."""
-    depth = _depths(up)
-    if depth is None:
-        return None
-    small = int(depth.max()) <= np.iinfo(np.uint16).max  # a radix sort on small keys
-    order = np.argsort(depth.astype(np.uint16) if small else depth, kind="stable")
-    return order, np.cumsum(np.bincount(depth)).tolist()
-
-
-def _depths(up: np.ndarray) -> np.ndarray | None:
-    """Each node's depth in the forest ``up`` (hops to its root; ``up[i] = len(up)``: a
-    root), None where ``up`` has a cycle: :func:`_depths_by_jumping` on the forest of the
-    runs of nodes each the parent of the next (``up[i] == i - 1``; two thirds of Megatron
-    1T's 392,000 instructions continue the chain of the one before them). A run's depths are
-    its head's plus the offsets; its head's parent is a node of another run, a hop of that
-    node's offset + 1 below that run's head. The same integers, the jumps on a third of the
-    nodes (1T: 18-22 -> 12 ms; 18,000 instructions of GPT-3 175B: 0.28 -> 0.22 ms)."""
-    n = len(up)
-    kind = np.int32 if n < np.iinfo(np.int32).max else np.intp
-    up = up.astype(kind, copy=False)
-    node = np.arange(n, dtype=kind)
-    head = np.empty(n, dtype=bool)
-    head[:1] = True  # node 0's parent is never -1
-    np.not_equal(up[1:], node[:-1], out=head[1:])
-    heads = np.flatnonzero(head).astype(kind)
-    run = np.cumsum(head, dtype=kind)
-    run -= 1  # each node's run
-    parent = up.take(heads)
-    root = parent >= n
-    above = np.where(root, 0, parent)
-    at = run.take(above)
-    found = _depths_by_jumping(np.where(root, len(heads), at),
-                               np.where(root, 0, above - heads.take(at) + 1))
-    if found is None:
-        return None
-    return np.repeat(found - heads, np.diff(np.append(heads, n))) + node
-
-
-def _depths_by_jumping(up: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray | None:
-    """Each node's depth in the forest ``up`` (``up[i] = len(up)``: a root), the sum of the
-    ``weight`` of each node on its way up (its hop to its parent; 1 where None), by pointer
-    jumping: each step doubles how far a node's pointer reaches and adds what it skips,
-    exact on integers, ~log2(depth) steps on arrays; None where ``up`` has a cycle. The
-    reference of :func:`_depths` (``tests/test_idle.py``)."""
-    n = len(up)
-    kind = np.int32 if n < np.iinfo(np.int32).max else np.intp
-    jump = np.append(up, n).astype(kind)
-    depth = (np.append(up < n, False).astype(kind) if weight is None
-             else np.append(np.where(up < n, weight, 0), 0).astype(kind))  # to jump[i]
-    for _ in range(n.bit_length()):  # a depth below n needs fewer steps than its bits
-        if jump.min() >= n:  # (every pointer at the root)
-            break
-        depth += depth.take(jump)
-        jump = jump.take(jump)
-    if jump.min() < n:  # a pointer that never reaches a root: a cycle
-        return None
-    return depth[:n]
 
 
 def summarize(per_gpu: Mapping[int, Mapping[str, float]]) -> dict:

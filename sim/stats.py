@@ -59,7 +59,12 @@ def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
 
 
 def _length(intervals: Sequence[tuple[float, float]]) -> float:
-    return sum(b - a for a, b in intervals)
+    """The summed lengths, added one by one from 0 (as ``sum`` did before Python 3.12, which
+    compensates: :class:`_Merged`'s cumulative sum gives these floats on every version)."""
+    total = 0
+    for a, b in intervals:
+        total += b - a
+    return total
 
 
 def _minus(a: Sequence[tuple[float, float]], b: Sequence[tuple[float, float]]) -> float:
@@ -100,7 +105,7 @@ class _Merged:
     The same floats as :func:`_union` and :func:`_length` of the same intervals:
     empty intervals dropped, the rest sorted by start and merged where one starts
     at or before the running end (the running maximum of ends, exact), the
-    length summed in order by Python's ``sum`` of the differences.
+    length summed in order (:func:`_length`: a cumulative sum).
     """
 
     __slots__ = ("hi", "length", "lo", "pairs")
@@ -123,7 +128,11 @@ class _Merged:
                                ) if len(starts) else np.zeros(0, dtype=np.intp)
         last = np.append(first[1:] - 1, len(starts) - 1) if len(first) else first
         self.lo, self.hi = starts[first], reach[last]
-        self.length = sum((self.hi - self.lo).tolist())
+        # _length's sum, one by one from 0: a cumulative sum (its first addition, 0 + the first
+        # length, is exact: every merged interval is longer than zero), not a list of floats
+        # (~385 merged intervals: ~12 -> ~3 us)
+        lengths = self.hi - self.lo
+        self.length = float(np.cumsum(lengths)[-1]) if len(lengths) else 0
 
     def __bool__(self) -> bool:
         return bool(len(self.lo))
@@ -145,10 +154,11 @@ class _Merged:
         total = int(count.sum())
         if not total:
             return self.length - 0.0
-        a = np.repeat(np.arange(len(alo)), count)
-        offsets = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
-        b = np.repeat(j, count) + offsets
-        overlap = np.minimum(ahi[a], bhi[b]) - np.maximum(alo[a], blo[b])
+        # each of ours repeated once per busy interval it meets; those busy intervals' indices
+        # run from its j on (an offset within its repeats: the pair's number less its first)
+        b = np.repeat(j - (np.cumsum(count) - count), count) + np.arange(total)
+        overlap = (np.minimum(np.repeat(ahi, count), bhi.take(b))
+                   - np.maximum(np.repeat(alo, count), blo.take(b)))
         # _minus adds them one by one from 0.0: a cumulative sum, not a (pairwise) np.sum
         return self.length - float(np.cumsum(overlap)[-1])
 

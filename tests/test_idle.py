@@ -220,38 +220,38 @@ def test_chain_rows_equal_the_cumulative_loop(fidelity: str) -> None:
 
 
 def test_levels_group_a_forest_by_depth_and_refuse_a_cycle() -> None:
-    """:func:`sim.idle._levels`, the one level order both chain-sum fast paths use: every
+    """:func:`sim.chains.levels`, the one level order both chain-sum fast paths use: every
     node after its parent, grouped by depth (roots first, each group in id order), and None
     where the parents form a cycle (the callers then keep the loop or refuse)."""
     import numpy as np
 
-    import sim.idle as idle_module
+    from sim import chains
 
     # 0 and 3 roots (parent 6 = len); 1 <- 0, 2 <- 1, 4 <- 3, 5 <- 1
-    order, bounds = idle_module._levels(np.array([6, 0, 1, 6, 3, 1]))
+    order, bounds = chains.levels(np.array([6, 0, 1, 6, 3, 1]))
     assert order.tolist() == [0, 3, 1, 4, 2, 5]
     assert bounds == [2, 4, 6]
-    assert idle_module._levels(np.array([1, 2, 0, 4])) is None  # 0 -> 1 -> 2 -> 0
+    assert chains.levels(np.array([1, 2, 0, 4])) is None  # 0 -> 1 -> 2 -> 0
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 1 << 30)), max_size=60))
 def test_depths_by_runs_equal_the_pointer_jumping(nodes: list[tuple[bool, int]]) -> None:
-    """:func:`sim.idle._depths` (the jumps on the runs of nodes each the parent of the next)
-    gives the depths of :func:`sim.idle._depths_by_jumping` (the reference, every node), and
+    """:func:`sim.chains.depths` (the jumps on the runs of nodes each the parent of the next)
+    gives the depths of :func:`sim.chains.depths_by_jumping` (the reference, every node), and
     None for the same cycles; drawn forests mostly of runs, with roots, jumps back and
     forward, and cycles."""
     import numpy as np
 
-    import sim.idle as idle_module
+    from sim import chains
 
     n = len(nodes)
     # a run continues (parent i - 1) or the node's parent is any node or the root (n)
     up = np.array([i - 1 if chain and i else pick % (n + 1) for i, (chain, pick)
                    in enumerate(nodes)], dtype=np.intp)
-    fast, reference = idle_module._depths(up), idle_module._depths_by_jumping(up)
+    fast, reference = chains.depths(up), chains.depths_by_jumping(up)
     assert (fast is None) == (reference is None)
     if reference is not None:
         assert fast.dtype == reference.dtype and fast.tolist() == reference.tolist()
-        assert idle_module._depths_by_jumping(up, np.ones(n, dtype=np.intp)).tolist() == \
+        assert chains.depths_by_jumping(up, np.ones(n, dtype=np.intp)).tolist() == \
             reference.tolist()

@@ -200,7 +200,7 @@ def test_columnar_pass_equals_the_event_queue(layout: tuple) -> None:
     timeline, counters, times = _columnar_run(program)
     assert not program.instructions.built and not timeline.records_made
     reference, ref_counters, ref_times = _reference(program)
-    assert list(times.ready_s) == ref_times.ready_s and times.end_s == ref_times.end_s
+    assert list(times.ready_s) == ref_times.ready_s and list(times.end_s) == ref_times.end_s
     assert counters.events == ref_counters.events
     assert counters.instructions == len(ref_times.end_s)
     assert _sorted_intervals(times.intervals) == _sorted_intervals(
@@ -254,7 +254,7 @@ def test_many_dependencies_take_the_general_loop_of_the_pass() -> None:
     assert program.instructions.columns.deps.shape[1] > columnar.WIDE
     timeline, counters, times = _columnar_run(program)
     reference, ref_counters, ref_times = _reference(program)
-    assert (list(times.ready_s), times.end_s) == (ref_times.ready_s, ref_times.end_s)
+    assert (list(times.ready_s), list(times.end_s)) == (ref_times.ready_s, ref_times.end_s)
     assert counters.events == ref_counters.events
     assert timeline == reference
 

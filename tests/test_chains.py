@@ -1,0 +1,127 @@
+"""End times summed along a guessed forest of latest predecessors (:mod:`sim.chains`,
+:func:`sim.columnar._recurrence_along`) are the loop's, or are not used.
+
+The engine's queue-free pass tries the latest run's causes of a program structure on the
+next run of it: the end times summed along them, kept only where every instruction's
+latest predecessor by those times is the guessed one. Here: on drawn dependency graphs and
+times (ties, zeros, negative zeros, NaN), a guess from other times either gives None or
+the reference loop's ready times, end times and causes bit for bit, and a guess from the
+same times always holds; on collapsible experiments, a sequence of passes on one kept
+shape at changing costs (the hint held, failed, tried again) gives a cold pass's results
+every time; the hint's trust follows the runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import collapsible_experiments
+
+from sim import colshape, columnar
+from sim.api import simulate
+from sim.chains import Forest, Hint
+from sim.experiment import build_experiment
+from workloads.program import ColumnarInstructions
+
+TIMES = st.sampled_from([0.0, -0.0, 0.25, 1 / 3, 1.5, 2.0, float("nan")])
+
+
+def _graph(rows: list) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Stream predecessors, a dependency matrix (each row's first) and its columns in use,
+    from drawn rows (as ``test_recurrence_equals_the_plain_loop``)."""
+    n = len(rows)
+    prev = np.array([i - back if back and i - back >= 0 else -1
+                     for i, (back, _) in enumerate(rows)], dtype=np.int64)
+    found = [sorted({i - b for b in backs if i - b >= 0}) for i, (_, backs) in enumerate(rows)]
+    width = max((len(d) for d in found), default=0)
+    deps = np.full((n, width), -1, dtype=np.int64)
+    for i, d in enumerate(found):
+        deps[i, :len(d)] = d
+    cols = [np.ascontiguousarray(deps[:, c]) for c in range(width)]
+    return prev, deps, cols
+
+
+def _bits(values: np.ndarray) -> bytes:
+    return np.ascontiguousarray(values, dtype=float).tobytes()
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(1, 6), max_size=5)),
+                min_size=1, max_size=40), st.data())
+def test_a_guessed_forest_gives_the_loop_or_nothing(rows: list, data: st.DataObject) -> None:
+    n = len(rows)
+    prev, deps, cols = _graph(rows)
+    guessed_from = np.array(data.draw(st.lists(TIMES, min_size=n, max_size=n)))
+    total = np.array(data.draw(st.one_of(st.just(guessed_from.tolist()),
+                                         st.lists(TIMES, min_size=n, max_size=n))))
+    guess = Forest.of(columnar._recurrence(prev, deps, guessed_from)[3])
+    ready, end_s, end, cause = columnar._recurrence(prev, deps, total)
+    found = columnar._recurrence_along(guess, total, prev, cols)
+    if _bits(total) == _bits(guessed_from):
+        assert found is not None  # the run's own causes always hold
+    if found is not None:
+        got_ready, got_end, got_cause = found
+        assert _bits(got_ready) == _bits(ready) and _bits(got_end) == _bits(end_s)
+        assert _bits(got_end) == _bits(end) and got_cause.tolist() == cause.tolist()
+
+
+def test_the_hint_is_tried_after_a_first_run_and_after_two_that_agree() -> None:
+    hint = Hint()
+    assert hint.guess() is None
+    first = np.array([-1, 0, 1, 0])
+    hint.saw(first)
+    forest = hint.guess()  # tried after the first run
+    assert forest is not None and forest.cause.tolist() == first.tolist()
+    assert hint.forest_of(first.copy())[1] is forest.order  # the idle breakdown's, kept
+    other = np.array([-1, 0, 0, 0])
+    hint.saw(other)  # the causes changed: not tried on the next run
+    assert hint.guess() is None
+    assert hint.forest_of(first)[1].tolist() == Forest.of(first).order.tolist()  # not kept
+    hint.saw(other.copy())  # the same twice: tried again
+    assert hint.guess().cause.tolist() == other.tolist()
+
+
+SETTINGS = settings(max_examples=30, derandomize=True, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+@SETTINGS
+@given(collapsible_experiments(),
+       st.lists(st.sampled_from([0.5, 1.0, 1.7, 3.0]), min_size=2, max_size=5))
+def test_passes_on_one_shape_at_changing_costs_equal_cold_ones(data: dict,
+                                                                factors: list) -> None:
+    """Passes on a kept shape with every compute time scaled by each factor in turn (the
+    latest causes guessed, holding or not) give a cold pass's times, causes, intervals,
+    memory and events, each."""
+    result = simulate(build_experiment(data), fidelity="collapsed")
+    instrs = result.program.instructions
+    if not isinstance(instrs, ColumnarInstructions):
+        return
+    columns, program = instrs.columns, result.program
+
+    def run(factor: float, cols: object) -> columnar.ColumnarPass | None:
+        def timer(op: object) -> float:
+            return factor * (op.duration_s if op.duration_s is not None else 1e-3)  # type: ignore[attr-defined]
+
+        return columnar.run_columns(cols, timer, program.static_bytes,  # type: ignore[arg-type]
+                                    program.simulated_gpus)
+
+    warm = []
+    colshape.clear()
+    for factor in factors:
+        warm.append(run(factor, dataclasses.replace(columns)))
+    for factor, got in zip(factors, warm, strict=True):
+        colshape.clear()
+        cold = run(factor, dataclasses.replace(columns))
+        if cold is None:
+            assert got is None
+            continue
+        assert got is not None
+        assert _bits(cold.ready_a) == _bits(got.ready_a) and cold.end_s == got.end_s
+        assert list(cold.cause) == list(got.cause)
+        assert (cold.peak_bytes, cold.floor_bytes) == (got.peak_bytes, got.floor_bytes)
+        assert (cold.events, cold.clock) == (got.events, got.clock)
+        assert dict(cold.intervals) == dict(got.intervals)
