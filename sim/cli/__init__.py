@@ -68,9 +68,13 @@ def _parsed(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``sim`` with ``argv``; returns the exit status (2 for any invalid input)."""
+def main(argv: Sequence[str] | None = None, *, until_exit: bool = False) -> int:
+    """Run ``sim`` with ``argv``; returns the exit status (2 for any invalid input).
+    ``until_exit``: the process ends right after (:func:`command`), so a sub-command may
+    leave its large objects to that end (``args.until_exit``) instead of freeing them
+    one by one as it returns."""
     args = _parsed(argv)
+    args.until_exit = until_exit
     try:
         return args.func(args)
     except SimError as exc:
@@ -95,7 +99,7 @@ def command() -> int:
     ends at once (:func:`exit_at_once`: the exit functions run and the standard streams
     are flushed, as before). Not in :func:`main`: a caller that goes on (the tests) keeps
     its collector."""
-    code = main()
+    code = main(until_exit=True)
     gc.freeze()
     exit_at_once(code)
     return code
