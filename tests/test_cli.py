@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -181,3 +182,16 @@ def test_the_executable_ends_at_once_with_the_usual_output_and_status(tmp_path: 
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0 and proc.stdout == want
     assert profile.stat().st_size > 0
+
+
+def test_the_executable_sets_the_allocator_where_the_c_library_is_glibc() -> None:
+    """:func:`sim.cli.keep_freed_memory` (in a child: it is process-wide) takes glibc's
+    parameters where the C library is glibc, and sets nothing elsewhere."""
+    try:
+        glibc = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (OSError, ValueError):
+        glibc = False
+    proc = subprocess.run([sys.executable, "-c", "from sim.cli import keep_freed_memory; "
+                           "print(keep_freed_memory())"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(glibc)
