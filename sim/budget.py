@@ -43,10 +43,12 @@ step without DP, the reference path, the merged jobs of :mod:`sim.jobs`, a colla
 program)."""
 
 
+with DATA_FILE.open("rb") as _fh:
+    _DATA = tomllib.load(_fh)  # (parsed once for both tables below)
+
+
 def _charges(key: str) -> dict[str, int]:
-    with DATA_FILE.open("rb") as fh:
-        data = tomllib.load(fh)
-    return {rep: int(data[rep][key]) for rep in REPRESENTATIONS}
+    return {rep: int(_DATA[rep][key]) for rep in REPRESENTATIONS}
 
 
 BYTES_PER_INSTRUCTION: dict[str, int] = _charges("bytes_per_instruction")

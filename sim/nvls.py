@@ -40,9 +40,14 @@ PIPELINED = {"nvls": "nvls", "nvls_tree": "nvls_tree"}
 
 
 @functools.cache
-def _data() -> dict:
+def tuning_data() -> dict:
+    """All of :data:`DATA_FILE`, parsed once for its readers (this module,
+    :mod:`sim.protocols`, :mod:`sim.treepipe`; read only)."""
     with DATA_FILE.open("rb") as fh:
         return tomllib.load(fh)
+
+
+_data = tuning_data
 
 
 def _section(algo: str) -> dict:

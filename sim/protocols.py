@@ -25,11 +25,11 @@ LL and LL128, as in NCCL; every other algorithm runs Simple. NCCL's per-channel 
 from __future__ import annotations
 
 import functools
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from base.errors import ConfigError
+from sim.nvls import tuning_data
 
 PROTOCOLS = ("simple", "ll128", "ll")
 """Protocols, Simple first (the fallback)."""
@@ -58,10 +58,8 @@ class ProtocolCosts:
     """Bandwidth relative to the links' rate across servers."""
 
 
-@functools.cache
 def _tuning() -> dict:
-    with DATA_FILE.open("rb") as fh:
-        return tomllib.load(fh)["tuning"]
+    return tuning_data()["tuning"]
 
 
 def source() -> str:

@@ -21,16 +21,11 @@ depth x 8 loops, which made the fill at most about an eighth of the buffer.
 
 from __future__ import annotations
 
-import functools
-import tomllib
-
-from sim.nvls import DATA_FILE
+from sim.nvls import tuning_data
 
 
-@functools.cache
 def _data() -> dict:
-    with DATA_FILE.open("rb") as fh:
-        return tomllib.load(fh)["tree"]
+    return tuning_data()["tree"]
 
 
 def buffsize() -> int:

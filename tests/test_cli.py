@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -155,3 +156,42 @@ def test_a_reader_that_leaves_early_is_not_an_error() -> None:
     err = proc.stderr.read()
     assert proc.wait(timeout=120) == 0
     assert err == b""
+
+
+def test_the_executable_ends_at_once_with_the_usual_output_and_status(tmp_path: Path,
+                                                                       capsys) -> None:
+    """``command`` ends the process without the interpreter's teardown
+    (:func:`sim.cli.exit_at_once`): the same JSON and status as :func:`main` in process,
+    the exit functions run after it, the error status is 2, and a profiler that writes its
+    results at the end (``python -m cProfile``) still writes them."""
+    assert main(["run", str(EXAMPLE), "--json"]) == 0
+    want = capsys.readouterr().out
+    script = ("import atexit, sys\n"
+              "atexit.register(lambda: sys.stdout.write('\\nexit functions ran'))\n"
+              f"sys.argv = ['sim', 'run', {str(EXAMPLE)!r}, '--json']\n"
+              "from sim.cli import command\n"
+              "raise SystemExit(command())\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert proc.stdout == want + "\nexit functions ran"
+    _check_error(_run_cli(["run", str(tmp_path / "missing.yaml")]), ["missing.yaml"])
+    profile = tmp_path / "run.prof"
+    proc = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "sim",
+                           "run", str(EXAMPLE), "--json"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == want
+    assert profile.stat().st_size > 0
+
+
+def test_the_executable_sets_the_allocator_where_the_c_library_is_glibc() -> None:
+    """:func:`sim.cli.keep_freed_memory` (in a child: it is process-wide) takes glibc's
+    parameters where the C library is glibc, and sets nothing elsewhere."""
+    try:
+        glibc = (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (OSError, ValueError):
+        glibc = False
+    proc = subprocess.run([sys.executable, "-c", "from sim.cli import keep_freed_memory; "
+                           "print(keep_freed_memory())"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(glibc)

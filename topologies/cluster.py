@@ -44,6 +44,7 @@ import re
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
 
 import networkx as nx
@@ -350,9 +351,11 @@ class Cluster:
                                     f"cluster's gpu is {gpu.name}")
             if any(spec != gpu for spec in specs):
                 self._gpus = specs
-        attrs = {(u, v): d for u, v, d in graph.edges(data=True)}
+        # (the adjacency's own dicts: ~1.5 of the ~13 ms of Megatron 1T's graph that reading
+        # graph.edges(data=True) through its view took)
+        attrs = {(u, v): d for u, nbrs in graph.adjacency() for v, d in nbrs.items()}
         self.links: tuple[Link, ...] = tuple(sorted(attrs))
-        self._link_index = {edge: i for i, edge in enumerate(self.links)}
+        self._link_index = dict(zip(self.links, range(len(self.links)), strict=True))
         self._link_from: dict[str, dict[str, int]] = {}
         """``_link_from[u][v]``: index of link u -> v (small dicts: faster than pairs)."""
         for i, (u, v) in enumerate(self.links):
@@ -361,8 +364,10 @@ class Cluster:
                 self._link_from[u] = {v: i}
             else:
                 out[v] = i
-        self.link_bandwidth_Bps = tuple(attrs[e]["bandwidth_Bps"] for e in self.links)
-        self.link_latency_s = tuple(attrs[e]["latency_s"] for e in self.links)
+        # (map and itemgetter: the loops in C, ~3 of Megatron 1T's ~13 ms here)
+        data = list(map(attrs.__getitem__, self.links))
+        self.link_bandwidth_Bps = tuple(map(itemgetter("bandwidth_Bps"), data))
+        self.link_latency_s = tuple(map(itemgetter("latency_s"), data))
         self._succ = _SortedNeighbours(graph.successors)
         self._pred = _SortedNeighbours(graph.predecessors)
         self._router = _Router(self._succ, self._pred)
@@ -549,7 +554,10 @@ class Cluster:
             if not (isinstance(host, int) and 0 <= host < hosts):
                 return None
             host_of[v] = host
-            attrs = tuple([(k, x) for k, x in data.items() if k != "rank" and k != "host"])
+            rest = data.copy()  # (a copy less two keys: faster than filtering the items)
+            del rest["host"]
+            rest.pop("rank", None)
+            attrs = tuple(rest.items())
             if data.get("kind") == "gpu":
                 members[host][0].append((data["rank"], v, attrs))
             else:

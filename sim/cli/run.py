@@ -20,6 +20,11 @@ from base.outputs import check_output_dir, outputs
 
 __all__ = ["gpu_list", "register", "summary_table"]
 
+LEFT_TO_EXIT: list[object] = []
+"""The experiment and result of a ``sim run`` whose process ends right after it
+(:func:`sim.cli.command`, ``args.until_exit``): kept, so that the process's end returns
+their memory at once instead of the return of :func:`_cmd_run` freeing them object by
+object (~7 ms of Megatron 1T's run)."""
 
 
 def _fmt(value: float | None, spec: str, unit: str = "") -> str:
@@ -189,6 +194,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(summary_table(result.stats))
         if out is not None:
             print("wrote " + ", ".join(str(p) for p in paths.values()))
+    if getattr(args, "until_exit", False):
+        LEFT_TO_EXIT.append((exp, result))
     return 0
 
 
