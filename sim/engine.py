@@ -50,6 +50,7 @@ from sim.fastnet import FastFlowNetwork
 from sim.lanes import lane_blocks
 from sim.network import FlowNetwork
 from sim.plans import CompiledPlan, PlanRun
+from sim.rows import rows_stepper
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
@@ -104,6 +105,9 @@ class EngineCounters:
     stepped: int = 0
     """Blocks of lanes completed in one step (:meth:`_Run._stepper`): how the own heap ran,
     not what it simulated (the rest is the same with none)."""
+    rows: int = 0
+    """Rows of such blocks completed in one step (:func:`sim.rows.rows_stepper`; their blocks
+    counted in ``stepped`` too): likewise how it ran."""
 
 
 @dataclass
@@ -208,6 +212,10 @@ class _Run:
     stepping = True
     """Whether blocks of lanes may complete in one step (:meth:`_stepper`) on the own heap;
     False: one by one, its reference (``tests/test_lanes.py`` runs both)."""
+    rows = True
+    """Whether the DP replicas' blocks of lanes in one heap entry may complete as one
+    two-dimensional block (:func:`sim.rows.rows_stepper`) while ``stepping``; False: block by
+    block, its reference (``tests/test_rows.py`` runs both)."""
 
     def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer,
                  reference: bool = False) -> None:
@@ -312,6 +320,8 @@ class _Run:
         """Per instruction of a packed program, ``L`` where a block of ``L`` lanes begins there
         (:func:`sim.lanes.lane_blocks`), else 0; made with the DAG."""
         self.stepped = 0
+        self.rowed = 0
+        """Rows of blocks completed in one step (:func:`sim.rows.rows_stepper`)."""
         """Blocks of lanes completed in one step (:meth:`_stepper`)."""
         if self.env is None and self.packed[0] is not None:  # the own heap's fast path
             self._release = self._release_packed  # type: ignore[method-assign]
@@ -484,16 +494,23 @@ class _Run:
         if state is None:
             state = self._tables = self._packed_tables()
         (finished, ended, waiting, ready, succ, first, instrs, members, started, mid, timer,
-         heap, code, timed, templates, by_work, tpl, lanes, stepped) = state
+         heap, code, timed, templates, by_work, tpl, lanes, stepped, rows) = state
         now, complete = self.now, self._complete
         key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
         popleft, append = ready.popleft, ready.append
         count = len(ids)
         p = 0
+        flat = rows is None or count < 4  # no rows of blocks to try (any more)
         while p < count:
             i = ids[p]
             size = lanes[i]
-            if size and ids[p:p + size] == list(range(i, i + size)) and stepped(i, size, now):
+            done = 0
+            if size and not flat and count - p >= 2 * size:
+                done = rows(ids, p, i, size, now)
+                flat = not done  # once not: block by block for the rest of ids
+            if done:
+                p += done  # the rows' blocks completed and their successors started
+            elif size and ids[p:p + size] == list(range(i, i + size)) and stepped(i, size, now):
                 p += size  # the block's lanes completed and their successors started
             else:
                 p += 1
@@ -557,7 +574,8 @@ class _Run:
         return (self.finished, self.ended, self.waiting, self.ready, self.succ, self.first,
                 self.program.instructions, self.members, self.started, self.mid, self.timer,
                 self.heap, code, timed, templates, by_work, tpl, self.lanes,
-                self._stepper(code, timed))
+                self._stepper(code, timed),
+                rows_stepper(self, code, timed) if self.rows and self.stepping else None)
 
     def _stepper(self, code: bytes, timed: list) -> Callable[[int, int, float], bool]:
         """``step(b, size, now)``: complete lanes ``b`` ... ``b + size - 1`` (a block of
@@ -666,6 +684,17 @@ class _Run:
             return
         plan = self._plan_of.get(id(rest))
         if plan is None:
+            plan = self._plan_for(rest)
+        if plan.launch_s > 0:
+            self._after_own(plan.launch_s, self._launched_own, (key, plan))
+        else:
+            self._launched_own((key, plan))
+
+    def _plan_for(self, rest: tuple) -> CollectivePlan:
+        """The plan of a packed collective, from its template's ``rest`` (kept per template in
+        ``_plan_of`` and per spec in ``_plans``: the same plan whenever it is asked for)."""
+        plan = self._plan_of.get(id(rest))
+        if plan is None:
             spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
                     rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
             plan = self._plans.get(spec)
@@ -673,10 +702,7 @@ class _Run:
                 plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
                                                            self._profiles, spec[4])
             self._plan_of[id(rest)] = plan
-        if plan.launch_s > 0:
-            self._after_own(plan.launch_s, self._launched_own, (key, plan))
-        else:
-            self._launched_own((key, plan))
+        return plan
 
     def _launched_own(self, value: tuple[int, CollectivePlan]) -> None:
         """:meth:`_launched` on the own heap: a flat plan (:attr:`CompiledPlan.flat`: every
@@ -831,12 +857,45 @@ class _Run:
         self.wake_at = -1.0
         done = self._finish_due(self.now)
         flow_done, ends = self.flow_done, self.flow_ends
+        if self.rows and self.stepping:  # bundles ending in a row release as one list
+            self._finished_flows(done)
+        else:
+            for fid in done:
+                if ends is not None:
+                    del ends[fid]
+                on_done, arg = flow_done.pop(fid)
+                on_done(arg)
+        self._reschedule()
+
+    def _finished_flows(self, done: list[int]) -> None:
+        """:meth:`_on_wake`'s arrivals, where bundles (:meth:`_bundle_done`) that end one after
+        another release their collectives' members as one list: completing it does what
+        releasing them one list after another does (:meth:`_release_packed` completes a list
+        in turn, each completion followed by the starts it frees, and nothing else comes
+        between the calls), and the DP replicas' blocks of lanes, now in one list, may step as
+        rows (:func:`sim.rows.rows_stepper`). The members are taken when their bundle's turn
+        comes, before the bundles before them are released: no instruction a release starts
+        joins a collective whose members have all arrived."""
+        flow_done, ends, members = self.flow_done, self.flow_ends, self.members
+        bundle_done = self._bundle_done
+        ids: list[int] | None = None
         for fid in done:
             if ends is not None:
                 del ends[fid]
             on_done, arg = flow_done.pop(fid)
+            if on_done == bundle_done:
+                mine = members.pop(arg[1])  # type: ignore[index]
+                if ids is None:
+                    ids = mine
+                else:
+                    ids += mine
+                continue
+            if ids is not None:
+                self._release(ids)
+                ids = None
             on_done(arg)
-        self._reschedule()
+        if ids is not None:
+            self._release(ids)
 
     def change_links_at(self, at_s: float, capacity_Bps: Mapping[int, float]) -> None:
         """From ``at_s`` on, links (by index) carry new bandwidths, flows in flight re-rated
@@ -1101,6 +1160,7 @@ class _Run:
         out.rerated_flows = self.net.rerated_flows
         out.bytes_on_link = dict(self.net.bytes_on_link)
         out.stepped = self.stepped
+        out.rows = self.rowed
 
 
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,
