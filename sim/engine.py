@@ -1068,6 +1068,8 @@ class _Run:
             self.env.run()
         self._check_finished(self.now)
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
+        if isinstance(self.net, FastFlowNetwork):
+            self.net.settle()  # the bytes each link carried: the log freed before the summaries
         self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
         self.lanes = bytearray()
         if self.env is not None:  # the reference makes the records at once
