@@ -403,6 +403,8 @@ class _Run:
         events in a row (nothing can come between them), and completes them in that
         order."""
         heap, complete, release, each = self.heap, _Run._complete, self._release, _Run._each
+        launched, launched_all = self._launched_own, self._launched_all
+        started, started_all = self._bundle_start, self._bundle_start_all
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
@@ -414,8 +416,13 @@ class _Run:
                 if value is self.calls:
                     self.calls = None
                 callback, values = value
-                for value in values:
-                    callback(value)
+                if callback == launched:
+                    launched_all(values)
+                elif callback == started:
+                    started_all(values)
+                else:
+                    for value in values:
+                        callback(value)
             else:
                 callback(value)
 
@@ -746,6 +753,52 @@ class _Run:
                 self._after(0, self._refresh)
         else:
             PlanRun(self, compiled, self._finish_collective, key)._delayed(group)
+
+    def _launched_all(self, values: list[tuple[int, CollectivePlan]]) -> None:
+        """:meth:`_launched_own` of each value in turn (a heap entry's launches), the run's
+        look-ups bound once and a flat plan's start scheduled inline (:meth:`_after_own`'s
+        step): the same calls, in the same order."""
+        compiled_of, start, heap = self._compiled, self._bundle_start, self.heap
+        now = self.now
+        for value in values:
+            key, plan = value
+            steps = plan.transfers
+            compiled = compiled_of.get(id(steps)) if steps else None
+            if compiled is None or not compiled.flat or not self.bundling:
+                self._launched_own(value)
+                continue
+            at = now + compiled.later[0][0]  # _after_own, inline
+            events, calls = self.events, self.calls
+            if (calls is not None and self.calls_seq == events and self.calls_at == at
+                    and calls[0] == start):
+                calls[1].append((compiled, key))
+            else:
+                self.calls = calls = (start, [(compiled, key)])
+                self.calls_at = at
+                heappush(heap, (at, events + 1, _Run._each, calls))
+            self.events = self.calls_seq = events + 1
+
+    def _bundle_start_all(self, values: list[tuple[CompiledPlan, int]]) -> None:
+        """:meth:`_bundle_start` of each value in turn (a heap entry's bundle starts), the
+        run's look-ups bound once: the same calls, in the same order."""
+        start_bundle = self.net.start_bundle  # type: ignore[attr-defined]
+        flow_done, done, now = self.flow_done, self._bundle_done, self.now
+        for value in values:
+            compiled = value[0]
+            routes = compiled.routes
+            if routes is None or not self.bundling:
+                self._bundle_start(value)
+                continue
+            fid = self.flows
+            if start_bundle(now, fid, routes, compiled.nbytes[0]):
+                self.flows = fid + len(routes)
+                flow_done[fid] = (done, value)
+                if not self.refresh_pending:
+                    self.refresh_pending = True
+                    self._after(0, self._refresh)
+            else:
+                PlanRun(self, compiled, self._finish_collective, value[1])._delayed(
+                    compiled.later[0][1])
 
     def _bundle_done(self, value: tuple[CompiledPlan, int]) -> None:
         self._release(self.members.pop(value[1]))  # _finish_collective, inline

@@ -38,9 +38,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workloads.packed import (
+    COLLECTIVE_ALGO,
     COLLECTIVE_DURATION_S,
     COLLECTIVE_GROUP,
     COLLECTIVE_KEY,
+    COLLECTIVE_NBYTES,
+    COLLECTIVE_OP,
+    COLLECTIVE_SKEW,
     COMPUTE_BLOCKING_S,
 )
 from workloads.program import COLLECTIVE, COMPUTE
@@ -72,8 +76,8 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     tpl_a = np.frombuffer(tpl, dtype=np.int32)
     shapes: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
     limit = len(tpl)  # every array's length: the program's instructions
-    arrived_packed, plan_for, plan_of = run._arrived_packed, run._plan_for, run._plan_of.get
-    after_own, launched_own = run._after_own, run._launched_own
+    arrived_packed, plan_for, plans = run._arrived_packed, run._plan_for, run._plans
+    launched_own = run._launched_own
 
     def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
         rows = (len(ids) - p) // size
@@ -151,7 +155,9 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                         return 0  # it would start before the row's last lane
                     plan = None
                     if have >= need and rest[COLLECTIVE_DURATION_S] is None:
-                        plan = plan_of(id(rest))
+                        plan = plans.get((rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO],
+                                          rest[COLLECTIVE_GROUP], rest[COLLECTIVE_NBYTES],
+                                          rest[COLLECTIVE_SKEW]))  # _plan_for's, if made
                         if plan is None:
                             plan = plan_for(rest)
                         if not plan.launch_s > 0:
@@ -188,8 +194,17 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                 members[key] = list(range(head, head + size))
             else:
                 arrived.extend(range(head, head + size))
-            if plan is not None:  # _arrived_packed, inline: its launch
-                after_own(plan.launch_s, launched_own, (key, plan))
+            if plan is not None:  # _arrived_packed, inline: its launch (_after_own's step)
+                at = now + plan.launch_s
+                calls, events = run.calls, run.events
+                if (calls is not None and run.calls_seq == events and run.calls_at == at
+                        and calls[0] == launched_own):
+                    calls[1].append((key, plan))
+                else:
+                    run.calls = calls = (launched_own, [(key, plan)])
+                    run.calls_at = at
+                    heappush(heap, (at, events + 1, _Run._each, calls))
+                run.events = run.calls_seq = events + 1
             elif start:
                 arrived_packed(rest, key)
         return count
