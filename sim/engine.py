@@ -50,6 +50,7 @@ from sim.fastnet import FastFlowNetwork
 from sim.lanes import lane_blocks
 from sim.network import FlowNetwork
 from sim.plans import CompiledPlan, PlanRun
+from sim.rows import rows_stepper
 from sim.selection import CollectivePlan, GroupProfile, collective_plan
 from sim.timeline import FlowArrow, MemorySample, Span, Timeline, summaries_of, timeline_of
 from topologies.cluster import Cluster, Endpoint, Route
@@ -104,6 +105,9 @@ class EngineCounters:
     stepped: int = 0
     """Blocks of lanes completed in one step (:meth:`_Run._stepper`): how the own heap ran,
     not what it simulated (the rest is the same with none)."""
+    rows: int = 0
+    """Rows of such blocks completed in one step (:func:`sim.rows.rows_stepper`; their blocks
+    counted in ``stepped`` too): likewise how it ran."""
 
 
 @dataclass
@@ -208,6 +212,10 @@ class _Run:
     stepping = True
     """Whether blocks of lanes may complete in one step (:meth:`_stepper`) on the own heap;
     False: one by one, its reference (``tests/test_lanes.py`` runs both)."""
+    rows = True
+    """Whether the DP replicas' blocks of lanes in one heap entry may complete as one
+    two-dimensional block (:func:`sim.rows.rows_stepper`) while ``stepping``; False: block by
+    block, its reference (``tests/test_rows.py`` runs both)."""
 
     def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer,
                  reference: bool = False) -> None:
@@ -312,6 +320,8 @@ class _Run:
         """Per instruction of a packed program, ``L`` where a block of ``L`` lanes begins there
         (:func:`sim.lanes.lane_blocks`), else 0; made with the DAG."""
         self.stepped = 0
+        self.rowed = 0
+        """Rows of blocks completed in one step (:func:`sim.rows.rows_stepper`)."""
         """Blocks of lanes completed in one step (:meth:`_stepper`)."""
         if self.env is None and self.packed[0] is not None:  # the own heap's fast path
             self._release = self._release_packed  # type: ignore[method-assign]
@@ -393,6 +403,8 @@ class _Run:
         events in a row (nothing can come between them), and completes them in that
         order."""
         heap, complete, release, each = self.heap, _Run._complete, self._release, _Run._each
+        launched, launched_all = self._launched_own, self._launched_all
+        started, started_all = self._bundle_start, self._bundle_start_all
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
@@ -404,8 +416,13 @@ class _Run:
                 if value is self.calls:
                     self.calls = None
                 callback, values = value
-                for value in values:
-                    callback(value)
+                if callback == launched:
+                    launched_all(values)
+                elif callback == started:
+                    started_all(values)
+                else:
+                    for value in values:
+                        callback(value)
             else:
                 callback(value)
 
@@ -484,16 +501,23 @@ class _Run:
         if state is None:
             state = self._tables = self._packed_tables()
         (finished, ended, waiting, ready, succ, first, instrs, members, started, mid, timer,
-         heap, code, timed, templates, by_work, tpl, lanes, stepped) = state
+         heap, code, timed, templates, by_work, tpl, lanes, stepped, rows) = state
         now, complete = self.now, self._complete
         key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
         popleft, append = ready.popleft, ready.append
         count = len(ids)
         p = 0
+        flat = rows is None or count < 4  # no rows of blocks to try (any more)
         while p < count:
             i = ids[p]
             size = lanes[i]
-            if size and ids[p:p + size] == list(range(i, i + size)) and stepped(i, size, now):
+            done = 0
+            if size and not flat and count - p >= 2 * size:
+                done = rows(ids, p, i, size, now)
+                flat = not done  # once not: block by block for the rest of ids
+            if done:
+                p += done  # the rows' blocks completed and their successors started
+            elif size and ids[p:p + size] == list(range(i, i + size)) and stepped(i, size, now):
                 p += size  # the block's lanes completed and their successors started
             else:
                 p += 1
@@ -557,7 +581,8 @@ class _Run:
         return (self.finished, self.ended, self.waiting, self.ready, self.succ, self.first,
                 self.program.instructions, self.members, self.started, self.mid, self.timer,
                 self.heap, code, timed, templates, by_work, tpl, self.lanes,
-                self._stepper(code, timed))
+                self._stepper(code, timed),
+                rows_stepper(self, code, timed) if self.rows and self.stepping else None)
 
     def _stepper(self, code: bytes, timed: list) -> Callable[[int, int, float], bool]:
         """``step(b, size, now)``: complete lanes ``b`` ... ``b + size - 1`` (a block of
@@ -666,6 +691,17 @@ class _Run:
             return
         plan = self._plan_of.get(id(rest))
         if plan is None:
+            plan = self._plan_for(rest)
+        if plan.launch_s > 0:
+            self._after_own(plan.launch_s, self._launched_own, (key, plan))
+        else:
+            self._launched_own((key, plan))
+
+    def _plan_for(self, rest: tuple) -> CollectivePlan:
+        """The plan of a packed collective, from its template's ``rest`` (kept per template in
+        ``_plan_of`` and per spec in ``_plans``: the same plan whenever it is asked for)."""
+        plan = self._plan_of.get(id(rest))
+        if plan is None:
             spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
                     rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
             plan = self._plans.get(spec)
@@ -673,10 +709,7 @@ class _Run:
                 plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
                                                            self._profiles, spec[4])
             self._plan_of[id(rest)] = plan
-        if plan.launch_s > 0:
-            self._after_own(plan.launch_s, self._launched_own, (key, plan))
-        else:
-            self._launched_own((key, plan))
+        return plan
 
     def _launched_own(self, value: tuple[int, CollectivePlan]) -> None:
         """:meth:`_launched` on the own heap: a flat plan (:attr:`CompiledPlan.flat`: every
@@ -720,6 +753,52 @@ class _Run:
                 self._after(0, self._refresh)
         else:
             PlanRun(self, compiled, self._finish_collective, key)._delayed(group)
+
+    def _launched_all(self, values: list[tuple[int, CollectivePlan]]) -> None:
+        """:meth:`_launched_own` of each value in turn (a heap entry's launches), the run's
+        look-ups bound once and a flat plan's start scheduled inline (:meth:`_after_own`'s
+        step): the same calls, in the same order."""
+        compiled_of, start, heap = self._compiled, self._bundle_start, self.heap
+        now = self.now
+        for value in values:
+            key, plan = value
+            steps = plan.transfers
+            compiled = compiled_of.get(id(steps)) if steps else None
+            if compiled is None or not compiled.flat or not self.bundling:
+                self._launched_own(value)
+                continue
+            at = now + compiled.later[0][0]  # _after_own, inline
+            events, calls = self.events, self.calls
+            if (calls is not None and self.calls_seq == events and self.calls_at == at
+                    and calls[0] == start):
+                calls[1].append((compiled, key))
+            else:
+                self.calls = calls = (start, [(compiled, key)])
+                self.calls_at = at
+                heappush(heap, (at, events + 1, _Run._each, calls))
+            self.events = self.calls_seq = events + 1
+
+    def _bundle_start_all(self, values: list[tuple[CompiledPlan, int]]) -> None:
+        """:meth:`_bundle_start` of each value in turn (a heap entry's bundle starts), the
+        run's look-ups bound once: the same calls, in the same order."""
+        start_bundle = self.net.start_bundle  # type: ignore[attr-defined]
+        flow_done, done, now = self.flow_done, self._bundle_done, self.now
+        for value in values:
+            compiled = value[0]
+            routes = compiled.routes
+            if routes is None or not self.bundling:
+                self._bundle_start(value)
+                continue
+            fid = self.flows
+            if start_bundle(now, fid, routes, compiled.nbytes[0]):
+                self.flows = fid + len(routes)
+                flow_done[fid] = (done, value)
+                if not self.refresh_pending:
+                    self.refresh_pending = True
+                    self._after(0, self._refresh)
+            else:
+                PlanRun(self, compiled, self._finish_collective, value[1])._delayed(
+                    compiled.later[0][1])
 
     def _bundle_done(self, value: tuple[CompiledPlan, int]) -> None:
         self._release(self.members.pop(value[1]))  # _finish_collective, inline
@@ -831,12 +910,45 @@ class _Run:
         self.wake_at = -1.0
         done = self._finish_due(self.now)
         flow_done, ends = self.flow_done, self.flow_ends
+        if self.rows and self.stepping:  # bundles ending in a row release as one list
+            self._finished_flows(done)
+        else:
+            for fid in done:
+                if ends is not None:
+                    del ends[fid]
+                on_done, arg = flow_done.pop(fid)
+                on_done(arg)
+        self._reschedule()
+
+    def _finished_flows(self, done: list[int]) -> None:
+        """:meth:`_on_wake`'s arrivals, where bundles (:meth:`_bundle_done`) that end one after
+        another release their collectives' members as one list: completing it does what
+        releasing them one list after another does (:meth:`_release_packed` completes a list
+        in turn, each completion followed by the starts it frees, and nothing else comes
+        between the calls), and the DP replicas' blocks of lanes, now in one list, may step as
+        rows (:func:`sim.rows.rows_stepper`). The members are taken when their bundle's turn
+        comes, before the bundles before them are released: no instruction a release starts
+        joins a collective whose members have all arrived."""
+        flow_done, ends, members = self.flow_done, self.flow_ends, self.members
+        bundle_done = self._bundle_done
+        ids: list[int] | None = None
         for fid in done:
             if ends is not None:
                 del ends[fid]
             on_done, arg = flow_done.pop(fid)
+            if on_done == bundle_done:
+                mine = members.pop(arg[1])  # type: ignore[index]
+                if ids is None:
+                    ids = mine
+                else:
+                    ids += mine
+                continue
+            if ids is not None:
+                self._release(ids)
+                ids = None
             on_done(arg)
-        self._reschedule()
+        if ids is not None:
+            self._release(ids)
 
     def change_links_at(self, at_s: float, capacity_Bps: Mapping[int, float]) -> None:
         """From ``at_s`` on, links (by index) carry new bandwidths, flows in flight re-rated
@@ -1009,6 +1121,8 @@ class _Run:
             self.env.run()
         self._check_finished(self.now)
         del self.succ, self.first, self.waiting  # the DAG's state, not the records': memory
+        if isinstance(self.net, FastFlowNetwork):
+            self.net.settle()  # the bytes each link carried: the log freed before the summaries
         self._tables = None  # 9 bytes a template, at the summaries' peak otherwise
         self.lanes = bytearray()
         if self.env is not None:  # the reference makes the records at once
@@ -1101,6 +1215,7 @@ class _Run:
         out.rerated_flows = self.net.rerated_flows
         out.bytes_on_link = dict(self.net.bytes_on_link)
         out.stepped = self.stepped
+        out.rows = self.rowed
 
 
 def simulate_program(program: Program, cluster: Cluster, timer: ComputeTimer,

@@ -89,15 +89,21 @@ def _packed_columns(instrs: PackedInstructions) -> StreamColumns:
     third_of[cls_of == COMPUTE] = 0
     del third
     tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
-    key = (np.frombuffer(instrs.gpu, dtype=np.int32).astype(np.int64) * 3
-           + cls_of[tpl]) * len(codes) + third_of[tpl]
+    gpu = np.frombuffer(instrs.gpu, dtype=np.int32)
+    # the key in 4 bytes where it fits (half the memory traffic of its gathers, the same
+    # stable order: a stable sort's order depends only on the values)
+    wide = max((int(gpu.max(initial=0)) * 3 + 3) * len(codes), len(tpl)) >= 2**31
+    kind = np.int64 if wide else np.int32
+    key = ((gpu.astype(kind) * 3 + cls_of.astype(kind)[tpl]) * len(codes)
+           + third_of.astype(kind)[tpl])
     order = np.argsort(key, kind="stable")
     key = key[order]
     same = np.flatnonzero(key[1:] == key[:-1])
     del key
-    before = np.full(len(tpl), -1, dtype=np.int64)
+    before = np.full(len(tpl), -1, dtype=kind)
     before[order[same + 1]] = order[same]
     del order, same
+    before = before.astype(np.int64, copy=False)
     ndeps = np.diff(np.frombuffer(instrs.first, dtype=np.int64))
     flat = np.frombuffer(instrs.deps, dtype=np.int32).astype(np.int64)
     return StreamColumns(before, ndeps, flat)

@@ -1,0 +1,212 @@
+"""Rows of lane blocks stepped as one (:meth:`sim.engine._Run._start_ready`): the DP replicas'
+copies of one block of TP lanes (:mod:`sim.lanes`), completing in one heap entry, as one
+two-dimensional block.
+
+The DP replicas of a pipeline stage run the same program at the same times in the ideal
+case: a heap entry of compute ends (or the members of the collectives that end at one
+wake-up) then lists ``R`` blocks of ``L`` lanes, block ``r`` at ``b + r * D``, and each is
+stepped by :meth:`sim.engine._Run._stepper` in turn. :func:`rows_stepper` does the ``R`` steps
+at once, on arrays, where that provably does what they do one after another:
+
+- every row is the block at ``b`` shifted by ``r * D``: a block of ``L`` lanes
+  (``lanes[b + r * D] == L``), as many successors, each lane 0's shifted by ``r * D``; and the
+  successor blocks of one row lie in a window of at most ``D`` ids (lane 0's first to its
+  last successor's last lane), so that rows' successor blocks are apart from one another;
+- every successor block's counters are one value over all rows and lanes, greater than 0
+  (no row's lanes are among another's successors: those are running, their counters 0);
+- at most one successor block is freed, on every row alike, and it is a compute op of one
+  template on all rows, of positive time and timed by its work alone (so each row's start
+  extends the same heap entry, the next ``L`` events: ``R * L`` of them in all), or a
+  collective on every row, of distinct keys, each of whose start (where the row's lanes are
+  its last members) only schedules an event (a collective of a precomputed duration, or a
+  plan with a launch time: :meth:`sim.engine._Run._arrived_packed`): nothing it does reads
+  or writes the counters, times or ready queue that the other rows' completions do.
+
+Then completing row ``r`` and starting what it freed touches nothing the other rows read,
+and the starts are made in the rows' order: the same counters, times, members, heap entries
+and event numbers as the rows stepped one after another. Anything else returns 0 and the
+caller steps the rows one by one (:attr:`sim.engine._Run.rows` False: always; the reference
+``tests/test_rows.py`` runs beside it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from heapq import heappush
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from workloads.packed import (
+    COLLECTIVE_ALGO,
+    COLLECTIVE_DURATION_S,
+    COLLECTIVE_GROUP,
+    COLLECTIVE_KEY,
+    COLLECTIVE_NBYTES,
+    COLLECTIVE_OP,
+    COLLECTIVE_SKEW,
+    COMPUTE_BLOCKING_S,
+)
+from workloads.program import COLLECTIVE, COMPUTE
+
+if TYPE_CHECKING:
+    from sim.engine import _Run
+
+
+def rows_stepper(run: _Run, code: bytes, timed: list
+                 ) -> Callable[[list[int], int, int, int, float], int]:
+    """``step(ids, p, b, size, now)``: where ``ids[p:]`` is ``R >= 2`` rows of ``size`` lanes,
+    row ``r`` at ``b + r * D`` (``D`` from the second row's first id), complete them and start
+    what they free in one step (the module's rules); the ids consumed (``R * size``), or 0
+    with nothing done. The run's arrays are bound once, as NumPy views (they keep their
+    length for the run)."""
+    from sim.engine import _Run  # the heap entry's mark
+
+    templates, tpl, by_work, _ = run.packed
+    succ, first, lanes, members, heap = run.succ, run.first, run.lanes, run.members, run.heap
+    timer, instrs = run.timer, run.program.instructions
+    waiting_a = np.frombuffer(run.waiting, dtype=np.int32)
+    finished_a = np.frombuffer(run.finished, dtype=np.uint8)
+    ended_a = np.frombuffer(run.ended, dtype=np.float64)
+    started_a = np.frombuffer(run.started, dtype=np.float64)
+    mid_a = np.frombuffer(run.mid, dtype=np.float64)
+    lanes_a = np.frombuffer(lanes, dtype=np.uint8)
+    first_a = np.frombuffer(first, dtype=np.int64)
+    succ_a = np.frombuffer(succ, dtype=np.int32)
+    tpl_a = np.frombuffer(tpl, dtype=np.int32)
+    shapes: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+    limit = len(tpl)  # every array's length: the program's instructions
+    arrived_packed, plan_for, plans = run._arrived_packed, run._plan_for, run._plans
+    launched_own = run._launched_own
+
+    def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
+        rows = (len(ids) - p) // size
+        if rows < 2:
+            return 0
+        apart = ids[p + size] - b
+        if apart < size:
+            return 0
+        span = rows * apart  # the rows as views: [b:b + span] as rows x apart, size of each
+        if b + span > limit:
+            return 0  # (a view would run past the end: the last ids, rows one by one)
+        shape = shapes.get((size, apart, rows))
+        if shape is None:
+            shift = np.arange(rows, dtype=np.int64) * apart
+            shape = shapes[(size, apart, rows)] = (
+                shift, (shift[:, None] + np.arange(size, dtype=np.int64)).ravel())
+        shift, offsets = shape
+        count = rows * size
+        if ids[p:p + count] != (offsets + b).tolist():
+            return 0
+        if not (lanes_a[b:b + span:apart] == size).all():
+            return 0
+        heads = succ[first[b]:first[b + 1]]
+        if heads:
+            degree = len(heads)
+            if heads[-1] + size - heads[0] > apart or heads[-1] + span > limit:
+                return 0  # the rows' successor blocks could meet, or a view run past the end
+            at = first_a[b:b + span:apart]
+            if not (first_a[b + 1:b + 1 + span:apart] - at == degree).all():
+                return 0
+            freed = -1
+            places = []
+            for e, h in enumerate(heads):
+                if not (succ_a[at + e] == shift + h).all():
+                    return 0
+                counts = waiting_a[h:h + span].reshape(rows, apart)[:, :size]
+                w = int(counts[0, 0])
+                if w <= 0 or not (counts == w).all():
+                    return 0
+                places.append(counts)
+                if w == 1:
+                    if freed >= 0:
+                        return 0  # two freed per lane: their starts interleave
+                    freed = h
+        else:
+            freed, places = -1, []
+        if freed >= 0:
+            t = tpl[freed]
+            c = code[t]
+            if c == COMPUTE:
+                if not by_work or not (tpl_a[freed:freed + span:apart] == t).all():
+                    return 0  # the timer reads the GPU, or the rows' ops differ
+                pair = timed[t]
+                if pair is None:
+                    duration = timer(instrs._make(freed))
+                    pair = timed[t] = (duration,
+                                       duration + templates[t][2][COMPUTE_BLOCKING_S])
+                duration, total = pair
+                if not total > 0:
+                    return 0
+            elif c == COLLECTIVE:
+                starting = []
+                keys = []
+                for head in range(freed, freed + rows * apart, apart):
+                    tr = tpl[head]
+                    if code[tr] != COLLECTIVE:
+                        return 0
+                    rest = templates[tr][2]
+                    key = rest[COLLECTIVE_KEY]
+                    keys.append(key)
+                    arrived = members.get(key)
+                    have = (len(arrived) if arrived is not None else 0) + size
+                    need = len(rest[COLLECTIVE_GROUP])
+                    if have - 1 >= need:
+                        return 0  # it would start before the row's last lane
+                    plan = None
+                    if have >= need and rest[COLLECTIVE_DURATION_S] is None:
+                        plan = plans.get((rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO],
+                                          rest[COLLECTIVE_GROUP], rest[COLLECTIVE_NBYTES],
+                                          rest[COLLECTIVE_SKEW]))  # _plan_for's, if made
+                        if plan is None:
+                            plan = plan_for(rest)
+                        if not plan.launch_s > 0:
+                            return 0  # its start may do more than schedule an event
+                    starting.append((head, rest, key, arrived, have >= need, plan))
+                if len(set(keys)) < rows:
+                    return 0  # two rows' members of one collective
+            else:
+                return 0
+        run.stepped += rows
+        run.rowed += 1
+        finished_a[b:b + span].reshape(rows, apart)[:, :size] = 1
+        ended_a[b:b + span].reshape(rows, apart)[:, :size] = now
+        for counts in places:
+            counts -= 1
+        if freed < 0:
+            return count
+        started_a[freed:freed + span].reshape(rows, apart)[:, :size] = now
+        if c == COMPUTE:
+            mid_a[freed:freed + span].reshape(rows, apart)[:, :size] = now + duration
+            at = now + total  # the rows' starts, in turn, extend one heap entry
+            batch, events = run.batch, run.events
+            ends = (offsets + freed).tolist()
+            if batch is not None and run.batch_seq == events and run.batch_at == at:
+                batch.extend(ends)
+            else:
+                run.batch = batch = ends
+                run.batch_at = at
+                heappush(heap, (at, events + 1, _Run._complete, batch))
+            run.events = run.batch_seq = events + count
+            return count
+        for head, rest, key, arrived, start, plan in starting:
+            if arrived is None:
+                members[key] = list(range(head, head + size))
+            else:
+                arrived.extend(range(head, head + size))
+            if plan is not None:  # _arrived_packed, inline: its launch (_after_own's step)
+                at = now + plan.launch_s
+                calls, events = run.calls, run.events
+                if (calls is not None and run.calls_seq == events and run.calls_at == at
+                        and calls[0] == launched_own):
+                    calls[1].append((key, plan))
+                else:
+                    run.calls = calls = (launched_own, [(key, plan)])
+                    run.calls_at = at
+                    heappush(heap, (at, events + 1, _Run._each, calls))
+                run.events = run.calls_seq = events + 1
+            elif start:
+                arrived_packed(rest, key)
+        return count
+
+    return step

@@ -1,0 +1,94 @@
+"""Rows of lane blocks (the DP replicas' copies of a TP group's block) completed in one step
+(:mod:`sim.rows`) against block by block (:attr:`sim.engine._Run.rows` False, the
+reference) and one by one (``stepping`` False): the same statistics as ``stats.json`` writes
+them, the timeline's records, every instruction's three times bit for bit and the engine's
+counters, on random experiments (every schedule, stragglers, mixed GPUs, link faults) and on
+GPT-3 175B runs where nearly every block steps in a row, with and without a straggler or a
+degraded link that makes the replicas differ."""
+
+from __future__ import annotations
+
+from array import array
+from functools import partial
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from strategies import experiments, link_changes
+
+from sim import api, engine
+from sim.experiment import Experiment, build_experiment
+
+
+def _run(exp: Experiment, changes: list, stepping: bool, rows: bool) -> tuple:
+    """``exp`` at full fidelity with or without stepping, with or without rows: what the run
+    shows and computes, and how it ran (blocks and rows stepped)."""
+    times, counters = engine.InstructionTimes(), engine.EngineCounters()
+    saved = api.simulate_program
+    api.simulate_program = partial(saved, counters=counters, times=times)
+    engine._Run.stepping, engine._Run.rows = stepping, rows
+    try:
+        result = api.simulate(exp, fidelity="full", link_changes=changes)
+    finally:
+        api.simulate_program = saved
+        engine._Run.stepping = engine._Run.rows = True
+    shown = (api.stats_json(result.stats),) + tuple(
+        getattr(result.timeline, what)
+        for what in ("spans", "flows", "memory", "collectives", "peak_memory_by_gpu"))
+    computed = tuple(array("d", values).tobytes()
+                     for values in (times.ready_s, times.end_s, times.mid_s))
+    count = (counters.events, counters.instructions, counters.flows,
+             counters.rate_recomputations, counters.rerated_flows,
+             list(counters.bytes_on_link.items()))
+    return shown, computed, count, (counters.stepped, counters.rows)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(experiments())
+def test_rows_equal_block_by_block(data: dict) -> None:
+    """Random experiments: the same statistics, records, times and counters with rows, block
+    by block and one by one."""
+    exp = build_experiment(data)
+    changes = link_changes(exp)
+    rows = _run(exp, changes, True, True)
+    assert rows[:3] == _run(exp, changes, True, False)[:3]
+    assert rows[:3] == _run(exp, changes, False, False)[:3]
+
+
+def _gpt3(dp: int, **extra: object) -> Experiment:
+    return Experiment.from_dict({
+        "name": "rows", "model": {"preset": "gpt3-175b"},
+        "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8 * 4 * dp},
+        "parallel": {"tp": 8, "pp": 4, "dp": dp},
+        "training": {"micro_batch_size": 1, "global_batch_size": 4 * dp}, **extra})
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+def test_rows_of_gpt3_replicas(dp: int) -> None:
+    """GPT-3 175B, TP 8, PP 4, DP ``dp``: nearly every block steps in a row of ``dp``, and
+    the run is the one block by block and one by one, byte for byte."""
+    exp = _gpt3(dp)
+    rows = _run(exp, [], True, True)
+    blocks = _run(exp, [], True, False)
+    assert rows[:3] == blocks[:3] == _run(exp, [], False, False)[:3]
+    assert rows[3][0] == blocks[3][0]  # the same blocks stepped, now in rows
+    assert rows[3][1] * dp > 0.9 * rows[3][0]  # most of them in rows
+    assert blocks[3][1] == 0
+
+
+def test_rows_with_a_straggler() -> None:
+    """A straggler: the timer reads the GPU, so no compute op starts in a row (rows that free
+    only collective members or nothing still step), and the run is the reference's."""
+    exp = _gpt3(4, faults={"stragglers": [{"gpu": 9, "slowdown": 1.25}]})
+    rows = _run(exp, [], True, True)
+    assert rows[:3] == _run(exp, [], True, False)[:3] == _run(exp, [], False, False)[:3]
+
+
+def test_rows_with_a_slow_link() -> None:
+    """A link of one replica degraded mid-step: its collectives end later, its blocks leave
+    the rows (unequal counters, ids no longer in rows), and the run is the reference's."""
+    exp = _gpt3(4)
+    links = [k for k, ends in enumerate(exp.cluster.links) if "gpu40" in ends]
+    changes = [(0.05, {k: exp.cluster.link_bandwidth_Bps[k] * 0.25 for k in links})]
+    rows = _run(exp, changes, True, True)
+    assert rows[:3] == _run(exp, changes, True, False)[:3] == _run(exp, changes, False, False)[:3]
