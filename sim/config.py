@@ -257,7 +257,9 @@ class ParallelConfig(Strict):
     (megatron/core/distributed/distributed_data_parallel.py, ``DistributedDataParallel.__init__``
     at core_r0.8.0) of the profile's gradient bytes, i.e. 80 MB of bf16 up to dp = 40;
     Megatron-Bridge 128 Mi parameters (its ``CommOverlapConfig``); under these three only
-    stage 0 is cut into buckets, every later model chunk being one (Megatron-core); a
+    stage 0 is cut into buckets, every later model chunk being one (Megatron-core);
+    nemo-launcher apex DistributedFusedAdam's 125 MiB of bf16 gradients (the launcher's
+    ``bucket_cap_mb``) on every model chunk; a
     profile without a rule (deepspeed, fsdp, scaling, llm-foundry): PyTorch DDP's
     ``bucket_cap_mb=25``. A value given here overrides the profile."""
     overlap_param_gather: bool = False

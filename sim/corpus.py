@@ -41,10 +41,13 @@ COLUMNS = (
     "layers_per_stage")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
-OPTIONAL_COLUMNS = ("cuda_graph_scope",)
+OPTIONAL_COLUMNS = ("cuda_graph_scope", "grad_bucket_MB")
 """Columns a corpus CSV may add after :data:`COLUMNS`, in this order (a file whose runs all
 leave them empty need not have them): ``cuda_graph_scope``, the parts of each MoE layer the
-run captured in CUDA graphs, ``+``-separated (``training.cuda_graph_scope``)."""
+run captured in CUDA graphs, ``+``-separated (``training.cuda_graph_scope``);
+``grad_bucket_MB``, the run's gradient bucket of ``overlap_grad_reduce`` in MB (1e6 B) where
+its own config sets one other than its framework profile's rule
+(``parallel.grad_bucket_MB``)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
             "sequence_parallel", "zero_stage", "schedule", "micro_batch_size",
@@ -58,7 +61,7 @@ INTS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "ffn
         "vpp", "zero_stage", "micro_batch_size", "global_batch_size", "recompute_num_layers",
         "expert_tp")
 """Whole-number columns (empty allowed where not :data:`REQUIRED`)."""
-FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib")
+FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib", "grad_bucket_MB")
 """Real-number columns; a value given must be positive and finite."""
 LISTS = ("layers_per_stage",)
 """Columns of whole numbers separated by spaces (``1 2 2 1``: a list in the experiment)."""
@@ -162,6 +165,8 @@ class CorpusRow:
             cluster["nics_per_node"] = int(v["nics_per_node"])
         parallel = {k: int(v[k]) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage")}
         parallel["sequence_parallel"] = v["sequence_parallel"] == "true"
+        if v["grad_bucket_MB"]:
+            parallel["grad_bucket_MB"] = float(v["grad_bucket_MB"])
         training: dict = {"micro_batch_size": int(v["micro_batch_size"]),
                           "global_batch_size": int(v["global_batch_size"]),
                           "recompute": v["recompute"], "attention": v["attention"]}
@@ -260,7 +265,7 @@ def _check(path: Path, i: int, rec: dict) -> CorpusRow:
             if not ok:
                 raise ConfigError(f"{where}: {k}={rec[k]!r} is not a positive whole number")
     for k in FLOATS:
-        if rec[k]:
+        if rec.get(k):
             try:
                 x = float(rec[k])
             except ValueError:

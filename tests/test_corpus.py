@@ -494,3 +494,28 @@ def test_validate_with_a_missing_corpus_directory_is_one_error_line(
     assert main(["validate", "--data", str(HAGEMANN_SWEEP), "--corpus", "/nonexistent"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --corpus") and err.count("\n") == 1
+
+
+def test_a_grad_bucket_column_reaches_the_experiment_and_is_checked(tmp_path: Path) -> None:
+    """The optional ``grad_bucket_MB`` column (after ``cuda_graph_scope``) is the run's own
+    bucket (``parallel.grad_bucket_MB``); empty or absent, the profile's rule; a value that is
+    not a positive number is an error naming it. The MLPerf GPT-3 rows give apex's 100 MiB."""
+    def write(path: Path, bucket: str) -> Path:
+        header = [*COLUMNS, "cuda_graph_scope", "grad_bucket_MB"]
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, header, lineterminator="\n")
+            w.writeheader()
+            w.writerow(_fixture_row(overlap_grad_reduce="true") | {"cuda_graph_scope": "",
+                                                                    "grad_bucket_MB": bucket})
+        return path
+
+    given = load_source(write(tmp_path / "a.csv", "104.8576")).rows[0].experiment()
+    assert given["parallel"]["grad_bucket_MB"] == 104.8576
+    assert "grad_bucket_MB" not in load_source(write(tmp_path / "b.csv", "")).rows[0] \
+        .experiment()["parallel"]
+    with pytest.raises(ConfigError, match="grad_bucket_MB='-1'"):
+        load_source(write(tmp_path / "c.csv", "-1"))
+    for name in ("mlperf_training_v30_gpt3", "mlperf_training_v31_gpt3"):
+        rows = load_source(CORPUS_DIR / f"{name}.csv").rows
+        assert all(r.experiment()["parallel"]["grad_bucket_MB"] == 100 * 1024 * 1024 / 1e6
+                   for r in rows)

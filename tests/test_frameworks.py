@@ -1028,6 +1028,20 @@ def test_megatron_bridge_buckets_are_128mi_parameters(dp: int) -> None:
     assert "comm_overlap.py" in bridge.source("grad_bucket_params")
 
 
+@pytest.mark.parametrize("dp", [1, 16, 336])
+def test_nemo_launcher_buckets_are_apex_ones_on_every_chunk(dp: int) -> None:
+    """NeMo 1's apex DistributedFusedAdam: buckets of 1024*1024*bucket_cap_mb / 2 bf16
+    gradients (the launcher's bucket_cap_mb 125), not growing with DP, and every model chunk
+    of every pipeline rank cut into them (NeMo's configure_optimizers passes each virtual
+    stage or layer to init_params_bucket), not only stage 0 (Megatron-core's DDP)."""
+    nemo = FRAMEWORKS["nemo-launcher"]
+    assert grad_bucket_bytes(nemo, dp) == 125 * 1024 * 1024  # 65,536,000 bf16 gradients
+    assert not nemo.grad_buckets_stage0_only
+    assert "distributed_fused_adam.py" in nemo.source("grad_bucket_params")
+    assert "configure_optimizers" in nemo.source("grad_buckets_stage0_only")
+    assert not apply_framework(_costs(), nemo, dp).grad_buckets_stage0_only
+
+
 def test_megatron_profiles_bucket_only_stage_0() -> None:
     """Megatron-core's DDP buckets only pipeline rank 0's first model chunk
     (distributed_data_parallel.py, ``DistributedDataParallel.__init__``); the profiles that run
