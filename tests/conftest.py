@@ -87,3 +87,33 @@ def segment_timer(exp):
                               seg.attn_flops, seg.elementwise_bytes,
                               exp.config.training.attention, seg.gemm_dims)
     return compute_s
+
+
+def observed_full_run(exp, changes: list, stepping: bool = True, rows: bool = True) -> tuple:
+    """``exp`` at full fidelity with the engine's stepping (blocks of TP lanes) and rows (the
+    DP replicas' blocks as one) switched on or off: what the run shows (``stats.json``, the
+    timeline's records), what it computes (every instruction's three times, bit for bit), its
+    counters, and how it ran (instructions stepped in blocks, blocks stepped in rows)."""
+    from array import array
+    from functools import partial
+
+    from sim import api, engine
+
+    times, counters = engine.InstructionTimes(), engine.EngineCounters()
+    saved = api.simulate_program
+    api.simulate_program = partial(saved, counters=counters, times=times)
+    engine._Run.stepping, engine._Run.rows = stepping, rows
+    try:
+        result = api.simulate(exp, fidelity="full", link_changes=changes)
+    finally:
+        api.simulate_program = saved
+        engine._Run.stepping = engine._Run.rows = True
+    shown = (api.stats_json(result.stats),) + tuple(
+        getattr(result.timeline, what)
+        for what in ("spans", "flows", "memory", "collectives", "peak_memory_by_gpu"))
+    computed = tuple(array("d", values).tobytes()
+                     for values in (times.ready_s, times.end_s, times.mid_s))
+    count = (counters.events, counters.instructions, counters.flows,
+             counters.rate_recomputations, counters.rerated_flows,
+             list(counters.bytes_on_link.items()))
+    return shown, computed, count, (counters.stepped, counters.rows)

@@ -7,14 +7,13 @@ random experiments and on a TP-8 GPT-3 run where nearly every instruction is ste
 from __future__ import annotations
 
 from array import array
-from functools import partial
 
 import pytest
+from conftest import observed_full_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import experiments, link_changes
 
-from sim import api, engine
 from sim.experiment import Experiment, build_experiment
 from sim.lanes import MAX_LANES, lane_blocks, lane_blocks_reference
 
@@ -64,28 +63,6 @@ def test_lane_blocks_cut_long_runs() -> None:
     assert sum(1 for x in out if x) == 4  # the lanes, and their successors (none after)
 
 
-def _run(exp: Experiment, changes: list, stepping: bool) -> tuple:
-    """``exp`` at full fidelity, with or without stepping: what the run shows and computes."""
-    times, counters = engine.InstructionTimes(), engine.EngineCounters()
-    saved = api.simulate_program
-    api.simulate_program = partial(saved, counters=counters, times=times)
-    engine._Run.stepping = stepping
-    try:
-        result = api.simulate(exp, fidelity="full", link_changes=changes)
-    finally:
-        api.simulate_program = saved
-        engine._Run.stepping = True
-    shown = (api.stats_json(result.stats),) + tuple(
-        getattr(result.timeline, what)
-        for what in ("spans", "flows", "memory", "collectives", "peak_memory_by_gpu"))
-    computed = tuple(array("d", values).tobytes()
-                     for values in (times.ready_s, times.end_s, times.mid_s))
-    count = (counters.events, counters.instructions, counters.flows,
-             counters.rate_recomputations, counters.rerated_flows,
-             list(counters.bytes_on_link.items()))
-    return shown, computed, count, counters.stepped
-
-
 @settings(max_examples=60, derandomize=True, deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(experiments())
@@ -94,8 +71,8 @@ def test_stepped_lanes_equal_one_by_one(data: dict) -> None:
     statistics, records, times and counters with blocks of lanes stepped and without."""
     exp = build_experiment(data)
     changes = link_changes(exp)
-    stepped = _run(exp, changes, True)
-    assert stepped[:3] == _run(exp, changes, False)[:3]
+    stepped = observed_full_run(exp, changes)
+    assert stepped[:3] == observed_full_run(exp, changes, stepping=False)[:3]
 
 
 @pytest.mark.parametrize("tp", [2, 8])
@@ -107,6 +84,6 @@ def test_stepped_tp_groups_equal_one_by_one(tp: int) -> None:
         "cluster": {"preset": "dgx-a100-80g", "num_gpus": tp * 8 * 2},
         "parallel": {"tp": tp, "pp": 8, "dp": 2},
         "training": {"micro_batch_size": 1, "global_batch_size": 16}})
-    stepped = _run(exp, [], True)
-    assert stepped[:3] == _run(exp, [], False)[:3]
-    assert stepped[3] * tp > 0.9 * stepped[2][1]  # most instructions in stepped blocks
+    stepped = observed_full_run(exp, [])
+    assert stepped[:3] == observed_full_run(exp, [], stepping=False)[:3]
+    assert stepped[3][0] * tp > 0.9 * stepped[2][1]  # most instructions in stepped blocks

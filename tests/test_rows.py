@@ -8,38 +8,12 @@ degraded link that makes the replicas differ."""
 
 from __future__ import annotations
 
-from array import array
-from functools import partial
-
 import pytest
+from conftest import observed_full_run
 from hypothesis import HealthCheck, given, settings
 from strategies import experiments, link_changes
 
-from sim import api, engine
 from sim.experiment import Experiment, build_experiment
-
-
-def _run(exp: Experiment, changes: list, stepping: bool, rows: bool) -> tuple:
-    """``exp`` at full fidelity with or without stepping, with or without rows: what the run
-    shows and computes, and how it ran (blocks and rows stepped)."""
-    times, counters = engine.InstructionTimes(), engine.EngineCounters()
-    saved = api.simulate_program
-    api.simulate_program = partial(saved, counters=counters, times=times)
-    engine._Run.stepping, engine._Run.rows = stepping, rows
-    try:
-        result = api.simulate(exp, fidelity="full", link_changes=changes)
-    finally:
-        api.simulate_program = saved
-        engine._Run.stepping = engine._Run.rows = True
-    shown = (api.stats_json(result.stats),) + tuple(
-        getattr(result.timeline, what)
-        for what in ("spans", "flows", "memory", "collectives", "peak_memory_by_gpu"))
-    computed = tuple(array("d", values).tobytes()
-                     for values in (times.ready_s, times.end_s, times.mid_s))
-    count = (counters.events, counters.instructions, counters.flows,
-             counters.rate_recomputations, counters.rerated_flows,
-             list(counters.bytes_on_link.items()))
-    return shown, computed, count, (counters.stepped, counters.rows)
 
 
 @settings(max_examples=60, derandomize=True, deadline=None, print_blob=True,
@@ -50,9 +24,9 @@ def test_rows_equal_block_by_block(data: dict) -> None:
     by block and one by one."""
     exp = build_experiment(data)
     changes = link_changes(exp)
-    rows = _run(exp, changes, True, True)
-    assert rows[:3] == _run(exp, changes, True, False)[:3]
-    assert rows[:3] == _run(exp, changes, False, False)[:3]
+    rows = observed_full_run(exp, changes, True, True)
+    assert rows[:3] == observed_full_run(exp, changes, True, False)[:3]
+    assert rows[:3] == observed_full_run(exp, changes, False, False)[:3]
 
 
 def _gpt3(dp: int, **extra: object) -> Experiment:
@@ -68,9 +42,9 @@ def test_rows_of_gpt3_replicas(dp: int) -> None:
     """GPT-3 175B, TP 8, PP 4, DP ``dp``: nearly every block steps in a row of ``dp``, and
     the run is the one block by block and one by one, byte for byte."""
     exp = _gpt3(dp)
-    rows = _run(exp, [], True, True)
-    blocks = _run(exp, [], True, False)
-    assert rows[:3] == blocks[:3] == _run(exp, [], False, False)[:3]
+    rows = observed_full_run(exp, [], True, True)
+    blocks = observed_full_run(exp, [], True, False)
+    assert rows[:3] == blocks[:3] == observed_full_run(exp, [], False, False)[:3]
     assert rows[3][0] == blocks[3][0]  # the same blocks stepped, now in rows
     assert rows[3][1] * dp > 0.9 * rows[3][0]  # most of them in rows
     assert blocks[3][1] == 0
@@ -80,8 +54,9 @@ def test_rows_with_a_straggler() -> None:
     """A straggler: the timer reads the GPU, so no compute op starts in a row (rows that free
     only collective members or nothing still step), and the run is the reference's."""
     exp = _gpt3(4, faults={"stragglers": [{"gpu": 9, "slowdown": 1.25}]})
-    rows = _run(exp, [], True, True)
-    assert rows[:3] == _run(exp, [], True, False)[:3] == _run(exp, [], False, False)[:3]
+    rows = observed_full_run(exp, [], True, True)
+    assert rows[:3] == observed_full_run(exp, [], True, False)[:3] \
+        == observed_full_run(exp, [], False, False)[:3]
 
 
 def test_rows_with_a_slow_link() -> None:
@@ -90,5 +65,6 @@ def test_rows_with_a_slow_link() -> None:
     exp = _gpt3(4)
     links = [k for k, ends in enumerate(exp.cluster.links) if "gpu40" in ends]
     changes = [(0.05, {k: exp.cluster.link_bandwidth_Bps[k] * 0.25 for k in links})]
-    rows = _run(exp, changes, True, True)
-    assert rows[:3] == _run(exp, changes, True, False)[:3] == _run(exp, changes, False, False)[:3]
+    rows = observed_full_run(exp, changes, True, True)
+    assert rows[:3] == observed_full_run(exp, changes, True, False)[:3] \
+        == observed_full_run(exp, changes, False, False)[:3]
