@@ -248,6 +248,9 @@ def simulate_jobs(jobset: JobSet, profile: DeviceProfile | None = None,
                               "collectives without the network, which would hide the other "
                               "jobs' traffic; leave it out")
         overlapping = n > 1
+        # exp.costs as built: every TP collective a flow on the shared network, none given
+        # an exposed time from an empty one (sim.tpoverlap's second all-gathers and
+        # tp_async_grad_all_reduce's backward all-reduces block here)
         program = lower(exp.schedule, exp.costs, exp.placement, exp.config.parallel.zero_stage,
                         None, reference)
         if n > 1:

@@ -297,6 +297,36 @@ def async_reduce_exposed_s(costs: TransformerCosts, compute_s: Callable[[Compute
     return tuple(out)
 
 
+def all_reduces_beside(costs: TransformerCosts) -> bool:
+    """Whether ``costs``' backward all-reduces each column-parallel GEMM's input gradient
+    beside its weight-gradient GEMM (:attr:`~TransformerCosts.tp_async_grad_all_reduce`):
+    tensor parallelism without sequence parallelism, in a dense layer of separate attention
+    and MLP blocks."""
+    return (costs.tp_async_grad_all_reduce and costs.tp > 1 and not costs.sequence_parallel
+            and costs.model.moe is None and not costs.model.parallel_blocks)
+
+
+def async_all_reduce_exposed_s(costs: TransformerCosts,
+                               compute_s: Callable[[ComputeSeg], float],
+                               collective_s: Callable[[str, float], float]
+                               ) -> tuple[tuple[str, float], ...]:
+    """Without sequence parallelism, what each block's backward all-reduce of the QKV / FC1
+    input gradient (``attn bwd all-reduce``, ``mlp bwd all-reduce``) adds beside the
+    weight-gradient GEMM NCCL runs it with (:data:`NCCL_BESIDE`, as
+    :func:`async_reduce_exposed_s`); none where :func:`all_reduces_beside` is False."""
+    if not all_reduces_beside(costs):
+        return ()
+    gemms = costs.tp_overlap_gemms()
+    nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
+        * costs.model.hidden_size
+    out = []
+    for name, gemm in (("attn bwd all-reduce", "qkv"), ("mlp bwd all-reduce", "fc1")):
+        g = compute_s(gemms[gemm])
+        out.append((name, pipelined_s(NCCL_BESIDE, collective_s("all_reduce", nbytes), g,
+                                      costs.tp, 1 << 30) - g))
+    return tuple(out)
+
+
 def check(gpu: str, tp: int, sequence_parallel: bool, why_not: str | None) -> None:
     """ConfigError where ``parallel.tp_comm_overlap`` cannot apply: Megatron's own rule
     (megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap can happen
@@ -325,7 +355,8 @@ def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
     if not isinstance(costs, TransformerCosts):
         return costs
     overlap = exp.config.parallel.tp_comm_overlap
-    if not overlap and not regathers(costs) and not reduces_beside(costs):
+    if (not overlap and not regathers(costs) and not reduces_beside(costs)
+            and not all_reduces_beside(costs)):
         return costs
     groups = tp_groups(exp.placement, 0)
     return with_overlap(costs, exp.cluster.gpu.name, compute_s,
@@ -339,13 +370,17 @@ def with_overlap(costs: TransformerCosts, gpu: str,
                  sm_margin: bool = True, overlap: bool = True,
                  kind: str = "userbuffers") -> TransformerCosts:
     """``costs`` with :attr:`~TransformerCosts.tp_comm_exposed_s` set (no change without
-    TP or sequence parallelism: there is nothing to overlap); ``sm_margin``: the
+    TP; without sequence parallelism only the backward all-reduces of
+    :func:`async_all_reduce_exposed_s`); ``sm_margin``: the
     framework's (:func:`exposed_s`); ``overlap``: TP communication overlap on (the layer's
     SP collectives pipelined with their GEMMs), else only the second all-gathers of
     :func:`regather_exposed_s` and the reduce-scatters NCCL runs beside the weight gradients
     (:func:`async_reduce_exposed_s`)."""
-    if costs.tp == 1 or not costs.sequence_parallel:
+    if costs.tp == 1:
         return costs
+    if not costs.sequence_parallel:
+        pairs = async_all_reduce_exposed_s(costs, compute_s, collective_s)
+        return replace(costs, tp_comm_exposed_s=pairs) if pairs else costs
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30

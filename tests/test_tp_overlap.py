@@ -260,3 +260,57 @@ def test_async_input_gradient_reduce_scatter_beside_the_wgrad_gemm_when_turned_o
         g = compute_s(gemms[TP_OVERLAP_GEMMS[name][0]])
         assert exposed[name] == pytest.approx(max(r, g + s * min(r, g)) - g)
         assert exposed[name] > 0
+
+
+def test_non_sp_input_gradient_all_reduce_beside_the_wgrad_gemm() -> None:
+    """The megatron profile's ``tp_async_grad_all_reduce`` (Megatron-LM's
+    ColumnParallelLinearWithAsyncAllreduce): without sequence parallelism the QKV / FC1 input
+    gradient's all-reduce runs beside the weight-gradient GEMM and adds max(c, g +
+    s·min(c, g)) - g; the forward all-reduces and every profile without it keep blocking."""
+    from sim.contention import compute_slowdown
+    from sim.tpoverlap import all_reduces_beside, with_overlap
+
+    data = _exp(False, tp=8, sequence_parallel=False) | {"cluster": {"preset": "dgx-h100",
+                                                                     "num_gpus": 8}}
+    exp = build_experiment(data)
+    assert exp.costs.tp_async_grad_all_reduce and all_reduces_beside(exp.costs)
+    compute_s = segment_timer(exp)
+    timer = CollectiveTimer(exp.cluster)
+    groups = tp_groups(exp.placement, 0)
+    exposed = dict(with_overlap(exp.costs, "H100", compute_s,
+                                lambda op, nbytes: timer(op, groups, nbytes),
+                                overlap=False).tp_comm_exposed_s)
+    assert set(exposed) == {"attn bwd all-reduce", "mlp bwd all-reduce"}
+    c = timer("all_reduce", groups, 2 * 4096 * 5120)
+    gemms = exp.costs.tp_overlap_gemms()
+    s = compute_slowdown()
+    for name, gemm in (("attn bwd all-reduce", "qkv"), ("mlp bwd all-reduce", "fc1")):
+        g = compute_s(gemms[gemm])
+        assert exposed[name] == pytest.approx(max(c, g + s * min(c, g)) - g)
+        assert 0 < exposed[name] < c
+    blocking = build_experiment(data | {"training": data["training"]
+                                        | {"framework": "deepspeed"}})
+    assert not all_reduces_beside(blocking.costs)
+    sp = build_experiment(_exp(False, tp=8) | {"cluster": {"preset": "dgx-h100",
+                                                           "num_gpus": 8}})
+    assert not all_reduces_beside(sp.costs)
+
+
+@pytest.mark.parametrize("fidelity", ["full", "collapsed"])
+def test_non_sp_async_all_reduce_shortens_the_step(fidelity: str) -> None:
+    """One stage, one micro-batch: the step with the backward all-reduces beside the wgrad
+    GEMMs is shorter than with them blocking by (c - exposed) per layer and block."""
+    from sim.tpoverlap import lowering_costs
+
+    data = _exp(False, tp=8, sequence_parallel=False) | {"cluster": {"preset": "dgx-h100",
+                                                                     "num_gpus": 8}}
+    exp = build_experiment(data)
+    off = replace(exp, costs=replace(exp.costs, tp_async_grad_all_reduce=False))
+    on_s = api.simulate(exp, fidelity=fidelity).stats["step_time_s"]
+    off_s = api.simulate(off, fidelity=fidelity).stats["step_time_s"]
+    timer = CollectiveTimer(exp.cluster)
+    groups = tp_groups(exp.placement, 0)
+    exposed = dict(lowering_costs(exp, segment_timer(exp), timer).tp_comm_exposed_s)
+    c = timer("all_reduce", groups, 2 * 4096 * 5120)
+    saved = 4 * sum(c - e for e in exposed.values())
+    assert off_s - on_s == pytest.approx(saved, rel=0.02)

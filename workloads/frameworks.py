@@ -194,6 +194,11 @@ class FrameworkProfile:
     column-parallel GEMM's input gradient beside its weight-gradient GEMM
     (``TransformerCosts.sp_async_grad_reduce_scatter``); a table may leave it out (False: it
     blocks)."""
+    tp_async_grad_all_reduce: bool
+    """Under tensor parallelism without sequence parallelism the backward all-reduces each
+    column-parallel GEMM's input gradient beside its weight-gradient GEMM
+    (``TransformerCosts.tp_async_grad_all_reduce``); a table may leave it out (False: it
+    blocks)."""
     sp_regather_input: bool
     """Under sequence parallelism the backward of each column-parallel GEMM all-gathers its
     saved s/t input shard again for the weight gradient, beside the input-gradient GEMM
@@ -244,7 +249,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes",
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
-           "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8")
+           "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
+           "tp_async_grad_all_reduce")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -263,7 +269,7 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
-             "tp_overlap", "tp_all_gather_fp8")
+             "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -273,7 +279,8 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "moe_host_sync": False, "cp_ring_merge": False, "sp_regather_input": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
                    "residual_norm_fused": False, "torch_compile": False,
-                   "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False}
+                   "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False,
+                   "tp_async_grad_all_reduce": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -462,6 +469,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    residual_norm_fused=profile.residual_norm_fused,
                    sp_async_grad_reduce_scatter=profile.sp_async_grad_reduce_scatter,
                    tp_all_gather_fp8=profile.tp_all_gather_fp8,
+                   tp_async_grad_all_reduce=profile.tp_async_grad_all_reduce,
                    embedding_grad_bytes=profile.embedding_grad_bytes or 0.0,
                    bias_grad_bytes=profile.bias_grad_bytes or 0.0,
                    qkv_split_grad_bytes=profile.qkv_split_grad_bytes or 0.0,

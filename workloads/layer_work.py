@@ -174,7 +174,9 @@ class LayerWork:
                block: str = "") -> list[Segment]:
         """A TP-sharded block and its collectives (Megatron's f and g operators).
 
-        Without SP: compute, then an all-reduce of the b·s·h output. With SP
+        Without SP: compute, then an all-reduce of the b·s·h output (a backward block's
+        found in :attr:`tp_comm_exposed_s`, run beside the weight gradient under
+        :attr:`tp_async_grad_all_reduce`, gets its exposed time). With SP
         (Korthikanti et al. 2022, sec. 4.2.2): all-gather the sequence-split
         input, compute, reduce-scatter the output; the same bytes on the wire.
         ``block`` (``attn``, ``mlp bwd``, ...) names the collectives in
@@ -197,7 +199,8 @@ class LayerWork:
                     *body, *again,
                     CommSeg(f"{label} reduce-scatter", "tp", "reduce_scatter", nbytes,
                             duration_s=exposed.get(rs))]
-        return [*body, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes)]
+        return [*body, CommSeg(f"{label} all-reduce", "tp", "all_reduce", nbytes,
+                               duration_s=dict(self.tp_comm_exposed_s).get(f"{block} all-reduce"))]
 
     def _layer_forward(self, name: str) -> list[Segment]:
         attn, mlp = self._gemms()

@@ -134,6 +134,15 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     beyond it, slowed by NCCL's kernels (:func:`sim.tpoverlap.async_reduce_exposed_s`).
     False (the default and every shipped profile's: measured against the corpus and not
     shipped, docs/contention.md): it blocks (:mod:`workloads.frameworks`)."""
+    tp_async_grad_all_reduce: bool = False
+    """With tensor parallelism and without sequence parallelism, the backward all-reduces
+    the QKV and first MLP GEMMs' input gradient beside their weight-gradient GEMM
+    (Megatron-LM's ``ColumnParallelLinearWithAsyncAllreduce`` (2022) and
+    ``LinearWithGradAccumulationAndAsyncCommunication`` with ``allreduce_dgrad`` later:
+    ``all_reduce(grad_input, async_op=True)`` after the dgrad GEMM, waited on after the
+    wgrad GEMM), and adds only what it runs beyond it, slowed by NCCL's kernels
+    (:func:`sim.tpoverlap.async_all_reduce_exposed_s`); False: it blocks
+    (:mod:`workloads.frameworks`)."""
     kept_stage_outputs: int = 0
     """Earlier micro-batches' bf16 logits the framework still holds on the last stage
     (:meth:`transient_bytes`). 0: Megatron-LM frees a stage's output once its backward has

@@ -32,6 +32,7 @@ from sim.search.plan import (
     plan_size,
 )
 from sim.search.space import SearchContext
+from sim.tpoverlap import all_reduces_beside
 from topologies.hardware import GiB
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention
@@ -325,12 +326,15 @@ class Bounds:
         at = [i for i, seg in enumerate(segs) if isinstance(seg, ComputeSeg)]
         work: list[tuple[ComputeSeg, int]] = []
         comms = []
+        # the backward all-reduces run beside the wgrad GEMMs (sim.tpoverlap): left out
+        beside = all_reduces_beside(costs)
         for i, seg in enumerate(segs):
             if isinstance(seg, ComputeSeg):
                 work.append((seg, 1))
             elif isinstance(seg, RingAttention):  # its blocks' compute; the passes may hide
                 work.append((seg.block, seg.steps))
-            elif isinstance(seg, CommSeg) and seg.group == "tp" and at and at[0] < i < at[-1]:
+            elif (isinstance(seg, CommSeg) and seg.group == "tp" and at and at[0] < i < at[-1]
+                  and not (beside and seg.label.endswith("bwd all-reduce"))):
                 comms.append((seg.op, seg.nbytes))
             # other collectives (EP all-to-all) and ZeRO-3 markers: left out
 
