@@ -314,3 +314,21 @@ def test_non_sp_async_all_reduce_shortens_the_step(fidelity: str) -> None:
     c = timer("all_reduce", groups, 2 * 4096 * 5120)
     saved = 4 * sum(c - e for e in exposed.values())
     assert off_s - on_s == pytest.approx(saved, rel=0.02)
+
+
+def test_costs_with_exposed_times_are_one_object_per_pairs() -> None:
+    """Lowering the same experiment twice gives the same costs object (so the folds the first
+    run kept on it are found again), equal to a fresh replace; other exposed times another."""
+    from sim.tpoverlap import lowering_costs, with_exposed
+
+    data = _exp(False, tp=8, sequence_parallel=False) | {"cluster": {"preset": "dgx-h100",
+                                                                     "num_gpus": 8}}
+    exp = build_experiment(data)
+    timer = CollectiveTimer(exp.cluster)
+    first = lowering_costs(exp, segment_timer(exp), timer)
+    assert first is not exp.costs and first.tp_comm_exposed_s
+    assert lowering_costs(exp, segment_timer(exp), timer) is first
+    assert first == replace(exp.costs, tp_comm_exposed_s=first.tp_comm_exposed_s)
+    other = tuple((name, s * 2) for name, s in first.tp_comm_exposed_s)
+    assert with_exposed(exp.costs, other) is not first
+    assert with_exposed(exp.costs, other).tp_comm_exposed_s == other
