@@ -756,10 +756,9 @@ class _Run:
 
     def _launched_all(self, values: list[tuple[int, CollectivePlan]]) -> None:
         """:meth:`_launched_own` of each value in turn (a heap entry's launches), the run's
-        look-ups bound once and a flat plan's start scheduled inline (:meth:`_after_own`'s
-        step): the same calls, in the same order."""
-        compiled_of, start, heap = self._compiled, self._bundle_start, self.heap
-        now = self.now
+        look-ups bound once and a flat plan's start scheduled by :meth:`_after_own`: the same
+        calls, in the same order."""
+        compiled_of, start = self._compiled, self._bundle_start
         for value in values:
             key, plan = value
             steps = plan.transfers
@@ -767,16 +766,7 @@ class _Run:
             if compiled is None or not compiled.flat or not self.bundling:
                 self._launched_own(value)
                 continue
-            at = now + compiled.later[0][0]  # _after_own, inline
-            events, calls = self.events, self.calls
-            if (calls is not None and self.calls_seq == events and self.calls_at == at
-                    and calls[0] == start):
-                calls[1].append((compiled, key))
-            else:
-                self.calls = calls = (start, [(compiled, key)])
-                self.calls_at = at
-                heappush(heap, (at, events + 1, _Run._each, calls))
-            self.events = self.calls_seq = events + 1
+            self._after_own(compiled.later[0][0], start, (compiled, key))
 
     def _bundle_start_all(self, values: list[tuple[CompiledPlan, int]]) -> None:
         """:meth:`_bundle_start` of each value in turn (a heap entry's bundle starts), the

@@ -194,17 +194,8 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                 members[key] = list(range(head, head + size))
             else:
                 arrived.extend(range(head, head + size))
-            if plan is not None:  # _arrived_packed, inline: its launch (_after_own's step)
-                at = now + plan.launch_s
-                calls, events = run.calls, run.events
-                if (calls is not None and run.calls_seq == events and run.calls_at == at
-                        and calls[0] == launched_own):
-                    calls[1].append((key, plan))
-                else:
-                    run.calls = calls = (launched_own, [(key, plan)])
-                    run.calls_at = at
-                    heappush(heap, (at, events + 1, _Run._each, calls))
-                run.events = run.calls_seq = events + 1
+            if plan is not None:  # _arrived_packed, inline: its launch
+                run._after_own(plan.launch_s, launched_own, (key, plan))
             elif start:
                 arrived_packed(rest, key)
         return count
