@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
+from base.replaced import replaced
 from sim.commtime import CollectiveTimer
 from sim.contention import mechanism, share
 from sim.tpoverlap import sm_count
@@ -122,4 +122,4 @@ def lowering_costs(exp: Experiment, costs: Any,
                  else CollectiveTimer(exp.cluster, ALL_TO_ALL_ALGO, skew=seg.skew))
         return timer(seg.op, groups, seg.nbytes)
     share = sm_share(costs.moe_dispatcher, exp.cluster.gpu.name)
-    return replace(costs, ep_comm_exposed_s=exposed_s(costs, compute_s, a2a_s, share))
+    return replaced(costs, ep_comm_exposed_s=exposed_s(costs, compute_s, a2a_s, share))

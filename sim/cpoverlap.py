@@ -16,9 +16,9 @@ emitted together after the ring as one fixed-time compute segment
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from base.replaced import replaced
 from sim.contention import charge
 from workloads.costs import ComputeSeg, RingAttention
 from workloads.lowering.groups import tp_groups
@@ -56,5 +56,5 @@ def lowering_costs(exp: Experiment, costs: Any, compute_s: Callable[[ComputeSeg]
         coords = p.coords(x)
         return p.gpu(**{**coords, "cp": (coords["cp"] + 1) % cp})
     pairs = tuple((x, ring_next(x)) for group in tp_groups(p, 0) for x in group)
-    return replace(costs, cp_overlap_s=ring_overlap_s(
+    return replaced(costs, cp_overlap_s=ring_overlap_s(
         costs, compute_s, lambda nbytes: timer("send", pairs, nbytes)))

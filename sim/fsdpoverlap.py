@@ -39,9 +39,9 @@ timing of a collective that runs as part of a larger bucket. The search's screen
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from base.replaced import replaced
 from sim.contention import charge, share
 from workloads.costs import ComputeSeg
 from workloads.lowering.grads import grad_op
@@ -73,13 +73,13 @@ def with_contention(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], f
         red = collective_s(grad_op(costs.zero_stage), reduce_bytes)
         fwd = (charge("param_gather", collective_s("all_gather", gather_bytes),
                       work_s(forward)) if costs.overlap_param_gather else 0.0)
-        return replace(costs, dp_overlap_s=(fwd, charge("grad_bucket", red, work_s(backward))))
+        return replaced(costs, dp_overlap_s=(fwd, charge("grad_bucket", red, work_s(backward))))
     rs = collective_s("reduce_scatter", reduce_bytes)
     if per_microbatch:  # ZeRO-2: no gathers, the backward's reduce-scatter
-        return replace(costs, zero3_overlap_s=(
+        return replaced(costs, zero3_overlap_s=(
             0.0, charge("microbatch_reduce_scatter", rs, work_s(backward))))
     ag = collective_s("all_gather", gather_bytes)
-    return replace(costs, zero3_overlap_s=(
+    return replaced(costs, zero3_overlap_s=(
         charge("zero3_all_gather", ag, work_s(forward)),
         share("zero3_reduce_scatter") * min(ag + rs, work_s(backward))))
 

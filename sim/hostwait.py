@@ -39,6 +39,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from base.replaced import replaced
 from sim.commtime import CollectiveTimer
 from workloads.costs import CommSeg, ComputeSeg, Segment
 from workloads.lowering.groups import ALL_TO_ALL_ALGO, ep_groups
@@ -176,7 +177,7 @@ def lowering_costs(exp: Experiment, costs: Any, compute_s: Callable[[ComputeSeg]
             or not exp.framework.moe_host_sync):
         return costs
     times = part_times(costs, compute_s, a2a_timer(exp, costs))
-    return replace(costs, moe_host_wait_s=waits(times, exp.config.training.cuda_graph_scope))
+    return replaced(costs, moe_host_wait_s=waits(times, exp.config.training.cuda_graph_scope))
 
 
 def a2a_timer(exp: Experiment, costs: TransformerCosts) -> Callable[[CommSeg], float]:

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
+from base.replaced import replaced
 from sim.contention import charge, mechanism
 from workloads.costs import BF16, ComputeSeg
 from workloads.layer_work import SP_REGATHER_GEMMS, TP_OVERLAP_GEMMS
@@ -380,7 +381,7 @@ def with_overlap(costs: TransformerCosts, gpu: str,
         return costs
     if not costs.sequence_parallel:
         pairs = async_all_reduce_exposed_s(costs, compute_s, collective_s)
-        return with_exposed(costs, pairs) if pairs else costs
+        return replaced(costs, tp_comm_exposed_s=pairs) if pairs else costs
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30
@@ -388,26 +389,5 @@ def with_overlap(costs: TransformerCosts, gpu: str,
              else async_reduce_exposed_s(costs, compute_s, collective_s))
     pairs += regather_exposed_s(costs, compute_s, collective_s, sms,
                                 overlap and kind == "userbuffers", sm_margin)
-    return with_exposed(costs, pairs)
+    return replaced(costs, tp_comm_exposed_s=pairs)
 
-
-EXPOSED_MEMO_SIZE = 16
-"""Costs with exposed times :func:`with_exposed` keeps per base costs (it starts over past
-this many)."""
-
-
-def with_exposed(costs: TransformerCosts,
-                 pairs: tuple[tuple[str, float], ...]) -> TransformerCosts:
-    """``costs`` with :attr:`~TransformerCosts.tp_comm_exposed_s` ``pairs``: one object per
-    base costs and pairs, kept on the base costs, so that a run repeated (or another run of
-    the same exposed times) lowers the same costs object and finds the folds and segments
-    its earlier run left on it (:func:`workloads.lowering.columnar`'s memo); a fresh
-    :func:`dataclasses.replace` each run would refold everything (the 175B benchmark's
-    11.7 -> 21.4 ms). The same value either way: the pairs determine it."""
-    memo = costs.__dict__.setdefault("_memo_exposed", {})
-    out = memo.get(pairs)
-    if out is None:
-        if len(memo) >= EXPOSED_MEMO_SIZE:
-            memo.clear()
-        out = memo[pairs] = replace(costs, tp_comm_exposed_s=pairs)
-    return out

@@ -319,7 +319,8 @@ def test_non_sp_async_all_reduce_shortens_the_step(fidelity: str) -> None:
 def test_costs_with_exposed_times_are_one_object_per_pairs() -> None:
     """Lowering the same experiment twice gives the same costs object (so the folds the first
     run kept on it are found again), equal to a fresh replace; other exposed times another."""
-    from sim.tpoverlap import lowering_costs, with_exposed
+    from base.replaced import replaced
+    from sim.tpoverlap import lowering_costs
 
     data = _exp(False, tp=8, sequence_parallel=False) | {"cluster": {"preset": "dgx-h100",
                                                                      "num_gpus": 8}}
@@ -330,5 +331,5 @@ def test_costs_with_exposed_times_are_one_object_per_pairs() -> None:
     assert lowering_costs(exp, segment_timer(exp), timer) is first
     assert first == replace(exp.costs, tp_comm_exposed_s=first.tp_comm_exposed_s)
     other = tuple((name, s * 2) for name, s in first.tp_comm_exposed_s)
-    assert with_exposed(exp.costs, other) is not first
-    assert with_exposed(exp.costs, other).tp_comm_exposed_s == other
+    assert replaced(exp.costs, tp_comm_exposed_s=other) is not first
+    assert replaced(exp.costs, tp_comm_exposed_s=other).tp_comm_exposed_s == other
