@@ -172,6 +172,35 @@ def test_what_each_module_reruns_in_a_mla_moe_layer() -> None:
         "reduce_scatter"]
 
 
+GPT = ModelSpec("gpt", num_layers=2, hidden_size=1024, num_attention_heads=8, num_kv_heads=8,
+                ffn_hidden_size=4096, vocab_size=32000, seq_length=1024, ffn_type="gelu",
+                norm="layernorm", position_embedding="learned")
+"""A GPT-3-style layer (LayerNorm, GeLU, learned positions): its layers keep dropout masks."""
+
+
+@pytest.mark.parametrize("dropout", [True, False])
+def test_core_attn_rerun_of_a_non_flash_kernel_draws_the_attention_dropout_again(
+        dropout: bool) -> None:
+    """Megatron-LM's checkpointed ``CoreAttention`` (2022, megatron/model/transformer.py)
+    runs QK^T, the fused scale-mask-softmax, the dropout on the probabilities and the
+    product with V: its rerun moves the softmax's 2 passes (2 bytes an element each) and the
+    dropout's 5 bytes an element (read, write, mask) over the b·a/t·s² scores, as the
+    forward does. b = 1, a = 8, t = 2 (SP), s = 1024: 4·1024² score elements."""
+    costs = replace(_costs(GPT, ("core_attn",)), attention="fused", dropout=dropout)
+    scores = 1 * 8 / 2 * 1024 ** 2
+    (core,) = costs._module_recompute("L0")
+    assert core.flops == 0
+    assert core.attn_flops == 4 * 1 * 1024 ** 2 * 1024 / 2
+    assert core.elementwise_bytes == (2 * 2 + (5 if dropout else 0)) * scores
+    # the forward's attention block moves the same score bytes beside its norm and residual
+    n, h = 1024, 1024
+    forward_attn = costs._elementwise_forward()[0]
+    assert forward_attn - core.elementwise_bytes == (4 + 6) * n * h / 2
+    # FlashAttention drops out inside its kernel: no memory-bound bytes to rerun
+    (flash,) = replace(costs, attention="flash2")._module_recompute("L0")
+    assert flash.elementwise_bytes == 0
+
+
 def test_module_recompute_trades_memory_for_time_in_a_simulated_step() -> None:
     """On 8 H100s, recomputing the MoE layers lowers the peak and lengthens the step, and
     less than full recomputation does."""

@@ -303,8 +303,16 @@ class LayerWork:
         ``moe_act``: the routed experts' activation over their rows (memory-bound);
         ``layernorm``: the norms that are modules of their own (MLA's input norm, a MoE
         layer's pre-MLP norm), memory-bound; ``mla_up_proj``: the query and key/value
-        up-projection GEMMs and RoPE; ``core_attn``: the attention core's forward (and the
-        softmax passes of a non-flash kernel).
+        up-projection GEMMs and RoPE; ``core_attn``: the attention core's forward (and, for a
+        non-flash kernel, the softmax passes and the dropout on the probabilities).
+
+        The checkpointed attention core is Megatron-LM's ``CoreAttention`` (2022,
+        megatron/model/transformer.py at 9dc3c42, ``_checkpointed_attention_forward``;
+        megatron-core's ``DotProductAttention`` since): QK^T, the fused scale-mask-softmax,
+        ``self.attention_dropout(attention_probs)`` and the product with V, so its rerun
+        draws the dropout again (:meth:`_attention_dropout_bytes`, as its forward). Korthikanti
+        et al. 2022 table 4 measure that rerun at 1.3 ms a layer of their 22B model (13.2 ms
+        backward with selective recomputation against 11.9 ms without).
         """
         mods = self._recomputed_modules
         m, t, n = self.model, self.tp, self._tokens
@@ -345,7 +353,8 @@ class LayerWork:
             segs.append(self._mla_up_gemms(label))
         if "core_attn" in mods:
             softmax = 0.0 if self._flash else (
-                SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements())
+                SOFTMAX_PASSES[self.attention] * BF16 * self._scores_elements()
+                + self._attention_dropout_bytes())
             segs.append(ComputeSeg(f"{label} core", attn_flops=self._core_forward_flops(),
                                    elementwise_bytes=softmax))
         return segs
