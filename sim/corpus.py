@@ -303,6 +303,9 @@ class CorpusPrediction:
     """The schema's (or the layout check's) error for a row the simulator cannot express."""
     gpu: str | None = None
     """The GPU type the row ran on (its cluster's), where simulated."""
+    capacity_gib: float | None = None
+    """The memory its GPU gives the framework (``sim run``'s ``memory_capacity_gib``), where
+    simulated: what :mod:`sim.oomband` measures the peak's margin against."""
 
 
 TimeScales = tuple[float, float]
@@ -343,7 +346,7 @@ def simulate_corpus_row(job: tuple[CorpusRow, TimeScales]) -> CorpusPrediction:
     except ConfigError as exc:
         return CorpusPrediction(row, skipped=str(exc))
     return CorpusPrediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"],
-                            gpu=exp.cluster.gpu.name)
+                            gpu=exp.cluster.gpu.name, capacity_gib=stats["memory_capacity_gib"])
 
 
 def predict_corpus(rows: Sequence[CorpusRow], workers: int = 1,
@@ -393,6 +396,7 @@ def source_report(source: Source, preds: Sequence[CorpusPrediction],
                             else p.step_time_s / p.row.step_time_s - 1),
                   "predicted_oom": p.oom,
                   "published_peak_memory_gib": p.row.peak_memory_gib,
-                  "predicted_peak_memory_gib": p.peak_memory_gib}
+                  "predicted_peak_memory_gib": p.peak_memory_gib,
+                  "memory_capacity_gib": p.capacity_gib}
                  for p in preds if p.skipped is None],
     }

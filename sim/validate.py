@@ -180,6 +180,9 @@ class Prediction:
     memory_parts: tuple[tuple[float, float], ...] = ()
     """Per simulated GPU, (static bytes, peak dynamic bytes) before the allocator's
     fragmentation and reserved memory: what benchmarks/calibrate.py fits those two on."""
+    capacity_gib: float | None = None
+    """The memory the GPU gives the framework (``sim run``'s ``memory_capacity_gib``): what
+    :mod:`sim.oomband` measures the peak's margin against."""
 
 
 def simulate_row(row: Row, profile: DeviceProfile):
@@ -199,7 +202,8 @@ def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
     for m in timeline.memory:
         floor[m.gpu] = min(floor.get(m.gpu, m.bytes), m.bytes)
     parts = tuple((floor[g], timeline.peak_memory_bytes(g) - floor[g]) for g in sorted(floor))
-    return Prediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"], parts)
+    return Prediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"], parts,
+                      stats["memory_capacity_gib"])
 
 
 def predict(rows: Sequence[Row], profile: DeviceProfile, workers: int = 1,

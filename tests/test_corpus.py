@@ -489,6 +489,43 @@ def test_validate_json_has_a_source_entry_per_source_and_is_deterministic(
     assert report["sources"][0]["step_time_mape"] == report["step_time_mape"]
 
 
+def test_validate_reports_the_oom_band_measured_on_published_peaks(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """sim/data/oom_band.toml's measure: the band is the mean absolute error of the predicted
+    peaks against the corpus's published ones; every simulated row gets its margin and its
+    three-way verdict; the hard verdicts stay."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    _write(corpus / "fixture_a.csv", [
+        _fixture_row(peak_memory_gib="30"),
+        _fixture_row(run="r2", micro_batch_size="1", peak_memory_gib="20"),
+        _fixture_row(run="big", model="gpt3-175b", num_gpus="8", dp="8")])
+    assert main(["validate", "--data", str(HAGEMANN_SWEEP), "--limit", "2", "--workers", "1",
+                 "--corpus", str(corpus), "--json", "--no-cross-validation"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = report["sources"][1]["rows"]
+    published = [(r["predicted_peak_memory_gib"], r["published_peak_memory_gib"])
+                 for r in rows if r["published_peak_memory_gib"] is not None]
+    band = report["oom_band"]
+    assert band["measure"] == "corpus_peak_memory_mape" and band["published_peaks"] == 2
+    assert band["half_width"] == pytest.approx(
+        sum(abs(p / q - 1) for p, q in published) / 2)
+    for r in rows:
+        assert r["memory_capacity_gib"] == pytest.approx(79.3, abs=0.1)
+        assert r["memory_margin"] == pytest.approx(
+            r["predicted_peak_memory_gib"] / r["memory_capacity_gib"] - 1)
+        want = ("oom" if r["memory_margin"] > band["half_width"] else "fits"
+                if r["memory_margin"] < -band["half_width"] else "uncertain")
+        assert r["oom_verdict"] == want
+    big = next(r for r in rows if r["run"] == "big")
+    assert big["predicted_oom"] and big["oom_verdict"] == "oom"  # 175B on 8 GPUs, ZeRO-1
+    a = report["sources"][1]
+    assert a["false_oom"] == 1 and a["false_oom_beyond_band"] == 1
+    assert a["false_oom_within_band"] == 0
+    for entry in report["sources"]:
+        assert "runs_within_band" in entry and "oom_accuracy_beyond_band" in entry
+
+
 def test_validate_with_a_missing_corpus_directory_is_one_error_line(
         capsys: pytest.CaptureFixture) -> None:
     assert main(["validate", "--data", str(HAGEMANN_SWEEP), "--corpus", "/nonexistent"]) == 2

@@ -419,3 +419,51 @@ def test_golden_grid(case: str) -> None:
     # The golden file is a valid custom schedule file that parses back to the same order.
     parsed = from_text(path.read_text(), s.num_microbatches)
     assert parsed.rank_ops == s.rank_ops and parsed.stage_rank == s.stage_rank
+
+
+def _flexible_interleaved_1f1b(p: int, m: int, v: int, r: int) -> list[tuple[int, str, int]]:
+    """Rank ``r``'s compute ops (stage, kind, micro-batch) under PyTorch's
+    ScheduleFlexibleInterleaved1F1B (pytorch/pytorch torch/distributed/pipelining/schedules.py,
+    mid-2024, its rounds later folded into ScheduleInterleaved1F1B), restated from its rule:
+    rounds = max(1, m // p), N = m / rounds micro-batches a round; warm-up (v - 1)N +
+    2(p - 1 - r) forwards capped at m·v; then one forward and one backward; then the
+    backwards. The k-th forward runs chunk (k // N) mod v, the k-th backward chunk
+    v - 1 - (k // N) mod v; each chunk takes its micro-batches in order. Idle slots (None in
+    PyTorch's table) are timing, not order, and are left out."""
+    rounds = max(1, m // p)
+    n = m // rounds
+    assert m % rounds == 0
+    total = m * v
+    warmup = min((v - 1) * n + 2 * (p - 1 - r), total)
+    fwd_seen: Counter = Counter()
+    bwd_seen: Counter = Counter()
+
+    def fwd(k: int) -> tuple[int, str, int]:
+        stage = ((k // n) % v) * p + r
+        fwd_seen[stage] += 1
+        return stage, "F", fwd_seen[stage] - 1
+
+    def bwd(k: int) -> tuple[int, str, int]:
+        stage = (v - 1 - (k // n) % v) * p + r
+        bwd_seen[stage] += 1
+        return stage, "B", bwd_seen[stage] - 1
+
+    ops = [fwd(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        ops += [fwd(warmup + k), bwd(k)]
+    ops += [bwd(k) for k in range(total - warmup, total)]
+    return ops
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(4, 10, 2), (16, 32, 8), (16, 16, 8), (4, 8, 2),
+                                           (3, 9, 2), (2, 6, 3), (4, 3, 2), (8, 24, 4)])
+def test_interleaved_is_pytorchs_flexible_interleaved_1f1b(p: int, m: int, v: int) -> None:
+    """Llama 3's pipeline schedule (Dubey et al. 2024, sec. 3.3.2 and figure 6: N tunable, the
+    figure's case 4 ranks, 10 micro-batches, N = 5, V = 2) as PyTorch ships it publicly: the
+    same op order on every rank, so the same stashes in flight (for Llama 3 405B's
+    16 ranks, 8 chunks and 32 micro-batches, 141 on rank 1; docs/memory-gaps.md, fifth
+    pass)."""
+    s = interleaved(p, m, v)
+    for r in range(p):
+        got = [(o.stage, o.kind, o.mb) for o in s.rank_ops[r]]
+        assert got == _flexible_interleaved_1f1b(p, m, v, r), (p, m, v, r)

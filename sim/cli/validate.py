@@ -52,6 +52,7 @@ def report_table(report: dict) -> str:
     ]
     if report.get("sources"):
         lines += ["", sources_table(report["sources"])]
+        lines += band_lines(report.get("oom_band"), report["sources"])
     lines.append(f"simulated in {report['elapsed_s']:.0f} s")
     return "\n".join(lines)
 
@@ -87,6 +88,24 @@ def sources_table(sources: list[dict]) -> str:
                       "docs/memory-gaps.md); not counted in its false OOM"
                       + (f" (predicted out of memory: {', '.join(flagged)})" if flagged else "")]
     return "\n".join(lines)
+
+
+def band_lines(band: dict | None, sources: list[dict]) -> list[str]:
+    """The OOM verdict's resolution (``oom_band``, :mod:`sim.oomband`): its half-width and,
+    per source with false OOM verdicts, how many lie within it; nothing without a band."""
+    if not band or band.get("half_width") is None:
+        return []
+    measured = (f" (the memory model's error on {band['published_peaks']} published peaks)"
+                if band.get("measure") else "")
+    lines = ["", f"OOM verdict resolution: peaks within {band['half_width'] * 100:.1f}% of the "
+             f"capacity{measured},", "sim/data/oom_band.toml; the verdicts and counts above "
+             "are the hard ones"]
+    for s in sources:
+        if s.get("false_oom") and s.get("false_oom_within_band") is not None:
+            lines.append(f"{s['name']}: of {s['false_oom']} false OOM, "
+                         f"{s['false_oom_within_band']} within it, "
+                         f"{s['false_oom_beyond_band']} beyond")
+    return lines
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -127,7 +146,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             if bar is not None:
                 bar.close()
         report["cross_validation_mape"] = cv["step_time_mape"] if cv else None
-    report["sources"], report["corpus_fit"] = _sources(args, data.stem, preds, sources, show)
+    report["sources"], report["corpus_fit"], report["oom_band"] = _sources(
+        args, data.stem, preds, sources, show)
     report["elapsed_s"] = time.perf_counter() - start
     report["profile"] = A100_HAGEMANN.source
     report["cross_validation_profile"] = A100_HAGEMANN_13B.source
@@ -172,11 +192,12 @@ def _corpus(args: argparse.Namespace) -> list:
 
 
 def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: list,
-             show: bool) -> tuple[list[dict], dict | None]:
+             show: bool) -> tuple[list[dict], dict | None, dict]:
     """``sources`` of the report: the sweep's entry, then each corpus source's, with the
-    leave-one-source-out MAPEs unless ``--no-cross-validation``; and ``corpus_fit``, the
+    leave-one-source-out MAPEs unless ``--no-cross-validation``; ``corpus_fit``, the
     Hopper GEMM time scale fitted on the corpus (:func:`sim.loso.fit_generation`; what
-    ``sim/profiles/hopper.toml`` ships), None without the fits."""
+    ``sim/profiles/hopper.toml`` ships), None without the fits; and ``oom_band``, the OOM
+    verdict's resolution (:func:`_oom_band`)."""
     from sim.corpus import predict_corpus, source_report
     from sim.loso import fit_data, fit_generation, leave_one_source_out
     from sim.validate import sweep_source_report
@@ -208,7 +229,36 @@ def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: li
         entry = source_report(source, mine, fold["loso_mape"] if fold else None)
         entry["loso_scales"] = fold["scales"] if fold else None
         entries.append(entry)
-    return entries, corpus_fit
+    return entries, corpus_fit, _oom_band(entries, preds, cpreds)
+
+
+def _oom_band(entries: list[dict], preds: list, cpreds: list) -> dict:
+    """The OOM verdict's resolution (:mod:`sim.oomband`, ``sim/data/oom_band.toml``): its
+    half-width, measured on this run's corpus where the rule names a measure; each entry of
+    ``entries`` gains the band's figures (:func:`sim.oomband.figures`), and each corpus row
+    its ``memory_margin`` and ``oom_verdict``. The hard verdicts and counts stay as they are."""
+    from sim import oomband
+    from sim.validate import contradicted_ran
+
+    ran = [p for p in cpreds if p.skipped is None]
+    band, measured_on = oomband.half_width(
+        oomband.RULE, [(p.peak_memory_gib, p.row.peak_memory_gib) for p in ran
+                       if p.row.peak_memory_gib is not None])
+    twins = contradicted_ran([p.row for p in preds])
+    entries[0].update(oomband.figures(
+        [oomband.Run(p.row.status == "ok", bool(p.oom), p.peak_memory_gib, p.capacity_gib,
+                     p.row.index not in twins) for p in preds], band))
+    for entry in entries[1:]:
+        mine = [p for p in ran if p.row.source == entry["name"]]
+        entry.update(oomband.figures(
+            [oomband.Run(p.row.status == "ok", bool(p.oom), p.peak_memory_gib, p.capacity_gib)
+             for p in mine], band))
+        for row, p in zip(entry["rows"], mine, strict=True):
+            row["memory_margin"] = (None if p.capacity_gib is None
+                                    else oomband.margin(p.peak_memory_gib, p.capacity_gib))
+            row["oom_verdict"] = oomband.verdict(p.peak_memory_gib, p.capacity_gib, band)
+    return {"measure": oomband.RULE.measure, "half_width": band,
+            "published_peaks": measured_on, "source": oomband.RULE.source}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
