@@ -1045,6 +1045,47 @@ def test_nemo_launcher_buckets_are_apex_ones_on_every_chunk(dp: int) -> None:
     assert not apply_framework(_costs(), nemo, dp).grad_buckets_stage0_only
 
 
+@pytest.mark.parametrize("dp", [1, 8, 256])
+def test_nemo_launcher_2022_is_apex_distributed_adam_of_august_2022(dp: int) -> None:
+    """NeMo 1.11 (NeMo Megatron 22.08) with apex 6f7d8ac3's DistributedFusedAdam: fp32
+    gradient sync (grad_sync_dtype = dtype) and fp32 contiguous buffer, bf16 parameter
+    all-gather (NeMo's param_sync_dtype); apex's default bucket_cap_mb 100 over 4-byte
+    gradients (26,214,400), whatever the DP size, on every model chunk (NeMo's
+    configure_optimizers hands every parameter to init_params); and apex's sequence-parallel
+    backward, which reduce-scatters the input gradient beside the weight gradient."""
+    p = FRAMEWORKS["nemo-launcher-2022"]
+    assert (p.dp_wire_bytes, p.grad_reduce_bytes, p.grad_buffer_bytes) == (3.0, 4.0, 4.0)
+    assert grad_bucket_bytes(p, dp) == 100 * 1024 * 1024
+    assert p.grad_bucket_params == 100 * 1024 * 1024 / 4
+    assert not p.grad_buckets_stage0_only
+    assert p.sp_async_grad_reduce_scatter and p.sp_regather_input and p.tp_async_grad_all_reduce
+    assert not FRAMEWORKS["megatron"].sp_async_grad_reduce_scatter
+    for field in ("dp_wire_bytes", "grad_buffer_bytes", "grad_bucket_params",
+                  "sp_async_grad_reduce_scatter"):
+        assert "6f7d8ac3" in p.source(field)
+    assert "v1.11.0" in p.source("grad_buckets_stage0_only")
+    c = apply_framework(_costs(), p, dp)
+    assert c.sp_async_grad_reduce_scatter and not c.grad_buckets_stage0_only
+    assert c.grad_buffer_bytes == 4.0 and c.dp_wire_bytes == 3.0
+
+
+def test_nemo_launcher_2022_rows_run_the_22_08_code() -> None:
+    """The NeMo-Megatron-Launcher 2022 source's rows name training.framework
+    nemo-launcher-2022: their configs' optim distributed_fused_adam (since 0a68a839) exists
+    from NeMo 1.11 (the 22.08 release) on, not in the 22.06 containers' NeMo 1.10; their
+    experiments carry the profile's buckets and sequence-parallel backward."""
+    from sim.corpus import CORPUS_DIR, load_source
+
+    source = load_source(CORPUS_DIR / "nemo_megatron_launcher2022.csv")
+    assert len(source.rows) == 11
+    assert {r.experiment()["training"]["framework"] for r in source.rows} == {
+        "nemo-launcher-2022"}
+    row = next(r for r in source.rows if r.run == "gpt3-175b-64gpu")
+    costs = Experiment.from_dict(row.experiment()).costs
+    assert costs.sequence_parallel and costs.sp_async_grad_reduce_scatter
+    assert not costs.grad_buckets_stage0_only
+
+
 def test_megatron_profiles_bucket_only_stage_0() -> None:
     """Megatron-core's DDP buckets only pipeline rank 0's first model chunk
     (distributed_data_parallel.py, ``DistributedDataParallel.__init__``); the profiles that run
@@ -1207,7 +1248,7 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
     assert {n: FRAMEWORKS[n].swiglu_stash_bytes for n in FRAMEWORKS} == {
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
         "fsdp-compile": 4.0, "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
-        "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0}
+        "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0, "nemo-launcher-2022": 6.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))

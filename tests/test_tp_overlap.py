@@ -235,7 +235,8 @@ def test_search_refuses_it() -> None:
 
 
 def test_async_input_gradient_reduce_scatter_beside_the_wgrad_gemm_when_turned_on() -> None:
-    """``sp_async_grad_reduce_scatter`` (off in every shipped profile: docs/contention.md):
+    """``sp_async_grad_reduce_scatter`` (off in every shipped profile but nemo-launcher-2022,
+    docs/contention.md):
     without userbuffers the QKV / FC1 input gradient's reduce-scatter runs beside the
     weight-gradient GEMM, slowing it by NCCL's share (sim.contention): it adds
     max(c, g + s·min(c, g)) - g, more than zero."""

@@ -415,7 +415,8 @@ def _load() -> dict[str, FrameworkProfile]:
 
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, fsdp-compile, scaling,
-llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher."""
+llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher,
+nemo-launcher-2022."""
 
 DEFAULT_FRAMEWORK = "megatron"
 

@@ -132,8 +132,9 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     and Transformer Engine's ``LayerNormLinear`` backward: ``reduce_scatter(..., async_op=
     True)`` after the dgrad GEMM, waited on after the wgrad GEMM), and adds only what it runs
     beyond it, slowed by NCCL's kernels (:func:`sim.tpoverlap.async_reduce_exposed_s`).
-    False (the default and every shipped profile's: measured against the corpus and not
-    shipped, docs/contention.md): it blocks (:mod:`workloads.frameworks`)."""
+    False (the default and every shipped profile's but ``nemo-launcher-2022``, apex's 2022
+    backward; measured against the corpus and not shipped for the others,
+    docs/contention.md): it blocks (:mod:`workloads.frameworks`)."""
     tp_async_grad_all_reduce: bool = False
     """With tensor parallelism and without sequence parallelism, the backward all-reduces
     the QKV and first MLP GEMMs' input gradient beside their weight-gradient GEMM
