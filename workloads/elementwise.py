@@ -58,6 +58,10 @@ norm kernel without the amax, so it writes the bf16 output with its amax
 beyond the norm's own bytes."""
 FP8_TRANSPOSE_BYTES = 2.0
 """An fp8 transpose (TransformerEngine's ``fp8_transpose``): read 1 byte, write 1, per element."""
+FP8_WEIGHT_CASTS = ("step", "microbatch", "none")
+"""How often a framework casts each FP8 linear's bf16 weight to fp8 with its transpose
+(:attr:`workloads.transformer.TransformerCosts.fp8_weight_casts`): once a step (Transformer
+Engine's ``is_first_microbatch`` cache), in every forward, or not counted."""
 BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 CP_RING_COPY_BYTES = 4.0
@@ -165,6 +169,31 @@ class ElementwiseWork:
         current scaling's amax pass (:data:`FP8_AMAX_BYTES`) under
         :attr:`fp8_current_scaling`."""
         return self.fp8_cast_bytes + (FP8_AMAX_BYTES if self.fp8_current_scaling else 0.0)
+
+    @per_instance
+    def fp8_weight_elements(self) -> tuple[float, float]:
+        """Weight elements of one transformer block on one GPU that its FP8 linears cast,
+        (attention block, MLP block): the attention projections over the TP degree; the MLP
+        over it, a MoE layer's routed experts as the GPU holds them (E/ep experts over the
+        expert TP degree, as :meth:`stage_expert_params` counts them). The linears' biases,
+        a MoE router and MLA's latent norms (O(h) or h·E elements, not cast) are counted
+        with them; the two block norms are not."""
+        m, t = self.model, self.tp
+        experts = m.layer_expert_params()
+        return (m.attention_params() / t,
+                (m.mlp_params() - experts) / t + experts / self._etp / self.ep)
+
+    def fp8_weight_cast_bytes(self, per: str) -> tuple[float, float]:
+        """HBM bytes of one layer's FP8 weight casts on one GPU, (attention block, MLP
+        block), each cast and transposed at :attr:`_fp8_cast_element_bytes` an element
+        (Transformer Engine's ``fp8_cast_transpose_fused``: read 2, write 1 + 1), when
+        :attr:`fp8_weight_casts` is ``per`` (``step`` or ``microbatch``); (0, 0) otherwise,
+        without ``precision: fp8`` or without cast kernels (:attr:`fp8_cast_bytes` 0)."""
+        if self.precision != "fp8" or not self.fp8_cast_bytes or self.fp8_weight_casts != per:
+            return 0.0, 0.0
+        c = self._fp8_cast_element_bytes
+        attn, mlp = self.fp8_weight_elements()
+        return c * attn, c * mlp
 
     def _moe_fp8_casts(self) -> tuple[float, float]:
         """HBM bytes of the FP8 casts of one MoE layer's MLP block on one GPU, (forward,
