@@ -402,7 +402,7 @@ class TrainingConfig(Strict):
     ignore it."""
     framework: Literal["megatron", "deepspeed", "fsdp", "fsdp-compile", "scaling", "llm-foundry",
                        "megatron-bridge", "llama3", "bigscience",
-                       "megatron-core-r0.8", "nemo-launcher"] = "megatron"
+                       "megatron-core-r0.8", "nemo-launcher", "nemo1-te-layer"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -422,7 +422,9 @@ class TrainingConfig(Strict):
     megatron-core-r0.8: Megatron-core r0.8.0 on Transformer Engine 1.x (Megatron-LM's
     behaviour, TP-overlap GEMMs on every SM: no userbuffers SM margin); nemo-launcher: NeMo 1
     as NeMo-Framework-Launcher's H100 performance examples run it (Megatron-LM's behaviour,
-    gradients synchronised as bf16: ``grad_sync_dtype=bf16``)."""
+    gradients synchronised as bf16: ``grad_sync_dtype=bf16``); nemo1-te-layer: NeMo 1's own
+    GPT model on Transformer Engine's TransformerLayer, as the MLPerf Training v3.0/v3.1 GPT-3
+    submissions ran it (nemo-launcher's, with TE's LayerNormMLP: the GeLU writes fp8)."""
     allocator: Literal["caching", "expandable-segments"] | None = None
     """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
     memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's

@@ -12,6 +12,7 @@ import pytest
 
 from sim.api import simulate
 from sim.calibration import default_profile
+from sim.corpus import CORPUS_DIR, load_source
 from sim.experiment import Experiment
 from workloads.costs import split_layers
 from workloads.elementwise import FP8_AMAX_BYTES
@@ -140,3 +141,59 @@ def test_a_step_is_longer_by_the_casts_at_the_hbm_rate() -> None:
     gpu = exp.cluster.gpu
     assert t1 - t0 == pytest.approx(cast / (gpu.hbm_bandwidth_Bps
                                             * profile.elementwise_efficiency), rel=1e-6)
+
+
+# ------------------------------------------------ Transformer Engine's LayerNormMLP (fused GeLU)
+def _mlp_bytes(c: TransformerCosts) -> tuple[float, float]:
+    """The MLP block's memory-bound bytes of one layer, (forward, backward)."""
+    fwd = c._elementwise_forward()[1]
+    return fwd, c._backward_elementwise(*c._elementwise_forward())[1]
+
+
+def test_a_layernorm_mlp_gelu_writes_fp8_and_its_backward_is_one_fused_kernel() -> None:
+    """Per ffn element of a token on one TP rank: forward GeLU 4 + the second GEMM's input
+    cast 4 = 8 bytes become 3 (read bf16, write fp8); backward GeLU 2·4 + the gradient's
+    cast 4 = 12 become the fp8 activation's transpose 2 + the fused dgelu cast 6 = 8. The
+    attention block and every other MLP term are unchanged."""
+    te, mcore = (_gpt3("none", fp8_act_cast_fused=True, sequence_parallel=True),
+                 _gpt3("none", sequence_parallel=True))
+    f = te._tokens * te.model.ffn_hidden_size / te.tp
+    (tf, tb), (mf, mb) = _mlp_bytes(te), _mlp_bytes(mcore)
+    assert mf - tf == pytest.approx(5 * f, rel=1e-12)
+    assert mb - tb == pytest.approx(4 * f, rel=1e-12)
+    assert te._elementwise_forward()[0] == mcore._elementwise_forward()[0]
+    assert (te._backward_elementwise(*te._elementwise_forward())[0]
+            == mcore._backward_elementwise(*mcore._elementwise_forward())[0])
+
+
+@pytest.mark.parametrize("change", [{"precision": "bf16"}, {"fp8_norm_cast_fused": False},
+                                    {"fp8_cast_bytes": 0.0}])
+def test_the_fused_gelu_needs_te_fp8_casts(change: dict) -> None:
+    on = _gpt3("none", fp8_act_cast_fused=True, **change)
+    off = _gpt3("none", **change)
+    assert not on._fp8_act_fused
+    assert _mlp_bytes(on) == _mlp_bytes(off)
+
+
+def test_a_gated_or_moe_mlp_is_not_a_layernorm_mlp_gelu() -> None:
+    model = replace(PRESETS["llama3-8b"], num_layers=8)
+    c = TransformerCosts(model, 1, 1, 2, split_layers(8, 2), precision="fp8",
+                         fp8_act_cast_fused=True)
+    assert not c._fp8_act_fused
+    assert _mlp_bytes(c) == _mlp_bytes(replace(c, fp8_act_cast_fused=False))
+
+
+def test_the_mlperf_gpt3_rows_run_nemo1_on_te_transformer_layers() -> None:
+    """The v3.0 and v3.1 submissions' NeMo has no Megatron-core model: NeMo 1's own GPT
+    model on TE's TransformerLayer (profile nemo1-te-layer, nemo-launcher's otherwise)."""
+    p, base = FRAMEWORKS["nemo1-te-layer"], FRAMEWORKS["nemo-launcher"]
+    assert p.fp8_act_cast_fused and not base.fp8_act_cast_fused
+    differ = [f for f in p.__dataclass_fields__
+              if f not in ("name", "summary", "sources", "under_fp16")
+              and getattr(p, f) != getattr(base, f)]
+    assert differ == ["fp8_act_cast_fused"]
+    assert "09ba842" in p.source("fp8_act_cast_fused")
+    for name in ("mlperf_training_v30_gpt3.csv", "mlperf_training_v31_gpt3.csv"):
+        rows = load_source(CORPUS_DIR / name).rows
+        assert rows and all(r.experiment()["training"]["framework"] == "nemo1-te-layer"
+                            for r in rows)

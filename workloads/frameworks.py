@@ -211,6 +211,10 @@ class FrameworkProfile:
     copies (the latter for the weight gradient), the backward casting each GEMM's output
     gradient only (``TransformerCosts.fp8_casts_compiled``); a table may leave it out
     (False)."""
+    fp8_act_cast_fused: bool
+    """With ``precision: fp8``: the dense GeLU MLP is Transformer Engine's ``LayerNormMLP``,
+    its activation writing fp8 and its backward one fused kernel
+    (``TransformerCosts.fp8_act_cast_fused``); a table may leave it out (False)."""
     fp8_weight_casts: str
     """With ``precision: fp8``: how often the FP8 linears' bf16 weights are cast to fp8 with
     their transposes (:data:`workloads.elementwise.FP8_WEIGHT_CASTS`): ``step``, once a step
@@ -257,7 +261,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
            "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
-           "tp_async_grad_all_reduce", "fp8_weight_casts")
+           "tp_async_grad_all_reduce", "fp8_weight_casts", "fp8_act_cast_fused")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -277,7 +281,7 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
              "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce",
-             "fp8_weight_casts")
+             "fp8_weight_casts", "fp8_act_cast_fused")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -288,7 +292,7 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
                    "residual_norm_fused": False, "torch_compile": False,
                    "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False,
-                   "tp_async_grad_all_reduce": False}
+                   "tp_async_grad_all_reduce": False, "fp8_act_cast_fused": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -427,7 +431,8 @@ def _load() -> dict[str, FrameworkProfile]:
 
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, fsdp-compile, scaling,
-llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher."""
+llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher,
+nemo1-te-layer."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -478,6 +483,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    sp_regather_input=profile.sp_regather_input,
                    fp8_casts_compiled=profile.fp8_casts_compiled,
                    fp8_weight_casts=profile.fp8_weight_casts,
+                   fp8_act_cast_fused=profile.fp8_act_cast_fused,
                    swiglu_saves_product=profile.swiglu_saves_product,
                    residual_norm_fused=profile.residual_norm_fused,
                    sp_async_grad_reduce_scatter=profile.sp_async_grad_reduce_scatter,
