@@ -403,7 +403,7 @@ class TrainingConfig(Strict):
     framework: Literal["megatron", "deepspeed", "fsdp", "fsdp-compile", "scaling", "llm-foundry",
                        "megatron-bridge", "llama3", "bigscience",
                        "megatron-core-r0.8", "nemo-launcher",
-                       "nemo-launcher-2022"] = "megatron"
+                       "nemo-launcher-2022", "nemo1-te-layer"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -426,7 +426,9 @@ class TrainingConfig(Strict):
     gradients synchronised as bf16: ``grad_sync_dtype=bf16``); nemo-launcher-2022: NeMo 1.11
     with apex's DistributedFusedAdam of August 2022, as the NeMo Megatron 22.08 launcher's
     GPT-3 configs run it (fp32 gradient sync in apex's 100 MiB buckets on every model chunk,
-    the sequence-parallel reduce-scatter beside the weight gradient)."""
+    the sequence-parallel reduce-scatter beside the weight gradient); nemo1-te-layer: NeMo 1's own
+    GPT model on Transformer Engine's TransformerLayer, as the MLPerf Training v3.0/v3.1 GPT-3
+    submissions ran it (nemo-launcher's, with TE's LayerNormMLP: the GeLU writes fp8)."""
     allocator: Literal["caching", "expandable-segments"] | None = None
     """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
     memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's

@@ -1248,7 +1248,8 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
     assert {n: FRAMEWORKS[n].swiglu_stash_bytes for n in FRAMEWORKS} == {
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
         "fsdp-compile": 4.0, "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
-        "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0, "nemo-launcher-2022": 6.0}
+        "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0, "nemo-launcher-2022": 6.0,
+        "nemo1-te-layer": 6.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))

@@ -58,6 +58,18 @@ norm kernel without the amax, so it writes the bf16 output with its amax
 beyond the norm's own bytes."""
 FP8_TRANSPOSE_BYTES = 2.0
 """An fp8 transpose (TransformerEngine's ``fp8_transpose``): read 1 byte, write 1, per element."""
+FP8_GELU_CAST_BYTES = 3.0
+"""GeLU writing its output in fp8 for the next GEMM (Transformer Engine's ``LayerNormMLP``
+forward, ``fp8_gelu`` in v0.8's module.py, ``tex.gelu`` with the fp8 scaling meta at 09ba842):
+read the first GEMM's bf16 output (2), write fp8 (1), per ffn element."""
+FP8_DGELU_CAST_BYTES = 6.0
+"""Its backward, ``fp8_cast_transpose_bgrad_dgelu_fused``: read the output gradient of the
+activation and the saved bf16 input (2 + 2), write the fp8 input gradient and its transpose
+(1 + 1), the bias gradient reduced in the same pass, per ffn element."""
+FP8_WEIGHT_CASTS = ("step", "microbatch", "none")
+"""How often a framework casts each FP8 linear's bf16 weight to fp8 with its transpose
+(:attr:`workloads.transformer.TransformerCosts.fp8_weight_casts`): once a step (Transformer
+Engine's ``is_first_microbatch`` cache), in every forward, or not counted."""
 BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 CP_RING_COPY_BYTES = 4.0
@@ -97,7 +109,8 @@ class ElementwiseWork:
             (SOFTMAX_PASSES[self.attention] + (ALIBI_PASSES if m.position_embedding == "alibi"
                                                else 0.0)) * BF16 * self._scores_elements()
             + self._attention_dropout_bytes())
-        act_bytes = self.swiglu_bytes if m.gated_mlp else GELU_BYTES
+        act_bytes = (FP8_GELU_CAST_BYTES if self._fp8_act_fused
+                     else self.swiglu_bytes if m.gated_mlp else GELU_BYTES)
         if m.moe is not None:  # activation on the routed rows (and every token's shared
             # experts), plus permute and unpermute; the rows' f_e/e wide activations are
             # routed_rows·f_e/t whatever the expert TP degree e
@@ -151,13 +164,30 @@ class ElementwiseWork:
             mid = m.ffn_hidden_size * (m.mlp_matrices - 1) / t
             normed = (FP8_NORM_QUANTIZE_BYTES * n * h / self._sp_div
                       if self.fp8_current_scaling else 0.0)
-            fwd = (c * n * m.attn_out_dim / t + normed, c * n * m.ffn_hidden_size / t + normed)
+            f = n * m.ffn_hidden_size / t
+            fused = self._fp8_act_fused
+            fwd = (c * n * m.attn_out_dim / t + normed, (0.0 if fused else c * f) + normed)
+            act_grad = ((FP8_DGELU_CAST_BYTES + FP8_TRANSPOSE_BYTES) * f if fused
+                        else c * n * mid)
             bwd = (c * n * ((m.q_dim + 2 * m.kv_dim) / t + h) + FP8_TRANSPOSE_BYTES * n * h,
-                   c * n * (mid + h) + FP8_TRANSPOSE_BYTES * n * h)
+                   act_grad + c * n * h + FP8_TRANSPOSE_BYTES * n * h)
         if m.moe is None:
             return fwd, bwd
         moe_fwd, moe_bwd = self._moe_fp8_casts()
         return (fwd[0], moe_fwd), (bwd[0], moe_bwd)
+
+    @property
+    def _fp8_act_fused(self) -> bool:
+        """Whether the MLP's GeLU writes the second GEMM's fp8 input itself
+        (:attr:`fp8_act_cast_fused`, under ``precision: fp8`` with TE's fused norm casts, for
+        a dense GeLU MLP): forward :data:`FP8_GELU_CAST_BYTES` an ffn element and no cast of
+        that input; backward the fp8 activation's transpose for the weight gradient
+        (:data:`FP8_TRANSPOSE_BYTES`) and one fused kernel for the activation's gradient, its
+        cast and transpose (:data:`FP8_DGELU_CAST_BYTES`), instead of the activation's
+        backward and the gradient's cast (:meth:`_fp8_cast_pair`)."""
+        m = self.model
+        return (self.fp8_act_cast_fused and self.precision == "fp8" and self.fp8_norm_cast_fused
+                and bool(self.fp8_cast_bytes) and m.moe is None and not m.gated_mlp)
 
     @property
     def _fp8_cast_element_bytes(self) -> float:
@@ -165,6 +195,31 @@ class ElementwiseWork:
         current scaling's amax pass (:data:`FP8_AMAX_BYTES`) under
         :attr:`fp8_current_scaling`."""
         return self.fp8_cast_bytes + (FP8_AMAX_BYTES if self.fp8_current_scaling else 0.0)
+
+    @per_instance
+    def fp8_weight_elements(self) -> tuple[float, float]:
+        """Weight elements of one transformer block on one GPU that its FP8 linears cast,
+        (attention block, MLP block): the attention projections over the TP degree; the MLP
+        over it, a MoE layer's routed experts as the GPU holds them (E/ep experts over the
+        expert TP degree, as :meth:`stage_expert_params` counts them). The linears' biases,
+        a MoE router and MLA's latent norms (O(h) or h·E elements, not cast) are counted
+        with them; the two block norms are not."""
+        m, t = self.model, self.tp
+        experts = m.layer_expert_params()
+        return (m.attention_params() / t,
+                (m.mlp_params() - experts) / t + experts / self._etp / self.ep)
+
+    def fp8_weight_cast_bytes(self, per: str) -> tuple[float, float]:
+        """HBM bytes of one layer's FP8 weight casts on one GPU, (attention block, MLP
+        block), each cast and transposed at :attr:`_fp8_cast_element_bytes` an element
+        (Transformer Engine's ``fp8_cast_transpose_fused``: read 2, write 1 + 1), when
+        :attr:`fp8_weight_casts` is ``per`` (``step`` or ``microbatch``); (0, 0) otherwise,
+        without ``precision: fp8`` or without cast kernels (:attr:`fp8_cast_bytes` 0)."""
+        if self.precision != "fp8" or not self.fp8_cast_bytes or self.fp8_weight_casts != per:
+            return 0.0, 0.0
+        c = self._fp8_cast_element_bytes
+        attn, mlp = self.fp8_weight_elements()
+        return c * attn, c * mlp
 
     def _moe_fp8_casts(self) -> tuple[float, float]:
         """HBM bytes of the FP8 casts of one MoE layer's MLP block on one GPU, (forward,
@@ -270,5 +325,8 @@ class ElementwiseWork:
         if not (self.fp8_norm_cast_fused or self.fp8_casts_compiled):
             return ew_attn + grad_attn, BACKWARD_ELEMENTWISE * ew_mlp + grad_mlp
         (cast_attn, cast_mlp), (back_attn, back_mlp) = self._fp8_cast_pair()
+        # a fused fp8 GeLU's backward is its own kernels (in back_mlp), not twice its forward
+        act = (FP8_GELU_CAST_BYTES * self._tokens * self.model.ffn_hidden_size / self.tp
+               if self._fp8_act_fused else 0.0)
         return (ew_attn - BACKWARD_ELEMENTWISE * cast_attn + back_attn + grad_attn,
-                BACKWARD_ELEMENTWISE * (ew_mlp - cast_mlp) + back_mlp + grad_mlp)
+                BACKWARD_ELEMENTWISE * (ew_mlp - cast_mlp - act) + back_mlp + grad_mlp)

@@ -28,6 +28,7 @@ from typing import Any
 
 from base.errors import ConfigError
 from workloads.costs import split_layers
+from workloads.elementwise import FP8_WEIGHT_CASTS
 
 STAGE_SPLITS = ("even", "uniform-items", "ends-as-layers")
 TP_OVERLAPS = ("userbuffers", "symmetric-memory", "none")
@@ -210,6 +211,16 @@ class FrameworkProfile:
     copies (the latter for the weight gradient), the backward casting each GEMM's output
     gradient only (``TransformerCosts.fp8_casts_compiled``); a table may leave it out
     (False)."""
+    fp8_act_cast_fused: bool
+    """With ``precision: fp8``: the dense GeLU MLP is Transformer Engine's ``LayerNormMLP``,
+    its activation writing fp8 and its backward one fused kernel
+    (``TransformerCosts.fp8_act_cast_fused``); a table may leave it out (False)."""
+    fp8_weight_casts: str
+    """With ``precision: fp8``: how often the FP8 linears' bf16 weights are cast to fp8 with
+    their transposes (:data:`workloads.elementwise.FP8_WEIGHT_CASTS`): ``step``, once a step
+    at each model chunk's first micro-batch (Transformer Engine's ``is_first_microbatch``);
+    ``microbatch``, in every forward; ``none``, not counted
+    (``TransformerCosts.fp8_weight_casts``); a table may leave it out (none)."""
     swiglu_saves_product: bool
     """The down projection keeps its input, silu(gate)·up, for its weight gradient (in fp8
     under ``precision: fp8``), as :attr:`swiglu_stash_bytes` counts it; False: the compiled
@@ -250,7 +261,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
            "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
-           "tp_async_grad_all_reduce")
+           "tp_async_grad_all_reduce", "fp8_weight_casts", "fp8_act_cast_fused")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -269,7 +280,8 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
-             "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce")
+             "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce",
+             "fp8_weight_casts", "fp8_act_cast_fused")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -280,7 +292,7 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
                    "residual_norm_fused": False, "torch_compile": False,
                    "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False,
-                   "tp_async_grad_all_reduce": False}
+                   "tp_async_grad_all_reduce": False, "fp8_act_cast_fused": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -296,6 +308,7 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
     values["tp_overlap"] = table.get("tp_overlap", "userbuffers")
+    values["fp8_weight_casts"] = table.get("fp8_weight_casts", "none")
     for flag, default in _OPTIONAL_FLAGS.items():
         values[flag] = table.get(flag, default)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
@@ -310,6 +323,9 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if values["tp_overlap"] not in TP_OVERLAPS:
         raise ValueError(f"frameworks.toml [{name}]: tp_overlap={values['tp_overlap']!r} (one "
                          f"of {', '.join(TP_OVERLAPS)})")
+    if values["fp8_weight_casts"] not in FP8_WEIGHT_CASTS:
+        raise ValueError(f"frameworks.toml [{name}]: fp8_weight_casts="
+                         f"{values['fp8_weight_casts']!r} (one of {', '.join(FP8_WEIGHT_CASTS)})")
     if values["allocator"] not in ALLOCATORS:
         raise ValueError(f"frameworks.toml [{name}]: allocator={values['allocator']!r} (one of "
                          f"{', '.join(ALLOCATORS)})")
@@ -416,7 +432,7 @@ def _load() -> dict[str, FrameworkProfile]:
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, fsdp-compile, scaling,
 llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher,
-nemo-launcher-2022."""
+nemo-launcher-2022, nemo1-te-layer."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
@@ -466,6 +482,8 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    cp_ring_merge=profile.cp_ring_merge,
                    sp_regather_input=profile.sp_regather_input,
                    fp8_casts_compiled=profile.fp8_casts_compiled,
+                   fp8_weight_casts=profile.fp8_weight_casts,
+                   fp8_act_cast_fused=profile.fp8_act_cast_fused,
                    swiglu_saves_product=profile.swiglu_saves_product,
                    residual_norm_fused=profile.residual_norm_fused,
                    sp_async_grad_reduce_scatter=profile.sp_async_grad_reduce_scatter,

@@ -203,8 +203,13 @@ class LayerWork:
                                duration_s=dict(self.tp_comm_exposed_s).get(f"{block} all-reduce"))]
 
     def _layer_forward(self, name: str) -> list[Segment]:
+        """Forward of one layer (also a recomputed one): its blocks' GEMMs, memory-bound
+        kernels (with FP8 weights cast in every forward, :attr:`fp8_weight_casts`
+        ``microbatch``, their casts too) and TP collectives."""
         attn, mlp = self._gemms()
         ew_attn, ew_mlp = self._elementwise_forward()
+        cast_attn, cast_mlp = self.fp8_weight_cast_bytes("microbatch")
+        ew_attn, ew_mlp = ew_attn + cast_attn, ew_mlp + cast_mlp
         mlp_seg: ComputeSeg | list[Segment] = replace(mlp, label=f"{name} mlp",
                                                       elementwise_bytes=ew_mlp)
         if self.model.moe is not None:

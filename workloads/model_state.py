@@ -274,6 +274,10 @@ class ModelState:
         """AdamW update, memory-bound: per parameter it reads the gradient (2 B), the
         fp32 master weight, m and v (12 B), and writes master, m, v and the bf16 weight
         (14 B): 28 bytes (:attr:`optimizer_bytes`, a framework's own where its profile says).
+        With FP8 weights cast once a step (:attr:`fp8_weight_casts` ``step``), the casts of
+        the stages' transformer-block weights (:meth:`stage_fp8_weight_cast_bytes`) are
+        timed with it: they run at each model chunk's first forward of the step, once a
+        step on every GPU as the update does.
         """
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         n = sum(self.stage_params(s) for s in stages) - expert
@@ -281,4 +285,11 @@ class ModelState:
             n = n / self._shards + expert / self._expert_shards
         else:
             n += expert
-        return ComputeSeg("optimizer", elementwise_bytes=self.optimizer_bytes * n)
+        casts = sum(self.stage_fp8_weight_cast_bytes(s) for s in stages)
+        return ComputeSeg("optimizer", elementwise_bytes=self.optimizer_bytes * n + casts)
+
+    def stage_fp8_weight_cast_bytes(self, stage: int) -> float:
+        """HBM bytes one GPU's FP8 weight casts of a stage move once a step (every layer's
+        :meth:`fp8_weight_cast_bytes` ``step``, both blocks); 0 unless
+        :attr:`fp8_weight_casts` is ``step`` under ``precision: fp8``."""
+        return sum(k * sum(c.fp8_weight_cast_bytes("step")) for c, k in self._runs(stage))

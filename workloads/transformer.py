@@ -282,6 +282,22 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     every FP8 GEMM's input is cast once, backward every FP8 GEMM's output gradient (the
     inputs' column-major copies for the weight gradients were written forward). False: the
     eager casts, the backward twice the forward."""
+    fp8_act_cast_fused: bool = False
+    """With ``precision: fp8``, :attr:`fp8_norm_cast_fused` and a dense GeLU MLP: the MLP runs
+    as Transformer Engine's ``LayerNormMLP`` (NeMo 1's TE ``TransformerLayer``), whose GeLU
+    writes the second GEMM's input in fp8 and whose backward fuses the activation's gradient
+    with its cast and transpose (:mod:`workloads.elementwise`, ``FP8_GELU_CAST_BYTES``,
+    ``FP8_DGELU_CAST_BYTES``). False: Megatron-core's layer spec, two TE linears around
+    Megatron's own bf16 activation, the second linear casting its input."""
+    fp8_weight_casts: str = "step"
+    """With ``precision: fp8``: how often each FP8 linear's bf16 weight is cast to fp8 with
+    its transpose (:data:`FP8_WEIGHT_CASTS`; :attr:`_fp8_cast_element_bytes` an element of
+    the GPU's transformer-block weights, :meth:`fp8_weight_elements`). ``step``: once a
+    step, at the first micro-batch of each model chunk, kept for the later ones
+    (Transformer Engine's ``is_first_microbatch``, which Megatron-core and NeMo set; timed
+    with the step-end work, :meth:`optimizer_segment`); ``microbatch``: in every forward,
+    recomputed forwards included (a TE module called without ``is_first_microbatch``);
+    ``none``: not counted (:mod:`workloads.frameworks`)."""
     zero3_unsharded_under_pp: bool = False
     """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
     parameters once and keeps them unsharded (bf16) through the step, and accumulates the
