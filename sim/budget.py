@@ -89,11 +89,15 @@ def _op_instructions(exp: Any) -> float:
     instruction each at full fidelity, an upper bound when collapsed fuses some) plus its
     pipeline send."""
     sched, costs = exp.schedule, exp.costs
+    # the segments as counted: a transformer's with its layers unnamed (one layer's per cost
+    # model, not one per layer: the same segments but for their labels, which counting
+    # never reads; tests/test_search_op_work.py), else the cost model's own
+    segments = getattr(costs, "op_work", None) or costs.op_segments
     # ops per (stage, kind, sequence field), in order of first appearance; the counts are
     # integers, so their sum is the same float in any order
     total = 0.0
     for (stage, kind, seq), ops in sched.op_counts.items():
-        segs = costs.op_segments(Op(stage, kind, 0, seq), sched.split_backward, markers=True)
+        segs = segments(Op(stage, kind, 0, seq), sched.split_backward, markers=True)
         # ring attention: a block and a send per step; the op's send, and a receive or
         # optimizer share
         total += ops * (sum(2 * seg.steps if isinstance(seg, RingAttention) else 1

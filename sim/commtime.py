@@ -190,7 +190,9 @@ class CollectiveTimer:
             c.route_log = outer
         if outer is not None:
             outer.extend(log)
-        unique = all(map(c.route_is_unique, *zip(*log, strict=True)) if log else ())
+        # each route once (the log repeats them: a plan reads a route per step and channel)
+        seen = list(dict.fromkeys(log))
+        unique = all(map(c.route_is_unique, *zip(*seen, strict=True)) if seen else ())
         # group profiles computed here consulted only logged routes; those cached before
         # were computed by an earlier call, whose routes were checked then, but may have
         # gained plan costs here (sim.selection.plan_cost), from this call's routes

@@ -75,3 +75,34 @@ def test_one_step_is_packed_and_the_rest_named_tuples() -> None:
                                               "training.sync_every": 4}), 1)
     assert local.copies and local.representation("full") == "packed"
     assert local.charge("full") == one.charge("full") + two.charge("full")
+
+
+def _counted_by_op_segments(exp: object) -> float:
+    """:func:`sim.budget._op_instructions` on the cost model's named segments (its
+    reference: the fast path counts a transformer's unnamed ones, :meth:`op_work`)."""
+    from sim.budget import RingAttention  # as the budget reads them
+    from workloads.schedules import Op
+
+    sched, costs = exp.schedule, exp.costs  # type: ignore[attr-defined]
+    total = 0.0
+    for (stage, kind, seq), ops in sched.op_counts.items():
+        segs = costs.op_segments(Op(stage, kind, 0, seq), sched.split_backward, markers=True)
+        total += ops * (sum(2 * seg.steps if isinstance(seg, RingAttention) else 1
+                            for seg in segs) + 2)
+    return total
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "workloads" / "examples").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_the_instruction_count_is_that_of_the_named_segments(path: object) -> None:
+    """Every bundled example: the budget's count of the op instructions from unnamed layers
+    equals the count from the named segments, float for float."""
+    import yaml
+
+    from sim.experiment import Experiment
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))  # type: ignore[attr-defined]
+    if "model" not in data or "jobs" in data:  # a cluster file, a file of several jobs
+        pytest.skip("not a single experiment")
+    exp = Experiment.from_yaml(path)  # type: ignore[arg-type]
+    assert budget._op_instructions(exp) == _counted_by_op_segments(exp)

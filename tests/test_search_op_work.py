@@ -84,10 +84,11 @@ def test_op_work_is_op_segments_but_for_labels(costs: object) -> None:
     for stage in range(n):
         for kind in (FORWARD, BACKWARD, WEIGHT_GRAD):
             for split in (False, True):
-                op = Op(stage, kind, 0)
-                work = costs.op_work(op, split)
-                assert _work(work) == _work(costs.op_segments(op, split))
-                assert costs.op_work(op, split) is work  # kept
+                for markers in (False, True):  # with markers: what the budget counts
+                    op = Op(stage, kind, 0)
+                    work = costs.op_work(op, split, markers)
+                    assert _work(work) == _work(costs.op_segments(op, split, markers))
+                    assert costs.op_work(op, split, markers) is work  # kept
 
 
 @settings(max_examples=60, deadline=None, derandomize=True,

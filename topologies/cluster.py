@@ -372,6 +372,8 @@ class Cluster:
         self._pred = _SortedNeighbours(graph.predecessors)
         self._router = _Router(self._succ, self._pred)
         self._routes: dict[tuple[Endpoint, Endpoint], Route] = {}
+        self._hosts: dict[int, int] = {}
+        """:meth:`host_of` by rank, as asked (the graph's node attribute, read once)."""
         self._ambiguous: set[tuple[Endpoint, Endpoint]] = set()
         """Pairs whose route was one of several shortest paths (an ECMP choice)."""
         self.route_log: list[tuple[Endpoint, Endpoint]] | None = None
@@ -417,8 +419,12 @@ class Cluster:
     # ------------------------------------------------------------------ hosts
 
     def host_of(self, rank: int) -> int:
-        """Server index of GPU ``rank``."""
-        return self.graph.nodes[gpu_node(rank)]["host"]
+        """Server index of GPU ``rank`` (its node's ``host`` attribute; kept per rank, as
+        the routes are: collective selection asks it tens of thousands of times)."""
+        host = self._hosts.get(rank)
+        if host is None:
+            host = self._hosts[rank] = self.graph.nodes[gpu_node(rank)]["host"]
+        return host
 
     def nvswitch_of(self, rank: int) -> str | None:
         """The NVSwitch node GPU ``rank`` is attached to, or None."""

@@ -111,24 +111,27 @@ class StageOps:
             segs = memo[key] = self._op_segments(op, split_backward, markers)
         return segs
 
-    def op_work(self, op: Op, split_backward: bool) -> tuple[Segment, ...]:
-        """:meth:`op_segments` without markers and with its layers' segments unnamed (empty
-        labels): the same segments, field for field, but their labels, built from one
-        layer's segments per cost model instead of one per layer (what the search's bounds
-        read: the work and the collectives, not the names; a test checks the equality).
-        Kept on the instance like :meth:`op_segments`."""
+    def op_work(self, op: Op, split_backward: bool, markers: bool = False
+                ) -> tuple[Segment, ...]:
+        """:meth:`op_segments` with its layers' segments unnamed (empty labels): the same
+        segments, field for field, but their labels, built from one layer's segments per
+        cost model instead of one per layer (what the search's bounds read: the work and
+        the collectives, not the names; and, with ``markers``, what the budget counts,
+        :func:`sim.budget.estimate`; a test checks the equality). Kept on the instance like
+        :meth:`op_segments`."""
         memo = self.__dict__.setdefault("_memo_op_segments", {})
-        key = (op, split_backward, "work")
+        key = (op, split_backward, "work", markers)
         segs = memo.get(key)
         if segs is None:
-            segs = memo[key] = self._op_segments(op, split_backward, False, labels=False)
+            segs = memo[key] = self._op_segments(op, split_backward, markers, labels=False)
         return segs
 
     def _layer_segments(self, layer: int, backward: bool, deferred: bool, labels: bool
                         ) -> list[Segment] | tuple[Segment, ...]:
-        """Transformer block ``layer``'s segments in an op without markers: its forward (or
-        backward) and its ZeRO-3 copies; unnamed (``labels`` false) they are the same for
-        every layer of one cost model (:meth:`_layer`), so worked out once and kept on it."""
+        """Transformer block ``layer``'s segments in an op (with markers: between them): its
+        forward (or backward) and its ZeRO-3 copies; unnamed (``labels`` false) they are the
+        same for every layer of one cost model (:meth:`_layer`), so worked out once and kept
+        on it."""
         c = self._layer(layer)
         if labels:
             name = f"L{layer}"
@@ -165,7 +168,7 @@ class StageOps:
         if op.seq >= 0 and self.seq_chunks > 1:
             chunk = self.seq_chunk(op.seq)
             return (chunk.op_segments(op, split_backward, markers) if labels
-                    else chunk.op_work(op, split_backward))
+                    else chunk.op_work(op, split_backward, markers))
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
         gather = markers and (self.zero_stage == 3
@@ -187,8 +190,7 @@ class StageOps:
                     segs.append(ParamGather(f"L{layer} params",
                                             c._gather_bytes(op.stage, layer),
                                             c._layer_expert_grad_bytes()))
-                segs += c._layer_forward(f"L{layer}")
-                segs += c._zero3_copies(f"L{layer}", backward=False)
+                segs += self._layer_segments(layer, False, False, labels)
                 if gather:
                     segs += c._dp_overlap(f"L{layer}", backward=False)
             if last:
@@ -211,8 +213,7 @@ class StageOps:
                 if gather:
                     segs.append(ParamGather(f"L{layer} params", BF16 * c._layer_params_tp,
                                             c._layer_expert_grad_bytes()))
-                segs += c._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
-                segs += c._zero3_copies(f"L{layer}", backward=True)
+                segs += self._layer_segments(layer, True, split_backward, labels)
                 if ready and self._bucketed(op.stage):
                     segs += c._dp_overlap(f"L{layer}", backward=True)
                 if ready:

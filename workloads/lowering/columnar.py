@@ -178,18 +178,19 @@ def _laid_out(variant: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
         safe = np.where(there, x, 0)
         ext[:, c] = np.where(there, np.where(rank_at[safe] == rank_at, done[safe],
                                              arrived[safe]), -1)
-    op_of = np.repeat(np.arange(n), count)
     ids = np.arange(total, dtype=np.int64)
-    row = starts[variant[op_of]] + (ids - offset[op_of])
+    # an instruction's slot row: its template's first row plus its place in its op (id
+    # - the op's first id), the per-op terms repeated over the op's instructions (one
+    # gather of n ops, not two of every instruction)
+    row = np.repeat(starts[variant] - offset, count) + ids
     # compute timers read no id, name, dependency or micro-batch: one signature per slot row,
     # its representative the slot's first instance
     first_id = np.full(len(slot_cls), total, dtype=np.int64)
     np.minimum.at(first_id, row, ids)
-    sig_rows = tuple(j for j in range(len(slot_cls))
-                     if slot_cls[j] == COMPUTE and first_id[j] < total)
+    sig_rows = tuple(np.flatnonzero((slot_cls == COMPUTE) & (first_id < total)).tolist())
     sig_of_row = np.full(len(slot_cls), -1, dtype=np.int64)
     sig_of_row[list(sig_rows)] = np.arange(len(sig_rows))
-    return (offset, done, ext, row, kind[op_of], first_id, sig_rows, sig_of_row,
+    return (offset, done, ext, row, np.repeat(kind, count), first_id, sig_rows, sig_of_row,
             int(np.count_nonzero(slot_cls[row] == COLLECTIVE)))
 
 
@@ -382,14 +383,11 @@ def _structure_with(table: _SlotTable, row: np.ndarray, op_kind: np.ndarray,
         return out
 
     kind = laid(table.kind, remap[tail.kind])
-    compute = kind[:n] < 0
-    kind[:n][compute] = op_kind[compute]
+    np.copyto(kind[:n], op_kind, where=kind[:n] < 0)  # a compute slot: its op's kind
     width = max(3, tail.deps.shape[1])
     deps = np.full((n + m, width), -1, dtype=np.int64)
-    deps[offset, :3] = ext  # an op's first instruction: its producers
-    later = np.ones(n, dtype=bool)
-    later[offset] = False
-    deps[:n, 0][later] = np.flatnonzero(later) - 1  # the others: the one before
+    deps[:n, 0] = np.arange(-1, n - 1)  # each instruction waits for the one before ...
+    deps[offset, :3] = ext  # ... but an op's first, for its producers
     deps[n:, :tail.deps.shape[1]] = tail.deps
     return (names, laid(table.cls, tail.cls), laid(table.gpu, tail.gpu), kind,
             laid(table.dst, tail.dst), laid(table.comm, remap[tail.comm]), deps, remap)
