@@ -199,6 +199,12 @@ class FrameworkProfile:
     column-parallel GEMM's input gradient beside its weight-gradient GEMM
     (``TransformerCosts.tp_async_grad_all_reduce``); a table may leave it out (False: it
     blocks)."""
+    fp8_weight_casts: bool
+    """With ``precision: fp8``: each FP8 linear casts its weight itself at every forward (its
+    amax and a cast to fp8) and its backward transposes the fp8 weight for the
+    input-gradient GEMM, or, with ``training.fp8_param_gather``, receives the weight already
+    in fp8 from the parameter all-gather and only transposes it (torchao's Float8Linear:
+    ``TransformerCosts.fp8_weight_casts``); a table may leave it out (False: not counted)."""
     sp_regather_input: bool
     """Under sequence parallelism the backward of each column-parallel GEMM all-gathers its
     saved s/t input shard again for the weight gradient, beside the input-gradient GEMM
@@ -250,7 +256,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
            "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
-           "tp_async_grad_all_reduce")
+           "tp_async_grad_all_reduce", "fp8_weight_casts")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -269,7 +275,7 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
-             "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce")
+             "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce", "fp8_weight_casts")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -280,7 +286,7 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
                    "residual_norm_fused": False, "torch_compile": False,
                    "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False,
-                   "tp_async_grad_all_reduce": False}
+                   "tp_async_grad_all_reduce": False, "fp8_weight_casts": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -470,6 +476,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    sp_async_grad_reduce_scatter=profile.sp_async_grad_reduce_scatter,
                    tp_all_gather_fp8=profile.tp_all_gather_fp8,
                    tp_async_grad_all_reduce=profile.tp_async_grad_all_reduce,
+                   fp8_weight_casts=profile.fp8_weight_casts,
                    embedding_grad_bytes=profile.embedding_grad_bytes or 0.0,
                    bias_grad_bytes=profile.bias_grad_bytes or 0.0,
                    qkv_split_grad_bytes=profile.qkv_split_grad_bytes or 0.0,

@@ -209,7 +209,7 @@ class StageOps:
                     continue
                 c = self._layer(layer)
                 if gather:
-                    segs.append(ParamGather(f"L{layer} params", BF16 * c._layer_params_tp,
+                    segs.append(ParamGather(f"L{layer} params", c._layer_gather_bytes,
                                             c._layer_expert_grad_bytes()))
                 segs += c._layer_backward(f"L{layer}", weight_grad_deferred=split_backward)
                 segs += c._zero3_copies(f"L{layer}", backward=True)

@@ -281,6 +281,19 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     every FP8 GEMM's input is cast once, backward every FP8 GEMM's output gradient (the
     inputs' column-major copies for the weight gradients were written forward). False: the
     eager casts, the backward twice the forward."""
+    fp8_weight_casts: bool = False
+    """With ``precision: fp8`` (a dense model): the FP8 linears cast their own weights
+    (:meth:`_fp8_weight_cast_pair`), as torchao's ``Float8Linear`` does at every forward
+    (its weight's amax and a cast to fp8) with a transpose of the fp8 weight in the backward
+    for the input-gradient GEMM; with :attr:`fp8_param_gather` the forward's cast is the
+    all-gather's instead (not on the layer's stream) and only the backward's transpose
+    remains. False: not counted (Transformer Engine caches each fp8 weight over a step's
+    micro-batches; :mod:`workloads.frameworks`)."""
+    fp8_param_gather: bool = False
+    """With ``precision: fp8`` and ZeRO-3: the parameter all-gathers move the layers' linear
+    weights already cast to fp8, 1 byte a parameter, not bf16's 2 (the norms, embedding and
+    output head stay bf16), and the gathered copies and the framework's copy-out of them are
+    fp8 (torchtitan's ``--float8.enable_fsdp_float8_all_gather``: ``training.fp8_param_gather``)."""
     zero3_unsharded_under_pp: bool = False
     """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
     parameters once and keeps them unsharded (bf16) through the step, and accumulates the
