@@ -154,3 +154,13 @@ def test_torchtitans_float8_rows_gather_in_fp8_and_say_why() -> None:
         assert (row.get("fp8_param_gather") == "true") == fp8
         assert ("enable_fsdp_float8_all_gather" in row.get("assumed")) == fp8
         assert row.experiment()["training"].get("fp8_param_gather", False) == fp8
+
+
+def test_a_corpus_row_with_a_bad_fp8_param_gather_is_refused(tmp_path) -> None:
+    text = (CORPUS_DIR / "torchtitan_llama31.csv").read_text(encoding="utf-8")
+    head, first, *_ = text.splitlines()
+    assert first.endswith(",,,")  # the eager bf16 row leaves the optional columns empty
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"{head}\n{first}yes\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"row 2: fp8_param_gather='yes': expected true or false"):
+        load_source(bad)
