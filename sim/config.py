@@ -451,6 +451,14 @@ class TrainingConfig(Strict):
     ``DelayedScaling``); ``fp8-current``: the same with per-tensor current scaling (TE's
     ``Float8CurrentScaling``, Megatron-core ``--fp8-recipe tensorwise``, Megatron-Bridge's
     ``fp8_cs``), whose casts first read their input for its amax."""
+    fp8_param_gather: bool = False
+    """With ``precision: fp8`` (or ``fp8-current``) and ``parallel.zero_stage: 3``: the
+    parameter all-gathers move the layers' linear weights cast to fp8 (1 byte a parameter,
+    not bf16's 2; norms, embedding and output head stay bf16), and the layers use them as
+    gathered instead of casting their weights at every forward (torchtitan's
+    ``--float8.enable_fsdp_float8_all_gather`` with
+    ``--float8.precompute_float8_dynamic_scale_for_fsdp``, torchao's
+    ``WeightWithDynamicFloat8CastTensor``); a dense transformer only. Default: bf16 gathers."""
     recompute_num_layers: int | None = Field(None, ge=0)
     """Partial recomputation: ``recompute`` applies to the first this-many layers of each
     pipeline stage (model chunk), the rest stash everything (Megatron-LM's

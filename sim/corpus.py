@@ -41,13 +41,14 @@ COLUMNS = (
     "layers_per_stage")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
-OPTIONAL_COLUMNS = ("cuda_graph_scope", "grad_bucket_MB")
+OPTIONAL_COLUMNS = ("cuda_graph_scope", "grad_bucket_MB", "fp8_param_gather")
 """Columns a corpus CSV may add after :data:`COLUMNS`, in this order (a file whose runs all
 leave them empty need not have them): ``cuda_graph_scope``, the parts of each MoE layer the
 run captured in CUDA graphs, ``+``-separated (``training.cuda_graph_scope``);
 ``grad_bucket_MB``, the run's gradient bucket of ``overlap_grad_reduce`` in MB (1e6 B) where
 its own config sets one other than its framework profile's rule
-(``parallel.grad_bucket_MB``)."""
+(``parallel.grad_bucket_MB``); ``fp8_param_gather``, ``true`` where an FP8 run's parameter
+all-gathers move fp8 weights (``training.fp8_param_gather``)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
             "sequence_parallel", "zero_stage", "schedule", "micro_batch_size",
@@ -66,7 +67,8 @@ FLOATS = ("nic_Gbps", "published_value", "step_time_s", "peak_memory_gib", "grad
 LISTS = ("layers_per_stage",)
 """Columns of whole numbers separated by spaces (``1 2 2 1``: a list in the experiment)."""
 BOOLS = ("tied_embeddings", "parallel_blocks", "sequence_parallel", "fused_norm",
-         "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_a2a_overlap")
+         "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "moe_a2a_overlap",
+         "fp8_param_gather")
 """``true``/``false`` columns (empty: the preset's or the schema's default)."""
 
 STATUSES = ("ok", "oom")
@@ -76,7 +78,7 @@ NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks":
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
                 "tp_comm_overlap": "", "overlap_grad_reduce": "", "overlap_param_gather": "",
                 "moe_dispatcher": "", "moe_a2a_overlap": "", "expert_tp": "",
-                "layers_per_stage": ""}
+                "layers_per_stage": "", "fp8_param_gather": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""
@@ -275,7 +277,7 @@ def _check(path: Path, i: int, rec: dict) -> CorpusRow:
     for k in LISTS:
         if not all(x.isdigit() for x in rec[k].split()):
             raise ConfigError(f"{where}: {k}={rec[k]!r} is not whole numbers separated by spaces")
-    bad = [f"{k}={rec[k]!r}" for k in BOOLS if rec[k] not in ("", "true", "false")]
+    bad = [f"{k}={rec[k]!r}" for k in BOOLS if rec.get(k, "") not in ("", "true", "false")]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)}: expected true or false")
     if rec["status"] not in STATUSES:

@@ -626,6 +626,12 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                               "give it or training.recompute_num_layers="
                               f"{t.recompute_num_layers}, not both")
         modules = check_recompute_modules(t.recompute, t.recompute_modules, model)
+        if t.fp8_param_gather and (not t.precision.startswith("fp8") or par.zero_stage != 3
+                                   or model.moe is not None or model.mla is not None):
+            raise ConfigError("training.fp8_param_gather: gathers a dense model's sharded linear "
+                              "weights in fp8; needs training.precision fp8 or fp8-current "
+                              f"(got {t.precision!r}), parallel.zero_stage 3 (got "
+                              f"{par.zero_stage}) and a model without MoE or MLA layers")
         costs = TransformerCosts(model, t.micro_batch_size, tp, dp,
                                  _stage_layers(par, model, sched.num_stages, profile),
                                  par.sequence_parallel and tp > 1,  # a no-op without TP
@@ -641,6 +647,7 @@ def build_experiment(data: Any, base_dir: Path | None = None,
                                  precision="fp8" if t.precision.startswith("fp8")
                                  else t.precision,
                                  fp8_current_scaling=t.precision == "fp8-current",
+                                 fp8_param_gather=t.fp8_param_gather,
                                  fp8_speedup=fp8_speedup(cluster)
                                  if t.precision.startswith("fp8") else 1.0)
         if par.moe_dispatcher != "alltoall" and par.ep > 1:

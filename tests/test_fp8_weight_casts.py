@@ -105,7 +105,9 @@ def test_the_profiles_say_how_their_frameworks_cast() -> None:
     assert "bd0b818" in FRAMEWORKS["megatron"].source("fp8_weight_casts")
     assert FRAMEWORKS["llm-foundry"].fp8_weight_casts == "microbatch"
     assert "v0.10" in FRAMEWORKS["llm-foundry"].source("fp8_weight_casts")
-    for name in ("fsdp", "fsdp-compile", "deepspeed", "scaling"):
+    for name in ("fsdp", "fsdp-compile"):
+        assert FRAMEWORKS[name].fp8_weight_casts == "float8-linear"
+    for name in ("deepspeed", "scaling"):
         assert FRAMEWORKS[name].fp8_weight_casts == "none"
     costs = apply_framework(_gpt3("none"), FRAMEWORKS["nemo-launcher"], 8)
     assert costs.fp8_weight_casts == "step"

@@ -736,17 +736,19 @@ def test_a_bad_profile_value_is_an_error_naming_it(field: str, value: str) -> No
 
 def test_fp8_casts_are_memory_bound_work_of_fp8_runs_only() -> None:
     """torchao's dynamic scaling (fsdp): 5 bytes an element of each FP8 GEMM's input
-    forward (amax, then cast), twice that backward; nothing in bf16."""
+    forward (amax, then cast), twice that backward, and of each weight (cast forward, its
+    fp8 transpose, 2 bytes, backward: tests/test_float8_weights.py); nothing in bf16."""
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     bf16 = TransformerCosts(m, 1, 1, 1, (8,), precision="fp8", fp8_speedup=2.0)
     fsdp = apply_framework(bf16, FRAMEWORKS["fsdp"], 1)
     uncast = replace(fsdp, fp8_cast_bytes=0.0)
     n, h = 2048, m.hidden_size
-    want = 5 * n * (h + m.attn_out_dim) + 5 * n * (h + m.ffn_hidden_size)
+    weights = m.attention_params() + m.mlp_params()
+    want = 5 * n * (h + m.attn_out_dim) + 5 * n * (h + m.ffn_hidden_size) + 5 * weights
     assert sum(fsdp._elementwise_forward()) - sum(uncast._elementwise_forward()) == \
         pytest.approx(want)
     assert sum(fsdp._backward_elementwise(*fsdp._elementwise_forward())) == \
-        pytest.approx(2 * sum(fsdp._elementwise_forward()))
+        pytest.approx(2 * (sum(fsdp._elementwise_forward()) - 5 * weights) + 2 * weights)
     plain = replace(fsdp, precision="bf16", fp8_speedup=1.0)
     assert plain._elementwise_forward() == replace(uncast, precision="bf16",
                                                    fp8_speedup=1.0)._elementwise_forward()

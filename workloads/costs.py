@@ -77,8 +77,9 @@ class CommSeg:
 
 @dataclass(frozen=True, slots=True)
 class ParamGather:
-    """Marker (ZeRO-3/FSDP): the compute after it needs ``nbytes`` of parameters (bf16, this
-    TP rank's shard of one layer) all-gathered over the DP group first.
+    """Marker (ZeRO-3/FSDP): the compute after it needs ``nbytes`` of parameters (bf16, or
+    the linear weights in fp8 under ``fp8_param_gather``; this TP rank's shard of one layer)
+    all-gathered over the DP group first.
 
     The lowering issues the all-gather on the DP stream one layer ahead of use
     (prefetch), so it overlaps the previous layer's compute (Rajbhandari et al.

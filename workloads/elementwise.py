@@ -66,10 +66,13 @@ FP8_DGELU_CAST_BYTES = 6.0
 """Its backward, ``fp8_cast_transpose_bgrad_dgelu_fused``: read the output gradient of the
 activation and the saved bf16 input (2 + 2), write the fp8 input gradient and its transpose
 (1 + 1), the bias gradient reduced in the same pass, per ffn element."""
-FP8_WEIGHT_CASTS = ("step", "microbatch", "none")
-"""How often a framework casts each FP8 linear's bf16 weight to fp8 with its transpose
-(:attr:`workloads.transformer.TransformerCosts.fp8_weight_casts`): once a step (Transformer
-Engine's ``is_first_microbatch`` cache), in every forward, or not counted."""
+FP8_WEIGHT_CASTS = ("step", "microbatch", "float8-linear", "none")
+"""How a framework casts each FP8 linear's bf16 weight to fp8
+(:attr:`workloads.transformer.TransformerCosts.fp8_weight_casts`): with its transpose once a
+step (Transformer Engine's ``is_first_microbatch`` cache), with its transpose in every forward
+(a TE module called without it), as torchao's ``Float8Linear`` does (its amax and cast in every
+forward, an fp8 transpose backward, or only that transpose when FSDP gathered it in fp8:
+``_fp8_weight_cast_pair``), or not counted."""
 BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 CP_RING_COPY_BYTES = 4.0
@@ -123,8 +126,46 @@ class ElementwiseWork:
         copies = (self.attention_copy_bytes * n * (m.q_dim + 2 * m.kv_dim + m.attn_out_dim) / t
                   if self.attention_copy_bytes and self.attention != "flash-triton" else 0.0)
         cast_attn, cast_mlp = self._fp8_cast_pair()[0]
-        return (norm + residual + rope + softmax + copies + cast_attn,
-                norm - fused_read + residual + act + cast_mlp)
+        weight_attn, weight_mlp = self._fp8_weight_cast_pair()[0]
+        return (norm + residual + rope + softmax + copies + cast_attn + weight_attn,
+                norm - fused_read + residual + act + cast_mlp + weight_mlp)
+
+    @per_instance
+    def _fp8_weight_cast_pair(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """HBM bytes of the kernels that prepare one dense layer's fp8 weights on one TP rank,
+        ((attention block, MLP block) forward, (the same) backward), with
+        :attr:`fp8_weight_casts` ``float8-linear`` under ``precision: fp8`` (none otherwise, without
+        :attr:`fp8_cast_bytes`, or for a MoE or MLA layer), each its linear weights (the
+        block's parameters on the rank) times:
+
+        - the weights gathered in fp8 (:attr:`_fp8_gathered`): nothing forward (the
+          all-gather brought them cast, torchao float8_linear.py ``Float8Linear.forward``:
+          ``tensor_already_casted_to_fp8(weight)`` skips the amax and the cast) and, backward,
+          the input-gradient GEMM's column-major copy of the row-major fp8 weight,
+          :data:`FP8_TRANSPOSE_BYTES` (float8_ops.py ``preprocess_addmm``:
+          ``b_data.t().contiguous().t()``);
+        - compiled (:attr:`fp8_casts_compiled`): forward, the weight's amax, which no
+          producer in the block can absorb (:data:`FP8_AMAX_BYTES`), and the cast writing
+          the row- and column-major copies (:attr:`fp8_cast_bytes`); nothing backward, as
+          torchao's roofline counts it (roofline_utils.py ``get_float8_mem_sympy``:
+          ``fwd_fp8_weight_mem`` with ``fuse_with_prev=False``, ``gi_fp8_weight_mem = 0``);
+        - eager: forward the cast with its amax (:attr:`fp8_cast_bytes`), backward the
+          transpose (:data:`FP8_TRANSPOSE_BYTES`).
+
+        A recomputed forward casts again (it is the forward's bytes)."""
+        m = self.model
+        if (self.precision != "fp8" or self.fp8_weight_casts != "float8-linear"
+                or not self.fp8_cast_bytes
+                or m.moe is not None or m.mla is not None):
+            return (0.0, 0.0), (0.0, 0.0)
+        if self._fp8_gathered:
+            fwd, bwd = 0.0, FP8_TRANSPOSE_BYTES
+        elif self.fp8_casts_compiled:
+            fwd, bwd = self.fp8_cast_bytes + FP8_AMAX_BYTES, 0.0
+        else:
+            fwd, bwd = self.fp8_cast_bytes, FP8_TRANSPOSE_BYTES
+        attn, mlp = m.attention_params() / self.tp, m.mlp_params() / self.tp
+        return (fwd * attn, fwd * mlp), (bwd * attn, bwd * mlp)
 
     @per_instance
     def _fp8_cast_pair(self) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -317,9 +358,13 @@ class ElementwiseWork:
         :attr:`fp8_norm_cast_fused` or :attr:`fp8_casts_compiled` replaced by the backward's
         own (:meth:`_fp8_cast_pair`)
         and the attention dropout's by its own (:data:`ATTENTION_DROPOUT_BACKWARD_BYTES`),
-        plus the backward-only bytes of the linear layers (:meth:`_linear_grad_bytes`)."""
+        plus the backward-only bytes of the linear layers (:meth:`_linear_grad_bytes`) and
+        the fp8 weights' own (:meth:`_fp8_weight_cast_pair`, in place of the forward's)."""
         drop = self._attention_dropout_bytes()
         grad_attn, grad_mlp = self._linear_grad_bytes()
+        (weight_attn, weight_mlp), (back_w_attn, back_w_mlp) = self._fp8_weight_cast_pair()
+        ew_attn, ew_mlp = ew_attn - weight_attn, ew_mlp - weight_mlp
+        grad_attn, grad_mlp = grad_attn + back_w_attn, grad_mlp + back_w_mlp
         ew_attn = (BACKWARD_ELEMENTWISE * (ew_attn - drop)
                    + drop * ATTENTION_DROPOUT_BACKWARD_BYTES / ATTENTION_DROPOUT_BYTES)
         if not (self.fp8_norm_cast_fused or self.fp8_casts_compiled):

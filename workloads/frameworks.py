@@ -219,7 +219,10 @@ class FrameworkProfile:
     """With ``precision: fp8``: how often the FP8 linears' bf16 weights are cast to fp8 with
     their transposes (:data:`workloads.elementwise.FP8_WEIGHT_CASTS`): ``step``, once a step
     at each model chunk's first micro-batch (Transformer Engine's ``is_first_microbatch``);
-    ``microbatch``, in every forward; ``none``, not counted
+    ``microbatch``, in every forward; ``float8-linear``, as torchao's Float8Linear casts its
+    weight itself at every forward and transposes the fp8 weight for the backward's
+    input-gradient GEMM, or, with ``training.fp8_param_gather``, receives it already in fp8 from
+    the parameter all-gather and only transposes it; ``none``, not counted
     (``TransformerCosts.fp8_weight_casts``); a table may leave it out (none)."""
     swiglu_saves_product: bool
     """The down projection keeps its input, silu(gate)·up, for its weight gradient (in fp8

@@ -61,10 +61,30 @@ class ModelState:
         return BF16 * (m.norm_params + m.vocab_size * m.hidden_size) / self.tp
 
     def _gather_bytes(self, stage: int, layer: int) -> float:
-        """Forward gather before ``layer``: its parameters, with the input embedding (and
-        learned positions) before the first layer of stage 0."""
+        """Forward gather before ``layer``: its parameters (:attr:`_layer_gather_bytes`), with
+        the input embedding (and learned positions, bf16) before the first layer of stage 0."""
         extra = self.model.embedding_params() / self.tp if layer == 0 and stage == 0 else 0.0
-        return BF16 * (self._layer_params_tp + extra)
+        return self._layer_gather_bytes + BF16 * extra
+
+    @property
+    def _fp8_gathered(self) -> bool:
+        """Whether the parameter all-gathers move the layers' linear weights in fp8
+        (:attr:`fp8_param_gather` under ``precision: fp8`` and ZeRO-3 over several shards,
+        a dense model)."""
+        return (self.fp8_param_gather and self.precision == "fp8" and self.zero_stage == 3
+                and self._shards > 1 and self.model.moe is None and self.model.mla is None)
+
+    @property
+    def _layer_gather_bytes(self) -> float:
+        """Bytes of one layer's parameters as ZeRO-3 gathers them on one TP rank: bf16, or
+        with :attr:`_fp8_gathered` the attention and MLP weights in fp8 (1 byte) and the
+        norms in bf16 (torchao's ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``
+        casts only the Float8Linear weights)."""
+        if not self._fp8_gathered:
+            return BF16 * self._layer_params_tp
+        m = self.model
+        linear = (m.attention_params() + m.mlp_params()) / self.tp
+        return linear + BF16 * (self._layer_params_tp - linear)
 
     def _head_grad_bytes(self, stage: int) -> float:
         """Gradient bytes of the last stage beyond its layers and embedding: final norm,
@@ -121,7 +141,7 @@ class ModelState:
         if op.kind == WEIGHT_GRAD:
             return max(grads)
         units = [(c._gather_bytes(op.stage, i) if op.kind == FORWARD
-                  else BF16 * c._layer_params_tp) + c._layer_expert_grad_bytes()
+                  else c._layer_gather_bytes) + c._layer_expert_grad_bytes()
                  for c, i in zip(each, layers, strict=True)]
         if last:
             units.append(self._head_gather_bytes())
@@ -163,7 +183,12 @@ class ModelState:
         if per_param:
             params = self._layer_params_tp + (self.model.layer_expert_params() / self._etp
                                               / self.ep if self._experts_apart else 0.0)
-            segs.append(ComputeSeg(f"{name} zero3 copies", elementwise_bytes=per_param * params))
+            nbytes = per_param * params
+            if self._fp8_gathered:  # the copy-out of fp8 weights moves half a bf16 one's bytes
+                nbytes -= (self.zero3_gather_copy_bytes
+                           * (1.0 - self._layer_gather_bytes / (BF16 * self._layer_params_tp))
+                           * self._layer_params_tp)
+            segs.append(ComputeSeg(f"{name} zero3 copies", elementwise_bytes=nbytes))
         contention = self.zero3_overlap_s[1 if backward else 0]
         if contention:
             segs.append(ComputeSeg(f"{name} zero3 overlap", duration_s=contention))
@@ -195,7 +220,7 @@ class ModelState:
         c = self._layer(first[0])
         params = c._layer_params_tp
         return (c._layer_forward("L"), c._layer_backward("L", weight_grad_deferred=False),
-                BF16 * params, self.grad_reduce_bytes * params)
+                c._layer_gather_bytes, self.grad_reduce_bytes * params)
 
     @per_instance_by
     def stage_expert_params(self, stage: int) -> float:
@@ -261,11 +286,15 @@ class ModelState:
     def static_bytes(self, stages: tuple[int, ...]) -> float:
         """Model state: ZeRO shards dense state over dp·cp and, with the experts apart, expert
         state over the GPUs that hold the same expert shards (:attr:`_expert_shards`); with
-        :attr:`zero3_unsharded_under_pp`, the stages' whole parameters and gradients too."""
+        :attr:`zero3_unsharded_under_pp`, the stages' whole parameters (as gathered,
+        :attr:`_layer_gather_bytes`) and gradients too."""
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         dense = sum(self.stage_params(s) for s in stages) - expert
         whole = ((BF16 + self.grad_reduce_bytes) * (dense + expert)
                  if self._unsharded_stages else 0.0)
+        if whole and self._fp8_gathered:  # the layers' linear weights held gathered in fp8
+            layers = sum(len(self._stage_layers(s)) for s in stages)
+            whole -= layers * (BF16 * self._layer_params_tp - self._layer_gather_bytes)
         return (self.bytes_per_param() * dense
                 + self.bytes_per_param(self._expert_shards) * expert + whole)
 

@@ -211,7 +211,7 @@ class StageOps:
                     continue
                 c = self._layer(layer)
                 if gather:
-                    segs.append(ParamGather(f"L{layer} params", BF16 * c._layer_params_tp,
+                    segs.append(ParamGather(f"L{layer} params", c._layer_gather_bytes,
                                             c._layer_expert_grad_bytes()))
                 segs += self._layer_segments(layer, True, split_backward, labels)
                 if ready and self._bucketed(op.stage):

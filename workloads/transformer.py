@@ -297,7 +297,17 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     (Transformer Engine's ``is_first_microbatch``, which Megatron-core and NeMo set; timed
     with the step-end work, :meth:`optimizer_segment`); ``microbatch``: in every forward,
     recomputed forwards included (a TE module called without ``is_first_microbatch``);
-    ``none``: not counted (:mod:`workloads.frameworks`)."""
+    ``float8-linear``: the FP8 linears cast their own weights (:meth:`_fp8_weight_cast_pair`),
+    as torchao's ``Float8Linear`` does at every forward (its weight's amax and a cast to fp8)
+    with a transpose of the fp8 weight in the backward for the input-gradient GEMM; with
+    :attr:`fp8_param_gather` the forward's cast is the all-gather's instead (not on the
+    layer's stream) and only the backward's transpose remains; ``none``: not counted
+    (:mod:`workloads.frameworks`)."""
+    fp8_param_gather: bool = False
+    """With ``precision: fp8`` and ZeRO-3: the parameter all-gathers move the layers' linear
+    weights already cast to fp8, 1 byte a parameter, not bf16's 2 (the norms, embedding and
+    output head stay bf16), and the gathered copies and the framework's copy-out of them are
+    fp8 (torchtitan's ``--float8.enable_fsdp_float8_all_gather``: ``training.fp8_param_gather``)."""
     zero3_unsharded_under_pp: bool = False
     """ZeRO-3 (dp·cp > 1) under pipeline parallelism: the framework gathers each stage's
     parameters once and keeps them unsharded (bf16) through the step, and accumulates the
