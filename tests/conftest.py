@@ -117,3 +117,17 @@ def observed_full_run(exp, changes: list, stepping: bool = True, rows: bool = Tr
              counters.rate_recomputations, counters.rerated_flows,
              list(counters.bytes_on_link.items()))
     return shown, computed, count, (counters.stepped, counters.rows)
+
+
+def frameworks_toml_variants(section: str, field: str, value: str) -> tuple[str, str]:
+    """workloads/frameworks.toml with ``field = value`` in profile ``[section]`` instead of
+    its own line, and the same text with that field's ``_source`` renamed away: the two
+    malformed tables the profile loader must refuse."""
+    from importlib.resources import files
+
+    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
+    head, rest = text.split(f"[{section}]", 1)
+    lines = [f"{field} = {value}" if line.startswith(f"{field} =") else line
+             for line in rest.splitlines()]
+    no_source = rest.replace(f"{field}_source =", f"{field}_note =")
+    return (head + f"[{section}]" + "\n".join(lines), head + f"[{section}]" + no_source)

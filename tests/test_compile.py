@@ -5,9 +5,9 @@ norm, torchao's Float8 casts) and what its partitioner keeps for the backward.""
 from __future__ import annotations
 
 from dataclasses import replace
-from importlib.resources import files
 
 import pytest
+from conftest import frameworks_toml_variants
 
 from base.errors import ConfigError
 from sim.corpus import CORPUS_DIR, load_source
@@ -127,15 +127,11 @@ def test_an_unfused_norm_under_torch_compile_is_refused_naming_both() -> None:
                                                ("torch_compile", '"yes"', "'yes'")])
 def test_a_bad_compile_flag_is_refused_naming_the_profile_and_the_field(
         field: str, value: str, shown: str) -> None:
-    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
-    head, rest = text.split("[fsdp-compile]", 1)
-    lines = [f"{field} = {value}" if line.startswith(f"{field} =") else line
-             for line in rest.splitlines()]
+    bad, no_source = frameworks_toml_variants("fsdp-compile", field, value)
     with pytest.raises(ValueError, match=rf"\[fsdp-compile\].*{field}={shown}.*true or false"):
-        load_profiles(head + "[fsdp-compile]" + "\n".join(lines))
-    no_source = rest.replace(f"{field}_source =", f"{field}_note =")
+        load_profiles(bad)
     with pytest.raises(ValueError, match=f"no {field}_source"):
-        load_profiles(head + "[fsdp-compile]" + no_source)
+        load_profiles(no_source)
 
 
 def test_torchtitans_compiled_rows_run_the_compiled_profile() -> None:

@@ -8,6 +8,7 @@ from importlib.resources import files
 from typing import get_args
 
 import pytest
+from conftest import frameworks_toml_variants
 
 from base.errors import ConfigError
 from sim import api
@@ -719,19 +720,13 @@ def test_flash_triton_has_no_packing_copies_and_is_timed_as_flash1() -> None:
 def test_a_bad_profile_value_is_an_error_naming_it(field: str, value: str) -> None:
     """frameworks.toml is checked on load: bytes are numbers >= 0, flags true or false, and
     every field has its value and its source."""
-    from importlib.resources import files
-
     from workloads.frameworks import load_profiles
 
-    text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
-    head, rest = text.split("[llm-foundry]", 1)
-    lines = [f"{field} = {value}" if line.startswith(f"{field} =") else line
-             for line in rest.splitlines()]
+    bad, no_source = frameworks_toml_variants("llm-foundry", field, value)
     with pytest.raises(ValueError, match=f"llm-foundry.*{field}"):
-        load_profiles(head + "[llm-foundry]" + "\n".join(lines))
-    no_source = rest.replace(f"{field}_source =", f"{field}_note =")
+        load_profiles(bad)
     with pytest.raises(ValueError, match=f"no {field}_source"):
-        load_profiles(head + "[llm-foundry]" + no_source)
+        load_profiles(no_source)
 
 
 def test_fp8_casts_are_memory_bound_work_of_fp8_runs_only() -> None:
