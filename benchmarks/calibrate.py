@@ -2,6 +2,7 @@
 
     python benchmarks/calibrate.py [--data sim/data/validation/hagemann2023_sweep.csv] [--workers 2]
         [--power P] [--nics K] [--cache sens.npz] [--fit-only]
+        [--hold-gemm ETA,DHALF | --gemm-half-dim DHALF]
 
 Method. Every compute op's duration is linear in the inverse efficiencies of
 the device model, x = (1/η_gemm, d½/η_gemm, d₂^p/η_gemm, 1/η_flash2, 1/η_flash1,
@@ -18,6 +19,11 @@ fitted on the out-of-memory classification of all runs by a grid search, the few
 flagged out of memory at an accuracy of at least 95% (:func:`fit_memory`; the reserved
 bytes are fixed from documented sizes, sim/profiles/ampere.toml).
 Nothing is fitted per row. Prints the x vectors for sim/profiles/ampere.toml.
+
+Diagnostics (docs/accuracy.md, "Calibration across sources"): ``--hold-gemm ETA,DHALF`` holds
+the GEMM curve at a kernel benchmark's (benchmarks/a100_gemm_curve.py) and fits the other
+constants; ``--gemm-half-dim DHALF`` holds only its shape, d½, and fits its level η_gemm beside
+the others.
 """
 
 from __future__ import annotations
@@ -106,6 +112,23 @@ def fit(T0, A, x0, measured, mask, bnds) -> np.ndarray:
     lhs = lhs / scale  # columns of unit norm: y = x * scale
     lo, hi = np.array([b[0] for b in bnds]) * scale, np.array([b[1] for b in bnds]) * scale
     return bounded_lstsq(lhs, rhs, lo, hi) / scale  # every bound state solved (sim.loso)
+
+
+def fit_at_half_dim(T0, A, x0, measured, mask, bnds, half_dim: float,
+                    solver=fit) -> np.ndarray:
+    """``solver`` (:func:`fit` or :func:`fit_l1`) with the shape curve's d½ held at
+    ``half_dim``: x₁ = d½·x₀, so the two GEMM columns merge into A₀ + d½·A₁ and the level
+    1/η_gemm is fitted within its bounds beside the other constants (the steep term, if any,
+    held at x₀'s)."""
+    keep = [0] + list(range(2, len(x0)))
+    B = A[:, keep].copy()
+    B[:, 0] = A[:, 0] + half_dim * A[:, 1]
+    T0h = T0 + A[:, 1] * (half_dim * x0[0] - x0[1])  # T at x₁ = d½·x₀'s level
+    y = solver(T0h, B, x0[keep], measured, mask, tuple(bnds[i] for i in keep))
+    x = x0.copy()
+    x[keep] = y
+    x[1] = half_dim * y[0]
+    return x
 
 
 def fit_l1(T0, A, x0, measured, mask, bnds, iterations: int = 200) -> np.ndarray:
@@ -224,7 +247,23 @@ def main() -> None:
                          f"{validate.NICS_PER_NODE}, sim.validate.NICS_PER_NODE)")
     ap.add_argument("--power", type=float, default=POWER,
                     help=f"p of the shape curve's steep term (default {POWER:g}: none)")
+    ap.add_argument("--hold-gemm", default="", metavar="ETA,DHALF",
+                    help="diagnostic: hold the GEMM curve at η_gemm ETA and d½ DHALF (a kernel "
+                         "benchmark's, benchmarks/a100_gemm_curve.py) and fit the others")
+    ap.add_argument("--gemm-half-dim", type=float, default=None, metavar="DHALF",
+                    help="diagnostic: hold the GEMM curve's d½ at DHALF, fit η_gemm and the others")
     args = ap.parse_args()
+    hold = None
+    if args.hold_gemm:
+        try:
+            hold = tuple(float(v) for v in args.hold_gemm.split(","))
+        except ValueError:
+            hold = ()
+        if len(hold) != 2 or not 0 < hold[0] <= 1 or hold[1] < 0:
+            sys.exit(f"error: --hold-gemm takes ETA,DHALF with 0 < ETA <= 1 and DHALF >= 0, "
+                     f"got {args.hold_gemm!r}")
+    if args.gemm_half_dim is not None and (hold or args.gemm_half_dim < 0):
+        sys.exit("error: --gemm-half-dim takes one DHALF >= 0 and excludes --hold-gemm")
     t_start = time.time()
     rows = [dataclasses.replace(r, nics_per_node=args.nics) for r in load_rows(args.data)]
     ok = [r for r in rows if r.status == "ok"]
@@ -236,8 +275,15 @@ def main() -> None:
     results = {}
     for label, mask in (("all", np.ones(len(ok), bool)),
                         ("13b", np.array([r.model == "llama-13b" for r in ok]))):
-        x = (fit_l1 if args.loss == "l1" else fit)(T0, A, x0, measured, mask,
-                                                    bounds(args.power))
+        solver = fit_l1 if args.loss == "l1" else fit
+        bnds = list(bounds(args.power))
+        if hold:
+            bnds[0] = (1 / hold[0], 1 / hold[0])
+            bnds[1] = (hold[1] / hold[0], hold[1] / hold[0])
+        if args.gemm_half_dim is not None:
+            x = fit_at_half_dim(T0, A, x0, measured, mask, bnds, args.gemm_half_dim, solver)
+        else:
+            x = solver(T0, A, x0, measured, mask, tuple(bnds))
         lin = T0 + A @ (x - x0)
         lin_mape = float(np.mean(np.abs(lin[mask] / measured[mask] - 1)))
         results[label] = (x, lin_mape, int(mask.sum()))

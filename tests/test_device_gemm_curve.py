@@ -168,3 +168,53 @@ def test_calibrate_refuses_sensitivities_of_another_nic_count(
                                       "--nics", "8"])
     cal.main()
     assert "linearised MAPE" in capsys.readouterr().out
+
+
+def test_half_dim_fit_holds_the_shape_and_recovers_an_exact_model() -> None:
+    """``--gemm-half-dim``: with d½ held, x₁ = d½·x₀ in the result, and a model whose GEMM
+    curve has that d½ is recovered exactly (level and the other constants); held at the
+    d½ that an unconstrained fit finds, it returns that fit."""
+    cal = load_benchmark("calibrate")
+    rng = np.random.default_rng(5)
+    n = 80
+    bnds = cal.bounds(0.0)
+    x0 = np.array([1.2, 1500.0, 0.0, 1.6, 3.0, 1.5, 2.0])
+    A = rng.uniform(0.5, 2.0, (n, 7)) / np.maximum(np.abs(x0), 1.0)
+    A[:, 2] = 0.0  # no steep term, as calibrate.py measures it at power 0
+    measured = rng.uniform(5.0, 10.0, n)
+    mask = np.ones(n, bool)
+    x_true = np.array([1.1, 1.1 * 1055.0, 0.0, 1.7, 3.2, 1.3, 2.1])
+    T0 = measured - A @ (x_true - x0)
+    x = cal.fit_at_half_dim(T0, A, x0, measured, mask, bnds, 1055.0)
+    assert x == pytest.approx(x_true, rel=1e-6)
+    assert x[1] / x[0] == pytest.approx(1055.0, rel=1e-12)
+    T1 = T0 * rng.uniform(0.9, 1.1, n)
+    free = cal.fit(T1, A, x0, measured, mask, bnds)
+    held = cal.fit_at_half_dim(T1, A, x0, measured, mask, bnds, free[1] / free[0])
+    assert held == pytest.approx(free, rel=1e-6)
+
+
+def test_calibrate_checks_the_held_gemm_curve(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """``--hold-gemm ETA,DHALF`` keeps both GEMM constants where it puts them; malformed
+    values, or both diagnostics at once, are refused with an error."""
+    import sys
+
+    cal = load_benchmark("calibrate")
+    cache = tmp_path / "sens.npz"
+    rng = np.random.default_rng(3)
+    np.savez(cache, T0=rng.uniform(20.0, 80.0, 401), A=rng.uniform(0.0, 20.0, (401, 7)),
+             power=0.0, nics=2)
+    base = ["calibrate.py", "--cache", str(cache), "--fit-only"]
+    for bad in (["--hold-gemm", "0.93"], ["--hold-gemm", "1.5,1000"], ["--hold-gemm", "x,y"],
+                ["--hold-gemm", "0.93,1055", "--gemm-half-dim", "1055"],
+                ["--gemm-half-dim", "-1"]):
+        monkeypatch.setattr(sys, "argv", base + bad)
+        with pytest.raises(SystemExit) as err:
+            cal.main()
+        assert str(err.value).startswith("error:"), bad
+    monkeypatch.setattr(sys, "argv", base + ["--hold-gemm", "0.93,1055"])
+    cal.main()
+    out = capsys.readouterr().out
+    assert out.count("'1/gemm': np.float64(1.0753)") == 2  # 1/0.93, on all runs and on 13B
+    assert out.count("'d/gemm': np.float64(1134.4086)") == 2  # 1055/0.93
