@@ -405,6 +405,8 @@ class _Run:
         heap, complete, release, each = self.heap, _Run._complete, self._release, _Run._each
         launched, launched_all = self._launched_own, self._launched_all
         started, started_all = self._bundle_start, self._bundle_start_all
+        ended, members = self._end_collective, self.members
+        grouped = self.rows and self.stepping  # collectives ending in a row: one list
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
@@ -420,6 +422,11 @@ class _Run:
                     launched_all(values)
                 elif callback == started:
                     started_all(values)
+                elif callback == ended and grouped and len(values) > 1:
+                    ids = members.pop(values[0])  # as _finished_flows: their members
+                    for key in values[1:]:  # released as one list (the DP replicas'
+                        ids += members.pop(key)  # blocks, now in one list, as rows)
+                    release(ids)
                 else:
                     for value in values:
                         callback(value)
@@ -686,8 +693,11 @@ class _Run:
     def _arrived_packed(self, rest: tuple, key: int) -> None:
         """:meth:`_arrived` for a packed program's collective, from its template's ``rest``."""
         duration = rest[COLLECTIVE_DURATION_S]
-        if duration is not None:  # precomputed (collapsed simulation)
-            self._after(duration, self._end_collective, key)
+        if duration is not None:  # precomputed (collapsed simulation, a fixed exposed time)
+            if duration >= 0:  # the DP replicas' ends at one instant share a heap entry
+                self._after_own(duration, self._end_collective, key)
+            else:
+                self._after(duration, self._end_collective, key)  # (its error)
             return
         plan = self._plan_of.get(id(rest))
         if plan is None:
