@@ -272,6 +272,9 @@ class _Run:
         self._plan_of: dict[int, CollectivePlan] = {}
         """Per packed collective template (by the identity of its fields after the deps, held
         by the program for the run), its plan in ``_plans``."""
+        self._merged: dict[tuple[int, ...], tuple[list, tuple]] = {}
+        """Per plans' routes in turn (their ids), those routes and their concatenation: the
+        routes of one bundle of several plans' flows (:meth:`_merged_routes`)."""
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
         self._compiled: dict[int, CompiledPlan] = {}
         """Per plan (by identity; plans live in ``_plans``), what running it needs."""
@@ -783,6 +786,16 @@ class _Run:
         run's look-ups bound once: the same calls, in the same order."""
         start_bundle = self.net.start_bundle  # type: ignore[attr-defined]
         flow_done, done, now = self.flow_done, self._bundle_done, self.now
+        if len(values) > 1 and self.bundling and self.rows and self.stepping:
+            merged = self._merged_routes(values)
+            fid = self.flows
+            if merged is not None and start_bundle(now, fid, merged, values[0][0].nbytes[0]):
+                self.flows = fid + len(merged)  # the same ids as the bundles one by one
+                flow_done[fid] = (self._bundles_done, values)
+                if not self.refresh_pending:
+                    self.refresh_pending = True
+                    self._after(0, self._refresh)
+                return
         for value in values:
             compiled = value[0]
             routes = compiled.routes
@@ -800,16 +813,46 @@ class _Run:
                 PlanRun(self, compiled, self._finish_collective, value[1])._delayed(
                     compiled.later[0][1])
 
+    def _merged_routes(self, values: list[tuple[CompiledPlan, int]]
+                       ) -> tuple[tuple[int, ...], ...] | None:
+        """The routes of ``values``' bundles in turn, as one bundle's
+        (:meth:`_bundle_start_all`), where each one's routes are known and their bytes are one
+        value; kept per the plans' routes (by identity, the tuples held beside), so that the
+        network's look-up of the bundle's shape is by one tuple's identity too. None: not
+        mergeable."""
+        parts = []
+        nbytes = values[0][0].nbytes[0]
+        for compiled, _ in values:
+            routes = compiled.routes
+            if routes is None or compiled.nbytes[0] != nbytes:
+                return None
+            parts.append(routes)
+        key = tuple(map(id, parts))
+        known = self._merged.get(key)
+        if known is None:
+            known = self._merged[key] = (parts, tuple(
+                route for routes in parts for route in routes))
+        return known[1]
+
     def _bundle_done(self, value: tuple[CompiledPlan, int]) -> None:
         self._release(self.members.pop(value[1]))  # _finish_collective, inline
+
+    def _bundles_done(self, values: list[tuple[CompiledPlan, int]]) -> None:
+        """A bundle of several plans' flows (:meth:`_bundle_start_all`) ended: each plan's
+        :meth:`_bundle_done` in turn (as their bundles, ending at one instant, would)."""
+        for value in values:
+            self._bundle_done(value)
 
     def _unbundled(self, first: int) -> None:
         """A bundle of flows (:meth:`_bundle_start`) became its flows: each one's arrival as
         if they had started one by one (a run of the plan counting them down)."""
-        compiled, key = self.flow_done[first][1]
-        run = PlanRun(self, compiled, self._finish_collective, key)
-        for k, t in enumerate(compiled.later[0][1]):
-            self.flow_done[first + k] = (run.arrive, t)
+        on_done, value = self.flow_done[first]
+        for compiled, key in (value if on_done == self._bundles_done else (value,)):
+            run = PlanRun(self, compiled, self._finish_collective, key)
+            group = compiled.later[0][1]
+            for k, t in enumerate(group):
+                self.flow_done[first + k] = (run.arrive, t)
+            first += len(group)  # the next plan's bundle's flows (_bundle_start_all)
 
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
@@ -930,7 +973,7 @@ class _Run:
         comes, before the bundles before them are released: no instruction a release starts
         joins a collective whose members have all arrived."""
         flow_done, ends, members = self.flow_done, self.flow_ends, self.members
-        bundle_done = self._bundle_done
+        bundle_done, bundles_done = self._bundle_done, self._bundles_done
         ids: list[int] | None = None
         for fid in done:
             if ends is not None:
@@ -942,6 +985,14 @@ class _Run:
                     ids = mine
                 else:
                     ids += mine
+                continue
+            if on_done == bundles_done:  # several plans' bundles as one: each in turn
+                for value in arg:  # type: ignore[attr-defined]
+                    mine = members.pop(value[1])
+                    if ids is None:
+                        ids = mine
+                    else:
+                        ids += mine
                 continue
             if ids is not None:
                 self._release(ids)
