@@ -269,9 +269,6 @@ class _Run:
         self.wake_at = -1.0
         self.refresh_pending = False
         self._plans: dict[tuple, CollectivePlan] = {}
-        self._plan_of: dict[int, CollectivePlan] = {}
-        """Per packed collective template (by the identity of its fields after the deps, held
-        by the program for the run), its plan in ``_plans``."""
         self._merged: dict[tuple[int, ...], tuple[list, tuple]] = {}
         """Per plans' routes in turn (their ids), those routes and their concatenation: the
         routes of one bundle of several plans' flows (:meth:`_merged_routes`)."""
@@ -702,26 +699,22 @@ class _Run:
             else:
                 self._after(duration, self._end_collective, key)  # (its error)
             return
-        plan = self._plan_of.get(id(rest))
-        if plan is None:
-            plan = self._plan_for(rest)
+        plan = self._plan_for(rest)
         if plan.launch_s > 0:
             self._after_own(plan.launch_s, self._launched_own, (key, plan))
         else:
             self._launched_own((key, plan))
 
     def _plan_for(self, rest: tuple) -> CollectivePlan:
-        """The plan of a packed collective, from its template's ``rest`` (kept per template in
-        ``_plan_of`` and per spec in ``_plans``: the same plan whenever it is asked for)."""
-        plan = self._plan_of.get(id(rest))
+        """The plan of a packed collective, from its template's ``rest`` (kept per spec in
+        ``_plans``: the same plan whenever it is asked for; not per template, which is one
+        collective's alone, its key among its fields)."""
+        spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
+                rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
+        plan = self._plans.get(spec)
         if plan is None:
-            spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
-                    rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
-            plan = self._plans.get(spec)
-            if plan is None:
-                plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
-                                                           self._profiles, spec[4])
-            self._plan_of[id(rest)] = plan
+            plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
+                                                       self._profiles, spec[4])
         return plan
 
     def _launched_own(self, value: tuple[int, CollectivePlan]) -> None:
@@ -1039,7 +1032,6 @@ class _Run:
         self.route, self.topology = rerouted.route, rerouted.cluster
         self.epoch += 1
         self._plans.clear()
-        self._plan_of.clear()
         self._profiles.clear()
         self._compiled.clear()
         ends = self.flow_ends

@@ -38,9 +38,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workloads.packed import (
+    COLLECTIVE_ALGO,
     COLLECTIVE_DURATION_S,
     COLLECTIVE_GROUP,
     COLLECTIVE_KEY,
+    COLLECTIVE_NBYTES,
+    COLLECTIVE_OP,
+    COLLECTIVE_SKEW,
     COMPUTE_BLOCKING_S,
 )
 from workloads.program import COLLECTIVE, COMPUTE
@@ -72,7 +76,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     tpl_a = np.frombuffer(tpl, dtype=np.int32)
     shapes: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
     limit = len(tpl)  # every array's length: the program's instructions
-    arrived_packed, plan_for, plan_of = run._arrived_packed, run._plan_for, run._plan_of
+    arrived_packed, plan_for, plans = run._arrived_packed, run._plan_for, run._plans
     launched_own = run._launched_own
 
     def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
@@ -151,8 +155,10 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                         return 0  # it would start before the row's last lane
                     plan = None
                     if have >= need and rest[COLLECTIVE_DURATION_S] is None:
-                        plan = plan_of.get(id(rest))  # _plan_for's, if made (by template:
-                        if plan is None:  # no spec tuple hashed; the dict cleared, not replaced)
+                        plan = plans.get((rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO],
+                                          rest[COLLECTIVE_GROUP], rest[COLLECTIVE_NBYTES],
+                                          rest[COLLECTIVE_SKEW]))  # _plan_for's, if made
+                        if plan is None:
                             plan = plan_for(rest)
                         if not plan.launch_s > 0:
                             return 0  # its start may do more than schedule an event
