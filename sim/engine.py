@@ -456,6 +456,22 @@ class _Run:
             heappush(self.heap, (at, events + 1, _Run._each, calls))
         self.events = self.calls_seq = events + 1
 
+    def _after_own_all(self, delay: float, callback: Callable[[object], None],
+                       values: list) -> None:
+        """:meth:`_after_own` of each of ``values`` in turn (consecutive events of one instant
+        and callback: the first may start a heap entry, the others join it), in one call."""
+        at = self.now + delay
+        events = self.events
+        calls = self.calls
+        if (calls is not None and self.calls_seq == events and self.calls_at == at
+                and calls[0] == callback):
+            calls[1].extend(values)
+        else:
+            self.calls = calls = (callback, values)
+            self.calls_at = at
+            heappush(self.heap, (at, events + 1, _Run._each, calls))
+        self.events = self.calls_seq = events + len(values)
+
     def _complete(self, i: int) -> None:
         """Instruction ``i`` is done: release its successors; start those now free."""
         self._release((i,))
@@ -764,15 +780,27 @@ class _Run:
         """:meth:`_launched_own` of each value in turn (a heap entry's launches), the run's
         look-ups bound once and a flat plan's start scheduled by :meth:`_after_own`: the same
         calls, in the same order."""
-        compiled_of, start = self._compiled, self._bundle_start
+        compiled_of, start, after_all = self._compiled, self._bundle_start, self._after_own_all
+        pending: list[tuple[CompiledPlan, int]] = []  # consecutive starts after one delay
+        delay = 0.0
         for value in values:
             key, plan = value
             steps = plan.transfers
             compiled = compiled_of.get(id(steps)) if steps else None
             if compiled is None or not compiled.flat or not self.bundling:
+                if pending:
+                    after_all(delay, start, pending)
+                    pending = []
                 self._launched_own(value)
                 continue
-            self._after_own(compiled.later[0][0], start, (compiled, key))
+            later = compiled.later[0][0]
+            if pending and later != delay:
+                after_all(delay, start, pending)
+                pending = []
+            delay = later
+            pending.append((compiled, key))
+        if pending:
+            after_all(delay, start, pending)
 
     def _bundle_start_all(self, values: list[tuple[CompiledPlan, int]]) -> None:
         """:meth:`_bundle_start` of each value in turn (a heap entry's bundle starts), the
