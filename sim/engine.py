@@ -269,9 +269,9 @@ class _Run:
         self.wake_at = -1.0
         self.refresh_pending = False
         self._plans: dict[tuple, CollectivePlan] = {}
-        self._plan_of: dict[int, CollectivePlan] = {}
-        """Per packed collective template (by the identity of its fields after the deps, held
-        by the program for the run), its plan in ``_plans``."""
+        self._merged: dict[tuple[int, ...], tuple[list, tuple]] = {}
+        """Per plans' routes in turn (their ids), those routes and their concatenation: the
+        routes of one bundle of several plans' flows (:meth:`_merged_routes`)."""
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
         self._compiled: dict[int, CompiledPlan] = {}
         """Per plan (by identity; plans live in ``_plans``), what running it needs."""
@@ -405,6 +405,8 @@ class _Run:
         heap, complete, release, each = self.heap, _Run._complete, self._release, _Run._each
         launched, launched_all = self._launched_own, self._launched_all
         started, started_all = self._bundle_start, self._bundle_start_all
+        ended, members = self._end_collective, self.members
+        grouped = self.rows and self.stepping  # collectives ending in a row: one list
         while heap:
             at, _, callback, value = heappop(heap)
             self.now = at
@@ -420,6 +422,11 @@ class _Run:
                     launched_all(values)
                 elif callback == started:
                     started_all(values)
+                elif callback == ended and grouped and len(values) > 1:
+                    ids = members.pop(values[0])  # as _finished_flows: their members
+                    for key in values[1:]:  # released as one list (the DP replicas'
+                        ids += members.pop(key)  # blocks, now in one list, as rows)
+                    release(ids)
                 else:
                     for value in values:
                         callback(value)
@@ -448,6 +455,22 @@ class _Run:
             self.calls_at = at
             heappush(self.heap, (at, events + 1, _Run._each, calls))
         self.events = self.calls_seq = events + 1
+
+    def _after_own_all(self, delay: float, callback: Callable[[object], None],
+                       values: list) -> None:
+        """:meth:`_after_own` of each of ``values`` in turn (consecutive events of one instant
+        and callback: the first may start a heap entry, the others join it), in one call."""
+        at = self.now + delay
+        events = self.events
+        calls = self.calls
+        if (calls is not None and self.calls_seq == events and self.calls_at == at
+                and calls[0] == callback):
+            calls[1].extend(values)
+        else:
+            self.calls = calls = (callback, values)
+            self.calls_at = at
+            heappush(self.heap, (at, events + 1, _Run._each, calls))
+        self.events = self.calls_seq = events + len(values)
 
     def _complete(self, i: int) -> None:
         """Instruction ``i`` is done: release its successors; start those now free."""
@@ -686,29 +709,28 @@ class _Run:
     def _arrived_packed(self, rest: tuple, key: int) -> None:
         """:meth:`_arrived` for a packed program's collective, from its template's ``rest``."""
         duration = rest[COLLECTIVE_DURATION_S]
-        if duration is not None:  # precomputed (collapsed simulation)
-            self._after(duration, self._end_collective, key)
+        if duration is not None:  # precomputed (collapsed simulation, a fixed exposed time)
+            if duration >= 0:  # the DP replicas' ends at one instant share a heap entry
+                self._after_own(duration, self._end_collective, key)
+            else:
+                self._after(duration, self._end_collective, key)  # (its error)
             return
-        plan = self._plan_of.get(id(rest))
-        if plan is None:
-            plan = self._plan_for(rest)
+        plan = self._plan_for(rest)
         if plan.launch_s > 0:
             self._after_own(plan.launch_s, self._launched_own, (key, plan))
         else:
             self._launched_own((key, plan))
 
     def _plan_for(self, rest: tuple) -> CollectivePlan:
-        """The plan of a packed collective, from its template's ``rest`` (kept per template in
-        ``_plan_of`` and per spec in ``_plans``: the same plan whenever it is asked for)."""
-        plan = self._plan_of.get(id(rest))
+        """The plan of a packed collective, from its template's ``rest`` (kept per spec in
+        ``_plans``: the same plan whenever it is asked for; not per template, which is one
+        collective's alone, its key among its fields)."""
+        spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
+                rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
+        plan = self._plans.get(spec)
         if plan is None:
-            spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
-                    rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
-            plan = self._plans.get(spec)
-            if plan is None:
-                plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
-                                                           self._profiles, spec[4])
-            self._plan_of[id(rest)] = plan
+            plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
+                                                       self._profiles, spec[4])
         return plan
 
     def _launched_own(self, value: tuple[int, CollectivePlan]) -> None:
@@ -758,21 +780,43 @@ class _Run:
         """:meth:`_launched_own` of each value in turn (a heap entry's launches), the run's
         look-ups bound once and a flat plan's start scheduled by :meth:`_after_own`: the same
         calls, in the same order."""
-        compiled_of, start = self._compiled, self._bundle_start
+        compiled_of, start, after_all = self._compiled, self._bundle_start, self._after_own_all
+        pending: list[tuple[CompiledPlan, int]] = []  # consecutive starts after one delay
+        delay = 0.0
         for value in values:
             key, plan = value
             steps = plan.transfers
             compiled = compiled_of.get(id(steps)) if steps else None
             if compiled is None or not compiled.flat or not self.bundling:
+                if pending:
+                    after_all(delay, start, pending)
+                    pending = []
                 self._launched_own(value)
                 continue
-            self._after_own(compiled.later[0][0], start, (compiled, key))
+            later = compiled.later[0][0]
+            if pending and later != delay:
+                after_all(delay, start, pending)
+                pending = []
+            delay = later
+            pending.append((compiled, key))
+        if pending:
+            after_all(delay, start, pending)
 
     def _bundle_start_all(self, values: list[tuple[CompiledPlan, int]]) -> None:
         """:meth:`_bundle_start` of each value in turn (a heap entry's bundle starts), the
         run's look-ups bound once: the same calls, in the same order."""
         start_bundle = self.net.start_bundle  # type: ignore[attr-defined]
         flow_done, done, now = self.flow_done, self._bundle_done, self.now
+        if len(values) > 1 and self.bundling and self.rows and self.stepping:
+            merged = self._merged_routes(values)
+            fid = self.flows
+            if merged is not None and start_bundle(now, fid, merged, values[0][0].nbytes[0]):
+                self.flows = fid + len(merged)  # the same ids as the bundles one by one
+                flow_done[fid] = (self._bundles_done, values)
+                if not self.refresh_pending:
+                    self.refresh_pending = True
+                    self._after(0, self._refresh)
+                return
         for value in values:
             compiled = value[0]
             routes = compiled.routes
@@ -790,16 +834,46 @@ class _Run:
                 PlanRun(self, compiled, self._finish_collective, value[1])._delayed(
                     compiled.later[0][1])
 
+    def _merged_routes(self, values: list[tuple[CompiledPlan, int]]
+                       ) -> tuple[tuple[int, ...], ...] | None:
+        """The routes of ``values``' bundles in turn, as one bundle's
+        (:meth:`_bundle_start_all`), where each one's routes are known and their bytes are one
+        value; kept per the plans' routes (by identity, the tuples held beside), so that the
+        network's look-up of the bundle's shape is by one tuple's identity too. None: not
+        mergeable."""
+        parts = []
+        nbytes = values[0][0].nbytes[0]
+        for compiled, _ in values:
+            routes = compiled.routes
+            if routes is None or compiled.nbytes[0] != nbytes:
+                return None
+            parts.append(routes)
+        key = tuple(map(id, parts))
+        known = self._merged.get(key)
+        if known is None:
+            known = self._merged[key] = (parts, tuple(
+                route for routes in parts for route in routes))
+        return known[1]
+
     def _bundle_done(self, value: tuple[CompiledPlan, int]) -> None:
         self._release(self.members.pop(value[1]))  # _finish_collective, inline
+
+    def _bundles_done(self, values: list[tuple[CompiledPlan, int]]) -> None:
+        """A bundle of several plans' flows (:meth:`_bundle_start_all`) ended: each plan's
+        :meth:`_bundle_done` in turn (as their bundles, ending at one instant, would)."""
+        for value in values:
+            self._bundle_done(value)
 
     def _unbundled(self, first: int) -> None:
         """A bundle of flows (:meth:`_bundle_start`) became its flows: each one's arrival as
         if they had started one by one (a run of the plan counting them down)."""
-        compiled, key = self.flow_done[first][1]
-        run = PlanRun(self, compiled, self._finish_collective, key)
-        for k, t in enumerate(compiled.later[0][1]):
-            self.flow_done[first + k] = (run.arrive, t)
+        on_done, value = self.flow_done[first]
+        for compiled, key in (value if on_done == self._bundles_done else (value,)):
+            run = PlanRun(self, compiled, self._finish_collective, key)
+            group = compiled.later[0][1]
+            for k, t in enumerate(group):
+                self.flow_done[first + k] = (run.arrive, t)
+            first += len(group)  # the next plan's bundle's flows (_bundle_start_all)
 
     def _drain(self) -> None:
         """Start ready instructions; a queue, so zero-time chains do not recurse."""
@@ -920,7 +994,7 @@ class _Run:
         comes, before the bundles before them are released: no instruction a release starts
         joins a collective whose members have all arrived."""
         flow_done, ends, members = self.flow_done, self.flow_ends, self.members
-        bundle_done = self._bundle_done
+        bundle_done, bundles_done = self._bundle_done, self._bundles_done
         ids: list[int] | None = None
         for fid in done:
             if ends is not None:
@@ -932,6 +1006,14 @@ class _Run:
                     ids = mine
                 else:
                     ids += mine
+                continue
+            if on_done == bundles_done:  # several plans' bundles as one: each in turn
+                for value in arg:  # type: ignore[attr-defined]
+                    mine = members.pop(value[1])
+                    if ids is None:
+                        ids = mine
+                    else:
+                        ids += mine
                 continue
             if ids is not None:
                 self._release(ids)
@@ -978,7 +1060,6 @@ class _Run:
         self.route, self.topology = rerouted.route, rerouted.cluster
         self.epoch += 1
         self._plans.clear()
-        self._plan_of.clear()
         self._profiles.clear()
         self._compiled.clear()
         ends = self.flow_ends

@@ -51,8 +51,9 @@ class FastFlowNetwork(FlowNetwork):
         self.bytes_on_link = defaultdict(float)
         self._least: dict[tuple[int, ...], float | None] = {}
         """Per route's finite links, its smallest capacity; None: it crosses a link twice."""
-        self._shapes: dict[tuple[tuple[int, ...], ...], tuple | None] = {}
-        """Per bundle's routes, what :meth:`start_bundle` reads (:meth:`_shape`)."""
+        self._shapes: dict[int, tuple] = {}
+        """Per bundle's routes (by the tuple's id, the tuple kept beside: an id is not reused
+        while it lives), the routes and what :meth:`start_bundle` reads (:meth:`_shape`)."""
         self._bundles: dict[int, _Bundle] = {}
         """Active bundles (:meth:`start_bundle`) by their first flow's id."""
         self._held: set[int] = set()
@@ -163,12 +164,12 @@ class FastFlowNetwork(FlowNetwork):
         re-rating that walks shared links, a capacity change, a reroute or a look at the
         flows crossing links, it becomes its flows (:meth:`_split`), each with the bundle's
         state: what starting them one by one would have made."""
-        shape = self._shapes.get(routes, False)
-        if shape is False:
-            shape = self._shapes[routes] = self._shape(routes)
-        if shape is None:
+        shape = self._shapes.get(id(routes))  # by the tuple's identity: no nested hashing
+        if shape is None or shape[0] is not routes:
+            shape = self._shapes[id(routes)] = (routes, self._shape(routes))
+        if shape[1] is None:
             return False
-        finites, used, flat, least = shape
+        finites, used, flat, least = shape[1]
         held = self._held
         if not (self._on_link.keys().isdisjoint(used) and held.isdisjoint(used)):
             return False

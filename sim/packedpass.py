@@ -30,11 +30,16 @@ from workloads.streams import stream_columns
 def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
               end_s: Sequence[float]) -> Summaries | None:
     """:func:`sim.timeline.summaries_of` of a packed program, on arrays (None where a record's
-    key would not fit 62 bits: the loop then). The loop appends each
+    key would not fit 62 bits, or a collective's members are not consecutive ids: the loop
+    then). The loop appends each
     interval to its lane (GPU, stream) as it meets an instruction (a collective's members' at
     its last member, in id order): here every interval is a record (its lane, the id that
     appends it and its place among that id's appends), and each lane's records sorted by the
-    last two are its list, the lanes in the order of their first record (the dict's). The
+    last two are its list, the lanes in the order of their first record (the dict's). Only the
+    keys are sorted (not an index with them): a record's interval is read back from its key
+    (the id's class and, by its place, a collective's member: its ready and end, a compute
+    op's ready and mid or, for its blocking communication, mid and end; a collective's
+    members' start is their latest ready, kept at the last member's id). The
     memory samples are each GPU's running sums, the same additions in the same order."""
     instrs = program.instructions
     assert isinstance(instrs, PackedInstructions)
@@ -73,37 +78,32 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
     if (program.num_gpus * width + 1) * (n + 1) * places >= 2**62:
         return None
     keys: list[np.ndarray] = []
-    lows: list[np.ndarray] = []
-    highs: list[np.ndarray] = []
 
-    def record(lane: np.ndarray, at: np.ndarray, sub: np.ndarray | int, low: np.ndarray,
-               high: np.ndarray) -> None:
+    def record(lane: np.ndarray, at: np.ndarray, sub: np.ndarray | int) -> None:
         key = lane * (n * places)
         key += at * places
         key += sub
         keys.append(key)
-        lows.append(low)
-        highs.append(high)
 
     compute = np.flatnonzero(cls == COMPUTE)
     g = gpu[compute]
-    record(g * width, compute, 0, ready[compute], mid[compute])
-    for which, sub, low, high in ((t_kind, 1, ready, mid), (t_comm, 2, mid, end)):
+    record(g * width, compute, 0)
+    for which, sub in ((t_kind, 1), (t_comm, 2)):
         lane = which[tpl[compute]]
         keep = lane >= 0
         if keep.any():
-            at = compute[keep]
-            record(g[keep] * width + lane[keep], at, sub, low[at], high[at])
+            record(g[keep] * width + lane[keep], compute[keep], sub)
     sends = np.flatnonzero(cls == SEND)
     lane = t_kind[tpl[sends]]
     keep = lane >= 0
     at, lane = sends[keep], lane[keep]
     for sub, ends in enumerate((gpu[at], t_third[tpl[at]])):
-        record(ends * width + lane, at, sub, ready[at], end[at])
+        record(ends * width + lane, at, sub)
     collective = np.flatnonzero((cls == COLLECTIVE) & (t_kind[tpl] >= 0))
     size = t_third[tpl[collective]]
     alone = collective[size <= 1]
-    record(gpu[alone] * width + t_kind[tpl[alone]], alone, 0, ready[alone], end[alone])
+    record(gpu[alone] * width + t_kind[tpl[alone]], alone, 0)
+    low_of = ready  # per id, the low end of the intervals it appends (below: a copy)
     shared = collective[size > 1]  # a collective's members: consecutive ids, one template
     if len(shared):
         group = tpl[shared]
@@ -111,22 +111,42 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
         counts = np.diff(np.r_[heads, len(shared)])
         whole = np.repeat(counts == t_third[group[heads]], counts)
         last = np.repeat(shared[heads + counts - 1], counts)  # what appends them
-        latest = np.repeat(np.maximum.reduceat(ready[shared], heads), counts)
         place = np.arange(len(shared)) - np.repeat(heads, counts)
         at = shared[whole]
-        record(gpu[at] * width + t_kind[tpl[at]], last[whole], place[whole], latest[whole],
-               end[at])
-    del cls, compute, g, sends, collective
+        if not np.array_equal(at, last[whole] - t_third[group[whole]] + 1 + place[whole]):
+            return None  # members not consecutive ids: a record could not name its member
+        low_of = ready.copy()  # the id that appends them: its members' latest start
+        low_of[last[whole]] = np.repeat(np.maximum.reduceat(ready[shared], heads),
+                                        counts)[whole]
+        record(gpu[at] * width + t_kind[tpl[at]], last[whole], place[whole])
+        del group, heads, counts, whole, last, place
+    del cls, compute, g, sends, collective, shared, at, lane, keep
     key = np.concatenate(keys)
     keys.clear()
-    order = np.argsort(key)  # the keys are distinct
-    key = key[order]
-    pairs = np.empty((len(order), 2))
-    pairs[:, 0] = np.concatenate(lows)[order]
-    lows.clear()
-    pairs[:, 1] = np.concatenate(highs)[order]
-    highs.clear()
-    del order
+    key.sort(kind="stable")  # distinct keys: one order for any sort; a merge of the sorted
+    # runs the records were made in (0.08 s against 0.42 for quicksort at 4,096 GPUs)
+    # each record's interval from its key: the id ``at`` and place ``sub`` that append it
+    at = key % (n * places)
+    sub = at % places
+    at //= places
+    what = t_cls[tpl[at]]
+    size = t_third[tpl[at]]
+    high_at = at.copy()  # whose end: the id's, or a shared collective's member's
+    member = np.flatnonzero((what == COLLECTIVE) & (size > 1))
+    high_at[member] += sub[member] - size[member] + 1
+    del member, size
+    pairs = np.empty((len(key), 2))
+    pairs[:, 0] = low_of[at]
+    pairs[:, 1] = end[high_at]
+    del high_at, low_of
+    compute = what == COMPUTE
+    del what
+    early = np.flatnonzero(compute & (sub < 2))  # a compute op's compute or launch span
+    pairs[early, 1] = mid[at[early]]
+    del early
+    late = np.flatnonzero(compute & (sub == 2))  # its blocking communication
+    pairs[late, 0] = mid[at[late]]
+    del late, compute, sub, at
     lane = key // (n * places)
     starts = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]]) if len(lane) else lane
     stops = np.r_[starts[1:], len(lane)]

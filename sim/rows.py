@@ -77,7 +77,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     shapes: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
     limit = len(tpl)  # every array's length: the program's instructions
     arrived_packed, plan_for, plans = run._arrived_packed, run._plan_for, run._plans
-    launched_own = run._launched_own
+    launched_own, after_all = run._launched_own, run._after_own_all
 
     def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
         rows = (len(ids) - p) // size
@@ -189,15 +189,26 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                 heappush(heap, (at, events + 1, _Run._complete, batch))
             run.events = run.batch_seq = events + count
             return count
+        launches: list[tuple[int, object]] = []  # consecutive launches after one delay
+        delay = 0.0
         for head, rest, key, arrived, start, plan in starting:
             if arrived is None:
                 members[key] = list(range(head, head + size))
             else:
                 arrived.extend(range(head, head + size))
             if plan is not None:  # _arrived_packed, inline: its launch
-                run._after_own(plan.launch_s, launched_own, (key, plan))
+                if launches and plan.launch_s != delay:
+                    after_all(delay, launched_own, launches)
+                    launches = []
+                delay = plan.launch_s
+                launches.append((key, plan))
             elif start:
+                if launches:
+                    after_all(delay, launched_own, launches)
+                    launches = []
                 arrived_packed(rest, key)
+        if launches:
+            after_all(delay, launched_own, launches)
         return count
 
     return step

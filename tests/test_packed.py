@@ -75,6 +75,8 @@ def test_packed_program_runs_as_the_tuples(schedule: str) -> None:
             assert {g: ops.tolist() for g, ops in ours_chains[2].items()} == theirs_chains[2]
             assert (ours_chains[:2] + ours_chains[3:]) == (theirs_chains[:2] + theirs_chains[3:])
             mid = [r + float((i * 17) % 5) for i, r in enumerate(ready)]
+            # the arrays' path itself, not the loop it may fall back to (None)
+            assert packedpass.summaries(packed.program, ready, mid, end) is not None
             ours_sum = timeline.summaries_of(packed.program, ready, mid, end)
             theirs_sum = timeline.summaries_of(plain_program, ready, mid, end)
             assert list(ours_sum.intervals.items()) == list(theirs_sum.intervals.items())
