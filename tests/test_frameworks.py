@@ -1084,6 +1084,12 @@ def test_nemo_launcher_2022_rows_run_the_22_08_code() -> None:
     costs = Experiment.from_dict(row.experiment()).costs
     assert costs.sequence_parallel and costs.sp_async_grad_reduce_scatter
     assert not costs.grad_buckets_stage0_only
+    # the 5B rows take the README's text (TP 2), not the config file's TP 1
+    for row in source.rows:
+        if row.run.startswith("gpt3-5b-"):
+            assert (row.get("tp"), row.get("vocab_size")) == ("2", "50432")
+            assert "README's TP 2" in row.get("assumed")
+            assert "tensor parallelism of 2" in row.get("assumed")
 
 
 def test_nemo_launcher_2022_07_rows_run_the_22_06_code() -> None:
