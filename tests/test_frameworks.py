@@ -1081,6 +1081,43 @@ def test_nemo_launcher_2022_rows_run_the_22_08_code() -> None:
     costs = Experiment.from_dict(row.experiment()).costs
     assert costs.sequence_parallel and costs.sp_async_grad_reduce_scatter
     assert not costs.grad_buckets_stage0_only
+    # the 5B rows take the README's text (TP 2), not the config file's TP 1
+    for row in source.rows:
+        if row.run.startswith("gpt3-5b-"):
+            assert (row.get("tp"), row.get("vocab_size")) == ("2", "50432")
+            assert "README's TP 2" in row.get("assumed")
+            assert "tensor parallelism of 2" in row.get("assumed")
+
+
+def test_nemo_launcher_2022_07_rows_run_the_22_06_code() -> None:
+    """The README's July tables (NVIDIA/NeMo-Megatron-Launcher d4317ddd): every row of both
+    (seven 5B, three 175B) with the configs of that commit (5B: TP 2, global batch 1440; 175B:
+    TP 8, PP 8, SP, selective recomputation, global batch 1536) and the 22.06 container's code:
+    fused_adam under NeMo's MainParamsOptimizerWrapper (ZeRO 0, fp32 all-reduce), overlapped
+    at PP 1 in the config's 125 MiB chunks of fp32 gradients, apex's sequence-parallel
+    backward (profile nemo-launcher-2022)."""
+    from sim.corpus import CORPUS_DIR, load_source
+
+    source = load_source(CORPUS_DIR / "nemo_megatron_launcher2022_07.csv")
+    assert [r.run for r in source.rows] == [
+        *(f"gpt3-5b-{8 * n}gpu" for n in (1, 2, 5, 9, 10, 18, 20)),
+        *(f"gpt3-175b-{8 * n}gpu" for n in (16, 32, 128))]
+    for row in source.rows:
+        data = row.experiment()
+        assert data["training"]["framework"] == "nemo-launcher-2022"
+        assert data["parallel"]["zero_stage"] == 0
+        assert "d4317dddae7f6b150e16423bc9915c48280ac033" in row.get("citation")
+        costs = Experiment.from_dict(data).costs
+        layout = (data["parallel"]["tp"], data["parallel"]["pp"],
+                  data["training"]["global_batch_size"])
+        if row.run.startswith("gpt3-5b-"):
+            assert layout == (2, 1, 1440)
+            assert data["parallel"]["overlap_grad_reduce"]
+            assert data["parallel"]["grad_bucket_MB"] == 125 * 1024 * 1024 / 1e6
+        else:
+            assert layout == (8, 8, 1536)
+            assert costs.sequence_parallel and costs.sp_async_grad_reduce_scatter
+            assert not data["parallel"].get("overlap_grad_reduce")
 
 
 def test_megatron_profiles_bucket_only_stage_0() -> None:
