@@ -236,6 +236,10 @@ class StageOps:
         if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
             segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
                                    * self.stage_params(op.stage)))
+        if once and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
+            segs.append(ComputeSeg("unsharded grad accumulation",
+                                   elementwise_bytes=self.unsharded_grad_accum_bytes
+                                   * self.stage_params(op.stage)))
         embed = ([ComputeSeg("embedding grad", elementwise_bytes=self.embedding_grad_bytes
                              * self.model.embedding_params() / self.tp)]
                  if self.embedding_grad_bytes and op.stage == 0
