@@ -680,3 +680,76 @@ def test_hierarchical_all_to_all_for_moe_from_the_cluster_override() -> None:
 
     flat, hier = ep_comm("pairwise"), ep_comm("hierarchical")
     assert flat > 0 and hier > 0 and flat != hier
+
+
+def _dp_collectives(r: Result, gpu: int) -> dict[str, list[Collective]]:
+    """GPU ``gpu``'s DP collectives of the step, by kind."""
+    out: dict[str, list[Collective]] = {}
+    for i in r.program.instructions:
+        if isinstance(i, Collective) and i.gpu == gpu and i.kind == "dp":
+            out.setdefault(i.op, []).append(i)
+    return out
+
+
+@pytest.mark.parametrize("fidelity", ["full", "collapsed"])
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_fsdp_under_pp_gathers_and_reduces_once_a_step(fidelity: str, schedule: str,
+                                                       vpp: int) -> None:
+    """torchtitan's FSDP2 under PP (``zero3_unsharded_under_pp``: no reshard after forward,
+    no gradient sync until the last backward): each stage all-gathers its units once, in its
+    first forward, and reduce-scatters them once, after its final op's compute; per op
+    (the flag off) it gathers in every forward and backward and reduces every backward."""
+    m = 4
+    d = data(pp=2, dp=2, layers=4, m=m, vpp=vpp, zero_stage=3) | {"schedule": schedule}
+    d["training"] |= {"framework": "fsdp", "precision": "bf16"}
+    exp = build_experiment(d)
+    assert exp.costs.zero3_once_per_step
+    per_op = replace(exp, costs=replace(exp.costs, zero3_unsharded_under_pp=False))
+    rank1 = exp.placement.gpu(pp=1)
+    once = simulate(exp, fidelity=fidelity)
+    every = simulate(per_op, fidelity=fidelity)
+    mine = [s for s, r in enumerate(exp.schedule.stage_rank) if r == 1]
+    split = exp.schedule.split_backward
+    units = {s: sum(isinstance(g, ParamGather)
+                    for g in exp.costs.op_segments(Op(s, "F", 0), split, markers=True))
+             for s in mine}
+    ready = {s: [g for g in exp.costs.op_segments(Op(s, "W" if split else "B", 0), split,
+                                                  markers=True)
+                 if isinstance(g, GradReady)] for s in mine}
+    got, base = _dp_collectives(once, rank1), _dp_collectives(every, rank1)
+    assert len(got["all_gather"]) == sum(units.values())
+    assert len(got["reduce_scatter"]) == sum(len(v) for v in ready.values())
+    assert sum(i.nbytes for i in got["reduce_scatter"]) == pytest.approx(
+        sum(g.nbytes for v in ready.values() for g in v), rel=1e-12)
+    assert len(base["all_gather"]) > m * sum(units.values())  # forward and backward
+    assert len(base["reduce_scatter"]) == m * len(got["reduce_scatter"])
+    # gathered in the first forward of each stage, reduced after its final op's compute
+    for s in mine:
+        assert {i.mb for i in got["all_gather"] if i.stage == s} == {0}
+        assert {i.mb for i in got["reduce_scatter"] if i.stage == s} == {m - 1}
+    assert sum(i.nbytes for v in got.values() for i in v) < sum(
+        i.nbytes for v in base.values() for i in v) / (m - 1)
+
+
+def test_fsdp_under_pp_final_backward_reduces_after_its_compute() -> None:
+    """The final backward's markers: no gathers, every GradReady after its compute (the
+    copy-in of the reduce-scatter with it), and the other ops without FSDP's copies."""
+    d = data(pp=2, dp=2, layers=4, m=2, zero_stage=3)
+    d["training"] |= {"framework": "fsdp", "precision": "bf16"}
+    costs = build_experiment(d).costs
+    segs = costs.op_segments(Op(1, "B", 0), False, markers=True)
+    assert not any(isinstance(s, ParamGather) for s in segs)
+    first = next(k for k, s in enumerate(segs) if isinstance(s, GradReady))
+    assert all(isinstance(s, GradReady) for s in segs[first:])
+    # every backward: no copies, the unsharded gradients accumulated in fp32 (2 + 4 + 4 bytes
+    # a parameter); the final one adds the copy-in of the fp32 gradients (4 + 4)
+    flag_off = replace(costs, zero3_unsharded_under_pp=False)
+    layer = costs._layer_params_tp
+
+    def moved(segs: tuple) -> float:
+        return sum(s.elementwise_bytes for s in segs if not isinstance(s, GradReady))
+
+    plain = moved(costs.op_segments(Op(1, "B", 0), False))
+    per_op = moved(flag_off.op_segments(Op(1, "B", 0), False))
+    assert plain - per_op == pytest.approx(10 * costs.stage_params(1) - 2 * (4 + 6) * layer)
+    assert moved(segs) - plain == pytest.approx(2 * 8 * layer)

@@ -165,31 +165,45 @@ class ModelState:
             grads.append(self.grad_reduce_bytes * self.model.embedding_params() / self.tp)
         return max(grads, default=0.0)
 
-    def _zero3_copies(self, name: str, backward: bool) -> list[Segment]:
+    def _zero3_copies(self, name: str, backward: bool, marked: bool = False) -> list[Segment]:
         """The framework's own memory-bound kernels around a layer's ZeRO-3 collectives
         (:attr:`zero3_gather_copy_bytes` per gathered parameter, forward and backward, and
         :attr:`zero3_reduce_copy_bytes` per parameter before the reduce-scatter, backward),
         as one compute segment; none without ZeRO-3 over more than one shard. A ZeRO-2 that
         reduces every micro-batch has its backward's compute slowed by the layer's
-        reduce-scatter beside it (:attr:`zero3_overlap_s`), and no copies of its own."""
+        reduce-scatter beside it (:attr:`zero3_overlap_s`), and no copies of its own.
+
+        With :attr:`zero3_once_per_step` only the ops that gather or reduce have them
+        (``marked``: a stage's first forward, its gather's copy-out and contention; its final
+        backward, the reduce-scatter's copy-in, with no contention: the reduce-scatters follow
+        the backward's compute, :meth:`op_segments`); the other ops none. That copy-in
+        (``foreach_reduce_scatter_copy_in``) then reads the gradient accumulated in the reduce
+        dtype (:attr:`unsharded_grad_accum_bytes`), not the bf16 one: :attr:`grad_reduce_bytes`
+        - 2 bytes more than :attr:`zero3_reduce_copy_bytes` (8 in fp32, not 6)."""
         if self.zero_stage != 3 or self._shards == 1:
             contention = self.zero3_overlap_s[1] if backward else 0.0
             if self.reduces_every_microbatch and contention:
                 return [ComputeSeg(f"{name} dp overlap", duration_s=contention)]
             return []
+        once = self._unsharded_stages
+        if once and not marked:
+            return []
         segs: list[Segment] = []
-        per_param = self.zero3_gather_copy_bytes + (self.zero3_reduce_copy_bytes
-                                                    if backward else 0.0)
+        gather_copy = 0.0 if once and backward else self.zero3_gather_copy_bytes
+        reduce_copy = self.zero3_reduce_copy_bytes
+        if once and reduce_copy:  # the copy-in reads the accumulated gradient, reduce dtype
+            reduce_copy += self.grad_reduce_bytes - BF16
+        per_param = gather_copy + (reduce_copy if backward else 0.0)
         if per_param:
             params = self._layer_params_tp + (self.model.layer_expert_params() / self._etp
                                               / self.ep if self._experts_apart else 0.0)
             nbytes = per_param * params
             if self._fp8_gathered:  # the copy-out of fp8 weights moves half a bf16 one's bytes
-                nbytes -= (self.zero3_gather_copy_bytes
+                nbytes -= (gather_copy
                            * (1.0 - self._layer_gather_bytes / (BF16 * self._layer_params_tp))
                            * self._layer_params_tp)
             segs.append(ComputeSeg(f"{name} zero3 copies", elementwise_bytes=nbytes))
-        contention = self.zero3_overlap_s[1 if backward else 0]
+        contention = 0.0 if once and backward else self.zero3_overlap_s[1 if backward else 0]
         if contention:
             segs.append(ComputeSeg(f"{name} zero3 overlap", duration_s=contention))
         return segs
@@ -274,6 +288,26 @@ class ModelState:
         return model_state_bytes_per_param(self.zero_stage,
                                            self._shards if shards is None else shards,
                                            self.grad_buffer_bytes)
+
+    @property
+    def zero3_once_per_step(self) -> bool:
+        """Whether the lowering gathers each stage's parameters once a step (its first
+        forward) and reduce-scatters its gradients once (after its final backward), not per
+        op: :attr:`zero3_unsharded_under_pp` in effect (:attr:`_unsharded_stages`)."""
+        return self._unsharded_stages
+
+    @property
+    def unsharded_grad_accum_bytes(self) -> float:
+        """Bytes a parameter a backward moves to accumulate its gradient unsharded under
+        :attr:`zero3_once_per_step`: FSDP2's post-backward without gradient sync
+        (torch/distributed/_composable/fsdp/_fsdp_param_group.py ``post_backward``:
+        ``accumulate_unsharded_grad_if_needed``, then ``to_accumulated_grad_if_needed``, at
+        torch 1963fc8) adds the backward's bf16 gradient into the one kept in the reduce
+        dtype, ``unsharded_accumulated_grad += grad``: read 2 and :attr:`grad_reduce_bytes`,
+        write :attr:`grad_reduce_bytes` (10 in fp32; a bf16 reduce dtype leaves it to
+        autograd's own ``.grad`` accumulation, the same 2 + 2 + 2). The step's first
+        micro-batch only casts (2 + 4); counted as the others."""
+        return BF16 + 2.0 * self.grad_reduce_bytes
 
     @property
     def _unsharded_stages(self) -> bool:

@@ -126,24 +126,27 @@ class StageOps:
             segs = memo[key] = self._op_segments(op, split_backward, markers, labels=False)
         return segs
 
-    def _layer_segments(self, layer: int, backward: bool, deferred: bool, labels: bool
-                        ) -> list[Segment] | tuple[Segment, ...]:
+    def _layer_segments(self, layer: int, backward: bool, deferred: bool, labels: bool,
+                        marked: bool = False) -> list[Segment] | tuple[Segment, ...]:
         """Transformer block ``layer``'s segments in an op (with markers: between them): its
-        forward (or backward) and its ZeRO-3 copies; unnamed (``labels`` false) they are the
-        same for every layer of one cost model (:meth:`_layer`), so worked out once and kept
-        on it."""
+        forward (or backward) and its ZeRO-3 copies (``marked``: the op's markers are in, which
+        decides them under :attr:`zero3_once_per_step`, :meth:`_zero3_copies`); unnamed
+        (``labels`` false) they are the same for every layer of one cost model
+        (:meth:`_layer`), so worked out once and kept on it."""
         c = self._layer(layer)
         if labels:
             name = f"L{layer}"
             return ((c._layer_backward(name, weight_grad_deferred=deferred) if backward
-                     else c._layer_forward(name)) + c._zero3_copies(name, backward=backward))
+                     else c._layer_forward(name))
+                    + c._zero3_copies(name, backward=backward, marked=marked))
         memo = c.__dict__.setdefault("_memo_layer_work", {})
-        key = (backward, deferred)
+        key = (backward, deferred, marked)
         segs = memo.get(key)
         if segs is None:
             segs = memo[key] = tuple(
                 (c._layer_backward("", weight_grad_deferred=deferred) if backward
-                 else c._layer_forward("")) + c._zero3_copies("", backward=backward))
+                 else c._layer_forward("")) + c._zero3_copies("", backward=backward,
+                                                              marked=marked))
         return segs
 
     def _partition_gathers(self, op: Op, last: bool) -> list[Segment]:
@@ -171,7 +174,8 @@ class StageOps:
                     else chunk.op_work(op, split_backward, markers))
         last = op.stage == len(self.stage_layers) - 1
         layers = self._stage_layers(op.stage)
-        gather = markers and (self.zero_stage == 3
+        once = self._unsharded_stages  # gathers in a first forward, reduces after the final op
+        gather = markers and ((self.zero_stage == 3 and (not once or op.kind == FORWARD))
                               or (self.overlap_param_gather and op.kind == FORWARD))
         segs: list[Segment] = self._partition_gathers(op, last)
         if gather and self.zero_stage != 3 and op.stage > 0:
@@ -190,7 +194,7 @@ class StageOps:
                     segs.append(ParamGather(f"L{layer} params",
                                             c._gather_bytes(op.stage, layer),
                                             c._layer_expert_grad_bytes()))
-                segs += self._layer_segments(layer, False, False, labels)
+                segs += self._layer_segments(layer, False, False, labels, marked=True)
                 if gather:
                     segs += c._dp_overlap(f"L{layer}", backward=False)
             if last:
@@ -213,7 +217,7 @@ class StageOps:
                 if gather:
                     segs.append(ParamGather(f"L{layer} params", c._layer_gather_bytes,
                                             c._layer_expert_grad_bytes()))
-                segs += self._layer_segments(layer, True, split_backward, labels)
+                segs += self._layer_segments(layer, True, split_backward, labels, marked=True)
                 if ready and self._bucketed(op.stage):
                     segs += c._dp_overlap(f"L{layer}", backward=True)
                 if ready:
@@ -232,6 +236,10 @@ class StageOps:
         if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
             segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
                                    * self.stage_params(op.stage)))
+        if once and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
+            segs.append(ComputeSeg("unsharded grad accumulation",
+                                   elementwise_bytes=self.unsharded_grad_accum_bytes
+                                   * self.stage_params(op.stage)))
         embed = ([ComputeSeg("embedding grad", elementwise_bytes=self.embedding_grad_bytes
                              * self.model.embedding_params() / self.tp)]
                  if self.embedding_grad_bytes and op.stage == 0
@@ -247,6 +255,13 @@ class StageOps:
             ready_at = [i for i, seg in enumerate(segs) if isinstance(seg, GradReady)]
             at = ready_at[-1] if ready_at else len(segs)
             segs[at:at] = embed
+        if once and markers:
+            # the final backward runs without gradient sync like the others; then FSDP's
+            # post-backward of each unit reduce-scatters: every GradReady after the compute
+            # (torch/distributed/pipelining/stage.py backward_maybe_with_nosync,
+            # run_post_backward after the last backward)
+            segs = ([seg for seg in segs if not isinstance(seg, GradReady)]
+                    + [seg for seg in segs if isinstance(seg, GradReady)])
         return tuple(fuse_compute(segs, str(op)))
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
@@ -260,9 +275,11 @@ class StageOps:
         for layer in reversed(layers):
             c = self._layer(layer)
             attn, mlp = c._gemms()
-            segs += [scaled(attn, "weight grads", 1), scaled(mlp, "weight grads", 1),
-                     GradReady(f"L{layer} grads", c._layer_grad_bytes(stage, layer),
-                               c._layer_expert_grad_bytes())]
+            segs += [scaled(attn, "weight grads", 1), scaled(mlp, "weight grads", 1)]
+            if self._unsharded_stages:  # the copy-in of the reduce-scatter after the final W
+                segs += c._zero3_copies(f"L{layer}", backward=True, marked=True)
+            segs.append(GradReady(f"L{layer} grads", c._layer_grad_bytes(stage, layer),
+                                  c._layer_expert_grad_bytes()))
         return segs
 
     def p2p_bytes(self) -> float:

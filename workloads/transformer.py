@@ -315,8 +315,12 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     until the last backward (torchtitan: ``reshard_after_forward=False`` with PP, and
     torch.distributed.pipelining's ``backward_maybe_with_nosync``): (2 + grad_reduce_bytes)
     bytes a parameter of the rank's stages held on top of the sharded state
-    (:meth:`static_bytes`), none gathered per op (:meth:`zero3_working_bytes`). Memory
-    only: the lowering still gathers and reduce-scatters per micro-batch."""
+    (:meth:`static_bytes`), none gathered per op (:meth:`zero3_working_bytes`). The lowering
+    follows it (:attr:`zero3_once_per_step`): each stage all-gathers its units in its first
+    forward of the step (with their copy-out) and reduce-scatters them after its final
+    backward's compute (torch.distributed.pipelining runs FSDP2's post-backward by hand
+    after the last backward), and every backward accumulates the unsharded gradient
+    (:attr:`unsharded_grad_accum_bytes`)."""
     dropout: bool = True
     """The layers apply dropout and keep its masks for the backward (2·s·b·h bytes a layer
     for a LayerNorm, GPT-style model: :meth:`layer_activation_bytes`). False: trained with

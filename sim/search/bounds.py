@@ -524,7 +524,7 @@ class Bounds:
         for r in sorted({0, layout.pp - 1}):
             mine, busy = self._rank_busy(costs, layout, split, stage_rank, per_mb, timed, r)
             end = m * busy + self._optimizer_s(costs, mine, types[r])
-            if r in timed and self._zero3_timed(layout):
+            if r in timed and self._zero3_timed(layout, costs):
                 bound = max(bound, m * sum(self._zero3_stream_s(costs, s, k, split, layout, r)
                                            for s in mine for k in KINDS))
             if overlaps_steps(layout.schedule):  # a period: no fill, see step_bound_s
@@ -537,12 +537,15 @@ class Bounds:
             bound = max(bound, end)
         return bound
 
-    def _zero3_timed(self, layout: Layout) -> bool:
+    def _zero3_timed(self, layout: Layout, costs: TransformerCosts) -> bool:
         """Whether the bounds time ZeRO-3's DP stream (:meth:`_zero3_stream_s`): ZeRO-3 over
         more than one replica, micro-batches not cut into sequence chunks (each chunk would
-        be an op of its own)."""
+        be an op of its own), gathered per op (not once a step,
+        :attr:`~TransformerCosts.zero3_once_per_step`, whose stream is busy once a stage and
+        not timed here)."""
         return (layout.zero_stage == 3 and layout.dp * layout.cp > 1
-                and not SCHEDULES[layout.schedule].seq_chunks)
+                and not SCHEDULES[layout.schedule].seq_chunks
+                and not costs.zero3_once_per_step)
 
     def _zero3_stream_s(self, costs: TransformerCosts, stage: int, kind: str, split: bool,
                         layout: Layout, r: int) -> float:
@@ -726,7 +729,7 @@ class Bounds:
                 ag = self._collective_s("dp", layout, r, "all_gather",
                                         sum(costs.grad_bytes(s) for s in mine))
             z3 = None
-            if r in timed and self._zero3_timed(layout):
+            if r in timed and self._zero3_timed(layout, costs):
                 z3 = sum(self._zero3_stream_s(costs, s, k, split, layout, r)
                          for s in mine for k in KINDS)
             ranks.append((opt, ag, z3))

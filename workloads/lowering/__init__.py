@@ -107,6 +107,9 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     b = ProgramBuilder() if collapse is not None or reference else PackedBuilder()
     final_op = final_ops(schedule)
     zero3 = zero_stage == 3 and len(replicas) > 1
+    # ZeRO-3 kept unsharded under PP (torchtitan's FSDP2): each stage's parameters gathered in
+    # its first forward, its gradients reduce-scattered after its final op, nothing in between
+    once = zero3 and bool(getattr(costs, "zero3_once_per_step", False))
     overlap = bool(getattr(costs, "overlap_grad_reduce", False)) and len(replicas) > 1
     cp_or_ep = getattr(costs, "cp", 1) > 1 or getattr(costs, "ep", 1) > 1
     # overlap_param_gather: each stage's first forward gathers the parameters layer by layer
@@ -116,7 +119,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     per_microbatch = (bool(getattr(costs, "reduces_every_microbatch", False)) and zero_stage == 2
                       and len(replicas) > 1)
     piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes,
-                               gather_chain(schedule) if gather_ahead else None, per_microbatch)
+                               gather_chain(schedule) if gather_ahead else None, per_microbatch,
+                               once)
                  if zero3 or overlap or cp_or_ep or gather_ahead or per_microbatch else None)
     # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
     # (and the F ops that wait on several of them) take the op loop
@@ -140,8 +144,8 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         index = {op: k for k, op in enumerate(order)}
         loop = OpLoop(b, schedule, costs, placement, collapse, lanes, piecewise,
                       set(final_op.values()), zero3, overlap, cp_or_ep,
-                      first_forwards(schedule) if gather_ahead else frozenset(), per_microbatch,
-                      steps)
+                      first_forwards(schedule) if gather_ahead or once else frozenset(),
+                      per_microbatch, steps, once)
         loop.run(order, index)
         last = loop.last
     dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)),

@@ -53,19 +53,23 @@ class OpLoop:
                  placement: Placement, collapse: Collapse | None, lanes: Lanes,
                  piecewise: PieceLowering | None, final_ops: Collection[Op], zero3: bool,
                  overlap: bool, cp_or_ep: bool, gathering: Collection[Op] = (),
-                 per_microbatch: bool = False, steps: Mapping[Op, int] | None = None) -> None:
+                 per_microbatch: bool = False, steps: Mapping[Op, int] | None = None,
+                 once: bool = False) -> None:
         self.b, self.schedule, self.costs = b, schedule, costs
         self.placement, self.collapse, self.lanes = placement, collapse, lanes
         self.piecewise = piecewise
         """Lowers every op under ZeRO-3 (``zero3``: its parameter gathers) or with CP or EP
         (``cp_or_ep``), else (``overlap``: the gradient buckets) the final ops only, and
         the ``gathering`` ops (each stage's first forward under ``overlap_param_gather``);
-        with ``per_microbatch`` (a ZeRO-2 that reduces every micro-batch) every backward."""
+        with ``per_microbatch`` (a ZeRO-2 that reduces every micro-batch) every backward;
+        with ``once`` (ZeRO-3 gathered once a step, ``zero3_once_per_step``) the ``gathering``
+        ops (each stage's first forward) and the final ops only."""
         self.final_ops = final_ops
         self.gathering = gathering
-        self.zero3, self.overlap = zero3, overlap
+        self.once = once
+        self.zero3, self.overlap = zero3 and not once, overlap
         self.per_microbatch = per_microbatch
-        self.every_op = zero3 or cp_or_ep
+        self.every_op = self.zero3 or cp_or_ep
         self.last: dict[tuple[int, int], int] = {}
         self.sent: dict[tuple[int, int], int] = {}
         self.pending: list[dict[str, float]] = [{} for _ in range(schedule.num_ranks)]
@@ -180,9 +184,10 @@ class OpLoop:
     def _marked(self, op: Op) -> bool:
         """Whether ``op`` is lowered with its DP markers: every op under ZeRO-3, the final
         ops with gradient buckets, every backward under a ZeRO-2 that reduces every
-        micro-batch, the ops that gather the step's parameters."""
-        return (self.zero3 or (self.overlap and op in self.final_ops) or self._reduces(op)
-                or op in self.gathering)
+        micro-batch, the ops that gather the step's parameters (and under ``once`` the final
+        ops, which reduce-scatter)."""
+        return (self.zero3 or ((self.overlap or self.once) and op in self.final_ops)
+                or self._reduces(op) or op in self.gathering)
 
     def _deps(self, g: int, local: Sequence[tuple[int, bool]]) -> tuple[int, ...]:
         """What op's first instruction on GPU ``g`` waits for: per producer (its position,

@@ -155,7 +155,7 @@ class PieceLowering:
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, zero_stage: int, collapse: Collapse | None,
                  lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None,
-                 per_microbatch: bool = False) -> None:
+                 per_microbatch: bool = False, once: bool = False) -> None:
         self.b, self.costs, self.placement = b, costs, placement
         self.gather_chain = gather_chain or {}
         """``overlap_param_gather``: per first forward of a stage, the next one on its rank
@@ -163,6 +163,10 @@ class PieceLowering:
         self.collapse = None if collapse is None else with_all_to_all(collapse)
         self.schedule, self.lanes = schedule, lanes
         self.zero3 = zero_stage == 3
+        self.prefetch_next = self.zero3 and not once
+        """ZeRO-3 per op: an op's last piece gathers the next op's first unit; not with
+        ``once`` (``zero3_once_per_step``: only a stage's first forward gathers, from its
+        start)."""
         self.per_unit = self.zero3 or per_microbatch
         """Each gradient unit reduce-scattered as its backward finishes it (ZeRO-3, and a ZeRO-2
         that reduces every micro-batch), not in buckets of the step's last backward."""
@@ -328,7 +332,7 @@ class PieceLowering:
             follow = pieces[n + 1].gather if n + 1 < len(pieces) else None
             if follow is not None:
                 ahead = self._gather(r, op, follow, gpus, 1)
-            elif n + 1 == len(pieces) and self.zero3 and op in self.next_op:
+            elif n + 1 == len(pieces) and self.prefetch_next and op in self.next_op:
                 nxt = self.next_op[op]
                 first = self.pieces(nxt, True)[0].gather if self.pieces(nxt, True) else None
                 if first is not None:
