@@ -164,7 +164,7 @@ class ElementwiseWork:
             fwd, bwd = self.fp8_cast_bytes + FP8_AMAX_BYTES, 0.0
         else:
             fwd, bwd = self.fp8_cast_bytes, FP8_TRANSPOSE_BYTES
-        attn, mlp = m.attention_params() / self.tp, m.mlp_params() / self.tp
+        attn, mlp = self.fp8_weight_elements()
         return (fwd * attn, fwd * mlp), (bwd * attn, bwd * mlp)
 
     @per_instance
