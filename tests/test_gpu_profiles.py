@@ -99,6 +99,43 @@ def test_fp8_gemms_reach_the_measured_fraction_of_bf16s() -> None:
             GPUS[gpu].peak_fp8_flops / GPUS[gpu].peak_bf16_flops * RATIOS[gpu].fp8_gemm)
 
 
+FP8_SHAPES = load_benchmark("fp8_shapes")
+
+
+def test_fp8_speedup_does_not_fall_with_gemm_shape_in_te_benchmark() -> None:
+    """Transformer Engine's per-GEMM breakdown of the same benchmark (``[H100.fp8_matmul_
+    benchmark]``, read off its figure) adds up to the printed per-layer totals, and its
+    smallest GEMM (15872 x 4096 x 4096, cube side 6.4k) gains as much from FP8 as its
+    largest (10.2k): 1.92x against 1.89-1.93x, each within the reading's error of the shipped
+    one rate. Had FP8 sped up only the shape-free part of the H100 curve's BF16 time, the
+    smallest would gain 1.55x, outside the reading: the rate stays one number."""
+    from sim.profiles import load
+
+    t = load("hopper")["H100"]["fp8_matmul_benchmark"]
+    for dtype in ("bf16", "fp8"):
+        rows = sum(t[f"{dtype}_fprop_dgrad_px"]) + sum(t[f"{dtype}_wgrad_px"])
+        assert rows / t["px_per_ms"] == pytest.approx(t[f"{dtype}_layer_ms"], rel=0.01), dtype
+    # the pre-quantized rate the profile ships is this benchmark's layer total
+    assert RATIOS["H100"].fp8_gemm == pytest.approx(
+        t["bf16_layer_ms"] / t["fp8_layer_ms"] / 2, abs=5e-4)
+    rows = FP8_SHAPES.readings()
+    shipped = FP8_SHAPES.shipped_speedup()
+    assert shipped == pytest.approx(1979 / 989 * 0.952, rel=1e-9)
+    for r in rows:
+        assert r["ratio_low"] < shipped < r["ratio_high"], r["gemm"]
+        assert 1.85 < r["ratio"] < 1.95, r["gemm"]
+        assert r["unshrunk"] < r["ratio_low"], r["gemm"]
+    smallest, largest = min(rows, key=lambda r: r["d"]), max(rows, key=lambda r: r["d"])
+    assert smallest["gemm"] == "attn_out" and smallest["d"] == pytest.approx(6434, abs=1)
+    assert smallest["ratio"] >= largest["ratio"]
+    assert smallest["unshrunk"] == pytest.approx(1.55, abs=0.01)
+    # the corpus's torchtitan Float8 GEMMs are larger than the benchmark's; GPT-3 175B at TP4
+    # has the smallest (its projection, 2048 x 3072 x 12288: cube side 4.3k)
+    sides = FP8_SHAPES.corpus_sides()
+    assert min(min(s.values()) for s in sides.values()) == pytest.approx(4260, abs=1)
+    assert all(min(s.values()) > smallest["d"] for run, s in sides.items() if "torchtitan" in run)
+
+
 def test_every_gpu_states_what_is_measured() -> None:
     """Every GPU's matmul ratio is measured on it, or it is a variant of a measured die
     (``same_as``: the H100's PCIe, NVL, H800 and 96 GB parts) that says its ratios are
