@@ -164,6 +164,10 @@ def test_dgxc_benchmarking_pairs_every_bf16_row_with_an_fp8_row_of_the_same_layo
         assert 1.2 < pair["bf16"].step_time_s / pair["fp8"].step_time_s < 1.6
     models = sorted({r.get("model") for r in rows})
     assert models == ["gpt3-175b", "llama3-405b", "llama3-70b", "llama3-8b"]
+    # the Llama 3.1 recipes export NVTE_FUSED_ATTN=1 with NVTE_FLASH_ATTN=0 (cuDNN's fused
+    # attention); GPT-3's NVTE_FUSED_ATTN=0 leaves Transformer Engine's flash-attn backend
+    for row in rows:
+        assert row.get("attention") == ("flash2" if row.get("model") == "gpt3-175b" else "cudnn")
     assert {int(r.get("num_gpus")) for r in rows} >= {8, 2304}
 
 
