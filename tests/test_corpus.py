@@ -142,6 +142,35 @@ def test_every_corpus_file_is_listed_in_the_validation_readme() -> None:
         assert runs == len(load_source(path).rows), path.name
 
 
+DGXC_PAIR_FREE = ("run", "precision", "published_value", "step_time_s", "assumed", "citation")
+"""The columns in which a DGX Cloud Benchmarking BF16 row and its FP8 twin may differ."""
+
+
+def test_dgxc_benchmarking_pairs_every_bf16_row_with_an_fp8_row_of_the_same_layout() -> None:
+    """NVIDIA/dgxc-benchmarking v24.11.1 publishes each recipe's H100 table twice, BF16 and
+    FP8, over the same GPU counts: 22 layouts (Llama 3.1 8B x 5, 70B x 6, 405B x 6, GPT-3 175B
+    x 5), each once per precision and otherwise identical, every published FP8 speed-up
+    between 1.2x and 1.6x (the recipes' BF16/FP8 step times)."""
+    rows = load_source(CORPUS_DIR / "dgxc_benchmarking_2411.csv").rows
+    assert len(rows) == 44
+    pairs: dict[tuple[tuple[str, str], ...], dict[str, CorpusRow]] = {}
+    for row in rows:
+        key = tuple((c, row.get(c)) for c in COLUMNS if c not in DGXC_PAIR_FREE)
+        pairs.setdefault(key, {})[row.get("precision")] = row
+    assert len(pairs) == 22
+    for pair in pairs.values():
+        assert set(pair) == {"bf16", "fp8"}
+        assert pair["bf16"].run.removesuffix("-bf16") == pair["fp8"].run.removesuffix("-fp8")
+        assert 1.2 < pair["bf16"].step_time_s / pair["fp8"].step_time_s < 1.6
+    models = sorted({r.get("model") for r in rows})
+    assert models == ["gpt3-175b", "llama3-405b", "llama3-70b", "llama3-8b"]
+    # the Llama 3.1 recipes export NVTE_FUSED_ATTN=1 with NVTE_FLASH_ATTN=0 (cuDNN's fused
+    # attention); GPT-3's NVTE_FUSED_ATTN=0 leaves Transformer Engine's flash-attn backend
+    for row in rows:
+        assert row.get("attention") == ("flash2" if row.get("model") == "gpt3-175b" else "cudnn")
+    assert {int(r.get("num_gpus")) for r in rows} >= {8, 2304}
+
+
 def test_korthikanti_rows_pair_full_and_selective_recompute_on_one_layout() -> None:
     """Korthikanti et al. 2022 table 5: each model twice on one layout (DP 1), full recompute
     without SP and selective recompute with SP; the selective rows' times give Megatron-LM's
