@@ -198,6 +198,8 @@ class PieceLowering:
         self.ring_next = {g: placement.gpu(**{**placement.coords(g),
                                               "cp": (placement.coords(g)["cp"] + 1) % cp})
                           for g in range(placement.num_gpus)} if cp > 1 else {}
+        self.ring_pairs: dict[int, tuple[tuple[int, int], ...]] = {}
+        """Ring CP: pipeline rank ``r``'s (GPU, next GPU) pairs of one pass, kept per rank."""
 
     def _etp_groups(self, r: int) -> Groups:
         """The expert-TP groups of pipeline rank ``r`` (:func:`etp_groups`; none without an
@@ -550,7 +552,10 @@ class PieceLowering:
         p = self.placement
         if ring.gathered:
             return self._gathered_collapsed(op, ring, g, r, deps)
-        pairs = tuple((x, self.ring_next[x]) for group in tp_groups(p, r) for x in group)
+        pairs = self.ring_pairs.get(r)
+        if pairs is None:
+            pairs = tuple((x, self.ring_next[x]) for group in tp_groups(p, r) for x in group)
+            self.ring_pairs[r] = pairs
         pass_s = self.collapse.collective_s("send", pairs, ring.nbytes)
         block_s = self.collapse.on(g).compute_s(ring.block)
         blk = ring.block
