@@ -857,9 +857,9 @@ def test_deepspeed_pipeline_sends_block_their_sender() -> None:
 def test_interleaved_megatron_core_runs_send_beside_the_next_chunk() -> None:
     """MLPerf v3.0/v3.1's GPT-3 (nemo1-te-layer) and NeMo 24.12's (nemo-launcher) run the
     interleaved schedule with overlap_p2p_comm True and batch_p2p_comm False: no sender
-    waits for its message, so on a full run some compute of each sending GPU runs while its
-    send is in flight; with blocking sends (DeepSpeed's) none does, every message adds its
-    transfer to its sender, and the step is slower."""
+    waits for its message, so on a full run compute of the sending GPU runs while its sends
+    are in flight; with blocking sends (DeepSpeed's ``pp_send_blocking``) none does and the
+    step is slower."""
     for name in ("nemo1-te-layer", "nemo-launcher"):
         assert not FRAMEWORKS[name].pp_send_blocking
         assert "overlap_p2p_comm True" in FRAMEWORKS[name].source("pp_send_blocking")
