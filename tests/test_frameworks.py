@@ -854,6 +854,34 @@ def test_deepspeed_pipeline_sends_block_their_sender() -> None:
     assert blocked > api.simulate(free, fidelity="collapsed").stats["step_time_s"]
 
 
+def test_interleaved_megatron_core_runs_send_beside_the_next_chunk() -> None:
+    """MLPerf v3.0/v3.1's GPT-3 (nemo1-te-layer) and NeMo 24.12's (nemo-launcher) run the
+    interleaved schedule with overlap_p2p_comm True and batch_p2p_comm False: no sender
+    waits for its message, so on a full run compute of the sending GPU runs while its sends
+    are in flight; with blocking sends (DeepSpeed's ``pp_send_blocking``) none does and the
+    step is slower."""
+    for name in ("nemo1-te-layer", "nemo-launcher"):
+        assert not FRAMEWORKS[name].pp_send_blocking
+        assert "overlap_p2p_comm True" in FRAMEWORKS[name].source("pp_send_blocking")
+    exp = Experiment.from_dict({**_run(framework="nemo1-te-layer"), "schedule": "interleaved"})
+    assert exp.schedule.num_stages == 4  # two model chunks a pipeline rank
+    blocked = replace(exp, costs=replace(exp.costs, pp_send_blocking=True))
+
+    def overlapped(run) -> tuple[int, int]:
+        spans = run.timeline.spans
+        sends = [s for s in spans if s.stream.startswith("send>")]
+        beside = sum(any(c.gpu == s.gpu and c.stream == "compute"
+                         and min(c.end_s, s.end_s) - max(c.start_s, s.start_s) > 1e-9
+                         for c in spans) for s in sends)
+        return beside, len(sends)
+
+    free_run, blocked_run = (api.simulate(e, fidelity="full") for e in (exp, blocked))
+    beside, sends = overlapped(free_run)
+    assert sends and beside
+    assert overlapped(blocked_run) == (0, sends)
+    assert blocked_run.stats["step_time_s"] > free_run.stats["step_time_s"]
+
+
 def _deepspeed_steps_by_hand(p: int, m: int) -> dict[Op, int]:
     """deepspeed/runtime/pipe/schedule.py TrainSchedule._step_to_micro_batch (v0.3.0 to
     v0.6.5), written out: stage s, step t; forward when t and s have the same parity."""
