@@ -28,7 +28,6 @@ from sim.device import DeviceProfile, compute_time_s, rank_timers
 from sim.dpmodes import cycle_stats, ps_servers, stale_steps, steps_overlap
 from sim.engine import InstructionTimes, simulate_program
 from sim.experiment import Experiment
-from sim.export import write_chrome_trace
 from sim.faults import (
     straggler_slowdowns,
 )
@@ -128,6 +127,8 @@ def write_step(out_dir: str | Path, name: str, timeline: Timeline, stats_text: s
         mine = files or own
         target = TRACE_FILES[trace]
         if target is not None:
+            from sim.export import write_chrome_trace  # (a `--json` run writes no trace)
+
             paths["trace"] = out / target
             write_chrome_trace(timeline, mine.temp(paths["trace"]), title=name, gpus=gpus)
         for other in TRACE_FILES.values():

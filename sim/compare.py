@@ -42,7 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 from base.errors import ConfigError
 from workloads.program import Send
-from workloads.registry import SCHEDULES, overlaps_steps
+from workloads.registry import (  # (the defaults kept there: `sim compare --help`)
+    DEFAULT_SCHEDULES,
+    MULTIMODAL_SCHEDULES,
+    SCHEDULES,
+    overlaps_steps,
+)
 
 if TYPE_CHECKING:  # the engine (simpy) is only needed to run, not to format rows
     from sim.api import Result
@@ -61,11 +66,6 @@ __all__ = [
     "schedule_changes",
 ]
 
-DEFAULT_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "seq1f1b")
-MULTIMODAL_SCHEDULES = tuple(k.name for k in SCHEDULES.values() if k.encoder is not None)
-"""What ``sim compare`` runs by default for a model with an encoder (the only schedules
-that place one)."""
-"""What ``sim compare`` runs without ``--schedules``."""
 
 GiB = 2**30
 

@@ -279,16 +279,14 @@ class _Run:
         """Collectives in progress: key -> the members arrived."""
         self.gpus = (tuple(range(program.num_gpus)) if program.simulated_gpus is None
                      else program.simulated_gpus)
-        # per instruction, the times the timeline's records are made from (timeline_of): on
-        # the own heap as arrays of doubles (8 bytes each, not a float object and a
-        # pointer), in the reference as lists
-        n = len(program.instructions)
-        zeros = [0.0] * n if reference else array("d", bytes(8 * n))
-        self.started: list[float] | array[float] = zeros
+        # per instruction, the times the timeline's records are made from (timeline_of),
+        # made when the run takes the event queue (:meth:`_zero_times`); the queue-free pass
+        # hands over its own (:meth:`_deferred`)
+        self.started: list[float] | array[float] = []
         """When it became ready (its last predecessor completed)."""
-        self.mid: list[float] | array[float] = zeros[:]
+        self.mid: list[float] | array[float] = []
         """A compute op's start + compute duration (its blocking communication follows)."""
-        self.ended: list[float] | array[float] = zeros[:]
+        self.ended: list[float] | array[float] = []
         self.completed = 0
         self.ready: deque[int] = deque()
         self.draining = False
@@ -325,6 +323,17 @@ class _Run:
         """Blocks of lanes completed in one step (:meth:`_stepper`)."""
         if self.env is None and self.packed[0] is not None:  # the own heap's fast path
             self._release = self._release_packed  # type: ignore[method-assign]
+
+    def _zero_times(self) -> None:
+        """Every instruction's ready, mid and end time, 0 until the event queue sets them: on
+        the own heap arrays of doubles (8 bytes each, not a float object and a pointer), in
+        the reference lists. Made only for a run on the queue: the queue-free pass
+        (:func:`sim.columnar.run_columns`) computes its own, and three such arrays of
+        Megatron 1T's 391,424 instructions (9 MB, their pages faulted in by the copies)
+        were ~5 ms of its ``sim run`` for nothing."""
+        n = len(self.program.instructions)
+        zeros = [0.0] * n if self.env is not None else array("d", bytes(8 * n))
+        self.started, self.mid, self.ended = zeros, zeros[:], zeros[:]
 
     def _build_dag(self, program: Program) -> None:
         """Successor lists and unfinished-predecessor counters (deps + stream order).
@@ -1175,6 +1184,7 @@ class _Run:
                                self.gpus) if columns is not None else None
             if fast is not None:
                 return self._deferred(fast)
+        self._zero_times()
         self._build_dag(self.program)
         waiting = self.waiting
         if self.env is None and isinstance(waiting, array) and waiting.itemsize == 4:

@@ -27,7 +27,6 @@ from sim.config import (
 from sim.dpmodes import check_dp_modes, ps_layout_gpus
 from sim.faults import check_fault_targets
 from sim.gpu_profiles import ratios_for
-from sim.multimodal import attach_encoder
 from sim.partition import auto_layers, rank_time_model
 from sim.tpoverlap import check as check_tp_overlap
 from topologies.build import build_cluster
@@ -675,6 +674,9 @@ def build_experiment(data: Any, base_dir: Path | None = None,
         check_tp_overlap(cluster.gpu.name, tp, par.sequence_parallel, _no_tp_overlap(
             model, cluster, sched.seq_chunks, cfg.model.encoder is not None))
     if cfg.model.encoder is not None:
+        # (the encoders' presets, costs and schedules: imported by a multimodal run only)
+        from sim.multimodal import attach_encoder
+
         costs, sched = attach_encoder(cfg, costs, cluster, placement, m)
     elif par.encoder is not None:
         raise ConfigError("parallel.encoder: the model has no encoder (model.encoder)")

@@ -140,6 +140,13 @@ LLM_SCHEDULES: tuple[str, ...] = tuple(s.name for s in _KINDS if s.encoder is No
 """The schedules of a model without an encoder: what ``sim search`` tries (a multimodal
 schedule without an encoder is 1F1B under another name)."""
 
+DEFAULT_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe-v", "seq1f1b")
+"""What ``sim compare`` runs without ``--schedules`` (:mod:`sim.compare`; kept here so that
+the ``sim`` command's parser names them without importing the comparison)."""
+MULTIMODAL_SCHEDULES: tuple[str, ...] = tuple(s.name for s in _KINDS if s.encoder is not None)
+"""What ``sim compare`` runs by default for a model with an encoder (the only schedules
+that place one)."""
+
 
 SCHEDULE_CACHE = 16
 """Built schedules :func:`built_schedule` keeps (the least recently used go first); one

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from base.outputs import Outputs, check_output_dir, output_dir, outputs
-from sim.compare import DEFAULT_SCHEDULES, MULTIMODAL_SCHEDULES
+from workloads.registry import DEFAULT_SCHEDULES, MULTIMODAL_SCHEDULES
 
 __all__ = ["register"]
 
