@@ -1205,20 +1205,11 @@ class _Run:
         the times (:func:`sim.timeline.summaries_of`), the records made from the same times
         when first read (:meth:`Timeline.deferred`): a full-fidelity run's spans are most of
         its memory, and a ``--json`` run never reads them."""
-        program, ready, mid, end = self.program, self.started, self.mid, self.ended
-        summary = summaries_of(program, ready, mid, end)
+        ready, mid, end = self.started, self.mid, self.ended
+        summary = summaries_of(self.program, ready, mid, end)
         self.intervals = summary.intervals
-
-        def records() -> tuple[tuple[Span, ...], tuple[FlowArrow, ...],
-                               tuple[MemorySample, ...], tuple[tuple[int, ...], ...]]:
-            with gc_paused():
-                timeline = timeline_of(program, ready, mid, end)
-                return timeline.spans, timeline.flows, timeline.memory, timeline.collectives
-
-        return Timeline.deferred(program.num_gpus, records, program.gpu_names, self.gpus,
-                                 end_s=summary.clock if summary.clock > 0 else None,
-                                 peak_memory_by_gpu=summary.peaks,
-                                 memory_floor_by_gpu=summary.floors)
+        return self._timeline_of(ready, lambda: mid, end, summary.clock, summary.peaks,
+                                 summary.floors)
 
     def _deferred(self, fast: ColumnarPass) -> Timeline:
         """The outcome of the queue-free pass; the timeline's records are made from its
@@ -1229,18 +1220,27 @@ class _Run:
         self.events = fast.events
         self.arrays = (fast.ready_a, fast.end_a)
         self.completed = len(fast.end_s)
+        return self._timeline_of(fast.ready_s, fast.mid_a.tolist, fast.end_s, fast.clock,
+                                 fast.peak_bytes, fast.floor_bytes)
+
+    def _timeline_of(self, ready: Sequence[float], mid: Callable[[], Sequence[float]],
+                     end: Sequence[float], clock: float, peaks: dict[int, float],
+                     floors: dict[int, float]) -> Timeline:
+        """The outcome of a run on the own heap or of the queue-free pass: its instructions'
+        ready, mid (as read when the records are first made) and end times, its clock and
+        memory peaks and floors by GPU; the records made from the times when first read
+        (:meth:`Timeline.deferred`, :func:`sim.timeline.timeline_of`)."""
         program = self.program
 
         def records() -> tuple[tuple[Span, ...], tuple[FlowArrow, ...],
                                tuple[MemorySample, ...], tuple[tuple[int, ...], ...]]:
             with gc_paused():
-                timeline = timeline_of(program, fast.ready_s, fast.mid_a.tolist(), fast.end_s)
+                timeline = timeline_of(program, ready, mid(), end)
                 return timeline.spans, timeline.flows, timeline.memory, timeline.collectives
 
         return Timeline.deferred(program.num_gpus, records, program.gpu_names, self.gpus,
-                                 end_s=fast.clock if fast.clock > 0 else None,
-                                 peak_memory_by_gpu=fast.peak_bytes,
-                                 memory_floor_by_gpu=fast.floor_bytes)
+                                 end_s=clock if clock > 0 else None, peak_memory_by_gpu=peaks,
+                                 memory_floor_by_gpu=floors)
 
     def _check_finished(self, now: float) -> None:
         instrs = self.program.instructions
