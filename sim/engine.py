@@ -526,7 +526,7 @@ class _Run:
         (finished, ended, waiting, ready, succ, first, instrs, members, started, mid, timer,
          heap, code, timed, templates, by_work, tpl, lanes, stepped, rows) = state
         now, complete = self.now, self._complete
-        key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
+        key_at, group_at = COLLECTIVE_KEY, COLLECTIVE_GROUP
         popleft, append = ready.popleft, ready.append
         count = len(ids)
         p = 0
@@ -558,8 +558,7 @@ class _Run:
                 if c == COMPUTE:
                     pair = timed[t] if by_work else None  # once per template
                     if pair is None:
-                        duration = timer(instrs._make(i))
-                        pair = (duration, duration + templates[t][2][blocking_at])
+                        pair = self._compute_times(i, t)
                         if by_work:
                             timed[t] = pair
                     duration, total = pair
@@ -623,8 +622,7 @@ class _Run:
         ended, started, mid, members, heap = self.ended, self.started, self.mid, self.members, \
             self.heap
         templates, tpl, by_work, _ = self.packed
-        timer, instrs, arrived_packed = self.timer, self.program.instructions, \
-            self._arrived_packed
+        arrived_packed = self._arrived_packed
         fills: dict[int, list[array[int]]] = {}  # per size, per counter: size copies of it
         ones = {size: b"\x01" * size for size in range(1, 256)}
         stamps: dict[int, array[float]] = {}  # per size, size copies of the time stamped
@@ -653,9 +651,7 @@ class _Run:
                         return False  # the timer reads the GPU: lanes may differ
                     pair = timed[t]
                     if pair is None:
-                        duration = timer(instrs._make(freed))
-                        pair = timed[t] = (duration,
-                                           duration + templates[t][2][COMPUTE_BLOCKING_S])
+                        pair = timed[t] = run._compute_times(freed, t)
                     duration, total = pair
                     if not total > 0:
                         return False
@@ -720,6 +716,12 @@ class _Run:
             self._after_own(plan.launch_s, self._launched_own, (key, plan))
         else:
             self._launched_own((key, plan))
+
+    def _compute_times(self, i: int, t: int) -> tuple[float, float]:
+        """Packed compute instruction ``i``'s (duration, total): its compute time (the
+        timer's) and that plus its blocking communication (its template ``t``'s)."""
+        duration = self.timer(self.program.instructions._make(i))
+        return duration, duration + self.packed[0][t][2][COMPUTE_BLOCKING_S]
 
     def _plan_for(self, rest: tuple) -> CollectivePlan:
         """The plan of a packed collective, from its template's ``rest`` (kept per spec in
