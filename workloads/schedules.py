@@ -508,9 +508,9 @@ def _list_groups(schedule: Schedule, duration: Sequence[float], order: list[Op],
     of each group's first op, in that order, and ``len(order)`` last (a group runs to the
     next one's first op; every rank's first op starts one); ``deps``, the groups' producers
     as columns, each indexed by group, of positions (``len(order)``: a producer missing from
-    the schedule, never done; ``len(order) + 1``: none, always done). Its intervals as each op's start and end, by position in
-    ``order`` (the ends with a last slot, None), and the positions of the result's ops, in
-    its order."""
+    the schedule, never done; ``len(order) + 1``: none, always done). Its intervals as each
+    op's start and end, by position in ``order`` (the ends with a last slot, None), and the
+    positions of the result's ops, in its order."""
     p, n = schedule.num_ranks, len(order)
     # group end time of each done op; slot n stands for a producer missing from the
     # schedule, which is never done, and slot n + 1 for an absent one, always done
