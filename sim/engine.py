@@ -535,7 +535,7 @@ class _Run:
         (finished, ended, waiting, ready, succ, first, instrs, members, started, mid, timer,
          heap, code, timed, templates, by_work, tpl, lanes, stepped, rows) = state
         now, complete = self.now, self._complete
-        key_at, group_at, blocking_at = COLLECTIVE_KEY, COLLECTIVE_GROUP, COMPUTE_BLOCKING_S
+        key_at, group_at = COLLECTIVE_KEY, COLLECTIVE_GROUP
         popleft, append = ready.popleft, ready.append
         count = len(ids)
         p = 0
@@ -567,8 +567,7 @@ class _Run:
                 if c == COMPUTE:
                     pair = timed[t] if by_work else None  # once per template
                     if pair is None:
-                        duration = timer(instrs._make(i))
-                        pair = (duration, duration + templates[t][2][blocking_at])
+                        pair = self._compute_times(i, t)
                         if by_work:
                             timed[t] = pair
                     duration, total = pair
@@ -632,8 +631,7 @@ class _Run:
         ended, started, mid, members, heap = self.ended, self.started, self.mid, self.members, \
             self.heap
         templates, tpl, by_work, _ = self.packed
-        timer, instrs, arrived_packed = self.timer, self.program.instructions, \
-            self._arrived_packed
+        arrived_packed = self._arrived_packed
         fills: dict[int, list[array[int]]] = {}  # per size, per counter: size copies of it
         ones = {size: b"\x01" * size for size in range(1, 256)}
         stamps: dict[int, array[float]] = {}  # per size, size copies of the time stamped
@@ -662,9 +660,7 @@ class _Run:
                         return False  # the timer reads the GPU: lanes may differ
                     pair = timed[t]
                     if pair is None:
-                        duration = timer(instrs._make(freed))
-                        pair = timed[t] = (duration,
-                                           duration + templates[t][2][COMPUTE_BLOCKING_S])
+                        pair = timed[t] = run._compute_times(freed, t)
                     duration, total = pair
                     if not total > 0:
                         return False
@@ -729,6 +725,12 @@ class _Run:
             self._after_own(plan.launch_s, self._launched_own, (key, plan))
         else:
             self._launched_own((key, plan))
+
+    def _compute_times(self, i: int, t: int) -> tuple[float, float]:
+        """Packed compute instruction ``i``'s (duration, total): its compute time (the
+        timer's) and that plus its blocking communication (its template ``t``'s)."""
+        duration = self.timer(self.program.instructions._make(i))
+        return duration, duration + self.packed[0][t][2][COMPUTE_BLOCKING_S]
 
     def _plan_for(self, rest: tuple) -> CollectivePlan:
         """The plan of a packed collective, from its template's ``rest`` (kept per spec in
@@ -1215,20 +1217,11 @@ class _Run:
         the times (:func:`sim.timeline.summaries_of`), the records made from the same times
         when first read (:meth:`Timeline.deferred`): a full-fidelity run's spans are most of
         its memory, and a ``--json`` run never reads them."""
-        program, ready, mid, end = self.program, self.started, self.mid, self.ended
-        summary = summaries_of(program, ready, mid, end)
+        ready, mid, end = self.started, self.mid, self.ended
+        summary = summaries_of(self.program, ready, mid, end)
         self.intervals = summary.intervals
-
-        def records() -> tuple[tuple[Span, ...], tuple[FlowArrow, ...],
-                               tuple[MemorySample, ...], tuple[tuple[int, ...], ...]]:
-            with gc_paused():
-                timeline = timeline_of(program, ready, mid, end)
-                return timeline.spans, timeline.flows, timeline.memory, timeline.collectives
-
-        return Timeline.deferred(program.num_gpus, records, program.gpu_names, self.gpus,
-                                 end_s=summary.clock if summary.clock > 0 else None,
-                                 peak_memory_by_gpu=summary.peaks,
-                                 memory_floor_by_gpu=summary.floors)
+        return self._timeline_of(ready, lambda: mid, end, summary.clock, summary.peaks,
+                                 summary.floors)
 
     def _deferred(self, fast: ColumnarPass) -> Timeline:
         """The outcome of the queue-free pass; the timeline's records are made from its
@@ -1239,18 +1232,27 @@ class _Run:
         self.events = fast.events
         self.arrays = (fast.ready_a, fast.end_a)
         self.completed = len(fast.end_s)
+        return self._timeline_of(fast.ready_s, fast.mid_a.tolist, fast.end_s, fast.clock,
+                                 fast.peak_bytes, fast.floor_bytes)
+
+    def _timeline_of(self, ready: Sequence[float], mid: Callable[[], Sequence[float]],
+                     end: Sequence[float], clock: float, peaks: dict[int, float],
+                     floors: dict[int, float]) -> Timeline:
+        """The outcome of a run on the own heap or of the queue-free pass: its instructions'
+        ready, mid (as read when the records are first made) and end times, its clock and
+        memory peaks and floors by GPU; the records made from the times when first read
+        (:meth:`Timeline.deferred`, :func:`sim.timeline.timeline_of`)."""
         program = self.program
 
         def records() -> tuple[tuple[Span, ...], tuple[FlowArrow, ...],
                                tuple[MemorySample, ...], tuple[tuple[int, ...], ...]]:
             with gc_paused():
-                timeline = timeline_of(program, fast.ready_s, fast.mid_a.tolist(), fast.end_s)
+                timeline = timeline_of(program, ready, mid(), end)
                 return timeline.spans, timeline.flows, timeline.memory, timeline.collectives
 
         return Timeline.deferred(program.num_gpus, records, program.gpu_names, self.gpus,
-                                 end_s=fast.clock if fast.clock > 0 else None,
-                                 peak_memory_by_gpu=fast.peak_bytes,
-                                 memory_floor_by_gpu=fast.floor_bytes)
+                                 end_s=clock if clock > 0 else None, peak_memory_by_gpu=peaks,
+                                 memory_floor_by_gpu=floors)
 
     def _check_finished(self, now: float) -> None:
         instrs = self.program.instructions

@@ -38,14 +38,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workloads.packed import (
-    COLLECTIVE_ALGO,
     COLLECTIVE_DURATION_S,
     COLLECTIVE_GROUP,
     COLLECTIVE_KEY,
-    COLLECTIVE_NBYTES,
-    COLLECTIVE_OP,
-    COLLECTIVE_SKEW,
-    COMPUTE_BLOCKING_S,
 )
 from workloads.program import COLLECTIVE, COMPUTE
 
@@ -64,7 +59,6 @@ def rows_stepper(run: _Run, code: bytes, timed: list
 
     templates, tpl, by_work, _ = run.packed
     succ, first, lanes, members, heap = run.succ, run.first, run.lanes, run.members, run.heap
-    timer, instrs = run.timer, run.program.instructions
     waiting_a = np.frombuffer(run.waiting, dtype=np.int32)
     finished_a = np.frombuffer(run.finished, dtype=np.uint8)
     ended_a = np.frombuffer(run.ended, dtype=np.float64)
@@ -76,7 +70,8 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     tpl_a = np.frombuffer(tpl, dtype=np.int32)
     shapes: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
     limit = len(tpl)  # every array's length: the program's instructions
-    arrived_packed, plan_for, plans = run._arrived_packed, run._plan_for, run._plans
+    arrived_packed, plan_for, compute_times = run._arrived_packed, run._plan_for, \
+        run._compute_times
     launched_own, after_all = run._launched_own, run._after_own_all
 
     def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
@@ -132,9 +127,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                     return 0  # the timer reads the GPU, or the rows' ops differ
                 pair = timed[t]
                 if pair is None:
-                    duration = timer(instrs._make(freed))
-                    pair = timed[t] = (duration,
-                                       duration + templates[t][2][COMPUTE_BLOCKING_S])
+                    pair = timed[t] = compute_times(freed, t)
                 duration, total = pair
                 if not total > 0:
                     return 0
@@ -155,11 +148,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                         return 0  # it would start before the row's last lane
                     plan = None
                     if have >= need and rest[COLLECTIVE_DURATION_S] is None:
-                        plan = plans.get((rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO],
-                                          rest[COLLECTIVE_GROUP], rest[COLLECTIVE_NBYTES],
-                                          rest[COLLECTIVE_SKEW]))  # _plan_for's, if made
-                        if plan is None:
-                            plan = plan_for(rest)
+                        plan = plan_for(rest)
                         if not plan.launch_s > 0:
                             return 0  # its start may do more than schedule an event
                     starting.append((head, rest, key, arrived, have >= need, plan))

@@ -347,6 +347,58 @@ def sweep_source_report(preds: Sequence[Prediction], name: str, loso_mape: float
             "false_oom_contradicted": sum(flagged[a] for a in twins)}
 
 
+def source_entries(sweep_name: str, preds: Sequence[Prediction], sources: Sequence,
+                   cpreds: Sequence, loso: dict) -> tuple[list[dict], dict]:
+    """``sources`` and ``oom_band`` of ``sim validate``'s report: the sweep's entry
+    (:func:`sweep_source_report` of ``preds``, named ``sweep_name``), then each corpus
+    source's (:func:`sim.corpus.source_report` of its rows in ``cpreds``, the predictions of
+    every source's rows), each with its leave-one-source-out MAPE and scales from ``loso``
+    (:func:`sim.loso.leave_one_source_out`; an empty mapping without the fits: None), and
+    the OOM verdict's resolution over all of them (:func:`oom_band`)."""
+    from sim.corpus import source_report
+
+    fold = loso.get(sweep_name)
+    entries = [sweep_source_report(preds, sweep_name, fold["loso_mape"] if fold else None)]
+    entries[0]["loso_scales"] = fold["scales"] if fold else None
+    for source in sources:
+        mine = [p for p in cpreds if p.row.source == source.name]
+        fold = loso.get(source.name)
+        entry = source_report(source, mine, fold["loso_mape"] if fold else None)
+        entry["loso_scales"] = fold["scales"] if fold else None
+        entries.append(entry)
+    return entries, oom_band(entries, preds, cpreds)
+
+
+def oom_band(entries: list[dict], preds: Sequence[Prediction], cpreds: Sequence) -> dict:
+    """The OOM verdict's resolution (:mod:`sim.oomband`, ``sim/data/oom_band.toml``): its
+    half-width, measured on ``cpreds`` (the corpus's predictions) where the rule names a
+    measure; each entry of ``entries`` (the sweep's first, then the corpus sources' in the
+    order of ``cpreds``) gains the band's figures (:func:`sim.oomband.figures`), and each
+    corpus row its ``memory_margin`` and ``oom_verdict``. The hard verdicts and counts stay
+    as they are."""
+    from sim import oomband
+
+    ran = [p for p in cpreds if p.skipped is None]
+    band, measured_on = oomband.half_width(
+        oomband.RULE, [(p.peak_memory_gib, p.row.peak_memory_gib) for p in ran
+                       if p.row.peak_memory_gib is not None])
+    twins = contradicted_ran([p.row for p in preds])
+    entries[0].update(oomband.figures(
+        [oomband.Run(p.row.status == "ok", bool(p.oom), p.peak_memory_gib, p.capacity_gib,
+                     p.row.index not in twins) for p in preds], band))
+    for entry in entries[1:]:
+        mine = [p for p in ran if p.row.source == entry["name"]]
+        entry.update(oomband.figures(
+            [oomband.Run(p.row.status == "ok", bool(p.oom), p.peak_memory_gib, p.capacity_gib)
+             for p in mine], band))
+        for row, p in zip(entry["rows"], mine, strict=True):
+            row["memory_margin"] = (None if p.capacity_gib is None
+                                    else oomband.margin(p.peak_memory_gib, p.capacity_gib))
+            row["oom_verdict"] = oomband.verdict(p.peak_memory_gib, p.capacity_gib, band)
+    return {"measure": oomband.RULE.measure, "half_width": band,
+            "published_peaks": measured_on, "source": oomband.RULE.source}
+
+
 def write_csv(preds: Sequence[Prediction], path: Path) -> None:
     """Predicted against measured, one line per compared run."""
     with path.open("w", newline="", encoding="utf-8") as fh:

@@ -61,6 +61,39 @@ def assert_golden(path: Path, text: str) -> None:
     assert path.read_text() == text
 
 
+def check_structure(s) -> None:
+    """A schedule's structure checked as ``validate()`` checks it, in linear time (every op
+    once, each rank running its own stages, the required ops and no other), plus the
+    deadlock check (``list_schedule`` raises ScheduleError). ``validate`` itself is
+    quadratic in the op count on a full grid (it rebuilds ``set(need)`` per op)."""
+    from collections import Counter
+
+    from workloads.schedules import list_schedule, required_ops
+
+    seen = Counter(op for ops in s.rank_ops for op in ops)
+    assert all(c == 1 for c in seen.values()), [op for op, c in seen.items() if c > 1]
+    for r, ops in enumerate(s.rank_ops):
+        assert all(s.stage_rank[op.stage] == r for op in ops), f"rank {r} runs a foreign stage"
+    need = required_ops(s.num_stages, s.num_microbatches, s.split_backward, s.seq_chunks)
+    assert set(seen) == set(need)
+    list_schedule(s, lambda op: 1.0)
+
+
+def assert_golden_grid(s, path: Path, seq_chunks: bool = False) -> None:
+    """Schedule ``s``'s grid, under a header naming it (with its sequence chunks ``k`` where
+    ``seq_chunks``), equals the golden file at ``path`` (:func:`assert_golden`), and that
+    file, a valid custom schedule file, parses back to the same order, fused groups and
+    sequence chunks."""
+    from workloads.schedules import from_text
+
+    k = f"k={s.seq_chunks} " if seq_chunks else ""
+    assert_golden(path, f"# {s.name} p={s.num_ranks} m={s.num_microbatches} "
+                        f"v={s.chunks_per_rank} {k}stages={list(s.stage_rank)}\n{s.grid()}\n")
+    parsed = from_text(path.read_text(), s.num_microbatches)
+    assert parsed.rank_ops == s.rank_ops and parsed.stage_rank == s.stage_rank
+    assert parsed.fused == s.fused and parsed.seq_chunks == s.seq_chunks
+
+
 def load_benchmark(name: str) -> ModuleType:
     """A fresh copy of ``benchmarks/<name>.py`` (benchmarks is not a package), registered in
     ``sys.modules`` so that its dataclasses resolve their annotations."""

@@ -59,7 +59,7 @@ def test_compile_fuses_swiglu_and_the_residual_into_the_next_norm(tp: int) -> No
     (ea, em), (ca, cm) = eager._elementwise_forward(), compiled._elementwise_forward()
     assert ca == ea
     assert em - cm == pytest.approx(4 * n * m.ffn_hidden_size / tp + 2 * n * m.hidden_size / tp)
-    assert compiled._backward_elementwise(ca, cm) == pytest.approx((2 * ca, 2 * cm))
+    assert compiled._elementwise_backward() == pytest.approx((2 * ca, 2 * cm))
 
 
 def test_compiled_fp8_casts_cast_each_input_once_and_only_output_gradients_backward() -> None:
@@ -75,10 +75,9 @@ def test_compiled_fp8_casts_cast_each_input_once_and_only_output_gradients_backw
         (c * n * (q + 2 * kv + h), c * n * (2 * f + h)))
     assert eager._fp8_cast_pair()[1] == pytest.approx(
         tuple(2 * x for x in eager._fp8_cast_pair()[0]))
-    fwd = compiled._elementwise_forward()
     plain = replace(compiled, fp8_cast_bytes=0.0)
-    back = plain._backward_elementwise(*plain._elementwise_forward())
-    got = compiled._backward_elementwise(*fwd)
+    back = plain._elementwise_backward()
+    got = compiled._elementwise_backward()
     assert got[0] - back[0] == pytest.approx(compiled._fp8_cast_pair()[1][0])
     assert got[1] - back[1] == pytest.approx(compiled._fp8_cast_pair()[1][1])
     bf16 = _pair()[1]

@@ -83,8 +83,8 @@ def test_the_weight_bytes_enter_forward_and_backward_once_each() -> None:
             fwd_on, fwd_off = on._elementwise_forward(), off._elementwise_forward()
             assert fwd_on[0] - fwd_off[0] == pytest.approx(fa)
             assert fwd_on[1] - fwd_off[1] == pytest.approx(fm)
-            back_on = on._backward_elementwise(*fwd_on)
-            back_off = off._backward_elementwise(*fwd_off)
+            back_on = on._elementwise_backward()
+            back_off = off._elementwise_backward()
             assert back_on[0] - back_off[0] == pytest.approx(ba)
             assert back_on[1] - back_off[1] == pytest.approx(bm)
 

@@ -98,6 +98,24 @@ def test_in_every_forward_the_casts_join_each_blocks_memory_bound_work() -> None
     assert extra == pytest.approx(4.0 * (attn + mlp), rel=1e-12)
 
 
+def test_a_recomputed_forward_casts_again_whichever_recomputation_reruns_it() -> None:
+    """One rule for the per-forward casts (``microbatch`` as ``float8-linear``): they are
+    the forward's memory-bound bytes, so a ``selective-op`` recomputation, which reruns the
+    layer's memory-bound kernels, casts again; the backward carries none of them."""
+    every, none = _gpt3("microbatch", recompute="selective-op"), _gpt3("none",
+                                                                       recompute="selective-op")
+    attn, mlp = every.fp8_weight_elements()
+    assert every._fp8_weight_cast_pair() == ((4.0 * attn, 4.0 * mlp), (0.0, 0.0))
+    assert every._elementwise_backward() == none._elementwise_backward()
+    rec = [s.elementwise_bytes for s in every._layer_backward("L", False)
+           if s.label.startswith("recompute")]
+    rec0 = [s.elementwise_bytes for s in none._layer_backward("L", False)
+            if s.label.startswith("recompute")]
+    assert rec and len(rec) == len(rec0)
+    assert [a - b for a, b in zip(rec, rec0, strict=True)] == pytest.approx(
+        [4.0 * (attn + mlp)] * len(rec), rel=1e-12)
+
+
 def test_the_profiles_say_how_their_frameworks_cast() -> None:
     for name in ("megatron", "nemo-launcher", "megatron-bridge", "llama3", "megatron-core-r0.8"):
         assert FRAMEWORKS[name].fp8_weight_casts == "step"
@@ -149,7 +167,7 @@ def test_a_step_is_longer_by_the_casts_at_the_hbm_rate() -> None:
 def _mlp_bytes(c: TransformerCosts) -> tuple[float, float]:
     """The MLP block's memory-bound bytes of one layer, (forward, backward)."""
     fwd = c._elementwise_forward()[1]
-    return fwd, c._backward_elementwise(*c._elementwise_forward())[1]
+    return fwd, c._elementwise_backward()[1]
 
 
 def test_a_layernorm_mlp_gelu_writes_fp8_and_its_backward_is_one_fused_kernel() -> None:
@@ -164,8 +182,8 @@ def test_a_layernorm_mlp_gelu_writes_fp8_and_its_backward_is_one_fused_kernel() 
     assert mf - tf == pytest.approx(5 * f, rel=1e-12)
     assert mb - tb == pytest.approx(4 * f, rel=1e-12)
     assert te._elementwise_forward()[0] == mcore._elementwise_forward()[0]
-    assert (te._backward_elementwise(*te._elementwise_forward())[0]
-            == mcore._backward_elementwise(*mcore._elementwise_forward())[0])
+    assert (te._elementwise_backward()[0]
+            == mcore._elementwise_backward()[0])
 
 
 @pytest.mark.parametrize("change", [{"precision": "bf16"}, {"fp8_norm_cast_fused": False},

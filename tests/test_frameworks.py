@@ -742,7 +742,7 @@ def test_fp8_casts_are_memory_bound_work_of_fp8_runs_only() -> None:
     want = 5 * n * (h + m.attn_out_dim) + 5 * n * (h + m.ffn_hidden_size) + 5 * weights
     assert sum(fsdp._elementwise_forward()) - sum(uncast._elementwise_forward()) == \
         pytest.approx(want)
-    assert sum(fsdp._backward_elementwise(*fsdp._elementwise_forward())) == \
+    assert sum(fsdp._elementwise_backward()) == \
         pytest.approx(2 * (sum(fsdp._elementwise_forward()) - 5 * weights) + 2 * weights)
     plain = replace(fsdp, precision="bf16", fp8_speedup=1.0)
     assert plain._elementwise_forward() == replace(uncast, precision="bf16",
@@ -1212,14 +1212,14 @@ def test_megatron_fp8_casts_follow_transformer_engine_layer_spec() -> None:
     fwd = [a - b for a, b in zip(meg._elementwise_forward(), plain._elementwise_forward(),
                                  strict=True)]
     assert fwd == pytest.approx([4 * n * m.attn_out_dim / t, 4 * n * m.ffn_hidden_size / t])
-    back = meg._backward_elementwise(*meg._elementwise_forward())
-    base_back = plain._backward_elementwise(*plain._elementwise_forward())
+    back = meg._elementwise_backward()
+    base_back = plain._elementwise_backward()
     qkv_out = (m.q_dim + 2 * m.kv_dim) / t
     want = [4 * n * (qkv_out + h) + 2 * n * h, 4 * n * (2 * m.ffn_hidden_size / t + h) + 2 * n * h]
     assert [a - b for a, b in zip(back, base_back, strict=True)] == pytest.approx(want)
     bf16 = apply_framework(replace(base, precision="bf16", fp8_speedup=1.0),
                            FRAMEWORKS["megatron"], 1)
-    assert bf16._backward_elementwise(*bf16._elementwise_forward()) == pytest.approx(
+    assert bf16._elementwise_backward() == pytest.approx(
         [2 * x for x in bf16._elementwise_forward()])
 
 
@@ -1240,8 +1240,8 @@ def test_fp8_current_scaling_reads_each_cast_input_for_its_amax() -> None:
     assert fwd == pytest.approx([2 * n * m.attn_out_dim / t + 3 * n * h / t,
                                  2 * n * m.ffn_hidden_size / t + 3 * n * h / t])
     back = [a - b for a, b in zip(
-        current._backward_elementwise(*current._elementwise_forward()),
-        delayed._backward_elementwise(*delayed._elementwise_forward()), strict=True)]
+        current._elementwise_backward(),
+        delayed._elementwise_backward(), strict=True)]
     qkv_out = (m.q_dim + 2 * m.kv_dim) / t
     assert back == pytest.approx([2 * n * (qkv_out + h), 2 * n * (2 * m.ffn_hidden_size / t + h)])
     assert current._gemms() == delayed._gemms()
@@ -1275,8 +1275,8 @@ def test_megatron_fp8_casts_every_moe_mlp_gemm_input() -> None:
     rows = routed  # gathered over the expert TP group (e = t): all the group's copies
     assert fwd == pytest.approx([4 * n * m.attn_out_dim / t,
                                  4 * (rows * h + routed * f / t + n * (h + f / t))])
-    back = meg._backward_elementwise(*meg._elementwise_forward())
-    base_back = plain._backward_elementwise(*plain._elementwise_forward())
+    back = meg._elementwise_backward()
+    base_back = plain._elementwise_backward()
     assert back[1] - base_back[1] == pytest.approx(
         4 * (routed * 2 * f / t + rows * h + n * (2 * f / t + h)))
 
@@ -1596,8 +1596,8 @@ def test_non_flash_attention_drops_out_its_probabilities() -> None:
     scores = 1 * gpt.num_attention_heads * 2048 ** 2 / 2
     fwd, off_fwd = fused._elementwise_forward()[0], off._elementwise_forward()[0]
     assert fwd - off_fwd == pytest.approx(ATTENTION_DROPOUT_BYTES * scores)
-    bwd = fused._backward_elementwise(*fused._elementwise_forward())[0]
-    off_bwd = off._backward_elementwise(*off._elementwise_forward())[0]
+    bwd = fused._elementwise_backward()[0]
+    off_bwd = off._elementwise_backward()[0]
     assert bwd - off_bwd == pytest.approx(5.0 * scores)  # not BACKWARD_ELEMENTWISE times 5
     assert BACKWARD_ELEMENTWISE * ATTENTION_DROPOUT_BYTES != 5.0
     assert costs(attention="flash2")._attention_dropout_bytes() == 0.0

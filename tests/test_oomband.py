@@ -104,3 +104,37 @@ def test_band_lines_name_each_source_with_false_oom():
     assert "a: of 2 false OOM, 2 within it, 0 beyond" in text
     assert "b:" not in text
     assert band_lines({"half_width": None}, sources) == []
+
+
+def test_the_library_gives_every_source_its_band_figures_without_the_cli():
+    """sim.validate.source_entries (what ``sim validate`` prints): the sweep's entry and each
+    corpus source's carry the band's figures, each corpus row its margin and verdict, and
+    ``oom_band`` the half-width measured on the published peaks."""
+    from types import SimpleNamespace
+
+    from sim.corpus import CorpusPrediction
+    from sim.validate import Prediction, Row, source_entries
+
+    def sweep_row(i: int, status: str) -> Row:
+        return Row(i, "llama-13b", 2048, 64, 1, 1, 64, 1, "none", "flash2", False, False,
+                   status, 10.0 if status == "ok" else None)
+
+    preds = [Prediction(sweep_row(0, "ok"), 11.0, 81.0, True, (), 80.0),
+             Prediction(sweep_row(1, "oom"), 9.0, 90.0, True, (), 80.0)]
+
+    def corpus_row(run: str, published: float | None) -> SimpleNamespace:
+        return SimpleNamespace(source="a", run=run, status="ok", step_time_s=2.0,
+                               peak_memory_gib=published)
+
+    cpreds = [CorpusPrediction(corpus_row("r1", 50.0), 2.2, 55.0, False, capacity_gib=60.0),
+              CorpusPrediction(corpus_row("r2", None), 1.8, 70.0, True, capacity_gib=60.0)]
+    source = SimpleNamespace(name="a", framework="f", gpu="H100",
+                             rows=tuple(p.row for p in cpreds))
+    entries, band = source_entries("sweep", preds, [source], cpreds, {})
+    assert band["half_width"] == pytest.approx(0.1) and band["published_peaks"] == 1
+    assert [e["name"] for e in entries] == ["sweep", "a"]
+    assert entries[0]["false_oom_within_band"] == 1  # 81 of 80: within 10%
+    assert entries[1]["false_oom_beyond_band"] == 1  # 70 of 60: beyond
+    assert [r["oom_verdict"] for r in entries[1]["rows"]] == ["uncertain", "oom"]
+    assert entries[1]["rows"][0]["memory_margin"] == pytest.approx(55 / 60 - 1)
+    assert entries[0]["loso_mape"] is None and entries[1]["loso_scales"] is None

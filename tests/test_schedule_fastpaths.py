@@ -1,7 +1,7 @@
-"""The symbolic run's fast paths (:func:`workloads.schedules._list_unfused`: the unrolled
+"""The symbolic run's fast path (:func:`workloads.schedules._list_unfused`: the unrolled
 loop of ops with at most two producers, :func:`workloads.schedules._list_two`, and the
-loop over any number of producer columns, :func:`workloads.schedules._list_columns`)
-give the general loop's result (``list_schedule(..., reference=True)``): the same
+general loop fed from the producer columns where there are more) gives the general loop's
+result (``list_schedule(..., reference=True)``): the same
 intervals in the same order, and the same error where a schedule deadlocks."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from base.errors import ScheduleError
 from workloads.registry import SCHEDULES
 from workloads.schedules import (
     Schedule,
-    _list_columns,
     _list_two,
+    _list_unfused,
     list_schedule,
     producer_positions,
 )
@@ -78,7 +78,7 @@ def test_the_fast_symbolic_run_is_the_general_loop(name: str, p: int, m: int, v:
     if columns is None:
         return
     times = [duration(op) for op in order]
-    by_columns = _outcome(lambda: _as_times(order, _list_columns(schedule, times, order,
+    by_columns = _outcome(lambda: _as_times(order, _list_unfused(schedule, times, order,
                                                                  columns)))
     assert by_columns == reference
     if not (columns[2] >= 0).any():

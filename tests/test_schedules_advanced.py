@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import assert_golden, synthetic_experiment
+from conftest import assert_golden_grid, check_structure, synthetic_experiment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +24,6 @@ from workloads.schedules import (
     from_text,
     list_schedule,
     one_f_one_b,
-    required_ops,
     validate,
 )
 from workloads.schedules_advanced import (
@@ -48,20 +47,6 @@ TOL = 1e-9
 def build_all(p: int, m: int) -> list[Schedule]:
     """Every advanced builder's schedules for (p, m): interleaved for v = 1..4, the others once."""
     return [interleaved(p, m, v) for v in range(1, 5)] + [zb_h1(p, m), zb_h2(p, m), zb_v(p, m)]
-
-
-def check_structure(s: Schedule) -> None:
-    """validate()'s structural checks in linear time, plus the deadlock check (list_schedule).
-
-    ``validate`` itself is called on a sub-grid below; on the full grid it is
-    quadratic in the op count (it rebuilds ``set(need)`` per op).
-    """
-    seen = Counter(op for ops in s.rank_ops for op in ops)
-    assert all(c == 1 for c in seen.values()), [op for op, c in seen.items() if c > 1]
-    for r, ops in enumerate(s.rank_ops):
-        assert all(s.stage_rank[op.stage] == r for op in ops), f"rank {r} runs a foreign stage"
-    assert set(seen) == set(required_ops(s.num_stages, s.num_microbatches, s.split_backward))
-    list_schedule(s, lambda op: 1.0)  # raises ScheduleError on deadlock
 
 
 # ----------------------------------------------------------------------------- validity
@@ -402,23 +387,9 @@ GOLDEN_CASES = {
 }
 
 
-def golden_text(s: Schedule) -> str:
-    header = (
-        f"# {s.name} p={s.num_ranks} m={s.num_microbatches} v={s.chunks_per_rank}"
-        f" stages={list(s.stage_rank)}\n"
-    )
-    return header + s.grid() + "\n"
-
-
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
 def test_golden_grid(case: str) -> None:
-    s = GOLDEN_CASES[case]()
-    path = GOLDEN_DIR / f"{case}.txt"
-    text = golden_text(s)
-    assert_golden(path, text)
-    # The golden file is a valid custom schedule file that parses back to the same order.
-    parsed = from_text(path.read_text(), s.num_microbatches)
-    assert parsed.rank_ops == s.rank_ops and parsed.stage_rank == s.stage_rank
+    assert_golden_grid(GOLDEN_CASES[case](), GOLDEN_DIR / f"{case}.txt")
 
 
 def _flexible_interleaved_1f1b(p: int, m: int, v: int, r: int) -> list[tuple[int, str, int]]:

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import assert_golden, synthetic_experiment
+from conftest import assert_golden_grid, check_structure, synthetic_experiment
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +29,6 @@ from workloads.schedules import (
     list_schedule,
     one_f_one_b,
     op_deps,
-    required_ops,
     schedule_deps,
     validate,
 )
@@ -51,17 +50,6 @@ GOLDEN_DIR = Path(__file__).parent / "golden" / "schedules"
 TOL = 1e-9
 MS = 1e-3
 GiB = 2**30
-
-
-def check_structure(s: Schedule) -> None:
-    """validate()'s checks in linear time plus the deadlock check (list_schedule)."""
-    seen = Counter(op for ops in s.rank_ops for op in ops)
-    assert all(c == 1 for c in seen.values()), [op for op, c in seen.items() if c > 1]
-    for r, ops in enumerate(s.rank_ops):
-        assert all(s.stage_rank[op.stage] == r for op in ops), f"rank {r} runs a foreign stage"
-    need = required_ops(s.num_stages, s.num_microbatches, s.split_backward, s.seq_chunks)
-    assert set(seen) == set(need)
-    list_schedule(s, lambda op: 1.0)
 
 
 # ----------------------------------------------------------------------------- op text form
@@ -517,18 +505,6 @@ GOLDEN_CASES = {
 }
 
 
-def golden_text(s: Schedule) -> str:
-    header = (f"# {s.name} p={s.num_ranks} m={s.num_microbatches} v={s.chunks_per_rank} "
-              f"k={s.seq_chunks} stages={list(s.stage_rank)}\n")
-    return header + s.grid() + "\n"
-
-
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
 def test_golden_grid(case: str) -> None:
-    s = GOLDEN_CASES[case]()
-    path = GOLDEN_DIR / f"{case}.txt"
-    text = golden_text(s)
-    assert_golden(path, text)
-    parsed = from_text(path.read_text(), s.num_microbatches)
-    assert parsed.rank_ops == s.rank_ops and parsed.stage_rank == s.stage_rank
-    assert parsed.fused == s.fused and parsed.seq_chunks == s.seq_chunks
+    assert_golden_grid(GOLDEN_CASES[case](), GOLDEN_DIR / f"{case}.txt", seq_chunks=True)

@@ -71,8 +71,8 @@ FP8_WEIGHT_CASTS = ("step", "microbatch", "float8-linear", "none")
 (:attr:`workloads.transformer.TransformerCosts.fp8_weight_casts`): with its transpose once a
 step (Transformer Engine's ``is_first_microbatch`` cache), with its transpose in every forward
 (a TE module called without it), as torchao's ``Float8Linear`` does (its amax and cast in every
-forward, an fp8 transpose backward, or only that transpose when FSDP gathered it in fp8:
-``_fp8_weight_cast_pair``), or not counted."""
+forward, an fp8 transpose backward, or only that transpose when FSDP gathered it in fp8),
+or not counted: the per-forward ones are ``ElementwiseWork._fp8_weight_cast_pair``'s."""
 BACKWARD_ELEMENTWISE = 2.0
 """Backward of a memory-bound kernel moves about twice its forward bytes."""
 CP_RING_COPY_BYTES = 4.0
@@ -98,7 +98,18 @@ class ElementwiseWork:
 
     @per_instance
     def _elementwise_forward(self) -> tuple[float, float]:
-        """Bytes of memory-bound kernels of one layer forward: (attention block, MLP block)."""
+        """Bytes of memory-bound kernels of one layer forward, a recomputed one too:
+        (attention block, MLP block), the forward's FP8 weight casts included
+        (:meth:`_fp8_weight_cast_pair`)."""
+        kern_attn, kern_mlp = self._elementwise_kernels()
+        weight_attn, weight_mlp = self._fp8_weight_cast_pair()[0]
+        return kern_attn + weight_attn, kern_mlp + weight_mlp
+
+    @per_instance
+    def _elementwise_kernels(self) -> tuple[float, float]:
+        """Bytes of the memory-bound kernels of one layer forward other than the FP8 weight
+        casts, (attention block, MLP block): what :meth:`_elementwise_forward` and
+        :meth:`_elementwise_backward` build on."""
         m, t, n = self.model, self.tp, self._tokens
         h = m.hidden_size
         norm = (NORM_FUSED_BYTES if self.fused_norm else NORM_UNFUSED_BYTES) * n * h / self._sp_div
@@ -126,17 +137,25 @@ class ElementwiseWork:
         copies = (self.attention_copy_bytes * n * (m.q_dim + 2 * m.kv_dim + m.attn_out_dim) / t
                   if self.attention_copy_bytes and self.attention != "flash-triton" else 0.0)
         cast_attn, cast_mlp = self._fp8_cast_pair()[0]
-        weight_attn, weight_mlp = self._fp8_weight_cast_pair()[0]
-        return (norm + residual + rope + softmax + copies + cast_attn + weight_attn,
-                norm - fused_read + residual + act + cast_mlp + weight_mlp)
+        return (norm + residual + rope + softmax + copies + cast_attn,
+                norm - fused_read + residual + act + cast_mlp)
 
     @per_instance
     def _fp8_weight_cast_pair(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """HBM bytes of the kernels that prepare one dense layer's fp8 weights on one TP rank,
-        ((attention block, MLP block) forward, (the same) backward), with
-        :attr:`fp8_weight_casts` ``float8-linear`` under ``precision: fp8`` (none otherwise, without
-        :attr:`fp8_cast_bytes`, or for a MoE or MLA layer), each its linear weights (the
-        block's parameters on the rank) times:
+        """HBM bytes of the kernels that prepare one layer's fp8 weights on one GPU inside its
+        forward and its backward, ((attention block, MLP block) forward, (the same)
+        backward), as :attr:`fp8_weight_casts` says under ``precision: fp8`` with cast
+        kernels (:attr:`fp8_cast_bytes`; none otherwise). The one place the per-forward
+        casts enter a layer: :meth:`_elementwise_forward` adds the forward's (a recomputed
+        forward casts again, it is the forward's bytes), :meth:`_elementwise_backward` the
+        backward's.
+
+        ``step`` and ``none``: nothing here (``step``'s casts are step-end work,
+        :meth:`stage_fp8_weight_cast_bytes`). ``microbatch``: forward, Transformer Engine's
+        cast and transpose of every weight (:meth:`fp8_weight_cast_bytes`); nothing
+        backward, which uses the transposes cast forward. ``float8-linear`` (torchao's
+        ``Float8Linear``; a dense layer without MLA only), each its linear weights (the
+        block's parameters on the rank, :meth:`fp8_weight_elements`) times:
 
         - the weights gathered in fp8 (:attr:`_fp8_gathered`): nothing forward (the
           all-gather brought them cast, torchao float8_linear.py ``Float8Linear.forward``:
@@ -150,10 +169,10 @@ class ElementwiseWork:
           torchao's roofline counts it (roofline_utils.py ``get_float8_mem_sympy``:
           ``fwd_fp8_weight_mem`` with ``fuse_with_prev=False``, ``gi_fp8_weight_mem = 0``);
         - eager: forward the cast with its amax (:attr:`fp8_cast_bytes`), backward the
-          transpose (:data:`FP8_TRANSPOSE_BYTES`).
-
-        A recomputed forward casts again (it is the forward's bytes)."""
+          transpose (:data:`FP8_TRANSPOSE_BYTES`)."""
         m = self.model
+        if self.fp8_weight_casts == "microbatch":
+            return self.fp8_weight_cast_bytes("microbatch"), (0.0, 0.0)
         if (self.precision != "fp8" or self.fp8_weight_casts != "float8-linear"
                 or not self.fp8_cast_bytes
                 or m.moe is not None or m.mla is not None):
@@ -352,18 +371,19 @@ class ElementwiseWork:
             return attn, bias * n * (m.ffn_hidden_size * (m.mlp_matrices - 1) / t + m.hidden_size)
         return attn + (bias * qkv if m.qkv_bias else 0.0), 0.0
 
-    def _backward_elementwise(self, ew_attn: float, ew_mlp: float) -> tuple[float, float]:
+    @per_instance
+    def _elementwise_backward(self) -> tuple[float, float]:
         """Memory-bound bytes of one layer's backward, (attention block, MLP block), from its
-        forward's: :data:`BACKWARD_ELEMENTWISE` times them, the FP8 casts of
-        :attr:`fp8_norm_cast_fused` or :attr:`fp8_casts_compiled` replaced by the backward's
-        own (:meth:`_fp8_cast_pair`)
-        and the attention dropout's by its own (:data:`ATTENTION_DROPOUT_BACKWARD_BYTES`),
-        plus the backward-only bytes of the linear layers (:meth:`_linear_grad_bytes`) and
-        the fp8 weights' own (:meth:`_fp8_weight_cast_pair`, in place of the forward's)."""
+        forward's kernels (:meth:`_elementwise_kernels`): :data:`BACKWARD_ELEMENTWISE` times
+        them, the FP8 casts of :attr:`fp8_norm_cast_fused` or :attr:`fp8_casts_compiled`
+        replaced by the backward's own (:meth:`_fp8_cast_pair`) and the attention dropout's
+        by its own (:data:`ATTENTION_DROPOUT_BACKWARD_BYTES`), plus the backward-only bytes
+        of the linear layers (:meth:`_linear_grad_bytes`) and of the fp8 weights
+        (:meth:`_fp8_weight_cast_pair`)."""
+        ew_attn, ew_mlp = self._elementwise_kernels()
         drop = self._attention_dropout_bytes()
         grad_attn, grad_mlp = self._linear_grad_bytes()
-        (weight_attn, weight_mlp), (back_w_attn, back_w_mlp) = self._fp8_weight_cast_pair()
-        ew_attn, ew_mlp = ew_attn - weight_attn, ew_mlp - weight_mlp
+        back_w_attn, back_w_mlp = self._fp8_weight_cast_pair()[1]
         grad_attn, grad_mlp = grad_attn + back_w_attn, grad_mlp + back_w_mlp
         ew_attn = (BACKWARD_ELEMENTWISE * (ew_attn - drop)
                    + drop * ATTENTION_DROPOUT_BACKWARD_BYTES / ATTENTION_DROPOUT_BYTES)

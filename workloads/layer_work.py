@@ -204,12 +204,10 @@ class LayerWork:
 
     def _layer_forward(self, name: str) -> list[Segment]:
         """Forward of one layer (also a recomputed one): its blocks' GEMMs, memory-bound
-        kernels (with FP8 weights cast in every forward, :attr:`fp8_weight_casts`
-        ``microbatch``, their casts too) and TP collectives."""
+        kernels (FP8 weight casts of a forward included, :meth:`_elementwise_forward`) and TP
+        collectives."""
         attn, mlp = self._gemms()
         ew_attn, ew_mlp = self._elementwise_forward()
-        cast_attn, cast_mlp = self.fp8_weight_cast_bytes("microbatch")
-        ew_attn, ew_mlp = ew_attn + cast_attn, ew_mlp + cast_mlp
         mlp_seg: ComputeSeg | list[Segment] = replace(mlp, label=f"{name} mlp",
                                                       elementwise_bytes=ew_mlp)
         if self.model.moe is not None:
@@ -274,7 +272,7 @@ class LayerWork:
             rec = fuse_compute([scaled(attn, "r", attn_share), scaled(mlp, "r", mlp_share)],
                                f"recompute {name} mm")
             segs += [replace(seg, elementwise_bytes=ew_attn + ew_mlp + softmax) for seg in rec]
-        ew_attn, ew_mlp = self._backward_elementwise(ew_attn, ew_mlp)
+        ew_attn, ew_mlp = self._elementwise_backward()
         mlp_seg: ComputeSeg | list[Segment] = scaled(
             mlp, f"{name} mlp bwd", 1 + wg, elementwise_bytes=ew_mlp)
         if self.model.moe is not None:

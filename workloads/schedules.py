@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -488,25 +489,42 @@ def list_schedule(
     producers worked out on arrays by :func:`producer_positions`); ``reference`` runs
     the general loop instead, with the same result.
     """
-    p = schedule.num_ranks
     order = [op for ops in schedule.rank_ops for op in ops]
-    n = len(order)
     found = None if schedule.fused or reference else producer_positions(schedule, order)
     if found is not None:
         starts, ends, scheduled = _list_unfused(schedule, list(map(duration, order)), order,
                                                 found)
-        return {order[k]: (starts[k], ends[k]) for k in scheduled}  # type: ignore[misc]
-    index = {op: k for k, op in enumerate(order)}
-    # group end time of each done op; the extra last slot stands for a producer missing
-    # from the schedule, which is never done
-    ready: list[float | None] = [None] * (n + 1)
-    interval: list[tuple[float, float]] = [(0.0, 0.0)] * n
-    pos = [0] * p
+    else:
+        starts, ends, scheduled = _list_groups(schedule, list(map(duration, order)), order,
+                                               *_groups_and_deps(schedule, order))
+    return {order[k]: (starts[k], ends[k]) for k in scheduled}  # type: ignore[misc]
+
+
+def _list_groups(schedule: Schedule, duration: Sequence[float], order: list[Op],
+                 first: Sequence[int], deps: Sequence[Sequence[int]]
+                 ) -> tuple[list[float], list[float | None], list[int]]:
+    """The general loop of :func:`list_schedule`, the ops' durations given in ``order``
+    (every rank's ops, each rank's in program order). Its groups: ``first``, the position
+    of each group's first op, in that order, and ``len(order)`` last (a group runs to the
+    next one's first op; every rank's first op starts one); ``deps``, the groups' producers
+    as columns, each indexed by group, of positions (``len(order)``: a producer missing from
+    the schedule, never done; ``len(order) + 1``: none, always done). Its intervals as each
+    op's start and end, by position in ``order`` (the ends with a last slot, None), and the
+    positions of the result's ops, in its order."""
+    p, n = schedule.num_ranks, len(order)
+    # group end time of each done op; slot n stands for a producer missing from the
+    # schedule, which is never done, and slot n + 1 for an absent one, always done
+    ready: list[float | None] = [None] * (n + 1) + [-math.inf]
+    starts = [0.0] * n
+    ends: list[float | None] = [None] * (n + 1)
+    bounds = [0]  # each rank's ops, then its groups
+    for ops in schedule.rank_ops:
+        bounds.append(bounds[-1] + len(ops))
+    gbounds = [bisect_left(first, b) for b in bounds]
+    nxt = gbounds[:-1]  # each rank's next group
     free_at = [0.0] * p
-    rank_groups, group_deps = _groups_and_deps(schedule, order, index)
-    gpos = [0] * p
     blocked = [-1] * p  # the producer a rank's next group waits for (-1: none)
-    scheduled: list[int] = []  # op indices in the order they are placed
+    scheduled: list[int] = []  # op positions in the order they are placed
     remaining = n
     while remaining:
         progressed = False
@@ -514,40 +532,47 @@ def list_schedule(
             wait = blocked[r]
             if wait >= 0 and ready[wait] is None:
                 continue
-            groups, deps_of = rank_groups[r], group_deps[r]
-            k = gpos[r]
-            while k < len(groups):
-                t = free_at[r]
-                wait = -1
-                for d in deps_of[k]:
+            g = start = nxt[r]
+            stop, done = gbounds[r + 1], free_at[r]
+            wait = -1
+            while g < stop:
+                t = done
+                for column in deps:
+                    d = column[g]
                     end = ready[d]
                     if end is None:
                         wait = d
                         break
                     if end > t:
                         t = end
-                blocked[r] = wait
                 if wait >= 0:
                     break
-                group = groups[k]
-                if len(group) > 1:
-                    _internal_order(schedule, [order[j] for j in group])
-                for j in group:
-                    start, t = t, t + duration(order[j])
-                    interval[j] = (start, t)
-                for j in group:
-                    ready[j] = t
-                scheduled.extend(group)
-                free_at[r] = t
-                pos[r] += len(group)
-                k += 1
-                remaining -= len(group)
+                a, b = first[g], first[g + 1]
+                if b - a == 1:
+                    starts[a], done = t, t + duration[a]
+                    ends[a] = ready[a] = done
+                    scheduled.append(a)
+                else:  # a fused group: its members back to back, all done at its end
+                    _internal_order(schedule, order[a:b])
+                    for j in range(a, b):
+                        starts[j], t = t, t + duration[j]
+                        ends[j] = t
+                    for j in range(a, b):
+                        ready[j] = t
+                    scheduled.extend(range(a, b))
+                    done = t
+                g += 1
+            blocked[r] = wait
+            if g > start:
+                free_at[r] = done
+                nxt[r] = g
+                remaining -= first[g] - first[start]
                 progressed = True
-            gpos[r] = k
         if not progressed:
-            done = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
-            raise ScheduleError(_deadlock_message(schedule, pos, done))  # type: ignore[arg-type]
-    return {order[k]: interval[k] for k in scheduled}
+            pos = [first[nxt[r]] - bounds[r] for r in range(p)]
+            done_at = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
+            raise ScheduleError(_deadlock_message(schedule, pos, done_at))  # type: ignore[arg-type]
+    return starts, ends, scheduled
 
 
 def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op],
@@ -560,12 +585,15 @@ def _list_unfused(schedule: Schedule, duration: Sequence[float], order: list[Op]
     order.
 
     Ops with at most two producers (all but Seq1F1B's backwards) take an unrolled loop
-    (:func:`_list_two`, Megatron 1T's 131,072 ops in ~30 instead of ~37 ms); a third
-    producer column takes the loop over the columns (:func:`_list_columns`). Both give
-    the general loop's result (``list_schedule(..., reference=True)``,
-    ``tests/test_schedule_fastpaths.py``)."""
+    (:func:`_list_two`, Megatron 1T's 131,072 ops in ~30 instead of ~37 ms), equal to the
+    general loop's result (``list_schedule(..., reference=True)``,
+    ``tests/test_schedule_fastpaths.py``); with a third producer column, the general loop
+    itself (:func:`_list_groups`), every op a group of its own, its producers read from
+    the columns."""
     if len(columns) > 2 and bool((columns[2] >= 0).any()):
-        return _list_columns(schedule, duration, order, columns)
+        n = len(order)  # every op a group; an absent producer, n + 1, is always done
+        deps = [machine(np.where(col < 0, n + 1, col), "q") for col in columns]
+        return _list_groups(schedule, duration, order, list(range(n + 1)), deps)
     return _list_two(schedule, duration, order, columns[0], columns[1])
 
 
@@ -625,96 +653,35 @@ def _list_two(schedule: Schedule, duration: Sequence[float], order: list[Op],
     return starts, ready, list(chain.from_iterable(runs))
 
 
-def _list_columns(schedule: Schedule, duration: Sequence[float], order: list[Op],
-                  columns: tuple[np.ndarray, np.ndarray, np.ndarray]
-                  ) -> tuple[list[float], list[float | None], list[int]]:
-    """:func:`_list_unfused` over any number of producer columns. The loop reads the
-    columns as :class:`array.array` (a copy of the bytes; lists of them would cost a third
-    of the loop)."""
-    p, n = schedule.num_ranks, len(order)
-    producers = [machine(col, "q") for col in columns]
-    ready: list[float | None] = [None] * (n + 1)  # the last slot: a missing producer
-    starts = [0.0] * n
-    bounds = [0]
-    for ops in schedule.rank_ops:
-        bounds.append(bounds[-1] + len(ops))
-    pos = [0] * p
-    free_at = [0.0] * p
-    blocked = [-1] * p  # the producer a rank's next op waits for (-1: none)
-    scheduled: list[int] = []  # op indices in the order they are placed
-    remaining = n
-    while remaining:
-        progressed = False
-        for r in range(p):
-            wait = blocked[r]
-            if wait >= 0 and ready[wait] is None:
-                continue
-            j, stop, done = bounds[r] + pos[r], bounds[r + 1], free_at[r]
-            wait = -1
-            while j < stop:
-                t = done
-                for column in producers:  # the producers, present ones first
-                    d = column[j]
-                    if d < 0:
-                        break
-                    end = ready[d]
-                    if end is None:
-                        wait = d
-                        break
-                    if end > t:
-                        t = end
-                if wait >= 0:
-                    break
-                starts[j], done = t, t + duration[j]
-                ready[j] = done
-                scheduled.append(j)
-                j += 1
-            blocked[r] = wait
-            moved = j - bounds[r] - pos[r]
-            if moved:
-                free_at[r] = done
-                pos[r] += moved
-                remaining -= moved
-                progressed = True
-        if not progressed:
-            done_at = {op: ready[k] for k, op in enumerate(order) if ready[k] is not None}
-            raise ScheduleError(_deadlock_message(schedule, pos, done_at))  # type: ignore[arg-type]
-    return starts, ready, scheduled
-
-
-def _groups_and_deps(schedule: Schedule, order: list[Op], index: dict[Op, int]
-                     ) -> tuple[list[list[list[int]]], list[list[list[int]]]]:
-    """Per rank, its groups as op positions in ``order`` (program order), and each group's
-    producers (:func:`schedule_deps` of its members outside the group) as positions; a
-    producer missing from the schedule is ``len(order)``."""
+def _groups_and_deps(schedule: Schedule, order: list[Op]
+                     ) -> tuple[list[int], list[list[int]]]:
+    """``order``'s groups as :func:`_list_groups` reads them: the position of each group's
+    first op (then ``len(order)``), and the columns of their producers
+    (:func:`schedule_deps` of a group's members outside it, as positions: a producer
+    missing from the schedule ``len(order)``, none ``len(order) + 1``)."""
     n = len(order)
-    get = index.get
-    rank_groups: list[list[list[int]]] = []
-    group_deps: list[list[list[int]]] = []
-    base = 0
+    get = {op: k for k, op in enumerate(order)}.get
     if not schedule.fused:  # every op a group of its own: its producers are its op_deps
         S, split, k = schedule.num_stages, schedule.split_backward, schedule.seq_chunks
         enc = schedule.encoder
+        first = list(range(n + 1))
+        producers = [[get(d, n) for d in op_deps(op, S, split, k, enc)] for op in order]
+    else:
+        first, producers, at = [], [], 0
         for ops in schedule.rank_ops:
-            rank_groups.append([[base + i] for i in range(len(ops))])
-            group_deps.append([[get(d, n) for d in op_deps(op, S, split, k, enc)]
-                               for op in ops])
-            base += len(ops)
-        return rank_groups, group_deps
-    for ops in schedule.rank_ops:
-        groups = _split_groups(ops, schedule.fused)
-        positions, producers = [], []
-        for group in groups:
-            positions.append([index[op] for op in group])
-            if len(group) == 1:  # an op never waits on itself
-                found = schedule_deps(schedule, group[0])
-            else:
-                found = tuple(d for op in group for d in schedule_deps(schedule, op)
-                              if d not in group)
-            producers.append([get(d, n) for d in found])
-        rank_groups.append(positions)
-        group_deps.append(producers)
-    return rank_groups, group_deps
+            for group in _split_groups(ops, schedule.fused):
+                first.append(at)
+                at += len(group)
+                if len(group) == 1:  # an op never waits on itself
+                    found = schedule_deps(schedule, group[0])
+                else:
+                    found = tuple(d for op in group for d in schedule_deps(schedule, op)
+                                  if d not in group)
+                producers.append([get(d, n) for d in found])
+        first.append(n)
+    width = max(map(len, producers), default=0)
+    return first, [[found[i] if i < len(found) else n + 1 for found in producers]
+                   for i in range(width)]
 
 
 _KIND_CODE = {FORWARD: 0, BACKWARD: 1, WEIGHT_GRAD: 2}

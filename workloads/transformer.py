@@ -297,12 +297,13 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     (Transformer Engine's ``is_first_microbatch``, which Megatron-core and NeMo set; timed
     with the step-end work, :meth:`optimizer_segment`); ``microbatch``: in every forward,
     recomputed forwards included (a TE module called without ``is_first_microbatch``);
-    ``float8-linear``: the FP8 linears cast their own weights (:meth:`_fp8_weight_cast_pair`),
-    as torchao's ``Float8Linear`` does at every forward (its weight's amax and a cast to fp8)
-    with a transpose of the fp8 weight in the backward for the input-gradient GEMM; with
+    ``float8-linear``: the FP8 linears cast their own weights, as torchao's
+    ``Float8Linear`` does at every forward (its weight's amax and a cast to fp8) with a
+    transpose of the fp8 weight in the backward for the input-gradient GEMM; with
     :attr:`fp8_param_gather` the forward's cast is the all-gather's instead (not on the
     layer's stream) and only the backward's transpose remains; ``none``: not counted
-    (:mod:`workloads.frameworks`)."""
+    (:mod:`workloads.frameworks`). The casts inside a forward or backward (``microbatch``,
+    ``float8-linear``) are :meth:`_fp8_weight_cast_pair`'s."""
     fp8_param_gather: bool = False
     """With ``precision: fp8`` and ZeRO-3: the parameter all-gathers move the layers' linear
     weights already cast to fp8, 1 byte a parameter, not bf16's 2 (the norms, embedding and
@@ -359,7 +360,7 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     """HBM bytes per element of each biased linear layer's output (a layer's QKV and output
     projections and its MLP's linears, where the model has their biases: all of them in a
     LayerNorm model, the QKV projection's under ``qkv_bias``) that the backward's bias gradient
-    moves outside the GEMMs, in the backward of the layer's block (:meth:`_backward_elementwise`).
+    moves outside the GEMMs, in the backward of the layer's block (:meth:`_elementwise_backward`).
     0: not counted (fused into the GEMMs' epilogue or the activation's backward); eager
     PyTorch's ``nn.Linear`` reduces the full output gradient over the tokens, 2 (a read of the
     bf16 gradient) (:mod:`workloads.frameworks`)."""

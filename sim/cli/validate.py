@@ -197,10 +197,10 @@ def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: li
     leave-one-source-out MAPEs unless ``--no-cross-validation``; ``corpus_fit``, the
     Hopper GEMM time scale fitted on the corpus (:func:`sim.loso.fit_generation`; what
     ``sim/profiles/hopper.toml`` ships), None without the fits; and ``oom_band``, the OOM
-    verdict's resolution (:func:`_oom_band`)."""
-    from sim.corpus import predict_corpus, source_report
+    verdict's resolution (both from :func:`sim.validate.source_entries`)."""
+    from sim.corpus import predict_corpus
     from sim.loso import fit_data, fit_generation, leave_one_source_out
-    from sim.validate import sweep_source_report
+    from sim.validate import source_entries
 
     corpus_rows = [r for s in sources for r in s.rows]
     progress, bar = progress_bar(show and bool(corpus_rows), "run", "corpus")
@@ -220,45 +220,8 @@ def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: li
                 bar.close()
         loso = leave_one_source_out(fit)
         corpus_fit = fit_generation(fit)
-    fold = loso.get(sweep_name)
-    entries = [sweep_source_report(preds, sweep_name, fold["loso_mape"] if fold else None)]
-    entries[0]["loso_scales"] = fold["scales"] if fold else None
-    for source in sources:
-        mine = [p for p in cpreds if p.row.source == source.name]
-        fold = loso.get(source.name)
-        entry = source_report(source, mine, fold["loso_mape"] if fold else None)
-        entry["loso_scales"] = fold["scales"] if fold else None
-        entries.append(entry)
-    return entries, corpus_fit, _oom_band(entries, preds, cpreds)
-
-
-def _oom_band(entries: list[dict], preds: list, cpreds: list) -> dict:
-    """The OOM verdict's resolution (:mod:`sim.oomband`, ``sim/data/oom_band.toml``): its
-    half-width, measured on this run's corpus where the rule names a measure; each entry of
-    ``entries`` gains the band's figures (:func:`sim.oomband.figures`), and each corpus row
-    its ``memory_margin`` and ``oom_verdict``. The hard verdicts and counts stay as they are."""
-    from sim import oomband
-    from sim.validate import contradicted_ran
-
-    ran = [p for p in cpreds if p.skipped is None]
-    band, measured_on = oomband.half_width(
-        oomband.RULE, [(p.peak_memory_gib, p.row.peak_memory_gib) for p in ran
-                       if p.row.peak_memory_gib is not None])
-    twins = contradicted_ran([p.row for p in preds])
-    entries[0].update(oomband.figures(
-        [oomband.Run(p.row.status == "ok", bool(p.oom), p.peak_memory_gib, p.capacity_gib,
-                     p.row.index not in twins) for p in preds], band))
-    for entry in entries[1:]:
-        mine = [p for p in ran if p.row.source == entry["name"]]
-        entry.update(oomband.figures(
-            [oomband.Run(p.row.status == "ok", bool(p.oom), p.peak_memory_gib, p.capacity_gib)
-             for p in mine], band))
-        for row, p in zip(entry["rows"], mine, strict=True):
-            row["memory_margin"] = (None if p.capacity_gib is None
-                                    else oomband.margin(p.peak_memory_gib, p.capacity_gib))
-            row["oom_verdict"] = oomband.verdict(p.peak_memory_gib, p.capacity_gib, band)
-    return {"measure": oomband.RULE.measure, "half_width": band,
-            "published_peaks": measured_on, "source": oomband.RULE.source}
+    entries, band = source_entries(sweep_name, preds, sources, cpreds, loso)
+    return entries, corpus_fit, band
 
 
 def register(sub: argparse._SubParsersAction) -> None:
