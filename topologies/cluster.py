@@ -380,6 +380,11 @@ class Cluster:
         """When a list, every :meth:`route` call appends its ``(src, dst)`` (cached or not):
         :mod:`sim.commtime` uses it to learn which routes a timing consulted."""
         self._host_classes: tuple[int, ...] | None | bool = False
+        self._server_nodes: list[tuple[str, ...]] = []
+        """Each server's nodes in the pair order of :meth:`host_classes` (GPUs by rank, the
+        others by name), filled with it."""
+        self._locals_free: dict[int, bool] = {}
+        """:meth:`locals_interchangeable` by twin class."""
         self._nics: dict[int, tuple[Mapping[str, object], ...]] | None = None
         self.memo: dict[object, object] = {}
         """Derived values that layers above keep per cluster (:func:`sim.collectives.
@@ -577,6 +582,7 @@ class Cluster:
                 return None
             order = [(v, attrs) for _, v, attrs in gpus] + others
             pos.update((v, i) for i, (v, _) in enumerate(order))
+            self._server_nodes.append(tuple([v for v, _ in order]))
             nodes.append(tuple([attrs for _, attrs in order]))
         links: list[list[tuple]] = [[] for _ in range(hosts)]
         linked = [False] * hosts
@@ -597,7 +603,7 @@ class Cluster:
             else:
                 linked[hu] = linked[hv] = True
         signatures: dict[tuple, int] = {}
-        classes = []
+        classes: list[int] = []
         for h in range(hosts):
             if linked[h]:
                 classes.append(len(signatures) + hosts + h)  # a class of its own
@@ -606,6 +612,89 @@ class Cluster:
             sig = (nodes[h], tuple(links[h]))
             classes.append(signatures.setdefault(sig, len(signatures)))
         return tuple(classes)
+
+    def locals_interchangeable(self, host: int) -> bool:
+        """Whether every permutation of server ``host``'s GPUs (by local index) extends to an
+        automorphism of the graph that maps the server's nodes onto themselves and fixes
+        every other node, preserving every attribute the simulation reads (False where
+        :meth:`host_classes` is None). Checked once per twin class, on its first server.
+
+        The check: for each swap of local GPUs j, j + 1, the server's other nodes (NICs,
+        PCIe ports, NVSwitch) are paired by their hop distances from and to each of its GPUs
+        inside the server (the swap must permute those vectors; a node whose vector another
+        node shares makes the answer False); the map is then an automorphism if every link
+        with an end in the server maps onto a link with the same attributes and every node
+        onto one with the same attributes (a GPU's but its rank). The swaps generate every
+        permutation, and a composition of automorphisms is one. A twin of the checked
+        server (its swap with it an automorphism, :meth:`host_classes`) has the conjugate
+        swaps, which swap the same local indices (twins pair their GPUs by rank). So on a
+        cluster where this holds, a group maps onto any other group whose members sit on
+        twin servers in the same pattern (same members per server, in the same positions of
+        the group), with fixed fabric: the symmetry :mod:`sim.commtime` shares plans over.
+        """
+        classes = self.host_classes()
+        if classes is None:
+            return False
+        key = classes[host]
+        free = self._locals_free.get(key)
+        if free is None:
+            free = self._locals_free[key] = self._check_locals(host)
+        return free
+
+    def _check_locals(self, host: int) -> bool:
+        gpn = self.gpus_per_node
+        nodes = self._server_nodes[host]
+        gpus, others = nodes[:gpn], nodes[gpn:]
+        inside = set(nodes)
+        succ, pred = self.graph.succ, self.graph.pred
+
+        def hops(start: str, adj: Mapping[str, Mapping[str, object]]) -> dict[str, int]:
+            dist = {start: 0}
+            level = [start]
+            while level:
+                nxt = []
+                for u in level:
+                    for v in adj[u]:
+                        if v in inside and v not in dist:
+                            dist[v] = dist[u] + 1
+                            nxt.append(v)
+                level = nxt
+            return dist
+
+        out = [hops(g, succ) for g in gpus]
+        back = [hops(g, pred) for g in gpus]
+        vectors = {v: (tuple([d.get(v, -1) for d in out]), tuple([d.get(v, -1) for d in back]))
+                   for v in others}
+        by_vector = {vec: v for v, vec in vectors.items()}
+        if len(by_vector) != len(others):
+            return False
+        attrs = self.graph.nodes
+        for j in range(gpn - 1):
+            swap = list(range(gpn))
+            swap[j], swap[j + 1] = j + 1, j
+            phi = {gpus[i]: gpus[swap[i]] for i in range(gpn)}
+            for v, (a, b) in vectors.items():
+                w = by_vector.get((tuple([a[swap[i]] for i in range(gpn)]),
+                                   tuple([b[swap[i]] for i in range(gpn)])))
+                if w is None:
+                    return False
+                phi[v] = w
+            for v in nodes:
+                da, db = dict(attrs[v]), dict(attrs[phi[v]])
+                da.pop("rank", None)
+                db.pop("rank", None)
+                if da != db:
+                    return False
+                for u, d in succ[v].items():
+                    pu = phi.get(u, u)
+                    if succ[phi[v]].get(pu) != d:
+                        return False
+                for u, d in pred[v].items():
+                    if u not in inside and succ[u].get(phi[v]) != d:
+                        return False
+                if len(succ[v]) != len(succ[phi[v]]) or len(pred[v]) != len(pred[phi[v]]):
+                    return False
+        return True
 
     # ------------------------------------------------------------------ links by name
 
