@@ -131,3 +131,32 @@ def test_locals_interchangeable() -> None:
     base = server_cluster("dgx-a100-80g", 64)
     c = base.with_link_changes({("host2/nic1", "fabric"): 0.25})
     assert not c.locals_interchangeable(2) and c.locals_interchangeable(0)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.sampled_from(CLASS_CLUSTERS), st.sampled_from([16, 32]), st.data())
+def test_translated_routes_are_the_searched_ones(spec, n, data) -> None:
+    """Every route :meth:`Cluster.route` maps from a model pair of its pattern equals the
+    searched one (links, latency) and is as unique, over pairs in a random order (so the
+    model pairs differ) on clusters with and without interchangeable GPUs."""
+    cluster = _cluster(spec, n)
+    plain = _cluster(spec, n)
+    plain.translate_routes = False
+    pairs = data.draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)),
+                               min_size=1, max_size=60))
+    for a, b in pairs:
+        assert cluster.route(a, b) == plain.route(a, b), (a, b)
+        assert cluster.route_is_unique(a, b) == plain.route_is_unique(a, b), (a, b)
+
+
+def test_dgx_routes_are_mapped() -> None:
+    """On DGX servers over a crossbar one model route per pattern is searched; every other
+    pair's is mapped, and equals the search's."""
+    c = server_cluster("dgx-a100-80g", 64)
+    plain = server_cluster("dgx-a100-80g", 64)
+    plain.translate_routes = False
+    for a in range(64):
+        for b in range(64):
+            assert c.route(a, b) == plain.route(a, b)
+    assert c.route_is_unique(0, 63) and c.route_is_unique(0, 1)
+    assert len(c._route_models) == 2  # one server, two servers
