@@ -118,6 +118,7 @@ class CollectiveTimer:
         """``(op, nbytes, class) -> (group, plan)``: plans another group of the class takes
         relabelled (:meth:`_plans`)."""
         self.shared_plans = 0
+        self._classes_seen: tuple[tuple[int, ...], frozenset[int]] | None = None
         """How many plans were another group's, relabelled (:meth:`_plans`)."""
         """(routing imbalance, whether the busiest rank sends) of the all-to-alls it times
         (:func:`sim.collectives.plan`); (1, False): equal volumes."""
@@ -230,12 +231,15 @@ class CollectiveTimer:
         if c.host_classes() is None:
             return None
         gpn = c.gpus_per_node
-        low = min([min(g) for g in groups if g], default=None)
+        low = min(map(min, filter(None, groups)), default=None)
         if low is None:
             return None
         first = low // gpn
         delta = first * gpn
-        return tuple([tuple([r - delta for r in g]) for g in groups]), first
+        if not delta:
+            return groups, first
+        down = (-delta).__add__
+        return tuple([tuple(map(down, g)) for g in groups]), first
 
     def _translate(self, op: str, groups: tuple[tuple[int, ...], ...],
                    nbytes: float) -> float | None:
@@ -283,11 +287,20 @@ class CollectiveTimer:
             return None
         classes = self.cluster.host_classes()
         assert classes is not None
+        if len(self._class_set(classes)) == 1:
+            return t  # every server a twin of every other
         gpn = self.cluster.gpus_per_node
         for h in {r // gpn for g in shape[0] for r in g}:
             if classes[h + first] != classes[h + first + d]:
                 return None
         return t
+
+    def _class_set(self, classes: tuple[int, ...]) -> frozenset[int]:
+        """The distinct twin classes of the cluster's servers (kept)."""
+        got = self._classes_seen
+        if got is None or got[0] is not classes:
+            got = self._classes_seen = (classes, frozenset(classes))
+        return got[1]
 
     def _send_time(self, pairs: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         flows: list[list[Flow]] = []
