@@ -47,3 +47,20 @@ def test_the_template_is_used_and_kept() -> None:
     assert any(parts is not None for _, parts in template)
     assert all(stage_ops.PLACEHOLDER not in s.label for s in first)
     assert list(first) == list(costs._named_layer("L3", True, False, False))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(costs=_costs())
+def test_transient_bytes_keep_the_unrecomputed_layer(costs: object) -> None:
+    """The layer's activation bytes without recomputation ``transient_bytes`` reads, kept on
+    each cost model, are those of the cost model replaced without recomputation."""
+    from dataclasses import replace
+
+    if costs is None:
+        return
+    for stage in range(len(costs.stage_layers)):
+        for c, _ in costs._runs(stage):
+            want = replace(c, recompute="none").layer_activation_bytes()
+            assert c._unrecomputed_layer_bytes() == want
+            assert c._unrecomputed_layer_bytes() == want  # kept

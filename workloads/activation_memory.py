@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from workloads.costs import BF16
+from workloads.kernels import per_instance
 from workloads.schedules import BACKWARD, FORWARD, Op
 
 FP32 = 4
@@ -176,6 +177,13 @@ class ActivationMemory:
         mlp_share = 1 / m.mlp_matrices
         return attn_share, mlp_share, BF16 * saved * self._tokens
 
+    @per_instance
+    def _unrecomputed_layer_bytes(self) -> float:
+        """One layer's activation bytes without recomputation (:meth:`transient_bytes`: the
+        gradients flowing through a layer), kept on the instance (a cost model made by
+        ``replace`` per call took ~40 us of every op's memory)."""
+        return replace(self, recompute="none").layer_activation_bytes()
+
     def transient_bytes(self, op: Op) -> float:
         """Working memory an op holds only while it runs, on one TP rank.
 
@@ -209,7 +217,7 @@ class ActivationMemory:
         if op.seq >= 0 and self.seq_chunks > 1:
             return self.seq_chunk(op.seq).transient_bytes(op)
         runs = self._runs(op.stage)
-        layer = max(replace(c, recompute="none").layer_activation_bytes() for c, _ in runs)
+        layer = max(c._unrecomputed_layer_bytes() for c, _ in runs)
         total = (self.zero3_working_bytes(op) + self.unreduced_grad_bytes(op)
                  + self.cp_gathered_bytes(op))
         full = any(c.recompute in ("full", "selective-op") for c, _ in runs)
