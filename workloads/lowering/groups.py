@@ -34,9 +34,19 @@ def replica_coords(placement: Placement) -> tuple[tuple[int, int], ...]:
 def replica_pairs(placement: Placement, src: int, dst: int) -> tuple[tuple[int, int], ...]:
     """The GPU pairs of a pipeline message from pipeline rank ``src`` to ``dst`` as a collapsed
     lowering times it: every (tp, cp, dp) replica's, replicas in :func:`replica_coords`
-    order, TP lanes innermost."""
-    return tuple((placement.gpu(tp=u, cp=c, dp=e, pp=src), placement.gpu(tp=u, cp=c, dp=e, pp=dst))
-                 for c, e in replica_coords(placement) for u in range(placement.degree("tp")))
+    order, TP lanes innermost. A GPU's rank is linear in its coordinates
+    (:meth:`~topologies.placement.Placement.gpu`), so each pair is the two pipeline ranks'
+    first GPUs plus the replica's offset (:func:`replica_offsets`)."""
+    offsets = replica_offsets(placement)
+    a, b = placement.gpu(pp=src), placement.gpu(pp=dst)
+    return tuple(zip(map(a.__add__, offsets), map(b.__add__, offsets), strict=True))
+
+
+@lru_cache(maxsize=GROUP_CACHE)
+def replica_offsets(placement: Placement) -> tuple[int, ...]:
+    """Each (tp, cp, dp) replica's GPU at pipeline rank 0, in :func:`replica_pairs`' order."""
+    return tuple(placement.gpu(tp=u, cp=c, dp=e) for c, e in replica_coords(placement)
+                 for u in range(placement.degree("tp")))
 
 
 @lru_cache(maxsize=GROUP_CACHE)
