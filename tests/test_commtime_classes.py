@@ -160,3 +160,19 @@ def test_dgx_routes_are_mapped() -> None:
             assert c.route(a, b) == plain.route(a, b)
     assert c.route_is_unique(0, 63) and c.route_is_unique(0, 1)
     assert len(c._route_models) == 2  # one server, two servers
+
+
+def test_routes_to_no_gpu_still_raise() -> None:
+    """A rank outside the cluster is refused as before, mapped routes or not (a negative
+    one would otherwise index the last server)."""
+    import pytest
+
+    from base.errors import TopologyError
+
+    c = server_cluster("dgx-a100-80g", 16)
+    c.route(0, 9)  # a model route for the two-server pattern
+    for bad in (16, 99, -1, -8):
+        with pytest.raises(TopologyError, match="no GPU"):
+            c.route(0, bad)
+        with pytest.raises(TopologyError, match="no GPU"):
+            c.route(bad, 1)

@@ -543,6 +543,9 @@ class Cluster:
     def _pattern(self, src: int, dst: int) -> tuple[int, int, bool] | None:
         """(twin class of ``src``'s server, of ``dst``'s, same server) where both servers'
         GPUs are interchangeable (:meth:`locals_interchangeable`); else None."""
+        n = self.num_gpus
+        if not (0 <= src < n and 0 <= dst < n):
+            return None  # not GPUs: the search raises
         classes = self.host_classes()
         if classes is None:
             return None
