@@ -36,9 +36,10 @@ import math
 from collections.abc import Iterable, Sequence
 
 from base.collector import gc_paused
+from sim.collectives import Transfer
 from sim.engine import simulate_program
 from sim.network import makespan_s
-from sim.selection import GroupProfile, collective_plan, step_latency_s
+from sim.selection import CollectivePlan, GroupProfile, collective_plan, step_latency_s
 from topologies.cluster import Cluster
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import gpipe
@@ -105,10 +106,20 @@ class CollectiveTimer:
     """
 
     def __init__(self, cluster: Cluster, algo: str = "auto",
-                 skew: tuple[float, bool] = (1.0, False)) -> None:
+                 skew: tuple[float, bool] = (1.0, False), *, share_plans: bool = True) -> None:
         self.cluster = cluster
         self.algo = algo
         self.skew = skew
+        self.share_plans = share_plans
+        """Whether a group's plan is that of an earlier group of its class, relabelled
+        (:meth:`_plans`); False: every group planned by :func:`sim.selection.
+        collective_plan` (the reference)."""
+        self._class_plans: dict[tuple, tuple[tuple[int, ...], CollectivePlan]] = {}
+        """``(op, nbytes, class) -> (group, plan)``: plans another group of the class takes
+        relabelled (:meth:`_plans`)."""
+        self.shared_plans = 0
+        self._classes_seen: tuple[tuple[int, ...], frozenset[int]] | None = None
+        """How many plans were another group's, relabelled (:meth:`_plans`)."""
         """(routing imbalance, whether the busiest rank sends) of the all-to-alls it times
         (:func:`sim.collectives.plan`); (1, False): equal volumes."""
         self._cache: dict[tuple, float] = {}
@@ -220,12 +231,15 @@ class CollectiveTimer:
         if c.host_classes() is None:
             return None
         gpn = c.gpus_per_node
-        low = min([min(g) for g in groups if g], default=None)
+        low = min(map(min, filter(None, groups)), default=None)
         if low is None:
             return None
         first = low // gpn
         delta = first * gpn
-        return tuple([tuple([r - delta for r in g]) for g in groups]), first
+        if not delta:
+            return groups, first
+        down = (-delta).__add__
+        return tuple([tuple(map(down, g)) for g in groups]), first
 
     def _translate(self, op: str, groups: tuple[tuple[int, ...], ...],
                    nbytes: float) -> float | None:
@@ -273,11 +287,20 @@ class CollectiveTimer:
             return None
         classes = self.cluster.host_classes()
         assert classes is not None
+        if len(self._class_set(classes)) == 1:
+            return t  # every server a twin of every other
         gpn = self.cluster.gpus_per_node
         for h in {r // gpn for g in shape[0] for r in g}:
             if classes[h + first] != classes[h + first + d]:
                 return None
         return t
+
+    def _class_set(self, classes: tuple[int, ...]) -> frozenset[int]:
+        """The distinct twin classes of the cluster's servers (kept)."""
+        got = self._classes_seen
+        if got is None or got[0] is not classes:
+            got = self._classes_seen = (classes, frozenset(classes))
+        return got[1]
 
     def _send_time(self, pairs: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         flows: list[list[Flow]] = []
@@ -299,8 +322,7 @@ class CollectiveTimer:
         if not live:
             return 0.0
         c = self.cluster
-        plans = [collective_plan(c, op, self.algo, g, nbytes, self._profiles, self.skew)
-                 for g in live]
+        plans = self._plans(op, live, nbytes)
         launches = {p.launch_s for p in plans}
         if all(not step.deps for p in plans for step in p.transfers):
             if len(launches) == 1:
@@ -319,3 +341,90 @@ class CollectiveTimer:
         program = Program(n, b.build(), (0.0,) * n, gpipe(1, 1))
         self.simulations += 1
         return simulate_program(program, c, lambda _op: 0.0).end_s
+
+    def _plans(self, op: str, live: list[tuple[int, ...]], nbytes: float
+               ) -> list[CollectivePlan]:
+        """:func:`sim.selection.collective_plan` of each group, a group of a class planned
+        before taking that plan relabelled (where the servers' GPUs are interchangeable).
+
+        Two groups are of one class (:meth:`_class_of`) when their members sit on servers
+        in the same pattern: the same positions of the group on one server, on servers of
+        the same twin classes (:meth:`topologies.cluster.Cluster.host_classes`), each of
+        whose GPUs are interchangeable (:meth:`~topologies.cluster.Cluster.
+        locals_interchangeable`). Then the map of the first group onto the second,
+        position by position, extends to an automorphism ``phi`` of the cluster graph: a
+        permutation of twin servers (the one-to-one map of the first group's servers onto
+        the second's, completed within classes) after permutations of GPUs inside
+        servers (completing the map of each server's members), the fabric fixed; it
+        preserves every link's bandwidth and latency and the node attributes selection
+        reads (kind, NVLS, NICs' transport, site). Where every route the first group's
+        plan consulted (its profile, the estimates of the candidates, the plan) is the
+        only shortest path between its ends, ``phi`` maps each onto the route between
+        the images, link by link, with the same latencies summed in the same order, so
+        the second group's profile (latencies, bottlenecks, members per server, NVLS
+        capability), estimates, choice of algorithm and protocol, and plan are the
+        first's with ranks mapped: the plan code reads ranks only through routes, servers
+        (equality) and positions in the group. Plans with a switch as an endpoint (NVLS)
+        are not shared (the switch's name would need mapping too). ``tests/
+        test_commtime_classes.py`` holds the shared plans to ``collective_plan``'s.
+        """
+        c = self.cluster
+        if not self.share_plans or c.host_classes() is None:
+            return [collective_plan(c, op, self.algo, g, nbytes, self._profiles, self.skew)
+                    for g in live]
+        out = []
+        for g in live:
+            key = self._class_of(g)
+            hit = self._class_plans.get((op, nbytes, key)) if key is not None else None
+            if hit is not None:
+                first, plan = hit
+                to = dict(zip(first, g, strict=True))
+                out.append(CollectivePlan(
+                    tuple([Transfer(to[t.src], to[t.dst], t.nbytes, t.deps, t.steps,
+                                    t.latency_s) for t in plan.transfers]),
+                    plan.launch_s, plan.algo, plan.protocol))
+                self.shared_plans += 1
+                continue
+            if key is None:
+                out.append(collective_plan(c, op, self.algo, g, nbytes, self._profiles,
+                                           self.skew))
+                continue
+            known = g in self._profiles
+            log: list[tuple[int | str, int | str]] = []
+            outer, c.route_log = c.route_log, log
+            try:
+                plan = collective_plan(c, op, self.algo, g, nbytes, self._profiles, self.skew)
+            finally:
+                c.route_log = outer
+            if outer is not None:
+                outer.extend(log)
+            out.append(plan)
+            members = set(g)
+            seen = list(dict.fromkeys(log))
+            if ((not known or self._unique_profiles.get(g) is True)
+                    and all(t.src in members and t.dst in members for t in plan.transfers)
+                    and all(map(c.route_is_unique, *zip(*seen, strict=True)) if seen else ())):
+                self._class_plans[(op, nbytes, key)] = (g, plan)
+        return out
+
+    def _class_of(self, group: tuple[int, ...]) -> tuple | None:
+        """``(each member's server as numbered in order of first appearance, those servers'
+        twin classes)``: equal for groups one cluster automorphism maps onto each other
+        position by position (:meth:`_plans`); None where a server's GPUs are not
+        interchangeable."""
+        c = self.cluster
+        gpn = c.gpus_per_node
+        classes = c.host_classes()
+        assert classes is not None
+        order: dict[int, int] = {}
+        pos = []
+        for r in group:
+            h = r // gpn
+            k = order.get(h)
+            if k is None:
+                k = order[h] = len(order)
+            pos.append(k)
+        free = c.locals_interchangeable
+        if not all(map(free, order)):
+            return None
+        return tuple(pos), tuple([classes[h] for h in order])

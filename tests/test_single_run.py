@@ -179,12 +179,12 @@ def test_op_facts_are_kept_on_the_cost_model_and_equal_fresh_ones(split: bool) -
                                      {"recompute": "full", "recompute_num_layers": 1}])
 def test_transient_bytes_keep_a_layers_working_memory(changes: dict) -> None:
     """A stage's ops' transient memory reads one layer's activations without recomputation
-    kept on the cost model (:meth:`ActivationMemory._working_layer_bytes`): the same bytes as
+    kept on the cost model (:meth:`ActivationMemory._unrecomputed_layer_bytes`): the same bytes as
     a fresh copy of each run's costs, with ``recompute`` none, gives."""
     costs = replace(Experiment.from_dict(GPT).costs, **changes)
     for op in {op._replace(mb=0) for op in topological_ops(built_schedule("1f1b", 4, 8, 1, 1))}:
         runs = costs._runs(op.stage)
-        assert max(c._working_layer_bytes() for c, _ in runs) == max(
+        assert max(c._unrecomputed_layer_bytes() for c, _ in runs) == max(
             replace(c, recompute="none").layer_activation_bytes() for c, _ in runs)
         assert costs.transient_bytes(op) == replace(costs).transient_bytes(op)
 

@@ -380,6 +380,25 @@ class Cluster:
         """When a list, every :meth:`route` call appends its ``(src, dst)`` (cached or not):
         :mod:`sim.commtime` uses it to learn which routes a timing consulted."""
         self._host_classes: tuple[int, ...] | None | bool = False
+        self._server_nodes: list[tuple[str, ...]] = []
+        """Each server's nodes in the pair order of :meth:`host_classes` (GPUs by rank, the
+        others by name), filled with it."""
+        self._locals_free: dict[int, bool] = {}
+        """:meth:`locals_interchangeable` by twin class."""
+        self._place: dict[str, tuple[int, int]] = {}
+        """A server node's (server, position in :attr:`_server_nodes`), with the classes."""
+        self._vectors: dict[int, tuple[list, dict]] = {}
+        """Per twin class whose GPUs are interchangeable: its servers' other nodes' hop
+        vectors by position, and the positions by vector (:meth:`_check_locals`)."""
+        self._route_models: dict[tuple[int, int, bool], tuple[int, int]] = {}
+        """A GPU pair whose route is unique per (twin classes of its servers, same server):
+        what :meth:`_translated_route` maps."""
+        self._position_maps: dict[tuple, tuple[list[int] | None, list[int] | None]] = {}
+        """:meth:`_positions` by (classes, local indices)."""
+        self.translate_routes = True
+        """Whether :meth:`route` maps a model pair's route onto a new pair of the same
+        pattern (:meth:`_translated_route`); False: every route by the search (the
+        reference)."""
         self._nics: dict[int, tuple[Mapping[str, object], ...]] | None = None
         self.memo: dict[object, object] = {}
         """Derived values that layers above keep per cluster (:func:`sim.collectives.
@@ -502,14 +521,140 @@ class Cluster:
         if src == dst:
             route = Route((), 0.0)
         else:
-            nodes = self.path(src, dst)
-            if self._router.chose:
-                self._ambiguous.add(key)
-            link_from, latency = self._link_from, self.link_latency_s
-            idx = tuple([link_from[u][v] for u, v in zip(nodes, nodes[1:], strict=False)])
-            route = Route(idx, sum([latency[i] for i in idx]))
+            got = (self._translated_route(src, dst) if self.translate_routes
+                   and isinstance(src, int) and isinstance(dst, int) else None)
+            if got is not None:
+                route = got
+            else:
+                nodes = self.path(src, dst)
+                if self._router.chose:
+                    self._ambiguous.add(key)
+                link_from, latency = self._link_from, self.link_latency_s
+                idx = tuple([link_from[u][v] for u, v in zip(nodes, nodes[1:], strict=False)])
+                route = Route(idx, sum([latency[i] for i in idx]))
+                if (self.translate_routes and not self._router.chose and isinstance(src, int)
+                        and isinstance(dst, int)):
+                    pattern = self._pattern(src, dst)
+                    if pattern is not None:
+                        self._route_models.setdefault(pattern, (src, dst))
         self._routes[key] = route
         return route
+
+    def _pattern(self, src: int, dst: int) -> tuple[int, int, bool] | None:
+        """(twin class of ``src``'s server, of ``dst``'s, same server) where both servers'
+        GPUs are interchangeable (:meth:`locals_interchangeable`); else None."""
+        n = self.num_gpus
+        if not (0 <= src < n and 0 <= dst < n):
+            return None  # not GPUs: the search raises
+        classes = self.host_classes()
+        if classes is None:
+            return None
+        gpn = self.gpus_per_node
+        hs, hd = src // gpn, dst // gpn
+        if not (self.locals_interchangeable(hs) and self.locals_interchangeable(hd)):
+            return None
+        return classes[hs], classes[hd], hs == hd
+
+    def _translated_route(self, src: int, dst: int) -> Route | None:
+        """The route from ``src`` to ``dst`` as the image of a model pair's unique route
+        of the same pattern (:meth:`_pattern`), or None (then :meth:`route` searches).
+
+        The model pair (a, b) and (src, dst) have servers of the same twin classes, one
+        server or two for both, each with interchangeable GPUs. Mapping a's server onto
+        src's and b's onto dst's (a permutation of twin servers, completed within the
+        classes, :meth:`host_classes`), then a permutation of the GPUs inside each of them
+        that takes a to src and b to dst (:meth:`locals_interchangeable`), the fabric
+        fixed, is an automorphism ``phi`` of the graph that keeps every link's bandwidth
+        and latency. It maps the unique shortest path from a to b onto the unique shortest
+        path from src to dst, which is then the route whatever the ECMP key, link by link,
+        with the same latencies summed in the same order. ``phi`` of a server node is
+        found by position: a GPU's local index permuted, another node (NIC, PCIe port,
+        NVSwitch) the one whose hop vector to and from the server's GPUs is its own
+        permuted (:meth:`_check_locals`). A model route through a third server's node is
+        not mapped (None)."""
+        pattern = self._pattern(src, dst)
+        if pattern is None:
+            return None
+        model = self._route_models.get(pattern)
+        if model is None:
+            return None
+        a, b = model
+        gpn = self.gpus_per_node
+        ha, la = divmod(a, gpn)
+        hb, lb = divmod(b, gpn)
+        hs, ls = divmod(src, gpn)
+        hd, ld = divmod(dst, gpn)
+        if ha == hb:
+            key: tuple = (pattern[0], la, ls, lb, ld)
+        else:
+            key = (pattern[0], la, ls, pattern[1], lb, ld)
+        maps = self._position_maps.get(key)
+        if maps is None:
+            maps = self._position_maps[key] = self._positions(pattern, la, ls, lb, ld, ha == hb)
+        map_s, map_d = maps
+        if map_s is None or map_d is None:
+            return None
+        nodes_s, nodes_d = self._server_nodes[hs], self._server_nodes[hd]
+        place = self._place
+        link_from, links = self._link_from, self.links
+
+        def image(v: str) -> str | None:
+            where = place.get(v)
+            if where is None:
+                return v  # the fabric, fixed
+            h, p = where
+            if h == ha:
+                return nodes_s[map_s[p]]  # type: ignore[index]
+            if h == hb:
+                return nodes_d[map_d[p]]  # type: ignore[index]
+            return None
+
+        idx = []
+        for i in self._routes[model].links:
+            u, v = links[i]
+            pu, pv = image(u), image(v)
+            if pu is None or pv is None:
+                return None
+            j = link_from.get(pu, {}).get(pv)
+            if j is None:
+                return None
+            idx.append(j)
+        latency = self.link_latency_s
+        return Route(tuple(idx), sum([latency[i] for i in idx]))
+
+    def _positions(self, pattern: tuple[int, int, bool], la: int, ls: int, lb: int, ld: int,
+                   same: bool) -> tuple[list[int] | None, list[int] | None]:
+        """For :meth:`_translated_route`: where each position of the model's server(s) goes
+        (GPUs by a permutation of local indices that takes la to ls, and lb to ld, the
+        other nodes to the node whose hop vector is theirs permuted), or None for a node
+        without one."""
+        gpn = self.gpus_per_node
+
+        def positions(cls: int, sigma: list[int]) -> list[int] | None:
+            vecs, pos = self._vectors[cls]
+            inv = [0] * gpn
+            for i in range(gpn):
+                inv[sigma[i]] = i
+            out = list(sigma)
+            for a, b in vecs:  # w[sigma(i)] = v[i]
+                q = pos.get((tuple([a[k] for k in inv]), tuple([b[k] for k in inv])))
+                if q is None:
+                    return None
+                out.append(q)
+            return out
+
+        # sigma[i]: the local index GPU i of a model server goes to in its image
+        sig_s = list(range(gpn))
+        sig_s[la], sig_s[ls] = ls, la
+        if same:
+            at = sig_s.index(ld)  # the local that goes to ld: swap it with b's image
+            moved = sig_s[lb]
+            sig_s[lb], sig_s[at] = ld, moved
+            both = positions(pattern[0], sig_s)
+            return both, both
+        sig_d = list(range(gpn))
+        sig_d[lb], sig_d[ld] = ld, lb
+        return positions(pattern[0], sig_s), positions(pattern[1], sig_d)
 
     def route_is_unique(self, src: Endpoint, dst: Endpoint) -> bool:
         """Whether :meth:`route` from ``src`` to ``dst`` (computed first if need be) is the
@@ -577,6 +722,8 @@ class Cluster:
                 return None
             order = [(v, attrs) for _, v, attrs in gpus] + others
             pos.update((v, i) for i, (v, _) in enumerate(order))
+            self._server_nodes.append(tuple([v for v, _ in order]))
+            self._place.update((v, (h, i)) for i, (v, _) in enumerate(order))
             nodes.append(tuple([attrs for _, attrs in order]))
         links: list[list[tuple]] = [[] for _ in range(hosts)]
         linked = [False] * hosts
@@ -597,7 +744,7 @@ class Cluster:
             else:
                 linked[hu] = linked[hv] = True
         signatures: dict[tuple, int] = {}
-        classes = []
+        classes: list[int] = []
         for h in range(hosts):
             if linked[h]:
                 classes.append(len(signatures) + hosts + h)  # a class of its own
@@ -606,6 +753,94 @@ class Cluster:
             sig = (nodes[h], tuple(links[h]))
             classes.append(signatures.setdefault(sig, len(signatures)))
         return tuple(classes)
+
+    def locals_interchangeable(self, host: int) -> bool:
+        """Whether every permutation of server ``host``'s GPUs (by local index) extends to an
+        automorphism of the graph that maps the server's nodes onto themselves and fixes
+        every other node, preserving every attribute the simulation reads (False where
+        :meth:`host_classes` is None). Checked once per twin class, on its first server.
+
+        The check: for each swap of local GPUs j, j + 1, the server's other nodes (NICs,
+        PCIe ports, NVSwitch) are paired by their hop distances from and to each of its GPUs
+        inside the server (the swap must permute those vectors; a node whose vector another
+        node shares makes the answer False); the map is then an automorphism if every link
+        with an end in the server maps onto a link with the same attributes and every node
+        onto one with the same attributes (a GPU's but its rank). The swaps generate every
+        permutation, and a composition of automorphisms is one. A twin of the checked
+        server (its swap with it an automorphism, :meth:`host_classes`) has the conjugate
+        swaps, which swap the same local indices (twins pair their GPUs by rank). So on a
+        cluster where this holds, a group maps onto any other group whose members sit on
+        twin servers in the same pattern (same members per server, in the same positions of
+        the group), with fixed fabric: the symmetry :mod:`sim.commtime` shares plans over.
+        """
+        classes = self.host_classes()
+        if classes is None:
+            return False
+        key = classes[host]
+        free = self._locals_free.get(key)
+        if free is None:
+            free = self._locals_free[key] = self._check_locals(host)
+        return free
+
+    def _check_locals(self, host: int) -> bool:
+        gpn = self.gpus_per_node
+        nodes = self._server_nodes[host]
+        gpus, others = nodes[:gpn], nodes[gpn:]
+        inside = set(nodes)
+        succ, pred = self.graph.succ, self.graph.pred
+
+        def hops(start: str, adj: Mapping[str, Mapping[str, object]]) -> dict[str, int]:
+            dist = {start: 0}
+            level = [start]
+            while level:
+                nxt = []
+                for u in level:
+                    for v in adj[u]:
+                        if v in inside and v not in dist:
+                            dist[v] = dist[u] + 1
+                            nxt.append(v)
+                level = nxt
+            return dist
+
+        out = [hops(g, succ) for g in gpus]
+        back = [hops(g, pred) for g in gpus]
+        vectors = {v: (tuple([d.get(v, -1) for d in out]), tuple([d.get(v, -1) for d in back]))
+                   for v in others}
+        by_vector = {vec: v for v, vec in vectors.items()}
+        if len(by_vector) != len(others):
+            return False
+        attrs = self.graph.nodes
+        for j in range(gpn - 1):
+            swap = list(range(gpn))
+            swap[j], swap[j + 1] = j + 1, j
+            phi = {gpus[i]: gpus[swap[i]] for i in range(gpn)}
+            for v, (a, b) in vectors.items():
+                w = by_vector.get((tuple([a[swap[i]] for i in range(gpn)]),
+                                   tuple([b[swap[i]] for i in range(gpn)])))
+                if w is None:
+                    return False
+                phi[v] = w
+            for v in nodes:
+                da, db = dict(attrs[v]), dict(attrs[phi[v]])
+                da.pop("rank", None)
+                db.pop("rank", None)
+                if da != db:
+                    return False
+                for u, d in succ[v].items():
+                    pu = phi.get(u, u)
+                    if succ[phi[v]].get(pu) != d:
+                        return False
+                for u, d in pred[v].items():
+                    if u not in inside and succ[u].get(phi[v]) != d:
+                        return False
+                if len(succ[v]) != len(succ[phi[v]]) or len(pred[v]) != len(pred[phi[v]]):
+                    return False
+        classes = self.host_classes()
+        assert classes is not None
+        self._vectors[classes[host]] = ([vectors[v] for v in others],
+                                        {vec: gpn + i for i, vec in enumerate(
+                                            vectors[v] for v in others)})
+        return True
 
     # ------------------------------------------------------------------ links by name
 

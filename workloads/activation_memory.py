@@ -178,10 +178,10 @@ class ActivationMemory:
         return attn_share, mlp_share, BF16 * saved * self._tokens
 
     @per_instance
-    def _working_layer_bytes(self) -> float:
-        """One layer's activations without recomputation (:meth:`transient_bytes`'s working
-        memory of a layer), kept on the cost model: each op of every stage asks for it
-        (Megatron 1T: 256 copies of its 74-field costs, ~5 ms, made for one number)."""
+    def _unrecomputed_layer_bytes(self) -> float:
+        """One layer's activation bytes without recomputation (:meth:`transient_bytes`: the
+        gradients flowing through a layer), kept on the instance (a cost model made by
+        ``replace`` per call took ~40 us of every op's memory)."""
         return replace(self, recompute="none").layer_activation_bytes()
 
     def transient_bytes(self, op: Op) -> float:
@@ -217,7 +217,7 @@ class ActivationMemory:
         if op.seq >= 0 and self.seq_chunks > 1:
             return self.seq_chunk(op.seq).transient_bytes(op)
         runs = self._runs(op.stage)
-        layer = max(c._working_layer_bytes() for c, _ in runs)
+        layer = max(c._unrecomputed_layer_bytes() for c, _ in runs)
         total = (self.zero3_working_bytes(op) + self.unreduced_grad_bytes(op)
                  + self.cp_gathered_bytes(op))
         full = any(c.recompute in ("full", "selective-op") for c, _ in runs)

@@ -6,7 +6,7 @@ work its GPUs do, layer by layer, from the per-layer work of :mod:`workloads.tra
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING
 
 from workloads.costs import (
@@ -24,6 +24,60 @@ from workloads.seqchunks import WHOLE_WINDOW, bounds_of
 
 if TYPE_CHECKING:
     from workloads.transformer import TransformerCosts
+
+
+PLACEHOLDER = "\x00layer\x00"
+"""The name a layer's template segments are built with (:meth:`StageOps._layer_segments`):
+a string no label holds otherwise."""
+
+
+def _template(segs: list[Segment]) -> tuple[tuple[Segment, tuple[str, ...] | None], ...] | bool:
+    """``segs`` (built with the name :data:`PLACEHOLDER`) as a template: each segment with its
+    label cut at the placeholder (None where the label does not hold it); False where the
+    placeholder shows anywhere else (a field but the label, or a segment that is not a
+    frozen slotted dataclass): then each layer is built by name."""
+    out = []
+    for seg in segs:
+        names = getattr(type(seg), "__slots__", None)
+        if names is None or not all(hasattr(seg, f) for f in names):
+            return False
+        if any(_holds(getattr(seg, f)) for f in names if f != "label"):
+            return False
+        label = seg.label
+        out.append((seg, tuple(label.split(PLACEHOLDER)) if PLACEHOLDER in label else None))
+    return tuple(out)
+
+
+def _holds(value: object) -> bool:
+    """Whether :data:`PLACEHOLDER` shows in ``value``: a string, or inside a tuple, list or
+    dataclass (a segment's parts)."""
+    if isinstance(value, str):
+        return PLACEHOLDER in value
+    if isinstance(value, tuple | list):
+        return any(map(_holds, value))
+    if is_dataclass(value):
+        return any(_holds(getattr(value, f.name)) for f in fields(value))
+    return False
+
+
+def _named(template: tuple[tuple[Segment, tuple[str, ...] | None], ...], name: str
+           ) -> list[Segment]:
+    """A layer's segments from its template (:func:`_template`): each segment whose label
+    held the placeholder copied, field for field, with ``name`` in its place; the others
+    as they are (segments are immutable)."""
+    out: list[Segment] = []
+    new, setattr_ = object.__new__, object.__setattr__
+    for seg, parts in template:
+        if parts is None:
+            out.append(seg)
+            continue
+        cls = type(seg)
+        copy = new(cls)
+        for f in cls.__slots__:
+            setattr_(copy, f, getattr(seg, f))
+        setattr_(copy, "label", name.join(parts))
+        out.append(copy)
+    return out
 
 
 class StageOps:
@@ -135,10 +189,15 @@ class StageOps:
         (:meth:`_layer`), so worked out once and kept on it."""
         c = self._layer(layer)
         if labels:
-            name = f"L{layer}"
-            return ((c._layer_backward(name, weight_grad_deferred=deferred) if backward
-                     else c._layer_forward(name))
-                    + c._zero3_copies(name, backward=backward, marked=marked))
+            named = c.__dict__.setdefault("_memo_layer_named", {})
+            key = (backward, deferred, marked)
+            template = named.get(key)
+            if template is None:
+                template = named[key] = _template(c._named_layer(PLACEHOLDER, backward,
+                                                                 deferred, marked))
+            if template is False:
+                return c._named_layer(f"L{layer}", backward, deferred, marked)
+            return _named(template, f"L{layer}")
         memo = c.__dict__.setdefault("_memo_layer_work", {})
         key = (backward, deferred, marked)
         segs = memo.get(key)
@@ -148,6 +207,14 @@ class StageOps:
                  else c._layer_forward("")) + c._zero3_copies("", backward=backward,
                                                               marked=marked))
         return segs
+
+    def _named_layer(self, name: str, backward: bool, deferred: bool, marked: bool
+                     ) -> list[Segment]:
+        """A layer's segments named ``name`` (the reference :meth:`_layer_segments`' template
+        stands for: ``name`` a placeholder, put in each label's place by :func:`_named`)."""
+        return ((self._layer_backward(name, weight_grad_deferred=deferred) if backward
+                 else self._layer_forward(name))
+                + self._zero3_copies(name, backward=backward, marked=marked))
 
     def _partition_gathers(self, op: Op, last: bool) -> list[Segment]:
         """The TP all-gathers of partitioned pipeline messages an op starts with

@@ -34,19 +34,19 @@ def replica_coords(placement: Placement) -> tuple[tuple[int, int], ...]:
 def replica_pairs(placement: Placement, src: int, dst: int) -> tuple[tuple[int, int], ...]:
     """The GPU pairs of a pipeline message from pipeline rank ``src`` to ``dst`` as a collapsed
     lowering times it: every (tp, cp, dp) replica's, replicas in :func:`replica_coords`
-    order, TP lanes innermost."""
+    order, TP lanes innermost. A GPU's rank is linear in its coordinates
+    (:meth:`~topologies.placement.Placement.gpu`), so each pair is the two pipeline ranks'
+    first GPUs plus the replica's offset (:func:`replica_offsets`)."""
+    offsets = replica_offsets(placement)
     a, b = placement.gpu(pp=src), placement.gpu(pp=dst)
-    return tuple((a + x, b + x) for x in _replica_lanes(placement))
+    return tuple(zip(map(a.__add__, offsets), map(b.__add__, offsets), strict=True))
 
 
 @lru_cache(maxsize=GROUP_CACHE)
-def _replica_lanes(placement: Placement) -> tuple[int, ...]:
-    """Every (tp, cp, dp) replica's GPU in pipeline rank 0, in :func:`replica_pairs`' order: a
-    GPU id is the sum of its coordinates' strides (:meth:`Placement.gpu`), so rank ``r``'s
-    are these plus ``placement.gpu(pp=r)`` (a collapsed 1T lowering asked for 12,544 GPU ids
-    one by one)."""
-    return tuple(placement.gpu(tp=u, cp=c, dp=e)
-                 for c, e in replica_coords(placement) for u in range(placement.degree("tp")))
+def replica_offsets(placement: Placement) -> tuple[int, ...]:
+    """Each (tp, cp, dp) replica's GPU at pipeline rank 0, in :func:`replica_pairs`' order."""
+    return tuple(placement.gpu(tp=u, cp=c, dp=e) for c, e in replica_coords(placement)
+                 for u in range(placement.degree("tp")))
 
 
 @lru_cache(maxsize=GROUP_CACHE)
