@@ -213,13 +213,16 @@ def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
 
 def test_megatron_core_r08_is_megatron_on_transformer_engine_1x() -> None:
     """megatron-core-r0.8 differs from megatron in TE 1.x's userbuffers SM margin (none),
-    a flag a table may leave out (True) and must give as true or false; both reduce the fp32
+    a flag a table may leave out (True) and must give as true or false, and in its FP8 amax
+    reduction group (TP x CP at r0.8.0); both reduce the fp32
     gradients arguments.py forces under --bf16 (r0.8 and main alike)."""
     mg, old = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-core-r0.8"]
     assert mg.tp_overlap_sm_margin and not old.tp_overlap_sm_margin
     assert "set_sm_margin" in old.source("tp_overlap_sm_margin")
+    assert (old.fp8_amax_reduction, mg.fp8_amax_reduction) == ("tp-cp", "tp-dp-cp")
     assert replace(old, name=mg.name, summary=mg.summary, sources=mg.sources,
-                   tp_overlap_sm_margin=True, under_fp16=mg.under_fp16) == mg
+                   tp_overlap_sm_margin=True, fp8_amax_reduction=mg.fp8_amax_reduction,
+                   under_fp16=mg.under_fp16) == mg
     assert FRAMEWORKS["deepspeed"].tp_overlap_sm_margin
     text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
     with pytest.raises(ValueError, match="tp_overlap_sm_margin=0"):
