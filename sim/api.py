@@ -21,6 +21,7 @@ from base.errors import ConfigError
 from base.outputs import Outputs, output_dir, outputs
 from sim import budget
 from sim.a2aoverlap import lowering_costs as a2a_lowering_costs
+from sim.amaxreduce import lowering_costs as amax_lowering_costs
 from sim.calibration import default_profile
 from sim.commtime import CollectiveTimer
 from sim.cpoverlap import lowering_costs as cp_lowering_costs
@@ -383,6 +384,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     costs = host_lowering_costs(exp, costs, base_time)
     costs = fsdp_lowering_costs(exp, costs, base_time, timer)
     costs = cp_lowering_costs(exp, costs, base_time, timer)
+    costs = amax_lowering_costs(exp, costs, timer)
     program = lower(exp.schedule, costs, exp.placement, exp.config.parallel.zero_stage,
                     collapse, reference, servers)
     facts = _facts(exp, fidelity, profile)

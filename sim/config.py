@@ -459,6 +459,13 @@ class TrainingConfig(Strict):
     ``--float8.enable_fsdp_float8_all_gather`` with
     ``--float8.precompute_float8_dynamic_scale_for_fsdp``, torchao's
     ``WeightWithDynamicFloat8CastTensor``); a dense transformer only. Default: bf16 gathers."""
+    fp8_amax_reduction: Literal["tp-dp-cp", "tp-cp", "none"] | None = None
+    """With ``precision: fp8`` (delayed scaling): the blocking all-reduce of the amaxes
+    Transformer Engine issues at each model chunk's forward end and backward end
+    (:mod:`sim.amaxreduce`), over ``tp-dp-cp`` (a pipeline stage's TP x DP x CP ranks,
+    Megatron-core's default amax reduction group), ``tp-cp`` (``tp_only_amax_red``, or
+    Megatron-core r0.8.0's group), or ``none`` (not blocking: Transformer Engine before 1.6
+    with ``NVTE_ASYNC_AMAX_REDUCTION=1``). Default: the framework profile's."""
     recompute_num_layers: int | None = Field(None, ge=0)
     """Partial recomputation: ``recompute`` applies to the first this-many layers of each
     pipeline stage (model chunk), the rest stash everything (Megatron-LM's

@@ -41,14 +41,17 @@ COLUMNS = (
     "layers_per_stage")
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
-OPTIONAL_COLUMNS = ("cuda_graph_scope", "grad_bucket_MB", "fp8_param_gather")
+OPTIONAL_COLUMNS = ("cuda_graph_scope", "grad_bucket_MB", "fp8_param_gather",
+                    "fp8_amax_reduction")
 """Columns a corpus CSV may add after :data:`COLUMNS`, in this order (a file whose runs all
 leave them empty need not have them): ``cuda_graph_scope``, the parts of each MoE layer the
 run captured in CUDA graphs, ``+``-separated (``training.cuda_graph_scope``);
 ``grad_bucket_MB``, the run's gradient bucket of ``overlap_grad_reduce`` in MB (1e6 B) where
 its own config sets one other than its framework profile's rule
 (``parallel.grad_bucket_MB``); ``fp8_param_gather``, ``true`` where an FP8 run's parameter
-all-gathers move fp8 weights (``training.fp8_param_gather``)."""
+all-gathers move fp8 weights (``training.fp8_param_gather``); ``fp8_amax_reduction``, the
+group of FP8 delayed scaling's blocking amax all-reduce where the run's Transformer Engine and
+Megatron-core versions differ from its framework profile's (``training.fp8_amax_reduction``)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
             "sequence_parallel", "zero_stage", "schedule", "micro_batch_size",
@@ -78,7 +81,7 @@ NEW_SETTINGS = {"precision": "bf16", "framework": "megatron", "parallel_blocks":
                 "recompute_num_layers": "", "nic_Gbps": "", "fused_norm": "",
                 "tp_comm_overlap": "", "overlap_grad_reduce": "", "overlap_param_gather": "",
                 "moe_dispatcher": "", "moe_a2a_overlap": "", "expert_tp": "",
-                "layers_per_stage": "", "fp8_param_gather": ""}
+                "layers_per_stage": "", "fp8_param_gather": "", "fp8_amax_reduction": ""}
 """Settings of issue 19 item 4 that a row writes into its experiment only where it differs
 from this default (the schema's default, or unset), so that a row needing one the schema
 does not (yet) accept is skipped with the schema's error rather than simulated otherwise."""

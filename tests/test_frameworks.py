@@ -168,13 +168,15 @@ def test_megatron_bridge_is_megatron_with_its_scripts_settings() -> None:
     on Megatron-core's DeepSeek-V3 (sim/hostwait.py), and the bf16 gradients of
     grad_reduce_in_fp32 = False (every performance config's common settings; Megatron-LM
     reduces fp32 ones under --bf16), into which the embedding's dense gradient is added (8
-    bytes a parameter, not 12); the fused loss makes the step faster and the peak lower."""
+    bytes a parameter, not 12); the fused loss makes the step faster and the peak lower; and
+    no delayed-scaling amax all-reduce (its FP8 runs are current scaling or MXFP8)."""
     mg, mb = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-bridge"]
     differ = [f.name for f in fields(mg) if getattr(mg, f.name) != getattr(mb, f.name)]
     assert set(differ) == {"name", "summary", "allocator", "sources", "fused_cross_entropy",
                            "grad_bucket_params", "grad_bucket_params_per_dp", "moe_host_sync",
                            "dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes",
-                           "optimizer_bytes", "embedding_grad_bytes", "under_fp16"}
+                           "optimizer_bytes", "embedding_grad_bytes", "under_fp16",
+                           "fp8_amax_reduction"}
     assert (mb.grad_reduce_bytes, mb.grad_buffer_bytes, mb.dp_wire_bytes,
             mb.optimizer_bytes) == (2.0, 2.0, 2.0, 28.0)
     assert "cfg.ddp.grad_reduce_in_fp32 = False" in mb.source("dp_wire_bytes")
@@ -213,13 +215,16 @@ def test_a_profiles_allocator_and_own_fragmentation_are_checked() -> None:
 
 def test_megatron_core_r08_is_megatron_on_transformer_engine_1x() -> None:
     """megatron-core-r0.8 differs from megatron in TE 1.x's userbuffers SM margin (none),
-    a flag a table may leave out (True) and must give as true or false; both reduce the fp32
+    a flag a table may leave out (True) and must give as true or false, and in its FP8 amax
+    reduction group (TP x CP at r0.8.0); both reduce the fp32
     gradients arguments.py forces under --bf16 (r0.8 and main alike)."""
     mg, old = FRAMEWORKS["megatron"], FRAMEWORKS["megatron-core-r0.8"]
     assert mg.tp_overlap_sm_margin and not old.tp_overlap_sm_margin
     assert "set_sm_margin" in old.source("tp_overlap_sm_margin")
+    assert (old.fp8_amax_reduction, mg.fp8_amax_reduction) == ("tp-cp", "tp-dp-cp")
     assert replace(old, name=mg.name, summary=mg.summary, sources=mg.sources,
-                   tp_overlap_sm_margin=True, under_fp16=mg.under_fp16) == mg
+                   tp_overlap_sm_margin=True, fp8_amax_reduction=mg.fp8_amax_reduction,
+                   under_fp16=mg.under_fp16) == mg
     assert FRAMEWORKS["deepspeed"].tp_overlap_sm_margin
     text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
     with pytest.raises(ValueError, match="tp_overlap_sm_margin=0"):

@@ -35,6 +35,10 @@ TP_OVERLAPS = ("userbuffers", "symmetric-memory", "none")
 """How a framework overlaps its TP collectives with their GEMMs under
 ``parallel.tp_comm_overlap`` (:attr:`FrameworkProfile.tp_overlap`, :mod:`sim.tpoverlap`)."""
 """How a framework places transformer layers on pipeline stages (:func:`stage_layers`)."""
+FP8_AMAX_REDUCTIONS = ("tp-dp-cp", "tp-cp", "none")
+"""Over which ranks FP8 delayed scaling's amaxes are all-reduced, blocking, at each model
+chunk's forward and backward end (:attr:`FrameworkProfile.fp8_amax_reduction`): a pipeline
+stage's TP x DP x CP ranks, its TP x CP ranks, or not blocking (:mod:`sim.amaxreduce`)."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,11 @@ class FrameworkProfile:
     input-gradient GEMM, or, with ``training.fp8_param_gather``, receives it already in fp8 from
     the parameter all-gather and only transposes it; ``none``, not counted
     (``TransformerCosts.fp8_weight_casts``); a table may leave it out (none)."""
+    fp8_amax_reduction: str
+    """With ``precision: fp8`` (delayed scaling): the group of Transformer Engine's blocking
+    amax all-reduce at each model chunk's forward end and backward end
+    (:data:`FP8_AMAX_REDUCTIONS`, :mod:`sim.amaxreduce`); ``training.fp8_amax_reduction``
+    overrides it; a table may leave it out (none)."""
     swiglu_saves_product: bool
     """The down projection keeps its input, silu(gate)·up, for its weight gradient (in fp8
     under ``precision: fp8``), as :attr:`swiglu_stash_bytes` counts it; False: the compiled
@@ -264,7 +273,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
            "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
-           "tp_async_grad_all_reduce", "fp8_weight_casts", "fp8_act_cast_fused")
+           "tp_async_grad_all_reduce", "fp8_weight_casts", "fp8_act_cast_fused",
+           "fp8_amax_reduction")
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -284,7 +294,7 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
              "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce",
-             "fp8_weight_casts", "fp8_act_cast_fused")
+             "fp8_weight_casts", "fp8_act_cast_fused", "fp8_amax_reduction")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -312,6 +322,7 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     values = {f: table.get(f) for f in _FIELDS}
     values["tp_overlap"] = table.get("tp_overlap", "userbuffers")
     values["fp8_weight_casts"] = table.get("fp8_weight_casts", "none")
+    values["fp8_amax_reduction"] = table.get("fp8_amax_reduction", "none")
     for flag, default in _OPTIONAL_FLAGS.items():
         values[flag] = table.get(flag, default)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
@@ -329,6 +340,10 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if values["fp8_weight_casts"] not in FP8_WEIGHT_CASTS:
         raise ValueError(f"frameworks.toml [{name}]: fp8_weight_casts="
                          f"{values['fp8_weight_casts']!r} (one of {', '.join(FP8_WEIGHT_CASTS)})")
+    if values["fp8_amax_reduction"] not in FP8_AMAX_REDUCTIONS:
+        raise ValueError(f"frameworks.toml [{name}]: fp8_amax_reduction="
+                         f"{values['fp8_amax_reduction']!r} (one of "
+                         f"{', '.join(FP8_AMAX_REDUCTIONS)})")
     if values["allocator"] not in ALLOCATORS:
         raise ValueError(f"frameworks.toml [{name}]: allocator={values['allocator']!r} (one of "
                          f"{', '.join(ALLOCATORS)})")

@@ -300,6 +300,8 @@ class StageOps:
             if last:
                 segs.append(scaled(self._head(backward=False), "weight grads", 1,
                                     elementwise_bytes=0.0))
+        if self.fp8_amax_reduce_s and op.kind in (FORWARD, BACKWARD):
+            segs.append(self._amax_reduce(op))
         if self.grad_accum_bytes and op.kind == (WEIGHT_GRAD if split_backward else BACKWARD):
             segs.append(ComputeSeg("grad accumulation", elementwise_bytes=self.grad_accum_bytes
                                    * self.stage_params(op.stage)))
@@ -330,6 +332,16 @@ class StageOps:
             segs = ([seg for seg in segs if not isinstance(seg, GradReady)]
                     + [seg for seg in segs if isinstance(seg, GradReady)])
         return tuple(fuse_compute(segs, str(op)))
+
+    def _amax_reduce(self, op: Op) -> CommSeg:
+        """FP8 delayed scaling's amax all-reduce at the end of a chunk's forward (at
+        ``fp8_autocast`` exit) or backward (after its first module's backward), with its
+        fixed time (:attr:`fp8_amax_reduce_s`): 3 float32 amaxes a GEMM forward (input,
+        weight, output), 2 backward, four GEMMs a layer."""
+        backward = op.kind == BACKWARD
+        nbytes = 4.0 * (2 if backward else 3) * 4 * len(self._stage_layers(op.stage))
+        return CommSeg("fp8 amax all-reduce", "tp", "all_reduce", nbytes,
+                       duration_s=self.fp8_amax_reduce_s[op.stage][1 if backward else 0])
 
     def _weight_grads_marked(self, stage: int, layers: range, last: bool) -> list[Segment]:
         """A zero-bubble W op layer by layer (head first, then the layers in backward order),

@@ -462,6 +462,12 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     ring attention loses, forward and backward, to the NCCL point-to-point kernels of its
     ``cp − 1`` passes, set by :func:`sim.cpoverlap.lowering_costs`; emitted after the ring
     as a fixed-time compute segment. (0, 0): not modelled."""
+    fp8_amax_reduce_s: tuple[tuple[float, float], ...] = ()
+    """FP8 delayed scaling's blocking amax all-reduce (:mod:`sim.amaxreduce`): per pipeline
+    stage (model chunk), the seconds of the one all-reduce Transformer Engine issues at the
+    end of the chunk's forward and the one at the end of its backward, set by
+    :func:`sim.amaxreduce.lowering_costs` from the collective timer; emitted as a fixed-time
+    collective the op's end waits on. Empty: not charged."""
     dp_overlap_s: tuple[float, float] = (0.0, 0.0)
     """Megatron's overlapped DP collectives beside the compute (ZeRO < 3): the seconds a
     layer's forward loses to its ``overlap_param_gather`` all-gather in the step's first
