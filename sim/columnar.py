@@ -301,7 +301,8 @@ def _ends_plan(prev: np.ndarray, deps: np.ndarray) -> tuple[list[int], int, list
             if width > WIDE else [])
     # the dependency columns in use, of the first WIDE (each instruction's come first)
     k = max((c + 1 for c in range(min(width, WIDE)) if (deps[:, c] >= 0).any()), default=0)
-    return wide, k, [machine(prev + 1, "q"), *(machine(deps[:, c] + 1, "q") for c in range(k))]
+    code = "i" if len(prev) < np.iinfo(np.intc).max else "q"  # (ids as C ints: half the bytes)
+    return wide, k, [machine(prev + 1, code), *(machine(deps[:, c] + 1, code) for c in range(k))]
 
 
 def _ends_with(plan: tuple[list[int], int, list[array]], deps: np.ndarray,
