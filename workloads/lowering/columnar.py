@@ -385,7 +385,8 @@ def _structure_with(table: _SlotTable, row: np.ndarray, op_kind: np.ndarray,
     kind = laid(table.kind, remap[tail.kind])
     np.copyto(kind[:n], op_kind, where=kind[:n] < 0)  # a compute slot: its op's kind
     width = max(3, tail.deps.shape[1])
-    deps = np.full((n + m, width), -1, dtype=np.int64)
+    # ids as 32-bit integers where they fit: half the bytes of the widest column (1T: 6 MB)
+    deps = np.full((n + m, width), -1, dtype=np.int32 if n + m < 2**31 else np.int64)
     deps[:n, 0] = np.arange(-1, n - 1)  # each instruction waits for the one before ...
     deps[offset, :3] = ext  # ... but an op's first, for its producers
     deps[n:, :tail.deps.shape[1]] = tail.deps
