@@ -188,7 +188,7 @@ def _laid_out(variant: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
     first_id = np.full(len(slot_cls), total, dtype=np.int64)
     np.minimum.at(first_id, row, ids)
     sig_rows = tuple(np.flatnonzero((slot_cls == COMPUTE) & (first_id < total)).tolist())
-    sig_of_row = np.full(len(slot_cls), -1, dtype=np.int64)
+    sig_of_row = np.full(len(slot_cls), -1, dtype=np.int32)  # (the column laid from it: int32)
     sig_of_row[list(sig_rows)] = np.arange(len(sig_rows))
     return (offset, done, ext, row, np.repeat(kind, count), first_id, sig_rows, sig_of_row,
             int(np.count_nonzero(slot_cls[row] == COLLECTIVE)))
