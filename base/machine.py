@@ -11,12 +11,12 @@ from array import array
 
 import numpy as np
 
-_DTYPES = {"q": np.int64, "d": np.float64}
+_DTYPES = {"q": np.int64, "d": np.float64, "i": np.intc}
 
 
 def machine(values: np.ndarray, code: str) -> array:
-    """``values`` as an :class:`array.array` of type ``code`` (``"q"``: int64, ``"d"``:
-    doubles; the values cast to that type): one copy of the bytes, none in between."""
+    """``values`` as an :class:`array.array` of type ``code`` (``"q"``: int64, ``"i"``: C
+    int, ``"d"``: doubles; the values cast to that type): one copy of the bytes, none in between."""
     out = array(code)
     out.frombytes(memoryview(np.ascontiguousarray(values, dtype=_DTYPES[code])).cast("B"))
     return out

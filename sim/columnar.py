@@ -108,20 +108,25 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     found = (_recurrence_along(guess, total, plan.prev, plan.deps) if guess is not None
              else None)
     if found is None:
-        ready_a, _, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
+        ready_a, end_s, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
+        del end_s  # 391,424 floats in a list for 1T (12 MB): not kept through the rest
     else:
         ready_a, end_a, cause = found
     if hint is not None:
         hint.saw(cause)
     mid = ready_a + duration  # a compute op's compute span ends here, its blocking part after
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
+    del duration, total, compute  # (not kept through the memory and the intervals: 1T 7 MB)
     clock = float(end_a.max()) if n else 0.0
     peaks, floors = _memory_of(plan.memory, columns, static_bytes)
     intervals = (plan.intervals.of(ready_a, mid, end_a) if plan.intervals is not None
                  else _intervals(columns, plan.dense, ready_a, mid, end_a))
-    return ColumnarPass(machine(ready_a, "d"), machine(end_a, "d"), machine(cause, "q"),
-                        intervals, peaks,
-                        floors, events, clock if clock > 0 else 0.0, ready_a, end_a, mid)
+    # the times as arrays of doubles for the loops, and the numpy arrays views of those
+    # (not copies kept beside them: 1T 2 x 3 MB less held to the end of the run)
+    ready_s, end_s = machine(ready_a, "d"), machine(end_a, "d")
+    return ColumnarPass(ready_s, end_s, machine(cause, "q"), intervals, peaks, floors, events,
+                        clock if clock > 0 else 0.0, np.frombuffer(ready_s, dtype=np.float64),
+                        np.frombuffer(end_s, dtype=np.float64), mid)
 
 
 @dataclass(frozen=True)
@@ -267,13 +272,17 @@ def _latest(prev: np.ndarray, dep_cols: list[np.ndarray], end: np.ndarray
     strictly later (the first such of the latest), in the order of the loop's comparisons."""
     ends = np.append(end, -1.0)  # an absent predecessor (-1) reads -1.0, which never wins
     t = ends[prev]
-    best = prev.copy()
+    best = prev.astype(np.int64)  # (a copy)
+    e = np.empty_like(t)
+    later = np.empty(len(t), dtype=bool)
     for col in dep_cols:  # dependencies in order: a strictly later one wins
-        e = ends[col]
-        later = e > t
-        t = np.where(later, e, t)
-        best = np.where(later, col, best)
-    return np.where(t < 0.0, 0.0, t), best
+        ends.take(col, out=e, mode="wrap")  # (-1: the last; "raise" would buffer out=)
+        np.greater(e, t, out=later)
+        np.copyto(t, e, where=later)
+        np.copyto(best, col, where=later)
+    np.less(t, 0.0, out=later)
+    np.copyto(t, 0.0, where=later)
+    return t, best
 
 
 def _ends(prev: np.ndarray, deps: np.ndarray, total: np.ndarray) -> list[float]:
@@ -295,7 +304,8 @@ def _ends_plan(prev: np.ndarray, deps: np.ndarray) -> tuple[list[int], int, list
             if width > WIDE else [])
     # the dependency columns in use, of the first WIDE (each instruction's come first)
     k = max((c + 1 for c in range(min(width, WIDE)) if (deps[:, c] >= 0).any()), default=0)
-    return wide, k, [machine(prev + 1, "q"), *(machine(deps[:, c] + 1, "q") for c in range(k))]
+    code = "i" if len(prev) < np.iinfo(np.intc).max else "q"  # (ids as C ints: half the bytes)
+    return wide, k, [machine(prev + 1, code), *(machine(deps[:, c] + 1, code) for c in range(k))]
 
 
 def _ends_with(plan: tuple[list[int], int, list[array]], deps: np.ndarray,
@@ -398,21 +408,23 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
     other = ~is_compute & comm[kind]
     # per group of intervals: which instructions, their dense GPU and name code (key: GPU x
     # name code), start and end
-    parts = [(np.flatnonzero(mask), g, code, a, b) for mask, g, code, a, b in (
-        (is_compute, gpu, codes - 1, start, mid),
-        (is_compute & comm[kind], gpu, kind, start, mid),
-        (is_compute & (columns.blocking_s > 0) & comm[columns.comm], gpu, columns.comm, mid,
-         end),
-        (other, gpu, kind, start, end),
-        (other & sends, dst, kind, start, end))]
+    parts = ((is_compute, gpu, codes - 1, start, mid),
+             (is_compute & comm[kind], gpu, kind, start, mid),
+             (is_compute & (columns.blocking_s > 0) & comm[columns.comm], gpu, columns.comm,
+              mid, end),
+             (other, gpu, kind, start, end),
+             (other & sends, dst, kind, start, end))
     # the groups written one after the other into columns of their final size, not made
     # apart and concatenated (Megatron 1T: ~650,000 intervals, 16 MB less at the pass's
-    # memory peak, ~4,000 page faults fewer)
-    size = sum(len(at) for at, *_ in parts)
-    key = np.empty(size, dtype=np.intp)
+    # memory peak, ~4,000 page faults fewer); each group's positions made as it is written
+    # (not all five held at once), the keys as 32-bit integers where they fit
+    size = sum(np.count_nonzero(mask) for mask, *_ in parts)
+    bound = len(gpus) * codes
+    key = np.empty(size, dtype=np.int32 if bound <= np.iinfo(np.int32).max else np.intp)
     a_all, b_all = np.empty(size), np.empty(size)
     lo = 0
-    for at, g, code, a, b in parts:
+    for mask, g, code, a, b in parts:
+        at = np.flatnonzero(mask)
         hi = lo + len(at)
         key[lo:hi] = g[at] * codes + (code if isinstance(code, int) else code[at])
         a_all[lo:hi] = a[at]

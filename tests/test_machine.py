@@ -24,3 +24,13 @@ def test_doubles_bit_for_bit(values: list[float]) -> None:
     """Doubles come back bit for bit (signed zeros and infinities included)."""
     got = machine(np.array(values, dtype=float)[::-1], "d").tolist()
     assert [v.hex() for v in got] == [v.hex() for v in values[::-1]]
+
+
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=50))
+def test_c_int_values(values: list[int]) -> None:
+    """Ids as C ints (``"i"``, what the columnar pass's end-time loop reads where a
+    program's ids fit): the same integers, from int64 or a strided view."""
+    a = np.array(values, dtype=np.int64)
+    assert machine(a, "i").tolist() == values
+    assert machine(a[::2], "i").tolist() == values[::2]
+    assert machine(a, "i").itemsize == np.dtype(np.intc).itemsize
