@@ -264,7 +264,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
              fidelity: str = "auto", steps: int | None = None,
              link_changes: Sequence[tuple[float, Mapping[int, float]]] = (),
              collective_timer: CollectiveTimer | None = None,
-             reference: bool = False) -> Result:
+             reference: bool = False, idle: bool = True) -> Result:
     """Lower ``exp`` to per-GPU programs, run them on its cluster and compute the stats.
 
     ``fidelity``: ``full`` simulates every GPU and every collective as flows;
@@ -305,6 +305,10 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
     ``reference``: run every stage's reference implementation (lowering's op loop, the
     engine's event queue, the idle breakdown's plain loops) instead of its fast path; the
     results are the same (``tests/test_differential.py``), only slower.
+
+    ``idle``: compute the idle-time breakdown (``stats["idle_breakdown"]``); a caller that
+    reads only the step time and the memory (``sim validate``: each of its corpus rows is
+    simulated three times) leaves it out, a sixth to a third of a collapsed run.
     """
     if collective_timer is not None and collective_timer.cluster is not exp.cluster:
         raise ValueError("collective_timer: it times another cluster than the experiment's")
@@ -393,7 +397,7 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
         if n > 1:
             program = repeat_program(program, n, barrier=not overlapping, staleness=staleness)
         return _run(exp, program, n, work_time, facts, link_changes, reference, slowdown,
-                    note, timers)
+                    note, timers, idle)
 
     result = run(program)
     if training.sync_every > 1:  # local SGD: a cycle of H - 1 local steps and a sync step
@@ -407,8 +411,9 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
 def _run(exp: Experiment, program: Program, n: int, work_time: Callable[[Compute], float],
          facts: RunFacts, link_changes: Sequence[tuple[float, Mapping[int, float]]],
          reference: bool, slowdown: Mapping[int, float], note: str | None,
-         timers: Sequence[Callable[[Compute], float]] | None) -> Result:
-    """Run a lowered (possibly repeated) program of ``n`` steps and compute its stats."""
+         timers: Sequence[Callable[[Compute], float]] | None, idle: bool = True) -> Result:
+    """Run a lowered (possibly repeated) program of ``n`` steps and compute its stats (without
+    ``idle``, not the idle breakdown)."""
     times = InstructionTimes()
     timeline = simulate_program(program, exp.cluster, work_time, times=times,
                                 link_changes=link_changes, event_queue=reference)
@@ -424,8 +429,9 @@ def _run(exp: Experiment, program: Program, n: int, work_time: Callable[[Compute
         stats["fidelity_note"] = note
     if slowdown:
         stats["stragglers"] = {str(g): f for g, f in slowdown.items()}
-    ready_s, end_s = times.arrays or (times.ready_s, times.end_s)
-    idle = idle_breakdown(program, ready_s, end_s, timeline.simulated_gpus, slowdown, window,
-                          times.cause, _fastest_type_time(timers), reference)
-    stats["idle_breakdown"] = summarize(idle)
+    if idle:
+        ready_s, end_s = times.arrays or (times.ready_s, times.end_s)
+        stats["idle_breakdown"] = summarize(idle_breakdown(
+            program, ready_s, end_s, timeline.simulated_gpus, slowdown, window, times.cause,
+            _fastest_type_time(timers), reference))
     return Result(exp, program, timeline, stats, n, tuple(ends))

@@ -347,7 +347,7 @@ def simulate_corpus_row(job: tuple[CorpusRow, TimeScales]) -> CorpusPrediction:
     try:
         exp = build_experiment(row.experiment())
         profile = scaled_profile(default_profile(exp.cluster.gpu.name), scales)
-        stats = simulate(exp, profile, fidelity="collapsed").stats
+        stats = simulate(exp, profile, fidelity="collapsed", idle=False).stats
     except ConfigError as exc:
         return CorpusPrediction(row, skipped=str(exc))
     return CorpusPrediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"],

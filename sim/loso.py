@@ -225,7 +225,8 @@ def _step_time(job: tuple) -> float:
     from sim.corpus import scaled_profile
     from sim.validate import simulate_row
 
-    return simulate_row(row, scaled_profile(A100_HAGEMANN, scales)).stats["step_time_s"]
+    return simulate_row(row, scaled_profile(A100_HAGEMANN, scales), idle=False
+                        ).stats["step_time_s"]
 
 
 def fit_data(hagemann: Sequence, corpus: Sequence[CorpusPrediction], workers: int = 1,

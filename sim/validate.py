@@ -185,18 +185,20 @@ class Prediction:
     :mod:`sim.oomband` measures the peak's margin against."""
 
 
-def simulate_row(row: Row, profile: DeviceProfile):
+def simulate_row(row: Row, profile: DeviceProfile, idle: bool = True):
     """The run ``row`` simulated with ``profile`` (its experiment selects the sweep's
-    framework, :data:`FRAMEWORK`), collapsed fidelity: a :class:`sim.api.Result`."""
+    framework, :data:`FRAMEWORK`), collapsed fidelity: a :class:`sim.api.Result` (without
+    ``idle``, its stats lack the idle breakdown, which validation does not read)."""
     from sim.api import simulate
     from sim.experiment import build_experiment
 
-    return simulate(build_experiment(row.experiment()), profile, fidelity="collapsed")
+    return simulate(build_experiment(row.experiment()), profile, fidelity="collapsed",
+                    idle=idle)
 
 
 def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
     row, profile = args
-    result = simulate_row(row, profile)
+    result = simulate_row(row, profile, idle=False)
     stats, timeline = result.stats, result.timeline
     floor: dict[int, float] = {}
     for m in timeline.memory:

@@ -246,3 +246,19 @@ def test_version(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("sim ")
+
+
+def test_validation_runs_without_the_idle_breakdown_keep_every_other_stat() -> None:
+    """``simulate(idle=False)`` (what ``sim validate`` runs, three times a corpus row) gives
+    the same stats as a full run but the idle breakdown, which it leaves out."""
+    from sim.api import simulate
+    from sim.calibration import A100_HAGEMANN
+    from sim.experiment import build_experiment
+
+    rows = [r for r in load_rows(HAGEMANN_SWEEP) if r.status == "ok"]
+    for row in (rows[0], rows[len(rows) // 2], rows[-1]):
+        exp = build_experiment(row.experiment())
+        full = simulate(exp, A100_HAGEMANN, fidelity="collapsed").stats
+        lean = simulate(exp, A100_HAGEMANN, fidelity="collapsed", idle=False).stats
+        assert "idle_breakdown" in full and "idle_breakdown" not in lean
+        assert {k: v for k, v in full.items() if k != "idle_breakdown"} == lean
