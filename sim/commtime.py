@@ -110,6 +110,8 @@ class CollectiveTimer:
         self.cluster = cluster
         self.algo = algo
         self.skew = skew
+        """(routing imbalance, whether the busiest rank sends) of the all-to-alls it times
+        (:func:`sim.collectives.plan`); (1, False): equal volumes."""
         self.share_plans = share_plans
         """Whether a group's plan is that of an earlier group of its class, relabelled
         (:meth:`_plans`); False: every group planned by :func:`sim.selection.
@@ -118,10 +120,9 @@ class CollectiveTimer:
         """``(op, nbytes, class) -> (group, plan)``: plans another group of the class takes
         relabelled (:meth:`_plans`)."""
         self.shared_plans = 0
-        self._classes_seen: tuple[tuple[int, ...], frozenset[int]] | None = None
         """How many plans were another group's, relabelled (:meth:`_plans`)."""
-        """(routing imbalance, whether the busiest rank sends) of the all-to-alls it times
-        (:func:`sim.collectives.plan`); (1, False): equal volumes."""
+        self._classes_seen: tuple[tuple[int, ...], frozenset[int]] | None = None
+        """The cluster's server classes and their distinct values (:meth:`_class_set`)."""
         self._cache: dict[tuple, float] = {}
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}
         """Group profiles of ``auto`` selection, by group
