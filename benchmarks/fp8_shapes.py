@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sim.calibration import default_profile  # noqa: E402
-from sim.gpu_profiles import RATIOS  # noqa: E402
+from sim.experiment import gpu_fp8_speedup  # noqa: E402
 from sim.profiles import load  # noqa: E402
 from topologies.hardware import GPUS  # noqa: E402
 
@@ -59,8 +59,7 @@ def cube_side(m: float, k: float, n: float) -> float:
 
 def shipped_speedup() -> float:
     """The FP8 over BF16 GEMM rate the H100 runs at (:func:`sim.experiment.fp8_speedup`)."""
-    h100 = GPUS["H100"]
-    return h100.peak_fp8_flops / h100.peak_bf16_flops * RATIOS["H100"].fp8_gemm
+    return gpu_fp8_speedup(GPUS["H100"])
 
 
 def shape_cost(d: float) -> float:

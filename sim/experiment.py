@@ -31,7 +31,7 @@ from sim.partition import auto_layers, rank_time_model
 from sim.tpoverlap import check as check_tp_overlap
 from topologies.build import build_cluster
 from topologies.cluster import Cluster
-from topologies.hardware import IDEAL_GPU
+from topologies.hardware import IDEAL_GPU, GPUSpec
 from topologies.placement import Placement
 from workloads import schedules
 from workloads.costs import SyntheticCosts, split_layers
@@ -406,15 +406,17 @@ def fp8_speedup(cluster: Cluster) -> float:
     the FP8 GEMMs' fraction of peak over the BF16 GEMMs' (:attr:`KernelRatios.fp8_gemm
     <sim.gpu_profiles.KernelRatios.fp8_gemm>`, 0.952 on Hopper). The slowest on a mixed
     cluster; the ideal GPU counts as 2, the peak ratio of every FP8 GPU's datasheet."""
-    ratios = [g.peak_fp8_flops / g.peak_bf16_flops * _fp8_gemm_ratio(g.name)
-              for g in cluster.gpu_types if g.name != IDEAL_GPU.name and g.peak_fp8_flops]
+    ratios = [gpu_fp8_speedup(g) for g in cluster.gpu_types
+              if g.name != IDEAL_GPU.name and g.peak_fp8_flops]
     return min(ratios, default=2.0)
 
 
-def _fp8_gemm_ratio(gpu_name: str) -> float:
-    """A GPU preset's FP8 GEMM fraction of peak over its BF16 one (1 without ratios)."""
-    ratios = ratios_for(gpu_name)
-    return 1.0 if ratios is None else ratios.fp8_gemm
+def gpu_fp8_speedup(gpu: GPUSpec) -> float:
+    """One GPU type's FP8 over BF16 GEMM rate (:func:`fp8_speedup`): its dense FP8 over dense
+    BF16 peak times its FP8 GEMM fraction of peak over its BF16 one (1 without ratios)."""
+    ratios = ratios_for(gpu.name)
+    return gpu.peak_fp8_flops / gpu.peak_bf16_flops * (1.0 if ratios is None
+                                                        else ratios.fp8_gemm)
 
 
 def check_precision(precision: str, cluster: Cluster) -> None:
