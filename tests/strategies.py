@@ -292,3 +292,18 @@ def link_changes(exp: Experiment) -> list[tuple[float, dict[int, float]]]:
     events = sorted(enumerate(faults.link_faults), key=lambda e: e[1].at_s)
     changes, _ = mid_step_link_changes(exp.cluster, events, 0, 0.0, math.inf)
     return changes
+
+
+def disjoint_groups(draw: st.DrawFn, n: int, size: int, count: int, shape: str
+                    ) -> list[tuple[int, ...]]:
+    """``count`` disjoint groups of ``size`` of ``n`` GPUs laid out as ``shape``: ``strided``
+    (group i = {i, i + n/size, ...}: the DP groups of a TP x DP layout), ``blocks``
+    (consecutive GPUs: TP groups) or ``random`` (a random partition, drawn with ``draw``)."""
+    if shape == "strided":
+        stride = n // size
+        return [tuple(i + j * stride for j in range(size)) for i in range(count)]
+    if shape == "blocks":
+        return [tuple(range(i * size, (i + 1) * size)) for i in range(count)]
+    assert shape == "random", shape
+    perm = draw(st.permutations(range(n)))
+    return [tuple(perm[i * size:(i + 1) * size]) for i in range(count)]

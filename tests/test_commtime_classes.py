@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from sim.commtime import CollectiveTimer
 from sim.experiment import Experiment
 from sim.selection import collective_plan
+from tests.strategies import disjoint_groups
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric
 from topologies.presets import server_cluster
@@ -57,12 +58,7 @@ def _case(draw: st.DrawFn) -> tuple[dict, int, str, tuple[tuple[int, ...], ...],
     size = draw(st.sampled_from([2, 4, 8]))
     count = draw(st.integers(1, n // size))
     shape = draw(st.sampled_from(["strided", "blocks", "random", "images"]))
-    if shape == "strided":  # DP groups of a TP x DP layout: one class on symmetric servers
-        stride = n // size
-        groups = [tuple(i + j * stride for j in range(size)) for i in range(count)]
-    elif shape == "blocks":  # TP groups
-        groups = [tuple(range(i * size, (i + 1) * size)) for i in range(count)]
-    elif shape == "images":  # one group and its images under random local permutations
+    if shape == "images":  # one group and its images under random local permutations
         first = draw(st.permutations(range(n)))[:size]
         groups = []
         used: set[int] = set()
@@ -74,9 +70,8 @@ def _case(draw: st.DrawFn) -> tuple[dict, int, str, tuple[tuple[int, ...], ...],
             if used.isdisjoint(g):
                 used |= set(g)
                 groups.append(g)
-    else:
-        perm = draw(st.permutations(range(n)))
-        groups = [tuple(perm[i * size:(i + 1) * size]) for i in range(count)]
+    else:  # strided (DP groups: one class on symmetric servers), blocks (TP), random
+        groups = disjoint_groups(draw, n, size, count, shape)
     nbytes = draw(st.sampled_from([1e3, 64e3, 1.5e6, 256e6]))
     return spec, n, op, tuple(groups), nbytes
 

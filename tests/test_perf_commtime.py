@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sim.commtime import CollectiveTimer
 from sim.engine import simulate_program
 from sim.experiment import Experiment
+from tests.strategies import disjoint_groups
 from topologies.cluster import Cluster
 from topologies.graphs import Fabric, fat_tree
 from topologies.hardware import GPUS
@@ -223,14 +224,7 @@ def _timer_case(draw: st.DrawFn) -> tuple[dict, int, str, tuple[tuple[int, ...],
     size = 2 if op == "send" else draw(st.sampled_from([2, 4, 8]))
     count = draw(st.integers(1, n // size))
     shape = draw(st.sampled_from(["strided", "blocks", "random"]))
-    if shape == "strided":  # group i = {i, i + n/size, ...}: DP groups of a TP x DP layout
-        stride = n // size
-        groups = [tuple(i + j * stride for j in range(size)) for i in range(count)]
-    elif shape == "blocks":  # consecutive GPUs: TP groups
-        groups = [tuple(range(i * size, (i + 1) * size)) for i in range(count)]
-    else:
-        perm = draw(st.permutations(range(n)))
-        groups = [tuple(perm[i * size:(i + 1) * size]) for i in range(count)]
+    groups = disjoint_groups(draw, n, size, count, shape)
     nbytes = draw(st.sampled_from([1e3, 64e3, 1.5e6, 256e6]))
     return spec, n, op, tuple(groups), nbytes
 
