@@ -136,6 +136,26 @@ def test_fp8_speedup_does_not_fall_with_gemm_shape_in_te_benchmark() -> None:
     assert all(min(s.values()) > smallest["d"] for run, s in sides.items() if "torchtitan" in run)
 
 
+def test_fp8_rate_is_a_fast_accumulation_rate_split_accumulation_recorded_not_read() -> None:
+    """The one FP8 rate is a fast-accumulation measurement (every GEMM of the benchmark ran
+    with cuBLASLt's fast accumulation), while Transformer Engine and torchao run the data- and
+    weight-gradient GEMMs with split accumulation (``[H100.fp8_split_accumulation]``). The
+    entry records that, and the only number found (a 1.1-1.2x user report with no shapes),
+    without the model reading it: the H100's ratios are the same with the entry removed."""
+    from sim.gpu_profiles import _ratios
+    from sim.profiles import load
+
+    hopper = load("hopper")
+    split = hopper["H100"]["fp8_split_accumulation"]
+    assert split["benchmark_accumulation"] == "fast"
+    assert split["fast_accumulation"] == ["fprop"]
+    assert split["split_accumulation"] == ["dgrad", "wgrad"]
+    low, high = split["user_report_fast_over_split"]
+    assert 1.0 < low <= high
+    without = {k: v for k, v in hopper["H100"].items() if k != "fp8_split_accumulation"}
+    assert _ratios(without, {}) == RATIOS["H100"]
+
+
 def test_every_gpu_states_what_is_measured() -> None:
     """Every GPU's matmul ratio is measured on it, or it is a variant of a measured die
     (``same_as``: the H100's PCIe, NVL, H800 and 96 GB parts) that says its ratios are
