@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+from sim.corpus import CORPUS_DIR, load_source
 from sim.experiment import build_experiment
 from workloads.costs import ComputeSeg
 from workloads.frameworks import FRAMEWORKS, framework
@@ -75,3 +76,10 @@ def test_fp16_adds_each_micro_batchs_weight_gradients_into_the_grad_buffer() -> 
 def _elementwise(costs, op: Op) -> float:
     return sum(s.elementwise_bytes for s in costs.op_segments(op, split_backward=False)
                if isinstance(s, ComputeSeg))
+
+def test_korthikanti_rows_run_the_2022_tree() -> None:
+    """Every row of korthikanti2022_megatron.csv names the profile of the code it ran."""
+    source = load_source(CORPUS_DIR / "korthikanti2022_megatron.csv")
+    assert {r.get("framework") for r in source.rows} == {"megatron-lm-2022"}
+    assert {r.experiment()["training"]["framework"] for r in source.rows} == {
+        "megatron-lm-2022"}
