@@ -842,8 +842,8 @@ def test_deepspeed_pipeline_sends_block_their_sender() -> None:
     beside the compute, the same full and collapsed, and the flag is the only difference."""
     exp = _tied_run("deepspeed")
     assert exp.costs.pp_send_blocking and not _tied_run("megatron").costs.pp_send_blocking
-    assert {n for n, p in FRAMEWORKS.items() if p.pp_send_blocking} == {"deepspeed",
-                                                                        "bigscience"}
+    assert {n for n, p in FRAMEWORKS.items() if p.pp_send_blocking} == {
+        "deepspeed", "bigscience", "megatron-lm-2022"}
     free = replace(exp, costs=replace(exp.costs, pp_send_blocking=False))
     full = api.simulate(exp, fidelity="full")
     waits = [s for s in full.timeline.spans if s.name.endswith("pp wait")]
@@ -1316,7 +1316,7 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
         "fsdp-compile": 4.0, "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
         "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0, "nemo-launcher-2022": 6.0,
-        "nemo1-te-layer": 6.0}
+        "nemo1-te-layer": 6.0, "megatron-lm-2022": 6.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))

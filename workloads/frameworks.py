@@ -450,7 +450,7 @@ def _load() -> dict[str, FrameworkProfile]:
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, fsdp-compile, scaling,
 llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher,
-nemo-launcher-2022, nemo1-te-layer."""
+nemo-launcher-2022, nemo1-te-layer, megatron-lm-2022."""
 
 DEFAULT_FRAMEWORK = "megatron"
 
