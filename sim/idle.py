@@ -562,13 +562,14 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     # the rows in the level order of the chains (their layout kept with the causes, where
     # they are the latest run's of this shape: sim.chains.Hint); summed there in place (row
     # n: zero)
-    at, order, parent, bounds = shape_of(columns).derived(("chains",), Hint).forest_of(causes)
+    forest = shape_of(columns).derived(("chains",), Hint).forest_for(causes)
+    at, order = forest.at, forest.order
     rows_of = np.arange(n)
     matrix = np.zeros((n + 1, len(plan.used)))
     matrix[rows_of, plan.column_of.take(order)] = amount.take(order)
     mine = np.flatnonzero(plan.blocked.take(order))
     matrix[mine, plan.comm_column_of.take(order.take(mine))] = blocking.take(order.take(mine))
-    sum_levels(matrix, parent, bounds)
+    forest.sum_levels(matrix)
     run_end = float(end.max())
     last = int(np.argmax(end == run_end))  # the first instruction to end the run
     lo, hi = window if window is not None else (0.0, run_end)
