@@ -131,7 +131,10 @@ class Hint:
             return forest
         latest = self.cause
         if latest is None or not (cause is latest or _equal(cause, latest)):
-            return Forest.of(cause)
+            # for this call only: ``cause`` as given, not copied (a large run's are many)
+            at, order, parent, bounds = level_plan(cause)
+            return Forest(np.asarray(cause), at, order, parent, bounds,
+                          level_pieces(parent, bounds))
         forest = Forest.of(latest)
         self.forest = forest
         return forest

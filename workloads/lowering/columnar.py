@@ -162,7 +162,7 @@ def _op_structure(schedule: Schedule, order: Sequence[Op], fields: tuple[np.ndar
     return used_at, plan_of, rank_at, tuple(cols)
 
 
-_STRUCTURE = EqualMemo(size=4, max_elements=1 << 19)
+_STRUCTURE = EqualMemo(size=4, max_elements=1 << 18)
 """:func:`_op_structure` of the last few schedules (kept with their ops' fields, each
 schedule an immutable object shared by the runs of its (p, m, v),
 :func:`workloads.registry.built_schedule`; a schedule is equal only to itself): a repeat or
@@ -278,7 +278,7 @@ def _rank_next(rank_at: np.ndarray, plan_of: np.ndarray) -> tuple[np.ndarray, np
     return by_rank[1:][same], plan_of[by_rank[:-1][same]]
 
 
-_RANK_NEXT = EqualMemo(size=4, max_elements=1 << 19)
+_RANK_NEXT = EqualMemo(size=4, max_elements=1 << 18)
 """:func:`_rank_next` of the last few op structures (their ranks and plans: a repeat, or a
 sweep over one layout, reads them again; :func:`_op_structure` hands out the same arrays)."""
 
@@ -322,7 +322,7 @@ def _next_users(uses: np.ndarray, plan_of: np.ndarray, rank_at: np.ndarray,
     return before, plan_of[before], plan_of[after]
 
 
-_NEXT_USERS = EqualMemo(size=8, max_elements=1 << 20)
+_NEXT_USERS = EqualMemo(size=8, max_elements=1 << 18)
 """:func:`_next_users` of the last few structures and kinds' users."""
 
 
