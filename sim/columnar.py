@@ -524,6 +524,10 @@ class _MemoryPlan:
     runs: tuple[tuple[int, int, int], ...]
     """(GPU, first change, end) per GPU with changes."""
     shown: frozenset[int]
+    table: tuple[np.ndarray, int] | None = None
+    """Per change its cell in a table of a row per run (its GPU's static bytes first, its
+    changes after, zeros to the row's end), and the rows' width (:func:`_memory_of`); None
+    where such a table would be large against the changes."""
 
 
 def _memory_plan(columns: Columns, gpus: Sequence[int], dense: tuple[np.ndarray, np.ndarray]
@@ -544,8 +548,15 @@ def _memory_plan(columns: Columns, gpus: Sequence[int], dense: tuple[np.ndarray,
     runs = tuple((int(gpus_of[g[lo]]), lo, hi)
                  for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), len(g)], strict=True)
                  if hi > lo)
+    width = 1 + max((hi - lo for _, lo, hi in runs), default=0)
+    table = None
+    if runs and len(runs) * width <= 2 * len(g) + 4096:
+        cell = np.empty(len(g), dtype=np.intp)
+        for row, (_, lo, hi) in enumerate(runs):
+            cell[lo:hi] = np.arange(row * width + 1, row * width + 1 + hi - lo)
+        table = (cell, width)
     return _MemoryPlan(at.take(sort), (event & 1).take(sort).astype(bool), runs,
-                       frozenset(gpus))
+                       frozenset(gpus), table)
 
 
 def _memory_of(plan: _MemoryPlan, columns: Columns, static_bytes: Sequence[float]
@@ -554,4 +565,32 @@ def _memory_of(plan: _MemoryPlan, columns: Columns, static_bytes: Sequence[float
     floats."""
     at = plan.at
     delta = np.where(plan.frees, -columns.free_bytes.take(at), columns.alloc_bytes.take(at))
-    return _peaks({gpu: delta[lo:hi] for gpu, lo, hi in plan.runs}, plan.shown, static_bytes)
+    if plan.table is None:
+        return _peaks({gpu: delta[lo:hi] for gpu, lo, hi in plan.runs}, plan.shown,
+                      static_bytes)
+    # every GPU's samples at once, as _peaks makes them one GPU at a time: a row per GPU
+    # with changes, its static bytes then its changes, summed along the row (an
+    # accumulation: the same additions in the same order), zeros after its last change
+    # (its last sample repeated: the row's largest and smallest stay its samples')
+    cell, width = plan.table
+    gpus = [gpu for gpu, _, _ in plan.runs]
+    table = np.zeros(len(gpus) * width)
+    table[::width] = [float(static_bytes[gpu]) for gpu in gpus]
+    table[cell] = delta
+    samples = np.add.accumulate(table.reshape(len(gpus), width), axis=1)[:, 1:]
+    high = dict(zip(gpus, samples.max(axis=1).tolist(), strict=True))
+    low = dict(zip(gpus, samples.min(axis=1).tolist(), strict=True))
+    peaks: dict[int, float] = {}
+    floors: dict[int, float] = {}
+    shown = plan.shown
+    for gpu in sorted(shown | high.keys()):
+        static = float(static_bytes[gpu])
+        got = gpu in high
+        peaks[gpu] = high[gpu] if got else static
+        floors[gpu] = low[gpu] if got else static
+        if gpu in shown:  # its static sample comes first: it wins ties (max and min do)
+            if not got or static >= peaks[gpu]:
+                peaks[gpu] = static_bytes[gpu]
+            if not got or static <= floors[gpu]:
+                floors[gpu] = static_bytes[gpu]
+    return peaks, floors

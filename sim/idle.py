@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Mapping, MutableSequence, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import sub
 
 import numpy as np
@@ -562,13 +562,15 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     # the rows in the level order of the chains (their layout kept with the causes, where
     # they are the latest run's of this shape: sim.chains.Hint); summed there in place (row
     # n: zero)
-    at, order, parent, bounds = shape_of(columns).derived(("chains",), Hint).forest_of(causes)
-    rows_of = np.arange(n)
-    matrix = np.zeros((n + 1, len(plan.used)))
-    matrix[rows_of, plan.column_of.take(order)] = amount.take(order)
-    mine = np.flatnonzero(plan.blocked.take(order))
-    matrix[mine, plan.comm_column_of.take(order.take(mine))] = blocking.take(order.take(mine))
-    sum_levels(matrix, parent, bounds)
+    forest = shape_of(columns).derived(("chains",), Hint).forest_for(causes)
+    at, order = forest.at, forest.order
+    width = len(plan.used)
+    amount_at, blocked_ids, blocking_at = _scatter(plan, order)
+    matrix = np.zeros((n + 1) * width)
+    matrix[amount_at] = amount.take(order)
+    matrix[blocking_at] = blocking.take(blocked_ids)
+    matrix = matrix.reshape(n + 1, width)
+    forest.sum_levels(matrix)
     run_end = float(end.max())
     last = int(np.argmax(end == run_end))  # the first instruction to end the run
     lo, hi = window if window is not None else (0.0, run_end)
@@ -590,13 +592,34 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     after_at[rows, count_a] = last
     after = matrix.take(at.take(after_at), axis=0)  # (GPU, gap, part)
     before = matrix.take(at.take(plan.before_at), axis=0)
-    g_at, k_at = plan.blocked_at
-    if len(g_at):
-        before[g_at, k_at + 1, plan.blocked_part] -= cut[g_at, k_at]
+    if len(plan.blocked_at[0]):  # (before[g, k + 1, part] -= cut[g, k], on flat views)
+        cut_at, before_cell = plan.blocked_flat
+        flat = before.reshape(-1)
+        flat[before_cell] -= cut.reshape(-1).take(cut_at)
     found = _split_gaps(a, b, after, before, lo, hi, plan.bubble)
     shares = np.zeros((len(gpus), len(_PARTS)))
     shares[:, plan.used] = found
     return {g: _row(row) for g, row in zip(gpus, shares.tolist(), strict=True)}
+
+
+def _scatter(plan: _IdlePlan, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where :func:`_columnar` writes each instruction's amount and each blocked compute op's
+    blocking communication in the flat chain-sum matrix (rows in the level ``order`` of the
+    chains, a column per part used), and the blocked ops in that order: per row its own
+    part's column, and per blocked op its blocking kind's (``matrix[rows, column] =``,
+    ``matrix[blocked rows, comm column] =``, the same cells written in the same order). Kept
+    on the plan for the latest ``order`` (the same object while the chains' layout is
+    kept, :class:`sim.chains.Hint`)."""
+    kept = plan.scatter[0] if plan.scatter else None  # (one read: another thread may write)
+    if kept is not None and kept[0] is order:
+        return kept[1]
+    width = len(plan.used)
+    mine = np.flatnonzero(plan.blocked.take(order))
+    ids = order.take(mine)
+    found = (np.arange(len(order)) * width + plan.column_of.take(order), ids,
+             mine * width + plan.comm_column_of.take(ids))
+    plan.scatter[:] = [(order, found)]
+    return found
 
 
 @dataclass(frozen=True)
@@ -629,6 +652,11 @@ class _IdlePlan:
     """Where :attr:`has` is true (GPU, position)."""
     blocked_part: np.ndarray
     """There, the column of its blocking communication's part."""
+    blocked_flat: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.intp), np.zeros(0, np.intp))
+    """:attr:`blocked_at` in the flat views of a row per GPU of its compute ops' values, and
+    of the chain sums before each gap (a GPU's gaps, a part's column in each)."""
+    scatter: list = field(default_factory=list)
+    """The latest chains' order and :func:`_scatter`'s positions for it."""
 
 
 def _idle_plan(columns: Columns, gpus: Sequence[int]) -> _IdlePlan:
@@ -664,11 +692,15 @@ def _idle_plan(columns: Columns, gpus: Sequence[int]) -> _IdlePlan:
         ops[row, :count[row]] = compute_of.get(g, ())
     has = np.append(blocked, False)[ops]
     g_at, k_at = np.nonzero(has)
+    blocked_part = column[np.append(comm_part, _BUBBLE)[ops[g_at, k_at]]]
+    gaps = ops.shape[1] + 1
     return _IdlePlan(bool((comm_part[blocked] == _BUBBLE).any()), blocked, used,
                      column.take(part), column.take(comm_part), int(column[_BUBBLE]), ops,
                      np.array(count, dtype=np.intp), has,
                      np.hstack((np.full((len(gpus), 1), n), ops)), (g_at, k_at),
-                     column[np.append(comm_part, _BUBBLE)[ops[g_at, k_at]]])
+                     blocked_part,
+                     (g_at * ops.shape[1] + k_at,
+                      (g_at * gaps + k_at + 1) * len(used) + blocked_part))
 
 
 def _chain_sums(cause: Sequence[int], owns: Sequence[np.ndarray]) -> np.ndarray:

@@ -125,3 +125,29 @@ def test_passes_on_one_shape_at_changing_costs_equal_cold_ones(data: dict,
         assert (cold.peak_bytes, cold.floor_bytes) == (got.peak_bytes, got.floor_bytes)
         assert (cold.events, cold.clock) == (got.events, got.clock)
         assert dict(cold.intervals) == dict(got.intervals)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 8), min_size=1, max_size=60), st.data())
+def test_the_forests_level_sums_are_sum_levels(back: list, data: st.DataObject) -> None:
+    """:meth:`sim.chains.Forest.sum_levels` (each level's parents sliced once per forest,
+    added in place) gives :func:`sim.chains.sum_levels`'s floats bit for bit, on rows of one
+    value and of several (the idle breakdown's parts), ties, zeros, negative zeros and NaN
+    included."""
+    from sim.chains import level_plan, sum_levels
+
+    cause = np.array([i - b if b and i - b >= 0 else -1 for i, b in enumerate(back)],
+                     dtype=np.int64)
+    n = len(cause)
+    forest = Forest.of(cause)
+    at, order, parent, bounds = level_plan(cause)
+    assert forest.order.tolist() == order.tolist() and forest.bounds == bounds
+    for width in (None, 3):
+        shape = (n + 1,) if width is None else (n + 1, width)
+        values = np.array(data.draw(st.lists(TIMES, min_size=int(np.prod(shape)),
+                                             max_size=int(np.prod(shape))))).reshape(shape)
+        values[n] = 0.0
+        mine, theirs = values.copy(), values.copy()
+        forest.sum_levels(mine)
+        sum_levels(theirs, parent, bounds)
+        assert _bits(mine) == _bits(theirs)

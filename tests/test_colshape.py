@@ -152,3 +152,37 @@ def test_another_structure_gets_a_shape_of_its_own(data: dict, draw: st.DataObje
         flat[at, 0] = 0.0 if getattr(columns, field)[at] else 1.0
     other = dataclasses.replace(columns, **{field: values})
     assert colshape.shape_of(other) is not kept
+
+
+@SETTINGS
+@given(collapsible_experiments(), st.sampled_from([0.5, 1.0, 1.7]))
+def test_memory_peaks_on_a_table_equal_each_gpus_own(data: dict, scale: float) -> None:
+    """The queue-free pass's memory peaks and floors with every GPU's samples summed along a
+    row of one table (:func:`sim.columnar._memory_of`) equal those summed GPU by GPU
+    (:func:`sim.columnar._peaks`, the plan without its table) and those of the plain pass
+    (:func:`sim.columnar._memory`, the reference), bit for bit, with the changes scaled."""
+    import dataclasses
+
+    import numpy as np
+
+    from sim import columnar
+    from sim.api import simulate
+    from sim.experiment import build_experiment
+    from workloads.program import ColumnarInstructions
+
+    result = simulate(build_experiment(data), fidelity="collapsed")
+    instrs = result.program.instructions
+    if not isinstance(instrs, ColumnarInstructions):
+        return
+    cols = instrs.columns
+    cols = dataclasses.replace(cols, alloc_bytes=cols.alloc_bytes * scale,
+                               free_bytes=cols.free_bytes * scale)
+    gpus = result.program.simulated_gpus
+    static = result.program.static_bytes
+    plan = columnar._plan(cols, gpus)
+    assert plan.memory.table is not None or not plan.memory.runs
+    got = columnar._memory_of(plan.memory, cols, static)
+    apart = columnar._memory_of(dataclasses.replace(plan.memory, table=None), cols, static)
+    plain = columnar._memory(cols, static, gpus, plan.dense[:2])
+    assert repr(got) == repr(apart) == repr(plain)
+    assert all(isinstance(v, float | np.floating | int) for v in got[0].values())

@@ -64,6 +64,19 @@ def test_merged_arrays_equal_the_loops(a: list, b: list) -> None:
     assert bool(ma) == bool(ua)
 
 
+@settings(max_examples=200, deadline=None)
+@given(pairs)
+def test_a_union_as_arrays_is_the_merge_of_its_intervals(a: list) -> None:
+    """:meth:`sim.stats._Merged.of_union` of :func:`~sim.stats._union`'s intervals: the
+    arrays and length :class:`~sim.stats._Merged` makes of the raw intervals, bit for bit."""
+    union = _union(a)
+    if not union:
+        return
+    kept, merged = _Merged.of_union(union), _arrays(a)
+    assert kept.lo.tobytes() == merged.lo.tobytes() and kept.hi.tobytes() == merged.hi.tobytes()
+    assert repr(kept.length) == repr(merged.length)
+
+
 def _experiment(**changes: object) -> Experiment:
     data = {"name": "arrays", "model": {"preset": "llama-7b", "num_layers": 8,
                                         "seq_length": 1024},

@@ -170,6 +170,40 @@ def test_split_decisions_on_arrays_equal_the_loop(monkeypatch: pytest.MonkeyPatc
     assert program == _lowered(exp, fast=False)
 
 
+_KINDS = ("tp", "cp", "ep")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sets(st.sampled_from(_KINDS)), st.sets(st.sampled_from(_KINDS)),
+                          st.sets(st.sampled_from(_KINDS))), min_size=1, max_size=5),
+       st.lists(st.tuples(st.integers(0, 4), st.integers(0, 2), st.integers(-1, 30),
+                          st.integers(-1, 30)), min_size=1, max_size=30),
+       st.integers(1, 3))
+def test_cut_decisions_kept_per_structure_equal_the_plain_ones(uses: list, ops: list,
+                                                                 calls: int) -> None:
+    """:func:`workloads.lowering.columnar._cut_ops` (the pairs of a rank's consecutive users
+    of a kind kept per structure, :func:`~workloads.lowering.columnar._next_users`) gives
+    the bits of :func:`~workloads.lowering.columnar._cut_ops_plain` (the reference) on
+    drawn plans (which kinds each uses, leads with, folds last), ops (plan, rank, producer
+    positions, -1 or later ones included), on its first call and on calls that find the
+    pairs kept."""
+    from types import SimpleNamespace
+
+    plans = [SimpleNamespace(use=SimpleNamespace(kinds=frozenset(k), leading=frozenset(lead),
+                                                 folded_last=frozenset(last)))
+             for k, lead, last in uses]
+    plan_of = np.array([p % len(plans) for p, _, _, _ in ops], dtype=np.int64)
+    rank_at = np.array([r for _, r, _, _ in ops], dtype=np.int64)
+    n = len(ops)
+    cols = tuple(np.array([x if x < n else -1 for x in col], dtype=np.int64)
+                 for col in zip(*[(a, b) for _, _, a, b in ops], strict=True))
+    kinds = sorted({k for p in plans for k in p.use.kinds})
+    plain = columnar_lowering._cut_ops_plain(plans, plan_of, rank_at, cols, kinds)
+    for _ in range(calls):
+        got = columnar_lowering._cut_ops(plans, plan_of, rank_at, cols, kinds)
+        assert got.tolist() == plain.tolist()
+
+
 # ----------------------------------------------------------------------------- engine
 
 def _reference(program: Program, timer=_timer):  # type: ignore[no-untyped-def]

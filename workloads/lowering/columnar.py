@@ -82,17 +82,10 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
     whole_p2p = costs.p2p_bytes()
-    n = len(order)
     send_cache: dict[tuple[int, int, float], float] = {}
     stage, kind, seq, at = fields  # of the ops in order (topological)
-    # one plan per (stage, kind, sequence chunk), numbered by first use
-    triple = (stage * 3 + kind) * (int(seq.max(initial=0)) + 2) + (seq + 1)
-    first = np.full(int(triple.max()) + 1, n, dtype=np.int64)
-    np.minimum.at(first, triple, np.arange(n))
-    used_at = np.sort(first[first < n])
-    number = np.zeros(len(first), dtype=np.int64)
-    number[triple[used_at]] = np.arange(len(used_at))
-    plan_of = number[triple]
+    used_at, plan_of, rank_at, cols = _STRUCTURE.get(
+        (*fields, len(order), schedule), lambda: _op_structure(schedule, order, fields))
     plans: list[_Plan] = []
     groups: dict[int, Groups] = {}  # per rank, its TP groups
     folds = costs.__dict__.setdefault("_memo_folds", {})  # kept with its op segments
@@ -115,14 +108,6 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         split_at = (head.compute_s if head is not None and rest is not None
                     and not folded.leading else None)
         plans.append(_Plan(r, g, folded, alloc, free, send, split_at, use))
-    rank_at = np.asarray(owner, dtype=np.int64)[stage]
-    # the producer columns the symbolic run worked out, renumbered for this order
-    found = producer_positions(schedule, order) if at is None else producers_at(schedule, at)
-    cols = [np.asarray(col, dtype=np.int64) for col in found] if found is not None else []
-    if found is None or any(col.max(initial=-1) >= n for col in cols):
-        # not a schedule's ops, or producers missing (lowering takes validated ones)
-        cols = [np.asarray(col, dtype=np.int64) for col in
-                producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})]
     kinds = sorted({kind for p in plans for kind in p.use.kinds})
     split_op = _split_ops(plans, plan_of, rank_at, len(reps), kinds)
     cut_op = _cut_ops(plans, plan_of, rank_at, cols, kinds)
@@ -149,6 +134,40 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     layout.parts = (table, row, op_kind, sig_of_row,
                     tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
     return layout
+
+
+def _op_structure(schedule: Schedule, order: Sequence[Op], fields: tuple[np.ndarray, ...]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """What :func:`lower_collapsed` reads of its ops' structure (``fields``, of the ops in
+    ``order``): the position of each plan's first op (one plan per (stage, kind, sequence
+    chunk), numbered by first use) and each op's plan; each op's pipeline rank; its
+    producers' positions (-1: none)."""
+    n = len(order)
+    stage, kind, seq, at = fields
+    triple = (stage * 3 + kind) * (int(seq.max(initial=0)) + 2) + (seq + 1)
+    first = np.full(int(triple.max(initial=0)) + 1, n, dtype=np.int64)
+    np.minimum.at(first, triple, np.arange(n))
+    used_at = np.sort(first[first < n])
+    number = np.zeros(len(first), dtype=np.int64)
+    number[triple[used_at]] = np.arange(len(used_at))
+    plan_of = number[triple]
+    rank_at = np.asarray(schedule.stage_rank, dtype=np.int64)[stage]
+    # the producer columns the symbolic run worked out, renumbered for this order
+    found = producer_positions(schedule, order) if at is None else producers_at(schedule, at)
+    cols = [np.asarray(col, dtype=np.int64) for col in found] if found is not None else []
+    if found is None or any(col.max(initial=-1) >= n for col in cols):
+        # not a schedule's ops, or producers missing (lowering takes validated ones)
+        cols = [np.asarray(col, dtype=np.int64) for col in
+                producers_by_op(schedule, order, {op: k for k, op in enumerate(order)})]
+    return used_at, plan_of, rank_at, tuple(cols)
+
+
+_STRUCTURE = EqualMemo(size=4, max_elements=1 << 18)
+""":func:`_op_structure` of the last few schedules (kept with their ops' fields, each
+schedule an immutable object shared by the runs of its (p, m, v),
+:func:`workloads.registry.built_schedule`; a schedule is equal only to itself): a repeat or
+another layout with the same pipeline reads its ops' plans, ranks and producers again
+without the gathers, the unbuffered ``minimum.at`` and the producers' renumbering."""
 
 
 _LAID = EqualMemo(size=2, max_elements=1 << 18)
@@ -235,10 +254,9 @@ def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
         # after each op, pending is its closing collectives' time (or 0): before an op,
         # that of the rank's previous op
         after = np.array([p.folded.trailing_s if p.folded.trailing else 0.0 for p in plans])
-        by_rank = _by_rank(rank_at)
+        ops, previous = _RANK_NEXT.get((rank_at, plan_of), lambda: _rank_next(rank_at, plan_of))
         before = np.zeros(n)
-        same = rank_at[by_rank[1:]] == rank_at[by_rank[:-1]]
-        before[by_rank[1:][same]] = after[plan_of[by_rank[:-1][same]]]
+        before[ops] = after[previous]
         at = split_at[plan_of]
         return np.where(np.isnan(at), False, before > np.nan_to_num(at)).astype(np.int64)
     # several kinds, or an op of pure compute among them: op by op, as the op loop
@@ -253,12 +271,65 @@ def _split_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
     return out
 
 
+def _rank_next(rank_at: np.ndarray, plan_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each op with an earlier op on its rank (in lowering order), and that op's plan."""
+    by_rank = _by_rank(rank_at)
+    same = rank_at[by_rank[1:]] == rank_at[by_rank[:-1]]
+    return by_rank[1:][same], plan_of[by_rank[:-1][same]]
+
+
+_RANK_NEXT = EqualMemo(size=4, max_elements=1 << 18)
+""":func:`_rank_next` of the last few op structures (their ranks and plans: a repeat, or a
+sweep over one layout, reads them again; :func:`_op_structure` hands out the same arrays)."""
+
+
 def _cut_ops(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
              cols: Sequence[np.ndarray], kinds: Sequence[str]) -> np.ndarray:
     """Per op (in lowering order), the kinds it cuts its compute at (:func:`stream_cuts`),
     bit ``b`` for ``kinds[b]``: an op whose last collective of a kind is folded, when the
     rank's next op with a collective of that kind leads with one and waits for no op of
-    the rank from this one on (``cols``: the positions of its producers, -1 for none)."""
+    the rank from this one on (``cols``: the positions of its producers, -1 for none).
+    :func:`_cut_ops_plain`'s bits, with the pairs of a rank's consecutive ops using a kind
+    that do not wait on each other's rank (:func:`_next_users`) kept per structure and
+    plans using the kind: only whether the later one leads and the earlier one folds
+    is read per call."""
+    n = len(plan_of)
+    out = np.zeros(n, dtype=np.int64)
+    for b, kind in enumerate(kinds):
+        uses = np.array([kind in p.use.kinds for p in plans], dtype=bool)
+        before, before_plan, after_plan = _NEXT_USERS.get(
+            (uses, plan_of, rank_at, *cols),
+            lambda uses=uses: _next_users(uses, plan_of, rank_at, cols))
+        leads = np.array([kind in p.use.leading for p in plans], dtype=bool)
+        folded = np.array([kind in p.use.folded_last for p in plans], dtype=bool)
+        out[before[leads[after_plan] & folded[before_plan]]] |= 1 << b
+    return out
+
+
+def _next_users(uses: np.ndarray, plan_of: np.ndarray, rank_at: np.ndarray,
+                cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ops whose plan ``uses`` a kind, each with the rank's next one that does, where that
+    one waits for no op of the rank from the first on: the first ops, and both's plans."""
+    latest = np.full(len(plan_of), -1, dtype=np.int64)  # per op, its latest producer on its rank
+    for col in cols:
+        safe = np.where(col >= 0, col, 0)
+        latest = np.maximum(latest, np.where((col >= 0) & (rank_at[safe] == rank_at), col, -1))
+    at = np.flatnonzero(uses[plan_of])
+    at = at[_by_rank(rank_at[at])]  # per rank, in lowering order
+    before, after = at[:-1], at[1:]
+    pair = (rank_at[before] == rank_at[after]) & (latest[after] < before)
+    before, after = before[pair], after[pair]
+    return before, plan_of[before], plan_of[after]
+
+
+_NEXT_USERS = EqualMemo(size=8, max_elements=1 << 18)
+""":func:`_next_users` of the last few structures and kinds' users."""
+
+
+def _cut_ops_plain(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndarray,
+                   cols: Sequence[np.ndarray], kinds: Sequence[str]) -> np.ndarray:
+    """:func:`_cut_ops` worked out whole on every call (the reference,
+    ``tests/test_perf_columns.py``)."""
     n = len(plan_of)
     out = np.zeros(n, dtype=np.int64)
     latest = np.full(n, -1, dtype=np.int64)  # per op, its latest producer on its rank
@@ -447,7 +518,7 @@ class ColumnarOps:
 
     def instruction(self, i: int) -> Instruction:
         """Instruction ``i`` as :meth:`build` builds it (but a collective's key: 0)."""
-        k = int(np.searchsorted(self.offset, i, side="right")) - 1
+        k = int(self.offset.searchsorted(i, "right")) - 1
         ops, _ = self._op(k, int(self.offset[k]), 0)
         return ops[i - int(self.offset[k])]
 
