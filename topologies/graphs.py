@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from base.errors import TopologyError
-from topologies.digraph import new_graph
+from topologies.digraph import Graph, new_graph
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -99,6 +99,9 @@ def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float)
         raise TopologyError(f"link {u}-{v}: bandwidth {bandwidth_Bps} B/s must be > 0")
     if latency_s < 0:
         raise TopologyError(f"link {u}-{v}: latency {latency_s} s must be >= 0")
+    if isinstance(g, Graph):  # (both directions in one call: ~1/3 of a 1T graph's time)
+        g.add_link(u, v, {"bandwidth_Bps": bandwidth_Bps, "latency_s": latency_s})
+        return
     g.add_edge(u, v, bandwidth_Bps=bandwidth_Bps, latency_s=latency_s)
     g.add_edge(v, u, bandwidth_Bps=bandwidth_Bps, latency_s=latency_s)
 
