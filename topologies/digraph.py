@@ -105,7 +105,7 @@ class Graph:
     attributes; a node or edge added again has its attributes updated). :meth:`freeze`
     makes every later change a :class:`~base.errors.TopologyError`."""
 
-    __slots__ = ("graph", "_node", "_succ", "_pred", "frozen")
+    __slots__ = ("graph", "_node", "_succ", "_pred", "frozen", "_nodes")
 
     def __init__(self, **attr: object) -> None:
         self.graph: dict[str, object] = dict(attr)
@@ -113,6 +113,7 @@ class Graph:
         self._succ: dict[Any, dict[Any, dict]] = {}
         self._pred: dict[Any, dict[Any, dict]] = {}
         self.frozen = False
+        self._nodes = _Nodes(self._node)
 
     # ------------------------------------------------------------------ changes
 
@@ -184,7 +185,7 @@ class Graph:
     def copy(self) -> Graph:
         """An unfrozen copy with its own attribute dicts (networkx's ``copy``)."""
         g = Graph(**self.graph)
-        g._node = {v: dict(d) for v, d in self._node.items()}
+        g._node.update((v, dict(d)) for v, d in self._node.items())
         g._succ = {v: {} for v in self._node}
         g._pred = {v: {} for v in self._node}
         for u, nbrs in self._succ.items():  # (networkx's order: each edge as its source's)
@@ -197,7 +198,7 @@ class Graph:
 
     @property
     def nodes(self) -> _Nodes:
-        return _Nodes(self._node)
+        return self._nodes
 
     @property
     def edges(self) -> _Edges:
