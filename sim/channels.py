@@ -63,7 +63,7 @@ def ring_order(topo: TopologyView, ranks: Sequence[int]) -> tuple[int, ...]:
     dimension-ordered rings of TPU pods); elsewhere ``ranks`` as given. The order starts at
     ``ranks[0]`` (the root of broadcast and reduce). A group that is not the whole box
     keeps the box's order among its members."""
-    nodes = topo.nodes
+    nodes = topo.node_attrs
     coords = [nodes[topo.node(r)].get("coord") for r in ranks]
     if len(ranks) < 3 or any(c is None for c in coords):
         return tuple(ranks)
@@ -230,4 +230,4 @@ class TopologyView(Protocol):
     def node(self, endpoint: int | str) -> str: ...
     def bottleneck_Bps(self, route: object) -> float: ...
     @property
-    def nodes(self) -> Mapping[str, Mapping[str, object]]: ...
+    def node_attrs(self) -> Mapping[str, Mapping[str, object]]: ...

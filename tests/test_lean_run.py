@@ -118,7 +118,7 @@ def test_the_built_graph_is_networkx_frozen_and_the_same_dicts() -> None:
     assert cluster.graph is g  # made once
     with pytest.raises(nx.NetworkXError):
         g.add_edge("x", "y")
-    assert g.nodes["gpu0"] is cluster.nodes["gpu0"]  # shared, not copied
+    assert g.nodes["gpu0"] is cluster.node_attrs["gpu0"]  # shared, not copied
     assert nx.shortest_path_length(g, "gpu0", "gpu15") == len(cluster.path(0, 15)) - 1
     lite = cluster._graph
     assert isinstance(lite, Graph)

@@ -435,9 +435,9 @@ class Cluster:
             nx.freeze(self._networkx)
 
     @property
-    def nodes(self) -> Any:
-        """The graph's nodes: ``nodes[v]`` is node ``v``'s attributes (networkx's
-        ``graph.nodes``, without making the networkx graph)."""
+    def node_attrs(self) -> Any:
+        """The graph's nodes: ``node_attrs[v]`` is node ``v``'s attributes (networkx's
+        ``graph.nodes[v]``, without making the networkx graph)."""
         return self._graph.nodes
 
     # ------------------------------------------------------------------ GPU types
