@@ -51,10 +51,10 @@ from typing import TYPE_CHECKING, Any
 from base.errors import TopologyError
 from topologies.digraph import Graph, as_networkx
 from topologies.graphs import gpu_node
+from topologies.hardware import GPUSpec
 
 if TYPE_CHECKING:
     import networkx as nx
-from topologies.hardware import GPUSpec
 
 ECMP_POLICIES = ("dst-mod-k", "hash")
 GRANULARITIES = ("stream", "step")
