@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    import networkx as nx
+from typing import Protocol
 
 
 def ring_channels(ranks: Sequence[int], host_of: Mapping[int, int] | None) -> list[list[int]]:
@@ -66,7 +63,7 @@ def ring_order(topo: TopologyView, ranks: Sequence[int]) -> tuple[int, ...]:
     dimension-ordered rings of TPU pods); elsewhere ``ranks`` as given. The order starts at
     ``ranks[0]`` (the root of broadcast and reduce). A group that is not the whole box
     keeps the box's order among its members."""
-    nodes = topo.graph.nodes
+    nodes = topo.node_attrs
     coords = [nodes[topo.node(r)].get("coord") for r in ranks]
     if len(ranks) < 3 or any(c is None for c in coords):
         return tuple(ranks)
@@ -233,4 +230,4 @@ class TopologyView(Protocol):
     def node(self, endpoint: int | str) -> str: ...
     def bottleneck_Bps(self, route: object) -> float: ...
     @property
-    def graph(self) -> nx.DiGraph: ...
+    def node_attrs(self) -> Mapping[str, Mapping[str, object]]: ...

@@ -123,14 +123,14 @@ def group_profile(topo: TopologyView, ranks: Sequence[int]) -> GroupProfile:
     if sw is not None and not topo.nvls_capable(sw):
         sw = None
     na, nb = _worst(topo, [(r, sw) for r in ranks]) if sw is not None else (0.0, math.inf)
-    eff = topo.graph.nodes[sw].get(NVLS_EFFICIENCY_ATTR, 1.0) if sw is not None else 1.0
+    eff = topo.node_attrs[sw].get(NVLS_EFFICIENCY_ATTR, 1.0) if sw is not None else 1.0
     channels = len(ring_channels(ranks, host_of))
-    sites = len({topo.graph.nodes[topo.node(r)].get(SITE_ATTR, 0) for r in ranks})
+    sites = len({topo.node_attrs[topo.node(r)].get(SITE_ATTR, 0) for r in ranks})
     server_sw = _server_nvswitches(topo, members) if channels > 1 else None
     if server_sw is not None:
         na, nb = _worst(topo, [(r, s) for m, s in zip(members, server_sw, strict=True)
                                for r in m])
-        eff = topo.graph.nodes[server_sw[0]].get(NVLS_EFFICIENCY_ATTR, 1.0)
+        eff = topo.node_attrs[server_sw[0]].get(NVLS_EFFICIENCY_ATTR, 1.0)
     return GroupProfile(n, host_of, per_host, len(hosts), alpha, bw, a1, b1, a2, b2, sw, na, nb,
                         eff, channels, server_sw, tuple(ranks), topo,  # type: ignore[arg-type]
                         num_sites=sites)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import replace
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from base.collector import gc_paused
 from base.errors import ConfigError, TopologyError
@@ -27,6 +26,7 @@ from topologies.config import (
     ServerFabric,
     TopologyCluster,
 )
+from topologies.digraph import building
 from topologies.graphs import Fabric, multi_site
 from topologies.hardware import DEFAULT_GPU, GPUS, GPUSpec, gpu_spec
 from topologies.power import capped
@@ -42,6 +42,9 @@ from topologies.presets import (
     set_server_links,
 )
 
+if TYPE_CHECKING:
+    import networkx as nx
+
 CLUSTER_CACHE = 4
 """Clusters :func:`build_cluster` keeps, by description (the least recently used go
 first, and released, :meth:`~topologies.cluster.Cluster.release`): a 16,384-GPU one with
@@ -56,7 +59,7 @@ def build_cluster(c: ClusterConfig) -> Cluster:
 
     Built once per description and shared (with its caches of routes and of what layers
     above derive from it, :attr:`Cluster.memo`) by every experiment on it: its graph is
-    frozen (:func:`networkx.freeze`), and a changed cluster is a new object
+    frozen (:meth:`Cluster.freeze`), and a changed cluster is a new object
     (:meth:`Cluster.with_link_changes`, :meth:`Cluster.subset`). A description that does
     not hash (a list inside) is built each time."""
     try:
@@ -67,15 +70,23 @@ def build_cluster(c: ClusterConfig) -> Cluster:
 
 
 def _built(c: ClusterConfig) -> Cluster:
-    """:func:`build_cluster`, uncached."""
+    """:func:`build_cluster`, uncached: its graph a :class:`topologies.digraph.Graph`
+    (:func:`topologies.digraph.building`; the cluster's :attr:`~topologies.cluster.Cluster.
+    graph`, its networkx twin, made on first use), so a run imports no networkx."""
     try:
-        if isinstance(c, IdealCluster):
-            return ideal_cluster(c.num_gpus)
-        if isinstance(c, PresetCluster | TopologyCluster):
-            return _uniform_cluster(c)
-        return _mixed_cluster(c)
+        with building():
+            return _built_graphs(c)
     except TopologyError as exc:
         raise ConfigError(f"cluster: {exc}") from None
+
+
+def _built_graphs(c: ClusterConfig) -> Cluster:
+    """:func:`_built` within :func:`topologies.digraph.building`."""
+    if isinstance(c, IdealCluster):
+        return ideal_cluster(c.num_gpus)
+    if isinstance(c, PresetCluster | TopologyCluster):
+        return _uniform_cluster(c)
+    return _mixed_cluster(c)
 
 
 def _cached(c: ClusterConfig) -> Cluster:
@@ -89,7 +100,7 @@ def _cached(c: ClusterConfig) -> Cluster:
         return cluster
     with gc_paused():  # the graph's many small dicts hold no cycles worth a scan
         cluster = _built(c)
-    nx.freeze(cluster.graph)
+    cluster.freeze()
     _CLUSTERS[c] = cluster
     if len(_CLUSTERS) > CLUSTER_CACHE:
         _CLUSTERS.popitem(last=False)[1].release()

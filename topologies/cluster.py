@@ -46,12 +46,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from base.errors import TopologyError
+from topologies.digraph import Graph, as_networkx
 from topologies.graphs import gpu_node
 from topologies.hardware import GPUSpec
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 ECMP_POLICIES = ("dst-mod-k", "hash")
 GRANULARITIES = ("stream", "step")
@@ -63,7 +66,7 @@ Link = tuple[str, str]
 """A directed link by its end nodes' names, ``(from, to)``."""
 
 
-def node_hint(name: str, graph: nx.Graph) -> str:
+def node_hint(name: str, graph: Any) -> str:
     """What a misnamed node could have been, for a fault's ``link``: the graph's names by
     pattern (``gpu0..gpu15``, ``host{n}/nic{n}`` x 16, ...) and, for a name of no pattern
     the graph has, the closest node name."""
@@ -295,7 +298,7 @@ class Cluster:
     def __init__(
         self,
         name: str,
-        graph: nx.DiGraph,
+        graph: nx.DiGraph | Graph,
         gpu: GPUSpec,
         gpus_per_node: int,
         collective_launch_s: float = 0.0,
@@ -309,7 +312,10 @@ class Cluster:
         gpus: Sequence[GPUSpec] | None = None,
     ) -> None:
         self.name = name
-        self.graph = graph
+        self._graph = graph
+        """The graph the cluster reads: a networkx graph, or the :class:`topologies.digraph.
+        Graph` of a built description (its networkx twin, :attr:`graph`, made on first use)."""
+        self._networkx: nx.DiGraph | None = None
         self.gpu = gpu
         """The GPU of every rank of a uniform cluster; of rank 0 in a mixed one (use
         :meth:`gpu_of`)."""
@@ -405,6 +411,35 @@ class Cluster:
         plan_cost` shares estimates between twin groups here); a changed cluster (failed
         links, a job's subset) is a new object with an empty one."""
 
+    @property
+    def graph(self) -> nx.DiGraph:
+        """The cluster's graph as a :class:`networkx.DiGraph` (a built description's
+        :class:`~topologies.digraph.Graph` wrapped on first use, over the same dicts:
+        :func:`topologies.digraph.as_networkx`)."""
+        if self._networkx is None:
+            self._networkx = as_networkx(self._graph)
+        return self._networkx
+
+    def freeze(self) -> None:
+        """No changes to the graph from now on (:func:`networkx.freeze`, or
+        :meth:`topologies.digraph.Graph.freeze`; the networkx twin is made frozen)."""
+        if isinstance(self._graph, Graph):
+            self._graph.freeze()
+        else:
+            import networkx as nx
+
+            nx.freeze(self._graph)
+        if self._networkx is not None and self._networkx is not self._graph:
+            import networkx as nx
+
+            nx.freeze(self._networkx)
+
+    @property
+    def node_attrs(self) -> Any:
+        """The graph's nodes: ``node_attrs[v]`` is node ``v``'s attributes (networkx's
+        ``graph.nodes[v]``, without making the networkx graph)."""
+        return self._graph.nodes
+
     # ------------------------------------------------------------------ GPU types
 
     @property
@@ -442,13 +477,13 @@ class Cluster:
         the routes are: collective selection asks it tens of thousands of times)."""
         host = self._hosts.get(rank)
         if host is None:
-            host = self._hosts[rank] = self.graph.nodes[gpu_node(rank)]["host"]
+            host = self._hosts[rank] = self._graph.nodes[gpu_node(rank)]["host"]
         return host
 
     def nvswitch_of(self, rank: int) -> str | None:
         """The NVSwitch node GPU ``rank`` is attached to, or None."""
         for v in self._succ[gpu_node(rank)]:
-            if self.graph.nodes[v].get("kind") == "nvswitch":
+            if self._graph.nodes[v].get("kind") == "nvswitch":
                 return v
         return None
 
@@ -457,7 +492,7 @@ class Cluster:
         graph order; () for a server without any. One pass over the graph per cluster."""
         if self._nics is None:
             table: dict[int, list[Mapping[str, object]]] = {}
-            for _, d in self.graph.nodes(data=True):
+            for _, d in self._graph.nodes(data=True):
                 if d.get("kind") == "nic":
                     table.setdefault(d.get("host"), []).append(d)
             self._nics = {h: tuple(nics) for h, nics in table.items()}
@@ -465,14 +500,14 @@ class Cluster:
 
     def nvls_capable(self, node: str) -> bool:
         """Whether ``node`` is an NVSwitch that reduces in-network (NVLink SHARP)."""
-        return bool(self.graph.nodes[node].get("nvls", False))
+        return bool(self._graph.nodes[node].get("nvls", False))
 
     def node(self, endpoint: Endpoint) -> str:
         """Graph node of an endpoint: ``gpu{rank}`` for an int, the name itself for a str."""
         if isinstance(endpoint, str):
-            if endpoint not in self.graph:
+            if endpoint not in self._graph:
                 raise TopologyError(f"cluster {self.name}: no node {endpoint!r}"
-                                    f"{node_hint(endpoint, self.graph)}")
+                                    f"{node_hint(endpoint, self._graph)}")
             return endpoint
         if not 0 <= endpoint < self.num_gpus:
             raise TopologyError(f"cluster {self.name}: no GPU {endpoint} "
@@ -696,7 +731,7 @@ class Cluster:
         members: list[tuple[list[tuple[int, str, tuple]], list[tuple[str, tuple]]]] = [
             ([], []) for _ in range(hosts)]
         host_of: dict[str, int] = {}
-        for v, data in self.graph.nodes(data=True):
+        for v, data in self._graph.nodes(data=True):
             host = data.get("host")
             if host is None:
                 if data.get("kind") == "gpu":
@@ -787,7 +822,7 @@ class Cluster:
         nodes = self._server_nodes[host]
         gpus, others = nodes[:gpn], nodes[gpn:]
         inside = set(nodes)
-        succ, pred = self.graph.succ, self.graph.pred
+        succ, pred = self._graph.succ, self._graph.pred
 
         def hops(start: str, adj: Mapping[str, Mapping[str, object]]) -> dict[str, int]:
             dist = {start: 0}
@@ -809,7 +844,7 @@ class Cluster:
         by_vector = {vec: v for v, vec in vectors.items()}
         if len(by_vector) != len(others):
             return False
-        attrs = self.graph.nodes
+        attrs = self._graph.nodes
         for j in range(gpn - 1):
             swap = list(range(gpn))
             swap[j], swap[j + 1] = j + 1, j
@@ -890,10 +925,12 @@ class Cluster:
         workers) kept every one. Both are rebuilt on use: the cluster stays usable, with the
         same answers (the memo holds pure functions of the cluster)."""
         self.memo.clear()
-        graph = self.graph
-        for name, value in list(vars(graph).items()):
-            if getattr(value, "_graph", None) is graph:
-                del vars(graph)[name]
+        for graph in (self._graph, self._networkx):
+            if graph is None or isinstance(graph, Graph):
+                continue
+            for name, value in list(vars(graph).items()):
+                if getattr(value, "_graph", None) is graph:
+                    del vars(graph)[name]
 
     def with_link_changes(self, degraded: Mapping[tuple[Endpoint, Endpoint], float] | None = None,
                           failed: Iterable[Sequence[Endpoint]] = (), *,
@@ -915,13 +952,13 @@ class Cluster:
         gone: set[Link] = set()
         for spec in failed:
             gone.update(self._directions(spec, both_directions))
-        graph = self.graph.copy()
+        graph = self._graph.copy()
         for link, factor in factors.items():
             if link not in gone:
                 graph.edges[link]["bandwidth_Bps"] *= factor
         return self._with_graph(graph, gone)
 
-    def _with_graph(self, graph: nx.DiGraph, gone: set[Link]) -> Cluster:
+    def _with_graph(self, graph: nx.DiGraph | Graph, gone: set[Link]) -> Cluster:
         """A cluster like this one on ``graph`` (a changed copy of this one's) with the links
         ``gone`` removed from it and added to :attr:`failed_links`."""
         graph.remove_edges_from(gone)
@@ -938,6 +975,8 @@ class Cluster:
         kind ``other-gpu`` (no rank: it holds none of the job's work, but a topology that
         routes through GPUs, a ring or torus, still does). Links and their bandwidths are
         the same, so routes between the job's GPUs are the shared cluster's."""
+        import networkx as nx
+
         mapping = {gpu_node(g): gpu_node(i) for i, g in enumerate(gpus)}
         graph = self.graph.copy()
         for g in range(self.num_gpus):
@@ -962,7 +1001,7 @@ class Cluster:
         """A new cluster with the directed links ``failed`` (indices into :attr:`links`)
         removed from the graph, as :meth:`with_link_changes` removes failed links (its
         routes avoid them; its links are renumbered). This one is unchanged."""
-        return self._with_graph(self.graph.copy(), {self.links[i] for i in failed})
+        return self._with_graph(self._graph.copy(), {self.links[i] for i in failed})
 
     def rerouted(self, failed: Iterable[int]) -> Rerouted:
         """Routes of this cluster with the directed links ``failed`` (indices) gone, as
@@ -1015,7 +1054,7 @@ class Cluster:
     def __repr__(self) -> str:
         return (
             f"Cluster({self.name!r}, {self._gpu_count()}, "
-            f"{self.graph.number_of_nodes()} nodes, {len(self.links)} links)"
+            f"{self._graph.number_of_nodes()} nodes, {len(self.links)} links)"
         )
 
 

@@ -57,10 +57,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from base.errors import TopologyError
+from topologies.digraph import Graph, new_graph
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 FABRICS = ("crossbar", "fat-tree", "rail-optimized", "dragonfly")
 """Scale-out fabrics that :func:`attach_fabric` can build."""
@@ -96,6 +99,9 @@ def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float)
         raise TopologyError(f"link {u}-{v}: bandwidth {bandwidth_Bps} B/s must be > 0")
     if latency_s < 0:
         raise TopologyError(f"link {u}-{v}: latency {latency_s} s must be >= 0")
+    if isinstance(g, Graph):  # (both directions in one call: ~1/3 of a 1T graph's time)
+        g.add_link(u, v, {"bandwidth_Bps": bandwidth_Bps, "latency_s": latency_s})
+        return
     g.add_edge(u, v, bandwidth_Bps=bandwidth_Bps, latency_s=latency_s)
     g.add_edge(v, u, bandwidth_Bps=bandwidth_Bps, latency_s=latency_s)
 
@@ -114,7 +120,7 @@ def switch(n: int, bandwidth_Bps: float, latency_s: float) -> nx.DiGraph:
     """n GPUs on one non-blocking switch; a GPU-to-GPU path has 2 hops."""
     if n < 1:
         raise TopologyError(f"switch topology needs num_gpus >= 1, got {n}")
-    g = nx.DiGraph(name=f"switch{n}")
+    g = new_graph(f"switch{n}")
     _add_gpus(g, n, gpus_per_host=1)
     g.add_node("switch", kind="switch", tier=1)
     for r in range(n):
@@ -126,7 +132,7 @@ def ring(n: int, bandwidth_Bps: float, latency_s: float) -> nx.DiGraph:
     """n GPUs in a bidirectional ring: GPU i linked to GPU (i + 1) mod n."""
     if n < 2:
         raise TopologyError(f"ring topology needs num_gpus >= 2, got {n}")
-    g = nx.DiGraph(name=f"ring{n}")
+    g = new_graph(f"ring{n}")
     _add_gpus(g, n, gpus_per_host=1)
     for r in range(n):
         nxt = (r + 1) % n
@@ -142,7 +148,7 @@ def full_mesh(n: int, bandwidth_Bps: float, latency_s: float) -> nx.DiGraph:
     two concurrent transfers join the same ordered pair is contention-free.
     """
     _check_count("full-mesh num_gpus", n)
-    g = nx.DiGraph(name=f"mesh{n}")
+    g = new_graph(f"mesh{n}")
     _add_gpus(g, n, gpus_per_host=1)
     for a in range(n):
         for b in range(a + 1, n):
@@ -160,7 +166,7 @@ def torus(dims: Sequence[int], bandwidth_Bps: float, latency_s: float) -> nx.DiG
     if not dims or any(k < 1 for k in dims):
         raise TopologyError(f"torus dims must be positive integers, got {list(dims)}")
     n = math.prod(dims)
-    g = nx.DiGraph(name="torus" + "x".join(map(str, dims)))
+    g = new_graph("torus" + "x".join(map(str, dims)))
     _add_gpus(g, n, gpus_per_host=1)
     for r in range(n):
         coord, rest = [], r
@@ -344,7 +350,7 @@ def attach_fabric(g: nx.DiGraph, hosts: Sequence[Sequence[str]], fabric: Fabric)
 def gpu_fabric(n: int, fabric: Fabric) -> nx.DiGraph:
     """n GPUs attached directly to ``fabric`` (one GPU per host, no NVLink)."""
     _check_count(f"{fabric.kind} num_gpus", n)
-    g = nx.DiGraph(name=f"{fabric.kind}{n}")
+    g = new_graph(f"{fabric.kind}{n}")
     _add_gpus(g, n, gpus_per_host=1)
     attach_fabric(g, [[gpu_node(r)] for r in range(n)], fabric)
     return g
@@ -408,7 +414,7 @@ def nvswitch_cluster(
         raise TopologyError(f"nics_per_node={nics} must divide the {per_node} GPUs per node")
     share = per_node // nics
     hosts = num_gpus // per_node
-    g = nx.DiGraph(name=f"nvswitch{hosts}x{per_node}")
+    g = new_graph(f"nvswitch{hosts}x{per_node}")
     _add_gpus(g, num_gpus, per_node)
     endpoints: list[list[str]] = []
     for h in range(hosts):
@@ -449,7 +455,7 @@ def multi_site(sites: Sequence[nx.DiGraph], wan_Bps: float, wan_latency_s: float
     """
     if len(sites) < 1:
         raise TopologyError("multi-site topology needs at least one site")
-    g = nx.DiGraph(name="sites" + "+".join(str(s.graph.get("name", "")) for s in sites))
+    g = new_graph("sites" + "+".join(str(s.graph.get("name", "")) for s in sites))
     rank_off = host_off = 0
     gateways = []
     for i, site in enumerate(sites):

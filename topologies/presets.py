@@ -23,8 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from base.errors import TopologyError
 from topologies import graphs
@@ -32,6 +31,9 @@ from topologies.cluster import Cluster
 from topologies.graphs import Fabric
 from topologies.hardware import GPUS, IDEAL_GPU, GPUSpec
 from topologies.links import LINKS
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 US = 1e-6
 NVLS_EFFICIENCY_ATTR = "nvls_efficiency"
