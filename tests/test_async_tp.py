@@ -67,8 +67,9 @@ def test_profiles() -> None:
     assert "_micro_pipeline_tp" in FRAMEWORKS["fsdp-compile"].source("tp_overlap")
     assert "Async TP requires" in FRAMEWORKS["fsdp"].source("tp_overlap")
     assert FRAMEWORKS["fsdp"].tp_all_gather_fp8 and FRAMEWORKS["fsdp-compile"].tp_all_gather_fp8
-    assert not FRAMEWORKS["megatron"].tp_all_gather_fp8
+    assert FRAMEWORKS["megatron"].tp_all_gather_fp8  # Transformer Engine: fp8 ln_out gathered
     assert "eab345c" in FRAMEWORKS["fsdp"].source("tp_all_gather_fp8")
+    assert "ln_out_dtype" in FRAMEWORKS["megatron"].source("tp_all_gather_fp8")
 
 
 def test_eager_torchtitan_refuses_it() -> None:
@@ -125,9 +126,10 @@ def test_step_is_the_blocking_step_less_what_the_fused_pairs_hide(fidelity: str)
     assert sorted(timed) == 4 * ["attn bwd reduce-scatter"] + 4 * ["mlp bwd reduce-scatter"]
 
 
-def test_fp8_tp_all_gathers_move_one_byte_under_torchao() -> None:
-    """torchao casts before it gathers (both the input and the output gradient); the
-    reduce-scatters stay bf16; Megatron's profile and bf16 keep 2 bytes."""
+@pytest.mark.parametrize("framework", ["fsdp-compile", "megatron", "nemo-launcher"])
+def test_fp8_tp_all_gathers_move_one_byte(framework: str) -> None:
+    """torchao and Transformer Engine cast before they gather (both the input and the
+    output gradient); the reduce-scatters stay bf16; bf16 keeps 2 bytes."""
     def tp_bytes(framework: str, precision: str) -> dict[str, float]:
         exp = build_experiment(_exp(False, framework=framework, precision=precision))
         return {i.name.split(" ", 2)[2]: i.nbytes for i in api.simulate(exp).program.instructions
@@ -135,8 +137,32 @@ def test_fp8_tp_all_gathers_move_one_byte_under_torchao() -> None:
                 and " L0 " in i.name}
 
     bsh = 4096 * 5120
-    fp8 = tp_bytes("fsdp-compile", "fp8")
+    fp8 = tp_bytes(framework, "fp8")
     assert {fp8[n] for n in fp8 if n.endswith("all-gather")} == {bsh}
     assert {fp8[n] for n in fp8 if n.endswith("reduce-scatter")} == {2 * bsh}
-    for framework, precision in (("fsdp-compile", "bf16"), ("megatron", "fp8")):
-        assert set(tp_bytes(framework, precision).values()) == {2 * bsh}
+    assert set(tp_bytes(framework, "bf16").values()) == {2 * bsh}
+
+
+def test_transformer_engine_overlap_times_fp8_all_gathers() -> None:
+    """Under userbuffers (Megatron's profile, fp8) every overlapped all-gather is timed on
+    the fp8 copy (b·s·h bytes), every reduce-scatter on bf16 (2·b·s·h), and each pair's
+    exposed time is the method's pipelined pair on those bytes less the whole GEMM."""
+    exp = build_experiment(_exp(True, framework="megatron", precision="fp8"))
+    compute_s = segment_timer(exp)
+    timer = CollectiveTimer(exp.cluster)
+    groups = tp_groups(exp.placement, 0)
+    moved: dict[str, set[float]] = {"all_gather": set(), "reduce_scatter": set()}
+
+    def collective_s(op: str, nbytes: float) -> float:
+        moved[op].add(nbytes)
+        return timer(op, groups, nbytes)
+
+    exposed = dict(exposed_s(exp.costs, compute_s, collective_s, 132, kind="userbuffers"))
+    bsh = 4096 * 5120
+    assert moved == {"all_gather": {bsh}, "reduce_scatter": {2 * bsh}}
+    bf16 = build_experiment(_exp(True, framework="megatron", precision="bf16"))
+    base = dict(exposed_s(bf16.costs, segment_timer(bf16),
+                          lambda op, n: timer(op, groups, n), 132, kind="userbuffers"))
+    # the fp8 GEMMs are shorter, the gathers half the bytes: each exposed time differs
+    assert set(exposed) == set(base) and all(exposed[k] != base[k] for k in exposed
+                                                if k.endswith("all-gather"))

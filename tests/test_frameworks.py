@@ -66,17 +66,20 @@ def test_megatron_profile_is_the_cost_model_without_a_profile_but_for_its_fp32_g
     step-end collective (fp32 reduce-scatter, bf16 all-gather), a 4-byte gradient read by the
     optimizer; under fp16 nothing forces fp32 and the profile is the cost model's defaults.
     Beside those, the backward's non-SP input-gradient all-reduce runs beside the wgrad
-    GEMM (tp_async_grad_all_reduce, a timing behaviour: sim.tpoverlap)."""
+    GEMM (tp_async_grad_all_reduce, a timing behaviour: sim.tpoverlap), and under fp8 the
+    sequence-parallel all-gathers move Transformer Engine's fp8 copy (tp_all_gather_fp8)."""
     plain = _costs()
     mg = FRAMEWORKS["megatron"]
     assert apply_framework(plain, mg, 8) == replace(
         plain, dp_wire_bytes=3.0, grad_reduce_bytes=4.0, grad_buffer_bytes=4.0,
-        optimizer_bytes=30.0, embedding_grad_bytes=12.0, tp_async_grad_all_reduce=True)
+        optimizer_bytes=30.0, embedding_grad_bytes=12.0, tp_async_grad_all_reduce=True,
+        tp_all_gather_fp8=True)
     assert framework("megatron", "bf16") is mg and framework("megatron", "fp8") is mg
     fp16 = framework("megatron", "fp16")
     # the dense embedding gradient, which the cost model leaves out, added into fp16 main_grad
     assert apply_framework(plain, fp16, 8) == replace(plain, embedding_grad_bytes=8.0,
-                                                         tp_async_grad_all_reduce=True)
+                                                         tp_async_grad_all_reduce=True,
+                                                         tp_all_gather_fp8=True)
     assert "--grad-reduce-in-bf16" in mg.source("dp_wire_bytes")
     assert Experiment.from_dict(_run()).framework.name == "megatron"
     assert Experiment.from_dict(_run(precision="fp16")).framework == fp16

@@ -178,11 +178,14 @@ class LayerWork:
         found in :attr:`tp_comm_exposed_s`, run beside the weight gradient under
         :attr:`tp_async_grad_all_reduce`, gets its exposed time). With SP
         (Korthikanti et al. 2022, sec. 4.2.2): all-gather the sequence-split
-        input, compute, reduce-scatter the output; the same bytes on the wire.
-        ``block`` (``attn``, ``mlp bwd``, ...) names the collectives in
-        :attr:`tp_comm_exposed_s`; one found there gets its fixed exposed time, and a
-        backward block found there with an ``input all-gather`` (:data:`SP_REGATHER_GEMMS`)
-        also its input's second all-gather, with that entry's time.
+        input, compute, reduce-scatter the output; the same bytes on the wire, but the
+        all-gathers move 1 byte an element under :attr:`tp_all_gather_fp8` (the input's
+        second all-gather 1 byte under ``precision: fp8``, Transformer Engine's saved fp8
+        ``ln_out``, as :func:`sim.tpoverlap.regather_exposed_s` times it). ``block``
+        (``attn``, ``mlp bwd``, ...) names the collectives in :attr:`tp_comm_exposed_s`;
+        one found there gets its fixed exposed time, and a backward block found there with
+        an ``input all-gather`` (:data:`SP_REGATHER_GEMMS`) also its input's second
+        all-gather, with that entry's time.
         """
         body = compute if isinstance(compute, list) else [compute]
         if self.tp == 1:
@@ -192,7 +195,8 @@ class LayerWork:
             exposed = dict(self.tp_comm_exposed_s)
             ag, rs = f"{block} all-gather", f"{block} reduce-scatter"
             regather = f"{block} input all-gather"
-            again = ([CommSeg(f"{label} input all-gather", "tp", "all_gather", nbytes,
+            saved = (1.0 if self.precision == "fp8" else BF16) * self._bsh  # TE's fp8 ln_out
+            again = ([CommSeg(f"{label} input all-gather", "tp", "all_gather", saved,
                               duration_s=exposed[regather])] if regather in exposed else [])
             return [CommSeg(f"{label} all-gather", "tp", "all_gather",
                             self._tp_gather_bytes * self._bsh, duration_s=exposed.get(ag)),
