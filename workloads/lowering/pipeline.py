@@ -1,9 +1,9 @@
 """Pass 2, pipeline send/recv: after an op whose consumer stage lives on another pipeline
 rank, a send of its output (activations forward, gradients backward) from every
 simulated GPU to its peer there; the consumer waits for the send's arrival. Where sends
-block (``pp_send_blocking``, DeepSpeed's pipeline engine), the sender's compute stream
-waits for them too: a zero-time ``pp wait`` instruction after them, which later ops there
-follow.
+block (``pp_send_blocking``, :func:`sends_block`: DeepSpeed's pipeline engine, Megatron-LM's
+non-interleaved schedule), the sender's compute stream waits for them too: a zero-time
+``pp wait`` instruction after them, which later ops there follow.
 """
 
 from __future__ import annotations
@@ -29,6 +29,37 @@ op, consumer's pipeline rank, name, fixed duration or None, bytes)."""
 Lanes = list[list[list[int]]]
 """``lanes[r][e][t]``: the simulated GPU of TP lane t, replica e (a (cp, dp) coordinate)
 of pipeline rank r."""
+
+
+SEND_BLOCKING = ("never", "always", "non-interleaved")
+"""Where pipeline sends block (``pp_send_blocking`` of a framework profile): on no schedule,
+on every schedule, or on Megatron-LM's non-interleaved schedule only (:func:`sends_block`)."""
+
+NON_INTERLEAVED = ("1f1b", "interleaved")
+"""The schedules Megatron-LM runs: ``1f1b`` (``forward_backward_pipelining_without_
+interleaving``) and ``interleaved`` (``..._with_interleaving``, which with one model chunk a
+rank Megatron-LM runs as the former: ``validate_args`` sets no virtual pipeline)."""
+
+
+def sends_block(blocking: bool | str, schedule: Schedule) -> bool:
+    """Whether pipeline sends block their sender on ``schedule`` under ``blocking``, a cost
+    model's ``pp_send_blocking``: True or ``always``, False or ``never``, or
+    ``non-interleaved``: on Megatron-LM's non-interleaved schedule, ``1f1b`` (or
+    ``interleaved`` with one model chunk a rank), where ``megatron/training/arguments.py``
+    ``validate_args`` turns ``overlap_p2p_comm`` off and passes ``batch_p2p_comm = not
+    overlap_p2p_comm``, so each ``send_forward_recv_backward`` etc. waits on its requests and
+    ``torch.cuda.synchronize()``s (``megatron/core/pipeline_parallel/p2p_communication.py``
+    ``_communicate``, core_r0.8.0 baf94af and main d98e8a6); not on the interleaved schedule
+    under ``overlap_p2p_comm`` (its default), whose sends are waited on only before the next
+    chunk, nor on schedules Megatron-LM does not have (they keep their sends beside the
+    compute)."""
+    if isinstance(blocking, bool):
+        return blocking
+    if blocking == "non-interleaved":
+        return schedule.name in NON_INTERLEAVED and schedule.num_stages == schedule.num_ranks
+    if blocking not in SEND_BLOCKING:
+        raise ValueError(f"pp_send_blocking={blocking!r}: one of {', '.join(SEND_BLOCKING)}")
+    return blocking == "always"
 
 
 def consumer_stage(op: Op, num_stages: int) -> int | None:
