@@ -403,7 +403,8 @@ class TrainingConfig(Strict):
     framework: Literal["megatron", "deepspeed", "fsdp", "fsdp-compile", "scaling", "llm-foundry",
                        "megatron-bridge", "llama3", "bigscience",
                        "megatron-core-r0.8", "nemo-launcher",
-                       "nemo-launcher-2022", "nemo1-te-layer"] = "megatron"
+                       "nemo-launcher-2022", "nemo1-te-layer",
+                       "megatron-lm-2021"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -428,7 +429,9 @@ class TrainingConfig(Strict):
     GPT-3 configs run it (fp32 gradient sync in apex's 100 MiB buckets on every model chunk,
     the sequence-parallel reduce-scatter beside the weight gradient); nemo1-te-layer: NeMo 1's own
     GPT model on Transformer Engine's TransformerLayer, as the MLPerf Training v3.0/v3.1 GPT-3
-    submissions ran it (nemo-launcher's, with TE's LayerNormMLP: the GeLU writes fp8)."""
+    submissions ran it (nemo-launcher's, with TE's LayerNormMLP: the GeLU writes fp8);
+    megatron-lm-2021: Megatron-LM of 2021-22 as Narayanan et al. and Korthikanti et al. ran
+    it (Megatron-LM's behaviour, pipeline sends blocking on the interleaved schedule too)."""
     allocator: Literal["caching", "expandable-segments"] | None = None
     """The PyTorch CUDA allocator setting the run uses, which sets the overhead on dynamic
     memory (``workloads/allocators.toml``): caching (PyTorch's default: the device profile's

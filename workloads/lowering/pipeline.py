@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from topologies.placement import Placement
+from workloads.frameworks import SEND_BLOCKING
 from workloads.lowering.collapse import Collapse, replica_send_s
 from workloads.program import ProgramBuilder
 from workloads.schedules import (
@@ -30,10 +31,6 @@ Lanes = list[list[list[int]]]
 """``lanes[r][e][t]``: the simulated GPU of TP lane t, replica e (a (cp, dp) coordinate)
 of pipeline rank r."""
 
-
-SEND_BLOCKING = ("never", "always", "non-interleaved")
-"""Where pipeline sends block (``pp_send_blocking`` of a framework profile): on no schedule,
-on every schedule, or on Megatron-LM's non-interleaved schedule only (:func:`sends_block`)."""
 
 NON_INTERLEAVED = ("1f1b", "interleaved")
 """The schedules Megatron-LM runs: ``1f1b`` (``forward_backward_pipelining_without_
