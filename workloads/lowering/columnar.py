@@ -164,7 +164,8 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
     if step is None:
         offset, done, ext, row, op_kind, first_id, sig_rows, sig_of_row, keys = _LAID.get(
-            (variant, sizes, starts, has_send, *cols, rank_at, kind, table.cls, blocking),
+            ("sends", blocking, variant, sizes, starts, has_send, rank_at, kind, table.cls,
+             *cols),
             lambda: _laid_out(variant, sizes, starts, has_send, cols, rank_at, kind,
                               table.cls, blocking))
         layout = ColumnarOps(order, plans, templates, variant, per, offset, ext, algo, done,
@@ -173,8 +174,8 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         sent_to = np.array([reps.index(p.send[0]) if p.send is not None else -1
                             for p in plans], dtype=np.int64)[plan_of]
         units, offset, done, ext, row, op_kind, first_id, sig_rows, sig_of_row, keys = \
-            _LAID.get((variant, sizes, starts, has_send, *cols, rank_at, kind, table.cls,
-                       step, sent_to, plan_of),
+            _LAID.get(("rendezvous", variant, sizes, starts, has_send, rank_at, kind,
+                       table.cls, step, sent_to, plan_of, *cols),
                       lambda: _rendezvous(variant, sizes, starts, has_send, cols, rank_at,
                                           kind, table.cls, step, sent_to, plan_of,
                                           per * len(plans)))
