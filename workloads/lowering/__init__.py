@@ -35,8 +35,6 @@ from __future__ import annotations
 from functools import lru_cache
 from operator import itemgetter
 
-import numpy as np
-
 from base.collector import gc_paused
 from topologies.placement import PLACEMENT_CACHE, Placement, coordinate_columns
 from workloads.lowering.collapse import Collapse
@@ -57,7 +55,12 @@ from workloads.lowering.order import (
 )
 from workloads.lowering.paramserver import push_pull
 from workloads.lowering.pieces import PieceLowering
-from workloads.lowering.pipeline import deepspeed_order, deepspeed_steps, sends_block
+from workloads.lowering.pipeline import (
+    deepspeed_order,
+    deepspeed_permutation,
+    deepspeed_steps,
+    sends_block,
+)
 from workloads.lowering.tied import reduce_tied_gradients
 from workloads.packed import PackedBuilder
 from workloads.program import Program, ProgramBuilder
@@ -138,11 +141,9 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     if fast and order and fields is not None and fields[1].min() >= 0:  # F, B, W only
         step = None
         if steps is not None:  # the op loop's order (deepspeed_order), fields alike
-            step = np.fromiter(map(steps.__getitem__, order), np.int64, len(order))
-            perm = np.argsort(step, kind="stable")
+            perm, step = deepspeed_permutation(schedule, order, steps)
             order = itemgetter(*perm.tolist())(order) if len(order) > 1 else order
             fields = tuple(None if f is None else f[perm] for f in fields)
-            step = step[perm]
         # positions of the final ops only (the step end's); the op loop has its own
         index = positions(order, fields[0], fields[1], list(final_op.values()))
         reps = [lane[0][0] for lane in lanes]

@@ -9,6 +9,9 @@ non-interleaved schedule), the sender's compute stream waits for them too: a zer
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import numpy as np
 
 from topologies.placement import Placement
 from workloads.frameworks import SEND_BLOCKING
@@ -171,7 +174,18 @@ def deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
     ``2i + s`` and ``B(s, i)`` in step ``2i + 2p - 1 - s`` (``_step_to_micro_batch``);
     the output of an op of step t is sent in step t + 1, where its consumer receives it.
     None where ``schedule`` is not that order: one stage per rank, F and B only, and each
-    rank's ops in the order of their steps (Megatron's 1F1B, which DeepSpeed's steps give)."""
+    rank's ops in the order of their steps (Megatron's 1F1B, which DeepSpeed's steps give).
+    Worked out once per schedule and kept on it, read-only (as
+    :func:`~workloads.lowering.order.topological`)."""
+    if "_deepspeed_steps" not in schedule.__dict__:
+        steps = _deepspeed_steps(schedule)
+        schedule.__dict__["_deepspeed_steps"] = (None if steps is None
+                                                 else MappingProxyType(steps))
+    return schedule.__dict__["_deepspeed_steps"]
+
+
+def _deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
+    """:func:`deepspeed_steps`, worked out."""
     p = schedule.num_stages
     if (schedule.num_ranks != p or schedule.split_backward or schedule.fused
             or schedule.seq_chunks != 1 or schedule.encoder is not None
@@ -191,6 +205,22 @@ def deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
                 return None
             steps[op] = previous = t
     return steps
+
+
+def deepspeed_permutation(schedule: Schedule, order: Sequence[Op], steps: Mapping[Op, int]
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`deepspeed_order` of ``order`` (the schedule's topological order,
+    :func:`~workloads.lowering.order.topological`) as positions in it, and the sorted ops'
+    steps: worked out once per schedule and kept on it, read-only."""
+    found = schedule.__dict__.get("_deepspeed_permutation")
+    if found is None or len(found[0]) != len(order):
+        step = np.fromiter(map(steps.__getitem__, order), np.int64, len(order))
+        perm = np.argsort(step, kind="stable")
+        found = (perm, step[perm])
+        for a in found:
+            a.flags.writeable = False
+        schedule.__dict__["_deepspeed_permutation"] = found
+    return found
 
 
 def deepspeed_order(order: Sequence[Op], steps: Mapping[Op, int]) -> tuple[Op, ...]:
