@@ -898,9 +898,9 @@ def test_megatron_sends_block_on_its_non_interleaved_schedule_only() -> None:
     and its 1F1B exchange waits and synchronizes (``non-interleaved``): a 1F1B step of the
     default profile is slower than with the sends beside the compute, each message a
     rendezvous (``pp wait`` on the sender, ``pp recv`` on the receiver), the same full and
-    collapsed; the interleaved schedule (overlap_p2p_comm on) and schedules Megatron-LM does
-    not have keep theirs beside the compute; Megatron-LM 2021-22 (``always``) blocked on
-    the interleaved schedule too."""
+    collapsed; with several model chunks a rank (the interleaved schedule, overlap_p2p_comm
+    on; V-shaped ones) the sends stay beside the compute; Megatron-LM 2021-22 (``always``)
+    blocked on the interleaved schedule too."""
     exp = _tied_run("megatron")
     assert exp.costs.pp_send_blocking == "non-interleaved" and exp.schedule.name == "1f1b"
     assert sends_block(exp.costs.pp_send_blocking, exp.schedule)
@@ -911,7 +911,8 @@ def test_megatron_sends_block_on_its_non_interleaved_schedule_only() -> None:
     assert full.stats["step_time_s"] == pytest.approx(blocked)
     free = replace(exp, costs=replace(exp.costs, pp_send_blocking="never"))
     assert blocked > api.simulate(free, fidelity="collapsed").stats["step_time_s"]
-    for name, blocks in (("interleaved", False), ("zb-h1", False), ("gpipe", False)):
+    for name, blocks in (("interleaved", False), ("zb-v", False), ("zb-h1", True),
+                         ("gpipe", True)):
         other = exp.with_changes({"schedule": name})
         assert sends_block("non-interleaved", other.schedule) is blocks
         assert sends_block("always", other.schedule) and not sends_block("never", other.schedule)

@@ -35,28 +35,21 @@ Lanes = list[list[list[int]]]
 of pipeline rank r."""
 
 
-NON_INTERLEAVED = ("1f1b", "interleaved")
-"""The schedules Megatron-LM runs: ``1f1b`` (``forward_backward_pipelining_without_
-interleaving``) and ``interleaved`` (``..._with_interleaving``, which with one model chunk a
-rank Megatron-LM runs as the former: ``validate_args`` sets no virtual pipeline)."""
-
-
 def sends_block(blocking: bool | str, schedule: Schedule) -> bool:
     """Whether pipeline sends block their sender on ``schedule`` under ``blocking``, a cost
     model's ``pp_send_blocking``: True or ``always``, False or ``never``, or
-    ``non-interleaved``: on Megatron-LM's non-interleaved schedule, ``1f1b`` (or
-    ``interleaved`` with one model chunk a rank), where ``megatron/training/arguments.py``
-    ``validate_args`` turns ``overlap_p2p_comm`` off and passes ``batch_p2p_comm = not
+    ``non-interleaved``: where each pipeline rank holds one stage (no virtual pipeline), as
+    Megatron-LM decides it: ``megatron/training/arguments.py`` ``validate_args`` turns
+    ``overlap_p2p_comm`` off without a virtual pipeline and passes ``batch_p2p_comm = not
     overlap_p2p_comm``, so each ``send_forward_recv_backward`` etc. waits on its requests and
     ``torch.cuda.synchronize()``s (``megatron/core/pipeline_parallel/p2p_communication.py``
-    ``_communicate``, core_r0.8.0 baf94af and main d98e8a6); not on the interleaved schedule
-    under ``overlap_p2p_comm`` (its default), whose sends are waited on only before the next
-    chunk, nor on schedules Megatron-LM does not have (they keep their sends beside the
-    compute)."""
+    ``_communicate``, core_r0.8.0 baf94af and main d98e8a6); with several model chunks a
+    rank (the interleaved schedule, V-shaped ones) ``overlap_p2p_comm`` is on by default and
+    the chunks' handles are waited on only before the next chunk: not blocking."""
     if isinstance(blocking, bool):
         return blocking
     if blocking == "non-interleaved":
-        return schedule.name in NON_INTERLEAVED and schedule.num_stages == schedule.num_ranks
+        return schedule.num_stages == schedule.num_ranks
     if blocking not in SEND_BLOCKING:
         raise ValueError(f"pp_send_blocking={blocking!r}: one of {', '.join(SEND_BLOCKING)}")
     return blocking == "always"
