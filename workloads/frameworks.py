@@ -37,8 +37,8 @@ TP_OVERLAPS = ("userbuffers", "symmetric-memory", "none")
 """How a framework places transformer layers on pipeline stages (:func:`stage_layers`)."""
 SEND_BLOCKING = ("never", "always", "non-interleaved")
 """Where pipeline sends block their sender (:attr:`FrameworkProfile.pp_send_blocking`): on no
-schedule, on every schedule, or on Megatron-LM's non-interleaved schedule only
-(:func:`workloads.lowering.pipeline.sends_block`)."""
+schedule, on every schedule, or where a pipeline rank holds one stage (Megatron-LM without a
+virtual pipeline, :func:`workloads.lowering.pipeline.sends_block`)."""
 
 FP8_AMAX_REDUCTIONS = ("tp-dp-cp", "tp-cp", "none")
 """Over which ranks FP8 delayed scaling's amaxes are all-reduced, blocking, at each model
@@ -155,9 +155,9 @@ class FrameworkProfile:
     """On which schedules each pipeline send blocks the sender's compute stream until it has
     arrived (:data:`SEND_BLOCKING`): ``always`` (DeepSpeed's ``p2p.send`` in its instruction
     stream, Megatron-LM 2021-22's ``torch.cuda.synchronize()`` after every exchange),
-    ``non-interleaved`` (Megatron-core's 1F1B, not its interleaved schedule under
-    ``overlap_p2p_comm``), ``never``; a table may leave it out (``never``: sends beside the
-    compute): ``TransformerCosts.pp_send_blocking``."""
+    ``non-interleaved`` (Megatron-core's 1F1B, and any schedule with one stage a rank; not
+    its interleaved schedule under ``overlap_p2p_comm``), ``never``; a table may leave it
+    out (``never``: sends beside the compute): ``TransformerCosts.pp_send_blocking``."""
     pp_partition_gathers: bool
     """Pipeline messages travel as 1/t partitions that each TP rank all-gathers before use
     (DeepSpeed's ``PartitionedTensor``); a table may leave it out (False: not counted):

@@ -384,7 +384,7 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     (:mod:`workloads.lowering.pipeline`): DeepSpeed's pipeline engine sends with
     ``dist.send`` in its instruction stream, which the next instruction waits on; Megatron-LM
     waits on each batched exchange. True or ``always``: on every schedule;
-    ``non-interleaved``: on Megatron-LM's non-interleaved schedule only
+    ``non-interleaved``: where a pipeline rank holds one stage (Megatron-LM's 1F1B)
     (:func:`~workloads.lowering.pipeline.sends_block`); False or ``never``: sends run on
     their own stream beside the compute (:mod:`workloads.frameworks`)."""
     pp_partition_gathers: bool = False

@@ -1,8 +1,8 @@
 """Pass 2, pipeline send/recv: after an op whose consumer stage lives on another pipeline
 rank, a send of its output (activations forward, gradients backward) from every
 simulated GPU to its peer there; the consumer waits for the send's arrival. Where sends
-block (``pp_send_blocking``, :func:`sends_block`: DeepSpeed's pipeline engine, Megatron-LM's
-non-interleaved schedule), the sender's compute stream waits for them too: a zero-time
+block (``pp_send_blocking``, :func:`sends_block`: DeepSpeed's pipeline engine, Megatron-LM
+without a virtual pipeline), the sender's compute stream waits for them too: a zero-time
 ``pp wait`` instruction after them, which later ops there follow.
 """
 
