@@ -404,7 +404,7 @@ class TrainingConfig(Strict):
                        "megatron-bridge", "llama3", "bigscience",
                        "megatron-core-r0.8", "nemo-launcher",
                        "nemo-launcher-2022", "nemo1-te-layer",
-                       "megatron-lm-2022"] = "megatron"
+                       "megatron-lm-2021", "megatron-lm-2022"] = "megatron"
     """The training framework whose behaviour is simulated (:mod:`workloads.frameworks`,
     each field with its source): gradient reduction dtype, gradient buffer, loss over
     gathered or vocabulary-parallel logits, pipeline split, what is stashed for the
@@ -430,6 +430,8 @@ class TrainingConfig(Strict):
     the sequence-parallel reduce-scatter beside the weight gradient); nemo1-te-layer: NeMo 1's own
     GPT model on Transformer Engine's TransformerLayer, as the MLPerf Training v3.0/v3.1 GPT-3
     submissions ran it (nemo-launcher's, with TE's LayerNormMLP: the GeLU writes fp8);
+    megatron-lm-2021: Megatron-LM of 2021 as Narayanan et al. ran it (Megatron-LM's
+    behaviour, pipeline sends blocking on the interleaved schedule too);
     megatron-lm-2022: Megatron-LM of May 2022 (d898a89, Korthikanti et al.'s sequence
     parallelism) without a distributed optimizer: the sequence-parallel reduce-scatter beside
     the weight gradient, pipeline sends that block, Float16OptimizerWithFloat16Params' copies,

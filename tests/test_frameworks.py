@@ -29,6 +29,7 @@ from workloads.frameworks import (
     load_profiles,
     stage_layers,
 )
+from workloads.lowering.pipeline import sends_block
 from workloads.memory import model_state_bytes_per_param
 from workloads.models import PRESETS, MLASpec
 from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
@@ -66,20 +67,23 @@ def test_megatron_profile_is_the_cost_model_without_a_profile_but_for_its_fp32_g
     step-end collective (fp32 reduce-scatter, bf16 all-gather), a 4-byte gradient read by the
     optimizer; under fp16 nothing forces fp32 and the profile is the cost model's defaults.
     Beside those, the backward's non-SP input-gradient all-reduce runs beside the wgrad
-    GEMM (tp_async_grad_all_reduce, a timing behaviour: sim.tpoverlap), and under fp8 the
-    sequence-parallel all-gathers move Transformer Engine's fp8 copy (tp_all_gather_fp8)."""
+    GEMM (tp_async_grad_all_reduce, a timing behaviour: sim.tpoverlap), under fp8 the
+    sequence-parallel all-gathers move Transformer Engine's fp8 copy (tp_all_gather_fp8), and
+    the pipeline sends block on the non-interleaved schedule (pp_send_blocking, a timing
+    behaviour: workloads.lowering.pipeline.sends_block)."""
     plain = _costs()
     mg = FRAMEWORKS["megatron"]
     assert apply_framework(plain, mg, 8) == replace(
         plain, dp_wire_bytes=3.0, grad_reduce_bytes=4.0, grad_buffer_bytes=4.0,
         optimizer_bytes=30.0, embedding_grad_bytes=12.0, tp_async_grad_all_reduce=True,
-        tp_all_gather_fp8=True)
+        tp_all_gather_fp8=True, pp_send_blocking="non-interleaved")
     assert framework("megatron", "bf16") is mg and framework("megatron", "fp8") is mg
     fp16 = framework("megatron", "fp16")
     # the dense embedding gradient, which the cost model leaves out, added into fp16 main_grad
     assert apply_framework(plain, fp16, 8) == replace(plain, embedding_grad_bytes=8.0,
                                                          tp_async_grad_all_reduce=True,
-                                                         tp_all_gather_fp8=True)
+                                                         tp_all_gather_fp8=True,
+                                                         pp_send_blocking="non-interleaved")
     assert "--grad-reduce-in-bf16" in mg.source("dp_wire_bytes")
     assert Experiment.from_dict(_run()).framework.name == "megatron"
     assert Experiment.from_dict(_run(precision="fp16")).framework == fp16
@@ -844,9 +848,9 @@ def test_deepspeed_pipeline_sends_block_their_sender() -> None:
     zero-time ``pp wait`` after its sends; the step is slower than with Megatron-LM's sends
     beside the compute, the same full and collapsed, and the flag is the only difference."""
     exp = _tied_run("deepspeed")
-    assert exp.costs.pp_send_blocking and not _tied_run("megatron").costs.pp_send_blocking
-    assert {n for n, p in FRAMEWORKS.items() if p.pp_send_blocking} == {
-        "deepspeed", "bigscience", "megatron-lm-2022"}
+    assert exp.costs.pp_send_blocking == "always"
+    assert {n for n, p in FRAMEWORKS.items() if p.pp_send_blocking == "always"} == {
+        "deepspeed", "bigscience", "megatron-lm-2021", "megatron-lm-2022", "nemo-launcher-2022"}
     free = replace(exp, costs=replace(exp.costs, pp_send_blocking=False))
     full = api.simulate(exp, fidelity="full")
     waits = [s for s in full.timeline.spans if s.name.endswith("pp wait")]
@@ -868,11 +872,12 @@ def test_interleaved_megatron_core_runs_send_beside_the_next_chunk() -> None:
     waits for its message, so on a full run compute of the sending GPU runs while its sends
     are in flight; with blocking sends (DeepSpeed's ``pp_send_blocking``) none does and the
     step is slower."""
-    for name in ("nemo1-te-layer", "nemo-launcher"):
-        assert not FRAMEWORKS[name].pp_send_blocking
-        assert "overlap_p2p_comm True" in FRAMEWORKS[name].source("pp_send_blocking")
     exp = Experiment.from_dict({**_run(framework="nemo1-te-layer"), "schedule": "interleaved"})
     assert exp.schedule.num_stages == 4  # two model chunks a pipeline rank
+    for name in ("nemo1-te-layer", "nemo-launcher"):
+        assert FRAMEWORKS[name].pp_send_blocking == "non-interleaved"
+        assert not sends_block(FRAMEWORKS[name].pp_send_blocking, exp.schedule)
+        assert "overlap_p2p_comm True" in FRAMEWORKS[name].source("pp_send_blocking")
     blocked = replace(exp, costs=replace(exp.costs, pp_send_blocking=True))
 
     def overlapped(run) -> tuple[int, int]:
@@ -888,6 +893,36 @@ def test_interleaved_megatron_core_runs_send_beside_the_next_chunk() -> None:
     assert sends and beside
     assert overlapped(blocked_run) == (0, sends)
     assert blocked_run.stats["step_time_s"] > free_run.stats["step_time_s"]
+
+
+def test_megatron_sends_block_on_its_non_interleaved_schedule_only() -> None:
+    """Megatron-core (core_r0.8.0, main) turns overlap_p2p_comm off without a virtual pipeline
+    and its 1F1B exchange waits and synchronizes (``non-interleaved``): a 1F1B step of the
+    default profile is slower than with the sends beside the compute, each message a
+    rendezvous (``pp wait`` on the sender, ``pp recv`` on the receiver), the same full and
+    collapsed; with several model chunks a rank (the interleaved schedule, overlap_p2p_comm
+    on; V-shaped ones) the sends stay beside the compute; Megatron-LM 2021-22 (``always``)
+    blocked on the interleaved schedule too."""
+    exp = _tied_run("megatron")
+    assert exp.costs.pp_send_blocking == "non-interleaved" and exp.schedule.name == "1f1b"
+    assert sends_block(exp.costs.pp_send_blocking, exp.schedule)
+    full = api.simulate(exp, fidelity="full")
+    names = [s.name for s in full.timeline.spans]
+    assert any(n.endswith("pp wait") for n in names) and any(n.endswith("pp recv") for n in names)
+    blocked = api.simulate(exp, fidelity="collapsed").stats["step_time_s"]
+    assert full.stats["step_time_s"] == pytest.approx(blocked)
+    free = replace(exp, costs=replace(exp.costs, pp_send_blocking="never"))
+    assert blocked > api.simulate(free, fidelity="collapsed").stats["step_time_s"]
+    for name, blocks in (("interleaved", False), ("zb-v", False), ("zb-h1", True),
+                         ("gpipe", True)):
+        other = exp.with_changes({"schedule": name})
+        assert sends_block("non-interleaved", other.schedule) is blocks
+        assert sends_block("always", other.schedule) and not sends_block("never", other.schedule)
+    one_chunk = exp.with_changes({"schedule": "interleaved", "parallel.vpp": 1})
+    assert one_chunk.schedule.num_stages == one_chunk.schedule.num_ranks
+    assert sends_block("non-interleaved", one_chunk.schedule)
+    assert FRAMEWORKS["megatron-lm-2021"].pp_send_blocking == "always"
+    assert "50a4b5f" in FRAMEWORKS["megatron-lm-2021"].source("pp_send_blocking")
 
 
 def _deepspeed_steps_by_hand(p: int, m: int) -> dict[Op, int]:
@@ -1319,7 +1354,7 @@ def test_swiglu_stash_is_the_fused_kernels_6_or_eager_8_bytes_per_ffn_element() 
         "megatron": 6.0, "megatron-bridge": 6.0, "llama3": 6.0, "deepspeed": 8.0, "fsdp": 8.0,
         "fsdp-compile": 4.0, "scaling": 8.0, "llm-foundry": 8.0, "bigscience": 8.0,
         "megatron-core-r0.8": 6.0, "nemo-launcher": 6.0, "nemo-launcher-2022": 6.0,
-        "nemo1-te-layer": 6.0, "megatron-lm-2022": 6.0}
+        "nemo1-te-layer": 6.0, "megatron-lm-2021": 6.0, "megatron-lm-2022": 6.0}
     m = replace(PRESETS["llama3-8b"], num_layers=8, seq_length=2048)
     for tp in (1, 2):
         base = TransformerCosts(m, 1, tp, 1, (8,))

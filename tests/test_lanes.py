@@ -7,6 +7,7 @@ random experiments and on a TP-8 GPT-3 run where nearly every instruction is ste
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 
 import pytest
 from conftest import observed_full_run
@@ -78,12 +79,18 @@ def test_stepped_lanes_equal_one_by_one(data: dict) -> None:
 @pytest.mark.parametrize("tp", [2, 8])
 def test_stepped_tp_groups_equal_one_by_one(tp: int) -> None:
     """GPT-3 175B on DGX A100 with TP ``tp``: nearly every block of TP lanes is stepped, and
-    the run is the one without stepping, byte for byte."""
+    the run is the one without stepping, byte for byte (the pipeline sends beside the
+    compute). With the default profile's blocking sends (Megatron-LM's 1F1B exchange: a
+    ``pp wait`` and a ``pp recv`` a message on every lane) the same run both ways, somewhat
+    fewer instructions stepped (89.6% and 89.8%)."""
     exp = Experiment.from_dict({
         "name": "lanes", "model": {"preset": "gpt3-175b"},
         "cluster": {"preset": "dgx-a100-80g", "num_gpus": tp * 8 * 2},
         "parallel": {"tp": tp, "pp": 8, "dp": 2},
         "training": {"micro_batch_size": 1, "global_batch_size": 16}})
+    blocked = observed_full_run(exp, [])
+    assert blocked[:3] == observed_full_run(exp, [], stepping=False)[:3]
+    exp = replace(exp, costs=replace(exp.costs, pp_send_blocking=False))
     stepped = observed_full_run(exp, [])
     assert stepped[:3] == observed_full_run(exp, [], stepping=False)[:3]
     assert stepped[3][0] * tp > 0.9 * stepped[2][1]  # most instructions in stepped blocks

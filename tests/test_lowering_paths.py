@@ -46,8 +46,30 @@ def _collapse(exp) -> Collapse:  # type: ignore[no-untyped-def]
 
 @settings(max_examples=EXAMPLES, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(collapsible_experiments())
-def test_fast_lowering_equals_the_reference(data: dict) -> None:
+@given(collapsible_experiments(), st.sampled_from((False, True, "non-interleaved")))
+def test_fast_lowering_equals_the_reference(data: dict, blocking: bool | str) -> None:
+    """Pipeline sends beside the compute, blocking their sender on every schedule (a
+    rendezvous of sender and receiver on a 1F1B order, DeepSpeed's steps; else the
+    sender's wait) or on Megatron-LM's non-interleaved schedule only
+    (:func:`~workloads.lowering.pipeline.sends_block`): the same program both ways."""
+    _fast_equals_reference(data, blocking)
+
+
+@settings(max_examples=EXAMPLES // 2, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(experiments(collapsible=True, schedule="1f1b"), st.sampled_from((True,
+                                                                         "non-interleaved")))
+def test_fast_rendezvous_lowering_equals_the_reference(data: dict, blocking: bool | str
+                                                       ) -> None:
+    """Megatron-LM's 1F1B (and DeepSpeed's) blocking sends, each message a rendezvous of
+    its two GPUs in DeepSpeed's step order (:func:`~workloads.lowering.columnar._rendezvous`
+    against :func:`~workloads.lowering.pipeline.emit_rendezvous`): the same program."""
+    _fast_equals_reference(data, blocking)
+
+
+def _fast_equals_reference(data: dict, blocking: bool | str) -> None:
+    """The fast path's program and columns equal the reference op loop's on ``data`` with
+    ``pp_send_blocking`` set to ``blocking``."""
     parallel = data["parallel"]
     assume(parallel["cp"] == 1 and parallel["ep"] == 1)  # CP and EP ops are pieces
     # ZeRO-3, gradient buckets and a ZeRO-2 that reduces every micro-batch cut ops into
@@ -61,11 +83,10 @@ def test_fast_lowering_equals_the_reference(data: dict) -> None:
     parallel.pop("overlap_param_gather", None)
     exp = build_experiment(data)
     # fused groups and a multimodal schedule's encoder ops take the op loop (the latter
-    # tested in tests/test_multimodal.py), and so do pipeline sends that block their sender
-    # (DeepSpeed's, tests/test_frameworks.py): compared here without that wait
+    # tested in tests/test_multimodal.py)
     assume(not exp.schedule.fused and exp.schedule.encoder is None)
-    costs = replace(exp.costs, pp_send_blocking=False) if framework.pp_send_blocking \
-        else exp.costs
+    costs = replace(exp.costs, pp_send_blocking=blocking) \
+        if hasattr(exp.costs, "pp_send_blocking") else exp.costs
     args = (exp.schedule, costs, exp.placement, parallel["zero_stage"], _collapse(exp))
     first = lower(*args)  # its folds remembered (or read, where earlier examples left them)
     fast, ref = lower(*args), lower(*args, reference=True)  # the fast path's read

@@ -35,6 +35,11 @@ TP_OVERLAPS = ("userbuffers", "symmetric-memory", "none")
 """How a framework overlaps its TP collectives with their GEMMs under
 ``parallel.tp_comm_overlap`` (:attr:`FrameworkProfile.tp_overlap`, :mod:`sim.tpoverlap`)."""
 """How a framework places transformer layers on pipeline stages (:func:`stage_layers`)."""
+SEND_BLOCKING = ("never", "always", "non-interleaved")
+"""Where pipeline sends block their sender (:attr:`FrameworkProfile.pp_send_blocking`): on no
+schedule, on every schedule, or where a pipeline rank holds one stage (Megatron-LM without a
+virtual pipeline, :func:`workloads.lowering.pipeline.sends_block`)."""
+
 FP8_AMAX_REDUCTIONS = ("tp-dp-cp", "tp-cp", "none")
 """Over which ranks FP8 delayed scaling's amaxes are all-reduced, blocking, at each model
 chunk's forward and backward end (:attr:`FrameworkProfile.fp8_amax_reduction`): a pipeline
@@ -146,10 +151,13 @@ class FrameworkProfile:
     """HBM bytes per parameter (of the GPU's shard) that the step-end optimizer and what the
     framework runs beside it move: ``TransformerCosts.optimizer_bytes`` (None: the cost
     model's fused AdamW, 28; a table may leave it out)."""
-    pp_send_blocking: bool
-    """Each pipeline send blocks the sender's compute stream until it has arrived (DeepSpeed's
-    ``p2p.send`` in its instruction stream); a table may leave it out (False: sends beside
-    the compute): ``TransformerCosts.pp_send_blocking``."""
+    pp_send_blocking: str
+    """On which schedules each pipeline send blocks the sender's compute stream until it has
+    arrived (:data:`SEND_BLOCKING`): ``always`` (DeepSpeed's ``p2p.send`` in its instruction
+    stream, Megatron-LM 2021-22's ``torch.cuda.synchronize()`` after every exchange),
+    ``non-interleaved`` (Megatron-core's 1F1B, and any schedule with one stage a rank; not
+    its interleaved schedule under ``overlap_p2p_comm``), ``never``; a table may leave it
+    out (``never``: sends beside the compute): ``TransformerCosts.pp_send_blocking``."""
     pp_partition_gathers: bool
     """Pipeline messages travel as 1/t partitions that each TP rank all-gathers before use
     (DeepSpeed's ``PartitionedTensor``); a table may leave it out (False: not counted):
@@ -299,7 +307,7 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
 
-_OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False, "pp_send_blocking": False,
+_OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False,
                    "pp_partition_gathers": False, "tp_overlap_sm_margin": True,
                    "moe_host_sync": False, "cp_ring_merge": False, "sp_regather_input": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
@@ -323,6 +331,7 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     values["tp_overlap"] = table.get("tp_overlap", "userbuffers")
     values["fp8_weight_casts"] = table.get("fp8_weight_casts", "none")
     values["fp8_amax_reduction"] = table.get("fp8_amax_reduction", "none")
+    values["pp_send_blocking"] = table.get("pp_send_blocking", "never")
     for flag, default in _OPTIONAL_FLAGS.items():
         values[flag] = table.get(flag, default)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
@@ -340,6 +349,9 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if values["fp8_weight_casts"] not in FP8_WEIGHT_CASTS:
         raise ValueError(f"frameworks.toml [{name}]: fp8_weight_casts="
                          f"{values['fp8_weight_casts']!r} (one of {', '.join(FP8_WEIGHT_CASTS)})")
+    if values["pp_send_blocking"] not in SEND_BLOCKING:
+        raise ValueError(f"frameworks.toml [{name}]: pp_send_blocking="
+                         f"{values['pp_send_blocking']!r} (one of {', '.join(SEND_BLOCKING)})")
     if values["fp8_amax_reduction"] not in FP8_AMAX_REDUCTIONS:
         raise ValueError(f"frameworks.toml [{name}]: fp8_amax_reduction="
                          f"{values['fp8_amax_reduction']!r} (one of "
@@ -450,7 +462,7 @@ def _load() -> dict[str, FrameworkProfile]:
 FRAMEWORKS: dict[str, FrameworkProfile] = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, fsdp-compile, scaling,
 llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher,
-nemo-launcher-2022, nemo1-te-layer, megatron-lm-2022."""
+nemo-launcher-2022, nemo1-te-layer, megatron-lm-2021, megatron-lm-2022."""
 
 DEFAULT_FRAMEWORK = "megatron"
 

@@ -379,12 +379,14 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     first and the last pipeline stage that hold its two copies (:meth:`tied_grad_bytes`,
     :mod:`workloads.lowering.tied`): 4 for DeepSpeed's fp32 copy under its bf16 optimizer.
     0: not emitted (:mod:`workloads.frameworks`)."""
-    pp_send_blocking: bool = False
+    pp_send_blocking: bool | str = False
     """Each pipeline send blocks its sender's compute stream until the message has arrived
     (:mod:`workloads.lowering.pipeline`): DeepSpeed's pipeline engine sends with
-    ``dist.send`` in its instruction stream, which the next instruction waits on. False:
-    sends run on their own stream beside the compute (Megatron-LM's batched ``isend``)
-    (:mod:`workloads.frameworks`)."""
+    ``dist.send`` in its instruction stream, which the next instruction waits on; Megatron-LM
+    waits on each batched exchange. True or ``always``: on every schedule;
+    ``non-interleaved``: where a pipeline rank holds one stage (Megatron-LM's 1F1B)
+    (:func:`~workloads.lowering.pipeline.sends_block`); False or ``never``: sends run on
+    their own stream beside the compute (:mod:`workloads.frameworks`)."""
     pp_partition_gathers: bool = False
     """Each TP rank sends and receives 1/t of a stage's activation or gradient and
     all-gathers it over its TP group before use (:meth:`_partition_gathers`): a

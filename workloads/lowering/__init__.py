@@ -33,6 +33,7 @@ path on arrays (:mod:`.columnar`), proven equal by ``tests/test_lowering_paths.p
 from __future__ import annotations
 
 from functools import lru_cache
+from operator import itemgetter
 
 from base.collector import gc_paused
 from topologies.placement import PLACEMENT_CACHE, Placement, coordinate_columns
@@ -54,7 +55,12 @@ from workloads.lowering.order import (
 )
 from workloads.lowering.paramserver import push_pull
 from workloads.lowering.pieces import PieceLowering
-from workloads.lowering.pipeline import deepspeed_order, deepspeed_steps
+from workloads.lowering.pipeline import (
+    deepspeed_order,
+    deepspeed_permutation,
+    deepspeed_steps,
+    sends_block,
+)
 from workloads.lowering.tied import reduce_tied_gradients
 from workloads.packed import PackedBuilder
 from workloads.program import Program, ProgramBuilder
@@ -124,21 +130,29 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
                  if zero3 or overlap or cp_or_ep or gather_ahead or per_microbatch else None)
     # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
     # (and the F ops that wait on several of them) take the op loop
+    blocking = sends_block(getattr(costs, "pp_send_blocking", False), schedule)
+    # blocking sends on a 1F1B order: DeepSpeed's steps (Megatron-LM's send/recv pairs), in
+    # whose order the ops are lowered, each message a rendezvous of its two GPUs
+    steps = deepspeed_steps(schedule) if blocking else None
     fast = (not reference and collapse is not None and piecewise is None and not schedule.fused
-            and schedule.encoder is None and not getattr(costs, "pp_send_blocking", False))
+            and schedule.encoder is None)
     order, fields = topological(schedule, fields=fast)
     head = None
     if fast and order and fields is not None and fields[1].min() >= 0:  # F, B, W only
+        step = None
+        if steps is not None:  # the op loop's order (deepspeed_order), fields alike
+            perm, step = deepspeed_permutation(schedule, order, steps)
+            order = itemgetter(*perm.tolist())(order) if len(order) > 1 else order
+            fields = tuple(None if f is None else f[perm] for f in fields)
         # positions of the final ops only (the step end's); the op loop has its own
         index = positions(order, fields[0], fields[1], list(final_op.values()))
         reps = [lane[0][0] for lane in lanes]
         head = lower_collapsed(schedule, costs, collapse, placement, order, fields, reps,
-                               b.default_algo)
+                               b.default_algo, blocking, step)
         last = {(index[op], reps[schedule.stage_rank[op.stage]]): int(head.done[index[op]])
                 for op in final_op.values()}
         b = ProgramBuilder(head.size, head.keys)  # the step end follows the op loop's part
     else:
-        steps = deepspeed_steps(schedule) if getattr(costs, "pp_send_blocking", False) else None
         if steps is not None:  # DeepSpeed's engine runs its steps in turn
             order = deepspeed_order(order, steps)
         index = {op: k for k, op in enumerate(order)}

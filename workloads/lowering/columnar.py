@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -61,7 +62,8 @@ def joined(head: ColumnarOps, tail: tuple[Instruction, ...]
 
 def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
                     placement: Placement, order: Sequence[Op],
-                    fields: tuple[np.ndarray, ...], reps: Sequence[int], algo: str
+                    fields: tuple[np.ndarray, ...], reps: Sequence[int], algo: str,
+                    blocking: bool = False, step: np.ndarray | None = None
                     ) -> ColumnarOps:
     """The op loop of a collapsed lowering whose ops are each a chain of compute and TP
     collectives, unfused (no piecewise op, no fused group): the program of the reference
@@ -78,6 +80,14 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     instruction's dependencies (what completes or delivers each producer) and every
     field the engine reads then come out of array operations over all ops at once
     (:class:`ColumnarOps`); the instruction objects are built only if asked for.
+
+    ``blocking``: pipeline sends block their sender
+    (:func:`~workloads.lowering.pipeline.sends_block`): each send is followed by its
+    ``pp wait``, which completes the op. With ``step`` too (each op's DeepSpeed step,
+    :func:`~workloads.lowering.pipeline.deepspeed_steps`; ``order`` sorted by it, as
+    :func:`~workloads.lowering.pipeline.deepspeed_order`), the sends leave the ops: each
+    step's messages are rendezvous of their two GPUs after the step's ops
+    (:func:`~workloads.lowering.pipeline.emit_rendezvous`, :func:`_rendezvous`).
     """
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
@@ -115,22 +125,49 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     per = 1 << (2 * m)  # variants per plan: each set of kinds split at, times each cut
     variant = plan_of * per + (split_op << m) + cut_op
     used = np.flatnonzero(np.bincount(variant, minlength=per * len(plans))).tolist()
+    # the op's sends: after it (waited on where they block), or (rendezvous) not in it
+    tail = () if step is not None else (("send", "wait") if blocking else ("send",))
     templates = {v: _slots(plans[v // per],
                            frozenset(kd for b, kd in enumerate(kinds) if v >> (m + b) & 1),
-                           frozenset(kd for b, kd in enumerate(kinds) if v >> b & 1))
+                           frozenset(kd for b, kd in enumerate(kinds) if v >> b & 1), tail)
                  for v in used}
-    sizes = np.zeros(per * len(plans), dtype=np.int64)
-    starts = np.zeros(per * len(plans), dtype=np.int64)  # each template's first slot row
+    base = per * len(plans)  # rendezvous: plan p's message is templates base + 2p, + 2p + 1
+    if step is not None:
+        for p in sorted(set(plan_of.tolist())):
+            if plans[p].send is not None:
+                templates[base + 2 * p] = (("send",), ("wait",))
+                templates[base + 2 * p + 1] = (("recv",),)
+                used += [base + 2 * p, base + 2 * p + 1]
+    sizes = np.zeros(base + 2 * len(plans), dtype=np.int64)
+    starts = np.zeros(base + 2 * len(plans), dtype=np.int64)  # each template's first slot row
     rows: list[tuple[_Plan, tuple]] = []
     for v in used:
         sizes[v], starts[v] = len(templates[v]), len(rows)
-        rows.extend((plans[v // per], slot) for slot in templates[v])
+        plan = plans[v // per] if v < base else plans[(v - base) // 2]
+        rows.extend((plan, slot) for slot in templates[v])
     table = _slot_table(rows)
     has_send = np.array([p.send is not None for p in plans], dtype=bool)[plan_of]
-    offset, done, ext, row, op_kind, first_id, sig_rows, sig_of_row, keys = _LAID.get(
-        (variant, sizes, starts, has_send, *cols, rank_at, kind, table.cls),
-        lambda: _laid_out(variant, sizes, starts, has_send, cols, rank_at, kind, table.cls))
-    layout = ColumnarOps(order, plans, templates, variant, per, offset, ext, algo, done, keys)
+    if step is None:
+        offset, done, ext, row, op_kind, first_id, sig_rows, sig_of_row, keys = _LAID.get(
+            ("sends", blocking, variant, sizes, starts, has_send, rank_at, kind, table.cls,
+             *cols),
+            lambda: _laid_out(variant, sizes, starts, has_send, cols, rank_at, kind,
+                              table.cls, blocking))
+        layout = ColumnarOps(order, plans, templates, variant, per, offset, ext, algo, done,
+                             keys)
+    else:
+        sent_to = np.array([reps.index(p.send[0]) if p.send is not None else -1
+                            for p in plans], dtype=np.int64)[plan_of]
+        units, offset, done, ext, row, op_kind, first_id, sig_rows, sig_of_row, keys = \
+            _LAID.get(("rendezvous", variant, sizes, starts, has_send, rank_at, kind,
+                       table.cls, step, sent_to, plan_of, *cols),
+                      lambda: _rendezvous(variant, sizes, starts, has_send, cols, rank_at,
+                                          kind, table.cls, step, sent_to, plan_of,
+                                          per * len(plans)))
+        unit_variant, unit_op = units
+        layout = ColumnarOps(itemgetter(*unit_op.tolist())(order) if len(unit_op) > 1
+                             else tuple(order[j] for j in unit_op.tolist()), plans, templates,
+                             unit_variant, per, offset, ext, algo, done, keys)
     layout.parts = (table, row, op_kind, sig_of_row,
                     tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
     return layout
@@ -177,26 +214,45 @@ costs, lays out the same ids and dependencies)."""
 
 def _laid_out(variant: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
               has_send: np.ndarray, cols: Sequence[np.ndarray], rank_at: np.ndarray,
-              kind: np.ndarray, slot_cls: np.ndarray) -> tuple:
+              kind: np.ndarray, slot_cls: np.ndarray, blocking: bool = False) -> tuple:
     """The ids and dependencies of :func:`lower_collapsed`'s ops, from their structure
     alone: per op (its template ``variant``, each template's size and first slot row, whether
-    it ends with a send, its producers' positions ``cols``, its rank and kind code) its first
-    id, the instruction completing it, what its first instruction waits for (what
-    completes or delivers each producer); per instruction its slot row and op kind; per slot
-    row its first instance and its signature (compute rows with an instance: ``slot_cls``),
-    and the collectives' count."""
-    n = len(variant)
+    it ends with a send, and with ``blocking`` the send's wait, its producers' positions
+    ``cols``, its rank and kind code) its first id, the instruction completing it, what its
+    first instruction waits for (what completes or delivers each producer); per instruction
+    its slot row and op kind; per slot row its first instance and its signature (compute
+    rows with an instance: ``slot_cls``), and the collectives' count."""
     count = sizes[variant]
     offset = np.cumsum(count) - count  # each op's first id
-    total = int(count.sum())
-    done = offset + count - 1 - has_send  # the instruction completing each op
-    arrived = np.where(has_send, offset + count - 1, 0)  # the send delivering its output
-    ext = np.full((n, 3), -1, dtype=np.int64)  # what completes or delivers each producer
+    # the instruction completing each op (the send's wait where sends block, the last)
+    done = offset + count - 1 - (0 if blocking else has_send)
+    # the send delivering its output
+    arrived = np.where(has_send, offset + count - 1 - int(blocking), 0)
+    ext = _producers(cols, rank_at, done, arrived)
+    return (offset, done, ext, *_rows(variant, count, offset, starts, kind, slot_cls))
+
+
+def _producers(cols: Sequence[np.ndarray], rank_at: np.ndarray, done: np.ndarray,
+               arrived: np.ndarray) -> np.ndarray:
+    """Per op, what its first instruction waits for: per producer (``cols``, positions, -1
+    for none) the instruction completing it (``done``) on the op's rank, else the one
+    delivering its output there (``arrived``)."""
+    ext = np.full((len(rank_at), 3), -1, dtype=np.int64)
     for c, x in enumerate(cols):
         there = x >= 0
         safe = np.where(there, x, 0)
         ext[:, c] = np.where(there, np.where(rank_at[safe] == rank_at, done[safe],
                                              arrived[safe]), -1)
+    return ext
+
+
+def _rows(variant: np.ndarray, count: np.ndarray, offset: np.ndarray, starts: np.ndarray,
+          kind: np.ndarray, slot_cls: np.ndarray) -> tuple:
+    """Per instruction of units (ops, or rendezvous parts) of templates ``variant``, sizes
+    ``count``, first ids ``offset`` and op kinds ``kind``: its slot row and op kind; per slot
+    row its first instance and its signature; and the collectives' count
+    (:func:`_laid_out`)."""
+    total = int(count.sum())
     ids = np.arange(total, dtype=np.int64)
     # an instruction's slot row: its template's first row plus its place in its op (id
     # - the op's first id), the per-op terms repeated over the op's instructions (one
@@ -209,8 +265,65 @@ def _laid_out(variant: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
     sig_rows = tuple(np.flatnonzero((slot_cls == COMPUTE) & (first_id < total)).tolist())
     sig_of_row = np.full(len(slot_cls), -1, dtype=np.int32)  # (the column laid from it: int32)
     sig_of_row[list(sig_rows)] = np.arange(len(sig_rows))
-    return (offset, done, ext, row, np.repeat(kind, count), first_id, sig_rows, sig_of_row,
+    return (row, np.repeat(kind, count), first_id, sig_rows, sig_of_row,
             int(np.count_nonzero(slot_cls[row] == COLLECTIVE)))
+
+
+def _rendezvous(variant: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
+                has_send: np.ndarray, cols: Sequence[np.ndarray], rank_at: np.ndarray,
+                kind: np.ndarray, slot_cls: np.ndarray, step: np.ndarray,
+                sent_to: np.ndarray, plan_of: np.ndarray, base: int) -> tuple:
+    """:func:`_laid_out` where each pipeline message is a rendezvous
+    (:func:`~workloads.lowering.pipeline.emit_rendezvous`, the reference): the ops (in
+    ``step`` order, their templates without sends) and, before the first op of the step
+    after an op's (after the last op, for the last step's), the op's message as two units,
+    send and wait on the sender's GPU (templates ``base + 2p``, p its plan) then the recv
+    on the receiver's (``base + 2p + 1``), a step's activations first, each kind in op
+    order. The send waits for the latest instruction of either GPU before it, the wait and
+    the recv for the send; an op waits for its producer's wait (its own rank) or recv
+    (``sent_to``, the receiver's rank). Returns (each unit's template and op), the units'
+    first ids, the instruction completing each op, each unit's first instruction's
+    dependencies, and :func:`_rows`'s."""
+    n = len(variant)
+    count = sizes[variant]
+    msgs = np.flatnonzero(has_send)
+    k = len(msgs)
+    src = np.concatenate((np.arange(n), msgs, msgs))  # each unit's op
+    what = np.repeat(np.arange(3), (n, k, k))  # op, send and wait, recv
+    after = step[msgs] + 1
+    grad = (kind[msgs] != KINDS[FORWARD]).astype(np.int64)
+    # by step (messages before the step's ops), then messages by kind and op, ops by position
+    perm = np.lexsort((what, src, np.concatenate((np.zeros(n, np.int64), grad, grad)),
+                       np.concatenate((np.ones(n, np.int64), np.zeros(2 * k, np.int64))),
+                       np.concatenate((step, after, after))))
+    src, what = src[perm], what[perm]
+    msg_t = base + 2 * plan_of[src] + (what == 2)
+    unit_variant = np.where(what == 0, variant[src], msg_t)
+    size = np.where(what == 0, count[src], 2 - (what == 2))
+    offset = np.cumsum(size) - size
+    end = offset + size - 1
+    at = np.empty(len(src), dtype=np.int64)  # each unit's place
+    at[perm] = np.arange(len(src))
+    op_unit, send_unit, recv_unit = at[:n], at[n:n + k], at[n + k:]
+    done = offset[op_unit] + size[op_unit] - 1
+    done[msgs] = offset[send_unit] + 1  # the wait
+    arrived = np.zeros(n, dtype=np.int64)
+    arrived[msgs] = offset[recv_unit]
+    ext = np.full((len(src), 3), -1, dtype=np.int64)
+    ext[op_unit] = _producers(cols, rank_at, done, arrived)
+    # the latest instruction of a GPU (a rank's) before a unit: its last unit there before it
+    rank_of = np.where(what == 2, sent_to[src], rank_at[src])  # where each unit ends
+    units = len(src)
+    keys = np.sort(rank_of * units + np.arange(units))
+    sender, receiver = rank_at[msgs], sent_to[msgs]
+    for c, r in enumerate((sender, receiver)):
+        j = np.searchsorted(keys, r * units + send_unit) - 1
+        safe = np.maximum(j, 0)
+        hit = (j >= 0) & (keys[safe] // units == r)
+        ext[send_unit, c] = np.where(hit, end[keys[safe] % units], -1)
+    ext[recv_unit, 0] = offset[send_unit]
+    return ((unit_variant, src), offset, done, ext,
+            *_rows(unit_variant, size, offset, starts, kind[src], slot_cls))
 
 
 @dataclass(frozen=True)
@@ -349,9 +462,12 @@ def _cut_ops_plain(plans: Sequence[_Plan], plan_of: np.ndarray, rank_at: np.ndar
     return out
 
 
-def _slots(plan: _Plan, first: frozenset[str], cut: frozenset[str]) -> tuple[tuple, ...]:
+def _slots(plan: _Plan, first: frozenset[str], cut: frozenset[str],
+           tail: tuple[str, ...] = ("send",)) -> tuple[tuple, ...]:
     """An op's instructions in order (:func:`emit_folded`, then its send): ``("run",
-    CommRun)``, ``("block", Block, alloc, free)`` and ``("send",)``."""
+    CommRun)``, ``("block", Block, alloc, free)`` and ``tail``'s where it sends: ``("send",)``
+    and, where sends block, ``("wait",)`` (a rendezvous's templates: ``("send",),
+    ("wait",)`` and ``("recv",)``, :func:`_rendezvous`)."""
     f = plan.folded
     out: list[tuple] = [("run", run) for run in f.leading]
     parts = f.split(split_points(f, first, cut))
@@ -363,7 +479,7 @@ def _slots(plan: _Plan, first: frozenset[str], cut: frozenset[str]) -> tuple[tup
             out += [("run", run) for run in part]
     out += [("run", run) for run in f.trailing]
     if plan.send is not None:
-        out.append(("send",))
+        out += [(x,) for x in tail]
     return tuple(out)
 
 
@@ -415,6 +531,17 @@ def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
             comm.append(names.setdefault(blk.comm_kind, len(names)))
             alloc.append(slot[2])
             free.append(slot[3])
+        elif what in ("wait", "recv"):  # a blocking send's zero-time waits
+            assert plan.send is not None
+            cls.append(COMPUTE)
+            gpu[-1] = plan.gpu if what == "wait" else plan.send[0]
+            kind.append(-1)
+            dst.append(-1)
+            fixed.append(np.nan)
+            blocking.append(0.0)
+            comm.append(names.setdefault("tp", len(names)))
+            alloc.append(0.0)
+            free.append(0.0)
         else:
             assert plan.send is not None
             cls.append(SEND)
@@ -528,7 +655,8 @@ class ColumnarOps:
         new = tuple.__new__
         st, kind, mb, seq = self.order[k]
         v = int(self.variant[k])
-        plan = self.plans[v // self.per]
+        base = self.per * len(self.plans)
+        plan = self.plans[v // self.per] if v < base else self.plans[(v - base) // 2]
         g = plan.gpu
         name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
         deps = tuple([d for d in self.ext[k].tolist() if d >= 0])
@@ -546,10 +674,15 @@ class ColumnarOps:
                 out.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
                                          blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind,
                                          alloc, free, st, mb)))
-            else:
+            elif what == "send":
                 dst, suffix, fixed, nbytes = plan.send  # type: ignore[misc]
                 out.append(new(Send, (i, g, dst, nbytes, "pp", name + suffix, deps, st, mb,
                                       fixed)))
+            else:  # a blocking send's wait on the sender, or its recv (a rendezvous's)
+                assert plan.send is not None
+                on = g if what == "wait" else plan.send[0]
+                out.append(new(Compute, (i, on, kind, f"{name} pp {what}", deps, 0.0, 0.0, 0.0,
+                                         0.0, (), 0.0, 0.0, "tp", 0.0, 0.0, st, mb)))
             deps = (i,)
             i += 1
         return out, key

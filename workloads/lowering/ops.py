@@ -33,6 +33,7 @@ from workloads.lowering.pipeline import (
     emit_replica_sends,
     emit_sends,
     pipeline_sends,
+    sends_block,
 )
 from workloads.program import ProgramBuilder
 from workloads.schedules import BACKWARD, WEIGHT_GRAD, Op, Schedule, schedule_deps
@@ -79,9 +80,10 @@ class OpLoop:
         self.facts: dict[Op, Facts] = {}
         self.folds: dict[Op, Folded] = {}
         self.send_s: dict[tuple[int, int, float], float] = {}
-        self.blocking = bool(getattr(costs, "pp_send_blocking", False))
-        """Pipeline sends block their sender
-        (:func:`~workloads.lowering.pipeline.wait_for_sends`)."""
+        self.blocking = sends_block(getattr(costs, "pp_send_blocking", False), schedule)
+        """Pipeline sends block their sender on this schedule
+        (:func:`~workloads.lowering.pipeline.sends_block`,
+        :func:`~workloads.lowering.pipeline.wait_for_sends`)."""
         self.steps = steps if self.blocking else None
         """Blocking sends on DeepSpeed's 1F1B: each op's DeepSpeed step
         (:func:`~workloads.lowering.pipeline.deepspeed_steps`, the caller's, which orders the

@@ -1,16 +1,20 @@
 """Pass 2, pipeline send/recv: after an op whose consumer stage lives on another pipeline
 rank, a send of its output (activations forward, gradients backward) from every
 simulated GPU to its peer there; the consumer waits for the send's arrival. Where sends
-block (``pp_send_blocking``, DeepSpeed's pipeline engine), the sender's compute stream
-waits for them too: a zero-time ``pp wait`` instruction after them, which later ops there
-follow.
+block (``pp_send_blocking``, :func:`sends_block`: DeepSpeed's pipeline engine, Megatron-LM
+without a virtual pipeline), the sender's compute stream waits for them too: a zero-time
+``pp wait`` instruction after them, which later ops there follow.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import numpy as np
 
 from topologies.placement import Placement
+from workloads.frameworks import SEND_BLOCKING
 from workloads.lowering.collapse import Collapse, replica_send_s
 from workloads.program import ProgramBuilder
 from workloads.schedules import (
@@ -29,6 +33,26 @@ op, consumer's pipeline rank, name, fixed duration or None, bytes)."""
 Lanes = list[list[list[int]]]
 """``lanes[r][e][t]``: the simulated GPU of TP lane t, replica e (a (cp, dp) coordinate)
 of pipeline rank r."""
+
+
+def sends_block(blocking: bool | str, schedule: Schedule) -> bool:
+    """Whether pipeline sends block their sender on ``schedule`` under ``blocking``, a cost
+    model's ``pp_send_blocking``: True or ``always``, False or ``never``, or
+    ``non-interleaved``: where each pipeline rank holds one stage (no virtual pipeline), as
+    Megatron-LM decides it: ``megatron/training/arguments.py`` ``validate_args`` turns
+    ``overlap_p2p_comm`` off without a virtual pipeline and passes ``batch_p2p_comm = not
+    overlap_p2p_comm``, so each ``send_forward_recv_backward`` etc. waits on its requests and
+    ``torch.cuda.synchronize()``s (``megatron/core/pipeline_parallel/p2p_communication.py``
+    ``_communicate``, core_r0.8.0 baf94af and main d98e8a6); with several model chunks a
+    rank (the interleaved schedule, V-shaped ones) ``overlap_p2p_comm`` is on by default and
+    the chunks' handles are waited on only before the next chunk: not blocking."""
+    if isinstance(blocking, bool):
+        return blocking
+    if blocking == "non-interleaved":
+        return schedule.num_stages == schedule.num_ranks
+    if blocking not in SEND_BLOCKING:
+        raise ValueError(f"pp_send_blocking={blocking!r}: one of {', '.join(SEND_BLOCKING)}")
+    return blocking == "always"
 
 
 def consumer_stage(op: Op, num_stages: int) -> int | None:
@@ -143,7 +167,18 @@ def deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
     ``2i + s`` and ``B(s, i)`` in step ``2i + 2p - 1 - s`` (``_step_to_micro_batch``);
     the output of an op of step t is sent in step t + 1, where its consumer receives it.
     None where ``schedule`` is not that order: one stage per rank, F and B only, and each
-    rank's ops in the order of their steps (Megatron's 1F1B, which DeepSpeed's steps give)."""
+    rank's ops in the order of their steps (Megatron's 1F1B, which DeepSpeed's steps give).
+    Worked out once per schedule and kept on it, read-only (as
+    :func:`~workloads.lowering.order.topological`)."""
+    if "_deepspeed_steps" not in schedule.__dict__:
+        steps = _deepspeed_steps(schedule)
+        schedule.__dict__["_deepspeed_steps"] = (None if steps is None
+                                                 else MappingProxyType(steps))
+    return schedule.__dict__["_deepspeed_steps"]
+
+
+def _deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
+    """:func:`deepspeed_steps`, worked out."""
     p = schedule.num_stages
     if (schedule.num_ranks != p or schedule.split_backward or schedule.fused
             or schedule.seq_chunks != 1 or schedule.encoder is not None
@@ -163,6 +198,22 @@ def deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
                 return None
             steps[op] = previous = t
     return steps
+
+
+def deepspeed_permutation(schedule: Schedule, order: Sequence[Op], steps: Mapping[Op, int]
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`deepspeed_order` of ``order`` (the schedule's topological order,
+    :func:`~workloads.lowering.order.topological`) as positions in it, and the sorted ops'
+    steps: worked out once per schedule and kept on it, read-only."""
+    found = schedule.__dict__.get("_deepspeed_permutation")
+    if found is None or len(found[0]) != len(order):
+        step = np.fromiter(map(steps.__getitem__, order), np.int64, len(order))
+        perm = np.argsort(step, kind="stable")
+        found = (perm, step[perm])
+        for a in found:
+            a.flags.writeable = False
+        schedule.__dict__["_deepspeed_permutation"] = found
+    return found
 
 
 def deepspeed_order(order: Sequence[Op], steps: Mapping[Op, int]) -> tuple[Op, ...]:
