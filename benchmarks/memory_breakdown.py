@@ -111,13 +111,17 @@ def split_points(exp) -> list[tuple[float, np.ndarray, np.ndarray]]:
 def breakdown(exp) -> list[RankMemory]:
     """Each pipeline rank's peak, term by term, for a built experiment
     (:class:`sim.experiment.Experiment`) with the shipped device profile of its GPU."""
+    from sim import reserved
     from sim.calibration import default_profile
+    from sim.gpu_profiles import generation_of
     from workloads.frameworks import fragmentation
     from workloads.schedules import Op
 
     costs = exp.costs
     profile = default_profile(exp.cluster.gpu.name)
     frag = fragmentation(exp.framework, profile.fragmentation)
+    resv = (reserved.per_stage(exp, generation_of) if profile.reserved_from_run
+            else (profile.reserved_bytes,) * exp.placement.degree("pp"))
     out = []
     for r, (stages, rows, act, slots, work) in enumerate(rank_points(exp)):
         dynamic = rows[:, :-1] @ act + np.array([work[k] for k in slots.tolist()])
@@ -131,7 +135,7 @@ def breakdown(exp) -> list[RankMemory]:
             tuple((s, int(n), float(a)) for s, n, a in zip(stages, rows[i, :-1], act,
                                                              strict=True)),
             f"{op.stage}{op.kind}", unreduced, z3, cp, work[k] - unreduced - z3 - cp, frag,
-            profile.reserved_bytes, exp.cluster.gpu.hbm_capacity_bytes))
+            resv[r], exp.cluster.gpu.hbm_capacity_bytes))
     return out
 
 
