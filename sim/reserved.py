@@ -105,30 +105,51 @@ def channels(comm: Communicator, generation: str | None, nics_per_server: int,
     return min(n["max_channels"], n["channels_per_nic"] * nics)
 
 
+def version(v: str) -> tuple[int, ...]:
+    """``"2.18"`` as (2, 18), for comparing NCCL versions."""
+    try:
+        return tuple(int(p) for p in v.split("."))
+    except ValueError:
+        raise ValueError(f"nccl_version={v!r} (a version such as 2.18)") from None
+
+
 def nccl_bytes(comm: Communicator, generation: str | None, nics_per_server: int,
-               gpus_per_server: int) -> float:
-    """Ring and tree buffers of one communicator on one of its ranks (module docstring)."""
+               gpus_per_server: int, nccl_version: str = "2.12") -> float:
+    """Ring and tree buffers of one communicator on one of its ranks (module docstring);
+    from NCCL 2.22 (runtime connection) the ring's only."""
     if comm.ranks < 2:
         return 0.0
     n = data()["nccl"]
-    conns = n["connections_two_ranks"] if comm.ranks == 2 else n["connections"]
+    runtime = version(nccl_version) >= version(n["runtime_connect"]["from_version"])
+    conns = (n["connections_two_ranks"] if comm.ranks == 2 or runtime
+             else n["connections"])
     return float(channels(comm, generation, nics_per_server, gpus_per_server) * conns
                  * connection_bytes())
 
 
+def nvls_head_bytes(nccl_version: str) -> float:
+    """NVLS buffers of one head under ``nccl_version`` (0 before NVLS, 2.17)."""
+    v = data()["nccl"]["nvls"]
+    size = 0.0
+    for since, b in v["per_head_bytes"]:
+        if version(nccl_version) >= version(since):
+            size = float(b)
+    return size
+
+
 def nvls_bytes(comm: Communicator, generation: str | None, nics_per_server: int,
-               gpus_per_server: int, enabled: bool) -> float:
-    """NVLink SHARP buffers of one communicator on one of its ranks: 16 x 2 x (Simple +
-    2 MiB) per head, a head per NIC its rings cross (one within a server); 0 where NCCL
-    does not set NVLS up."""
+               gpus_per_server: int, enabled: bool, nccl_version: str = "2.12") -> float:
+    """NVLink SHARP buffers of one communicator on one of its ranks: a head's buffers
+    (:func:`nvls_head_bytes`) per GPU of the communicator within a server, per NIC its
+    local ranks use across servers; 0 where NCCL does not set NVLS up (off, before 2.17,
+    not an NVSwitch Hopper or later, two local ranks or fewer)."""
     v = data()["nccl"]["nvls"]
     if (not enabled or generation not in v["generations"]
             or comm.local_ranks < v["min_local_ranks"]):
         return 0.0
-    heads = 1 if comm.servers <= 1 else max(1, channels(
+    heads = comm.local_ranks if comm.servers <= 1 else max(1, channels(
         comm, generation, nics_per_server, gpus_per_server) // data()["nccl"]["channels_per_nic"])
-    per_head = v["channels"] * 2 * (data()["nccl"]["simple_bytes"] + v["align_bytes"])
-    return float(per_head * heads)
+    return nvls_head_bytes(nccl_version) * heads
 
 
 def _describe(group: str, gpus: tuple[int, ...], host_of) -> Communicator:
@@ -186,8 +207,9 @@ def reserved(placement, gpu: int, cluster, framework, tied_embeddings: bool,
     return Reserved(
         context=context_bytes(framework.cuda_module_loading),
         cublas=cublas_bytes(generation),
-        nccl=sum(nccl_bytes(cm, generation, nics, per) for cm in comms),
-        nvls=sum(nvls_bytes(cm, generation, nics, per, framework.nccl_nvls) for cm in comms),
+        nccl=sum(nccl_bytes(cm, generation, nics, per, framework.nccl_version) for cm in comms),
+        nvls=sum(nvls_bytes(cm, generation, nics, per, framework.nccl_nvls,
+                            framework.nccl_version) for cm in comms),
         communicators=comms)
 
 
