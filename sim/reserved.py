@@ -65,11 +65,12 @@ class Reserved:
     cublas: float
     nccl: float
     nvls: float
+    userbuffers: float = 0.0
     communicators: tuple[Communicator, ...] = ()
 
     @property
     def total(self) -> float:
-        return self.context + self.cublas + self.nccl + self.nvls
+        return self.context + self.cublas + self.nccl + self.nvls + self.userbuffers
 
 
 def context_bytes(module_loading: str) -> float:
@@ -152,6 +153,17 @@ def nvls_bytes(comm: Communicator, generation: str | None, nics_per_server: int,
     return nvls_head_bytes(nccl_version) * heads
 
 
+def userbuffers_bytes(tokens: int, hidden: int, fp8: bool, generation: str | None) -> float:
+    """Transformer Engine's userbuffers for TP overlap: a ``tokens x hidden`` buffer per
+    overlapped GEMM (one byte an element for the all-gather ones under FP8, two otherwise),
+    and its cuBLAS workspace repeated for its three GEMM streams."""
+    u = data()["userbuffers"]
+    elems = tokens * hidden
+    buffers = (len(u["buffers_fp8"]) * (1 if fp8 else 2) + len(u["buffers_other"]) * 2) * elems
+    ws = dict(u["te_workspace_bytes"]).get(generation, u["te_workspace_default_bytes"])
+    return float(buffers + u["streams"] * ws)
+
+
 def _describe(group: str, gpus: tuple[int, ...], host_of) -> Communicator:
     hosts: dict[int, int] = {}
     for g in gpus:
@@ -198,8 +210,11 @@ def communicators(placement, gpu: int, groups: tuple[str, ...], host_of,
 
 
 def reserved(placement, gpu: int, cluster, framework, tied_embeddings: bool,
-             generation: str | None) -> Reserved:
-    """GPU ``gpu``'s reserved memory, by component, under ``framework``'s choices."""
+             generation: str | None, ub_tokens: int = 0, ub_hidden: int = 0,
+             fp8: bool = False) -> Reserved:
+    """GPU ``gpu``'s reserved memory, by component, under ``framework``'s choices; with
+    ``ub_tokens`` (the tokens of a micro-batch on a CP rank, where TP overlap runs in
+    userbuffers) Transformer Engine's userbuffers too."""
     comms = communicators(placement, gpu, framework.nccl_groups, cluster.host_of,
                           tied_embeddings)
     nics = len(cluster.nics_of(cluster.host_of(gpu))) or 1
@@ -210,6 +225,8 @@ def reserved(placement, gpu: int, cluster, framework, tied_embeddings: bool,
         nccl=sum(nccl_bytes(cm, generation, nics, per, framework.nccl_version) for cm in comms),
         nvls=sum(nvls_bytes(cm, generation, nics, per, framework.nccl_nvls,
                             framework.nccl_version) for cm in comms),
+        userbuffers=userbuffers_bytes(ub_tokens, ub_hidden, fp8, generation) if ub_tokens
+        else 0.0,
         communicators=comms)
 
 
@@ -218,9 +235,16 @@ def per_stage(exp, generation_of) -> tuple[float, ...]:
     which servers their groups span, the same for a uniform layout), by stage."""
     pl = exp.placement
     tied = bool(exp.model is not None and exp.model.tied_embeddings)
+    cfg = exp.config
+    ub = (cfg.parallel.tp_comm_overlap and exp.framework.tp_overlap == "userbuffers"
+          and pl.degree("tp") > 1 and exp.model is not None)
+    tokens = (cfg.model.seq_length * cfg.training.micro_batch_size // pl.degree("cp")
+              if ub else 0)
     out = []
     for s in range(pl.degree("pp")):
         g = pl.gpu(pp=s)
         out.append(reserved(pl, g, exp.cluster, exp.framework, tied,
-                            generation_of(exp.cluster.gpu_of(g).name)).total)
+                            generation_of(exp.cluster.gpu_of(g).name), tokens,
+                            exp.model.hidden_size if ub else 0,
+                            cfg.training.precision == "fp8").total)
     return tuple(out)

@@ -175,3 +175,25 @@ def test_a_runs_peak_carries_each_stages_reserved_memory() -> None:
     got = [a - b for a, b in zip(r.stats["peak_memory_per_stage_gib"],
                                  bare.stats["peak_memory_per_stage_gib"], strict=True)]
     assert got == pytest.approx([p / GiB for p in per], rel=1e-9)
+
+
+def test_userbuffers_a_buffer_per_overlapped_gemm_and_three_workspaces() -> None:
+    tokens, hidden = 8192, 4096
+    bf16 = R.userbuffers_bytes(tokens, hidden, fp8=False, generation="hopper")
+    assert bf16 == 10 * 2 * tokens * hidden + 3 * 32 * MiB
+    fp8 = R.userbuffers_bytes(tokens, hidden, fp8=True, generation="ampere")
+    assert fp8 == (6 * 1 + 4 * 2) * tokens * hidden + 3 * 4 * MiB
+
+
+def test_tp_overlap_adds_userbuffers_to_every_stage() -> None:
+    from sim.experiment import Experiment
+
+    data = {"name": "ub", "model": {"preset": "gpt3-1.3b", "seq_length": 2048},
+            "cluster": {"preset": "dgx-h100", "num_gpus": 8},
+            "parallel": {"tp": 4, "pp": 2, "dp": 1, "sequence_parallel": True},
+            "training": {"micro_batch_size": 2, "global_batch_size": 8}, "schedule": "1f1b"}
+    off = R.per_stage(Experiment.from_dict(data), generation_of)
+    data["parallel"]["tp_comm_overlap"] = True
+    on = R.per_stage(Experiment.from_dict(data), generation_of)
+    want = R.userbuffers_bytes(2048 * 2, 2048, fp8=False, generation="hopper")
+    assert [b - a for a, b in zip(off, on, strict=True)] == pytest.approx([want, want])
