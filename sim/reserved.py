@@ -72,6 +72,12 @@ class Reserved:
     def total(self) -> float:
         return self.context + self.cublas + self.nccl + self.nvls + self.userbuffers
 
+    @property
+    def outside_allocator(self) -> float:
+        """What PyTorch's caching allocator does not hold (its ``reserved_bytes`` leaves it
+        out): all but the cuBLAS and Transformer Engine workspaces, which it allocates."""
+        return self.total - self.cublas
+
 
 def context_bytes(module_loading: str) -> float:
     """The CUDA context with its module images under ``module_loading`` (eager or lazy)."""
@@ -153,15 +159,21 @@ def nvls_bytes(comm: Communicator, generation: str | None, nics_per_server: int,
     return nvls_head_bytes(nccl_version) * heads
 
 
-def userbuffers_bytes(tokens: int, hidden: int, fp8: bool, generation: str | None) -> float:
+def userbuffers_bytes(tokens: int, hidden: int, fp8: bool) -> float:
     """Transformer Engine's userbuffers for TP overlap: a ``tokens x hidden`` buffer per
     overlapped GEMM (one byte an element for the all-gather ones under FP8, two otherwise),
-    and its cuBLAS workspace repeated for its three GEMM streams."""
+    registered outside PyTorch's allocator."""
     u = data()["userbuffers"]
-    elems = tokens * hidden
-    buffers = (len(u["buffers_fp8"]) * (1 if fp8 else 2) + len(u["buffers_other"]) * 2) * elems
+    return float((len(u["buffers_fp8"]) * (1 if fp8 else 2) + len(u["buffers_other"]) * 2)
+                 * tokens * hidden)
+
+
+def te_workspace_bytes(generation: str | None) -> float:
+    """Transformer Engine's cuBLAS workspace repeated for its three userbuffers GEMM
+    streams (through PyTorch's allocator)."""
+    u = data()["userbuffers"]
     ws = dict(u["te_workspace_bytes"]).get(generation, u["te_workspace_default_bytes"])
-    return float(buffers + u["streams"] * ws)
+    return float(u["streams"] * ws)
 
 
 def _describe(group: str, gpus: tuple[int, ...], host_of) -> Communicator:
@@ -221,18 +233,22 @@ def reserved(placement, gpu: int, cluster, framework, tied_embeddings: bool,
     per = cluster.gpus_per_node
     return Reserved(
         context=context_bytes(framework.cuda_module_loading),
-        cublas=cublas_bytes(generation),
+        cublas=cublas_bytes(generation) + (te_workspace_bytes(generation) if ub_tokens else 0.0),
         nccl=sum(nccl_bytes(cm, generation, nics, per, framework.nccl_version) for cm in comms),
         nvls=sum(nvls_bytes(cm, generation, nics, per, framework.nccl_nvls,
                             framework.nccl_version) for cm in comms),
-        userbuffers=userbuffers_bytes(ub_tokens, ub_hidden, fp8, generation) if ub_tokens
-        else 0.0,
+        userbuffers=userbuffers_bytes(ub_tokens, ub_hidden, fp8) if ub_tokens else 0.0,
         communicators=comms)
 
 
 def per_stage(exp, generation_of) -> tuple[float, ...]:
     """Reserved bytes of each pipeline stage's first GPU (a stage's GPUs differ only in
     which servers their groups span, the same for a uniform layout), by stage."""
+    return tuple(r.total for r in breakdown(exp, generation_of))
+
+
+def breakdown(exp, generation_of) -> tuple[Reserved, ...]:
+    """:func:`per_stage`'s components, by stage."""
     pl = exp.placement
     tied = bool(exp.model is not None and exp.model.tied_embeddings)
     cfg = exp.config
@@ -246,5 +262,5 @@ def per_stage(exp, generation_of) -> tuple[float, ...]:
         out.append(reserved(pl, g, exp.cluster, exp.framework, tied,
                             generation_of(exp.cluster.gpu_of(g).name), tokens,
                             exp.model.hidden_size if ub else 0,
-                            cfg.training.precision == "fp8").total)
+                            cfg.training.precision == "fp8"))
     return tuple(out)

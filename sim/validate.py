@@ -379,10 +379,11 @@ def oom_band(entries: list[dict], preds: Sequence[Prediction], cpreds: Sequence)
     corpus row its ``memory_margin`` and ``oom_verdict``. The hard verdicts and counts stay
     as they are."""
     from sim import oomband
+    from sim.corpus import compared_peak_gib
 
     ran = [p for p in cpreds if p.skipped is None]
     band, measured_on = oomband.half_width(
-        oomband.RULE, [(p.peak_memory_gib, p.row.peak_memory_gib) for p in ran
+        oomband.RULE, [(compared_peak_gib(p), p.row.peak_memory_gib) for p in ran
                        if p.row.peak_memory_gib is not None])
     twins = contradicted_ran([p.row for p in preds])
     entries[0].update(oomband.figures(

@@ -179,10 +179,10 @@ def test_a_runs_peak_carries_each_stages_reserved_memory() -> None:
 
 def test_userbuffers_a_buffer_per_overlapped_gemm_and_three_workspaces() -> None:
     tokens, hidden = 8192, 4096
-    bf16 = R.userbuffers_bytes(tokens, hidden, fp8=False, generation="hopper")
-    assert bf16 == 10 * 2 * tokens * hidden + 3 * 32 * MiB
-    fp8 = R.userbuffers_bytes(tokens, hidden, fp8=True, generation="ampere")
-    assert fp8 == (6 * 1 + 4 * 2) * tokens * hidden + 3 * 4 * MiB
+    assert R.userbuffers_bytes(tokens, hidden, fp8=False) == 10 * 2 * tokens * hidden
+    assert R.userbuffers_bytes(tokens, hidden, fp8=True) == (6 * 1 + 4 * 2) * tokens * hidden
+    assert R.te_workspace_bytes("hopper") == 3 * 32 * MiB
+    assert R.te_workspace_bytes("ampere") == 3 * 4 * MiB
 
 
 def test_tp_overlap_adds_userbuffers_to_every_stage() -> None:
@@ -195,5 +195,35 @@ def test_tp_overlap_adds_userbuffers_to_every_stage() -> None:
     off = R.per_stage(Experiment.from_dict(data), generation_of)
     data["parallel"]["tp_comm_overlap"] = True
     on = R.per_stage(Experiment.from_dict(data), generation_of)
-    want = R.userbuffers_bytes(2048 * 2, 2048, fp8=False, generation="hopper")
+    want = R.userbuffers_bytes(2048 * 2, 2048, fp8=False) + R.te_workspace_bytes("hopper")
     assert [b - a for a, b in zip(off, on, strict=True)] == pytest.approx([want, want])
+
+
+def test_an_allocator_reserved_peak_is_compared_without_what_the_allocator_does_not_hold(
+        tmp_path) -> None:
+    """torchtitan publishes PyTorch's peak reserved bytes: the predicted peak is compared less
+    the CUDA context and NCCL buffers (the cuBLAS workspaces are the allocator's)."""
+    from sim.corpus import (
+        CORPUS_DIR,
+        CorpusPrediction,
+        compared_peak_gib,
+        load_source,
+        simulate_corpus_row,
+    )
+    from sim.experiment import build_experiment
+
+    src = load_source(CORPUS_DIR / "torchtitan_llama31.csv")
+    row = src.rows[0]
+    assert row.get("peak_memory_measure") == "allocator_reserved"
+    p = simulate_corpus_row((row, (1.0, 1.0)))
+    r = R.breakdown(build_experiment(row.experiment()), generation_of)[0]
+    assert p.outside_allocator_gib * GiB == pytest.approx(r.context + r.nccl + r.nvls)
+    assert compared_peak_gib(p) == pytest.approx(p.peak_memory_gib - p.outside_allocator_gib)
+    device = CorpusPrediction(load_source(CORPUS_DIR / "dubey2024_llama3_405b.csv").rows[0],
+                              1.0, 90.0, True, outside_allocator_gib=3.0)
+    assert compared_peak_gib(device) == 90.0
+    bad = tmp_path / "bad.csv"
+    text = (CORPUS_DIR / "torchtitan_llama31.csv").read_text()
+    bad.write_text(text.replace("allocator_reserved", "max_reserved", 1))
+    with pytest.raises(Exception, match="peak_memory_measure"):
+        load_source(bad)
