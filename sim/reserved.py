@@ -249,18 +249,35 @@ def per_stage(exp, generation_of) -> tuple[float, ...]:
 
 def breakdown(exp, generation_of) -> tuple[Reserved, ...]:
     """:func:`per_stage`'s components, by stage."""
-    pl = exp.placement
-    tied = bool(exp.model is not None and exp.model.tied_embeddings)
     cfg = exp.config
-    ub = (cfg.parallel.tp_comm_overlap and exp.framework.tp_overlap == "userbuffers"
-          and pl.degree("tp") > 1 and exp.model is not None)
-    tokens = (cfg.model.seq_length * cfg.training.micro_batch_size // pl.degree("cp")
-              if ub else 0)
+    return by_rank(exp.placement, exp.cluster, exp.framework, exp.model,
+                   cfg.parallel.tp_comm_overlap, cfg.model.seq_length,
+                   cfg.training.micro_batch_size, cfg.training.precision == "fp8",
+                   generation_of)
+
+
+def by_rank(placement, cluster, framework, model, tp_comm_overlap: bool, seq_length: int,
+            micro_batch_size: int, fp8: bool, generation_of) -> tuple[Reserved, ...]:
+    """Each pipeline rank's reserved memory (its first GPU's) for a layout: ``placement`` on
+    ``cluster`` under ``framework``, ``model`` (None: a synthetic workload, nothing
+    reserved), with userbuffers where ``tp_comm_overlap`` runs in them."""
+    pp = placement.degree("pp")
+    if model is None:
+        return (Reserved(0.0, 0.0, 0.0, 0.0),) * pp
+    tied = bool(model.tied_embeddings)
+    ub = (tp_comm_overlap and framework.tp_overlap == "userbuffers"
+          and placement.degree("tp") > 1)
+    tokens = seq_length * micro_batch_size // placement.degree("cp") if ub else 0
     out = []
-    for s in range(pl.degree("pp")):
-        g = pl.gpu(pp=s)
-        out.append(reserved(pl, g, exp.cluster, exp.framework, tied,
-                            generation_of(exp.cluster.gpu_of(g).name), tokens,
-                            exp.model.hidden_size if ub else 0,
-                            cfg.training.precision == "fp8"))
+    for s in range(pp):
+        g = placement.gpu(pp=s)
+        out.append(reserved(placement, g, cluster, framework, tied,
+                            generation_of(cluster.gpu_of(g).name), tokens,
+                            model.hidden_size if ub else 0, fp8))
     return tuple(out)
+
+
+def floor_bytes(generation: str | None) -> float:
+    """The least any run reserves on a GPU of ``generation``: a lazily loaded context and the
+    cuBLAS workspaces (a bound for a family of layouts whose communicators are not known)."""
+    return context_bytes("lazy") + cublas_bytes(generation)
