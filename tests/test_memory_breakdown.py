@@ -74,7 +74,9 @@ def test_llama3_405b_terms_as_documented(mb):
     """docs/memory-gaps.md: pipeline rank 1 holds 141 one-layer stashes of 0.496 GiB at 8K
     tokens with 32 micro-batches (2(p - 2) + (V - 1)N + 1, N = p = 16) and all its 128 forwards
     with 16; with everything but the allocator's overhead the 8,192-GPU layout is already over
-    an H100's 79.3 GiB, the 16,384-GPU ones under it by at most 9.9% of their dynamic memory."""
+    an H100's 79.3 GiB, the 16,384-GPU ones under it by at most 9.1% of their dynamic memory
+    (9.9% with the former constant 1 GiB reserved; the run's is 1.53-1.57 GiB on rank 1,
+    sim/reserved.py)."""
     layer = 0.49609375 * GiB
     for run, count, fits_before_allocator in (("llama3-405b-8192gpu-cp1", 141, False),
                                               ("llama3-405b-16384gpu-cp1", 128, True),
@@ -88,7 +90,7 @@ def test_llama3_405b_terms_as_documented(mb):
         before = top.static + top.dynamic + top.reserved
         assert (before <= top.capacity) is fits_before_allocator
         if fits_before_allocator:  # the overhead it would take: under expandable segments'
-            assert 0.095 < (top.capacity - before) / top.dynamic < 0.10
+            assert 0.085 < (top.capacity - before) / top.dynamic < 0.092
 
 
 def test_llama3_405b_stash_is_the_tensors_megatron_core_keeps(mb):
@@ -122,14 +124,16 @@ def test_nemo_launcher_5b_terms_as_documented(mb):
     whole fp32 gradient buffer (6 bytes a parameter) beside 12 / DP of Adam shards, 24 layers
     of 34 sbh + 5 a s^2 b and 1.92 GiB of loss buffers at the last forward; the 8-GPU run is
     over the A100's 79.3 GiB before any allocator overhead, the 16-256-GPU ones under it by
-    4.3-11.7% of their dynamic memory. The shipped rows take the README's TP 2 instead
-    (docs/accuracy.md, "The 5B memory"); this is the config file's TP 1 built from them."""
+    3.8-11.2% of their dynamic memory (4.3-11.7% with the former constant 1 GiB reserved; the
+    run's, sim/reserved.py, is 1.18 GiB here: an eagerly loaded context, NCCL's buffers). The
+    shipped rows take the README's TP 2 instead (docs/accuracy.md, "The 5B memory"); this is
+    the config file's TP 1 built from them."""
     n = 5_047_558_144
     layers = 24 * (34 + 5 * 32 * 2048 / 4096) * 2048 * 2 * 4096
     loss = 10 * 2048 * 2 * 50304  # bf16 logits, their fp32 copy, the shifted fp32 copy
     source = load_source(CORPUS_DIR / "nemo_megatron_launcher2022.csv")
-    for dp, room in ((8, None), (16, 0.043), (32, 0.082), (64, 0.102), (128, 0.112),
-                     (256, 0.117)):
+    for dp, room in ((8, None), (16, 0.0384), (32, 0.0779), (64, 0.0976), (128, 0.1075),
+                     (256, 0.1124)):
         row = next(r for r in source.rows if r.run == f"gpt3-5b-{dp}gpu")
         data = row.experiment()
         assert (data["parallel"]["tp"], data["parallel"]["dp"]) == (2, dp // 2)
