@@ -164,17 +164,21 @@ def test_split_points_add_up_to_the_breakdown(mb, case):
 
 def test_no_split_of_the_allocator_overhead_passes_sweep_rows_0_and_1(mb):
     """docs/memory-gaps.md, "Where the allocator overhead falls": with the shipped 0.24 on
-    both the scan gives sim validate's 96.4% and flags rows 0, 1, 846 and 851; every overhead
-    on the stash and on the working memory apart, and every constant beside a fraction of the
-    dynamic memory, that keeps the sweep's OOM accuracy at 95% or more flags rows 0 and 1."""
-    from sim.calibration import MEMORY_RESERVED_GIB
+    both the scan gives sim validate's 96.2% (96.4% with the former constant 1 GiB reserved;
+    each run's own now, sim/reserved.py: rows 516 and 517, out of memory, drop to 78.8 GiB)
+    and flags rows 0, 1, 846 and 851; every overhead on the stash and on the working memory
+    apart, and every constant beside a fraction of the dynamic memory, that keeps the sweep's
+    OOM accuracy at 95% or more flags rows 0 and 1."""
+    from sim import reserved as resv
+    from sim.gpu_profiles import generation_of
     from topologies.hardware import GPUS
     from topologies.presets import SERVERS
 
     capacity = GPUS[SERVERS["dgx-a100-80g"].gpu].hbm_capacity_bytes
-    reserved = MEMORY_RESERVED_GIB * GiB
     rows = [r for r in load_rows(SWEEP) if r.status in ("ok", "oom")]
-    points = [mb.split_points(build_experiment(r.experiment())) for r in rows]
+    exps = [build_experiment(r.experiment()) for r in rows]
+    points = [mb.split_points(exp) for exp in exps]
+    reserved = [resv.per_stage(exp, generation_of) for exp in exps]
     statuses = [r.status for r in rows]
 
     def verdicts(stash, work, const):
@@ -183,7 +187,7 @@ def test_no_split_of_the_allocator_overhead_passes_sweep_rows_0_and_1(mb):
         return acc, {rows[i].index for i in false}
 
     acc, false = verdicts(0.24, 0.24, 0.0)
-    assert acc == pytest.approx(929 / 964) and false == {0, 1, 846, 851}
+    assert acc == pytest.approx(927 / 964) and false == {0, 1, 846, 851}
     reached = 0
     for stash in [x / 50 for x in range(0, 21)]:  # 0 to 0.40
         for work in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0):
