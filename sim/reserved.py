@@ -176,7 +176,7 @@ def te_workspace_bytes(generation: str | None) -> float:
     return float(u["streams"] * ws)
 
 
-def _describe(group: str, gpus: tuple[int, ...], host_of) -> Communicator:
+def _describe(group: str, gpus, host_of) -> Communicator:
     hosts: dict[int, int] = {}
     for g in gpus:
         h = host_of(g)
@@ -185,9 +185,10 @@ def _describe(group: str, gpus: tuple[int, ...], host_of) -> Communicator:
 
 
 def communicators(placement, gpu: int, groups: tuple[str, ...], host_of,
-                  tied_embeddings: bool) -> tuple[Communicator, ...]:
+                  tied_embeddings: bool, world: Communicator | None = None
+                  ) -> tuple[Communicator, ...]:
     """The communicators of ``groups`` that GPU ``gpu`` takes part in, with two or more
-    ranks (module docstring)."""
+    ranks (module docstring); ``world``: the world's, where already described."""
     c = placement.coords(gpu)
     deg = {d: placement.degree(d) for d in ("tp", "cp", "dp", "pp")}
     out = []
@@ -197,6 +198,9 @@ def communicators(placement, gpu: int, groups: tuple[str, ...], host_of,
         if group == "world":
             n = placement.num_gpus
             if n < 2:
+                continue
+            if world is not None:
+                out.append(world)
                 continue
             gpus = tuple(range(n))
         elif group in ("tp", "cp", "pp"):
@@ -223,12 +227,12 @@ def communicators(placement, gpu: int, groups: tuple[str, ...], host_of,
 
 def reserved(placement, gpu: int, cluster, framework, tied_embeddings: bool,
              generation: str | None, ub_tokens: int = 0, ub_hidden: int = 0,
-             fp8: bool = False) -> Reserved:
+             fp8: bool = False, world: Communicator | None = None) -> Reserved:
     """GPU ``gpu``'s reserved memory, by component, under ``framework``'s choices; with
     ``ub_tokens`` (the tokens of a micro-batch on a CP rank, where TP overlap runs in
     userbuffers) Transformer Engine's userbuffers too."""
     comms = communicators(placement, gpu, framework.nccl_groups, cluster.host_of,
-                          tied_embeddings)
+                          tied_embeddings, world)
     nics = len(cluster.nics_of(cluster.host_of(gpu))) or 1
     per = cluster.gpus_per_node
     return Reserved(
@@ -268,12 +272,14 @@ def by_rank(placement, cluster, framework, model, tp_comm_overlap: bool, seq_len
     ub = (tp_comm_overlap and framework.tp_overlap == "userbuffers"
           and placement.degree("tp") > 1)
     tokens = seq_length * micro_batch_size // placement.degree("cp") if ub else 0
+    world = (_describe("world", range(placement.num_gpus), cluster.host_of)
+             if "world" in framework.nccl_groups and placement.num_gpus > 1 else None)
     out = []
     for s in range(pp):
         g = placement.gpu(pp=s)
         out.append(reserved(placement, g, cluster, framework, tied,
                             generation_of(cluster.gpu_of(g).name), tokens,
-                            model.hidden_size if ub else 0, fp8))
+                            model.hidden_size if ub else 0, fp8, world))
     return tuple(out)
 
 
