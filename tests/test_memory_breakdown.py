@@ -168,7 +168,9 @@ def test_no_split_of_the_allocator_overhead_passes_sweep_rows_0_and_1(mb):
     each run's own now, sim/reserved.py: rows 516 and 517, out of memory, drop to 78.8 GiB)
     and flags rows 0, 1, 846 and 851; every overhead on the stash and on the working memory
     apart, and every constant beside a fraction of the dynamic memory, that keeps the sweep's
-    OOM accuracy at 95% or more flags rows 0 and 1."""
+    OOM accuracy at 95% or more flags rows 0 and 1, but one: 0.08 on the stash and 0.75 on
+    the working memory (95.02%, since reserved memory is each run's own) passes them and flags
+    seven other runs that ran (50, 51, 52, 130, 234, 256, 501): no split flags fewer."""
     from sim import reserved as resv
     from sim.gpu_profiles import generation_of
     from topologies.hardware import GPUS
@@ -194,6 +196,9 @@ def test_no_split_of_the_allocator_overhead_passes_sweep_rows_0_and_1(mb):
             acc, false = verdicts(stash, work, 0.0)
             if acc >= 0.95:
                 reached += 1
+                if (stash, work) == (0.08, 0.75):
+                    assert false == {50, 51, 52, 130, 234, 256, 501, 846, 851}
+                    continue
                 assert {0, 1} <= false, (stash, work)
     for const in range(0, 9):  # GiB
         for frac in [x / 50 for x in range(0, 16)]:  # 0 to 0.30
