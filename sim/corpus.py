@@ -151,6 +151,11 @@ class CorpusRow:
         v = self.get("peak_memory_gib")
         return float(v) if v else None
 
+    @property
+    def peak_memory_measure(self) -> str:
+        """What ``peak_memory_gib`` measures (:data:`PEAK_MEMORY_MEASURES`; empty: device)."""
+        return self.get("peak_memory_measure")
+
     def experiment(self) -> dict:
         """The experiment mapping that describes this run (:data:`NEW_SETTINGS` only where
         they differ from their defaults). A ``model`` ending in ``.json`` is a Hugging Face
@@ -332,7 +337,7 @@ def compared_peak_gib(p: CorpusPrediction) -> float | None:
     outside PyTorch's allocator where the source publishes the allocator's peak reserved."""
     if p.peak_memory_gib is None:
         return None
-    if p.row.get("peak_memory_measure") == "allocator_reserved":
+    if getattr(p.row, "peak_memory_measure", "") == "allocator_reserved":
         return p.peak_memory_gib - p.outside_allocator_gib
     return p.peak_memory_gib
 
