@@ -152,28 +152,35 @@ OOM_ACCURACY_TARGET = 0.95
 """The OOM verdict's floor on the sweep (issue 19: "Hagemann OOM accuracy ≥ 95%")."""
 
 
-def fit_memory(preds, reserved_gib: float = MEMORY_RESERVED_GIB,
+def fit_memory(preds, reserved_gib: float | None = None,
                target: float = OOM_ACCURACY_TARGET,
-               not_counted: frozenset[int] = frozenset()) -> tuple[float, float, float]:
-    """(accuracy, reserved bytes, fragmentation) for issue 19's criterion, "no run that its
-    source reports as having run is flagged oom; Hagemann OOM accuracy ≥ 95%": of the
-    fragmentations 0.00-0.50 whose OOM accuracy on all runs reaches ``target``, the one with
-    the fewest false OOM (runs that ran, flagged out of memory, but for the rows indexed in
-    ``not_counted``: those that ran in a pair the sweep contradicts itself on,
-    sim.validate.contradicted_ran, as ``sim validate``'s ``false_oom``), ties to the higher
-    accuracy, then to the smaller fragmentation; where none reaches ``target``, the most
-    accurate (then the smallest). The reserved bytes are fixed
-    (sim.calibration.MEMORY_RESERVED_GIB, from documented sizes).
+               not_counted: frozenset[int] = frozenset()) -> tuple[float, float | None, float]:
+    """(accuracy, reserved bytes (None: each GPU's own), fragmentation) for issue 19's
+    criterion, "no run that its source reports as having run is flagged oom; Hagemann OOM
+    accuracy ≥ 95%": of the fragmentations 0.00-0.50 whose OOM accuracy on all runs reaches
+    ``target``, the one with the fewest false OOM (runs that ran, flagged out of memory,
+    but for the rows indexed in ``not_counted``: those that ran in a pair the sweep
+    contradicts itself on, sim.validate.contradicted_ran, as ``sim validate``'s
+    ``false_oom``), ties to the higher accuracy, then to the smaller fragmentation; where
+    none reaches ``target``, the most accurate (then the smallest). The reserved bytes are
+    each GPU's from the run (sim.reserved, sourced components: the third of each
+    prediction's memory parts), or ``reserved_gib`` for every GPU where given (or where the
+    parts carry none: sim.calibration.MEMORY_RESERVED_GIB).
 
     A run is predicted out of memory when some GPU's static state + (1 + fragmentation)
     x its peak dynamic memory + reserved exceeds the capacity (workloads.memory, as
     sim.stats counts it)."""
     parts = [(np.array(p.memory_parts), p.row.status == "oom") for p in preds]
     counted = [getattr(p.row, "index", None) not in not_counted for p in preds]
-    reserved = reserved_gib * GiB
+    reserved = (MEMORY_RESERVED_GIB if reserved_gib is None else reserved_gib) * GiB
+
+    def resv(m: np.ndarray) -> np.ndarray | float:
+        """Each GPU's reserved bytes where the parts carry them (sim.reserved), else the
+        constant."""
+        return m[:, 2] if m.shape[1] > 2 and reserved_gib is None else reserved
 
     def rank(frag: float) -> tuple[bool, int, float, float]:
-        flagged = [oom(device_bytes(m[:, 0], m[:, 1], frag, reserved).max(), CAPACITY)
+        flagged = [oom(device_bytes(m[:, 0], m[:, 1], frag, resv(m)).max(), CAPACITY)
                    for m, _ in parts]
         acc = sum(f == was for f, (_, was) in zip(flagged, parts, strict=True)) / len(parts)
         false_oom = sum(f and not was and c
@@ -183,15 +190,20 @@ def fit_memory(preds, reserved_gib: float = MEMORY_RESERVED_GIB,
         return (True, -false_oom, acc, -frag)
 
     frag = max((x / 100 for x in range(0, 51)), key=rank)
-    return rank(frag)[2], reserved, frag
+    per_gpu = reserved_gib is None and all(m.shape[1] > 2 for m, _ in parts)
+    return rank(frag)[2], None if per_gpu else reserved, frag
 
 
-def with_memory(preds, reserved: float, frag: float) -> list[Prediction]:
+def with_memory(preds, reserved: float | None, frag: float) -> list[Prediction]:
     """``preds`` with peak memory and OOM verdict recounted for other memory constants,
-    as sim.stats counts them (static + (1 + fragmentation) x dynamic + reserved, per GPU)."""
+    as sim.stats counts them (static + (1 + fragmentation) x dynamic + reserved, per GPU;
+    ``reserved`` None: each GPU's own, the third of its memory parts)."""
     out = []
     for p in preds:
-        peak = max(device_bytes(s, d, frag, reserved) for s, d in p.memory_parts)
+        peak = max(device_bytes(part[0], part[1], frag,
+                                part[2] if len(part) > 2 and reserved is None else
+                                (MEMORY_RESERVED_GIB * GiB if reserved is None else reserved))
+                   for part in p.memory_parts)
         out.append(dataclasses.replace(p, peak_memory_gib=peak / GiB, oom=oom(peak, CAPACITY)))
     return out
 
@@ -296,11 +308,13 @@ def main() -> None:
     preds = predict(rows, profile, args.workers)
     acc, reserved, frag = fit_memory(preds,
                                      not_counted=validate.contradicted_ran([p.row for p in preds]))
-    print(f"memory: oom accuracy {acc:.4f}, reserved {reserved / GiB:.2f} GiB, "
-          f"fragmentation {frag:.2f}")
+    shown = "each run its own" if reserved is None else f"{reserved / GiB:.2f} GiB"
+    print(f"memory: oom accuracy {acc:.4f}, reserved {shown}, fragmentation {frag:.2f}")
     date = time.strftime("%Y-%m-%d")
     for label, (x, _, n) in results.items():
-        prof = from_x(x, dataclasses.replace(base, reserved_bytes=reserved, fragmentation=frag),
+        prof = from_x(x, dataclasses.replace(base, fragmentation=frag) if reserved is None
+                      else dataclasses.replace(base, reserved_bytes=reserved,
+                                               fragmentation=frag),
                       f"benchmarks/calibrate.py ({date}): "
                       f"{'least absolute' if args.loss == 'l1' else 'least squares'} relative "
                       f"error on {n} successful runs "

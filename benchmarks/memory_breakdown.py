@@ -111,13 +111,17 @@ def split_points(exp) -> list[tuple[float, np.ndarray, np.ndarray]]:
 def breakdown(exp) -> list[RankMemory]:
     """Each pipeline rank's peak, term by term, for a built experiment
     (:class:`sim.experiment.Experiment`) with the shipped device profile of its GPU."""
+    from sim import reserved
     from sim.calibration import default_profile
+    from sim.gpu_profiles import generation_of
     from workloads.frameworks import fragmentation
     from workloads.schedules import Op
 
     costs = exp.costs
     profile = default_profile(exp.cluster.gpu.name)
     frag = fragmentation(exp.framework, profile.fragmentation)
+    resv = (reserved.per_stage(exp, generation_of) if profile.reserved_from_run
+            else (profile.reserved_bytes,) * exp.placement.degree("pp"))
     out = []
     for r, (stages, rows, act, slots, work) in enumerate(rank_points(exp)):
         dynamic = rows[:, :-1] @ act + np.array([work[k] for k in slots.tolist()])
@@ -131,7 +135,7 @@ def breakdown(exp) -> list[RankMemory]:
             tuple((s, int(n), float(a)) for s, n, a in zip(stages, rows[i, :-1], act,
                                                              strict=True)),
             f"{op.stage}{op.kind}", unreduced, z3, cp, work[k] - unreduced - z3 - cp, frag,
-            profile.reserved_bytes, exp.cluster.gpu.hbm_capacity_bytes))
+            resv[r], exp.cluster.gpu.hbm_capacity_bytes))
     return out
 
 
@@ -156,9 +160,10 @@ def table(run: str, ranks: list[RankMemory]) -> str:
 def fragmentation_scan(workers: int = 2) -> str:
     """Hagemann et al.'s sweep under each allocator fragmentation from 0.10 to 0.26: OOM
     accuracy, the runs that ran flagged out of memory, the runs that did not fit predicted to
-    fit; the shipped A100 profile otherwise (as ``sim validate``), reserved memory and capacity
-    as shipped. ``benchmarks/calibrate.py`` fits the fragmentation on the same counts."""
-    from sim.calibration import A100_HAGEMANN, MEMORY_RESERVED_GIB
+    fit; the shipped A100 profile otherwise (as ``sim validate``), reserved memory (each run's,
+    :mod:`sim.reserved`) and capacity as shipped. ``benchmarks/calibrate.py`` fits the
+    fragmentation on the same counts."""
+    from sim.calibration import A100_HAGEMANN
     from sim.validate import HAGEMANN_SWEEP, load_rows, predict
     from topologies.hardware import GPUS
     from topologies.presets import SERVERS
@@ -168,8 +173,8 @@ def fragmentation_scan(workers: int = 2) -> str:
     preds = predict(load_rows(HAGEMANN_SWEEP), A100_HAGEMANN, workers)
     lines = ["frag  OOM accuracy  ran but flagged (rows)         did not fit, predicted to fit"]
     for frag in [x / 100 for x in range(10, 27)]:
-        flagged = [oom(max(device_bytes(st, dy, frag, MEMORY_RESERVED_GIB * GiB)
-                           for st, dy in p.memory_parts), capacity) for p in preds]
+        flagged = [oom(max(device_bytes(st, dy, frag, resv)
+                           for st, dy, resv in p.memory_parts), capacity) for p in preds]
         acc = sum(f == (p.row.status == "oom") for f, p in zip(flagged, preds, strict=True))
         false = [p.row.index for f, p in zip(flagged, preds, strict=True)
                  if f and p.row.status == "ok"]
@@ -189,15 +194,18 @@ CONSTANT_GRID = ((0.0, 0.24), (1.0, 0.20), (2.0, 0.14), (2.0, 0.20), (3.0, 0.10)
 
 
 def split_verdicts(points, statuses, stash_frac: float, work_frac: float,
-                   constant_gib: float, reserved: float, capacity: float):
+                   constant_gib: float, reserved, capacity: float):
     """(OOM accuracy, rows that ran and are flagged, rows that failed and pass) of the runs
     ``points`` (:func:`split_points` of each) with ``stash_frac`` of the stash, ``work_frac``
-    of the working memory and ``constant_gib`` GiB as the allocator's overhead."""
+    of the working memory and ``constant_gib`` GiB as the allocator's overhead; ``reserved``
+    the bytes of every GPU, or per run its pipeline ranks' (:mod:`sim.reserved`)."""
     flagged = []
-    for ranks in points:
-        peak = max(float(np.max(st + s * (1 + stash_frac) + w * (1 + work_frac)))
-                   for st, s, w in ranks)
-        flagged.append(peak + constant_gib * GiB + reserved > capacity)
+    for i, ranks in enumerate(points):
+        resv = ([reserved] * len(ranks) if isinstance(reserved, int | float)
+                else reserved[i])
+        peak = max(float(np.max(st + s * (1 + stash_frac) + w * (1 + work_frac))) + r
+                   for (st, s, w), r in zip(ranks, resv, strict=True))
+        flagged.append(peak + constant_gib * GiB > capacity)
     acc = sum(f == (st == "oom") for f, st in zip(flagged, statuses, strict=True))
     false = [i for i, (f, st) in enumerate(zip(flagged, statuses, strict=True))
              if f and st == "ok"]
@@ -209,18 +217,21 @@ def allocator_split_scan() -> str:
     """Hagemann et al.'s sweep with the allocator's overhead split: a fraction on the stashed
     activations apart from one on the working memory (an allocator that reuses the stash's
     same-sized blocks without waste would charge the first little), and a constant in GiB
-    beside one fraction of the dynamic memory. Reserved memory and capacity as shipped; row
-    numbers of the sweep (846 and 851 are the pair it contradicts, sim.validate.contradicted)."""
-    from sim.calibration import MEMORY_RESERVED_GIB
+    beside one fraction of the dynamic memory. Reserved memory (each run's, :mod:`sim.reserved`)
+    and capacity as shipped; row numbers of the sweep (846 and 851 are the pair it
+    contradicts, sim.validate.contradicted)."""
+    from sim import reserved as resv
     from sim.experiment import build_experiment
+    from sim.gpu_profiles import generation_of
     from sim.validate import HAGEMANN_SWEEP, load_rows
     from topologies.hardware import GPUS
     from topologies.presets import SERVERS
 
     capacity = GPUS[SERVERS["dgx-a100-80g"].gpu].hbm_capacity_bytes
-    reserved = MEMORY_RESERVED_GIB * GiB
     rows = [r for r in load_rows(HAGEMANN_SWEEP) if r.status in ("ok", "oom")]  # as predict
-    points = [split_points(build_experiment(row.experiment())) for row in rows]
+    exps = [build_experiment(row.experiment()) for row in rows]
+    points = [split_points(exp) for exp in exps]
+    reserved = [resv.per_stage(exp, generation_of) for exp in exps]
     statuses = [row.status for row in rows]
     index = [row.index for row in rows]
     lines = ["stash  working  const  OOM accuracy  ran but flagged (rows)         "

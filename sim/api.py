@@ -19,7 +19,7 @@ from typing import Any
 
 from base.errors import ConfigError
 from base.outputs import Outputs, output_dir, outputs
-from sim import budget
+from sim import budget, reserved
 from sim.a2aoverlap import lowering_costs as a2a_lowering_costs
 from sim.amaxreduce import lowering_costs as amax_lowering_costs
 from sim.calibration import default_profile
@@ -33,6 +33,7 @@ from sim.faults import (
     straggler_slowdowns,
 )
 from sim.fsdpoverlap import lowering_costs as fsdp_lowering_costs
+from sim.gpu_profiles import generation_of
 from sim.hostwait import lowering_costs as host_lowering_costs
 from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
@@ -173,7 +174,10 @@ def _facts(exp: Experiment, fidelity: str, profile: DeviceProfile) -> RunFacts:
         if exp.cluster.heterogeneous else (),
         tokens_per_step=exp.tokens_per_step,
         model_flops_per_step=exp.model_flops_per_step,
-        reserved_bytes=0.0 if exp.model is None else profile.reserved_bytes,
+        reserved_bytes=0.0 if exp.model is None or profile.reserved_from_run
+        else profile.reserved_bytes,
+        reserved_bytes_per_stage=reserved.per_stage(exp, generation_of)
+        if exp.model is not None and profile.reserved_from_run else (),
         fragmentation=0.0 if exp.model is None else fragmentation(exp.framework,
                                                                   profile.fragmentation),
         extra=extra,

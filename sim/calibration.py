@@ -222,6 +222,7 @@ def _fitted(fit: dict[str, Any], power: float = 2.0) -> DeviceProfile:
         hbm_efficiency=_A100["hbm"]["efficiency"],
         elementwise_efficiency=1 / x[6],
         reserved_bytes=MEMORY_RESERVED_GIB * GiB,
+        reserved_from_run=True,
         fragmentation=MEMORY_FRAGMENTATION,
         source=_TIME_FIT.format(rows=fit["rows"], date=fit["date"]) + "; " + _MEMORY_FIT,
     )

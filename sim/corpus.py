@@ -42,7 +42,7 @@ COLUMNS = (
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
 OPTIONAL_COLUMNS = ("cuda_graph_scope", "grad_bucket_MB", "fp8_param_gather",
-                    "fp8_amax_reduction")
+                    "fp8_amax_reduction", "peak_memory_measure")
 """Columns a corpus CSV may add after :data:`COLUMNS`, in this order (a file whose runs all
 leave them empty need not have them): ``cuda_graph_scope``, the parts of each MoE layer the
 run captured in CUDA graphs, ``+``-separated (``training.cuda_graph_scope``);
@@ -51,7 +51,15 @@ its own config sets one other than its framework profile's rule
 (``parallel.grad_bucket_MB``); ``fp8_param_gather``, ``true`` where an FP8 run's parameter
 all-gathers move fp8 weights (``training.fp8_param_gather``); ``fp8_amax_reduction``, the
 group of FP8 delayed scaling's blocking amax all-reduce where the run's Transformer Engine and
-Megatron-core versions differ from its framework profile's (``training.fp8_amax_reduction``)."""
+Megatron-core versions differ from its framework profile's (``training.fp8_amax_reduction``);
+``peak_memory_measure``, what ``peak_memory_gib`` measures (:data:`PEAK_MEMORY_MEASURES`)."""
+
+PEAK_MEMORY_MEASURES = ("device", "allocator_reserved")
+"""``device`` (or empty): memory in use on the GPU (nvidia-smi's memory.used, or free memory
+at its lowest), which the predicted peak is; ``allocator_reserved``: PyTorch's caching
+allocator's peak reserved bytes (``torch.cuda.memory_stats()["reserved_bytes.all.peak"]``),
+without the CUDA context, NCCL's and userbuffers' buffers, which the prediction then leaves
+out (:func:`compared_peak_gib`)."""
 
 REQUIRED = ("run", "seq_length", "cluster", "num_gpus", "tp", "pp", "dp", "cp", "ep", "vpp",
             "sequence_parallel", "zero_stage", "schedule", "micro_batch_size",
@@ -142,6 +150,11 @@ class CorpusRow:
         """The published peak memory per GPU (GiB), where the source gives one."""
         v = self.get("peak_memory_gib")
         return float(v) if v else None
+
+    @property
+    def peak_memory_measure(self) -> str:
+        """What ``peak_memory_gib`` measures (:data:`PEAK_MEMORY_MEASURES`; empty: device)."""
+        return self.get("peak_memory_measure")
 
     def experiment(self) -> dict:
         """The experiment mapping that describes this run (:data:`NEW_SETTINGS` only where
@@ -286,6 +299,9 @@ def _check(path: Path, i: int, rec: dict) -> CorpusRow:
     if rec["status"] not in STATUSES:
         raise ConfigError(f"{where}: status={rec['status']!r}: expected one of "
                           f"{', '.join(STATUSES)}")
+    if rec.get("peak_memory_measure", "") not in ("", *PEAK_MEMORY_MEASURES):
+        raise ConfigError(f"{where}: peak_memory_measure={rec['peak_memory_measure']!r}: "
+                          f"expected one of {', '.join(PEAK_MEMORY_MEASURES)}")
     return CorpusRow(path.stem, i, tuple((k, (rec.get(k) or "").strip())
                                          for k in COLUMNS + OPTIONAL_COLUMNS))
 
@@ -311,6 +327,19 @@ class CorpusPrediction:
     capacity_gib: float | None = None
     """The memory its GPU gives the framework (``sim run``'s ``memory_capacity_gib``), where
     simulated: what :mod:`sim.oomband` measures the peak's margin against."""
+    outside_allocator_gib: float = 0.0
+    """Of the peak, the reserved memory PyTorch's allocator does not hold, on the fullest
+    stage (:attr:`sim.reserved.Reserved.outside_allocator`)."""
+
+
+def compared_peak_gib(p: CorpusPrediction) -> float | None:
+    """The predicted peak as the row's ``peak_memory_measure`` measures it: less the memory
+    outside PyTorch's allocator where the source publishes the allocator's peak reserved."""
+    if p.peak_memory_gib is None:
+        return None
+    if getattr(p.row, "peak_memory_measure", "") == "allocator_reserved":
+        return p.peak_memory_gib - p.outside_allocator_gib
+    return p.peak_memory_gib
 
 
 TimeScales = tuple[float, float]
@@ -351,7 +380,21 @@ def simulate_corpus_row(job: tuple[CorpusRow, TimeScales]) -> CorpusPrediction:
     except ConfigError as exc:
         return CorpusPrediction(row, skipped=str(exc))
     return CorpusPrediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"],
-                            gpu=exp.cluster.gpu.name, capacity_gib=stats["memory_capacity_gib"])
+                            gpu=exp.cluster.gpu.name, capacity_gib=stats["memory_capacity_gib"],
+                            outside_allocator_gib=_outside_allocator_gib(exp, profile, stats))
+
+
+def _outside_allocator_gib(exp, profile, stats: dict) -> float:
+    """The fullest stage's reserved memory outside PyTorch's allocator, GiB (0 where the
+    profile's reserved memory is its constant)."""
+    from sim import reserved
+    from sim.gpu_profiles import generation_of
+
+    if exp.model is None or not profile.reserved_from_run:
+        return 0.0
+    per = stats["peak_memory_per_stage_gib"]
+    stage = max(range(len(per)), key=per.__getitem__)
+    return reserved.breakdown(exp, generation_of)[stage].outside_allocator / 2**30
 
 
 def predict_corpus(rows: Sequence[CorpusRow], workers: int = 1,
@@ -380,7 +423,7 @@ def source_report(source: Source, preds: Sequence[CorpusPrediction],
     numbers (``rows``)."""
     ran = [p for p in preds if p.skipped is None]
     errors = [p.step_time_s / p.row.step_time_s - 1 for p in ran if p.row.status == "ok"]
-    mem = [(p.peak_memory_gib, p.row.peak_memory_gib) for p in ran
+    mem = [(compared_peak_gib(p), p.row.peak_memory_gib) for p in ran
            if p.row.peak_memory_gib is not None]
     return {
         "name": source.name,
@@ -402,6 +445,7 @@ def source_report(source: Source, preds: Sequence[CorpusPrediction],
                   "predicted_oom": p.oom,
                   "published_peak_memory_gib": p.row.peak_memory_gib,
                   "predicted_peak_memory_gib": p.peak_memory_gib,
+                  "compared_peak_memory_gib": compared_peak_gib(p),
                   "memory_capacity_gib": p.capacity_gib}
                  for p in preds if p.skipped is None],
     }

@@ -69,6 +69,11 @@ class DeviceProfile:
     reserved_bytes: float = 2.0 * 2**30
     """Memory the framework holds outside tensors: CUDA context, NCCL and cuBLAS
     workspaces (about 0.5-1 GiB of context on A100/H100, plus buffers)."""
+    reserved_from_run: bool = False
+    """Whether a run's reserved memory comes from its layout, cluster and framework
+    (:mod:`sim.reserved`: CUDA context, cuBLAS workspaces, NCCL buffers, each sourced)
+    instead of ``reserved_bytes``; the shipped profiles (:mod:`sim.calibration`) set it,
+    ``reserved_bytes`` then serving only where no run is at hand (search bounds)."""
     fragmentation: float = 0.05
     """Allocator overhead as a fraction of tracked tensor memory (caching allocator slack)."""
     source: str = "defaults from vendor and library documentation, not fitted"

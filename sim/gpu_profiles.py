@@ -42,6 +42,7 @@ rows but put Llama 3 at 34% and 41%).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from sim.device import DeviceProfile
@@ -178,9 +179,10 @@ def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> 
     )
 
 
+@lru_cache(maxsize=256)
 def generation_of(gpu_name: str) -> str | None:
     """The generation (data file of :mod:`sim.profiles`) whose tables hold ``gpu_name``
-    (case-insensitive), or None."""
+    (case-insensitive), or None (cached: sim.reserved asks it for every run)."""
     from sim.profiles import GENERATIONS, load
 
     for generation in GENERATIONS:

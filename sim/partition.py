@@ -150,13 +150,29 @@ def _boundary_s(cluster: Cluster, placement: Placement, src: int, dst: int,
     return makespan_s(flows, cluster.link_bandwidth_Bps)
 
 
+def _run_reserved(placement: Placement, cluster: Cluster, framework: FrameworkProfile | None,
+                  costs: TransformerCosts, rank: int) -> float:
+    """Pipeline rank ``rank``'s reserved memory from the run (:mod:`sim.reserved`: context,
+    cuBLAS workspaces, NCCL buffers; without TP overlap's userbuffers, which the split does
+    not change), under ``framework`` (Megatron-LM's without one)."""
+    from sim import reserved
+    from sim.gpu_profiles import generation_of
+    from workloads.frameworks import framework as named
+
+    g = placement.gpu(pp=rank)
+    return reserved.reserved(placement, g, cluster, framework or named("megatron"),
+                             bool(costs.model.tied_embeddings),
+                             generation_of(cluster.gpu_of(g).name)).total
+
+
 def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placement: Placement,
                  cluster: Cluster, framework: FrameworkProfile | None = None
                  ) -> Callable[[int, int], bool]:
     """``fits(r, n)``: whether rank ``r`` holding ``n`` layers stays within every one of its
     GPUs' memory at its peak, by the memory model (static state, the stash of the
     micro-batches in flight at each op's start in program order, the op's working memory,
-    the allocator's fragmentation and reserved memory, :mod:`workloads.memory`), with each
+    the allocator's fragmentation and the run's reserved memory, :mod:`workloads.memory`,
+    :mod:`sim.reserved`), with each
     GPU type's profile; the fragmentation is ``framework``'s
     (:func:`workloads.frameworks.fragmentation`, as ``sim run``'s verdict), the device
     profile's without one."""
@@ -167,6 +183,7 @@ def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placemen
     rows = [memory.in_flight(schedule.rank_ops[r], (r,), split, costs.w_retained_fraction)
             for r in range(pp)]
     S = schedule.num_stages
+    run_reserved = [_run_reserved(placement, cluster, framework, costs, r) for r in range(pp)]
 
     def fits(r: int, n: int) -> bool:
         probe = [1] * S
@@ -183,7 +200,8 @@ def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placemen
             prof = default_profile(spec.name)
             frag = (prof.fragmentation if framework is None
                     else fragmentation(framework, prof.fragmentation))
-            peak = memory.device_bytes(static, dynamic, frag, prof.reserved_bytes)
+            resv = run_reserved[r] if prof.reserved_from_run else prof.reserved_bytes
+            peak = memory.device_bytes(static, dynamic, frag, resv)
             if memory.oom(peak, spec.hbm_capacity_bytes):
                 return False
         return True

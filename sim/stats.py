@@ -26,7 +26,11 @@ class RunFacts:
     tokens_per_step: float | None
     model_flops_per_step: float | None
     reserved_bytes: float = 0.0
-    """Per-GPU memory outside tracked tensors (CUDA context, workspaces)."""
+    """Per-GPU memory outside tracked tensors (CUDA context, workspaces), where
+    ``reserved_bytes_per_stage`` is empty."""
+    reserved_bytes_per_stage: tuple[float, ...] = ()
+    """Per pipeline stage, each GPU's memory outside tracked tensors (:mod:`sim.reserved`:
+    CUDA context, cuBLAS workspaces, NCCL buffers); empty: ``reserved_bytes`` for all."""
     fragmentation: float = 0.0
     """Allocator overhead as a fraction of the dynamic memory above the static state
     (activations, working buffers: what the caching allocator carves and frees each
@@ -268,7 +272,9 @@ def _peak_memory(timeline: Timeline, gpus: Sequence[int], facts: RunFacts) -> di
     for g in gpus:
         peak = timeline.peak_memory_bytes(g)
         static = floor.get(g, 0.0)
-        out[g] = device_bytes(static, peak - static, facts.fragmentation, facts.reserved_bytes)
+        reserved = (facts.reserved_bytes_per_stage[facts.pipeline_rank[g]]
+                    if facts.reserved_bytes_per_stage else facts.reserved_bytes)
+        out[g] = device_bytes(static, peak - static, facts.fragmentation, reserved)
     return out
 
 

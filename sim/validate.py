@@ -177,9 +177,11 @@ class Prediction:
     step_time_s: float
     peak_memory_gib: float
     oom: bool
-    memory_parts: tuple[tuple[float, float], ...] = ()
-    """Per simulated GPU, (static bytes, peak dynamic bytes) before the allocator's
-    fragmentation and reserved memory: what benchmarks/calibrate.py fits those two on."""
+    memory_parts: tuple[tuple[float, ...], ...] = ()
+    """Per simulated GPU, (static bytes, peak dynamic bytes, reserved bytes): the first two
+    before the allocator's fragmentation, the third the run's reserved memory
+    (:mod:`sim.reserved`) on that GPU: what benchmarks/calibrate.py fits the fragmentation
+    on."""
     capacity_gib: float | None = None
     """The memory the GPU gives the framework (``sim run``'s ``memory_capacity_gib``): what
     :mod:`sim.oomband` measures the peak's margin against."""
@@ -197,13 +199,27 @@ def simulate_row(row: Row, profile: DeviceProfile, idle: bool = True):
 
 
 def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
+    from sim import reserved
+    from sim.api import simulate
+    from sim.experiment import build_experiment
+    from sim.gpu_profiles import generation_of
+    from topologies.placement import coordinate_columns
+
     row, profile = args
-    result = simulate_row(row, profile, idle=False)
+    exp = build_experiment(row.experiment())
+    result = simulate(exp, profile, fidelity="collapsed", idle=False)
     stats, timeline = result.stats, result.timeline
     floor: dict[int, float] = {}
     for m in timeline.memory:
         floor[m.gpu] = min(floor.get(m.gpu, m.bytes), m.bytes)
-    parts = tuple((floor[g], timeline.peak_memory_bytes(g) - floor[g]) for g in sorted(floor))
+    if profile.reserved_from_run and exp.model is not None:
+        stage = coordinate_columns(exp.placement)["pp"]
+        per = reserved.per_stage(exp, generation_of)
+        resv = {g: per[stage[g]] for g in floor}
+    else:
+        resv = dict.fromkeys(floor, profile.reserved_bytes)
+    parts = tuple((floor[g], timeline.peak_memory_bytes(g) - floor[g], resv[g])
+                  for g in sorted(floor))
     return Prediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"], parts,
                       stats["memory_capacity_gib"])
 
@@ -379,10 +395,11 @@ def oom_band(entries: list[dict], preds: Sequence[Prediction], cpreds: Sequence)
     corpus row its ``memory_margin`` and ``oom_verdict``. The hard verdicts and counts stay
     as they are."""
     from sim import oomband
+    from sim.corpus import compared_peak_gib
 
     ran = [p for p in cpreds if p.skipped is None]
     band, measured_on = oomband.half_width(
-        oomband.RULE, [(p.peak_memory_gib, p.row.peak_memory_gib) for p in ran
+        oomband.RULE, [(compared_peak_gib(p), p.row.peak_memory_gib) for p in ran
                        if p.row.peak_memory_gib is not None])
     twins = contradicted_ran([p.row for p in preds])
     entries[0].update(oomband.figures(

@@ -67,10 +67,11 @@ def test_only_caching_off_records_of_the_timing_build_are_valid(records) -> None
 
 def test_the_memory_models_terms_sit_just_under_every_valid_record(records, sourced) -> None:
     """The memory model's peak without the allocator's overhead (weights, gradient buffer,
-    optimizer shards, stash, working memory and the 1 GiB reserved) against the caching-off
-    record of the same layout: below it everywhere, by 1.2-2.5 GiB (CUDA context, NCCL and
-    cuBLAS workspaces the 1 GiB reserved does not cover): no term overcounted, none missing
-    more than that."""
+    optimizer shards, stash, working memory and the run's reserved memory: eager-loaded CUDA
+    context, cuBLAS workspaces, NCCL's ring and tree buffers of each communicator,
+    sim/reserved.py) against the caching-off record of the same layout: below it everywhere,
+    by 0.86-1.81 GiB (1.2-2.5 GiB with the former constant 1 GiB reserved): no term
+    overcounted, and about 1.3 GiB still missing on this stack (docs/reserved-memory.md)."""
     gaps = {}
     for rec in records:
         if rec["valid"] == "true" and rec["corpus_run"]:
@@ -78,9 +79,10 @@ def test_the_memory_models_terms_sit_just_under_every_valid_record(records, sour
             gaps[rec["corpus_run"]] = (int(rec["memory_used_mib"]) * MiB
                                        - (m.static + m.dynamic + m.reserved)) / GiB
     assert len(gaps) == 18
-    assert all(1.2 < g < 2.6 for g in gaps.values()), gaps
-    assert gaps["gpt3-5b-tp1-pp1-32gpu"] == pytest.approx(1.94, abs=0.01)
-    assert gaps["gpt3-5b-tp1-pp1-128gpu"] == pytest.approx(1.56, abs=0.01)
+    assert all(0.85 < g < 1.85 for g in gaps.values()), gaps
+    assert sum(gaps.values()) / len(gaps) == pytest.approx(1.27, abs=0.01)
+    assert gaps["gpt3-5b-tp1-pp1-32gpu"] == pytest.approx(1.75, abs=0.01)
+    assert gaps["gpt3-5b-tp1-pp1-128gpu"] == pytest.approx(1.37, abs=0.01)
 
 
 def test_the_profiles_allocator_overhead_is_within_the_records_bound(records, sourced) -> None:

@@ -4,6 +4,7 @@ every forward (and its backward transpose), or with FSDP2's float8 all-gather
 
 from __future__ import annotations
 
+import csv
 from dataclasses import replace
 
 import pytest
@@ -157,10 +158,13 @@ def test_torchtitans_float8_rows_gather_in_fp8_and_say_why() -> None:
 
 
 def test_a_corpus_row_with_a_bad_fp8_param_gather_is_refused(tmp_path) -> None:
-    text = (CORPUS_DIR / "torchtitan_llama31.csv").read_text(encoding="utf-8")
-    head, first, *_ = text.splitlines()
-    assert first.endswith(",,,")  # the eager bf16 row leaves the optional columns empty
+    with (CORPUS_DIR / "torchtitan_llama31.csv").open(newline="", encoding="utf-8") as fh:
+        head, first, *_ = csv.reader(fh)
+    at = head.index("fp8_param_gather")
+    assert first[at] == ""  # the eager bf16 row leaves the optional column empty
+    first[at] = "yes"
     bad = tmp_path / "bad.csv"
-    bad.write_text(f"{head}\n{first}yes\n", encoding="utf-8")
+    with bad.open("w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([head, first])
     with pytest.raises(ConfigError, match=r"row 2: fp8_param_gather='yes': expected true or false"):
         load_source(bad)

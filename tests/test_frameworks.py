@@ -139,7 +139,9 @@ def test_expandable_segments_replace_the_fitted_fragmentation() -> None:
     """Peak = static + (1 + fragmentation) x dynamic + reserved, with the expandable-segments
     allocator's 0.10 under fsdp and megatron-bridge and the device profile's fitted value
     (caching allocator) under megatron."""
+    from sim import reserved
     from sim.calibration import default_profile
+    from sim.gpu_profiles import generation_of
 
     assert ALLOCATORS["expandable-segments"].fragmentation == 0.10
     assert ALLOCATORS["caching"].fragmentation is None
@@ -148,12 +150,13 @@ def test_expandable_segments_replace_the_fitted_fragmentation() -> None:
     res = {}
     for name in ("fsdp", "megatron"):
         data["training"]["framework"] = name
-        r = api.simulate(Experiment.from_dict(data), fidelity="collapsed")
+        exp = Experiment.from_dict(data)
+        r = api.simulate(exp, fidelity="collapsed")
         floor = r.timeline.memory_floor_by_gpu
         g = max(floor, key=lambda g: r.timeline.peak_memory_bytes(g))
         frag = 0.10 if name == "fsdp" else default_profile("H100").fragmentation
         want = (floor[g] + (r.timeline.peak_memory_bytes(g) - floor[g]) * (1 + frag)
-                + default_profile("H100").reserved_bytes)
+                + reserved.per_stage(exp, generation_of)[0])
         assert r.stats["peak_memory_gib"] * 2**30 == pytest.approx(want, rel=1e-9)
         res[name] = r.stats["peak_memory_gib"]
     assert res["fsdp"] != res["megatron"]

@@ -35,15 +35,18 @@ def test_the_2022_tree_differs_from_megatron_only_where_its_code_does() -> None:
     new, old = FRAMEWORKS["megatron-lm-2022"], FRAMEWORKS["megatron"]
     assert _differences(new, old) == {"sp_async_grad_reduce_scatter": (True, False),
                                       "pp_send_blocking": ("always", "non-interleaved"),
-                                      "optimizer_bytes": (42.0, 30.0)}
+                                      "optimizer_bytes": (42.0, 30.0),
+                                      "cuda_module_loading": ("eager", "lazy")}
     fp16, old16 = framework("megatron-lm-2022", "fp16"), framework("megatron", "fp16")
     assert _differences(fp16, old16) == {"sp_async_grad_reduce_scatter": (True, False),
                                          "pp_send_blocking": ("always", "non-interleaved"),
                                          "optimizer_bytes": (54.0, 28.0),
-                                         "grad_accum_bytes": (6.0, 0.0)}
+                                         "grad_accum_bytes": (6.0, 0.0),
+                                         "cuda_module_loading": ("eager", "lazy")}
     for name in ("sp_async_grad_reduce_scatter", "pp_send_blocking", "optimizer_bytes"):
         assert "d898a89" in new.source(name) and "d898a89" in fp16.source(name)
     assert "d898a89" in fp16.source("grad_accum_bytes")
+    assert "pytorch#86509" in new.source("cuda_module_loading")
 
 
 def _experiment(precision: str) -> dict:

@@ -74,7 +74,9 @@ def test_llama3_405b_terms_as_documented(mb):
     """docs/memory-gaps.md: pipeline rank 1 holds 141 one-layer stashes of 0.496 GiB at 8K
     tokens with 32 micro-batches (2(p - 2) + (V - 1)N + 1, N = p = 16) and all its 128 forwards
     with 16; with everything but the allocator's overhead the 8,192-GPU layout is already over
-    an H100's 79.3 GiB, the 16,384-GPU ones under it by at most 9.9% of their dynamic memory."""
+    an H100's 79.3 GiB, the 16,384-GPU ones under it by at most 9.1% of their dynamic memory
+    (9.9% with the former constant 1 GiB reserved; the run's is 1.53-1.57 GiB on rank 1,
+    sim/reserved.py)."""
     layer = 0.49609375 * GiB
     for run, count, fits_before_allocator in (("llama3-405b-8192gpu-cp1", 141, False),
                                               ("llama3-405b-16384gpu-cp1", 128, True),
@@ -88,7 +90,7 @@ def test_llama3_405b_terms_as_documented(mb):
         before = top.static + top.dynamic + top.reserved
         assert (before <= top.capacity) is fits_before_allocator
         if fits_before_allocator:  # the overhead it would take: under expandable segments'
-            assert 0.095 < (top.capacity - before) / top.dynamic < 0.10
+            assert 0.085 < (top.capacity - before) / top.dynamic < 0.092
 
 
 def test_llama3_405b_stash_is_the_tensors_megatron_core_keeps(mb):
@@ -122,14 +124,16 @@ def test_nemo_launcher_5b_terms_as_documented(mb):
     whole fp32 gradient buffer (6 bytes a parameter) beside 12 / DP of Adam shards, 24 layers
     of 34 sbh + 5 a s^2 b and 1.92 GiB of loss buffers at the last forward; the 8-GPU run is
     over the A100's 79.3 GiB before any allocator overhead, the 16-256-GPU ones under it by
-    4.3-11.7% of their dynamic memory. The shipped rows take the README's TP 2 instead
-    (docs/accuracy.md, "The 5B memory"); this is the config file's TP 1 built from them."""
+    3.8-11.2% of their dynamic memory (4.3-11.7% with the former constant 1 GiB reserved; the
+    run's, sim/reserved.py, is 1.18 GiB here: an eagerly loaded context, NCCL's buffers). The
+    shipped rows take the README's TP 2 instead (docs/accuracy.md, "The 5B memory"); this is
+    the config file's TP 1 built from them."""
     n = 5_047_558_144
     layers = 24 * (34 + 5 * 32 * 2048 / 4096) * 2048 * 2 * 4096
     loss = 10 * 2048 * 2 * 50304  # bf16 logits, their fp32 copy, the shifted fp32 copy
     source = load_source(CORPUS_DIR / "nemo_megatron_launcher2022.csv")
-    for dp, room in ((8, None), (16, 0.043), (32, 0.082), (64, 0.102), (128, 0.112),
-                     (256, 0.117)):
+    for dp, room in ((8, None), (16, 0.0384), (32, 0.0779), (64, 0.0976), (128, 0.1075),
+                     (256, 0.1124)):
         row = next(r for r in source.rows if r.run == f"gpt3-5b-{dp}gpu")
         data = row.experiment()
         assert (data["parallel"]["tp"], data["parallel"]["dp"]) == (2, dp // 2)
@@ -160,17 +164,23 @@ def test_split_points_add_up_to_the_breakdown(mb, case):
 
 def test_no_split_of_the_allocator_overhead_passes_sweep_rows_0_and_1(mb):
     """docs/memory-gaps.md, "Where the allocator overhead falls": with the shipped 0.24 on
-    both the scan gives sim validate's 96.4% and flags rows 0, 1, 846 and 851; every overhead
-    on the stash and on the working memory apart, and every constant beside a fraction of the
-    dynamic memory, that keeps the sweep's OOM accuracy at 95% or more flags rows 0 and 1."""
-    from sim.calibration import MEMORY_RESERVED_GIB
+    both the scan gives sim validate's 96.2% (96.4% with the former constant 1 GiB reserved;
+    each run's own now, sim/reserved.py: rows 516 and 517, out of memory, drop to 78.8 GiB)
+    and flags rows 0, 1, 846 and 851; every overhead on the stash and on the working memory
+    apart, and every constant beside a fraction of the dynamic memory, that keeps the sweep's
+    OOM accuracy at 95% or more flags rows 0 and 1, but one: 0.08 on the stash and 0.75 on
+    the working memory (95.02%, since reserved memory is each run's own) passes them and flags
+    seven other runs that ran (50, 51, 52, 130, 234, 256, 501): no split flags fewer."""
+    from sim import reserved as resv
+    from sim.gpu_profiles import generation_of
     from topologies.hardware import GPUS
     from topologies.presets import SERVERS
 
     capacity = GPUS[SERVERS["dgx-a100-80g"].gpu].hbm_capacity_bytes
-    reserved = MEMORY_RESERVED_GIB * GiB
     rows = [r for r in load_rows(SWEEP) if r.status in ("ok", "oom")]
-    points = [mb.split_points(build_experiment(r.experiment())) for r in rows]
+    exps = [build_experiment(r.experiment()) for r in rows]
+    points = [mb.split_points(exp) for exp in exps]
+    reserved = [resv.per_stage(exp, generation_of) for exp in exps]
     statuses = [r.status for r in rows]
 
     def verdicts(stash, work, const):
@@ -179,13 +189,16 @@ def test_no_split_of_the_allocator_overhead_passes_sweep_rows_0_and_1(mb):
         return acc, {rows[i].index for i in false}
 
     acc, false = verdicts(0.24, 0.24, 0.0)
-    assert acc == pytest.approx(929 / 964) and false == {0, 1, 846, 851}
+    assert acc == pytest.approx(927 / 964) and false == {0, 1, 846, 851}
     reached = 0
     for stash in [x / 50 for x in range(0, 21)]:  # 0 to 0.40
         for work in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0):
             acc, false = verdicts(stash, work, 0.0)
             if acc >= 0.95:
                 reached += 1
+                if (stash, work) == (0.08, 0.75):
+                    assert false == {50, 51, 52, 130, 234, 256, 501, 846, 851}
+                    continue
                 assert {0, 1} <= false, (stash, work)
     for const in range(0, 9):  # GiB
         for frac in [x / 50 for x in range(0, 16)]:  # 0 to 0.30

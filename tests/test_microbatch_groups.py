@@ -10,8 +10,10 @@ import pytest
 
 from base.errors import ConfigError, ScheduleError
 from sim import api
+from sim import reserved as sim_reserved
 from sim.compare import schedule_changes
 from sim.experiment import build_experiment
+from sim.gpu_profiles import generation_of
 from workloads.schedules_advanced import (
     interleaved,
     makespan,
@@ -124,10 +126,11 @@ def test_llama3_405b_rows_reach_the_capacity_before_the_allocators_overhead(
     8 x 16 = 128 with 16, beside the backward's working memory (a layer's activation
     gradients and its unreduced fp32 weight gradient). Before the allocator's overhead
     (model state, stashes, working memory, reserved) the 16-micro-batch run is below the
-    H100's 79.3 GiB and the 32-micro-batch run is over it by less than 1%, within what the
+    H100's 79.3 GiB and the 32-micro-batch run is over it by 1.06% (with the run's reserved
+    memory, 1.53 GiB on rank 1: CUDA context, cuBLAS workspaces and NCCL buffers of its five
+    communicators, sim/reserved.py; under 1% with the former constant 1 GiB), within what the
     memory model resolves; with the caching allocator's 24% on the dynamic part, fitted on
     another framework's A100 runs, both are out of memory (a known gap, docs/accuracy.md)."""
-    from sim.calibration import default_profile
     from sim.corpus import CORPUS_DIR, load_source
     from workloads.schedules import BACKWARD, FORWARD, Op
 
@@ -145,10 +148,10 @@ def test_llama3_405b_rows_reach_the_capacity_before_the_allocators_overhead(
     chunk = exp.costs.activation_bytes_per_mb(p + r)
     working = max(exp.costs.transient_bytes(Op(p + r, kind, 0)) for kind in (FORWARD, BACKWARD))
     assert held * chunk <= raw[1] - floor <= held * chunk + working
-    reserved = default_profile("H100").reserved_bytes
+    reserved = sim_reserved.per_stage(exp, generation_of)[1]
     capacity = exp.cluster.gpu.hbm_capacity_bytes
     assert (raw[1] + reserved > capacity) == over
-    assert raw[1] + reserved < 1.01 * capacity
+    assert raw[1] + reserved < 1.011 * capacity
     assert res.stats["oom"]
 
 

@@ -21,6 +21,7 @@ run Megatron-core as Megatron-LM does with their own allocator setting.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, replace
 from importlib.resources import files
@@ -255,6 +256,21 @@ class FrameworkProfile:
     ``--training.compile``), whose fusions the profile's byte fields count; its norm is one
     fused Inductor kernel, so ``training.fused_norm: false`` is refused with it. A table may
     leave it out (False: eager, or the framework's own kernels)."""
+    cuda_module_loading: str
+    """``eager`` or ``lazy``: how the CUDA runtime of the framework's runs loads module images
+    into the context (:mod:`sim.reserved`); a table may leave it out (lazy: PyTorch 1.13 and
+    later set CUDA_MODULE_LOADING=LAZY when unset)."""
+    nccl_groups: tuple[str, ...]
+    """The process groups a rank runs NCCL collectives on, each one communicator whose buffers
+    the GPU holds (:data:`sim.reserved.NCCL_GROUPS`); a table may leave it out (Megatron-LM's:
+    world, dp, tp, cp, pp, model_parallel, embedding)."""
+    nccl_nvls: bool
+    """Whether NCCL sets NVLink SHARP up where the hardware has it (NCCL_NVLS_ENABLE left at
+    its default); a table may leave it out (True)."""
+    nccl_version: str
+    """The NCCL release the framework's runs used, as ``"2.18"``: which buffers a communicator
+    sets up and how large NVLS's are (:mod:`sim.reserved`); a table may leave it out (2.12:
+    rings and trees connected at creation, no NVLS, as every NCCL before 2.17)."""
     sources: tuple[tuple[str, str], ...]
     """(field, where in the framework's source it comes from), one per field above."""
     under_fp16: FrameworkProfile | None = None
@@ -282,7 +298,12 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
            "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
            "tp_async_grad_all_reduce", "fp8_weight_casts", "fp8_act_cast_fused",
-           "fp8_amax_reduction")
+           "fp8_amax_reduction", "cuda_module_loading", "nccl_groups", "nccl_nvls",
+           "nccl_version")
+
+MEGATRON_NCCL_GROUPS = ("world", "dp", "tp", "cp", "pp", "model_parallel", "embedding")
+"""Megatron-LM's process groups that run NCCL collectives (megatron/core/parallel_state.py
+initialize_model_parallel; :mod:`sim.reserved`), the default ``nccl_groups``."""
 
 _BYTES = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "zero3_gather_copy_bytes",
           "zero3_reduce_copy_bytes", "attention_copy_bytes", "fp8_cast_bytes", "grad_accum_bytes",
@@ -302,7 +323,8 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
              "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce",
-             "fp8_weight_casts", "fp8_act_cast_fused", "fp8_amax_reduction")
+             "fp8_weight_casts", "fp8_act_cast_fused", "fp8_amax_reduction",
+             "cuda_module_loading", "nccl_groups", "nccl_nvls", "nccl_version")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -313,7 +335,8 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
                    "residual_norm_fused": False, "torch_compile": False,
                    "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False,
-                   "tp_async_grad_all_reduce": False, "fp8_act_cast_fused": False}
+                   "tp_async_grad_all_reduce": False, "fp8_act_cast_fused": False,
+                   "nccl_nvls": True}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 
@@ -332,6 +355,9 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     values["fp8_weight_casts"] = table.get("fp8_weight_casts", "none")
     values["fp8_amax_reduction"] = table.get("fp8_amax_reduction", "none")
     values["pp_send_blocking"] = table.get("pp_send_blocking", "never")
+    values["cuda_module_loading"] = table.get("cuda_module_loading", "lazy")
+    values["nccl_groups"] = tuple(table.get("nccl_groups", MEGATRON_NCCL_GROUPS))
+    values["nccl_version"] = table.get("nccl_version", "2.12")
     for flag, default in _OPTIONAL_FLAGS.items():
         values[flag] = table.get(flag, default)
     bad = [f for f in (*_BYTES, "vocab_parallel_loss_buffers") if isinstance(values[f], bool)
@@ -356,6 +382,17 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
         raise ValueError(f"frameworks.toml [{name}]: fp8_amax_reduction="
                          f"{values['fp8_amax_reduction']!r} (one of "
                          f"{', '.join(FP8_AMAX_REDUCTIONS)})")
+    if values["cuda_module_loading"] not in ("eager", "lazy"):
+        raise ValueError(f"frameworks.toml [{name}]: cuda_module_loading="
+                         f"{values['cuda_module_loading']!r} (eager or lazy)")
+    if not (isinstance(values["nccl_version"], str)
+            and re.fullmatch(r"2\.\d+", values["nccl_version"])):
+        raise ValueError(f"frameworks.toml [{name}]: nccl_version={values['nccl_version']!r} "
+                         f"(a release as \"2.18\")")
+    bad = [g for g in values["nccl_groups"] if g not in MEGATRON_NCCL_GROUPS]
+    if bad:
+        raise ValueError(f"frameworks.toml [{name}]: nccl_groups has {', '.join(map(repr, bad))} "
+                         f"(each one of {', '.join(MEGATRON_NCCL_GROUPS)})")
     if values["allocator"] not in ALLOCATORS:
         raise ValueError(f"frameworks.toml [{name}]: allocator={values['allocator']!r} (one of "
                          f"{', '.join(ALLOCATORS)})")

@@ -201,14 +201,50 @@ class Bounds:
         """Whether some pipeline rank of ``layout`` mixes GPU types."""
         return not self._uniform and any(len(t) > 1 for t in self.rank_types(layout))
 
-    def _gib(self, static_bytes: float, dynamic_bytes: float) -> float:
+    def _gib(self, static_bytes: float, dynamic_bytes: float,
+             reserved: float | None = None) -> float:
         """GiB a GPU holding ``static_bytes`` of model state and ``dynamic_bytes`` of
         activations and working buffers reports (:func:`workloads.memory.device_bytes`:
         fragmentation on the dynamic part, reserved memory on top, as
-        :func:`sim.stats.compute_stats` counts it)."""
+        :func:`sim.stats.compute_stats` counts it); ``reserved`` the GPU's reserved bytes
+        (None: the least any layout reserves, :meth:`reserved_floor`)."""
         return device_bytes(static_bytes, dynamic_bytes,
                             fragmentation(self.ctx.framework, self.profile.fragmentation),
-                            self.profile.reserved_bytes) / GiB
+                            self.reserved_floor() if reserved is None else reserved) / GiB
+
+    def reserved_floor(self) -> float:
+        """Reserved bytes no layout goes under: the profile's own where it does not take
+        reserved memory from the run, else a lazily loaded context and the cuBLAS workspaces
+        (:func:`sim.reserved.floor_bytes`) of the cluster's GPUs, the least."""
+        if not self.profile.reserved_from_run:
+            return self.profile.reserved_bytes
+        from sim import reserved
+        from sim.gpu_profiles import generation_of
+
+        return min(reserved.floor_bytes(generation_of(t.name)) for t in self._types)
+
+    def reserved_bytes(self, layout: Layout) -> tuple[float, ...]:
+        """Each pipeline rank's reserved bytes under ``layout``, as ``sim run`` counts them
+        (:mod:`sim.reserved`; the profile's constant where it does not take them from the
+        run), cached by the layout's groups."""
+        key = ("reserved", layout.tp, layout.cp, layout.dp, layout.pp, layout.placement)
+        got = self._static.get(key)
+        if got is None:
+            if not self.profile.reserved_from_run:
+                got = (self.profile.reserved_bytes,) * layout.pp
+            else:
+                from sim import reserved
+                from sim.gpu_profiles import generation_of
+
+                ctx = self.ctx
+                got = tuple(r.total for r in reserved.by_rank(
+                    ctx.placement(layout.tp, layout.cp, layout.dp, layout.pp,
+                                  layout.placement),
+                    ctx.cluster, ctx.framework, ctx.model, False, ctx.config.model.seq_length,
+                    layout.micro_batch_size, ctx.config.training.precision == "fp8",
+                    generation_of))
+            self._static[key] = got
+        return got
 
     # --------------------------------------------------------------- schedules
     def plan(self, layout: Layout) -> Plan | str:
@@ -235,7 +271,8 @@ class Bounds:
         return None if sched is None else sched.stage_rank
 
     # --------------------------------------------------------------- memory
-    def quick_memory_bound_gib(self, costs: TransformerCosts, pp: int) -> float:
+    def quick_memory_bound_gib(self, costs: TransformerCosts, pp: int,
+                               reserved: float | None = None) -> float:
         """Schedule-free bound: the average static state per rank plus one micro-batch of the
         lightest stage (some rank holds at least the average, every rank at least one).
         :meth:`Screener.screen` holds it against the largest GPU memory of the cluster (on a mixed
@@ -250,9 +287,10 @@ class Bounds:
         act = self._static.get(key)
         if act is None:
             act = self._static[key] = min(costs.activation_bytes_per_mb(s) for s in stages)
-        return self._gib(static / pp, act)
+        return self._gib(static / pp, act, reserved)
 
-    def memory_bound_gib(self, costs: TransformerCosts, plan: Plan) -> list[float]:
+    def memory_bound_gib(self, costs: TransformerCosts, plan: Plan,
+                         reserved: Sequence[float] | None = None) -> list[float]:
         """Lower bound of each pipeline rank's peak memory, GiB, as the statistics count it
         (:meth:`_gib`).
 
@@ -281,7 +319,9 @@ class Bounds:
                     t = self._transient[key] = transient(Op(k // 3, KINDS[k % 3], 0))
                 lut[k] = t
         out = []
-        for stages, rows in zip(plan.rank_stages, plan.in_flight, strict=True):
+        resv = [None] * len(plan.rank_stages) if reserved is None else reserved
+        for (stages, rows), r in zip(zip(plan.rank_stages, plan.in_flight, strict=True), resv,
+                                     strict=True):
             key = ("rank static", *_state_shape(costs), stages)
             static = self._static.get(key)
             if static is None:
@@ -290,9 +330,9 @@ class Bounds:
                 act = np.array([self._stage_act(costs, shape, classes[s], s) for s in stages])
                 extra = lut[rows[:, -1].astype(int)] if lut is not None else 0.0
                 dynamic = float((rows[:, :-1] @ act + extra).max())
-                out.append(self._gib(static, dynamic))
+                out.append(self._gib(static, dynamic, r))
             else:
-                out.append(self._gib(static, 0.0))
+                out.append(self._gib(static, 0.0, r))
         return out
 
     def _stage_act(self, costs: TransformerCosts, shape: tuple[Any, ...],
@@ -615,7 +655,7 @@ class Bounds:
         act = self._act.get(work_key)
         if act is None:
             act = self._act[work_key] = self._act_term(layout)
-        quick = self._gib(static / pp, act)
+        quick = self._gib(static / pp, act, min(self.reserved_bytes(layout)))
         if not self._fits(quick):  # memory first: the step's terms are not needed
             return quick, None
         work = self._work.get(work_key)

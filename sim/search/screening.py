@@ -61,7 +61,7 @@ class Screener(Bounds):
             costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
         except ConfigError as exc:
             return Candidate(layout, "invalid", reason=str(exc))
-        quick = self.quick_memory_bound_gib(costs, layout.pp)
+        quick = self.quick_memory_bound_gib(costs, layout.pp, min(self.reserved_bytes(layout)))
         if not self._fits(quick):
             return Candidate(layout, "memory", memory_bound_gib=quick)
         step = self.loose_step_bound_s(layout, costs)
@@ -81,7 +81,7 @@ class Screener(Bounds):
         if isinstance(plan, str):
             return replace(candidate, status="invalid", reason=plan)
         costs = self.ctx.costs_for(layout, layout.pp * layout.vpp)
-        per_rank = self.memory_bound_gib(costs, plan)
+        per_rank = self.memory_bound_gib(costs, plan, self.reserved_bytes(layout))
         gib = max(per_rank)
         if self._uniform:
             fits = self._fits(gib)
