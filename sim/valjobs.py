@@ -157,6 +157,11 @@ def run(sweep_jobs: Sequence[SweepJob], corpus_jobs: Sequence[CorpusJob],
         for i, c in enumerate(chunks):
             finished(i, _run_chunk(c))
     else:
+        # what a first simulation imports, once here rather than in every worker (forked
+        # from this process on Linux, they inherit it)
+        import sim.api  # noqa: F401
+        import sim.experiment  # noqa: F401
+
         with ProcessPoolExecutor(max_workers=workers) as pool:
             try:
                 futures = {pool.submit(_run_chunk, c): i for i, c in enumerate(chunks)}
