@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from sim.corpus import CorpusPrediction, CorpusRow, simulate_corpus_row
 from sim.device import DeviceProfile
-from sim.loso import HAGEMANN_STRIDE, SCALES, FitData, _step_time, fit_data_from, fit_runs
+from sim.loso import HAGEMANN, HAGEMANN_STRIDE, SCALES, FitData, _step_time, fit_data_from, fit_runs
 from sim.validate import Prediction, Row, _predict_one
 
 SWEEP_CHUNK = 4
@@ -128,7 +128,7 @@ def plan(rows: Sequence[Row], corpus_rows: Sequence[CorpusRow], profile: DeviceP
 
 def run(sweep_jobs: Sequence[SweepJob], corpus_jobs: Sequence[CorpusJob],
         workers: int = 1, progress: Callable[[int, int], None] | None = None,
-        sweep_name: str = "hagemann2023_sweep", cross: bool = False, fit: bool = False
+        sweep_name: str = HAGEMANN, cross: bool = False, fit: bool = False
         ) -> Validation:
     """Run the jobs in ``workers`` processes (in this one for one worker), calling
     ``progress(simulations done, simulations to run)`` as jobs finish (a skipped corpus row
