@@ -229,26 +229,49 @@ def _step_time(job: tuple) -> float:
                         ).stats["step_time_s"]
 
 
+SCALES = ((1.0 + STEP, 1.0), (1.0, 1.0 + STEP))
+"""The two sensitivity simulations of a run that takes part: a and b each moved by :data:`STEP`."""
+
+
+def fit_runs(hagemann: Sequence, corpus: Sequence[CorpusPrediction]) -> tuple[list, list]:
+    """(The sweep's predictions that take part, the corpus's): every
+    :data:`HAGEMANN_STRIDE`-th successful one of ``hagemann`` (in its order) and every
+    successful, simulated one of ``corpus``."""
+    sweep = [p for p in hagemann if p.row.status == "ok"][::HAGEMANN_STRIDE]
+    runs = [p for p in corpus if p.skipped is None and p.row.status == "ok"]
+    return sweep, runs
+
+
 def fit_data(hagemann: Sequence, corpus: Sequence[CorpusPrediction], workers: int = 1,
              progress: Callable[[int, int], None] | None = None,
              sweep_name: str = HAGEMANN) -> FitData:
-    """The runs that take part (the successful, simulated ones: every
-    :data:`HAGEMANN_STRIDE`-th of the sweep's ``hagemann`` predictions, a source named
-    ``sweep_name``, and every one of the ``corpus`` predictions) and their sensitivities, two
-    simulations each, in ``workers`` processes."""
+    """The runs that take part (:func:`fit_runs` of the sweep's ``hagemann`` predictions, a
+    source named ``sweep_name``, and the ``corpus`` predictions) and their sensitivities, two
+    simulations each (:data:`SCALES`), in ``workers`` processes. ``sim validate`` runs those
+    simulations in the job of each row's own (:mod:`sim.valjobs`) and assembles the same
+    :class:`FitData` with :func:`fit_data_from`; this is the reference it is tested equal
+    to."""
+    sweep, runs = fit_runs(hagemann, corpus)
+    jobs = [(p.row, scales) for p in sweep + runs for scales in SCALES]
+    times = map_ordered(_step_time, jobs, workers, progress)
+    moved = [tuple(times[i:i + len(SCALES)]) for i in range(0, len(times), len(SCALES))]
+    return fit_data_from(sweep, runs, moved, sweep_name)
+
+
+def fit_data_from(sweep: Sequence, runs: Sequence[CorpusPrediction],
+                  moved: Sequence[tuple[float, float]], sweep_name: str = HAGEMANN) -> FitData:
+    """The :class:`FitData` of the runs of :func:`fit_runs` (``sweep``, then ``runs``), given
+    each one's step times at :data:`SCALES` (``moved``, in that order)."""
     from sim.gpu_profiles import generation_of
 
-    sweep = [p for p in hagemann if p.row.status == "ok"][::HAGEMANN_STRIDE]
-    runs = [p for p in corpus if p.skipped is None and p.row.status == "ok"]
     fitted = np.array([False] * len(sweep) + [generation_of(p.gpu or "") == FITTED_GENERATION
                                               for p in runs], dtype=bool)
     keys = [(p.row, sweep_name) for p in sweep] + [(p.row, p.row.source) for p in runs]
-    jobs = [(row, scales) for row, _ in keys
-            for scales in ((1.0 + STEP, 1.0), (1.0, 1.0 + STEP))]
-    times = map_ordered(_step_time, jobs, workers, progress)
+    if len(moved) != len(keys):
+        raise ValueError(f"{len(moved)} sensitivity pairs for {len(keys)} runs")
     base = np.array([p.step_time_s for p in sweep] + [p.step_time_s for p in runs])
     measured = np.array([p.row.step_time_s for p in sweep] + [p.row.step_time_s for p in runs])
-    moved = np.array(times, dtype=float).reshape(len(keys), 2) if keys else np.zeros((0, 2))
+    moved = np.array(moved, dtype=float).reshape(len(keys), 2) if keys else np.zeros((0, 2))
     sens = (moved - base[:, None]) / STEP if keys else moved
     sens = np.column_stack([sens, np.where(fitted, sens[:, 0], 0.0)]) if keys else np.zeros(
         (0, 3))

@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from base.errors import ConfigError
 from base.outputs import check_output_dir, output_dir, outputs
@@ -116,7 +117,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         NICS_PER_NODE,
         evaluate,
         load_rows,
-        predict,
         write_csv,
     )
 
@@ -128,26 +128,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.limit:
         rows = rows[: args.limit]
     show = shows_progress(args)
-    progress, bar = progress_bar(show, "run", "validate")
-    try:
-        preds = predict(rows, A100_HAGEMANN, args.workers, progress)
-    finally:
-        if bar is not None:
-            bar.close()
+    done = _simulate(args, rows, sources, data.stem, show)
+    preds = done.preds
     report = evaluate(preds)
     report["cross_validation_mape"] = None
-    if not args.no_cross_validation:
-        held_out = [r for r in rows if r.model != "llama-13b"]
-        progress, bar = progress_bar(show and bool(held_out), "run", "cross-validation")
-        try:
-            cv = (evaluate(predict(held_out, A100_HAGEMANN_13B, args.workers, progress))
-                  if held_out else None)
-        finally:
-            if bar is not None:
-                bar.close()
-        report["cross_validation_mape"] = cv["step_time_mape"] if cv else None
+    if done.cross:  # the 30B and 65B rows, with the profile calibrated on 13B
+        report["cross_validation_mape"] = evaluate(done.cross)["step_time_mape"]
     report["sources"], report["corpus_fit"], report["oom_band"] = _sources(
-        args, data.stem, preds, sources, show)
+        data.stem, preds, sources, done.cpreds, done.fit)
     report["elapsed_s"] = time.perf_counter() - start
     report["profile"] = A100_HAGEMANN.source
     report["cross_validation_profile"] = A100_HAGEMANN_13B.source
@@ -191,33 +179,44 @@ def _corpus(args: argparse.Namespace) -> list:
     return [] if args.data else load_corpus(CORPUS_DIR)
 
 
-def _sources(args: argparse.Namespace, sweep_name: str, preds: list, sources: list,
-             show: bool) -> tuple[list[dict], dict | None, dict]:
-    """``sources`` of the report: the sweep's entry, then each corpus source's, with the
-    leave-one-source-out MAPEs unless ``--no-cross-validation``; ``corpus_fit``, the
-    Hopper GEMM time scale fitted on the corpus (:func:`sim.loso.fit_generation`; what
-    ``sim/profiles/hopper.toml`` ships), None without the fits; and ``oom_band``, the OOM
-    verdict's resolution (both from :func:`sim.validate.source_entries`)."""
-    from sim.corpus import predict_corpus
-    from sim.loso import fit_data, fit_generation, leave_one_source_out
-    from sim.validate import source_entries
+def _simulate(args: argparse.Namespace, rows: list, sources: list, sweep_name: str,
+              show: bool) -> Any:
+    """Every simulation of the command, one job per row (:mod:`sim.valjobs`), in one pool:
+    the sweep's predictions, the cross-validation's (the 30B and 65B rows with the profile
+    calibrated on 13B; not with ``--no-cross-validation``), the corpus's and
+    leave-one-source-out's sensitivities (not without a corpus), as a
+    :class:`sim.valjobs.Validation`."""
+    from sim import valjobs
+    from sim.calibration import A100_HAGEMANN, A100_HAGEMANN_13B
 
-    corpus_rows = [r for s in sources for r in s.rows]
-    progress, bar = progress_bar(show and bool(corpus_rows), "run", "corpus")
+    cross = not args.no_cross_validation
+    fits = bool(sources) and cross
+    sweep_jobs, corpus_jobs = valjobs.plan(
+        rows, [r for s in sources for r in s.rows], A100_HAGEMANN,
+        A100_HAGEMANN_13B if cross else None, "llama-13b", fits)
+    progress, bar = progress_bar(show, "run", "validate")
     try:
-        cpreds = predict_corpus(corpus_rows, args.workers, progress)
+        return valjobs.run(sweep_jobs, corpus_jobs, args.workers, progress, sweep_name,
+                           cross=cross, fit=fits)
     finally:
         if bar is not None:
             bar.close()
+
+
+def _sources(sweep_name: str, preds: list, sources: list, cpreds: list, fit: object
+             ) -> tuple[list[dict], dict | None, dict]:
+    """``sources`` of the report: the sweep's entry, then each corpus source's, with the
+    leave-one-source-out MAPEs where ``fit`` (:class:`sim.loso.FitData`) is given;
+    ``corpus_fit``, the Hopper GEMM time scale fitted on the corpus
+    (:func:`sim.loso.fit_generation`; what ``sim/profiles/hopper.toml`` ships), None without
+    the fits; and ``oom_band``, the OOM verdict's resolution (both from
+    :func:`sim.validate.source_entries`)."""
+    from sim.loso import fit_generation, leave_one_source_out
+    from sim.validate import source_entries
+
     loso: dict = {}
     corpus_fit = None
-    if sources and not args.no_cross_validation:
-        progress, bar = progress_bar(show, "run", "leave-one-source-out")
-        try:
-            fit = fit_data(preds, cpreds, args.workers, progress, sweep_name)
-        finally:
-            if bar is not None:
-                bar.close()
+    if fit is not None:
         loso = leave_one_source_out(fit)
         corpus_fit = fit_generation(fit)
     entries, band = source_entries(sweep_name, preds, sources, cpreds, loso)
