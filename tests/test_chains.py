@@ -151,3 +151,62 @@ def test_the_forests_level_sums_are_sum_levels(back: list, data: st.DataObject) 
         forest.sum_levels(mine)
         sum_levels(theirs, parent, bounds)
         assert _bits(mine) == _bits(theirs)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 12), min_size=1, max_size=80), st.data())
+def test_sums_along_paths_are_sum_levels(back: list, data: st.DataObject) -> None:
+    """:func:`sim.chains.sum_paths` (a running sum along each path of
+    :func:`sim.chains.path_plan`, the rows a path at a time, padded groups) gives
+    :func:`sim.chains.sum_levels`'s floats bit for bit on drawn forests (branching: a node's
+    parent any earlier node), on rows of one value and of several, ties, zeros, negative
+    zeros and NaN included; and :meth:`sim.chains.Forest.sum_levels`, which takes the paths
+    from its second sum where they take fewer array passes, gives them on every call."""
+    from sim.chains import level_plan, path_plan, sum_levels, sum_paths
+
+    cause = np.array([i - b if b and i - b >= 0 else -1 for i, b in enumerate(back)],
+                     dtype=np.int64)
+    n = len(cause)
+    at, order, parent, bounds = level_plan(cause)
+    plan = path_plan(parent, bounds)
+    # every row on one path, each path's head's parent summed before it
+    covered = np.concatenate([rows[cells] if cells is not None else rows.reshape(-1)
+                              for _, rows, cells, _ in plan])
+    assert sorted(covered.tolist()) == list(range(n))
+    forest = Forest.of(cause)
+    for width in (None, 1, 3):
+        shape = (n + 1,) if width is None else (n + 1, width)
+        values = np.array(data.draw(st.lists(TIMES, min_size=int(np.prod(shape)),
+                                             max_size=int(np.prod(shape))))).reshape(shape)
+        values[n] = 0.0
+        theirs = values.copy()
+        sum_levels(theirs, parent, bounds)
+        mine = values.copy()
+        sum_paths(mine, plan)
+        assert _bits(mine) == _bits(theirs)
+        for _ in range(3):  # levels, then (where fewer passes) paths
+            kept = values.copy()
+            forest.sum_levels(kept)
+            assert _bits(kept) == _bits(theirs)
+
+
+def test_a_deep_forest_is_summed_along_paths() -> None:
+    """A forest of long chains (as blocking 1F1B sends make: GPT-3 175B TP8 PP16, 1,462
+    levels) is summed along a few paths from its second sum on, the same floats."""
+    from sim.chains import level_plan, sum_levels
+
+    rng = np.random.default_rng(7)
+    n = 3000
+    cause = np.array([-1] + [i - 1 if i % 50 else int(rng.integers(0, i)) for i in range(1, n)],
+                     dtype=np.int64)
+    forest = Forest.of(cause)
+    _, _, parent, bounds = level_plan(cause)
+    own = rng.random(n + 1)
+    own[n] = 0.0
+    theirs = own.copy()
+    sum_levels(theirs, parent, bounds)
+    for _ in range(3):
+        mine = own.copy()
+        forest.sum_levels(mine)
+        assert _bits(mine) == _bits(theirs)
+    assert forest._paths[1] is not None and len(forest._paths[1]) < len(forest.pieces)
