@@ -23,6 +23,7 @@ runs in a row agree. Pure.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,9 +41,10 @@ class Forest:
     bounds: list[int]
     pieces: tuple[tuple[int, int, np.ndarray], ...] = ()
     """Per level its rows ``lo:hi`` and their parents' rows (:func:`level_pieces`)."""
-    _paths: list = field(default_factory=list, compare=False, repr=False)
-    """How many sums it made, and then its :func:`path_plan` (made on the second sum: a
-    forest used once, as a run's first idle breakdown, does not pay for it)."""
+    _paths: dict = field(default_factory=dict, compare=False, repr=False)
+    """How many sums it made (``"uses"``), and then per width of a row its
+    :func:`path_plan` (:func:`widened`; None: the levels take fewer passes), made on the
+    second sum: a forest used once (a run's first idle breakdown) does not pay for it."""
 
     @classmethod
     def of(cls, cause: np.ndarray) -> Forest:
@@ -68,19 +70,10 @@ class Forest:
         From its second sum on, where it takes fewer array passes, along its paths
         (:func:`path_plan`, :func:`sum_paths`): the same additions, a running sum along each
         path (blocking 1F1B sends: 1,462 levels, 13 groups of paths)."""
-        paths = self._paths
-        if len(paths) > 1:
-            if paths[1] is not None:
-                sum_paths(rows, paths[1])
-                return
-        elif paths:
-            plan = path_plan(self.parent, self.bounds)
-            paths.append(plan if len(plan) < len(self.pieces) else None)
-            if paths[1] is not None:
-                sum_paths(rows, plan)
-                return
-        else:
-            paths.append(1)
+        plan = self._plan_for(rows)
+        if plan is not None:
+            sum_paths(rows.reshape(-1), plan)  # (a view: rows contiguous)
+            return
         take, add = rows.take, np.add
         if rows.ndim == 1:
             for lo, hi, up in self.pieces:
@@ -90,6 +83,24 @@ class Forest:
             for lo, hi, up in self.pieces:
                 level = rows[lo:hi]
                 add(take(up, 0), level, level)
+
+    def _plan_for(self, rows: np.ndarray) -> list | None:
+        """The :func:`path_plan` :meth:`sum_levels` follows on ``rows``, None for the levels
+        (the first sum; rows not contiguous; a forest whose levels take fewer passes)."""
+        cache = self._paths
+        uses = cache.get("uses", 0)
+        cache["uses"] = uses + 1
+        if not uses or not rows.flags.c_contiguous:
+            return None
+        if 1 not in cache:
+            plan = path_plan(self.parent, self.bounds)
+            cache[1] = plan if len(plan) < len(self.pieces) else None
+        width = rows.size // len(rows) if len(rows) else 1
+        if cache[1] is None or width == 1:
+            return cache[1]
+        if width not in cache:
+            cache[width] = widened(cache[1], width)
+        return cache[width]
 
     def sums(self, own: np.ndarray) -> np.ndarray:
         """Per node, the sum of ``own`` along its chain, added one by one from the root
@@ -268,30 +279,79 @@ def path_plan(parent: np.ndarray, bounds: Sequence[int]
     return plan
 
 
+_SCRATCH = threading.local()
+SCRATCH_KEPT = 1 << 20
+"""The largest buffer :func:`_scratch` keeps (doubles: 8 MB), a larger one made per call."""
+
+
+def _scratch(size: int) -> np.ndarray:
+    """This thread's buffer of at least ``size`` doubles for :func:`sum_paths`' blocks, kept
+    across calls (a fresh large block on every group costs several times its gathers)."""
+    kept = getattr(_SCRATCH, "buffer", None)
+    if kept is None or len(kept) < size:
+        kept = np.empty(size)
+        if size <= SCRATCH_KEPT:
+            _SCRATCH.buffer = kept
+    return kept
+
+
+SHORT = 4
+"""Groups of paths up to this long are summed a column at a time (:func:`sum_paths`):
+``np.cumsum`` along many short rows costs more than a few level additions."""
+
+
 def sum_paths(rows: np.ndarray,
               plan: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None,
                                    np.ndarray | None]]) -> None:
-    """:func:`sum_levels` along the paths of :func:`path_plan`: per group, its heads'
-    parents' rows (done: a lower rank) and its rows side by side, a running sum along each
-    path (``np.cumsum``, which adds one by one: ``parent + own``, then ``+ own`` of the next
-    ...), written back (the padding's sums dropped). The same additions on the same values,
-    so the same floats bit for bit."""
-    if rows.ndim > 1:  # the columns side by side, each contiguous (np.cumsum across the
-        # middle axis of a block of rows is several times slower)
-        columns = np.ascontiguousarray(rows.reshape(len(rows), -1).T)
-        for column in columns:
-            sum_paths(column, plan)
-        rows.reshape(len(rows), -1)[...] = columns.T
-        return
+    """:func:`sum_levels` of rows of one value (``rows``, 1-D; rows of ``w`` values: their
+    flat view, ``plan`` :func:`widened` by ``w``) along the paths of :func:`path_plan`: per
+    group, its heads' parents' rows (done: a lower rank) and its rows side by side, a
+    running sum along each path (``np.cumsum``, which adds one by one: ``parent + own``,
+    then ``+ own`` of the next ...; groups up to :data:`SHORT` long a column at a time, the
+    same additions), written back (the padding's sums dropped). The same additions on the
+    same values, so the same floats bit for bit."""
+    scratch = None
     for heads_up, at, cells, targets in plan:
-        block = np.empty((at.shape[0], at.shape[1] + 1, *rows.shape[1:]), dtype=rows.dtype)
-        rows.take(heads_up, axis=0, out=block[:, 0])
-        rows.take(at, axis=0, out=block[:, 1:])
+        if at.shape[1] <= SHORT:  # a column at a time: the paths with a row there (a prefix)
+            done = rows.take(heads_up)
+            for j in range(at.shape[1]):
+                here = at[:, j] if cells is None else at[:np.count_nonzero(cells[:, j]), j]
+                done = np.add(done[:len(here)], rows.take(here))
+                rows[here] = done
+            continue
+        need = at.shape[0] * (at.shape[1] + 1)
+        if rows.dtype != np.float64:
+            block = np.empty((at.shape[0], at.shape[1] + 1), dtype=rows.dtype)
+        else:
+            if scratch is None or len(scratch) < need:
+                scratch = _scratch(need)
+            block = scratch[:need].reshape(at.shape[0], at.shape[1] + 1)
+        rows.take(heads_up, out=block[:, 0])
+        rows.take(at, out=block[:, 1:])
         np.cumsum(block, axis=1, out=block)
         if cells is None:
             rows[at] = block[:, 1:]
         else:
             rows[targets] = block[:, 1:][cells]
+
+
+def widened(plan: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                   np.ndarray | None]], width: int) -> list:
+    """``plan`` (:func:`path_plan`) for rows of ``width`` values each, read as one flat
+    array (row ``r``'s value ``c`` at ``r * width + c``): each path once per value, in the
+    same groups."""
+    shift = np.arange(width, dtype=np.intp)[:, None]
+    out = []
+    for heads_up, at, cells, _ in plan:
+        # each path's copies side by side (the paths stay longest first)
+        wide_up = (heads_up[:, None] * width + shift.T).reshape(-1)
+        wide_at = (at[:, None, :] * width + shift[None]).reshape(-1, at.shape[1])
+        if cells is None:
+            out.append((wide_up, wide_at, None, None))
+        else:
+            wide_cells = np.repeat(cells, width, axis=0)
+            out.append((wide_up, wide_at, wide_cells, wide_at[wide_cells]))
+    return out
 
 
 def levels(up: np.ndarray) -> tuple[np.ndarray, list[int]] | None:

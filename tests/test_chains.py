@@ -162,7 +162,7 @@ def test_sums_along_paths_are_sum_levels(back: list, data: st.DataObject) -> Non
     parent any earlier node), on rows of one value and of several, ties, zeros, negative
     zeros and NaN included; and :meth:`sim.chains.Forest.sum_levels`, which takes the paths
     from its second sum where they take fewer array passes, gives them on every call."""
-    from sim.chains import level_plan, path_plan, sum_levels, sum_paths
+    from sim.chains import level_plan, path_plan, sum_levels, sum_paths, widened
 
     cause = np.array([i - b if b and i - b >= 0 else -1 for i, b in enumerate(back)],
                      dtype=np.int64)
@@ -182,7 +182,7 @@ def test_sums_along_paths_are_sum_levels(back: list, data: st.DataObject) -> Non
         theirs = values.copy()
         sum_levels(theirs, parent, bounds)
         mine = values.copy()
-        sum_paths(mine, plan)
+        sum_paths(mine.reshape(-1), plan if width is None else widened(plan, width))
         assert _bits(mine) == _bits(theirs)
         for _ in range(3):  # levels, then (where fewer passes) paths
             kept = values.copy()
@@ -210,3 +210,13 @@ def test_a_deep_forest_is_summed_along_paths() -> None:
         forest.sum_levels(mine)
         assert _bits(mine) == _bits(theirs)
     assert forest._paths[1] is not None and len(forest._paths[1]) < len(forest.pieces)
+    wide = rng.random((n + 1, 4))
+    wide[n] = 0.0
+    theirs = wide.copy()
+    sum_levels(theirs, parent, bounds)
+    mine = wide.copy()
+    forest.sum_levels(mine)
+    assert _bits(mine) == _bits(theirs) and 4 in forest._paths
+    strided = np.asfortranarray(wide)  # (not contiguous: the levels)
+    forest.sum_levels(strided)
+    assert _bits(strided) == _bits(theirs)
