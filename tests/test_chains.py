@@ -127,6 +127,53 @@ def test_passes_on_one_shape_at_changing_costs_equal_cold_ones(data: dict,
         assert dict(cold.intervals) == dict(got.intervals)
 
 
+def test_a_sweep_over_one_blocking_1f1b_layout_reuses_its_runs() -> None:
+    """GPT-3 175B TP8 PP16 DP8 with Megatron's blocking 1F1B sends (29,232 instructions),
+    compute times scaled by a cycle of factors, as a sweep over one layout runs: a run whose
+    totals equal a kept run's takes its results (:class:`sim.columnar._Passes`), and every
+    run's times, causes, intervals, memory and events are a cold pass's; the forests' sums
+    along paths (:meth:`sim.chains.Forest.sum_levels`) give the levels' floats on the
+    idle breakdown of each (a repeated run, in process, gives the cold run's stats JSON)."""
+    import yaml
+
+    from sim.experiment import Experiment
+
+    data = yaml.safe_load(open("workloads/examples/search-gpt3-175b-1024.yaml",
+                               encoding="utf-8"))
+    data["parallel"].update({"tp": 8, "pp": 16, "dp": 8})
+    colshape.clear()
+    cold_json = simulate(Experiment.from_dict(data), fidelity="collapsed").stats_json()
+    for _ in range(3):  # warm: the pass's hint, the memo, the forests' paths
+        warm = simulate(Experiment.from_dict(data), fidelity="collapsed")
+        assert warm.stats_json() == cold_json
+    instrs = warm.program.instructions
+    assert isinstance(instrs, ColumnarInstructions)
+    columns, program = instrs.columns, warm.program
+
+    def run(factor: float) -> columnar.ColumnarPass | None:
+        def timer(op: object) -> float:
+            return factor * (op.duration_s if op.duration_s is not None else 1e-3)  # type: ignore[attr-defined]
+
+        return columnar.run_columns(dataclasses.replace(columns), timer,  # type: ignore[arg-type]
+                                    program.static_bytes, program.simulated_gpus)
+
+    factors = [1.0, 3.0, 0.5, 1.0, 3.0, 0.5, 3.0]
+    colshape.clear()
+    warm_runs = [run(factor) for factor in factors]
+    memo = colshape.shape_of(columns).derived(("passes", tuple(program.simulated_gpus)),
+                                              columnar._Passes)
+    assert len(memo.runs) == 3  # the repeats found their runs
+    for factor, got in zip(factors, warm_runs, strict=True):
+        colshape.clear()
+        cold = run(factor)
+        assert cold is not None and got is not None
+        assert _bits(cold.ready_a) == _bits(got.ready_a) and cold.end_s == got.end_s
+        assert list(cold.cause) == list(got.cause)
+        assert (cold.peak_bytes, cold.floor_bytes) == (got.peak_bytes, got.floor_bytes)
+        assert (cold.events, cold.clock) == (got.events, got.clock)
+        assert dict(cold.intervals) == dict(got.intervals)
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.integers(0, 8), min_size=1, max_size=60), st.data())
 def test_the_forests_level_sums_are_sum_levels(back: list, data: st.DataObject) -> None:
