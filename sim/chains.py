@@ -23,8 +23,9 @@ runs in a row agree. Pure.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,6 +41,10 @@ class Forest:
     bounds: list[int]
     pieces: tuple[tuple[int, int, np.ndarray], ...] = ()
     """Per level its rows ``lo:hi`` and their parents' rows (:func:`level_pieces`)."""
+    _paths: dict = field(default_factory=dict, compare=False, repr=False)
+    """How many sums it made (``"uses"``), and then per width of a row its
+    :func:`path_plan` (:func:`widened`; None: the levels take fewer passes), made on the
+    second sum: a forest used once (a run's first idle breakdown) does not pay for it."""
 
     @classmethod
     def of(cls, cause: np.ndarray) -> Forest:
@@ -61,7 +66,14 @@ class Forest:
         """:func:`sum_levels` of ``rows`` (laid out by :func:`level_plan` of :attr:`cause`):
         the same additions (``parents + level``, in place), each level's parents' rows
         sliced once per forest (:attr:`pieces`), not on every call, and no keyword
-        arguments to parse (GPT-3 175B TP8 PP16, m = 192: 477 levels a sum, ~15 % less)."""
+        arguments to parse (GPT-3 175B TP8 PP16, m = 192: 477 levels a sum, ~15 % less).
+        From its second sum on, where it takes fewer array passes, along its paths
+        (:func:`path_plan`, :func:`sum_paths`): the same additions, a running sum along each
+        path (blocking 1F1B sends: 1,462 levels, 13 groups of paths)."""
+        plan = self._plan_for(rows)
+        if plan is not None:
+            sum_paths(rows.reshape(-1), plan)  # (a view: rows contiguous)
+            return
         take, add = rows.take, np.add
         if rows.ndim == 1:
             for lo, hi, up in self.pieces:
@@ -71,6 +83,24 @@ class Forest:
             for lo, hi, up in self.pieces:
                 level = rows[lo:hi]
                 add(take(up, 0), level, level)
+
+    def _plan_for(self, rows: np.ndarray) -> list | None:
+        """The :func:`path_plan` :meth:`sum_levels` follows on ``rows``, None for the levels
+        (the first sum; rows not contiguous; a forest whose levels take fewer passes)."""
+        cache = self._paths
+        uses = cache.get("uses", 0)
+        cache["uses"] = uses + 1
+        if not uses or not rows.flags.c_contiguous:
+            return None
+        if 1 not in cache:
+            plan = path_plan(self.parent, self.bounds)
+            cache[1] = plan if len(plan) < len(self.pieces) else None
+        width = rows.size // len(rows) if len(rows) else 1
+        if cache[1] is None or width == 1:
+            return cache[1]
+        if width not in cache:
+            cache[width] = widened(cache[1], width)
+        return cache[width]
 
     def sums(self, own: np.ndarray) -> np.ndarray:
         """Per node, the sum of ``own`` along its chain, added one by one from the root
@@ -189,6 +219,150 @@ def sum_levels(rows: np.ndarray, parent: np.ndarray, bounds: Sequence[int]) -> N
         level = rows[lo:hi]
         np.add(rows.take(parent[lo:hi], axis=0), level, out=level)
         lo = hi
+
+
+def path_plan(parent: np.ndarray, bounds: Sequence[int]
+              ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]]:
+    """The rows of a :func:`level_plan` layout (``parent``: each row's parent row, ``n`` for a
+    root; ``bounds``: where each level ends) cut into paths, each row's successor on its path
+    one of its children, for :func:`sum_paths`: the longest-path decomposition (each row's
+    successor its child whose descendants reach deepest, the first such row), so that a
+    root-to-leaf chain crosses few paths; on arrays, by pointer jumping. A path's *rank* is
+    0 from a root, else its head's parent's path's rank + 1: every path's head's parent is
+    on a path of a lower rank. Per rank, its paths in groups of lengths within a factor of
+    two (longest first within a group): per group its heads' parents' rows (``P``), its
+    rows (``P x L``, padded with row ``n``), and where padded, which cells are rows (``P x
+    L``, bool) and those rows in that order (GPT-3 175B TP8 PP16 with blocking 1F1B sends:
+    1,462 levels, 13 groups)."""
+    n = len(parent)
+    if not n:
+        return []
+    up = np.asarray(parent, dtype=np.intp)
+    node = np.arange(n, dtype=np.intp)
+    depth = np.repeat(np.arange(len(bounds), dtype=np.intp), np.diff([0, *bounds]))
+    # each row's deepest descendant's depth, by pointer jumping (a row's reach after k
+    # steps: its descendants less than 2 ** k below it)
+    reach = np.append(depth, -1)
+    jump = np.append(up, n)
+    for _ in range(len(bounds).bit_length() + 1):
+        if jump.min() >= n:
+            break
+        np.maximum.at(reach, jump, reach.copy())
+        jump = jump.take(jump)
+    # each row's successor: its child that reaches deepest (the first such row)
+    child = np.flatnonzero((up < n) & (reach[:n] == reach.take(up)))
+    successor = np.full(n + 1, n, dtype=np.intp)
+    np.minimum.at(successor, up[child], child)
+    continues = (up < n) & (successor.take(up) == node)
+    # each row's path's head (pointer jumping along the paths) and its place on it
+    head = np.where(continues, up, node)
+    for _ in range(len(bounds).bit_length() + 1):
+        higher = head.take(head)
+        if np.array_equal(higher, head):
+            break
+        head = higher
+    place = depth - depth.take(head)
+    heads = np.flatnonzero(~continues)  # (by depth)
+    rank = depths_by_jumping(up, (~continues).astype(np.intp))
+    assert rank is not None  # (a forest: level_plan laid it out)
+    length = np.bincount(head, minlength=n).take(heads)
+    size = np.frexp(length - 1)[1]  # (length - 1).bit_length()
+    path_order = np.lexsort((heads, -length, size, rank.take(heads)))
+    heads, length = heads.take(path_order), length.take(path_order)
+    key = rank.take(heads) * 64 + size.take(path_order)
+    index = np.empty(n, dtype=np.intp)  # each head's path's place in that order
+    index[heads] = np.arange(len(heads))
+    rows_in = np.lexsort((place, index.take(head)))  # the rows path by path, in order
+    cuts = (np.flatnonzero(np.diff(key)) + 1).tolist()
+    firsts = np.concatenate(([0], np.cumsum(length)))
+    plan = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(heads)], strict=True):
+        lengths = length[lo:hi]
+        width = int(lengths[0])
+        cells = np.arange(width) < lengths[:, None]
+        rows = np.full((hi - lo, width), n, dtype=np.intp)
+        rows[cells] = rows_in[firsts[lo]:firsts[hi]]
+        heads_up = up.take(heads[lo:hi])
+        if int(lengths[-1]) == width:
+            plan.append((heads_up, rows, None, None))
+        else:
+            plan.append((heads_up, rows, cells, rows[cells]))
+    return plan
+
+
+_SCRATCH = threading.local()
+SCRATCH_KEPT = 1 << 20
+"""The largest buffer :func:`_scratch` keeps (doubles: 8 MB), a larger one made per call."""
+
+
+def _scratch(size: int) -> np.ndarray:
+    """This thread's buffer of at least ``size`` doubles for :func:`sum_paths`' blocks, kept
+    across calls (a fresh large block on every group costs several times its gathers)."""
+    kept = getattr(_SCRATCH, "buffer", None)
+    if kept is None or len(kept) < size:
+        kept = np.empty(size)
+        if size <= SCRATCH_KEPT:
+            _SCRATCH.buffer = kept
+    return kept
+
+
+SHORT = 4
+"""Groups of paths up to this long are summed a column at a time (:func:`sum_paths`):
+``np.cumsum`` along many short rows costs more than a few level additions."""
+
+
+def sum_paths(rows: np.ndarray,
+              plan: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                   np.ndarray | None]]) -> None:
+    """:func:`sum_levels` of rows of one value (``rows``, 1-D; rows of ``w`` values: their
+    flat view, ``plan`` :func:`widened` by ``w``) along the paths of :func:`path_plan`: per
+    group, its heads' parents' rows (done: a lower rank) and its rows side by side, a
+    running sum along each path (``np.cumsum``, which adds one by one: ``parent + own``,
+    then ``+ own`` of the next ...; groups up to :data:`SHORT` long a column at a time, the
+    same additions), written back (the padding's sums dropped). The same additions on the
+    same values, so the same floats bit for bit."""
+    scratch = None
+    for heads_up, at, cells, targets in plan:
+        if at.shape[1] <= SHORT:  # a column at a time: the paths with a row there (a prefix)
+            done = rows.take(heads_up)
+            for j in range(at.shape[1]):
+                here = at[:, j] if cells is None else at[:np.count_nonzero(cells[:, j]), j]
+                done = np.add(done[:len(here)], rows.take(here))
+                rows[here] = done
+            continue
+        need = at.shape[0] * (at.shape[1] + 1)
+        if rows.dtype != np.float64:
+            block = np.empty((at.shape[0], at.shape[1] + 1), dtype=rows.dtype)
+        else:
+            if scratch is None or len(scratch) < need:
+                scratch = _scratch(need)
+            block = scratch[:need].reshape(at.shape[0], at.shape[1] + 1)
+        rows.take(heads_up, out=block[:, 0])
+        rows.take(at, out=block[:, 1:])
+        np.cumsum(block, axis=1, out=block)
+        if cells is None:
+            rows[at] = block[:, 1:]
+        else:
+            rows[targets] = block[:, 1:][cells]
+
+
+def widened(plan: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None,
+                                   np.ndarray | None]], width: int) -> list:
+    """``plan`` (:func:`path_plan`) for rows of ``width`` values each, read as one flat
+    array (row ``r``'s value ``c`` at ``r * width + c``): each path once per value, in the
+    same groups."""
+    shift = np.arange(width, dtype=np.intp)[:, None]
+    out = []
+    for heads_up, at, cells, _ in plan:
+        # each path's copies side by side (the paths stay longest first)
+        wide_up = (heads_up[:, None] * width + shift.T).reshape(-1)
+        wide_at = (at[:, None, :] * width + shift[None]).reshape(-1, at.shape[1])
+        if cells is None:
+            out.append((wide_up, wide_at, None, None))
+        else:
+            wide_cells = np.repeat(cells, width, axis=0)
+            out.append((wide_up, wide_at, wide_cells, wide_at[wide_cells]))
+    return out
 
 
 def levels(up: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
