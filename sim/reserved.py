@@ -252,12 +252,19 @@ def per_stage(exp, generation_of) -> tuple[float, ...]:
 
 
 def breakdown(exp, generation_of) -> tuple[Reserved, ...]:
-    """:func:`per_stage`'s components, by stage."""
+    """:func:`per_stage`'s components, by stage: worked out once per (frozen) experiment and
+    ``generation_of`` and kept on it, since a run (``sim.api``) and what reads its memory
+    afterwards (``sim.validate``, ``sim.corpus``) each ask for them."""
+    kept = exp.__dict__.get("_reserved_breakdown")
+    if kept is not None and kept[0] is generation_of:
+        return kept[1]
     cfg = exp.config
-    return by_rank(exp.placement, exp.cluster, exp.framework, exp.model,
-                   cfg.parallel.tp_comm_overlap, cfg.model.seq_length,
-                   cfg.training.micro_batch_size, cfg.training.precision == "fp8",
-                   generation_of)
+    found = by_rank(exp.placement, exp.cluster, exp.framework, exp.model,
+                    cfg.parallel.tp_comm_overlap, cfg.model.seq_length,
+                    cfg.training.micro_batch_size, cfg.training.precision == "fp8",
+                    generation_of)
+    exp.__dict__["_reserved_breakdown"] = (generation_of, found)
+    return found
 
 
 def by_rank(placement, cluster, framework, model, tp_comm_overlap: bool, seq_length: int,

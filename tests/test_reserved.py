@@ -177,6 +177,29 @@ def test_a_runs_peak_carries_each_stages_reserved_memory() -> None:
     assert got == pytest.approx([p / GiB for p in per], rel=1e-9)
 
 
+def test_a_breakdown_is_worked_out_once_per_experiment_and_lookup() -> None:
+    """What ``sim.api`` and then ``sim.validate`` / ``sim.corpus`` ask of one experiment is
+    worked out once (the same tuple), equal to :func:`by_rank` afresh; another generation
+    lookup, or another experiment, is worked out anew."""
+    from sim.experiment import Experiment
+
+    data = {"name": "kept", "model": {"preset": "gpt3-1.3b", "seq_length": 1024},
+            "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
+            "parallel": {"tp": 2, "pp": 4, "dp": 2},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8}, "schedule": "1f1b"}
+    exp = Experiment.from_dict(data)
+    first = R.breakdown(exp, generation_of)
+    assert R.breakdown(exp, generation_of) is first
+    cfg = exp.config
+    assert first == R.by_rank(exp.placement, exp.cluster, exp.framework, exp.model,
+                              cfg.parallel.tp_comm_overlap, cfg.model.seq_length,
+                              cfg.training.micro_batch_size, False, generation_of)
+    assert R.per_stage(exp, generation_of) == tuple(r.total for r in first)
+    hopper = R.breakdown(exp, lambda name: "hopper")
+    assert hopper is not first and hopper[0].cublas == R.cublas_bytes("hopper")
+    assert R.breakdown(Experiment.from_dict(data), generation_of) is not first
+
+
 def test_userbuffers_a_buffer_per_overlapped_gemm_and_three_workspaces() -> None:
     tokens, hidden = 8192, 4096
     assert R.userbuffers_bytes(tokens, hidden, fp8=False) == 10 * 2 * tokens * hidden
