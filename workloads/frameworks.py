@@ -339,6 +339,14 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False,
                    "nccl_nvls": True}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
+_CHOICES = {"tp_overlap": ("userbuffers", TP_OVERLAPS),
+            "fp8_weight_casts": ("none", FP8_WEIGHT_CASTS),
+            "pp_send_blocking": ("never", SEND_BLOCKING),
+            "fp8_amax_reduction": ("none", FP8_AMAX_REDUCTIONS),
+            "cuda_module_loading": ("lazy", ("eager", "lazy"))}
+"""The fields among :data:`_OPTIONAL` that take one of a few names: (the value a table that
+leaves it out takes, the names)."""
+
 
 def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     """A profile from its TOML table (a missing ``fragmentation`` is None); ValueError naming
@@ -351,11 +359,8 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if missing:
         raise ValueError(f"frameworks.toml [{name}]: no {', '.join(missing)}")
     values = {f: table.get(f) for f in _FIELDS}
-    values["tp_overlap"] = table.get("tp_overlap", "userbuffers")
-    values["fp8_weight_casts"] = table.get("fp8_weight_casts", "none")
-    values["fp8_amax_reduction"] = table.get("fp8_amax_reduction", "none")
-    values["pp_send_blocking"] = table.get("pp_send_blocking", "never")
-    values["cuda_module_loading"] = table.get("cuda_module_loading", "lazy")
+    for field, (default, _) in _CHOICES.items():
+        values[field] = table.get(field, default)
     values["nccl_groups"] = tuple(table.get("nccl_groups", MEGATRON_NCCL_GROUPS))
     values["nccl_version"] = table.get("nccl_version", "2.12")
     for flag, default in _OPTIONAL_FLAGS.items():
@@ -369,22 +374,10 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
                          + " (bytes: a number >= 0; flags: true or false)")
     if values["stage_split"] not in STAGE_SPLITS:
         raise ValueError(f"frameworks.toml [{name}]: stage_split={values['stage_split']!r}")
-    if values["tp_overlap"] not in TP_OVERLAPS:
-        raise ValueError(f"frameworks.toml [{name}]: tp_overlap={values['tp_overlap']!r} (one "
-                         f"of {', '.join(TP_OVERLAPS)})")
-    if values["fp8_weight_casts"] not in FP8_WEIGHT_CASTS:
-        raise ValueError(f"frameworks.toml [{name}]: fp8_weight_casts="
-                         f"{values['fp8_weight_casts']!r} (one of {', '.join(FP8_WEIGHT_CASTS)})")
-    if values["pp_send_blocking"] not in SEND_BLOCKING:
-        raise ValueError(f"frameworks.toml [{name}]: pp_send_blocking="
-                         f"{values['pp_send_blocking']!r} (one of {', '.join(SEND_BLOCKING)})")
-    if values["fp8_amax_reduction"] not in FP8_AMAX_REDUCTIONS:
-        raise ValueError(f"frameworks.toml [{name}]: fp8_amax_reduction="
-                         f"{values['fp8_amax_reduction']!r} (one of "
-                         f"{', '.join(FP8_AMAX_REDUCTIONS)})")
-    if values["cuda_module_loading"] not in ("eager", "lazy"):
-        raise ValueError(f"frameworks.toml [{name}]: cuda_module_loading="
-                         f"{values['cuda_module_loading']!r} (eager or lazy)")
+    for field, (_, choices) in _CHOICES.items():
+        if values[field] not in choices:
+            raise ValueError(f"frameworks.toml [{name}]: {field}={values[field]!r} (one of "
+                             f"{', '.join(choices)})")
     if not (isinstance(values["nccl_version"], str)
             and re.fullmatch(r"2\.\d+", values["nccl_version"])):
         raise ValueError(f"frameworks.toml [{name}]: nccl_version={values['nccl_version']!r} "
