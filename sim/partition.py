@@ -151,18 +151,17 @@ def _boundary_s(cluster: Cluster, placement: Placement, src: int, dst: int,
 
 
 def _run_reserved(placement: Placement, cluster: Cluster, framework: FrameworkProfile | None,
-                  costs: TransformerCosts, rank: int) -> float:
-    """Pipeline rank ``rank``'s reserved memory from the run (:mod:`sim.reserved`: context,
-    cuBLAS workspaces, NCCL buffers; without TP overlap's userbuffers, which the split does
-    not change), under ``framework`` (Megatron-LM's without one)."""
+                  costs: TransformerCosts) -> tuple[float, ...]:
+    """Each pipeline rank's reserved memory from the run (:func:`sim.reserved.by_rank`:
+    context, cuBLAS workspaces, NCCL buffers; without TP overlap's userbuffers, which the
+    split does not change), under ``framework`` (Megatron-LM's without one)."""
     from sim import reserved
     from sim.gpu_profiles import generation_of
     from workloads.frameworks import framework as named
 
-    g = placement.gpu(pp=rank)
-    return reserved.reserved(placement, g, cluster, framework or named("megatron"),
-                             bool(costs.model.tied_embeddings),
-                             generation_of(cluster.gpu_of(g).name)).total
+    return tuple(r.total for r in reserved.by_rank(
+        placement, cluster, framework or named("megatron"), costs.model, False, 0, 0, False,
+        generation_of))
 
 
 def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placement: Placement,
@@ -183,7 +182,7 @@ def _memory_fits(costs: TransformerCosts, schedule: schedules.Schedule, placemen
     rows = [memory.in_flight(schedule.rank_ops[r], (r,), split, costs.w_retained_fraction)
             for r in range(pp)]
     S = schedule.num_stages
-    run_reserved = [_run_reserved(placement, cluster, framework, costs, r) for r in range(pp)]
+    run_reserved = _run_reserved(placement, cluster, framework, costs)
 
     def fits(r: int, n: int) -> bool:
         probe = [1] * S
