@@ -327,7 +327,7 @@ def _busy_exposed(intervals: Intervals, gpus: Sequence[int],
            np.ascontiguousarray(intervals.start, dtype=np.float64).view(np.int64),
            np.array([] if window is None else [1.0, *window], dtype=np.float64).view(np.int64),
            np.asarray(gpus, dtype=np.int64))
-    for kept, found in runs:
+    for kept, found in tuple(runs):  # (a snapshot: another thread may replace them)
         if all(a.shape == b.shape and bool((a == b).all())
                for a, b in zip(kept, key, strict=True)):
             return list(found[0]), dict(found[1])
