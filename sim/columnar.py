@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -549,12 +549,15 @@ class _IntervalPlan:
     start_at: np.ndarray
     end_at: np.ndarray
     slices: dict[tuple[int, str], tuple[int, int]]
+    runs: list = field(default_factory=list)
+    """The latest runs' statistics of these intervals (:attr:`sim.intervalcols.
+    IntervalColumns.runs`)."""
 
     def of(self, start: np.ndarray, mid: np.ndarray, end: np.ndarray) -> IntervalColumns:
         """The intervals of a run with these times: those of :func:`_intervals`."""
         times = np.concatenate((start, mid, end))
         return IntervalColumns.laid_out(self.gpus, self.names, times.take(self.start_at),
-                                        times.take(self.end_at), self.slices)
+                                        times.take(self.end_at), self.slices, self.runs)
 
 
 def _interval_plan(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray]

@@ -64,19 +64,24 @@ class IntervalColumns(Mapping):
                                      hi.tolist(), strict=True):
                 self._at[(int(gpu_list[k // codes]), names[k % codes])] = (lo, end_at)
         self._lists: dict[tuple[int, str], array] = {}
+        self.runs: list | None = None
+        """Where these are a kept structure's intervals (:class:`sim.columnar._IntervalPlan`):
+        its latest runs' busy and exposed times (:func:`sim.stats._busy_exposed`, which keeps
+        them by these intervals' bits); None elsewhere."""
 
     @classmethod
     def laid_out(cls, gpus: np.ndarray, names: Sequence[str], start: np.ndarray,
-                 end: np.ndarray, slices: Mapping[tuple[int, str], tuple[int, int]]
-                 ) -> IntervalColumns:
+                 end: np.ndarray, slices: Mapping[tuple[int, str], tuple[int, int]],
+                 runs: list | None = None) -> IntervalColumns:
         """Intervals already grouped by key: ``start`` and ``end`` as :attr:`start` and
         :attr:`end` of an instance of the same intervals, and its :attr:`slices` (shared,
-        read only)."""
+        read only); ``runs``: :attr:`runs` (the structure's, shared)."""
         self = cls.__new__(cls)
         self.gpus, self.names = gpus, tuple(names)
         self.start, self.end = start, end
         self._at = slices  # type: ignore[assignment]
         self._lists = {}
+        self.runs = runs
         return self
 
     @property

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -112,8 +113,10 @@ def channels(comm: Communicator, generation: str | None, nics_per_server: int,
     return min(n["max_channels"], n["channels_per_nic"] * nics)
 
 
+@lru_cache(maxsize=64)
 def version(v: str) -> tuple[int, ...]:
-    """``"2.18"`` as (2, 18), for comparing NCCL versions."""
+    """``"2.18"`` as (2, 18), for comparing NCCL versions (kept: each communicator of each
+    rank asks)."""
     try:
         return tuple(int(p) for p in v.split("."))
     except ValueError:
@@ -227,12 +230,15 @@ def communicators(placement, gpu: int, groups: tuple[str, ...], host_of,
 
 def reserved(placement, gpu: int, cluster, framework, tied_embeddings: bool,
              generation: str | None, ub_tokens: int = 0, ub_hidden: int = 0,
-             fp8: bool = False, world: Communicator | None = None) -> Reserved:
+             fp8: bool = False, world: Communicator | None = None,
+             comms: tuple[Communicator, ...] | None = None) -> Reserved:
     """GPU ``gpu``'s reserved memory, by component, under ``framework``'s choices; with
     ``ub_tokens`` (the tokens of a micro-batch on a CP rank, where TP overlap runs in
-    userbuffers) Transformer Engine's userbuffers too."""
-    comms = communicators(placement, gpu, framework.nccl_groups, cluster.host_of,
-                          tied_embeddings, world)
+    userbuffers) Transformer Engine's userbuffers too; ``comms``: its communicators
+    (:func:`communicators`), where already described."""
+    if comms is None:
+        comms = communicators(placement, gpu, framework.nccl_groups, cluster.host_of,
+                              tied_embeddings, world)
     nics = len(cluster.nics_of(cluster.host_of(gpu))) or 1
     per = cluster.gpus_per_node
     return Reserved(
@@ -267,26 +273,152 @@ def breakdown(exp, generation_of) -> tuple[Reserved, ...]:
     return found
 
 
+BY_RANK_KEPT = 256
+"""Layouts a cluster keeps :func:`by_rank`'s answers for (in :attr:`~topologies.cluster.
+Cluster.memo`; the oldest go first): a search meets thousands of layouts, a run or a sweep a
+few, and an answer is a tuple of one small record per pipeline rank."""
+
+
 def by_rank(placement, cluster, framework, model, tp_comm_overlap: bool, seq_length: int,
             micro_batch_size: int, fp8: bool, generation_of) -> tuple[Reserved, ...]:
     """Each pipeline rank's reserved memory (its first GPU's) for a layout: ``placement`` on
     ``cluster`` under ``framework``, ``model`` (None: a synthetic workload, nothing
-    reserved), with userbuffers where ``tp_comm_overlap`` runs in them."""
-    pp = placement.degree("pp")
+    reserved), with userbuffers where ``tp_comm_overlap`` runs in them.
+
+    Kept per cluster by what it reads (the placement, the framework's five fields, the tied
+    embeddings, the userbuffers' tokens, width and FP8, ``generation_of`` by identity): each
+    experiment of a repeated run or a sweep is built anew and asked again (~3 ms at 1,024
+    GPUs). Worked out by :func:`_by_rank` (the communicators by :func:`_communicators_fast`),
+    :func:`by_rank_plain` the reference."""
     if model is None:
-        return (Reserved(0.0, 0.0, 0.0, 0.0),) * pp
-    tied = bool(model.tied_embeddings)
+        return (Reserved(0.0, 0.0, 0.0, 0.0),) * placement.degree("pp")
     ub = (tp_comm_overlap and framework.tp_overlap == "userbuffers"
           and placement.degree("tp") > 1)
     tokens = seq_length * micro_batch_size // placement.degree("cp") if ub else 0
-    world = (_describe("world", range(placement.num_gpus), cluster.host_of)
-             if "world" in framework.nccl_groups and placement.num_gpus > 1 else None)
+    key = (placement, framework.nccl_groups, framework.cuda_module_loading,
+           framework.nccl_version, framework.nccl_nvls, bool(model.tied_embeddings), tokens,
+           model.hidden_size if ub else 0, bool(fp8) if ub else False, generation_of)
+    kept = cluster.memo.get("reserved_by_rank")
+    if kept is None:
+        kept = cluster.memo["reserved_by_rank"] = {}
+    found = kept.get(key)
+    if found is None:
+        found = _by_rank(placement, cluster, framework, model, tokens,
+                         model.hidden_size if ub else 0, fp8, generation_of, fast=True)
+        if len(kept) >= BY_RANK_KEPT:
+            del kept[next(iter(kept))]
+        kept[key] = found
+    return found
+
+
+def by_rank_plain(placement, cluster, framework, model, tp_comm_overlap: bool,
+                  seq_length: int, micro_batch_size: int, fp8: bool, generation_of
+                  ) -> tuple[Reserved, ...]:
+    """:func:`by_rank` afresh, each communicator described GPU by GPU (:func:`communicators`):
+    the reference."""
+    if model is None:
+        return (Reserved(0.0, 0.0, 0.0, 0.0),) * placement.degree("pp")
+    ub = (tp_comm_overlap and framework.tp_overlap == "userbuffers"
+          and placement.degree("tp") > 1)
+    tokens = seq_length * micro_batch_size // placement.degree("cp") if ub else 0
+    return _by_rank(placement, cluster, framework, model, tokens,
+                    model.hidden_size if ub else 0, fp8, generation_of, fast=False)
+
+
+def _by_rank(placement, cluster, framework, model, tokens: int, hidden: int, fp8: bool,
+             generation_of, fast: bool) -> tuple[Reserved, ...]:
+    tied = bool(model.tied_embeddings)
+    n = placement.num_gpus
+    world = None
+    if "world" in framework.nccl_groups and n > 1:
+        world = (_world(cluster, n) if fast
+                 else _describe("world", range(n), cluster.host_of))
+    hosts = _hosts(cluster, n) if fast else None
     out = []
-    for s in range(pp):
+    for s in range(placement.degree("pp")):
         g = placement.gpu(pp=s)
+        comms = (_communicators_fast(placement, g, framework.nccl_groups, hosts, tied, world)
+                 if fast else None)
         out.append(reserved(placement, g, cluster, framework, tied,
-                            generation_of(cluster.gpu_of(g).name), tokens,
-                            model.hidden_size if ub else 0, fp8, world))
+                            generation_of(cluster.gpu_of(g).name), tokens, hidden, fp8, world,
+                            comms))
+    return tuple(out)
+
+
+def _hosts(cluster, n: int) -> tuple[int, ...]:
+    """Every GPU's server (:meth:`~topologies.cluster.Cluster.host_of`) of ranks ``0..n-1``,
+    kept on the cluster."""
+    key = ("reserved_hosts", n)
+    hosts = cluster.memo.get(key)
+    if hosts is None:
+        hosts = cluster.memo[key] = tuple(cluster.host_of(g) for g in range(n))
+    return hosts
+
+
+def _world(cluster, n: int) -> Communicator:
+    """The world communicator of ranks ``0..n-1`` (:func:`_describe`), kept on the cluster."""
+    key = ("reserved_world", n)
+    world = cluster.memo.get(key)
+    if world is None:
+        world = cluster.memo[key] = _describe_hosts("world", _hosts(cluster, n))
+    return world
+
+
+def _describe_hosts(group: str, hosts) -> Communicator:
+    """:func:`_describe` from the group's GPUs' servers (one an element, in any order)."""
+    counts = Counter(hosts)
+    return Communicator(group, len(hosts), len(counts), max(counts.values()))
+
+
+def _communicators_fast(placement, gpu: int, groups: tuple[str, ...], hosts: tuple[int, ...],
+                        tied_embeddings: bool, world: Communicator | None
+                        ) -> tuple[Communicator, ...]:
+    """:func:`communicators` (the reference) with each group's GPUs by their strides and
+    ``hosts`` (every GPU's server, by rank) read by position: the same groups in the same
+    order, each with the same ranks, servers and most local ranks."""
+    c = placement.coords(gpu)
+    deg, stride, step = dict(placement.sizes), {}, 1
+    for dim, size in placement.sizes:  # innermost first (Placement.gpu's strides)
+        stride[dim] = step
+        step *= size
+
+    def spread(*dims: str) -> list[int]:
+        """The GPUs that differ from ``gpu`` only along ``dims``."""
+        base = gpu - sum(c[d] * stride[d] for d in dims)
+        gpus = [base]
+        for d in dims:
+            step = stride[d]
+            gpus = [g + i * step for i in range(deg[d]) for g in gpus]
+        return gpus
+
+    out = []
+    for group in groups:
+        if group not in NCCL_GROUPS:
+            raise ValueError(f"nccl_groups: {group!r} is not one of {', '.join(NCCL_GROUPS)}")
+        if group == "world":
+            if placement.num_gpus < 2:
+                continue
+            out.append(world if world is not None
+                       else _describe_hosts("world", hosts[:placement.num_gpus]))
+            continue
+        if group in ("tp", "cp", "pp"):
+            if deg[group] < 2:
+                continue
+            gpus = spread(group)
+        elif group == "dp":
+            if deg["dp"] * deg["cp"] < 2:
+                continue
+            gpus = spread("dp", "cp")
+        elif group == "model_parallel":
+            if deg["tp"] * deg["pp"] < 2:
+                continue
+            gpus = spread("tp", "pp")
+        else:  # embedding: the first and last stage's tied embeddings
+            if not tied_embeddings or deg["pp"] < 2 or c["pp"] not in (0, deg["pp"] - 1):
+                continue
+            gpus = [gpu - c["pp"] * stride["pp"],
+                    gpu + (deg["pp"] - 1 - c["pp"]) * stride["pp"]]
+        out.append(_describe_hosts(group, [hosts[g] for g in gpus]))
     return tuple(out)
 
 

@@ -6,6 +6,7 @@ import pytest
 from conftest import EXAMPLE, synthetic_experiment
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import collapsible_experiments
 
 from sim.api import load_experiment, simulate
 from sim.cli.figures import idle_figure, write_figures
@@ -255,3 +256,54 @@ def test_depths_by_runs_equal_the_pointer_jumping(nodes: list[tuple[bool, int]])
         assert fast.dtype == reference.dtype and fast.tolist() == reference.tolist()
         assert chains.depths_by_jumping(up, np.ones(n, dtype=np.intp)).tolist() == \
             reference.tolist()
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(collapsible_experiments(),
+       st.lists(st.sampled_from([0.5, 1.0, 1.7, 3.0]), min_size=2, max_size=6),
+       st.booleans())
+def test_kept_breakdowns_equal_cold_ones(data: dict, factors: list, windowed: bool) -> None:
+    """Idle breakdowns on a kept shape, every compute time scaled by each factor in turn (a
+    repeated factor finds its kept breakdown, :class:`sim.idle._IdleRuns`), each give a
+    cold breakdown's floats bit for bit (their ``repr``), and a caller's writes to one do
+    not reach the next."""
+    import dataclasses
+
+    from sim import colshape, columnar
+    from sim.idle import _IdleRuns, idle_breakdown
+    from workloads.program import ColumnarInstructions
+
+    result = simulate(build_experiment(data), fidelity="collapsed")
+    program = result.program
+    if not isinstance(program.instructions, ColumnarInstructions):
+        return
+    columns, gpus = program.instructions.columns, program.simulated_gpus
+
+    def breakdown(factor: float) -> dict | None:
+        def timer(op: object) -> float:
+            return factor * (op.duration_s if op.duration_s is not None else 1e-3)  # type: ignore[attr-defined]
+
+        cols = dataclasses.replace(columns)
+        got = columnar.run_columns(cols, timer, program.static_bytes, gpus)
+        if got is None:
+            return None
+        window = (0.25 * got.clock, 0.75 * got.clock) if windowed else None
+        return idle_breakdown(program, got.ready_a, got.end_a, gpus, window=window,
+                              cause=got.cause)
+
+    colshape.clear()
+    warm = []
+    for factor in factors:
+        warm.append(breakdown(factor))
+        if warm[-1] is not None:
+            for row in warm[-1].values():  # a caller's writes stay its own
+                row["bubble"] = -1.0
+    colshape.clear()
+    again = [breakdown(factor) for factor in factors]  # kept on the second of each factor
+    runs = colshape.shape_of(columns).derived(("idle runs", tuple(gpus)), _IdleRuns)
+    if all(x is not None for x in again):
+        assert len(runs.runs) <= len(set(factors))  # (equal inputs at two factors: one)
+    for factor, got in zip(factors, again, strict=True):
+        colshape.clear()
+        cold = breakdown(factor)
+        assert repr(cold) == repr(got)

@@ -36,6 +36,7 @@ from sim.experiment import Experiment
 from sim.export import chrome_trace, dumps_trace
 from sim.idle import idle_breakdown
 from sim.timeline import Timeline
+from tests.strategies import collapsible_experiments
 from tests.test_perf_paths import _cluster
 from workloads import lowering
 from workloads.lowering import Collapse, lower
@@ -464,3 +465,43 @@ def test_recurrence_equals_the_plain_loop(rows: list) -> None:
     got_ready, got_end, got_end_a, got_cause = columnar._recurrence(prev, deps, total)
     assert got_ready.tolist() == ready and got_end == end[:n] == got_end_a.tolist()
     assert got_cause.tolist() == cause
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(collapsible_experiments(),
+       st.lists(st.sampled_from([0.5, 1.0, 1.7, 3.0]), min_size=2, max_size=6),
+       st.booleans())
+def test_kept_busy_and_exposed_times_equal_the_reference(data: dict, factors: list,
+                                                         windowed: bool) -> None:
+    """Runs on a kept shape, every compute time scaled by each factor in turn (a repeated
+    factor gives the same intervals: :func:`sim.stats._busy_exposed` finds its kept
+    result): each run's busy and exposed times are :func:`sim.stats._busy_exposed_made`'s
+    on its intervals, bit for bit (their ``repr``), and a caller's writes to one do not
+    reach the next."""
+    import dataclasses
+
+    from sim import colshape
+    from sim.experiment import build_experiment
+    from workloads.program import ColumnarInstructions
+
+    result = api.simulate(build_experiment(data), fidelity="collapsed")
+    program = result.program
+    if not isinstance(program.instructions, ColumnarInstructions):
+        return
+    columns, gpus = program.instructions.columns, program.simulated_gpus
+    colshape.clear()
+    for factor in factors:
+        def timer(op: object, factor: float = factor) -> float:
+            return factor * (op.duration_s if op.duration_s is not None else 1e-3)  # type: ignore[attr-defined]
+
+        got = columnar.run_columns(dataclasses.replace(columns), timer, program.static_bytes,
+                                   gpus)
+        if got is None:
+            return
+        assert got.intervals.runs is not None  # a kept shape's
+        window = (0.25 * got.clock, 0.75 * got.clock) if windowed else None
+        kept = stats_mod._busy_exposed(got.intervals, gpus, window)
+        assert repr(kept) == repr(stats_mod._busy_exposed_made(got.intervals, gpus, window))
+        kept[0].append(-1.0)  # a caller's writes stay its own
+        kept[1]["pp"] = -1.0
+    assert len(got.intervals.runs) <= len(set(factors))

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim import reserved as R
 from sim.calibration import default_profile
@@ -197,7 +199,9 @@ def test_a_breakdown_is_worked_out_once_per_experiment_and_lookup() -> None:
     assert R.per_stage(exp, generation_of) == tuple(r.total for r in first)
     hopper = R.breakdown(exp, lambda name: "hopper")
     assert hopper is not first and hopper[0].cublas == R.cublas_bytes("hopper")
-    assert R.breakdown(Experiment.from_dict(data), generation_of) is not first
+    again = Experiment.from_dict(data)
+    assert R.breakdown(again, generation_of) == first
+    assert again.__dict__["_reserved_breakdown"][1] == first
 
 
 def test_userbuffers_a_buffer_per_overlapped_gemm_and_three_workspaces() -> None:
@@ -250,3 +254,65 @@ def test_an_allocator_reserved_peak_is_compared_without_what_the_allocator_does_
     bad.write_text(text.replace("allocator_reserved", "max_reserved", 1))
     with pytest.raises(Exception, match="peak_memory_measure"):
         load_source(bad)
+
+
+_DIMS = ("tp", "cp", "dp", "pp")
+
+
+@st.composite
+def _layouts(draw):
+    """A placement (any order, degrees 1-4), a GPU of it, every GPU's server (arbitrary
+    server ids, not contiguous), groups in any order and whether embeddings are tied."""
+    degrees = {d: draw(st.integers(1, 4)) for d in _DIMS}
+    order = "-".join(draw(st.permutations(_DIMS)))
+    pl = Placement.from_order(order, **degrees)
+    n = pl.num_gpus
+    hosts = tuple(draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)))
+    groups = tuple(draw(st.lists(st.sampled_from(R.NCCL_GROUPS), unique=True)))
+    return pl, draw(st.integers(0, n - 1)), hosts, groups, draw(st.booleans())
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_layouts())
+def test_communicators_by_strides_are_the_gpu_by_gpu_ones(layout) -> None:
+    """The fast path of :func:`by_rank` (each group's GPUs by their strides, the servers read
+    by position) describes the same communicators, in the same order, as the reference, with
+    the world described there or handed in."""
+    pl, gpu, hosts, groups, tied = layout
+    want = R.communicators(pl, gpu, groups, hosts.__getitem__, tied)
+    assert R._communicators_fast(pl, gpu, groups, hosts, tied, None) == want
+    world = R._describe("world", range(pl.num_gpus), hosts.__getitem__)
+    assert R._communicators_fast(pl, gpu, groups, hosts, tied, world) == want
+
+
+@pytest.mark.parametrize("preset, gpus, layout, order, framework, overlap", [
+    ("dgx-a100-80g", 64, (2, 1, 4, 8), "tp-cp-dp-pp", "megatron", False),
+    ("dgx-a100-80g", 64, (4, 2, 2, 4), "pp-dp-cp-tp", "deepspeed", False),
+    ("dgx-h100", 64, (8, 1, 2, 4), "tp-cp-dp-pp", "megatron", True),
+    ("dgx-h100", 32, (2, 2, 4, 2), "dp-tp-pp-cp", "fsdp", False),
+    ("dgx-h100", 16, (4, 1, 4, 1), "tp-cp-dp-pp", "llm-foundry", True),
+])
+def test_by_rank_kept_per_layout_equals_the_reference(preset, gpus, layout, order, framework,
+                                                      overlap) -> None:
+    """:func:`by_rank` (kept per cluster, the communicators by strides) gives
+    :func:`by_rank_plain`'s records, a second time the kept tuple; another micro-batch size
+    under userbuffers is another key."""
+    from sim.experiment import Experiment
+
+    tp, cp, dp, pp = layout
+    data = {"name": "k", "model": {"preset": "gpt3-1.3b", "seq_length": 2048},
+            "cluster": {"preset": preset, "num_gpus": gpus},
+            "parallel": {"tp": tp, "cp": cp, "dp": dp, "pp": pp, "placement": order,
+                         "sequence_parallel": tp > 1, "tp_comm_overlap": overlap},
+            "training": {"micro_batch_size": 1, "global_batch_size": 8 * dp * cp,
+                         "framework": framework},
+            "schedule": "1f1b"}
+    exp = Experiment.from_dict(data)
+    cfg = exp.config
+    exp.cluster.memo.pop("reserved_by_rank", None)
+    for mbs in (1, 2):
+        args = (exp.placement, exp.cluster, exp.framework, exp.model, overlap,
+                cfg.model.seq_length, mbs, False, generation_of)
+        first = R.by_rank(*args)
+        assert first == R.by_rank_plain(*args)
+        assert R.by_rank(*args) is first
