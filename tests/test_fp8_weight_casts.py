@@ -211,9 +211,32 @@ def test_the_mlperf_gpt3_rows_run_nemo1_on_te_transformer_layers() -> None:
     differ = [f for f in p.__dataclass_fields__
               if f not in ("name", "summary", "sources", "under_fp16")
               and getattr(p, f) != getattr(base, f)]
-    assert differ == ["fp8_act_cast_fused", "fp8_amax_reduction"]  # v3.1's async amax reduction
+    # v3.1's async amax reduction; TE's FlashAttention QKV repack (below)
+    assert differ == ["attention_copy_bytes", "fp8_act_cast_fused", "fp8_amax_reduction"]
     assert "09ba842" in p.source("fp8_act_cast_fused")
     for name in ("mlperf_training_v30_gpt3.csv", "mlperf_training_v31_gpt3.csv"):
         rows = load_source(CORPUS_DIR / name).rows
         assert rows and all(r.experiment()["training"]["framework"] == "nemo1-te-layer"
                             for r in rows)
+
+
+def test_te_flash_attention_repacks_the_interleaved_qkv_24_bytes_a_token_and_head_dim() -> None:
+    """TE 0.8 / 09ba842's _PrepareQKVForFA: fa_prepare_fwd reads the interleaved QKV and
+    writes q, k, v contiguous (4 bytes an element of q, k, v), fa_prepare_bwd the reverse
+    (4): 24 bytes a token and head dimension of the TP rank's heads a layer and micro-batch,
+    forward and backward together; the MLP block and every other profile unchanged."""
+    p = FRAMEWORKS["nemo1-te-layer"]
+    assert p.attention_copy_bytes == 2.0
+    assert FRAMEWORKS["nemo-launcher"].attention_copy_bytes == 0.0
+    assert "_PrepareQKVForFA" in p.source("attention_copy_bytes")
+    base = _gpt3("step", attention="flash2")
+    with_copy = replace(base, attention_copy_bytes=p.attention_copy_bytes)
+    h, t, n = 12288, 4, 2048
+    added = [w - b for w, b in zip(_attn_bytes(with_copy), _attn_bytes(base), strict=True)]
+    assert sum(added) == pytest.approx(24 * n * h / t)
+    assert _mlp_bytes(with_copy) == _mlp_bytes(base)
+
+
+def _attn_bytes(c: TransformerCosts) -> tuple[float, float]:
+    """The attention block's memory-bound bytes of one layer, (forward, backward)."""
+    return c._elementwise_forward()[0], c._elementwise_backward()[0]
