@@ -750,16 +750,19 @@ class Cluster:
                 members[host][1].append((v, attrs))
         pos: dict[str, int] = {}
         nodes: list[tuple[tuple, ...]] = []
+        place = self._place
         for h, (gpus, others) in enumerate(members):
             gpus.sort()
             others.sort()
             if [g[0] for g in gpus] != list(range(h * gpn, (h + 1) * gpn)):
                 return None
-            order = [(v, attrs) for _, v, attrs in gpus] + others
-            pos.update((v, i) for i, (v, _) in enumerate(order))
-            self._server_nodes.append(tuple([v for v, _ in order]))
-            self._place.update((v, (h, i)) for i, (v, _) in enumerate(order))
-            nodes.append(tuple([attrs for _, attrs in order]))
+            # (zips, not generators: a fifth of the classes' time on Megatron 1T)
+            names = tuple([v for _, v, _ in gpus] + [v for v, _ in others])
+            at = range(len(names))
+            pos.update(zip(names, at, strict=True))
+            self._server_nodes.append(names)
+            place.update(zip(names, zip([h] * len(names), at, strict=True), strict=True))
+            nodes.append(tuple([attrs for _, _, attrs in gpus] + [attrs for _, attrs in others]))
         links: list[list[tuple]] = [[] for _ in range(hosts)]
         linked = [False] * hosts
         """Servers with a link to another server's node: twins of none."""
