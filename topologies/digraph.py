@@ -133,6 +133,22 @@ class Graph:
         else:
             node.update(attr)
 
+    def add_nodes(self, nodes: Iterable[tuple[Any, dict[str, object]]]) -> None:
+        """:meth:`add_node` of each ``(v, attr)`` in turn (``attr`` the node's own dict when
+        it is new), in one call."""
+        self._check()
+        node, succ, pred = self._node, self._succ, self._pred
+        for v, attr in nodes:
+            known = node.get(v)
+            if known is None:
+                if v is None:
+                    raise ValueError("None cannot be a node")
+                succ[v] = {}
+                pred[v] = {}
+                node[v] = attr
+            else:
+                known.update(attr)
+
     def add_edge(self, u: Any, v: Any, **attr: object) -> None:
         self._check()
         succ = self._succ

@@ -111,6 +111,10 @@ def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float)
 
 
 def _add_gpus(g: nx.DiGraph, n: int, gpus_per_host: int) -> None:
+    if isinstance(g, Graph):  # (the same nodes in one call)
+        g.add_nodes([(gpu_node(r), {"kind": "gpu", "rank": r, "host": r // gpus_per_host})
+                     for r in range(n)])
+        return
     for r in range(n):
         g.add_node(gpu_node(r), kind="gpu", rank=r, host=r // gpus_per_host)
 
