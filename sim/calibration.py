@@ -180,10 +180,10 @@ from __future__ import annotations
 from typing import Any
 
 from sim.device import DeviceProfile
-from sim.profiles import load
+from sim.profiles import tables
 
 GiB = 2**30
-_A100 = load("ampere")["A100"]
+_A100 = tables("ampere")["A100"]
 MEMORY_RESERVED_GIB = _A100["memory"]["reserved_gib"]
 """Not fitted: memory outside tensors, from documented sizes (``ampere.toml``, its source)."""
 MEMORY_FRAGMENTATION = _A100["memory"]["fragmentation"]

@@ -183,10 +183,10 @@ def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> 
 def generation_of(gpu_name: str) -> str | None:
     """The generation (data file of :mod:`sim.profiles`) whose tables hold ``gpu_name``
     (case-insensitive), or None (cached: sim.reserved asks it for every run)."""
-    from sim.profiles import GENERATIONS, load
+    from sim.profiles import GENERATIONS, tables
 
     for generation in GENERATIONS:
-        if any(name.lower() == gpu_name.lower() for name in load(generation)):
+        if any(name.lower() == gpu_name.lower() for name in tables(generation)):
             return generation
     return None
 

@@ -145,3 +145,46 @@ def test_graph_follows_networkx_on_changes() -> None:
     ref.remove_edges_from([("b", "a"), ("x", "y")])
     _same_graph(as_networkx(lite), ref)
     assert lite.has_edge("a", "c") and not lite.has_edge("b", "a") and "x" not in lite
+
+
+def test_graph_adds_many_nodes_and_links_as_one_call_each() -> None:
+    """``add_nodes`` and ``add_links`` (a generator's many nodes and links in one call) give
+    the graph of ``add_node``, ``add_edge`` and ``add_link`` called in turn: attributes
+    updated on a re-added node or link, missing ends made, each edge its own dict."""
+    nodes = [("a", {"kind": "gpu"}), ("b", {}), ("a", {"rank": 0}), ("c", {"kind": "nic"})]
+    template = {"w": 1}
+    links = [("a", "b", template), ("b", "c", {"w": 2}), ("a", "b", {"w": 3, "x": 1}),
+             ("d", "a", template), ("c", "c", {"w": 4}), ("e", "f", template)]
+    with building():
+        lite = Graph(name="t")
+        one = Graph(name="t")
+    lite.add_nodes([(v, dict(attr)) for v, attr in nodes])
+    lite.add_links(links)
+    ref = nx.DiGraph(name="t")
+    for v, attr in nodes:
+        one.add_node(v, **attr)
+        ref.add_node(v, **attr)
+    for u, v, attr in links:
+        one.add_link(u, v, attr)
+        ref.add_edge(u, v, **attr)
+        ref.add_edge(v, u, **attr)
+    _same_graph(as_networkx(lite), ref)
+    _same_graph(as_networkx(lite), as_networkx(one))
+    assert template == {"w": 1}
+    assert lite.succ["a"]["d"] is not lite.succ["d"]["a"] and lite.succ["a"]["d"] is not template
+    lite.freeze()
+    with pytest.raises(Exception, match="frozen"):
+        lite.add_links([("a", "b", template)])
+    with pytest.raises(Exception, match="frozen"):
+        lite.add_nodes([("z", {})])
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS[:5], ids=lambda c: c.get("topology", c.get("preset")))
+def test_links_by_their_ends_number_the_sorted_links(cluster: dict) -> None:
+    """The index of the links by their ends (made on first use) and by source, then head,
+    both number :attr:`Cluster.links` in order, also on a changed cluster."""
+    built = build_cluster(parse_config(_experiment(cluster)).cluster)
+    for c in (built, built.with_link_changes({tuple(built.links[0]): 0.5})):
+        assert list(c._link_index.items()) == [(link, i) for i, link in enumerate(c.links)]
+        assert [(u, v, i) for u, heads in c._link_from.items() for v, i in heads.items()] == [
+            (u, v, i) for i, (u, v) in enumerate(c.links)]

@@ -94,11 +94,15 @@ def pcie_node(host: int, local: int) -> str:
     return f"host{host}/pcie{local}"
 
 
-def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float) -> None:
+def _check_link(u: str, v: str, bandwidth_Bps: float, latency_s: float) -> None:
     if not bandwidth_Bps > 0:
         raise TopologyError(f"link {u}-{v}: bandwidth {bandwidth_Bps} B/s must be > 0")
     if latency_s < 0:
         raise TopologyError(f"link {u}-{v}: latency {latency_s} s must be >= 0")
+
+
+def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float) -> None:
+    _check_link(u, v, bandwidth_Bps, latency_s)
     if isinstance(g, Graph):  # (both directions in one call: ~1/3 of a 1T graph's time)
         g.add_link(u, v, {"bandwidth_Bps": bandwidth_Bps, "latency_s": latency_s})
         return
@@ -107,6 +111,10 @@ def _link(g: nx.DiGraph, u: str, v: str, bandwidth_Bps: float, latency_s: float)
 
 
 def _add_gpus(g: nx.DiGraph, n: int, gpus_per_host: int) -> None:
+    if isinstance(g, Graph):  # (the same nodes in one call)
+        g.add_nodes([(gpu_node(r), {"kind": "gpu", "rank": r, "host": r // gpus_per_host})
+                     for r in range(n)])
+        return
     for r in range(n):
         g.add_node(gpu_node(r), kind="gpu", rank=r, host=r // gpus_per_host)
 
@@ -250,6 +258,11 @@ def _switch_node(g: nx.DiGraph, name: str, tier: int, **attrs: object) -> str:
 
 def _attach_crossbar(g: nx.DiGraph, endpoints: Sequence[str], f: Fabric) -> None:
     _switch_node(g, "fabric", 1)
+    if isinstance(g, Graph) and endpoints:  # (one check, the links added at once)
+        _check_link(endpoints[0], "fabric", f.bandwidth_Bps, f.latency_s)
+        attr = {"bandwidth_Bps": f.bandwidth_Bps, "latency_s": f.latency_s}
+        g.add_links([(ep, "fabric", attr) for ep in endpoints])
+        return
     for ep in endpoints:
         _link(g, ep, "fabric", f.bandwidth_Bps, f.latency_s)
 
@@ -417,31 +430,77 @@ def nvswitch_cluster(
     g = new_graph(f"nvswitch{hosts}x{per_node}")
     _add_gpus(g, num_gpus, per_node)
     endpoints: list[list[str]] = []
-    for h in range(hosts):
-        sw = nvswitch_node(h)
-        g.add_node(sw, kind="nvswitch", host=h, nvls=nvls)
-        endpoints.append([])
-        for local in range(per_node):
-            r = h * per_node + local
-            _link(g, gpu_node(r), sw, nvlink_Bps, nvlink_latency_s)
-            if hosts > 1:
-                nic = nic_node(h, local // share)
-                if local % share == 0:
-                    g.add_node(nic, kind="nic", host=h)
-                    endpoints[-1].append(nic)
-                if share == 1:
-                    _link(g, gpu_node(r), nic, nic_Bps, nic_latency_s)
-                else:  # via the GPU's PCIe port, so no GPU-NIC-GPU path rivals NVLink
-                    port = pcie_node(h, local)
-                    g.add_node(port, kind="pcie", host=h)
-                    _link(g, gpu_node(r), port, nic_Bps, nic_latency_s)
-                    _link(g, port, nic, nic_Bps, 0.0)
+    if isinstance(g, Graph):
+        _servers_at_once(g, hosts, per_node, share, nvls, endpoints, nvlink_Bps,
+                         nvlink_latency_s, nic_Bps, nic_latency_s)
+    else:  # (the reference: a networkx graph, one call a node or link)
+        for h in range(hosts):
+            sw = nvswitch_node(h)
+            g.add_node(sw, kind="nvswitch", host=h, nvls=nvls)
+            endpoints.append([])
+            for local in range(per_node):
+                r = h * per_node + local
+                _link(g, gpu_node(r), sw, nvlink_Bps, nvlink_latency_s)
+                if hosts > 1:
+                    nic = nic_node(h, local // share)
+                    if local % share == 0:
+                        g.add_node(nic, kind="nic", host=h)
+                        endpoints[-1].append(nic)
+                    if share == 1:
+                        _link(g, gpu_node(r), nic, nic_Bps, nic_latency_s)
+                    else:  # via the GPU's PCIe port, so no GPU-NIC-GPU path rivals NVLink
+                        port = pcie_node(h, local)
+                        g.add_node(port, kind="pcie", host=h)
+                        _link(g, gpu_node(r), port, nic_Bps, nic_latency_s)
+                        _link(g, port, nic, nic_Bps, 0.0)
     if hosts > 1:
         f = fabric or Fabric()
         attach_fabric(g, endpoints, replace(
             f, bandwidth_Bps=nic_Bps if f.bandwidth_Bps is None else f.bandwidth_Bps,
             latency_s=fabric_latency_s if f.latency_s is None else f.latency_s))
     return g
+
+
+def _servers_at_once(g: Graph, hosts: int, per_node: int, share: int, nvls: bool,
+                     endpoints: list[list[str]], nvlink_Bps: float, nvlink_latency_s: float,
+                     nic_Bps: float, nic_latency_s: float) -> None:
+    """:func:`nvswitch_cluster`'s servers on a :class:`~topologies.digraph.Graph`: the same
+    nodes added in the same order, the same links checked as the first of each kind is and
+    added in the same order, after the nodes (:meth:`~topologies.digraph.Graph.add_links`;
+    every link's ends exist by then, so each node's and each adjacency dict's order is the
+    one of :func:`nvswitch_cluster`'s loop on a networkx graph, the reference)."""
+    _check_link(gpu_node(0), nvswitch_node(0), nvlink_Bps, nvlink_latency_s)
+    nvlink = {"bandwidth_Bps": nvlink_Bps, "latency_s": nvlink_latency_s}
+    if hosts > 1:
+        _check_link(gpu_node(0), nic_node(0, 0) if share == 1 else pcie_node(0, 0), nic_Bps,
+                    nic_latency_s)
+        if share > 1:
+            _check_link(pcie_node(0, 0), nic_node(0, 0), nic_Bps, 0.0)
+    nic = {"bandwidth_Bps": nic_Bps, "latency_s": nic_latency_s}
+    port = {"bandwidth_Bps": nic_Bps, "latency_s": 0.0}
+    links: list[tuple[str, str, dict[str, object]]] = []
+    add = links.append
+    for h in range(hosts):
+        sw = nvswitch_node(h)
+        g.add_node(sw, kind="nvswitch", host=h, nvls=nvls)
+        ends: list[str] = []
+        endpoints.append(ends)
+        for local in range(per_node):
+            gpu = gpu_node(h * per_node + local)
+            add((gpu, sw, nvlink))
+            if hosts > 1:
+                nic_name = nic_node(h, local // share)
+                if local % share == 0:
+                    g.add_node(nic_name, kind="nic", host=h)
+                    ends.append(nic_name)
+                if share == 1:
+                    add((gpu, nic_name, nic))
+                else:
+                    pcie = pcie_node(h, local)
+                    g.add_node(pcie, kind="pcie", host=h)
+                    add((gpu, pcie, nic))
+                    add((pcie, nic_name, port))
+    g.add_links(links)
 
 
 def multi_site(sites: Sequence[nx.DiGraph], wan_Bps: float, wan_latency_s: float) -> nx.DiGraph:

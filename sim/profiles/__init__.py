@@ -11,6 +11,7 @@ Every number has a source: a ``source`` key in its table, or ``<key>_source`` be
 from __future__ import annotations
 
 import tomllib
+from functools import cache
 from importlib.resources import files
 from typing import Any
 
@@ -24,9 +25,19 @@ def load(generation: str) -> dict[str, Any]:
     return tomllib.loads(files(__name__).joinpath(f"{generation}.toml").read_text(encoding="utf-8"))
 
 
+@cache
+def tables(generation: str) -> dict[str, Any]:
+    """:func:`load` of ``generation``, parsed once per process and shared by the modules that
+    read it (:mod:`sim.calibration`, :mod:`sim.gpu_profiles`: they parsed the same files two
+    and three times, ~5 ms of each run): read it, never change it (:func:`load` gives a
+    copy of one's own)."""
+    return load(generation)
+
+
 def gpu_tables() -> dict[str, dict[str, Any]]:
-    """Every GPU's table, generation after generation."""
-    return {gpu: table for generation in GENERATIONS for gpu, table in load(generation).items()}
+    """Every GPU's table, generation after generation (the shared tables of :func:`tables`:
+    read only)."""
+    return {gpu: table for generation in GENERATIONS for gpu, table in tables(generation).items()}
 
 
 def fraction(matmul: dict[str, Any]) -> float:
