@@ -73,6 +73,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     arrived_packed, plan_for, compute_times = run._arrived_packed, run._plan_for, \
         run._compute_times
     launched_own, after_all = run._launched_own, run._after_own_all
+    end_collective = run._end_collective
 
     def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
         rows = (len(ids) - p) // size
@@ -178,7 +179,10 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                 heappush(heap, (at, events + 1, _Run._complete, batch))
             run.events = run.batch_seq = events + count
             return count
-        launches: list[tuple[int, object]] = []  # consecutive launches after one delay
+        # consecutive events of one callback after one delay, scheduled in one call
+        # (_after_own_all: the same as one _after_own each, in turn)
+        pending: list = []
+        call = None
         delay = 0.0
         for head, rest, key, arrived, start, plan in starting:
             if arrived is None:
@@ -186,18 +190,26 @@ def rows_stepper(run: _Run, code: bytes, timed: list
             else:
                 arrived.extend(range(head, head + size))
             if plan is not None:  # _arrived_packed, inline: its launch
-                if launches and plan.launch_s != delay:
-                    after_all(delay, launched_own, launches)
-                    launches = []
-                delay = plan.launch_s
-                launches.append((key, plan))
+                if pending and (call is not launched_own or plan.launch_s != delay):
+                    after_all(delay, call, pending)
+                    pending = []
+                call, delay = launched_own, plan.launch_s
+                pending.append((key, plan))
             elif start:
-                if launches:
-                    after_all(delay, launched_own, launches)
-                    launches = []
+                duration = rest[COLLECTIVE_DURATION_S]
+                if duration is not None and duration >= 0:  # _arrived_packed, inline: its end
+                    if pending and (call is not end_collective or duration != delay):
+                        after_all(delay, call, pending)
+                        pending = []
+                    call, delay = end_collective, duration
+                    pending.append(key)
+                    continue
+                if pending:
+                    after_all(delay, call, pending)
+                    pending = []
                 arrived_packed(rest, key)
-        if launches:
-            after_all(delay, launched_own, launches)
+        if pending:
+            after_all(delay, call, pending)
         return count
 
     return step
