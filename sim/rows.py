@@ -135,8 +135,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
             elif c == COLLECTIVE:
                 starting = []
                 keys = []
-                for head in range(freed, freed + rows * apart, apart):
-                    tr = tpl[head]
+                for tr in tpl_a[freed:freed + span:apart].tolist():  # each row's template
                     if code[tr] != COLLECTIVE:
                         return 0
                     rest = templates[tr][2]
@@ -152,7 +151,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                         plan = plan_for(rest)
                         if not plan.launch_s > 0:
                             return 0  # its start may do more than schedule an event
-                    starting.append((head, rest, key, arrived, have >= need, plan))
+                    starting.append((rest, key, arrived, have >= need, plan))
                 if len(set(keys)) < rows:
                     return 0  # two rows' members of one collective
             else:
@@ -184,11 +183,15 @@ def rows_stepper(run: _Run, code: bytes, timed: list
         pending: list = []
         call = None
         delay = 0.0
-        for head, rest, key, arrived, start, plan in starting:
+        lanes_of = (offsets + freed).tolist()  # row r's lanes: [r * size:(r + 1) * size]
+        lo = 0
+        for rest, key, arrived, start, plan in starting:
+            hi = lo + size
             if arrived is None:
-                members[key] = list(range(head, head + size))
+                members[key] = lanes_of[lo:hi]  # a list of its own (a slice is a copy)
             else:
-                arrived.extend(range(head, head + size))
+                arrived.extend(lanes_of[lo:hi])
+            lo = hi
             if plan is not None:  # _arrived_packed, inline: its launch
                 if pending and (call is not launched_own or plan.launch_s != delay):
                     after_all(delay, call, pending)
