@@ -217,6 +217,11 @@ class _Run:
     two-dimensional block (:func:`sim.rows.rows_stepper`) while ``stepping``; False: block by
     block, its reference (``tests/test_rows.py`` runs both)."""
 
+    memo_work = True
+    """Whether a packed compute op's (duration, total) is kept per its template's ``rest``
+    value where the timer reads only the work (:meth:`_compute_times`); False: per template,
+    each template's op timed by the timer, its reference (``tests/test_work_memo.py``)."""
+
     def __init__(self, program: Program, cluster: Cluster, timer: ComputeTimer,
                  reference: bool = False) -> None:
         self.env: simpy.Environment | None = None
@@ -745,7 +750,7 @@ class _Run:
         the op is made and timed once per work, not once per template. The timer keys its
         own memo on fields of ``rest`` by equality too (:func:`sim.api.work_timer`)."""
         rest = self.packed[0][t][2]
-        if not self.packed[2]:
+        if not (self.packed[2] and self.memo_work):
             duration = self.timer(self.program.instructions._make(i))
             return duration, duration + rest[COMPUTE_BLOCKING_S]
         by_rest = self._by_rest
