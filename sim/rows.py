@@ -73,6 +73,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     arrived_packed, plan_for, compute_times = run._arrived_packed, run._plan_for, \
         run._compute_times
     launched_own, after_all = run._launched_own, run._after_own_all
+    end_collective = run._end_collective
 
     def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
         rows = (len(ids) - p) // size
@@ -134,8 +135,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
             elif c == COLLECTIVE:
                 starting = []
                 keys = []
-                for head in range(freed, freed + rows * apart, apart):
-                    tr = tpl[head]
+                for tr in tpl_a[freed:freed + span:apart].tolist():  # each row's template
                     if code[tr] != COLLECTIVE:
                         return 0
                     rest = templates[tr][2]
@@ -151,7 +151,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                         plan = plan_for(rest)
                         if not plan.launch_s > 0:
                             return 0  # its start may do more than schedule an event
-                    starting.append((head, rest, key, arrived, have >= need, plan))
+                    starting.append((rest, key, arrived, have >= need, plan))
                 if len(set(keys)) < rows:
                     return 0  # two rows' members of one collective
             else:
@@ -178,26 +178,41 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                 heappush(heap, (at, events + 1, _Run._complete, batch))
             run.events = run.batch_seq = events + count
             return count
-        launches: list[tuple[int, object]] = []  # consecutive launches after one delay
+        # consecutive events of one callback after one delay, scheduled in one call
+        # (_after_own_all: the same as one _after_own each, in turn)
+        pending: list = []
+        call = None
         delay = 0.0
-        for head, rest, key, arrived, start, plan in starting:
+        lanes_of = (offsets + freed).tolist()  # row r's lanes: [r * size:(r + 1) * size]
+        lo = 0
+        for rest, key, arrived, start, plan in starting:
+            hi = lo + size
             if arrived is None:
-                members[key] = list(range(head, head + size))
+                members[key] = lanes_of[lo:hi]  # a list of its own (a slice is a copy)
             else:
-                arrived.extend(range(head, head + size))
+                arrived.extend(lanes_of[lo:hi])
+            lo = hi
             if plan is not None:  # _arrived_packed, inline: its launch
-                if launches and plan.launch_s != delay:
-                    after_all(delay, launched_own, launches)
-                    launches = []
-                delay = plan.launch_s
-                launches.append((key, plan))
+                if pending and (call is not launched_own or plan.launch_s != delay):
+                    after_all(delay, call, pending)
+                    pending = []
+                call, delay = launched_own, plan.launch_s
+                pending.append((key, plan))
             elif start:
-                if launches:
-                    after_all(delay, launched_own, launches)
-                    launches = []
+                duration = rest[COLLECTIVE_DURATION_S]
+                if duration is not None and duration >= 0:  # _arrived_packed, inline: its end
+                    if pending and (call is not end_collective or duration != delay):
+                        after_all(delay, call, pending)
+                        pending = []
+                    call, delay = end_collective, duration
+                    pending.append(key)
+                    continue
+                if pending:
+                    after_all(delay, call, pending)
+                    pending = []
                 arrived_packed(rest, key)
-        if launches:
-            after_all(delay, launched_own, launches)
+        if pending:
+            after_all(delay, call, pending)
         return count
 
     return step
