@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
@@ -17,7 +18,7 @@ from workloads.lowering.collapse import (
     StreamUse,
     emit_folded,
     fold,
-    pending_after,
+    folded_plan,
     stream_use,
     with_all_to_all,
 )
@@ -50,10 +51,18 @@ class Piece:
     compute_before: int
     """Compute segments of the op before this piece (for where memory is allocated/freed)."""
 
-    @property
+    @cached_property
     def num_compute(self) -> int:
-        """Compute segments of this piece."""
+        """Compute segments of this piece (counted once: a piece is lowered for every
+        micro-batch of its op)."""
         return sum(isinstance(seg, ComputeSeg) for seg in self.segs)
+
+    @cached_property
+    def runs(self) -> tuple[tuple[tuple[Segment, ...], int], ...]:
+        """:func:`ring_runs` of its segments, each with its compute segments' count (worked
+        out once)."""
+        return tuple((tuple(run), sum(isinstance(seg, ComputeSeg) for seg in run))
+                     for run in ring_runs(self.segs))
 
 
 def ring_runs(segs: Sequence[Segment]) -> list[list[Segment]]:
@@ -155,7 +164,8 @@ class PieceLowering:
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, zero_stage: int, collapse: Collapse | None,
                  lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None,
-                 per_microbatch: bool = False, once: bool = False) -> None:
+                 per_microbatch: bool = False, once: bool = False, *,
+                 remember: bool = True) -> None:
         self.b, self.costs, self.placement = b, costs, placement
         self.gather_chain = gather_chain or {}
         """``overlap_param_gather``: per first forward of a stage, the next one on its rank
@@ -184,6 +194,9 @@ class PieceLowering:
                         for i, op in enumerate(ops[:-1])}
         self.cache: dict[tuple[Op, bool], tuple[Piece, ...]] = {}
         self.fold_cache: dict[tuple, Folded] = {}
+        self.plans: dict[tuple, tuple] | None = {} if remember else None
+        """:func:`~workloads.lowering.collapse.folded_plan`'s memo (this lowering's folds);
+        None (the reference, ``lower(..., reference=True)``): each worked out afresh."""
         self.prefetched: dict[Op, dict[int, tuple[int, ...]]] = {}
         """Gathers issued ahead for the first piece of an op, by GPU."""
         self.ends: dict[int, list[int]] = {}
@@ -519,9 +532,9 @@ class PieceLowering:
         assert self.collapse is not None
         (g,) = prev
         deps = prev[g]
-        runs = ring_runs(piece.segs)
+        runs = piece.runs
         seen = piece.compute_before
-        for i, run in enumerate(runs):
+        for i, (run, n_compute) in enumerate(runs):
             if isinstance(run[0], RingAttention):
                 deps, ring_s = self._ring_collapsed(op, run[0], g, r, deps)
                 pending[r] = {kind: left - ring_s for kind, left in pending[r].items()
@@ -529,18 +542,19 @@ class PieceLowering:
                 continue
             folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
             if folded is None:
-                folded = fold(tuple(run), self.collapse.on(g), tp_groups(self.placement, r),
+                folded = fold(run, self.collapse.on(g), tp_groups(self.placement, r),
                               ep_groups(self.placement, r, self.ep, self.etp),
                               self._etp_groups(r))
                 self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
-            n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
             a = alloc if seen == 0 and n_compute else 0.0
             f = free if n_compute and seen + n_compute == total else 0.0
             seen += n_compute
-            end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r],
-                              cuts.get(i, frozenset()))
+            cut = cuts.get(i, frozenset())
+            parts, after = folded_plan(folded, pending[r], cut, is_last and i + 1 == len(runs),
+                                       self.plans)
+            end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r], cut, parts)
             deps = (end,)
-            pending[r] = pending_after(pending[r], folded, is_last and i + 1 == len(runs))
+            pending[r] = after
         return {g: deps}
 
     def _ring_collapsed(self, op: Op, ring: RingAttention, g: int, r: int,
