@@ -15,10 +15,17 @@ from sim.loso import SCALES
 from workloads.lowering import lower
 from workloads.program import ColumnarInstructions
 
+SLOW = frozenset({"mlperf_training_v30_gpt3", "mlperf_training_v31_gpt3",
+                  "dubey2024_llama3_405b", "megatron_bridge_perf", "nemo2412_fp8"})
+"""Sources whose first row takes 10-40 s here (thousands of GPUs, or ZeRO's pieces lowered
+three times each way, 50-190 s on the shared machine): left to ``sim validate``'s own
+byte-for-byte comparison (docs/speed.md)."""
+
 
 def _rows() -> list:
-    """Per corpus source, its first row that ran."""
-    return [next(r for r in source.rows if r.status == "ok") for source in load_corpus(CORPUS_DIR)]
+    """Per corpus source (but :data:`SLOW`), its first row that ran."""
+    return [next(r for r in source.rows if r.status == "ok") for source in load_corpus(CORPUS_DIR)
+            if source.name not in SLOW]
 
 
 @pytest.mark.parametrize("row", _rows(), ids=lambda r: r.source)
@@ -38,8 +45,8 @@ def test_corpus_programs_equal_the_reference(row, monkeypatch: pytest.MonkeyPatc
     assert len(lowered) >= 3
     for args, kwargs, program in lowered:
         assert len(args) == 7 and not args[5] and not kwargs  # sim.api's call: not reference
-        ref = lower(*args[:5], True, *args[6:])
         if isinstance(program.instructions, ColumnarInstructions):
             continue  # the columnar fast path: tests/test_lowering_paths.py
+        ref = lower(*args[:5], True, *args[6:])
         assert repr(program.instructions) == repr(ref.instructions)
         assert program == ref
