@@ -134,3 +134,21 @@ def test_schedule_tables_equal_the_reference(data: dict, costs: list[float]) -> 
     rank = schedule.stage_rank
     assert topological_ops(schedule) == sorted(
         unit, key=lambda op: (unit[op][1], rank[op.stage], unit[op][0]))
+
+
+@settings(max_examples=EXAMPLES // 2, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(collapsible_experiments())
+def test_remembered_pieces_equal_the_reference(data: dict) -> None:
+    """A collapsed lowering of ops in pieces (CP, EP, ZeRO-3, gradient buckets, parameter
+    gathers) remembers per op shape its split and pending collectives
+    (:func:`~workloads.lowering.collapse.folded_plan`) and its instructions, replayed for the
+    next op of that shape (:meth:`~workloads.lowering.pieces.PieceLowering._replay`); the
+    reference emits every op afresh: the same program, every field equal."""
+    exp = build_experiment(data)
+    args = (exp.schedule, exp.costs, exp.placement, data["parallel"]["zero_stage"],
+            _collapse(exp))
+    fast, ref = lower(*args), lower(*args, reference=True)
+    assert [type(i) for i in fast.instructions] == [type(i) for i in ref.instructions]
+    assert repr(fast.instructions) == repr(ref.instructions)
+    assert fast == ref

@@ -126,7 +126,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
                       and len(replicas) > 1)
     piecewise = (PieceLowering(b, schedule, costs, placement, zero_stage, collapse, lanes,
                                gather_chain(schedule) if gather_ahead else None, per_microbatch,
-                               once)
+                               once, remember=not reference)
                  if zero3 or overlap or cp_or_ep or gather_ahead or per_microbatch else None)
     # the columnar fast path lowers F, B and W ops only: a multimodal schedule's encoder ops
     # (and the F ops that wait on several of them) take the op loop
@@ -159,7 +159,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
         loop = OpLoop(b, schedule, costs, placement, collapse, lanes, piecewise,
                       set(final_op.values()), zero3, overlap, cp_or_ep,
                       first_forwards(schedule) if gather_ahead or once else frozenset(),
-                      per_microbatch, steps, once)
+                      per_microbatch, steps, once, remember=not reference)
         loop.run(order, index)
         last = loop.last
     dpar = DataParallel(b, placement, collapse, int(getattr(costs, "ep", 1)),

@@ -413,7 +413,8 @@ def emit_block(b: ProgramBuilder, g: int, op: Op, op_name: str, block: Block,
 
 def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
                 deps: tuple[int, ...], alloc: float, free: float, pending: Mapping[str, float],
-                cut: frozenset[str] = frozenset()) -> int:
+                cut: frozenset[str] = frozenset(),
+                parts: tuple[Block | tuple[CommRun, ...], ...] | None = None) -> int:
     """Emit a folded op on GPU ``g``; returns the id of its last instruction.
 
     ``pending``: per kind, how long after this op's compute starts an earlier op's
@@ -427,11 +428,13 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
     the compute is split there too, that collective an instruction on its stream. And it
     is split at the collectives of other kinds that start while the earlier op's closing
     collective may still run (:func:`window_cuts`), so that one overlaps the same compute.
+
+    ``parts``: that split, worked out already (:func:`folded_plan`); None: worked out here.
     """
     if folded.leading:
         deps = emit_runs(b, g, op, op_name, folded.leading, deps)
-    parts = folded.split(split_points(folded, first_cuts(folded, pending), cut,
-                                      window_cuts(folded, pending)))
+    if parts is None:
+        parts = folded_parts(folded, pending, cut)
     for n, part in enumerate(parts):
         if isinstance(part, Block):
             deps = (emit_block(b, g, op, op_name, part, deps, alloc if n == 0 else 0.0,
@@ -442,6 +445,43 @@ def emit_folded(b: ProgramBuilder, g: int, op: Op, op_name: str, folded: Folded,
     if folded.trailing:
         return emit_runs(b, g, op, op_name, folded.trailing, (last,))[0]
     return last
+
+
+def folded_parts(folded: Folded, pending: Mapping[str, float], cut: frozenset[str] = frozenset()
+                 ) -> tuple[Block | tuple[CommRun, ...], ...]:
+    """The compute of ``folded`` split as :func:`emit_folded` splits it after ``pending`` with
+    ``cut`` (:func:`split_points` of :func:`first_cuts` and :func:`window_cuts`)."""
+    return folded.split(split_points(folded, first_cuts(folded, pending), cut,
+                                     window_cuts(folded, pending)))
+
+
+PLAN_CACHE = 4096
+"""Plans :func:`folded_plan` keeps in one memo (it starts over past this many)."""
+
+
+def folded_plan(folded: Folded, pending: Mapping[str, float], cut: frozenset[str],
+                closing: bool, memo: dict[tuple, tuple] | None
+                ) -> tuple[tuple[Block | tuple[CommRun, ...], ...], dict[str, float]]:
+    """(:func:`folded_parts` of ``folded`` after ``pending`` with ``cut``,
+    :func:`pending_after` of them with ``closing``), remembered in ``memo`` (one lowering's):
+    both are pure in their arguments, and an op loop asks for the same ones again and again
+    (every micro-batch of a (stage, kind) meets its rank's streams as the one before it did).
+    ``folded`` is looked up by identity, the entry holding it; ``pending`` by its items, in
+    order (:func:`pending_after`'s result keeps that order). The pending mapping returned
+    may be another op's: it is read, never changed, by the op loops. Without ``memo`` (the
+    reference), both worked out afresh."""
+    if memo is None:
+        return folded_parts(folded, pending, cut), pending_after(pending, folded, closing)
+    key = (id(folded), tuple(pending.items()), cut, closing)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is folded:
+        return hit[1], hit[2]
+    parts = folded_parts(folded, pending, cut)
+    after = pending_after(pending, folded, closing)
+    if len(memo) >= PLAN_CACHE:
+        memo.clear()
+    memo[key] = (folded, parts, after)
+    return parts, after
 
 
 def first_cuts(folded: Folded, pending: Mapping[str, float]) -> frozenset[str]:

@@ -19,7 +19,7 @@ from workloads.lowering.collapse import (
     StreamUse,
     emit_folded,
     fold,
-    pending_after,
+    folded_plan,
     stream_cuts,
     stream_use,
 )
@@ -55,7 +55,7 @@ class OpLoop:
                  piecewise: PieceLowering | None, final_ops: Collection[Op], zero3: bool,
                  overlap: bool, cp_or_ep: bool, gathering: Collection[Op] = (),
                  per_microbatch: bool = False, steps: Mapping[Op, int] | None = None,
-                 once: bool = False) -> None:
+                 once: bool = False, *, remember: bool = True) -> None:
         self.b, self.schedule, self.costs = b, schedule, costs
         self.placement, self.collapse, self.lanes = placement, collapse, lanes
         self.piecewise = piecewise
@@ -79,6 +79,9 @@ class OpLoop:
         # (stage, kind, sequence chunk)
         self.facts: dict[Op, Facts] = {}
         self.folds: dict[Op, Folded] = {}
+        self.plans: dict[tuple, tuple] | None = {} if remember else None
+        """:func:`~workloads.lowering.collapse.folded_plan`'s memo (this lowering's folds);
+        None (the reference, ``lower(..., reference=True)``): each worked out afresh."""
         self.send_s: dict[tuple[int, int, float], float] = {}
         self.blocking = sends_block(getattr(costs, "pp_send_blocking", False), schedule)
         """Pipeline sends block their sender on this schedule
@@ -218,10 +221,11 @@ class OpLoop:
         if folded is None:
             folded = self.folds[generic] = fold(segs, self.collapse.on(g),
                                                 tp_groups(self.placement, r))
+        cut = self.cuts.get(k, frozenset())
+        parts, after = folded_plan(folded, self.pending[r], cut, True, self.plans)
         self.last[(k, g)] = emit_folded(self.b, g, op, str(op), folded, self._deps(g, local),
-                                        alloc, free, self.pending[r],
-                                        self.cuts.get(k, frozenset()))
-        self.pending[r] = pending_after(self.pending[r], folded)
+                                        alloc, free, self.pending[r], cut, parts)
+        self.pending[r] = after
         emit_replica_sends(self.b, sends, self.lanes, r, 0, k, self.last, self.sent,
                            self.blocking)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention, Segment
@@ -17,7 +18,7 @@ from workloads.lowering.collapse import (
     StreamUse,
     emit_folded,
     fold,
-    pending_after,
+    folded_plan,
     stream_use,
     with_all_to_all,
 )
@@ -35,7 +36,7 @@ from workloads.lowering.groups import (
 )
 from workloads.lowering.opcosts import CostModel
 from workloads.lowering.pipeline import Lanes
-from workloads.program import ProgramBuilder
+from workloads.program import Collective, Compute, ProgramBuilder
 from workloads.schedules import Op, Schedule
 
 
@@ -50,10 +51,25 @@ class Piece:
     compute_before: int
     """Compute segments of the op before this piece (for where memory is allocated/freed)."""
 
-    @property
+    @cached_property
     def num_compute(self) -> int:
-        """Compute segments of this piece."""
+        """Compute segments of this piece (counted once: a piece is lowered for every
+        micro-batch of its op)."""
         return sum(isinstance(seg, ComputeSeg) for seg in self.segs)
+
+    @cached_property
+    def runs(self) -> tuple[tuple[tuple[Segment, ...], int], ...]:
+        """:func:`ring_runs` of its segments, each with its compute segments' count (worked
+        out once)."""
+        return tuple((tuple(run), sum(isinstance(seg, ComputeSeg) for seg in run))
+                     for run in ring_runs(self.segs))
+
+
+TEMPLATE_CACHE = 1024
+"""Op shapes whose instructions :class:`PieceLowering` keeps (it starts over past this many)."""
+
+_UNFIT = object()
+"""An op shape :class:`PieceLowering` always emits afresh (:meth:`PieceLowering._template`)."""
 
 
 def ring_runs(segs: Sequence[Segment]) -> list[list[Segment]]:
@@ -155,7 +171,8 @@ class PieceLowering:
     def __init__(self, b: ProgramBuilder, schedule: Schedule, costs: CostModel,
                  placement: Placement, zero_stage: int, collapse: Collapse | None,
                  lanes: Lanes, gather_chain: Mapping[Op, Op] | None = None,
-                 per_microbatch: bool = False, once: bool = False) -> None:
+                 per_microbatch: bool = False, once: bool = False, *,
+                 remember: bool = True) -> None:
         self.b, self.costs, self.placement = b, costs, placement
         self.gather_chain = gather_chain or {}
         """``overlap_param_gather``: per first forward of a stage, the next one on its rank
@@ -184,6 +201,13 @@ class PieceLowering:
                         for i, op in enumerate(ops[:-1])}
         self.cache: dict[tuple[Op, bool], tuple[Piece, ...]] = {}
         self.fold_cache: dict[tuple, Folded] = {}
+        self.templates: dict[tuple, tuple | object] | None = {} if remember else None
+        """Collapsed ops without DP markers, by shape: what :meth:`emit` emitted for the last
+        one (:meth:`_template`), repeated for the next (:meth:`_replay`); None (the
+        reference): every op emitted afresh."""
+        self.plans: dict[tuple, tuple] | None = {} if remember else None
+        """:func:`~workloads.lowering.collapse.folded_plan`'s memo (this lowering's folds);
+        None (the reference, ``lower(..., reference=True)``): each worked out afresh."""
         self.prefetched: dict[Op, dict[int, tuple[int, ...]]] = {}
         """Gathers issued ahead for the first piece of an op, by GPU."""
         self.ends: dict[int, list[int]] = {}
@@ -314,10 +338,26 @@ class PieceLowering:
         ``marked``: with its DP markers (ZeRO-3, or the bucketed final backward); ``cut``
         (collapsed): the kinds whose last collective the op cuts its compute at
         (:func:`~workloads.lowering.collapse.emit_folded`)."""
+        shape = None
+        if (self.templates is not None and self.collapse is not None and not marked
+                and not self.prefetch_next and op not in self.prefetched):
+            # an op without DP markers, collapsed: its instructions are those of the last op
+            # of its shape, renumbered (:meth:`_replay`)
+            shape = (Op(op.stage, op.kind, 0, op.seq), cut, tuple(pending[r].items()), alloc,
+                     free, tuple(map(len, prev.values())))
+            template = self.templates.get(shape)
+            if template is not None:
+                if template is not _UNFIT:
+                    self._replay(template, k, op, r, prev, last, pending)
+                    return
+                shape = None
+            else:
+                start, first_key = self.b.next_id, self.b._next_key
         pieces = self.pieces(op, marked)
         cuts = self._cut_runs(op, marked, cut) if cut else {}
         total = sum(piece.num_compute for piece in pieces)
         gpus = list(prev)
+        initial = prev[gpus[0]] if shape is not None else ()
         ahead = self.prefetched.pop(op, None)
         bucket, n_buckets = 0.0, 0
         expert_bucket, n_expert = 0.0, 0
@@ -375,6 +415,95 @@ class PieceLowering:
             self.reduced.add(op.stage)
         for g in gpus:
             last[(k, g)] = prev[g][0]
+        if shape is not None:
+            if len(self.templates) >= TEMPLATE_CACHE:
+                self.templates.clear()
+            self.templates[shape] = self._template(op, pieces, gpus[0], start, first_key,
+                                                   initial, last[(k, gpus[0])], pending[r])
+
+    def _template(self, op: Op, pieces: Sequence[Piece], g: int, start: int, first_key: int,
+                  initial: tuple[int, ...], end: int, pending: dict[str, float]
+                  ) -> tuple | object:
+        """What :meth:`emit` just emitted for ``op`` on GPU ``g`` (ids from ``start``,
+        collective keys from ``first_key``, after ``initial``), as :meth:`_replay` repeats it
+        for another op of its shape (which has as many producers): each instruction with its
+        dependencies (whether all of ``initial`` first, then offsets of the op's own
+        instructions), its name as the op's name and what follows it (or a label of its
+        own); the ends of its pieces, its last
+        instruction, and the rank's pending collectives after it. :data:`_UNFIT` where any of
+        that does not hold (an op with DP work, a send, a dependency on anything but its
+        producers, all of them first, and its own instructions): such an op is always
+        emitted afresh."""
+        if any(piece.gather is not None or piece.ready for piece in pieces):
+            return _UNFIT
+        b, op_name = self.b, str(op)
+        emitted = b.instructions[start - b.first_id:]
+        # the ends a piece adds (self.ends keeps a GPU's last two)
+        pieces_ends = min(sum(1 for piece in pieces if piece.segs), 2)
+        ends = self.ends.get(g, [])[len(self.ends.get(g, [])) - pieces_ends:]
+        if not emitted or end < start or any(e < start for e in ends):
+            return _UNFIT
+        rows = []
+        key = first_key
+        n = len(initial)
+        for ins in emitted:
+            t = type(ins)
+            if t not in (Compute, Collective) or ins.gpu != g or ins.mb != op.mb:
+                return _UNFIT
+            # after the op's producers (all of initial, first) and its own instructions
+            after = n > 0 and ins.deps[:n] == initial
+            own = ins.deps[n:] if after else ins.deps
+            if any(d < start for d in own):
+                return _UNFIT
+            deps = (after, tuple(d - start for d in own))
+            name = ins.name
+            if name == op_name or name.startswith(op_name + " "):
+                name = name[len(op_name):]
+                named = True
+            else:
+                named = False
+            if t is Collective:
+                if ins.key != key:
+                    return _UNFIT
+                key += 1
+            rows.append((ins, deps, named, name))
+        return tuple(rows), tuple(e - start for e in ends), end - start, pending
+
+    def _replay(self, template: tuple, k: int, op: Op, r: int,
+                prev: dict[int, tuple[int, ...]], last: dict[tuple[int, int], int],
+                pending: list[dict[str, float]]) -> None:
+        """Emit ``op`` as the op :meth:`_template` recorded (of the same shape: (stage, kind,
+        sequence chunk), cut, the rank's pending collectives, memory): the same
+        instructions but for their ids, dependencies before the op (``prev``), names, micro-
+        batch and collective keys, which are ``op``'s; the same pieces' ends, last
+        instruction and pending collectives after it. What :meth:`emit` would emit:
+        everything else it reads is a function of that shape (folds, splits, timings), and
+        ``lower(..., reference=True)`` emits every op afresh
+        (``tests/test_differential.py``)."""
+        rows, piece_ends, end, after = template
+        b = self.b
+        (g,) = prev
+        initial = prev[g]
+        start = b.next_id
+        op_name, mb = str(op), op.mb
+        new, append = tuple.__new__, b.instructions.append
+        i = start
+        for ins, (after_initial, own), named, name in rows:
+            deps = tuple([start + d for d in own])
+            if after_initial:
+                deps = initial + deps
+            if named:
+                name = op_name + name
+            if type(ins) is Compute:
+                append(new(Compute, (i, ins[1], ins[2], name, deps, *ins[5:16], mb)))
+            else:
+                append(new(Collective, (i, ins[1], ins[2], name, deps, ins[5], ins[6], ins[7],
+                                        ins[8], b.new_key(), ins[10], mb, ins[12], ins[13])))
+            i += 1
+        for e in piece_ends:
+            self._end_piece(g, start + e)
+        pending[r] = after
+        last[(k, g)] = start + end
 
     def _bucket(self, r: int, op: Op, prev: Mapping[int, tuple[int, ...]], nbytes: float,
                 i: int, expert: bool = False) -> None:
@@ -519,9 +648,9 @@ class PieceLowering:
         assert self.collapse is not None
         (g,) = prev
         deps = prev[g]
-        runs = ring_runs(piece.segs)
+        runs = piece.runs
         seen = piece.compute_before
-        for i, run in enumerate(runs):
+        for i, (run, n_compute) in enumerate(runs):
             if isinstance(run[0], RingAttention):
                 deps, ring_s = self._ring_collapsed(op, run[0], g, r, deps)
                 pending[r] = {kind: left - ring_s for kind, left in pending[r].items()
@@ -529,18 +658,19 @@ class PieceLowering:
                 continue
             folded = self.fold_cache.get((Op(op.stage, op.kind, 0, op.seq), key, i))
             if folded is None:
-                folded = fold(tuple(run), self.collapse.on(g), tp_groups(self.placement, r),
+                folded = fold(run, self.collapse.on(g), tp_groups(self.placement, r),
                               ep_groups(self.placement, r, self.ep, self.etp),
                               self._etp_groups(r))
                 self.fold_cache[(Op(op.stage, op.kind, 0, op.seq), key, i)] = folded
-            n_compute = sum(isinstance(seg, ComputeSeg) for seg in run)
             a = alloc if seen == 0 and n_compute else 0.0
             f = free if n_compute and seen + n_compute == total else 0.0
             seen += n_compute
-            end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r],
-                              cuts.get(i, frozenset()))
+            cut = cuts.get(i, frozenset())
+            parts, after = folded_plan(folded, pending[r], cut, is_last and i + 1 == len(runs),
+                                       self.plans)
+            end = emit_folded(b, g, op, op_name, folded, deps, a, f, pending[r], cut, parts)
             deps = (end,)
-            pending[r] = pending_after(pending[r], folded, is_last and i + 1 == len(runs))
+            pending[r] = after
         return {g: deps}
 
     def _ring_collapsed(self, op: Op, ring: RingAttention, g: int, r: int,
