@@ -844,8 +844,8 @@ _MBS_XFAIL = pytest.mark.xfail(strict=True, reason=(
 
 # 13B at 2k tokens: with the vocabulary-parallel embedding's and head's TP collectives timed
 # (wp-headtp) the search picks TP 1, DP 64, mbs 1 (148,465 tokens/s), no longer TP 2 PP 1
-# mbs 4 (its pick before, 148,635 tokens/s then), so the stand-in profile's per-micro-batch embedding-gradient add no
-# longer tips it to a larger micro-batch
+# mbs 4 (its pick before, 148,635 tokens/s then): the stand-in profile's per-micro-batch
+# embedding-gradient add no longer tips it to a larger micro-batch
 
 
 @pytest.mark.parametrize("group", [G13_2K, G13_8K,
