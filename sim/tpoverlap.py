@@ -328,6 +328,47 @@ def async_all_reduce_exposed_s(costs: TransformerCosts,
     return tuple(out)
 
 
+def head_beside(costs: TransformerCosts) -> bool:
+    """Whether the output layer's backward runs any TP collective beside its GEMMs
+    (:func:`head_exposed_s`)."""
+    if costs.tp == 1:
+        return False
+    if costs.sequence_parallel:
+        return costs.sp_regather_input or costs.sp_async_grad_reduce_scatter
+    return all_reduces_beside(costs)
+
+
+def head_exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
+                   collective_s: Callable[[str, float], float]
+                   ) -> tuple[tuple[str, float], ...]:
+    """What the output layer's backward TP collectives add beside the head's GEMM NCCL runs
+    them with (:data:`NCCL_BESIDE`, as :func:`async_reduce_exposed_s`), b·s·h bf16 each
+    (:meth:`~workloads.layer_work.LayerWork._head_tp`): its column-parallel linear shares the
+    layers' autograd function (Megatron-core ``LinearWithGradAccumulationAndAsyncCommunication``,
+    not Transformer Engine's, so never userbuffers), hence the layers' flags. Without SP the
+    input gradient's all-reduce beside the weight-gradient GEMM where the layers' are
+    (:func:`all_reduces_beside`); under SP the saved input's second all-gather beside the
+    input-gradient GEMM (:attr:`~TransformerCosts.sp_regather_input`) and the input
+    gradient's reduce-scatter beside the weight-gradient GEMM
+    (:attr:`~TransformerCosts.sp_async_grad_reduce_scatter`)."""
+    if not head_beside(costs):
+        return ()
+    g = compute_s(costs.head_gemm())
+    nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
+        * costs.model.hidden_size
+    out = []
+    if not costs.sequence_parallel:
+        pairs = (("head bwd all-reduce", "all_reduce"),)
+    else:
+        pairs = ((("head bwd input all-gather", "all_gather"),) if costs.sp_regather_input
+                 else ()) + ((("head bwd reduce-scatter", "reduce_scatter"),)
+                             if costs.sp_async_grad_reduce_scatter else ())
+    for name, op in pairs:
+        out.append((name, pipelined_s(NCCL_BESIDE, collective_s(op, nbytes), g, costs.tp,
+                                      1 << 30) - g))
+    return tuple(out)
+
+
 def check(gpu: str, tp: int, sequence_parallel: bool, why_not: str | None) -> None:
     """ConfigError where ``parallel.tp_comm_overlap`` cannot apply: Megatron's own rule
     (megatron/training/arguments.py: "Tensor parallel communication/GEMM overlap can happen
@@ -357,7 +398,7 @@ def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
         return costs
     overlap = exp.config.parallel.tp_comm_overlap
     if (not overlap and not regathers(costs) and not reduces_beside(costs)
-            and not all_reduces_beside(costs)):
+            and not all_reduces_beside(costs) and not head_beside(costs)):
         return costs
     groups = tp_groups(exp.placement, 0)
     return with_overlap(costs, exp.cluster.gpu.name, compute_s,
@@ -380,7 +421,8 @@ def with_overlap(costs: TransformerCosts, gpu: str,
     if costs.tp == 1:
         return costs
     if not costs.sequence_parallel:
-        pairs = async_all_reduce_exposed_s(costs, compute_s, collective_s)
+        pairs = (async_all_reduce_exposed_s(costs, compute_s, collective_s)
+                 + head_exposed_s(costs, compute_s, collective_s))
         return replaced(costs, tp_comm_exposed_s=pairs) if pairs else costs
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
@@ -389,5 +431,6 @@ def with_overlap(costs: TransformerCosts, gpu: str,
              else async_reduce_exposed_s(costs, compute_s, collective_s))
     pairs += regather_exposed_s(costs, compute_s, collective_s, sms,
                                 overlap and kind == "userbuffers", sm_margin)
+    pairs += head_exposed_s(costs, compute_s, collective_s)
     return replaced(costs, tp_comm_exposed_s=pairs)
 

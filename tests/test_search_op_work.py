@@ -108,14 +108,18 @@ def test_op_key_holds_what_a_forward_reads(costs: object) -> None:
 
 
 def test_a_forward_shares_its_key_where_it_reads_the_same() -> None:
-    """The key does share: a forward's split and, without partitioned gathers, its first
-    stage (else the normalisation would be vacuous)."""
+    """The key does share: a forward's split and, without TP, its first stage (else the
+    normalisation would be vacuous); with TP the first stage's forward runs the input
+    embedding's collective."""
     ctx = SearchContext.build({"name": "k", "model": {"preset": "gpt3-1.3b", "num_layers": 4},
                                "cluster": {"preset": "dgx-a100-80g", "num_gpus": 16},
                                "training": {"global_batch_size": 32}})
     costs = ctx.costs_for(Layout(tp=2, pp=4, dp=2), 4)
-    assert _op_key(costs, 0, FORWARD, True) == _op_key(costs, 1, FORWARD, False)
+    assert _op_key(costs, 0, FORWARD, True) == _op_key(costs, 0, FORWARD, False)
+    assert _op_key(costs, 0, FORWARD, False) != _op_key(costs, 1, FORWARD, False)
     assert _op_key(costs, 0, BACKWARD, False) != _op_key(costs, 1, BACKWARD, False)
+    one = ctx.costs_for(Layout(tp=1, pp=4, dp=4), 4)
+    assert _op_key(one, 0, FORWARD, True) == _op_key(one, 1, FORWARD, False)
     gathers = replace(costs, pp_partition_gathers=True)
     assert _op_key(gathers, 0, FORWARD, False) != _op_key(gathers, 1, FORWARD, False)
     assert isinstance(costs.op_work(Op(1, FORWARD, 0), False)[0], ComputeSeg)

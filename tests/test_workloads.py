@@ -51,8 +51,10 @@ def test_lowering_inserts_megatron_tp_pp_and_dp_communication() -> None:
     instrs = result.program.instructions
     m, layers_per_stage, tp = 4, 2, 2
     tp_ops = Counter(i.op for i in instrs if isinstance(i, Collective) and i.kind == "tp")
-    # 2 all-reduces forward + 2 backward per layer per micro-batch, on every GPU of the group
-    assert tp_ops["all_reduce"] == 4 * layers_per_stage * m * 8
+    # 2 all-reduces forward + 2 backward per layer per micro-batch, on every GPU of the group;
+    # and per micro-batch the embedding's forward one on the first stage's 4 GPUs and the
+    # head's backward one on the last stage's 4
+    assert tp_ops["all_reduce"] == 4 * layers_per_stage * m * 8 + 2 * m * 4
     sends = [i for i in instrs if isinstance(i, Send)]
     # activations forward and gradients backward across one stage boundary, per TP rank, per DP
     assert len(sends) == 2 * m * tp * 2

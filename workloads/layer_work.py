@@ -395,6 +395,80 @@ class LayerWork:
         return scaled(fwd, "logits bwd", 1 + wg,
                        elementwise_bytes=BACKWARD_ELEMENTWISE * fwd.elementwise_bytes)
 
+    def head_gemm(self) -> ComputeSeg:
+        """One pass of the output projection on one TP rank (b·s/cp x h by h x V/t, bf16: the
+        output layer is not under FP8): the GEMM the head's backward TP collectives run beside
+        (:func:`sim.tpoverlap.head_exposed_s`); its input- and weight-gradient GEMMs do the
+        same work."""
+        dims = gemm(self._tokens, self.model.hidden_size, self.model.vocab_size / self.tp)
+        return ComputeSeg("head", dims[1], gemm_dims=(dims,))
+
+    def _embedding_tp(self, backward: bool) -> list[Segment]:
+        """The TP collectives of the vocabulary-parallel input embedding on stage 0 (t > 1),
+        b·s·h bf16 elements each. Forward: the partial lookups summed over the TP group, an
+        all-reduce (``reduce_from_tensor_model_parallel_region``); under sequence parallelism
+        with rotary (not learned) positions a reduce-scatter straight to the s/t shard
+        (Megatron-core ``reduce_scatter_embeddings``), else the all-reduce and a local split
+        (``scatter_to_sequence_parallel_region``). Backward: nothing without SP (the
+        all-reduce's backward is the identity); under SP the gradient's all-gather (the
+        backward of either). NVIDIA/Megatron-LM f2e5db4
+        megatron/core/tensor_parallel/layers.py ``VocabParallelEmbedding.forward`` and
+        megatron/core/models/common/embeddings/language_model_embedding.py; the legacy
+        trees (d898a89, 50a4b5f megatron/mpu/layers.py) all-reduce and split."""
+        if self.tp == 1:
+            return []
+        nbytes = BF16 * self._bsh
+        if backward:
+            return ([CommSeg("embedding bwd all-gather", "tp", "all_gather", nbytes)]
+                    if self.sequence_parallel else [])
+        if self.sequence_parallel and self.model.position_embedding != "learned":
+            return [CommSeg("embedding reduce-scatter", "tp", "reduce_scatter", nbytes)]
+        return [CommSeg("embedding all-reduce", "tp", "all_reduce", nbytes)]
+
+    def _head_tp(self, backward: bool, weight_grad_deferred: bool = False
+                 ) -> tuple[list[Segment], list[Segment]]:
+        """The TP collectives of the vocabulary-parallel output layer on the last stage
+        (t > 1), before and after :meth:`_head`'s compute, once per pass of the head
+        (1 + :attr:`~workloads.models.ModelSpec.mtp_layers`), b·s·h bf16 elements each.
+
+        The output layer is a column-parallel linear (NVIDIA/Megatron-LM f2e5db4
+        megatron/core/tensor_parallel/layers.py ``ColumnParallelLinear.forward`` and
+        ``LinearWithGradAccumulationAndAsyncCommunication``; legacy ``parallel_lm_logits``,
+        d898a89 megatron/model/language_model.py). Without SP: nothing forward
+        (``copy_to_tensor_model_parallel_region``), the input gradient all-reduced in the
+        backward. Under SP: the s/t input all-gathered forward; backward, the saved shard
+        all-gathered again for the weight gradient (:attr:`sp_regather_input`) and the
+        input gradient reduce-scattered. As a layer's QKV / FC1 GEMM, whose autograd
+        function it shares: each backward collective found in :attr:`tp_comm_exposed_s`
+        (``head bwd all-reduce``, ``head bwd input all-gather``, ``head bwd
+        reduce-scatter``, run beside the head's GEMMs) gets its exposed time, none with
+        the weight gradient deferred to W. Without :attr:`vocab_parallel_loss` the logits
+        are also all-gathered whole (b·s·V bf16) before the loss (its backward a local
+        split)."""
+        if self.tp == 1:
+            return [], []
+        passes = 1 + self.model.mtp_layers
+        nbytes = BF16 * self._bsh
+        sp = self.sequence_parallel
+        if not backward:
+            before = ([CommSeg("head all-gather", "tp", "all_gather", nbytes)] if sp else [])
+            after = ([] if self.vocab_parallel_loss else
+                     [CommSeg("logits all-gather", "tp", "all_gather",
+                              BF16 * self._tokens * self.model.vocab_size)])
+            return before * passes, after * passes
+        exposed = {} if weight_grad_deferred else dict(self.tp_comm_exposed_s)
+        before, after = [], []
+        if sp and self.sp_regather_input:
+            before.append(CommSeg("head bwd input all-gather", "tp", "all_gather", nbytes,
+                                  duration_s=exposed.get("head bwd input all-gather")))
+        if sp:
+            after.append(CommSeg("head bwd reduce-scatter", "tp", "reduce_scatter", nbytes,
+                                 duration_s=exposed.get("head bwd reduce-scatter")))
+        else:
+            after.append(CommSeg("head bwd all-reduce", "tp", "all_reduce", nbytes,
+                                 duration_s=exposed.get("head bwd all-reduce")))
+        return before * passes, after * passes
+
     def _mtp_inputs(self) -> ComputeSeg:
         """Forward work of the D multi-token prediction modules beyond their transformer
         blocks on one TP rank, as Megatron-core runs each (core_v0.14.0,

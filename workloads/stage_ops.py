@@ -253,7 +253,7 @@ class StageOps:
             for layer in layers:
                 segs += self._layer_segments(layer, False, False, labels)
             if last:
-                segs.append(self._head(backward=False))
+                segs += self._head_segments(backward=False)
         elif op.kind == FORWARD:
             for layer in layers:
                 c = self._layer(layer)
@@ -267,13 +267,13 @@ class StageOps:
             if last:
                 if gather:
                     segs.append(ParamGather("head params", self._head_gather_bytes()))
-                segs.append(self._head(backward=False))
+                segs += self._head_segments(backward=False)
         elif op.kind == BACKWARD:
             ready = markers and not split_backward
             if last:
                 if gather:
                     segs.append(ParamGather("head params", self._head_gather_bytes()))
-                segs.append(self._head(backward=True, weight_grad_deferred=split_backward))
+                segs += self._head_segments(backward=True, weight_grad_deferred=split_backward)
                 if ready:
                     segs.append(GradReady("head grads", self._head_grad_bytes(op.stage)))
             for layer in reversed(layers):
@@ -324,6 +324,8 @@ class StageOps:
             ready_at = [i for i, seg in enumerate(segs) if isinstance(seg, GradReady)]
             at = ready_at[-1] if ready_at else len(segs)
             segs[at:at] = embed
+        if op.stage == 0 and op.kind in (FORWARD, BACKWARD):
+            self._place_embedding_tp(segs, op.kind == BACKWARD, embed)
         if once and markers:
             # the final backward runs without gradient sync like the others; then FSDP's
             # post-backward of each unit reduce-scatters: every GradReady after the compute
@@ -332,6 +334,32 @@ class StageOps:
             segs = ([seg for seg in segs if not isinstance(seg, GradReady)]
                     + [seg for seg in segs if isinstance(seg, GradReady)])
         return tuple(fuse_compute(segs, str(op)))
+
+    def _head_segments(self, backward: bool, weight_grad_deferred: bool = False
+                       ) -> list[Segment]:
+        """The head's compute (:meth:`_head`) between its TP collectives (:meth:`_head_tp`)."""
+        before, after = self._head_tp(backward, weight_grad_deferred)
+        return [*before, self._head(backward, weight_grad_deferred), *after]
+
+    def _place_embedding_tp(self, segs: list[Segment], backward: bool,
+                            embed: list[Segment]) -> None:
+        """Put the input embedding's TP collectives (:meth:`_embedding_tp`) into stage 0's
+        forward or backward ``segs``: the forward's first, after the ZeRO-3 gather of the
+        first layer's parameters that holds the embedding's; the backward's after the
+        layers' input gradients, before the embedding's gradient work (``embed``, when in
+        this op) and the last :class:`~workloads.costs.GradReady` (the one holding the
+        embedding's gradient)."""
+        tp_segs = self._embedding_tp(backward)
+        if not tp_segs:
+            return
+        if not backward:
+            at = 1 if segs and isinstance(segs[0], ParamGather) else 0
+        elif embed and any(seg is embed[0] for seg in segs):
+            at = next(i for i, seg in enumerate(segs) if seg is embed[0])
+        else:
+            ready_at = [i for i, seg in enumerate(segs) if isinstance(seg, GradReady)]
+            at = ready_at[-1] if ready_at else len(segs)
+        segs[at:at] = tp_segs
 
     def _amax_reduce(self, op: Op) -> CommSeg:
         """FP8 delayed scaling's amax all-reduce at the end of a chunk's forward (at

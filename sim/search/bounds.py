@@ -75,13 +75,13 @@ def _op_key(costs: TransformerCosts, stage: int, kind: str, split: bool) -> tupl
     """What one op's compute and TP collectives (:meth:`TransformerCosts.op_segments`
     without markers) read: :func:`_work_shape`, :func:`_op_stage_key`, the op's kind and
     whether the backward is split. A forward reads neither whether the backward is split
-    nor, without partitioned pipeline gathers (whose input all-gather only a forward after
-    the first stage runs), whether its stage is the first: such forwards share entries
-    (a test checks the independence)."""
+    nor, without TP (the input embedding's collective runs in the first stage's forward,
+    a partitioned pipeline gather's in every other's), whether its stage is the first:
+    such forwards share entries (a test checks the independence)."""
     layers, dense, first, last = _op_stage_key(costs, stage)
     if kind == FORWARD:
         split = False
-        if not (getattr(costs, "pp_partition_gathers", False) and costs.tp > 1):
+        if costs.tp == 1:
             first = False
     return (*_work_shape(costs), layers, dense, first, last, kind, split)
 
