@@ -169,22 +169,7 @@ class Graph:
     def add_link(self, u: Any, v: Any, attr: dict[str, object]) -> None:
         """``add_edge(u, v, **attr)`` then ``add_edge(v, u, **attr)``, each edge with a copy
         of ``attr`` of its own (a physical link's two directions, :mod:`topologies.graphs`)."""
-        self._check()
-        succ, pred = self._succ, self._pred
-        for w in (u, v):
-            if w not in succ:
-                if w is None:
-                    raise ValueError("None cannot be a node")
-                succ[w] = {}
-                pred[w] = {}
-                self._node[w] = {}
-        for a, b in ((u, v), (v, u)):
-            out = succ[a]
-            data = out.get(b)
-            if data is None:
-                out[b] = pred[b][a] = attr.copy()
-            else:
-                data.update(attr)
+        self.add_links(((u, v, attr),))
 
     def add_links(self, links: Iterable[tuple[Any, Any, dict[str, object]]]) -> None:
         """:meth:`add_link` of each ``(u, v, attr)`` in turn, in one call (a generator's
