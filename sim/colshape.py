@@ -37,6 +37,50 @@ _STRUCTURE = ("cls", "gpu", "kind", "dst", "deps", "comm")
 """The :class:`Columns` fields a shape is made of as they are (besides ``names``)."""
 
 
+class LatestRuns:
+    """The latest results one kept structure's pass worked out, each kept by its inputs bit
+    for bit (arrays; floats as their 64-bit integers, so ``-0.0`` is not ``0.0`` and a NaN
+    is its own payload): a repeat, or a sweep cycling through a few costs over one layout,
+    gives a kept run's inputs again and finds its result. The engine's pass
+    (:func:`sim.columnar.run_columns`), the idle breakdown (:func:`sim.idle._columnar`) and
+    the busy and exposed times (:func:`sim.stats._busy_exposed`) keep theirs here, each
+    worked out by its own function, the reference."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self) -> None:
+        self.runs: tuple[tuple[tuple[np.ndarray, ...], Any], ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def find(self, key: tuple[np.ndarray, ...]) -> Any:
+        """The result kept under inputs equal to ``key`` (array by array), else None."""
+        for kept, out in self.runs:  # (a snapshot: another thread may replace them)
+            if all(a.shape == b.shape and bool((a == b).all())
+                   for a, b in zip(kept, key, strict=True)):
+                return out
+        return None
+
+    def keep(self, key: tuple[np.ndarray, ...], out: Any, most: int, most_rows: int) -> None:
+        """Keep ``out`` under ``key`` (both the caller's to hand over: not copied), the latest
+        first: at most ``most`` runs, whose first key arrays hold at most ``most_rows``
+        elements together (the older go first)."""
+        runs, rows = [(key, out)], len(key[0])
+        for run in self.runs[:most - 1]:
+            rows += len(run[0][0])
+            if rows > most_rows:
+                break
+            runs.append(run)
+        self.runs = tuple(runs)
+
+
+def bits(values: np.ndarray) -> np.ndarray:
+    """``values`` as float64 seen as int64 (a view where it can be): :class:`LatestRuns`'
+    keys compare floats bit for bit."""
+    return np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
+
+
 class Shape:
     """A program's structure (:data:`_STRUCTURE`, ``names``, and where ``blocking_s``,
     ``alloc_bytes`` and ``free_bytes`` are positive or non-zero) and what passes derived from

@@ -30,7 +30,7 @@ import numpy as np
 
 from base.machine import machine
 from sim.chains import Forest, Hint
-from sim.colshape import shape_of
+from sim.colshape import LatestRuns, shape_of
 from sim.intervalcols import IntervalColumns, grouped
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Columns, Compute
@@ -106,8 +106,8 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     hint = shape.derived(("chains",), Hint) if shape.kept else None
     # a run of this structure with these very totals (bit for bit) has these results
     # (a sweep cycling through a few costs over one layout)
-    memo = shape.derived(("passes", tuple(gpus)), _Passes) if shape.kept else None
-    found = memo.find(total) if memo is not None else None
+    memo = shape.derived(("passes", tuple(gpus)), LatestRuns) if shape.kept else None
+    found = memo.find((total.view(np.int64),)) if memo is not None else None
     if found is None:
         guess = hint.guess() if hint is not None else None
         found = (_recurrence_along(guess, total, plan.prev, plan.deps) if guess is not None
@@ -118,7 +118,7 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
         else:
             ready_a, end_a, cause = found
         if memo is not None:
-            memo.keep(total, ready_a, end_a, cause)
+            _keep_pass(memo, total, ready_a, end_a, cause)
     else:
         ready_a, end_a, cause = found
     if hint is not None:
@@ -139,49 +139,25 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
 
 
 PASSES_KEPT = 6
-"""Per kept shape, the latest runs whose results :class:`_Passes` keeps (at most)."""
+"""Per kept shape, the latest runs whose results :func:`run_columns` keeps (at most, in a
+:class:`~sim.colshape.LatestRuns` by their totals: :func:`_recurrence`'s ready times, end
+times and causes are a function of the structure's stream predecessors and dependencies,
+the shape's, and of the totals alone; ``tests/test_chains.py`` holds them to a cold
+pass's)."""
 
 PASSES_KEPT_ROWS = 1 << 20
 """... and at most this many instructions over those runs (four arrays of 8 bytes each:
 32 MB; GPT-3 175B TP8 PP16 with blocking sends, 29,232 a run, keeps six)."""
 
 
-class _Passes:
-    """The latest runs of one program structure (a kept shape, :mod:`sim.colshape`): their
-    totals and :func:`_recurrence`'s ready times, end times and causes (read-only). Those
-    are a function of the structure's stream predecessors and dependencies (the shape's)
-    and of the totals alone, so a run whose totals equal a kept run's bit for bit has its
-    results (``tests/test_chains.py`` holds them to a cold pass's)."""
-
-    __slots__ = ("runs",)
-
-    def __init__(self) -> None:
-        self.runs: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...] = ()
-
-    def find(self, total: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The kept results of a run with exactly these totals (bits), else None."""
-        bits = total.view(np.int64)
-        for kept, ready, end, cause in self.runs:
-            if kept.shape == bits.shape and bool((kept == bits).all()):
-                return ready, end, cause
-        return None
-
-    def keep(self, total: np.ndarray, ready: np.ndarray, end: np.ndarray,
-             cause: np.ndarray) -> None:
-        """Keep a run's results (the latest first, :data:`PASSES_KEPT` of them)."""
-        kept = []
-        for values in (total.view(np.int64).copy(), ready, end, cause):
-            if values.flags.writeable:
-                values.flags.writeable = False
-            kept.append(values)
-        runs, rows = [tuple(kept)], len(total)
-        for run in self.runs[:PASSES_KEPT - 1]:
-            rows += len(run[0])
-            if rows > PASSES_KEPT_ROWS:
-                break
-            runs.append(run)
-        self.runs = tuple(runs)  # type: ignore[assignment]
+def _keep_pass(memo: LatestRuns, total: np.ndarray, ready: np.ndarray, end: np.ndarray,
+               cause: np.ndarray) -> None:
+    """Keep a run's results by a copy of its totals' bits (all read-only)."""
+    key = total.view(np.int64).copy()
+    for values in (key, ready, end, cause):
+        if values.flags.writeable:
+            values.flags.writeable = False
+    memo.keep((key,), (ready, end, cause), PASSES_KEPT, PASSES_KEPT_ROWS)
 
 
 @dataclass(frozen=True)
@@ -549,7 +525,7 @@ class _IntervalPlan:
     start_at: np.ndarray
     end_at: np.ndarray
     slices: dict[tuple[int, str], tuple[int, int]]
-    runs: list = field(default_factory=list)
+    runs: LatestRuns = field(default_factory=LatestRuns)
     """The latest runs' statistics of these intervals (:attr:`sim.intervalcols.
     IntervalColumns.runs`)."""
 

@@ -54,7 +54,7 @@ import numpy as np
 
 from base.collector import gc_paused
 from sim.chains import Hint, level_plan, levels, sum_levels
-from sim.colshape import shape_of
+from sim.colshape import LatestRuns, bits, shape_of
 from sim.intervalcols import grouped
 from sim.timeline import COMM_KINDS, IDLE_CAUSES
 from workloads.packed import PackedInstructions
@@ -552,70 +552,28 @@ def _columnar(columns: Columns, ready_s: Sequence[float], end_s: Sequence[float]
     start = np.asarray(ready_s, dtype=float)
     end = np.asarray(end_s, dtype=float)
     causes = np.asarray(cause, dtype=np.intp)
-    runs = shape.derived(("idle runs", tuple(gpus)), _IdleRuns) if shape.kept else None
+    runs = shape.derived(("idle runs", tuple(gpus)), LatestRuns) if shape.kept else None
     if runs is None:
         return _columnar_sums(columns, plan, start, end, causes, gpus, window)
-    key = _IdleRuns.key(start, end, causes, columns.blocking_s, window)
+    key = (bits(end), bits(start), np.asarray(causes, dtype=np.int64), bits(columns.blocking_s),
+           bits(np.array([] if window is None else [1.0, *window])))
     found = runs.find(key)
     if found is None:
         found = _columnar_sums(columns, plan, start, end, causes, gpus, window)
-        runs.keep(key, found)
+        runs.keep(tuple(a.copy() for a in key), {g: dict(row) for g, row in found.items()},
+                  IDLE_KEPT, IDLE_KEPT_ROWS)
     return {g: dict(row) for g, row in found.items()}
 
 
 IDLE_KEPT = 6
-"""Per kept shape, the latest idle breakdowns :class:`_IdleRuns` keeps (at most), as the
-engine's pass keeps its runs (:data:`sim.columnar.PASSES_KEPT`)."""
+"""Per kept shape, the latest idle breakdowns :func:`_columnar` keeps (at most, in a
+:class:`~sim.colshape.LatestRuns` by the inputs :func:`_columnar_sums` reads besides the
+structure: every instruction's ready and end times, latest predecessor and blocking
+communication, and the window; ``tests/test_idle.py`` holds a warm breakdown to a cold
+one's), as the engine's pass keeps its runs (:data:`sim.columnar.PASSES_KEPT`)."""
 
 IDLE_KEPT_ROWS = 1 << 20
 """... and at most this many instructions over them (four arrays of 8 bytes each)."""
-
-
-class _IdleRuns:
-    """The latest idle breakdowns of one program structure (a kept shape): the inputs
-    :func:`_columnar_sums` reads besides the structure (every instruction's ready and end
-    times, latest predecessor and blocking communication, bit for bit, and the window) and
-    its result. A breakdown is a function of those alone, so a run that gives them again (a
-    repeat, or a sweep cycling through a few costs over one layout, whose engine passes
-    found a kept run's, :class:`sim.columnar._Passes`) has its result
-    (``tests/test_idle.py`` holds a warm breakdown to a cold one's)."""
-
-    __slots__ = ("runs",)
-
-    def __init__(self) -> None:
-        self.runs: tuple[tuple[tuple[np.ndarray, ...], dict[int, dict[str, float]]], ...] = ()
-
-    @staticmethod
-    def key(start: np.ndarray, end: np.ndarray, causes: np.ndarray, blocking: np.ndarray,
-            window: tuple[float, float] | None) -> tuple[np.ndarray, ...]:
-        """The inputs as arrays of their bits (floats as 64-bit integers: ``-0.0`` is not
-        ``0.0``, and a NaN is its own payload)."""
-        return (np.ascontiguousarray(end, dtype=np.float64).view(np.int64),
-                np.ascontiguousarray(start, dtype=np.float64).view(np.int64),
-                np.asarray(causes, dtype=np.int64),
-                np.ascontiguousarray(blocking, dtype=np.float64).view(np.int64),
-                np.array([] if window is None else [1.0, *window],
-                         dtype=np.float64).view(np.int64))
-
-    def find(self, key: tuple[np.ndarray, ...]) -> dict[int, dict[str, float]] | None:
-        """The kept breakdown of these inputs, else None."""
-        for kept, out in self.runs:
-            if all(a.shape == b.shape and bool((a == b).all())
-                   for a, b in zip(kept, key, strict=True)):
-                return out
-        return None
-
-    def keep(self, key: tuple[np.ndarray, ...], out: dict[int, dict[str, float]]) -> None:
-        """Keep a breakdown (copies of its inputs and rows; the latest first,
-        :data:`IDLE_KEPT` of them)."""
-        runs = [(tuple(a.copy() for a in key), {g: dict(row) for g, row in out.items()})]
-        rows = len(key[0])
-        for run in self.runs[:IDLE_KEPT - 1]:
-            rows += len(run[0][0])
-            if rows > IDLE_KEPT_ROWS:
-                break
-            runs.append(run)
-        self.runs = tuple(runs)
 
 
 def _columnar_sums(columns: Columns, plan: _IdlePlan, start: np.ndarray, end: np.ndarray,

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from base.machine import machine
+from sim.colshape import LatestRuns
 
 BYTE = np.iinfo(np.uint8).max + 1
 """Keys a one-pass radix sort takes (:func:`grouped`)."""
@@ -64,7 +65,7 @@ class IntervalColumns(Mapping):
                                      hi.tolist(), strict=True):
                 self._at[(int(gpu_list[k // codes]), names[k % codes])] = (lo, end_at)
         self._lists: dict[tuple[int, str], array] = {}
-        self.runs: list | None = None
+        self.runs: LatestRuns | None = None
         """Where these are a kept structure's intervals (:class:`sim.columnar._IntervalPlan`):
         its latest runs' busy and exposed times (:func:`sim.stats._busy_exposed`, which keeps
         them by these intervals' bits); None elsewhere."""
@@ -72,7 +73,7 @@ class IntervalColumns(Mapping):
     @classmethod
     def laid_out(cls, gpus: np.ndarray, names: Sequence[str], start: np.ndarray,
                  end: np.ndarray, slices: Mapping[tuple[int, str], tuple[int, int]],
-                 runs: list | None = None) -> IntervalColumns:
+                 runs: LatestRuns | None = None) -> IntervalColumns:
         """Intervals already grouped by key: ``start`` and ``end`` as :attr:`start` and
         :attr:`end` of an instance of the same intervals, and its :attr:`slices` (shared,
         read only); ``runs``: :attr:`runs` (the structure's, shared)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from base.collector import gc_paused
+from sim.colshape import bits
 from sim.intervalcols import IntervalColumns
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline
 from topologies.hardware import GiB
@@ -323,23 +324,15 @@ def _busy_exposed(intervals: Intervals, gpus: Sequence[int],
     if runs is None:
         return _busy_exposed_made(intervals, gpus, window)
     assert isinstance(intervals, IntervalColumns)
-    key = (np.ascontiguousarray(intervals.end, dtype=np.float64).view(np.int64),
-           np.ascontiguousarray(intervals.start, dtype=np.float64).view(np.int64),
-           np.array([] if window is None else [1.0, *window], dtype=np.float64).view(np.int64),
+    key = (bits(intervals.end), bits(intervals.start),
+           bits(np.array([] if window is None else [1.0, *window])),
            np.asarray(gpus, dtype=np.int64))
-    for kept, found in tuple(runs):  # (a snapshot: another thread may replace them)
-        if all(a.shape == b.shape and bool((a == b).all())
-               for a, b in zip(kept, key, strict=True)):
-            return list(found[0]), dict(found[1])
+    found = runs.find(key)
+    if found is not None:
+        return list(found[0]), dict(found[1])
     lengths, exposed = _busy_exposed_made(intervals, gpus, window)
-    rows = len(key[0])
-    keep = [(tuple(a.copy() for a in key), (tuple(lengths), dict(exposed)))]
-    for run in runs[:STATS_KEPT - 1]:
-        rows += len(run[0][0])
-        if rows > STATS_KEPT_ROWS:
-            break
-        keep.append(run)
-    runs[:] = keep
+    runs.keep(tuple(a.copy() for a in key), (tuple(lengths), dict(exposed)), STATS_KEPT,
+              STATS_KEPT_ROWS)
     return lengths, exposed
 
 

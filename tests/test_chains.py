@@ -130,7 +130,7 @@ def test_passes_on_one_shape_at_changing_costs_equal_cold_ones(data: dict,
 def test_a_sweep_over_one_blocking_1f1b_layout_reuses_its_runs() -> None:
     """GPT-3 175B TP8 PP16 DP8 with Megatron's blocking 1F1B sends (29,232 instructions),
     compute times scaled by a cycle of factors, as a sweep over one layout runs: a run whose
-    totals equal a kept run's takes its results (:class:`sim.columnar._Passes`), and every
+    totals equal a kept run's takes its results (:class:`sim.colshape.LatestRuns`), and every
     run's times, causes, intervals, memory and events are a cold pass's; the forests' sums
     along paths (:meth:`sim.chains.Forest.sum_levels`) give the levels' floats on the
     idle breakdown of each (a repeated run, in process, gives the cold run's stats JSON)."""
@@ -161,7 +161,7 @@ def test_a_sweep_over_one_blocking_1f1b_layout_reuses_its_runs() -> None:
     colshape.clear()
     warm_runs = [run(factor) for factor in factors]
     memo = colshape.shape_of(columns).derived(("passes", tuple(program.simulated_gpus)),
-                                              columnar._Passes)
+                                              colshape.LatestRuns)
     assert len(memo.runs) == 3  # the repeats found their runs
     for factor, got in zip(factors, warm_runs, strict=True):
         colshape.clear()

@@ -264,13 +264,14 @@ def test_depths_by_runs_equal_the_pointer_jumping(nodes: list[tuple[bool, int]])
        st.booleans())
 def test_kept_breakdowns_equal_cold_ones(data: dict, factors: list, windowed: bool) -> None:
     """Idle breakdowns on a kept shape, every compute time scaled by each factor in turn (a
-    repeated factor finds its kept breakdown, :class:`sim.idle._IdleRuns`), each give a
+    repeated factor finds its kept breakdown, :class:`sim.colshape.LatestRuns`), each give a
     cold breakdown's floats bit for bit (their ``repr``), and a caller's writes to one do
     not reach the next."""
     import dataclasses
 
     from sim import colshape, columnar
-    from sim.idle import _IdleRuns, idle_breakdown
+    from sim.colshape import LatestRuns
+    from sim.idle import idle_breakdown
     from workloads.program import ColumnarInstructions
 
     result = simulate(build_experiment(data), fidelity="collapsed")
@@ -300,7 +301,7 @@ def test_kept_breakdowns_equal_cold_ones(data: dict, factors: list, windowed: bo
                 row["bubble"] = -1.0
     colshape.clear()
     again = [breakdown(factor) for factor in factors]  # kept on the second of each factor
-    runs = colshape.shape_of(columns).derived(("idle runs", tuple(gpus)), _IdleRuns)
+    runs = colshape.shape_of(columns).derived(("idle runs", tuple(gpus)), LatestRuns)
     if all(x is not None for x in again):
         assert len(runs.runs) <= len(set(factors))  # (equal inputs at two factors: one)
     for factor, got in zip(factors, again, strict=True):
