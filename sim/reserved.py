@@ -292,19 +292,18 @@ def by_rank(placement, cluster, framework, model, tp_comm_overlap: bool, seq_len
     :func:`by_rank_plain` the reference."""
     if model is None:
         return (Reserved(0.0, 0.0, 0.0, 0.0),) * placement.degree("pp")
-    ub = (tp_comm_overlap and framework.tp_overlap == "userbuffers"
-          and placement.degree("tp") > 1)
-    tokens = seq_length * micro_batch_size // placement.degree("cp") if ub else 0
+    tokens, hidden = _userbuffers(placement, framework, model, tp_comm_overlap, seq_length,
+                                  micro_batch_size)
     key = (placement, framework.nccl_groups, framework.cuda_module_loading,
            framework.nccl_version, framework.nccl_nvls, bool(model.tied_embeddings), tokens,
-           model.hidden_size if ub else 0, bool(fp8) if ub else False, generation_of)
+           hidden, bool(fp8) if hidden else False, generation_of)
     kept = cluster.memo.get("reserved_by_rank")
     if kept is None:
         kept = cluster.memo["reserved_by_rank"] = {}
     found = kept.get(key)
     if found is None:
-        found = _by_rank(placement, cluster, framework, model, tokens,
-                         model.hidden_size if ub else 0, fp8, generation_of, fast=True)
+        found = _by_rank(placement, cluster, framework, model, tokens, hidden, fp8,
+                         generation_of, fast=True)
         if len(kept) >= BY_RANK_KEPT:
             del kept[next(iter(kept))]
         kept[key] = found
@@ -318,11 +317,21 @@ def by_rank_plain(placement, cluster, framework, model, tp_comm_overlap: bool,
     the reference."""
     if model is None:
         return (Reserved(0.0, 0.0, 0.0, 0.0),) * placement.degree("pp")
-    ub = (tp_comm_overlap and framework.tp_overlap == "userbuffers"
-          and placement.degree("tp") > 1)
-    tokens = seq_length * micro_batch_size // placement.degree("cp") if ub else 0
-    return _by_rank(placement, cluster, framework, model, tokens,
-                    model.hidden_size if ub else 0, fp8, generation_of, fast=False)
+    tokens, hidden = _userbuffers(placement, framework, model, tp_comm_overlap, seq_length,
+                                  micro_batch_size)
+    return _by_rank(placement, cluster, framework, model, tokens, hidden, fp8, generation_of,
+                    fast=False)
+
+
+def _userbuffers(placement, framework, model, tp_comm_overlap: bool, seq_length: int,
+                 micro_batch_size: int) -> tuple[int, int]:
+    """The tokens of a micro-batch on a CP rank and the model's width where TP overlap runs
+    in Transformer Engine's userbuffers (:func:`reserved`'s ``ub_tokens`` and
+    ``ub_hidden``), else (0, 0)."""
+    if not (tp_comm_overlap and framework.tp_overlap == "userbuffers"
+            and placement.degree("tp") > 1):
+        return 0, 0
+    return seq_length * micro_batch_size // placement.degree("cp"), model.hidden_size
 
 
 def _by_rank(placement, cluster, framework, model, tokens: int, hidden: int, fp8: bool,
