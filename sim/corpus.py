@@ -42,7 +42,7 @@ COLUMNS = (
 """The header of every corpus CSV, in this order (README.md of the folder says what each is)."""
 
 OPTIONAL_COLUMNS = ("cuda_graph_scope", "grad_bucket_MB", "fp8_param_gather",
-                    "fp8_amax_reduction", "peak_memory_measure")
+                    "fp8_amax_reduction", "peak_memory_measure", "disputed")
 """Columns a corpus CSV may add after :data:`COLUMNS`, in this order (a file whose runs all
 leave them empty need not have them): ``cuda_graph_scope``, the parts of each MoE layer the
 run captured in CUDA graphs, ``+``-separated (``training.cuda_graph_scope``);
@@ -52,7 +52,12 @@ its own config sets one other than its framework profile's rule
 all-gathers move fp8 weights (``training.fp8_param_gather``); ``fp8_amax_reduction``, the
 group of FP8 delayed scaling's blocking amax all-reduce where the run's Transformer Engine and
 Megatron-core versions differ from its framework profile's (``training.fp8_amax_reduction``);
-``peak_memory_measure``, what ``peak_memory_gib`` measures (:data:`PEAK_MEMORY_MEASURES`)."""
+``peak_memory_measure``, what ``peak_memory_gib`` measures (:data:`PEAK_MEMORY_MEASURES`);
+``disputed``, where the same publisher also published a measurement of the same configuration
+and software that contradicts the row's step time (or the row belongs to one published series
+with such rows), which measurement and by how much: the row is simulated and reported
+(``disputed`` of its source's report) but not counted in its source's step-time figures or
+the leave-one-source-out fits (:attr:`CorpusRow.timed`)."""
 
 PEAK_MEMORY_MEASURES = ("device", "allocator_reserved")
 """``device`` (or empty): memory in use on the GPU (nvidia-smi's memory.used, or free memory
@@ -155,6 +160,19 @@ class CorpusRow:
     def peak_memory_measure(self) -> str:
         """What ``peak_memory_gib`` measures (:data:`PEAK_MEMORY_MEASURES`; empty: device)."""
         return self.get("peak_memory_measure")
+
+    @property
+    def disputed(self) -> str:
+        """Why the publisher's own measurements contradict this row's step time ('' where
+        nothing does; :data:`OPTIONAL_COLUMNS`)."""
+        return self.get("disputed")
+
+    @property
+    def timed(self) -> bool:
+        """Whether the row's step time counts: the source reports it as having run and no
+        measurement of its publisher disputes it. Only these enter the source's step-time
+        figures and the leave-one-source-out fits."""
+        return self.status == "ok" and not self.disputed
 
     def experiment(self) -> dict:
         """The experiment mapping that describes this run (:data:`NEW_SETTINGS` only where
@@ -419,10 +437,11 @@ def source_report(source: Source, preds: Sequence[CorpusPrediction],
                   loso_mape: float | None) -> dict:
     """One entry of ``sim validate --json``'s ``sources``: the source's accuracy on the
     runs simulated (``runs``), false out-of-memory verdicts on runs the source reports as
-    having run, its leave-one-source-out MAPE, the rows skipped and why, and every run's
-    numbers (``rows``)."""
+    having run, its leave-one-source-out MAPE, the rows skipped and why, the rows disputed
+    (:attr:`CorpusRow.disputed`: simulated, with their error, not in the step-time figures)
+    and why, and every run's numbers (``rows``)."""
     ran = [p for p in preds if p.skipped is None]
-    errors = [p.step_time_s / p.row.step_time_s - 1 for p in ran if p.row.status == "ok"]
+    errors = [p.step_time_s / p.row.step_time_s - 1 for p in ran if p.row.timed]
     mem = [(compared_peak_gib(p), p.row.peak_memory_gib) for p in ran
            if p.row.peak_memory_gib is not None]
     return {
@@ -435,6 +454,8 @@ def source_report(source: Source, preds: Sequence[CorpusPrediction],
         "loso_mape": loso_mape,
         "rows_in_file": len(source.rows),
         "skipped": [{"run": p.row.run, "reason": p.skipped} for p in preds if p.skipped],
+        "disputed": [{"run": p.row.run, "error": p.step_time_s / p.row.step_time_s - 1,
+                      "reason": p.row.disputed} for p in ran if p.row.disputed],
         "peak_memory_mape": (sum(abs(m / pub - 1) for m, pub in mem) / len(mem)
                              if mem else None),
         "rows": [{"run": p.row.run, "status": p.row.status,

@@ -236,9 +236,9 @@ SCALES = ((1.0 + STEP, 1.0), (1.0, 1.0 + STEP))
 def fit_runs(hagemann: Sequence, corpus: Sequence[CorpusPrediction]) -> tuple[list, list]:
     """(The sweep's predictions that take part, the corpus's): every
     :data:`HAGEMANN_STRIDE`-th successful one of ``hagemann`` (in its order) and every
-    successful, simulated one of ``corpus``."""
+    simulated one of ``corpus`` whose step time counts (:attr:`sim.corpus.CorpusRow.timed`)."""
     sweep = [p for p in hagemann if p.row.status == "ok"][::HAGEMANN_STRIDE]
-    runs = [p for p in corpus if p.skipped is None and p.row.status == "ok"]
+    runs = [p for p in corpus if p.skipped is None and p.row.timed]
     return sweep, runs
 
 

@@ -61,9 +61,9 @@ class CorpusJob:
 
     @property
     def planned(self) -> int:
-        """Simulations it runs at most (a skipped row, or one recorded out of memory, runs
-        only the first)."""
-        return 1 + len(SCALES) * (self.sensitivities and self.row.status == "ok")
+        """Simulations it runs at most (a skipped row, one recorded out of memory, or one
+        whose step time is disputed, runs only the first)."""
+        return 1 + len(SCALES) * (self.sensitivities and self.row.timed)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def run_job(job: SweepJob | CorpusJob) -> Outcome:
                  else None)
         return Outcome(base, cross, moved, job.planned)
     pred = simulate_corpus_row((job.row, (1.0, 1.0)))
-    if not (job.sensitivities and pred.skipped is None and job.row.status == "ok"):
+    if not (job.sensitivities and pred.skipped is None and job.row.timed):
         return Outcome(pred, None, None, 1)
     return Outcome(pred, None, tuple(_step_time((job.row, s)) for s in SCALES),
                    1 + len(SCALES))

@@ -333,6 +333,39 @@ def test_rows_the_schema_rejects_are_skipped_with_the_reason(tmp_path: Path) -> 
         assert key in report
 
 
+def test_a_disputed_row_is_simulated_and_reported_but_not_counted(tmp_path: Path) -> None:
+    """A row whose step time the publisher's own measurement disputes (the optional
+    ``disputed`` column) is simulated and listed with its error and reason, but neither its
+    source's step-time figures nor the leave-one-source-out fits (``fit_runs``) nor the
+    sensitivity simulations (``CorpusJob.planned``) count it; its OOM verdict still does."""
+    from sim.corpus import OPTIONAL_COLUMNS
+    from sim.loso import fit_runs
+    from sim.valjobs import CorpusJob
+
+    path = tmp_path / "src.csv"
+    header = COLUMNS + OPTIONAL_COLUMNS
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, header, lineterminator="\n")
+        w.writeheader()
+        w.writerow({**{c: "" for c in header}, **_fixture_row()})
+        w.writerow({**{c: "" for c in header},
+                    **_fixture_row(run="r2", step_time_s="10.0", published_value="10.0"),
+                    "disputed": "the publisher's CI timed it at 1.0 s"})
+    source = load_source(path)
+    assert [r.timed for r in source.rows] == [True, False]
+    preds = predict_corpus(source.rows)
+    report = source_report(source, preds, None)
+    alone = source_report(load_source(_write(tmp_path / "one.csv", [_fixture_row()])),
+                          preds[:1], None)
+    for key in ("step_time_mape", "mean_signed_error", "max_error"):
+        assert report[key] == alone[key]
+    assert report["runs"] == 2 and report["false_oom"] == 0
+    assert report["disputed"] == [{"run": "r2", "error": preds[1].step_time_s / 10.0 - 1,
+                                   "reason": "the publisher's CI timed it at 1.0 s"}]
+    assert [p.row.run for p in fit_runs([], preds)[1]] == ["r1"]
+    assert [CorpusJob(r, sensitivities=True).planned for r in source.rows] == [3, 1]
+
+
 def test_error_figures_on_hand_made_errors() -> None:
     figs = error_figures([0.1, -0.3, 0.05])
     assert figs["step_time_mape"] == pytest.approx(0.15)

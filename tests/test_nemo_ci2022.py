@@ -70,3 +70,24 @@ def test_the_september_175b_table_is_slower_than_the_ci_record_of_the_same_confi
         ci["gpt3-5b-tp2-pp1-8gpu"].step_time_s, rel=0.02)
     assert sep["gpt3-5b-128gpu"].step_time_s == pytest.approx(
         ci["gpt3-5b-tp1-pp1-128gpu"].step_time_s, rel=0.005)
+
+
+def test_the_september_175b_rows_are_disputed_by_the_ci_records_they_cite() -> None:
+    """The September table's 175B rows are disputed (simulated, not counted): the 32- and
+    128-node rows each quote the CI record of the same layout and the step-time difference
+    it shows, to the tenth of a percent; the other three name those two as their series. No
+    5B row (which the CI records confirm) is disputed."""
+    ci = {r.run: r for r in load_source(CI).rows}
+    for row in load_source(SEPTEMBER).rows:
+        if not row.run.startswith("gpt3-175b"):
+            assert row.timed and not row.disputed
+            continue
+        assert not row.timed
+        cited = re.search(r"row (gpt3-175b-tp8-pp8-\d+gpu) of nemo_megatron_launcher_ci2022",
+                          row.disputed)
+        if cited is None:
+            assert "rows gpt3-175b-256gpu and gpt3-175b-1024gpu" in row.disputed
+            continue
+        record = ci[cited.group(1)]
+        assert [row.get(k) for k in LAYOUT] == [record.get(k) for k in LAYOUT]
+        assert f"{(record.step_time_s / row.step_time_s - 1) * 100:+.1f}%" in row.disputed

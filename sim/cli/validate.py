@@ -64,8 +64,10 @@ def _pct(x: float | None, spec: str = "6.1f") -> str:
 
 def sources_table(sources: list[dict]) -> str:
     """One line per source: runs simulated (of the file's), MAPE, mean signed and largest
-    error, false OOM verdicts, leave-one-source-out MAPE; then the skipped rows' reasons and
-    the rows a source contradicts itself on (``contradicted``, not in the false OOM count)."""
+    error, false OOM verdicts, leave-one-source-out MAPE; then the skipped rows' reasons, the
+    rows whose step times the publisher's own measurements dispute (``disputed``, not in the
+    step-time figures) and the rows a source contradicts itself on (``contradicted``, not in
+    the false OOM count)."""
     lines = [f"{'source':<30} {'runs':>9} {'MAPE':>7} {'signed':>7} {'max':>7} "
              f"{'false OOM':>9} {'LOSO':>7}"]
     skipped = []
@@ -79,6 +81,11 @@ def sources_table(sources: list[dict]) -> str:
                     f"skipped: {r}" for r in reasons]
     if skipped:
         lines += ["", "rows not simulated (settings the schema does not accept):", *skipped]
+    for s in sources:
+        if s.get("disputed"):
+            runs = ", ".join(f"{d['run']} ({d['error'] * 100:+.1f}%)" for d in s["disputed"])
+            lines += ["", f"{s['name']}: step times disputed by the publisher's own "
+                      f"measurements, simulated but not counted: {runs}"]
     for s in sources:
         if s.get("contradicted"):
             ran = ", ".join(str(p["ran"]) for p in s["contradicted"])
