@@ -2,6 +2,7 @@
 
     python benchmarks/mlperf_validation_steps.py            # the shipped table and its slopes
     python benchmarks/mlperf_validation_steps.py --from-logs V30_CHECKOUT V31_CHECKOUT
+    python benchmarks/mlperf_validation_steps.py --eval-gathers  # the no-grad TP all-gathers
 
 NVIDIA's MLPerf Training v3.0 and v3.1 GPT-3 175B logs (mlcommons/training_results_v3.0 at
 63e326c, training_results_v3.1 at d06288b; ``result_*.txt``) record, beside the per-step
@@ -18,6 +19,16 @@ shipped CSV is read and the slope per micro-batch of each round's forward-only a
 steps is printed (least squares over the rows of one system: Eos for v3.1, CoreWeave for v3.0).
 Nothing here is read by the simulator (docs/accuracy.md, "MLPerf GPT-3: where the missing time
 is").
+
+``--eval-gathers`` times what a validation forward does differently on the GPU: Transformer
+Engine turns the userbuffers all-gather overlap of ``LayerNormLinear`` (QKV) and
+``LayerNormMLP`` (FC1) off when grad is disabled (``ub_split_ag = False`` if ``not
+is_grad_enabled``: module.py at release_v0.8, module/layernorm_linear.py and
+module/layernorm_mlp.py at 09ba842), so each gathers its fp8 input with a plain NCCL
+all-gather before the GEMM. Printed per round (the first corpus row): the all-gather timed
+alone on pipeline rank 0's TP groups, what the training forward exposes of it under the
+overlap (``sim.tpoverlap``), and the difference a layer and a micro-batch (docs/accuracy.md,
+"Transformer Engine's host time").
 """
 
 from __future__ import annotations
@@ -128,9 +139,53 @@ def slopes() -> dict[str, tuple[float, float]]:
     return out
 
 
+EVAL_GATHERS = ("attn all-gather", "mlp all-gather")
+"""The forward all-gathers (by :data:`workloads.layer_work.TP_OVERLAP_GEMMS` name) whose
+userbuffers overlap Transformer Engine turns off without grad."""
+
+CORPUS_FILES = {"v3.0": "mlperf_training_v30_gpt3.csv", "v3.1": "mlperf_training_v31_gpt3.csv"}
+
+
+def eval_gathers() -> dict[str, tuple[float, dict[str, float], int]]:
+    """Per round: (the fp8 input all-gather timed alone, seconds; the training forward's
+    exposed seconds of each of :data:`EVAL_GATHERS`; model chunks a GPU runs a micro-batch),
+    on the round's first corpus row."""
+    sys.path.insert(0, str(ROOT))
+    from sim.calibration import default_profile
+    from sim.commtime import CollectiveTimer
+    from sim.corpus import CORPUS_DIR, load_source
+    from sim.device import work_timer
+    from sim.experiment import build_experiment
+    from sim.tpoverlap import lowering_costs
+    from workloads.lowering.groups import tp_groups
+
+    out = {}
+    for rnd, name in CORPUS_FILES.items():
+        exp = build_experiment(load_source(CORPUS_DIR / name).rows[0].experiment())
+        costs = exp.costs
+        timer = CollectiveTimer.shared(exp.cluster)
+        compute_s = work_timer(exp.cluster.gpu, default_profile(exp.cluster.gpu.name),
+                               exp.config.training.attention)
+        exposed = dict(lowering_costs(exp, compute_s, timer).tp_comm_exposed_s)
+        nbytes = (costs._tp_gather_bytes * costs.micro_batch_size * costs.model.seq_length
+                  * costs.model.hidden_size)
+        alone = timer("all_gather", tp_groups(exp.placement, 0), nbytes)
+        chunks = costs.model.num_layers // exp.config.parallel.pp
+        out[rnd] = (alone, {g: exposed[g] for g in EVAL_GATHERS}, chunks)
+    return out
+
+
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--from-logs":
         from_logs(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) == 2 and sys.argv[1] == "--eval-gathers":
+        for rnd, (alone, exposed, chunks) in eval_gathers().items():
+            extra = sum(alone - t for t in exposed.values())
+            shown = ", ".join(f"{g} {1e3 * t:.4f} ms" for g, t in exposed.items())
+            print(f"{rnd}: fp8 all-gather alone {1e3 * alone:.4f} ms; exposed under overlap: "
+                  f"{shown}; no-grad forward +{1e3 * extra:.3f} ms a layer, "
+                  f"+{1e3 * extra * chunks:.2f} ms a micro-batch ({chunks} layers a GPU)")
         return
     for r in rows():
         print(f"{r['round']} {r['corpus_run']:28s} {r['micro_batches']:>4s} micro-batches: "
