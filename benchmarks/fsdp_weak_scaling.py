@@ -12,6 +12,13 @@ timeline: ``comp`` (its compute stream busy) and ``dp`` (its DP stream busy). ``
 the step with no overlap at all between the FSDP collectives and the compute: an upper bound
 the simulator does not predict, printed to show how much of the published growth the
 collectives as timed here could explain even fully exposed (docs/fsdp-weak-scaling.md).
+
+A second table splits the published growth over the FSDP1 collectives a step issues (one unit
+per MPTBlock: under SHARD_GRAD_OP an all-gather before each forward and a reduce-scatter after
+each backward, under FULL_SHARD one more all-gather before each backward), against how much
+the same collectives grow as the simulator times them alone (``CollectiveTimer`` on rank 0's
+DP groups, a layer's 12h^2 + 13h parameters gathered in bf16 and reduced in the profile's
+``grad_reduce_bytes``): the growth the simulator could give if every collective were exposed.
 Nothing is fitted; nothing here is read by the simulator.
 """
 
@@ -27,8 +34,11 @@ sys.path.insert(0, str(ROOT))
 
 from sim.api import simulate  # noqa: E402
 from sim.calibration import default_profile  # noqa: E402
+from sim.commtime import CollectiveTimer  # noqa: E402
 from sim.corpus import CorpusRow, load_source  # noqa: E402
 from sim.experiment import build_experiment  # noqa: E402
+from workloads.frameworks import framework  # noqa: E402
+from workloads.lowering.groups import dp_groups  # noqa: E402
 
 DEFAULT_DATA = ROOT / "sim" / "data" / "validation" / "llmfoundry_mpt.csv"
 LARGE_SCALE_MIN_GPUS = 128
@@ -43,6 +53,21 @@ def figures(row: CorpusRow) -> tuple[float, float, float]:
     comp = sum(s.duration_s for s in spans if s.stream == "compute")
     dp = sum(s.duration_s for s in spans if s.stream == "dp")
     return result.stats["step_time_s"], comp, dp
+
+
+def collectives(row: CorpusRow) -> tuple[int, float]:
+    """(FSDP collectives a step issues, their summed time alone in seconds) for a row of
+    one micro-batch a step (module doc)."""
+    exp = build_experiment(row.experiment())
+    layers, h = int(row.get("num_layers")), int(row.get("hidden_size"))
+    params = 12 * h * h + 13 * h  # MPT's block with its biases (the table's NumParams)
+    reduce_bytes = framework(row.get("framework")).grad_reduce_bytes
+    timer = CollectiveTimer.shared(exp.cluster)
+    groups = dp_groups(exp.placement, 0)
+    gathers = 2 if int(row.get("zero_stage")) == 3 else 1
+    one = (gathers * timer("all_gather", groups, 2 * params)
+           + timer("reduce_scatter", groups, reduce_bytes * params))
+    return layers * (gathers + 1), layers * one
 
 
 def main() -> None:
@@ -75,6 +100,18 @@ def main() -> None:
     print(f"{'':9s} {'published':>14s} {'simulated':>14s} {'comp+dp':>14s}")
     for model, pub, sim, bound in growth:
         print(f"{model:9s} {pub:+14.3f} {sim:+14.3f} {bound:+14.3f}")
+    print()
+    print("growth from the smallest to the largest size, per FSDP collective of a step")
+    print(f"{'model':9s} {'colls':>6s} {'published ms':>13s} {'ms/coll':>8s}"
+          f" {'exposed ms':>11s} {'ms/coll':>8s}")
+    for model, rows in sorted(by_model.items()):
+        first, last = rows[0], rows[-1]
+        count, alone_first = collectives(first)
+        _, alone_last = collectives(last)
+        pub = last.step_time_s - first.step_time_s
+        exposed = alone_last - alone_first
+        print(f"{model:9s} {count:6d} {pub * 1e3:13.1f} {pub / count * 1e3:8.2f}"
+              f" {exposed * 1e3:11.1f} {exposed / count * 1e3:8.2f}")
 
 
 if __name__ == "__main__":
