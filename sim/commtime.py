@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from base.collector import gc_paused
 from sim.collectives import Transfer
 from sim.engine import simulate_program
-from sim.network import makespan_s
+from sim.network import makespan_alone_s, makespan_s
 from sim.selection import CollectivePlan, GroupProfile, collective_plan, step_latency_s
 from topologies.cluster import Cluster
 from workloads.program import Program, ProgramBuilder
@@ -63,7 +63,22 @@ def replicas_makespan_s(groups: Sequence[Sequence[Flow]],
     use (same starts, bytes, link capacities, and which flows share a link)
     and no finite-capacity link is used by two groups; otherwise all flows run
     together.
+
+    Where no finite-capacity link carries two of all the flows (the usual case: rings of
+    one GPU per server, sends between distinct pairs), :func:`sim.network.makespan_alone_s`
+    gives :func:`sim.network.makespan_s` of all of them, the same float, without the flow
+    network or the replicas' comparison (:func:`replicas_makespan_reference_s` is the
+    reference, ``tests/test_network_alone.py``).
     """
+    fast = makespan_alone_s([flow for group in groups for flow in group], capacity_Bps)
+    if fast is not None:
+        return fast
+    return replicas_makespan_reference_s(groups, capacity_Bps)
+
+
+def replicas_makespan_reference_s(groups: Sequence[Sequence[Flow]],
+                                  capacity_Bps: Sequence[float]) -> float:
+    """:func:`replicas_makespan_s` by the flow network alone (its reference)."""
     if len(groups) > 1 and _are_disjoint_replicas(groups, capacity_Bps):
         return makespan_s(groups[0], capacity_Bps)
     return makespan_s([flow for group in groups for flow in group], capacity_Bps)

@@ -408,6 +408,92 @@ class FlowNetwork:
         return done
 
 
+def makespan_alone_s(
+    flows: Sequence[tuple[float, tuple[int, ...], float]], capacity_Bps: Sequence[float]
+) -> float | None:
+    """:func:`makespan_s` of ``flows`` where no finite-capacity link carries two of them (nor
+    one twice), without the flow network; None where one does (then time them by
+    :func:`makespan_s`).
+
+    Alone on its links, a flow is rated once, when it starts, and keeps its rate: it
+    touches no other flow, so no start or end re-rates it (:meth:`FlowNetwork._component`
+    holds the flows started at one instant, each on its own links, and an ended flow leaves
+    no flow on its links). Its rate is then :func:`_alone`'s over the flows started at its
+    instant (its smallest capacity, or a smaller one of that instant within the tie
+    tolerance; infinite on no finite link), and it ends at ``start + nbytes / rate`` (its
+    start where the rate is infinite), the very operations :meth:`FlowNetwork._rerate`
+    does. The makespan is the last instant :func:`makespan_s`'s loop reaches, which this
+    replays on those end times alone: starts taken in the same order and compared the same
+    way, each end event finishing every end within :data:`_REL_EPS` of it. Capacities that
+    are not positive fall back (the flow network never ends such a flow).
+    ``tests/test_network_alone.py`` holds it to :func:`makespan_s`.
+    """
+    inf = math.inf
+    seen: set[int] = set()
+    smallest: list[float | None] = []  # per flow (None: never started)
+    for _, links, nbytes in flows:
+        if not (nbytes > 0 and links):
+            smallest.append(None)
+            continue
+        least = inf
+        for link in links:
+            c = capacity_Bps[link]
+            if c < inf:  # a finite link (FlowNetwork.start's test)
+                if link in seen:
+                    return None
+                seen.add(link)
+                c = float(c)
+                if not c > 0:
+                    return None
+                if c < least:
+                    least = c
+        smallest.append(least)
+    pending = sorted((start, i) for i, (start, _, _) in enumerate(flows))
+    ends: list[float] = []
+    push, pop = heapq.heappush, heapq.heappop
+    n, k, end = len(pending), 0, 0.0
+    while k < n or ends:
+        t_start = pending[k][0] if k < n else inf
+        t_end = ends[0] if ends else inf
+        if t_start <= t_end:
+            now = t_start
+            batch: list[int] = []
+            while k < n and pending[k][0] <= now:
+                i = pending[k][1]
+                if smallest[i] is not None:
+                    batch.append(i)
+                if now > end:  # end = max(end, now)
+                    end = now
+                k += 1
+            if batch:
+                share_of = _shares([smallest[i] for i in batch])  # type: ignore[misc]
+                for i in batch:
+                    rate = share_of[smallest[i]]  # type: ignore[index]
+                    push(ends, now if rate == inf else now + float(flows[i][2]) / rate)
+        else:
+            now = t_end
+            limit = now + abs(now) * _REL_EPS
+            while ends and ends[0] <= limit:
+                pop(ends)
+            if now > end:
+                end = now
+    return end
+
+
+def _shares(smallest: list[float]) -> dict[float, float]:
+    """:func:`_alone`'s share for each smallest capacity of the flows it rates at once."""
+    values = sorted(set(smallest))
+    share_of = {math.inf: math.inf}
+    k = 0
+    while k < len(values) and values[k] < math.inf:
+        share = values[k]
+        within = share * (1 + _REL_EPS)
+        while k < len(values) and values[k] <= within:
+            share_of[values[k]] = share
+            k += 1
+    return share_of
+
+
 def makespan_s(
     flows: Sequence[tuple[float, tuple[int, ...], float]], capacity_Bps: Sequence[float]
 ) -> float:
