@@ -107,21 +107,23 @@ def _timer_case(draw: st.DrawFn):
 @given(_timer_case())
 def test_timer_with_the_fast_path_equals_the_reference(case) -> None:
     """A collective timer (fresh, then one that met the groups shifted by half the cluster)
-    gives the same float with the fast path as with the flow network alone, on the timer's
-    test clusters (NVSwitch servers, shared NICs, oversubscribed and ECMP fabrics, rings and
-    tori), five ops, strided, block or random groups."""
+    gives the same float with its fast paths (shared plans' flows read through their maps,
+    ``makespan_alone_s``) as the reference timer (every group planned, its flows built as
+    written, the flow network alone), on the timer's test clusters (NVSwitch servers, shared
+    NICs, oversubscribed and ECMP fabrics, rings and tori), five ops, strided, block or
+    random groups."""
     spec, n, op, groups, nbytes = case
     cluster = _cluster(spec, n)
     algo = "pairwise" if op == "all_to_all" else "auto"
     shifted = tuple(tuple((r + n // 2) % n for r in g) for g in groups)
 
-    def timings() -> tuple[float, float]:
-        timer = CollectiveTimer(cluster, algo)
+    def timings(share: bool) -> tuple[float, float]:
+        timer = CollectiveTimer(cluster, algo, share_plans=share)
         first = timer(op, groups, nbytes)
         timer(op, shifted, nbytes)
-        return first, CollectiveTimer(cluster, algo)(op, shifted, nbytes)
+        return first, CollectiveTimer(cluster, algo, share_plans=share)(op, shifted, nbytes)
 
-    fast = timings()
+    fast = timings(True)
     with mock.patch.object(commtime, "replicas_makespan_s", replicas_makespan_reference_s):
-        slow = timings()
+        slow = timings(False)
     assert [_bits(x) for x in fast] == [_bits(x) for x in slow], (op, groups)
