@@ -422,11 +422,14 @@ def makespan_alone_s(
     instant (its smallest capacity, or a smaller one of that instant within the tie
     tolerance; infinite on no finite link), and it ends at ``start + nbytes / rate`` (its
     start where the rate is infinite), the very operations :meth:`FlowNetwork._rerate`
-    does. The makespan is the last instant :func:`makespan_s`'s loop reaches, which this
-    replays on those end times alone: starts taken in the same order and compared the same
-    way, each end event finishing every end within :data:`_REL_EPS` of it. Capacities that
-    are not positive fall back (the flow network never ends such a flow).
-    ``tests/test_network_alone.py`` holds it to :func:`makespan_s`.
+    does. The makespan is the last instant :func:`makespan_s`'s loop reaches: the latest
+    start, or the latest end ``last``. The loop's end events happen at end times (the
+    earliest left), each finishing every end within :data:`_REL_EPS` of it, so ``last``
+    is an event's instant unless some earlier end ``e`` has ``last <= e + |e| * eps`` (an
+    event at ``e`` could finish it); then :func:`_alone_replay` replays the loop on the end
+    times. Capacities that are not positive, and starts or sizes that are not finite, fall
+    back (the flow network never ends such a flow). ``tests/test_network_alone.py`` holds
+    it, and the replay, to :func:`makespan_s`.
     """
     inf = math.inf
     seen: set[int] = set()
@@ -448,6 +451,43 @@ def makespan_alone_s(
                 if c < least:
                     least = c
         smallest.append(least)
+    # each flow's end, its start batch's shares; the loop's last instant is the latest
+    # start or the latest end, unless an earlier end's event could finish the latest
+    # (within the tie tolerance of it): then the loop decides
+    batches: dict[float, list[int]] = {}
+    top = 0.0  # end = max(end, now) over the starts, in the loop's order
+    for i, (start, _, nbytes) in enumerate(flows):
+        if not (-inf < start < inf and -inf < nbytes < inf):
+            return None  # the flow network's loop never ends on these: not this one's
+        if start > top:
+            top = start
+        if smallest[i] is not None:
+            got = batches.get(start)
+            if got is None:
+                batches[start] = [i]
+            else:
+                got.append(i)
+    ends: list[float] = []
+    for now, batch in batches.items():
+        share_of = _shares([smallest[i] for i in batch])  # type: ignore[misc]
+        for i in batch:
+            rate = share_of[smallest[i]]  # type: ignore[index]
+            ends.append(now if rate == inf else now + float(flows[i][2]) / rate)
+    if ends:
+        last = max(ends)
+        for e in ends:
+            if e < last and last <= e + abs(e) * _REL_EPS:
+                return _alone_replay(flows, smallest)
+        if last > top:
+            top = last
+    return top
+
+
+def _alone_replay(flows: Sequence[tuple[float, tuple[int, ...], float]],
+                  smallest: list[float | None]) -> float:
+    """:func:`makespan_s`'s event loop on the end times of :func:`makespan_alone_s`'s flows
+    (``smallest``: each one's smallest finite capacity, None where it never starts)."""
+    inf = math.inf
     pending = sorted((start, i) for i, (start, _, _) in enumerate(flows))
     ends: list[float] = []
     push, pop = heapq.heappush, heapq.heappop
