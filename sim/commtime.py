@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 from base.collector import gc_paused
 from sim.collectives import Transfer
 from sim.engine import simulate_program
-from sim.network import makespan_s
+from sim.network import makespan_alone_s, makespan_s
 from sim.selection import CollectivePlan, GroupProfile, collective_plan, step_latency_s
 from topologies.cluster import Cluster
 from workloads.program import Program, ProgramBuilder
@@ -63,7 +63,22 @@ def replicas_makespan_s(groups: Sequence[Sequence[Flow]],
     use (same starts, bytes, link capacities, and which flows share a link)
     and no finite-capacity link is used by two groups; otherwise all flows run
     together.
+
+    Where no finite-capacity link carries two of all the flows (the usual case: rings of
+    one GPU per server, sends between distinct pairs), :func:`sim.network.makespan_alone_s`
+    gives :func:`sim.network.makespan_s` of all of them, the same float, without the flow
+    network or the replicas' comparison (:func:`replicas_makespan_reference_s` is the
+    reference, ``tests/test_network_alone.py``).
     """
+    fast = makespan_alone_s([flow for group in groups for flow in group], capacity_Bps)
+    if fast is not None:
+        return fast
+    return replicas_makespan_reference_s(groups, capacity_Bps)
+
+
+def replicas_makespan_reference_s(groups: Sequence[Sequence[Flow]],
+                                  capacity_Bps: Sequence[float]) -> float:
+    """:func:`replicas_makespan_s` by the flow network alone (its reference)."""
     if len(groups) > 1 and _are_disjoint_replicas(groups, capacity_Bps):
         return makespan_s(groups[0], capacity_Bps)
     return makespan_s([flow for group in groups for flow in group], capacity_Bps)
@@ -341,17 +356,14 @@ class CollectiveTimer:
         if not live:
             return 0.0
         c = self.cluster
-        plans = self._plans(op, live, nbytes)
-        launches = {p.launch_s for p in plans}
-        if all(not step.deps for p in plans for step in p.transfers):
-            if len(launches) == 1:
-                flows = [[(step_latency_s(c, step), c.route(step.src, step.dst).links,
-                           step.nbytes) for step in p.transfers] for p in plans]
-                return launches.pop() + replicas_makespan_s(flows, c.link_bandwidth_Bps)
-            # groups launched after different latencies (protocols): each flow from its own
-            flows = [[(p.launch_s + step_latency_s(c, step), c.route(step.src, step.dst).links,
-                       step.nbytes) for step in p.transfers] for p in plans]
-            return replicas_makespan_s(flows, c.link_bandwidth_Bps)
+        if self.share_plans:
+            parts = self._plan_parts(op, live, nbytes)
+            if all(not step.deps for p, _ in parts for step in p.transfers):
+                return self._flows_time(parts)
+        else:  # the reference (every group planned, its plan's flows built as written)
+            plans = self._plans(op, live, nbytes)
+            if all(not step.deps for p in plans for step in p.transfers):
+                return self._flows_time_reference(plans)
         b = ProgramBuilder()
         for group in live:
             b.collective(group, {}, kind="dp", name=op, op=op, nbytes=nbytes, algo=self.algo,
@@ -361,8 +373,57 @@ class CollectiveTimer:
         self.simulations += 1
         return simulate_program(program, c, lambda _op: 0.0).end_s
 
+    def _flows_time_reference(self, plans: list[CollectivePlan]) -> float:
+        """:meth:`_flows_time` as first written: each plan's transfers, their starts by
+        :func:`sim.selection.step_latency_s`."""
+        c = self.cluster
+        launches = {p.launch_s for p in plans}
+        if len(launches) == 1:
+            flows = [[(step_latency_s(c, step), c.route(step.src, step.dst).links,
+                       step.nbytes) for step in p.transfers] for p in plans]
+            return launches.pop() + replicas_makespan_s(flows, c.link_bandwidth_Bps)
+        # groups launched after different latencies (protocols): each flow from its own
+        flows = [[(p.launch_s + step_latency_s(c, step), c.route(step.src, step.dst).links,
+                   step.nbytes) for step in p.transfers] for p in plans]
+        return replicas_makespan_s(flows, c.link_bandwidth_Bps)
+
+    def _flows_time(self, parts: list[tuple[CollectivePlan, dict[int, int] | None]]) -> float:
+        """The flow-loop branch of :meth:`_collective_time` on :meth:`_plan_parts`'s plans,
+        a relabelled plan's transfers read through its map instead of built, each step's
+        route looked up once: the same flows, so the same float (the branch's reference is
+        the timer with ``share_plans=False``, ``tests/test_network_alone.py``). A flow
+        starts at :func:`sim.selection.step_latency_s` (after its group's launch where the
+        launches differ), with the same operations in the same order."""
+        c = self.cluster
+        route, step_s = c.route, c.collective_step_s
+        launches = {p.launch_s for p, _ in parts}
+        single = len(launches) == 1
+        flows = []
+        for p, to in parts:
+            group: list[Flow] = []
+            launch = p.launch_s
+            for t in p.transfers:
+                r = route(t.src, t.dst) if to is None else route(to[t.src], to[t.dst])  # type: ignore[index]
+                hops = t.steps * r.latency_s if t.latency_s is None else t.latency_s
+                start = hops + t.steps * step_s
+                group.append((start if single else launch + start, r.links, t.nbytes))
+            flows.append(group)
+        if single:
+            return launches.pop() + replicas_makespan_s(flows, c.link_bandwidth_Bps)
+        # groups launched after different latencies (protocols): each flow from its own
+        return replicas_makespan_s(flows, c.link_bandwidth_Bps)
+
     def _plans(self, op: str, live: list[tuple[int, ...]], nbytes: float
                ) -> list[CollectivePlan]:
+        """:meth:`_plan_parts`' plans, the relabelled ones built (see there)."""
+        return [plan if to is None else CollectivePlan(
+                    tuple([Transfer(to[t.src], to[t.dst], t.nbytes, t.deps, t.steps,  # type: ignore[index]
+                                    t.latency_s) for t in plan.transfers]),
+                    plan.launch_s, plan.algo, plan.protocol)
+                for plan, to in self._plan_parts(op, live, nbytes)]
+
+    def _plan_parts(self, op: str, live: list[tuple[int, ...]], nbytes: float
+                    ) -> list[tuple[CollectivePlan, dict[int, int] | None]]:
         """:func:`sim.selection.collective_plan` of each group, a group of a class planned
         before taking that plan relabelled (where the servers' GPUs are interchangeable).
 
@@ -386,27 +447,25 @@ class CollectiveTimer:
         (equality) and positions in the group. Plans with a switch as an endpoint (NVLS)
         are not shared (the switch's name would need mapping too). ``tests/
         test_commtime_classes.py`` holds the shared plans to ``collective_plan``'s.
+        Each plan comes with None, or the map of the class's first group onto the group
+        whose plan it is, relabelled by that map (:meth:`_plans` builds it).
         """
         c = self.cluster
         if not self.share_plans or c.host_classes() is None:
-            return [collective_plan(c, op, self.algo, g, nbytes, self._profiles, self.skew)
-                    for g in live]
+            return [(collective_plan(c, op, self.algo, g, nbytes, self._profiles, self.skew),
+                     None) for g in live]
         out = []
         for g in live:
             key = self._class_of(g)
             hit = self._class_plans.get((op, nbytes, key)) if key is not None else None
             if hit is not None:
                 first, plan = hit
-                to = dict(zip(first, g, strict=True))
-                out.append(CollectivePlan(
-                    tuple([Transfer(to[t.src], to[t.dst], t.nbytes, t.deps, t.steps,
-                                    t.latency_s) for t in plan.transfers]),
-                    plan.launch_s, plan.algo, plan.protocol))
+                out.append((plan, dict(zip(first, g, strict=True))))
                 self.shared_plans += 1
                 continue
             if key is None:
-                out.append(collective_plan(c, op, self.algo, g, nbytes, self._profiles,
-                                           self.skew))
+                out.append((collective_plan(c, op, self.algo, g, nbytes, self._profiles,
+                                            self.skew), None))
                 continue
             known = g in self._profiles
             log: list[tuple[int | str, int | str]] = []
@@ -417,7 +476,7 @@ class CollectiveTimer:
                 c.route_log = outer
             if outer is not None:
                 outer.extend(log)
-            out.append(plan)
+            out.append((plan, None))
             members = set(g)
             seen = list(dict.fromkeys(log))
             if ((not known or self._unique_profiles.get(g) is True)

@@ -408,6 +408,132 @@ class FlowNetwork:
         return done
 
 
+def makespan_alone_s(
+    flows: Sequence[tuple[float, tuple[int, ...], float]], capacity_Bps: Sequence[float]
+) -> float | None:
+    """:func:`makespan_s` of ``flows`` where no finite-capacity link carries two of them (nor
+    one twice), without the flow network; None where one does (then time them by
+    :func:`makespan_s`).
+
+    Alone on its links, a flow is rated once, when it starts, and keeps its rate: it
+    touches no other flow, so no start or end re-rates it (:meth:`FlowNetwork._component`
+    holds the flows started at one instant, each on its own links, and an ended flow leaves
+    no flow on its links). Its rate is then :func:`_alone`'s over the flows started at its
+    instant (its smallest capacity, or a smaller one of that instant within the tie
+    tolerance; infinite on no finite link), and it ends at ``start + nbytes / rate`` (its
+    start where the rate is infinite), the very operations :meth:`FlowNetwork._rerate`
+    does. The makespan is the last instant :func:`makespan_s`'s loop reaches: the latest
+    start, or the latest end ``last``. The loop's end events happen at end times (the
+    earliest left), each finishing every end within :data:`_REL_EPS` of it, so ``last``
+    is an event's instant unless some earlier end ``e`` has ``last <= e + |e| * eps`` (an
+    event at ``e`` could finish it); then :func:`_alone_replay` replays the loop on the end
+    times. Capacities that are not positive, and starts or sizes that are not finite, fall
+    back (the flow network never ends such a flow). ``tests/test_network_alone.py`` holds
+    it, and the replay, to :func:`makespan_s`.
+    """
+    inf = math.inf
+    seen: set[int] = set()
+    smallest: list[float | None] = []  # per flow (None: never started)
+    for _, links, nbytes in flows:
+        if not (nbytes > 0 and links):
+            smallest.append(None)
+            continue
+        least = inf
+        for link in links:
+            c = capacity_Bps[link]
+            if c < inf:  # a finite link (FlowNetwork.start's test)
+                if link in seen:
+                    return None
+                seen.add(link)
+                c = float(c)
+                if not c > 0:
+                    return None
+                if c < least:
+                    least = c
+        smallest.append(least)
+    # each flow's end, its start batch's shares; the loop's last instant is the latest
+    # start or the latest end, unless an earlier end's event could finish the latest
+    # (within the tie tolerance of it): then the loop decides
+    batches: dict[float, list[int]] = {}
+    top = 0.0  # end = max(end, now) over the starts, in the loop's order
+    for i, (start, _, nbytes) in enumerate(flows):
+        if not (-inf < start < inf and -inf < nbytes < inf):
+            return None  # the flow network's loop never ends on these: not this one's
+        if start > top:
+            top = start
+        if smallest[i] is not None:
+            got = batches.get(start)
+            if got is None:
+                batches[start] = [i]
+            else:
+                got.append(i)
+    ends: list[float] = []
+    for now, batch in batches.items():
+        share_of = _shares([smallest[i] for i in batch])  # type: ignore[misc]
+        for i in batch:
+            rate = share_of[smallest[i]]  # type: ignore[index]
+            ends.append(now if rate == inf else now + float(flows[i][2]) / rate)
+    if ends:
+        last = max(ends)
+        for e in ends:
+            if e < last and last <= e + abs(e) * _REL_EPS:
+                return _alone_replay(flows, smallest)
+        if last > top:
+            top = last
+    return top
+
+
+def _alone_replay(flows: Sequence[tuple[float, tuple[int, ...], float]],
+                  smallest: list[float | None]) -> float:
+    """:func:`makespan_s`'s event loop on the end times of :func:`makespan_alone_s`'s flows
+    (``smallest``: each one's smallest finite capacity, None where it never starts)."""
+    inf = math.inf
+    pending = sorted((start, i) for i, (start, _, _) in enumerate(flows))
+    ends: list[float] = []
+    push, pop = heapq.heappush, heapq.heappop
+    n, k, end = len(pending), 0, 0.0
+    while k < n or ends:
+        t_start = pending[k][0] if k < n else inf
+        t_end = ends[0] if ends else inf
+        if t_start <= t_end:
+            now = t_start
+            batch: list[int] = []
+            while k < n and pending[k][0] <= now:
+                i = pending[k][1]
+                if smallest[i] is not None:
+                    batch.append(i)
+                if now > end:  # end = max(end, now)
+                    end = now
+                k += 1
+            if batch:
+                share_of = _shares([smallest[i] for i in batch])  # type: ignore[misc]
+                for i in batch:
+                    rate = share_of[smallest[i]]  # type: ignore[index]
+                    push(ends, now if rate == inf else now + float(flows[i][2]) / rate)
+        else:
+            now = t_end
+            limit = now + abs(now) * _REL_EPS
+            while ends and ends[0] <= limit:
+                pop(ends)
+            if now > end:
+                end = now
+    return end
+
+
+def _shares(smallest: list[float]) -> dict[float, float]:
+    """:func:`_alone`'s share for each smallest capacity of the flows it rates at once."""
+    values = sorted(set(smallest))
+    share_of = {math.inf: math.inf}
+    k = 0
+    while k < len(values) and values[k] < math.inf:
+        share = values[k]
+        within = share * (1 + _REL_EPS)
+        while k < len(values) and values[k] <= within:
+            share_of[values[k]] = share
+            k += 1
+    return share_of
+
+
 def makespan_s(
     flows: Sequence[tuple[float, tuple[int, ...], float]], capacity_Bps: Sequence[float]
 ) -> float:
