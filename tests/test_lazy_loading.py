@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from importlib.resources import files
 
+from base.errors import ConfigError
 from workloads import frameworks
 from workloads.frameworks import FRAMEWORKS, Profiles, load_profiles, table_texts
 
@@ -39,3 +40,13 @@ def test_profiles_are_a_mapping_a_test_may_patch() -> None:
     else:
         raise AssertionError("a deleted profile is still there")
     assert frameworks.framework("megatron") is FRAMEWORKS["megatron"]
+
+
+def test_an_unknown_framework_still_lists_every_profile_in_the_files_order() -> None:
+    names = ", ".join(load_profiles(_text()))
+    try:
+        frameworks.framework("nope")
+    except ConfigError as exc:
+        assert str(exc) == f"training.framework='nope': unknown framework; choose one of {names}"
+    else:
+        raise AssertionError("an unknown framework was accepted")
