@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from importlib.resources import files
 from typing import Any
@@ -418,7 +419,7 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
                             **values)
 
 
-def _inherited(name: str, tables: dict[str, dict[str, Any]], seen: tuple[str, ...] = ()
+def _inherited(name: str, tables: Mapping[str, dict[str, Any]], seen: tuple[str, ...] = ()
                ) -> dict[str, Any]:
     """Table ``name`` with what it inherits (``inherits = "<other>"``) filled in: the other
     table's fields and sources, overridden by its own; ValueError for an unknown or circular
@@ -484,12 +485,90 @@ ALLOCATORS: dict[str, AllocatorSetting] = load_allocators(
 """PyTorch CUDA allocator settings by name: caching (PyTorch's default), expandable-segments."""
 
 
-def _load() -> dict[str, FrameworkProfile]:
-    return load_profiles(files(__package__).joinpath("frameworks.toml").read_text(
-        encoding="utf-8"))
+_KEY = r'(?:"[^"\n]*"|[A-Za-z0-9_-]+)'
+_HEADER = re.compile(rf"^\[ *({_KEY}) *(?:\. *{_KEY} *)*\] *$", re.MULTILINE)
+"""A line that is a table's header and nothing else: ``[name]``, ``["name"]``,
+``[name.fp16]`` (its first key is the profile's name)."""
 
 
-FRAMEWORKS: dict[str, FrameworkProfile] = _load()
+def table_texts(text: str) -> dict[str, str]:
+    """A ``frameworks.toml`` text cut into its profiles' tables, by name, in the file's
+    order: each the lines from a header whose first key is that name (its table and its
+    sub-tables) to the next header. Each parses (``tomllib``) as the file does for that
+    name: a lone ``[name]`` line inside a multi-line string would break that, which
+    ``tests/test_frameworks.py`` checks of the bundled file (every profile equal to
+    :func:`load_profiles` of the whole text)."""
+    marks = list(_HEADER.finditer(text))
+    out: dict[str, str] = {}
+    for k, mark in enumerate(marks):
+        end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
+        name = mark[1].strip('"')
+        out[name] = out.get(name, "") + text[mark.start():end]
+    return out
+
+
+class _Tables(Mapping[str, dict[str, Any]]):
+    """The TOML tables of :func:`table_texts`, each parsed when first read."""
+
+    def __init__(self, texts: dict[str, str]) -> None:
+        self._texts = texts
+        self._parsed: dict[str, dict[str, Any]] = {}
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        if name not in self._parsed:
+            self._parsed[name] = tomllib.loads(self._texts[name])[name]
+        return self._parsed[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+
+class Profiles(MutableMapping[str, FrameworkProfile]):
+    """:func:`load_profiles` of a ``frameworks.toml`` text, each profile built when first
+    read (with the tables it inherits from): a run reads one, where Megatron 1T's ``sim run``
+    parsed the whole 125 kB file, 15 profiles, at every start (~17 ms of CPU; its ``megatron``
+    table ~3 ms). The names, in the file's order, are known at once. A dict otherwise (a
+    test may replace a profile)."""
+
+    def __init__(self, text: str) -> None:
+        self._tables = _Tables(table_texts(text))
+        self._names = dict.fromkeys(self._tables)
+        self._built: dict[str, FrameworkProfile] = {}
+
+    def __getitem__(self, name: str) -> FrameworkProfile:
+        profile = self._built.get(name)
+        if profile is None:
+            if name not in self._names:
+                raise KeyError(name)
+            profile = self._built[name] = _with_fp16(name, _inherited(name, self._tables))
+        return profile
+
+    def __setitem__(self, name: str, profile: FrameworkProfile) -> None:
+        self._names[name] = None
+        self._built[name] = profile
+
+    def __delitem__(self, name: str) -> None:
+        del self._names[name]
+        self._built.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _load() -> Profiles:
+    return Profiles(files(__package__).joinpath("frameworks.toml").read_text(encoding="utf-8"))
+
+
+FRAMEWORKS: Profiles = _load()
 """Profiles by name: megatron (the default), deepspeed, fsdp, fsdp-compile, scaling,
 llm-foundry, megatron-bridge, llama3, bigscience, megatron-core-r0.8, nemo-launcher,
 nemo-launcher-2022, nemo1-te-layer, megatron-lm-2021, megatron-lm-2022."""
