@@ -1668,7 +1668,7 @@ def test_the_mlperf_gpt3_profile_trains_without_dropout() -> None:
     p, parent = FRAMEWORKS["nemo1-te-layer"], FRAMEWORKS["nemo-launcher"]
     assert not p.dropout and parent.dropout
     assert "hidden_dropout: 0.0" in p.source("dropout")
-    assert "9f08e30" in p.source("dropout") and "f33f944" in p.source("dropout")
+    assert "63e326c" in p.source("dropout") and "d06288b" in p.source("dropout")
     gpt = TransformerCosts(replace(PRESETS["gpt3-175b"], num_layers=8), 1, 8, 1, (8,))
     on, off = (apply_framework(gpt, q, 8) for q in (replace(p, dropout=True), p))
     m = gpt.model
