@@ -157,6 +157,27 @@ def table(run: str, ranks: list[RankMemory]) -> str:
     return "\n".join(lines)
 
 
+def step_moment(exp, copy_bytes: float) -> list[tuple[int, float, float]]:
+    """Per pipeline rank: (rank, the activation peak of :func:`breakdown`, the peak at the
+    optimizer step), bytes. At the step the stashes and working memory are gone and the
+    optimizer holds ``copy_bytes`` a parameter of its shard (every parameter of the rank's
+    stages without ZeRO) beside the static state, with the allocator's overhead on it and the
+    reserved memory: Megatron-LM's fp32 copies of fp16 gradients (``main_param.grad =
+    main_grad.float()``), allocated in the step and freed by the next ``zero_grad`` before the
+    forward (docs/memory-gaps.md, "The optimizer's gradient copies"). The memory model itself
+    has no such moment: this says whether leaving it out can hide a peak."""
+    costs, sched = exp.costs, exp.schedule
+    out = []
+    for m in breakdown(exp):
+        stages = tuple(s for s, owner in enumerate(sched.stage_rank) if owner == m.rank)
+        n = sum(costs.stage_params(s) for s in stages)
+        if costs.zero_stage >= 1:
+            n /= costs.dp * costs.cp
+        step = m.static + copy_bytes * n * (1 + m.fragmentation) + m.reserved
+        out.append((m.rank, m.peak, step))
+    return out
+
+
 def fragmentation_scan(workers: int = 2) -> str:
     """Hagemann et al.'s sweep under each allocator fragmentation from 0.10 to 0.26: OOM
     accuracy, the runs that ran flagged out of memory, the runs that did not fit predicted to
@@ -257,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allocator-split-scan", action="store_true",
                         help="instead: the sweep's OOM verdicts with separate overheads on the "
                         "stash and the working memory, and a constant beside a fraction")
+    parser.add_argument("--step-copy", type=float, metavar="BYTES",
+                        help="instead of the table: each run's largest activation peak and "
+                        "its peak at the optimizer step with BYTES a parameter of the shard "
+                        "held there (4: Megatron-LM's fp32 copies of fp16 gradients)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.fragmentation_scan:
@@ -278,7 +303,14 @@ def main(argv: list[str] | None = None) -> None:
     for run, data in runs:
         if args.runs and run not in args.runs:
             continue
-        print(table(run, breakdown(build_experiment(data))))
+        exp = build_experiment(data)
+        if args.step_copy is not None:
+            ranks = step_moment(exp, args.step_copy)
+            act, step = max(p for _, p, _ in ranks), max(t for _, _, t in ranks)
+            print(f"{run:40s} activation peak {act / GiB:6.2f}  optimizer step "
+                  f"{step / GiB:6.2f} / {exp.cluster.gpu.hbm_capacity_bytes / GiB:.2f} GiB")
+            continue
+        print(table(run, breakdown(exp)))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def test_megatron_profile_is_the_cost_model_without_a_profile_but_for_its_fp32_g
     mg = FRAMEWORKS["megatron"]
     assert apply_framework(plain, mg, 8) == replace(
         plain, dp_wire_bytes=3.0, grad_reduce_bytes=4.0, grad_buffer_bytes=4.0,
-        optimizer_bytes=30.0, embedding_grad_bytes=12.0, tp_async_grad_all_reduce=True,
+        optimizer_bytes=38.0, embedding_grad_bytes=12.0, tp_async_grad_all_reduce=True,
         tp_all_gather_fp8=True, pp_send_blocking="non-interleaved")
     assert framework("megatron", "bf16") is mg and framework("megatron", "fp8") is mg
     fp16 = framework("megatron", "fp16")
@@ -1610,14 +1610,14 @@ def test_llama3_405b_table4_layout_stashes_as_pytorch_interleaved_1f1b() -> None
 def test_llm_foundry_optimizer_is_composers_eager_adamw_and_fsdp_gradient_clipping() -> None:
     """Composer's DecoupledAdamW, one eager op at a time on fp32 shards (80 bytes a parameter)
     and FSDP's clip_grad_norm_ (12): 92 bytes a parameter of the shard; a profile without
-    the field keeps the cost model's fused AdamW (28), Megatron-LM's reads fp32 gradients
-    under --bf16 (30)."""
+    the field keeps the cost model's fused AdamW (28), Megatron-LM's adds the norm and the
+    copy into the bf16 parameters around its FusedAdam on fp32 gradients under --bf16 (38)."""
     plain = _costs(tp=1, dp=8, stage_layers=(8,), zero_stage=3)
     foundry = apply_framework(plain, FRAMEWORKS["llm-foundry"], 1)
     mega = apply_framework(plain, FRAMEWORKS["megatron"], 1)
     shard = sum(plain.stage_params(s) for s in (0,)) / 8
     assert plain.optimizer_segment((0,)).elementwise_bytes == pytest.approx(28 * shard)
-    assert mega.optimizer_segment((0,)).elementwise_bytes == pytest.approx(30 * shard)
+    assert mega.optimizer_segment((0,)).elementwise_bytes == pytest.approx(38 * shard)
     assert foundry.optimizer_segment((0,)).elementwise_bytes == pytest.approx(92 * shard)
     assert FRAMEWORKS["fsdp"].optimizer_bytes is None
 
@@ -1658,3 +1658,36 @@ def test_non_flash_attention_drops_out_its_probabilities() -> None:
     rms = TransformerCosts(replace(gpt, norm="rmsnorm"), micro_batch_size=1, tp=2, dp=2,
                            stage_layers=split_layers(8, 2), attention="fused")
     assert rms._attention_dropout_bytes() == 0.0
+
+
+def test_the_mlperf_gpt3_profile_trains_without_dropout() -> None:
+    """Both MLPerf GPT-3 submissions set hidden_dropout and attention_dropout to 0.0
+    (v3.0 megatron_gpt_config.yaml, v3.1 custom.yaml), so nemo1-te-layer keeps no dropout
+    masks, unlike the nemo-launcher it inherits from: a LayerNorm layer's stash is 2 bytes a
+    token and hidden element smaller, and nothing else changes."""
+    p, parent = FRAMEWORKS["nemo1-te-layer"], FRAMEWORKS["nemo-launcher"]
+    assert not p.dropout and parent.dropout
+    assert "hidden_dropout: 0.0" in p.source("dropout")
+    assert "63e326c" in p.source("dropout") and "d06288b" in p.source("dropout")
+    gpt = TransformerCosts(replace(PRESETS["gpt3-175b"], num_layers=8), 1, 8, 1, (8,))
+    on, off = (apply_framework(gpt, q, 8) for q in (replace(p, dropout=True), p))
+    m = gpt.model
+    assert on.activation_bytes_per_mb(0) - off.activation_bytes_per_mb(0) == pytest.approx(
+        8 * 2 * m.seq_length * m.hidden_size)
+
+
+def test_megatron_optimizer_step_moves_38_bytes_a_shard_parameter() -> None:
+    """Megatron-LM's bf16 step on its shard (main d98e8a6, core_r0.8.0 baf94af): the
+    gradient norm (read 4 of the fp32 grad buffer, no copy and no unscale without a grad
+    scaler), FusedAdam (28) and the copy of the fp32 main parameters into the bf16 parameter
+    buffer (read 4, write 2): 38; apex's DistributedFusedAdam of 2022 (nemo-launcher-2022)
+    writes the bf16 copy in its Adam kernel (30) after the norm (4): 34. The optimizer
+    segment charges them over the GPU's shard."""
+    for name, per_param, commit in (("megatron", 38.0, "d98e8a6"),
+                                    ("megatron-core-r0.8", 38.0, "baf94af"),
+                                    ("nemo-launcher-2022", 34.0, "6f7d8ac3")):
+        p = FRAMEWORKS[name]
+        assert p.optimizer_bytes == per_param and commit in p.source("optimizer_bytes")
+        c = apply_framework(replace(_costs(), zero_stage=1, dp=4), p, 8)
+        seg = c.optimizer_segment((0,))
+        assert seg.elementwise_bytes == pytest.approx(per_param * c.stage_params(0) / 4)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import fields, replace
 
+import pytest
+
 from sim import api
 from sim.corpus import CORPUS_DIR, load_source
 from sim.experiment import Experiment, build_experiment
@@ -41,13 +43,14 @@ def test_the_2021_tree_differs_from_megatron_only_where_its_code_does() -> None:
                                       "tp_async_grad_all_reduce": (False, True),
                                       "grad_accum_bytes": (10.0, 0.0),
                                       "embedding_grad_bytes": (2.0, 12.0),
-                                      "optimizer_bytes": (50.0, 30.0)}
+                                      "optimizer_bytes": (50.0, 38.0)}
     fp16, old16 = framework("megatron-lm-2021", "fp16"), framework("megatron", "fp16")
     assert _differences(fp16, old16) == {"pp_send_blocking": ("always", "non-interleaved"),
                                          "cuda_module_loading": ("eager", "lazy"),
                                          "tp_async_grad_all_reduce": (False, True),
                                          "grad_accum_bytes": (6.0, 0.0),
-                                         "embedding_grad_bytes": (2.0, 8.0)}
+                                         "embedding_grad_bytes": (2.0, 8.0),
+                                         "kept_grad_copy_bytes": (4.0, None)}
     assert fp16.optimizer_bytes == old16.optimizer_bytes == 52.0
     for name in ("tp_async_grad_all_reduce", "grad_accum_bytes", "optimizer_bytes"):
         assert "50a4b5f" in new.source(name) and "50a4b5f" in fp16.source(name)
@@ -55,6 +58,7 @@ def test_the_2021_tree_differs_from_megatron_only_where_its_code_does() -> None:
     assert "83b1e42" in new.source("grad_accum_bytes")
     assert "accumulate_grad.h" in fp16.source("grad_accum_bytes")
     assert "d98e8a6" in old16.source("optimizer_bytes")
+    assert "4fd6432" in fp16.source("kept_grad_copy_bytes")
 
 
 def _experiment(precision: str) -> dict:
@@ -105,3 +109,20 @@ def test_narayanan_rows_run_the_2021_tree_in_fp16() -> None:
     source = load_source(CORPUS_DIR / "narayanan2021_megatron.csv")
     assert {r.get("framework") for r in source.rows} == {"megatron-lm-2021"}
     assert {r.experiment()["training"]["precision"] for r in source.rows} == {"fp16"}
+
+
+def test_the_fp32_gradient_copies_stay_allocated_under_fp16() -> None:
+    """At 50a4b5f Float16OptimizerWithFloat16Params gives each fp32 main parameter a new fp32
+    .grad under --fp16 and its zero_grad does not free them: 4 bytes a parameter of model
+    state beside the 16, on every stage; under --bf16 .grad is the fp32 main_grad itself, no
+    copy. Without ZeRO the copy covers every parameter of the stage, under ZeRO-1 its shard."""
+    for precision, kept in (("fp16", 4.0), ("bf16", 0.0)):
+        costs = build_experiment(_experiment(precision)).costs
+        assert costs.kept_grad_copy_bytes == kept
+        plain = replace(costs, kept_grad_copy_bytes=0.0)
+        assert costs.static_bytes((0,)) - plain.static_bytes((0,)) == pytest.approx(
+            kept * costs.stage_params(0))
+    costs = build_experiment(_experiment("fp16")).costs
+    sharded = replace(costs, zero_stage=1, dp=4)
+    assert (sharded.static_bytes((0,)) - replace(sharded, kept_grad_copy_bytes=0.0)
+            .static_bytes((0,))) == pytest.approx(4.0 * costs.stage_params(0) / 4)

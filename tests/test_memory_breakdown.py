@@ -259,3 +259,20 @@ def test_sources_table_names_the_contradicted_rows():
     text = sources_table([report])
     assert "sweep: rows 0 ran" in text and "(rows 1;" in text
     assert "not counted in its false OOM (predicted out of memory: 0)" in text
+
+
+def test_the_optimizer_step_moment_adds_the_copy_to_the_static_state(mb) -> None:
+    """--step-copy: at the optimizer step a rank holds its static state, the copy's bytes a
+    parameter of its stages (with the allocator's overhead) and its reserved memory; 0 bytes
+    leaves the static state and reserved memory alone, below the activation peak."""
+    row = next(r for r in load_source(CORPUS_DIR / "korthikanti2022_megatron.csv").rows
+               if r.run == "gpt-22b-8gpu-full")
+    exp = build_experiment(row.experiment())
+    ranks = mb.breakdown(exp)
+    (rank, act, step), = mb.step_moment(exp, 4.0)
+    (_, _, bare), = mb.step_moment(exp, 0.0)
+    m = ranks[0]
+    assert act == pytest.approx(m.peak) and bare == pytest.approx(m.static + m.reserved)
+    n = exp.costs.stage_params(0)
+    assert step - bare == pytest.approx(4.0 * n * (1 + m.fragmentation))
+    assert bare < act < step  # this row peaks at the step (docs/memory-gaps.md)

@@ -194,6 +194,12 @@ class FrameworkProfile:
     """HBM bytes per element of the fused QKV projection's output that the backward of its
     split into Q, K and V moves (the three gradients concatenated into one):
     ``TransformerCosts.qkv_split_grad_bytes``; a table may leave it out (None: not counted)."""
+    kept_grad_copy_bytes: float | None
+    """Bytes per parameter (of the optimizer's shard) of a copy of the gradients that the
+    optimizer step makes and nothing frees before the next step's forward and backward, so
+    that it is held at their peak as model state is (Megatron-LM before 4fd6432, 2021-07,
+    under --fp16: the fp32 ``main_param.grad``): ``TransformerCosts.kept_grad_copy_bytes``; a
+    table may leave it out (None: 0, a copy freed before the forward or none)."""
     cp_ring_merge: bool
     """Its context parallelism is Transformer Engine's ring attention (``cp_comm_type``
     p2p), whose copies and merges around the attention kernels move HBM bytes a layer
@@ -300,7 +306,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
            "tp_async_grad_all_reduce", "fp8_weight_casts", "fp8_act_cast_fused",
            "fp8_amax_reduction", "cuda_module_loading", "nccl_groups", "nccl_nvls",
-           "nccl_version")
+           "nccl_version", "kept_grad_copy_bytes")
 
 MEGATRON_NCCL_GROUPS = ("world", "dp", "tp", "cp", "pp", "model_parallel", "embedding")
 """Megatron-LM's process groups that run NCCL collectives (megatron/core/parallel_state.py
@@ -325,7 +331,8 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
              "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce",
              "fp8_weight_casts", "fp8_act_cast_fused", "fp8_amax_reduction",
-             "cuda_module_loading", "nccl_groups", "nccl_nvls", "nccl_version")
+             "cuda_module_loading", "nccl_groups", "nccl_nvls", "nccl_version",
+             "kept_grad_copy_bytes")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -404,7 +411,8 @@ def _profile(name: str, table: dict[str, Any]) -> FrameworkProfile:
     if frag is not None and (isinstance(frag, bool) or not isinstance(frag, int | float)
                              or not 0 <= frag < float("inf")):
         raise ValueError(f"frameworks.toml [{name}]: fragmentation={frag!r} (a number >= 0)")
-    for f in ("embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes"):
+    for f in ("embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
+              "kept_grad_copy_bytes"):
         v = values[f]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
                               or not 0 <= v < float("inf")):
@@ -631,6 +639,7 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    embedding_grad_bytes=profile.embedding_grad_bytes or 0.0,
                    bias_grad_bytes=profile.bias_grad_bytes or 0.0,
                    qkv_split_grad_bytes=profile.qkv_split_grad_bytes or 0.0,
+                   kept_grad_copy_bytes=profile.kept_grad_copy_bytes or 0.0,
                    optimizer_bytes=(type(costs).__dataclass_fields__["optimizer_bytes"].default
                                     if profile.optimizer_bytes is None
                                     else profile.optimizer_bytes),

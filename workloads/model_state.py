@@ -321,7 +321,8 @@ class ModelState:
         """Model state: ZeRO shards dense state over dp·cp and, with the experts apart, expert
         state over the GPUs that hold the same expert shards (:attr:`_expert_shards`); with
         :attr:`zero3_unsharded_under_pp`, the stages' whole parameters (as gathered,
-        :attr:`_layer_gather_bytes`) and gradients too."""
+        :attr:`_layer_gather_bytes`) and gradients too; with :attr:`kept_grad_copy_bytes`,
+        the optimizer's kept gradient copy of its shard."""
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
         dense = sum(self.stage_params(s) for s in stages) - expert
         whole = ((BF16 + self.grad_reduce_bytes) * (dense + expert)
@@ -329,8 +330,12 @@ class ModelState:
         if whole and self._fp8_gathered:  # the layers' linear weights held gathered in fp8
             layers = sum(len(self._stage_layers(s)) for s in stages)
             whole -= layers * (BF16 * self._layer_params_tp - self._layer_gather_bytes)
+        kept = self.kept_grad_copy_bytes
+        if kept:  # the optimizer's kept gradient copy, of its shard as optimizer_segment's
+            kept *= (dense / self._shards + expert / self._expert_shards
+                     if self.zero_stage >= 1 else dense + expert)
         return (self.bytes_per_param() * dense
-                + self.bytes_per_param(self._expert_shards) * expert + whole)
+                + self.bytes_per_param(self._expert_shards) * expert + whole + kept)
 
     @per_instance_by
     def optimizer_segment(self, stages: tuple[int, ...]) -> ComputeSeg | None:

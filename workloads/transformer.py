@@ -374,6 +374,13 @@ class TransformerCosts(LayerWork, ElementwiseWork, MoEWork, StageOps, Activation
     """HBM bytes per parameter of the GPU's shard that the step-end optimizer moves
     (:meth:`optimizer_segment`): 28 for a fused AdamW; a framework's eager optimizer and
     what it runs beside it (gradient clipping) move more (:mod:`workloads.frameworks`)."""
+    kept_grad_copy_bytes: float = 0.0
+    """Bytes per parameter of the optimizer's shard (every parameter without ZeRO) of a
+    gradient copy the optimizer step makes and keeps through the next step's forward and
+    backward, held as model state (:meth:`static_bytes`): 0 where the copy is a view of the
+    gradient buffer or is freed before the forward; 4 for Megatron-LM's fp32
+    ``main_param.grad`` under --fp16 before it was freed in ``zero_grad``
+    (:mod:`workloads.frameworks`)."""
     tied_grad_reduce_bytes: float = 0.0
     """Bytes per element of the tied embedding's gradient in the all-reduce between the
     first and the last pipeline stage that hold its two copies (:meth:`tied_grad_bytes`,
