@@ -20,6 +20,12 @@ estimate agree. Only ring (with the pipelined broadcast and reduce chains) and t
 LL and LL128, as in NCCL; every other algorithm runs Simple. NCCL's per-channel caps
 (``llMaxBws``, ``perChMaxRingLL128Bws``, ...) are not modelled. The constants are in
 ``sim/data/nccl_tuning.toml`` (``[tuning]``), with their source.
+
+A ring over several servers (its all-reduce, all-gather and reduce-scatter) pays at least
+the host's network post overhead for each step inside a server (:func:`net_overhead_us`,
+``getNetOverhead``: 1 µs on Intel hosts, 2 µs on AMD ones, × 3 under Simple): NCCL raises
+its intra-server per-step latency to it, so a DGX A100 ring over two servers takes 6 µs
+(not 3.4) per NVLink step under Simple, a DGX H100 ring 1 µs (not 0.6) under LL.
 """
 
 from __future__ import annotations
@@ -124,3 +130,17 @@ def bandwidth_fraction(algo: str, protocol: str, multi_node: bool) -> float:
     Simple: 1, the rate the link efficiencies of the presets measure)."""
     p, _ = _costs(algo, protocol)
     return p.fraction_nodes if multi_node else p.fraction_one_node
+
+
+HOST_CPUS = ("intel", "amd", "arm")
+"""Host CPUs a server preset may name (:attr:`topologies.presets.ServerPreset.host_cpu`)."""
+
+
+def net_overhead_us(host_cpu: str | None, protocol: str) -> float:
+    """NCCL's floor on the per-step latency inside a server of a ring over several servers
+    (``getNetOverhead`` in ``ncclTopoTuneModel``, :data:`DATA_FILE` ``[tuning.net_overhead]``),
+    in µs: the host CPU's overhead (``intel``, ``amd``; any other host, None for hosts of
+    different vendors, NCCL's default), times 3 under Simple."""
+    t = _tuning()["net_overhead"]
+    us = float(t["us"].get(host_cpu or "default", t["us"]["default"]))
+    return us * float(t["simple_factor"]) if protocol == "simple" else us

@@ -35,9 +35,10 @@ from sim.protocols import (
     bandwidth_fraction,
     latency_scale,
     launch_scale,
+    net_overhead_us,
 )
 from topologies.graphs import SITE_ATTR
-from topologies.presets import NVLS_EFFICIENCY_ATTR
+from topologies.presets import HOST_CPU_ATTR, NVLS_EFFICIENCY_ATTR
 
 if TYPE_CHECKING:
 
@@ -199,7 +200,9 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
              nvls_pipeline: bool = True) -> tuple[Transfer, ...]:
     """:func:`plan` of ``algo`` under ``protocol`` on ``cluster``: ring and tree in
     :func:`ring_order`, the actual routes' latencies scaled to the protocol (per route:
-    inside a server or between servers) and its bandwidth fraction as bytes on the wire.
+    inside a server or between servers; a ring over several servers' routes inside a server
+    no shorter than the hosts' network overhead, :func:`ring_net_overhead_s`) and its
+    bandwidth fraction as bytes on the wire.
     ``nvls_pipeline``: NVLS's chunk-pipeline fill and the Simple tree's
     (:func:`tree_pipeline`) in the bytes; False: neither (:func:`plan_cost`
     adds them at the size)."""
@@ -222,17 +225,37 @@ def _plan_on(cluster: Cluster, op: str, algo: str, group: Sequence[int], nbytes:
         multi = len({cluster.host_of(r) for r in group}) > 1
         fraction = bandwidth_fraction(algo, protocol, multi)
     inside, between = latency_scale(algo, protocol, False), latency_scale(algo, protocol, True)
-    if (inside, between) != (1.0, 1.0):
+    floor = ring_net_overhead_s(cluster, op, algo, group, protocol)
+    if (inside, between) != (1.0, 1.0) or floor > 0.0:
 
         def latency(a: int | str, b: int | str) -> float:
             same = (isinstance(a, str) or isinstance(b, str)
                     or cluster.host_of(a) == cluster.host_of(b))
-            return cluster.route(a, b).latency_s * (inside if same else between)
+            if same:
+                return max(cluster.route(a, b).latency_s * inside, floor)
+            return cluster.route(a, b).latency_s * between
 
     return plan(op, algo, order, nbytes, host_of=host_of, nvswitch=nvswitch,
                 nvls_efficiency=nvls_efficiency, granularity=cluster.collective_granularity,
                 latency=latency, wire_fraction=fraction, skew=skew, nvls_pipeline=nvls_pipeline,
                 nvswitch_of=nvswitch_of, nics=nics)
+
+
+def ring_net_overhead_s(cluster: Cluster, op: str, algo: str, group: Sequence[int],
+                        protocol: str) -> float:
+    """The least latency of a step inside a server of ``algo`` over ``group``, in seconds:
+    for a ring all-reduce, all-gather or reduce-scatter over several servers, NCCL's network
+    overhead of the servers' host CPU under ``protocol`` (:func:`sim.protocols.net_overhead_us`;
+    servers of different CPUs: NCCL's mixed-vendor default); 0 otherwise, and where a
+    rank's GPU names no host CPU (explicit topologies, :data:`HOST_CPU_ATTR`)."""
+    if algo != "ring" or op in ("broadcast", "reduce") or len(group) < 2:
+        return 0.0
+    if len({cluster.host_of(r) for r in group}) < 2:
+        return 0.0
+    cpus = {cluster.node_attrs[cluster.node(r)].get(HOST_CPU_ATTR) for r in group}
+    if None in cpus:
+        return 0.0
+    return net_overhead_us(cpus.pop() if len(cpus) == 1 else None, protocol) * 1e-6
 
 
 def tree_pipeline(cluster: Cluster, order: Sequence[int],

@@ -40,6 +40,9 @@ NVLS_EFFICIENCY_ATTR = "nvls_efficiency"
 """NVSwitch node attribute: :attr:`ServerPreset.nvls_efficiency` (absent: 1.0)."""
 TRANSPORT_ATTR = "transport"
 """NIC node attribute: :attr:`ServerPreset.transport` (absent: InfiniBand or RoCE)."""
+HOST_CPU_ATTR = "host_cpu"
+"""GPU node attribute: its server's :attr:`ServerPreset.host_cpu` (absent: no host modelled,
+as on explicit topologies; NCCL's network overhead is then not charged)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,14 @@ class ServerPreset:
     GPUDirect-TCPXO), whose NCCL settings (its fixed ``NCCL_BUFFSIZE``, its tuner's rules)
     are in ``sim/data/nccl_tuning.toml`` under ``[transport.NAME]``; a NIC attribute of the
     graph (:data:`TRANSPORT_ATTR`)."""
+    host_cpu: str = "unstated"
+    """The servers' host CPU as NCCL tells it apart (:data:`sim.protocols.HOST_CPUS`:
+    ``intel``, ``amd``, ``arm``; ``unstated`` where the preset's sources do not say), which
+    sets the network overhead a ring over several servers pays per step inside a server
+    (:func:`sim.protocols.net_overhead_us`: 2 µs on AMD, 1 µs on every other host); a GPU
+    attribute of the graph (:data:`HOST_CPU_ATTR`)."""
+    host_cpu_source: str = ""
+    """Where :attr:`host_cpu` is stated."""
 
 
 TCPXO_NIC_HOP_S = 10.85 * US
@@ -112,12 +123,19 @@ def _fractions(nvlink: str, nic: str, nvls: str | None = None) -> dict:
     return out
 
 
+_DGX_A100_CPU = ("NVIDIA DGX A100 User Guide (DU-09821-001), Introduction, Hardware Overview: "
+                 "'Dual AMD Rome 7742, 128 cores total' (2x AMD EPYC 7742)")
+_DGX_H100_CPU = ("NVIDIA DGX H100/H200 User Guide, Introduction, Hardware Overview: 'Dual Intel "
+                 "Xeon Platinum 8480C Processors, 112 cores total'")
+
 SERVERS: dict[str, ServerPreset] = {
     "dgx-a100-80g": ServerPreset("A100-80GB", 8, 200e9 / 8,
                                  source="DGX A100: 8x A100-80GB, NVSwitch, 8x 200 Gb/s HDR IB",
+                                 host_cpu="amd", host_cpu_source=_DGX_A100_CPU,
                                  **_fractions("nvlink3", "ib-hdr")),
     "dgx-a100-40g": ServerPreset("A100-40GB", 8, 200e9 / 8,
                                  source="DGX A100: 8x A100-40GB, NVSwitch, 8x 200 Gb/s HDR IB",
+                                 host_cpu="amd", host_cpu_source=_DGX_A100_CPU,
                                  **_fractions("nvlink3", "ib-hdr")),
     "jean-zay-a100": ServerPreset("A100-80GB", 8, 100e9 / 8,
                                   source="Jean Zay's gpu_p5 servers (IDRIS), where BLOOM-176B "
@@ -125,12 +143,18 @@ SERVERS: dict[str, ServerPreset] = {
                                          "links a server (bigscience-workshop/bigscience "
                                          "train/tr11-176B-ml/README.md, Hardware; give "
                                          "nics_per_node: 4)",
+                                  host_cpu="amd",
+                                  host_cpu_source="bigscience-workshop/bigscience train/"
+                                                  "tr11-176B-ml/README.md, Hardware: 'CPU: "
+                                                  "AMD'",
                                   **_fractions("nvlink3", "opa-100")),
     "dgx-h100": ServerPreset("H100", 8, 400e9 / 8, nvls=True,
                              source="DGX H100: 8x H100 SXM, NVSwitch, 8x 400 Gb/s NDR IB",
+                             host_cpu="intel", host_cpu_source=_DGX_H100_CPU,
                              **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "dgx-h200": ServerPreset("H200", 8, 400e9 / 8, nvls=True,
                              source="DGX H200: 8x H200, NVSwitch, 8x 400 Gb/s NDR IB",
+                             host_cpu="intel", host_cpu_source=_DGX_H100_CPU,
                              **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "hgx-h800": ServerPreset("H800", 8, 400e9 / 8, nvls=True,
                              source="HGX H800: 8x H800 SXM (NVLink 400 GB/s total), NVSwitch, "
@@ -149,6 +173,10 @@ SERVERS: dict[str, ServerPreset] = {
                                      **_fractions("nvlink4", "ib-ndr", "nvls4")),
     "dgx-b200": ServerPreset("B200", 8, 400e9 / 8, nvls=True,
                              source="DGX B200: 8x B200, NVSwitch, 8x 400 Gb/s NDR IB",
+                             host_cpu="intel",
+                             host_cpu_source="NVIDIA DGX B200 User Guide, Introduction, "
+                                             "Hardware Overview: '2 x Intel Xeon 8570' "
+                                             "(docs.nvidia.com/dgx/dgxb200-user-guide)",
                              **_fractions("nvlink5", "ib-ndr", "nvls5")),
     "a3-mega": ServerPreset("H100", 8, 200e9 / 8, nic_hop_latency_s=TCPXO_NIC_HOP_S,
                             protocol="simple", transport="tcpxo",
@@ -172,6 +200,9 @@ SERVERS: dict[str, ServerPreset] = {
                                 source="GB200 NVL72 rack: 72 Blackwell GPUs in one NVLink5 "
                                        "domain (18 NVSwitch chips, one node here), one 400 Gb/s "
                                        "ConnectX-7 per GPU (unverified)",
+                                host_cpu="arm",
+                                host_cpu_source="NVIDIA GB200 NVL72: 36 Grace CPUs (Arm "
+                                                "Neoverse V2) beside the 72 Blackwell GPUs",
                                 **_fractions("nvlink5", "ib-ndr", "nvls5")),
 }
 """Server-based cluster presets (an NVL72 rack counts as one 72-GPU server)."""
@@ -234,6 +265,9 @@ def server_graph(name: str, num_gpus: int, fabric: Fabric | None = None,
         for _, d in g.nodes(data=True):
             if d.get("kind") == "nic":
                 d[TRANSPORT_ATTR] = p.transport
+    for _, d in g.nodes(data=True):
+        if d.get("kind") == "gpu":
+            d[HOST_CPU_ATTR] = p.host_cpu
     return g
 
 
@@ -370,6 +404,8 @@ class ServerLinks:
     """Whether the server's NVSwitch reduces in-network."""
     nvls_efficiency: float | None = None
     """Fraction of the NVLink rate NVLS transfers reach (:attr:`ServerPreset.nvls_efficiency`)."""
+    host_cpu: str | None = None
+    """The server's host CPU (:attr:`ServerPreset.host_cpu`), set on its GPUs."""
 
     @classmethod
     def of_preset(cls, name: str) -> ServerLinks:
@@ -377,7 +413,7 @@ class ServerLinks:
         p = SERVERS[name]
         return cls(GPUS[p.gpu].nvlink_bandwidth_Bps * p.nvlink_efficiency,
                    p.nvlink_hop_latency_s, p.nic_Bps * p.nic_efficiency, p.nic_hop_latency_s,
-                   p.nvls, p.nvls_efficiency)
+                   p.nvls, p.nvls_efficiency, p.host_cpu)
 
 
 def set_server_links(graph: nx.DiGraph, per_host: Sequence[ServerLinks], *,
@@ -398,6 +434,8 @@ def set_server_links(graph: nx.DiGraph, per_host: Sequence[ServerLinks], *,
             d["nvls"] = per_host[d["host"]].nvls
         if d.get("kind") == "nvswitch" and per_host[d["host"]].nvls_efficiency is not None:
             d[NVLS_EFFICIENCY_ATTR] = per_host[d["host"]].nvls_efficiency
+        if d.get("kind") == "gpu" and per_host[d["host"]].host_cpu is not None:
+            d[HOST_CPU_ATTR] = per_host[d["host"]].host_cpu
     for u, v, d in graph.edges(data=True):
         ku, kv = nodes[u].get("kind"), nodes[v].get("kind")
         kinds = {ku, kv}
