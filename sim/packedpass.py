@@ -24,7 +24,7 @@ from workloads.packed import (
     template_classes,
 )
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Collective, Compute, Program, Send
-from workloads.streams import stream_columns
+from workloads.streams import packed_before, stream_columns
 
 
 def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
@@ -295,10 +295,7 @@ def dag(instrs: PackedInstructions) -> tuple[array[int], array[int], array[int]]
     they fit (its peak is a large run's): per instruction its stream predecessor's edge,
     then its deps in order, sorted stably by predecessor."""
     n = len(instrs)
-    columns = stream_columns(instrs)
-    assert columns is not None
-    before = columns.before.astype(np.int32)
-    del columns
+    before = packed_before(instrs).astype(np.int32, copy=False)
     first_dep = np.frombuffer(instrs.first, dtype=np.int64)
     ndeps = np.diff(first_dep).astype(np.int32)
     has = before >= 0
