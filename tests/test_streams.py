@@ -120,11 +120,17 @@ def test_packed_stream_predecessors_equal_the_loop(program: Program) -> None:
     assert columns.before.dtype == np.int64
     assert columns.before.tolist() == before.tolist()
     assert columns.ndeps.tolist() == ndeps.tolist() and columns.flat.tolist() == flat.tolist()
+    assert instrs.before is None  # kept only where asked
     succ, first, waiting = dag(instrs)
     ref = _Run(program, CLUSTER, lambda ins: ins.duration_s, reference=True)
     ref._build_dag(program)
     assert list(succ) == list(ref.succ) and list(first) == list(ref.first)
     assert list(waiting) == list(ref.waiting)
+    # the DAG build keeps the predecessors (a second build too); a call without keep takes them
+    assert instrs.before is not None and dag(instrs) == (succ, first, waiting)
+    assert instrs.before is not None
+    assert packed_before(instrs).tolist() == before.tolist()
+    assert instrs.before is None
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)

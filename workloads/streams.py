@@ -91,14 +91,15 @@ def packed_before(instrs: PackedInstructions, keep: bool = False) -> np.ndarray:
     """Each instruction's stream predecessor (-1: none) in a packed program, from its class
     and third field per template and its GPU: int32 where the ids and stream keys fit, else
     int64 (:func:`sim.packedpass.dag` reads it as is; :func:`_packed_columns` widens it).
-    ``keep``: also held on ``instrs`` (:attr:`PackedInstructions.before`) until the next
-    call, which takes it instead of working it out again (the engine's DAG build keeps it,
-    the idle breakdown's chains take it: 4 bytes an instruction held between them, where
-    working it out again took ~4 % of a 4,096-GPU run's CPU). The caller must not write to
-    it (a copy where it does)."""
+    ``keep``: also held on ``instrs`` (:attr:`PackedInstructions.before`) until a call
+    without ``keep``, which takes it instead of working it out again (the engine's DAG build
+    keeps it, the idle breakdown's chains take it: 4 bytes an instruction held between them,
+    where working it out again took ~4 % of a 4,096-GPU run's CPU). The caller must not
+    write to it (a copy where it does)."""
     kept = instrs.before
     if kept is not None:
-        instrs.before = None
+        if not keep:
+            instrs.before = None
         return kept  # type: ignore[return-value]
     before = _packed_before(instrs)
     if keep:
