@@ -24,7 +24,7 @@ from workloads.packed import (
     template_classes,
 )
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Collective, Compute, Program, Send
-from workloads.streams import stream_columns
+from workloads.streams import packed_before
 
 
 def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
@@ -220,10 +220,11 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
                            for cls, _, rest in templates), np.int64, len(templates))
     tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
     ready, end = _doubles(ready_s, n), _doubles(end_s, len(end_s))
-    columns = stream_columns(instrs)
-    assert columns is not None
-    before, ndeps, flat = columns
-    del columns
+    # the stream predecessors the engine's DAG build kept (else worked out), the deps as the
+    # program holds them (4-byte ids: only read)
+    before = packed_before(instrs).astype(np.int64)  # a copy: written below
+    ndeps = np.diff(np.frombuffer(instrs.first, dtype=np.int64))
+    flat = np.frombuffer(instrs.deps, dtype=np.int32)
     cause = before  # then each instruction's own (the temporaries one at a time: memory)
     best_end = end[np.maximum(before, 0)]
     best_end[before < 0] = -1.0
@@ -295,10 +296,7 @@ def dag(instrs: PackedInstructions) -> tuple[array[int], array[int], array[int]]
     they fit (its peak is a large run's): per instruction its stream predecessor's edge,
     then its deps in order, sorted stably by predecessor."""
     n = len(instrs)
-    columns = stream_columns(instrs)
-    assert columns is not None
-    before = columns.before.astype(np.int32)
-    del columns
+    before = packed_before(instrs, keep=True).astype(np.int32, copy=False)  # kept: chains
     first_dep = np.frombuffer(instrs.first, dtype=np.int64)
     ndeps = np.diff(first_dep).astype(np.int32)
     has = before >= 0

@@ -69,7 +69,9 @@ def test_packed_program_runs_as_the_tuples(schedule: str) -> None:
         end = [r + float((i * 7919) % 13) for i, r in enumerate(ready)]
         if packed.steps == 1:
             plain_program = dataclasses.replace(packed.program, instructions=theirs)
-            ours_chains = idle._chains(packed.program, ready, end)
+            assert ours.before is not None  # the DAG build above kept its predecessors
+            ours_chains = idle._chains(packed.program, ready, end)  # ... and these take them
+            assert ours.before is None
             theirs_chains = idle._chains(plain_program, ready, end)
             assert ours_chains[2].keys() == theirs_chains[2].keys()
             assert {g: ops.tolist() for g, ops in ours_chains[2].items()} == theirs_chains[2]

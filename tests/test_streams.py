@@ -24,10 +24,12 @@ from sim.engine import (
     _Run,
     simulate_program,
 )
+from sim.packedpass import dag
 from topologies.cluster import Cluster
+from workloads.packed import PackedBuilder, PackedInstructions
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import gpipe
-from workloads.streams import stream_columns
+from workloads.streams import packed_before, stream_columns
 
 GPUS = 4
 
@@ -46,11 +48,11 @@ CLUSTER = _cluster()
 
 
 @st.composite
-def programs(draw: st.DrawFn) -> Program:
+def programs(draw: st.DrawFn, builder: type = ProgramBuilder) -> Program:
     """Random programs on 4 GPUs: compute ops (few distinct durations, so that ends meet at
     one instant), sends and collectives with or without fixed durations, deps on earlier
-    instructions."""
-    b = ProgramBuilder()
+    instructions (``builder``: the plain one, or the packed one)."""
+    b = builder()
     for _ in range(draw(st.integers(1, 40))):
         n = b.next_id
         deps = tuple(sorted(set(draw(st.lists(st.integers(0, n - 1), max_size=3))))) if n else ()
@@ -101,6 +103,34 @@ def test_stream_columns_decline_ids_out_of_place() -> None:
     b.compute(0, "F", "c", (), duration_s=1.0)
     assert stream_columns(b.build()) is None
     assert stream_columns(()) is None
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(programs(PackedBuilder))
+def test_packed_stream_predecessors_equal_the_loop(program: Program) -> None:
+    """A packed program's stream predecessors (:func:`workloads.streams.packed_before`, one
+    scatter of the sorted order) and its DAG (:func:`sim.packedpass.dag`) are the loop's and
+    the reference's."""
+    instrs = program.instructions
+    assert isinstance(instrs, PackedInstructions)
+    before, ndeps, flat = _predecessors(instrs)
+    assert packed_before(instrs).tolist() == before.tolist()
+    columns = stream_columns(instrs)
+    assert columns is not None
+    assert columns.before.dtype == np.int64
+    assert columns.before.tolist() == before.tolist()
+    assert columns.ndeps.tolist() == ndeps.tolist() and columns.flat.tolist() == flat.tolist()
+    assert instrs.before is None  # kept only where asked
+    succ, first, waiting = dag(instrs)
+    ref = _Run(program, CLUSTER, lambda ins: ins.duration_s, reference=True)
+    ref._build_dag(program)
+    assert list(succ) == list(ref.succ) and list(first) == list(ref.first)
+    assert list(waiting) == list(ref.waiting)
+    # the DAG build keeps the predecessors (a second build too); a call without keep takes them
+    assert instrs.before is not None and dag(instrs) == (succ, first, waiting)
+    assert instrs.before is not None
+    assert packed_before(instrs).tolist() == before.tolist()
+    assert instrs.before is None
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)

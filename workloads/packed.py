@@ -70,7 +70,7 @@ class PackedInstructions(Sequence):
     """Instructions as :class:`PackedBuilder` packs them (see the module); a sequence of the
     named tuples, each made when read (not kept)."""
 
-    __slots__ = ("deps", "first", "gpu", "templates", "tpl")
+    __slots__ = ("before", "deps", "first", "gpu", "templates", "tpl")
 
     def __init__(self, gpu: array, tpl: array, first: array, deps: array,
                  templates: list[tuple]) -> None:
@@ -84,6 +84,11 @@ class PackedInstructions(Sequence):
         """Every instruction's deps in order (``array("i")``)."""
         self.templates = templates
         """``(class, head, rest)`` per template (see the module)."""
+        self.before: object = None
+        """Each instruction's stream predecessor, kept by the engine's DAG build for the idle
+        breakdown's chains, which take it (:func:`workloads.streams.packed_before`): a
+        function of the fields above, worked out once a run instead of twice; None: not
+        kept."""
 
     def __len__(self) -> int:
         return len(self.tpl)
