@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
-from sim.network import _REL_EPS, FlowNetwork, _filled
+from sim.network import _REL_EPS, FlowNetwork, _filled, _shares
 
 _new_flow = object.__new__
 
@@ -409,22 +409,6 @@ class _Bundle(_FastFlow):
     each one's links (``routes``) and finite links (``finites``), in id order."""
 
     __slots__ = ("finites", "flat", "routes", "used")
-
-
-def _shares(values: set[float]) -> dict[float, float]:
-    """Per smallest capacity of a lone flow's route, its max-min share: the rounds of
-    :func:`sim.network._alone` (capacities within the tie tolerance of a round's share take
-    it)."""
-    ordered = sorted(values)
-    share_of = {math.inf: math.inf}
-    k = 0
-    while k < len(ordered) and ordered[k] < math.inf:
-        share = ordered[k]
-        within = share * (1 + _REL_EPS)
-        while k < len(ordered) and ordered[k] <= within:
-            share_of[ordered[k]] = share
-            k += 1
-    return share_of
 
 
 def _least(finite: tuple[int, ...], capacity_Bps: tuple[float, ...]) -> float | None:

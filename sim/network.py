@@ -129,15 +129,7 @@ def _alone(flows: dict[int, tuple[int, ...]], capacity_Bps: Sequence[float]
             if c < least:
                 least = c
         smallest[fid] = least
-    values = sorted(set(smallest.values()))
-    share_of = {math.inf: math.inf}  # a flow on no finite link
-    k = 0
-    while k < len(values) and values[k] < math.inf:
-        share = values[k]
-        within = share * (1 + _REL_EPS)
-        while k < len(values) and values[k] <= within:
-            share_of[values[k]] = share
-            k += 1
+    share_of = _shares(smallest.values())
     return {fid: share_of[least] for fid, least in smallest.items()}
 
 
@@ -520,8 +512,10 @@ def _alone_replay(flows: Sequence[tuple[float, tuple[int, ...], float]],
     return end
 
 
-def _shares(smallest: list[float]) -> dict[float, float]:
-    """:func:`_alone`'s share for each smallest capacity of the flows it rates at once."""
+def _shares(smallest: Iterable[float]) -> dict[float, float]:
+    """Per smallest capacity of a lone flow's route, its max-min share, as :func:`_alone`
+    rates the flows it meets at once: capacities within the tie tolerance of a round's share
+    take it; a flow on no finite link (inf) keeps inf."""
     values = sorted(set(smallest))
     share_of = {math.inf: math.inf}
     k = 0
