@@ -19,8 +19,7 @@ from sim.commtime import (
     replicas_makespan_s,
 )
 from sim.network import _alone_replay, makespan_alone_s, makespan_s
-from tests.strategies import disjoint_groups
-from tests.test_perf_commtime import TIMER_CLUSTERS, _cluster
+from tests.test_perf_commtime import _cluster, _timer_case
 
 
 def _bits(x: float) -> bytes:
@@ -109,20 +108,6 @@ def test_replicas_equal_the_reference(template: list, caps: list[float], copies:
     capacity = caps * copies
     assert _bits(replicas_makespan_s(groups, capacity)) == \
         _bits(replicas_makespan_reference_s(groups, capacity))
-
-
-@st.composite
-def _timer_case(draw: st.DrawFn):
-    spec = draw(st.sampled_from(TIMER_CLUSTERS))
-    n = draw(st.sampled_from([8, 16, 32]))
-    op = draw(st.sampled_from(["all_reduce", "reduce_scatter", "all_gather", "all_to_all",
-                               "send"]))
-    size = 2 if op == "send" else draw(st.sampled_from([2, 4, 8]))
-    count = draw(st.integers(1, n // size))
-    shape = draw(st.sampled_from(["strided", "blocks", "random"]))
-    groups = disjoint_groups(draw, n, size, count, shape)
-    nbytes = draw(st.sampled_from([1e3, 64e3, 1.5e6, 256e6]))
-    return spec, n, op, tuple(groups), nbytes
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
