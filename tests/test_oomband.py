@@ -124,7 +124,7 @@ def test_the_library_gives_every_source_its_band_figures_without_the_cli():
 
     def corpus_row(run: str, published: float | None) -> SimpleNamespace:
         return SimpleNamespace(source="a", run=run, status="ok", step_time_s=2.0,
-                               peak_memory_gib=published)
+                               peak_memory_gib=published, disputed="", timed=True)
 
     cpreds = [CorpusPrediction(corpus_row("r1", 50.0), 2.2, 55.0, False, capacity_gib=60.0),
               CorpusPrediction(corpus_row("r2", None), 1.8, 70.0, True, capacity_gib=60.0)]
