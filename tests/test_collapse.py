@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_fidelity import (
     _with_links,
@@ -236,7 +236,10 @@ def test_exact_with_tp_in_servers_and_pp_across(schedule: str, pp: int) -> None:
 
     Small layers make the closing all-reduce of one op outlast the first compute
     segment of the next, so the collapsed lowering must emit the split form of
-    the op (the first inner all-reduce queues behind it on the TP stream).
+    the op (the first inner all-reduce queues behind it on the TP stream). (Measured
+    while fixing issue 22: a lowering that never splits is still exact here, each op
+    waiting for its message or leading with the embedding's all-reduce;
+    :func:`split_experiment` is a case where the split counts.)
 
     With two stages nothing is shared (``C`` = 0: exact at any device constants). With
     four, a middle stage's GPU receives the activation of the stage before it and the
@@ -380,8 +383,11 @@ def test_close_expert_parallel_with_dp_traffic_during_compute(pp: int,
 def test_close_zero3_with_context_parallel() -> None:
     """ZeRO-3 gathers over the DP x CP group share links with the CP ring passes, a
     contention between kinds the collapsed run does not see (module docstring). Measured:
-    step 1.5 % apart; the bubble ratio (idle / busy, small here) is compared as the
-    bubble fraction only; exposure is compared with tp = 1 only (above)."""
+    step 1.3 % apart at the shipped A100 fit, 2.1 % with η_gemm 0.897 and d½ 1313 (issue
+    22): the 2 % is what was measured, not a bound (``C`` is, here half the step; it holds
+    under scaled constants, :func:`test_exact_cases_under_scaled_device_profiles`); the
+    bubble ratio (idle / busy, small here) is compared as the bubble fraction only;
+    exposure is compared with tp = 1 only (above)."""
     assert_agree(cp_experiment(2, 2, 1, 2, zero_stage=3), CLOSE,
                  exact_keys=("compute_busy_s_mean",),
                  skip=("bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp"))
@@ -424,6 +430,28 @@ def sp_experiment(schedule: str, tp: int, pp: int, vpp: int, **parallel: Any) ->
     })
 
 
+def split_experiment() -> Experiment:
+    """A tiny MoE model (hidden 16, 2 experts) with overlapped all-to-alls, interleaved on a
+    full mesh: collectives outlast compute, so the collapsed lowering splits folded ops at
+    their first collective (:func:`workloads.lowering.collapse.first_cuts`), which none of
+    the dense cases above needs (never splitting there leaves them all exact; here the step
+    moves by 3.5 %). Drawn by ``tests/test_fidelity.py``'s strategies."""
+    return Experiment.from_dict({
+        "name": "moe-a2a-overlap-split",
+        "model": {"num_layers": 4, "hidden_size": 16, "num_attention_heads": 1,
+                  "num_kv_heads": 1, "ffn_hidden_size": 32, "vocab_size": 256,
+                  "seq_length": 16, "ffn_type": "gelu", "norm": "layernorm",
+                  "tied_embeddings": False, "position_embedding": "learned",
+                  "moe": {"num_experts": 2, "top_k": 1}},
+        "cluster": MESH | {"num_gpus": 4, "link_bandwidth_GBps": 25.0},
+        "parallel": {"tp": 1, "pp": 2, "dp": 2, "ep": 2, "vpp": 2, "zero_stage": 0,
+                     "moe_dispatcher": "flex", "moe_a2a_overlap": True},
+        "training": {"micro_batch_size": 1, "num_microbatches": 4, "recompute": "full",
+                     "attention": "flash2", "framework": "megatron"},
+        "schedule": "interleaved",
+    })
+
+
 SCALED_CASES: tuple[tuple[str, Callable[[], Experiment], tuple[str, ...]], ...] = (
     ("dgx tp8 pp2 zb-h1", lambda: experiment(8, 2, 1, "zb-h1"), ("exposed_pp",)),
     ("dgx tp8 pp4 zb-h1", lambda: experiment(8, 4, 1, "zb-h1"), ("exposed_pp",)),
@@ -453,14 +481,26 @@ SCALED_CASES: tuple[tuple[str, Callable[[], Experiment], tuple[str, ...]], ...] 
      ("exposed_pp", "exposed_dp", "exposed_cp")),
     ("mesh dualpipe-v tp2 pp2 ep2 sp", lambda: sp_experiment("dualpipe-v", 2, 2, 2, dp=2, ep=2),
      ("exposed_pp", "exposed_dp", "exposed_cp")),
+    ("mesh tp2 cp2 dp2 zero3 (close)", lambda: cp_experiment(2, 2, 1, 2, zero_stage=3),
+     ("bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp")),
+    ("mesh moe a2a overlap ep2 pp2 dp2 interleaved (split)", lambda: split_experiment(),
+     ("exposed_pp", "exposed_dp")),
 )
-"""Exact cases of the tests above (name, experiment, statistics not compared), run by
-:func:`test_exact_cases_under_scaled_device_profiles`."""
+"""Exact cases of the tests above (name, experiment, statistics not compared), and a
+contended one of :func:`test_close_zero3_with_context_parallel` (held to ``C`` wherever its
+channels overlap), run by :func:`test_exact_cases_under_scaled_device_profiles`."""
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None)
-@given(st.sampled_from(SCALED_CASES), st.floats(0.95, 1.6), st.floats(0.2, 3.0),
-       st.floats(0.9, 1.6))
+ISSUE_22 = {"gemm": 1.1148 / 1.0679, "half_dim": 1463.8 / 1.1148 / (2358.7761 / 1.0679),
+            "attention": 1.0}
+"""The profile that found it: ``[A100.fit]`` x = [1.1148, 1463.8, ...] (η_gemm 0.897, d½ 1313)
+for the shipped [1.0679, 2358.7761, ...], as scales of the shipped profile."""
+
+
+@pytest.mark.parametrize("case", SCALED_CASES, ids=[name for name, _, _ in SCALED_CASES])
+@settings(max_examples=5, deadline=None, derandomize=True, database=None)
+@given(st.floats(0.95, 1.6), st.floats(0.2, 3.0), st.floats(0.9, 1.6))
+@example(**ISSUE_22)
 def test_exact_cases_under_scaled_device_profiles(
         case: tuple[str, Callable[[], Experiment], tuple[str, ...]], gemm: float,
         half_dim: float, attention: float) -> None:
@@ -469,7 +509,7 @@ def test_exact_cases_under_scaled_device_profiles(
     ``gemm`` times as slow, the GEMM curve's d½ scaled by ``half_dim`` and the attention
     kernels ``attention`` times as slow (:func:`sim.corpus.scaled_profile`), not only at
     the shipped constants, whose timing may keep contended channels apart by chance
-    (η_gemm 0.897, d½ 1313 once turned four of the exact tests' agreement into 0.05-0.2 %).
+    (:data:`ISSUE_22` once turned four of the exact tests' agreement into 0.05-0.2 %).
     The collapsed lowering decides from compute times where to split a folded op
     (:func:`workloads.lowering.collapse.first_cuts`, ``window_cuts``): other constants put
     those decisions on other sides of their thresholds."""
