@@ -18,8 +18,15 @@ TP all-reduces of the other chunk's backwards, a rank's two concurrent sends
 * exact (1e-9): layouts and topologies where nothing contends, or where
   contention is only among replicas of the same collective (which the timer
   includes): any layout on a full mesh (every ordered GPU pair has its own
-  link), pipelines on DGX A100 whose TP groups sit inside a server (NVLink)
-  and whose stages talk across servers (NIC).
+  link) without DP beside EP or CP, a pipeline of two stages on DGX A100 whose
+  TP groups sit inside a server (NVLink) and whose stages talk across servers
+  (NIC); and layouts whose contended channels are never busy at once, which
+  holds at some device constants and not at others (a middle stage's two
+  incoming messages on its NIC, DP and EP on one pair link): there
+  :func:`assert_agree` claims exactness only where the collapsed timeline shows
+  no such overlap (``O`` = 0, ``tests/test_fidelity.py``'s proof), else the
+  bound ``C``, and :func:`test_exact_cases_under_scaled_device_profiles` runs
+  those cases with the GEMM and attention constants scaled (issue 22).
 * close: TP/PP/DP layouts on DGX A100 servers where sends, TP and DP traffic
   share ports. Measured differences (gpt3-1.3b shapes, 8-16 layers, up to 128
   GPUs, 1f1b / gpipe / interleaved / zb-h1, ZeRO 0 and 1): step time at most
@@ -40,14 +47,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from test_fidelity import (
+    _with_links,
+    contended,
+    contention_bound_s,
+    dp_stream_groups,
+    folded_s,
+    overlap_s,
+)
 
 from sim.api import simulate
 from sim.commtime import CollectiveTimer
+from sim.device import DeviceProfile
 from sim.engine import EngineCounters, simulate_program
 from sim.experiment import Experiment
 from sim.network import FlowNetwork, max_min_rates
@@ -81,11 +98,40 @@ def experiment(tp: int, pp: int, dp: int, schedule: str = "1f1b", *, vpp: int = 
     })
 
 
-def both(exp: Experiment) -> tuple[dict[str, Any], dict[str, Any]]:
-    full = simulate(exp, fidelity="full").stats
-    collapsed = simulate(exp, fidelity="collapsed").stats
+def both(exp: Experiment, profile: DeviceProfile | None = None
+         ) -> tuple[dict[str, Any], dict[str, Any]]:
+    full = simulate(exp, profile, fidelity="full").stats
+    collapsed = simulate(exp, profile, fidelity="collapsed").stats
     assert full["fidelity"] == "full" and collapsed["fidelity"] == "collapsed"
     return full, collapsed
+
+
+class Contention(NamedTuple):
+    """What a collapsed run leaves out (``tests/test_fidelity.py``'s docstring), in seconds."""
+
+    bound_s: float
+    """``C`` + ``A``: the contended channels' summed span time and the replicas' spread."""
+    overlap_s: float
+    """``O``: how long contended channels are busy at once in the collapsed timeline."""
+    folded_s: float
+    """``F``: the largest rank's folded (blocking) communication."""
+
+
+def both_with_contention(exp: Experiment, profile: DeviceProfile | None = None
+                         ) -> tuple[dict[str, Any], dict[str, Any], Contention]:
+    """:func:`both`, and the collapsed run's :class:`Contention` (its collectives timed by
+    ``tests/test_fidelity.py``'s recorder: the same floats as the shared timer's)."""
+    full = simulate(exp, profile, fidelity="full").stats
+    links: dict[tuple, set[int]] = {}
+    spread = [0.0]
+    timer = _with_links(exp.cluster, exp.placement, links, spread,
+                        dp_stream_groups(exp))(exp.cluster)
+    result = simulate(exp, profile, fidelity="collapsed", collective_timer=timer)
+    assert full["fidelity"] == "full" and result.stats["fidelity"] == "collapsed"
+    channels = contended(exp.cluster, links)
+    return full, result.stats, Contention(
+        contention_bound_s(result, channels) + spread[0],
+        overlap_s(result, exp.cluster, links), folded_s(result))
 
 
 def differences(full: dict[str, Any], collapsed: dict[str, Any]) -> dict[str, float]:
@@ -109,15 +155,49 @@ def differences(full: dict[str, Any], collapsed: dict[str, Any]) -> dict[str, fl
     return out
 
 
+TOUCHING = 1e-12
+"""``O`` below this fraction of the step is spans that touch, their ends summed along
+different paths (a few ulps apart), not contended channels busy at once."""
+
+
 def assert_agree(exp: Experiment, tol: float, *, exact_keys: tuple[str, ...] = (),
-                 skip: tuple[str, ...] = ()) -> dict[str, float]:
-    full, collapsed = both(exp)
+                 skip: tuple[str, ...] = (), profile: DeviceProfile | None = None
+                 ) -> dict[str, float]:
+    """Full and collapsed stats of ``exp`` (with ``profile``, None: each GPU's shipped one)
+    agree to ``tol`` (memory and ``exact_keys`` to :data:`EXACT`), ``skip`` left out.
+
+    With ``tol`` = :data:`EXACT` the claim is the proven one (``tests/test_fidelity.py``):
+    exact where no two contended channels are busy at once (``O`` = 0), which holds at any
+    device constants where no channels contend (``C`` = 0: a full mesh without DP beside
+    EP or CP, a pipeline of two ranks). Where they contend, ``O`` = 0 depends on the
+    timing: two stages' messages into one GPU's NIC (TP 8 x PP 4 on DGX servers) miss each
+    other at the shipped A100 constants, not at others (issue 22). Where ``O`` > 0, the step
+    and exposure are held to ``C + A`` (+ ``F`` for kinds other than TP and EP), the
+    statistics derived from the step and the idle time are not compared, compute time and
+    memory stay exact."""
+    if tol != EXACT:
+        full, collapsed = both(exp, profile)
+        contention = None
+    else:
+        full, collapsed, contention = both_with_contention(exp, profile)
     diff = differences(full, collapsed)
+    step = full["step_time_s"]
+    limits = {}
+    if contention is not None and contention.overlap_s > TOUCHING * step:
+        bound = contention.bound_s / step
+        limits = {"step_time_s": bound, "compute_busy_s_mean": EXACT}
+        for key in diff:
+            if key.startswith("exposed_"):
+                tp_ep = key in ("exposed_tp", "exposed_ep")
+                limits[key] = bound + (0.0 if tp_ep else contention.folded_s / step) + EXACT
+        skip = (*skip, *(key for key in NUMERIC if key not in limits))
     for key, value in diff.items():
         if key in skip:
             continue
-        limit = EXACT if key in exact_keys or key.startswith("peak_memory") else tol
-        assert value <= limit, f"{exp.name}: {key} differs by {value:.3g} (> {limit:g})"
+        limit = limits.get(key, EXACT if key in exact_keys or key.startswith("peak_memory")
+                           else tol)
+        assert value <= limit, f"{exp.name}: {key} differs by {value:.3g} (> {limit:g}; " \
+            f"{contention})"
     return diff
 
 
@@ -149,15 +229,28 @@ def test_exact_for_plain_pipelines_on_dgx(pp: int, schedule: str) -> None:
     assert_agree(experiment(1, pp, 1, schedule), EXACT)
 
 
+@pytest.mark.parametrize("pp", [2, 4])
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
-def test_exact_with_tp_in_servers_and_pp_across(schedule: str) -> None:
-    """TP = 8 fills a server (NVLink), stages talk over the NICs, DP = 1: nothing shared.
+def test_exact_with_tp_in_servers_and_pp_across(schedule: str, pp: int) -> None:
+    """TP = 8 fills a server (NVLink), stages talk over the NICs, DP = 1.
 
     Small layers make the closing all-reduce of one op outlast the first compute
     segment of the next, so the collapsed lowering must emit the split form of
-    the op (the first inner all-reduce queues behind it on the TP stream).
+    the op (the first inner all-reduce queues behind it on the TP stream). (Measured
+    while fixing issue 22: a lowering that never splits is still exact here, each op
+    waiting for its message or leading with the embedding's all-reduce;
+    :func:`split_experiment` is a case where the split counts.)
+
+    With two stages nothing is shared (``C`` = 0: exact at any device constants). With
+    four, a middle stage's GPU receives the activation of the stage before it and the
+    gradient of the stage after it through its one NIC (the link fabric -> NIC -> GPU),
+    and sends both ways through it: contended channels the collapsed run times apart.
+    At the shipped A100 constants no two of those messages are ever in flight together
+    (``O`` = 0: exact); at others they are (issue 22: η_gemm 0.897 and d½ 1313 put zb-h1's
+    1F3 activation into stage 2 beside 3B1's gradient, both 10.7 us slower in the full
+    run, the step 0.05 % apart), and :func:`assert_agree` holds them to ``C``.
     """
-    assert_agree(experiment(8, 4, 1, schedule), EXACT, skip=("exposed_pp",))
+    assert_agree(experiment(8, pp, 1, schedule), EXACT, skip=("exposed_pp",))
 
 
 def test_exact_zero_bubble_with_dp_on_dgx() -> None:
@@ -237,8 +330,20 @@ def test_exact_expert_parallel_on_a_full_mesh(tp: int, pp: int, dp: int, ep: int
     collapsed) and expert gradients over the expert-data-parallel groups. The all-to-alls
     sit between an op's compute segments, so, as with TP, pipeline and DP exposure is not
     compared; TP and EP exposure is, each of its own kind (regression: a folded op with
-    both once reported all of its blocking communication as ``tp``)."""
-    exp = Experiment.from_dict({
+    both once reported all of its blocking communication as ``tp``).
+
+    With tp = 1, pp = 2, dp = ep = 2 the DP group is the EP group, so the dense gradients'
+    all-reduce and the all-to-alls share the pair links: contended channels, never busy at
+    once at the shipped A100 constants (exact), at others they are (issue 22: 0.11 % apart
+    with η_gemm 0.897, d½ 1313, within ``C``; :func:`assert_agree`)."""
+    assert_agree(ep_experiment(tp, pp, dp, ep, schedule, vpp, overlap), EXACT,
+                 skip=("exposed_pp", "exposed_dp"))
+
+
+def ep_experiment(tp: int, pp: int, dp: int, ep: int, schedule: str, vpp: int,
+                  overlap: bool) -> Experiment:
+    """A 4-layer MoE GPT-3 1.3B (4 experts, top 2) on :data:`MESH`, m = 2 p."""
+    return Experiment.from_dict({
         "name": f"tp{tp}-pp{pp}-dp{dp}-ep{ep}-{schedule}",
         "model": {"preset": "gpt3-1.3b", "num_layers": 4, "seq_length": 1024,
                   "moe": {"num_experts": 4, "top_k": 2}},
@@ -248,7 +353,6 @@ def test_exact_expert_parallel_on_a_full_mesh(tp: int, pp: int, dp: int, ep: int
         "training": {"micro_batch_size": 1, "global_batch_size": dp * 2 * pp},
         "schedule": schedule,
     })
-    assert_agree(exp, EXACT, skip=("exposed_pp", "exposed_dp"))
 
 
 @pytest.mark.parametrize("pp,parallel", [
@@ -279,8 +383,11 @@ def test_close_expert_parallel_with_dp_traffic_during_compute(pp: int,
 def test_close_zero3_with_context_parallel() -> None:
     """ZeRO-3 gathers over the DP x CP group share links with the CP ring passes, a
     contention between kinds the collapsed run does not see (module docstring). Measured:
-    step 1.5 % apart; the bubble ratio (idle / busy, small here) is compared as the
-    bubble fraction only; exposure is compared with tp = 1 only (above)."""
+    step 1.3 % apart at the shipped A100 fit, 2.1 % with η_gemm 0.897 and d½ 1313 (issue
+    22): the 2 % is what was measured, not a bound (``C`` is, here half the step; it holds
+    under scaled constants, :func:`test_exact_cases_under_scaled_device_profiles`); the
+    bubble ratio (idle / busy, small here) is compared as the bubble fraction only;
+    exposure is compared with tp = 1 only (above)."""
     assert_agree(cp_experiment(2, 2, 1, 2, zero_stage=3), CLOSE,
                  exact_keys=("compute_busy_s_mean",),
                  skip=("bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp"))
@@ -303,19 +410,118 @@ def test_exact_when_a_leading_all_gather_follows_folded_collectives(
     (dualpipe-v, tp 4), 0.4 % with EP, 0.1 % with CP, where nothing contends. The
     collapsed lowering cuts that earlier op's compute at its last collective instead,
     on the plain op loop, its array form (gpipe) and in pieces (CP, EP, buckets)."""
+    assert_agree(sp_experiment(schedule, tp, pp, vpp, **parallel), EXACT,
+                 skip=("exposed_pp", "exposed_dp", "exposed_cp"))
+
+
+def sp_experiment(schedule: str, tp: int, pp: int, vpp: int, **parallel: Any) -> Experiment:
+    """Sequence parallelism on :data:`MESH`, 4 layers, a small head, m = 4 p (MoE with EP)."""
     model: dict[str, Any] = {"preset": "gpt3-1.3b", "num_layers": 4, "seq_length": 1024,
                              "vocab_size": 1024}  # a small head: little compute after it
     if "ep" in parallel:
         model["moe"] = {"num_experts": 4, "top_k": 2}
     dp, cp = parallel.get("dp", 1), parallel.get("cp", 1)
-    exp = Experiment.from_dict({
+    return Experiment.from_dict({
         "name": f"{schedule}-tp{tp}-pp{pp}-sp", "model": model,
         "cluster": MESH | {"num_gpus": tp * pp * dp * cp},
         "parallel": {"tp": tp, "pp": pp, "vpp": vpp, "sequence_parallel": True, **parallel},
         "training": {"micro_batch_size": 1, "global_batch_size": dp * 4 * pp},
         "schedule": schedule,
     })
-    assert_agree(exp, EXACT, skip=("exposed_pp", "exposed_dp", "exposed_cp"))
+
+
+def split_experiment() -> Experiment:
+    """A tiny MoE model (hidden 16, 2 experts) with overlapped all-to-alls, interleaved on a
+    full mesh: collectives outlast compute, so the collapsed lowering splits folded ops at
+    their first collective (:func:`workloads.lowering.collapse.first_cuts`), which none of
+    the dense cases above needs (never splitting there leaves them all exact; here the step
+    moves by 3.5 %). Drawn by ``tests/test_fidelity.py``'s strategies."""
+    return Experiment.from_dict({
+        "name": "moe-a2a-overlap-split",
+        "model": {"num_layers": 4, "hidden_size": 16, "num_attention_heads": 1,
+                  "num_kv_heads": 1, "ffn_hidden_size": 32, "vocab_size": 256,
+                  "seq_length": 16, "ffn_type": "gelu", "norm": "layernorm",
+                  "tied_embeddings": False, "position_embedding": "learned",
+                  "moe": {"num_experts": 2, "top_k": 1}},
+        "cluster": MESH | {"num_gpus": 4, "link_bandwidth_GBps": 25.0},
+        "parallel": {"tp": 1, "pp": 2, "dp": 2, "ep": 2, "vpp": 2, "zero_stage": 0,
+                     "moe_dispatcher": "flex", "moe_a2a_overlap": True},
+        "training": {"micro_batch_size": 1, "num_microbatches": 4, "recompute": "full",
+                     "attention": "flash2", "framework": "megatron"},
+        "schedule": "interleaved",
+    })
+
+
+SCALED_CASES: tuple[tuple[str, Callable[[], Experiment], tuple[str, ...]], ...] = (
+    ("dgx tp8 pp2 zb-h1", lambda: experiment(8, 2, 1, "zb-h1"), ("exposed_pp",)),
+    ("dgx tp8 pp4 zb-h1", lambda: experiment(8, 4, 1, "zb-h1"), ("exposed_pp",)),
+    ("dgx tp8 pp4 1f1b", lambda: experiment(8, 4, 1, "1f1b"), ("exposed_pp",)),
+    ("dgx pp4 gpipe", lambda: experiment(1, 4, 1, "gpipe"), ()),
+    ("mesh tp1 pp4 dp2 interleaved",
+     lambda: experiment(1, 4, 2, "interleaved", vpp=2, cluster=MESH), ()),
+    ("mesh tp2 pp4 dp2 zb-h1 sp",
+     lambda: experiment(2, 4, 2, "zb-h1", cluster=MESH, sp=True), ("exposed_pp", "exposed_dp")),
+    ("mesh tp4 pp2 dp2 interleaved sp",
+     lambda: experiment(4, 2, 2, "interleaved", vpp=2, cluster=MESH, sp=True),
+     ("exposed_pp", "exposed_dp")),
+    ("mesh tp2 pp2 dp2 1f1b sp zero3",
+     lambda: experiment(2, 2, 2, "1f1b", cluster=MESH, sp=True, zero=3),
+     ("exposed_pp", "exposed_dp")),
+    ("mesh tp1 pp2 dp2 interleaved buckets",
+     lambda: experiment(1, 2, 2, "interleaved", vpp=2, cluster=MESH, zero=1,
+                        overlap_grad_reduce=True, grad_bucket_MB=40.0), ()),
+    ("mesh tp2 cp2 pp2 zb-h1 sp",
+     lambda: cp_experiment(2, 2, 2, 1, "zb-h1", sequence_parallel=True),
+     ("exposed_pp", "exposed_dp", "exposed_cp")),
+    ("mesh ep2 pp2 dp2 interleaved", lambda: ep_experiment(1, 2, 2, 2, "interleaved", 2, False),
+     ("exposed_pp", "exposed_dp")),
+    ("mesh tp2 ep2 pp2 dp4 zb-h1", lambda: ep_experiment(2, 2, 4, 2, "zb-h1", 1, False),
+     ("exposed_pp", "exposed_dp")),
+    ("mesh dualpipe-v tp4 pp2 sp", lambda: sp_experiment("dualpipe-v", 4, 2, 2),
+     ("exposed_pp", "exposed_dp", "exposed_cp")),
+    ("mesh dualpipe-v tp2 pp2 ep2 sp", lambda: sp_experiment("dualpipe-v", 2, 2, 2, dp=2, ep=2),
+     ("exposed_pp", "exposed_dp", "exposed_cp")),
+    ("mesh tp2 cp2 dp2 zero3 (close)", lambda: cp_experiment(2, 2, 1, 2, zero_stage=3),
+     ("bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp")),
+    ("mesh moe a2a overlap ep2 pp2 dp2 interleaved (split)", lambda: split_experiment(),
+     ("exposed_pp", "exposed_dp")),
+)
+"""Exact cases of the tests above (name, experiment, statistics not compared), and a
+contended one of :func:`test_close_zero3_with_context_parallel` (held to ``C`` wherever its
+channels overlap), run by :func:`test_exact_cases_under_scaled_device_profiles`."""
+
+
+ISSUE_22 = {"gemm": 1.1148 / 1.0679, "half_dim": 1463.8 / 1.1148 / (2358.7761 / 1.0679),
+            "attention": 1.0}
+"""The profile that found it: ``[A100.fit]`` x = [1.1148, 1463.8, ...] (η_gemm 0.897, d½ 1313)
+for the shipped [1.0679, 2358.7761, ...], as scales of the shipped profile."""
+
+
+@pytest.mark.parametrize("case", SCALED_CASES, ids=[name for name, _, _ in SCALED_CASES])
+@settings(max_examples=5, deadline=None, derandomize=True, database=None)
+@given(st.floats(0.95, 1.6), st.floats(0.2, 3.0), st.floats(0.9, 1.6))
+@example(**ISSUE_22)
+def test_exact_cases_under_scaled_device_profiles(
+        case: tuple[str, Callable[[], Experiment], tuple[str, ...]], gemm: float,
+        half_dim: float, attention: float) -> None:
+    """Issue 22: the exact cases held to the same claim (:func:`assert_agree`: exact where no
+    contended channels are busy at once, else within ``C``) with the A100 profile's GEMMs
+    ``gemm`` times as slow, the GEMM curve's d½ scaled by ``half_dim`` and the attention
+    kernels ``attention`` times as slow (:func:`sim.corpus.scaled_profile`), not only at
+    the shipped constants, whose timing may keep contended channels apart by chance
+    (:data:`ISSUE_22` once turned four of the exact tests' agreement into 0.05-0.2 %).
+    The collapsed lowering decides from compute times where to split a folded op
+    (:func:`workloads.lowering.collapse.first_cuts`, ``window_cuts``): other constants put
+    those decisions on other sides of their thresholds."""
+    from sim.calibration import default_profile
+    from sim.corpus import scaled_profile
+
+    _, build, skip = case
+    exp = build()
+    shipped = default_profile(exp.cluster.gpu.name)
+    profile = dataclasses.replace(scaled_profile(shipped, (gemm, attention)),
+                                  gemm_half_dim=shipped.gemm_half_dim * half_dim)
+    assert_agree(exp, EXACT, skip=skip, profile=profile)
 
 
 # ----------------------------------------------------------------------------- close
