@@ -53,14 +53,7 @@ from typing import Any, NamedTuple
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_fidelity import (
-    _with_links,
-    contended,
-    contention_bound_s,
-    dp_stream_groups,
-    folded_s,
-    overlap_s,
-)
+from test_fidelity import measure_both
 
 from sim.api import simulate
 from sim.commtime import CollectiveTimer
@@ -121,17 +114,9 @@ def both_with_contention(exp: Experiment, profile: DeviceProfile | None = None
                          ) -> tuple[dict[str, Any], dict[str, Any], Contention]:
     """:func:`both`, and the collapsed run's :class:`Contention` (its collectives timed by
     ``tests/test_fidelity.py``'s recorder: the same floats as the shared timer's)."""
-    full = simulate(exp, profile, fidelity="full").stats
-    links: dict[tuple, set[int]] = {}
-    spread = [0.0]
-    timer = _with_links(exp.cluster, exp.placement, links, spread,
-                        dp_stream_groups(exp))(exp.cluster)
-    result = simulate(exp, profile, fidelity="collapsed", collective_timer=timer)
-    assert full["fidelity"] == "full" and result.stats["fidelity"] == "collapsed"
-    channels = contended(exp.cluster, links)
-    return full, result.stats, Contention(
-        contention_bound_s(result, channels) + spread[0],
-        overlap_s(result, exp.cluster, links), folded_s(result))
+    full, collapsed, bound, overlap, folded, spread = measure_both(exp, profile)
+    assert full["fidelity"] == "full" and collapsed["fidelity"] == "collapsed"
+    return full, collapsed, Contention(bound + spread, overlap, folded)
 
 
 def differences(full: dict[str, Any], collapsed: dict[str, Any]) -> dict[str, float]:

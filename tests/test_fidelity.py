@@ -324,7 +324,14 @@ def run_both(data: dict[str, Any], mesh: bool = False,
         if data["training"].get("precision") == "fp8":  # the mesh's GPUs have no FP8
             data["training"] = {**data["training"], "precision": "bf16"}
     exp: Experiment = build_experiment(data)
-    profile = None if scales is None else scaled(exp, *scales)
+    return measure_both(exp, None if scales is None else scaled(exp, *scales))
+
+
+def measure_both(exp: Experiment, profile: DeviceProfile | None
+                 ) -> tuple[dict, dict, float, float, float, float]:
+    """:func:`run_both` of a built experiment under ``profile`` (None: the shipped one):
+    full and collapsed stats, ``C``, ``O``, ``F`` and ``A``, the collapsed run's collectives
+    timed by the recorder (:func:`_with_links`: the same floats as the shared timer's)."""
     full = simulate(exp, profile, fidelity="full").stats
     links: dict[Channel, set[int]] = {}
     spread = [0.0]
