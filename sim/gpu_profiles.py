@@ -3,8 +3,8 @@
 The only end-to-end fit the project has is on A100-80GB (:data:`sim.calibration.A100_HAGEMANN`,
 Hagemann et al. 2023's sweep). Its efficiencies are *effective* fractions of the roofline
 (they absorb the framework's launch gaps, the eager kernels' overheads and the fit's shape
-curve), not raw kernel benchmarks: the fit of 2026-12-03, η_gemm = 0.936 with d½ = 2209,
-gives 0.74 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
+curve), not raw kernel benchmarks: the fit of 2026-12-06, η_gemm = 0.897 with d½ = 1313,
+gives 0.77 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
 A100 number by an absolute H100 kernel benchmark would mix the two kinds, so each other GPU's
 profile is the A100 fit with each kernel class's fraction multiplied by a *ratio*:
 

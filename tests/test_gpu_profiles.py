@@ -108,7 +108,8 @@ def test_fp8_speedup_does_not_fall_with_gemm_shape_in_te_benchmark() -> None:
     smallest GEMM (15872 x 4096 x 4096, cube side 6.4k) gains as much from FP8 as its
     largest (10.2k): 1.92x against 1.89-1.93x, each within the reading's error of the shipped
     one rate. Had FP8 sped up only the shape-free part of the H100 curve's BF16 time, the
-    smallest would gain 1.55x, outside the reading: the rate stays one number."""
+    smallest would gain 1.65x (1.55x on the A100 fit before scaling's gradient accumulation,
+    a steeper curve), outside the reading: the rate stays one number."""
     from sim.profiles import load
 
     t = load("hopper")["H100"]["fp8_matmul_benchmark"]
@@ -128,7 +129,7 @@ def test_fp8_speedup_does_not_fall_with_gemm_shape_in_te_benchmark() -> None:
     smallest, largest = min(rows, key=lambda r: r["d"]), max(rows, key=lambda r: r["d"])
     assert smallest["gemm"] == "attn_out" and smallest["d"] == pytest.approx(6434, abs=1)
     assert smallest["ratio"] >= largest["ratio"]
-    assert smallest["unshrunk"] == pytest.approx(1.55, abs=0.01)
+    assert smallest["unshrunk"] == pytest.approx(1.65, abs=0.01)
     # the corpus's torchtitan Float8 GEMMs are larger than the benchmark's; GPT-3 175B at TP4
     # has the smallest (its projection, 2048 x 3072 x 12288: cube side 4.3k)
     sides = FP8_SHAPES.corpus_sides()
