@@ -318,10 +318,11 @@ def test_bubble_is_one_kth_of_1f1b_for_equal_chunks(runs: dict, k: int) -> None:
     attention runs at the attention kernel's rate, its GEMMs at the GEMM curve's), which
     costs bubble in the steady state too, by how far apart they are, so by the device
     constants (1.23/k and 1.54/k for k = 2 and 4 at the A100 fit of 2026-12-06, 1.14/k and
-    1.29/k at the one of 2026-12-03; with equal chunks 1.01/k and 1.06/k at both). So: with each stage's chunk times set to their mean, the list
-    schedule's bubble is 1/k of 1F1B's (within 10%); with the real ones, the engine's
-    bubble is the list schedule's (the excess over 1/k is the chunks' imbalance, nothing
-    else); and the step is shorter than 1F1B's."""
+    1.29/k at the one of 2026-12-03; with equal chunks 1.01/k and 1.06/k at both). So:
+    with each stage's chunk times set to their mean, the list schedule's bubble is 1/k of
+    1F1B's (within 10%); with the real ones, the engine's bubble is the list schedule's
+    (the excess over 1/k is the chunks' imbalance, nothing else); and the step is shorter
+    than 1F1B's."""
     base, seq = runs[("1f1b", 4)][1], runs[("seq1f1b", k)][1]
     assert base.stats["bubble_ratio"] == pytest.approx(3 / 8, rel=0.05)  # (p - 1)/m
     base_eq = _list_bubble_ratio(base.experiment.schedule, _equalized(_durations(base)))
