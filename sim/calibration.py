@@ -128,6 +128,22 @@ justify on its own. A constant per pipeline micro-batch (the sweep's framework s
 activations with blocking ``torch.distributed.send``/``recv``) fitted with it reached 4.97%
 linearised, but is not in the model.
 
+Refitted on 2026-12-06 (issue 19, branch wp-gemm) after the sweep's framework was read to
+accumulate gradients unfused: Aleph Alpha's ``scaling`` (737f855) runs
+``torch.autograd.backward`` on every micro-batch with plain ``torch.nn.functional.linear`` on
+bf16 weights, so autograd's AccumulateGrad adds each micro-batch's weight gradients into the
+bf16 ``.grad`` in place (6 bytes a parameter, the first micro-batch's kept as it is;
+``workloads/frameworks.toml`` [scaling] ``grad_accum_bytes``, ``grad_accum_first_stolen``),
+where Megatron-LM fuses it into the weight-gradient GEMM. The sweep's steps are 8 to 2,048
+micro-batches of 1-8 sequences, so the kernel is 5-8% of a simulated step at micro-batch 1 (13B
+TP1 PP1, 30B TP1 PP4, 65B TP2 PP2) and 0.7% at 8 (13B TP1 PP2): a cost per micro-batch that the
+previous fit could only give the GEMM shape curve (the small-micro-batch GEMMs). Refitted
+(``python benchmarks/calibrate.py --cache sens.npz``, 6 min): η_gemm 0.936 -> 0.897, d½ 2209 ->
+1313, η_flash2 0.674 -> 0.602, η_flash1 0.308 -> 0.290, η_elementwise 0.525 -> 0.511; MAPE 4.49%
+-> 4.71% simulated (4.46% -> 4.71% on the code of that day), cross-validation 5.86% -> 6.36%,
+OOM accuracy unchanged. At the cube sides of Korthikanti et al.'s 22B layer (3,381-5,367) the
+curve gives 65-72% of peak (57-66% before), at 8,192 77% (74%).
+
 Memory refitted (fragmentation only; the step-time constants are unchanged, as memory does
 not change step times) after two memory corrections: the last stage's backward holds the
 larger of its loss phase and its layers' phase, not their sum (the loss's backward frees
@@ -229,20 +245,25 @@ def _fitted(fit: dict[str, Any], power: float = 2.0) -> DeviceProfile:
 
 
 A100_HAGEMANN = _fitted(_A100["fit"])
-"""A100-80GB profile fitted on the whole sweep (``ampere.toml``: η_gemm 0.936, d½ 2209 cube
-side, no steep term, η_flash2 0.674, η_flash1 0.308, η_bmm 0.85 at its bound, η_elementwise
-0.525, on servers with two NICs, :data:`sim.validate.NICS_PER_NODE`; MAPE 4.49%): the default
+"""A100-80GB profile fitted on the whole sweep (``ampere.toml``: η_gemm 0.897, d½ 1313 cube
+side, no steep term, η_flash2 0.602, η_flash1 0.290, η_bmm 0.85 at its bound, η_elementwise
+0.511, on servers with two NICs, :data:`sim.validate.NICS_PER_NODE`; MAPE 4.71%, refitted on
+2026-12-06 after scaling's unfused gradient accumulation was read from its source): the default
 on A100s; other GPUs carry it over by published kernel ratios (:mod:`sim.gpu_profiles`,
-:func:`default_profile`). Earlier fits: with eight NICs per server, x = (1.1091, 2524.885,
-0.0, 1.4734, 3.3459, 1.1765, 1.9653), η_gemm 0.902, d½ 2277, MAPE 5.25%; before the framework
-corrections (1.0762, 2458.9793, 1.25, 3.5831, 1.4524, 1.9541) without the d₂ column, 5.74%,
-with FlashAttention-2 at its 0.80 bound; on the min(tokens, h/t) GEMM shape of 2026-12-02
+:func:`default_profile`). Earlier fits: without scaling's gradient accumulation (2026-12-03), x
+= (1.0679, 2358.7761, 0.0, 1.4833, 3.2439, 1.1765, 1.9031), η_gemm 0.936, d½ 2209, η_flash2
+0.674, η_flash1 0.308, η_elementwise 0.525, MAPE 4.49%; with eight NICs per server, x = (1.1091,
+2524.885, 0.0, 1.4734, 3.3459, 1.1765, 1.9653), η_gemm 0.902, d½ 2277, MAPE 5.25%; before the
+framework corrections (1.0762, 2458.9793, 1.25, 3.5831, 1.4524, 1.9541) without the d₂ column,
+5.74%, with FlashAttention-2 at its 0.80 bound; on the min(tokens, h/t) GEMM shape of 2026-12-02
 (1.2028, 714.6956, 1.25, 3.1509, 1.1765, 2.1087), 5.94%."""
 
 A100_HAGEMANN_13B = _fitted(_A100["fit_13b"])
 """The same fit restricted to the LLaMA-13B rows, for cross-validation on 30B and 65B
-(``ampere.toml``: η_gemm 0.814, d½ 787, η_flash2 0.564, η_flash1 0.302; linearised MAPE 5.09%
-on its rows, 5.92% simulated on the held-out 30B and 65B runs; with eight NICs per server
+(``ampere.toml``: η_gemm 0.777, d½ 0 at its bound, η_flash2 0.510, η_flash1 0.280, η_bmm
+0.762; linearised MAPE 5.17% on its rows, 6.36% simulated on the held-out 30B and 65B runs;
+before scaling's gradient accumulation η_gemm 0.814, d½ 787, η_flash2 0.564, η_flash1 0.302,
+5.09% and 5.92%; with eight NICs per server
 4.83% and 7.07%, and 7.51% before the framework corrections)."""
 
 

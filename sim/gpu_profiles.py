@@ -3,8 +3,8 @@
 The only end-to-end fit the project has is on A100-80GB (:data:`sim.calibration.A100_HAGEMANN`,
 Hagemann et al. 2023's sweep). Its efficiencies are *effective* fractions of the roofline
 (they absorb the framework's launch gaps, the eager kernels' overheads and the fit's shape
-curve), not raw kernel benchmarks: the fit of 2026-12-03, η_gemm = 0.936 with d½ = 2209,
-gives 0.74 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
+curve), not raw kernel benchmarks: the fit of 2026-12-06, η_gemm = 0.897 with d½ = 1313,
+gives 0.77 on an 8k GEMM, below the 0.87 cuBLAS reaches on its best shape. Replacing a fitted
 A100 number by an absolute H100 kernel benchmark would mix the two kinds, so each other GPU's
 profile is the A100 fit with each kernel class's fraction multiplied by a *ratio*:
 
@@ -34,9 +34,12 @@ with CP16 at sequence 131,072 (128 sequences); llm-foundry's MPT 1B-70B FSDP row
 the fit on eight-NIC servers, 3.5% slower GEMMs, gave 44.6%, 37.5% and 38.1%, MPT 3% low to
 14% high. With the steeper A100 shape curve tried on 2026-12-03 (1/η = (1 + (d₂/d)³)/η,
 sim.calibration) and that fit, Llama 3 would be 43.5% and 36.6%, MPT 3% low to 11% high.
-Kept from the A100 fit and not measured on other GPUs: the GEMM shape curve (d½, d₂, p),
-no public H100 matmul-versus-size table giving it (doubling d½ would fit llm-foundry's H100
-rows but put Llama 3 at 34% and 41%).
+Kept from the A100 fit: the GEMM shape curve (d½, d₂, p). The one public H100
+matmul-versus-size table found, XLA's measured sm_90 GEMMs (``[H100.gemm_benchmark]``,
+``hopper.toml``), as fractions of the H100's MAMF lies within 0.94-1.10 of NVIDIA's A100 cuBLAS
+figure as fractions of the A100's at cube sides 1,024-6,502, without a trend
+(``benchmarks/hopper_gemm_curve.py``): no basis for a Hopper d½ of its own (doubling d½ would fit
+llm-foundry's H100 rows but put Llama 3 at 34% and 41%).
 """
 
 from __future__ import annotations

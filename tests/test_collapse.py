@@ -365,17 +365,28 @@ def test_close_expert_parallel_with_dp_traffic_during_compute(pp: int,
                        "bubble_ratio"))
 
 
+ZERO3_CP_MEASURED = 0.025
+"""The step difference of :func:`test_close_zero3_with_context_parallel` as measured, with a
+margin: 1.34 % at the A100 fit of 2026-12-03, 2.05 % at that of 2026-12-06 (η_gemm 0.897,
+d½ 1313). A figure that moves with the device constants, not a bound (``C`` is)."""
+
+
 def test_close_zero3_with_context_parallel() -> None:
     """ZeRO-3 gathers over the DP x CP group share links with the CP ring passes, a
-    contention between kinds the collapsed run does not see (module docstring). Measured:
-    step 1.3 % apart at the shipped A100 fit, 2.1 % with η_gemm 0.897 and d½ 1313 (issue
-    22): the 2 % is what was measured, not a bound (``C`` is, here half the step; it holds
-    under scaled constants, :func:`test_exact_cases_under_scaled_device_profiles`); the
-    bubble ratio (idle / busy, small here) is compared as the bubble fraction only;
-    exposure is compared with tp = 1 only (above)."""
-    assert_agree(cp_experiment(2, 2, 1, 2, zero_stage=3), CLOSE,
-                 exact_keys=("compute_busy_s_mean",),
-                 skip=("bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp"))
+    contention between kinds the collapsed run does not see (module docstring). The claim
+    is the proven one: within ``C`` (here half the step) where contended channels overlap
+    (:func:`assert_agree` with :data:`EXACT`; the same under scaled constants,
+    :func:`test_exact_cases_under_scaled_device_profiles`); the step as measured is held to
+    :data:`ZERO3_CP_MEASURED`, the bubble fraction and exposure of TP to :data:`CLOSE`
+    (the bubble ratio, idle / busy, small here, is compared as the bubble fraction only;
+    exposure of the other kinds with tp = 1 only, above)."""
+    exp = cp_experiment(2, 2, 1, 2, zero_stage=3)
+    assert_agree(exp, EXACT, skip=("bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp"))
+    diff = assert_agree(exp, CLOSE, exact_keys=("compute_busy_s_mean",),
+                        skip=("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                              "bubble_ratio", "exposed_pp", "exposed_dp", "exposed_cp"))
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu"):
+        assert diff[key] <= ZERO3_CP_MEASURED, (key, diff[key])
 
 
 @pytest.mark.parametrize("schedule,tp,pp,vpp,parallel", [

@@ -65,10 +65,12 @@ def test_fitted_a100_curve_rises_saturates_and_keeps_thin_shards_slow() -> None:
     etas = [p.gemm_efficiency_at(d) for d in (1000.0, 3000.0, 5400.0, 10000.0, 1e9)]
     assert etas == sorted(etas) and etas[-1] < p.gemm_efficiency
     assert etas[-1] == pytest.approx(p.gemm_efficiency, rel=1e-5)
-    # LLaMA-13B's QKV GEMM at 2048 tokens: a TP8 shard runs well below the TP1 GEMM
+    # LLaMA-13B's QKV GEMM at 2048 tokens: a TP8 shard runs below the TP1 GEMM (cube sides
+    # 2.7k and 5.4k: 0.84x; NVIDIA's cuBLAS figure at those sides, [A100.gemm_benchmark],
+    # about 233 against 260 TFLOP/s, 0.90x)
     tp1, _ = gemm(2048, 5120, 3 * 5120)
     tp8, _ = gemm(2048, 5120, 3 * 5120 / 8)
-    assert p.gemm_efficiency_at(tp8) < 0.8 * p.gemm_efficiency_at(tp1)
+    assert p.gemm_efficiency_at(tp8) < 0.9 * p.gemm_efficiency_at(tp1)
     # the curve reaches compute_time_s: one GEMM alone, no bytes
     gpu = GPUS["A100-80GB"]
     dim, flops = tp1, 2.0 * 2048 * 5120 * 3 * 5120

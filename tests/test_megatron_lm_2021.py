@@ -49,6 +49,7 @@ def test_the_2021_tree_differs_from_megatron_only_where_its_code_does() -> None:
                                          "cuda_module_loading": ("eager", "lazy"),
                                          "tp_async_grad_all_reduce": (False, True),
                                          "grad_accum_bytes": (6.0, 0.0),
+                                         "grad_accum_first_stolen": (True, False),
                                          "embedding_grad_bytes": (2.0, 8.0),
                                          "kept_grad_copy_bytes": (4.0, None)}
     assert fp16.optimizer_bytes == old16.optimizer_bytes == 52.0
@@ -57,6 +58,7 @@ def test_the_2021_tree_differs_from_megatron_only_where_its_code_does() -> None:
     assert "16c9044" in new.source("tp_async_grad_all_reduce")
     assert "83b1e42" in new.source("grad_accum_bytes")
     assert "accumulate_grad.h" in fp16.source("grad_accum_bytes")
+    assert "accumulate_grad.h" in fp16.source("grad_accum_first_stolen")
     assert "d98e8a6" in old16.source("optimizer_bytes")
     assert "4fd6432" in fp16.source("kept_grad_copy_bytes")
 
@@ -82,8 +84,9 @@ def _elementwise(costs, op: Op) -> float:
 def test_each_micro_batchs_weight_gradients_are_added_after_the_gemms() -> None:
     """No fused wgrad accumulation in 2021: every backward moves grad_accum_bytes a
     parameter of the stage (the embedding's included), and the embedding's own term only
-    the dense gradient it writes."""
-    for precision, per_param in (("fp16", 6.0), ("bf16", 10.0)):
+    the dense gradient it writes; under fp16 autograd's AccumulateGrad keeps the first of the
+    step's four micro-batches' gradients as it is (grad_accum_first_stolen): 6 x 3/4."""
+    for precision, per_param in (("fp16", 6.0 * 3 / 4), ("bf16", 10.0)):
         costs = build_experiment(_experiment(precision)).costs
         assert costs.grad_accum_bytes == per_param and costs.embedding_grad_bytes == 2.0
         fused = replace(costs, grad_accum_bytes=0.0)

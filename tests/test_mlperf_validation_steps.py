@@ -58,8 +58,10 @@ def test_a_no_grad_forward_gathers_its_two_fp8_inputs_without_overlap() -> None:
     """Transformer Engine turns the userbuffers all-gather overlap of LayerNormLinear and
     LayerNormMLP off without grad, so a validation forward waits for both fp8 all-gathers
     (25.2 MB gathered over the TP 4 group) where training exposes a fraction of each: on the
-    simulator's dgx-h100, 0.070 ms alone against 0.010 and 0.013 ms, +1.4 ms a micro-batch of
-    12 one-layer chunks, the same on both rounds (the same layout)."""
+    simulator's dgx-h100, 0.070 ms alone against 0.006 and 0.008 ms, +1.50 ms a micro-batch of
+    12 one-layer chunks, the same on both rounds (the same layout). How much training exposes
+    follows the GEMMs it overlaps, so the device constants: 0.010 and 0.013 ms, +1.40 ms, at
+    the A100 fit of 2026-12-03."""
     out = _bench().eval_gathers()
     assert set(out) == {"v3.0", "v3.1"}
     for alone, exposed, chunks in out.values():
@@ -67,4 +69,4 @@ def test_a_no_grad_forward_gathers_its_two_fp8_inputs_without_overlap() -> None:
         assert set(exposed) == {"attn all-gather", "mlp all-gather"}
         assert all(0.0 < t < alone for t in exposed.values())
         extra = sum(alone - t for t in exposed.values()) * chunks
-        assert extra == pytest.approx(1.40e-3, abs=0.05e-3)
+        assert extra == pytest.approx(1.50e-3, abs=0.05e-3)

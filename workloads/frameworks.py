@@ -249,6 +249,11 @@ class FrameworkProfile:
     amax all-reduce at each model chunk's forward end and backward end
     (:data:`FP8_AMAX_REDUCTIONS`, :mod:`sim.amaxreduce`); ``training.fp8_amax_reduction``
     overrides it; a table may leave it out (none)."""
+    grad_accum_first_stolen: bool
+    """The first micro-batch of a step moves no :attr:`grad_accum_bytes`: autograd's
+    ``.grad`` accumulation, whose first gradient is kept as it is and later ones added into
+    it (:func:`apply_framework` charges ``grad_accum_bytes`` x (m - 1) / m a micro-batch over
+    a step of m); a table may leave it out (False: every micro-batch)."""
     swiglu_saves_product: bool
     """The down projection keeps its input, silu(gate)·up, for its weight gradient (in fp8
     under ``precision: fp8``), as :attr:`swiglu_stash_bytes` counts it; False: the compiled
@@ -303,7 +308,8 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes",
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
-           "torch_compile", "sp_async_grad_reduce_scatter", "tp_overlap", "tp_all_gather_fp8",
+           "torch_compile", "grad_accum_first_stolen", "sp_async_grad_reduce_scatter",
+           "tp_overlap", "tp_all_gather_fp8",
            "tp_async_grad_all_reduce", "fp8_weight_casts", "fp8_act_cast_fused",
            "fp8_amax_reduction", "cuda_module_loading", "nccl_groups", "nccl_nvls",
            "nccl_version", "kept_grad_copy_bytes")
@@ -332,7 +338,7 @@ _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "tp_overlap", "tp_all_gather_fp8", "tp_async_grad_all_reduce",
              "fp8_weight_casts", "fp8_act_cast_fused", "fp8_amax_reduction",
              "cuda_module_loading", "nccl_groups", "nccl_nvls", "nccl_version",
-             "kept_grad_copy_bytes")
+             "kept_grad_copy_bytes", "grad_accum_first_stolen")
 """Fields a table may leave out (None, as ``optimizer_bytes``: the cost model's default; the
 flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
@@ -344,7 +350,7 @@ _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False,
                    "residual_norm_fused": False, "torch_compile": False,
                    "sp_async_grad_reduce_scatter": False, "tp_all_gather_fp8": False,
                    "tp_async_grad_all_reduce": False, "fp8_act_cast_fused": False,
-                   "nccl_nvls": True}
+                   "nccl_nvls": True, "grad_accum_first_stolen": False}
 """The flags among :data:`_OPTIONAL`, each with the value a table that leaves it out takes."""
 
 _CHOICES = {"tp_overlap": ("userbuffers", TP_OVERLAPS),
@@ -621,7 +627,10 @@ def apply_framework(costs: Any, profile: FrameworkProfile, micro_batches: int,
                    swiglu_stash_bytes=profile.swiglu_stash_bytes,
                    zero3_unsharded_under_pp=profile.zero3_unsharded_under_pp,
                    vocab_parallel_loss_buffers=profile.vocab_parallel_loss_buffers,
-                   grad_accum_bytes=profile.grad_accum_bytes,
+                   grad_accum_bytes=(profile.grad_accum_bytes * (micro_batches - 1)
+                                     / max(micro_batches, 1)
+                                     if profile.grad_accum_first_stolen
+                                     else profile.grad_accum_bytes),
                    tied_grad_reduce_bytes=profile.tied_grad_reduce_bytes,
                    grad_buckets_stage0_only=profile.grad_buckets_stage0_only,
                    zero2_reduce_every_microbatch=profile.zero2_reduce_every_microbatch,
