@@ -6,8 +6,8 @@ Prints the pacing of :mod:`sim.variability` (1 + sigma * E[max of N standard nor
 from Sinha et al. 2022's whisker range read as normal, ``sim/data/gpu_variability.toml``) for a
 range of GPU counts, then, for each model of llm-foundry's "Large Scale" H100 table (128, 256
 and 512 GPUs, the same work per GPU at every size), the published step times against the
-simulated ones with the pacing off (as shipped) and on (``sim.variability.enabled`` patched to
-true for this process only), their growth from the smallest to the largest size and the
+simulated ones with the pacing off (as shipped) and on (``sim.variability.paced_profile`` as the
+profile), their growth from the smallest to the largest size and the
 errors. Collapsed fidelity and the shipped profiles, as ``sim validate``. Nothing is fitted;
 nothing here is read by the simulator (docs/gpu-variability.md).
 """
@@ -37,13 +37,10 @@ COUNTS = (8, 32, 64, 128, 256, 512, 1024, 3072, 16384)
 def step(row: CorpusRow, paced: bool) -> float:
     """The row's simulated step time, seconds, with the pacing on or off."""
     exp = build_experiment(row.experiment())
-    original = variability.enabled
-    variability.enabled = (lambda: True) if paced else (lambda: False)
-    try:
-        result = simulate(exp, default_profile(exp.cluster.gpu.name), fidelity="collapsed",
-                          idle=False)
-    finally:
-        variability.enabled = original
+    profile = default_profile(exp.cluster.gpu.name)
+    if paced:
+        profile = variability.paced_profile(profile, exp.cluster.num_gpus)
+    result = simulate(exp, profile, fidelity="collapsed", idle=False)
     return result.stats["step_time_s"]
 
 

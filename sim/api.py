@@ -39,7 +39,6 @@ from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
 from sim.timeline import Timeline
 from sim.tpoverlap import lowering_costs
-from sim.variability import simulate_profile
 from topologies.hardware import GPUSpec
 from topologies.placement import coordinate_columns, mixed_pipeline_ranks
 from workloads.costs import ComputeSeg
@@ -337,8 +336,6 @@ def simulate(exp: Experiment, profile: DeviceProfile | None = None,
                           "one GPU per pipeline rank cannot stand for all; use fidelity full "
                           "(or auto)")
     profile = profile or default_profile(exp.cluster.gpu.name)
-    if timers is None:  # the slowest of N GPUs paces them all, where turned on (sim.variability)
-        profile = simulate_profile(profile, exp.cluster.num_gpus)
     gpu = exp.cluster.gpu
     kernel = exp.config.training.attention
     slowdown = straggler_slowdowns(exp.config.faults, exp.cluster.num_gpus)

@@ -18,9 +18,11 @@ device profiles stand for the median GPU (a single-GPU kernel benchmark, or the 
 which was fitted on training runs of 32 to 256 GPUs and so holds that pacing in its constants
 already: see docs/gpu-variability.md).
 
-Off by default (``enabled`` in the data file, and why): :func:`simulate_profile` returns the
-profile unchanged then. Stragglers given under ``faults:`` are a different thing: named GPUs
-slowed on top, simulated at full fidelity.
+Not applied by default (docs/gpu-variability.md: the one published distribution was measured
+on V100 and MI60 clusters, and refitted on the sweep the pacing leaves the corpus's optimism
+where it was): a what-if passes :func:`paced_profile` as :func:`sim.api.simulate`'s profile.
+Stragglers given under ``faults:`` are a different thing: named GPUs slowed on top, simulated
+at full fidelity.
 """
 
 from __future__ import annotations
@@ -44,11 +46,6 @@ carry under 1e-30 of the mass for any N below 1e12."""
 def _data() -> dict:
     with DATA_FILE.open("rb") as fh:
         return tomllib.load(fh)
-
-
-def enabled() -> bool:
-    """Whether simulations are paced by the expected slowest GPU (the data file's ``enabled``)."""
-    return bool(_data()["enabled"])
 
 
 def sigma() -> float:
@@ -91,9 +88,3 @@ def paced_profile(profile: DeviceProfile, num_gpus: int,
 
     f = pacing(num_gpus, spread)
     return scaled_profile(profile, (f, f))
-
-
-def simulate_profile(profile: DeviceProfile, num_gpus: int) -> DeviceProfile:
-    """What :func:`sim.api.simulate` times a homogeneous cluster's GPUs with: ``profile``
-    paced by its GPU count where the data file turns the pacing on, else ``profile``."""
-    return paced_profile(profile, num_gpus) if enabled() else profile

@@ -1,4 +1,4 @@
-"""sim.variability: the expected slowest of N GPUs, its data and where simulate applies it."""
+"""sim.variability: the expected slowest of N GPUs, its data, and simulate with a paced profile."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from sim import api, variability
+from sim import api
 from sim.calibration import default_profile
 from sim.experiment import build_experiment
 from sim.variability import (
@@ -16,17 +16,15 @@ from sim.variability import (
     paced_profile,
     pacing,
     sigma,
-    simulate_profile,
 )
 
 
-def test_every_number_has_its_source_and_the_pacing_is_off() -> None:
+def test_every_number_has_its_source() -> None:
     with DATA_FILE.open("rb") as fh:
         data = tomllib.load(fh)
     for key in data:
         if not key.endswith("_source"):
             assert data[f"{key}_source"].strip(), key
-    assert data["enabled"] is False
     assert sigma() == pytest.approx(0.08 / (4 * 1.3489795), rel=1e-6)  # 1.48%
     assert data["normal_iqr"] == pytest.approx(2 * 0.6744897501960817, rel=1e-12)
 
@@ -68,7 +66,6 @@ def test_pacing_and_the_profile_it_scales() -> None:
     # memory-bound kernels keep their speed
     assert paced.elementwise_efficiency == base.elementwise_efficiency
     assert paced.hbm_efficiency == base.hbm_efficiency
-    assert simulate_profile(base, 512) is base  # off by default
 
 
 def _fsdp(num_gpus: int) -> dict:
@@ -79,14 +76,15 @@ def _fsdp(num_gpus: int) -> dict:
 
 
 @pytest.mark.parametrize("fidelity", ["collapsed", "full"])
-def test_turned_on_simulate_times_the_gpus_at_the_expected_slowest(
-        fidelity: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On, a homogeneous run is timed as with the paced profile given by hand; off, as before."""
+def test_simulate_with_a_paced_profile_slows_only_the_compute_bound_kernels(
+        fidelity: str) -> None:
+    """The default run is not paced; given the paced profile, the step grows, by less than the
+    pacing (communication and memory-bound kernels keep their speed)."""
     exp = build_experiment(_fsdp(16))
     off = api.simulate(exp, fidelity=fidelity, idle=False).stats["step_time_s"]
-    by_hand = api.simulate(exp, paced_profile(default_profile("H100"), 16),
-                           fidelity=fidelity, idle=False).stats["step_time_s"]
-    monkeypatch.setattr(variability, "enabled", lambda: True)
-    on = api.simulate(exp, fidelity=fidelity, idle=False).stats["step_time_s"]
-    assert on == by_hand
-    assert off < on < off * pacing(16)  # only the compute-bound kernels are paced
+    shipped = api.simulate(exp, default_profile("H100"), fidelity=fidelity,
+                           idle=False).stats["step_time_s"]
+    on = api.simulate(exp, paced_profile(default_profile("H100"), 16),
+                      fidelity=fidelity, idle=False).stats["step_time_s"]
+    assert off == shipped
+    assert off < on < off * pacing(16)
