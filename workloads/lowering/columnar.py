@@ -26,6 +26,7 @@ from workloads.lowering.collapse import (
     Folded,
     StreamUse,
     first_cuts,
+    folded_alike,
     folded_use,
     pending_after,
     replica_send_s,
@@ -117,7 +118,8 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         segs, _, alloc, free = facts(costs, generic, split)
         if r not in groups:
             groups[r] = tp_groups(placement, r)
-        folded, use = folded_use(segs, collapse.on(g), groups[r], folds)
+        folded, use = (folded_alike if unnamed else folded_use)(segs, collapse.on(g),
+                                                                 groups[r], folds)
         named.append(partial(_named_fold, costs, generic, split, collapse.on(g), groups[r],
                              folds))
         consumer = consumer_stage(generic, S)

@@ -1,0 +1,124 @@
+"""The collapsed fast path's folds shared by ops alike but for their labels and groups
+(:func:`workloads.lowering.collapse.folded_alike`) equal a fold of their own
+(:func:`workloads.lowering.collapse.fold`, the reference) in every field but the labels of
+their runs of collectives (hypothesis: drawn segments with zeros of either sign, NaN and
+fixed durations, relabelled copies timed on other groups with the same or other
+collective times); ``tests/test_lowering_paths.py`` holds the whole program, named runs
+included, to the reference op loop's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from itertools import combinations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workloads.costs import CommSeg, ComputeSeg
+from workloads.lowering.collapse import (
+    Block,
+    Collapse,
+    CommRun,
+    Folded,
+    fold,
+    folded_alike,
+    stream_use,
+    work_key,
+)
+
+NAN = math.nan
+VALUES = [0.0, -0.0, 1e12, 2e12, 3.5e12, NAN]
+BYTES = [0.0, -0.0, 1e6, 4e6, NAN]
+DURATIONS = [None, None, None, 0.0, -0.0, 1e-3, 2.5e-4]
+
+
+def _compute_s(seg: ComputeSeg) -> float:
+    if seg.duration_s is not None:
+        return seg.duration_s
+    return seg.flops * 1e-15 + seg.hbm_bytes * 1e-12 + seg.elementwise_bytes * 1e-13
+
+
+def _timer(times: dict) -> object:
+    def collective_s(op: str, groups: tuple, nbytes: float) -> float:
+        return times[(op, groups[0][0] if groups else -1)] * (1.0 + nbytes * 1e-9)
+    return collective_s
+
+
+@st.composite
+def _segments(draw: st.DrawFn) -> list:
+    out = []
+    for _ in range(draw(st.integers(0, 12))):
+        label = draw(st.sampled_from(["a", "b", "L1 qkv", ""]))
+        if draw(st.booleans()):
+            out.append(ComputeSeg(label, draw(st.sampled_from(VALUES)),
+                                  draw(st.sampled_from(VALUES)), draw(st.sampled_from(DURATIONS)),
+                                  draw(st.sampled_from(VALUES)), draw(st.sampled_from(VALUES)),
+                                  draw(st.sampled_from([(), ((64.0, 1e12),)]))))
+        else:
+            out.append(CommSeg(label, draw(st.sampled_from(["tp", "tp", "pp"])),
+                               draw(st.sampled_from(["all_reduce", "all_gather"])),
+                               draw(st.sampled_from(BYTES)), "tp",
+                               draw(st.sampled_from(DURATIONS))))
+    return out
+
+
+def _relabelled(segs: list, tag: str) -> tuple:
+    return tuple(replace(seg, label=f"{tag} {seg.label}") for seg in segs)
+
+
+def _unlabelled(folded: Folded) -> str:
+    """``folded``'s fields, its cuts' included, as their repr (-0.0 and NaN show) with its
+    runs' labels blanked."""
+    def plain(part: object) -> object:
+        if isinstance(part, Block):
+            return part
+        return tuple(replace(run, label="") for run in part)  # type: ignore[union-attr]
+
+    runs = (folded.leading, folded.first_comm, folded.trailing)
+    cuts = [tuple(map(plain, folded.split(at))) for n in range(len(folded.inner) + 1)
+            for at in combinations(range(len(folded.inner)), n)]
+    assert all(isinstance(run, CommRun) for part in runs for run in part)
+    return repr((folded.whole, folded.head, folded.rest, [plain(r) for r in runs],
+                 folded.inner, folded.inner_at, folded.inner_left, folded.trailing_s,
+                 folded.has_comm, cuts))
+
+
+@settings(max_examples=400, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(_segments(), st.sampled_from([1e-4, 0.0, -0.0, NAN]), st.booleans(), st.booleans())
+def test_alike_folds_equal_their_own(segs: list, t0: float, same_times: bool,
+                                     same_timer: bool) -> None:
+    """A fold found by another op's segments (relabelled, other groups) equals the op's own
+    fold but for its runs' labels, and its stream use equals the op's."""
+    times = {("all_reduce", 0): t0, ("all_gather", 0): 2e-4, ("all_reduce", 8): t0,
+             ("all_gather", 8): 2e-4 if same_times else 3e-4}
+    collapse = Collapse(compute_s=_compute_s, collective_s=_timer(times))
+    other = collapse if same_timer else Collapse(compute_s=_compute_s,
+                                                 collective_s=_timer(times))
+    memo: dict = {}
+    first, second = _relabelled(segs, "x"), _relabelled(segs, "y")
+    g1, g2 = ((0, 1),), ((8, 9),)
+    assert folded_alike(first, collapse, g1, memo)[1] == stream_use([first])
+    folded, use = folded_alike(second, other, g2, memo)
+    assert _unlabelled(folded) == _unlabelled(fold(second, other, g2))
+    assert use == stream_use([second])
+    again = folded_alike(second, other, g2, memo)  # (by identity now)
+    assert again[0] is folded and again[1] == use
+
+
+def test_alike_keys() -> None:
+    """The key leaves the labels out and tells apart what a fold reads: work, times, the
+    compute timer, and declines zeros a fold passes on."""
+    collapse = Collapse(compute_s=_compute_s, collective_s=lambda op, g, n: 1e-4 * (1 + g[0][0]))
+    segs = (ComputeSeg("a", 1e12), CommSeg("b", "tp", "all_reduce", 1e6))
+    alike = (ComputeSeg("c", 1e12), CommSeg("d", "tp", "all_reduce", 1e6))
+    key = work_key(segs, collapse, ((0,),))
+    assert key is not None and key == work_key(alike, collapse, ((0,),))
+    assert key != work_key(alike, collapse, ((1,),))  # another collective time
+    assert key != work_key((ComputeSeg("a", 2e12), segs[1]), collapse, ((0,),))
+    assert key != work_key(segs, replace(collapse, compute_s=lambda s: 0.0), ((0,),))
+    assert work_key((CommSeg("b", "tp", "all_reduce", -0.0),), collapse, ((0,),)) is None
+    assert work_key((ComputeSeg("a", duration_s=0.0),), collapse, ((0,),)) is None
+    zero = Collapse(compute_s=_compute_s, collective_s=lambda op, g, n: 0.0)
+    assert work_key((CommSeg("b", "tp", "all_reduce", 1e6),), zero, ((0,),)) is None
