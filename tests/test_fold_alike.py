@@ -1,4 +1,6 @@
-"""The collapsed fast path's folds shared by ops alike but for their labels and groups
+"""The unnamed ops' fusions shared by a cost model's alike stages
+(:func:`workloads.costs.fuse_alike`) equal :func:`~workloads.costs.fuse_compute`'s; the
+collapsed fast path's folds shared by ops alike but for their labels and groups
 (:func:`workloads.lowering.collapse.folded_alike`) equal a fold of their own
 (:func:`workloads.lowering.collapse.fold`, the reference) in every field but the labels of
 their runs of collectives (hypothesis: drawn segments with zeros of either sign, NaN and
@@ -15,7 +17,8 @@ from itertools import combinations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workloads.costs import CommSeg, ComputeSeg
+from tests.test_search_op_work import _costs
+from workloads.costs import CommSeg, ComputeSeg, fuse_alike, fuse_compute
 from workloads.lowering.collapse import (
     Block,
     Collapse,
@@ -26,6 +29,7 @@ from workloads.lowering.collapse import (
     stream_use,
     work_key,
 )
+from workloads.schedules import BACKWARD, FORWARD, WEIGHT_GRAD, Op
 
 NAN = math.nan
 VALUES = [0.0, -0.0, 1e12, 2e12, 3.5e12, NAN]
@@ -122,3 +126,36 @@ def test_alike_keys() -> None:
     assert work_key((ComputeSeg("a", duration_s=0.0),), collapse, ((0,),)) is None
     zero = Collapse(compute_s=_compute_s, collective_s=lambda op, g, n: 0.0)
     assert work_key((CommSeg("b", "tp", "all_reduce", 1e6),), zero, ((0,),)) is None
+
+
+_POOL = [ComputeSeg("c1", 1e12, 1e9), ComputeSeg("c2", 2e12, elementwise_bytes=3e9),
+         ComputeSeg("c3", -0.0, duration_s=1e-3), ComputeSeg("c4", NAN, gemm_dims=((8.0, 1.0),)),
+         CommSeg("ar", "tp", "all_reduce", 1e6), CommSeg("ag", "tp", "all_gather", 2e6)]
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from(range(len(_POOL))), max_size=10),
+                          st.sampled_from(["0F0", "1F0", "c1", "2B0"])), max_size=6))
+def test_fuse_alike_is_fuse_compute(calls: list) -> None:
+    """Fusing op after op with the remembered fusions (:func:`~workloads.costs.fuse_alike`,
+    segments shared between ops as a cost model's layers are) gives what
+    :func:`~workloads.costs.fuse_compute` gives each, labels and types included."""
+    memo: dict = {}
+    for picks, name in calls:
+        segs = [_POOL[k] for k in picks]
+        assert repr(fuse_alike(list(segs), name, memo)) == repr(fuse_compute(list(segs), name))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(costs=_costs())
+def test_op_work_fused_alike_is_fused_alone(costs: object) -> None:
+    """A cost model's unnamed ops, fused with the fusions of its other ops remembered,
+    equal each op fused alone on a fresh copy of the model (labels included: the first
+    segment carries its op's name)."""
+    if costs is None:
+        return
+    ops = [(Op(stage, kind, 0), split) for stage in range(len(costs.stage_layers))
+           for kind in (FORWARD, BACKWARD, WEIGHT_GRAD) for split in (False, True)]
+    for op, split in ops:
+        assert repr(costs.op_work(op, split)) == repr(replace(costs).op_work(op, split))

@@ -16,6 +16,7 @@ from workloads.costs import (
     GradReady,
     ParamGather,
     Segment,
+    fuse_alike,
     fuse_compute,
 )
 from workloads.kernels import scaled
@@ -333,6 +334,9 @@ class StageOps:
             # run_post_backward after the last backward)
             segs = ([seg for seg in segs if not isinstance(seg, GradReady)]
                     + [seg for seg in segs if isinstance(seg, GradReady)])
+        if not labels and not markers:  # the same layer segments in every middle stage
+            return tuple(fuse_alike(segs, str(op),
+                                    self.__dict__.setdefault("_memo_fused", {})))
         return tuple(fuse_compute(segs, str(op)))
 
     def _head_segments(self, backward: bool, weight_grad_deferred: bool = False
