@@ -157,5 +157,7 @@ def test_op_work_fused_alike_is_fused_alone(costs: object) -> None:
         return
     ops = [(Op(stage, kind, 0), split) for stage in range(len(costs.stage_layers))
            for kind in (FORWARD, BACKWARD, WEIGHT_GRAD) for split in (False, True)]
-    for op, split in ops:
-        assert repr(costs.op_work(op, split)) == repr(replace(costs).op_work(op, split))
+    for markers in (False, True):  # with markers: what the budget counts
+        for op, split in ops:
+            assert (repr(costs.op_work(op, split, markers))
+                    == repr(replace(costs).op_work(op, split, markers)))
