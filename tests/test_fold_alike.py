@@ -90,18 +90,23 @@ def _unlabelled(folded: Folded) -> str:
 
 @settings(max_examples=400, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(_segments(), st.sampled_from([1e-4, 0.0, -0.0, NAN]), st.booleans(), st.booleans())
+@given(_segments(), st.sampled_from([1e-4, 0.0, -0.0, NAN]), st.booleans(), st.booleans(),
+       st.booleans())
 def test_alike_folds_equal_their_own(segs: list, t0: float, same_times: bool,
-                                     same_timer: bool) -> None:
-    """A fold found by another op's segments (relabelled, other groups) equals the op's own
-    fold but for its runs' labels, and its stream use equals the op's."""
+                                     same_timer: bool, shared: bool) -> None:
+    """A fold found by another op's segments (its first relabelled, on other groups) equals
+    the op's own fold but for its runs' labels, and its stream use equals the op's."""
     times = {("all_reduce", 0): t0, ("all_gather", 0): 2e-4, ("all_reduce", 8): t0,
              ("all_gather", 8): 2e-4 if same_times else 3e-4}
     collapse = Collapse(compute_s=_compute_s, collective_s=_timer(times))
     other = collapse if same_timer else Collapse(compute_s=_compute_s,
                                                  collective_s=_timer(times))
     memo: dict = {}
-    first, second = _relabelled(segs, "x"), _relabelled(segs, "y")
+    first = _relabelled(segs, "x")
+    # another op of the same segments but its first (its name), as a cost model's middle
+    # stages are (fuse_alike), or of copies of them all (equal but for labels: no sharing)
+    second = (_relabelled(segs[:1], "y") + first[1:] if shared
+              else _relabelled(segs, "y"))
     g1, g2 = ((0, 1),), ((8, 9),)
     assert folded_alike(first, collapse, g1, memo)[1] == stream_use([first])
     folded, use = folded_alike(second, other, g2, memo)
@@ -112,13 +117,17 @@ def test_alike_folds_equal_their_own(segs: list, t0: float, same_times: bool,
 
 
 def test_alike_keys() -> None:
-    """The key leaves the labels out and tells apart what a fold reads: work, times, the
-    compute timer, and declines zeros a fold passes on."""
+    """The key leaves the first segment's label out, holds the others by identity, tells
+    apart what a fold reads (work, times, the compute timer) and declines zeros a fold
+    passes on."""
     collapse = Collapse(compute_s=_compute_s, collective_s=lambda op, g, n: 1e-4 * (1 + g[0][0]))
     segs = (ComputeSeg("a", 1e12), CommSeg("b", "tp", "all_reduce", 1e6))
     alike = (ComputeSeg("c", 1e12), CommSeg("d", "tp", "all_reduce", 1e6))
     key = work_key(segs, collapse, ((0,),))
+    alike = (alike[0], segs[1])  # another op: its own first segment, the others the same
     assert key is not None and key == work_key(alike, collapse, ((0,),))
+    assert key != work_key((alike[0], CommSeg("d", "tp", "all_reduce", 1e6)), collapse,
+                           ((0,),))  # equal but another object: not known alike
     assert key != work_key(alike, collapse, ((1,),))  # another collective time
     assert key != work_key((ComputeSeg("a", 2e12), segs[1]), collapse, ((0,),))
     assert key != work_key(segs, replace(collapse, compute_s=lambda s: 0.0), ((0,),))
@@ -161,3 +170,22 @@ def test_op_work_fused_alike_is_fused_alone(costs: object) -> None:
         for op, split in ops:
             assert (repr(costs.op_work(op, split, markers))
                     == repr(replace(costs).op_work(op, split, markers)))
+
+
+def test_alike_ops_fold_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Two ops of the same segments but their first (named for its op), on groups whose
+    collectives take the same time: one fold; equal but other objects: a fold each."""
+    import workloads.lowering.collapse as collapse_module
+
+    folds = []
+    real = collapse_module.fold
+    monkeypatch.setattr(collapse_module, "fold", lambda *a: folds.append(1) or real(*a))
+    collapse = Collapse(compute_s=_compute_s, collective_s=lambda op, g, n: 1e-4)
+    body = (CommSeg("", "tp", "all_reduce", 1e6), ComputeSeg("", 2e12))
+    memo: dict = {}
+    for name in ("1F0", "2F0", "3F0"):
+        folded_alike((ComputeSeg(name, 1e12), *body), collapse, ((int(name[0]),),), memo)
+    assert len(folds) == 1
+    folded_alike((ComputeSeg("4F0", 1e12), *_relabelled(list(body), "z")), collapse,
+                 ((4,),), memo)
+    assert len(folds) == 2

@@ -334,29 +334,34 @@ _COMM_WORK = attrgetter("kind", "op", "nbytes", "group", "duration_s", "skew")
 
 
 def work_key(segs: Sequence[Segment], collapse: Collapse, groups: Groups) -> tuple | None:
-    """What :func:`fold` of ``segs`` with ``collapse`` on ``groups`` reads but the
-    segments' labels, as a key: the compute timer (by identity), each segment's type and
-    other fields in order, and each collective's time on ``groups`` (:func:`comm_s`, as
-    :func:`seg_times` times it: once per distinct collective). Equal for the ops of two
-    pipeline ranks alike but for their labels and TP groups where their collectives take
-    the same times (the collective timer's reuse across servers, :mod:`sim.commtime`).
-    None where a key could tell apart what a fold treats differently: a segment other than
-    a compute segment or a collective, or a value a fold passes on as it is (a fixed
-    duration, a collective's bytes or time) that is zero (a key compares ``-0.0`` equal to
-    ``0.0``; their folds could differ in the sign of a zero). A NaN equals only itself
-    (the same object) in a key."""
-    out: list = [collapse.compute_s]
+    """What :func:`fold` of ``segs`` with ``collapse`` on ``groups`` reads but the first
+    segment's label, as a key: the compute timer (by identity), the first segment's type
+    and other fields, the identities of the others (the caller keeps them alive while the
+    key is kept: an id is not reused meanwhile), and each collective's time on ``groups``
+    (:func:`comm_s`, once per distinct collective, as :func:`seg_times` times them). Equal
+    for the unnamed ops of a cost model's middle stages on two pipeline ranks: the same
+    segment objects but the first, which carries the op's name
+    (:func:`workloads.costs.fuse_alike`), where their collectives take the same times (the
+    collective timer's reuse across servers, :mod:`sim.commtime`). None where a key could
+    tell apart what a fold treats differently: a segment other than a compute segment or a
+    collective, or a value a fold passes on as it is (a fixed duration, a collective's bytes
+    or time) that is zero (a key compares ``-0.0`` equal to ``0.0``; their folds could
+    differ in the sign of a zero). A NaN equals only itself (the same object) in a key."""
+    if not segs:
+        return (collapse.compute_s,)
+    out: list = [collapse.compute_s, tuple(map(id, segs[1:]))]
     add = out.append
     compute, comm = ComputeSeg, CommSeg
     timed: dict[tuple, float] = {}
-    for seg in segs:
+    for n, seg in enumerate({id(seg): seg for seg in segs}.values()):
         kind = type(seg)
         if kind is compute:
             fields = _COMPUTE_WORK(seg)
             if fields[2] is not None and fields[2] == 0:
                 return None
-            add(kind)
-            add(fields)
+            if not n:
+                add(kind)
+                add(fields)
         elif kind is comm:
             fields = _COMM_WORK(seg)
             if fields[2] == 0 or fields[4] is not None and fields[4] == 0:
@@ -366,8 +371,9 @@ def work_key(segs: Sequence[Segment], collapse: Collapse, groups: Groups) -> tup
                 t = timed[fields] = comm_s(seg, collapse, groups)  # type: ignore[arg-type]
                 if t == 0:
                     return None
-            add(kind)
-            add(fields)
+            if not n:
+                add(kind)
+                add(fields)
             add(t)
         else:
             return None
@@ -376,16 +382,17 @@ def work_key(segs: Sequence[Segment], collapse: Collapse, groups: Groups) -> tup
 
 def folded_alike(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
                  memo: dict[tuple, tuple]) -> tuple[Folded, StreamUse]:
-    """:func:`folded_use`, shared by segments equal but for their labels, on groups where
-    their collectives take the same times (:func:`work_key`): the fold of one serves the
-    others but for the labels of its runs of collectives (:class:`CommRun`), which are the
-    first one's. A fold reads no other label (:func:`seg_times` times a segment by its
-    work, :func:`_block` sums times and FLOPs, :func:`stream_use` reads kinds) and reads
-    the groups only through its collectives' times, so every other field is the fold of
-    ``segs`` on ``groups``. For the collapsed fast path, which folds unnamed segments and
-    names its runs from the named fold (:func:`workloads.lowering.columnar.lower_collapsed`):
-    the middle stages' ops of a uniform model are alike, so a new cost model folds one of
-    them, not each. In ``memo`` beside :func:`folded_use`'s entries (keys of their own)."""
+    """:func:`folded_use`, shared by ops of the same segments but a first one equal but for
+    its label, on groups where their collectives take the same times (:func:`work_key`):
+    the fold of one serves the others but for the labels of its runs of collectives
+    (:class:`CommRun`), which are the first one's. A fold reads no other label
+    (:func:`seg_times` times a segment by its work, :func:`_block` sums times and FLOPs,
+    :func:`stream_use` reads kinds) and reads the groups only through its collectives'
+    times, so every other field is the fold of ``segs`` on ``groups``. For the collapsed
+    fast path, which folds unnamed segments and names its runs from the named fold
+    (:func:`workloads.lowering.columnar.lower_collapsed`): the middle stages' ops of a
+    uniform model are alike, so a new cost model folds one of them, not each. In ``memo``
+    beside :func:`folded_use`'s entries (keys of their own)."""
     hit = memo.get((id(segs), collapse, groups))
     if hit is not None and hit[0] is segs:
         return hit[1], hit[2]
@@ -395,15 +402,15 @@ def folded_alike(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
     alike = ("alike", key)
     found = memo.get(alike)
     if found is None:
-        found = folded_use(segs, collapse, groups, memo)
+        folded, use = folded_use(segs, collapse, groups, memo)
         if len(memo) >= FOLD_CACHE:
             memo.clear()
-        memo[alike] = found
-    else:
-        if len(memo) >= FOLD_CACHE:
-            memo.clear()
-        memo[(id(segs), collapse, groups)] = (segs, *found)
-    return found
+        memo[alike] = (folded, use, segs)  # (holding the segments whose ids the key holds)
+        return folded, use
+    if len(memo) >= FOLD_CACHE:
+        memo.clear()
+    memo[(id(segs), collapse, groups)] = (segs, found[0], found[1])
+    return found[0], found[1]
 
 
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:
