@@ -193,7 +193,7 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
 
         layout.named = named_template
     layout.parts = (table, row, op_kind, sig_of_row,
-                    tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
+                    layout.instructions_at(first_id.take(list(sig_rows))))
     return layout
 
 
@@ -685,6 +685,41 @@ class ColumnarOps:
         at = i - int(self.offset[k])
         ops, _ = self._op(k, int(self.offset[k]), 0, at)
         return ops[at]
+
+    def instructions_at(self, ids: np.ndarray) -> tuple[Instruction, ...]:
+        """:meth:`instruction` of each of ``ids`` (the reference): their ops found in one
+        search, and a compute op, wait or receive built alone, without going through its
+        op's other slots (a collective through :meth:`_op`, for its key)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        ks = (self.offset.searchsorted(ids, "right") - 1).tolist()
+        firsts = self.offset.take(ks).tolist() if ks else []
+        new = tuple.__new__
+        base = self.per * len(self.plans)
+        out: list[Instruction] = []
+        for i, k, first in zip(ids.tolist(), ks, firsts, strict=True):
+            at = i - first
+            v = int(self.variant[k])
+            slot = self.templates[v][at]
+            what = slot[0]
+            if what not in ("block", "wait", "recv"):
+                out.append(self._op(k, first, 0, at)[0][at])  # type: ignore[arg-type]
+                continue
+            st, kind, mb, seq = self.order[k]
+            plan = self.plans[v // self.per] if v < base else self.plans[(v - base) // 2]
+            g = plan.gpu
+            name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"
+            deps = tuple([d for d in self.ext[k].tolist() if d >= 0]) if not at else (i - 1,)
+            if what == "block":
+                blk, alloc, free = slot[1], slot[2], slot[3]
+                out.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
+                                         blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind,
+                                         alloc, free, st, mb)))
+            else:
+                assert plan.send is not None
+                on = g if what == "wait" else plan.send[0]
+                out.append(new(Compute, (i, on, kind, f"{name} pp {what}", deps, 0.0, 0.0, 0.0,
+                                         0.0, (), 0.0, 0.0, "tp", 0.0, 0.0, st, mb)))
+        return tuple(out)
 
     def labels(self, v: int) -> tuple[str | None, ...]:
         """Per slot of template ``v``, its run's label (None for another slot): from
