@@ -235,6 +235,26 @@ class SyntheticCosts:
         return None
 
 
+def fuse_alike(segs: list[Segment], op_name: str, memo: dict[tuple, tuple]
+               ) -> list[Segment]:
+    """:func:`fuse_compute` of ``segs``, remembered in ``memo`` by the identities of the
+    segments (the entry holds them, so their ids are not reused while it lives): the
+    unnamed ops of a cost model's middle stages are the same layer segments over again
+    (:meth:`workloads.stage_ops.StageOps.op_work`), so a new cost model fuses one of them.
+    Another ``op_name`` relabels the first segment as :func:`fuse_compute` does (a
+    ``replace`` of the fused first segment: the same fields, the name its own)."""
+    key = tuple(map(id, segs))
+    found = memo.get(key)
+    if found is None:
+        out = fuse_compute(segs, op_name)
+        memo[key] = (tuple(segs), tuple(out))
+        return out
+    out = list(found[1])
+    if out and isinstance(out[0], ComputeSeg) and out[0].label != op_name:
+        out[0] = replace(out[0], label=op_name)
+    return out
+
+
 def fuse_compute(segs: list[Segment], op_name: str) -> list[Segment]:
     """Merge adjacent compute segments into one (fewer events, same work).
 

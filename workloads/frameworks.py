@@ -24,11 +24,12 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
 from base.errors import ConfigError
+from base.replaced import fast_replace as replace  # dataclasses.replace, ~20x faster on costs
 from workloads.costs import split_layers
 from workloads.elementwise import FP8_WEIGHT_CASTS
 

@@ -258,7 +258,17 @@ class ModelSpec:
 
     def layer_params(self) -> int:
         """Parameters of one transformer block, two norms included (a uniform model's, or
-        one :meth:`layer_spec`'s)."""
+        one :meth:`layer_spec`'s). Kept on the instance (a frozen spec never changes; an
+        integer, the same whenever it is asked: a new layout's cost model asks ~100 times,
+        per layer's gradient bytes), outside the fields equality, hashing and ``replace``
+        read; :meth:`_layer_params`, the reference, works it out."""
+        found = self.__dict__.get("_memo_layer_params")
+        if found is None:
+            found = self.__dict__["_memo_layer_params"] = self._layer_params()
+        return found
+
+    def _layer_params(self) -> int:
+        """:meth:`layer_params` worked out."""
         self.require_uniform()
         return self.attention_params() + self.mlp_params() + 2 * self.norm_params
 

@@ -7,6 +7,7 @@ work its GPUs do, layer by layer, from the per-layer work of :mod:`workloads.tra
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass, replace
+from math import copysign
 from typing import TYPE_CHECKING
 
 from workloads.costs import (
@@ -16,6 +17,7 @@ from workloads.costs import (
     GradReady,
     ParamGather,
     Segment,
+    fuse_alike,
     fuse_compute,
 )
 from workloads.kernels import scaled
@@ -288,9 +290,9 @@ class StageOps:
                 if ready and self._bucketed(op.stage):
                     segs += c._dp_overlap(f"L{layer}", backward=True)
                 if ready:
-                    segs.append(GradReady(f"L{layer} grads",
-                                          c._layer_grad_bytes(op.stage, layer),
-                                          c._layer_expert_grad_bytes()))
+                    segs.append(self._grad_ready(f"L{layer} grads" if labels else "",
+                                                 c._layer_grad_bytes(op.stage, layer),
+                                                 c._layer_expert_grad_bytes()))
         elif markers:
             segs += self._weight_grads_marked(op.stage, layers, last)
         else:
@@ -333,7 +335,24 @@ class StageOps:
             # run_post_backward after the last backward)
             segs = ([seg for seg in segs if not isinstance(seg, GradReady)]
                     + [seg for seg in segs if isinstance(seg, GradReady)])
+        if not labels:  # the same layer segments (and markers) in every middle stage
+            return tuple(fuse_alike(segs, str(op),
+                                    self.__dict__.setdefault("_memo_fused", {})))
         return tuple(fuse_compute(segs, str(op)))
+
+    def _grad_ready(self, label: str, nbytes: float, expert: float) -> GradReady:
+        """A layer's :class:`~workloads.costs.GradReady`; unnamed (``label`` empty: an op's
+        unnamed segments, :meth:`op_work`) one object per bytes on this cost model (the sign
+        of a zero told apart), so that the middle stages' marked ops are the same segments
+        over again (:func:`~workloads.costs.fuse_alike`)."""
+        if label:
+            return GradReady(label, nbytes, expert)
+        memo = self.__dict__.setdefault("_memo_grad_ready", {})
+        key = (nbytes, copysign(1.0, nbytes), expert, copysign(1.0, expert))
+        found = memo.get(key)
+        if found is None:
+            found = memo[key] = GradReady("", nbytes, expert)
+        return found
 
     def _head_segments(self, backward: bool, weight_grad_deferred: bool = False
                        ) -> list[Segment]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from itertools import accumulate
+from operator import attrgetter
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, Segment
@@ -325,6 +326,91 @@ def folded_use(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
         memo.clear()
     memo[key] = (segs, folded, use)
     return folded, use
+
+
+_COMPUTE_WORK = attrgetter("flops", "hbm_bytes", "duration_s", "attn_flops",
+                           "elementwise_bytes", "gemm_dims")
+_COMM_WORK = attrgetter("kind", "op", "nbytes", "group", "duration_s", "skew")
+
+
+def work_key(segs: Sequence[Segment], collapse: Collapse, groups: Groups) -> tuple | None:
+    """What :func:`fold` of ``segs`` with ``collapse`` on ``groups`` reads but the first
+    segment's label, as a key: the compute timer (by identity), the first segment's type
+    and other fields, the identities of the others (the caller keeps them alive while the
+    key is kept: an id is not reused meanwhile), and each collective's time on ``groups``
+    (:func:`comm_s`, once per distinct collective, as :func:`seg_times` times them). Equal
+    for the unnamed ops of a cost model's middle stages on two pipeline ranks: the same
+    segment objects but the first, which carries the op's name
+    (:func:`workloads.costs.fuse_alike`), where their collectives take the same times (the
+    collective timer's reuse across servers, :mod:`sim.commtime`). None where a key could
+    tell apart what a fold treats differently: a segment other than a compute segment or a
+    collective, or a value a fold passes on as it is (a fixed duration, a collective's bytes
+    or time) that is zero (a key compares ``-0.0`` equal to ``0.0``; their folds could
+    differ in the sign of a zero). A NaN equals only itself (the same object) in a key."""
+    if not segs:
+        return (collapse.compute_s,)
+    out: list = [collapse.compute_s, tuple(map(id, segs[1:]))]
+    add = out.append
+    compute, comm = ComputeSeg, CommSeg
+    timed: dict[tuple, float] = {}
+    for n, seg in enumerate({id(seg): seg for seg in segs}.values()):
+        kind = type(seg)
+        if kind is compute:
+            fields = _COMPUTE_WORK(seg)
+            if fields[2] is not None and fields[2] == 0:
+                return None
+            if not n:
+                add(kind)
+                add(fields)
+        elif kind is comm:
+            fields = _COMM_WORK(seg)
+            if fields[2] == 0 or fields[4] is not None and fields[4] == 0:
+                return None
+            t = timed.get(fields)
+            if t is None:
+                t = timed[fields] = comm_s(seg, collapse, groups)  # type: ignore[arg-type]
+                if t == 0:
+                    return None
+            if not n:
+                add(kind)
+                add(fields)
+            add(t)
+        else:
+            return None
+    return tuple(out)
+
+
+def folded_alike(segs: tuple[Segment, ...], collapse: Collapse, groups: Groups,
+                 memo: dict[tuple, tuple]) -> tuple[Folded, StreamUse]:
+    """:func:`folded_use`, shared by ops of the same segments but a first one equal but for
+    its label, on groups where their collectives take the same times (:func:`work_key`):
+    the fold of one serves the others but for the labels of its runs of collectives
+    (:class:`CommRun`), which are the first one's. A fold reads no other label
+    (:func:`seg_times` times a segment by its work, :func:`_block` sums times and FLOPs,
+    :func:`stream_use` reads kinds) and reads the groups only through its collectives'
+    times, so every other field is the fold of ``segs`` on ``groups``. For the collapsed
+    fast path, which folds unnamed segments and names its runs from the named fold
+    (:func:`workloads.lowering.columnar.lower_collapsed`): the middle stages' ops of a
+    uniform model are alike, so a new cost model folds one of them, not each. In ``memo``
+    beside :func:`folded_use`'s entries (keys of their own)."""
+    hit = memo.get((id(segs), collapse, groups))
+    if hit is not None and hit[0] is segs:
+        return hit[1], hit[2]
+    key = work_key(segs, collapse, groups)
+    if key is None:
+        return folded_use(segs, collapse, groups, memo)
+    alike = ("alike", key)
+    found = memo.get(alike)
+    if found is None:
+        folded, use = folded_use(segs, collapse, groups, memo)
+        if len(memo) >= FOLD_CACHE:
+            memo.clear()
+        memo[alike] = (folded, use, segs)  # (holding the segments whose ids the key holds)
+        return folded, use
+    if len(memo) >= FOLD_CACHE:
+        memo.clear()
+    memo[(id(segs), collapse, groups)] = (segs, found[0], found[1])
+    return found[0], found[1]
 
 
 def compute_bounds(segs: Sequence[Segment]) -> tuple[int, int] | None:

@@ -11,8 +11,9 @@ the reference instead, and ``tests/test_lowering_paths.py`` proves the two equal
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
 from operator import itemgetter
 
 import numpy as np
@@ -25,13 +26,14 @@ from workloads.lowering.collapse import (
     Folded,
     StreamUse,
     first_cuts,
+    folded_alike,
     folded_use,
     pending_after,
     replica_send_s,
     split_points,
 )
 from workloads.lowering.groups import Groups, tp_groups
-from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes
+from workloads.lowering.opcosts import CostModel, op_facts, op_p2p_bytes, op_work_facts
 from workloads.lowering.order import KINDS, producers_by_op
 from workloads.lowering.pipeline import consumer_stage
 from workloads.program import (
@@ -63,8 +65,8 @@ def joined(head: ColumnarOps, tail: tuple[Instruction, ...]
 def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
                     placement: Placement, order: Sequence[Op],
                     fields: tuple[np.ndarray, ...], reps: Sequence[int], algo: str,
-                    blocking: bool = False, step: np.ndarray | None = None
-                    ) -> ColumnarOps:
+                    blocking: bool = False, step: np.ndarray | None = None,
+                    unnamed: bool = True) -> ColumnarOps:
     """The op loop of a collapsed lowering whose ops are each a chain of compute and TP
     collectives, unfused (no piecewise op, no fused group): the program of the reference
     op loop (:class:`~workloads.lowering.ops.OpLoop`), instruction for instruction, laid
@@ -88,6 +90,12 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     :func:`~workloads.lowering.pipeline.deepspeed_order`), the sends leave the ops: each
     step's messages are rendezvous of their two GPUs after the step's ops
     (:func:`~workloads.lowering.pipeline.emit_rendezvous`, :func:`_rendezvous`).
+
+    ``unnamed``: fold each op's segments with its layers unnamed (:func:`op_work_facts`:
+    the same work without building each layer's labels); the runs of collectives the
+    instruction objects name are then named from a fold of the named segments
+    (:func:`op_facts`, the reference, which ``unnamed=False`` folds throughout) when an
+    object is built (:meth:`ColumnarOps.build`). Nothing else of a fold reads a label.
     """
     S, split = schedule.num_stages, schedule.split_backward
     owner = schedule.stage_rank
@@ -99,14 +107,21 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
     plans: list[_Plan] = []
     groups: dict[int, Groups] = {}  # per rank, its TP groups
     folds = costs.__dict__.setdefault("_memo_folds", {})  # kept with its op segments
+    # the ops folded from their unnamed segments (op_work_facts), each plan's runs named by
+    # a fold of its named segments when an instruction object asks (named, below)
+    facts = op_work_facts if unnamed else op_facts
+    named: list[Callable[[], Folded]] = []
     for k in used_at.tolist():
         st, kd, _, sq = order[k]
         r, g = owner[st], reps[owner[st]]
         generic = Op(st, kd, 0, sq)
-        segs, _, alloc, free = op_facts(costs, generic, split)
+        segs, _, alloc, free = facts(costs, generic, split)
         if r not in groups:
             groups[r] = tp_groups(placement, r)
-        folded, use = folded_use(segs, collapse.on(g), groups[r], folds)
+        folded, use = (folded_alike if unnamed else folded_use)(segs, collapse.on(g),
+                                                                 groups[r], folds)
+        named.append(partial(_named_fold, costs, generic, split, collapse.on(g), groups[r],
+                             folds))
         consumer = consumer_stage(generic, S)
         p2p = op_p2p_bytes(costs, generic, whole_p2p)
         send = None
@@ -168,9 +183,25 @@ def lower_collapsed(schedule: Schedule, costs: CostModel, collapse: Collapse,
         layout = ColumnarOps(itemgetter(*unit_op.tolist())(order) if len(unit_op) > 1
                              else tuple(order[j] for j in unit_op.tolist()), plans, templates,
                              unit_variant, per, offset, ext, algo, done, keys)
+    if facts is not op_facts:
+        def named_template(v: int) -> tuple[tuple, ...]:
+            """Template ``v`` with its plan folded from its named segments."""
+            p = v // per
+            return _slots(replace(plans[p], folded=named[p]()),
+                          frozenset(kd for b, kd in enumerate(kinds) if v >> (m + b) & 1),
+                          frozenset(kd for b, kd in enumerate(kinds) if v >> b & 1), tail)
+
+        layout.named = named_template
     layout.parts = (table, row, op_kind, sig_of_row,
-                    tuple(layout.instruction(int(first_id[j])) for j in sig_rows))
+                    layout.instructions_at(first_id.take(list(sig_rows))))
     return layout
+
+
+def _named_fold(costs: CostModel, generic: Op, split: bool, collapse: Collapse,
+                groups: Groups, folds: dict) -> Folded:
+    """The fold of ``generic``'s named segments (:func:`op_facts`), remembered as the
+    reference's are (:func:`folded_use`)."""
+    return folded_use(op_facts(costs, generic, split)[0], collapse, groups, folds)[0]
 
 
 def _op_structure(schedule: Schedule, order: Sequence[Op], fields: tuple[np.ndarray, ...]
@@ -617,6 +648,11 @@ class ColumnarOps:
         self.parts: tuple
         """What :meth:`columns_with` lays out: the slot table, each instruction's slot row
         and op kind code, each slot row's signature and the signatures' representatives."""
+        self.named: Callable[[int], tuple[tuple, ...]] | None = None
+        """Template ``v`` with its runs of collectives named, where :attr:`templates` holds
+        them folded from unnamed segments (:func:`lower_collapsed`'s ``unnamed``); None:
+        :attr:`templates` is named."""
+        self._labels: dict[int, tuple[str | None, ...]] = {}
 
     def columns_with(self, tail: Columns) -> Columns:
         """The columns of this part's instructions followed by ``tail``'s (the step end,
@@ -646,12 +682,63 @@ class ColumnarOps:
     def instruction(self, i: int) -> Instruction:
         """Instruction ``i`` as :meth:`build` builds it (but a collective's key: 0)."""
         k = int(self.offset.searchsorted(i, "right")) - 1
-        ops, _ = self._op(k, int(self.offset[k]), 0)
-        return ops[i - int(self.offset[k])]
+        at = i - int(self.offset[k])
+        ops, _ = self._op(k, int(self.offset[k]), 0, at)
+        return ops[at]
 
-    def _op(self, k: int, i: int, key: int) -> tuple[list[Instruction], int]:
+    def instructions_at(self, ids: np.ndarray) -> tuple[Instruction, ...]:
+        """:meth:`instruction` of each of ``ids`` (the reference): their ops found in one
+        search, and a compute op, wait or receive built alone, without going through its
+        op's other slots (a collective through :meth:`_op`, for its key)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        ks = (self.offset.searchsorted(ids, "right") - 1).tolist()
+        firsts = self.offset.take(ks).tolist() if ks else []
+        new = tuple.__new__
+        base = self.per * len(self.plans)
+        out: list[Instruction] = []
+        for i, k, first in zip(ids.tolist(), ks, firsts, strict=True):
+            at = i - first
+            v = int(self.variant[k])
+            slot = self.templates[v][at]
+            what = slot[0]
+            if what not in ("block", "wait", "recv"):
+                out.append(self._op(k, first, 0, at)[0][at])  # type: ignore[arg-type]
+                continue
+            st, kind, mb, seq = self.order[k]
+            plan = self.plans[v // self.per] if v < base else self.plans[(v - base) // 2]
+            g = plan.gpu
+            name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"
+            deps = tuple([d for d in self.ext[k].tolist() if d >= 0]) if not at else (i - 1,)
+            if what == "block":
+                blk, alloc, free = slot[1], slot[2], slot[3]
+                out.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
+                                         blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind,
+                                         alloc, free, st, mb)))
+            else:
+                assert plan.send is not None
+                on = g if what == "wait" else plan.send[0]
+                out.append(new(Compute, (i, on, kind, f"{name} pp {what}", deps, 0.0, 0.0, 0.0,
+                                         0.0, (), 0.0, 0.0, "tp", 0.0, 0.0, st, mb)))
+        return tuple(out)
+
+    def labels(self, v: int) -> tuple[str | None, ...]:
+        """Per slot of template ``v``, its run's label (None for another slot): from
+        :attr:`named` where the template was folded unnamed (worked out on first use)."""
+        found = self._labels.get(v)
+        if found is None:
+            slots = self.templates[v]
+            if self.named is not None and v < self.per * len(self.plans):
+                slots = self.named(v)
+                assert [x[0] for x in slots] == [x[0] for x in self.templates[v]]
+            found = self._labels[v] = tuple(x[1].label if x[0] == "run" else None
+                                            for x in slots)
+        return found
+
+    def _op(self, k: int, i: int, key: int, only: int | None = None
+            ) -> tuple[list[Instruction | None], int]:
         """Op ``order[k]``'s instructions, the first with id ``i``, collective keys from
-        ``key``; and the next key."""
+        ``key``; and the next key. With ``only``, just its instruction at that position
+        (the others None)."""
         new = tuple.__new__
         st, kind, mb, seq = self.order[k]
         v = int(self.variant[k])
@@ -660,12 +747,18 @@ class ColumnarOps:
         g = plan.gpu
         name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
         deps = tuple([d for d in self.ext[k].tolist() if d >= 0])
-        out: list[Instruction] = []
-        for slot in self.templates[v]:
+        out: list[Instruction | None] = []
+        labels = None
+        for j, slot in enumerate(self.templates[v]):
             what = slot[0]
-            if what == "run":
+            if only is not None and j != only:
+                out.append(None)
+                key += what == "run"
+            elif what == "run":
                 run = slot[1]
-                out.append(new(Collective, (i, g, run.kind, f"{name} {run.label}", deps, run.op,
+                if labels is None:
+                    labels = self.labels(v)
+                out.append(new(Collective, (i, g, run.kind, f"{name} {labels[j]}", deps, run.op,
                                             self.algo, (g,), run.nbytes, key, st, mb,
                                             run.duration_s, EQUAL_VOLUMES)))
                 key += 1
@@ -693,5 +786,5 @@ class ColumnarOps:
         key = 0
         for k, i in enumerate(self.offset.tolist()):
             ops, key = self._op(k, i, key)
-            out.extend(ops)
+            out.extend(ops)  # type: ignore[arg-type]  # (all built)
         return tuple(out)

@@ -41,6 +41,29 @@ def op_facts(costs: CostModel, generic: Op, split: bool
     return found
 
 
+def op_work_facts(costs: CostModel, generic: Op, split: bool
+                  ) -> tuple[tuple[Segment, ...], int, float, float]:
+    """:func:`op_facts` with the op's layers unnamed where the cost model has ``op_work``
+    (:meth:`workloads.stage_ops.StageOps.op_work`: the same segments, field for field, but
+    their labels, built from one layer's segments per cost model instead of one per layer;
+    ``tests/test_search_op_work.py``), else :func:`op_facts` itself. What the collapsed
+    fast path folds (:func:`workloads.lowering.columnar.lower_collapsed`): a fold reads no
+    label but its runs' (:class:`workloads.lowering.collapse.CommRun`), which the program's
+    instruction objects name, so those are folded from :func:`op_facts`' named segments
+    when they are built. Kept on the cost model like :func:`op_facts`."""
+    work = getattr(costs, "op_work", None)
+    if work is None:
+        return op_facts(costs, generic, split)
+    memo = costs.__dict__.setdefault("_memo_op_facts", {})
+    key = ("work", generic, split)
+    found = memo.get(key)
+    if found is None:
+        segs = work(generic, split)
+        alloc, free = op_alloc_free(costs, generic, split)
+        found = memo[key] = (segs, sum(isinstance(x, ComputeSeg) for x in segs), alloc, free)
+    return found
+
+
 def op_p2p_bytes(costs: CostModel, op: Op, whole: float) -> float:
     """Pipeline message of ``op``: ``whole`` (the cost model's ``p2p_bytes``), or for a
     Seq1F1B sequence chunk (``op.seq >= 0``) the cost model's ``seq_p2p_bytes`` (the
