@@ -63,6 +63,7 @@ from workloads.packed import (
     COLLECTIVE_OP,
     COLLECTIVE_SKEW,
     COMPUTE_BLOCKING_S,
+    SEND_DURATION_S,
     PackedInstructions,
 )
 from workloads.program import (
@@ -430,7 +431,7 @@ class _Run:
         launched, launched_all = self._launched_own, self._launched_all
         started, started_all = self._bundle_start, self._bundle_start_all
         ended, members = self._end_collective, self.members
-        send_flow, send_flows = self._send_flow, self._send_flows
+        send_flow, send_flows = self._sends_due, self._send_flows
         grouped = self.rows and self.stepping  # collectives ending in a row: one list
         while heap:
             at, _, callback, value = heappop(heap)
@@ -622,6 +623,8 @@ class _Run:
                         arrived.append(i)
                     if len(arrived) >= len(rest[group_at]):
                         self._arrived_packed(rest, key)
+                elif self.sends:
+                    self._start_send_packed(i, t)
                 else:
                     self._start_send(i, instrs._make(i))
 
@@ -1153,8 +1156,8 @@ class _Run:
         route = self.route(ins.gpu, ins.dst)
         if route.latency_s > 0:
             if self.env is None and self.sends:  # consecutive sends of an instant: one entry
-                self._after_own(route.latency_s, self._send_flow,
-                                (i, ins, route.links, self.epoch))
+                self._after_own(route.latency_s, self._sends_due,
+                                (i, ins.gpu, ins.dst, ins.nbytes, route.links, self.epoch))
             else:
                 self._after(route.latency_s, self._send_flow, (i, ins, route.links, self.epoch))
         else:
@@ -1166,17 +1169,39 @@ class _Run:
             links = self.route(ins.gpu, ins.dst).links
         self._send_flow_now(i, ins, links)
 
-    def _send_flows(self, values: list[tuple[int, Send, tuple[int, ...], int]]) -> None:
-        """:meth:`_send_flow` of each value in turn (a heap entry's sends, :meth:`_after_own`),
-        :meth:`_send_flow_now` and :meth:`_flow` inline: the same flows, ids, refresh event
-        and completions, in the same order."""
+    def _start_send_packed(self, i: int, t: int) -> None:
+        """:meth:`_start_send` of a packed program's send ``i`` (template ``t``) with the sends
+        batched (:attr:`sends`): its GPU, destination and bytes read from the columns and its
+        template (head ``(dst, nbytes, kind, name)``), not a named tuple made per send; one
+        with a precomputed duration, or a route without latency, as :meth:`_start_send`."""
+        instrs = self.program.instructions
+        head, rest = instrs.templates[t][1:]
+        if rest[SEND_DURATION_S] is not None:
+            self._start_send(i, instrs._make(i))
+            return
+        gpu, dst = instrs.gpu[i], head[0]
+        self.started[i] = self.now
+        route = self.route(gpu, dst)
+        if route.latency_s > 0:
+            self._after_own(route.latency_s, self._sends_due,
+                            (i, gpu, dst, head[1], route.links, self.epoch))
+        else:
+            self._send_flow_now(i, instrs._make(i), route.links)
+
+    def _sends_due(self, value: object) -> None:
+        """The mark of a heap entry of batched sends' flow starts (:meth:`_send_flows`)."""
+        raise AssertionError("handled by _loop")
+
+    def _send_flows(self, values: list[tuple[int, int, int, float, tuple[int, ...], int]]
+                    ) -> None:
+        """:meth:`_send_flow` of each value ``(id, gpu, dst, bytes, links, epoch)`` in turn (a
+        heap entry's sends, :meth:`_after_own`), :meth:`_send_flow_now` and :meth:`_flow`
+        inline: the same flows, ids, refresh event and completions, in the same order."""
         flow_done, start, complete, now = self.flow_done, self.net.start, self._complete, \
             self.now
-        for value in values:
-            i, ins, links, epoch = value
+        for i, gpu, dst, nbytes, links, epoch in values:
             if epoch != self.epoch:  # links failed during the latency: the new route
-                links = self.route(ins.gpu, ins.dst).links
-            nbytes = ins.nbytes
+                links = self.route(gpu, dst).links
             if not (nbytes > 0 and links):
                 complete(i)  # may start more (its successors): state read again below
                 continue
@@ -1184,7 +1209,7 @@ class _Run:
             self.flows = fid + 1
             flow_done[fid] = (complete, i)
             if self.flow_ends is not None:
-                self.flow_ends[fid] = (ins.gpu, ins.dst)
+                self.flow_ends[fid] = (gpu, dst)
             start(now, fid, links, nbytes)
             if not self.refresh_pending:
                 self.refresh_pending = True
