@@ -63,6 +63,7 @@ from workloads.packed import (
     COLLECTIVE_OP,
     COLLECTIVE_SKEW,
     COMPUTE_BLOCKING_S,
+    SEND_DURATION_S,
     PackedInstructions,
 )
 from workloads.program import (
@@ -216,6 +217,14 @@ class _Run:
     """Whether the DP replicas' blocks of lanes in one heap entry may complete as one
     two-dimensional block (:func:`sim.rows.rows_stepper`) while ``stepping``; False: block by
     block, its reference (``tests/test_rows.py`` runs both)."""
+
+    sends = True
+    """Whether a packed program's pipeline sends are batched on the own heap: a send's flow
+    start after its route's latency shares the heap entry of the send scheduled just before
+    it for the same instant (:meth:`_after_own`, the same event numbers; :meth:`_send_flows`
+    starts them in turn), and sends whose flows end at one wake-up complete in one list with
+    the collectives' members beside them (:meth:`_finished_flows`). The same events, flows and
+    order as one by one; False: one by one, its reference (``tests/test_sends.py``)."""
 
     memo_work = True
     """Whether a packed compute op's (duration, total) is kept per its template's ``rest``
@@ -422,6 +431,7 @@ class _Run:
         launched, launched_all = self._launched_own, self._launched_all
         started, started_all = self._bundle_start, self._bundle_start_all
         ended, members = self._end_collective, self.members
+        send_flow, send_flows = self._sends_due, self._send_flows
         grouped = self.rows and self.stepping  # collectives ending in a row: one list
         while heap:
             at, _, callback, value = heappop(heap)
@@ -438,6 +448,8 @@ class _Run:
                     launched_all(values)
                 elif callback == started:
                     started_all(values)
+                elif callback == send_flow:
+                    send_flows(values)
                 elif callback == ended and grouped and len(values) > 1:
                     ids = members.pop(values[0])  # as _finished_flows: their members
                     for key in values[1:]:  # released as one list (the DP replicas'
@@ -611,6 +623,8 @@ class _Run:
                         arrived.append(i)
                     if len(arrived) >= len(rest[group_at]):
                         self._arrived_packed(rest, key)
+                elif self.sends:
+                    self._start_send_packed(i, t)
                 else:
                     self._start_send(i, instrs._make(i))
 
@@ -1038,11 +1052,18 @@ class _Run:
         joins a collective whose members have all arrived."""
         flow_done, ends, members = self.flow_done, self.flow_ends, self.members
         bundle_done, bundles_done = self._bundle_done, self._bundles_done
+        complete = self._complete if self.sends else None
         ids: list[int] | None = None
         for fid in done:
             if ends is not None:
                 del ends[fid]
             on_done, arg = flow_done.pop(fid)
+            if on_done == complete:  # a send's flow (_complete: _release of its id alone)
+                if ids is None:
+                    ids = [arg]  # type: ignore[list-item]
+                else:
+                    ids.append(arg)  # type: ignore[arg-type]
+                continue
             if on_done == bundle_done:
                 mine = members.pop(arg[1])  # type: ignore[index]
                 if ids is None:
@@ -1134,7 +1155,11 @@ class _Run:
             return
         route = self.route(ins.gpu, ins.dst)
         if route.latency_s > 0:
-            self._after(route.latency_s, self._send_flow, (i, ins, route.links, self.epoch))
+            if self.env is None and self.sends:  # consecutive sends of an instant: one entry
+                self._after_own(route.latency_s, self._sends_due,
+                                (i, ins.gpu, ins.dst, ins.nbytes, route.links, self.epoch))
+            else:
+                self._after(route.latency_s, self._send_flow, (i, ins, route.links, self.epoch))
         else:
             self._send_flow_now(i, ins, route.links)
 
@@ -1143,6 +1168,52 @@ class _Run:
         if epoch != self.epoch:  # links failed during the latency: the new route
             links = self.route(ins.gpu, ins.dst).links
         self._send_flow_now(i, ins, links)
+
+    def _start_send_packed(self, i: int, t: int) -> None:
+        """:meth:`_start_send` of a packed program's send ``i`` (template ``t``) with the sends
+        batched (:attr:`sends`): its GPU, destination and bytes read from the columns and its
+        template (head ``(dst, nbytes, kind, name)``), not a named tuple made per send; one
+        with a precomputed duration, or a route without latency, as :meth:`_start_send`."""
+        instrs = self.program.instructions
+        head, rest = instrs.templates[t][1:]
+        if rest[SEND_DURATION_S] is not None:
+            self._start_send(i, instrs._make(i))
+            return
+        gpu, dst = instrs.gpu[i], head[0]
+        self.started[i] = self.now
+        route = self.route(gpu, dst)
+        if route.latency_s > 0:
+            self._after_own(route.latency_s, self._sends_due,
+                            (i, gpu, dst, head[1], route.links, self.epoch))
+        else:
+            self._send_flow_now(i, instrs._make(i), route.links)
+
+    def _sends_due(self, value: object) -> None:
+        """The mark of a heap entry of batched sends' flow starts (:meth:`_send_flows`)."""
+        raise AssertionError("handled by _loop")
+
+    def _send_flows(self, values: list[tuple[int, int, int, float, tuple[int, ...], int]]
+                    ) -> None:
+        """:meth:`_send_flow` of each value ``(id, gpu, dst, bytes, links, epoch)`` in turn (a
+        heap entry's sends, :meth:`_after_own`), :meth:`_send_flow_now` and :meth:`_flow`
+        inline: the same flows, ids, refresh event and completions, in the same order."""
+        flow_done, start, complete, now = self.flow_done, self.net.start, self._complete, \
+            self.now
+        for i, gpu, dst, nbytes, links, epoch in values:
+            if epoch != self.epoch:  # links failed during the latency: the new route
+                links = self.route(gpu, dst).links
+            if not (nbytes > 0 and links):
+                complete(i)  # may start more (its successors): state read again below
+                continue
+            fid = self.flows
+            self.flows = fid + 1
+            flow_done[fid] = (complete, i)
+            if self.flow_ends is not None:
+                self.flow_ends[fid] = (gpu, dst)
+            start(now, fid, links, nbytes)
+            if not self.refresh_pending:
+                self.refresh_pending = True
+                self._after(0, self._refresh)
 
     def _send_flow_now(self, i: int, ins: Send, links: tuple[int, ...]) -> None:
         """Route latency has passed: the message's bytes as one flow."""

@@ -56,6 +56,7 @@ COLLECTIVE_ALGO = _rest(Collective, "algo")
 COLLECTIVE_NBYTES = _rest(Collective, "nbytes")
 COLLECTIVE_SKEW = _rest(Collective, "skew")
 COLLECTIVE_DURATION_S = _rest(Collective, "duration_s")
+SEND_DURATION_S = _rest(Send, "duration_s")
 """Positions of the fields the passes over a packed program read in a template's ``rest``,
 from the named tuples' field order (a template's ``head`` is its fields between the GPU and
 the deps: a send's ``(dst, nbytes, kind, name)``, the others' ``(kind, name)``)."""
