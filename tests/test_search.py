@@ -64,6 +64,22 @@ def _context(name: str) -> SearchContext:
 # ----------------------------------------------------------------------------- layouts, pins
 
 
+@pytest.mark.parametrize("example", ["search-gpt3-175b-1024", "search-llama-13b-64",
+                                     "search-hetero-placement"])
+def test_enumerated_layouts_carry_the_keys_their_values_give(example: str) -> None:
+    """Enumeration builds each key from parts its loops share (``Layout.with_key``): every
+    layout equals ``Layout(*values)`` field for field, with the key that formats."""
+    from sim.config import read_yaml
+
+    ctx = SearchContext.build(read_yaml(ROOT / "workloads" / "examples" / f"{example}.yaml"))
+    layouts = list(enumerate_layouts(ctx))
+    assert layouts
+    for lay in layouts:
+        ref = Layout(*lay.values())
+        assert lay == ref and vars(lay) == {**vars(ref), "key": ref.key}
+        assert Layout.from_key(lay.key) == lay
+
+
 def test_layout_key_round_trips_and_selects_the_layout() -> None:
     layout = Layout(tp=2, pp=4, dp=2, vpp=2, sequence_parallel=True, zero_stage=2,
                     micro_batch_size=2, recompute="selective", schedule="interleaved")
