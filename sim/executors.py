@@ -92,7 +92,8 @@ class Executor(ABC):
     @abstractmethod
     def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
         """Yield ``(item, outcome)`` as items finish, asking ``feed`` for the next item
-        whenever a worker is free (at most :attr:`workers` items are in flight). Items
+        whenever a worker is free (at most :attr:`workers` items are in flight; an executor
+        may queue a few more, :class:`LocalExecutor`'s ``ahead``). Items
         must not be ``None``. The caller handles each outcome before ``feed`` is asked
         again, so ``feed`` may depend on every outcome yielded so far."""
 
@@ -230,13 +231,20 @@ class LocalExecutor(Executor):
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, max_breaks: int = 2) -> None:
+    def __init__(self, workers: int | None = None, max_breaks: int = 2,
+                 ahead: int | None = None) -> None:
         """``max_breaks``: pool breaks an item may be caught in before it is run alone (and
-        breaks it may cause alone before it is reported lost)."""
+        breaks it may cause alone before it is reported lost). ``ahead``: items handed to
+        the pool beyond one per worker (default: one more per worker), queued in the pool's
+        shared call queue, so that a worker that finishes an item takes the next at once
+        instead of idling through a round trip to this process (its answer read here,
+        ``feed`` asked, the next item pickled and sent); whichever worker is free first
+        takes a queued item."""
         self.workers = workers or os.cpu_count() or 1
         if self.workers < 1:
             raise ConfigError(f"--workers={workers}: must be at least 1")
         self.max_breaks = max_breaks
+        self.ahead = self.workers if ahead is None else ahead
         self._pool: ProcessPoolExecutor | None = None
         self._task: Task | None = None
 
@@ -260,9 +268,10 @@ class LocalExecutor(Executor):
         return self._pool
 
     def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
-        """See :meth:`Executor.stream`. An item lost with a broken pool is retried (before
-        new items); one caught in ``max_breaks`` breaks is then run alone, and reported
-        as a :class:`WorkerFailure` if it breaks the pool alone."""
+        """See :meth:`Executor.stream` (here up to ``workers + ahead`` items are in flight).
+        An item lost with a broken pool is retried (before new items); one caught in
+        ``max_breaks`` breaks is then run alone, and reported as a :class:`WorkerFailure`
+        if it breaks the pool alone."""
         base, indexed = _unwrap(task)
         retry: list[tuple[Any, int]] = []  # (item, breaks so far), oldest first
         alone: list[tuple[Any, int]] = []
@@ -277,7 +286,7 @@ class LocalExecutor(Executor):
                         alone.insert(0, (item, n))
                     seq += 1
             else:
-                while len(futures) < self.workers:
+                while len(futures) < self.workers + self.ahead:
                     if retry:
                         item, n = retry.pop(0)
                     elif (item := feed()) is None:

@@ -165,6 +165,26 @@ def test_results_are_identical_in_process_and_in_local_workers() -> None:
     assert _same_results(local, _small(True))
 
 
+@pytest.mark.parametrize("ahead", [0, 1, 4])
+def test_one_and_two_workers_write_the_same_bytes(ahead: int) -> None:
+    """What ``sim search`` writes (the CSV of every row, the summary without its timings)
+    is byte for byte the same on one worker and on two, however many items the pool
+    queues beyond its workers."""
+    from sim.search.results import rows_csv
+
+    def output(result: SearchResult) -> tuple[str, str]:
+        summary = {k: v for k, v in result.summary().items()
+                   if k not in ("elapsed_s", "screen_s", "layouts_per_s", "speculated",
+                                "discarded")}
+        return rows_csv(result.rows), json.dumps(summary, sort_keys=True)
+
+    one = search(SMALL, pins=PINS_SMALL, top=3)
+    with LocalExecutor(2, ahead=ahead) as executor:
+        two = search(SMALL, pins=PINS_SMALL, top=3, executor=executor)
+    assert two.simulated == one.simulated > 0
+    assert output(two) == output(one)
+
+
 def _search_on_two_workers(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
     """``sim search`` of the small experiment on two local workers, as a subprocess with
     its output piped; and its results database."""

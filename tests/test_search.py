@@ -64,6 +64,22 @@ def _context(name: str) -> SearchContext:
 # ----------------------------------------------------------------------------- layouts, pins
 
 
+@pytest.mark.parametrize("example", ["search-gpt3-175b-1024", "search-llama-13b-64",
+                                     "search-hetero-placement"])
+def test_enumerated_layouts_carry_the_keys_their_values_give(example: str) -> None:
+    """Enumeration builds each key from parts its loops share (``Layout.with_key``): every
+    layout equals ``Layout(*values)`` field for field, with the key that formats."""
+    from sim.config import read_yaml
+
+    ctx = SearchContext.build(read_yaml(ROOT / "workloads" / "examples" / f"{example}.yaml"))
+    layouts = list(enumerate_layouts(ctx))
+    assert layouts
+    for lay in layouts:
+        ref = Layout(*lay.values())
+        assert lay == ref and vars(lay) == {**vars(ref), "key": ref.key}
+        assert Layout.from_key(lay.key) == lay
+
+
 def test_layout_key_round_trips_and_selects_the_layout() -> None:
     layout = Layout(tp=2, pp=4, dp=2, vpp=2, sequence_parallel=True, zero_stage=2,
                     micro_batch_size=2, recompute="selective", schedule="interleaved")
@@ -184,8 +200,9 @@ def test_enumeration_drops_cp_degrees_whose_ring_cannot_hide_its_passes() -> Non
 def test_screening_chunks_keep_groups_on_one_worker() -> None:
     """Screening chunks cover every layout once, about eight per worker, each made of whole
     (tp, cp, micro-batch) groups (whose op times and TP collectives a worker then computes
-    once), unless a group is larger than a chunk."""
-    from sim.search.execution import SCREEN_CHUNKS_PER_WORKER, screen_chunks
+    once), unless a group is larger than a chunk or in the tail (the first ``workers``
+    chunks, handed out last, in pieces)."""
+    from sim.search.execution import SCREEN_CHUNKS_PER_WORKER, SCREEN_TAIL_PIECES, screen_chunks
 
     layouts = list(enumerate_layouts(SearchContext.build(_data())))
     n = len(layouts)
@@ -201,8 +218,10 @@ def test_screening_chunks_keep_groups_on_one_worker() -> None:
             assert chunk == sorted(chunk, key=lambda i: (group[i], i))
             for i in chunk:
                 holders.setdefault(group[i], set()).add(c)
+        # split only if larger than a chunk, or in the tail's pieces (the first chunks)
+        tail = {c for c in range(len(chunks)) if c < workers * SCREEN_TAIL_PIECES}
         for g, where in holders.items():
-            assert len(where) == 1 or sizes[g] > size, g  # split only if larger than a chunk
+            assert len(where) == 1 or sizes[g] > size or where <= tail, g
         target = SCREEN_CHUNKS_PER_WORKER * workers
         assert target // 2 <= len(chunks) <= 4 * target
 
@@ -232,6 +251,72 @@ def test_family_terms_are_computed_once_and_change_no_verdict() -> None:
     two = InlineExecutor()
     two.workers = 2  # the two-phase path, in this process
     assert screen_all(layouts, two, task, LocalFallback(spec), True) == one
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), in_flight=st.integers(1, 6))
+def test_screening_by_family_in_one_stream_holds_each_chunk_for_its_families(
+        seed: int, in_flight: int) -> None:
+    """Screening by family on several workers is one stream: the family chunks first, each
+    screening chunk once its families' terms are in. Whatever order the answers come in,
+    no screening chunk leaves before the families it needs, and the verdicts are those of
+    one worker screening everything."""
+    import random
+
+    from sim.executors import Executor, InlineExecutor, Task
+    from sim.search import SearchWorker, WorkerSpec
+    from sim.search.bounds import state_family
+    from sim.search.execution import (
+        FamilyChunk,
+        LocalFallback,
+        ScreenChunk,
+        screen_all,
+        space_digest,
+    )
+
+    ctx, layouts = _small_space()
+    spec = WorkerSpec(ctx.data, None, ctx.global_batch_size, "collapsed", None, True,
+                      tuple(sorted(ctx.unsupported.items())),
+                      tuple(ctx.schedule_vpps.items()))
+    task = Task(SearchWorker, (spec,))
+    group = [state_family(lay)[:4] for lay in layouts]
+    assert space_digest(layouts)
+
+    class Shuffled(Executor):
+        """Up to ``in_flight`` items out; answers the one ``rng`` picks."""
+
+        workers = 2
+
+        def __init__(self) -> None:
+            self.done: set[tuple] = set()
+            self.kinds: list[str] = []
+
+        def stream(self, task, feed):  # type: ignore[no-untyped-def]
+            rng, out, worker = random.Random(seed), [], task.build()
+            while True:
+                while len(out) < in_flight and (item := feed()) is not None:
+                    if isinstance(item, ScreenChunk):
+                        assert {group[i] for i in item.indices} <= self.done
+                    self.kinds.append(type(item).__name__)
+                    out.append(item)
+                if not out:
+                    return
+                item = out.pop(rng.randrange(len(out)))
+                answer = worker(item)
+                if isinstance(item, FamilyChunk):
+                    self.done.add(state_family(Layout(*item.layouts[0]))[:4])
+                yield item, answer
+
+    one = screen_all(layouts, InlineExecutor(), task, LocalFallback(spec), True)
+    shuffled = Shuffled()
+    assert screen_all(layouts, shuffled, task, LocalFallback(spec), True) == one
+    assert "FamilyChunk" in shuffled.kinds and "ScreenChunk" in shuffled.kinds
+
+
+@cache
+def _small_space() -> tuple[SearchContext, list[Layout]]:
+    ctx = SearchContext.build(_data())
+    return ctx, list(enumerate_layouts(ctx))
 
 
 def test_workers_screen_the_shared_space_or_enumerate_the_same_one() -> None:

@@ -287,6 +287,10 @@ SCREEN_CHUNKS_PER_WORKER = 8
 """Screening is split into about this many chunks per worker (load balance against cache
 reuse: see :func:`screen_chunks`)."""
 SCREEN_CHUNK_MIN = 256
+SCREEN_TAIL_PIECES = 4
+"""The ``workers`` screening chunks handed out last are split into this many pieces."""
+SCREEN_TAIL_MIN = 64
+"""...of at least this many layouts."""
 
 
 class LocalFallback:
@@ -310,30 +314,31 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     (the chunks carry indices into it).
 
     ``families`` (screening by family, :func:`~sim.search.bounds.screens_by_family`) and
-    more than one worker: first the state terms of every family
+    more than one worker: the state terms of every family
     (:func:`~sim.search.bounds.state_family`) are computed, each family by one worker
-    (:func:`family_chunks`), then handed to the screening chunks that need them, so that
-    no two workers compute the same family's terms."""
+    (:func:`family_chunks`), and handed to the screening chunks that need them, so that
+    no two workers compute the same family's terms. One stream, no barrier: the family
+    chunks go first, ordered by the first screening chunk that needs them, and each
+    screening chunk leaves as soon as the families it needs are in
+    (:class:`_ScreenFeed`)."""
     parts = screen_chunks(layouts, executor.workers)
     digest = space_digest(layouts)
-    states: dict[tuple[Any, ...], StateTerms] = {}
-    family: list[tuple[Any, ...]] = []
-    if families and executor.workers > 1:
-        family = [state_family(lay) for lay in layouts]  # once: both loops below read it
-        states = _family_states(layouts, family, executor, task, local)
-    chunks = []
-    for part in parts:
-        mine = {f: states[f] for i in part if (f := family[i]) in states} if states else {}
-        chunks.append(ScreenChunk(tuple(part), digest, tuple(mine.items())))
     verdicts: list[tuple[Any, ...] | None] = [None] * len(layouts)
     # handed out last chunk first: the widest TP groups come last, whose collectives make
     # them the costliest, and a costly chunk should not come last
-    last = len(chunks) - 1
-    for i, outcome in executor.run(task, chunks[::-1]):
-        part = parts[last - i]
-        got = outcome if isinstance(outcome, list) else local(chunks[last - i])
-        for j, verdict in zip(part, got, strict=True):
-            verdicts[j] = verdict
+    parts.reverse()
+    if families and executor.workers > 1:
+        feed = _ScreenFeed(layouts, parts, digest)
+        for item, outcome in executor.stream(task, feed):
+            feed.take(item, outcome if isinstance(outcome, list) else local(item), verdicts)
+        if not feed.finished():  # the feed sends every chunk: this is a bug
+            raise SimError("screening stopped before every chunk was sent")
+    else:
+        chunks = [ScreenChunk(tuple(part), digest) for part in parts]
+        for i, outcome in executor.run(task, chunks):
+            got = outcome if isinstance(outcome, list) else local(chunks[i])
+            for j, verdict in zip(parts[i], got, strict=True):
+                verdicts[j] = verdict
     missing = sum(1 for v in verdicts if v is None)
     if missing:  # the chunks cover every layout: this is a bug, not a user error
         raise SimError(f"screening lost {missing} of {len(layouts)} layouts")
@@ -342,24 +347,80 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
                 for lay, verdict in zip(layouts, verdicts, strict=True)]
 
 
-def _family_states(layouts: Sequence[Layout], family: Sequence[tuple[Any, ...]],
-                   executor: Executor, task: Task, local: Callable[[Any], Any]
-                   ) -> dict[tuple[Any, ...], StateTerms]:
-    """The state terms of every family of ``layouts`` that has them (``family[i]``: the
-    :func:`~sim.search.bounds.state_family` of ``layouts[i]``), computed on the executor's
-    workers in :func:`family_chunks`."""
-    first: dict[tuple[Any, ...], Layout] = {}
-    for f, lay in zip(family, layouts, strict=True):
-        first.setdefault(f, lay)
-    parts = family_chunks(list(first.values()))
-    chunks = [FamilyChunk(tuple(lay.values() for lay in part)) for part in parts]
-    states: dict[tuple[Any, ...], StateTerms] = {}
-    for i, outcome in executor.run(task, chunks):
-        got = outcome if isinstance(outcome, list) else local(chunks[i])
-        for lay, terms in zip(parts[i], got, strict=True):
-            if terms is not None:
-                states[state_family(lay)] = terms
-    return states
+class _ScreenFeed:
+    """The work items of screening by family on several workers, as one stream
+    (:meth:`Executor.stream`'s ``feed``): every :class:`FamilyChunk` first, then each
+    :class:`ScreenChunk` of ``parts`` (indices into ``layouts``, in hand-out order) once
+    the state terms of all its families are in, carrying them; None (wait for an answer)
+    while the next screening chunk still waits for a family. The family chunks are
+    ordered by the first screening chunk that needs them, so screening starts while the
+    later families are computed. What each chunk computes does not depend on when it is
+    sent (verdicts are pure functions of the layout, the terms of the family)."""
+
+    def __init__(self, layouts: Sequence[Layout], parts: Sequence[Sequence[int]],
+                 digest: str) -> None:
+        self.parts, self.digest = parts, digest
+        self.family = family = [state_family(lay) for lay in layouts]  # once: both read it
+        first: dict[tuple[Any, ...], Layout] = {}
+        for f, lay in zip(family, layouts, strict=True):
+            first.setdefault(f, lay)
+        # a family chunk is a whole (tp, cp, ep, pp) group: family[:4]
+        self.groups = [{family[i][:4] for i in part} for part in parts]
+        need: dict[tuple[int, int, int, int], int] = {}
+        for k, groups in enumerate(self.groups):
+            for g in groups:
+                need.setdefault(g, k)
+        ordered = sorted(family_chunks(list(first.values())),  # stable: largest first
+                         key=lambda part: need[_group(part[0])])
+        self.families = [FamilyChunk(tuple(lay.values() for lay in part)) for part in ordered]
+        self.family_parts = {id(c): part for c, part in zip(self.families, ordered,
+                                                             strict=True)}
+        self.screens: dict[int, tuple[ScreenChunk, Sequence[int]]] = {}
+        """Screening chunks handed out, by ``id``: (the chunk, its indices)."""
+        self.sent = 0
+        """Family chunks handed out."""
+        self.next = 0
+        """The next screening chunk to hand out (an index into ``parts``)."""
+        self.done: set[tuple[int, int, int, int]] = set()
+        """Groups whose family chunk is answered."""
+        self.states: dict[tuple[Any, ...], StateTerms] = {}
+
+    def __call__(self) -> FamilyChunk | ScreenChunk | None:
+        if self.sent < len(self.families):
+            self.sent += 1
+            return self.families[self.sent - 1]
+        k = self.next
+        if k >= len(self.parts) or not self.groups[k] <= self.done:
+            return None
+        self.next += 1
+        part, family, states = self.parts[k], self.family, self.states
+        mine = {f: states[f] for i in part if (f := family[i]) in states}
+        chunk = ScreenChunk(tuple(part), self.digest, tuple(mine.items()))
+        self.screens[id(chunk)] = (chunk, part)
+        return chunk
+
+    def take(self, item: FamilyChunk | ScreenChunk, answer: list[Any],
+             verdicts: list[tuple[Any, ...] | None]) -> None:
+        """Record ``item``'s answer (its family terms, or its verdicts into ``verdicts``)."""
+        if isinstance(item, FamilyChunk):
+            part = self.family_parts[id(item)]
+            for lay, terms in zip(part, answer, strict=True):
+                if terms is not None:
+                    self.states[state_family(lay)] = terms
+            self.done.add(_group(part[0]))
+            return
+        _, part = self.screens.pop(id(item))
+        for j, verdict in zip(part, answer, strict=True):
+            verdicts[j] = verdict
+
+    def finished(self) -> bool:
+        return self.sent == len(self.families) and self.next == len(self.parts)
+
+
+def _group(lay: Layout) -> tuple[int, int, int, int]:
+    """The ``(tp, cp, ep, pp)`` group of a layout (a :func:`family_chunks` chunk; the first
+    four fields of its :func:`~sim.search.bounds.state_family`)."""
+    return (lay.tp, lay.cp, lay.ep, lay.pp)
 
 
 def family_chunks(representatives: Sequence[Layout]) -> list[list[Layout]]:
@@ -367,7 +428,7 @@ def family_chunks(representatives: Sequence[Layout]) -> list[list[Layout]]:
     families of a group share their DP groups and collective times), largest first."""
     groups: dict[tuple[int, int, int, int], list[Layout]] = {}
     for lay in representatives:
-        groups.setdefault((lay.tp, lay.cp, lay.ep, lay.pp), []).append(lay)
+        groups.setdefault(_group(lay), []).append(lay)
     return sorted(groups.values(), key=len, reverse=True)
 
 
@@ -390,7 +451,8 @@ def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     whole groups of :func:`_screen_group` (layouts ordered by group, then index): the
     screener's caches are per worker, so a group screened by one worker computes its op
     times and times its collectives once. A group larger than a chunk is split into even
-    pieces.
+    pieces, and so are the first ``workers`` chunks (:data:`SCREEN_TAIL_PIECES`; those
+    :func:`screen_all` hands out last, so that no worker waits long for the last one).
     """
     n = len(layouts)
     if workers <= 1 or n == 0:
@@ -421,7 +483,15 @@ def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
             b = ge
     if b > a:
         spans.append((a, b))
-    return [order[a:b] for a, b in spans]
+    # the chunks handed out last (the first ones: the narrowest TP, the cheapest per
+    # layout) in pieces, so that the workers finish screening about together: the sweep
+    # cannot start before the last verdict is in
+    tail: list[tuple[int, int]] = []
+    for a, b in spans[:workers]:
+        pieces = max(1, min(SCREEN_TAIL_PIECES, (b - a) // SCREEN_TAIL_MIN))
+        cuts = [a + (b - a) * k // pieces for k in range(pieces + 1)]
+        tail += list(zip(cuts, cuts[1:], strict=False))
+    return [order[a:b] for a, b in tail + spans[workers:]]
 
 
 def as_evaluation(outcome: Any, layout: Layout) -> Evaluation:

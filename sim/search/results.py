@@ -7,6 +7,7 @@ import io
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
 from sim.search.evaluation import Evaluation
@@ -145,17 +146,43 @@ def rows_csv(rows: Sequence[Row]) -> str:
     return buf.getvalue()
 
 
+_STATUS_ORDER = {"oom": 0, "error": 1, "pruned": 2, "memory": 3, "invalid": 4}
+"""Where the rows that are not feasible come, by status (others last)."""
+_ROW_KEY = attrgetter("layout.key")
+
+
 def _rank_rows(rows: list[Row]) -> list[Row]:
-    """Feasible rows by throughput (then less memory, then key), numbered; the rest after."""
+    """Feasible rows by throughput (then less memory, then key), numbered; the rest after,
+    by status (:data:`_STATUS_ORDER`), then key."""
     def throughput(r: Row) -> float:
         return r.figure("tokens_per_s") or 0.0
 
     feasible = sorted((r for r in rows if r.status == "ok"),
                       key=lambda r: (-throughput(r), r.figure("peak_memory_gib"), r.layout.key))
-    order = {"oom": 0, "error": 1, "pruned": 2, "memory": 3, "invalid": 4}
-    rest = sorted((r for r in rows if r.status != "ok"),
-                  key=lambda r: (order.get(r.status, 9), r.layout.key))
+    # the rest: one list per status in that order, each sorted by key (stable, as a sort
+    # by (status, key) is; ~90,000 rows in a search's serial tail, so no key tuples)
+    by_status: dict[int, list[Row]] = {}
+    for r in rows:
+        if r.status != "ok":
+            by_status.setdefault(_STATUS_ORDER.get(r.status, 9), []).append(r)
+    rest: list[Row] = []
+    for _, group in sorted(by_status.items()):
+        group.sort(key=_ROW_KEY)
+        rest += group
     return [replace(r, rank=i + 1) for i, r in enumerate(feasible)] + rest
+
+
+def _row(layout: Layout, status: str, stats: dict[str, Any] | None, error: str,
+         memory_bound_gib: float | None, tokens_bound: float | None,
+         elapsed_s: float = 0.0) -> Row:
+    """``Row(layout, status, stats, error, memory_bound_gib, tokens_bound,
+    elapsed_s=elapsed_s)``, field for field, without the frozen dataclass's ``__init__``
+    (one ``object.__setattr__`` per field: the rows are a serial part of every search)."""
+    row = object.__new__(Row)
+    row.__dict__.update(layout=layout, status=status, stats=stats, error=error,
+                        memory_bound_gib=memory_bound_gib, tokens_bound=tokens_bound,
+                        rank=None, elapsed_s=elapsed_s)
+    return row
 
 
 def collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluation],
@@ -164,14 +191,15 @@ def collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluati
     """One row per candidate, with its simulation result or its verdict, ranked. ``pruned``:
     keys of candidates pruned with their screening verdict (status ``pruned``)."""
     rows = []
+    append = rows.append
     for c in candidates:
         key = c.layout.key
         c = judged.get(key, c)
         ev = results.get(key)
         if ev is not None:
-            rows.append(Row(c.layout, ev.status, ev.stats, ev.error, c.memory_bound_gib,
-                            c.tokens_bound, elapsed_s=ev.elapsed_s))
+            append(_row(c.layout, ev.status, ev.stats, ev.error, c.memory_bound_gib,
+                        c.tokens_bound, ev.elapsed_s))
         else:
-            rows.append(Row(c.layout, "pruned" if key in pruned else c.status, error=c.reason,
-                            memory_bound_gib=c.memory_bound_gib, tokens_bound=c.tokens_bound))
+            append(_row(c.layout, "pruned" if key in pruned else c.status, None, c.reason,
+                        c.memory_bound_gib, c.tokens_bound))
     return _rank_rows(rows)
