@@ -7,16 +7,12 @@ random collapsible experiments of ``tests/test_lowering_paths.py``, sends blocki
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import workloads.lowering as lowering
-from sim.experiment import build_experiment
 from tests.strategies import collapsible_experiments
-from tests.test_lowering_paths import _collapse
-from workloads.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS
+from tests.test_lowering_paths import _collapse, _fast_path_case
 from workloads.program import Collective
 
 
@@ -24,24 +20,12 @@ from workloads.program import Collective
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(collapsible_experiments(), st.sampled_from((False, True)))
 def test_instructions_at_equal_instruction(data: dict, blocking: bool) -> None:
-    parallel = data["parallel"]
-    assume(parallel["cp"] == 1 and parallel["ep"] == 1)
-    parallel["zero_stage"] = min(parallel["zero_stage"], 2)
-    framework = FRAMEWORKS[data["training"].get("framework", DEFAULT_FRAMEWORK)]
-    if framework.zero2_reduce_every_microbatch:
-        parallel["zero_stage"] = min(parallel["zero_stage"], 1)
-    parallel["overlap_grad_reduce"] = False
-    parallel.pop("grad_bucket_MB", None)
-    parallel.pop("overlap_param_gather", None)
-    exp = build_experiment(data)
-    assume(not exp.schedule.fused and exp.schedule.encoder is None)
-    costs = replace(exp.costs, pp_send_blocking=blocking) \
-        if hasattr(exp.costs, "pp_send_blocking") else exp.costs
+    exp, costs, zero_stage = _fast_path_case(data, blocking)
     made = []
     real = lowering.lower_collapsed
     try:
         lowering.lower_collapsed = lambda *a: made.append(real(*a)) or made[-1]
-        lowering.lower(exp.schedule, costs, exp.placement, parallel["zero_stage"],
+        lowering.lower(exp.schedule, costs, exp.placement, zero_stage,
                        _collapse(exp))
     finally:
         lowering.lower_collapsed = real

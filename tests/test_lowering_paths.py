@@ -67,9 +67,9 @@ def test_fast_rendezvous_lowering_equals_the_reference(data: dict, blocking: boo
     _fast_equals_reference(data, blocking)
 
 
-def _fast_equals_reference(data: dict, blocking: bool | str) -> None:
-    """The fast path's program and columns equal the reference op loop's on ``data`` with
-    ``pp_send_blocking`` set to ``blocking``."""
+def _fast_path_case(data: dict, blocking: bool | str):  # type: ignore[no-untyped-def]
+    """``data`` narrowed to what the columnar fast path lowers, built, and its costs with
+    ``pp_send_blocking`` set to ``blocking``: (experiment, costs, ZeRO stage)."""
     parallel = data["parallel"]
     assume(parallel["cp"] == 1 and parallel["ep"] == 1)  # CP and EP ops are pieces
     # ZeRO-3, gradient buckets and a ZeRO-2 that reduces every micro-batch cut ops into
@@ -87,7 +87,14 @@ def _fast_equals_reference(data: dict, blocking: bool | str) -> None:
     assume(not exp.schedule.fused and exp.schedule.encoder is None)
     costs = replace(exp.costs, pp_send_blocking=blocking) \
         if hasattr(exp.costs, "pp_send_blocking") else exp.costs
-    args = (exp.schedule, costs, exp.placement, parallel["zero_stage"], _collapse(exp))
+    return exp, costs, parallel["zero_stage"]
+
+
+def _fast_equals_reference(data: dict, blocking: bool | str) -> None:
+    """The fast path's program and columns equal the reference op loop's on ``data`` with
+    ``pp_send_blocking`` set to ``blocking``."""
+    exp, costs, zero_stage = _fast_path_case(data, blocking)
+    args = (exp.schedule, costs, exp.placement, zero_stage, _collapse(exp))
     first = lower(*args)  # its folds remembered (or read, where earlier examples left them)
     fast, ref = lower(*args), lower(*args, reference=True)  # the fast path's read
     assert first == fast

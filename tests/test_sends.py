@@ -14,11 +14,12 @@ from conftest import observed_full_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import experiments, link_changes
+from test_rows import _gpt3
 from test_streams import CLUSTER, programs
 
 from sim import engine
 from sim.engine import EngineCounters, InstructionTimes, simulate_program
-from sim.experiment import Experiment, build_experiment
+from sim.experiment import build_experiment
 from workloads.packed import PackedBuilder
 from workloads.program import Program, ProgramBuilder
 from workloads.schedules import gpipe
@@ -118,14 +119,6 @@ def test_batched_sends_on_random_experiments(data: dict) -> None:
     changes = link_changes(exp)
     fast = _observed(lambda: observed_full_run(exp, changes), True)
     assert fast[:3] == _observed(lambda: observed_full_run(exp, changes), False)[:3]
-
-
-def _gpt3(dp: int, **extra: object) -> Experiment:
-    return Experiment.from_dict({
-        "name": "sends", "model": {"preset": "gpt3-175b"},
-        "cluster": {"preset": "dgx-a100-80g", "num_gpus": 8 * 4 * dp},
-        "parallel": {"tp": 8, "pp": 4, "dp": dp},
-        "training": {"micro_batch_size": 1, "global_batch_size": 4 * dp}, **extra})
 
 
 @pytest.mark.parametrize("dp", [1, 4])
