@@ -693,33 +693,24 @@ class ColumnarOps:
         ids = np.asarray(ids, dtype=np.int64)
         ks = (self.offset.searchsorted(ids, "right") - 1).tolist()
         firsts = self.offset.take(ks).tolist() if ks else []
-        new = tuple.__new__
-        base = self.per * len(self.plans)
         out: list[Instruction] = []
         for i, k, first in zip(ids.tolist(), ks, firsts, strict=True):
             at = i - first
             v = int(self.variant[k])
             slot = self.templates[v][at]
-            what = slot[0]
-            if what not in ("block", "wait", "recv"):
+            if slot[0] not in ("block", "wait", "recv"):
                 out.append(self._op(k, first, 0, at)[0][at])  # type: ignore[arg-type]
                 continue
             st, kind, mb, seq = self.order[k]
-            plan = self.plans[v // self.per] if v < base else self.plans[(v - base) // 2]
-            g = plan.gpu
-            name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"
             deps = tuple([d for d in self.ext[k].tolist() if d >= 0]) if not at else (i - 1,)
-            if what == "block":
-                blk, alloc, free = slot[1], slot[2], slot[3]
-                out.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
-                                         blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind,
-                                         alloc, free, st, mb)))
-            else:
-                assert plan.send is not None
-                on = g if what == "wait" else plan.send[0]
-                out.append(new(Compute, (i, on, kind, f"{name} pp {what}", deps, 0.0, 0.0, 0.0,
-                                         0.0, (), 0.0, 0.0, "tp", 0.0, 0.0, st, mb)))
+            out.append(_compute_slot(slot, i, self._plan_of(v), kind, _op_name(st, kind, mb, seq),
+                                     deps, st, mb))
         return tuple(out)
+
+    def _plan_of(self, v: int) -> _Plan:
+        """The plan of template ``v``."""
+        base = self.per * len(self.plans)
+        return self.plans[v // self.per] if v < base else self.plans[(v - base) // 2]
 
     def labels(self, v: int) -> tuple[str | None, ...]:
         """Per slot of template ``v``, its run's label (None for another slot): from
@@ -742,10 +733,9 @@ class ColumnarOps:
         new = tuple.__new__
         st, kind, mb, seq = self.order[k]
         v = int(self.variant[k])
-        base = self.per * len(self.plans)
-        plan = self.plans[v // self.per] if v < base else self.plans[(v - base) // 2]
+        plan = self._plan_of(v)
         g = plan.gpu
-        name = f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"  # str(op)
+        name = _op_name(st, kind, mb, seq)
         deps = tuple([d for d in self.ext[k].tolist() if d >= 0])
         out: list[Instruction | None] = []
         labels = None
@@ -762,20 +752,12 @@ class ColumnarOps:
                                             self.algo, (g,), run.nbytes, key, st, mb,
                                             run.duration_s, EQUAL_VOLUMES)))
                 key += 1
-            elif what == "block":
-                blk, alloc, free = slot[1], slot[2], slot[3]
-                out.append(new(Compute, (i, g, kind, name, deps, blk.flops, 0.0, blk.compute_s,
-                                         blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind,
-                                         alloc, free, st, mb)))
             elif what == "send":
                 dst, suffix, fixed, nbytes = plan.send  # type: ignore[misc]
                 out.append(new(Send, (i, g, dst, nbytes, "pp", name + suffix, deps, st, mb,
                                       fixed)))
-            else:  # a blocking send's wait on the sender, or its recv (a rendezvous's)
-                assert plan.send is not None
-                on = g if what == "wait" else plan.send[0]
-                out.append(new(Compute, (i, on, kind, f"{name} pp {what}", deps, 0.0, 0.0, 0.0,
-                                         0.0, (), 0.0, 0.0, "tp", 0.0, 0.0, st, mb)))
+            else:
+                out.append(_compute_slot(slot, i, plan, kind, name, deps, st, mb))
             deps = (i,)
             i += 1
         return out, key
@@ -788,3 +770,25 @@ class ColumnarOps:
             ops, key = self._op(k, i, key)
             out.extend(ops)  # type: ignore[arg-type]  # (all built)
         return tuple(out)
+
+
+def _op_name(st: int, kind: str, mb: int, seq: int) -> str:
+    """An op's name, ``str(Op(st, kind, mb, seq))``."""
+    return f"{st}{kind}{mb}" if seq == WHOLE else f"{st}{kind}{mb}.{seq}"
+
+
+def _compute_slot(slot: tuple, i: int, plan: _Plan, kind: str, name: str,
+                  deps: tuple[int, ...], st: int, mb: int) -> Compute:
+    """Instruction ``i`` of a ``block`` slot (the op's folded compute), or of a ``wait`` or
+    ``recv`` slot (a blocking send's wait on the sender, or its receive: a rendezvous's),
+    of op ``name`` on ``plan``'s GPU."""
+    new = tuple.__new__
+    if slot[0] == "block":
+        blk, alloc, free = slot[1], slot[2], slot[3]
+        return new(Compute, (i, plan.gpu, kind, name, deps, blk.flops, 0.0, blk.compute_s,
+                             blk.attn_flops, (), 0.0, blk.comm_s, blk.comm_kind, alloc, free,
+                             st, mb))
+    assert plan.send is not None
+    on = plan.gpu if slot[0] == "wait" else plan.send[0]
+    return new(Compute, (i, on, kind, f"{name} pp {slot[0]}", deps, 0.0, 0.0, 0.0, 0.0, (),
+                         0.0, 0.0, "tp", 0.0, 0.0, st, mb))
