@@ -331,9 +331,8 @@ class ModelState:
             layers = sum(len(self._stage_layers(s)) for s in stages)
             whole -= layers * (BF16 * self._layer_params_tp - self._layer_gather_bytes)
         kept = self.kept_grad_copy_bytes
-        if kept:  # the optimizer's kept gradient copy, of its shard as optimizer_segment's
-            kept *= (dense / self._shards + expert / self._expert_shards
-                     if self.zero_stage >= 1 else dense + expert)
+        if kept:  # the optimizer's kept gradient copy, of the parameters it updates
+            kept *= self._optimizer_params(dense, expert)
         return (self.bytes_per_param() * dense
                 + self.bytes_per_param(self._expert_shards) * expert + whole + kept)
 
@@ -348,13 +347,17 @@ class ModelState:
         step on every GPU as the update does.
         """
         expert = sum(self.expert_grad_bytes(s) for s in stages) / BF16
-        n = sum(self.stage_params(s) for s in stages) - expert
-        if self.zero_stage >= 1:
-            n = n / self._shards + expert / self._expert_shards
-        else:
-            n += expert
+        n = self._optimizer_params(sum(self.stage_params(s) for s in stages) - expert, expert)
         casts = sum(self.stage_fp8_weight_cast_bytes(s) for s in stages)
         return ComputeSeg("optimizer", elementwise_bytes=self.optimizer_bytes * n + casts)
+
+    def _optimizer_params(self, dense: float, expert: float) -> float:
+        """The parameters one GPU's optimizer step updates, of ``dense`` dense and ``expert``
+        expert parameters on it: its ZeRO shard of each (over :attr:`_shards` and
+        :attr:`_expert_shards`), or all of them without ZeRO."""
+        if self.zero_stage >= 1:
+            return dense / self._shards + expert / self._expert_shards
+        return dense + expert
 
     def stage_fp8_weight_cast_bytes(self, stage: int) -> float:
         """HBM bytes one GPU's FP8 weight casts of a stage move once a step (every layer's
