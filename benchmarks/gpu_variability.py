@@ -3,7 +3,7 @@
     python benchmarks/gpu_variability.py [--data sim/data/validation/llmfoundry_mpt.csv]
 
 Prints the pacing of :mod:`sim.variability` (1 + sigma * E[max of N standard normals], sigma
-from Sinha et al. 2022's whisker range read as normal, ``sim/data/gpu_variability.toml``) for a
+from Sinha et al. 2022's whisker range read as normal, ``topologies/gpu_variability.toml``) for a
 range of GPU counts, then, for each model of llm-foundry's "Large Scale" H100 table (128, 256
 and 512 GPUs, the same work per GPU at every size), the published step times against the
 simulated ones with the pacing off (as shipped) and on (``sim.variability.paced_profile`` as the

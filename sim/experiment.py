@@ -307,6 +307,11 @@ def _swarm_layout(cfg: ExperimentConfig, num_gpus: int) -> tuple[int, int, int, 
     if cfg.schedule in SCHEDULES and SCHEDULES[cfg.schedule].steady_period:
         raise ConfigError(f"schedule={cfg.schedule!r}: its steps overlap; parallel.swarm "
                           "needs a schedule with a step barrier (e.g. 1f1b, gpipe)")
+    spread = getattr(cfg.cluster, "gpu_speed_spread", None)
+    if spread is not None:
+        raise ConfigError(f"cluster.gpu_speed_spread={spread!r}: not with parallel.swarm, whose "
+                          "pools rebalance around slow peers rather than wait for the slowest "
+                          "GPU (give slow peers as faults.stragglers)")
     return 1, p.pp, 1, 1
 
 

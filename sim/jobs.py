@@ -88,6 +88,11 @@ def build_jobs(data: Any, base_dir: Path | None = None) -> JobSet:
     from sim.jobs_config import gpu_ids, parse_jobs  # its models: built for jobs files only
 
     cfg = parse_jobs(data)
+    spread = getattr(cfg.cluster, "gpu_speed_spread", None)
+    if spread is not None:
+        raise ConfigError(f"cluster.gpu_speed_spread={spread!r}: not with jobs, since it paces "
+                          "every GPU by the slowest of the whole cluster, where each job waits "
+                          "only for its own; simulate a job alone to see its pacing")
     cluster = build_cluster(cfg.cluster)
     owner: dict[int, str] = {}
     jobs = []

@@ -41,6 +41,7 @@ from topologies.presets import (
     server_graph,
     set_server_links,
 )
+from topologies.variability import paced
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -178,11 +179,12 @@ def _uniform_cluster(c: PresetCluster | TopologyCluster) -> Cluster:
         graphs = [server_graph(c.preset, n, _server_fabric(c), c.nics_per_node, nic)
                   for _ in range(sites)]
         name = c.preset if c.topology is None else f"{c.preset}/{c.topology}"
-        gpu = _power_capped(GPUS[server.gpu], c.gpu_power_limit_w, server.gpu_power_limit_w)
+        gpu = _speed(_power_capped(GPUS[server.gpu], c.gpu_power_limit_w,
+                                   server.gpu_power_limit_w), c)
         per_node, launch = server.gpus_per_node, server.collective_launch_s
         protocol = server.protocol
     else:
-        gpu = _power_capped(gpu_spec(c.gpu or DEFAULT_GPU), c.gpu_power_limit_w)
+        gpu = _speed(_power_capped(gpu_spec(c.gpu or DEFAULT_GPU), c.gpu_power_limit_w), c)
         graphs = [_explicit_graph(c, gpu, n) for _ in range(sites)]
         name, per_node, launch = f"{c.topology}{c.num_gpus}", c.gpus_per_node or 1, 0.0
         protocol = None
@@ -226,15 +228,23 @@ def _mixed_cluster(c: PresetNodesCluster | GpuNodesCluster) -> Cluster:
         if c.topology is not None:
             name = f"{name}/{c.topology}"
         launch = SERVERS[types[0]].collective_launch_s
-        specs = {t: _power_capped(GPUS[SERVERS[t].gpu], c.gpu_power_limit_w,
-                                  SERVERS[t].gpu_power_limit_w) for t in dict.fromkeys(types)}
+        specs = {t: _speed(_power_capped(GPUS[SERVERS[t].gpu], c.gpu_power_limit_w,
+                                         SERVERS[t].gpu_power_limit_w), c)
+                 for t in dict.fromkeys(types)}
     else:
         name, launch = f"{c.topology}{c.num_gpus}", 0.0
-        specs = {t: _power_capped(gpu_spec(t), c.gpu_power_limit_w) for t in dict.fromkeys(types)}
+        specs = {t: _speed(_power_capped(gpu_spec(t), c.gpu_power_limit_w), c)
+                 for t in dict.fromkeys(types)}
     gpus = tuple(specs[t] for t in types for _ in range(per_node))
     graph, name = _join_sites(c, graphs, name)
     return Cluster(name, graph, gpus[0], per_node,
                    **_collective_settings(c).cluster_kwargs(launch), gpus=gpus)
+
+
+def _speed(gpu: GPUSpec, c: Networked) -> GPUSpec:
+    """``gpu`` paced by the expected slowest of the cluster's GPUs under
+    ``cluster.gpu_speed_spread`` (:func:`topologies.variability.paced`); unset: ``gpu``."""
+    return paced(gpu, c.num_gpus, c.gpu_speed_spread)
 
 
 def _power_capped(gpu: GPUSpec, limit_w: float | None, preset_w: float | None = None

@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from base.schema import INVALID, Strict, invalid
 from topologies.hardware import DEFAULT_GPU, gpu_spec
 from topologies.power import capped
 from topologies.presets import FABRIC_OF_TOPOLOGY, PRESET_NAMES, SERVERS, TOPOLOGIES
+from topologies.variability import PUBLISHED
 
 Topology = Literal["switch", "ring", "full-mesh", "torus2d", "torus3d", "fat-tree",
                    "rail-optimized", "dragonfly"]
@@ -198,6 +199,26 @@ class Networked(_Kind):
     default: the server preset's stated limit (``grand-teton-h100``: 500 W), else the TDP.
     Below the TDP, GEMMs and attention run at the published throughput fraction of that
     limit (:mod:`topologies.power`); memory-bound kernels keep their rate."""
+    gpu_speed_spread: float | str | None = None
+    """How much the GPUs' compute speed varies from GPU to GPU: the relative standard
+    deviation around the median GPU (0 <= spread < 0.5), or ``sinha2022`` for the one
+    published figure, 1.48% (Sinha et al. 2022, ``topologies/gpu_variability.toml``). Set,
+    every GPU's GEMMs and attention run at the pace of the expected slowest of the
+    cluster's N GPUs, 1 + spread · E[max of N standard normals] (a synchronous job waits
+    for its slowest GPU; :mod:`topologies.variability`); memory-bound kernels keep their
+    rate. Default: none, every GPU at its device profile's speed (the A100 profile was
+    fitted on runs of 32-256 GPUs, so it holds their pacing already:
+    docs/gpu-variability.md)."""
+
+    @field_validator("gpu_speed_spread")
+    @classmethod
+    def _spread_range(cls, value: float | str) -> float | str:
+        if value == PUBLISHED:
+            return value
+        if isinstance(value, str) or not 0.0 <= value < 0.5:
+            raise invalid(f"cluster.gpu_speed_spread={value!r}: a relative standard "
+                             "deviation between 0 and 0.5 (0.0148 is 1.48%), or 'sinha2022'")
+        return value
 
     def check_power_limit(self, gpus: tuple[str, ...]) -> None:
         """Raise unless :attr:`gpu_power_limit_w` is within the range of each GPU of
