@@ -108,6 +108,12 @@ def state_family(layout: Layout) -> tuple[Any, ...]:
             layout.schedule, layout.placement, layout.zero_stage)
 
 
+def family_group(family: tuple[Any, ...]) -> tuple[int, int, int, int]:
+    """The ``(tp, cp, ep, pp)`` group of a :func:`state_family` (its first four fields): the
+    families of a group share their DP groups and collective times."""
+    return family[:4]
+
+
 def screens_by_family(ctx: SearchContext) -> bool:
     """Whether screening composes its bounds from terms cached by family
     (:meth:`Bounds.screen_terms`): a uniform cluster and a layer split that depends only

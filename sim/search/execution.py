@@ -16,7 +16,7 @@ from base.errors import SimError
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile
 from sim.executors import Executor, Feed, Task, WorkerFailure, is_indexed
-from sim.search.bounds import StateTerms, state_family
+from sim.search.bounds import StateTerms, family_group, state_family
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.layouts import Layout
 from sim.search.screening import Candidate, Screener
@@ -364,8 +364,8 @@ class _ScreenFeed:
         first: dict[tuple[Any, ...], Layout] = {}
         for f, lay in zip(family, layouts, strict=True):
             first.setdefault(f, lay)
-        # a family chunk is a whole (tp, cp, ep, pp) group: family[:4]
-        self.groups = [{family[i][:4] for i in part} for part in parts]
+        # a family chunk is a whole (tp, cp, ep, pp) group
+        self.groups = [{family_group(family[i]) for i in part} for part in parts]
         need: dict[tuple[int, int, int, int], int] = {}
         for k, groups in enumerate(self.groups):
             for g in groups:
@@ -418,9 +418,9 @@ class _ScreenFeed:
 
 
 def _group(lay: Layout) -> tuple[int, int, int, int]:
-    """The ``(tp, cp, ep, pp)`` group of a layout (a :func:`family_chunks` chunk; the first
-    four fields of its :func:`~sim.search.bounds.state_family`)."""
-    return (lay.tp, lay.cp, lay.ep, lay.pp)
+    """The ``(tp, cp, ep, pp)`` group of a layout (a :func:`family_chunks` chunk): its
+    family's :func:`~sim.search.bounds.family_group`, so the feed's groups are the chunks'."""
+    return family_group(state_family(lay))
 
 
 def family_chunks(representatives: Sequence[Layout]) -> list[list[Layout]]:
