@@ -51,6 +51,30 @@ def test_gemm_follows_the_measured_matmul_ratio(gpu: str, matmul: str) -> None:
     assert default_profile(gpu.lower()) == p
 
 
+def test_corpus_gemm_time_reaches_the_hopper_generation_alone() -> None:
+    """``[H100.corpus_fit]`` multiplies the GEMM times of the Hopper generation's GPUs only (the
+    H100 and the presets ``same_as`` it), the generation whose runs sim.loso gives a c
+    sensitivity; Blackwell, CDNA3 and Turing keep 1 whatever the H100 ships (checked at a
+    shipped 1.131, the value the corpus fitted on 2026-12-06, and at the shipped one)."""
+    from sim import gpu_profiles
+    from sim.gpu_profiles import generation_of
+    from sim.loso import FITTED_GENERATION
+
+    for shipped in (RATIOS["H100"].corpus_gemm_time, 1.131):
+        tables = dict(gpu_profiles._TABLES)
+        tables["H100"] = {**tables["H100"], "corpus_fit": {"gemm_time": shipped}}
+        ratios: dict = {}
+        for name, table in tables.items():
+            if name != "A100":
+                ratios[name] = gpu_profiles._ratios(table, ratios)
+        assert ratios["H100"].corpus_gemm_time == shipped
+        for name, r in ratios.items():
+            hopper = generation_of(name) == FITTED_GENERATION
+            assert r.corpus_gemm_time == (shipped if hopper else 1.0), name
+        assert {n for n in ratios if generation_of(n) == FITTED_GENERATION} >= {"H100", "H200"}
+        assert generation_of("B200") != FITTED_GENERATION
+
+
 def test_h100_flash_attention_is_measured_fa2_ratio() -> None:
     """FA2 reaches 35% of H100's peak against 73% of A100's: the H100 profile's flash
     fractions are the fit's times that ratio; FA1 takes it too (inferred)."""
