@@ -376,25 +376,23 @@ def llama3_405b(gpus: int) -> dict:
 
 
 PUBLISHED = [
-    # (corpus source, run, largest overestimate of MFU allowed)
-    ("llmfoundry_mpt", "mpt-7b-s2048-8gpu-h100-bf16", 0.12),
-    ("llmfoundry_mpt", "mpt-1b-s2048-8gpu-h100-bf16", 0.12),
-    ("llmfoundry_mpt", "mpt-30b-s2048-8gpu-h100-bf16", 0.12),
-    ("llmfoundry_mpt", "mpt-70b-s2048-64gpu-h100-bf16", 0.12),
+    # (corpus source, run, largest relative difference of MFU allowed, either way)
+    ("llmfoundry_mpt", "mpt-7b-s2048-8gpu-h100-bf16", 0.06),
+    ("llmfoundry_mpt", "mpt-1b-s2048-8gpu-h100-bf16", 0.06),
+    ("llmfoundry_mpt", "mpt-30b-s2048-8gpu-h100-bf16", 0.06),
+    ("llmfoundry_mpt", "mpt-70b-s2048-64gpu-h100-bf16", 0.06),
 ]
 """Published BF16 runs on H100, from the validation corpus (sim/data/validation/, each row's
 citation and conversion there), each one a run the simulator considers possible. Llama 3
 405B is not here: as laid out under interleaved 1F1B it does not fit (a known gap, see
 :func:`test_llama3_405b_as_laid_out_does_not_fit_interleaved_1f1b`; as the corpus rows state
 the paper's layout, its peak before the allocator's overhead reaches the H100's capacity,
-``tests/test_microbatch_groups.py``). A known gap too: with
-``training.framework: llm-foundry`` llm-foundry's H100 runs are simulated up to 17% too fast (7%
-on average; these four 1.8-7.7%, MFU up to 1.08 times the published) since MPT's bias gradients
-and QKV split are counted (docs/llmfoundry-h100.md; up to 21%, these four 4.8-8.8%, before),
-its A100 runs within 11.3%, while the Megatron-based H100 sources are 3-9% fast on average on
-Transformer Engine's cuDNN attention (docs/accuracy.md, accuracy across sources;
-``sim/profiles/hopper.toml``, ``[H100.corpus_fit]``). The test keeps the gap from growing or
-turning into pessimism unnoticed.
+``tests/test_microbatch_groups.py``). With ``training.framework: llm-foundry`` and the Hopper
+GEMM multiplier the corpus fits (``sim/profiles/hopper.toml``, ``[H100.corpus_fit]``, shipped
+since the seventeenth session) these four are simulated 1.8-4.2% slow (MFU 0.959-0.982 times the
+published; 1.8-7.7% fast before the multiplier); the growth of llm-foundry's H100 steps from 128 to 512
+GPUs is still not modelled (docs/fsdp-weak-scaling.md). The test keeps either gap
+from growing unnoticed.
 Not here because it takes 10-20 s: Llama 3's 16,384-GPU TP8 CP16 PP16 row at sequence 131,072
 (``llama3-405b-16384gpu-cp16``; ``sim validate`` simulates it)."""
 
@@ -402,7 +400,7 @@ Not here because it takes 10-20 s: Llama 3's 16,384-GPU TP8 CP16 PP16 row at seq
 @pytest.mark.parametrize("source,run,band", PUBLISHED, ids=[r for _, r, _ in PUBLISHED])
 def test_h100_runs_match_published_mfu(source: str, run: str, band: float) -> None:
     """MFU simulated against MFU published (the corpus row's step time, as MFU: the same
-    model FLOPs over the published time): optimistic, by at most ``band``. A row whose settings
+    model FLOPs over the published time): within ``band`` either way. A row whose settings
     the schema does not accept (``sim validate`` reports it as skipped) is skipped here with
     the schema's reason."""
     from sim.corpus import CORPUS_DIR, load_source
@@ -415,7 +413,8 @@ def test_h100_runs_match_published_mfu(source: str, run: str, band: float) -> No
     stats = api.simulate(exp, fidelity="collapsed").stats
     assert stats["gpu"] == "H100"
     published_mfu = stats["mfu"] * stats["step_time_s"] / row.step_time_s
-    assert published_mfu <= stats["mfu"] <= published_mfu * (1 + band), row.get("citation")
+    assert published_mfu * (1 - band) <= stats["mfu"] <= published_mfu * (1 + band), \
+        row.get("citation")
     assert not stats["oom"], (run, stats["peak_memory_gib"])  # evidence is a possible run
 
 
