@@ -390,9 +390,9 @@ the paper's layout, its peak before the allocator's overhead reaches the H100's 
 ``tests/test_microbatch_groups.py``). With ``training.framework: llm-foundry`` and the Hopper
 GEMM multiplier the corpus fits (``sim/profiles/hopper.toml``, ``[H100.corpus_fit]``, shipped
 since the seventeenth session) these four are simulated 1.8-4.2% slow (MFU 0.959-0.982 times the
-published; 1.8-7.7% fast before the multiplier); the growth of llm-foundry's H100 steps from 128 to 512
-GPUs is still not modelled (docs/fsdp-weak-scaling.md). The test keeps either gap
-from growing unnoticed.
+published; 1.8-7.7% fast before the multiplier); the growth of llm-foundry's H100 steps
+from 128 to 512 GPUs is still not modelled (docs/fsdp-weak-scaling.md). The test keeps
+either gap from growing unnoticed.
 Not here because it takes 10-20 s: Llama 3's 16,384-GPU TP8 CP16 PP16 row at sequence 131,072
 (``llama3-405b-16384gpu-cp16``; ``sim validate`` simulates it)."""
 
