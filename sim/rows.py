@@ -69,6 +69,8 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     succ_a = np.frombuffer(succ, dtype=np.int32)
     tpl_a = np.frombuffer(tpl, dtype=np.int32)
     shapes: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+    lane_of: dict[int, np.ndarray] = {}  # per degree: 0 .. degree - 1 (a row's edge places)
+    every = np.logical_and.reduce  # ``.all()`` over axis None, without its Python wrapper
     limit = len(tpl)  # every array's length: the program's instructions
     arrived_packed, plan_for, compute_times = run._arrived_packed, run._plan_for, \
         run._compute_times
@@ -94,7 +96,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
         count = rows * size
         if ids[p:p + count] != (offsets + b).tolist():
             return 0
-        if not (lanes_a[b:b + span:apart] == size).all():
+        if not every(lanes_a[b:b + span:apart] == size):
             return 0
         heads = succ[first[b]:first[b + 1]]
         if heads:
@@ -102,16 +104,21 @@ def rows_stepper(run: _Run, code: bytes, timed: list
             if heads[-1] + size - heads[0] > apart or heads[-1] + span > limit:
                 return 0  # the rows' successor blocks could meet, or a view run past the end
             at = first_a[b:b + span:apart]
-            if not (first_a[b + 1:b + 1 + span:apart] - at == degree).all():
+            if not every(first_a[b + 1:b + 1 + span:apart] - at == degree):
+                return 0
+            # every row's successors, row r's lane 0's shifted by r * apart: one gather
+            places_of = lane_of.get(degree)
+            if places_of is None:
+                places_of = lane_of[degree] = np.arange(degree, dtype=np.int64)
+            if not every(succ_a[at[:, None] + places_of] - shift[:, None]
+                         == np.frombuffer(heads, dtype=np.int32), None):
                 return 0
             freed = -1
             places = []
-            for e, h in enumerate(heads):
-                if not (succ_a[at + e] == shift + h).all():
-                    return 0
+            for h in heads:
                 counts = waiting_a[h:h + span].reshape(rows, apart)[:, :size]
                 w = int(counts[0, 0])
-                if w <= 0 or not (counts == w).all():
+                if w <= 0 or not every(counts == w, None):
                     return 0
                 places.append(counts)
                 if w == 1:
@@ -124,7 +131,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
             t = tpl[freed]
             c = code[t]
             if c == COMPUTE:
-                if not by_work or not (tpl_a[freed:freed + span:apart] == t).all():
+                if not by_work or not every(tpl_a[freed:freed + span:apart] == t):
                     return 0  # the timer reads the GPU, or the rows' ops differ
                 pair = timed[t]
                 if pair is None:
