@@ -67,7 +67,6 @@ from workloads.packed import (
     PackedInstructions,
 )
 from workloads.program import (
-    CLASS_CODE,
     COLLECTIVE,
     COMPUTE,
     Collective,
@@ -635,7 +634,7 @@ class _Run:
         collective's members share one; a large run has millions); and the step of a block
         of lanes (:meth:`_stepper`)."""
         templates, tpl, by_work, _ = self.packed
-        code = bytes(CLASS_CODE[cls] for cls, _, _ in templates)
+        code = self.program.instructions.classes().tobytes()  # CLASS_CODE of each (0-2)
         timed: list[tuple[float, float] | None] = [None] * len(templates)
         return (self.finished, self.ended, self.waiting, self.ready, self.succ, self.first,
                 self.program.instructions, self.members, self.started, self.mid, self.timer,
