@@ -67,7 +67,6 @@ from workloads.packed import (
     PackedInstructions,
 )
 from workloads.program import (
-    CLASS_CODE,
     COLLECTIVE,
     COMPUTE,
     Collective,
@@ -82,6 +81,8 @@ from workloads.streams import StreamColumns, edges_of, stream_columns
 
 if TYPE_CHECKING:
     import simpy
+
+    from sim.commtime import CollectiveTimer
 
 ComputeTimer = Callable[[Compute], float]
 
@@ -226,6 +227,11 @@ class _Run:
     the collectives' members beside them (:meth:`_finished_flows`). The same events, flows and
     order as one by one; False: one by one, its reference (``tests/test_sends.py``)."""
 
+    share_plans = True
+    """Whether a packed collective's new plan may be an earlier group's of its class,
+    relabelled, while no link has failed (:meth:`_plan_for`); False: every group planned by
+    :func:`~sim.selection.collective_plan`, its reference (``tests/test_plan_classes.py``)."""
+
     memo_work = True
     """Whether a packed compute op's (duration, total) is kept per its template's ``rest``
     value where the timer reads only the work (:meth:`_compute_times`); False: per template,
@@ -287,6 +293,8 @@ class _Run:
         """Per plans' routes in turn (their ids), those routes and their concatenation: the
         routes of one bundle of several plans' flows (:meth:`_merged_routes`)."""
         self._profiles: dict[tuple[int, ...], GroupProfile] = {}  # per group, see collective_plan
+        self._timers: dict[tuple, CollectiveTimer] = {}
+        """Per (algorithm, skew), the planner whose plans :meth:`_plan_for` shares by class."""
         self._compiled: dict[int, CompiledPlan] = {}
         self._by_rest: dict[tuple, tuple[float, float]] = {}
         """A compute template's ``rest`` -> its (duration, total) (:meth:`_compute_times`)."""
@@ -635,7 +643,7 @@ class _Run:
         collective's members share one; a large run has millions); and the step of a block
         of lanes (:meth:`_stepper`)."""
         templates, tpl, by_work, _ = self.packed
-        code = bytes(CLASS_CODE[cls] for cls, _, _ in templates)
+        code = self.program.instructions.classes().tobytes()  # CLASS_CODE of each (0-2)
         timed: list[tuple[float, float] | None] = [None] * len(templates)
         return (self.finished, self.ended, self.waiting, self.ready, self.succ, self.first,
                 self.program.instructions, self.members, self.started, self.mid, self.timer,
@@ -781,13 +789,27 @@ class _Run:
     def _plan_for(self, rest: tuple) -> CollectivePlan:
         """The plan of a packed collective, from its template's ``rest`` (kept per spec in
         ``_plans``: the same plan whenever it is asked for; not per template, which is one
-        collective's alone, its key among its fields)."""
+        collective's alone, its key among its fields). A new spec's plan is, where
+        ``share_plans`` and no link has failed, that of an earlier group of its class
+        relabelled (:meth:`sim.commtime.CollectiveTimer._plans`, one timer per algorithm and
+        skew: the same plan as :func:`~sim.selection.collective_plan`'s, by the argument
+        there, held to it by ``tests/test_commtime_classes.py``); at 4,096 GPUs the 512 TP
+        groups of a size are one class."""
         spec = (rest[COLLECTIVE_OP], rest[COLLECTIVE_ALGO], rest[COLLECTIVE_GROUP],
                 rest[COLLECTIVE_NBYTES], rest[COLLECTIVE_SKEW])
         plan = self._plans.get(spec)
         if plan is None:
-            plan = self._plans[spec] = collective_plan(self.topology, *spec[:4],
-                                                       self._profiles, spec[4])
+            if self.share_plans and self.topology is self.cluster:
+                how = (spec[1], spec[4])
+                timer = self._timers.get(how)
+                if timer is None:
+                    from sim.commtime import CollectiveTimer  # (it imports this module)
+
+                    timer = self._timers[how] = CollectiveTimer(self.cluster, *how)
+                plan = timer._plans(spec[0], [spec[2]], spec[3])[0]
+            else:
+                plan = collective_plan(self.topology, *spec[:4], self._profiles, spec[4])
+            self._plans[spec] = plan
         return plan
 
     def _launched_own(self, value: tuple[int, CollectivePlan]) -> None:

@@ -21,7 +21,6 @@ from workloads.packed import (
     COMPUTE_BLOCKING_S,
     COMPUTE_FREE,
     PackedInstructions,
-    template_classes,
 )
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Collective, Compute, Program, Send
 from workloads.streams import packed_before
@@ -51,7 +50,7 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
     width = len(names)
     templates = instrs.templates
     t = len(templates)
-    t_cls = template_classes(templates)
+    t_cls = instrs.classes()
     t_kind = np.full(t, -1, dtype=np.int64)  # a comm kind's code, -1: none
     t_comm = np.full(t, -1, dtype=np.int64)  # a compute op's blocking comm's, -1: none
     t_third = np.zeros(t, dtype=np.int64)  # a send's destination, a collective's size
@@ -212,7 +211,7 @@ def chains(program: Program, ready_s: Sequence[float], end_s: Sequence[float],
     assert isinstance(instrs, PackedInstructions)
     n = len(instrs)
     templates = instrs.templates
-    cls_of = template_classes(templates)
+    cls_of = instrs.classes()
     part_of = np.fromiter((bubble if cls is Compute else index(head[2] if cls is Send
                                                              else head[0], bubble)
                            for cls, head, _ in templates), np.int8, len(templates))

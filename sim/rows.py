@@ -36,6 +36,7 @@ from heapq import heappush
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from workloads.packed import (
     COLLECTIVE_DURATION_S,
@@ -68,12 +69,35 @@ def rows_stepper(run: _Run, code: bytes, timed: list
     first_a = np.frombuffer(first, dtype=np.int64)
     succ_a = np.frombuffer(succ, dtype=np.int32)
     tpl_a = np.frombuffer(tpl, dtype=np.int32)
-    shapes: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+    shapes: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
+    lane_of: dict[int, np.ndarray] = {}  # per degree: 0 .. degree - 1 (a row's edge places)
+    every = np.logical_and.reduce  # ``.all()`` over axis None, without its Python wrapper
     limit = len(tpl)  # every array's length: the program's instructions
     arrived_packed, plan_for, compute_times = run._arrived_packed, run._plan_for, \
         run._compute_times
     launched_own, after_all = run._launched_own, run._after_own_all
     end_collective = run._end_collective
+
+    def _views(rows: int, apart: int, size: int) -> tuple[np.ndarray, ...]:
+        """Per array, a view whose ``[b]`` is what the step reads or writes from ``b`` on
+        (one index, not a slice, a reshape and a slice each time): the lanes', first
+        successors' and templates' ``[b:b + rows * apart:apart]``, the counters' and times'
+        ``[b:b + rows * apart].reshape(rows, apart)[:, :size]``, over the starts whose last
+        element is inside the array (every ``b`` with ``b + rows * apart <= limit``, the
+        step's test: ``apart >= size``)."""
+        def rows_of(values: np.ndarray) -> np.ndarray:
+            step = values.strides[0]
+            starts = max(len(values) - (rows - 1) * apart, 0)
+            return as_strided(values, (starts, rows), (step, apart * step), writeable=False)
+
+        def blocks_of(values: np.ndarray) -> np.ndarray:
+            step = values.strides[0]
+            starts = max(len(values) - (rows - 1) * apart - (size - 1), 0)
+            return as_strided(values, (starts, rows, size), (step, apart * step, step))
+
+        return (rows_of(lanes_a), rows_of(first_a), rows_of(tpl_a), blocks_of(waiting_a),
+                blocks_of(finished_a), blocks_of(ended_a), blocks_of(started_a),
+                blocks_of(mid_a))
 
     def step(ids: list[int], p: int, b: int, size: int, now: float) -> int:
         rows = (len(ids) - p) // size
@@ -89,29 +113,36 @@ def rows_stepper(run: _Run, code: bytes, timed: list
         if shape is None:
             shift = np.arange(rows, dtype=np.int64) * apart
             shape = shapes[(size, apart, rows)] = (
-                shift, (shift[:, None] + np.arange(size, dtype=np.int64)).ravel())
-        shift, offsets = shape
+                shift, (shift[:, None] + np.arange(size, dtype=np.int64)).ravel(),
+                *_views(rows, apart, size))
+        shift, offsets, lanes_at, first_at, tpl_at, waiting_of, finished_of, ended_of, \
+            started_of, mid_of = shape
         count = rows * size
         if ids[p:p + count] != (offsets + b).tolist():
             return 0
-        if not (lanes_a[b:b + span:apart] == size).all():
+        if not every(lanes_at[b] == size):
             return 0
         heads = succ[first[b]:first[b + 1]]
         if heads:
             degree = len(heads)
             if heads[-1] + size - heads[0] > apart or heads[-1] + span > limit:
                 return 0  # the rows' successor blocks could meet, or a view run past the end
-            at = first_a[b:b + span:apart]
-            if not (first_a[b + 1:b + 1 + span:apart] - at == degree).all():
+            at = first_at[b]
+            if not every(first_at[b + 1] - at == degree):
+                return 0
+            # every row's successors, row r's lane 0's shifted by r * apart: one gather
+            places_of = lane_of.get(degree)
+            if places_of is None:
+                places_of = lane_of[degree] = np.arange(degree, dtype=np.int64)
+            if not every(succ_a[at[:, None] + places_of] - shift[:, None]
+                         == np.frombuffer(heads, dtype=np.int32), None):
                 return 0
             freed = -1
             places = []
-            for e, h in enumerate(heads):
-                if not (succ_a[at + e] == shift + h).all():
-                    return 0
-                counts = waiting_a[h:h + span].reshape(rows, apart)[:, :size]
+            for h in heads:
+                counts = waiting_of[h]
                 w = int(counts[0, 0])
-                if w <= 0 or not (counts == w).all():
+                if w <= 0 or not every(counts == w, None):
                     return 0
                 places.append(counts)
                 if w == 1:
@@ -124,7 +155,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
             t = tpl[freed]
             c = code[t]
             if c == COMPUTE:
-                if not by_work or not (tpl_a[freed:freed + span:apart] == t).all():
+                if not by_work or not every(tpl_at[freed] == t):
                     return 0  # the timer reads the GPU, or the rows' ops differ
                 pair = timed[t]
                 if pair is None:
@@ -135,7 +166,7 @@ def rows_stepper(run: _Run, code: bytes, timed: list
             elif c == COLLECTIVE:
                 starting = []
                 keys = []
-                for tr in tpl_a[freed:freed + span:apart].tolist():  # each row's template
+                for tr in tpl_at[freed].tolist():  # each row's template
                     if code[tr] != COLLECTIVE:
                         return 0
                     rest = templates[tr][2]
@@ -158,15 +189,15 @@ def rows_stepper(run: _Run, code: bytes, timed: list
                 return 0
         run.stepped += rows
         run.rowed += 1
-        finished_a[b:b + span].reshape(rows, apart)[:, :size] = 1
-        ended_a[b:b + span].reshape(rows, apart)[:, :size] = now
+        finished_of[b] = 1
+        ended_of[b] = now
         for counts in places:
             counts -= 1
         if freed < 0:
             return count
-        started_a[freed:freed + span].reshape(rows, apart)[:, :size] = now
+        started_of[freed] = now
         if c == COMPUTE:
-            mid_a[freed:freed + span].reshape(rows, apart)[:, :size] = now + duration
+            mid_of[freed] = now + duration
             at = now + total  # the rows' starts, in turn, extend one heap entry
             batch, events = run.batch, run.events
             ends = (offsets + freed).tolist()

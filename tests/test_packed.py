@@ -18,7 +18,7 @@ from sim import api, engine, idle, packedpass, timeline
 from sim.api import simulate
 from sim.experiment import build_experiment
 from workloads.packed import PackedBuilder, PackedInstructions
-from workloads.program import ProgramBuilder
+from workloads.program import CLASS_CODE, ProgramBuilder
 from workloads.streams import stream_columns
 
 CASES = 8
@@ -77,6 +77,8 @@ def test_packed_program_runs_as_the_tuples(schedule: str) -> None:
             assert {g: ops.tolist() for g, ops in ours_chains[2].items()} == theirs_chains[2]
             assert (ours_chains[:2] + ours_chains[3:]) == (theirs_chains[:2] + theirs_chains[3:])
             mid = [r + float((i * 17) % 5) for i, r in enumerate(ready)]
+            # the classes kept per program (read by the passes) against each template's own
+            assert ours.classes().tolist() == [CLASS_CODE[c] for c, _, _ in ours.templates]
             # the arrays' path itself, not the loop it may fall back to (None)
             assert packedpass.summaries(packed.program, ready, mid, end) is not None
             ours_sum = timeline.summaries_of(packed.program, ready, mid, end)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import overload
 
 import numpy as np
@@ -63,15 +64,17 @@ the deps: a send's ``(dst, nbytes, kind, name)``, the others' ``(kind, name)``).
 
 def template_classes(templates: Sequence[tuple]) -> np.ndarray:
     """Each template's class as :data:`workloads.program.COMPUTE`, ``SEND`` or
-    ``COLLECTIVE`` (int8)."""
-    return np.fromiter((CLASS_CODE[t[0]] for t in templates), np.int8, len(templates))
+    ``COLLECTIVE`` (int8): ``CLASS_CODE[template[0]]`` of each, read by ``map`` (no Python
+    step a template: a large run has ~750,000). :meth:`PackedInstructions.classes` keeps it."""
+    return np.fromiter(map(CLASS_CODE.__getitem__, map(itemgetter(0), templates)), np.int8,
+                       len(templates))
 
 
 class PackedInstructions(Sequence):
     """Instructions as :class:`PackedBuilder` packs them (see the module); a sequence of the
     named tuples, each made when read (not kept)."""
 
-    __slots__ = ("before", "deps", "first", "gpu", "templates", "tpl")
+    __slots__ = ("_classes", "before", "deps", "first", "gpu", "templates", "tpl")
 
     def __init__(self, gpu: array, tpl: array, first: array, deps: array,
                  templates: list[tuple]) -> None:
@@ -90,9 +93,22 @@ class PackedInstructions(Sequence):
         breakdown's chains, which take it (:func:`workloads.streams.packed_before`): a
         function of the fields above, worked out once a run instead of twice; None: not
         kept."""
+        self._classes: np.ndarray | None = None
+        """:meth:`classes`, once worked out."""
 
     def __len__(self) -> int:
         return len(self.tpl)
+
+    def classes(self) -> np.ndarray:
+        """:func:`template_classes` of :attr:`templates` (read-only), worked out once a
+        program rather than once per pass over it (the engine's tables, its DAG's streams, the
+        statistics' summaries and the idle breakdown's chains read it); again if templates
+        were added since."""
+        known = self._classes
+        if known is None or len(known) != len(self.templates):
+            known = self._classes = template_classes(self.templates)
+            known.flags.writeable = False
+        return known
 
     def _make(self, i: int) -> Instruction:
         cls, head, rest = self.templates[self.tpl[i]]

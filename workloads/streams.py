@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from workloads.packed import PackedInstructions, template_classes
+from workloads.packed import PackedInstructions
 from workloads.program import CLASS_CODE, COMPUTE
 
 _ID, _GPU, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -110,7 +110,7 @@ def packed_before(instrs: PackedInstructions, keep: bool = False) -> np.ndarray:
 def _packed_before(instrs: PackedInstructions) -> np.ndarray:
     """:func:`packed_before`, worked out."""
     templates = instrs.templates
-    cls_of = template_classes(templates)
+    cls_of = instrs.classes()
     third = [head[0] for _, head, _ in templates]  # kind, or a send's destination
     codes = {value: k for k, value in enumerate(set(third))}
     third_of = np.fromiter(map(codes.__getitem__, third), np.int64, len(templates))
