@@ -25,11 +25,16 @@ class EqualMemo:
     """The last ``size`` results of a pure function, keyed by equal arguments (the latest
     used first)."""
 
-    def __init__(self, size: int = 4, max_elements: int = 1 << 20) -> None:
+    def __init__(self, size: int = 4, max_elements: int = 1 << 20,
+                 total_elements: int | None = None) -> None:
         self.size = size
         self.max_elements = max_elements
         """Arguments with more array elements than this are not kept (their result made
         every time): a single large run gains nothing from them."""
+        self.total_elements = total_elements
+        """Where set, the kept arguments' array elements together at most this many (the
+        older dropped first; the latest kept whatever it holds): many small structures
+        kept, few large ones."""
         self._entries: list[tuple[tuple, Any]] = []
 
     def get(self, args: tuple, make: Callable[[], T]) -> T:
@@ -40,15 +45,26 @@ class EqualMemo:
                     self._entries.insert(0, self._entries.pop(k))
                 return value
         value = make()
-        if sum(a.size for a in args if isinstance(a, np.ndarray)) <= self.max_elements:
+        if _elements(args) <= self.max_elements:
             _freeze(value)
             self._entries.insert(0, (tuple(a.copy() if isinstance(a, np.ndarray) else a
                                            for a in args), value))
             del self._entries[self.size:]
+            if self.total_elements is not None:
+                total = 0
+                for k, (key, _) in enumerate(self._entries):
+                    total += _elements(key)
+                    if k and total > self.total_elements:
+                        del self._entries[k:]
+                        break
         return value
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def _elements(args: tuple) -> int:
+    return sum(a.size for a in args if isinstance(a, np.ndarray))
 
 
 def _same(key: tuple, args: tuple) -> bool:

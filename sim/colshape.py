@@ -26,8 +26,16 @@ import numpy as np
 
 from workloads.program import Columns
 
-KEPT = 2
-"""Shapes kept across calls (the latest first)."""
+KEPT = 8
+"""Shapes kept across calls (the latest first), at most: a search's layouts of one pipeline
+schedule (the same ``p`` and ``m``) with other TP, DP or micro-batch sizes often lower to
+one structure (GPT-3 175B on 1,024 GPUs: TP4 PP16 with micro-batch 1 and TP8 PP16 with
+micro-batch 2, the same 14,896 instructions on the same GPUs), met again after other
+layouts ran between them."""
+
+KEPT_INSTRUCTIONS = 1 << 19
+"""... and at most this many instructions over the kept shapes together (the latest is kept
+whatever the others hold): two of the largest kept, as when two shapes were kept."""
 
 KEPT_MAX_INSTRUCTIONS = 1 << 18
 """Programs larger than this get a shape of their own, not kept across calls (a single
@@ -95,6 +103,10 @@ class Shape:
         """Whether it is kept across calls (else it serves one program's passes only, and
         a pass need not lay out what only later calls would reuse)."""
         self._derived: dict[Hashable, Any] = {}
+        self.resumed = False
+        """Whether another structure's shape was looked up since this one's latest lookup
+        (:func:`shape_of`): the latest run's chains (:class:`sim.chains.Hint`) are then
+        those of other costs, not tried (:func:`sim.columnar.run_columns`)."""
 
     def same(self, columns: Columns, masks: tuple[np.ndarray, ...]) -> bool:
         """Whether ``columns`` (with ``masks``, :func:`_masks`) has this structure, exactly."""
@@ -147,11 +159,17 @@ def shape_of(columns: Columns) -> Shape:
         if kept.same(columns, masks):
             if k:
                 _kept.insert(0, _kept.pop(k))
+            kept.resumed = k > 0
             break
     else:
         kept = Shape(columns, masks)
         _kept.insert(0, kept)
-        del _kept[KEPT:]
+        total = 0
+        for k, shape in enumerate(_kept):
+            total += len(shape.arrays[0])
+            if k >= KEPT or (k and total > KEPT_INSTRUCTIONS):
+                del _kept[k:]
+                break
     _of[columns] = kept
     return kept
 

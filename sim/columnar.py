@@ -109,7 +109,10 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     memo = shape.derived(("passes", tuple(gpus)), LatestRuns) if shape.kept else None
     found = memo.find((total.view(np.int64),)) if memo is not None else None
     if found is None:
-        guess = hint.guess() if hint is not None else None
+        # (not tried where other structures ran since this one's latest run: a search's
+        # next layout of this structure, with other costs; a repeat or a sweep runs it back
+        # to back)
+        guess = hint.guess() if hint is not None and not shape.resumed else None
         found = (_recurrence_along(guess, total, plan.prev, plan.deps) if guess is not None
                  else None)
         if found is None:

@@ -186,3 +186,70 @@ def test_memory_peaks_on_a_table_equal_each_gpus_own(data: dict, scale: float) -
     plain = columnar._memory(cols, static, gpus, plan.dense[:2])
     assert repr(got) == repr(apart) == repr(plain)
     assert all(isinstance(v, float | np.floating | int) for v in got[0].values())
+
+
+@settings(max_examples=25, derandomize=True, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(collapsible_experiments(), collapsible_experiments(), st.sampled_from([0.5, 2.0]))
+def test_a_structure_met_again_after_others_gives_the_bytes_of_a_new_one(
+        first: dict, between: dict, factor: float) -> None:
+    """A structure run, then another, then the first with other costs (its FFN widened: a
+    search's later layout of an earlier structure, whose shape is kept but resumed, its
+    chains not tried), then that again (back to back: tried): each the stats JSON and
+    trace of a run that finds nothing kept."""
+    model = first["model"]
+    if "synthetic" in model:
+        syn = model["synthetic"]
+        other = {**first, "model": {**model, "synthetic": {
+            **syn, "forward_ms": syn["forward_ms"] * factor}}}
+    else:
+        other = {**first, "model": {**model, "ffn_hidden_size": int(
+            model["ffn_hidden_size"] * factor) or 1}}
+    colshape.clear()
+    cold = _everything(other)
+    colshape.clear()
+    cold_between = _everything(between)
+    colshape.clear()
+    _everything(first)
+    assert _everything(between) == cold_between
+    assert _everything(other) == cold
+    assert _everything(other) == cold
+
+
+def test_shapes_kept_by_count_and_instructions() -> None:
+    """At most :data:`sim.colshape.KEPT` shapes and :data:`sim.colshape.KEPT_INSTRUCTIONS`
+    instructions over them (the latest kept whatever it holds); a shape found again after
+    another's lookup is ``resumed``, one looked up back to back is not."""
+
+    def columns(n: int, gpu: int) -> Columns:
+        return Columns(names=("F",), cls=np.zeros(n, dtype=np.int8),
+                       gpu=np.full(n, gpu, dtype=np.int32), kind=np.zeros(n, dtype=np.int32),
+                       dst=np.full(n, -1, dtype=np.int32), deps=np.full((n, 1), -1),
+                       fixed_s=np.full(n, np.nan), blocking_s=np.zeros(n),
+                       comm=np.full(n, -1, dtype=np.int32), alloc_bytes=np.zeros(n),
+                       free_bytes=np.zeros(n), signature=np.zeros(n, dtype=np.int64),
+                       signatures=())
+
+    colshape.clear()
+    a, b = columns(10, 0), columns(10, 1)
+    sa = colshape.shape_of(a)
+    assert colshape.shape_of(dataclasses.replace(a)) is sa and not sa.resumed
+    sb = colshape.shape_of(b)
+    assert colshape.shape_of(dataclasses.replace(a)) is sa and sa.resumed
+    assert colshape.shape_of(dataclasses.replace(a)) is sa and not sa.resumed
+    kept = [colshape.shape_of(columns(10, g)) for g in range(2, 2 + colshape.KEPT)]
+    assert colshape.shape_of(dataclasses.replace(a)) is not sa  # pushed out by count
+    assert colshape.shape_of(dataclasses.replace(b)) is not sb
+    assert colshape.shape_of(columns(10, 2 + colshape.KEPT - 1)) is kept[-1]
+    colshape.clear()
+    limit = colshape.KEPT_INSTRUCTIONS
+    colshape.KEPT_INSTRUCTIONS = 25
+    try:
+        small = colshape.shape_of(columns(10, 0))
+        colshape.shape_of(columns(10, 1))
+        assert colshape.shape_of(columns(10, 0)) is small  # 20 instructions: both kept
+        big = colshape.shape_of(columns(30, 2))  # the latest, above the bound alone
+        assert colshape._kept == [big]
+    finally:
+        colshape.KEPT_INSTRUCTIONS = limit
+        colshape.clear()

@@ -86,3 +86,51 @@ def test_the_memo_tells_arguments_apart_and_freezes_its_results() -> None:
     small = EqualMemo(max_elements=2)
     b = np.arange(3)
     assert small.get((b,), lambda: 1) == 1 and small.get((b,), lambda: 2) == 2  # not kept
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=12), st.integers(1, 4),
+       st.one_of(st.none(), st.integers(1, 15)))
+def test_the_memo_keeps_the_latest_within_its_bounds(lengths: list[int], size: int,
+                                                     total: int | None) -> None:
+    """With ``size`` and ``total_elements``, what a memo keeps (the latest first, as long as
+    both bounds hold, the latest whatever it holds) is found again, and a result found is
+    the one made for equal arguments."""
+    memo = EqualMemo(size=size, total_elements=total)
+    made: list[tuple[int, int]] = []
+    for k, n in enumerate(lengths):
+        args = (np.full(n, k),)
+        assert memo.get(args, lambda k=k, n=n: (made.append((k, n)), (k, n))[1]) == (k, n)
+    expected: list[int] = []
+    held = 0
+    for k in reversed(range(len(lengths))):
+        held += lengths[k]
+        if len(expected) >= size or (expected and total is not None and held > total):
+            break
+        expected.append(k)
+    count = len(made)
+    for k in expected:
+        assert memo.get((np.full(lengths[k], k),), lambda: (-1, -1)) == (k, lengths[k])
+    assert len(made) == count  # all found
+    assert len(memo._entries) == len(expected)
+
+
+def test_a_lowering_of_an_earlier_structure_after_others_is_found() -> None:
+    """The collapsed lowering keeps several structures' layouts: one met again after
+    another's lowering finds its own (not laid out again), equal to a cold one."""
+    from hypothesis import find
+
+    first = find(collapsible_experiments(), lambda d: _columns(d, 1.0) is not None
+                 and d["parallel"]["pp"] > 1)
+    second = find(collapsible_experiments(), lambda d: _columns(d, 1.0) is not None
+                  and d["parallel"]["pp"] > 2)
+    _clear()
+    cold = _columns(first, 1.7)
+    assert cold is not None
+    _clear()
+    _columns(first, 1.0)
+    _columns(second, 1.0)
+    before = len(columnar_lowering._LAID._entries)
+    warm = _columns(first, 1.7)
+    assert warm is not None and len(columnar_lowering._LAID._entries) == before
+    _assert_equal(warm, cold)

@@ -189,3 +189,24 @@ def test_alike_ops_fold_once(monkeypatch) -> None:  # type: ignore[no-untyped-de
     folded_alike((ComputeSeg("4F0", 1e12), *_relabelled(list(body), "z")), collapse,
                  ((4,),), memo)
     assert len(folds) == 2
+
+
+_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0]))
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.builds(ComputeSeg, st.text(max_size=4), _FLOATS, _FLOATS,
+                 st.one_of(st.none(), _FLOATS), _FLOATS, _FLOATS,
+                 st.lists(st.tuples(_FLOATS, _FLOATS), max_size=3).map(tuple)),
+       st.text(max_size=4))
+def test_relabeled_is_replace(seg: ComputeSeg, label: str) -> None:
+    """:func:`workloads.costs.relabeled` makes what ``dataclasses.replace(seg, label=...)``
+    makes: a ComputeSeg of the label and the very same field objects."""
+    from workloads.costs import relabeled
+
+    got, want = relabeled(seg, label), replace(seg, label=label)
+    assert type(got) is type(want) is ComputeSeg
+    for name in ("label", "flops", "hbm_bytes", "duration_s", "attn_flops",
+                 "elementwise_bytes", "gemm_dims"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a is b or (a == b and repr(a) == repr(b)), name

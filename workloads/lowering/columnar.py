@@ -238,9 +238,11 @@ another layout with the same pipeline reads its ops' plans, ranks and producers 
 without the gathers, the unbuffered ``minimum.at`` and the producers' renumbering."""
 
 
-_LAID = EqualMemo(size=2, max_elements=1 << 18)
+_LAID = EqualMemo(size=8, max_elements=1 << 18, total_elements=1 << 19)
 """:func:`_laid_out` of the last few structures (a repeat, or the same layout with other
-costs, lays out the same ids and dependencies)."""
+costs, lays out the same ids and dependencies; so does a search's later layout of an
+earlier one's schedule on the same ranks: GPT-3 175B TP4 PP16 with micro-batch 1 and TP8
+PP16 with micro-batch 2, other layouts between them)."""
 
 
 def _laid_out(variant: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
@@ -592,8 +594,8 @@ def _slot_table(rows: Sequence[tuple[_Plan, tuple]]) -> _SlotTable:
                       np.array(free, dtype=float))
 
 
-_STRUCTURES = EqualMemo(size=2, max_elements=1 << 18)
-""":func:`_structure_with` of the last few structures."""
+_STRUCTURES = EqualMemo(size=8, max_elements=1 << 18, total_elements=1 << 19)
+""":func:`_structure_with` of the last few structures (as :data:`_LAID`)."""
 
 
 def _structure_with(table: _SlotTable, row: np.ndarray, op_kind: np.ndarray,
