@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from base.errors import ConfigError
-from base.jsonindent import dumps_indent2
 from base.outputs import Outputs, output_dir, outputs
 from sim import budget, reserved
 from sim.a2aoverlap import lowering_costs as a2a_lowering_costs
@@ -102,9 +101,6 @@ def _not_finite(value: Any, path: str) -> str | None:
 def stats_json(stats: Mapping[str, Any]) -> str:
     """``stats`` as JSON text (indent 2, a final newline); ConfigError naming the statistic
     if one is NaN or infinite (inputs out of range: JSON has no such numbers)."""
-    fast = dumps_indent2(stats) if type(stats) is dict else None  # (json.dumps' text)
-    if fast is not None:
-        return fast + "\n"
     try:
         return json.dumps(stats, indent=2, allow_nan=False) + "\n"
     except ValueError:  # the encoder refuses NaN and infinities: name the first
