@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from base.errors import ScheduleError
 from workloads import schedules
-from workloads.lowering.order import unit_sort
+from workloads.lowering.order import topological, unit_sort
 from workloads.registry import SCHEDULES
 from workloads.schedules import (
     Schedule,
@@ -149,6 +149,16 @@ def test_the_unit_sweep_is_the_loop(name: str, p: int, m: int, v: int, k: int, s
     if isinstance(loop, str) or isinstance(swept, str):
         assert swept == loop
         return
+    # the lowering's order and fields (the sweep's order taken as it is where it is sorted)
+    ordered = []
+    for sweep_ranks in (1, 1 << 30):
+        monkeypatch.setattr(schedules, "SWEEP_RANKS", sweep_ranks)
+        ordered.append(topological(replace(schedule), fields=True))
+    (order, fields), (order2, fields2) = ordered
+    assert order == order2 and fields is not None and fields2 is not None
+    for a, b in zip(fields, fields2, strict=True):
+        assert (a is None) == (b is None)
+        assert a is None or (np.array_equal(a, b) and not a.flags.writeable)
     (ops, start, end), run = swept
     (ops2, start2, end2), run2 = loop
     assert _times(ops, start, end) == _times(ops2, start2, end2)
