@@ -897,11 +897,22 @@ def _unit_sweep(lengths: Sequence[int], columns: Sequence[np.ndarray]
     # where the rank's cursor stays once it is through; slot n + p: that producer (and one
     # missing from the schedule), n + p + 1: an absent one, done from the start
     size = n + p
+    ids = np.arange(n, dtype=np.int64)
     slot = np.empty(n + 2, dtype=np.int64)
-    np.add(np.arange(n, dtype=np.int64), rank, out=slot[:n])
+    np.add(ids, rank, out=slot[:n])
     slot[n], slot[n + 1] = size, size + 1
+    # a producer earlier on the op's own rank is placed before the rank reaches the op:
+    # not checked (1F1B's and interleaved's backward on its forward), the others packed
+    # first, so that fewer columns are read a step (1T: one)
+    first_of_rank = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    cols = [np.where((col >= first_of_rank) & (col < ids), -1, col) for col in columns]
+    for _ in range(len(cols) - 1):
+        for c in range(len(cols) - 1):
+            gap = cols[c] < 0
+            cols[c], cols[c + 1] = (np.where(gap, cols[c + 1], cols[c]),
+                                    np.where(gap, -1, cols[c + 1]))
     producers = []
-    for col in [col for col in columns if (col >= 0).any()] or [np.full(n, -1, np.int64)]:
+    for col in [col for col in cols if (col >= 0).any()] or [np.full(n, -1, np.int64)]:
         by_slot = np.full(size, size, dtype=np.int64)
         by_slot[slot[:n]] = slot[np.where(col < 0, n + 1, col)]
         producers.append(by_slot)
