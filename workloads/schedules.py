@@ -839,7 +839,9 @@ def _unit_run(schedule: Schedule) -> tuple[tuple[tuple[Op, ...], np.ndarray, np.
     whose ops code (:func:`_coded`), what it worked out on the way in rank order (the
     ops of all ranks, each rank's in program order): the rank-order position of each op
     of the result in its order, the :func:`_coded` arrays and the producer columns of
-    :func:`producer_positions` (:func:`unit_order`, :func:`producers_at`)."""
+    :func:`producer_positions` (:func:`unit_order`, :func:`producers_at`). From
+    :data:`SWEEP_RANKS` ranks, such a schedule's run is :func:`_unit_sweep`'s (its ops by
+    start and rank), else the loop's (its ops as its passes placed them): the same times."""
     order = [op for ops in schedule.rank_ops for op in ops]
     coded = None if schedule.fused or not order else _rank_coded(schedule, order)
     found = None if coded is None else producer_positions(schedule, order, coded)
