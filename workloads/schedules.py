@@ -856,7 +856,9 @@ def _unit_run(schedule: Schedule) -> tuple[tuple[tuple[Op, ...], np.ndarray, np.
         run = (at, *coded[:4], *found)
         for a in run:  # kept on a shared schedule
             a.flags.writeable = False
-        return (tuple(map(order.__getitem__, at.tolist())), start, start + 1.0), run
+        # the ops in that order, gathered in C (an itemgetter: 1T ~9 against ~11 ms a map)
+        ops = itemgetter(*at.tolist())(order) if len(order) > 1 else tuple(order)
+        return (ops, start, start + 1.0), run
     starts, ends, scheduled = _list_unfused(schedule, [1.0] * len(order), order, found)
     n = len(order)
     at = np.fromiter(scheduled, dtype=np.int64, count=n)  # (fromiter: faster than np.array)
