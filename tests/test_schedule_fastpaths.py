@@ -9,11 +9,14 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from base.errors import ScheduleError
+from workloads import schedules
+from workloads.lowering.order import topological, unit_sort
 from workloads.registry import SCHEDULES
 from workloads.schedules import (
     Schedule,
@@ -21,7 +24,9 @@ from workloads.schedules import (
     _list_unfused,
     list_schedule,
     producer_positions,
+    schedule_deps,
 )
+from workloads.schedules_advanced import interleaved
 
 NAMES = sorted(SCHEDULES)
 
@@ -102,3 +107,94 @@ def test_every_schedule_takes_a_fast_path_equal_to_the_general_loop(name: str) -
         unit = list_schedule(schedule, lambda op: 1.0)
         assert list(unit.items()) == list(list_schedule(schedule, lambda op: 1.0,
                                                         reference=True).items())
+
+
+def _times(ops, start, end) -> dict:
+    return dict(zip(ops, zip(start.tolist(), end.tolist(), strict=True), strict=True))
+
+
+def _unit_run_of(schedule: Schedule, sweep_ranks: int, monkeypatch: pytest.MonkeyPatch):
+    """``_unit_run`` of a fresh copy of ``schedule`` with the sweep from ``sweep_ranks``
+    ranks on (its result, or the error's text)."""
+    monkeypatch.setattr(schedules, "SWEEP_RANKS", sweep_ranks)
+    fresh = replace(schedule)  # nothing kept from another run
+    try:
+        return schedules._unit_run(fresh)
+    except ScheduleError as exc:
+        return str(exc)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(NAMES), p=st.integers(1, 9), m=st.integers(1, 20),
+       v=st.integers(1, 3), k=st.integers(1, 4), seed=st.integers(0, 2**16),
+       shuffle=st.booleans())
+def test_the_unit_sweep_is_the_loop(name: str, p: int, m: int, v: int, k: int, seed: int,
+                                    shuffle: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time-step sweep of the unit run (:func:`workloads.schedules._unit_sweep`, taken
+    from ``SWEEP_RANKS`` ranks, here from 1) gives the loop's times (as a mapping), its
+    producer columns and codes, the same topological order after the sort the lowering
+    makes (by end, rank, start), an order in which every op follows its producers and its
+    rank predecessors, and the loop's error where the schedule deadlocks."""
+    schedule = _schedule(name, p, m, v, k)
+    if schedule is None:
+        return
+    if shuffle:
+        rng = random.Random(seed)
+        ranks = [list(ops) for ops in schedule.rank_ops]
+        rng.shuffle(ranks[rng.randrange(len(ranks))])
+        schedule = replace(schedule, rank_ops=tuple(tuple(ops) for ops in ranks))
+    swept = _unit_run_of(schedule, 1, monkeypatch)
+    loop = _unit_run_of(schedule, 1 << 30, monkeypatch)
+    if isinstance(loop, str) or isinstance(swept, str):
+        assert swept == loop
+        return
+    # the lowering's order and fields (the sweep's order taken as it is where it is sorted)
+    ordered = []
+    for sweep_ranks in (1, 1 << 30):
+        monkeypatch.setattr(schedules, "SWEEP_RANKS", sweep_ranks)
+        ordered.append(topological(replace(schedule), fields=True))
+    (order, fields), (order2, fields2) = ordered
+    assert order == order2 and fields is not None and fields2 is not None
+    for a, b in zip(fields, fields2, strict=True):
+        assert (a is None) == (b is None)
+        assert a is None or (np.array_equal(a, b) and not a.flags.writeable)
+    (ops, start, end), run = swept
+    (ops2, start2, end2), run2 = loop
+    assert _times(ops, start, end) == _times(ops2, start2, end2)
+    assert start.dtype == start2.dtype and end.dtype == end2.dtype
+    assert (run is None) == (run2 is None)
+    rank = np.asarray(schedule.stage_rank)[[op.stage for op in ops]]
+    rank2 = np.asarray(schedule.stage_rank)[[op.stage for op in ops2]]
+    sort = [ops[j] for j in unit_sort(start, rank, end, schedule.num_ranks).tolist()]
+    assert sort == [ops2[j] for j in unit_sort(start2, rank2, end2,
+                                                schedule.num_ranks).tolist()]
+    seen: set = set()
+    placed = [0] * schedule.num_ranks
+    for op, r in zip(ops, rank.tolist(), strict=True):
+        assert all(d in seen for d in schedule_deps(schedule, op))
+        assert schedule.rank_ops[r][placed[r]] == op
+        placed[r] += 1
+        seen.add(op)
+    if run is None:
+        return
+    at, at2 = run[0], run2[0]
+    assert sorted(at.tolist()) == sorted(at2.tolist())
+    for a, b in zip(run[1:], run2[1:], strict=True):
+        assert np.array_equal(a, b) and not a.flags.writeable
+    assert not at.flags.writeable
+
+
+def test_megatron_1t_takes_the_sweep() -> None:
+    """Megatron 1T's interleaved schedule (64 ranks, 512 micro-batches, 2 chunks) runs the
+    sweep, not the loop, and gets the loop's times."""
+    schedule = interleaved(64, 512, 2)
+    assert schedule.num_ranks >= schedules.SWEEP_RANKS
+    order = [op for ops in schedule.rank_ops for op in ops]
+    columns = producer_positions(schedule, order)
+    swept = schedules._unit_sweep([len(ops) for ops in schedule.rank_ops], columns)
+    assert swept is not None
+    at, start = swept
+    starts, _, scheduled = _list_unfused(schedule, [1.0] * len(order), order, columns)
+    assert np.array_equal(np.asarray(starts)[at], start)
+    assert sorted(scheduled) == sorted(at.tolist())

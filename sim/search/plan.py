@@ -78,9 +78,10 @@ class PlanTiming:
     """A plan's ops as indices, in dependency order: what :func:`list_run` reads."""
 
     order: tuple[int, ...]
-    """Op indices in the order the reference list schedule places them
-    (:func:`workloads.schedules.unit_times`): every op follows its producers and its rank
-    predecessors."""
+    """Op indices in the order of the unit-duration run the schedule keeps
+    (:func:`workloads.schedules.unit_times`: the reference list schedule's placements, or
+    for 16 ranks or more its time-step sweep's, by start and rank): every op follows its
+    producers and its rank predecessors, which is all :func:`list_run` needs."""
     op_rank: tuple[int, ...]
     op_slot: tuple[int, ...]
     """``3·stage + kind`` (F, B, W): index of the op's duration in a table."""
@@ -130,8 +131,8 @@ def plan_timing(sched: Schedule) -> PlanTiming:
             index[op] = len(flat)
             flat.append(op)
             op_rank.append(r)
-    # the order in which the reference list schedule places the ops (it does not depend on
-    # their durations; ScheduleError if the schedule deadlocks) and each op's producers,
+    # the order of the unit-duration run (a topological order; ScheduleError if the
+    # schedule deadlocks) and each op's producers,
     # from the symbolic run the schedule keeps (:func:`workloads.schedules.unit_times`)
     times = unit_times(sched)
     run = unit_order(sched)

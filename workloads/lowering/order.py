@@ -75,6 +75,15 @@ def _topological(schedule: Schedule, fields: bool
         stage = np.fromiter(map(itemgetter(0), ops), np.int64, n)
     ranks = np.asarray(schedule.stage_rank, dtype=np.int64)[stage]
     perm = unit_sort(start, ranks, end, schedule.num_ranks)
+    if n > 1 and perm[0] == 0 and np.array_equal(perm, np.arange(n)):
+        # the run's own order (its time-step sweep's, workloads.schedules._unit_sweep):
+        # its ops as they are (Megatron 1T: ~8 ms for 131,072 ops gathered again)
+        order = ops
+        if not fields:
+            return order, None
+        if kinds is None:
+            kinds = kind_codes(ops)
+        return order, (stage, kinds, seq, at)
     # the ops in that order, gathered in C (an itemgetter of the positions; one op alone
     # is its own result)
     order = itemgetter(*perm.tolist())(ops) if n > 1 else (ops[0],)
