@@ -137,13 +137,13 @@ class CollectiveTimer:
         (:func:`sim.collectives.plan`); (1, False): equal volumes."""
         self.share_plans = share_plans
         """Whether a group's plan is that of an earlier group of its class, relabelled
-        (:meth:`_plans`); False: every group planned by :func:`sim.selection.
+        (:meth:`plans`); False: every group planned by :func:`sim.selection.
         collective_plan` (the reference)."""
         self._class_plans: dict[tuple, tuple[tuple[int, ...], CollectivePlan]] = {}
         """``(op, nbytes, class) -> (group, plan)``: plans another group of the class takes
-        relabelled (:meth:`_plans`)."""
+        relabelled (:meth:`plans`)."""
         self.shared_plans = 0
-        """How many plans were another group's, relabelled (:meth:`_plans`)."""
+        """How many plans were another group's, relabelled (:meth:`plans`)."""
         self._classes_seen: tuple[tuple[int, ...], frozenset[int]] | None = None
         """The cluster's server classes and their distinct values (:meth:`_class_set`)."""
         self._cache: dict[tuple, float] = {}
@@ -383,7 +383,7 @@ class CollectiveTimer:
             if all(not step.deps for p, _ in parts for step in p.transfers):
                 return self._flows_time(parts)
         else:  # the reference (every group planned, its plan's flows built as written)
-            plans = self._plans(op, live, nbytes)
+            plans = self.plans(op, live, nbytes)
             if all(not step.deps for p in plans for step in p.transfers):
                 return self._flows_time_reference(plans)
         b = ProgramBuilder()
@@ -435,9 +435,11 @@ class CollectiveTimer:
         # groups launched after different latencies (protocols): each flow from its own
         return replicas_makespan_s(flows, c.link_bandwidth_Bps)
 
-    def _plans(self, op: str, live: list[tuple[int, ...]], nbytes: float
-               ) -> list[CollectivePlan]:
-        """:meth:`_plan_parts`' plans, the relabelled ones built (see there)."""
+    def plans(self, op: str, live: list[tuple[int, ...]], nbytes: float
+              ) -> list[CollectivePlan]:
+        """The plan of ``op`` of ``nbytes`` over each group of ``live``: :meth:`_plan_parts`',
+        the relabelled ones built (see there); full fidelity's engine shares them too
+        (:meth:`sim.engine._Run._plan_for`)."""
         return [plan if to is None else CollectivePlan(
                     tuple([Transfer(to[t.src], to[t.dst], t.nbytes, t.deps, t.steps,  # type: ignore[index]
                                     t.latency_s) for t in plan.transfers]),
@@ -470,7 +472,7 @@ class CollectiveTimer:
         are not shared (the switch's name would need mapping too). ``tests/
         test_commtime_classes.py`` holds the shared plans to ``collective_plan``'s.
         Each plan comes with None, or the map of the class's first group onto the group
-        whose plan it is, relabelled by that map (:meth:`_plans` builds it).
+        whose plan it is, relabelled by that map (:meth:`plans` builds it).
         """
         c = self.cluster
         if not self.share_plans or c.host_classes() is None:
@@ -510,7 +512,7 @@ class CollectiveTimer:
     def _class_of(self, group: tuple[int, ...]) -> tuple | None:
         """``(each member's server as numbered in order of first appearance, those servers'
         twin classes)``: equal for groups one cluster automorphism maps onto each other
-        position by position (:meth:`_plans`); None where a server's GPUs are not
+        position by position (:meth:`plans`); None where a server's GPUs are not
         interchangeable."""
         c = self.cluster
         gpn = c.gpus_per_node

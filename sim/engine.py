@@ -791,7 +791,7 @@ class _Run:
         ``_plans``: the same plan whenever it is asked for; not per template, which is one
         collective's alone, its key among its fields). A new spec's plan is, where
         ``share_plans`` and no link has failed, that of an earlier group of its class
-        relabelled (:meth:`sim.commtime.CollectiveTimer._plans`, one timer per algorithm and
+        relabelled (:meth:`sim.commtime.CollectiveTimer.plans`, one timer per algorithm and
         skew: the same plan as :func:`~sim.selection.collective_plan`'s, by the argument
         there, held to it by ``tests/test_commtime_classes.py``); at 4,096 GPUs the 512 TP
         groups of a size are one class."""
@@ -806,7 +806,7 @@ class _Run:
                     from sim.commtime import CollectiveTimer  # (it imports this module)
 
                     timer = self._timers[how] = CollectiveTimer(self.cluster, *how)
-                plan = timer._plans(spec[0], [spec[2]], spec[3])[0]
+                plan = timer.plans(spec[0], [spec[2]], spec[3])[0]
             else:
                 plan = collective_plan(self.topology, *spec[:4], self._profiles, spec[4])
             self._plans[spec] = plan

@@ -88,7 +88,7 @@ def test_shared_plans_are_collective_plans(case) -> None:
     timer = CollectiveTimer(cluster, algo)
     live = [g for g in groups if len(g) > 1]
     for _ in range(2):
-        got = timer._plans(op, live, nbytes)
+        got = timer.plans(op, live, nbytes)
         want = [collective_plan(cluster, op, algo, g, nbytes) for g in live]
         assert got == want, (op, groups)
     plain = CollectiveTimer(cluster, algo, share_plans=False)
