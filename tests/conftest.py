@@ -7,6 +7,7 @@ import importlib.util
 import io
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -120,6 +121,19 @@ def segment_timer(exp):
                               seg.attn_flops, seg.elementwise_bytes,
                               exp.config.training.attention, seg.gemm_dims)
     return compute_s
+
+
+@contextlib.contextmanager
+def engine_switch(name: str, on: bool) -> Iterator[None]:
+    """The engine's fast path ``name`` (a switch on :class:`sim.engine._Run`: ``sends``,
+    ``share_plans``, ``memo_work``) on or off for the block, on again after it."""
+    from sim import engine
+
+    setattr(engine._Run, name, on)
+    try:
+        yield
+    finally:
+        setattr(engine._Run, name, True)
 
 
 def observed_full_run(exp, changes: list, stepping: bool = True, rows: bool = True) -> tuple:

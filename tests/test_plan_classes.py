@@ -10,7 +10,7 @@ faults, cluster shapes), and on GPT-3 175B, where every plan the run made equals
 from __future__ import annotations
 
 import pytest
-from conftest import observed_full_run
+from conftest import engine_switch, observed_full_run
 from hypothesis import HealthCheck, given, settings
 from strategies import experiments, link_changes
 
@@ -20,11 +20,8 @@ from sim.selection import collective_plan
 
 
 def _observed(exp: Experiment, changes: list, share: bool) -> tuple:
-    engine._Run.share_plans = share
-    try:
+    with engine_switch("share_plans", share):
         return observed_full_run(exp, changes)
-    finally:
-        engine._Run.share_plans = True
 
 
 @settings(max_examples=40, derandomize=True, deadline=None, print_blob=True,

@@ -10,7 +10,7 @@ from array import array
 
 import numpy as np
 import pytest
-from conftest import observed_full_run
+from conftest import engine_switch, observed_full_run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import experiments, link_changes
@@ -27,11 +27,8 @@ from workloads.schedules import gpipe
 
 def _observed(run: object, sends: bool) -> object:
     """``run()`` with the sends batched or not (restored after)."""
-    engine._Run.sends = sends
-    try:
+    with engine_switch("sends", sends):
         return run()  # type: ignore[operator]
-    finally:
-        engine._Run.sends = True
 
 
 GPUS = 4

@@ -8,7 +8,7 @@ where the memo times far fewer ops than there are compute templates."""
 from __future__ import annotations
 
 import pytest
-from conftest import observed_full_run
+from conftest import engine_switch, observed_full_run
 from hypothesis import HealthCheck, given, settings
 from strategies import experiments, link_changes
 
@@ -17,11 +17,8 @@ from sim.experiment import Experiment, build_experiment
 
 
 def _observed(exp: Experiment, changes: list, memo: bool) -> tuple:
-    engine._Run.memo_work = memo
-    try:
+    with engine_switch("memo_work", memo):
         return observed_full_run(exp, changes)[:3]
-    finally:
-        engine._Run.memo_work = True
 
 
 @settings(max_examples=40, derandomize=True, deadline=None, print_blob=True,
