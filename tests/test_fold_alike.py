@@ -202,11 +202,17 @@ _FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_f
 def test_relabeled_is_replace(seg: ComputeSeg, label: str) -> None:
     """:func:`workloads.costs.relabeled` makes what ``dataclasses.replace(seg, label=...)``
     makes: a ComputeSeg of the label and the very same field objects."""
+    from dataclasses import fields
+
     from workloads.costs import relabeled
 
+    names = ("label", "flops", "hbm_bytes", "duration_s", "attn_flops", "elementwise_bytes",
+             "gemm_dims")
+    # relabeled passes these to the constructor: a field added to ComputeSeg must be added
+    # there too, and here
+    assert tuple(f.name for f in fields(ComputeSeg)) == names
     got, want = relabeled(seg, label), replace(seg, label=label)
     assert type(got) is type(want) is ComputeSeg
-    for name in ("label", "flops", "hbm_bytes", "duration_s", "attn_flops",
-                 "elementwise_bytes", "gemm_dims"):
+    for name in names:
         a, b = getattr(got, name), getattr(want, name)
         assert a is b or (a == b and repr(a) == repr(b)), name
