@@ -2,6 +2,7 @@
 
     python benchmarks/gpt3_fp8_rows.py            # every GPT-3 175B row of the five sources
     python benchmarks/gpt3_fp8_rows.py --swaps    # each differing setting swapped, per row
+    python benchmarks/gpt3_fp8_rows.py --recipe-ub  # the recipes' userbuffers SM counts
 
 The MLPerf Training v3.0 and v3.1 GPT-3 175B rows are one model at one layout (TP 4, PP 8,
 one layer a model chunk, micro-batch 1, FP8, userbuffers TP overlap); DGX Cloud Benchmarking
@@ -12,7 +13,10 @@ validate`` simulates it, :func:`sim.corpus.simulate_corpus_row`), the error, and
 spread over the layers a GPU holds times the micro-batches of a step (ms a layer and
 micro-batch; positive = the simulator is fast). ``--swaps`` simulates chosen rows again with
 one corpus setting replaced by the value another source's rows carry (:data:`SWAPS`), a
-diagnostic: what each difference between the sources is worth in the model. Nothing here is
+diagnostic: what each difference between the sources is worth in the model. ``--recipe-ub``
+simulates the ``--swaps`` rows with the userbuffers settings the recipes' yamls give instead of
+Transformer Engine's defaults (:func:`recipe_methods`), twice: the bulk overlaps unmargined as
+the yamls set them (the simulator's TE 1.x rule, not charged) and margined. Nothing here is
 read by the simulator (docs/accuracy.md, "MLPerf GPT-3 beside DGX Cloud's GPT-3 rows").
 """
 
@@ -56,6 +60,52 @@ SWAPS: dict[str, dict[str, str]] = {
 }
 """Corpus settings on which the GPT-3 175B rows of the sources differ, each as the value some
 other source's rows carry (a swap that leaves a row as it is is skipped)."""
+
+
+def recipe_methods(fc2_fprop_sms: int, bulk_margin: bool) -> dict:
+    """The per-GEMM userbuffers settings of the GPT-3 175B recipes as
+    :class:`sim.tpoverlap.Method` s: mlcommons/training_results_v3.0 (63e326c)
+    h100tp4pp8mbs1_tp_comm_overlap_cfg.yaml and NVIDIA/dgxc-benchmarking v24.11.1 / v25.02
+    gpt3_175b_hydra.yaml (proj_fprop pipeline on 24 SMs and fc2_fprop on 20, with margin; bulk
+    qkv_dgrad 4, qkv_wgrad 8, fc1_dgrad 2, fc1_wgrad 4 SMs without; ring exchanges on the copy
+    engines), training_results_v3.1 (d06288b) conf/tp_overlap/h100tp4pp8mbs1.yaml the same
+    with fc2_fprop on 4 SMs. ``bulk_margin`` charges the bulk ones as margined (a bound). Not
+    expressed: fc2_dgrad's ``aggregate: 1``."""
+    from sim.tpoverlap import Method
+
+    ring = Method("ring_exchange", 0, 1, False)
+    methods = {name: ring for name in ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")}
+    methods["proj_fprop"] = Method("pipeline", 4, 24, True)
+    methods["fc2_fprop"] = Method("pipeline", 4, fc2_fprop_sms, True)
+    for name, sms in (("qkv_dgrad", 4), ("qkv_wgrad", 8), ("fc1_dgrad", 2), ("fc1_wgrad", 4)):
+        methods[name] = Method("bulk", 1, sms, bulk_margin)
+    return methods
+
+
+def recipe_ub_table() -> None:
+    import sim.tpoverlap as tpo
+
+    shipped = tpo.method_of
+    try:
+        for name, runs in SWAP_ROWS.items():
+            if name == "nemo2412_fp8":  # no TP overlap
+                continue
+            fc2 = 4 if name == "mlperf_training_v31_gpt3" else 20
+            rows = {r.run: r for r in load_source(CORPUS_DIR / f"{name}.csv").rows}
+            for run in runs:
+                r = rows[run]
+                tpo.method_of = shipped
+                base = simulated(r)
+                line = f"{name} {run}: {100 * (base / r.step_time_s - 1):+6.2f}%"
+                for margin in (False, True):
+                    tpo.method_of = recipe_methods(fc2, margin).__getitem__
+                    t = simulated(r)
+                    kind = "margined" if margin else "unmargined"
+                    line += (f" | bulk {kind} {100 * (t / r.step_time_s - 1):+6.2f}% "
+                             f"(step {100 * (t / base - 1):+5.2f}%)")
+                print(line, flush=True)
+    finally:
+        tpo.method_of = shipped
 
 
 def replaced_row(row: CorpusRow, **values: str) -> CorpusRow:
@@ -115,4 +165,5 @@ def swaps_table() -> None:
 
 
 if __name__ == "__main__":
-    swaps_table() if sys.argv[1:] == ["--swaps"] else rows_table()
+    {"--swaps": swaps_table, "--recipe-ub": recipe_ub_table}.get(
+        (sys.argv[1:] or [""])[0], rows_table)()

@@ -42,3 +42,16 @@ def test_swap_rows_exist(bench):
     for name, runs in bench.SWAP_ROWS.items():
         present = {r.run for r in load_source(CORPUS_DIR / f"{name}.csv").rows}
         assert set(runs) <= present
+
+
+def test_recipe_userbuffers_settings(bench):
+    from sim.tpoverlap import method_of
+
+    v31 = bench.recipe_methods(4, bulk_margin=False)
+    # every GEMM Transformer Engine overlaps, with the method its default gives it
+    assert {name: m.name for name, m in v31.items()} == {
+        name: method_of(name).name for name in v31}
+    assert v31["fc2_fprop"].sms == 4 and v31["proj_fprop"].sms == 24
+    assert not any(m.sm_margin for m in v31.values() if m.name == "bulk")
+    assert all(m.sm_margin for m in bench.recipe_methods(20, True).values()
+               if m.name != "ring_exchange")
