@@ -166,7 +166,40 @@ class _Merged:
         return self.pairs
 
     def uncovered(self, busy: _Merged) -> float:
-        """:func:`_minus` of this union and ``busy``: the same overlaps, summed in its order."""
+        """:func:`_minus` of this union and ``busy``: the same overlaps, summed in its order.
+
+        Where each of our intervals meets the busy ones is found by merging the two sorted
+        unions (a stable sort of the two runs side by side: numpy's timsort merges them in
+        one pass), not by a binary search per interval (:meth:`uncovered_searched`, the
+        reference: the same positions, ``tests/test_perf_arrays.py``); the pairs are
+        gathered by index rather than repeated value by value (Megatron 1T's 128 unions of
+        ~2,000-3,000 intervals: 174 -> 129 M instructions)."""
+        alo, ahi, blo, bhi = self.lo, self.hi, busy.lo, busy.hi
+        ours = np.arange(len(alo))
+        # per interval of ours: the first busy interval ending after its start (the busy ends
+        # at or before it: a stable sort puts them first, theirs being first), and the first
+        # one starting at or after its end (the busy starts before it)
+        j = np.flatnonzero(np.concatenate((bhi, alo)).argsort(kind="stable") >= len(bhi))
+        j -= ours
+        count = np.flatnonzero(np.concatenate((ahi, blo)).argsort(kind="stable") < len(ahi))
+        count -= ours
+        np.maximum(count, j, out=count)
+        count -= j
+        total = int(np.add.reduce(count))
+        if not total:
+            return self.length - 0.0
+        # each of ours once per busy interval it meets; those busy intervals' indices run
+        # from its j on (an offset within its repeats: the pair's number less its first)
+        mine = ours.repeat(count)
+        b = (j - (count.cumsum() - count)).take(mine)
+        b += np.arange(total)
+        overlap = np.minimum(ahi.take(mine), bhi.take(b))
+        overlap -= np.maximum(alo.take(mine), blo.take(b))
+        # _minus adds them one by one from 0.0: a cumulative sum, not a (pairwise) np.sum
+        return self.length - float(overlap.cumsum()[-1])
+
+    def uncovered_searched(self, busy: _Merged) -> float:
+        """:meth:`uncovered` by a binary search per interval (its reference)."""
         alo, ahi, blo, bhi = self.lo, self.hi, busy.lo, busy.hi
         # per interval of ours: the first busy interval ending after its start, and the first
         # one from there starting at or after its end (busy is sorted and disjoint)

@@ -64,6 +64,24 @@ def test_merged_arrays_equal_the_loops(a: list, b: list) -> None:
     assert bool(ma) == bool(ua)
 
 
+grid = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 6)).map(
+    lambda t: (t[0] / 4, t[0] / 4 + t[1] / 4)), max_size=120)
+"""Intervals on a coarse grid: many ends of one union at the other's starts and ends."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(pairs, grid), st.one_of(pairs, grid))
+def test_uncovered_by_merging_is_the_binary_search(a: list, b: list) -> None:
+    """:meth:`sim.stats._Merged.uncovered` (positions by merging the sorted unions) gives the
+    floats of :meth:`~sim.stats._Merged.uncovered_searched` (a binary search per interval),
+    either union empty, touching or sharing ends included; and both those of the loop."""
+    ma, mb = _arrays(a), _arrays(b)
+    assert repr(ma.uncovered(mb)) == repr(ma.uncovered_searched(mb))
+    assert repr(mb.uncovered(ma)) == repr(mb.uncovered_searched(ma))
+    if ma:
+        assert repr(ma.uncovered(mb)) == repr(_minus(_union(a), _union(b)))
+
+
 @settings(max_examples=200, deadline=None)
 @given(pairs)
 def test_a_union_as_arrays_is_the_merge_of_its_intervals(a: list) -> None:

@@ -285,6 +285,21 @@ def test_communicators_by_strides_are_the_gpu_by_gpu_ones(layout) -> None:
     assert R._communicators_fast(pl, gpu, groups, hosts, tied, world) == want
 
 
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(_layouts(), st.randoms(use_true_random=False))
+def test_communicators_described_once_per_group_are_the_reference(layout, rng) -> None:
+    """:func:`_communicators_fast` with the groups described for other GPUs handed on (one
+    dict through every GPU of the placement, in any order, as :func:`by_rank` hands it
+    through the stages) describes each GPU's communicators as the reference does."""
+    pl, _, hosts, groups, tied = layout
+    gpus = list(range(pl.num_gpus))
+    rng.shuffle(gpus)
+    described: dict = {}
+    for gpu in gpus:
+        want = R.communicators(pl, gpu, groups, hosts.__getitem__, tied)
+        assert R._communicators_fast(pl, gpu, groups, hosts, tied, None, described) == want
+
+
 @pytest.mark.parametrize("preset, gpus, layout, order, framework, overlap", [
     ("dgx-a100-80g", 64, (2, 1, 4, 8), "tp-cp-dp-pp", "megatron", False),
     ("dgx-a100-80g", 64, (4, 2, 2, 4), "pp-dp-cp-tp", "deepspeed", False),
