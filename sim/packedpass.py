@@ -25,6 +25,8 @@ from workloads.packed import (
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Collective, Compute, Program, Send
 from workloads.streams import packed_before
 
+_CHUNK = 1 << 20  # records worked on at a time (8 MiB an int64 temporary)
+
 
 def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float],
               end_s: Sequence[float]) -> Summaries | None:
@@ -68,99 +70,150 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
         if kind in COMM_KINDS:
             t_kind[k] = code[kind]
     tpl = np.frombuffer(instrs.tpl, dtype=np.int32)
-    gpu = np.frombuffer(instrs.gpu, dtype=np.int32).astype(np.int64)
+    gpu = np.frombuffer(instrs.gpu, dtype=np.int32)
     ready, mid, end = _doubles(ready_s, n), _doubles(mid_s, n), _doubles(end_s, n)
-    cls = t_cls[tpl]
     # a record's key: (lane, the id appending it, its place), one int64 (the order of the
     # three); its interval's ends beside it
     places = max(3, int(t_third[t_cls == COLLECTIVE].max(initial=0)))
     if (program.num_gpus * width + 1) * (n + 1) * places >= 2**62:
         return None
-    keys: list[np.ndarray] = []
+    span = n * places
+    keys: list[np.ndarray] = []  # (distinct keys: sorted below, their order here is free)
 
     def record(lane: np.ndarray, at: np.ndarray, sub: np.ndarray | int) -> None:
-        key = lane * (n * places)
+        key = lane * span
         key += at * places
         key += sub
         keys.append(key)
 
-    compute = np.flatnonzero(cls == COMPUTE)
-    g = gpu[compute]
-    record(g * width, compute, 0)
-    for which, sub in ((t_kind, 1), (t_comm, 2)):
-        lane = which[tpl[compute]]
+    shares: list[np.ndarray] = []
+    for x in range(0, n, _CHUNK):  # the ids a chunk at a time (see _CHUNK)
+        row, on = tpl[x:x + _CHUNK], gpu[x:x + _CHUNK]
+        cls = t_cls[row]
+        compute = np.flatnonzero(cls == COMPUTE)
+        g = on[compute].astype(np.int64)
+        kinds = row[compute]
+        compute += x
+        record(g * width, compute, 0)
+        for which, sub in ((t_kind, 1), (t_comm, 2)):
+            lane = which[kinds]
+            keep = lane >= 0
+            if keep.any():
+                record(g[keep] * width + lane[keep], compute[keep], sub)
+        sends = np.flatnonzero(cls == SEND)
+        lane = t_kind[row[sends]]
         keep = lane >= 0
-        if keep.any():
-            record(g[keep] * width + lane[keep], compute[keep], sub)
-    sends = np.flatnonzero(cls == SEND)
-    lane = t_kind[tpl[sends]]
-    keep = lane >= 0
-    at, lane = sends[keep], lane[keep]
-    for sub, ends in enumerate((gpu[at], t_third[tpl[at]])):
-        record(ends * width + lane, at, sub)
-    collective = np.flatnonzero((cls == COLLECTIVE) & (t_kind[tpl] >= 0))
-    size = t_third[tpl[collective]]
-    alone = collective[size <= 1]
-    record(gpu[alone] * width + t_kind[tpl[alone]], alone, 0)
+        at, lane = sends[keep], lane[keep]
+        for sub, ends in enumerate((on[at].astype(np.int64), t_third[row[at]])):
+            record(ends * width + lane, at + x, sub)
+        collective = np.flatnonzero((cls == COLLECTIVE) & (t_kind[row] >= 0))
+        size = t_third[row[collective]]
+        alone = collective[size <= 1]
+        record(on[alone].astype(np.int64) * width + t_kind[row[alone]], alone + x, 0)
+        shares.append(collective[size > 1] + x)
+        del row, on, cls, compute, g, kinds, lane, keep, sends, at, collective, size, alone
     low_of = ready  # per id, the low end of the intervals it appends (below: a copy)
-    shared = collective[size > 1]  # a collective's members: consecutive ids, one template
+    shared = np.concatenate(shares)  # a collective's members: consecutive ids, one template
+    del shares
     if len(shared):
+        low_of = ready.copy()  # the id that appends them: its members' latest start
         group = tpl[shared]
         heads = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
-        counts = np.diff(np.r_[heads, len(shared)])
-        whole = np.repeat(counts == t_third[group[heads]], counts)
-        last = np.repeat(shared[heads + counts - 1], counts)  # what appends them
-        place = np.arange(len(shared)) - np.repeat(heads, counts)
-        at = shared[whole]
-        if not np.array_equal(at, last[whole] - t_third[group[whole]] + 1 + place[whole]):
-            return None  # members not consecutive ids: a record could not name its member
-        low_of = ready.copy()  # the id that appends them: its members' latest start
-        low_of[last[whole]] = np.repeat(np.maximum.reduceat(ready[shared], heads),
-                                        counts)[whole]
-        record(gpu[at] * width + t_kind[tpl[at]], last[whole], place[whole])
-        del group, heads, counts, whole, last, place
-    del cls, compute, g, sends, collective, shared, at, lane, keep
+        # the members a chunk of whole groups at a time
+        cuts = [c for c in np.unique(np.searchsorted(
+            heads, np.arange(0, len(shared), _CHUNK))).tolist() if c < len(heads)]
+        cuts.append(len(heads))
+        for h0, h1 in zip(cuts[:-1], cuts[1:], strict=True):
+            s0 = int(heads[h0])
+            s1 = int(heads[h1]) if h1 < len(heads) else len(shared)
+            if not _members(shared[s0:s1], group[s0:s1], heads[h0:h1] - s0, t_third,
+                            t_kind, gpu, width, ready, low_of, record):
+                return None  # members not consecutive ids: a record could not name its
+                # member
+        del group, heads
+    del shared
     key = np.concatenate(keys)
     keys.clear()
     key.sort(kind="stable")  # distinct keys: one order for any sort; a merge of the sorted
     # runs the records were made in (0.08 s against 0.42 for quicksort at 4,096 GPUs)
-    # each record's interval from its key: the id ``at`` and place ``sub`` that append it
-    at = key % (n * places)
-    sub = at % places
-    at //= places
-    what = t_cls[tpl[at]]
-    size = t_third[tpl[at]]
-    high_at = at.copy()  # whose end: the id's, or a shared collective's member's
-    member = np.flatnonzero((what == COLLECTIVE) & (size > 1))
-    high_at[member] += sub[member] - size[member] + 1
-    del member, size
-    pairs = np.empty((len(key), 2))
-    pairs[:, 0] = low_of[at]
-    pairs[:, 1] = end[high_at]
-    del high_at, low_of
-    compute = what == COMPUTE
-    del what
-    early = np.flatnonzero(compute & (sub < 2))  # a compute op's compute or launch span
-    pairs[early, 1] = mid[at[early]]
-    del early
-    late = np.flatnonzero(compute & (sub == 2))  # its blocking communication
-    pairs[late, 0] = mid[at[late]]
-    del late, compute, sub, at
-    lane = key // (n * places)
-    starts = np.flatnonzero(np.r_[True, lane[1:] != lane[:-1]]) if len(lane) else lane
-    stops = np.r_[starts[1:], len(lane)]
-    first = np.argsort(key[starts] % (n * places))  # the lanes in the order of their first
+    # each record's interval from its key, a chunk of records at a time (temporaries of
+    # ``_CHUNK`` items, which the allocator hands back and reuses: whole-length ones are
+    # fresh mappings, each page faulted in and zeroed by the kernel)
+    span = n * places
+    total = len(key)
+    built: dict[int, array] = {}  # per lane, its intervals' ends, in order
+    starts_at: list[np.ndarray] = []  # where a lane's records begin, and that lane
+    lanes_at: list[np.ndarray] = []
+    previous = -1
+    for x in range(0, total, _CHUNK):
+        y = min(x + _CHUNK, total)
+        lane, at = np.divmod(key[x:y], span)
+        at, sub = np.divmod(at, places)  # the id ``at`` and place ``sub`` that append it
+        edge = np.flatnonzero(np.r_[lane[0] != previous, lane[1:] != lane[:-1]])
+        starts_at.append(edge + x)
+        lanes_at.append(lane[edge])
+        previous = int(lane[-1])
+        row = tpl[at]
+        what = t_cls[row]
+        pairs = np.empty((y - x, 2))
+        pairs[:, 0] = low_of[at]  # a compute op's: ready, its blocking comm's end
+        pairs[:, 1] = end[at]
+        member = np.flatnonzero((what == COLLECTIVE) & (t_third[row] > 1))
+        if len(member):  # a shared collective's member's end, named by the place
+            pairs[member, 1] = end[at[member] + (sub[member] - t_third[row[member]] + 1)]
+        del member, row
+        compute = what == COMPUTE
+        early = np.flatnonzero(compute & (sub < 2))  # a compute op's compute or launch span
+        pairs[early, 1] = mid[at[early]]
+        late = np.flatnonzero(compute & (sub == 2))  # its blocking communication
+        pairs[late, 0] = mid[at[late]]
+        del at, sub, what, compute, early, late
+        # each lane's records in the chunk, added to its array (one begun in an earlier
+        # chunk goes on)
+        cut = edge.tolist()
+        if not cut or cut[0]:
+            cut.insert(0, 0)
+        cut.append(y - x)
+        for u, v in zip(cut[:-1], cut[1:], strict=True):
+            which = int(lane[u])
+            ends = built.get(which)
+            if ends is None:
+                built[which] = array("d", pairs[u:v].tobytes())
+            else:
+                ends.frombytes(pairs[u:v].tobytes())
+        del lane, edge, pairs
+    del low_of
+    starts = np.concatenate(starts_at) if starts_at else np.zeros(0, dtype=np.int64)
+    lane = np.concatenate(lanes_at) if lanes_at else np.zeros(0, dtype=np.int64)
+    first = np.argsort(key[starts] % span)  # the lanes in the order of their first
+    del key
     intervals: dict[tuple[int, str], array] = {}
-    for k in first.tolist():
-        x, y = int(starts[k]), int(stops[k])
-        which = int(lane[x])
-        intervals[(which // width, names[which % width])] = array("d", pairs[x:y].tobytes())
-    del pairs, lane, key
+    for which in lane[first].tolist():
+        intervals[(which // width, names[which % width])] = built.pop(which)
     peaks, floors = _memory(program, gpus, gpu, tpl, t_alloc, t_free)
     every = _doubles(end_s, len(end_s))  # max(end_s, default=0.0): the same value (ends
     clock = float(every.max()) if len(every) else 0.0  # >= 0, no NaN), without a Python step
     return Summaries(intervals, peaks, floors, clock)
 
+
+
+def _members(shared: np.ndarray, group: np.ndarray, heads: np.ndarray, t_third: np.ndarray,
+             t_kind: np.ndarray, gpu: np.ndarray, width: int, ready: np.ndarray,
+             low_of: np.ndarray, record: Callable[..., None]) -> bool:
+    """:func:`summaries`' records of whole groups of shared collectives' members (``shared``,
+    their templates ``group``, where each group begins ``heads``): each member's interval,
+    appended by the group's last member, whose low end is the members' latest start. False:
+    the members are not consecutive ids."""
+    counts = np.diff(np.r_[heads, len(shared)])
+    whole = np.repeat(counts == t_third[group[heads]], counts)
+    last = np.repeat(shared[heads + counts - 1], counts)  # what appends them
+    place = np.arange(len(shared)) - np.repeat(heads, counts)
+    at = shared[whole]
+    if not np.array_equal(at, last[whole] - t_third[group[whole]] + 1 + place[whole]):
+        return False
+    low_of[last[whole]] = np.repeat(np.maximum.reduceat(ready[shared], heads), counts)[whole]
+    record(gpu[at].astype(np.int64) * width + t_kind[group[whole]], last[whole], place[whole])
+    return True
 
 def _memory(program: Program, gpus: Sequence[int], gpu: np.ndarray, tpl: np.ndarray,
             t_alloc: np.ndarray, t_free: np.ndarray
@@ -170,11 +223,13 @@ def _memory(program: Program, gpus: Sequence[int], gpu: np.ndarray, tpl: np.ndar
     static = program.static_bytes
     peaks = {g: static[g] for g in gpus}
     floors = dict(peaks)
-    alloc, free = t_alloc[tpl], t_free[tpl]
-    moves = np.flatnonzero((alloc != 0) | (free != 0))
+    moves = np.flatnonzero(((t_alloc != 0) | (t_free != 0))[tpl])  # (per template, gathered)
     if len(moves):
-        delta = np.stack((alloc[moves], -free[moves]), axis=1).ravel()
-        sample = np.stack((alloc[moves] != 0, free[moves] != 0), axis=1).ravel()
+        row = tpl[moves]
+        alloc, free = t_alloc[row], t_free[row]
+        del row
+        delta = np.stack((alloc, -free), axis=1).ravel()
+        sample = np.stack((alloc != 0, free != 0), axis=1).ravel()
         owner = np.repeat(gpu[moves], 2)
         del alloc, free
         by_gpu = np.argsort(owner, kind="stable")
@@ -297,7 +352,8 @@ def dag(instrs: PackedInstructions) -> tuple[array[int], array[int], array[int]]
     n = len(instrs)
     before = packed_before(instrs, keep=True).astype(np.int32, copy=False)  # kept: chains
     first_dep = np.frombuffer(instrs.first, dtype=np.int64)
-    ndeps = np.diff(first_dep).astype(np.int32)
+    ndeps = np.subtract(first_dep[1:], first_dep[:-1], dtype=np.int32)  # (np.diff's, in 4
+    # bytes: a dep's offset fits, the deps being int32 ids)
     has = before >= 0
     edges = ndeps + has  # per instruction: its waiting count
     del ndeps
@@ -313,13 +369,16 @@ def dag(instrs: PackedInstructions) -> tuple[array[int], array[int], array[int]]
     del stream
     pred[is_dep] = np.frombuffer(instrs.deps, dtype=np.int32)
     del is_dep
-    first = np.zeros(n + 1, dtype=np.int64)
+    # the three arrays made in the run's own buffers (not NumPy temporaries copied into
+    # them: one fresh mapping each, not two, and one pass less over them)
+    out = array("i", b"\0\0\0\0") * total, array("q", b"\0" * 8) * (n + 1), array("i")
+    first = np.frombuffer(out[1], dtype=np.int64)
     np.cumsum(np.bincount(pred, minlength=n), out=first[1:])
     order = np.argsort(pred, kind="stable")
     del pred
-    succ = np.repeat(np.arange(n, dtype=np.int32), edges)[order]
-    del order
-    out = array("i"), array("q"), array("i")
-    for into, values in zip(out, (succ, first, edges), strict=True):
-        into.frombytes(memoryview(values).cast("B"))
+    np.take(np.repeat(np.arange(n, dtype=np.int32), edges), order,
+            out=np.frombuffer(out[0], dtype=np.int32), mode="clip")  # (every index in
+    # range: "clip" only lets ``take`` write to ``out`` unbuffered)
+    del order, first
+    out[2].frombytes(memoryview(edges).cast("B"))
     return out

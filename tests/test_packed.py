@@ -112,3 +112,37 @@ def test_packed_reads_as_a_sequence() -> None:
     assert len(ours.templates) == 4  # the two copies of the op share one template
     with pytest.raises(IndexError):
         ours[len(theirs)]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_summaries_in_chunks_equal_the_loop(schedule: str, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    """:func:`sim.packedpass.summaries` works a chunk of ids, of whole collective groups and
+    of sorted records at a time (``_CHUNK``; a large run has several): with chunks of 1, 2, 5
+    and 64 (every group, record and lane cut across chunks somewhere) the summaries equal the
+    loop's over the tuples, the dict's order included, on made-up times with ties."""
+
+    @settings(max_examples=4, derandomize=True, deadline=None, print_blob=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(experiments(schedule=schedule))
+    def agree(data: dict) -> None:
+        exp = build_experiment(data)
+        packed = simulate(exp, fidelity="full")
+        if packed.steps != 1:
+            return
+        ours = packed.program.instructions
+        assert isinstance(ours, PackedInstructions)
+        plain_program = dataclasses.replace(packed.program, instructions=tuple(ours))
+        n = len(ours)
+        ready = [float((i * 31) % 11) for i in range(n)]
+        end = [r + float((i * 7919) % 13) for i, r in enumerate(ready)]
+        mid = [r + float((i * 17) % 5) for i, r in enumerate(ready)]
+        theirs = timeline.summaries_of(plain_program, ready, mid, end)
+        for chunk in (1, 2, 5, 64):
+            monkeypatch.setattr(packedpass, "_CHUNK", chunk)
+            got = packedpass.summaries(packed.program, ready, mid, end)
+            assert got is not None
+            assert list(got.intervals.items()) == list(theirs.intervals.items())
+            assert got == theirs
+
+    agree()

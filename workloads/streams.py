@@ -123,8 +123,10 @@ def _packed_before(instrs: PackedInstructions) -> np.ndarray:
     # stable order: a stable sort's order depends only on the values)
     wide = max((int(gpu.max(initial=0)) * 3 + 3) * len(codes), n) >= 2**31
     kind = np.int64 if wide else np.int32
-    key = ((gpu.astype(kind) * 3 + cls_of.astype(kind)[tpl]) * len(codes)
-           + third_of.astype(kind)[tpl])
+    # (gpu * 3 + class) * codes + third, as gpu * 3 * codes + (class * codes + third): the
+    # same integers, the template's part worked out once per template and gathered once
+    key = (cls_of.astype(kind) * len(codes) + third_of.astype(kind))[tpl]
+    key += gpu.astype(kind) * (3 * len(codes))
     order = np.argsort(key, kind="stable")
     key = key[order]
     # in sorted order, each one's predecessor is the one before it where their keys are
