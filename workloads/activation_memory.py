@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from workloads.costs import BF16
-from workloads.kernels import per_instance
+from workloads.kernels import per_instance, per_instance_by
 from workloads.schedules import BACKWARD, FORWARD, Op
 
 FP32 = 4
@@ -23,6 +23,7 @@ class ActivationMemory:
     what a stage keeps per in-flight micro-batch (the logits on the last), and the working
     memory an op holds only while it runs."""
 
+    @per_instance
     def layer_activation_bytes(self) -> float:
         """Bytes one layer keeps per micro-batch for its backward, on one TP rank.
 
@@ -257,6 +258,7 @@ class ActivationMemory:
             return 0.0
         return self.cp * self._kv_pass_bytes() * (2 if op.kind == BACKWARD else 1)
 
+    @per_instance_by
     def activation_bytes_per_mb(self, stage: int) -> float:
         """Activations a stage keeps per in-flight micro-batch (last stage adds the logits).
 
@@ -264,7 +266,9 @@ class ActivationMemory:
         6·b·s·V/t bytes, until its backward (6·b·s·V without the vocabulary-parallel
         loss: the gathered logits); with :attr:`fused_cross_entropy` only the bf16 logits,
         2·b·s·V/t; the same again for each multi-token prediction module's loss
-        (:attr:`workloads.models.ModelSpec.mtp_layers`).
+        (:attr:`workloads.models.ModelSpec.mtp_layers`). Kept on the instance per stage
+        (:func:`~workloads.kernels.per_instance_by`: each op of the stage asks, and the
+        memory statistics).
         """
         total = sum(n * c.layer_activation_bytes() for c, n in self._runs(stage))
         if stage == len(self.stage_layers) - 1:

@@ -233,10 +233,12 @@ class StageOps:
                     CommSeg("pipe grad all-gather", "tp", "all_gather", nbytes)]
         return []
 
-    def _op_segments(self, op: Op, split_backward: bool, markers: bool, labels: bool = True
-                     ) -> tuple[Segment, ...]:
+    def _op_segments(self, op: Op, split_backward: bool, markers: bool, labels: bool = True,
+                     reference: bool = False) -> tuple[Segment, ...]:
         """:meth:`op_segments`, worked out (``labels`` false, without markers:
-        :meth:`op_work`)."""
+        :meth:`op_work`). Unnamed on a uniform model (:meth:`_uniform_layers`), a stage's
+        layers are one layer's segments over again, put in at once; ``reference``: layer by
+        layer (the same segments, the same objects; ``tests/test_op_work_uniform.py``)."""
         if op.seq >= 0 and self.seq_chunks > 1:
             chunk = self.seq_chunk(op.seq)
             return (chunk.op_segments(op, split_backward, markers) if labels
@@ -251,9 +253,17 @@ class StageOps:
             # overlap_param_gather beyond stage 0: one bucket, gathered whole before the op
             segs.append(self._stage_gather(op.stage))
             gather = False
+        uniform = not (labels or reference or not layers) and self._uniform_layers()
         if op.kind == FORWARD and not markers:
-            for layer in layers:
-                segs += self._layer_segments(layer, False, False, labels)
+            if uniform:
+                segs += self._layer_segments(layers[0], False, False, False) * len(layers)
+            else:
+                for layer in layers:
+                    segs += self._layer_segments(layer, False, False, labels)
+            if last:
+                segs += self._head_segments(backward=False)
+        elif op.kind == FORWARD and uniform and not gather:
+            segs += self._layer_segments(layers[0], False, False, False, marked=True) * len(layers)
             if last:
                 segs += self._head_segments(backward=False)
         elif op.kind == FORWARD:
@@ -278,21 +288,13 @@ class StageOps:
                 segs += self._head_segments(backward=True, weight_grad_deferred=split_backward)
                 if ready:
                     segs.append(GradReady("head grads", self._head_grad_bytes(op.stage)))
-            for layer in reversed(layers):
-                if not markers:
-                    segs += self._layer_segments(layer, True, split_backward, labels)
-                    continue
-                c = self._layer(layer)
-                if gather:
-                    segs.append(ParamGather(f"L{layer} params", c._layer_gather_bytes,
-                                            c._layer_expert_grad_bytes()))
-                segs += self._layer_segments(layer, True, split_backward, labels, marked=True)
-                if ready and self._bucketed(op.stage):
-                    segs += c._dp_overlap(f"L{layer}", backward=True)
-                if ready:
-                    segs.append(self._grad_ready(f"L{layer} grads" if labels else "",
-                                                 c._layer_grad_bytes(op.stage, layer),
-                                                 c._layer_expert_grad_bytes()))
+            if uniform and not markers:
+                segs += self._layer_segments(layers[0], True, split_backward, False) * len(layers)
+            elif uniform and not gather and not (ready and self._bucketed(op.stage)):
+                segs += self._uniform_backward(op.stage, layers, split_backward, ready)
+            else:
+                segs += self._layers_backward(op, layers, split_backward, markers, labels,
+                                              gather, ready)
         elif markers:
             segs += self._weight_grads_marked(op.stage, layers, last)
         else:
@@ -339,6 +341,58 @@ class StageOps:
             return tuple(fuse_alike(segs, str(op),
                                     self.__dict__.setdefault("_memo_fused", {})))
         return tuple(fuse_compute(segs, str(op)))
+
+    def _uniform_layers(self) -> bool:
+        """Whether every transformer block has this cost model's costs (:meth:`_layer` is
+        ``self``): no dense first layers, every layer recomputed alike."""
+        return not (self.model.first_dense_layers or self.recompute_num_layers is not None
+                    or self.recompute_every_k_layers is not None)
+
+    def _uniform_backward(self, stage: int, layers: range, split_backward: bool, ready: bool
+                          ) -> list[Segment]:
+        """:meth:`_layers_backward` with markers, unnamed, on a uniform model
+        (:meth:`_uniform_layers`), without ZeRO-3 gathers or buckets beside the layers: one
+        layer's segments per layer and, where gradients are ready, its :class:`GradReady`,
+        one object per bytes (:meth:`_grad_ready`) asked once per distinct layer gradient
+        (:meth:`_layer_grad_bytes` reads the layer only to add the embedding's to stage 0's
+        first: every other layer's bytes are the same float)."""
+        block = self._layer_segments(layers[0], True, split_backward, False, marked=True)
+        if not ready:
+            return list(block * len(layers))
+        expert = self._layer_expert_grad_bytes()
+        segs: list[Segment] = []
+        common = None
+        for layer in reversed(layers):
+            segs += block
+            if layer == 0 and stage == 0:
+                segs.append(self._grad_ready("", self._layer_grad_bytes(stage, layer), expert))
+                continue
+            if common is None:
+                common = self._grad_ready("", self._layer_grad_bytes(stage, layer), expert)
+            segs.append(common)
+        return segs
+
+    def _layers_backward(self, op: Op, layers: range, split_backward: bool, markers: bool,
+                         labels: bool, gather: bool, ready: bool) -> list[Segment]:
+        """A backward op's layers' segments, layer by layer, last layer first (with markers:
+        ZeRO-3 gathers, the layers' DP overlap and their :class:`GradReady`)."""
+        segs: list[Segment] = []
+        for layer in reversed(layers):
+            if not markers:
+                segs += self._layer_segments(layer, True, split_backward, labels)
+                continue
+            c = self._layer(layer)
+            if gather:
+                segs.append(ParamGather(f"L{layer} params", c._layer_gather_bytes,
+                                        c._layer_expert_grad_bytes()))
+            segs += self._layer_segments(layer, True, split_backward, labels, marked=True)
+            if ready and self._bucketed(op.stage):
+                segs += c._dp_overlap(f"L{layer}", backward=True)
+            if ready:
+                segs.append(self._grad_ready(f"L{layer} grads" if labels else "",
+                                             c._layer_grad_bytes(op.stage, layer),
+                                             c._layer_expert_grad_bytes()))
+        return segs
 
     def _grad_ready(self, label: str, nbytes: float, expert: float) -> GradReady:
         """A layer's :class:`~workloads.costs.GradReady`; unnamed (``label`` empty: an op's
