@@ -278,6 +278,15 @@ def columns_of(instructions: Sequence[Instruction]) -> Columns | None:
     collapsed op-loop program of a few hundred thousand instructions took ~70 ms in the loop,
     a sixth of a ``sim validate`` corpus row's simulation. :func:`columns_of_reference` is
     that loop; ``tests/test_columns_of.py`` holds the two to the same arrays."""
+    if type(instructions) not in (tuple, list):  # a lazy sequence (a packed full program)
+        return columns_of_reference(instructions)  # builds no object past the first offender
+    for ins in instructions:  # a full program: its first send or collective answers, early
+        t = type(ins)
+        if t is Compute:
+            continue
+        if ins.duration_s is None or (t is Collective and len(ins.group) != 1):
+            return None
+        break
     n = len(instructions)
     codes = CLASS_CODE
     types = list(map(type, instructions))
