@@ -198,7 +198,9 @@ def simulate_row(row: Row, profile: DeviceProfile, idle: bool = True):
                     idle=idle)
 
 
-def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
+def _predict_one(args: tuple[Row, DeviceProfile], reference: bool = False) -> Prediction:
+    """The row's prediction with the profile; ``reference``: its memory floors read from the
+    timeline's samples (:func:`memory_floors`), not the engine's summary (the same floats)."""
     from sim import reserved
     from sim.api import simulate
     from sim.experiment import build_experiment
@@ -209,9 +211,9 @@ def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
     exp = build_experiment(row.experiment())
     result = simulate(exp, profile, fidelity="collapsed", idle=False)
     stats, timeline = result.stats, result.timeline
-    floor: dict[int, float] = {}
-    for m in timeline.memory:
-        floor[m.gpu] = min(floor.get(m.gpu, m.bytes), m.bytes)
+    # each GPU's smallest allocated bytes: the engine's summary (a collapsed run's timeline
+    # then makes no records, a third of a sweep row's time)
+    floor = memory_floors(timeline) if reference else timeline.memory_floor_by_gpu
     if profile.reserved_from_run and exp.model is not None:
         stage = coordinate_columns(exp.placement)["pp"]
         per = reserved.per_stage(exp, generation_of)
@@ -222,6 +224,17 @@ def _predict_one(args: tuple[Row, DeviceProfile]) -> Prediction:
                   for g in sorted(floor))
     return Prediction(row, stats["step_time_s"], stats["peak_memory_gib"], stats["oom"], parts,
                       stats["memory_capacity_gib"])
+
+
+def memory_floors(timeline) -> dict[int, float]:
+    """Per GPU with memory samples, its smallest allocated bytes, read sample by sample from
+    ``timeline.memory`` (the first of equal ones kept): the reference of what
+    :func:`_predict_one` reads, :attr:`sim.timeline.Timeline.memory_floor_by_gpu`
+    (``tests/test_valfast.py`` holds the predictions to it)."""
+    floor: dict[int, float] = {}
+    for m in timeline.memory:
+        floor[m.gpu] = min(floor.get(m.gpu, m.bytes), m.bytes)
+    return floor
 
 
 def predict(rows: Sequence[Row], profile: DeviceProfile, workers: int = 1,
