@@ -44,6 +44,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from search_timeline import phase_marks  # benchmarks/, this script's folder
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -181,29 +183,7 @@ def _instrument(log: Path, profile: str | None = None) -> tuple[dict[str, Any], 
         return out
     execution.SearchWorker.__call__ = logged
 
-    marks: list = []
-
-    def mark(name: str) -> None:
-        marks.append((name, time.perf_counter(), time.process_time()))
-
-    def around(fn, before, after):  # type: ignore[no-untyped-def]
-        def wrapped(*a, **k):  # type: ignore[no-untyped-def]
-            mark(before)
-            out = fn(*a, **k)
-            mark(after)
-            return out
-        return wrapped
-
-    submit = executors.LocalExecutor._submit
-
-    def first_submit(self, *a):  # type: ignore[no-untyped-def]
-        if not any(m[0] == "first item out" for m in marks):
-            mark("first item out")
-        return submit(self, *a)
-    executors.LocalExecutor._submit = first_submit
-    sweep.screen_all = around(sweep.screen_all, "screening", "screened")
-    sweep._Sweep.run = around(sweep._Sweep.run, "sweep", "swept")
-    sweep.collect_rows = around(sweep.collect_rows, "rows", "rows built")
+    marks, mark = phase_marks(executors, sweep)
     counts["mark"] = mark
     return counts, marks
 
@@ -224,11 +204,11 @@ def _child(send: Any, root: str, file: str, workers: int, profile: str | None) -
     counts["mark"]("end")
     items = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     at = {m[0]: m for m in marks}
-    parent = at["end"][2] - at["start"][2]
+    parent = at["end"][3] - at["start"][3]
     if workers > 1:
-        head = at["first item out"][2] - at["start"][2]
-        gap = at["sweep"][2] - at["screened"][2]
-        tail = at["end"][2] - at["swept"][2]
+        head = at["first item out"][3] - at["start"][3]
+        gap = at["sweep"][3] - at["screened"][3]
+        tail = at["end"][3] - at["swept"][3]
     else:
         head = gap = tail = 0.0
     send.send({"workers": workers, "items": items, "each": each, "parent": parent,

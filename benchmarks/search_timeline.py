@@ -37,6 +37,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def phase_marks(executors, sweep):  # type: ignore[no-untyped-def]
+    """Mark the parent's phases of a search: ``(marks, mark)``, ``mark(name)`` appending
+    ``(name, wall, main-thread CPU, process CPU)`` to ``marks``, and ``sim.search.sweep``'s
+    screening, sweep and rows and the first item handed to a worker marked around (the
+    modules are the imported ``sim.executors`` and ``sim.search.sweep`` of the code measured;
+    ``benchmarks/search_split.py`` uses it too)."""
+    marks: list[tuple[str, float, float, float]] = []
+
+    def mark(name: str) -> None:
+        marks.append((name, time.perf_counter(), time.thread_time(), time.process_time()))
+
+    def around(fn, before, after):  # type: ignore[no-untyped-def]
+        def wrapped(*a, **k):  # type: ignore[no-untyped-def]
+            mark(before)
+            out = fn(*a, **k)
+            mark(after)
+            return out
+        return wrapped
+
+    submit = executors.LocalExecutor._submit
+
+    def first_submit(self, *a):  # type: ignore[no-untyped-def]
+        if not any(m[0] == "first item out" for m in marks):
+            mark("first item out")
+        return submit(self, *a)
+
+    executors.LocalExecutor._submit = first_submit
+    sweep.screen_all = around(sweep.screen_all, "screening", "screened")
+    sweep._Sweep.run = around(sweep._Sweep.run, "sweep", "swept")
+    sweep.collect_rows = around(sweep.collect_rows, "rows", "rows built")
+    return marks, mark
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=str(ROOT))
@@ -63,31 +96,8 @@ def main() -> None:
                                     time.perf_counter(), time.process_time() - c0]) + "\n")
         return out
 
-    marks: list[tuple[str, float, float, float]] = []
-
-    def mark(name: str) -> None:
-        marks.append((name, time.perf_counter(), time.thread_time(), time.process_time()))
-
-    def around(fn, before, after):  # type: ignore[no-untyped-def]
-        def wrapped(*a, **k):  # type: ignore[no-untyped-def]
-            mark(before)
-            out = fn(*a, **k)
-            mark(after)
-            return out
-        return wrapped
-
-    submit = executors.LocalExecutor._submit
-
-    def first_submit(self, *a):  # type: ignore[no-untyped-def]
-        if not any(m[0] == "first item out" for m in marks):
-            mark("first item out")
-        return submit(self, *a)
-
     execution.SearchWorker.__call__ = timed
-    executors.LocalExecutor._submit = first_submit
-    sweep.screen_all = around(sweep.screen_all, "screening", "screened")
-    sweep._Sweep.run = around(sweep._Sweep.run, "sweep", "swept")
-    sweep.collect_rows = around(sweep.collect_rows, "rows", "rows built")
+    marks, mark = phase_marks(executors, sweep)
     parent_pid = os.getpid()
     data = read_yaml(os.path.join(args.root, args.file))
     mark("start")
