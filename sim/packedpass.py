@@ -196,7 +196,6 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
     return Summaries(intervals, peaks, floors, clock)
 
 
-
 def _members(shared: np.ndarray, group: np.ndarray, heads: np.ndarray, t_third: np.ndarray,
              t_kind: np.ndarray, gpu: np.ndarray, width: int, ready: np.ndarray,
              low_of: np.ndarray, record: Callable[..., None]) -> bool:
@@ -214,6 +213,7 @@ def _members(shared: np.ndarray, group: np.ndarray, heads: np.ndarray, t_third: 
     low_of[last[whole]] = np.repeat(np.maximum.reduceat(ready[shared], heads), counts)[whole]
     record(gpu[at].astype(np.int64) * width + t_kind[group[whole]], last[whole], place[whole])
     return True
+
 
 def _memory(program: Program, gpus: Sequence[int], gpu: np.ndarray, tpl: np.ndarray,
             t_alloc: np.ndarray, t_free: np.ndarray
