@@ -139,7 +139,6 @@ def summaries(program: Program, ready_s: Sequence[float], mid_s: Sequence[float]
     # each record's interval from its key, a chunk of records at a time (temporaries of
     # ``_CHUNK`` items, which the allocator hands back and reuses: whole-length ones are
     # fresh mappings, each page faulted in and zeroed by the kernel)
-    span = n * places
     total = len(key)
     built: dict[int, array] = {}  # per lane, its intervals' ends, in order
     starts_at: list[np.ndarray] = []  # where a lane's records begin, and that lane
