@@ -123,10 +123,9 @@ class StageOps:
         """A stage's layers as ``(costs, count)`` runs of alike layers (one for a uniform
         model, and one of count 0 for a stage without layers, as ``ends-as-layers`` splits
         allow), in stage order of their first layer."""
-        k = self.model.first_dense_layers
-        if (not k and self.recompute_num_layers is None and self.recompute_every_k_layers is None
-                or not self.stage_layers[stage]):  # uniform, or an end stage of no layer
+        if self._uniform_layers() or not self.stage_layers[stage]:  # (an end stage of no layer)
             return [(self, self.stage_layers[stage])]
+        k = self.model.first_dense_layers
         first: dict[tuple[bool, bool], int] = {}
         count: dict[tuple[bool, bool], int] = {}
         for i in self._stage_layers(stage):
