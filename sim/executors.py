@@ -110,19 +110,6 @@ class Executor(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release workers; idempotent."""
 
-    def owner(self, affinity: Any) -> int | None:
-        """The worker that runs items naming ``affinity`` (their ``affinity`` attribute), for
-        an executor that routes items to the worker holding their caches
-        (:class:`sim.routed.RoutedExecutor`); None where whichever worker is free takes
-        the next item (the default)."""
-        return None
-
-    def asking(self) -> int | None:
-        """While this executor calls ``feed``: the worker the item is wanted for (a routing
-        executor's; ``feed`` may prefer an item of an affinity that worker owns); None
-        where any worker takes it."""
-        return None
-
     def worker_cpu_s(self) -> float | None:
         """CPU seconds (user + system) the live worker processes have used so far; 0 when
         items run in the calling process, None where not known (benchmarks)."""
@@ -486,23 +473,14 @@ class RayExecutor(Executor):
 
 
 def make_executor(name: str = "local", workers: int | None = None,
-                  ray_address: str | None = None, routed: bool = True) -> Executor:
-    """The executor ``name`` (``local`` or ``ray``); ``local`` with one worker runs inline,
-    with several on workers with a queue each, items routed to the worker that holds
-    their caches (:class:`sim.routed.RoutedExecutor`), or with ``routed=False`` on one
-    shared pool (:class:`LocalExecutor`, the reference)."""
+                  ray_address: str | None = None) -> Executor:
+    """The executor ``name`` (``local`` or ``ray``); ``local`` with one worker runs inline."""
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers={workers}: must be at least 1")
     if ray_address is not None and name != "ray":
         raise ConfigError(f"--ray-address={ray_address!r}: only used with --executor ray")
     if name == "local":
-        if workers == 1:
-            return InlineExecutor()
-        if routed:
-            from sim.routed import RoutedExecutor  # it builds on this module
-
-            return RoutedExecutor(workers)
-        return LocalExecutor(workers)
+        return InlineExecutor() if workers == 1 else LocalExecutor(workers)
     if name == "ray":
         return RayExecutor(workers, ray_address)
     raise ConfigError(f"--executor={name!r}: choose one of {', '.join(EXECUTORS)}")

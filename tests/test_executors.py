@@ -256,7 +256,7 @@ def test_sigkill_of_a_search_leaves_no_worker_behind(tmp_path: Path) -> None:
 
 def test_make_executor_choices_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(make_executor("local", 1), InlineExecutor)
-    assert isinstance(make_executor("local", 3, routed=False), LocalExecutor)
+    assert isinstance(make_executor("local", 3), LocalExecutor)
     for args, needle in ((("spark",), "--executor='spark'"), (("local", 0), "--workers=0"),
                          (("local", 2, "auto"), "only used with --executor ray")):
         with pytest.raises(ConfigError, match=needle):

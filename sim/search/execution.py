@@ -39,9 +39,6 @@ class ScreenChunk:
     states: tuple[tuple[tuple[Any, ...], StateTerms], ...] = ()
     """The state terms of the families of these layouts, computed beforehand by
     :class:`FamilyChunk` items (none: the worker computes what it needs)."""
-    affinity: Any = None
-    """The caches it shares with other items (:func:`screen_affinity` of its first layout),
-    for an executor that routes items (:class:`sim.routed.RoutedExecutor`)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +48,6 @@ class FamilyChunk:
     family whose cost model cannot be built)."""
 
     layouts: tuple[tuple[Any, ...], ...]
-    affinity: Any = None
-    """:func:`group_affinity` of its layouts (a chunk is one ``(tp, cp, ep, pp)`` group)."""
 
 
 @dataclass(frozen=True)
@@ -62,9 +57,6 @@ class JudgeChunk:
     candidates: tuple[Candidate, ...]
     indices: tuple[int, ...] = ()
     """Where the candidates are in the sweep's order (for the sweep; workers ignore it)."""
-    affinity: Any = None
-    """:func:`judge_affinity` of its first candidate (the sweep makes chunks whose
-    candidates' affinities have one owner, :meth:`Executor.owner`)."""
 
 
 @dataclass(frozen=True)
@@ -72,33 +64,6 @@ class SimulateOne:
     """Work item: simulate this layout (the evaluator)."""
 
     layout: Layout
-
-    @property
-    def affinity(self) -> tuple[Any, ...] | None:
-        return group_affinity(self.layout) if ROUTE_SIMULATIONS else None
-
-
-ROUTE_SIMULATIONS = False
-"""Whether simulations name their :func:`group_affinity` (else any worker takes them)."""
-
-
-def group_affinity(layout: Layout) -> tuple[Any, ...]:
-    """The caches of a family chunk and a simulation: the DP groups of a ``(tp, cp, ep,
-    pp)`` group (the routes, route translations, collective plans and timings of its
-    collectives)."""
-    return ("group", layout.tp, layout.cp, layout.ep, layout.pp)
-
-
-def screen_affinity(layout: Layout) -> tuple[Any, ...]:
-    """The caches of a screening chunk: a ``(tp, cp, micro-batch)`` group's op times and TP
-    collectives (:func:`_screen_group`, what the chunks are made of)."""
-    return ("screen", *_screen_group(layout))
-
-
-def judge_affinity(layout: Layout) -> tuple[Any, ...]:
-    """The caches of judging: the schedule's builds (every number of micro-batches) and
-    the small build that says which rank holds each stage."""
-    return ("plan", layout.schedule, layout.pp, layout.vpp)
 
 
 @dataclass(frozen=True)
@@ -114,11 +79,6 @@ class Relayed:
     timings: tuple[tuple[tuple, float], ...] = ()
     upto: int = 0
     pid: int = 0
-
-    @property
-    def affinity(self) -> Any:
-        """The item's (:class:`sim.routed.RoutedExecutor` routes by it)."""
-        return getattr(self.item, "affinity", None)
 
 
 class TimingRelay(Executor):
@@ -182,12 +142,6 @@ class TimingRelay(Executor):
 
     def worker_cpu_each(self) -> list[float] | None:
         return self.inner.worker_cpu_each()
-
-    def owner(self, affinity: Any) -> int | None:
-        return self.inner.owner(affinity)
-
-    def asking(self) -> int | None:
-        return self.inner.asking()
 
 
 @dataclass(frozen=True)
@@ -380,8 +334,7 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
         if not feed.finished():  # the feed sends every chunk: this is a bug
             raise SimError("screening stopped before every chunk was sent")
     else:
-        chunks = [ScreenChunk(tuple(part), digest, affinity=screen_affinity(layouts[part[0]]))
-                  for part in parts]
+        chunks = [ScreenChunk(tuple(part), digest) for part in parts]
         for i, outcome in executor.run(task, chunks):
             got = outcome if isinstance(outcome, list) else local(chunks[i])
             for j, verdict in zip(parts[i], got, strict=True):
@@ -406,7 +359,7 @@ class _ScreenFeed:
 
     def __init__(self, layouts: Sequence[Layout], parts: Sequence[Sequence[int]],
                  digest: str) -> None:
-        self.parts, self.digest, self.layouts = parts, digest, layouts
+        self.parts, self.digest = parts, digest
         self.family = family = [state_family(lay) for lay in layouts]  # once: both read it
         first: dict[tuple[Any, ...], Layout] = {}
         for f, lay in zip(family, layouts, strict=True):
@@ -419,8 +372,7 @@ class _ScreenFeed:
                 need.setdefault(g, k)
         ordered = sorted(family_chunks(list(first.values())),  # stable: largest first
                          key=lambda part: need[_group(part[0])])
-        self.families = [FamilyChunk(tuple(lay.values() for lay in part),
-                                     group_affinity(part[0])) for part in ordered]
+        self.families = [FamilyChunk(tuple(lay.values() for lay in part)) for part in ordered]
         self.family_parts = {id(c): part for c, part in zip(self.families, ordered,
                                                              strict=True)}
         self.screens: dict[int, tuple[ScreenChunk, Sequence[int]]] = {}
@@ -443,8 +395,7 @@ class _ScreenFeed:
         self.next += 1
         part, family, states = self.parts[k], self.family, self.states
         mine = {f: states[f] for i in part if (f := family[i]) in states}
-        chunk = ScreenChunk(tuple(part), self.digest, tuple(mine.items()),
-                            screen_affinity(self.layouts[part[0]]))
+        chunk = ScreenChunk(tuple(part), self.digest, tuple(mine.items()))
         self.screens[id(chunk)] = (chunk, part)
         return chunk
 

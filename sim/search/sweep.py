@@ -26,7 +26,6 @@ from sim.search.execution import (
     TimingRelay,
     WorkerSpec,
     as_evaluation,
-    judge_affinity,
     screen_all,
     shared_space,
 )
@@ -135,9 +134,6 @@ def search(
                         sweep.speculated, sweep.discarded, sweep.wasted_judged)
 
 
-ROUTE_JUDGING = True
-"""Whether judging chunks name their :func:`judge_affinity` on an executor that routes
-items (:meth:`~sim.executors.Executor.owner`)."""
 JUDGE_CHUNK = 16
 """Candidates per judging work item."""
 LOOKAHEAD = 64
@@ -200,13 +196,6 @@ class _Sweep:
         self.waiting: set[int] = set()
         """Indices the serial order simulates, result not in yet."""
         self.judge_next = 0
-        """Every candidate before it is handed out to judge (or stored)."""
-        self.handed = bytearray(n)
-        """1 for the candidates handed out to judge."""
-        self.owner: Callable[[Any], int | None] = lambda _affinity: None
-        """The executor's :meth:`~sim.executors.Executor.owner` (set by :meth:`run`)."""
-        self.asking: Callable[[], int | None] = lambda: None
-        """The executor's :meth:`~sim.executors.Executor.asking` (set by :meth:`run`)."""
         self.pos = 0
         """The frontier: every index before it is decided."""
         self.round = 0
@@ -392,58 +381,18 @@ class _Sweep:
         return SimulateOne(layout)
 
     def _judge_chunk(self, end: int) -> JudgeChunk | None:
-        """The next up to :data:`JUDGE_CHUNK` candidates not judged yet, before ``end``.
-
-        On an executor that routes items (:meth:`~sim.executors.Executor.owner`), only
-        candidates whose :func:`judge_affinity` one worker owns: those of the worker the
-        item is asked for (:meth:`~sim.executors.Executor.asking`) if there are any before
-        ``end``, else those of the owner of the first candidate not
-        judged (queued for that owner; a worker with nothing to run may take them)."""
-        todo, handed, done = self.todo, self.handed, self.done
-        j = self.judge_next = max(self.judge_next, self.pos)
-        routed = ROUTE_JUDGING and self.owner(()) is not None
-        asking = self.asking() if routed else None
-        if asking is not None:  # the worker's own candidates first, if any in the window
-            chunk = self._owned_chunk(j, end, asking)
-            if chunk:
-                return JudgeChunk(tuple(todo[i] for i in chunk), tuple(chunk),
-                                  judge_affinity(todo[chunk[0]].layout))
-        chunk = []
-        first: Any = None
-        mine: int | None = None
-        while j < end and len(chunk) < JUDGE_CHUNK:
+        """The next up to :data:`JUDGE_CHUNK` candidates not judged yet, before ``end``."""
+        todo = self.todo
+        self.judge_next = max(self.judge_next, self.pos)
+        chunk: list[int] = []
+        while self.judge_next < end and len(chunk) < JUDGE_CHUNK:
+            j = self.judge_next
             if (todo[j].tokens_bound or 0.0) < self._floor(j):
                 break  # at or past the stop: never judged
-            if not handed[j] and todo[j].layout.key not in done:
-                affinity = judge_affinity(todo[j].layout) if routed else None
-                to = self.owner(affinity) if routed else None
-                if not chunk:
-                    first, mine = affinity, to
-                if to == mine:
-                    chunk.append(j)
-                    handed[j] = 1
-            j += 1
-        k = self.judge_next  # past what is handed out or stored, up to where it looked
-        while k < j and (handed[k] or todo[k].layout.key in done):
-            k += 1
-        self.judge_next = k
-        return JudgeChunk(tuple(todo[j] for j in chunk), tuple(chunk), first) if chunk else None
-
-    def _owned_chunk(self, j: int, end: int, worker: int) -> list[int]:
-        """Up to :data:`JUDGE_CHUNK` candidates from ``j`` to ``end`` not judged yet whose
-        :func:`judge_affinity` ``worker`` owns (marked handed out)."""
-        todo, handed, done, owner = self.todo, self.handed, self.done, self.owner
-        chunk: list[int] = []
-        while j < end and len(chunk) < JUDGE_CHUNK:
-            if (todo[j].tokens_bound or 0.0) < self._floor(j):
-                break
-            if not handed[j] and todo[j].layout.key not in done \
-                    and owner(judge_affinity(todo[j].layout)) == worker:
+            if todo[j].layout.key not in self.done:
                 chunk.append(j)
-            j += 1
-        for i in chunk:
-            handed[i] = 1
-        return chunk
+            self.judge_next += 1
+        return JudgeChunk(tuple(todo[j] for j in chunk), tuple(chunk)) if chunk else None
 
     def on_outcome(self, item: JudgeChunk | SimulateOne, outcome: Any) -> None:
         """Take a worker's answer (a lost worker's judging is redone here), then advance."""
@@ -463,7 +412,6 @@ class _Sweep:
     def run(self, executor: Executor, task: Task) -> None:
         """Run the sweep to its end on ``executor`` (``task`` builds a :class:`SearchWorker`)."""
         self.report(0, len(self.todo))
-        self.owner, self.asking = executor.owner, executor.asking
         self.advance()
         while True:
             for item, outcome in executor.stream(task, self.feed):
