@@ -201,6 +201,7 @@ def _child(send: Any, root: str, file: str, workers: int, profile: str | None) -
     with executors.make_executor("local", workers) as executor:
         result = sweep.search(data, top=10, executor=executor)
         each = executor.worker_cpu_each() or []
+        routed = (getattr(executor, "routed", None), getattr(executor, "stolen", None))
     counts["mark"]("end")
     items = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     at = {m[0]: m for m in marks}
@@ -217,7 +218,7 @@ def _child(send: Any, root: str, file: str, workers: int, profile: str | None) -
                "parent_memo": {k: list(v) for k, v in counts["memo"].items()},
                "simulated": result.simulated, "evaluated": result.evaluated,
                "best": result.best.layout.label() if result.best else "none",
-               "load": os.getloadavg()[0]})
+               "load": os.getloadavg()[0], "routed": routed})
     send.close()
 
 
@@ -286,6 +287,9 @@ def report(runs: list[dict[str, Any]]) -> None:
             for k, v in last["memo"].items():
                 memo_tot[k][0] += v[0]
                 memo_tot[k][1] += v[1]
+        if (r.get("routed") or [None])[0] is not None:
+            print(f"  items sent to their owner {r['routed'][0]}, taken by another worker "
+                  f"{r['routed'][1]}")
         if r["each"]:
             print("  workers' process CPU (getrusage/proc): "
                   + " + ".join(f"{c:.2f}" for c in r["each"]) + f" = {sum(r['each']):.2f} s")
