@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from base.collector import gc_paused
+from sim.busycols import busy_exposed_columns
 from sim.colshape import bits
 from sim.intervalcols import IntervalColumns
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM, Span, Timeline
@@ -352,7 +353,9 @@ def _busy_exposed(intervals: Intervals, gpus: Sequence[int],
     intervals are a kept structure's (:attr:`IntervalColumns.runs`), kept there by their
     starts and ends bit for bit, the window and the GPUs: a repeat, or a sweep cycling
     through a few costs over one layout, has the same intervals again
-    (:func:`_busy_exposed_made`, the reference; ``tests/test_stats.py``)."""
+    (:func:`_busy_exposed_made`, the reference; ``tests/test_stats.py``); else worked out for
+    all GPUs at once where :func:`sim.busycols.busy_exposed_columns` takes them (the same
+    floats, ``tests/test_busycols.py``)."""
     runs = intervals.runs if isinstance(intervals, IntervalColumns) else None
     if runs is None:
         return _busy_exposed_made(intervals, gpus, window)
@@ -363,7 +366,9 @@ def _busy_exposed(intervals: Intervals, gpus: Sequence[int],
     found = runs.find(key)
     if found is not None:
         return list(found[0]), dict(found[1])
-    lengths, exposed = _busy_exposed_made(intervals, gpus, window)
+    # all GPUs' unions at once (sim.busycols: the same floats), else GPU by GPU
+    made = busy_exposed_columns(intervals, gpus) if window is None else None
+    lengths, exposed = made or _busy_exposed_made(intervals, gpus, window)
     runs.keep(tuple(a.copy() for a in key), (tuple(lengths), dict(exposed)), STATS_KEPT,
               STATS_KEPT_ROWS)
     return lengths, exposed
