@@ -35,7 +35,7 @@ def busy_exposed_columns(intervals: IntervalColumns, gpus: Sequence[int]
         return None
     slices = intervals.slices
     busy_keys = [(g, COMPUTE_STREAM) for g in gpus]
-    comm_keys = [(g, kind) for kind in COMM_KINDS for g in gpus if (g, kind) in slices]
+    comm_keys = [(g, kind) for g in gpus for kind in COMM_KINDS if (g, kind) in slices]
     keys = busy_keys + comm_keys
     bounds = np.array([slices.get(key, (0, 0)) for key in keys], dtype=np.intp).reshape(-1, 2)
     merged = _unions(intervals.start, intervals.end, bounds[:, 0], bounds[:, 1] - bounds[:, 0])
@@ -159,17 +159,23 @@ def _row_sums(row: np.ndarray, values: np.ndarray, count: np.ndarray) -> np.ndar
 def _uncovered(lo: np.ndarray, hi: np.ndarray, count: np.ndarray, length: np.ndarray,
                comm_rows: np.ndarray, busy_of: np.ndarray) -> list[float]:
     """Per row of ``comm_rows`` (unions of :func:`_unions`: their merged intervals ``lo``,
-    ``hi`` in row order, ``count`` per row), its length not covered by the union of row
-    ``busy_of`` (its GPU's busy row): :meth:`sim.stats._Merged.uncovered`'s overlaps (each
-    interval of ours against the busy ones it meets, found by binary searches as
+    ``hi`` in row order, ``count`` per row; a GPU's rows one after the other), its length not
+    covered by the union of row ``busy_of`` (its GPU's busy row):
+    :meth:`sim.stats._Merged.uncovered`'s overlaps (each interval of ours against the busy
+    ones it meets, found by binary searches as
     :meth:`sim.stats._Merged.uncovered_searched` finds them, the same positions), each
     row's summed in its order."""
     ends = np.cumsum(count)
     first = ends - count
-    a_first, a_end = first.take(comm_rows).tolist(), ends.take(comm_rows).tolist()
-    b_first, b_end = first.take(busy_of).tolist(), ends.take(busy_of).tolist()
+    a_first = first.take(comm_rows).tolist()
+    # the rows of a GPU one after the other (busy_of does not decrease): their intervals
+    # searched in its busy row at once
+    cut = [0, *(np.flatnonzero(busy_of[1:] != busy_of[:-1]) + 1).tolist(), len(comm_rows)]
     js, reaches = [], []
-    for a0, a1, b0, b1 in zip(a_first, a_end, b_first, b_end, strict=True):
+    for c0, c1 in zip(cut[:-1], cut[1:], strict=True):
+        a0, a1 = a_first[c0], int(ends[comm_rows[c1 - 1]])
+        b = int(busy_of[c0])
+        b0, b1 = int(first[b]), int(ends[b])
         # per interval of ours: the first busy interval ending after its start, and the
         # first one starting at or after its end (as positions in lo and hi)
         js.append(hi[b0:b1].searchsorted(lo[a0:a1], "right") + b0)
