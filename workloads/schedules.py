@@ -929,13 +929,13 @@ def _unit_sweep(lengths: Sequence[int], columns: Sequence[np.ndarray]
     np.cumsum(lengths[:-1], out=cursor[1:])
     cursor += np.arange(p)
     first, rest = producers[0], producers[1:]
-    take = np.take
     steps: list[np.ndarray] = []
     left = n
     while left:
-        ok = take(done, take(first, cursor))
+        # (the arrays' take methods: np.take adds two Python calls a take)
+        ok = done.take(first.take(cursor))
         for col in rest:
-            ok &= take(done, take(col, cursor))
+            ok &= done.take(col.take(cursor))
         placed = cursor[ok]
         if not len(placed):
             return None
