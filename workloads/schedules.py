@@ -733,6 +733,13 @@ def _rank_coded(schedule: Schedule, order: Sequence[Op] | None = None
     return schedule.__dict__["_rank_coded"]
 
 
+def rank_coded(schedule: Schedule) -> tuple[np.ndarray, ...] | None:
+    """The schedule's ops in rank order (each rank's in program order) as read-only arrays:
+    stage, kind code (:data:`_KIND_CODE`), micro-batch, sequence field, sequence chunk and
+    key (:func:`_coded`); None where an op does not code. Kept on the schedule."""
+    return _rank_coded(schedule)
+
+
 def with_coded(schedule: Schedule, stage: np.ndarray, kind: np.ndarray, mb: np.ndarray,
                seq: np.ndarray) -> Schedule:
     """``schedule``, keeping :func:`_rank_coded` of its ops as a builder that knows them as

@@ -24,6 +24,7 @@ from workloads.schedules import (
     WEIGHT_GRAD,
     Op,
     Schedule,
+    rank_coded,
 )
 
 PipeSend = tuple[int, Op, int, str, "float | None", float]
@@ -177,13 +178,32 @@ def deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
     return schedule.__dict__["_deepspeed_steps"]
 
 
-def _deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
-    """:func:`deepspeed_steps`, worked out."""
+def _deepspeed_steps(schedule: Schedule, reference: bool = False) -> dict[Op, int] | None:
+    """:func:`deepspeed_steps`, worked out: on the ops' arrays (:func:`~workloads.schedules.
+    rank_coded`: each op's step from its stage, kind and micro-batch at once, each rank's
+    steps checked to increase at once, then the ops and steps zipped into the dict), else,
+    or with ``reference``, op by op (the same dict, in the same order: tests/
+    test_deepspeed_steps.py)."""
     p = schedule.num_stages
     if (schedule.num_ranks != p or schedule.split_backward or schedule.fused
             or schedule.seq_chunks != 1 or schedule.encoder is not None
             or any(schedule.stage_rank[s] != s for s in range(p))):
         return None
+    coded = None if reference else rank_coded(schedule)
+    if coded is not None:
+        stage, kind, mb = coded[:3]
+        if len(kind) and int(kind.max()) > 1:  # a W op
+            return None
+        step = 2 * mb + np.where(kind == 0, stage, 2 * p - 1 - stage)
+        # each rank's steps increase (a rank's first op starts its run)
+        lengths = np.array([len(ops) for ops in schedule.rank_ops], dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        first = np.zeros(len(step), dtype=bool)
+        first[starts[starts < len(step)]] = True
+        if not (first[1:] | (step[1:] > step[:-1])).all():
+            return None
+        return dict(zip([op for ops in schedule.rank_ops for op in ops], step.tolist(),
+                        strict=True))
     steps: dict[Op, int] = {}
     for ops in schedule.rank_ops:
         previous = -1
