@@ -110,3 +110,32 @@ def test_a_long_union_against_a_short_one() -> None:
     assert got is not None
     assert repr(got) == repr(stats_mod._busy_exposed_made(intervals, [5], None))
     assert got[1]["tp"] > 0 and got[1]["pp"] > 0
+
+
+def test_a_run_of_gpt3_175b_gives_the_reference_stats(monkeypatch) -> None:
+    """GPT-3 175B on 1,024 GPUs, TP4 PP16 with micro-batch 2 (16 GPUs simulated, ~10,000
+    intervals: the fast path taken), run cold with and without it: the same stats JSON."""
+    from pathlib import Path
+
+    import yaml
+
+    from sim import api, colshape
+    from sim.experiment import Experiment
+
+    root = Path(__file__).resolve().parent.parent
+    data = yaml.safe_load((root / "workloads" / "examples" / "search-gpt3-175b-1024.yaml")
+                          .read_text(encoding="utf-8"))
+    data["parallel"].update({"tp": 4, "pp": 16, "dp": 16})
+    data["training"]["micro_batch_size"] = 2
+    calls = []
+    fast = busycols.busy_exposed_columns
+    monkeypatch.setattr(stats_mod, "busy_exposed_columns",
+                        lambda *a: calls.append(1) or fast(*a))
+    colshape.clear()
+    got = api.simulate(Experiment.from_dict(data), fidelity="collapsed").stats_json()
+    assert calls  # (taken)
+    monkeypatch.setattr(stats_mod, "BUSY_COLUMNS_MIN", 1 << 62)
+    colshape.clear()
+    reference = api.simulate(Experiment.from_dict(data), fidelity="collapsed").stats_json()
+    assert len(calls) == 1
+    assert got == reference
