@@ -50,3 +50,28 @@ def test_reordered_ranks(p: int, m: int, window: int, data: st.DataObject) -> No
         i = data.draw(st.integers(0, len(ranks[r]) - 1))
         ranks[r][i] = Op(ranks[r][i].stage, "W", ranks[r][i].mb, ranks[r][i].seq)
     _same(Schedule(schedule.name, m, schedule.stage_rank, tuple(map(tuple, ranks))))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(p=st.integers(1, 8), m=st.integers(1, 24), window=st.integers(1, 3))
+def test_permutation_from_the_op_arrays(p: int, m: int, window: int) -> None:
+    """DeepSpeed's order of the topological order, its steps read through the ops' rank-order
+    positions (``at``) and looked up op by op (the reference, on a fresh copy of the
+    schedule: each keeps its own): the same permutation and steps."""
+    import numpy as np
+
+    from workloads.lowering.order import topological
+    from workloads.lowering.pipeline import deepspeed_permutation
+
+    schedule, other = one_f_one_b(p, m, window), one_f_one_b(p, m, window)
+    steps = _deepspeed_steps(schedule)
+    if steps is None:
+        return
+    order, fields = topological(schedule, fields=True)
+    assert fields is not None and fields[3] is not None  # (the arrays' path is taken)
+    perm, step = deepspeed_permutation(schedule, order, steps, fields[3])
+    order2, _ = topological(other, fields=True)
+    perm2, step2 = deepspeed_permutation(other, order2, _deepspeed_steps(other, reference=True))
+    assert order == order2
+    assert np.array_equal(perm, perm2) and np.array_equal(step, step2)
+    assert step.dtype == step2.dtype

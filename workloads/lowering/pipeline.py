@@ -189,12 +189,12 @@ def _deepspeed_steps(schedule: Schedule, reference: bool = False) -> dict[Op, in
             or schedule.seq_chunks != 1 or schedule.encoder is not None
             or any(schedule.stage_rank[s] != s for s in range(p))):
         return None
-    coded = None if reference else rank_coded(schedule)
-    if coded is not None:
-        stage, kind, mb = coded[:3]
-        if len(kind) and int(kind.max()) > 1:  # a W op
+    step = None if reference else _coded_steps(schedule)
+    if step is not None:
+        if not len(step):
+            return {}
+        if int(step.min()) < 0:  # a W op
             return None
-        step = 2 * mb + np.where(kind == 0, stage, 2 * p - 1 - stage)
         # each rank's steps increase (a rank's first op starts its run)
         lengths = np.array([len(ops) for ops in schedule.rank_ops], dtype=np.int64)
         starts = np.cumsum(lengths) - lengths
@@ -220,14 +220,31 @@ def _deepspeed_steps(schedule: Schedule, reference: bool = False) -> dict[Op, in
     return steps
 
 
-def deepspeed_permutation(schedule: Schedule, order: Sequence[Op], steps: Mapping[Op, int]
-                          ) -> tuple[np.ndarray, np.ndarray]:
+def _coded_steps(schedule: Schedule) -> np.ndarray | None:
+    """The DeepSpeed step of each op of ``schedule`` (one stage per rank) in rank order, from
+    its op arrays (:func:`~workloads.schedules.rank_coded`): ``2 mb + s`` for ``F(s, mb)``,
+    ``2 mb + 2p - 1 - s`` for ``B``, -1 for a W; None where the ops do not code."""
+    coded = rank_coded(schedule)
+    if coded is None:
+        return None
+    stage, kind, mb = coded[:3]
+    p = schedule.num_stages
+    return np.where(kind > 1, -1, 2 * mb + np.where(kind == 0, stage, 2 * p - 1 - stage))
+
+
+def deepspeed_permutation(schedule: Schedule, order: Sequence[Op], steps: Mapping[Op, int],
+                          at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`deepspeed_order` of ``order`` (the schedule's topological order,
     :func:`~workloads.lowering.order.topological`) as positions in it, and the sorted ops'
-    steps: worked out once per schedule and kept on it, read-only."""
+    steps: worked out once per schedule and kept on it, read-only. ``at``: each op's
+    position in rank order (``topological``'s field), where the steps are read from the
+    ops' arrays (:func:`_coded_steps`) rather than looked up op by op in ``steps`` (the
+    reference: the same integers, ``tests/test_deepspeed_steps.py``)."""
     found = schedule.__dict__.get("_deepspeed_permutation")
     if found is None or len(found[0]) != len(order):
-        step = np.fromiter(map(steps.__getitem__, order), np.int64, len(order))
+        by_rank = _coded_steps(schedule) if at is not None and len(at) == len(order) else None
+        step = (by_rank.take(at) if by_rank is not None
+                else np.fromiter(map(steps.__getitem__, order), np.int64, len(order)))
         perm = np.argsort(step, kind="stable")
         found = (perm, step[perm])
         for a in found:
