@@ -347,10 +347,11 @@ STATS_KEPT_ROWS = 1 << 21
 
 BUSY_COLUMNS_MIN = 1024
 """Intervals from which :func:`_busy_exposed` works out all GPUs' unions at once
-(:func:`sim.busycols.busy_exposed_columns`, ~0.2 ms whatever their number), not GPU by GPU
-(~50 us a GPU and kind for a few dozen intervals each, ~0.1-0.2 ms for a few hundred):
-the two about even near 1,000 intervals (a `/tmp` timing of both on drawn unions, 1 to 8
-GPUs of 5 to 64 intervals per key); GPT-3 175B's 16 GPUs, 10,432 intervals: 2.7 -> 1.1 ms."""
+(:func:`sim.busycols.busy_exposed_columns`, ~0.2 ms before any interval), not GPU by GPU:
+timed on drawn unions (three keys a GPU), GPU by GPU against at once, 1 GPU of 5
+intervals a key 14 / 229 us, 4 GPUs of 30 227 / 317 us, 8 GPUs of 64 899 / 474 us (load
+~4): even near 1,000 intervals. GPT-3 175B TP4 PP16 mb2's 16 GPUs, 10,432 intervals: 2.7 /
+1.1 ms."""
 
 
 def _busy_exposed(intervals: Intervals, gpus: Sequence[int],
