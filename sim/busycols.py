@@ -5,11 +5,12 @@ columns (:class:`sim.intervalcols.IntervalColumns`).
 the union of a key's intervals (:class:`sim.stats._Merged`, or for a few the plain loop
 :func:`sim.stats._union`) and what of a communication union the GPU's busy union leaves
 uncovered: a dozen array calls per union, ~100 per GPU, and a new structure's 16 GPUs of
-GPT-3 175B paid ~1,600 of them (~9 % of a new layout's instructions). Here all the unions
-are laid out as rows of one table (a row per key, padded), sorted, merged and summed a
-row at a time by array operations along the rows, and the uncovered parts found for all
-rows at once: the same comparisons, the same maxima, and each sum added one by one in
-the reference's order (a cumulative sum along a row, zeros after its last term, which
+GPT-3 175B paid ~1,600 of them (~9 % of a new layout's instructions). Here the keys'
+intervals are gathered as rows one after the other (a row per key: the busy rows first,
+then each GPU's communication rows), sorted where a row's starts step down, merged and
+summed for all rows at once, and the uncovered parts found by one binary search a side
+per GPU: the same comparisons, the same maxima, and each sum added one by one in the
+reference's order (a cumulative sum along a table's row, zeros after its last term, which
 add nothing). :func:`busy_exposed_columns` declines (None) where the reference's forms
 could differ: a window to cut to, a start or end that is not finite or is negative (a
 run's times are not; -0.0 included, which the plain loops may order otherwise).
