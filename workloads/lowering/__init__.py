@@ -141,7 +141,7 @@ def _lower(schedule: Schedule, costs: CostModel, placement: Placement, zero_stag
     if fast and order and fields is not None and fields[1].min() >= 0:  # F, B, W only
         step = None
         if steps is not None:  # the op loop's order (deepspeed_order), fields alike
-            perm, step = deepspeed_permutation(schedule, order, steps)
+            perm, step = deepspeed_permutation(schedule, order, steps, fields[3])
             order = itemgetter(*perm.tolist())(order) if len(order) > 1 else order
             fields = tuple(None if f is None else f[perm] for f in fields)
         # positions of the final ops only (the step end's); the op loop has its own

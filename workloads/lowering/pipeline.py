@@ -24,6 +24,7 @@ from workloads.schedules import (
     WEIGHT_GRAD,
     Op,
     Schedule,
+    rank_coded,
 )
 
 PipeSend = tuple[int, Op, int, str, "float | None", float]
@@ -177,13 +178,32 @@ def deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
     return schedule.__dict__["_deepspeed_steps"]
 
 
-def _deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
-    """:func:`deepspeed_steps`, worked out."""
+def _deepspeed_steps(schedule: Schedule, reference: bool = False) -> dict[Op, int] | None:
+    """:func:`deepspeed_steps`, worked out: on the ops' arrays (:func:`~workloads.schedules.
+    rank_coded`: each op's step from its stage, kind and micro-batch at once, each rank's
+    steps checked to increase at once, then the ops and steps zipped into the dict), else,
+    or with ``reference``, op by op (the same dict, in the same order: tests/
+    test_deepspeed_steps.py)."""
     p = schedule.num_stages
     if (schedule.num_ranks != p or schedule.split_backward or schedule.fused
             or schedule.seq_chunks != 1 or schedule.encoder is not None
             or any(schedule.stage_rank[s] != s for s in range(p))):
         return None
+    step = None if reference else _coded_steps(schedule)
+    if step is not None:
+        if not len(step):
+            return {}
+        if int(step.min()) < 0:  # a W op
+            return None
+        # each rank's steps increase (a rank's first op starts its run)
+        lengths = np.array([len(ops) for ops in schedule.rank_ops], dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        first = np.zeros(len(step), dtype=bool)
+        first[starts[starts < len(step)]] = True
+        if not (first[1:] | (step[1:] > step[:-1])).all():
+            return None
+        return dict(zip([op for ops in schedule.rank_ops for op in ops], step.tolist(),
+                        strict=True))
     steps: dict[Op, int] = {}
     for ops in schedule.rank_ops:
         previous = -1
@@ -200,14 +220,31 @@ def _deepspeed_steps(schedule: Schedule) -> dict[Op, int] | None:
     return steps
 
 
-def deepspeed_permutation(schedule: Schedule, order: Sequence[Op], steps: Mapping[Op, int]
-                          ) -> tuple[np.ndarray, np.ndarray]:
+def _coded_steps(schedule: Schedule) -> np.ndarray | None:
+    """The DeepSpeed step of each op of ``schedule`` (one stage per rank) in rank order, from
+    its op arrays (:func:`~workloads.schedules.rank_coded`): ``2 mb + s`` for ``F(s, mb)``,
+    ``2 mb + 2p - 1 - s`` for ``B``, -1 for a W; None where the ops do not code."""
+    coded = rank_coded(schedule)
+    if coded is None:
+        return None
+    stage, kind, mb = coded[:3]
+    p = schedule.num_stages
+    return np.where(kind > 1, -1, 2 * mb + np.where(kind == 0, stage, 2 * p - 1 - stage))
+
+
+def deepspeed_permutation(schedule: Schedule, order: Sequence[Op], steps: Mapping[Op, int],
+                          at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`deepspeed_order` of ``order`` (the schedule's topological order,
     :func:`~workloads.lowering.order.topological`) as positions in it, and the sorted ops'
-    steps: worked out once per schedule and kept on it, read-only."""
+    steps: worked out once per schedule and kept on it, read-only. ``at``: each op's
+    position in rank order (``topological``'s field), where the steps are read from the
+    ops' arrays (:func:`_coded_steps`) rather than looked up op by op in ``steps`` (the
+    reference: the same integers, ``tests/test_deepspeed_steps.py``)."""
     found = schedule.__dict__.get("_deepspeed_permutation")
     if found is None or len(found[0]) != len(order):
-        step = np.fromiter(map(steps.__getitem__, order), np.int64, len(order))
+        by_rank = _coded_steps(schedule) if at is not None and len(at) == len(order) else None
+        step = (by_rank.take(at) if by_rank is not None
+                else np.fromiter(map(steps.__getitem__, order), np.int64, len(order)))
         perm = np.argsort(step, kind="stable")
         found = (perm, step[perm])
         for a in found:
