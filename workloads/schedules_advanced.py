@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from fractions import Fraction
 from itertools import repeat
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from workloads.schedules import (
     one_f_one_b,
     with_coded,
 )
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 __all__ = [
     "dualpipe_v",
@@ -681,6 +684,8 @@ def peak_activation(schedule: Schedule) -> tuple[Fraction, ...]:
     a fused group count in program order (the group's forward allocates before
     its backward frees, as in the engine).
     """
+    from fractions import Fraction  # (only here: ~4 M instructions of every run's imports)
+
     unit = Fraction(1, schedule.chunks_per_rank * schedule.seq_chunks)
     peaks = []
     for ops in schedule.rank_ops:
