@@ -130,6 +130,62 @@ def test_final_ops_equal_the_plain_loop(name: str) -> None:
     assert tried > 0
 
 
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(1, 9), m=st.integers(1, 16),
+       v=st.integers(1, 3), k=st.integers(1, 3), seed=st.integers(0, 2**16),
+       mix=st.sampled_from(("none", "shuffle", "move")))
+def test_final_ops_on_the_codes_are_the_loops(name: str, p: int, m: int, v: int, k: int,
+                                              seed: int, mix: str) -> None:
+    """:func:`final_ops` on validation's codes of the ops (the stages' runs of final-kind
+    ops, :func:`workloads.lowering.order._final_ops_coded`) finds the plain loop's ops in
+    its order, for schedules of every kind, also with a rank's ops shuffled or ops moved to
+    another rank (a stage on two ranks: the later rank's op, in the earlier one's place);
+    and it takes the codes wherever validation kept them (schedules without an encoder)."""
+    import random
+
+    from workloads.lowering import order
+    from workloads.schedules import _rank_coded
+
+    try:
+        schedule = SCHEDULES[name](p, m, v, k)
+    except Exception:  # noqa: BLE001 - arguments the schedule refuses
+        return
+    rng = random.Random(seed)
+    ranks = [list(ops) for ops in schedule.rank_ops]
+    if mix == "shuffle":
+        rng.shuffle(ranks[rng.randrange(len(ranks))])
+    elif mix == "move" and len(ranks) > 1:
+        for _ in range(rng.randrange(1, 6)):
+            a, b = rng.sample(range(len(ranks)), 2)
+            if ranks[a]:
+                op = ranks[a].pop(rng.randrange(len(ranks[a])))
+                ranks[b].insert(rng.randrange(len(ranks[b]) + 1), op)
+    changed = replace(schedule, rank_ops=tuple(tuple(ops) for ops in ranks))
+    coded = _rank_coded(changed)
+    loop = list(_final_ops_loop(changed).items())
+    assert list(order._final_ops(changed).items()) == loop
+    if coded is not None:
+        assert list(order._final_ops_coded(changed, coded).items()) == loop
+    assert list(final_ops(replace(changed)).items()) == loop
+
+
+def test_final_ops_of_a_built_schedule_take_the_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built (validated) schedule without an encoder keeps its ops' codes, and
+    :func:`final_ops` reads them, not the ops one by one (Megatron 1T's layout, smaller)."""
+    from workloads.lowering import order
+
+    def loop(schedule):  # noqa: ANN001, ANN202
+        raise AssertionError("the op loop")
+
+    schedule = replace(built_schedule("interleaved", 8, 32, 2, 1))  # (nothing kept)
+    assert schedule.__dict__.get("_rank_coded") is None
+    expected = list(_final_ops_loop(schedule).items())
+    built = built_schedule("interleaved", 8, 32, 2, 1)
+    built.__dict__.pop("_final_ops", None)
+    monkeypatch.setattr(order, "_final_ops", loop)
+    assert list(final_ops(built).items()) == expected
+
+
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_op_counts_equal_the_plain_count(name: str) -> None:
     """:attr:`Schedule.op_counts` counts on validation's arrays; counting the ops one by one
