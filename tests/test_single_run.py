@@ -260,6 +260,21 @@ def test_placement_tables_equal_the_coordinates(order: str) -> None:
             for c in range(2) for e in range(3) for u in range(2))
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(order=st.permutations(["tp", "cp", "dp", "pp"]), tp=st.integers(1, 6),
+       cp=st.integers(1, 3), dp=st.integers(1, 6), pp=st.integers(1, 6))
+def test_coordinate_columns_are_the_coords(order: list[str], tp: int, cp: int, dp: int,
+                                           pp: int) -> None:
+    """:func:`coordinate_columns` (each dimension's column as one period repeated) gives
+    :meth:`Placement.coords` of every GPU, its dimensions in the placement's order."""
+    pl = Placement.from_order("-".join(order), tp=tp, cp=cp, dp=dp, pp=pp)
+    columns = coordinate_columns(pl)
+    assert list(columns) == [dim for dim, _ in pl.sizes]
+    assert all(len(column) == pl.num_gpus for column in columns.values())
+    for g in range(pl.num_gpus):
+        assert {dim: columns[dim][g] for dim in columns} == pl.coords(g)
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5), st.integers(0, 40),
                           st.sampled_from([0.0, 0.0, 0.0, 0.5, -1.0])), max_size=40))
