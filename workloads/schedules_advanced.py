@@ -208,11 +208,12 @@ def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Sc
     stage, mb, kind = [], [], []
     for r in range(p):
         warmup = min(2 * (p - r - 1) + (v - 1) * groups[0], total)
-        # Op(stage, kind, mb) built without the named tuple's Python-level __new__
-        fwd = list(map(_op, zip([b + r for b in fwd_base], repeat(FORWARD), mbs,
-                                repeat(WHOLE))))
-        bwd = list(map(_op, zip([b + r for b in bwd_base], repeat(BACKWARD), mbs,
-                                repeat(WHOLE))))
+        # Op(stage, kind, mb) built without the named tuple's Python-level __new__ (map
+        # calling tuple.__new__(Op, fields) itself: ~15 % less than through partial's call)
+        fwd = list(map(tuple.__new__, repeat(Op), zip([b + r for b in fwd_base],
+                                                      repeat(FORWARD), mbs, repeat(WHOLE))))
+        bwd = list(map(tuple.__new__, repeat(Op), zip([b + r for b in bwd_base],
+                                                      repeat(BACKWARD), mbs, repeat(WHOLE))))
         steady = total - warmup  # one forward, then one backward, this many times
         ops: list[Op] = [fwd[0]] * (2 * total)
         ops[:warmup] = fwd[:warmup]
