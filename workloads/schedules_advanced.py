@@ -43,7 +43,6 @@ from workloads.schedules import (
     WHOLE,
     Op,
     Schedule,
-    _op,
     list_schedule,
     one_f_one_b,
     with_coded,
