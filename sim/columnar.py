@@ -40,7 +40,7 @@ WIDE = 3
 more (rare: an optimizer step waiting on many gradient collectives) take a general loop."""
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # arrays (see _Plan below)
 class ColumnarPass:
     """A program's run without the event queue, worked out on arrays (:func:`run_columns`)."""
 
