@@ -202,6 +202,7 @@ def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Sc
     # in its forwards then backwards (``at``), their stages less the rank, micro-batches
     # and kinds
     both_base = np.array(fwd_base + bwd_base, dtype=np.int64)
+    fwd_stage, bwd_stage = both_base[:total], both_base[total:]
     both_mb = np.array(mbs + mbs, dtype=np.int64)
     at = np.empty(2 * total, dtype=np.int64)
     stage, mb, kind = [], [], []
@@ -209,9 +210,10 @@ def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Sc
         warmup = min(2 * (p - r - 1) + (v - 1) * groups[0], total)
         # Op(stage, kind, mb) built without the named tuple's Python-level __new__ (map
         # calling tuple.__new__(Op, fields) itself: ~15 % less than through partial's call)
-        fwd = list(map(tuple.__new__, repeat(Op), zip([b + r for b in fwd_base],
+        # (the rank's stages as ints from the arrays' sums: no Python loop over the ops)
+        fwd = list(map(tuple.__new__, repeat(Op), zip((fwd_stage + r).tolist(),
                                                       repeat(FORWARD), mbs, repeat(WHOLE))))
-        bwd = list(map(tuple.__new__, repeat(Op), zip([b + r for b in bwd_base],
+        bwd = list(map(tuple.__new__, repeat(Op), zip((bwd_stage + r).tolist(),
                                                       repeat(BACKWARD), mbs, repeat(WHOLE))))
         steady = total - warmup  # one forward, then one backward, this many times
         ops: list[Op] = [fwd[0]] * (2 * total)
