@@ -43,17 +43,8 @@ step without DP, the reference path, the merged jobs of :mod:`sim.jobs`, a colla
 program)."""
 
 
-def _charge_tables() -> dict[str, Any]:
-    """The file's tables of charges: the text before its first ``[[measured]]`` record
-    parsed (the 18 records, the charges' evidence, are 60 % of the file and ~80 % of its
-    parse, ~1 ms of every start, and a run reads none of them), the whole file where that
-    text lacks one (``tests/test_budget.py`` holds the charges to the whole file's)."""
-    text = DATA_FILE.read_text(encoding="utf-8")
-    head = tomllib.loads(text.split("\n[[measured]]", 1)[0])
-    return head if all(rep in head for rep in REPRESENTATIONS) else tomllib.loads(text)
-
-
-_DATA = _charge_tables()  # (parsed once for both tables below)
+with DATA_FILE.open("rb") as _fh:
+    _DATA = tomllib.load(_fh)  # (parsed once for both tables below)
 
 
 def _charges(key: str) -> dict[str, int]:
