@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # arrays (see sim.columnar._Plan)
 class Forest:
     """Causes (read-only, int64) laid out a level at a time (:func:`level_plan`)."""
 

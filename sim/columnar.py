@@ -40,7 +40,7 @@ WIDE = 3
 more (rare: an optimizer step waiting on many gradient collectives) take a general loop."""
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # arrays (see _Plan below)
 class ColumnarPass:
     """A program's run without the event queue, worked out on arrays (:func:`run_columns`)."""
 
@@ -163,7 +163,12 @@ def _keep_pass(memo: LatestRuns, total: np.ndarray, ready: np.ndarray, end: np.n
     memo.keep((key,), (ready, end, cause), PASSES_KEPT, PASSES_KEPT_ROWS)
 
 
-@dataclass(frozen=True)
+# The plans below hold arrays: a generated __eq__ would compare them as truth values (an
+# error), a generated __hash__ would hash them (an error), and nothing compares, hashes or
+# prints a plan (they are kept per program shape, :mod:`sim.colshape`). Each generated
+# method is compiled when the class is made (Python 3.11 `exec`s its text): identity
+# equality and object's repr, ~1.5-2.5 M instructions a class less at every start.
+@dataclass(frozen=True, eq=False, repr=False)
 class _Plan:
     """What :func:`run_columns` derives from a program's structure alone (its shape,
     :mod:`sim.colshape`): made by :func:`_plan`, read by every run of that shape."""
@@ -599,7 +604,7 @@ def _peaks(runs: dict[int, np.ndarray], shown: set[int] | frozenset[int],
     return peaks, floors
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # (see _Plan)
 class _IntervalPlan:
     """:func:`_intervals` of a program's structure: per interval, grouped by key, where its
     start and end are read from (an index into the ready, mid and end times laid end to
@@ -632,7 +637,7 @@ def _interval_plan(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.nda
                          found.end.astype(np.int64), dict(found.slices))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # (see _Plan)
 class _MemoryPlan:
     """:func:`_memory` of a program's structure: its memory changes grouped by GPU (each
     GPU's in order), per change its instruction and whether it is a free, and per GPU its

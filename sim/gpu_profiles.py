@@ -44,17 +44,18 @@ llm-foundry's H100 rows but put Llama 3 at 34% and 41%).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from sim.device import DeviceProfile
-from sim.profiles import fraction, gpu_tables
+from sim.profiles import GENERATIONS, fraction, gpu_names, gpu_tables, tables
 
-_TABLES = gpu_tables()
-A100_MATMUL_FRACTION = fraction(_TABLES["A100"]["matmul"])
+_A100 = tables("ampere")["A100"]
+A100_MATMUL_FRACTION = fraction(_A100["matmul"])
 """The A100's BF16 matmul fraction of peak, the reference of every GEMM ratio (``ampere.toml``)."""
-A100_FLASH2_FRACTION = _TABLES["A100"]["flash2"]["fraction"]
+A100_FLASH2_FRACTION = _A100["flash2"]["fraction"]
 """FlashAttention-2's best fraction of peak on A100, the reference of every flash ratio."""
 
 INFERRED_RULE = (
@@ -132,13 +133,44 @@ def _ratios(table: dict[str, Any], ratios: dict[str, KernelRatios]) -> KernelRat
 
 def _all_ratios() -> dict[str, KernelRatios]:
     out: dict[str, KernelRatios] = {}
-    for name, table in _TABLES.items():
+    for name, table in gpu_tables().items():
         if name != "A100":  # the fit's own GPU
             out[name] = _ratios(table, out)
     return out
 
 
-RATIOS: dict[str, KernelRatios] = _all_ratios()
+class _Ratios(Mapping[str, KernelRatios]):
+    """:func:`_all_ratios`, made when a GPU's ratios are first read: the names (every GPU of
+    the data files but the A100, in their order) are known from the files' table headers
+    (:func:`sim.profiles.gpu_names`), so an A100 run, which asks only whether its GPU has
+    ratios, parses no other generation's file."""
+
+    def __init__(self) -> None:
+        self._names = tuple(name for generation in GENERATIONS
+                            for name in gpu_names(generation) if name != "A100")
+        self._made: dict[str, KernelRatios] | None = None
+
+    def _all(self) -> dict[str, KernelRatios]:
+        if self._made is None:
+            self._made = _all_ratios()
+        return self._made
+
+    def __getitem__(self, name: str) -> KernelRatios:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._all()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+RATIOS: Mapping[str, KernelRatios] = _Ratios()
 """Ratios by GPU preset name (topologies.hardware.GPUS); A100s and unknown GPUs have none."""
 
 
@@ -186,10 +218,8 @@ def scaled_profile(base: DeviceProfile, ratios: KernelRatios, gpu_name: str) -> 
 def generation_of(gpu_name: str) -> str | None:
     """The generation (data file of :mod:`sim.profiles`) whose tables hold ``gpu_name``
     (case-insensitive), or None (cached: sim.reserved asks it for every run)."""
-    from sim.profiles import GENERATIONS, tables
-
     for generation in GENERATIONS:
-        if any(name.lower() == gpu_name.lower() for name in tables(generation)):
+        if any(name.lower() == gpu_name.lower() for name in gpu_names(generation)):
             return generation
     return None
 

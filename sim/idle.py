@@ -651,7 +651,7 @@ def _scatter(plan: _IdlePlan, order: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, repr=False)  # (see sim.columnar._Plan)
 class _IdlePlan:
     """What :func:`_columnar` derives from a program's structure alone (its shape,
     :mod:`sim.colshape`): made by :func:`_idle_plan`."""

@@ -59,9 +59,10 @@ def test_corpus_gemm_time_reaches_the_hopper_generation_alone() -> None:
     from sim import gpu_profiles
     from sim.gpu_profiles import generation_of
     from sim.loso import FITTED_GENERATION
+    from sim.profiles import gpu_tables
 
     for shipped in (RATIOS["H100"].corpus_gemm_time, 1.131):
-        tables = dict(gpu_profiles._TABLES)
+        tables = dict(gpu_tables())
         tables["H100"] = {**tables["H100"], "corpus_fit": {"gemm_time": shipped}}
         ratios: dict = {}
         for name, table in tables.items():
@@ -512,3 +513,40 @@ def test_h100_gemm_benchmark_follows_the_a100_shape_as_fractions_of_mamf() -> No
     # TE's H200 per-GEMM rates are flat over cube sides 6.4k-10.2k (within a pixel's 2%)
     rates = [tf for _, _, tf in HOPPER_GEMM_CURVE.te_h200_rows()]
     assert max(rates) / min(rates) < 1.02
+
+
+def test_gpu_names_from_the_headers_are_the_parsed_files_keys() -> None:
+    """:func:`sim.profiles.gpu_names` (a scan of the table headers) lists the GPUs that
+    parsing each bundled file gives, in its order; the lazy :data:`RATIOS` names them all but
+    the A100's, in the files' order, and its values are :func:`_all_ratios`' (equal, field by
+    field), made on the first read; ``generation_of`` finds each name's file."""
+    import subprocess
+    import sys
+
+    from sim.gpu_profiles import _all_ratios, generation_of
+    from sim.profiles import GENERATIONS, gpu_names, load
+
+    for generation in GENERATIONS:
+        assert gpu_names(generation) == tuple(load(generation))
+        for name in gpu_names(generation):
+            assert generation_of(name) == generation == generation_of(name.lower())
+    assert generation_of("A100-80GB") is None and generation_of("nope") is None
+    made = _all_ratios()
+    assert tuple(RATIOS) == tuple(made) and len(RATIOS) == len(made)
+    assert "A100" not in RATIOS and "H100" in RATIOS and "nope" not in RATIOS
+    assert {name: RATIOS[name] for name in RATIOS} == made
+    with pytest.raises(KeyError):
+        RATIOS["A100"]  # noqa: B018
+    # an A100 run's questions parse no other generation's file
+    code = ("import sim.profiles as p\n"
+            "read = []\n"
+            "load = p.load\n"
+            "p.load = lambda g: read.append(g) or load(g)\n"
+            "from sim.calibration import default_profile\n"
+            "from sim.gpu_profiles import generation_of, ratios_for\n"
+            "assert ratios_for('A100-80GB') is None and generation_of('A100-80GB') is None\n"
+            "default_profile('A100-80GB')\n"
+            "assert read == ['ampere'], read\n"
+            "assert ratios_for('H100') is not None\n"
+            "assert read == ['ampere', 'hopper', 'blackwell', 'cdna3', 'turing'], read\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

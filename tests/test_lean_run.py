@@ -10,6 +10,8 @@ import sys
 import networkx as nx
 import pytest
 from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.config import parse_config, read_yaml
 from topologies.build import _built_graphs, build_cluster
@@ -188,3 +190,49 @@ def test_links_by_their_ends_number_the_sorted_links(cluster: dict) -> None:
         assert list(c._link_index.items()) == [(link, i) for i, link in enumerate(c.links)]
         assert [(u, v, i) for u, heads in c._link_from.items() for v, i in heads.items()] == [
             (u, v, i) for i, (u, v) in enumerate(c.links)]
+
+
+def _classes_both_ways(make) -> None:  # noqa: ANN001 - a function making a fresh cluster
+    """:meth:`Cluster._compute_host_classes` (numbered signatures) and the reference (the
+    signatures' items themselves) on two fresh copies: the same classes, server nodes and
+    places."""
+    a, b = make(), make()
+    assert a._compute_host_classes() == b._host_classes_reference()
+    assert a._server_nodes == b._server_nodes and a._place == b._place
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "workloads" / "examples").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_host_classes_by_numbers_are_the_reference_for_every_example(path) -> None:
+    data = read_yaml(path)
+    if "cluster" not in data or "model" not in data:  # a jobs file
+        pytest.skip("no single cluster")
+    cfg = parse_config(data).cluster
+    _classes_both_ways(lambda: _built_graphs(cfg))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(which=st.integers(0, len(CLUSTERS) - 1), seed=st.integers(0, 2**16),
+       changes=st.integers(0, 12), attrs=st.integers(0, 6))
+def test_host_classes_by_numbers_are_the_reference(which: int, seed: int, changes: int,
+                                                   attrs: int) -> None:
+    """On every topology above, with a few links degraded by one of two factors (twins
+    broken, or made again where two servers get the same change) and a few server nodes
+    given an attribute (of two values) or one changed: the classes, server nodes and places
+    of the reference."""
+    import random
+
+    rng = random.Random(seed)
+    cfg = parse_config(_experiment(CLUSTERS[which])).cluster
+    base = _built_graphs(cfg)
+    links = rng.sample(list(base.links), min(changes, len(base.links)))
+    degraded = {link: rng.choice((0.5, 0.25)) for link in links}
+    changed = base.with_link_changes(degraded, both_directions=False) if degraded else base
+    graph = nx.DiGraph(changed.graph)  # a thawed copy whose node attributes may change
+    servers = [v for v, d in graph.nodes(data=True) if d.get("host") is not None]
+    for v in rng.sample(servers, min(attrs, len(servers))):
+        graph.nodes[v][rng.choice(("tag", "kind"))] = rng.choice(("x", "y"))
+    gpus = {d["rank"] for _, d in graph.nodes(data=True) if d.get("kind") == "gpu"}
+    if gpus != set(range(base.num_gpus)):  # a GPU renamed to another kind: no cluster
+        return
+    _classes_both_ways(lambda: Cluster(base.name, graph, base.gpu, base.gpus_per_node))

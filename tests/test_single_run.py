@@ -130,6 +130,62 @@ def test_final_ops_equal_the_plain_loop(name: str) -> None:
     assert tried > 0
 
 
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(1, 9), m=st.integers(1, 16),
+       v=st.integers(1, 3), k=st.integers(1, 3), seed=st.integers(0, 2**16),
+       mix=st.sampled_from(("none", "shuffle", "move")))
+def test_final_ops_on_the_codes_are_the_loops(name: str, p: int, m: int, v: int, k: int,
+                                              seed: int, mix: str) -> None:
+    """:func:`final_ops` on validation's codes of the ops (the stages' runs of final-kind
+    ops, :func:`workloads.lowering.order._final_ops_coded`) finds the plain loop's ops in
+    its order, for schedules of every kind, also with a rank's ops shuffled or ops moved to
+    another rank (a stage on two ranks: the later rank's op, in the earlier one's place);
+    and it takes the codes wherever validation kept them (schedules without an encoder)."""
+    import random
+
+    from workloads.lowering import order
+    from workloads.schedules import _rank_coded
+
+    try:
+        schedule = SCHEDULES[name](p, m, v, k)
+    except Exception:  # noqa: BLE001 - arguments the schedule refuses
+        return
+    rng = random.Random(seed)
+    ranks = [list(ops) for ops in schedule.rank_ops]
+    if mix == "shuffle":
+        rng.shuffle(ranks[rng.randrange(len(ranks))])
+    elif mix == "move" and len(ranks) > 1:
+        for _ in range(rng.randrange(1, 6)):
+            a, b = rng.sample(range(len(ranks)), 2)
+            if ranks[a]:
+                op = ranks[a].pop(rng.randrange(len(ranks[a])))
+                ranks[b].insert(rng.randrange(len(ranks[b]) + 1), op)
+    changed = replace(schedule, rank_ops=tuple(tuple(ops) for ops in ranks))
+    coded = _rank_coded(changed)
+    loop = list(_final_ops_loop(changed).items())
+    assert list(order._final_ops(changed).items()) == loop
+    if coded is not None:
+        assert list(order._final_ops_coded(changed, coded).items()) == loop
+    assert list(final_ops(replace(changed)).items()) == loop
+
+
+def test_final_ops_of_a_built_schedule_take_the_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built (validated) schedule without an encoder keeps its ops' codes, and
+    :func:`final_ops` reads them, not the ops one by one (Megatron 1T's layout, smaller)."""
+    from workloads.lowering import order
+
+    def loop(schedule):  # noqa: ANN001, ANN202
+        raise AssertionError("the op loop")
+
+    schedule = replace(built_schedule("interleaved", 8, 32, 2, 1))  # (nothing kept)
+    assert schedule.__dict__.get("_rank_coded") is None
+    expected = list(_final_ops_loop(schedule).items())
+    built = built_schedule("interleaved", 8, 32, 2, 1)
+    built.__dict__.pop("_final_ops", None)
+    monkeypatch.setattr(order, "_final_ops", loop)
+    assert list(final_ops(built).items()) == expected
+
+
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_op_counts_equal_the_plain_count(name: str) -> None:
     """:attr:`Schedule.op_counts` counts on validation's arrays; counting the ops one by one
@@ -202,6 +258,21 @@ def test_placement_tables_equal_the_coordinates(order: str) -> None:
         assert replica_pairs(pl, src, dst) == tuple(
             (pl.gpu(tp=u, cp=c, dp=e, pp=src), pl.gpu(tp=u, cp=c, dp=e, pp=dst))
             for c in range(2) for e in range(3) for u in range(2))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(order=st.permutations(["tp", "cp", "dp", "pp"]), tp=st.integers(1, 6),
+       cp=st.integers(1, 3), dp=st.integers(1, 6), pp=st.integers(1, 6))
+def test_coordinate_columns_are_the_coords(order: list[str], tp: int, cp: int, dp: int,
+                                           pp: int) -> None:
+    """:func:`coordinate_columns` (each dimension's column as one period repeated) gives
+    :meth:`Placement.coords` of every GPU, its dimensions in the placement's order."""
+    pl = Placement.from_order("-".join(order), tp=tp, cp=cp, dp=dp, pp=pp)
+    columns = coordinate_columns(pl)
+    assert list(columns) == [dim for dim, _ in pl.sizes]
+    assert all(len(column) == pl.num_gpus for column in columns.values())
+    for g in range(pl.num_gpus):
+        assert {dim: columns[dim][g] for dim in columns} == pl.coords(g)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)

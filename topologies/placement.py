@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain, repeat
 from types import MappingProxyType
 
 from base.errors import ConfigError
@@ -131,11 +132,15 @@ def coordinate_columns(placement: Placement) -> Mapping[str, tuple[int, ...]]:
     order), worked out once per placement (read-only): a run reads every GPU's pipeline
     rank and names, and a search's or repeated run's experiments share the placement."""
     n = placement.num_gpus
-    columns = {dim: [0] * n for dim, _ in placement.sizes}
-    for g in range(n):
-        for dim, value in placement.coords(g).items():
-            columns[dim][g] = value
-    return MappingProxyType({dim: tuple(column) for dim, column in columns.items()})
+    columns: dict[str, tuple[int, ...]] = {}
+    stride = 1  # GPUs per step of this dimension's coordinate (the inner degrees' product)
+    for dim, size in placement.sizes:
+        # the coordinate counts up every `stride` GPUs and wraps at `size`: one period of
+        # it, repeated (tuples made in C, not a coords() dict per GPU: 1T's 3,072 GPUs)
+        period = tuple(chain.from_iterable(repeat(value, stride) for value in range(size)))
+        columns[dim] = period * (n // (stride * size)) if n else ()
+        stride *= size
+    return MappingProxyType(columns)
 
 
 def mixed_pipeline_ranks(placement: Placement, type_of: Callable[[int], Hashable]

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from fractions import Fraction
 from itertools import repeat
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,11 +43,13 @@ from workloads.schedules import (
     WHOLE,
     Op,
     Schedule,
-    _op,
     list_schedule,
     one_f_one_b,
     with_coded,
 )
+
+if TYPE_CHECKING:
+    from fractions import Fraction
 
 __all__ = [
     "dualpipe_v",
@@ -200,16 +202,19 @@ def interleaved(p: int, m: int, v: int = 1, group_size: int | None = None) -> Sc
     # in its forwards then backwards (``at``), their stages less the rank, micro-batches
     # and kinds
     both_base = np.array(fwd_base + bwd_base, dtype=np.int64)
+    fwd_stage, bwd_stage = both_base[:total], both_base[total:]
     both_mb = np.array(mbs + mbs, dtype=np.int64)
     at = np.empty(2 * total, dtype=np.int64)
     stage, mb, kind = [], [], []
     for r in range(p):
         warmup = min(2 * (p - r - 1) + (v - 1) * groups[0], total)
-        # Op(stage, kind, mb) built without the named tuple's Python-level __new__
-        fwd = list(map(_op, zip([b + r for b in fwd_base], repeat(FORWARD), mbs,
-                                repeat(WHOLE))))
-        bwd = list(map(_op, zip([b + r for b in bwd_base], repeat(BACKWARD), mbs,
-                                repeat(WHOLE))))
+        # Op(stage, kind, mb) built without the named tuple's Python-level __new__ (map
+        # calling tuple.__new__(Op, fields) itself: ~15 % less than through partial's call)
+        # (the rank's stages as ints from the arrays' sums: no Python loop over the ops)
+        fwd = list(map(tuple.__new__, repeat(Op), zip((fwd_stage + r).tolist(),
+                                                      repeat(FORWARD), mbs, repeat(WHOLE))))
+        bwd = list(map(tuple.__new__, repeat(Op), zip((bwd_stage + r).tolist(),
+                                                      repeat(BACKWARD), mbs, repeat(WHOLE))))
         steady = total - warmup  # one forward, then one backward, this many times
         ops: list[Op] = [fwd[0]] * (2 * total)
         ops[:warmup] = fwd[:warmup]
@@ -681,6 +686,8 @@ def peak_activation(schedule: Schedule) -> tuple[Fraction, ...]:
     a fused group count in program order (the group's forward allocates before
     its backward frees, as in the engine).
     """
+    from fractions import Fraction  # (only here: ~4 M instructions of every run's imports)
+
     unit = Fraction(1, schedule.chunks_per_rank * schedule.seq_chunks)
     peaks = []
     for ops in schedule.rank_ops:

@@ -10,6 +10,7 @@ Every number has a source: a ``source`` key in its table, or ``<key>_source`` be
 
 from __future__ import annotations
 
+import re
 import tomllib
 from functools import cache
 from importlib.resources import files
@@ -20,9 +21,28 @@ GENERATIONS = ("ampere", "hopper", "blackwell", "cdna3", "turing")
 the files after it (:data:`sim.gpu_profiles.INFERRED_RULE`)."""
 
 
+def _text(generation: str) -> str:
+    return files(__name__).joinpath(f"{generation}.toml").read_text(encoding="utf-8")
+
+
 def load(generation: str) -> dict[str, Any]:
     """The tables of ``<generation>.toml``, by GPU, in file order."""
-    return tomllib.loads(files(__name__).joinpath(f"{generation}.toml").read_text(encoding="utf-8"))
+    return tomllib.loads(_text(generation))
+
+
+_HEADER = re.compile(r"^\[\s*([A-Za-z0-9_-]+)", re.MULTILINE)
+"""A table header's first key: a bare key (every GPU name here is one) at a line's start."""
+
+
+@cache
+def gpu_names(generation: str) -> tuple[str, ...]:
+    """The GPUs of ``<generation>.toml`` (the keys of :func:`load`'s mapping, in file order),
+    read off its table headers without parsing the file: an A100 run asks which generation
+    its GPU is and whether it has ratios, not for the other generations' numbers (parsing
+    their files was ~4 ms of every run). ``tests/test_gpu_profiles.py`` holds them to
+    :func:`load` of every bundled file (a header-like line inside a multi-line string would
+    break the scan)."""
+    return tuple(dict.fromkeys(_HEADER.findall(_text(generation))))
 
 
 @cache

@@ -516,7 +516,7 @@ def _slots(plan: _Plan, first: frozenset[str], cut: frozenset[str],
     return tuple(out)
 
 
-@dataclass
+@dataclass(eq=False, repr=False)  # arrays (see sim.columnar._Plan)
 class _SlotTable:
     """Per template slot row, the fields the engine reads (``kind`` of a compute op is its
     op's: see :meth:`kind_of`)."""

@@ -16,6 +16,7 @@ from types import MappingProxyType
 import numpy as np
 
 from workloads.schedules import (
+    _KIND_CODE,
     BACKWARD,
     ENCODER_BACKWARD,
     FORWARD,
@@ -165,15 +166,49 @@ def final_ops(schedule: Schedule) -> Mapping[int, Op]:
     its rank) later in the rank's order is the final op instead: the rank's encoder
     gradients are then complete too, and are reduced with the stage's. Worked out once per
     schedule and kept on it, read-only (as :func:`topological`; Megatron 1T's 64 ranks of
-    2,048 ops: 3.5 ms a lowering)."""
+    2,048 ops: 3.5 ms a lowering). On the arrays validation keeps of a validated schedule's
+    ops where it has them (:func:`_final_ops_coded`), else op by op (:func:`_final_ops`)."""
     found = schedule.__dict__.get("_final_ops")
     if found is None:
-        found = schedule.__dict__["_final_ops"] = MappingProxyType(_final_ops(schedule))
+        coded = schedule.__dict__.get("_rank_coded") if schedule.encoder is None else None
+        found = schedule.__dict__["_final_ops"] = MappingProxyType(
+            _final_ops(schedule) if coded is None else _final_ops_coded(schedule, coded))
     return found
 
 
+def _final_ops_coded(schedule: Schedule, coded: tuple[np.ndarray, ...]) -> dict[int, Op]:
+    """:func:`_final_ops` of a schedule without an encoder, on its ops' stage and kind codes
+    in rank order (:func:`workloads.schedules._rank_coded`: validation keeps them): the ops
+    of the final kind, each stage's last one, the stages in order of their first one (the
+    rank by rank scan's dict, whose later ranks update a stage they share in place). A
+    few array passes over the ops, not a loop over them (Megatron 1T: ~60 M instructions
+    of a run, 131,072 ops, most of them read for the set of each rank's stages)."""
+    stage, kind = coded[0], coded[1]
+    code = _KIND_CODE[WEIGHT_GRAD if schedule.split_backward else BACKWARD]
+    at = np.flatnonzero(kind == code)
+    if not len(at):
+        return {}
+    # the matches by stage, each stage's in rank order (a stable sort): a stage's first and
+    # last match begin and end its run
+    by_stage = at[np.argsort(stage[at], kind="stable")]
+    cut = np.flatnonzero(np.diff(stage[by_stage])) + 1
+    firsts = by_stage[np.concatenate(([0], cut))]
+    lasts = by_stage[np.concatenate((cut, [len(by_stage)])) - 1]
+    chosen = lasts[np.argsort(firsts)]  # (firsts are distinct positions)
+    starts = np.cumsum([0] + [len(ops) for ops in schedule.rank_ops])
+    if int(starts[-1]) != len(stage):  # (not the codes of these ops: never, as kept)
+        return _final_ops(schedule)
+    ranks = starts.searchsorted(chosen, "right") - 1
+    rank_ops = schedule.rank_ops
+    out: dict[int, Op] = {}
+    for r, i in zip(ranks.tolist(), (chosen - starts[ranks]).tolist(), strict=True):
+        op = rank_ops[r][i]
+        out[op.stage] = op
+    return out
+
+
 def _final_ops(schedule: Schedule) -> dict[int, Op]:
-    """:func:`final_ops`, worked out."""
+    """:func:`final_ops`, worked out op by op (the reference of :func:`_final_ops_coded`)."""
     last_kind = WEIGHT_GRAD if schedule.split_backward else BACKWARD
     kinds = {last_kind} if schedule.encoder is None else {last_kind, ENCODER_BACKWARD}
     out: dict[int, Op] = {}
