@@ -308,7 +308,7 @@ def test_training_allocator_overrides_the_frameworks() -> None:
 
 def test_megatron_bridges_llama3_70b_fp8_run_fits_with_its_allocator() -> None:
     """Megatron-Bridge's Llama 3 70B FP8 run on 64 H100 (TP4 PP8 VPP5, 8k tokens, no
-    recomputation) ran: with its scripts' expandable segments it fits in 79.3 GiB (under the
+    recomputation) ran: with its scripts' expandable segments it fits in 79.11 GiB (under the
     caching allocator's fitted 42% of before issue 19's memory objective it did not); the
     caching allocator's fitted overhead (24%) is more, the step time the same."""
     from sim.corpus import CORPUS_DIR, load_source

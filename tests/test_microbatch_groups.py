@@ -126,11 +126,13 @@ def test_llama3_405b_rows_reach_the_capacity_before_the_allocators_overhead(
     8 x 16 = 128 with 16, beside the backward's working memory (a layer's activation
     gradients and its unreduced fp32 weight gradient). Before the allocator's overhead
     (model state, stashes, working memory, reserved) the 16-micro-batch run is below the
-    H100's 79.3 GiB and the 32-micro-batch run is over it by 1.06% (with the run's reserved
-    memory, 1.53 GiB on rank 1: CUDA context, cuBLAS workspaces and NCCL buffers of its five
-    communicators, sim/reserved.py; under 1% with the former constant 1 GiB), within what the
-    memory model resolves; with the caching allocator's 24% on the dynamic part, fitted on
-    another framework's A100 runs, both are out of memory (a known gap, docs/accuracy.md)."""
+    H100's 79.11 GiB (PyTorch's measured total, gpus.toml cuda_total_gib) and the
+    32-micro-batch run is over it by 1.30% (with the run's reserved memory, 1.53 GiB on rank 1:
+    CUDA context, cuBLAS workspaces and NCCL buffers of its five communicators,
+    sim/reserved.py; 1.06% of the A100 fraction's 79.3 GiB it was held against before issue 19),
+    within what the memory model resolves; with the caching allocator's 24% on the dynamic
+    part, fitted on another framework's A100 runs, both are out of memory (a known gap,
+    docs/accuracy.md)."""
     from sim.corpus import CORPUS_DIR, load_source
     from workloads.schedules import BACKWARD, FORWARD, Op
 
@@ -151,7 +153,7 @@ def test_llama3_405b_rows_reach_the_capacity_before_the_allocators_overhead(
     reserved = sim_reserved.per_stage(exp, generation_of)[1]
     capacity = exp.cluster.gpu.hbm_capacity_bytes
     assert (raw[1] + reserved > capacity) == over
-    assert raw[1] + reserved < 1.011 * capacity
+    assert raw[1] + reserved < 1.014 * capacity
     assert res.stats["oom"]
 
 

@@ -417,11 +417,15 @@ def test_per_rank_gpu_specs_are_checked_and_uniform_ones_collapse() -> None:
 
 def test_gpu_memory_is_what_cuda_reports_binary_hbm_less_the_drivers_share() -> None:
     """PyTorch reports 79.25-79.35 GiB total on an A100-80GB (hardware.CUDA_VISIBLE_FRACTION),
-    not the 74.5 GiB of 80e9 bytes; other GPUs take their vendor figure in GiB, same share."""
+    not the 74.5 GiB of 80e9 bytes; GPUs without a measured total take their vendor figure in
+    GiB with the same share, those with one (gpus.toml cuda_total_gib) take it."""
     assert GPUS["A100-80GB"].hbm_capacity_gib == pytest.approx(79.3, abs=1e-9)
     assert 79.25 <= GPUS["A100-80GB"].hbm_capacity_gib <= 79.35
-    for name, vendor_gb in (("A100-40GB", 40), ("H100", 80), ("H200", 141), ("B200", 180)):
+    for name, vendor_gb in (("H100-PCIe", 80), ("H800", 80), ("H100-96GB", 96), ("GB200", 186)):
         assert GPUS[name].hbm_capacity_gib == pytest.approx(vendor_gb * 79.3 / 80, rel=1e-12)
+    for name, measured in (("A100-40GB", 39.39), ("H100", 79.11), ("H200", 139.81),
+                           ("B200", 178.35)):
+        assert GPUS[name].hbm_capacity_gib == pytest.approx(measured, rel=1e-12)
 
 
 def test_link_efficiencies_are_data_with_sources() -> None:
