@@ -81,8 +81,8 @@ def recipe_methods(fc2_fprop_sms: int, bulk_margin: bool) -> dict:
 
     ring = Method("ring_exchange", 0, 1, False)
     methods = {name: ring for name in ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")}
-    methods["proj_fprop"] = Method("pipeline", 4, 24, True, True)
-    methods["fc2_fprop"] = Method("pipeline", 4, fc2_fprop_sms, True, True)
+    methods["proj_fprop"] = Method("pipeline", 4, 24, True, True, 2)
+    methods["fc2_fprop"] = Method("pipeline", 4, fc2_fprop_sms, True, True, 2)
     for name, sms in (("qkv_dgrad", 4), ("qkv_wgrad", 8), ("fc1_dgrad", 2), ("fc1_wgrad", 4)):
         methods[name] = Method("bulk", 1, sms, bulk_margin)
     return methods
