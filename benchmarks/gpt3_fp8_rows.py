@@ -3,7 +3,6 @@
     python benchmarks/gpt3_fp8_rows.py            # every GPT-3 175B row of the five sources
     python benchmarks/gpt3_fp8_rows.py --swaps    # each differing setting swapped, per row
     python benchmarks/gpt3_fp8_rows.py --recipe-ub  # the recipes' userbuffers SM counts
-    python benchmarks/gpt3_fp8_rows.py --exposed    # each TP collective's pair, per layer
 
 The MLPerf Training v3.0 and v3.1 GPT-3 175B rows are one model at one layout (TP 4, PP 8,
 one layer a model chunk, micro-batch 1, FP8, userbuffers TP overlap); DGX Cloud Benchmarking
@@ -17,13 +16,8 @@ one corpus setting replaced by the value another source's rows carry (:data:`SWA
 diagnostic: what each difference between the sources is worth in the model. ``--recipe-ub``
 simulates the ``--swaps`` rows with the userbuffers settings the recipes' yamls give instead of
 Transformer Engine's defaults (:func:`recipe_methods`), twice: the bulk overlaps unmargined as
-the yamls set them (the simulator's TE 1.x rule, not charged) and margined. ``--exposed``
-prints, for one FP8 and one BF16 row of DGX Cloud v25.02 and one MLPerf v3.1 row, every
-overlapped pair :mod:`sim.tpoverlap` times for one layer and micro-batch (method, the
-collective alone, the GEMM's chunks, the pair, what it adds beside the whole GEMM) and the
-step with and without the overlap. Nothing here is read by the simulator (docs/accuracy.md,
-"MLPerf GPT-3 beside DGX Cloud's GPT-3 rows", "TP overlap against Transformer Engine's
-source").
+the yamls set them (the simulator's TE 1.x rule, not charged) and margined. Nothing here is
+read by the simulator (docs/accuracy.md, "MLPerf GPT-3 beside DGX Cloud's GPT-3 rows").
 """
 
 from __future__ import annotations
@@ -81,8 +75,8 @@ def recipe_methods(fc2_fprop_sms: int, bulk_margin: bool) -> dict:
 
     ring = Method("ring_exchange", 0, 1, False)
     methods = {name: ring for name in ("qkv_fprop", "fc1_fprop", "proj_dgrad", "fc2_dgrad")}
-    methods["proj_fprop"] = Method("pipeline", 4, 24, True, True, 2)
-    methods["fc2_fprop"] = Method("pipeline", 4, fc2_fprop_sms, True, True, 2)
+    methods["proj_fprop"] = Method("pipeline", 4, 24, True)
+    methods["fc2_fprop"] = Method("pipeline", 4, fc2_fprop_sms, True)
     for name, sms in (("qkv_dgrad", 4), ("qkv_wgrad", 8), ("fc1_dgrad", 2), ("fc1_wgrad", 4)):
         methods[name] = Method("bulk", 1, sms, bulk_margin)
     return methods
@@ -170,40 +164,6 @@ def swaps_table() -> None:
                       f"(step {100 * (t / base - 1):+5.2f}%)")
 
 
-EXPOSED_ROWS = (("dgxc_benchmarking_2502", "gpt3-175b-128gpu-fp8"),
-                ("dgxc_benchmarking_2502", "gpt3-175b-128gpu-bf16"),
-                ("mlperf_training_v31_gpt3", "gpt3-175b-512gpu-eos"))
-
-
-def exposed_table() -> None:
-    import sim.tpoverlap as tpo
-    from workloads.layer_work import SP_REGATHER_GEMMS, TP_OVERLAP_GEMMS
-
-    shipped, pairs = tpo.pipelined_s, []
-
-    def logged(method, comm_s, gemm_s, tp, sms):
-        t = shipped(method, comm_s, gemm_s, tp, sms)
-        pairs.append((method.name, comm_s, gemm_s, t))
-        return t
-
-    tpo.pipelined_s = logged
-    try:
-        for name, run in EXPOSED_ROWS:
-            r = {r.run: r for r in load_source(CORPUS_DIR / f"{name}.csv").rows}[run]
-            pairs.clear()
-            on = simulated(r)
-            names = list(TP_OVERLAP_GEMMS) + list(SP_REGATHER_GEMMS)  # the order timed
-            log = list(zip(names, pairs, strict=False))
-            off = simulated(replaced_row(r, tp_comm_overlap=""))
-            print(f"{name} {run}: step {on:.3f} s with overlap, {off:.3f} s without "
-                  f"(overlap worth {100 * (1 - on / off):.2f}%)")
-            for label, (m, c, g, t) in log:
-                print(f"    {label:26s} {m:14s} alone {1e6 * c:6.1f} us  GEMM chunks "
-                      f"{1e6 * g:6.1f} us  pair {1e6 * t:6.1f} us")
-    finally:
-        tpo.pipelined_s = shipped
-
-
 if __name__ == "__main__":
-    {"--swaps": swaps_table, "--recipe-ub": recipe_ub_table, "--exposed": exposed_table}.get(
+    {"--swaps": swaps_table, "--recipe-ub": recipe_ub_table}.get(
         (sys.argv[1:] or [""])[0], rows_table)()

@@ -32,15 +32,7 @@ sets it by default, 1.x (Megatron-core r0.8.0's) launches every GEMM on all SMs.
 A pipelined GEMM runs as ``n`` chunks of ``1/n`` of its rows, issued round-robin on
 ``k`` compute streams (:func:`compute_streams`), so that ``min(k, n)`` consecutive chunks
 run at once: ``n / min(k, n)`` groups, each at the efficiency the device model gives a
-GEMM of the group's rows (:func:`chunked`); ``g`` above is their sum. On a GPU whose
-launchers run TP overlap with one hardware work queue (``CUDA_DEVICE_MAX_CONNECTIONS=1``,
-Hopper and earlier, :func:`one_queue`) the ``pipeline`` method's chunks run one at a time
-(``k = 1``, :func:`chunk_streams`): Transformer Engine issues chunk ``i + 1``'s GEMM after
-the communication stream's wait on chunk ``i``'s, and in one queue that wait holds back
-everything issued after it; two at once (``k = 2``) at FP8 under Transformer Engine 0.8 to
-1.13, which issues chunk ``i + 1``'s GEMM after the wait on chunk ``i − 1``'s
-(:attr:`~workloads.frameworks.FrameworkProfile.tp_overlap_fp8_first_gemm`). The ring
-exchange's next GEMM waits on the previous receive only, and keeps ``k``. The block's
+GEMM of the group's rows (:func:`chunked`); ``g`` above is their sum. The block's
 compute already counts the whole GEMM, so the collective adds the rest, ``pair − g_whole``
 (:func:`exposed_s`): it is emitted with that fixed time (:attr:`CommSeg.duration_s`)
 instead of being timed on the network. ``c`` is the collective timed alone on the TP
@@ -97,13 +89,6 @@ class Method:
     """SMs the communication kernels take."""
     sm_margin: bool
     """Whether the GEMM is launched on the SMs the communication leaves it."""
-    serial_on_one_queue: bool = False
-    """Whether its chunk GEMMs run one at a time on a GPU with one hardware work queue
-    (:func:`one_queue`): each chunk's GEMM issued behind a wait on the previous one's."""
-    first_gemm_chunks: int = 1
-    """On one hardware work queue, how many consecutive chunk GEMMs run at once where the
-    framework issues the second chunk's GEMM before waiting on the first's
-    (:attr:`~workloads.frameworks.FrameworkProfile.tp_overlap_fp8_first_gemm`)."""
 
 
 @cache
@@ -117,8 +102,7 @@ def method_of(layer: str) -> Method:
     data = _data()
     name = data["layers"][layer]
     m = data["methods"][name]
-    return Method(name, int(m["splits"]), int(m["sms"]), bool(m["sm_margin"]),
-                  bool(m["serial_on_one_queue"]), int(m.get("first_gemm_chunks", 1)))
+    return Method(name, int(m["splits"]), int(m["sms"]), bool(m["sm_margin"]))
 
 
 def symm_mem_method(layer: str) -> Method | None:
@@ -151,22 +135,6 @@ def compute_streams() -> int:
     return int(_data()["compute_streams"])
 
 
-def one_queue(gpu: str) -> bool:
-    """Whether TP communication overlap runs on GPU preset ``gpu`` with one hardware work
-    queue (``CUDA_DEVICE_MAX_CONNECTIONS=1``, what the launchers set on Hopper and earlier)."""
-    return gpu in _data()["one_queue_gpus"]
-
-
-def chunk_streams(method: Method, single_queue: bool, first_gemm: bool = False) -> int:
-    """How many of ``method``'s consecutive chunk GEMMs can run at once: on one hardware
-    work queue, one where it runs them one at a time (:attr:`Method.serial_on_one_queue`),
-    or :attr:`Method.first_gemm_chunks` where the framework issues the second chunk's GEMM
-    before it waits on the first's (``first_gemm``); else :func:`compute_streams`."""
-    if not (single_queue and method.serial_on_one_queue):
-        return compute_streams()
-    return min(method.first_gemm_chunks, compute_streams()) if first_gemm else 1
-
-
 def chunks(method: Method, tp: int) -> int:
     """Chunks ``method`` cuts a GEMM and its collective into in a TP group of ``tp``."""
     return tp if method.splits == 0 else method.splits
@@ -196,8 +164,7 @@ def pipelined_s(method: Method, comm_s: float, gemm_s: float, tp: int, sms: int)
 
 def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
               collective_s: Callable[[str, float], float], sms: int, sm_margin: bool = True,
-              kind: str = "userbuffers", single_queue: bool = False,
-              fp8_first_gemm: bool = False) -> tuple[tuple[str, float], ...]:
+              kind: str = "userbuffers") -> tuple[tuple[str, float], ...]:
     """What each sequence-parallel collective of a layer adds beside its block's compute
     when pipelined with its GEMM: ``pipelined_s − g`` (module doc), by the collective's
     name in :data:`~workloads.layer_work.TP_OVERLAP_GEMMS`. ``collective_s(op, nbytes)``
@@ -205,16 +172,11 @@ def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
     whatever its method's ``sm_margin`` (Transformer Engine 1.x). ``kind``
     ``symmetric-memory``: PyTorch's async TP (module doc), whose unfused collectives are
     left out (timed on the network as without overlap) and whose fused reduce-scatters add
-    their local reduction (:func:`symm_mem_reduce_bytes`). ``single_queue``: the GPU runs one
-    hardware work queue (:func:`one_queue`, :func:`chunk_streams`); ``fp8_first_gemm``: the
-    framework's Transformer Engine issues a pipelined FP8 GEMM's second chunk before waiting
-    on its first (:attr:`~workloads.frameworks.FrameworkProfile.tp_overlap_fp8_first_gemm`,
-    for ``costs`` at an FP8 precision)."""
+    their local reduction (:func:`symm_mem_reduce_bytes`)."""
     gemms = costs.tp_overlap_gemms()
     nbytes = BF16 * costs.micro_batch_size * costs.model.seq_length / costs.cp \
         * costs.model.hidden_size
     symm = kind == "symmetric-memory"
-    first_gemm = fp8_first_gemm and costs.precision.startswith("fp8")
     out = []
     for name, (gemm, layer) in TP_OVERLAP_GEMMS.items():
         op = "all_gather" if name.endswith("all-gather") else "reduce_scatter"
@@ -224,7 +186,7 @@ def exposed_s(costs: TransformerCosts, compute_s: Callable[[ComputeSeg], float],
         if not sm_margin:
             method = replace(method, sm_margin=False)
         n = chunks(method, costs.tp)
-        streams = SYMM_MEM_STREAMS if symm else chunk_streams(method, single_queue, first_gemm)
+        streams = SYMM_MEM_STREAMS if symm else compute_streams()
         groups = n / min(streams, n)  # chunks running at once share the GPU
         g_chunks = groups * compute_s(chunked(gemms[gemm], groups))
         moved = nbytes if op == "reduce_scatter" else nbytes / BF16 * costs._tp_gather_bytes
@@ -441,22 +403,21 @@ def lowering_costs(exp: Experiment, compute_s: Callable[[ComputeSeg], float],
     groups = tp_groups(exp.placement, 0)
     return with_overlap(costs, exp.cluster.gpu.name, compute_s,
                         lambda op, nbytes: timer(op, groups, nbytes),
-                        exp.framework.tp_overlap_sm_margin, overlap, exp.framework.tp_overlap,
-                        exp.framework.tp_overlap_fp8_first_gemm)
+                        exp.framework.tp_overlap_sm_margin, overlap, exp.framework.tp_overlap)
 
 
 def with_overlap(costs: TransformerCosts, gpu: str,
                  compute_s: Callable[[ComputeSeg], float],
                  collective_s: Callable[[str, float], float],
                  sm_margin: bool = True, overlap: bool = True,
-                 kind: str = "userbuffers", fp8_first_gemm: bool = False) -> TransformerCosts:
+                 kind: str = "userbuffers") -> TransformerCosts:
     """``costs`` with :attr:`~TransformerCosts.tp_comm_exposed_s` set (no change without
     TP; without sequence parallelism only the backward all-reduces of
     :func:`async_all_reduce_exposed_s`); ``sm_margin``: the
     framework's (:func:`exposed_s`); ``overlap``: TP communication overlap on (the layer's
     SP collectives pipelined with their GEMMs), else only the second all-gathers of
     :func:`regather_exposed_s` and the reduce-scatters NCCL runs beside the weight gradients
-    (:func:`async_reduce_exposed_s`); ``fp8_first_gemm``: the framework's (:func:`exposed_s`)."""
+    (:func:`async_reduce_exposed_s`)."""
     if costs.tp == 1:
         return costs
     if not costs.sequence_parallel:
@@ -466,9 +427,8 @@ def with_overlap(costs: TransformerCosts, gpu: str,
     sms = sm_count(gpu)
     if sms is None:  # the ideal GPU: no compute time to slow
         sms = 1 << 30
-    pairs = (exposed_s(costs, compute_s, collective_s, sms, sm_margin, kind, one_queue(gpu),
-                       fp8_first_gemm)
-             if overlap else async_reduce_exposed_s(costs, compute_s, collective_s))
+    pairs = (exposed_s(costs, compute_s, collective_s, sms, sm_margin, kind) if overlap
+             else async_reduce_exposed_s(costs, compute_s, collective_s))
     pairs += regather_exposed_s(costs, compute_s, collective_s, sms,
                                 overlap and kind == "userbuffers", sm_margin)
     pairs += head_exposed_s(costs, compute_s, collective_s)

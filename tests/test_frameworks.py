@@ -237,21 +237,13 @@ def test_megatron_core_r08_is_megatron_on_transformer_engine_1x() -> None:
     assert mg.tp_overlap_sm_margin and not old.tp_overlap_sm_margin
     assert "set_sm_margin" in old.source("tp_overlap_sm_margin")
     assert (old.fp8_amax_reduction, mg.fp8_amax_reduction) == ("tp-cp", "tp-dp-cp")
-    # TE 1.x's fp8_gemm issues a pipelined reduce-scatter's second chunk before its wait
-    assert old.tp_overlap_fp8_first_gemm and not mg.tp_overlap_fp8_first_gemm
-    assert "gemm_overlap=True" in old.source("tp_overlap_fp8_first_gemm")
-    assert FRAMEWORKS["nemo-launcher"].tp_overlap_fp8_first_gemm
-    assert not FRAMEWORKS["megatron-bridge"].tp_overlap_fp8_first_gemm
     assert replace(old, name=mg.name, summary=mg.summary, sources=mg.sources,
                    tp_overlap_sm_margin=True, fp8_amax_reduction=mg.fp8_amax_reduction,
-                   tp_overlap_fp8_first_gemm=False, under_fp16=mg.under_fp16) == mg
+                   under_fp16=mg.under_fp16) == mg
     assert FRAMEWORKS["deepspeed"].tp_overlap_sm_margin
     text = files("workloads").joinpath("frameworks.toml").read_text(encoding="utf-8")
     with pytest.raises(ValueError, match="tp_overlap_sm_margin=0"):
         load_profiles(text + '\n[x]\ninherits = "megatron"\ntp_overlap_sm_margin = 0\n')
-    with pytest.raises(ValueError, match="tp_overlap_fp8_first_gemm=1"):
-        load_profiles(text + '\n[x]\ninherits = "megatron"\ntp_overlap_fp8_first_gemm = 1\n'
-                      'tp_overlap_fp8_first_gemm_source = "s"\n')
 
 
 def test_megatron_core_r08_reduces_fp32_gradients() -> None:

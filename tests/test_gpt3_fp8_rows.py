@@ -55,17 +55,3 @@ def test_recipe_userbuffers_settings(bench):
     assert not any(m.sm_margin for m in v31.values() if m.name == "bulk")
     assert all(m.sm_margin for m in bench.recipe_methods(20, True).values()
                if m.name != "ring_exchange")
-
-
-def test_exposed_table_labels_every_pair_of_a_layer(bench, capsys, monkeypatch):
-    for name, run in bench.EXPOSED_ROWS:
-        assert run in {r.run for r in load_source(CORPUS_DIR / f"{name}.csv").rows}
-    monkeypatch.setattr(bench, "EXPOSED_ROWS", bench.EXPOSED_ROWS[:1])
-    bench.exposed_table()
-    lines = capsys.readouterr().out.splitlines()
-    # the step line, then the layer's 8 overlapped collectives and 2 second all-gathers
-    assert len(lines) == 11 and "overlap worth" in lines[0]
-    assert "mlp reduce-scatter" in lines[4] and "pipeline" in lines[4]
-    import sim.tpoverlap as tpo
-
-    assert tpo.pipelined_s.__name__ == "pipelined_s"  # the wrapper is taken off again

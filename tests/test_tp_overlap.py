@@ -17,12 +17,10 @@ from sim.tpoverlap import (
     DATA_FILE,
     NCCL_BESIDE,
     Method,
-    chunk_streams,
     chunked,
     compute_streams,
     lowering_costs,
     method_of,
-    one_queue,
     pipelined_s,
     sm_count,
 )
@@ -30,7 +28,7 @@ from workloads.layer_work import SP_REGATHER_GEMMS, TP_OVERLAP_GEMMS
 from workloads.lowering.groups import tp_groups
 from workloads.program import Collective
 
-PIPE = Method("pipeline", 4, 16, True, True, 2)
+PIPE = Method("pipeline", 4, 16, True)
 RING = Method("ring_exchange", 0, 1, False)
 BULK = Method("bulk", 1, 16, True)
 
@@ -67,20 +65,14 @@ def test_data_is_transformer_engines_defaults_with_sources() -> None:
         "layers_source"}
     assert sm_count("H100") == 132 and sm_count("A100-80GB") == 108 and sm_count("MI300X") is None
     assert "compute_streams_source" in data and compute_streams() == 3
-    assert "one_queue_source" in data and one_queue("H100") and not one_queue("B200")
-    assert [chunk_streams(m, True) for m in (PIPE, RING, BULK)] == [1, 3, 3]
-    assert [chunk_streams(m, True, True) for m in (PIPE, RING, BULK)] == [2, 3, 3]
-    assert {chunk_streams(m, False, f) for m in (PIPE, RING, BULK) for f in (False, True)} == {3}
 
 
-@pytest.mark.parametrize("preset, sms", [("dgx-h100", 132), ("dgx-b200", 148)])
-def test_chunks_on_concurrent_streams_run_as_groups(preset: str, sms: int) -> None:
+def test_chunks_on_concurrent_streams_run_as_groups() -> None:
     """TE issues chunk GEMMs round-robin on 3 streams: a TP-8 ring exchange's 8 chunks run
-    as 8/3 groups of 3 rows-chunks each (not 8 serial small GEMMs), and on a B200 (32 work
-    queues) a 4-way pipeline's as 4/3; a group is slower per FLOP than the whole GEMM and
-    faster than a lone chunk. On an H100 (one work queue) the pipeline's 4 chunks run one
-    at a time, each as a lone chunk."""
-    exp = build_experiment(_exp(True, tp=8) | {"cluster": {"preset": preset, "num_gpus": 8}})
+    as 8/3 groups of 3 rows-chunks each (not 8 serial small GEMMs), and a 4-way pipeline's
+    as 4/3; a group is slower per FLOP than the whole GEMM and faster than a lone chunk."""
+    exp = build_experiment(_exp(True, tp=8) | {"cluster": {"preset": "dgx-h100",
+                                                           "num_gpus": 8}})
 
     compute_s = segment_timer(exp)
     timer = CollectiveTimer(exp.cluster)
@@ -88,39 +80,13 @@ def test_chunks_on_concurrent_streams_run_as_groups(preset: str, sms: int) -> No
     exposed = dict(lowering_costs(exp, compute_s, timer).tp_comm_exposed_s)
     gemms = exp.costs.tp_overlap_gemms()
     nbytes = 2 * 4096 * 5120
-    serial = preset == "dgx-h100"
     for name, n, method in (("attn all-gather", 8, RING), ("mlp reduce-scatter", 4, PIPE)):
         gemm = gemms[TP_OVERLAP_GEMMS[name][0]]
         op = "all_gather" if name.endswith("all-gather") else "reduce_scatter"
-        lone = n * compute_s(chunked(gemm, n))
         g = n / 3 * compute_s(chunked(gemm, n / 3))
-        assert compute_s(gemm) < g < lone
-        want = lone if serial and method is PIPE else g
+        assert compute_s(gemm) < g < n * compute_s(chunked(gemm, n))
         assert exposed[name] == pytest.approx(
-            pipelined_s(method, timer(op, groups, nbytes), want, 8, sms) - compute_s(gemm))
-
-
-@pytest.mark.parametrize("precision, chunks", [("fp8", 2), ("bf16", 1)])
-def test_transformer_engine_1x_issues_a_second_fp8_chunk_before_its_wait(precision: str,
-                                                                         chunks: int) -> None:
-    """training.framework nemo-launcher (TE 1.x: fp8_gemm passes gemm_overlap True, gemm
-    False) on an H100's one work queue: an FP8 pipelined reduce-scatter's 4 chunk GEMMs run
-    two at a time (2 groups of 2 chunks), a BF16 one's one at a time; Megatron-LM's TE 2.x
-    runs both one at a time."""
-    for fw, want in (("nemo-launcher", chunks), ("megatron", 1)):
-        data = _exp(True, tp=8) | {"cluster": {"preset": "dgx-h100", "num_gpus": 8},
-                                   "training": {"micro_batch_size": 1, "num_microbatches": 1,
-                                                "framework": fw, "precision": precision}}
-        exp = build_experiment(data)
-        assert exp.framework.tp_overlap_fp8_first_gemm == (fw == "nemo-launcher")
-        compute_s = segment_timer(exp)
-        timer = CollectiveTimer(exp.cluster)
-        exposed = dict(lowering_costs(exp, compute_s, timer).tp_comm_exposed_s)
-        gemm = exp.costs.tp_overlap_gemms()["fc2"]
-        g = 4 / want * compute_s(chunked(gemm, 4 / want))
-        c = timer("reduce_scatter", tp_groups(exp.placement, 0), 2 * 4096 * 5120)
-        assert exposed["mlp reduce-scatter"] == pytest.approx(
-            pipelined_s(PIPE, c, g, 8, 132) - compute_s(gemm))
+            pipelined_s(method, timer(op, groups, nbytes), g, 8, 132) - compute_s(gemm))
 
 
 def test_transformer_engine_1x_keeps_every_sm_for_the_gemms() -> None:

@@ -171,13 +171,6 @@ class FrameworkProfile:
     2.x's default; the methods' ``sm_margin`` in ``sim/data/tp_overlap.toml``); False: every
     GEMM on all SMs (TE 1.x's default, ``set_sm_margin`` 0): :mod:`sim.tpoverlap`. A table
     may leave it out (True)."""
-    tp_overlap_fp8_first_gemm: bool
-    """Under ``parallel.tp_comm_overlap`` at FP8, Transformer Engine issues a pipelined
-    reduce-scatter's second chunk GEMM before it waits for the first (TE 0.8 to 1.13:
-    ``fp8_gemm`` calls ``split_overlap_rs`` with ``gemm_overlap`` True, ``gemm`` with False;
-    TE 2.x: ``pipeline_rs_overlap_first_gemm``, False by default), so that on one hardware
-    work queue two of its chunk GEMMs run at once (:func:`sim.tpoverlap.chunk_streams`).
-    A table may leave it out (False)."""
     tp_overlap: str
     """What ``parallel.tp_comm_overlap`` runs (:data:`TP_OVERLAPS`): ``userbuffers``,
     Transformer Engine's chunked GEMM + collective overlap; ``symmetric-memory``, PyTorch's
@@ -313,8 +306,7 @@ _FIELDS = ("dp_wire_bytes", "grad_reduce_bytes", "grad_buffer_bytes", "vocab_par
            "rope_bytes", "swiglu_bytes", "grad_buckets_stage0_only",
            "zero2_reduce_every_microbatch", "cp_kv_all_gather", "swiglu_stash_bytes",
            "optimizer_bytes", "pp_send_blocking", "pp_partition_gathers",
-           "tp_overlap_sm_margin", "tp_overlap_fp8_first_gemm", "moe_host_sync",
-           "cp_ring_merge", "embedding_grad_bytes",
+           "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge", "embedding_grad_bytes",
            "bias_grad_bytes", "qkv_split_grad_bytes", "sp_regather_input",
            "fp8_casts_compiled", "swiglu_saves_product", "residual_norm_fused",
            "torch_compile", "grad_accum_first_stolen", "sp_async_grad_reduce_scatter",
@@ -340,8 +332,7 @@ _FLAGS = ("vocab_parallel_loss", "sp_saves_gathered_input", "fused_cross_entropy
 
 _OPTIONAL = ("fragmentation", "grad_bucket_params", "grad_bucket_params_per_dp",
              "grad_buckets_stage0_only", "optimizer_bytes", "pp_send_blocking",
-             "pp_partition_gathers", "tp_overlap_sm_margin", "tp_overlap_fp8_first_gemm",
-             "moe_host_sync", "cp_ring_merge",
+             "pp_partition_gathers", "tp_overlap_sm_margin", "moe_host_sync", "cp_ring_merge",
              "embedding_grad_bytes", "bias_grad_bytes", "qkv_split_grad_bytes",
              "sp_regather_input", "fp8_casts_compiled", "swiglu_saves_product",
              "residual_norm_fused", "torch_compile", "sp_async_grad_reduce_scatter",
@@ -355,7 +346,6 @@ flags: their value in :data:`_OPTIONAL_FLAGS`), and then their source too."""
 
 _OPTIONAL_FLAGS = {"grad_buckets_stage0_only": False,
                    "pp_partition_gathers": False, "tp_overlap_sm_margin": True,
-                   "tp_overlap_fp8_first_gemm": False,
                    "moe_host_sync": False, "cp_ring_merge": False, "sp_regather_input": False,
                    "fp8_casts_compiled": False, "swiglu_saves_product": True,
                    "residual_norm_fused": False, "torch_compile": False,
