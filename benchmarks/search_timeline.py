@@ -56,27 +56,20 @@ def phase_marks(executors, sweep):  # type: ignore[no-untyped-def]
             return out
         return wrapped
 
-    submit = executors.LocalExecutor._submit
+    def first_out(fn):  # type: ignore[no-untyped-def]
+        def wrapped(self, *a):  # type: ignore[no-untyped-def]
+            if not any(m[0] == "first item out" for m in marks):
+                mark("first item out")
+            return fn(self, *a)
+        return wrapped
 
-    def first_submit(self, *a):  # type: ignore[no-untyped-def]
-        if not any(m[0] == "first item out" for m in marks):
-            mark("first item out")
-        return submit(self, *a)
-
-    executors.LocalExecutor._submit = first_submit
-    try:  # workers with a queue each (sim.routed), where the measured code has them
+    executors.LocalExecutor._submit = first_out(executors.LocalExecutor._submit)
+    try:  # workers with a queue each (sim.routed, 72aae59), where the measured code has them
         import sim.routed as routed
     except ImportError:
         routed = None
     if routed is not None:
-        send = routed.RoutedExecutor._send
-
-        def first_send(self, *a):  # type: ignore[no-untyped-def]
-            if not any(m[0] == "first item out" for m in marks):
-                mark("first item out")
-            return send(self, *a)
-
-        routed.RoutedExecutor._send = first_send
+        routed.RoutedExecutor._send = first_out(routed.RoutedExecutor._send)
     sweep.screen_all = around(sweep.screen_all, "screening", "screened")
     sweep._Sweep.run = around(sweep._Sweep.run, "sweep", "swept")
     sweep.collect_rows = around(sweep.collect_rows, "rows", "rows built")

@@ -223,13 +223,19 @@ def _deepspeed_steps(schedule: Schedule, reference: bool = False) -> dict[Op, in
 def _coded_steps(schedule: Schedule) -> np.ndarray | None:
     """The DeepSpeed step of each op of ``schedule`` (one stage per rank) in rank order, from
     its op arrays (:func:`~workloads.schedules.rank_coded`): ``2 mb + s`` for ``F(s, mb)``,
-    ``2 mb + 2p - 1 - s`` for ``B``, -1 for a W; None where the ops do not code."""
-    coded = rank_coded(schedule)
-    if coded is None:
-        return None
-    stage, kind, mb = coded[:3]
-    p = schedule.num_stages
-    return np.where(kind > 1, -1, 2 * mb + np.where(kind == 0, stage, 2 * p - 1 - stage))
+    ``2 mb + 2p - 1 - s`` for ``B``, -1 for a W; None where the ops do not code. Kept on the
+    schedule, read-only: :func:`_deepspeed_steps` and :func:`deepspeed_permutation` both read
+    them."""
+    if "_coded_steps" not in schedule.__dict__:
+        coded = rank_coded(schedule)
+        step = None
+        if coded is not None:
+            stage, kind, mb = coded[:3]
+            p = schedule.num_stages
+            step = np.where(kind > 1, -1, 2 * mb + np.where(kind == 0, stage, 2 * p - 1 - stage))
+            step.flags.writeable = False
+        schedule.__dict__["_coded_steps"] = step
+    return schedule.__dict__["_coded_steps"]
 
 
 def deepspeed_permutation(schedule: Schedule, order: Sequence[Op], steps: Mapping[Op, int],
