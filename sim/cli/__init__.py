@@ -20,6 +20,7 @@ from importlib import metadata
 
 from base.collector import gc_paused
 from base.errors import SimError
+from sim.cli.interrupts import interrupts_not_swallowed
 
 # the simulator's modules, imported through the sub-commands', make many long-lived objects
 # (config models, tables, classes) and little garbage: the collector's scans of them while
@@ -86,7 +87,8 @@ def main(argv: Sequence[str] | None = None, *, until_exit: bool = False) -> int:
     args = _parsed(argv)
     args.until_exit = until_exit
     try:
-        return args.func(args)
+        with interrupts_not_swallowed():
+            return args.func(args)
     except SimError as exc:
         message = str(exc).splitlines()
         sys.stderr.write(f"error: {' | '.join(line.strip() for line in message if line.strip())}\n")
