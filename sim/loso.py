@@ -32,6 +32,7 @@ refitted: step times do not depend on them.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -88,23 +89,61 @@ def bounded_lstsq(lhs: np.ndarray, rhs: np.ndarray, lo: np.ndarray, hi: np.ndarr
                   ) -> np.ndarray:
     """argmin ||lhs·x − rhs||² with lo <= x <= hi, exactly: the minimum of a convex
     quadratic on a box has each variable free or at one of its bounds, so every such
-    choice is solved and the best feasible one kept (3^k small solves)."""
+    choice is solved and the best feasible one kept (3^k small solves). Every sum is
+    :func:`math.fsum` of individually rounded products and each solve is
+    :func:`lstsq_small`'s, not BLAS or LAPACK, whose kernels differ between CPUs: the same
+    rows give the same bits on every machine (``sim validate``'s ``loso_mape`` differed in
+    its last digit between an Intel and an AMD machine)."""
     k = lhs.shape[1]
+    cols = [lhs[:, j].tolist() for j in range(k)]
+    target = rhs.tolist()
     best, best_obj = np.clip(np.zeros(k), lo, hi), np.inf
     for states in itertools.product((0, 1, 2), repeat=k):
-        x = np.where(np.array(states) == 1, lo, hi).astype(float)
+        x = [float(lo[i]) if st == 1 else float(hi[i]) for i, st in enumerate(states)]
         free = [i for i, st in enumerate(states) if st == 0]
         if free:
             fixed = [i for i, st in enumerate(states) if st != 0]
-            x[free] = np.linalg.lstsq(lhs[:, free], rhs - lhs[:, fixed] @ x[fixed],
-                                      rcond=None)[0]
-            tol = 1e-9 * np.maximum(1.0, np.abs(x[free]))
-            if np.any(x[free] < lo[free] - tol) or np.any(x[free] > hi[free] + tol):
+            rest = [math.fsum([t, *(-cols[j][r] * x[j] for j in fixed)])
+                    for r, t in enumerate(target)]
+            solved = lstsq_small([cols[i] for i in free], rest)
+            if solved is None:  # dependent columns: the optimum has one at a bound
                 continue
-        obj = float(np.sum((lhs @ x - rhs) ** 2))
+            for i, xi in zip(free, solved, strict=True):
+                x[i] = xi
+            if any(x[i] < lo[i] - 1e-9 * max(1.0, abs(x[i]))
+                   or x[i] > hi[i] + 1e-9 * max(1.0, abs(x[i])) for i in free):
+                continue
+        obj = math.fsum(math.fsum([*(c[r] * xi for c, xi in zip(cols, x, strict=True)),
+                                   -t]) ** 2 for r, t in enumerate(target))
         if obj < best_obj - 1e-15:
-            best, best_obj = np.clip(x, lo, hi), obj
+            best, best_obj = np.clip(np.array(x), lo, hi), obj
     return best
+
+
+def lstsq_small(cols: Sequence[Sequence[float]], rhs: Sequence[float]) -> list[float] | None:
+    """argmin ||A·x − rhs||² for a few columns ``cols`` of A, by the normal equations (AᵀA
+    and Aᵀ·rhs by :func:`math.fsum`) and Gaussian elimination with partial pivoting: the
+    same bits on every machine. A column of zeros (no run moves with that scale) gets 0, as
+    the minimum-norm solution gives it; None where the other columns are dependent (the
+    solution is a line, not a point)."""
+    k = len(cols)
+    x = [0.0] * k
+    used = [i for i in range(k) if any(cols[i])]
+    m = len(used)
+    g = [[math.fsum(a * b for a, b in zip(cols[i], cols[j], strict=True)) for j in used]
+         + [math.fsum(a * b for a, b in zip(cols[i], rhs, strict=True))] for i in used]
+    for c in range(m):
+        pivot = max(range(c, m), key=lambda r: abs(g[r][c]))
+        if g[pivot][c] == 0.0 or abs(g[pivot][c]) <= 1e-12 * max(abs(g[i][i]) for i in range(m)):
+            return None
+        g[c], g[pivot] = g[pivot], g[c]
+        for r in range(c + 1, m):
+            f = g[r][c] / g[c][c]
+            g[r] = [a - f * b for a, b in zip(g[r], g[c], strict=True)]
+    for c in reversed(range(m)):
+        x[used[c]] = (g[c][m] - math.fsum(g[c][j] * x[used[j]] for j in range(c + 1, m))
+                      ) / g[c][c]
+    return x
 
 
 def fit_scales(data: FitData, train: np.ndarray, box: Box) -> tuple[float, ...]:
@@ -157,7 +196,9 @@ def leave_one_source_out(data: FitData, box=None, refit_generation: bool | None 
             fold = _generation_scale(data, train & ~sweep, box)
             c = 1.0 / shipped if fold is None else fold
         a, b, _ = fit_scales(data, train, (box[0], box[1], (c, c)))
-        pred = data.base[held] + data.sens[held] @ np.array([a - 1.0, b - 1.0, c - 1.0])
+        sens = data.sens[held]  # (each term its own ufunc: no BLAS, the same bits anywhere)
+        pred = (data.base[held] + sens[:, 0] * (a - 1.0) + sens[:, 1] * (b - 1.0)
+                + sens[:, 2] * (c - 1.0))
         mape = float(np.mean(np.abs(pred / data.measured[held] - 1.0)))
         scales = {"gemm_time": a, "attention_time": b}
         if refit_generation:

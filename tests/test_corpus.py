@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from base.errors import ConfigError
 from sim.cli import main
@@ -24,7 +26,7 @@ from sim.corpus import (
     predict_corpus,
     source_report,
 )
-from sim.loso import FitData, bounded_lstsq, fit_scales, leave_one_source_out
+from sim.loso import FitData, bounded_lstsq, fit_scales, leave_one_source_out, lstsq_small
 from sim.validate import HAGEMANN_SWEEP
 from workloads.models import PRESETS
 
@@ -535,6 +537,49 @@ def test_bounded_lstsq_matches_a_brute_force_grid() -> None:
     best = min(grid, key=lambda g: float(np.sum((lhs @ g - rhs) ** 2)))
     assert np.all(x >= lo - 1e-12) and np.all(x <= hi + 1e-12)
     assert np.sum((lhs @ x - rhs) ** 2) <= np.sum((lhs @ best - rhs) ** 2) + 1e-12
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(3, 40), k=st.integers(1, 3))
+def test_lstsq_small_agrees_with_lapack(seed: int, rows: int, k: int) -> None:
+    """The machine-independent solve (normal equations in math.fsum) against LAPACK's SVD
+    solve on random well-posed problems, and the bounded fit against the same enumeration
+    through LAPACK."""
+    rng = np.random.default_rng(seed)
+    lhs, rhs = rng.normal(size=(rows, k)), rng.normal(size=rows)
+    x = lstsq_small([lhs[:, j].tolist() for j in range(k)], rhs.tolist())
+    ref = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
+    assert x is not None and np.allclose(x, ref, rtol=1e-9, atol=1e-9)
+    lo, hi = -np.abs(rng.normal(size=k)) * 0.3, np.abs(rng.normal(size=k)) * 0.3
+    fitted = bounded_lstsq(lhs, rhs, lo, hi)
+    best = None
+    for states in np.ndindex(*(3,) * k):
+        y = np.where(np.array(states) == 1, lo, hi).astype(float)
+        free = [i for i, s in enumerate(states) if s == 0]
+        fixed = [i for i, s in enumerate(states) if s != 0]
+        if free:
+            y[free] = np.linalg.lstsq(lhs[:, free], rhs - lhs[:, fixed] @ y[fixed],
+                                      rcond=None)[0]
+            if np.any(y < lo - 1e-9) or np.any(y > hi + 1e-9):
+                continue
+        obj = float(np.sum((lhs @ y - rhs) ** 2))
+        if best is None or obj < best[0]:
+            best = (obj, y)
+    assert np.allclose(fitted, np.clip(best[1], lo, hi), rtol=1e-7, atol=1e-9)
+
+
+def test_lstsq_small_zero_and_dependent_columns() -> None:
+    """A column of zeros gets 0 (LAPACK's minimum-norm answer); two equal columns have no
+    single solution (None), and the bounded fit then finds the optimum with one at a
+    bound."""
+    a, b = [1.0, 2.0, 3.0], [2.0, 4.1, 5.9]
+    assert lstsq_small([a, [0.0, 0.0, 0.0]], b) == pytest.approx([1.9928571428571429, 0.0])
+    assert lstsq_small([a, a], b) is None
+    x = bounded_lstsq(np.array([a, a]).T, np.array(b), np.array([0.0, 0.0]),
+                      np.array([1.0, 1.5]))
+    assert float(np.sum((np.array([a, a]).T @ x - np.array(b)) ** 2)) == pytest.approx(
+        float(np.sum((np.array(a) * 1.9928571428571429 - np.array(b)) ** 2)))
 
 
 # ---------------------------------------------------------------- the command
