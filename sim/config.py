@@ -62,6 +62,13 @@ MAX_EXPONENT = 10.0
 grows about as the inverse loss, McCandlish et al. 2018: exponents near 1)."""
 
 
+def _no_scopes() -> list:
+    """An empty list: ``cuda_graph_scope``'s default (not ``default_factory=list``: pydantic
+    asks a factory's signature, and a builtin's is parsed from its text by ``tokenize``,
+    whose pattern compiled for it was ~2 ms of every start)."""
+    return []
+
+
 def check_sizes(sizes: dict[str, Any], where: str = "model") -> None:
     """ConfigError naming the first of ``sizes`` above its :data:`MAX_SIZES` bound (for a
     model read from a Hugging Face config, where the schema's bounds do not apply)."""
@@ -443,7 +450,7 @@ class TrainingConfig(Strict):
     expandable_segments:True``: 10%). Default: the framework's (and its own figure, where its
     profile sets one)."""
     cuda_graph_scope: list[Literal["attn", "moe_router", "moe_preprocess"]] = Field(
-        default_factory=list)
+        default_factory=_no_scopes)
     """Parts of each MoE layer captured in CUDA graphs and replayed without the CPU issuing
     their kernels (Megatron-core ``--cuda-graph-impl transformer_engine --cuda-graph-scope``):
     attn (attention), moe_router (the router, and the shared experts), moe_preprocess (the
