@@ -11,7 +11,6 @@ value.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
@@ -646,6 +645,8 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
     key = ".".join(str(p) for p in loc) or "<top level>"
     if err["type"] == "extra_forbidden":
         known = list(holder.model_fields) if holder is not None else []
+        import difflib  # (an error's hint only: not imported by a run)
+
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         elsewhere = _sections_with(root, str(loc[-1]), holder)
         hint = f" (did you mean {close[0]!r}?)" if close else (
