@@ -11,7 +11,6 @@ value.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
@@ -60,6 +59,13 @@ MAX_TOKENS_FACTOR = 100.0
 MAX_EXPONENT = 10.0
 """Largest magnitude of a batch statistic's power-law exponent (the gradient noise scale
 grows about as the inverse loss, McCandlish et al. 2018: exponents near 1)."""
+
+
+def _no_scopes() -> list:
+    """An empty list: ``cuda_graph_scope``'s default (not ``default_factory=list``: pydantic
+    asks a factory's signature, and a builtin's is parsed from its text by ``tokenize``,
+    whose pattern compiled for it was ~2 ms of every start)."""
+    return []
 
 
 def check_sizes(sizes: dict[str, Any], where: str = "model") -> None:
@@ -443,7 +449,7 @@ class TrainingConfig(Strict):
     expandable_segments:True``: 10%). Default: the framework's (and its own figure, where its
     profile sets one)."""
     cuda_graph_scope: list[Literal["attn", "moe_router", "moe_preprocess"]] = Field(
-        default_factory=list)
+        default_factory=_no_scopes)
     """Parts of each MoE layer captured in CUDA graphs and replayed without the CPU issuing
     their kernels (Megatron-core ``--cuda-graph-impl transformer_engine --cuda-graph-scope``):
     attn (attention), moe_router (the router, and the shared experts), moe_preprocess (the
@@ -639,6 +645,8 @@ def _format_validation_error(exc: ValidationError, root: type[BaseModel]) -> str
     key = ".".join(str(p) for p in loc) or "<top level>"
     if err["type"] == "extra_forbidden":
         known = list(holder.model_fields) if holder is not None else []
+        import difflib  # (an error's hint only: not imported by a run)
+
         close = difflib.get_close_matches(str(loc[-1]), known, n=1)
         elsewhere = _sections_with(root, str(loc[-1]), holder)
         hint = f" (did you mean {close[0]!r}?)" if close else (

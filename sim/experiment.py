@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import heapq
 import math
 from dataclasses import dataclass, fields, is_dataclass, replace
@@ -342,6 +341,8 @@ def _unknown_schedule(name: str, path: Path) -> str:
         where = f"{name!r}" if path == Path(name) else f"{name!r} or {str(path)!r}"
         return (f"schedule: schedule file {name!r} does not exist (looked for {where}); "
                 f"give an existing file or one of {names}")
+    import difflib  # (an error's hint only: not imported by a run)
+
     close = difflib.get_close_matches(name, list(SCHEDULES), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"schedule: unknown schedule {name!r}{hint}; choose one of {names} or give a " \

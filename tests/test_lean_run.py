@@ -19,7 +19,7 @@ from topologies.cluster import Cluster
 from topologies.digraph import Graph, as_networkx, building
 
 NOT_IMPORTED = ("networkx", "matplotlib", "scipy", "plots", "sim.search", "sim.export",
-                "sim.jobs", "sim.faults_run", "sim.swarm", "sim.cli.figures")
+                "sim.jobs", "sim.faults_run", "sim.swarm", "sim.cli.figures", "difflib")
 """Modules a step's ``sim run FILE --json`` does not need, and does not import."""
 
 

@@ -38,7 +38,6 @@ one up; a uniform cluster stores none and answers ``gpu`` for every rank.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import zlib
@@ -86,6 +85,8 @@ def node_hint(name: str, graph: Any) -> str:
     known = ", ".join(shown)
     if re.sub(r"\d+", "{n}", name) in names:
         return f" (nodes: {known})"
+    import difflib  # (an error's hint only: not imported by a run)
+
     close = difflib.get_close_matches(name, [str(n) for n in graph], n=1)
     return f" (did you mean {close[0]!r}? nodes: {known})" if close else f" (nodes: {known})"
 
