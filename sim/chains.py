@@ -187,16 +187,19 @@ def level_plan(cause: Sequence[int]
     a time (:func:`levels`) for :func:`sum_levels`: per instruction its row in that layout
     (``at``, ``n + 1`` long: ``at[n] = n``, the zero row before a root), per row its
     instruction (``order``, the inverse of ``at``) and its parent's row (a level up), and where
-    each level's rows end. ValueError on a cycle."""
+    each level's rows end. ValueError on a cycle. The rows as 32-bit integers where they
+    fit (Megatron 1T: 3 x 1.6 MB less held through the idle breakdown's chain sums)."""
     n = len(cause)
-    up = np.asarray(cause, dtype=np.intp)
-    up = np.where(up < 0, n, up)  # a root's cause: the zero row
+    kind = np.int32 if n < np.iinfo(np.int32).max else np.intp
+    up = np.array(cause, dtype=kind)
+    np.copyto(up, n, where=up < 0)  # a root's cause: the zero row
     found = levels(up)
     if found is None:
         raise ValueError("the chains' causes form a cycle")
     order, bounds = found
-    at = np.empty(n + 1, dtype=np.intp)
-    at[order] = np.arange(n)
+    order = order.astype(kind, copy=False)
+    at = np.empty(n + 1, dtype=kind)
+    at[order] = np.arange(n, dtype=kind)
     at[n] = n
     return at, order, at.take(up.take(order)), bounds
 
