@@ -187,12 +187,15 @@ def level_plan(cause: Sequence[int]
     a time (:func:`levels`) for :func:`sum_levels`: per instruction its row in that layout
     (``at``, ``n + 1`` long: ``at[n] = n``, the zero row before a root), per row its
     instruction (``order``, the inverse of ``at``) and its parent's row (a level up), and where
-    each level's rows end. ValueError on a cycle. The rows as 32-bit integers where they
-    fit (Megatron 1T: 3 x 1.6 MB less held through the idle breakdown's chain sums)."""
+    each level's rows end. ValueError on a cycle. The rows and the order as 32-bit
+    integers where they fit (Megatron 1T: 2 x 1.6 MB less held through the idle
+    breakdown's chain sums); the parents' rows as ``intp``, the indices every level's
+    gather reads (:func:`sum_levels`: an index array of another type is converted on each
+    call, 1T's idle breakdown ~4 M instructions more)."""
     n = len(cause)
     kind = np.int32 if n < np.iinfo(np.int32).max else np.intp
     up = np.array(cause, dtype=kind)
-    np.copyto(up, n, where=up < 0)  # a root's cause: the zero row
+    up[up < 0] = n  # a root's cause: the zero row
     found = levels(up)
     if found is None:
         raise ValueError("the chains' causes form a cycle")
@@ -201,7 +204,7 @@ def level_plan(cause: Sequence[int]
     at = np.empty(n + 1, dtype=kind)
     at[order] = np.arange(n, dtype=kind)
     at[n] = n
-    return at, order, at.take(up.take(order)), bounds
+    return at, order, at.take(up.take(order)).astype(np.intp), bounds
 
 
 def level_pieces(parent: np.ndarray, bounds: Sequence[int]

@@ -108,7 +108,7 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     # (a sweep cycling through a few costs over one layout)
     memo = shape.derived(("passes", tuple(gpus)), LatestRuns) if shape.kept else None
     found = memo.find((total.view(np.int64),)) if memo is not None else None
-    fresh = None  # the end times' doubles of a pass made here and shared with nobody
+    fresh = False  # a pass made here and shared with nobody
     if found is None:
         # (not tried where other structures ran since this one's latest run: a search's
         # next layout of this structure, with other costs; a repeat or a sweep runs it back
@@ -117,12 +117,13 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
         found = (_recurrence_along(guess, total, plan.prev, plan.deps) if guess is not None
                  else None)
         if found is None:
-            ready_a, fresh, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
+            ready_a, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
+            fresh = True
         else:
             ready_a, end_a, cause = found
         if memo is not None:
             _keep_pass(memo, total, ready_a, end_a, cause)
-            fresh = None  # (kept: the pass hands out copies)
+            fresh = False  # (kept: the pass hands out copies)
     else:
         ready_a, end_a, cause = found
     if hint is not None:
@@ -141,11 +142,13 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
                  else _intervals(columns, dense, ready_a, mid, end_a))
     # the times as arrays of doubles for the loops, and the numpy arrays views of those
     # (not copies kept beside them: 1T 2 x 3 MB less held to the end of the run); those of
-    # a fresh pass are such arrays already (:func:`_recurrence`), the others copied
-    if fresh is not None:
-        ready_s, end_s, cause_q = _behind(ready_a, "d"), fresh, _behind(cause, "q")
+    # a fresh pass's ready times and causes are such arrays already (:func:`_latest`), the
+    # others copied
+    if fresh:
+        ready_s, cause_q = _behind(ready_a, "d"), _behind(cause, "q")
     else:
-        ready_s, end_s, cause_q = machine(ready_a, "d"), machine(end_a, "d"), machine(cause, "q")
+        ready_s, cause_q = machine(ready_a, "d"), machine(cause, "q")
+    end_s = machine(end_a, "d")
     return ColumnarPass(ready_s, end_s, cause_q, intervals, peaks, floors, events,
                         clock if clock > 0 else 0.0, np.frombuffer(ready_s, dtype=np.float64),
                         np.frombuffer(end_s, dtype=np.float64), mid)
@@ -271,7 +274,7 @@ def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> 
 
 def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
                 plan: _Plan | None = None
-                ) -> tuple[np.ndarray, array, np.ndarray, np.ndarray]:
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ready and end times and latest predecessors, instruction by instruction in id order.
 
     ``ready = max(0, end of each predecessor)``, ``end = ready + total``; the cause is the
@@ -281,9 +284,9 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
     whatever the order) and the causes are read off them on arrays. ``total`` must not be
     negative (:func:`run_columns` declines such programs). ``plan``: what :func:`_plan`
     derived from ``prev`` and ``deps`` (None: derived here). The ready times, the end
-    times as doubles (:class:`array.array`) and as an array (a view of those), and the
-    causes; the ready times and causes are views of an :class:`array.array` of their own
-    (:func:`_latest`), which :func:`run_columns` hands on without a copy.
+    times and the causes; the ready times and causes are views of an
+    :class:`array.array` of their own (:func:`_latest`), which :func:`run_columns` hands
+    on without a copy.
     """
     if plan is None:
         end_s = _ends(prev, deps, total)
@@ -296,15 +299,13 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
     else:
         end_s = _ends_with(plan.ends, deps, total)
         dep_cols = plan.deps
-    # the doubles once, as the array the loops read later (not a numpy copy beside them),
-    # and the list freed before the latest predecessors' arrays (1T: 391,424 floats in a
-    # list, 12 MB, no longer at the pass's memory peak)
-    end_d = array("d")
-    end_d.fromlist(end_s)
+    # the list freed before the latest predecessors' arrays (1T: 391,424 floats in a list,
+    # 12 MB, no longer at the pass's memory peak); np.fromiter, not array.fromlist (which
+    # parses every item's argument: 1T 87 against 78 M instructions)
+    end = np.fromiter(end_s, dtype=float, count=len(end_s))  # (np.array: 7.1 -> 5.3 ms, 1T)
     del end_s
-    end = np.frombuffer(end_d, dtype=np.float64)
     ready, best = _latest(prev, dep_cols, end)
-    return ready, end_d, end, best
+    return ready, end, best
 
 
 def _recurrence_along(forest: Forest, total: np.ndarray, prev: np.ndarray,
@@ -460,8 +461,10 @@ def _step_groups(cols: list[array], first: array, second: array, third: array,
     ``third``: the members' durations): the same comparisons and additions as
     :func:`_step2`, less the second and third members' comparisons with an absent
     dependency's 0.0, which never win (every end is at least 0; a NaN compares false
-    either way); Megatron 1T's 392,692 instructions in 130,751 groups, ~45 against ~75 ms."""
-    append = end.append
+    either way); Megatron 1T's 392,692 instructions in 130,751 groups, ~45 against ~75 ms.
+    ``end.append`` called as a method, not through a local bound to it: Python 3.11 then
+    appends in place without a call (``PRECALL_NO_KW_LIST_APPEND``; 1T's loop 469 -> 448 M
+    instructions under callgrind)."""
     for p, a, b, du, q, dq, r, dr in zip(cols[0], cols[1], cols[2], first, cols[3], second,
                                          cols[4], third, strict=True):
         t = end[p]
@@ -472,43 +475,40 @@ def _step_groups(cols: list[array], first: array, second: array, third: array,
         if e > t:
             t = e
         t = t + du
-        append(t)
+        end.append(t)
         if q < 0:
             continue
         e = end[q]  # the second member: its stream predecessor, then the head
         if t > e:
             e = t
         e = e + dq
-        append(e)
+        end.append(e)
         if r < 0:
             continue
         t = end[r]  # the third: its stream predecessor, then the second
         if e > t:
             t = e
-        append(t + dr)
+        end.append(t + dr)
 
 
 def _step0(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions without dependencies, appended to ``end``."""
-    append = end.append
     for p, du in zip(cols[0], durations, strict=True):
-        append(end[p] + du)
+        end.append(end[p] + du)
 
 
 def _step1(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions with up to one dependency each."""
-    append = end.append
     for p, a, du in zip(cols[0], cols[1], durations, strict=True):
         t = end[p]
         e = end[a]
         if e > t:
             t = e
-        append(t + du)
+        end.append(t + du)
 
 
 def _step2(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions with up to two dependencies each."""
-    append = end.append
     for p, a, b, du in zip(cols[0], cols[1], cols[2], durations, strict=True):
         t = end[p]
         e = end[a]
@@ -517,12 +517,11 @@ def _step2(cols: list[array], durations: array, end: list[float]) -> None:
         e = end[b]
         if e > t:
             t = e
-        append(t + du)
+        end.append(t + du)
 
 
 def _step3(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions with up to three dependencies each."""
-    append = end.append
     for p, a, b, c, du in zip(cols[0], cols[1], cols[2], cols[3], durations, strict=True):
         t = end[p]
         e = end[a]
@@ -534,7 +533,7 @@ def _step3(cols: list[array], durations: array, end: list[float]) -> None:
         e = end[c]
         if e > t:
             t = e
-        append(t + du)
+        end.append(t + du)
 
 
 _STEPS = (_step0, _step1, _step2, _step3)
@@ -570,39 +569,32 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
               mid, end),
              (other, gpu, kind, start, end),
              (other & sends, dst, kind, start, end))
-    # the groups' keys written one after the other into a column of its final size (each
-    # group's positions made as it is written, not all five held at once), as 32-bit
-    # integers where they fit; the intervals grouped by key (a stable sort), and each
-    # group's starts and ends written straight to their places in the grouped columns, not
-    # into columns in the groups' order first and gathered from those (Megatron 1T:
-    # ~650,000 intervals, ~15 MB less at the pass's memory peak)
+    # the groups written one after the other into columns of their final size, not made
+    # apart and concatenated (Megatron 1T: ~650,000 intervals, 16 MB less at the pass's
+    # memory peak, ~4,000 page faults fewer); each group's positions made as it is written
+    # (not all five held at once), the keys as 32-bit integers where they fit; then grouped
+    # by key (a stable sort) one column at a time, each freed once gathered (1T: ~10 MB
+    # less at the intervals' peak than all three gathered at once)
     size = sum(np.count_nonzero(mask) for mask, *_ in parts)
     bound = len(gpus) * codes
-    narrow = bound <= np.iinfo(np.int32).max
-    key = np.empty(size, dtype=np.int32 if narrow else np.intp)
+    key = np.empty(size, dtype=np.int32 if bound <= np.iinfo(np.int32).max else np.intp)
+    dtype = np.result_type(start, mid, end)
+    a_all, b_all = np.empty(size, dtype=dtype), np.empty(size, dtype=dtype)
     lo = 0
-    for mask, g, code, _, _ in parts:
+    for mask, g, code, a, b in parts:
         at = np.flatnonzero(mask)
         hi = lo + len(at)
-        on = g.take(at) if narrow else g.take(at).astype(np.intp)
-        key[lo:hi] = on * codes + (code if isinstance(code, int) else code.take(at))
+        key[lo:hi] = g[at] * codes + (code if isinstance(code, int) else code[at])
+        a_all[lo:hi] = a[at]
+        b_all[lo:hi] = b[at]
         lo = hi
     sort = grouped(key, bound)
     slices = key_slices(key, gpus, kind_names)
     del key
-    place = np.empty(size, dtype=np.int32 if size <= np.iinfo(np.int32).max else np.intp)
-    place[sort] = np.arange(size, dtype=place.dtype)  # where each interval goes
-    del sort
-    dtype = np.result_type(start, mid, end)
-    starts, ends = np.empty(size, dtype=dtype), np.empty(size, dtype=dtype)
-    lo = 0
-    for mask, _, _, a, b in parts:
-        at = np.flatnonzero(mask)
-        hi = lo + len(at)
-        to = place[lo:hi]
-        starts[to] = a.take(at)
-        ends[to] = b.take(at)
-        lo = hi
+    starts = a_all.take(sort)
+    del a_all
+    ends = b_all.take(sort)
+    del b_all, sort
     return IntervalColumns.laid_out(gpus, kind_names, starts, ends, slices)
 
 

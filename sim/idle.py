@@ -592,18 +592,20 @@ def _columnar_sums(columns: Columns, plan: _IdlePlan, start: np.ndarray, end: np
     width = len(plan.used)
     amount_at, blocked_ids, blocking_at = _scatter(plan, order, shape.kept)
     # what each instruction adds to its part (a compute op's nominal part is bubble); a
-    # blocked compute op adds its blocking communication to that kind's part too (its span
-    # less that: the span's array reused, and both made after the chains' layout, freed
-    # once written: 1T 3 x 3 MB less at the breakdown's memory peak)
-    amount = end - start
-    blocking = np.minimum(columns.blocking_s, amount)
-    np.subtract(amount, blocking, out=amount, where=plan.blocked)
+    # blocked compute op adds its blocking communication to that kind's part too (made
+    # after the chains' layout, freed once written: 1T 3 x 3 MB less at the breakdown's
+    # memory peak)
+    span = end - start
+    blocking = np.minimum(columns.blocking_s, span)
+    amount = np.where(plan.blocked, span - blocking, span)
+    del span
     matrix = np.zeros((n + 1) * width)
     matrix[amount_at] = amount.take(order)
     matrix[blocking_at] = blocking.take(blocked_ids)
     del blocking, amount
     matrix = matrix.reshape(n + 1, width)
     forest.sum_levels(matrix)
+    del forest, order, amount_at, blocked_ids, blocking_at  # (the layout's rows kept: at)
     run_end = float(end.max())
     last = int(np.argmax(end == run_end))  # the first instruction to end the run
     lo, hi = window if window is not None else (0.0, run_end)
@@ -617,7 +619,7 @@ def _columnar_sums(columns: Columns, plan: _IdlePlan, start: np.ndarray, end: np
     after_at[rows, count_a] = last
     after = matrix.take(at.take(after_at), axis=0)  # (GPU, gap, part)
     before = matrix.take(at.take(plan.before_at), axis=0)
-    del matrix, forest, at, order, after_at, amount_at, blocked_ids, blocking_at
+    del matrix, at, after_at
 
     def padded(values: np.ndarray, fill: float = 0.0) -> np.ndarray:
         return np.append(values, fill)[ops]
