@@ -238,15 +238,20 @@ def _plan(columns: Columns, gpus: Sequence[int], kept: bool = True) -> _Plan:
 
 def _dense_gpus(columns: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The GPUs the instructions involve (sorted), and each instruction's GPU and (sends)
-    destination as an index into them (-1: no destination)."""
+    destination as an index into them (-1: no destination), as 32-bit integers. The GPUs
+    counted (a send's destination where it sends, else its own GPU again) and the indices
+    gathered by ``take``, not by indexing with the int32 columns, which numpy converts
+    element by element (1T: 52.6 -> 34.2 M instructions).
+    """
     sends = columns.cls == SEND
-    seen = np.zeros(int(max(columns.gpu.max(initial=0), columns.dst.max(initial=0))) + 1,
-                    dtype=bool)
-    seen[columns.gpu] = True
-    seen[columns.dst[sends]] = True
-    dense = np.cumsum(seen) - 1
-    return (np.flatnonzero(seen), dense[columns.gpu],
-            np.where(sends, dense[np.where(sends, columns.dst, 0)], -1))
+    gpu = columns.gpu
+    to = np.where(sends, columns.dst, gpu)
+    size = int(max(gpu.max(initial=0), to.max(initial=0))) + 1
+    seen = np.bincount(gpu, minlength=size) > 0
+    seen |= np.bincount(to, minlength=size) > 0
+    dense = np.cumsum(seen, dtype=np.int32)
+    dense -= 1
+    return np.flatnonzero(seen), dense.take(gpu), np.where(sends, dense.take(to), -1)
 
 
 def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -584,7 +589,8 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
     for mask, g, code, a, b in parts:
         at = np.flatnonzero(mask)
         hi = lo + len(at)
-        key[lo:hi] = g[at] * codes + (code if isinstance(code, int) else code[at])
+        on = g[at] if key.dtype == g.dtype else g[at].astype(key.dtype)  # (no overflow)
+        key[lo:hi] = on * codes + (code if isinstance(code, int) else code[at])
         a_all[lo:hi] = a[at]
         b_all[lo:hi] = b[at]
         lo = hi
