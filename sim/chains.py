@@ -199,12 +199,12 @@ def level_plan(cause: Sequence[int]
     found = levels(up)
     if found is None:
         raise ValueError("the chains' causes form a cycle")
-    order, bounds = found
-    order = order.astype(kind, copy=False)
+    order, bounds = found  # (intp: indexing with it takes numpy's direct path)
     at = np.empty(n + 1, dtype=kind)
     at[order] = np.arange(n, dtype=kind)
     at[n] = n
-    return at, order, at.take(up.take(order)).astype(np.intp), bounds
+    parent = at.take(up.take(order)).astype(np.intp)
+    return at, order.astype(kind, copy=False), parent, bounds
 
 
 def level_pieces(parent: np.ndarray, bounds: Sequence[int]
