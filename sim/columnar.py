@@ -31,7 +31,7 @@ import numpy as np
 from base.machine import machine
 from sim.chains import Forest, Hint
 from sim.colshape import LatestRuns, shape_of
-from sim.intervalcols import IntervalColumns, grouped
+from sim.intervalcols import IntervalColumns, grouped, key_slices
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM
 from workloads.program import COLLECTIVE, COMPUTE, SEND, Columns, Compute
 
@@ -108,6 +108,7 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
     # (a sweep cycling through a few costs over one layout)
     memo = shape.derived(("passes", tuple(gpus)), LatestRuns) if shape.kept else None
     found = memo.find((total.view(np.int64),)) if memo is not None else None
+    fresh = False  # a pass made here and shared with nobody
     if found is None:
         # (not tried where other structures ran since this one's latest run: a search's
         # next layout of this structure, with other costs; a repeat or a sweep runs it back
@@ -116,29 +117,52 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
         found = (_recurrence_along(guess, total, plan.prev, plan.deps) if guess is not None
                  else None)
         if found is None:
-            ready_a, end_s, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
-            del end_s  # 391,424 floats in a list for 1T (12 MB): not kept through the rest
+            ready_a, end_a, cause = _recurrence(plan.prev, columns.deps, total, plan)
+            fresh = True
         else:
             ready_a, end_a, cause = found
         if memo is not None:
             _keep_pass(memo, total, ready_a, end_a, cause)
+            fresh = False  # (kept: the pass hands out copies)
     else:
         ready_a, end_a, cause = found
     if hint is not None:
         hint.saw(cause)
+    # what the memory peaks and the intervals read of the plan; the rest of it (stream
+    # predecessors, the loop's and the dependency columns: 1T ~12 MB) freed before their
+    # arrays, where the shape does not keep it
+    dense, interval_plan, memory_plan = plan.dense, plan.intervals, plan.memory
+    del plan
     mid = ready_a + duration  # a compute op's compute span ends here, its blocking part after
     events = int(np.count_nonzero(~compute) + np.count_nonzero(compute & (total > 0)))
     del duration, total, compute  # (not kept through the memory and the intervals: 1T 7 MB)
     clock = float(end_a.max()) if n else 0.0
-    peaks, floors = _memory_of(plan.memory, columns, static_bytes)
-    intervals = (plan.intervals.of(ready_a, mid, end_a) if plan.intervals is not None
-                 else _intervals(columns, plan.dense, ready_a, mid, end_a))
+    peaks, floors = _memory_of(memory_plan, columns, static_bytes)
+    intervals = (interval_plan.of(ready_a, mid, end_a) if interval_plan is not None
+                 else _intervals(columns, dense, ready_a, mid, end_a))
     # the times as arrays of doubles for the loops, and the numpy arrays views of those
-    # (not copies kept beside them: 1T 2 x 3 MB less held to the end of the run)
-    ready_s, end_s = machine(ready_a, "d"), machine(end_a, "d")
-    return ColumnarPass(ready_s, end_s, machine(cause, "q"), intervals, peaks, floors, events,
+    # (not copies kept beside them: 1T 2 x 3 MB less held to the end of the run); those of
+    # a fresh pass's ready times and causes are such arrays already (:func:`_latest`), the
+    # others copied
+    if fresh:
+        ready_s, cause_q = _behind(ready_a, "d"), _behind(cause, "q")
+    else:
+        ready_s, cause_q = machine(ready_a, "d"), machine(cause, "q")
+    end_s = machine(end_a, "d")
+    return ColumnarPass(ready_s, end_s, cause_q, intervals, peaks, floors, events,
                         clock if clock > 0 else 0.0, np.frombuffer(ready_s, dtype=np.float64),
                         np.frombuffer(end_s, dtype=np.float64), mid)
+
+
+def _behind(values: np.ndarray, code: str) -> array:
+    """The :class:`array.array` of type ``code`` that ``values`` is a whole view of (as
+    :func:`_latest` makes its results), else ``values`` copied into one (:func:`machine`)."""
+    base = values.base
+    held = base.obj if isinstance(base, memoryview) else None
+    if (isinstance(held, array) and held.typecode == code and len(held) == len(values)
+            and values.flags.c_contiguous):
+        return held
+    return machine(values, code)
 
 
 PASSES_KEPT = 6
@@ -214,15 +238,20 @@ def _plan(columns: Columns, gpus: Sequence[int], kept: bool = True) -> _Plan:
 
 def _dense_gpus(columns: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The GPUs the instructions involve (sorted), and each instruction's GPU and (sends)
-    destination as an index into them (-1: no destination)."""
+    destination as an index into them (-1: no destination), as 32-bit integers. The GPUs
+    counted (a send's destination where it sends, else its own GPU again) and the indices
+    gathered by ``take``, not by indexing with the int32 columns, which numpy converts
+    element by element (1T: 52.6 -> 34.2 M instructions).
+    """
     sends = columns.cls == SEND
-    seen = np.zeros(int(max(columns.gpu.max(initial=0), columns.dst.max(initial=0))) + 1,
-                    dtype=bool)
-    seen[columns.gpu] = True
-    seen[columns.dst[sends]] = True
-    dense = np.cumsum(seen) - 1
-    return (np.flatnonzero(seen), dense[columns.gpu],
-            np.where(sends, dense[np.where(sends, columns.dst, 0)], -1))
+    gpu = columns.gpu
+    to = np.where(sends, columns.dst, gpu)
+    size = int(max(gpu.max(initial=0), to.max(initial=0))) + 1
+    seen = np.bincount(gpu, minlength=size) > 0
+    seen |= np.bincount(to, minlength=size) > 0
+    dense = np.cumsum(seen, dtype=np.int32)
+    dense -= 1
+    return np.flatnonzero(seen), dense.take(gpu), np.where(sends, dense.take(to), -1)
 
 
 def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -250,7 +279,7 @@ def _stream_predecessors(columns: Columns, gpu: np.ndarray, dst: np.ndarray) -> 
 
 def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
                 plan: _Plan | None = None
-                ) -> tuple[np.ndarray, list[float], np.ndarray, np.ndarray]:
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ready and end times and latest predecessors, instruction by instruction in id order.
 
     ``ready = max(0, end of each predecessor)``, ``end = ready + total``; the cause is the
@@ -260,7 +289,9 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
     whatever the order) and the causes are read off them on arrays. ``total`` must not be
     negative (:func:`run_columns` declines such programs). ``plan``: what :func:`_plan`
     derived from ``prev`` and ``deps`` (None: derived here). The ready times, the end
-    times as a list and as an array, and the causes.
+    times and the causes; the ready times and causes are views of an
+    :class:`array.array` of their own (:func:`_latest`), which :func:`run_columns` hands
+    on without a copy.
     """
     if plan is None:
         end_s = _ends(prev, deps, total)
@@ -273,9 +304,13 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
     else:
         end_s = _ends_with(plan.ends, deps, total)
         dep_cols = plan.deps
+    # the list freed before the latest predecessors' arrays (1T: 391,424 floats in a list,
+    # 12 MB, no longer at the pass's memory peak); np.fromiter, not array.fromlist (which
+    # parses every item's argument: 1T 87 against 78 M instructions)
     end = np.fromiter(end_s, dtype=float, count=len(end_s))  # (np.array: 7.1 -> 5.3 ms, 1T)
+    del end_s
     ready, best = _latest(prev, dep_cols, end)
-    return ready, end_s, end, best
+    return ready, end, best
 
 
 def _recurrence_along(forest: Forest, total: np.ndarray, prev: np.ndarray,
@@ -308,10 +343,16 @@ def _latest(prev: np.ndarray, dep_cols: list[np.ndarray], end: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray]:
     """Per instruction, its ready time (the latest end of its predecessors, 0 for none) and
     latest predecessor (-1: none): the stream predecessor, unless a dependency ended
-    strictly later (the first such of the latest), in the order of the loop's comparisons."""
+    strictly later (the first such of the latest), in the order of the loop's comparisons.
+    Both are numpy views of an :class:`array.array` of their own (doubles, int64): what
+    :class:`ColumnarPass` holds, so :func:`run_columns` need not copy them (:func:`_behind`)."""
+    n = len(end)
     ends = np.append(end, -1.0)  # an absent predecessor (-1) reads -1.0, which never wins
-    t = ends[prev]
-    best = prev.astype(np.int64)  # (a copy)
+    ready_d, best_q = array("d", [0.0]) * n, array("q", [0]) * n
+    t = np.frombuffer(ready_d, dtype=np.float64)
+    ends.take(prev, out=t, mode="wrap")  # (-1: the last)
+    best = np.frombuffer(best_q, dtype=np.int64)
+    np.copyto(best, prev)
     e = np.empty_like(t)
     later = np.empty(len(t), dtype=bool)
     for col in dep_cols:  # dependencies in order: a strictly later one wins
@@ -425,8 +466,10 @@ def _step_groups(cols: list[array], first: array, second: array, third: array,
     ``third``: the members' durations): the same comparisons and additions as
     :func:`_step2`, less the second and third members' comparisons with an absent
     dependency's 0.0, which never win (every end is at least 0; a NaN compares false
-    either way); Megatron 1T's 392,692 instructions in 130,751 groups, ~45 against ~75 ms."""
-    append = end.append
+    either way); Megatron 1T's 392,692 instructions in 130,751 groups, ~45 against ~75 ms.
+    ``end.append`` called as a method, not through a local bound to it: Python 3.11 then
+    appends in place without a call (``PRECALL_NO_KW_LIST_APPEND``; 1T's loop 469 -> 448 M
+    instructions under callgrind)."""
     for p, a, b, du, q, dq, r, dr in zip(cols[0], cols[1], cols[2], first, cols[3], second,
                                          cols[4], third, strict=True):
         t = end[p]
@@ -437,43 +480,40 @@ def _step_groups(cols: list[array], first: array, second: array, third: array,
         if e > t:
             t = e
         t = t + du
-        append(t)
+        end.append(t)
         if q < 0:
             continue
         e = end[q]  # the second member: its stream predecessor, then the head
         if t > e:
             e = t
         e = e + dq
-        append(e)
+        end.append(e)
         if r < 0:
             continue
         t = end[r]  # the third: its stream predecessor, then the second
         if e > t:
             t = e
-        append(t + dr)
+        end.append(t + dr)
 
 
 def _step0(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions without dependencies, appended to ``end``."""
-    append = end.append
     for p, du in zip(cols[0], durations, strict=True):
-        append(end[p] + du)
+        end.append(end[p] + du)
 
 
 def _step1(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions with up to one dependency each."""
-    append = end.append
     for p, a, du in zip(cols[0], cols[1], durations, strict=True):
         t = end[p]
         e = end[a]
         if e > t:
             t = e
-        append(t + du)
+        end.append(t + du)
 
 
 def _step2(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions with up to two dependencies each."""
-    append = end.append
     for p, a, b, du in zip(cols[0], cols[1], cols[2], durations, strict=True):
         t = end[p]
         e = end[a]
@@ -482,12 +522,11 @@ def _step2(cols: list[array], durations: array, end: list[float]) -> None:
         e = end[b]
         if e > t:
             t = e
-        append(t + du)
+        end.append(t + du)
 
 
 def _step3(cols: list[array], durations: array, end: list[float]) -> None:
     """:func:`_ends` of instructions with up to three dependencies each."""
-    append = end.append
     for p, a, b, c, du in zip(cols[0], cols[1], cols[2], cols[3], durations, strict=True):
         t = end[p]
         e = end[a]
@@ -499,7 +538,7 @@ def _step3(cols: list[array], durations: array, end: list[float]) -> None:
         e = end[c]
         if e > t:
             t = e
-        append(t + du)
+        end.append(t + du)
 
 
 _STEPS = (_step0, _step1, _step2, _step3)
@@ -538,20 +577,31 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
     # the groups written one after the other into columns of their final size, not made
     # apart and concatenated (Megatron 1T: ~650,000 intervals, 16 MB less at the pass's
     # memory peak, ~4,000 page faults fewer); each group's positions made as it is written
-    # (not all five held at once), the keys as 32-bit integers where they fit
+    # (not all five held at once), the keys as 32-bit integers where they fit; then grouped
+    # by key (a stable sort) one column at a time, each freed once gathered (1T: ~10 MB
+    # less at the intervals' peak than all three gathered at once)
     size = sum(np.count_nonzero(mask) for mask, *_ in parts)
     bound = len(gpus) * codes
     key = np.empty(size, dtype=np.int32 if bound <= np.iinfo(np.int32).max else np.intp)
-    a_all, b_all = np.empty(size), np.empty(size)
+    dtype = np.result_type(start, mid, end)
+    a_all, b_all = np.empty(size, dtype=dtype), np.empty(size, dtype=dtype)
     lo = 0
     for mask, g, code, a, b in parts:
         at = np.flatnonzero(mask)
         hi = lo + len(at)
-        key[lo:hi] = g[at] * codes + (code if isinstance(code, int) else code[at])
+        on = g[at] if key.dtype == g.dtype else g[at].astype(key.dtype)  # (no overflow)
+        key[lo:hi] = on * codes + (code if isinstance(code, int) else code[at])
         a_all[lo:hi] = a[at]
         b_all[lo:hi] = b[at]
         lo = hi
-    return IntervalColumns(gpus, kind_names, key, a_all, b_all)
+    sort = grouped(key, bound)
+    slices = key_slices(key, gpus, kind_names)
+    del key
+    starts = a_all.take(sort)
+    del a_all
+    ends = b_all.take(sort)
+    del b_all, sort
+    return IntervalColumns.laid_out(gpus, kind_names, starts, ends, slices)
 
 
 def _memory(columns: Columns, static_bytes: Sequence[float], gpus: Sequence[int],

@@ -39,6 +39,24 @@ def grouped(key: np.ndarray, bound: int) -> np.ndarray:
     return np.argsort(key.astype(np.uint16) if small else key, kind="stable")
 
 
+def key_slices(key: np.ndarray, gpus: np.ndarray, names: Sequence[str]
+               ) -> dict[tuple[int, str], tuple[int, int]]:
+    """Per ``(GPU, name)`` with intervals, its slice of columns grouped by ``key`` (a stable
+    sort, :func:`grouped`; :class:`IntervalColumns`): from the keys' counts (the sorted keys
+    are their runs), not from the keys gathered in that order and compared."""
+    found: dict[tuple[int, str], tuple[int, int]] = {}
+    if len(key):
+        codes = len(names)
+        counts = np.bincount(key)
+        present = np.flatnonzero(counts)
+        hi = np.cumsum(counts).take(present)
+        gpu_list = gpus.tolist()
+        for k, lo, end_at in zip(present.tolist(), (hi - counts.take(present)).tolist(),
+                                 hi.tolist(), strict=True):
+            found[(int(gpu_list[k // codes]), names[k % codes])] = (lo, end_at)
+    return found
+
+
 class IntervalColumns(Mapping):
     """Intervals as columns: per interval ``key`` (``g * len(names) + code``: the GPU
     ``gpus[g]`` and the stream or kind ``names[code]``), ``start`` and ``end``, grouped by
@@ -49,21 +67,10 @@ class IntervalColumns(Mapping):
 
     def __init__(self, gpus: np.ndarray, names: Sequence[str], key: np.ndarray,
                  start: np.ndarray, end: np.ndarray) -> None:
-        codes = len(names)
         self.gpus, self.names = gpus, tuple(names)
-        sort = grouped(key, len(gpus) * codes)
+        sort = grouped(key, len(gpus) * len(names))
         self.start, self.end = start.take(sort), end.take(sort)
-        self._at: dict[tuple[int, str], tuple[int, int]] = {}
-        if len(key):
-            # each key's slice of the grouped columns from the keys' counts (the sorted keys
-            # are their runs), not from the keys gathered in that order and compared
-            counts = np.bincount(key)
-            present = np.flatnonzero(counts)
-            hi = np.cumsum(counts).take(present)
-            gpu_list = gpus.tolist()
-            for k, lo, end_at in zip(present.tolist(), (hi - counts.take(present)).tolist(),
-                                     hi.tolist(), strict=True):
-                self._at[(int(gpu_list[k // codes]), names[k % codes])] = (lo, end_at)
+        self._at: dict[tuple[int, str], tuple[int, int]] = key_slices(key, gpus, names)
         self._lists: dict[tuple[int, str], array] = {}
         self.runs: LatestRuns | None = None
         """Where these are a kept structure's intervals (:class:`sim.columnar._IntervalPlan`):
