@@ -487,7 +487,7 @@ def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     keys = list(map(_SCREEN_GROUP, layouts))
     order = sorted(range(n), key=keys.__getitem__)  # stable: by group, then index
     # [start, end) positions in order of each group: their sizes, in the groups' order
-    ends = list(itertools.accumulate(size for _, size in sorted(Counter(keys).items())))
+    ends = list(itertools.accumulate(count for _, count in sorted(Counter(keys).items())))
     groups = list(zip([0, *ends[:-1]], ends, strict=True))
     spans: list[tuple[int, int]] = []
     a = b = 0  # the chunk being filled: [a, b)
