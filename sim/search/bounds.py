@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Iterable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,18 @@ def state_family(layout: Layout) -> tuple[Any, ...]:
     recomputation."""
     return (layout.tp, layout.cp, layout.ep, layout.pp, layout.dp, layout.vpp,
             layout.schedule, layout.placement, layout.zero_stage)
+
+
+family_of = attrgetter("tp", "cp", "ep", "pp", "dp", "vpp", "schedule", "placement", "zero_stage")
+"""``family_of(layout) == state_family(layout)``, the tuple built in C (screening asks it
+of every layout: the parent of a multi-worker search for the whole space, a worker for
+each layout it screens); a test checks the two agree."""
+group_of = attrgetter("tp", "cp", "ep", "pp")
+"""``group_of(layout) == family_group(state_family(layout))``, built in C."""
+_work_key = attrgetter("tp", "cp", "ep", "pp", "dp", "vpp", "schedule", "placement",
+                       "micro_batch_size", "sequence_parallel", "recompute")
+"""What a layout's work terms in screening depend on (:meth:`Bounds.screen_terms`): all but
+the ZeRO stage."""
 
 
 def family_group(family: tuple[Any, ...]) -> tuple[int, int, int, int]:
@@ -650,10 +663,8 @@ class Bounds:
         so the bounds are the same floats without building a cost model per layout.
         """
         pp, dp = layout.pp, layout.dp
-        work_key = (layout.tp, layout.cp, layout.ep, pp, dp, layout.vpp, layout.schedule,
-                    layout.placement, layout.micro_batch_size, layout.sequence_parallel,
-                    layout.recompute)
-        state_key = state_family(layout)
+        work_key = _work_key(layout)
+        state_key = family_of(layout)
         state = self._state.get(state_key)
         if state is None:
             state = self._state[state_key] = self._state_terms(layout)
@@ -689,7 +700,7 @@ class Bounds:
         """The model-state terms of ``layout``'s family (:func:`state_family`), as
         :meth:`screen_terms` uses them, or None where its cost model cannot be built
         (screening then finds the layout ``invalid``)."""
-        key = state_family(layout)
+        key = family_of(layout)
         state = self._state.get(key)
         if state is None:
             try:

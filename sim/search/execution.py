@@ -6,9 +6,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from base.collector import gc_paused
@@ -16,7 +18,7 @@ from base.errors import SimError
 from sim.commtime import CollectiveTimer
 from sim.device import DeviceProfile
 from sim.executors import Executor, Feed, Task, WorkerFailure, is_indexed
-from sim.search.bounds import StateTerms, family_group, state_family
+from sim.search.bounds import StateTerms, family_group, family_of, state_family
 from sim.search.evaluation import Evaluation, Evaluator
 from sim.search.layouts import Layout
 from sim.search.screening import Candidate, Screener
@@ -178,7 +180,7 @@ _TOKENS = itertools.count()
 def space_digest(layouts: Sequence[Layout]) -> str:
     """A digest of the layout keys in order: two lists with the same digest are the same
     space, so the same indices name the same layouts."""
-    return hashlib.sha1("\n".join(lay.key for lay in layouts).encode()).hexdigest()
+    return hashlib.sha1("\n".join(map(_KEY, layouts)).encode()).hexdigest()
 
 
 @contextmanager
@@ -343,8 +345,26 @@ def screen_all(layouts: Sequence[Layout], executor: Executor, task: Task,
     if missing:  # the chunks cover every layout: this is a bug, not a user error
         raise SimError(f"screening lost {missing} of {len(layouts)} layouts")
     with gc_paused():  # 90,000 long-lived objects: the collector's scans would cost half
-        return [Candidate(lay, *verdict)  # type: ignore[misc]  # none is None: checked above
-                for lay, verdict in zip(layouts, verdicts, strict=True)]
+        return candidates(layouts, verdicts)  # type: ignore[arg-type]  # none is None
+
+
+def candidates(layouts: Sequence[Layout], verdicts: Sequence[tuple[Any, ...]]
+               ) -> list[Candidate]:
+    """``[Candidate(lay, *verdict) for lay, verdict in zip(layouts, verdicts)]``, field for
+    field (the same ``__dict__``), without the frozen dataclass's ``__init__`` (one
+    ``object.__setattr__`` per field): every layout's verdict becomes one, in the serial
+    part of a search between screening and the sweep. ``verdict``: the four fields after
+    the layout (:func:`_compact`)."""
+    new, cls = object.__new__, Candidate
+    out = []
+    append = out.append
+    for lay, verdict in zip(layouts, verdicts, strict=True):
+        c = new(cls)
+        d = c.__dict__
+        d["layout"] = lay
+        d["status"], d["reason"], d["memory_bound_gib"], d["tokens_bound"] = verdict
+        append(c)
+    return out
 
 
 class _ScreenFeed:
@@ -360,7 +380,7 @@ class _ScreenFeed:
     def __init__(self, layouts: Sequence[Layout], parts: Sequence[Sequence[int]],
                  digest: str) -> None:
         self.parts, self.digest = parts, digest
-        self.family = family = [state_family(lay) for lay in layouts]  # once: both read it
+        self.family = family = list(map(family_of, layouts))  # once: both read it
         first: dict[tuple[Any, ...], Layout] = {}
         for f, lay in zip(family, layouts, strict=True):
             first.setdefault(f, lay)
@@ -394,7 +414,8 @@ class _ScreenFeed:
             return None
         self.next += 1
         part, family, states = self.parts[k], self.family, self.states
-        mine = {f: states[f] for i in part if (f := family[i]) in states}
+        mine = {f: states[f] for f in dict.fromkeys(map(family.__getitem__, part))
+                if f in states}
         chunk = ScreenChunk(tuple(part), self.digest, tuple(mine.items()))
         self.screens[id(chunk)] = (chunk, part)
         return chunk
@@ -444,6 +465,11 @@ def _screen_group(lay: Layout) -> tuple[int, int, int]:
     return (lay.tp, lay.cp, lay.micro_batch_size)
 
 
+_SCREEN_GROUP = attrgetter("tp", "cp", "micro_batch_size")
+"""``_SCREEN_GROUP(lay) == _screen_group(lay)``, the tuple built in C (for every layout)."""
+_KEY = attrgetter("key")
+
+
 def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     """Indices into ``layouts`` of the screening chunks (every index in one chunk).
 
@@ -458,14 +484,11 @@ def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     if workers <= 1 or n == 0:
         return [list(range(n))] if n else []
     size = max(SCREEN_CHUNK_MIN, -(-n // (SCREEN_CHUNKS_PER_WORKER * workers)))
-    keys = [_screen_group(lay) for lay in layouts]
+    keys = list(map(_SCREEN_GROUP, layouts))
     order = sorted(range(n), key=keys.__getitem__)  # stable: by group, then index
-    groups: list[tuple[int, int]] = []  # [start, end) positions in order
-    start = 0
-    for k in range(1, n + 1):
-        if k == n or keys[order[k]] != keys[order[start]]:
-            groups.append((start, k))
-            start = k
+    # [start, end) positions in order of each group: their sizes, in the groups' order
+    ends = list(itertools.accumulate(count for _, count in sorted(Counter(keys).items())))
+    groups = list(zip([0, *ends[:-1]], ends, strict=True))
     spans: list[tuple[int, int]] = []
     a = b = 0  # the chunk being filled: [a, b)
     for gs, ge in groups:

@@ -104,7 +104,8 @@ class SearchResult:
 
     def summary(self, top: int = 10) -> dict[str, Any]:
         """The ``sim search --json`` object."""
-        best = self.best
+        feasible = self.feasible  # once: a scan of every row
+        best = feasible[0] if feasible else None
         return {
             "experiment": self.experiment,
             "num_gpus": self.num_gpus,
@@ -113,7 +114,7 @@ class SearchResult:
             "evaluated": self.evaluated,
             "simulated": self.simulated,
             "resumed": self.resumed,
-            "feasible": len(self.feasible),
+            "feasible": len(feasible),
             "counts": dict(sorted(self.counts.items())),
             "elapsed_s": self.elapsed_s,
             "screen_s": self.screen_s,
@@ -124,7 +125,7 @@ class SearchResult:
             "unsupported": dict(sorted(self.unsupported.items())),
             "best": None if best is None else _best_json(best),
             "top": [{"rank": r.rank, "key": r.layout.key, **{k: r.figure(k) for k in CSV_FIGURES}}
-                    for r in self.top(top)],
+                    for r in feasible[:top]],
         }
 
 
@@ -172,19 +173,6 @@ def _rank_rows(rows: list[Row]) -> list[Row]:
     return [replace(r, rank=i + 1) for i, r in enumerate(feasible)] + rest
 
 
-def _row(layout: Layout, status: str, stats: dict[str, Any] | None, error: str,
-         memory_bound_gib: float | None, tokens_bound: float | None,
-         elapsed_s: float = 0.0) -> Row:
-    """``Row(layout, status, stats, error, memory_bound_gib, tokens_bound,
-    elapsed_s=elapsed_s)``, field for field, without the frozen dataclass's ``__init__``
-    (one ``object.__setattr__`` per field: the rows are a serial part of every search)."""
-    row = object.__new__(Row)
-    row.__dict__.update(layout=layout, status=status, stats=stats, error=error,
-                        memory_bound_gib=memory_bound_gib, tokens_bound=tokens_bound,
-                        rank=None, elapsed_s=elapsed_s)
-    return row
-
-
 def collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluation],
                   judged: Mapping[str, Candidate], pruned: AbstractSet[str] = frozenset()
                   ) -> list[Row]:
@@ -192,14 +180,49 @@ def collect_rows(candidates: Sequence[Candidate], results: Mapping[str, Evaluati
     keys of candidates pruned with their screening verdict (status ``pruned``)."""
     rows = []
     append = rows.append
+    new = object.__new__
+    # the few judged or simulated layouts looked up by key; the others (most of ~90,000:
+    # a serial part of every search) take their screening verdict
+    special = judged.keys() | results.keys()
+    for c in candidates:
+        lay = c.layout
+        key = lay.key
+        row = new(Row)  # Row(...) field for field, without the frozen dataclass's __init__
+        d = row.__dict__
+        d["layout"] = lay
+        ev = None
+        if key in special:
+            c = judged.get(key, c)
+            ev = results.get(key)
+        if ev is None:
+            d["status"] = "pruned" if key in pruned else c.status
+            d["stats"] = None
+            d["error"] = c.reason
+            elapsed = 0.0
+        else:
+            d["status"], d["stats"], d["error"] = ev.status, ev.stats, ev.error
+            elapsed = ev.elapsed_s
+        d["memory_bound_gib"] = c.memory_bound_gib
+        d["tokens_bound"] = c.tokens_bound
+        d["rank"] = None
+        d["elapsed_s"] = elapsed
+        append(row)
+    return _rank_rows(rows)
+
+
+def collect_rows_reference(candidates: Sequence[Candidate], results: Mapping[str, Evaluation],
+                           judged: Mapping[str, Candidate],
+                           pruned: AbstractSet[str] = frozenset()) -> list[Row]:
+    """:func:`collect_rows` written plainly (the reference its tests compare it with)."""
+    rows = []
     for c in candidates:
         key = c.layout.key
         c = judged.get(key, c)
         ev = results.get(key)
         if ev is not None:
-            append(_row(c.layout, ev.status, ev.stats, ev.error, c.memory_bound_gib,
-                        c.tokens_bound, ev.elapsed_s))
+            rows.append(Row(c.layout, ev.status, ev.stats, ev.error, c.memory_bound_gib,
+                            c.tokens_bound, elapsed_s=ev.elapsed_s))
         else:
-            append(_row(c.layout, "pruned" if key in pruned else c.status, None, c.reason,
-                        c.memory_bound_gib, c.tokens_bound))
+            rows.append(Row(c.layout, "pruned" if key in pruned else c.status, None,
+                            c.reason, c.memory_bound_gib, c.tokens_bound))
     return _rank_rows(rows)
