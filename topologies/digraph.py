@@ -185,19 +185,13 @@ class Graph:
                         succ[w] = {}
                         pred[w] = {}
                         node[w] = {}
-            # u -> v, then v -> u (written out twice: no pair of pairs made a link)
-            out = succ[u]
-            data = out.get(v)
-            if data is None:
-                out[v] = pred[v][u] = attr.copy()
-            else:
-                data.update(attr)
-            out = succ[v]
-            data = out.get(u)
-            if data is None:
-                out[u] = pred[u][v] = attr.copy()
-            else:
-                data.update(attr)
+            for a, b in ((u, v), (v, u)):
+                out = succ[a]
+                data = out.get(b)
+                if data is None:
+                    out[b] = pred[b][a] = attr.copy()
+                else:
+                    data.update(attr)
 
     def remove_edges_from(self, edges: Iterable[tuple[Any, Any]]) -> None:
         self._check()
