@@ -26,6 +26,7 @@ from sim.api import simulate
 from sim.experiment import build_experiment
 from sim.intervalcols import IntervalColumns
 from sim.timeline import COMM_KINDS, COMPUTE_STREAM
+from tests.test_perf_columns import recurrence_case
 from workloads.program import COMPUTE, SEND, ColumnarInstructions, Columns
 
 SETTINGS = settings(max_examples=30, derandomize=True, deadline=None,
@@ -108,24 +109,10 @@ def test_the_recurrence_hands_over_its_own_buffers(rows: list) -> None:
     """Ready times and causes come as views of :class:`array.array` buffers that
     :func:`sim.columnar._behind` hands on as they are; the values are the plain loop's."""
     n = len(rows)
-    prev = np.array([i - back if 0 < back <= i else -1 for i, (back, _, _) in enumerate(rows)],
-                    dtype=np.int64)
-    found = [[i - b for b in backs if i - b >= 0] for i, (_, backs, _) in enumerate(rows)]
-    width = max((len(d) for d in found), default=0)
-    deps = np.full((n, max(width, 1)), -1, dtype=np.int32)
-    for i, d in enumerate(found):
-        deps[i, :len(d)] = d
-    total = np.array([x for *_, x in rows], dtype=float)
-    end, ready, cause = [0.0] * n + [-1.0], [0.0] * n, [-1] * n
-    for i in range(n):
-        t, best = end[prev[i]], int(prev[i])
-        for d in found[i]:
-            if end[d] > t:
-                t, best = end[d], d
-        ready[i], cause[i], end[i] = max(t, 0.0), best, max(t, 0.0) + total[i]
+    prev, deps, total, (ready, end, cause) = recurrence_case(rows, np.int32, min_width=1)
     got_ready, got_end, got_cause = columnar._recurrence(prev, deps, total)
     assert got_ready.tobytes() == array("d", ready).tobytes()
-    assert got_end.tobytes() == array("d", end[:n]).tobytes()
+    assert got_end.tobytes() == array("d", end).tobytes()
     assert got_cause.tolist() == cause
     ready_s, cause_q = columnar._behind(got_ready, "d"), columnar._behind(got_cause, "q")
     assert np.frombuffer(ready_s, dtype=np.float64).ctypes.data == got_ready.ctypes.data

@@ -438,23 +438,22 @@ def test_short_union_against_long_one_equals_the_loops(a: list, b: list) -> None
             stats_mod._minus(short, long.as_pairs()))
 
 
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(1, 6), max_size=5),
-                          st.sampled_from([0.0, 0.25, 1 / 3, 1.5, 2.0])), max_size=40))
-def test_recurrence_equals_the_plain_loop(rows: list) -> None:
-    """:func:`sim.columnar._recurrence` (ends in a loop on arrays, ready times and causes read
-    off them; instructions with more than WIDE dependencies among them) against the plain
-    recurrence with its tie rules: the same floats and causes."""
+def recurrence_case(rows: list, deps_dtype: type = np.int64, min_width: int = 0
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[list, list, list]]:
+    """A program for :func:`sim.columnar._recurrence` from ``rows`` of (stream back-step,
+    dependency back-steps, duration), and the plain recurrence's answer with its tie rules:
+    ``(prev, deps, total, (ready, end, cause))``. ``deps`` has ``deps_dtype`` and at least
+    ``min_width`` columns."""
     n = len(rows)
-    prev = np.array([i - back if back and i - back >= 0 else -1
-                     for i, (back, _, _) in enumerate(rows)], dtype=np.int64)
+    prev = np.array([i - back if 0 < back <= i else -1 for i, (back, _, _) in enumerate(rows)],
+                    dtype=np.int64)
     found = [[i - b for b in backs if i - b >= 0] for i, (_, backs, _) in enumerate(rows)]
-    width = max((len(d) for d in found), default=0)
-    deps = np.full((n, width), -1, dtype=np.int64)
+    width = max(max((len(d) for d in found), default=0), min_width)
+    deps = np.full((n, width), -1, dtype=deps_dtype)
     for i, d in enumerate(found):
         deps[i, :len(d)] = d
     total = np.array([x for *_, x in rows], dtype=float)
-    end = [0.0] * n + [-1.0]
+    end = [0.0] * n + [-1.0]  # (an absent predecessor, -1, reads -1.0)
     ready, cause = [0.0] * n, [-1] * n
     for i in range(n):
         t, best = end[prev[i]], int(prev[i])
@@ -462,8 +461,19 @@ def test_recurrence_equals_the_plain_loop(rows: list) -> None:
             if end[d] > t:
                 t, best = end[d], d
         ready[i], cause[i], end[i] = max(t, 0.0), best, max(t, 0.0) + total[i]
+    return prev, deps, total, (ready, end[:n], cause)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(1, 6), max_size=5),
+                          st.sampled_from([0.0, 0.25, 1 / 3, 1.5, 2.0])), max_size=40))
+def test_recurrence_equals_the_plain_loop(rows: list) -> None:
+    """:func:`sim.columnar._recurrence` (ends in a loop on arrays, ready times and causes read
+    off them; instructions with more than WIDE dependencies among them) against the plain
+    recurrence with its tie rules: the same floats and causes."""
+    prev, deps, total, (ready, end, cause) = recurrence_case(rows)
     got_ready, got_end, got_cause = columnar._recurrence(prev, deps, total)
-    assert got_ready.tolist() == ready and got_end.tolist() == end[:n]
+    assert got_ready.tolist() == ready and got_end.tolist() == end
     assert got_cause.tolist() == cause
 
 
