@@ -4,6 +4,8 @@ allocations (:func:`workloads.memory.op_alloc_free`), on random schedules."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -78,3 +80,30 @@ def test_memory_walk_is_the_lowerings_allocations(case: tuple, act: float) -> No
         rows = plan.in_flight[r]
         walked = float((rows[:, :-1].sum(axis=1) * costs.activation_bytes_per_mb(0)).max())
         assert abs(walked - peak) <= 1e-9 * max(peak, 1.0)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 12).flatmap(lambda n: st.lists(
+           st.lists(st.floats(0.0, 64.0, allow_subnormal=False), min_size=n + 1, max_size=n + 1),
+           min_size=1, max_size=20)),
+       data=st.data())
+def test_stash_at_rows_is_a_left_to_right_sum(rows: list, data: st.DataObject) -> None:
+    """:func:`workloads.memory.stash_at_rows` (the memory bound's stash at each op start) is
+    each row's products summed from the left, bit for bit as plain Python floats add them
+    (so the same on every CPU, which a BLAS matrix-vector product is not), and within
+    rounding of that product."""
+    n = len(rows[0]) - 1
+    act = data.draw(st.lists(st.floats(0.0, 1e10, allow_subnormal=False), min_size=n, max_size=n))
+    arr = np.array(rows)
+    got = memory.stash_at_rows(arr, act)
+    for row, value in zip(rows, got, strict=True):
+        want = 0.0
+        for count, size in zip(row[:-1], act, strict=True):
+            want += count * size
+        assert value == want
+    assert np.allclose(got, arr[:, :-1] @ np.array(act), rtol=1e-12, atol=0.0)
+
+
+def test_stash_at_rows_checks_its_columns() -> None:
+    with pytest.raises(ValueError, match="3 stage columns but 2 stash sizes"):
+        memory.stash_at_rows(np.zeros((2, 4)), [1.0, 2.0])

@@ -147,6 +147,24 @@ def in_flight(ops: Sequence[Op], stages: tuple[int, ...], split_backward: bool, 
     return np.unique(np.array(points, dtype=float), axis=0)
 
 
+def stash_at_rows(rows: np.ndarray, act: Sequence[float]) -> np.ndarray:
+    """Each row's stashed activation bytes: the in-flight counts of :func:`in_flight`'s
+    stage columns times ``act`` (``activation_bytes_per_mb`` of each local stage, in the
+    columns' order), summed column by column from the left.
+
+    Elementwise products and sums, not a matrix-vector product: BLAS picks its kernel (and
+    with it the order and fusing of the additions) by CPU, so ``rows[:, :-1] @ act`` can
+    differ in the last bit between machines, and a layout within a rounding error of the
+    capacity would then screen differently. These are the same bits everywhere.
+    """
+    if len(act) != rows.shape[1] - 1:
+        raise ValueError(f"{rows.shape[1] - 1} stage columns but {len(act)} stash sizes")
+    total = np.zeros(rows.shape[0])
+    for j, a in enumerate(act):
+        total += rows[:, j] * a
+    return total
+
+
 def device_bytes(static_bytes: float, dynamic_bytes: float, fragmentation: float,
                  reserved_bytes: float = 0.0) -> float:
     """Bytes a GPU holds at a moment: the static state as is, the dynamic memory above it

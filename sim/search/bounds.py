@@ -39,7 +39,7 @@ from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, GradReady, ParamGather, RingAttention
 from workloads.frameworks import fragmentation
 from workloads.lowering.groups import dp_groups
-from workloads.memory import device_bytes, oom
+from workloads.memory import device_bytes, oom, stash_at_rows
 from workloads.registry import SCHEDULES, overlaps_steps
 from workloads.schedules import FORWARD, Op
 from workloads.transformer import TransformerCosts
@@ -346,9 +346,9 @@ class Bounds:
             if static is None:
                 static = self._static[key] = costs.static_bytes(stages)
             if plan.exact:
-                act = np.array([self._stage_act(costs, shape, classes[s], s) for s in stages])
+                act = [self._stage_act(costs, shape, classes[s], s) for s in stages]
                 extra = lut[rows[:, -1].astype(int)] if lut is not None else 0.0
-                dynamic = float((rows[:, :-1] @ act + extra).max())
+                dynamic = float((stash_at_rows(rows, act) + extra).max())
                 out.append(self._gib(static, dynamic, r))
             else:
                 out.append(self._gib(static, 0.0, r))
