@@ -163,6 +163,9 @@ class CollectiveTimer:
         """Reusable timings: ``(op, nbytes) -> {groups shifted to server 0: (first server,
         seconds)}``."""
         self._by_offsets: dict[tuple, tuple] = {}
+        """``(op, id(offsets), a, b, nbytes) -> (offsets, seconds)``: :meth:`offset_pairs_s`'
+        timings of the messages asked for lately, found by identity (as :attr:`_by_id`)."""
+        self._offset_shapes: dict[tuple, tuple] = {}
         """``(op, nbytes, id(offsets), a - shift, b - shift) -> (offsets, first server,
         seconds, servers)``: the reusable timings :meth:`offset_pairs_s` found by the pairs'
         place on their servers (the shape :meth:`_shape_of` would make), without the pairs."""
@@ -248,11 +251,26 @@ class CollectiveTimer:
         if not offsets or type(self).__call__ is not CollectiveTimer.__call__:
             return self(op, tuple(zip(map(a.__add__, offsets), map(b.__add__, offsets),
                                       strict=True)), nbytes)
+        # the same message asked again (a repeated layout's): found by identity
+        by_id = (op, id(offsets), a, b, nbytes)
+        hit = self._by_offsets.get(by_id)
+        if hit is not None and hit[0] is offsets:
+            return hit[1]
+        seconds = self._by_shape(op, offsets, a, b, nbytes)
+        if len(self._by_offsets) >= BY_ID_CACHE:
+            self._by_offsets.clear()
+        self._by_offsets[by_id] = (offsets, seconds)  # (holding offsets: its id not reused)
+        return seconds
+
+    def _by_shape(self, op: str, offsets: tuple[int, ...], a: int, b: int,
+                  nbytes: float) -> float:
+        """:meth:`offset_pairs_s` of a message not asked lately: its shape's kept timing where
+        it carries over, else the timer on the pairs."""
         gpn = self.cluster.gpus_per_node
         first = (min(a, b) + min(offsets)) // gpn
         shift = first * gpn
         key = (op, nbytes, id(offsets), a - shift, b - shift)
-        hit = self._by_offsets.get(key)
+        hit = self._offset_shapes.get(key)
         if hit is not None and hit[0] is offsets:
             _, was, t, servers = hit
             if first == was or self._twins(servers, was, first - was):
@@ -262,10 +280,10 @@ class CollectiveTimer:
         shape = self._shape_of(pairs)
         kept = self._shapes.get((op, nbytes), {}).get(shape[0]) if shape is not None else None
         if kept is not None:
-            if len(self._by_offsets) >= BY_ID_CACHE:
-                self._by_offsets.clear()
-            self._by_offsets[key] = (offsets, kept[0], kept[1],
-                                     frozenset(r // gpn for g in shape[0] for r in g))  # type: ignore[index]
+            if len(self._offset_shapes) >= BY_ID_CACHE:
+                self._offset_shapes.clear()
+            self._offset_shapes[key] = (offsets, kept[0], kept[1],
+                                        frozenset(r // gpn for g in shape[0] for r in g))  # type: ignore[index]
         return seconds
 
     def _twins(self, servers: frozenset[int], first: int, d: int) -> bool:
