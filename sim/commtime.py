@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from base.collector import gc_paused
 from sim.collectives import Transfer
@@ -116,6 +116,11 @@ _NONE = object()
 BY_ID_CACHE = 4096
 """Timings a :class:`CollectiveTimer` finds by its groups' identity (it starts over past this
 many; every timing stays in its cache by value)."""
+
+
+def _pairs(offsets: tuple[int, ...], a: int, b: int) -> tuple[tuple[int, int], ...]:
+    """The pairs ``(a + o, b + o)`` for ``o`` in ``offsets``."""
+    return tuple(zip(map(a.__add__, offsets), map(b.__add__, offsets), strict=True))
 
 
 class CollectiveTimer:
@@ -235,7 +240,8 @@ class CollectiveTimer:
         return cached
 
     def offset_pairs_s(self, op: str, offsets: tuple[int, ...], a: int, b: int,
-                       nbytes: float) -> float:
+                       nbytes: float,
+                       pairs: Callable[[], tuple[tuple[int, ...], ...]] | None = None) -> float:
         """``self(op, pairs, nbytes)`` of the pairs ``(a + o, b + o)`` for ``o`` in ``offsets``
         (a collapsed pipeline message: every replica's copy, :func:`workloads.lowering.groups.
         replica_pairs`), the pairs neither built nor hashed where a timing kept for reuse
@@ -247,23 +253,23 @@ class CollectiveTimer:
         built and timed by :meth:`__call__` (the reference), and their shape's kept timing,
         if any, remembered by ``offsets`` (held: its identity is the key). A subclass that
         overrides :meth:`__call__` (a test's recorder of the links each call uses) is called
-        on the pairs every time."""
+        on the pairs every time. ``pairs``: where given, makes those pairs (a caller's kept
+        tuple: found again by :meth:`__call__` by identity); else they are built here."""
         if not offsets or type(self).__call__ is not CollectiveTimer.__call__:
-            return self(op, tuple(zip(map(a.__add__, offsets), map(b.__add__, offsets),
-                                      strict=True)), nbytes)
+            return self(op, _pairs(offsets, a, b) if pairs is None else pairs(), nbytes)
         # the same message asked again (a repeated layout's): found by identity
         by_id = (op, id(offsets), a, b, nbytes)
         hit = self._by_offsets.get(by_id)
         if hit is not None and hit[0] is offsets:
             return hit[1]
-        seconds = self._by_shape(op, offsets, a, b, nbytes)
+        seconds = self._by_shape(op, offsets, a, b, nbytes, pairs)
         if len(self._by_offsets) >= BY_ID_CACHE:
             self._by_offsets.clear()
         self._by_offsets[by_id] = (offsets, seconds)  # (holding offsets: its id not reused)
         return seconds
 
-    def _by_shape(self, op: str, offsets: tuple[int, ...], a: int, b: int,
-                  nbytes: float) -> float:
+    def _by_shape(self, op: str, offsets: tuple[int, ...], a: int, b: int, nbytes: float,
+                  pairs: Callable[[], tuple[tuple[int, ...], ...]] | None) -> float:
         """:meth:`offset_pairs_s` of a message not asked lately: its shape's kept timing where
         it carries over, else the timer on the pairs."""
         gpn = self.cluster.gpus_per_node
@@ -275,15 +281,20 @@ class CollectiveTimer:
             _, was, t, servers = hit
             if first == was or self._twins(servers, was, first - was):
                 return t
-        pairs = tuple(zip(map(a.__add__, offsets), map(b.__add__, offsets), strict=True))
-        seconds = self(op, pairs, nbytes)
-        shape = self._shape_of(pairs)
-        kept = self._shapes.get((op, nbytes), {}).get(shape[0]) if shape is not None else None
+        groups = _pairs(offsets, a, b) if pairs is None else pairs()
+        seconds = self(op, groups, nbytes)
+        by_shape = self._shapes.get((op, nbytes))
+        if not by_shape or self.cluster.host_classes() is None:
+            return seconds
+        # the pairs shifted down to server 0 (:meth:`_shape_of_made`'s shape, made from the
+        # offsets: not the pairs shifted one by one)
+        shape = groups if not shift else _pairs(offsets, a - shift, b - shift)
+        kept = by_shape.get(shape)
         if kept is not None:
             if len(self._offset_shapes) >= BY_ID_CACHE:
                 self._offset_shapes.clear()
             self._offset_shapes[key] = (offsets, kept[0], kept[1],
-                                        frozenset(r // gpn for g in shape[0] for r in g))  # type: ignore[index]
+                                        frozenset(r // gpn for g in shape for r in g))
         return seconds
 
     def _twins(self, servers: frozenset[int], first: int, d: int) -> bool:

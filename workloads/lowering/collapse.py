@@ -749,5 +749,6 @@ def replica_send_s(collapse: Collapse, placement: Placement,
         cache[key] = (collapse.collective_s("send", replica_pairs(placement, src, dst), nbytes)
                       if by_offsets is None else
                       by_offsets("send", replica_offsets(placement), placement.gpu(pp=src),
-                                 placement.gpu(pp=dst), nbytes))
+                                 placement.gpu(pp=dst), nbytes,
+                                 lambda: replica_pairs(placement, src, dst)))
     return cache[key]
