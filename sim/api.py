@@ -37,6 +37,7 @@ from sim.gpu_profiles import generation_of
 from sim.hostwait import lowering_costs as host_lowering_costs
 from sim.idle import idle_breakdown, summarize
 from sim.stats import RunFacts, compute_stats
+from sim.statsjson import indented
 from sim.timeline import Timeline
 from sim.tpoverlap import lowering_costs
 from topologies.hardware import GPUSpec
@@ -100,7 +101,12 @@ def _not_finite(value: Any, path: str) -> str | None:
 
 def stats_json(stats: Mapping[str, Any]) -> str:
     """``stats`` as JSON text (indent 2, a final newline); ConfigError naming the statistic
-    if one is NaN or infinite (inputs out of range: JSON has no such numbers)."""
+    if one is NaN or infinite (inputs out of range: JSON has no such numbers). The text of
+    :func:`sim.statsjson.indented` where it writes it (the same; ``json.dumps`` below is the
+    reference, which encodes in Python whenever it indents)."""
+    text = indented(stats)
+    if text is not None:
+        return text + "\n"
     try:
         return json.dumps(stats, indent=2, allow_nan=False) + "\n"
     except ValueError:  # the encoder refuses NaN and infinities: name the first

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from base.collector import gc_paused
 from sim.collectives import Transfer
@@ -118,6 +118,11 @@ BY_ID_CACHE = 4096
 many; every timing stays in its cache by value)."""
 
 
+def _pairs(offsets: tuple[int, ...], a: int, b: int) -> tuple[tuple[int, int], ...]:
+    """The pairs ``(a + o, b + o)`` for ``o`` in ``offsets``."""
+    return tuple(zip(map(a.__add__, offsets), map(b.__add__, offsets), strict=True))
+
+
 class CollectiveTimer:
     """``timer(op, groups, nbytes)`` -> seconds for ``op`` run concurrently on all ``groups``.
 
@@ -162,6 +167,13 @@ class CollectiveTimer:
         self._shapes: dict[tuple[str, float], dict[tuple, tuple[int, float]]] = {}
         """Reusable timings: ``(op, nbytes) -> {groups shifted to server 0: (first server,
         seconds)}``."""
+        self._by_offsets: dict[tuple, tuple] = {}
+        """``(op, id(offsets), a, b, nbytes) -> (offsets, seconds)``: :meth:`offset_pairs_s`'
+        timings of the messages asked for lately, found by identity (as :attr:`_by_id`)."""
+        self._offset_shapes: dict[tuple, tuple] = {}
+        """``(op, nbytes, id(offsets), a - shift, b - shift) -> (offsets, first server,
+        seconds, servers)``: the reusable timings :meth:`offset_pairs_s` found by the pairs'
+        place on their servers (the shape :meth:`_shape_of` would make), without the pairs."""
         self._shape_by_groups: dict[tuple, tuple | None] = {}
         """``groups -> _shape_of_made(groups)`` of the groups asked for lately
         (:meth:`_shape_of`): a layout's groups asked again with other bytes, or another
@@ -226,6 +238,74 @@ class CollectiveTimer:
             self._by_id.clear()
         self._by_id[by_id] = (groups, cached)  # holding groups: its id is not reused meanwhile
         return cached
+
+    def offset_pairs_s(self, op: str, offsets: tuple[int, ...], a: int, b: int,
+                       nbytes: float,
+                       pairs: Callable[[], tuple[tuple[int, ...], ...]] | None = None) -> float:
+        """``self(op, pairs, nbytes)`` of the pairs ``(a + o, b + o)`` for ``o`` in ``offsets``
+        (a collapsed pipeline message: every replica's copy, :func:`workloads.lowering.groups.
+        replica_pairs`), the pairs neither built nor hashed where a timing kept for reuse
+        (:meth:`_translate`) has their shape: the pairs shifted down to server 0 are
+        ``offsets`` plus ``a`` and ``b`` less the shift, so equal offsets at equal
+        ``(a, b)`` less the shift make the same shape, whose kept timing :meth:`_translate`
+        hands out under the same twin-server test (another pipeline rank pair as far apart
+        on the same servers: ~0.19 M instructions a message less). Otherwise the pairs are
+        built and timed by :meth:`__call__` (the reference), and their shape's kept timing,
+        if any, remembered by ``offsets`` (held: its identity is the key). A subclass that
+        overrides :meth:`__call__` (a test's recorder of the links each call uses) is called
+        on the pairs every time. ``pairs``: where given, makes those pairs (a caller's kept
+        tuple: found again by :meth:`__call__` by identity); else they are built here."""
+        if not offsets or type(self).__call__ is not CollectiveTimer.__call__:
+            return self(op, _pairs(offsets, a, b) if pairs is None else pairs(), nbytes)
+        # the same message asked again (a repeated layout's): found by identity
+        by_id = (op, id(offsets), a, b, nbytes)
+        hit = self._by_offsets.get(by_id)
+        if hit is not None and hit[0] is offsets:
+            return hit[1]
+        seconds = self._by_shape(op, offsets, a, b, nbytes, pairs)
+        if len(self._by_offsets) >= BY_ID_CACHE:
+            self._by_offsets.clear()
+        self._by_offsets[by_id] = (offsets, seconds)  # (holding offsets: its id not reused)
+        return seconds
+
+    def _by_shape(self, op: str, offsets: tuple[int, ...], a: int, b: int, nbytes: float,
+                  pairs: Callable[[], tuple[tuple[int, ...], ...]] | None) -> float:
+        """:meth:`offset_pairs_s` of a message not asked lately: its shape's kept timing where
+        it carries over, else the timer on the pairs."""
+        gpn = self.cluster.gpus_per_node
+        first = (min(a, b) + min(offsets)) // gpn
+        shift = first * gpn
+        key = (op, nbytes, id(offsets), a - shift, b - shift)
+        hit = self._offset_shapes.get(key)
+        if hit is not None and hit[0] is offsets:
+            _, was, t, servers = hit
+            if first == was or self._twins(servers, was, first - was):
+                return t
+        groups = _pairs(offsets, a, b) if pairs is None else pairs()
+        seconds = self(op, groups, nbytes)
+        by_shape = self._shapes.get((op, nbytes))
+        if not by_shape or self.cluster.host_classes() is None:
+            return seconds
+        # the pairs shifted down to server 0 (:meth:`_shape_of_made`'s shape, made from the
+        # offsets: not the pairs shifted one by one)
+        shape = groups if not shift else _pairs(offsets, a - shift, b - shift)
+        kept = by_shape.get(shape)
+        if kept is not None:
+            if len(self._offset_shapes) >= BY_ID_CACHE:
+                self._offset_shapes.clear()
+            self._offset_shapes[key] = (offsets, kept[0], kept[1],
+                                        frozenset(r // gpn for g in shape for r in g))
+        return seconds
+
+    def _twins(self, servers: frozenset[int], first: int, d: int) -> bool:
+        """Whether each server ``h + first`` of ``servers`` (a kept shape's, shifted down to
+        server 0) is a twin of ``h + first + d``: :meth:`_translate`'s test."""
+        classes = self.cluster.host_classes()
+        if classes is None:
+            return False
+        if len(self._class_set(classes)) == 1:
+            return True
+        return all(classes[h + first] == classes[h + first + d] for h in servers)
 
     def _timed(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
         """Time ``op`` on ``groups``; remember it for translated copies where that is sound

@@ -17,7 +17,7 @@ from operator import attrgetter
 
 from topologies.placement import Placement
 from workloads.costs import CommSeg, ComputeSeg, Segment
-from workloads.lowering.groups import ALL_TO_ALL_ALGO, Groups, replica_pairs
+from workloads.lowering.groups import ALL_TO_ALL_ALGO, Groups, replica_offsets, replica_pairs
 from workloads.program import ProgramBuilder
 from workloads.schedules import Op
 
@@ -738,8 +738,17 @@ def replica_send_s(collapse: Collapse, placement: Placement,
                    nbytes: float) -> float:
     """Time of a pipeline message from rank ``src`` to rank ``dst`` (collapsed lowering):
     every (tp, cp, dp) replica's copy crosses at once, timed together on the topology;
-    cached by ``(src, dst, nbytes)``."""
+    cached by ``(src, dst, nbytes)``. Where the collective timer times pairs by their
+    offsets (:meth:`sim.commtime.CollectiveTimer.offset_pairs_s`: the same float, without
+    building and hashing the pairs where another rank pair's timing carries over), by
+    those: each pair is the two ranks' first GPUs plus the replica's offset
+    (:func:`~workloads.lowering.groups.replica_pairs`)."""
     key = (src, dst, nbytes)
     if key not in cache:
-        cache[key] = collapse.collective_s("send", replica_pairs(placement, src, dst), nbytes)
+        by_offsets = getattr(collapse.collective_s, "offset_pairs_s", None)
+        cache[key] = (collapse.collective_s("send", replica_pairs(placement, src, dst), nbytes)
+                      if by_offsets is None else
+                      by_offsets("send", replica_offsets(placement), placement.gpu(pp=src),
+                                 placement.gpu(pp=dst), nbytes,
+                                 lambda: replica_pairs(placement, src, dst)))
     return cache[key]
