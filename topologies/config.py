@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from base.schema import INVALID, Strict, invalid
 from topologies.hardware import DEFAULT_GPU, gpu_spec
@@ -105,13 +105,6 @@ class NodeGroupConfig(Strict):
 class _Kind(Strict):
     """Keys every kind has; rejects the keys of other kinds by name."""
 
-    # the kinds' bases (_Kind, Networked, ServerFabric, ExplicitLinks, _Nodes) are never
-    # validated themselves: their validators are built only if something asks for them
-    # (pydantic's defer_build), not at every import, while each kind (defer_build=False:
-    # the setting is inherited) builds its own at its definition as before. ~5 ms of every
-    # `sim` command; the schema, the kinds' validation and their errors are unchanged.
-    model_config = ConfigDict(defer_build=True)
-
     USED_WITH: ClassVar[str]
     """How an error names the clusters of this kind that a key is used with."""
 
@@ -147,8 +140,6 @@ class _Kind(Strict):
 class IdealCluster(_Kind):
     """Infinitely fast GPUs and links, no latency: only the schedule shapes the timeline."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "cluster.preset='ideal'"
 
     preset: Literal["ideal"]
@@ -157,8 +148,6 @@ class IdealCluster(_Kind):
 
 class Networked(_Kind):
     """Keys of every cluster of real links: fabric shape, collectives, sites."""
-
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
 
     topology: Topology | None = None
     """The network (see the kinds)."""
@@ -259,8 +248,6 @@ class Networked(_Kind):
 class ServerFabric(Networked):
     """Preset servers, optionally on a chosen scale-out fabric."""
 
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
-
     topology: Topology | None = None
     """The fabric between the servers: ``switch`` (a non-blocking crossbar, the default),
     ``fat-tree``, ``rail-optimized`` or ``dragonfly``."""
@@ -287,8 +274,6 @@ class ServerFabric(Networked):
 
 class ExplicitLinks(Networked):
     """A named topology of uniform links, optionally with NVSwitch servers."""
-
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
 
     topology: Topology
     """``switch``, ``fat-tree``, ``rail-optimized`` and ``dragonfly`` are fabrics (with
@@ -334,8 +319,6 @@ class ExplicitLinks(Networked):
 class PresetCluster(ServerFabric):
     """Servers of one preset (GPU, NVSwitch, NICs, latencies) on a scale-out fabric."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "a server cluster.preset"
 
     preset: str
@@ -372,8 +355,6 @@ class PresetCluster(ServerFabric):
 class TopologyCluster(ExplicitLinks):
     """A named topology with uniform links and GPUs of one type."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "cluster.topology (no preset)"
 
     gpu: str | None = None
@@ -403,8 +384,6 @@ class TopologyCluster(ExplicitLinks):
 
 class _Nodes(Networked):
     """Servers of several types, listed in rank order."""
-
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
 
     nodes: list[NodeGroupConfig]
     """Groups of servers, each a ``preset`` or a ``gpu`` type and a ``count`` of servers,
@@ -476,8 +455,6 @@ class _Nodes(Networked):
 class PresetNodesCluster(_Nodes, ServerFabric):
     """Servers of several presets (same GPUs per server) on one scale-out fabric."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "cluster.nodes of server presets"
     GROUP_KEY = "preset"
 
@@ -501,8 +478,6 @@ class PresetNodesCluster(_Nodes, ServerFabric):
 
 class GpuNodesCluster(_Nodes, ExplicitLinks):
     """Servers of several GPU types (``gpus_per_node`` each) on a named topology."""
-
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
 
     USED_WITH = "cluster.nodes of GPU types"
     GROUP_KEY = "gpu"
