@@ -16,10 +16,9 @@ the file is parsed, with a message that names the key and its value;
 :func:`topologies.build.build_cluster` turns a valid description into a Cluster.
 """
 
-from __future__ import annotations
-
+# (no `from __future__ import annotations`: see sim.config)
 import math
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
@@ -222,7 +221,7 @@ class Networked(_Kind):
                               f"{exc}") from None
 
     @model_validator(mode="after")
-    def _shape_and_sites(self) -> Networked:
+    def _shape_and_sites(self) -> Self:
         for key, users in SHAPE_KEYS.items():
             if getattr(self, key, None) is not None and self.topology not in users:
                 raise invalid(f"cluster.{key}: only used with cluster.topology "
@@ -258,7 +257,7 @@ class ServerFabric(Networked):
     """With ``topology``: the fabric's latency per hop (default: the preset's fabric hop)."""
 
     @model_validator(mode="after")
-    def _fabric_keys(self) -> ServerFabric:
+    def _fabric_keys(self) -> Self:
         if self.topology is None:
             given = [k for k in ("link_bandwidth_GBps", "link_latency_us")
                      if getattr(self, k) is not None]
@@ -295,7 +294,7 @@ class ExplicitLinks(Networked):
     """Torus sizes per axis; their product is the GPUs of a site."""
 
     @model_validator(mode="after")
-    def _explicit_keys(self) -> ExplicitLinks:
+    def _explicit_keys(self) -> Self:
         per_node, t = self.gpus_per_node or 1, self.topology
         if per_node > 1 and t not in FABRIC_OF_TOPOLOGY:
             raise invalid(f"cluster.gpus_per_node={per_node}: NVSwitch servers need a switched "
@@ -339,7 +338,7 @@ class PresetCluster(ServerFabric):
         return f"cluster.preset={data.get('preset')!r}"
 
     @model_validator(mode="after")
-    def _preset_keys(self) -> PresetCluster:
+    def _preset_keys(self) -> Self:
         if self.preset not in SERVERS:
             raise invalid(f"cluster.preset: unknown preset {self.preset!r}; choose one of "
                           f"{', '.join(PRESET_NAMES)}")
@@ -366,7 +365,7 @@ class TopologyCluster(ExplicitLinks):
         return f"cluster.topology={data.get('topology')!r}"
 
     @model_validator(mode="after")
-    def _topology_keys(self) -> TopologyCluster:
+    def _topology_keys(self) -> Self:
         sites = self.sites or 1
         if self.num_gpus % sites:
             raise invalid(f"cluster.sites={sites} does not divide "
@@ -402,7 +401,7 @@ class _Nodes(Networked):
         super().check_keys(data)
 
     @model_validator(mode="after")
-    def _groups(self) -> _Nodes:
+    def _groups(self) -> Self:
         if not self.nodes:
             raise invalid("cluster.nodes: empty; list groups such as "
                           "[{preset: dgx-a100-80g, count: 2}, {preset: dgx-h100, count: 2}]")
@@ -493,7 +492,7 @@ class GpuNodesCluster(_Nodes, ExplicitLinks):
                           "server preset")
 
     @model_validator(mode="after")
-    def _site_dims(self) -> GpuNodesCluster:
+    def _site_dims(self) -> Self:
         self.check_dims(self.num_gpus // (self.sites or 1))
         return self
 
