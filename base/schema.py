@@ -33,7 +33,13 @@ _DOCUMENTED: set[type[Strict]] = set()
 class Strict(BaseModel):
     """A strict, frozen input model whose field docstrings are its field descriptions."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+    # defer_build: a model's validator is built when something first validates it (or asks
+    # for its schema), not at its definition. A run validates only the experiment's root
+    # model, whose one build takes the schemas of the sections and cluster kinds inside it;
+    # building each of them on its own as well was ~15 M instructions of every `sim` command
+    # (Megatron 1T's `sim run`). The schemas, the validation and its errors are the same.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
+                              defer_build=True)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:

@@ -9,10 +9,11 @@ a :class:`~base.errors.ConfigError` whose message names the key and the offendin
 value.
 """
 
-from __future__ import annotations
-
+# (no `from __future__ import annotations`: pydantic would rebuild every field's type
+# from its text, a `compile` of each; ~170 of them a run for this module and
+# topologies.config together)
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal, Self, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, Field, Tag, ValidationError, field_validator, model_validator
@@ -344,7 +345,7 @@ class StatisticCurve(Strict):
     """Power law: value(step) = initial·(1 + step)^exponent."""
 
     @model_validator(mode="after")
-    def _one_form(self) -> StatisticCurve:
+    def _one_form(self) -> Self:
         """Exactly one of a CSV file and a power law."""
         if (self.csv is None) == (self.initial is None):
             raise invalid("training.batch_policy.statistic: give either csv or initial "
@@ -568,7 +569,7 @@ class ExperimentConfig(Strict):
         return cluster
 
     @model_validator(mode="after")
-    def _default_vpp(self) -> ExperimentConfig:
+    def _default_vpp(self) -> Self:
         """A multi-chunk schedule without ``parallel.vpp`` gets two chunks per rank: the V
         schedules run exactly two, and one chunk would make ``interleaved`` plain 1F1B
         without a word. A ``vpp`` the file gives is kept (and checked by the schedule)."""

@@ -16,12 +16,11 @@ the file is parsed, with a message that names the key and its value;
 :func:`topologies.build.build_cluster` turns a valid description into a Cluster.
 """
 
-from __future__ import annotations
-
+# (no `from __future__ import annotations`: see sim.config)
 import math
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from base.schema import INVALID, Strict, invalid
 from topologies.hardware import DEFAULT_GPU, gpu_spec
@@ -105,13 +104,6 @@ class NodeGroupConfig(Strict):
 class _Kind(Strict):
     """Keys every kind has; rejects the keys of other kinds by name."""
 
-    # the kinds' bases (_Kind, Networked, ServerFabric, ExplicitLinks, _Nodes) are never
-    # validated themselves: their validators are built only if something asks for them
-    # (pydantic's defer_build), not at every import, while each kind (defer_build=False:
-    # the setting is inherited) builds its own at its definition as before. ~5 ms of every
-    # `sim` command; the schema, the kinds' validation and their errors are unchanged.
-    model_config = ConfigDict(defer_build=True)
-
     USED_WITH: ClassVar[str]
     """How an error names the clusters of this kind that a key is used with."""
 
@@ -147,8 +139,6 @@ class _Kind(Strict):
 class IdealCluster(_Kind):
     """Infinitely fast GPUs and links, no latency: only the schedule shapes the timeline."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "cluster.preset='ideal'"
 
     preset: Literal["ideal"]
@@ -157,8 +147,6 @@ class IdealCluster(_Kind):
 
 class Networked(_Kind):
     """Keys of every cluster of real links: fabric shape, collectives, sites."""
-
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
 
     topology: Topology | None = None
     """The network (see the kinds)."""
@@ -233,7 +221,7 @@ class Networked(_Kind):
                               f"{exc}") from None
 
     @model_validator(mode="after")
-    def _shape_and_sites(self) -> Networked:
+    def _shape_and_sites(self) -> Self:
         for key, users in SHAPE_KEYS.items():
             if getattr(self, key, None) is not None and self.topology not in users:
                 raise invalid(f"cluster.{key}: only used with cluster.topology "
@@ -259,8 +247,6 @@ class Networked(_Kind):
 class ServerFabric(Networked):
     """Preset servers, optionally on a chosen scale-out fabric."""
 
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
-
     topology: Topology | None = None
     """The fabric between the servers: ``switch`` (a non-blocking crossbar, the default),
     ``fat-tree``, ``rail-optimized`` or ``dragonfly``."""
@@ -271,7 +257,7 @@ class ServerFabric(Networked):
     """With ``topology``: the fabric's latency per hop (default: the preset's fabric hop)."""
 
     @model_validator(mode="after")
-    def _fabric_keys(self) -> ServerFabric:
+    def _fabric_keys(self) -> Self:
         if self.topology is None:
             given = [k for k in ("link_bandwidth_GBps", "link_latency_us")
                      if getattr(self, k) is not None]
@@ -287,8 +273,6 @@ class ServerFabric(Networked):
 
 class ExplicitLinks(Networked):
     """A named topology of uniform links, optionally with NVSwitch servers."""
-
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
 
     topology: Topology
     """``switch``, ``fat-tree``, ``rail-optimized`` and ``dragonfly`` are fabrics (with
@@ -310,7 +294,7 @@ class ExplicitLinks(Networked):
     """Torus sizes per axis; their product is the GPUs of a site."""
 
     @model_validator(mode="after")
-    def _explicit_keys(self) -> ExplicitLinks:
+    def _explicit_keys(self) -> Self:
         per_node, t = self.gpus_per_node or 1, self.topology
         if per_node > 1 and t not in FABRIC_OF_TOPOLOGY:
             raise invalid(f"cluster.gpus_per_node={per_node}: NVSwitch servers need a switched "
@@ -334,8 +318,6 @@ class ExplicitLinks(Networked):
 class PresetCluster(ServerFabric):
     """Servers of one preset (GPU, NVSwitch, NICs, latencies) on a scale-out fabric."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "a server cluster.preset"
 
     preset: str
@@ -356,7 +338,7 @@ class PresetCluster(ServerFabric):
         return f"cluster.preset={data.get('preset')!r}"
 
     @model_validator(mode="after")
-    def _preset_keys(self) -> PresetCluster:
+    def _preset_keys(self) -> Self:
         if self.preset not in SERVERS:
             raise invalid(f"cluster.preset: unknown preset {self.preset!r}; choose one of "
                           f"{', '.join(PRESET_NAMES)}")
@@ -372,8 +354,6 @@ class PresetCluster(ServerFabric):
 class TopologyCluster(ExplicitLinks):
     """A named topology with uniform links and GPUs of one type."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "cluster.topology (no preset)"
 
     gpu: str | None = None
@@ -385,7 +365,7 @@ class TopologyCluster(ExplicitLinks):
         return f"cluster.topology={data.get('topology')!r}"
 
     @model_validator(mode="after")
-    def _topology_keys(self) -> TopologyCluster:
+    def _topology_keys(self) -> Self:
         sites = self.sites or 1
         if self.num_gpus % sites:
             raise invalid(f"cluster.sites={sites} does not divide "
@@ -404,8 +384,6 @@ class TopologyCluster(ExplicitLinks):
 class _Nodes(Networked):
     """Servers of several types, listed in rank order."""
 
-    model_config = ConfigDict(defer_build=True)  # a base of kinds (see _Kind)
-
     nodes: list[NodeGroupConfig]
     """Groups of servers, each a ``preset`` or a ``gpu`` type and a ``count`` of servers,
     ranks numbered group after group, e.g.
@@ -423,7 +401,7 @@ class _Nodes(Networked):
         super().check_keys(data)
 
     @model_validator(mode="after")
-    def _groups(self) -> _Nodes:
+    def _groups(self) -> Self:
         if not self.nodes:
             raise invalid("cluster.nodes: empty; list groups such as "
                           "[{preset: dgx-a100-80g, count: 2}, {preset: dgx-h100, count: 2}]")
@@ -476,8 +454,6 @@ class _Nodes(Networked):
 class PresetNodesCluster(_Nodes, ServerFabric):
     """Servers of several presets (same GPUs per server) on one scale-out fabric."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "cluster.nodes of server presets"
     GROUP_KEY = "preset"
 
@@ -502,8 +478,6 @@ class PresetNodesCluster(_Nodes, ServerFabric):
 class GpuNodesCluster(_Nodes, ExplicitLinks):
     """Servers of several GPU types (``gpus_per_node`` each) on a named topology."""
 
-    model_config = ConfigDict(defer_build=False)  # a kind (see _Kind)
-
     USED_WITH = "cluster.nodes of GPU types"
     GROUP_KEY = "gpu"
 
@@ -518,7 +492,7 @@ class GpuNodesCluster(_Nodes, ExplicitLinks):
                           "server preset")
 
     @model_validator(mode="after")
-    def _site_dims(self) -> GpuNodesCluster:
+    def _site_dims(self) -> Self:
         self.check_dims(self.num_gpus // (self.sites or 1))
         return self
 
