@@ -64,7 +64,7 @@ def _instrument(log: Path, profile: str | None = None) -> tuple[dict[str, Any], 
     import sim.search.sweep as sweep
 
     counts: dict[str, Any] = {"pid": os.getpid(), "memo": defaultdict(lambda: [0, 0]),
-                              "plans": 0, "timed": 0, "pickled": 0, "pickles": 0,
+                              "plans": 0, "timed": 0, "pickled": 0, "pickles": 0, "schedules": 0,
                               "costs": []}
     names: dict[int, str] = {}
 
@@ -117,6 +117,12 @@ def _instrument(log: Path, profile: str | None = None) -> tuple[dict[str, Any], 
         counts["costs"].append(["plan", repr(a[:4]), time.process_time() - c0])
         return out
     plan.build_plan = counted_build
+    schedule = plan.build_schedule
+
+    def counted_schedule(*a, **k):  # type: ignore[no-untyped-def]
+        counts["schedules"] += 1  # build_plan's and those of plans relayed without theirs
+        return schedule(*a, **k)
+    plan.build_schedule = counted_schedule
     for mod in list(sys.modules.values()):
         if getattr(mod, "build_plan", None) is build and mod is not plan:
             mod.build_plan = counted_build
@@ -149,7 +155,7 @@ def _instrument(log: Path, profile: str | None = None) -> tuple[dict[str, Any], 
             counts["pid"] = os.getpid()
             counts["memo"].clear()
             counts["costs"] = []
-            for k in ("plans", "timed", "pickled", "pickles"):
+            for k in ("plans", "timed", "pickled", "pickles", "schedules"):
                 counts[k] = 0
         c0 = time.process_time()
         if profile and type(item).__name__ != "Relayed":
@@ -175,6 +181,7 @@ def _instrument(log: Path, profile: str | None = None) -> tuple[dict[str, Any], 
                 "key": inner.layout.key if kind == "SimulateOne" else None,
                 "memo": {k: list(v) for k, v in counts["memo"].items()},
                 "plans": counts["plans"], "timed": counts["timed"],
+                "schedules": counts["schedules"],
                 "pickled": counts["pickled"], "pickles": counts["pickles"],
                 "costs": counts["costs"]}
         counts["costs"] = []
@@ -275,7 +282,9 @@ def report(runs: list[dict[str, Any]]) -> None:
             print(f"  worker {pid}: items CPU {cpu:.2f} s (relay {w['relay']:.2f}); "
                   + ", ".join(f"{k} {v[0]}x/{v[1]} {v[2]:.2f} s"
                               for k, v in sorted(w["kinds"].items()))
-                  + f"; plans {last['plans']}, collectives timed {last['timed']}, pickled "
+                  + f"; plans {last['plans']} (schedules built again for relayed plans "
+                  f"{last.get('schedules', last['plans']) - last['plans']}), collectives "
+                  f"timed {last['timed']}, pickled "
                   f"{last['pickled'] / 1e6:.2f} MB")
             print("    memo hit/miss: " + ", ".join(
                 f"{k} {v[0]}/{v[1]}" for k, v in sorted(last["memo"].items())))

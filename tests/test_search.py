@@ -972,3 +972,26 @@ def test_hagemann_sequence_parallelism_matters_only_for_large_models_and_long_se
 def test_hagemann_sequence_parallelism_does_not_matter_for_13b_at_8k_tokens() -> None:
     """SP's gain for 13B at 8k tokens below 3% (measured: +0.03%)."""
     assert _best(G13_8K)[1] / _best(G13_8K, ",sp=false")[1] - 1 < 0.03
+
+
+def test_a_relay_log_with_a_cap_sends_each_entry_a_bounded_number_of_times() -> None:
+    """:class:`sim.search.execution._RelayLog` as the plans use it: an entry travels in at
+    most ``cap`` items, and in none once every worker but its reporter holds it; without a
+    cap (the timings), from the least up-to-date worker's point on, as before."""
+    from sim.search.execution import _RelayLog
+
+    log = _RelayLog(2, cap=3)
+    log.take(((("a",), 1),), pid=10, upto=0)
+    log.take((), pid=11, upto=0)
+    assert [log.tail()[0] for _ in range(4)] == [((("a",), 1),)] * 3 + [()]
+    log.take(((("b",), 2),), pid=10, upto=1)
+    assert log.tail() == (((("b",), 2),), 2)
+    log.take((), pid=11, upto=2)  # the other worker holds both: b is not sent again
+    assert log.tail() == ((), 2)
+    plain = _RelayLog(2)
+    plain.take(((("a",), 1),), pid=10, upto=0)
+    assert [plain.tail()[0] for _ in range(4)] == [((("a",), 1),)] * 4  # one worker reported
+    plain.take((), pid=11, upto=1)
+    assert plain.tail() == (((("a",), 1),), 1)  # its reporter has not said it holds it
+    plain.take((), pid=10, upto=1)
+    assert plain.tail() == ((), 1)

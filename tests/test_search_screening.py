@@ -165,3 +165,30 @@ def test_memory_walk_caches_are_the_plain_walk(case: tuple, partial: int | None)
                               for k in rows[:, -1].astype(int).tolist()])
             plain.append(screener._gib(static, float((rows[:, :-1] @ act + extra).max())))
         assert screener.memory_bound_gib(costs, plan) == plain, layout.key
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=_experiments(), split=st.integers(0, 3))
+def test_judging_on_relayed_plans_is_judging_on_built_ones(case: tuple, split: int) -> None:
+    """A worker judging on plans another worker built and relayed
+    (:meth:`Screener.plans_since` -> pickle -> :meth:`Screener.adopt_plans`, schedules
+    left behind) gives every candidate the verdict of a screener that builds its own,
+    float for float, and builds none of the plans it was handed."""
+    import pickle
+
+    data, pins = case
+    ctx = SearchContext.build(data)
+    layouts = _pinned(ctx, pins)
+    reference = Screener(ctx, comm=True, collapsed_only=True)
+    builder = Screener(ctx, comm=True, collapsed_only=True)
+    relayed = Screener(ctx, comm=True, collapsed_only=True)
+    candidates = [reference.screen(lay) for lay in layouts]
+    cut = len(candidates) * split // 4  # the relayed worker builds its own plans for these
+    for c in candidates[cut:]:
+        builder.judge(c)
+    relayed.adopt_plans(pickle.loads(pickle.dumps(builder.plans_since(0))))
+    assert relayed.plans_built == 0
+    for c in candidates[cut:] + candidates[:cut]:
+        assert relayed.judge(c) == reference.judge(c), c.layout.key
+    assert relayed.plans_since(0) == () or cut > 0

@@ -29,8 +29,10 @@ from sim.search.plan import (
     SLOT,
     Plan,
     build_plan,
+    light_plan,
     list_run,
     plan_size,
+    restore_plan,
 )
 from sim.search.space import SearchContext
 from sim.tpoverlap import all_reduces_beside
@@ -189,6 +191,8 @@ class Bounds:
         self._plans: OrderedDict[tuple[str, int, int, int], Plan | str] = OrderedDict()
         self._plan_ops = 0
         """Ops of the plans kept (:data:`PLAN_CACHE_OPS`)."""
+        self._built: list[tuple[str, int, int, int]] = []
+        """Keys of the plans :meth:`plan` built, in order (not those adopted)."""
         self._op_cache: dict[tuple, tuple[float, tuple[tuple[str, float], ...]]] = {}
         self._static: dict[tuple, float] = {}
         self._markers: dict[tuple, tuple[tuple[str, float], ...]] = {}
@@ -276,13 +280,42 @@ class Bounds:
                                    self.ctx.config.training.seq_chunks)
             except ScheduleError as exc:
                 plan = f"schedule={layout.schedule!r}: {exc}"
-            self._plans[key] = plan
-            self._plan_ops += plan_size(plan)
-            while self._plan_ops > PLAN_CACHE_OPS and len(self._plans) > 1:
-                self._plan_ops -= plan_size(self._plans.popitem(last=False)[1])
+            self._keep_plan(key, plan)
+            self._built.append(key)
         else:
             self._plans.move_to_end(key)
         return plan
+
+    def _keep_plan(self, key: tuple[str, int, int, int], plan: Plan | str) -> None:
+        self._plans[key] = plan
+        self._plan_ops += plan_size(plan)
+        while self._plan_ops > PLAN_CACHE_OPS and len(self._plans) > 1:
+            self._plan_ops -= plan_size(self._plans.popitem(last=False)[1])
+
+    @property
+    def plans_built(self) -> int:
+        """Plans :meth:`plan` has built so far (:meth:`plans_since` counts from it)."""
+        return len(self._built)
+
+    def plans_since(self, start: int) -> tuple[tuple[tuple[str, int, int, int], Any], ...]:
+        """The plans :meth:`plan` built after the first ``start``, still kept, packed without
+        their schedules (:func:`~sim.search.plan.light_plan`): for another worker's
+        :meth:`adopt_plans`."""
+        plans = self._plans
+        return tuple((key, light_plan(plans[key])) for key in self._built[start:]
+                     if key in plans)
+
+    def adopt_plans(self, plans: Iterable[tuple[tuple[str, int, int, int], Any]]) -> None:
+        """Take plans another worker built (:meth:`plans_since`; restored by
+        :func:`~sim.search.plan.restore_plan`): a plan is a pure function of
+        its key (the schedule, ``pp``, the micro-batch count, ``vpp``) and the context's
+        ``w_retained_fraction`` and ``seq_chunks``, the same in every worker of a search,
+        so a verdict judged on it is the one judged on a plan built here. Plans kept here
+        are kept as they are."""
+        have = self._plans
+        for key, plan in plans:
+            if key not in have:
+                self._keep_plan(key, restore_plan(plan))
 
     def _stage_rank(self, name: str, p: int, v: int) -> tuple[int, ...] | None:
         """Which rank holds each stage (it does not depend on m): from a small build."""

@@ -70,21 +70,85 @@ class SimulateOne:
 
 @dataclass(frozen=True)
 class Relayed:
-    """An item or an answer with collective timings attached (:class:`TimingRelay`).
+    """An item or an answer with collective timings and plans attached (:class:`TimingRelay`).
 
     To a worker: ``item``, the timings other workers reported that this one may lack
     (``timings``), and ``upto``, the length of the relay's log once this worker has
-    them. From a worker: its answer (``item``), the timings it computed for it, its
-    process id and how much of the log it holds (``upto``)."""
+    them; likewise the plans judging built (``plans``, ``plans_upto``). From a worker:
+    its answer (``item``), the timings and plans it made for it, its process id and how
+    much of each log it holds."""
 
     item: Any
     timings: tuple[tuple[tuple, float], ...] = ()
     upto: int = 0
     pid: int = 0
+    plans: tuple[tuple[tuple, Any], ...] = ()
+    plans_upto: int = 0
+
+
+class _RelayLog:
+    """One log of a :class:`TimingRelay`: ``(key, value)`` entries in the order they came
+    in (each key once, with the worker that reported it), and how much of it each worker
+    holds.
+
+    ``cap`` (None: no limit): an entry travels in at most this many items, and not once
+    every worker other than its reporter holds it (what :meth:`tail` then leaves out is
+    only work a worker may repeat: every entry is a pure function of its key)."""
+
+    def __init__(self, workers: int, cap: int | None = None) -> None:
+        self.workers, self.cap = workers, cap
+        self.log: list[tuple[tuple, Any]] = []
+        self._known: set[tuple] = set()
+        self._seen: dict[int, int] = {}
+        """Worker process id -> log entries it holds (the latest ``workers`` reporters)."""
+        self._by: list[int] = []
+        """Per entry: the process id that reported it."""
+        self._sends: list[int] = []
+        """Per entry: the items it travelled in (counted where ``cap`` is set)."""
+        self.sent = 0
+        """Entries handed out in all."""
+
+    def tail(self) -> tuple[tuple[tuple[tuple, Any], ...], int]:
+        """(The entries the worker that holds least of the log may lack, the log's length.)"""
+        seen, log = self._seen, self.log
+        start = min(seen.values()) if len(seen) >= self.workers else 0
+        if self.cap is None:
+            out = tuple(log[start:])
+        else:
+            cap, by, sends, full = self.cap, self._by, self._sends, len(seen) >= self.workers
+            picked = []
+            for i in range(start, len(log)):
+                if sends[i] >= cap or full and all(
+                        p == by[i] or upto > i for p, upto in seen.items()):
+                    continue
+                sends[i] += 1
+                picked.append(log[i])
+            out = tuple(picked)
+        self.sent += len(out)
+        return out, len(log)
+
+    def take(self, entries: tuple[tuple[tuple, Any], ...], pid: int, upto: int) -> None:
+        known, log = self._known, self.log
+        for entry in entries:
+            if entry[0] not in known:
+                known.add(entry[0])
+                log.append(entry)
+                self._by.append(pid)
+                self._sends.append(0)
+        seen = self._seen
+        seen.pop(pid, None)
+        seen[pid] = upto
+        while len(seen) > self.workers:  # a worker replaced after a pool break
+            del seen[next(iter(seen))]
+
+
+PLAN_SENDS = 2
+"""A plan travels in at most this many items per worker (:class:`TimingRelay`)."""
 
 
 class TimingRelay(Executor):
-    """``executor`` with each worker's new collective timings handed to the others.
+    """``executor`` with each worker's new collective timings and judging's plans handed
+    to the others.
 
     Every worker of a search times collectives on its own copy of the cluster's shared
     timer (:meth:`sim.commtime.CollectiveTimer.shared`); without this, a timing one
@@ -95,38 +159,36 @@ class TimingRelay(Executor):
     which has absorbed least of it lacks (it cannot know which worker takes the
     item; a worker past that point skips what it has). A timing is a pure function
     of its key and the cluster (:meth:`~sim.commtime.CollectiveTimer.adopt`), so
-    answers are the same floats with or without the relay, whoever times what."""
+    answers are the same floats with or without the relay, whoever times what.
+
+    The plans judging builds travel the same way, in a log of their own, without their
+    schedules (:meth:`~sim.search.bounds.Bounds.plans_since`, :meth:`~sim.search.bounds.
+    Bounds.adopt_plans`: a plan is a pure function of its key and the search's context;
+    the candidates of one schedule lie all along the sweep's order, so both workers
+    judge nearly every schedule's)."""
 
     def __init__(self, executor: Executor) -> None:
         self.inner = executor
         self.name = executor.name
         self.workers = executor.workers
-        self.log: list[tuple[tuple, float]] = []
-        self._known: set[tuple] = set()
-        self._seen: dict[int, int] = {}
-        """Worker process id -> log entries it holds (the latest ``workers`` reporters)."""
+        self.timings = _RelayLog(executor.workers)
+        self.plans = _RelayLog(executor.workers, PLAN_SENDS * executor.workers)
 
-    def _floor(self) -> int:
-        seen = self._seen
-        return min(seen.values()) if len(seen) >= self.workers else 0
+    @property
+    def log(self) -> list[tuple[tuple, float]]:
+        """The timings logged so far."""
+        return self.timings.log
 
     def _wrap(self, item: Any) -> Relayed:
-        start = self._floor()
-        return Relayed(item, tuple(self.log[start:]), len(self.log))
+        timings, upto = self.timings.tail()
+        plans, plans_upto = self.plans.tail()
+        return Relayed(item, timings, upto, 0, plans, plans_upto)
 
     def _take(self, answer: Any) -> Any:
         if not isinstance(answer, Relayed):
             return answer  # a lost worker (WorkerFailure)
-        known, log = self._known, self.log
-        for entry in answer.timings:
-            if entry[0] not in known:
-                known.add(entry[0])
-                log.append(entry)
-        seen = self._seen
-        seen.pop(answer.pid, None)
-        seen[answer.pid] = answer.upto
-        while len(seen) > self.workers:  # a worker replaced after a pool break
-            del seen[next(iter(seen))]
+        self.timings.take(answer.timings, answer.pid, answer.upto)
+        self.plans.take(answer.plans, answer.pid, answer.plans_upto)
         return answer.item
 
     def stream(self, task: Task, feed: Feed) -> Iterator[tuple[Any, Any]]:
@@ -215,7 +277,9 @@ class SearchWorker:
         self._screener: Screener | None = None
         self._evaluate: Callable[[Layout], Evaluation] | None = None
         self._absorbed = 0
-        """Entries of a :class:`TimingRelay`'s log this worker holds."""
+        """Entries of a :class:`TimingRelay`'s log of timings this worker holds."""
+        self._plans_absorbed = 0
+        """...and of its log of plans."""
 
     def _shared(self) -> tuple[SearchContext, Sequence[Layout]] | None:
         return _SPACES.get(self.spec.space or "")
@@ -259,13 +323,19 @@ class SearchWorker:
 
     def __call__(self, item: Relayed | ScreenChunk | FamilyChunk | JudgeChunk | SimulateOne
                  ) -> Any:
-        if isinstance(item, Relayed):  # from a TimingRelay: take the timings, report ours
-            timer = CollectiveTimer.shared(self.context.cluster)
+        if isinstance(item, Relayed):  # from a TimingRelay: take the timings and plans,
+            timer = CollectiveTimer.shared(self.context.cluster)  # report ours
             timer.adopt(item.timings)
             self._absorbed = max(self._absorbed, item.upto)
+            if item.plans:
+                self.screener.adopt_plans(item.plans)
+            self._plans_absorbed = max(self._plans_absorbed, item.plans_upto)
             start = timer.size
+            built = self._screener.plans_built if self._screener is not None else 0
             answer = self(item.item)
-            return Relayed(answer, timer.timings_since(start), self._absorbed, os.getpid())
+            plans = self._screener.plans_since(built) if self._screener is not None else ()
+            return Relayed(answer, timer.timings_since(start), self._absorbed, os.getpid(),
+                           plans, self._plans_absorbed)
         if isinstance(item, ScreenChunk):
             layouts = self.layouts
             if self._shared() is None and self.digest != item.space:

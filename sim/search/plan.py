@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -63,14 +64,55 @@ class Plan:
     """Per rank: the distinct (in-flight counts per local stage, op slot) rows of
     :func:`workloads.memory.in_flight`."""
     num_ops: int
-    schedule: Schedule = field(repr=False, compare=False)
-    """The built schedule (for :attr:`timing`)."""
+    schedule: Schedule | None = field(repr=False, compare=False)
+    """The built schedule (for :attr:`timing`); None in a plan without it
+    (:func:`light_plan`), which builds it again when :attr:`timing` is first read."""
+    seq_chunks: int = field(default=1, repr=False, compare=False)
+    """What the schedule was built with (to build it again: :func:`light_plan`)."""
 
     @cached_property
     def timing(self) -> PlanTiming:
         """The ops as indices in dependency order (:func:`plan_timing`); ScheduleError if the
         schedule deadlocks."""
-        return plan_timing(self.schedule)
+        sched = self.schedule
+        if sched is None:  # a light plan: the same build as build_plan's
+            p = len(self.rank_stages)
+            sched = build_schedule(self.name, p, self.num_microbatches,
+                                   len(self.stage_rank) // p, self.seq_chunks)
+        return plan_timing(sched)
+
+
+def light_plan(plan: Plan | str) -> tuple[Any, ...] | str:
+    """``plan`` in a form cheap to pickle, for another worker's judging
+    (:meth:`sim.search.bounds.Bounds.adopt_plans`): without its built schedule, and each
+    rank's memory-walk rows in the narrowest float type that holds every value exactly
+    (in-flight counts: small integers and halves). :func:`restore_plan` gives back the
+    plan, field for field and array for array (same values, shape and ``float64``
+    type); its schedule is built again from the plan's arguments if :attr:`Plan.timing`
+    is read (a pure function of them: the same ops, so the same timing)."""
+    if isinstance(plan, str):
+        return plan
+    rows = []
+    with np.errstate(over="ignore"):  # a value too large becomes inf: not taken
+        for a in plan.in_flight:
+            for kind in (np.float16, np.float32):
+                narrow = a.astype(kind)
+                if np.array_equal(narrow.astype(a.dtype), a):
+                    a = narrow
+                    break
+            rows.append(a)
+    return (plan.name, plan.num_microbatches, plan.stage_rank, plan.split_backward,
+            plan.exact, plan.rank_stages, tuple(rows), plan.num_ops, plan.seq_chunks)
+
+
+def restore_plan(light: tuple[Any, ...] | str) -> Plan | str:
+    """The plan :func:`light_plan` packed, without its schedule (None)."""
+    if isinstance(light, str):
+        return light
+    name, m, stage_rank, split, exact, rank_stages, rows, num_ops, seq_chunks = light
+    in_flight = tuple(np.ascontiguousarray(a, dtype=np.float64) for a in rows)
+    return Plan(name, m, stage_rank, split, exact, rank_stages, in_flight, num_ops, None,
+                seq_chunks)
 
 
 @dataclass(frozen=True)
@@ -118,7 +160,8 @@ def build_plan(name: str, p: int, m: int, v: int, w: float, seq_chunks: int) -> 
     in_flight = tuple(memory.in_flight(ops, rank_stages[r], sched.split_backward, w)
                       for r, ops in enumerate(sched.rank_ops))
     return Plan(name, m, sched.stage_rank, sched.split_backward, sched.seq_chunks == 1,
-                rank_stages, in_flight, sum(len(ops) for ops in sched.rank_ops), sched)
+                rank_stages, in_flight, sum(len(ops) for ops in sched.rank_ops), sched,
+                seq_chunks)
 
 
 def plan_timing(sched: Schedule) -> PlanTiming:
