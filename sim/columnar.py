@@ -22,6 +22,7 @@ count of the event queue, and each instruction's latest predecessor (what
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -142,13 +143,12 @@ def run_columns(columns: Columns, timer: Callable[[Compute], float],
                  else _intervals(columns, dense, ready_a, mid, end_a))
     # the times as arrays of doubles for the loops, and the numpy arrays views of those
     # (not copies kept beside them: 1T 2 x 3 MB less held to the end of the run); those of
-    # a fresh pass's ready times and causes are such arrays already (:func:`_latest`), the
-    # others copied
+    # a fresh pass's times and causes are such arrays already (:func:`_latest`,
+    # :func:`_doubles`), the others copied
     if fresh:
-        ready_s, cause_q = _behind(ready_a, "d"), _behind(cause, "q")
+        ready_s, end_s, cause_q = _behind(ready_a, "d"), _behind(end_a, "d"), _behind(cause, "q")
     else:
-        ready_s, cause_q = machine(ready_a, "d"), machine(cause, "q")
-    end_s = machine(end_a, "d")
+        ready_s, end_s, cause_q = machine(ready_a, "d"), machine(end_a, "d"), machine(cause, "q")
     return ColumnarPass(ready_s, end_s, cause_q, intervals, peaks, floors, events,
                         clock if clock > 0 else 0.0, np.frombuffer(ready_s, dtype=np.float64),
                         np.frombuffer(end_s, dtype=np.float64), mid)
@@ -305,12 +305,23 @@ def _recurrence(prev: np.ndarray, deps: np.ndarray, total: np.ndarray,
         end_s = _ends_with(plan.ends, deps, total)
         dep_cols = plan.deps
     # the list freed before the latest predecessors' arrays (1T: 391,424 floats in a list,
-    # 12 MB, no longer at the pass's memory peak); np.fromiter, not array.fromlist (which
-    # parses every item's argument: 1T 87 against 78 M instructions)
-    end = np.fromiter(end_s, dtype=float, count=len(end_s))  # (np.array: 7.1 -> 5.3 ms, 1T)
+    # 12 MB, no longer at the pass's memory peak)
+    end = _doubles(end_s)
     del end_s
     ready, best = _latest(prev, dep_cols, end)
     return ready, end, best
+
+
+def _doubles(values: list[float]) -> np.ndarray:
+    """``values`` (floats) as float64, the same bits as ``np.fromiter(values, float)`` (the
+    reference, ``tests/test_lean_memory.py``): a numpy view of an :class:`array.array` of
+    doubles of its own (as :func:`_latest` makes its results: :func:`run_columns` hands it
+    on without a copy, :func:`_behind`), the floats written into it by :mod:`struct` (each
+    item read as a C double and its bytes copied: 1T's 392,692 end times 81 -> 44 M
+    instructions; ``array.fromlist`` parses each item as an argument: 87 M)."""
+    out = array("d", [0.0]) * len(values)
+    struct.pack_into(f"{len(values)}d", out, 0, *values)
+    return np.frombuffer(out, dtype=np.float64)
 
 
 def _recurrence_along(forest: Forest, total: np.ndarray, prev: np.ndarray,
@@ -417,7 +428,10 @@ def _groups(prev: np.ndarray, deps: np.ndarray, k: int, code: str
         long = np.flatnonzero(size > 3)
         extra = (size[long] - 1) // 3
         within = np.arange(int(extra.sum())) - np.repeat(np.cumsum(extra) - extra, extra)
-        heads = np.sort(np.concatenate([heads, np.repeat(heads[long], extra) + 3 * within + 3]))
+        # (two sorted runs of distinct ids: a stable sort merges them, ~1/10 of a
+        # quicksort's instructions on 1T's 131,774 heads; the same ids in the same order)
+        heads = np.sort(np.concatenate([heads, np.repeat(heads[long], extra) + 3 * within + 3]),
+                        kind="stable")
         size = np.diff(heads, append=n)
     columns = [prev[heads] + 1, *(deps[heads, c] + 1 for c in range(k))]
     if k < 2:

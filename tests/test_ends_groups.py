@@ -96,3 +96,30 @@ def test_megatron_like_triples_take_groups() -> None:
     plan = columnar._ends_plan(prev, deps)
     assert plan[3] is not None and plan[3][0].tolist() == [0, 3, 6, 9]
     _both(prev, deps, np.array([1.0, 0.5, 0.25] * 4))
+
+
+def _heads_one_by_one(deps: np.ndarray) -> list[int]:
+    """The groups' heads of :func:`sim.columnar._groups` walked instruction by instruction:
+    a head where an instruction does not wait on exactly the one before it, or where the
+    group so far has three members."""
+    heads: list[int] = []
+    size = 0
+    for i in range(len(deps)):
+        follows = i > 0 and deps[i, 0] == i - 1 and (deps.shape[1] < 2 or deps[i, 1] < 0)
+        if not follows or size == 3:
+            heads.append(i)
+            size = 0
+        size += 1
+    return heads
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(programs())
+def test_the_groups_heads_are_the_walks(program: tuple[np.ndarray, np.ndarray, np.ndarray]
+                                        ) -> None:
+    """The heads (long runs cut every third instruction, the cuts merged into the heads by a
+    stable sort) are those of the walk one instruction at a time."""
+    prev, deps, _ = program
+    plan = columnar._ends_plan(prev, deps)
+    if plan[3] is not None:
+        assert plan[3][0].tolist() == _heads_one_by_one(deps)

@@ -116,6 +116,8 @@ def test_the_recurrence_hands_over_its_own_buffers(rows: list) -> None:
     assert got_cause.tolist() == cause
     ready_s, cause_q = columnar._behind(got_ready, "d"), columnar._behind(got_cause, "q")
     assert np.frombuffer(ready_s, dtype=np.float64).ctypes.data == got_ready.ctypes.data
+    end_s = columnar._behind(got_end, "d")  # (the end times too: columnar._doubles)
+    assert np.frombuffer(end_s, dtype=np.float64).ctypes.data == got_end.ctypes.data
     assert np.frombuffer(cause_q, dtype=np.int64).ctypes.data == got_cause.ctypes.data
     copied = columnar._behind(got_ready[: n // 2], "d")  # (a part: copied)
     assert copied.tolist() == ready[: n // 2]
@@ -139,3 +141,17 @@ def test_the_chains_level_plan_is_the_plain_levels(parents: list) -> None:
     assert parent.tolist() == [row[int(cause[i])] if cause[i] >= 0 else n for i in order]
     assert parent.dtype == np.intp
     assert bounds == np.cumsum(np.bincount(depth)).tolist()
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True)
+                | st.sampled_from([0.0, -0.0, float("nan"), -float("inf")]), max_size=80))
+def test_doubles_are_fromiter_bit_for_bit(values: list[float]) -> None:
+    """:func:`sim.columnar._doubles` (floats written by :mod:`struct` into an
+    :class:`array.array`) against ``np.fromiter`` (the reference): the same bytes (NaNs,
+    -0.0 and infinities among them), as a writable view of an array of doubles."""
+    got = columnar._doubles(values)
+    want = np.fromiter(values, dtype=float, count=len(values))
+    assert got.dtype == np.float64 and got.flags.writeable and got.flags.c_contiguous
+    assert got.tobytes() == want.tobytes()
+    assert isinstance(got.base, memoryview) and isinstance(got.base.obj, array)
