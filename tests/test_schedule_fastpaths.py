@@ -219,7 +219,7 @@ def test_one_f_one_b_is_its_reference(builds: list[tuple[int, int, int]], pool_m
     in the same order, field for field and type for type, and the coded arrays those of
     the ops."""
     monkeypatch.setattr(schedules, "_POOL_MAX", pool_max)
-    monkeypatch.setattr(schedules, "_pool", [np.empty((0, 3, 0), dtype=object)])
+    monkeypatch.setattr(schedules, "_pool", [np.empty((0, 2, 0), dtype=object)])
     for p, m, window in builds:
         fast = schedules.one_f_one_b(p, m, window)
         reference = schedules._one_f_one_b_reference(p, m, window)

@@ -1085,21 +1085,22 @@ _POOL_MAX = 1 << 18
 """Most ops :func:`_whole_ops` keeps in its pool (~25 MB at ~100 B an op); a schedule
 needing a larger pool builds its ops without one."""
 
-_pool: list[np.ndarray] = [np.empty((0, 3, 0), dtype=object)]
+_pool: list[np.ndarray] = [np.empty((0, 2, 0), dtype=object)]
 """The op pool of :func:`_whole_ops`: ``_pool[0][stage, kind code, micro-batch]`` is
-``Op(stage, kind, micro-batch)`` (sequence field ``WHOLE``), for every stage and
-micro-batch below the array's bounds."""
+``Op(stage, kind, micro-batch)`` (sequence field ``WHOLE``), for the kinds F and B and
+every stage and micro-batch below the array's bounds."""
 
 
 def _whole_ops(stage: np.ndarray, kind: np.ndarray, mb: np.ndarray) -> list[Op]:
     """The whole-micro-batch ops (sequence field ``WHOLE``) of the given stages, kind codes
-    (:data:`_KIND_CODE`) and micro-batches (non-empty arrays, in range), as a list.
+    (:data:`_KIND_CODE`: F or B, 0 or 1) and micro-batches (non-empty arrays, in range), as
+    a list.
 
     Ops are immutable values, so schedules share them: they are taken from a pool kept
     across builds (a numpy array of objects, gathered in C), the pool grown to the bounds
     asked for where it falls short. Making a named tuple costs ~1,300 instructions even
     in C (``tuple.__new__`` on a subclass), gathering one from the pool ~100: the 1,536
-    ops of 1F1B on 16 ranks with 48 micro-batches, after the 3,072 of 192 micro-batches,
+    ops of 1F1B on 16 ranks with 48 micro-batches, after the 6,144 of 192 micro-batches,
     ~0.2 M instructions instead of ~2.5 M. Beyond :data:`_POOL_MAX` ops the ops are made
     afresh (map over zip, in C)."""
     pool = _pool[0]
@@ -1107,13 +1108,13 @@ def _whole_ops(stage: np.ndarray, kind: np.ndarray, mb: np.ndarray) -> list[Op]:
     have_s, _, have_m = pool.shape
     if need_s > have_s or need_m > have_m:
         size_s, size_m = max(need_s, have_s), max(need_m, have_m)
-        if size_s * 3 * size_m > _POOL_MAX:
+        if size_s * 2 * size_m > _POOL_MAX:
             return list(map(_op, zip(stage.tolist(), _KIND_LETTERS[kind].tolist(),
                                      mb.tolist(), repeat(WHOLE))))
-        grown = np.empty((size_s, 3, size_m), dtype=object)
+        grown = np.empty((size_s, 2, size_m), dtype=object)
         grown[:have_s, :, :have_m] = pool
         for s in range(size_s):
-            for k, letter in enumerate(KINDS):
+            for k, letter in enumerate((FORWARD, BACKWARD)):
                 lo = have_m if s < have_s else 0
                 grown[s, k, lo:] = np.fromiter(  # (objects: not read as sequences)
                     map(_op, zip(repeat(s), repeat(letter), range(lo, size_m), repeat(WHOLE))),
