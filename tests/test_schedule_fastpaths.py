@@ -198,3 +198,33 @@ def test_megatron_1t_takes_the_sweep() -> None:
     starts, _, scheduled = _list_unfused(schedule, [1.0] * len(order), order, columns)
     assert np.array_equal(np.asarray(starts)[at], start)
     assert sorted(scheduled) == sorted(at.tolist())
+
+
+def _fields(schedule: Schedule) -> list:
+    """Every op of ``schedule`` as its type and its fields' types and values, rank by rank."""
+    return [[(type(op), *((type(x), x) for x in op)) for op in ops]
+            for ops in schedule.rank_ops]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(builds=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 40), st.integers(1, 3)),
+                       min_size=1, max_size=4),
+       pool_max=st.sampled_from([0, 64, 1 << 18]))
+def test_one_f_one_b_is_its_reference(builds: list[tuple[int, int, int]], pool_max: int,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """1F1B's ops taken from the op pool (:func:`workloads.schedules._whole_ops`, grown in
+    any order of builds, or bypassed beyond its bound) equal the reference loop's
+    (:func:`workloads.schedules._one_f_one_b_reference`): the same schedule, the same ops
+    in the same order, field for field and type for type, and the coded arrays those of
+    the ops."""
+    monkeypatch.setattr(schedules, "_POOL_MAX", pool_max)
+    monkeypatch.setattr(schedules, "_pool", [np.empty((0, 2, 0), dtype=object)])
+    for p, m, window in builds:
+        fast = schedules.one_f_one_b(p, m, window)
+        reference = schedules._one_f_one_b_reference(p, m, window)
+        assert fast == reference and fast.notes == reference.notes
+        assert _fields(fast) == _fields(reference)
+        coded = schedules._coded(reference, [op for ops in reference.rank_ops for op in ops])
+        assert all(np.array_equal(a, b)
+                   for a, b in zip(schedules.rank_coded(fast), coded, strict=True))
