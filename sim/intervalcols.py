@@ -26,11 +26,10 @@ BYTE = np.iinfo(np.uint8).max + 1
 def grouped(key: np.ndarray, bound: int) -> np.ndarray:
     """The stable sort of integer keys ``0 <= key < bound`` (a radix sort on small keys: one
     pass over bytes where they fit one, 30,000 keys 0.66 -> 0.20 ms, else two). Keys below
-    a larger bound are not
-    numbered densely first where at most :data:`BYTE` of them occur: that renumbering
-    (a scatter, a count, a gather by the keys) cost more than the second pass it saved
-    (Megatron 1T's four sorts, 1.4 M keys, 79.3 -> 45.9 M instructions; random keys,
-    30,000 and 5,000 of them, 1.37 -> 0.58 M a sort)."""
+    a larger bound are not numbered densely first where at most :data:`BYTE` of them
+    occur: that renumbering (a scatter, a count, a gather by the keys) cost more than the
+    second pass it saved (Megatron 1T's four sorts, 1.4 M keys, 79.3 -> 45.9 M
+    instructions; random keys, 30,000 and 5,000 of them, 1.37 -> 0.58 M a sort)."""
     if bound <= BYTE:
         return np.argsort(key.astype(np.uint8), kind="stable")
     small = bound <= np.iinfo(np.uint16).max + 1
