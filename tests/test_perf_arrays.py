@@ -184,8 +184,8 @@ def test_interval_columns_give_the_stats_of_the_flat_lists(rows: list, window, s
        distinct=st.integers(1, 400), size=st.integers(0, 3000), seed=st.integers(0, 2**32 - 1))
 def test_radix_sorts_of_small_keys_equal_the_stable_sort(bound: int, distinct: int, size: int,
                                                          seed: int) -> None:
-    """:func:`sim.intervalcols.grouped` (one byte pass, two
-    byte passes, or the sort itself) and the lowering's sort of pipeline ranks
+    """:func:`sim.intervalcols.grouped` (one byte pass, two byte passes, or the sort itself)
+    and the lowering's sort of pipeline ranks
     (:func:`workloads.lowering.columnar._by_rank`) give the permutation of numpy's stable
     sort of the keys as int64 (the reference)."""
     from sim.intervalcols import grouped
