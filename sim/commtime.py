@@ -297,14 +297,15 @@ class CollectiveTimer:
                                         frozenset(r // gpn for g in shape for r in g))
         return seconds
 
-    def _twins(self, servers: frozenset[int], first: int, d: int) -> bool:
+    def _twins(self, servers: Iterable[int], first: int, d: int) -> bool:
         """Whether each server ``h + first`` of ``servers`` (a kept shape's, shifted down to
-        server 0) is a twin of ``h + first + d``: :meth:`_translate`'s test."""
+        server 0) is a twin of ``h + first + d``: the test of :meth:`_translate` and
+        :meth:`offset_pairs_s` (``servers`` read only where the servers are not all twins)."""
         classes = self.cluster.host_classes()
         if classes is None:
             return False
         if len(self._class_set(classes)) == 1:
-            return True
+            return True  # every server a twin of every other
         return all(classes[h + first] == classes[h + first + d] for h in servers)
 
     def _timed(self, op: str, groups: tuple[tuple[int, ...], ...], nbytes: float) -> float:
@@ -421,15 +422,10 @@ class CollectiveTimer:
         d = shape[1] - first
         if d == 0:
             return None
-        classes = self.cluster.host_classes()
-        assert classes is not None
-        if len(self._class_set(classes)) == 1:
-            return t  # every server a twin of every other
+        assert self.cluster.host_classes() is not None
         gpn = self.cluster.gpus_per_node
-        for h in {r // gpn for g in shape[0] for r in g}:
-            if classes[h + first] != classes[h + first + d]:
-                return None
-        return t
+        # (the servers as a generator: read only where the cluster has several classes)
+        return t if self._twins((r // gpn for g in shape[0] for r in g), first, d) else None
 
     def _class_set(self, classes: tuple[int, ...]) -> frozenset[int]:
         """The distinct twin classes of the cluster's servers (kept)."""
