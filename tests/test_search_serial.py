@@ -114,13 +114,10 @@ def test_rows_are_the_reference_s_field_for_field(sweep: tuple) -> None:
 
 
 def _screen_chunks_reference(layouts: list[Layout], workers: int) -> list[list[int]]:
-    """:func:`screen_chunks` as it was, its groups found by comparing neighbours."""
-    from sim.search.execution import (
-        SCREEN_CHUNK_MIN,
-        SCREEN_CHUNKS_PER_WORKER,
-        SCREEN_TAIL_MIN,
-        SCREEN_TAIL_PIECES,
-    )
+    """:func:`screen_chunks` as it was, its groups found by comparing neighbours (the part
+    the fast path changed; the chunks made of them by the same
+    :func:`~sim.search.execution.chunks_of_groups`)."""
+    from sim.search.execution import SCREEN_CHUNK_MIN, SCREEN_CHUNKS_PER_WORKER, chunks_of_groups
 
     n = len(layouts)
     if workers <= 1 or n == 0:
@@ -134,29 +131,7 @@ def _screen_chunks_reference(layouts: list[Layout], workers: int) -> list[list[i
         if k == n or keys[order[k]] != keys[order[start]]:
             groups.append((start, k))
             start = k
-    spans = []
-    a = b = 0
-    for gs, ge in groups:
-        if ge - gs > size:
-            if b > a:
-                spans.append((a, b))
-            pieces = -(-(ge - gs) // size)
-            cuts = [gs + (ge - gs) * k // pieces for k in range(pieces + 1)]
-            spans += list(zip(cuts, cuts[1:], strict=False))
-            a = b = ge
-        elif b - a + ge - gs > size:
-            spans.append((a, b))
-            a, b = gs, ge
-        else:
-            b = ge
-    if b > a:
-        spans.append((a, b))
-    tail = []
-    for a, b in spans[:workers]:
-        pieces = max(1, min(SCREEN_TAIL_PIECES, (b - a) // SCREEN_TAIL_MIN))
-        cuts = [a + (b - a) * k // pieces for k in range(pieces + 1)]
-        tail += list(zip(cuts, cuts[1:], strict=False))
-    return [order[a:b] for a, b in tail + spans[workers:]]
+    return chunks_of_groups(order, groups, size, workers)
 
 
 @settings(max_examples=200, deadline=None)

@@ -558,7 +558,16 @@ def screen_chunks(layouts: Sequence[Layout], workers: int) -> list[list[int]]:
     order = sorted(range(n), key=keys.__getitem__)  # stable: by group, then index
     # [start, end) positions in order of each group: their sizes, in the groups' order
     ends = list(itertools.accumulate(count for _, count in sorted(Counter(keys).items())))
-    groups = list(zip([0, *ends[:-1]], ends, strict=True))
+    return chunks_of_groups(order, list(zip([0, *ends[:-1]], ends, strict=True)), size,
+                            workers)
+
+
+def chunks_of_groups(order: list[int], groups: list[tuple[int, int]], size: int,
+                     workers: int) -> list[list[int]]:
+    """:func:`screen_chunks`' chunks from ``order`` (the layouts' indices by group, then
+    index) and ``groups`` (each group's ``[start, end)`` in ``order``, in order): whole
+    groups filled up to ``size``, a larger group in even pieces, the first ``workers``
+    chunks cut again (:data:`SCREEN_TAIL_PIECES`)."""
     spans: list[tuple[int, int]] = []
     a = b = 0  # the chunk being filled: [a, b)
     for gs, ge in groups:
