@@ -559,6 +559,29 @@ _STEPS = (_step0, _step1, _step2, _step3)
 """The loop of :func:`_ends` by the number of dependency columns in use."""
 
 
+def interval_parts(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   start: np.ndarray, mid: np.ndarray, end: np.ndarray
+                   ) -> tuple[tuple[str, ...], tuple[tuple, ...]]:
+    """(The key names: the kinds and :data:`COMPUTE_STREAM` last, the five groups of
+    intervals of :func:`_intervals`): per group, which instructions (a mask), their dense
+    GPU (:func:`_dense_gpus`) and name code (an int or a column; key: GPU x name code),
+    start and end."""
+    names = columns.names
+    comm = np.array([name in COMM_KINDS for name in names] + [False], dtype=bool)
+    kind_names = (*names, COMPUTE_STREAM)
+    codes = len(kind_names)
+    cls, kind = columns.cls, columns.kind
+    is_compute = cls == COMPUTE
+    _, gpu, dst = dense
+    other = ~is_compute & comm[kind]
+    return kind_names, ((is_compute, gpu, codes - 1, start, mid),
+                        (is_compute & comm[kind], gpu, kind, start, mid),
+                        (is_compute & (columns.blocking_s > 0) & comm[columns.comm], gpu,
+                         columns.comm, mid, end),
+                        (other, gpu, kind, start, end),
+                        (other & (cls == SEND), dst, kind, start, end))
+
+
 def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray],
                start: np.ndarray, mid: np.ndarray, end: np.ndarray
                ) -> IntervalColumns:
@@ -571,23 +594,9 @@ def _intervals(columns: Columns, dense: tuple[np.ndarray, np.ndarray, np.ndarray
     them takes their union (:data:`sim.stats.Intervals`; :func:`sim.stats.compute_stats`
     reads the columns, :mod:`sim.intervalcols`).
     """
-    names = columns.names
-    comm = np.array([name in COMM_KINDS for name in names] + [False], dtype=bool)
-    kind_names = (*names, COMPUTE_STREAM)
+    kind_names, parts = interval_parts(columns, dense, start, mid, end)
     codes = len(kind_names)
-    cls, kind = columns.cls, columns.kind
-    is_compute = cls == COMPUTE
-    sends = cls == SEND
-    gpus, gpu, dst = dense  # (_dense_gpus)
-    other = ~is_compute & comm[kind]
-    # per group of intervals: which instructions, their dense GPU and name code (key: GPU x
-    # name code), start and end
-    parts = ((is_compute, gpu, codes - 1, start, mid),
-             (is_compute & comm[kind], gpu, kind, start, mid),
-             (is_compute & (columns.blocking_s > 0) & comm[columns.comm], gpu, columns.comm,
-              mid, end),
-             (other, gpu, kind, start, end),
-             (other & sends, dst, kind, start, end))
+    gpus = dense[0]
     # the groups written one after the other into columns of their final size, not made
     # apart and concatenated (Megatron 1T: ~650,000 intervals, 16 MB less at the pass's
     # memory peak, ~4,000 page faults fewer); each group's positions made as it is written

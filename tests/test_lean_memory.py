@@ -25,9 +25,8 @@ from sim import chains, columnar
 from sim.api import simulate
 from sim.experiment import build_experiment
 from sim.intervalcols import IntervalColumns
-from sim.timeline import COMM_KINDS, COMPUTE_STREAM
 from tests.test_perf_columns import recurrence_case
-from workloads.program import COMPUTE, SEND, ColumnarInstructions, Columns
+from workloads.program import SEND, ColumnarInstructions, Columns
 
 SETTINGS = settings(max_examples=30, derandomize=True, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -52,20 +51,10 @@ def _dense_reference(columns: Columns) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def _intervals_reference(columns: Columns, dense: tuple, start: np.ndarray, mid: np.ndarray,
                          end: np.ndarray) -> IntervalColumns:
-    """The code before: the five groups concatenated, sorted by :class:`IntervalColumns`."""
-    names = columns.names
-    comm = np.array([name in COMM_KINDS for name in names] + [False], dtype=bool)
-    codes = len(names) + 1
-    cls, kind = columns.cls, columns.kind
-    is_compute = cls == COMPUTE
-    gpus, gpu, dst = dense
-    other = ~is_compute & comm[kind]
-    parts = ((is_compute, gpu, codes - 1, start, mid),
-             (is_compute & comm[kind], gpu, kind, start, mid),
-             (is_compute & (columns.blocking_s > 0) & comm[columns.comm], gpu, columns.comm,
-              mid, end),
-             (other, gpu, kind, start, end),
-             (other & (cls == SEND), dst, kind, start, end))
+    """The code before: the five groups (:func:`sim.columnar.interval_parts`, the part the
+    fast path did not change) concatenated, sorted by :class:`IntervalColumns`."""
+    kind_names, parts = columnar.interval_parts(columns, dense, start, mid, end)
+    codes = len(kind_names)
     keys, starts, ends = [], [], []
     for mask, g, code, a, b in parts:
         at = np.flatnonzero(mask)
@@ -73,8 +62,8 @@ def _intervals_reference(columns: Columns, dense: tuple, start: np.ndarray, mid:
                     + (code if isinstance(code, int) else code[at]))
         starts.append(a[at])
         ends.append(b[at])
-    return IntervalColumns(gpus, (*names, COMPUTE_STREAM), np.concatenate(keys),
-                           np.concatenate(starts), np.concatenate(ends))
+    return IntervalColumns(dense[0], kind_names, np.concatenate(keys), np.concatenate(starts),
+                           np.concatenate(ends))
 
 
 @SETTINGS
